@@ -1,0 +1,244 @@
+"""Racks -> nodes -> IUs, derived from one host's variables.
+
+Host variables read here (group_vars / host_vars / inline, resolved the way Ansible resolves them):
+
+=====================  ========================================================================
+``ansible_host``       address (default: the inventory hostname)
+``rack``               rack name; alternative to membership of one ``rack_<name>`` group
+``gpu_model``          required: ``h100-sxm`` | ``h200-sxm`` | ``a100-sxm`` (selects preflight profile)
+``gpu_count``          GPUs in the node (default 8)
+``iu_size``            GPUs per inference unit: 1, 2, 4 or 8 (default 4 = vLLM tensor parallel 4)
+``iu_layout``          optional list of GPU-index lists, one per IU (default: consecutive groups)
+``gpu_numa_nodes``     optional NUMA map: NUMA node of each GPU index. Without it, GPUs are spread
+                       over ``numa_node_count`` (default 2) nodes in order, as on HGX/DGX boards
+                       (GPU0-3 on socket 0, GPU4-7 on socket 1)
+``iu_port_base``       first IU's vLLM port (default 8000); IU N listens on base + N
+``rdma_nics``          list of ``{device, netdev, port, link_layer, rate_gbps, numa_node, gpu}``;
+                       an IU uses the NICs paired with its GPUs (``gpu``), else those on its NUMA node
+=====================  ========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_GPU_COUNT = 8
+DEFAULT_IU_SIZE = 4
+DEFAULT_NUMA_NODE_COUNT = 2
+DEFAULT_IU_PORT_BASE = 8000
+VALID_IU_SIZES = (1, 2, 4, 8)
+GPU_MODELS = ("h100-sxm", "h200-sxm", "a100-sxm")
+RACK_GROUP_PREFIX = "rack_"
+
+
+@dataclass(frozen=True)
+class Nic:
+    device: str  # RDMA device, e.g. mlx5_0
+    netdev: str | None  # kernel interface, e.g. ibp24s0 / ens1f0np0
+    port: int = 1
+    link_layer: str = "infiniband"  # infiniband | ethernet (RoCE)
+    rate_gbps: int | None = None
+    numa_node: int | None = None
+    gpu: int | None = None  # GPU under the same PCIe switch (PIX), when known
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "netdev": self.netdev,
+            "port": self.port,
+            "link_layer": self.link_layer,
+            "rate_gbps": self.rate_gbps,
+            "numa_node": self.numa_node,
+            "gpu": self.gpu,
+        }
+
+
+@dataclass(frozen=True)
+class IU:
+    id: str
+    index: int
+    node: str
+    gpus: tuple[int, ...]
+    numa_node: int | None
+    port: int
+    nics: tuple[str, ...]
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(g) for g in self.gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "gpus": list(self.gpus),
+            "numa_node": self.numa_node,
+            "port": self.port,
+            "nics": list(self.nics),
+        }
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    address: str
+    rack: str
+    gpu_model: str
+    gpu_count: int
+    iu_size: int
+    gpu_numa_nodes: tuple[int, ...]
+    nics: tuple[Nic, ...]
+    ius: tuple[IU, ...]
+    vars: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "gpu_count": self.gpu_count,
+            "iu_size": self.iu_size,
+            "ius": [iu.to_json() for iu in self.ius],
+        }
+
+
+@dataclass(frozen=True)
+class Rack:
+    name: str
+    nodes: tuple[Node, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "nodes": [n.to_json() for n in self.nodes]}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    racks: tuple[Rack, ...]
+
+    def nodes(self) -> Iterator[Node]:
+        for rack in self.racks:
+            yield from rack.nodes
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes():
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def ius(self) -> Iterator[IU]:
+        for node in self.nodes():
+            yield from node.ius
+
+    def to_json(self) -> dict[str, Any]:
+        return {"racks": [r.to_json() for r in self.racks]}
+
+
+def rack_groups(group_names: list[str]) -> list[str]:
+    """Rack names from the host's ``rack_<name>`` group memberships."""
+    return sorted(g[len(RACK_GROUP_PREFIX) :] for g in group_names if g.startswith(RACK_GROUP_PREFIX))
+
+
+def rack_of(hostvars: Mapping[str, Any]) -> str:
+    racks = rack_groups(list(hostvars.get("group_names", [])))
+    if hostvars.get("rack") is not None:
+        return str(hostvars["rack"])
+    return racks[0]
+
+
+def default_numa_map(gpu_count: int, numa_node_count: int) -> tuple[int, ...]:
+    return tuple(g * numa_node_count // gpu_count for g in range(gpu_count))
+
+
+def iu_layout(hostvars: Mapping[str, Any]) -> list[list[int]]:
+    gpu_count = int(hostvars.get("gpu_count", DEFAULT_GPU_COUNT))
+    iu_size = int(hostvars.get("iu_size", DEFAULT_IU_SIZE))
+    if hostvars.get("iu_layout") is not None:
+        return [[int(g) for g in gpus] for gpus in hostvars["iu_layout"]]
+    return [list(range(start, start + iu_size)) for start in range(0, gpu_count, iu_size)]
+
+
+def numa_map(hostvars: Mapping[str, Any]) -> tuple[int, ...]:
+    gpu_count = int(hostvars.get("gpu_count", DEFAULT_GPU_COUNT))
+    if hostvars.get("gpu_numa_nodes") is not None:
+        return tuple(int(n) for n in hostvars["gpu_numa_nodes"])
+    return default_numa_map(gpu_count, int(hostvars.get("numa_node_count", DEFAULT_NUMA_NODE_COUNT)))
+
+
+def nics_of(hostvars: Mapping[str, Any]) -> tuple[Nic, ...]:
+    nics = []
+    for raw in hostvars.get("rdma_nics") or []:
+        nics.append(
+            Nic(
+                device=str(raw["device"]),
+                netdev=None if raw.get("netdev") is None else str(raw["netdev"]),
+                port=int(raw.get("port", 1)),
+                link_layer=str(raw.get("link_layer", "infiniband")).lower(),
+                rate_gbps=None if raw.get("rate_gbps") is None else int(raw["rate_gbps"]),
+                numa_node=None if raw.get("numa_node") is None else int(raw["numa_node"]),
+                gpu=None if raw.get("gpu") is None else int(raw["gpu"]),
+            )
+        )
+    return tuple(nics)
+
+
+def iu_numa_node(gpus: list[int], gpu_numa: tuple[int, ...]) -> int | None:
+    """The IU's NUMA node: that of its first GPU (validation rejects IUs spanning NUMA nodes)."""
+    return gpu_numa[gpus[0]] if gpus and gpus[0] < len(gpu_numa) else None
+
+
+def nics_for_iu(gpus: list[int], numa_node: int | None, nics: tuple[Nic, ...]) -> tuple[str, ...]:
+    paired = [n.device for n in nics if n.gpu is not None and n.gpu in gpus]
+    if paired:
+        return tuple(paired)
+    return tuple(n.device for n in nics if numa_node is not None and n.numa_node == numa_node)
+
+
+def iu_ports(hostvars: Mapping[str, Any], count: int) -> list[int]:
+    if hostvars.get("iu_ports") is not None:
+        return [int(p) for p in hostvars["iu_ports"]]
+    base = int(hostvars.get("iu_port_base", DEFAULT_IU_PORT_BASE))
+    return [base + i for i in range(count)]
+
+
+def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
+    """Build one node from its resolved variables. Call only after :mod:`cluster.validate` passed."""
+    layout = iu_layout(hostvars)
+    gpu_numa = numa_map(hostvars)
+    nics = nics_of(hostvars)
+    ports = iu_ports(hostvars, len(layout))
+    ius = []
+    for index, gpus in enumerate(layout):
+        numa = iu_numa_node(gpus, gpu_numa)
+        ius.append(
+            IU(
+                id=f"{name}-iu{index}",
+                index=index,
+                node=name,
+                gpus=tuple(gpus),
+                numa_node=numa,
+                port=ports[index],
+                nics=nics_for_iu(gpus, numa, nics),
+            )
+        )
+    return Node(
+        name=name,
+        address=str(hostvars.get("ansible_host") or name),
+        rack=rack_of(hostvars),
+        gpu_model=str(hostvars["gpu_model"]),
+        gpu_count=int(hostvars.get("gpu_count", DEFAULT_GPU_COUNT)),
+        iu_size=int(hostvars.get("iu_size", DEFAULT_IU_SIZE)),
+        gpu_numa_nodes=gpu_numa,
+        nics=nics,
+        ius=tuple(ius),
+        vars=hostvars,
+    )
+
+
+def build_cluster(hosts: Mapping[str, Mapping[str, Any]]) -> Cluster:
+    by_rack: dict[str, list[Node]] = {}
+    for name in hosts:
+        node = build_node(name, hosts[name])
+        by_rack.setdefault(node.rack, []).append(node)
+    return Cluster(
+        racks=tuple(Rack(name=r, nodes=tuple(sorted(ns, key=lambda n: n.name))) for r, ns in sorted(by_rack.items()))
+    )

@@ -1,0 +1,212 @@
+"""Inventory validation: every problem at once, each naming host, variable and value.
+
+Runs on resolved host variables before anything contacts a host. Rules are small functions
+``check_<what>(host, hostvars) -> problems`` so that each can be read (and tested) on its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cluster import model
+
+# Linux interface names: 1..15 bytes (IFNAMSIZ-1), no '/', ':' or whitespace, not "." or "..".
+_IFNAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,15}$")
+# RDMA device names (ibdev): IB_DEVICE_NAME_MAX is 64.
+_IBDEV = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+BMC_VARS = ("bmc_address", "bmc_username", "bmc_password")
+
+
+@dataclass(frozen=True)
+class Problem:
+    host: str
+    variable: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.variable}={self.value!r}: {self.message}"
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def check_required(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    gpu_model = hv.get("gpu_model")
+    if gpu_model is None:
+        return [Problem(host, "gpu_model", None, f"missing required variable (one of {', '.join(model.GPU_MODELS)})")]
+    if gpu_model not in model.GPU_MODELS:
+        return [Problem(host, "gpu_model", gpu_model, f"unknown GPU model; expected one of {', '.join(model.GPU_MODELS)}")]
+    return []
+
+
+def check_gpu_layout(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    problems = []
+    gpu_count = _int(hv.get("gpu_count", model.DEFAULT_GPU_COUNT))
+    iu_size = _int(hv.get("iu_size", model.DEFAULT_IU_SIZE))
+    if gpu_count is None or gpu_count <= 0:
+        problems.append(Problem(host, "gpu_count", hv.get("gpu_count"), "must be a positive integer"))
+    if iu_size not in model.VALID_IU_SIZES:
+        problems.append(
+            Problem(host, "iu_size", hv.get("iu_size"), f"must be one of {'/'.join(map(str, model.VALID_IU_SIZES))}")
+        )
+    if problems:
+        return problems
+    if gpu_count % iu_size:
+        problems.append(
+            Problem(host, "gpu_count", gpu_count, f"not divisible by iu_size={iu_size}: {gpu_count % iu_size} GPU(s) left over")
+        )
+    layout = hv.get("iu_layout")
+    if layout is not None:
+        problems += _check_explicit_layout(host, layout, gpu_count, iu_size)
+    numa = hv.get("gpu_numa_nodes")
+    if numa is not None:
+        if not isinstance(numa, list) or len(numa) != gpu_count or any(_int(n) is None or _int(n) < 0 for n in numa):
+            problems.append(Problem(host, "gpu_numa_nodes", numa, f"must list a NUMA node (>= 0) for each of {gpu_count} GPUs"))
+        elif not problems:
+            for index, gpus in enumerate(model.iu_layout(hv)):
+                spanned = sorted({int(numa[g]) for g in gpus})
+                if len(spanned) > 1:
+                    problems.append(
+                        Problem(host, "iu_layout", gpus, f"IU {index} spans NUMA nodes {spanned} (gpu_numa_nodes={numa})")
+                    )
+    return problems
+
+
+def _check_explicit_layout(host: str, layout: Any, gpu_count: int, iu_size: int) -> list[Problem]:
+    if not isinstance(layout, list) or not all(isinstance(iu, list) for iu in layout):
+        return [Problem(host, "iu_layout", layout, "must be a list of GPU-index lists, one per IU")]
+    problems = []
+    seen: set[int] = set()
+    for index, gpus in enumerate(layout):
+        if len(gpus) != iu_size:
+            problems.append(Problem(host, "iu_layout", gpus, f"IU {index} has {len(gpus)} GPUs, iu_size is {iu_size}"))
+        for gpu in gpus:
+            g = _int(gpu)
+            if g is None or not 0 <= g < gpu_count:
+                problems.append(Problem(host, "iu_layout", gpu, f"IU {index}: GPU index out of range 0..{gpu_count - 1}"))
+            elif g in seen:
+                problems.append(Problem(host, "iu_layout", gpu, f"IU {index}: GPU {g} is already in another IU"))
+            else:
+                seen.add(g)
+    return problems
+
+
+def check_ports(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    ports = hv.get("iu_ports")
+    if ports is None:
+        base = _int(hv.get("iu_port_base", model.DEFAULT_IU_PORT_BASE))
+        if base is None or not 1024 <= base <= 65000:
+            return [Problem(host, "iu_port_base", hv.get("iu_port_base"), "must be an integer in 1024..65000")]
+        return []
+    problems = []
+    seen = set()
+    for port in ports if isinstance(ports, list) else [ports]:
+        p = _int(port)
+        if p is None or not 1 <= p <= 65535:
+            problems.append(Problem(host, "iu_ports", port, "not a TCP port number"))
+        elif p in seen:
+            problems.append(Problem(host, "iu_ports", p, "duplicate IU port on this node"))
+        seen.add(p)
+    if not problems and _int(hv.get("gpu_count", 8)) and _int(hv.get("iu_size", 4)):
+        expected = len(model.iu_layout(hv)) if hv.get("iu_layout") is not None else (
+            int(hv.get("gpu_count", 8)) // int(hv.get("iu_size", 4))
+        )
+        if len(ports) != expected:
+            problems.append(Problem(host, "iu_ports", ports, f"lists {len(ports)} ports for {expected} IUs"))
+    return problems
+
+
+def check_nics(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    nics = hv.get("rdma_nics")
+    if nics is None:
+        return []
+    if not isinstance(nics, list):
+        return [Problem(host, "rdma_nics", nics, "must be a list of {device, netdev, ...}")]
+    problems = []
+    for i, nic in enumerate(nics):
+        var = f"rdma_nics[{i}]"
+        if not isinstance(nic, dict) or "device" not in nic:
+            problems.append(Problem(host, var, nic, "must be a mapping with at least 'device'"))
+            continue
+        if not _IBDEV.match(str(nic["device"])):
+            problems.append(Problem(host, f"{var}.device", nic["device"], "not a valid RDMA device name"))
+        if nic.get("netdev") is not None and not _IFNAME.match(str(nic["netdev"])):
+            problems.append(
+                Problem(host, f"{var}.netdev", nic["netdev"], "not a valid Linux interface name (1-15 chars, no '/', ':' or spaces)")
+            )
+        if str(nic.get("link_layer", "infiniband")).lower() not in ("infiniband", "ethernet"):
+            problems.append(Problem(host, f"{var}.link_layer", nic.get("link_layer"), "must be infiniband or ethernet"))
+    for var in ("nccl_socket_ifname",):
+        if hv.get(var) is not None and not _IFNAME.match(str(hv[var])):
+            problems.append(Problem(host, var, hv[var], "not a valid Linux interface name"))
+    return problems
+
+
+def check_redfish(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    if not hv.get("cpu_cstates_redfish"):
+        return []
+    # Only presence is checked: the password is usually a vault value that is not decrypted here.
+    return [
+        Problem(host, var, None, "cpu_cstates_redfish is on but this BMC variable is missing")
+        for var in BMC_VARS
+        if hv.get(var) in (None, "")
+    ]
+
+
+def check_rack(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    groups = model.rack_groups(list(hv.get("group_names", [])))
+    rack_var = hv.get("rack")
+    racks = set(groups) | ({str(rack_var)} if rack_var is not None else set())
+    if not racks:
+        return [Problem(host, "rack", None, "host is in no rack: add it to a rack_<name> group or set 'rack'")]
+    if len(racks) > 1:
+        return [Problem(host, "rack", sorted(racks), "host is in more than one rack")]
+    return []
+
+
+HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
+    check_required,
+    check_rack,
+    check_gpu_layout,
+    check_ports,
+    check_nics,
+    check_redfish,
+)
+
+
+def check_duplicate_addresses(hosts: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
+    owners: dict[str, list[str]] = {}
+    for name, hv in hosts.items():
+        owners.setdefault(str(hv.get("ansible_host") or name), []).append(name)
+    return [
+        Problem(host, "ansible_host", address, f"address also used by {', '.join(h for h in names if h != host)}")
+        for address, names in owners.items()
+        if len(names) > 1
+        for host in names
+    ]
+
+
+def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, Mapping[str, Any]] | None = None) -> list[Problem]:
+    """Per-host rules over ``selected``; cluster-wide uniqueness over ``everyone`` (default: selected)."""
+    problems: list[Problem] = []
+    if not selected:
+        problems.append(Problem("-", "hosts", None, "the inventory (or --limit) selects no hosts"))
+    for name in sorted(selected):
+        for rule in HOST_RULES:
+            problems += rule(name, selected[name])
+    problems += [p for p in check_duplicate_addresses(everyone or selected) if p.host in selected]
+    return problems
+
+
+def format_problems(problems: Iterable[Problem]) -> str:
+    return "\n".join(str(p) for p in problems)
