@@ -1,0 +1,108 @@
+"""Every validation rule has its own bad inventory: exit 2, and the message names host, variable, value."""
+
+import pytest
+
+from tests.helpers import run_cli, write_tree
+
+GOOD_GROUP_VARS = "gpu_model: h100-sxm\n"
+
+
+def inventory(tmp_path, hosts_yml: str, all_vars: str = GOOD_GROUP_VARS, host_vars: dict | None = None):
+    files = {"hosts.yml": hosts_yml, "group_vars/all.yml": all_vars}
+    for host, text in (host_vars or {}).items():
+        files[f"host_vars/{host}.yml"] = text
+    return str(write_tree(tmp_path, files))
+
+
+ONE_RACK = """
+all:
+  children:
+    rack_r1:
+      hosts:
+        n1: {ansible_host: 192.0.2.1}
+        n2: {ansible_host: 192.0.2.2}
+"""
+
+CASES = {
+    "gpu_count_not_divisible": ({"n1": "gpu_count: 6\n"}, ["n1: gpu_count=6", "not divisible by iu_size=4"]),
+    "iu_size_invalid": ({"n1": "iu_size: 3\n"}, ["n1: iu_size=3", "must be one of 1/2/4/8"]),
+    "iu_spans_numa": (
+        {"n1": "gpu_numa_nodes: [0, 0, 0, 1, 1, 1, 1, 1]\n"},
+        ["n1: iu_layout=[0, 1, 2, 3]", "spans NUMA nodes [0, 1]"],
+    ),
+    "duplicate_ports": ({"n2": "iu_ports: [8000, 8000]\n"}, ["n2: iu_ports=8000", "duplicate IU port"]),
+    "bad_netdev": (
+        {"n1": "rdma_nics: [{device: mlx5_0, netdev: 'ib/p24s0'}]\n"},
+        ["n1: rdma_nics[0].netdev='ib/p24s0'", "not a valid Linux interface name"],
+    ),
+    "netdev_too_long": (
+        {"n1": "rdma_nics: [{device: mlx5_0, netdev: enp0s31f6averylongname}]\n"},
+        ["n1: rdma_nics[0].netdev='enp0s31f6averylongname'"],
+    ),
+    "bad_rdma_device": ({"n2": "rdma_nics: [{device: 'mlx5 0'}]\n"}, ["n2: rdma_nics[0].device='mlx5 0'"]),
+    "redfish_without_bmc": (
+        {"n1": "cpu_cstates_redfish: true\nbmc_address: 192.0.2.101\n"},
+        ["n1: bmc_username=None", "n1: bmc_password=None", "cpu_cstates_redfish is on"],
+    ),
+    "unknown_gpu_model": ({"n2": "gpu_model: b200\n"}, ["n2: gpu_model='b200'", "unknown GPU model"]),
+    "layout_gpu_twice": (
+        {"n1": "iu_layout: [[0, 1, 2, 3], [3, 4, 5, 6]]\n"},
+        ["n1: iu_layout=3", "GPU 3 is already in another IU"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_rule_reports_host_variable_value(tmp_path, capsys, case):
+    host_vars, expected = CASES[case]
+    inv = inventory(tmp_path, ONE_RACK, host_vars=host_vars)
+    code, out, err = run_cli(capsys, "inventory", "validate", "-i", inv)
+    assert code == 2, err
+    for fragment in expected:
+        assert fragment in err
+    # the same inventory is refused by every command that loads the model, before contacting any host
+    code, _, err2 = run_cli(capsys, "inventory", "show", "-i", inv)
+    assert code == 2 and expected[0] in err2
+
+
+def test_missing_required_variable(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, all_vars="x: 1\n"))
+    assert code == 2
+    assert "n1: gpu_model=None: missing required variable" in err
+    assert "n2: gpu_model=None: missing required variable" in err
+
+
+def test_duplicate_addresses_name_both_hosts(tmp_path, capsys):
+    hosts = ONE_RACK.replace("192.0.2.2", "192.0.2.1")
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
+    assert code == 2
+    assert "n1: ansible_host='192.0.2.1': address also used by n2" in err
+    assert "n2: ansible_host='192.0.2.1': address also used by n1" in err
+
+
+def test_host_in_no_rack_and_in_two_racks(tmp_path, capsys):
+    hosts = ONE_RACK + """
+    rack_r2:
+      hosts:
+        n2:
+    spare:
+      hosts:
+        n3: {ansible_host: 192.0.2.3}
+"""
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
+    assert code == 2
+    assert "n2: rack=['r1', 'r2']: host is in more than one rack" in err
+    assert "n3: rack=None: host is in no rack" in err
+
+
+def test_all_problems_are_reported_at_once(tmp_path, capsys):
+    host_vars = {"n1": "iu_size: 3\nrdma_nics: [{device: mlx5_0, netdev: 'a b'}]\n", "n2": "gpu_count: 6\n"}
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, host_vars=host_vars))
+    assert code == 2
+    assert "n1: iu_size=3" in err and "n1: rdma_nics[0].netdev='a b'" in err and "n2: gpu_count=6" in err
+    assert "3 problem(s)" in err
+
+
+def test_valid_inventory_passes(tmp_path, capsys):
+    code, out, _ = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK))
+    assert code == 0 and "OK (2 hosts)" in out
