@@ -1,0 +1,40 @@
+"""Parsers for the outputs preflight gathers: pure functions ``text -> small dataclass``.
+
+``PARSERS`` maps each kind (the names ``clusterctl preflight parse`` and the JSON contract use) to its
+``parse`` function; ``parse(kind, text)`` dispatches; ``to_contract_json(kind, result)`` gives the exact
+shape of ``shared/contracts/parse-json.md``. Every parser raises ``ParseError`` (line number, line,
+message) on input it cannot read, never another exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from preflight.parsers import chrony, cpupower, ibping, ibstat, nccl, nvsmi_q, perftest, topo
+from preflight.parsers.common import ParseError
+
+PARSERS: dict[str, Callable[[str], Any]] = {
+    "topo": topo.parse,
+    "ibstat": ibstat.parse,
+    "ibping": ibping.parse,
+    "perftest": perftest.parse,
+    "nccl": nccl.parse,
+    "chrony": chrony.parse,
+    "cpupower": cpupower.parse,
+    "nvsmi-q": nvsmi_q.parse,
+}
+
+__all__ = ["PARSERS", "ParseError", "parse", "to_contract_json"]
+
+
+def parse(kind: str, text: str) -> Any:
+    """Parse ``text`` as output of ``kind``; KeyError for an unknown kind, ParseError for bad text."""
+    return PARSERS[kind](text)
+
+
+def to_contract_json(kind: str, result: Any) -> dict:
+    """The contract's JSON object for a parse result of ``kind``."""
+    if kind not in PARSERS:
+        raise KeyError(kind)
+    return result.to_json()

@@ -1,0 +1,158 @@
+"""What every parser shares: the ParseError, text normalisation and small value converters.
+
+Outputs reach the parsers from many places: captured over SSH, pasted from a ticket, collected by
+``mpirun --tag-output`` or ``srun --label``, copied from a coloured terminal on Windows. ``lines()`` turns
+any of those into the tool's own lines, numbered as in the original text so that a ParseError points a
+person at the line they can see in their file.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+# CSI sequences (colours, cursor moves) and the two-byte escapes some terminals add.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# OpenMPI --tag-output / --output-filename prefixes: "[1,0]<stdout>:" (jobid,rank).
+_MPI_TAG = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:")
+# srun --label: the task id, right-aligned to the width of the largest one, then ": ".
+_SRUN_LABEL = re.compile(r"^ {0,5}\d{1,6}: ")
+# The launcher prefix could only be confused with a tool's own text if a tool printed "<digits>: " at the
+# very start of a line; none of the parsed tools does (their keys are words, their rows have no colon).
+
+T = TypeVar("T")
+
+
+class ParseError(ValueError):
+    """Input that is not (or not all of) the expected tool output.
+
+    ``line_no`` is 1-based in the text as given (0 for empty input); ``line`` is that line after
+    normalisation. ``str()`` is one line that names both, for the CLI and for check reasons.
+    """
+
+    def __init__(self, line_no: int, line: str, message: str):
+        self.line_no = line_no
+        self.line = line
+        self.message = message
+        shown = line if len(line) <= 120 else line[:117] + "..."
+        super().__init__(f"line {line_no}: {message}: {shown!r}")
+
+
+@dataclass(frozen=True)
+class Line:
+    no: int  # 1-based line number in the original text
+    text: str  # normalised: no CR, no ANSI, no launcher prefix, tabs kept
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def clean_line(raw: str) -> str:
+    """One physical line without ANSI escapes, stray CRs and launcher prefixes."""
+    text = _ANSI.sub("", raw).replace("\r", "")
+    text = _MPI_TAG.sub("", text, count=1)
+    return _SRUN_LABEL.sub("", text, count=1)
+
+
+def lines(text: str) -> list[Line]:
+    """Normalised, numbered lines of ``text`` (CRLF, lone CR, ANSI colour and launcher prefixes removed)."""
+    text = text.replace("\r\n", "\n")
+    return [Line(no, clean_line(raw)) for no, raw in enumerate(text.split("\n"), start=1)]
+
+
+def first_nonblank(all_lines: Sequence[Line]) -> Line:
+    for line in all_lines:
+        if line.text.strip():
+            return line
+    return Line(0, "")
+
+
+def last_nonblank(all_lines: Sequence[Line]) -> Line:
+    for line in reversed(all_lines):
+        if line.text.strip():
+            return line
+    return Line(0, "")
+
+
+def split_runs(all_lines: Sequence[Line], starts_run: Callable[[str], bool]) -> list[list[Line]]:
+    """Split a paste holding several outputs of one tool at every line where a new output starts.
+
+    Lines before the first start belong to the first run (a prompt, a command line, log noise)."""
+    runs: list[list[Line]] = [[]]
+    started = False
+    for line in all_lines:
+        if starts_run(line.text):
+            if started:
+                runs.append([])
+            started = True
+        runs[-1].append(line)
+    return runs
+
+
+def last_complete(runs: Sequence[list[Line]], parse_run: Callable[[list[Line]], T]) -> T:
+    """Parse each run from the last backwards and return the first that parses completely.
+
+    When none does, the last run's ParseError is raised: it names the line where the newest output went
+    wrong, which is what a person pasting several attempts wants to see."""
+    last_error: ParseError | None = None
+    for run in reversed(runs):
+        try:
+            return parse_run(run)
+        except ParseError as exc:
+            if last_error is None:
+                last_error = exc
+    assert last_error is not None  # runs is never empty
+    raise last_error
+
+
+def split_key_value(text: str, sep: str = ":") -> tuple[str, str] | None:
+    """``"  Rate: 400"`` -> ``("Rate", "400")``; None when the line has no separator."""
+    key, found, value = text.partition(sep)
+    if not found:
+        return None
+    return key.strip(), value.strip()
+
+
+def to_number(token: str, line: Line, what: str) -> int | float:
+    """An int when the token is integral as printed, else a float; ParseError naming ``line`` otherwise."""
+    token = token.strip()
+    try:
+        return int(token)
+    except ValueError:
+        pass
+    try:
+        value = float(token)
+    except ValueError:
+        raise ParseError(line.no, line.text, f"{what} is not a number ({token!r})") from None
+    if not math.isfinite(value):  # JSON has no inf/nan; a tool printing one is reporting nothing usable
+        raise ParseError(line.no, line.text, f"{what} is not a finite number ({token!r})")
+    return value
+
+
+def to_float(token: str, line: Line, what: str) -> float:
+    return float(to_number(token, line, what))
+
+
+def optional(token: str | None) -> str | None:
+    """Tokens that mean "no value" (N/A, empty, [N/A]) become None; others are returned trimmed."""
+    if token is None:
+        return None
+    token = token.strip()
+    if token in ("", "N/A", "[N/A]", "n/a", "Not Supported", "[Not Supported]"):
+        return None
+    return token
+
+
+def yes_no(token: str | None) -> bool | None:
+    value = optional(token)
+    if value is None:
+        return None
+    lowered = value.lower()
+    if lowered in ("yes", "true", "enabled"):
+        return True
+    if lowered in ("no", "false", "disabled"):
+        return False
+    return None

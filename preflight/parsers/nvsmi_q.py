@@ -1,0 +1,229 @@
+"""Parser for ``nvidia-smi -q`` (or ``-q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT``): memory health per GPU.
+
+Usage::
+
+    from preflight.parsers import nvsmi_q
+    report = nvsmi_q.parse(text)
+    for gpu in report.gpus:
+        gpu.bus_id, gpu.volatile_uncorrectable, gpu.remap_pending, gpu.retired_pages_pending
+
+Schema (``NvsmiReport.to_json()``, the contract's ``nvsmi-q`` shape)::
+
+    {"gpus": [{"bus_id": "00000000:07:00.0", "ecc_mode_current": "Enabled", "volatile_uncorrectable": 0,
+      "aggregate_uncorrectable": 0, "remap_pending": false, "remap_failure": false,
+      "retired_pages_pending": false}]}
+
+Uncorrectable counts are the sum of the uncorrectable lines under ``ECC Errors`` / ``Volatile`` (or
+``Aggregate``), whatever generation printed them:
+
+- R510-R535 on H100/H200 and R550+: ``SRAM Uncorrectable Parity``, ``SRAM Uncorrectable SEC-DED``,
+  ``DRAM Uncorrectable`` (the ``Aggregate Uncorrectable SRAM Sources`` section repeats the SRAM errors by
+  unit and is not added again);
+- R450-R470 on A100: ``SRAM Uncorrectable``, ``DRAM Uncorrectable``;
+- R418 and older (V100): ``Double Bit`` / ``Device Memory``, ``Register File``, ... / ``Total`` (Total
+  is used when printed, else the lines are summed).
+
+``N/A`` (ECC disabled, a GPU without the feature, e.g. retired pages on A100/H100 which remap rows
+instead) is None, never 0. ``Remapped Rows : N/A`` gives remap_pending/remap_failure None.
+
+Real example (A100-SXM4-80GB, driver 510.73.08, a remap pending after a correctable error)::
+
+    GPU 00000000:10:1C.0
+        Product Name                          : NVIDIA A100-SXM4-80GB
+        ECC Mode
+            Current                           : Enabled
+            Pending                           : Enabled
+        ECC Errors
+            Volatile
+                SRAM Correctable              : 0
+                SRAM Uncorrectable            : 0
+                DRAM Correctable              : 177
+                DRAM Uncorrectable            : 0
+            ...
+        Retired Pages
+            Single Bit ECC                    : N/A
+            Double Bit ECC                    : N/A
+            Pending Page Blacklist            : N/A
+        Remapped Rows
+            Correctable Error                 : 1
+            Uncorrectable Error               : 0
+            Pending                           : Yes
+            Remapping Failure Occurred        : No
+
+Raw step: per GPU, every ``key : value`` under its section path (indentation), as printed. Typed step:
+the fields above. Fewer ``GPU`` blocks than ``Attached GPUs``, or a GPU missing a section that the GPUs
+before it printed, is a truncated output and raises ParseError naming the last line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from preflight.parsers.common import (
+    Line,
+    ParseError,
+    first_nonblank,
+    last_complete,
+    last_nonblank,
+    lines,
+    optional,
+    split_runs,
+    yes_no,
+)
+
+_GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
+_LOG_HEADER = re.compile(r"^=+NVSMI LOG=+\s*$")
+_ATTACHED = re.compile(r"^Attached GPUs\s*:\s*(\d+)\s*$")
+_RETIRED_PENDING_KEYS = ("Pending Page Blacklist", "Pending Page Retirement", "Pending")
+
+Path = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GpuMemoryHealth:
+    bus_id: str
+    product_name: str | None
+    ecc_mode_current: str | None
+    ecc_mode_pending: str | None
+    volatile_uncorrectable: int | None
+    aggregate_uncorrectable: int | None
+    volatile_correctable: int | None
+    aggregate_correctable: int | None
+    remap_pending: bool | None
+    remap_failure: bool | None
+    remapped_correctable: int | None
+    remapped_uncorrectable: int | None
+    retired_pages_pending: bool | None
+
+    def to_json(self) -> dict:
+        return {"bus_id": self.bus_id, "ecc_mode_current": self.ecc_mode_current,
+                "volatile_uncorrectable": self.volatile_uncorrectable,
+                "aggregate_uncorrectable": self.aggregate_uncorrectable, "remap_pending": self.remap_pending,
+                "remap_failure": self.remap_failure, "retired_pages_pending": self.retired_pages_pending}
+
+
+@dataclass(frozen=True)
+class NvsmiReport:
+    gpus: list[GpuMemoryHealth]
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+    def gpu(self, bus_id: str) -> GpuMemoryHealth | None:
+        """By full (00000000:07:00.0) or short (07:00.0) PCI bus id."""
+        wanted = bus_id.lower()
+        return next((g for g in self.gpus if g.bus_id.lower().endswith(wanted)), None)
+
+    def to_json(self) -> dict:
+        return {"gpus": [gpu.to_json() for gpu in self.gpus]}
+
+
+def parse(text: str) -> NvsmiReport:
+    all_lines = lines(text)
+    if not any(_GPU.match(line.text) for line in all_lines):
+        first = first_nonblank(all_lines)
+        raise ParseError(first.no, first.text, "no nvidia-smi -q output (a 'GPU 00000000:07:00.0' line)")
+    has_header = any(_LOG_HEADER.match(line.text) for line in all_lines)
+    starts = _LOG_HEADER if has_header else _ATTACHED
+    return last_complete(split_runs(all_lines, lambda t: bool(starts.match(t))), _parse_run)
+
+
+def _parse_run(run: list[Line]) -> NvsmiReport:
+    header: dict[str, str] = {}
+    attached: tuple[int, Line] | None = None
+    gpus: list[tuple[Line, dict[Path, tuple[str, Line]]]] = []
+    stack: list[tuple[int, str]] = []
+    for line in run:
+        expanded = line.text.expandtabs(4)
+        stripped = expanded.strip()
+        if not stripped or _LOG_HEADER.match(stripped):
+            continue
+        if _GPU.match(stripped):
+            gpus.append((line, {}))
+            stack = []
+            continue
+        indent = len(expanded) - len(expanded.lstrip())
+        key, colon, value = stripped.partition(":")
+        key = key.strip()
+        if not gpus:
+            if match := _ATTACHED.match(stripped):
+                attached = (int(match.group(1)), line)
+            elif colon:
+                header[key] = value.strip()
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if not colon:
+            stack.append((indent, key))
+            continue
+        path = tuple(name for _, name in stack) + (key,)
+        gpus[-1][1][path] = (value.strip(), line)
+
+    end = last_nonblank(run)
+    if attached is not None and len(gpus) < attached[0]:
+        raise ParseError(end.no, end.text, f"output ends after {len(gpus)} of {attached[0]} attached GPUs")
+    if gpus:
+        sections = {path[0] for path in gpus[0][1]}
+        missing = sorted(sections - {path[0] for path in gpus[-1][1]})
+        if missing and len(gpus) > 1:
+            raise ParseError(end.no, end.text, f"GPU {gpus[-1][0].text.split()[1]} ends before its "
+                                               f"{', '.join(missing)} section(s)")
+    return NvsmiReport([_typed_gpu(line, values) for line, values in gpus],
+                       optional(header.get("Driver Version")), optional(header.get("CUDA Version")))
+
+
+def _typed_gpu(gpu_line: Line, values: dict[Path, tuple[str, Line]]) -> GpuMemoryHealth:
+    def text(*path: str) -> str | None:
+        return optional(values[path][0]) if path in values else None
+
+    def integer(*path: str) -> int | None:
+        return _count(values[path]) if path in values else None
+
+    remap_section = values.get(("Remapped Rows",))  # "Remapped Rows : N/A" on GPUs without a remapper
+    retired = next((values[("Retired Pages", key)] for key in _RETIRED_PENDING_KEYS
+                    if ("Retired Pages", key) in values), None)
+    return GpuMemoryHealth(
+        bus_id=gpu_line.text.split()[-1],
+        product_name=text("Product Name"),
+        ecc_mode_current=text("ECC Mode", "Current"),
+        ecc_mode_pending=text("ECC Mode", "Pending"),
+        volatile_uncorrectable=_ecc_sum(values, "Volatile", uncorrectable=True),
+        aggregate_uncorrectable=_ecc_sum(values, "Aggregate", uncorrectable=True),
+        volatile_correctable=_ecc_sum(values, "Volatile", uncorrectable=False),
+        aggregate_correctable=_ecc_sum(values, "Aggregate", uncorrectable=False),
+        remap_pending=None if remap_section else yes_no(text("Remapped Rows", "Pending")),
+        remap_failure=None if remap_section else yes_no(text("Remapped Rows", "Remapping Failure Occurred")),
+        remapped_correctable=integer("Remapped Rows", "Correctable Error"),
+        remapped_uncorrectable=integer("Remapped Rows", "Uncorrectable Error"),
+        retired_pages_pending=yes_no(retired[0]) if retired else None,
+    )
+
+
+def _ecc_sum(values: dict[Path, tuple[str, Line]], scope: str, uncorrectable: bool) -> int | None:
+    """Sum of the (un)correctable counters under ECC Errors/<scope>; None when none is a number."""
+    prefix = ("ECC Errors", scope)
+    legacy_group = "Double Bit" if uncorrectable else "Single Bit"
+    legacy = {path: item for path, item in values.items() if path[:3] == prefix + (legacy_group,)}
+    if legacy:
+        total = legacy.get(prefix + (legacy_group, "Total"))
+        chosen = [total] if total is not None else list(legacy.values())
+    else:
+        chosen = [item for path, item in values.items()
+                  if len(path) == 3 and path[:2] == prefix and _is_counter(path[2], uncorrectable)]
+    counts = [count for count in (_count(item) for item in chosen) if count is not None]
+    return sum(counts) if counts else None
+
+
+def _is_counter(key: str, uncorrectable: bool) -> bool:
+    if uncorrectable:
+        return "Uncorrectable" in key
+    return "Correctable" in key and "Uncorrectable" not in key
+
+
+def _count(item: tuple[str, Line]) -> int | None:
+    token, line = item
+    if optional(token) is None:
+        return None
+    if not token.isdigit():
+        raise ParseError(line.no, line.text, f"expected a count, got {token!r}")
+    return int(token)

@@ -1,0 +1,184 @@
+"""Parser for ``nvidia-smi topo -m`` (``--matrix``) and ``nvidia-smi topo -mp``.
+
+Usage::
+
+    from preflight.parsers import topo
+    topology = topo.parse(text)
+    topology.link("GPU0", "GPU1")        # 'NV18'
+    topology.gpus[0].numa_affinity       # '0' (None on drivers that do not print the column)
+
+Schema (``Topology.to_json()``, the contract's ``topo`` shape)::
+
+    {"gpus":  [{"name": "GPU0", "cpu_affinity": "0-47,96-143", "numa_affinity": "0", "gpu_numa_id": "N/A"}],
+     "nics":  [{"name": "NIC0", "device": "mlx5_0"}],
+     "links": {"GPU0": {"GPU0": "X", "GPU1": "NV18", "NIC0": "PIX"}, "NIC0": {...}}}
+
+Formats seen across drivers (fixtures in tests/fixtures/preflight/topo/):
+
+- older drivers (A100 DGX on R470): NIC columns named by device (``mlx5_0``), trailing columns ``CPU
+  Affinity`` and ``NUMA Affinity``; the oldest (V100 era) print only ``CPU Affinity``.
+- current drivers (H100/H200 on R535/R550): NIC columns named ``NIC0..`` with a ``NIC Legend:`` mapping
+  them to devices, and a third trailing column ``GPU NUMA ID`` (``N/A`` on x86 hosts).
+- ``-mp``: the same matrix with PCIe paths only (no ``NV#``).
+- Cells are tab separated on some builds and space aligned on others; NIC rows leave the affinity
+  columns empty.
+
+Real example (H100 SXM5 HGX, driver 535, abridged to two GPUs and one NIC)::
+
+            GPU0    GPU1    NIC0    CPU Affinity    NUMA Affinity   GPU NUMA ID
+    GPU0     X      NV18    PIX     0-55,112-167    0               N/A
+    GPU1    NV18     X      NODE    0-55,112-167    0               N/A
+    NIC0    PIX     NODE     X
+
+    NIC Legend:
+
+      NIC0: mlx5_0
+
+Raw step: header labels and each row's tokens as printed. Typed step: affinity columns by name, NIC
+devices from the header or the legend. A matrix whose rows stop before every column label has its row
+(a truncated paste) raises ParseError naming the last line read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from preflight.parsers.common import Line, ParseError, last_complete, last_nonblank, lines, split_runs
+
+# Trailing columns, in the order drivers print them; their headers contain spaces.
+AFFINITY_COLUMNS = {"CPU Affinity": "cpu_affinity", "NUMA Affinity": "numa_affinity", "GPU NUMA ID": "gpu_numa_id"}
+_DEVICE_LABEL = re.compile(r"^(GPU\d+|NIC\d+|mlx\d+_\d+|mlx\d+_bond_\d+|[a-z][a-z0-9]*_\d+)$")
+_LEGEND_ENTRY = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")
+_LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
+
+
+def _is_header(text: str) -> bool:
+    """The header starts with GPU0 like GPU0's row does, but its next token is a label, not a link."""
+    tokens = text.split()
+    return bool(tokens) and tokens[0] == "GPU0" and (len(tokens) == 1 or not _LINK.match(tokens[1]))
+
+
+@dataclass(frozen=True)
+class TopoGpu:
+    name: str
+    cpu_affinity: str | None
+    numa_affinity: str | None
+    gpu_numa_id: str | None
+
+    @property
+    def index(self) -> int:
+        return int(self.name[3:])
+
+    @property
+    def numa_node(self) -> int | None:
+        """NUMA Affinity as an int; None when the column is absent or not a single node (N/A, "0-1")."""
+        return int(self.numa_affinity) if self.numa_affinity and self.numa_affinity.isdigit() else None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "cpu_affinity": self.cpu_affinity, "numa_affinity": self.numa_affinity,
+                "gpu_numa_id": self.gpu_numa_id}
+
+
+@dataclass(frozen=True)
+class TopoNic:
+    name: str  # column label as printed: NIC0 (new drivers) or mlx5_0 (old drivers)
+    device: str | None  # RDMA device: the label itself on old drivers, from the legend on new ones
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "device": self.device}
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpus: list[TopoGpu]
+    nics: list[TopoNic]
+    links: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def link(self, row: str, column: str) -> str:
+        """The token printed at ``row``/``column`` (labels as printed: GPU0, NIC0, mlx5_0)."""
+        return self.links[row][column]
+
+    def gpu(self, name: str) -> TopoGpu | None:
+        return next((gpu for gpu in self.gpus if gpu.name == name), None)
+
+    def nic_by_device(self, device: str) -> TopoNic | None:
+        return next((nic for nic in self.nics if nic.device == device), None)
+
+    def to_json(self) -> dict:
+        return {"gpus": [gpu.to_json() for gpu in self.gpus], "nics": [nic.to_json() for nic in self.nics],
+                "links": {row: dict(cols) for row, cols in self.links.items()}}
+
+
+def parse(text: str) -> Topology:
+    """Parse the last complete matrix in ``text``; ParseError when there is none."""
+    all_lines = lines(text)
+    if not any(_is_header(line.text) for line in all_lines):
+        first = next((line for line in all_lines if line.text.strip()), Line(0, ""))
+        raise ParseError(first.no, first.text, "no nvidia-smi topo matrix (a header line starting with GPU0)")
+    return last_complete(split_runs(all_lines, _is_header), _parse_run)
+
+
+def _split_header(text: str) -> tuple[list[str], list[str]]:
+    """Device column labels and trailing affinity column names of a header line."""
+    rest = text
+    trailing: list[str] = []
+    positions = sorted((rest.find(name), name) for name in AFFINITY_COLUMNS if name in rest)
+    if positions:
+        rest = text[: positions[0][0]]
+        trailing = [name for _, name in positions]
+    return rest.split(), trailing
+
+
+def _parse_run(run: list[Line]) -> Topology:
+    start = next(i for i, line in enumerate(run) if _is_header(line.text))
+    header = run[start]
+    columns, trailing = _split_header(header.text)
+    for label in columns:
+        if not _DEVICE_LABEL.match(label):
+            raise ParseError(header.no, header.text, f"unexpected column label {label!r} in the topo header")
+
+    raw_rows: dict[str, list[str]] = {}
+    last_read = header
+    legend: dict[str, str] = {}
+    for line in run[start + 1:]:
+        tokens = line.text.split()
+        if not tokens:
+            continue
+        if tokens[0] in columns and tokens[0] not in raw_rows:
+            if len(tokens) < 1 + len(columns):
+                raise ParseError(line.no, line.text,
+                                 f"row {tokens[0]} has {len(tokens) - 1} cells, expected {len(columns)}")
+            raw_rows[tokens[0]] = tokens[1:]
+            last_read = line
+            continue
+        entry = _LEGEND_ENTRY.match(line.text)
+        if entry:
+            legend[entry.group(1)] = entry.group(2)
+        # Anything else (the link legend, a prompt, interleaved log lines) is not part of the matrix.
+
+    missing = [label for label in columns if label not in raw_rows]
+    if missing:
+        end = last_nonblank(run) if not raw_rows else last_read
+        raise ParseError(end.no, end.text, f"topo matrix ends without rows for {', '.join(missing)}")
+    return _typed(columns, trailing, raw_rows, legend)
+
+
+def _typed(columns: list[str], trailing: list[str], raw_rows: dict[str, list[str]],
+           legend: dict[str, str]) -> Topology:
+    links = {row: dict(zip(columns, raw_rows[row][: len(columns)], strict=True)) for row in columns}
+    gpus = []
+    for label in columns:
+        if not label.startswith("GPU"):
+            continue
+        extra = raw_rows[label][len(columns):]
+        values = {AFFINITY_COLUMNS[name]: (extra[i] if i < len(extra) else None) for i, name in enumerate(trailing)}
+        gpus.append(TopoGpu(label, values.get("cpu_affinity"), values.get("numa_affinity"),
+                            values.get("gpu_numa_id")))
+    nics = []
+    for label in columns:
+        if label.startswith("GPU"):
+            continue
+        device = legend.get(label) if label.startswith("NIC") else label
+        nics.append(TopoNic(label, device))
+    return Topology(gpus, nics, links)
