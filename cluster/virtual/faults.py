@@ -1,0 +1,175 @@
+"""Fault injection for simulated hosts: ``sim_faults``, a list of ``{kind: ..., <parameters>}``.
+
+Each fault changes the hardware description (:mod:`cluster.virtual.hardware`) that the simulated /sys,
+/proc and the stub tools are generated from, so one fault shows up consistently in every place a real
+broken node would show it (e.g. ``ib_port_down`` in sysfs ``state``, ``ibstat`` and a failing ``ibping``).
+
+=====================  ==========================================  ===================================
+kind                   parameters (defaults)                       what changes
+=====================  ==========================================  ===================================
+nvlink_down            gpus: [a, b] (0, 1); links: remaining (0)   ``topo -m`` shows a PCIe path
+gpu_wrong_numa         gpu (0); numa_node (the other socket)       sysfs numa_node, ``topo -m`` affinity
+ib_port_down           device (first HCA)                          state Down / phys Disabled
+ib_port_rate           device (first HCA); rate_gbps (200)         sysfs rate, ``ibstat`` Rate
+ib_high_latency        device (first HCA); latency_us (25.0)       ``ib_write_lat``
+ib_low_bandwidth       device (first HCA); bw_gbps (95.0)          ``ib_write_bw``
+nccl_low_bw            busbw_gbs (120.0)                           ``all_reduce_perf`` busbw
+nccl_wrong             count (1)                                   ``all_reduce_perf`` #wrong
+ecc_uncorrectable      gpu (0); count (1)                          ``nvidia-smi -q`` ECC, XID 48
+row_remap_pending      gpu (0)                                     ``nvidia-smi -q`` Remapped Rows
+cstates_enabled        -                                           cpuidle ``disable``, /proc/cmdline
+dcqcn_off              device (every RoCE HCA)                     ecn roce_np/roce_rp enable = 0
+clock_offset           offset_us (2500.0)                          ``chronyc tracking``
+version_drift          component (driver); version (535.161.08)    reported version of that component
+unreachable            -                                           wrappers exit 255 like ssh
+hang                   command (every stub)                        stub sleeps until killed
+=====================  ==========================================  ===================================
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cluster.virtual.hardware import Hardware, Hca, pair_key
+
+
+class FaultError(ValueError):
+    """A ``sim_faults`` entry that cannot be applied (unknown kind, bad parameter)."""
+
+
+def _hca(hw: Hardware, fault: Mapping[str, Any]) -> Hca:
+    if not hw.hcas:
+        raise FaultError(f"{fault['kind']}: host has no rdma_nics")
+    device = fault.get("device")
+    if device is None:
+        return hw.hcas[0]
+    for hca in hw.hcas:
+        if device in (hca.device, hca.netdev):
+            return hca
+    raise FaultError(f"{fault['kind']}: no HCA {device!r} (have {', '.join(h.device for h in hw.hcas)})")
+
+
+def _gpu_index(hw: Hardware, fault: Mapping[str, Any], key: str = "gpu") -> int:
+    gpu = int(fault.get(key, 0))
+    if not 0 <= gpu < len(hw.gpus):
+        raise FaultError(f"{fault['kind']}: GPU {gpu} out of range 0..{len(hw.gpus) - 1}")
+    return gpu
+
+
+def nvlink_down(hw: Hardware, f: Mapping[str, Any]) -> None:
+    a, b = (int(g) for g in f.get("gpus", [0, 1]))
+    for g in (a, b):
+        _gpu_index(hw, {"kind": f["kind"], "gpu": g})
+    if a == b:
+        raise FaultError("nvlink_down: gpus must name two different GPUs")
+    hw.nvlink[pair_key(a, b)] = int(f.get("links", 0))
+
+
+def gpu_wrong_numa(hw: Hardware, f: Mapping[str, Any]) -> None:
+    gpu = hw.gpus[_gpu_index(hw, f)]
+    nodes = [n.id for n in hw.numa if n.cpus]
+    gpu.numa_node = int(f.get("numa_node", next((n for n in nodes if n != gpu.numa_node), gpu.numa_node)))
+
+
+def ib_port_down(hw: Hardware, f: Mapping[str, Any]) -> None:
+    hca = _hca(hw, f)
+    hca.state, hca.phys_state = "Down", "Disabled"
+
+
+def ib_port_rate(hw: Hardware, f: Mapping[str, Any]) -> None:
+    _hca(hw, f).rate_gbps = int(f.get("rate_gbps", 200))
+
+
+def ib_high_latency(hw: Hardware, f: Mapping[str, Any]) -> None:
+    _hca(hw, f).latency_us = float(f.get("latency_us", 25.0))
+
+
+def ib_low_bandwidth(hw: Hardware, f: Mapping[str, Any]) -> None:
+    _hca(hw, f).bw_gbps = float(f.get("bw_gbps", 95.0))
+
+
+def nccl_low_bw(hw: Hardware, f: Mapping[str, Any]) -> None:
+    busbw = float(f.get("busbw_gbs", 120.0))
+    hw.nccl_busbw_gbs = {n: min(v, busbw) if n > 1 else v for n, v in hw.nccl_busbw_gbs.items()}
+
+
+def nccl_wrong(hw: Hardware, f: Mapping[str, Any]) -> None:
+    hw.nccl_wrong = int(f.get("count", 1))
+
+
+def ecc_uncorrectable(hw: Hardware, f: Mapping[str, Any]) -> None:
+    gpu = hw.gpus[_gpu_index(hw, f)]
+    gpu.ecc_uncorrectable = int(f.get("count", 1))
+    gpu.xid_events.append(48)  # XID 48: double-bit ECC error
+
+
+def row_remap_pending(hw: Hardware, f: Mapping[str, Any]) -> None:
+    gpu = hw.gpus[_gpu_index(hw, f)]
+    gpu.row_remap_pending = True
+    gpu.xid_events.append(63)  # XID 63: row remapping event
+
+
+def cstates_enabled(hw: Hardware, f: Mapping[str, Any]) -> None:
+    hw.cstates_disabled = False
+    hw.kernel_cmdline = " ".join(
+        w for w in hw.kernel_cmdline.split() if not w.startswith(("intel_idle.max_cstate=", "processor.max_cstate="))
+    )
+
+
+def dcqcn_off(hw: Hardware, f: Mapping[str, Any]) -> None:
+    targets = [_hca(hw, f)] if f.get("device") else [h for h in hw.hcas if h.link_layer == "ethernet"]
+    if not targets:
+        raise FaultError("dcqcn_off: host has no RoCE (link_layer: ethernet) HCA")
+    for hca in targets:
+        hca.dcqcn = False
+
+
+def clock_offset(hw: Hardware, f: Mapping[str, Any]) -> None:
+    hw.clock_offset_us = float(f.get("offset_us", 2500.0))
+
+
+def version_drift(hw: Hardware, f: Mapping[str, Any]) -> None:
+    component = str(f.get("component", "driver"))
+    if component not in hw.versions:
+        raise FaultError(f"version_drift: unknown component {component!r} (one of {', '.join(hw.versions)})")
+    hw.versions[component] = str(f.get("version", "535.161.08"))
+
+
+def unreachable(hw: Hardware, f: Mapping[str, Any]) -> None:
+    hw.unreachable = True
+
+
+def hang(hw: Hardware, f: Mapping[str, Any]) -> None:
+    command = f.get("command")
+    if command is None:
+        hw.hang = []
+    elif hw.hang != []:
+        hw.hang = [*(hw.hang or []), str(command)]
+
+
+FAULTS: dict[str, Callable[[Hardware, Mapping[str, Any]], None]] = {
+    f.__name__: f
+    for f in (
+        nvlink_down, gpu_wrong_numa, ib_port_down, ib_port_rate, ib_high_latency, ib_low_bandwidth,
+        nccl_low_bw, nccl_wrong, ecc_uncorrectable, row_remap_pending, cstates_enabled, dcqcn_off,
+        clock_offset, version_drift, unreachable, hang,
+    )
+}
+# Faults preflight must catch on a node that provisioning handles normally (the default inventory's mix).
+HARDWARE_FAULTS = tuple(k for k in FAULTS if k not in ("unreachable", "hang"))
+
+
+def apply(hw: Hardware, faults: list[Mapping[str, Any]] | None) -> Hardware:
+    """A copy of ``hw`` with every fault applied, in order. Raises FaultError naming the bad entry."""
+    broken = copy.deepcopy(hw)
+    for i, fault in enumerate(faults or []):
+        if not isinstance(fault, Mapping) or fault.get("kind") not in FAULTS:
+            kind = fault.get("kind") if isinstance(fault, Mapping) else fault
+            raise FaultError(f"{hw.host}: sim_faults[{i}]: unknown fault kind {kind!r} (one of {', '.join(FAULTS)})")
+        try:
+            FAULTS[fault["kind"]](broken, fault)
+        except (TypeError, ValueError) as exc:
+            raise FaultError(f"{hw.host}: sim_faults[{i}]: {exc}") from None
+    return broken

@@ -1,0 +1,48 @@
+"""Stub hardware tools of a simulated host: one multi-call program installed under each tool's name.
+
+Every stub reads the host's hardware description (``/run/clusterctl-sim/host.json`` inside the host),
+appends its call to ``/run/clusterctl-sim/calls.log`` (one JSON object per line: argv, time, pid), sleeps
+``sim_command_delay_s`` and prints what the real tool prints on an HGX H100/H200 server, generated from
+the description. A ``hang`` fault makes the named tool (or every tool) sleep until killed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# tool name -> "module:function" under cluster.virtual.stubs; imported only when that tool runs.
+TOOLS: dict[str, str] = {
+    "nvidia-smi": "nvidia_smi:main",
+    "ibstat": "infiniband:ibstat",
+    "ibping": "infiniband:ibping",
+    "ib_write_lat": "perftest:ib_write_lat",
+    "ib_write_bw": "perftest:ib_write_bw",
+    "all_reduce_perf": "nccl:all_reduce_perf",
+    "chronyc": "chrony:chronyc",
+    "mlnx_qos": "mlnx_qos:main",
+    "lscpu": "cpu:lscpu",
+    "numactl": "cpu:numactl",
+    "cpupower": "cpu:cpupower",
+    "dmesg": "kernel_log:dmesg",
+    "journalctl": "kernel_log:journalctl",
+    "systemctl": "systemctl:main",
+    "ofed_info": "versions:ofed_info",
+    "nv-fabricmanager": "versions:nv_fabricmanager",
+}
+# Tools Ansible itself calls while provisioning: no call delay, no hang (those model slow hardware probes).
+UNDELAYED_TOOLS = frozenset({"systemctl"})
+PROGRAM = "clusterctl-sim-tool"
+
+
+def install(bin_dir: Path, python: str) -> None:
+    """Write the multi-call program into ``bin_dir`` and link every tool name to it."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    program = bin_dir / PROGRAM
+    program.write_text(
+        f"#!{python}\n# Stub hardware tools of a simulated host (clusterctl virtual).\n"
+        "from cluster.virtual.stubs.main import main\n\nmain()\n"
+    )
+    program.chmod(0o755)
+    for tool in TOOLS:
+        os.symlink(PROGRAM, bin_dir / tool)

@@ -1,0 +1,62 @@
+"""Kernel log readers: ``dmesg`` and ``journalctl -k``, with the NVIDIA driver's XID lines for GPU faults.
+
+XID lines are what the NVIDIA driver (NVRM) logs, e.g. ``NVRM: Xid (PCI:0000:18:00): 48, pid=..., name=...,
+An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer ...`` and XID 63
+``Row Remapper: New row ... marked for remapping, reset gpu to activate.`` (NVIDIA "XID Errors" document,
+r555). dmesg prints ``[seconds.micros] text``; journalctl -k prints ``Mon DD HH:MM:SS host kernel: text``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from cluster.virtual.hardware import Hardware
+
+_XID_TEXT = {
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, "
+        "subpartition 0.",
+    63: "Row Remapper: New row (0x00000000003ffa0c) marked for remapping, reset gpu to activate.",
+}
+
+
+def kernel_messages(hw: Hardware) -> list[tuple[float, str]]:
+    """(seconds since boot, message) of the host's kernel log, boot messages first."""
+    drv = hw.versions["driver"]
+    messages = [
+        (0.0, f"Linux version {hw.kernel} (buildd@lcy02-amd64-050) (gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0, "
+              "GNU ld (GNU Binutils for Ubuntu) 2.38) #123-Ubuntu SMP Mon Jun 10 08:16:17 UTC 2024"),
+        (0.0, f"Command line: {hw.kernel_cmdline}"),
+        (9.41, "nvidia-nvlink: Nvlink Core is being initialized, major device number 509"),
+        (9.52, f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {drv}  Wed Jun  5 21:14:07 UTC 2024"),
+    ]
+    for i, hca in enumerate(hw.hcas):
+        messages.append((7.1 + i * 0.01, f"mlx5_core {hca.bus_id}: firmware version: {hw.hca_fw_version}"))
+        # pcie_print_link_status(): 32 GT/s x16 with 128b/130b encoding.
+        messages.append((7.2 + i * 0.01, f"mlx5_core {hca.bus_id}: 504.123 Gb/s available PCIe bandwidth "
+                                         "(32.0 GT/s PCIe x16 link)"))
+    when = 3600.0
+    for gpu in hw.gpus:
+        pci = gpu.bus_id[4:14].lower()  # 0000:18:00
+        for xid in gpu.xid_events:
+            messages.append((when, f"NVRM: Xid (PCI:{pci}): {xid}, pid='<unknown>', name=<unknown>, "
+                                   f"{_XID_TEXT.get(xid, 'Graphics Exception')}"))
+            when += 0.5
+    return sorted(messages, key=lambda m: m[0])
+
+
+def dmesg(hw: Hardware, args: list[str]) -> int:
+    print("".join(f"[{t:12.6f}] {text}\n" for t, text in kernel_messages(hw)), end="")
+    return 0
+
+
+def journalctl(hw: Hardware, args: list[str]) -> int:
+    if not set(args) & {"-k", "--dmesg"}:
+        print("-- No entries --")
+        return 0
+    boot = time.time() - 7200
+    out = []
+    for t, text in kernel_messages(hw):
+        stamp = time.strftime("%b %d %H:%M:%S", time.localtime(boot + t))
+        out.append(f"{stamp} {hw.host} kernel: {text}")
+    print("\n".join(out))
+    return 0
