@@ -1,0 +1,112 @@
+"""pick() latency over a pool of IUs (default 256): target <= 50 us median.
+
+Builds a reader view from synthetic KV bodies (64 nodes x 4 IUs, scores from a lognormal), then times
+single pick() calls with perf_counter_ns, in the loop an edge runs: pick, then record the send. Cases:
+all fresh (the common path), some stale (the freshness filter runs), a third de-weighted (rejection
+sampling), and no fresh score (fail-open scan).
+
+    .venv/bin/python bench/pick_latency.py [--ius 256] [--calls 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
+from eas_agent.scheduler.view import STALE_HEARTBEATS
+
+
+def build_view(
+    ius: int, now: float, rng: random.Random, stale_fraction: float = 0.0, no_scores: bool = False
+):
+    view = PoolView(detector=AnomalyDetector(), clock=lambda: now)
+    per_node = 4
+    health, kv = [], []
+    for n in range(ius // per_node):
+        node = f"r{n // 8:02d}n{n % 8:02d}"
+        stale = rng.random() < stale_fraction
+        ts = now - (STALE_HEARTBEATS * 2.0 + 1 if stale else rng.uniform(0, 2.0))
+        body = {
+            "node": node,
+            "rack": node[:3],
+            "ts": ts,
+            "heartbeat_s": 2.0,
+            "seq": 1,
+            "clock_offset_s": None,
+            "ius": {},
+        }
+        for i in range(per_node):
+            iu = f"{node}-iu{i}"
+            score = None if no_scores else round(rng.lognormvariate(-1.0, 1.0), 4)
+            body["ius"][iu] = {
+                "score": score,
+                "status": "passing",
+                "reason": "",
+                "components": {"request_cost_s": 0.08, "tokens_total": 1e6, "running": 10},
+            }
+            health.append(
+                {
+                    "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000 + i},
+                    "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}],
+                }
+            )
+        kv.append({"Key": f"clusterctl/eas/dc1/{node}", "Value": json.dumps(body).encode()})
+    view.apply_health(health)
+    view.apply_kv(kv)
+    return view
+
+
+def time_picks(view, now: float, calls: int, rng: random.Random, deweight: float = 0.0) -> list[int]:
+    snapshot = view.snapshot()
+    if deweight:
+        from dataclasses import replace
+
+        scored = tuple(replace(e, weight=0.3) if rng.random() < deweight else e for e in snapshot.scored)
+        snapshot = replace(snapshot, scored=scored)
+    ledger = EdgeLedger()
+    samples = []
+    clock = time.perf_counter_ns
+    for k in range(calls):
+        t_now = now + k * 1e-5
+        start = clock()
+        choice = pick(snapshot, ledger, t_now, rng)
+        samples.append(clock() - start)
+        ledger.on_sent(choice.iu_id, t_now)
+        ledger.on_done(choice.iu_id)
+    return samples
+
+
+def row(name: str, samples: list[int]) -> str:
+    samples = sorted(samples)
+    p = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))] / 1000  # noqa: E731
+    mean = statistics.fmean(samples) / 1000
+    return f"| {name:36} | {p(0.5):7.2f} | {p(0.9):7.2f} | {p(0.99):7.2f} | {mean:7.2f} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ius", type=int, default=256)
+    parser.add_argument("--calls", type=int, default=100_000)
+    args = parser.parse_args()
+    rng = random.Random(1)
+    now = 1_000_000.0
+    print(f"pick() latency, {args.ius} IUs, {args.calls} calls per case (microseconds)\n")
+    print("| case                                 |  median |     p90 |     p99 |    mean |")
+    print("|--------------------------------------|---------|---------|---------|---------|")
+    fresh = build_view(args.ius, now, rng)
+    print(row("all fresh (p2c)", time_picks(fresh, now, args.calls, rng)))
+    print(
+        row("1/3 de-weighted (rejection sampling)", time_picks(fresh, now, args.calls, rng, deweight=1 / 3))
+    )
+    stale = build_view(args.ius, now, rng, stale_fraction=0.1)
+    print(row("10% of nodes stale (filter runs)", time_picks(stale, now, args.calls, rng)))
+    none = build_view(args.ius, now, rng, no_scores=True)
+    print(row("no fresh score (fail-open scan)", time_picks(none, now, args.calls // 10, rng)))
+
+
+if __name__ == "__main__":
+    main()

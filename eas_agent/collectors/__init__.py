@@ -1,0 +1,1 @@
+"""Collectors: each reads one subsystem and returns a small frozen reading; none talks to Consul."""

@@ -1,0 +1,186 @@
+"""GPU collector: per-GPU memory, utilization and volatile uncorrectable ECC through NVML, or a fake file.
+
+Only cheap NVML calls run at cycle rate (nvmlDeviceGetMemoryInfo, nvmlDeviceGetUtilizationRates,
+nvmlDeviceGetTotalEccErrors): no per-process queries (nvmlDeviceGetComputeRunningProcesses takes
+milliseconds and holds the driver lock). vLLM preallocates GPU memory, so free memory is a health signal
+(another process on the IU's GPUs), not a load signal; the score never reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    index: int
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    utilization_pct: float | None = None
+    ecc_volatile_uncorrectable: int | None = None  # None: ECC disabled / not supported
+    lost: bool = False  # fell off the bus / NVML cannot reach it
+    error: str | None = None
+
+
+class GpuBackendError(RuntimeError):
+    """The backend cannot start (no NVIDIA driver / libnvidia-ml, unreadable fake file path)."""
+
+
+class GpuBackend(Protocol):
+    def read(self, indices: tuple[int, ...]) -> list[GpuReading]: ...
+
+    def close(self) -> None: ...
+
+
+class NvmlBackend:
+    """nvidia-ml-py. Handles are looked up once; a GPU that cannot be reached is reported ``lost``."""
+
+    def __init__(self):
+        import pynvml
+
+        self.nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise GpuBackendError(f"NVML: cannot initialise ({exc}); is the NVIDIA driver loaded?") from exc
+        self.handles: dict[int, object] = {}
+
+    def _handle(self, index: int):
+        if index not in self.handles:
+            self.handles[index] = self.nvml.nvmlDeviceGetHandleByIndex(index)
+        return self.handles[index]
+
+    def read(self, indices: tuple[int, ...]) -> list[GpuReading]:
+        nvml = self.nvml
+        readings = []
+        for index in indices:
+            try:
+                handle = self._handle(index)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                utilization = nvml.nvmlDeviceGetUtilizationRates(handle)
+            except nvml.NVMLError as exc:
+                self.handles.pop(index, None)
+                lost = isinstance(exc, getattr(nvml, "NVMLError_GpuIsLost", ())) or isinstance(
+                    exc, getattr(nvml, "NVMLError_Unknown", ())
+                )
+                readings.append(GpuReading(index=index, lost=lost, error=f"NVML: {exc}"))
+                continue
+            try:
+                ecc = int(
+                    nvml.nvmlDeviceGetTotalEccErrors(
+                        handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                    )
+                )
+            except nvml.NVMLError:  # ECC disabled or not supported on this board
+                ecc = None
+            readings.append(
+                GpuReading(
+                    index=index,
+                    memory_used_mib=memory.used / 2**20,
+                    memory_total_mib=memory.total / 2**20,
+                    utilization_pct=float(utilization.gpu),
+                    ecc_volatile_uncorrectable=ecc,
+                )
+            )
+        return readings
+
+    def close(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError:
+            pass
+
+
+class FakeGpuBackend:
+    """Reads the fake NVML file (see :mod:`eas_agent.sim.fake_gpu`); re-parsed only when its mtime changes."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.mtime: float | None = None
+        self.gpus: dict[int, dict] = {}
+        self.error: str | None = None
+
+    def _refresh(self) -> None:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError as exc:
+            self.error, self.gpus, self.mtime = f"fake GPU file {self.path}: {exc.strerror}", {}, None
+            return
+        if mtime == self.mtime:
+            return
+        try:
+            text = self.path.read_text()
+            data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+            self.gpus = {int(g["index"]): g for g in data["gpus"]}
+            self.error, self.mtime = None, mtime
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+            self.error, self.gpus = f"fake GPU file {self.path}: {exc}", {}
+
+    def read(self, indices: tuple[int, ...]) -> list[GpuReading]:
+        self._refresh()
+        readings = []
+        for index in indices:
+            gpu = self.gpus.get(index)
+            if gpu is None:
+                readings.append(
+                    GpuReading(
+                        index=index,
+                        lost=self.error is None,
+                        error=self.error or f"GPU {index} not in {self.path}",
+                    )
+                )
+                continue
+            lost = bool(gpu.get("lost", False))
+            readings.append(
+                GpuReading(
+                    index=index,
+                    memory_used_mib=None if lost else gpu.get("memory_used_mib"),
+                    memory_total_mib=None if lost else gpu.get("memory_total_mib"),
+                    utilization_pct=None if lost else gpu.get("utilization_gpu_pct"),
+                    ecc_volatile_uncorrectable=gpu.get("ecc_volatile_uncorrectable"),
+                    lost=lost,
+                    error="GPU is lost" if lost else None,
+                )
+            )
+        return readings
+
+    def close(self) -> None:
+        pass
+
+
+def open_backend(kind: str, fake_file: str | None = None) -> GpuBackend:
+    if kind == "fake":
+        if not fake_file:
+            raise ValueError("gpu_backend fake needs fake_gpu_file")
+        return FakeGpuBackend(fake_file)
+    return NvmlBackend()
+
+
+def main() -> None:
+    """``python -m eas_agent.collectors.gpu``: one read of every GPU with the cycle's calls (read-only)."""
+    import dataclasses
+    import time
+
+    backend = NvmlBackend()
+    try:
+        count = backend.nvml.nvmlDeviceGetCount()
+        started = time.perf_counter()
+        readings = backend.read(tuple(range(count)))
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        print(
+            json.dumps(
+                {"gpus": [dataclasses.asdict(r) for r in readings], "read_ms": round(elapsed_ms, 3)}, indent=1
+            )
+        )
+    finally:
+        backend.close()
+
+
+if __name__ == "__main__":
+    main()

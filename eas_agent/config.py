@@ -1,0 +1,313 @@
+"""Load and validate the agent config file (``/etc/eas-agent/config.yml``, rendered by the eas_agent role).
+
+Every problem names the file and the field (``ius[1].gpus``) so the operator can fix it without reading code.
+The schema is the one agreed in the helpers' shared interfaces; optional tuning fields have defaults here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+PROFILES = ("drain", "seed")
+GPU_BACKENDS = ("nvml", "fake")
+
+
+class ConfigError(Exception):
+    """A config file problem: ``path: field: what is wrong``."""
+
+    def __init__(self, path: str | Path, field_name: str, message: str):
+        super().__init__(f"{path}: {field_name}: {message}")
+        self.path = str(path)
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class ConsulConfig:
+    address: str = "127.0.0.1:8500"
+    scheme: str = "http"
+    token_file: str | None = None
+    ca_file: str | None = None
+    kv_prefix: str = "clusterctl/eas"
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def read_token(self, config_path: str | Path = "<config>") -> str | None:
+        """The ACL token, read at start-up (never logged). A missing file means no ACLs."""
+        if not self.token_file:
+            return None
+        path = Path(self.token_file)
+        if not path.exists():
+            return None
+        if path.stat().st_mode & 0o077:
+            raise ConfigError(
+                config_path,
+                "consul.token_file",
+                f"{path} is readable by group/others; chmod 600 it (it holds a secret)",
+            )
+        token = path.read_text().strip()
+        return token or None
+
+
+@dataclass(frozen=True)
+class IUConfig:
+    id: str
+    gpus: tuple[int, ...]
+    numa_node: int | None
+    metrics_url: str
+    rdma_devices: tuple[str, ...] = ()
+    netdevs: tuple[str, ...] = ()
+    rdma_port: int = 1
+    # KV-cache pool size for the seed profile's "KV-cache GB" term; None = estimate from NVML memory used.
+    kv_cache_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    rack: str
+    datacenter: str
+    ius: tuple[IUConfig, ...]
+    interval_s: float = 0.2
+    heartbeat_s: float = 2.0
+    profile: str = "drain"
+    listen: str = "127.0.0.1:9105"
+    consul: ConsulConfig = field(default_factory=ConsulConfig)
+    gpu_backend: str = "nvml"
+    fake_gpu_file: str | None = None
+    sysfs_root: str = "/sys"
+    scrape_timeout_s: float = 0.15
+    # TTL of the per-IU Consul check; the agent refreshes at a third of it. Default 3 heartbeats.
+    check_ttl_s: float | None = None
+    # Smallest gap between two KV writes of this node (level changes inside it wait for the next slot).
+    min_write_interval_s: float = 0.5
+    # Token counters still this long while requests run -> the IU's status is warning (hung engine).
+    frozen_after_s: float = 10.0
+    source: str = "<config>"  # the file it was loaded from, for error messages
+
+    @property
+    def kv_key(self) -> str:
+        return f"{self.consul.kv_prefix.strip('/')}/{self.datacenter}/{self.node}"
+
+    @property
+    def ttl_s(self) -> float:
+        return self.check_ttl_s if self.check_ttl_s is not None else 3 * self.heartbeat_s
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rsplit(":", 1)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
+class _Fields:
+    """Typed access to one mapping of the YAML with errors that carry the field's dotted path."""
+
+    def __init__(self, path: str | Path, data: Any, prefix: str):
+        if not isinstance(data, dict):
+            raise ConfigError(path, prefix or "(top level)", f"expected a mapping, got {type(data).__name__}")
+        self.path, self.data, self.prefix = path, data, prefix
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(self.path, self.name(key), message)
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., required: bool = False) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if required or default is ...:
+                raise self.fail(key, "required field is missing")
+            return default
+        value = self.data[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self.fail(key, f"expected {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise self.fail(key, f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}")
+        return value
+
+    def positive(self, key: str, default: float) -> float:
+        value = self.get(key, float, default)
+        if value <= 0:
+            raise self.fail(key, f"must be > 0, got {value}")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.get(key, str, default)
+        if value not in choices:
+            raise self.fail(key, f"must be one of {', '.join(choices)}; got {value!r}")
+        return value
+
+    def str_list(self, key: str) -> tuple[str, ...]:
+        value = self.get(key, list, [])
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                raise ConfigError(self.path, f"{self.name(key)}[{i}]", f"expected a name, got {item!r}")
+        return tuple(value)
+
+    def unknown(self, known: set[str]) -> None:
+        extra = sorted(set(self.data) - known)
+        if extra:
+            raise self.fail(extra[0], f"unknown field (known: {', '.join(sorted(known))})")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _address(fields: _Fields, key: str, default: str) -> str:
+    value = fields.get(key, str, default)
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise fields.fail(key, f"expected HOST:PORT, got {value!r}")
+    return value
+
+
+def _load_consul(path: str | Path, data: Any) -> ConsulConfig:
+    f = _Fields(path, data if data is not None else {}, "consul")
+    f.unknown({"address", "scheme", "token_file", "ca_file", "kv_prefix"})
+    return ConsulConfig(
+        address=_address(f, "address", "127.0.0.1:8500"),
+        scheme=f.choice("scheme", ("http", "https"), "http"),
+        token_file=f.get("token_file", str, None),
+        ca_file=f.get("ca_file", str, None),
+        kv_prefix=f.get("kv_prefix", str, "clusterctl/eas"),
+    )
+
+
+def _load_iu(path: str | Path, data: Any, index: int, node: str) -> IUConfig:
+    f = _Fields(path, data, f"ius[{index}]")
+    f.unknown(
+        {"id", "gpus", "numa_node", "metrics_url", "rdma_devices", "netdevs", "rdma_port", "kv_cache_gb"}
+    )
+    iu_id = f.get("id", str, required=True)
+    if not iu_id.startswith(f"{node}-iu"):
+        raise f.fail("id", f"expected '<node>-iu<N>' for node {node!r}, got {iu_id!r}")
+    gpus = f.get("gpus", list, required=True)
+    if not gpus:
+        raise f.fail("gpus", "an IU needs at least one GPU")
+    for i, gpu in enumerate(gpus):
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+            raise ConfigError(path, f"{f.name('gpus')}[{i}]", f"expected a GPU index >= 0, got {gpu!r}")
+    url = f.get("metrics_url", str, required=True)
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.port is None:
+        raise f.fail("metrics_url", f"expected http://HOST:PORT/metrics, got {url!r}")
+    numa = f.get("numa_node", int, None)
+    kv_gb = f.get("kv_cache_gb", float, None)
+    if kv_gb is not None and kv_gb <= 0:
+        raise f.fail("kv_cache_gb", f"must be > 0, got {kv_gb}")
+    return IUConfig(
+        id=iu_id,
+        gpus=tuple(gpus),
+        numa_node=numa,
+        metrics_url=url,
+        rdma_devices=f.str_list("rdma_devices"),
+        netdevs=f.str_list("netdevs"),
+        rdma_port=f.get("rdma_port", int, 1),
+        kv_cache_gb=kv_gb,
+    )
+
+
+TOP_LEVEL = {
+    "node",
+    "rack",
+    "datacenter",
+    "interval_s",
+    "heartbeat_s",
+    "profile",
+    "listen",
+    "consul",
+    "gpu_backend",
+    "fake_gpu_file",
+    "sysfs_root",
+    "ius",
+    "scrape_timeout_s",
+    "check_ttl_s",
+    "min_write_interval_s",
+    "frozen_after_s",
+}
+
+
+def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
+    f = _Fields(path, data, "")
+    f.unknown(TOP_LEVEL)
+    node = f.get("node", str, required=True)
+    interval = f.positive("interval_s", 0.2)
+    heartbeat = f.positive("heartbeat_s", 2.0)
+    if heartbeat < interval:
+        raise f.fail("heartbeat_s", f"must be >= interval_s ({interval}), got {heartbeat}")
+    backend = f.choice("gpu_backend", GPU_BACKENDS, "nvml")
+    fake_file = f.get("fake_gpu_file", str, None)
+    if backend == "fake" and not fake_file:
+        raise f.fail("fake_gpu_file", "required when gpu_backend is 'fake'")
+    listen = _address(f, "listen", "127.0.0.1:9105")
+    try:
+        ipaddress.ip_address(listen.rsplit(":", 1)[0])
+    except ValueError as exc:
+        raise f.fail("listen", f"expected an IP address and port, got {listen!r}") from exc
+    raw_ius = f.get("ius", list, required=True)
+    if not raw_ius:
+        raise f.fail("ius", "at least one IU is required")
+    ius = tuple(_load_iu(path, raw, i, node) for i, raw in enumerate(raw_ius))
+    seen: set[str] = set()
+    for i, iu in enumerate(ius):
+        if iu.id in seen:
+            raise ConfigError(path, f"ius[{i}].id", f"duplicate IU id {iu.id!r}")
+        seen.add(iu.id)
+    ttl = f.get("check_ttl_s", float, None)
+    if ttl is not None and ttl < heartbeat:
+        raise f.fail("check_ttl_s", f"must be >= heartbeat_s ({heartbeat}), got {ttl}")
+    timeout = f.positive("scrape_timeout_s", 0.15)
+    if timeout >= interval * 5:
+        raise f.fail("scrape_timeout_s", f"must be well under the cycle ({interval} s), got {timeout}")
+    return AgentConfig(
+        node=node,
+        rack=f.get("rack", str, required=True),
+        datacenter=f.get("datacenter", str, "dc1"),
+        ius=ius,
+        interval_s=interval,
+        heartbeat_s=heartbeat,
+        profile=f.choice("profile", PROFILES, "drain"),
+        listen=listen,
+        consul=_load_consul(path, data.get("consul")),
+        gpu_backend=backend,
+        fake_gpu_file=fake_file,
+        sysfs_root=f.get("sysfs_root", str, "/sys"),
+        scrape_timeout_s=timeout,
+        check_ttl_s=ttl,
+        min_write_interval_s=f.get("min_write_interval_s", float, 0.5),
+        frozen_after_s=f.positive("frozen_after_s", 10.0),
+        source=str(path),
+    )
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
+        raise ConfigError(path, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    return parse_config(data, path)

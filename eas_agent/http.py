@@ -1,0 +1,121 @@
+"""The agent's own HTTP endpoint: ``/metrics`` (prometheus_client) and ``GET /scores`` (JSON).
+
+``/scores`` serves the latest cycle in the same body shape the KV key holds, computed by the same code, so
+an edge polling agents directly at 200 ms and one reading Consul see the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class QuietHTTPServer(ThreadingHTTPServer):
+    """A client that gave up (timeout) or went away is normal here: no traceback on stderr for it."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
+class AgentMetrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.cycle_seconds = Histogram(
+            "eas_agent_cycle_seconds",
+            "Time to collect and score all IUs once.",
+            buckets=[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0],
+            registry=r,
+        )
+        self.collector_errors = Counter(
+            "eas_agent_collector_errors", "Collector failures.", ["collector", "iu"], registry=r
+        )
+        self.consul_writes = Counter(
+            "eas_agent_consul_writes", "KV writes of this node's scores.", registry=r
+        )
+        self.consul_skips = Counter(
+            "eas_agent_consul_skips",
+            "Cycles with no KV write (no level change, heartbeat not due, or backing off).",
+            registry=r,
+        )
+        self.consul_errors = Counter("eas_agent_consul_errors", "Failed Consul calls.", registry=r)
+        self.score = Gauge(
+            "eas_agent_score", "Last score per IU (NaN when unknown).", ["iu", "profile"], registry=r
+        )
+        self.status = Gauge(
+            "eas_agent_iu_status", "1 for the IU's current check status.", ["iu", "status"], registry=r
+        )
+
+    def observe_scores(self, profile: str, results: dict) -> None:
+        for iu, result in results.items():
+            self.score.labels(iu, profile).set(math.nan if result.score is None else result.score)
+            for status in ("passing", "warning", "critical"):
+                self.status.labels(iu, status).set(1 if result.status == status else 0)
+
+
+class AgentHttpServer:
+    def __init__(self, host: str, port: int, metrics: AgentMetrics):
+        self.metrics = metrics
+        self.scores_body: dict = {}
+        self.lock = threading.Lock()
+        self.server = QuietHTTPServer((host, port), self._handler())
+        self.thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="eas-agent-http",
+            daemon=True,
+        )
+
+    @property
+    def address(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def set_scores(self, body: dict) -> None:
+        with self.lock:
+            self.scores_body = body
+
+    def _handler(self):
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            # headers and body go out in two writes; with Nagle on, keep-alive clients wait for a delayed ACK
+            disable_nagle_algorithm = True
+
+            def do_GET(self):  # noqa: N802
+                if self.path.startswith("/metrics"):
+                    return self._send(
+                        200, generate_latest(owner.metrics.registry), "text/plain; version=0.0.4"
+                    )
+                if self.path.startswith("/scores"):
+                    with owner.lock:
+                        body = json.dumps(owner.scores_body).encode()
+                    return self._send(200, body, "application/json")
+                return self._send(404, b"not found\n", "text/plain")
+
+            def _send(self, code: int, body: bytes, content_type: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

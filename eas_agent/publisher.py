@@ -1,0 +1,340 @@
+"""Publish a node's IU scores with Consul's write load kept bounded.
+
+One KV key per node (``clusterctl/eas/<dc>/<node>``) holds every IU's score, level, status, components and
+the node's sequence number, timestamp and clock offset. A write happens when
+
+- an IU's score crosses to another quantized level (geometric levels, 25% apart, with hysteresis: the score
+  must move 0.5 + ``hysteresis`` levels away from the published level), or its status / known-ness changes;
+- or the heartbeat (default 2 s) is due;
+
+and never more often than ``min_write_interval_s`` (a change inside it waits for the next slot). Writes use
+CAS on the key's last ModifyIndex, so two agents claiming one node cannot silently overwrite each other.
+
+Each IU also has a TTL check ``eas:<iu-id>`` whose status carries the meaning (Consul servers only see
+output-only updates every 5 minutes): updated on transitions and refreshed at a third of its TTL.
+
+Consul unavailable: the caller keeps collecting; this class skips writes during an exponential backoff with
+full jitter and, on recovery, re-registers the checks and catches up with one write of the current state.
+
+Time is explicit (``now`` arguments) so benchmarks drive it with a simulated clock; the store is any
+:class:`ScoreStore` (``ConsulIO`` in production, :class:`MemoryStore` in simulations).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from eas_agent.consul_io import ConsulUnavailable
+from eas_agent.score import CRITICAL, ScoreResult
+
+
+class ScoreStore(Protocol):
+    def kv_read(self, key: str) -> tuple[int, str | None]: ...
+
+    def kv_cas_put(self, key: str, value: str, cas: int) -> bool: ...
+
+    def register_ttl_check(self, iu_id: str, ttl_s: float) -> None: ...
+
+    def update_ttl_check(self, iu_id: str, status: str, note: str = "") -> None: ...
+
+
+class MemoryStore:
+    """In-memory ScoreStore with Consul's CAS semantics, for simulated-time benchmarks and unit tests."""
+
+    def __init__(self):
+        self.kv: dict[str, tuple[int, str]] = {}
+        self.index = 0
+        self.checks: dict[str, tuple[str, str]] = {}
+        self.writes = 0
+        self.check_updates = 0
+        self.available = True
+
+    def _up(self) -> None:
+        if not self.available:
+            raise ConsulUnavailable("memory store marked unavailable")
+
+    def kv_read(self, key: str) -> tuple[int, str | None]:
+        self._up()
+        return self.kv.get(key, (0, None))
+
+    def kv_cas_put(self, key: str, value: str, cas: int) -> bool:
+        self._up()
+        current = self.kv[key][0] if key in self.kv else 0
+        if cas != current:
+            return False
+        self.index += 1
+        self.kv[key] = (self.index, value)
+        self.writes += 1
+        return True
+
+    def register_ttl_check(self, iu_id: str, ttl_s: float) -> None:
+        self._up()
+        self.checks.setdefault(iu_id, ("critical", "registered"))
+
+    def update_ttl_check(self, iu_id: str, status: str, note: str = "") -> None:
+        self._up()
+        self.checks[iu_id] = (status, note)
+        self.check_updates += 1
+
+
+class Quantizer:
+    """Geometric score levels (``ratio`` apart above ``base``) with hysteresis against flapping."""
+
+    def __init__(self, base: float, ratio: float = 1.25, hysteresis: float = 0.3):
+        self.base, self.log_ratio, self.hysteresis = base, math.log(ratio), hysteresis
+
+    def position(self, score: float) -> float:
+        return math.log1p(max(score, 0.0) / self.base) / self.log_ratio
+
+    def level(self, previous: int | None, score: float | None) -> int | None:
+        if score is None:
+            return None
+        position = self.position(score)
+        if previous is not None and abs(position - previous) <= 0.5 + self.hysteresis:
+            return previous
+        return int(round(position))
+
+
+# Level base per profile: drain scores are seconds (50 ms resolution near zero); seed's are ~GB + s + MB/s.
+QUANTIZER_BASE = {"drain": 0.05, "seed": 1.0}
+
+
+@dataclass
+class Backoff:
+    base_s: float = 0.25
+    cap_s: float = 5.0
+    failures: int = 0
+    next_attempt: float = 0.0
+
+    def failed(self, now: float, rng: random.Random) -> None:
+        self.failures += 1
+        delay = min(self.cap_s, self.base_s * 2 ** (self.failures - 1))
+        self.next_attempt = now + rng.uniform(delay / 2, delay)  # jittered so agents do not retry in step
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.next_attempt = 0.0
+
+    def ready(self, now: float) -> bool:
+        return now >= self.next_attempt
+
+
+@dataclass
+class PublisherStats:
+    writes: int = 0
+    skips: int = 0  # cycles with nothing worth writing
+    deferred: int = 0  # changes held back by min_write_interval_s
+    cas_conflicts: int = 0
+    errors: int = 0
+    check_updates: int = 0
+    last_error: str = ""
+    last_write: float | None = None
+    write_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Published:
+    level: int | None = None
+    status: str | None = None
+    check_status: str | None = None
+    check_note: str = ""
+    check_refreshed: float = -math.inf
+
+
+class Publisher:
+    def __init__(
+        self,
+        store: ScoreStore,
+        *,
+        key: str,
+        node: str,
+        rack: str,
+        iu_ids: list[str],
+        profile: str = "drain",
+        heartbeat_s: float = 2.0,
+        ttl_s: float = 6.0,
+        min_write_interval_s: float = 0.5,
+        cycle_s: float = 0.2,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+        clock_offset=lambda: None,
+    ):
+        self.store, self.key, self.node, self.rack = store, key, node, rack
+        self.iu_ids = list(iu_ids)
+        self.profile, self.heartbeat_s, self.ttl_s = profile, heartbeat_s, ttl_s
+        self.min_write_interval_s = min_write_interval_s
+        self.cycle_s = cycle_s  # the heartbeat write happens on the last cycle before the age would pass it
+        self.quantizer = Quantizer(QUANTIZER_BASE[profile])
+        self.backoff = backoff or Backoff()
+        self.rng = rng or random.Random()
+        self.clock_offset = clock_offset
+        self.published = {iu: _Published() for iu in self.iu_ids}
+        self.levels: dict[str, int | None] = {iu: None for iu in self.iu_ids}
+        self.modify_index: int | None = None
+        self.seq = 0  # of the last write known to have reached the store; strictly increasing, never reused
+        self.needs_setup = True  # register checks (again after an outage: Consul may have lost them)
+        self.stats = PublisherStats()
+        self.last_body: dict | None = None
+        self.stopped = False  # after stop(): a step still in flight on another thread must not undo it
+
+    # -- decisions (pure) ---------------------------------------------------------------------------
+    def levels_for(self, results: dict[str, ScoreResult]) -> dict[str, int | None]:
+        return {iu: self.quantizer.level(self.levels.get(iu), results[iu].score) for iu in results}
+
+    def write_reason(
+        self, now: float, results: dict[str, ScoreResult], levels: dict[str, int | None]
+    ) -> str | None:
+        if self.stats.last_write is None or self.needs_setup:
+            return "first"
+        for iu, result in results.items():
+            published = self.published[iu]
+            if result.status != published.status:
+                return "status"
+            if levels[iu] != published.level:
+                return "level"
+        if now - self.stats.last_write + self.cycle_s > self.heartbeat_s + 1e-9:
+            return "heartbeat"
+        return None
+
+    def body(
+        self,
+        now: float,
+        results: dict[str, ScoreResult],
+        levels: dict[str, int | None],
+        seq: int | None = None,
+    ) -> dict:
+        return {
+            "node": self.node,
+            "rack": self.rack,
+            "profile": self.profile,
+            "seq": self.seq if seq is None else seq,
+            "ts": round(now, 3),
+            "clock_offset_s": self.clock_offset(),
+            "heartbeat_s": self.heartbeat_s,
+            "ius": {
+                iu: {
+                    "score": r.score,
+                    "level": levels[iu],
+                    "status": r.status,
+                    "reason": r.reason,
+                    "components": r.components,
+                }
+                for iu, r in results.items()
+            },
+        }
+
+    # -- one cycle ------------------------------------------------------------------------------------
+    def step(self, now: float, results: dict[str, ScoreResult]) -> bool:
+        """Publish what this cycle warrants. True when the KV key was written. Never raises for Consul."""
+        if self.stopped or not self.backoff.ready(now):
+            self.stats.skips += 1
+            return False
+        try:
+            if self.needs_setup:
+                for iu in self.iu_ids:
+                    self.store.register_ttl_check(iu, self.ttl_s)
+                    self.published[iu].check_status = None  # force a status update after (re)registration
+            written = self._maybe_write(now, results)
+            self._update_checks(now, results)
+            self.needs_setup = False
+            self.backoff.succeeded()
+            return written
+        except ConsulUnavailable as exc:
+            self.stats.errors += 1
+            self.stats.last_error = str(exc)
+            self.needs_setup = True
+            self.modify_index = None
+            self.backoff.failed(now, self.rng)
+            return False
+
+    def _maybe_write(self, now: float, results: dict[str, ScoreResult]) -> bool:
+        levels = self.levels_for(results)
+        reason = self.write_reason(now, results, levels)
+        if reason is None or self.stopped:
+            self.stats.skips += 1
+            return False
+        if (
+            reason in ("level", "status")
+            and self.stats.last_write is not None
+            and now - self.stats.last_write < self.min_write_interval_s
+        ):
+            self.stats.deferred += 1
+            return False
+        self._write(now, results, levels)
+        self.stats.write_reasons[reason] = self.stats.write_reasons.get(reason, 0) + 1
+        return True
+
+    def _write(self, now: float, results: dict[str, ScoreResult], levels: dict[str, int | None]) -> None:
+        for _attempt in (1, 2):
+            if self.modify_index is None:
+                self._sync_from_store()
+            body = self.body(now, results, levels, seq=self.seq + 1)
+            if self.store.kv_cas_put(self.key, json.dumps(body, separators=(",", ":")), self.modify_index):
+                break
+            # Someone else wrote the key (an earlier run, a duplicate agent): re-read, retry once.
+            self.stats.cas_conflicts += 1
+            self.modify_index = None
+        else:
+            raise ConsulUnavailable(f"CAS on {self.key} failed twice (another writer?)")
+        self.seq = body["seq"]
+        self.stats.writes += 1
+        self.stats.last_write = now
+        self.last_body = body
+        for iu, result in results.items():
+            self.published[iu].level, self.published[iu].status = levels[iu], result.status
+            self.levels[iu] = levels[iu]
+        self.modify_index = None  # if this read fails, the next write re-reads before its CAS
+        self.modify_index = self.store.kv_read(self.key)[0]
+
+    def _sync_from_store(self) -> None:
+        """Index for the CAS, and the sequence number to continue from: a write that reached Consul while its
+        answer was lost (or an earlier run of this agent) has already used a number; never reuse one."""
+        index, value = self.store.kv_read(self.key)
+        self.modify_index = index
+        try:
+            stored_seq = int(json.loads(value).get("seq", 0)) if value else 0
+        except (ValueError, TypeError, AttributeError):
+            stored_seq = 0
+        self.seq = max(self.seq, stored_seq)
+
+    def _update_checks(self, now: float, results: dict[str, ScoreResult]) -> None:
+        for iu, result in results.items():
+            if self.stopped:
+                return
+            published = self.published[iu]
+            note = result.reason or (f"score {result.score}" if result.score is not None else "")
+            changed = result.status != published.check_status
+            if changed or now - published.check_refreshed >= self.ttl_s / 3:
+                self.store.update_ttl_check(iu, result.status, note)
+                published.check_status, published.check_note, published.check_refreshed = (
+                    result.status,
+                    note,
+                    now,
+                )
+                self.stats.check_updates += 1
+
+    def stop(self, now: float, results: dict[str, ScoreResult] | None = None) -> None:
+        """Mark every IU critical ("agent stopping") in checks and KV; best effort, never raises."""
+        self.stopped = True
+        stopping = {
+            iu: ScoreResult(
+                None,
+                CRITICAL,
+                "agent stopping",
+                (results or {}).get(iu, ScoreResult(None, CRITICAL, "")).components,
+            )
+            for iu in self.iu_ids
+        }
+        for iu in self.iu_ids:
+            try:
+                self.store.update_ttl_check(iu, CRITICAL, "agent stopping")
+            except ConsulUnavailable:
+                break
+        try:
+            self._write(now, stopping, {iu: None for iu in self.iu_ids})
+        except ConsulUnavailable as exc:
+            self.stats.last_error = str(exc)

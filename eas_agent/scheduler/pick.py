@@ -1,0 +1,126 @@
+"""Choose an IU for one request: power of two choices on published score + this edge's unseen load.
+
+Rules, in order:
+
+1. Candidates: routable IUs (health passing/warning, not critical, not in maintenance) with a score that is
+   fresh (written within 3 heartbeats) and not gated by the anomaly detector.
+2. Power of two choices: sample two distinct candidates (a de-weighted or ramping IU is accepted with
+   probability equal to its weight) and keep the lower ``score + sent x request_cost_s``, where ``sent`` is
+   the number of requests this edge sent to the IU since that score's timestamp: the score cannot know
+   about them yet. Sampling, rather than taking the global minimum, keeps many edges reading the same
+   snapshot from herding onto one IU.
+3. No fresh scored IU: fail open to the least in-flight (from this edge) of the routable IUs, so a Consul or
+   agent outage degrades to least-connections instead of dropping traffic.
+
+``pick`` reads only its arguments (time and randomness included): a simulation drives it with its own clock.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from eas_agent.scheduler.view import IUEntry, Snapshot
+
+SAMPLE_TRIES = 8
+
+
+@dataclass(frozen=True)
+class Choice:
+    iu_id: str | None
+    mode: str  # p2c | single | fail_open | none
+
+
+class EdgeLedger:
+    """Requests this edge sent (times) and has in flight, per IU."""
+
+    def __init__(self):
+        self.sent: dict[str, deque] = {}
+        self.inflight: dict[str, int] = {}
+
+    def on_sent(self, iu_id: str, now: float) -> None:
+        times = self.sent.get(iu_id)
+        if times is None:
+            times = self.sent[iu_id] = deque()
+        times.append(now)
+        if len(times) > 4096:  # bound memory for an IU whose score never advances
+            times.popleft()
+        self.inflight[iu_id] = self.inflight.get(iu_id, 0) + 1
+
+    def on_done(self, iu_id: str) -> None:
+        if self.inflight.get(iu_id, 0) > 0:
+            self.inflight[iu_id] -= 1
+
+    def sent_since(self, iu_id: str, ts: float) -> int:
+        times = self.sent.get(iu_id)
+        if not times:
+            return 0
+        while times and times[0] < ts:
+            times.popleft()
+        return len(times)
+
+
+def _weight(entry: IUEntry, now: float, ramp_s: float, ramp_floor: float) -> float:
+    weight = entry.weight
+    if entry.ramp_start is not None:
+        weight *= min(1.0, ramp_floor + (1 - ramp_floor) * (now - entry.ramp_start) / ramp_s)
+    return weight
+
+
+def _sample(
+    candidates, now: float, rng: random.Random, ramp_s: float, ramp_floor: float, skip: int = -1
+) -> int:
+    """Index of a candidate (never ``skip``), accepted with probability equal to its weight."""
+    n = len(candidates) - (1 if skip >= 0 else 0)
+    index = 0
+    for _ in range(SAMPLE_TRIES):
+        index = int(rng.random() * n)
+        if 0 <= skip <= index:
+            index += 1
+        entry = candidates[index]
+        if entry.weight >= 1.0 and entry.ramp_start is None:
+            return index
+        if rng.random() < _weight(entry, now, ramp_s, ramp_floor):
+            return index
+    return index
+
+
+def _cost(entry: IUEntry, ledger: EdgeLedger) -> float:
+    return entry.score + ledger.sent_since(entry.iu_id, entry.ts) * entry.request_cost_s
+
+
+def _fresh(snapshot: Snapshot, now: float) -> tuple[IUEntry, ...]:
+    """The still-fresh subset, memoized until the next entry expires (an entry never becomes fresh again)."""
+    memo = snapshot.memo.get("fresh")
+    if memo is not None and memo[0] <= now <= memo[1]:
+        return memo[2]
+    fresh = tuple(e for e in snapshot.scored if now <= e.stale_after)
+    snapshot.memo["fresh"] = (now, min((e.stale_after for e in fresh), default=float("inf")), fresh)
+    return fresh
+
+
+def pick(
+    snapshot: Snapshot,
+    ledger: EdgeLedger,
+    now: float,
+    rng: random.Random,
+    *,
+    ramp_s: float = 10.0,
+    ramp_floor: float = 0.1,
+) -> Choice:
+    candidates = snapshot.scored if now <= snapshot.fresh_until else _fresh(snapshot, now)
+    if len(candidates) == 1:
+        return Choice(candidates[0].iu_id, "single")
+    if candidates:
+        i = _sample(candidates, now, rng, ramp_s, ramp_floor)
+        a, b = candidates[i], candidates[_sample(candidates, now, rng, ramp_s, ramp_floor, skip=i)]
+        cost_a, cost_b = _cost(a, ledger), _cost(b, ledger)
+        chosen = a if cost_a < cost_b or (cost_a == cost_b and rng.random() < 0.5) else b
+        return Choice(chosen.iu_id, "p2c")
+    if snapshot.healthy:
+        inflight = ledger.inflight
+        best = min(inflight.get(e.iu_id, 0) for e in snapshot.healthy)
+        ties = [e for e in snapshot.healthy if inflight.get(e.iu_id, 0) == best]
+        return Choice(ties[int(rng.random() * len(ties))].iu_id, "fail_open")
+    return Choice(None, "none")

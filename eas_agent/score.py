@@ -1,0 +1,294 @@
+"""Score profiles: readings of one IU -> a load score, its components and a check status.
+
+``drain`` (default): the estimated seconds until the IU can start new work. Seconds compare across IUs and
+GPU types (an H200 IU that drains twice as fast scores half as much with the same queue)::
+
+    backlog_tokens = waiting x mean_prompt_tokens
+    prefill_eff    = max(0.1 x prefill_tps, prefill_tps - preemptions/s x mean_prompt_tokens)
+    queue_s        = backlog_tokens / prefill_eff
+    kv_s           = max(0, kv_usage - kv_high) x residency_s / kv_usage
+    step_s         = running / decode_tps
+    drain          = queue_s + kv_s + step_s
+
+- vLLM exposes no waiting-token gauge: the backlog uses the mean prompt of the vllm:request_prompt_tokens
+  histogram (_sum/_count);
+- a preempted request is recomputed (its prompt prefilled again), so preemptions eat prefill capacity;
+- queue_s is the prefill of everything queued ahead;
+- kv_s is the time until running requests free the KV above the level where vLLM starts preempting
+  (``kv_high``), with residency_s = running / completions per s (Little's law);
+- step_s is one decode step of the current batch: the wait for the next scheduling point.
+
+``prefill_tps``/``decode_tps`` are the IU's measured capacities: a decaying peak of the windowed token rates
+(an IU is only measured at capacity while it is saturated; the peak halves every ``capacity_half_life_s``
+so a slower IU is noticed) starting from priors until measured.
+
+``seed``: the design article's formula, kept for comparison: ``0.3 x KV-cache GB + 0.5 x KV-cache age s +
+0.2 x network MB/s``. vLLM exposes no KV-cache age; it is approximated with Little's law: the mean time a
+request holds KV is ``running / completions per s``, and the mean age of the requests resident now is half
+of that (uniform ages). With no completion in the rate window the age is at least the window.
+KV-cache GB = kv_usage x the KV pool size (``kv_cache_gb`` of the IU, else 42% of the NVML memory used on the
+IU's GPUs: Llama-3-70B BF16 on 4 x H100 at gpu_memory_utilization 0.9 holds ~110 GB of KV out of ~260 GB).
+
+Missing or failed inputs never count as zero load: the score is None and the status ``warning``. A lost
+GPU or volatile uncorrectable ECC errors make the IU ``critical``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eas_agent.collectors.gpu import GpuReading
+from eas_agent.collectors.network import NetReading
+from eas_agent.collectors.vllm import VllmReading
+
+PASSING, WARNING, CRITICAL = "passing", "warning", "critical"
+KV_SHARE_OF_USED_MEMORY = 0.42
+# vLLM leaves (1 - gpu_memory_utilization) of each GPU free (10% by default); much less than that free means
+# another process is using the IU's GPUs and vLLM may hit CUDA OOM.
+MIN_FREE_MEMORY_SHARE = 0.02
+
+
+@dataclass(frozen=True)
+class IUInputs:
+    iu_id: str
+    vllm: VllmReading
+    gpus: tuple[GpuReading, ...] = ()
+    net: NetReading | None = None
+    kv_cache_gb: float | None = None  # configured KV pool size (seed profile)
+    window_s: float = 5.0  # the collectors' rate window
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    score: float | None
+    status: str
+    reason: str
+    components: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DrainParams:
+    prefill_tps_prior: float = 8000.0  # prompt tokens/s of one IU before any measurement
+    decode_tps_prior: float = 2000.0  # generated tokens/s (all sequences) before any measurement
+    mean_prompt_tokens_prior: float = 1000.0
+    residency_prior_s: float = 10.0
+    kv_high: float = 0.9  # above this, new requests wait for KV to be freed
+    frozen_after_s: float = 10.0  # token counters still while requests run: the engine is hung
+    capacity_half_life_s: float = 300.0
+    min_prefill_share: float = 0.1
+
+
+class Capacity:
+    """Decaying peak of a measured throughput; starts at the prior, never below a quarter of it."""
+
+    def __init__(self, prior: float, half_life_s: float):
+        self.prior, self.half_life_s = prior, half_life_s
+        self.value = prior
+        self.updated: float | None = None
+
+    def update(self, now: float, measured: float | None) -> float:
+        if self.updated is not None and now > self.updated:
+            self.value *= 0.5 ** ((now - self.updated) / self.half_life_s)
+        self.updated = now
+        if measured is not None:
+            self.value = max(self.value, measured)
+        self.value = max(self.value, self.prior / 4)
+        return self.value
+
+
+def gpu_problem(gpus: tuple[GpuReading, ...]) -> tuple[str, str] | None:
+    """(status, reason) when a GPU of the IU is unusable or unreadable, else None."""
+    for gpu in gpus:
+        if gpu.lost:
+            return CRITICAL, f"GPU {gpu.index} lost ({gpu.error or 'NVML'})"
+        if gpu.ecc_volatile_uncorrectable:
+            return (
+                CRITICAL,
+                f"GPU {gpu.index}: {gpu.ecc_volatile_uncorrectable} volatile uncorrectable ECC errors",
+            )
+    for gpu in gpus:
+        if gpu.error:
+            return WARNING, f"GPU {gpu.index}: {gpu.error}"
+        if gpu.memory_total_mib and gpu.memory_used_mib is not None:
+            free = gpu.memory_total_mib - gpu.memory_used_mib
+            if free < MIN_FREE_MEMORY_SHARE * gpu.memory_total_mib:
+                return (
+                    WARNING,
+                    f"GPU {gpu.index}: only {free:.0f} MiB free (another process on the IU's GPUs?)",
+                )
+    return None
+
+
+def gpu_components(gpus: tuple[GpuReading, ...]) -> dict[str, float | None]:
+    """Shown with the score for on-call (not part of it): mean utilization, least free memory."""
+    utils = [g.utilization_pct for g in gpus if g.utilization_pct is not None]
+    free = [
+        g.memory_total_mib - g.memory_used_mib
+        for g in gpus
+        if g.memory_total_mib is not None and g.memory_used_mib is not None
+    ]
+    return {
+        "gpu_util_pct": round(sum(utils) / len(utils), 1) if utils else None,
+        "gpu_min_free_mib": round(min(free)) if free else None,
+    }
+
+
+def _unknown(reason: str, components: dict | None = None, status: str = WARNING) -> ScoreResult:
+    return ScoreResult(score=None, status=status, reason=reason, components=components or {})
+
+
+def _health_gate(inputs: IUInputs) -> ScoreResult | None:
+    problem = gpu_problem(inputs.gpus)
+    if problem and problem[0] == CRITICAL:
+        return _unknown(problem[1], status=CRITICAL)
+    if inputs.vllm.metrics is None:
+        return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}")
+    return None
+
+
+def _missing(values: dict[str, float | None]) -> list[str]:
+    return [name for name, value in values.items() if value is None]
+
+
+def drain_score(
+    inputs: IUInputs, prefill: Capacity, decode: Capacity, now: float, params: DrainParams = DrainParams()
+) -> ScoreResult:
+    gated = _health_gate(inputs)
+    if gated:
+        return gated
+    reading, m = inputs.vllm, inputs.vllm.metrics
+    required = {
+        "vllm:num_requests_waiting": m.num_requests_waiting,
+        "vllm:num_requests_running": m.num_requests_running,
+        "vllm:kv_cache_usage_perc": m.kv_cache_usage,
+        "vllm:prompt_tokens_total": m.prompt_tokens_total,
+        "vllm:generation_tokens_total": m.generation_tokens_total,
+    }
+    missing = _missing(required)
+    if missing:
+        return _unknown("missing " + ", ".join(missing))
+    waiting, running, kv = m.num_requests_waiting, m.num_requests_running, m.kv_cache_usage
+    preempt = reading.preemptions_per_s or 0.0
+    prefill_tps = prefill.update(now, reading.prompt_tps)
+    decode_tps = decode.update(now, reading.generation_tps)
+    mean_prompt = reading.mean_prompt_tokens or params.mean_prompt_tokens_prior
+    prefill_eff = max(params.min_prefill_share * prefill_tps, prefill_tps - preempt * mean_prompt)
+    backlog = waiting * mean_prompt
+    queue_s = backlog / prefill_eff
+    if reading.completions_per_s:
+        residency_s = running / reading.completions_per_s
+    else:
+        residency_s = params.residency_prior_s
+    kv_s = max(0.0, kv - params.kv_high) * residency_s / kv if kv > 0 else 0.0
+    step_s = running / decode_tps
+    score = queue_s + kv_s + step_s
+    components = {
+        "waiting": waiting,
+        "running": running,
+        "kv_usage": round(kv, 4),
+        "preemptions_per_s": round(preempt, 3),
+        "mean_prompt_tokens": round(mean_prompt, 1),
+        "backlog_tokens": round(backlog),
+        "prefill_tps": round(prefill_tps, 1),
+        "decode_tps": round(decode_tps, 1),
+        "queue_s": round(queue_s, 4),
+        "kv_s": round(kv_s, 4),
+        "step_s": round(step_s, 4),
+        "request_cost_s": round(mean_prompt / prefill_eff, 4),
+        "tokens_total": m.prompt_tokens_total + m.generation_tokens_total,
+    }
+    return _finish(inputs, score, components, now, params.frozen_after_s)
+
+
+def kv_age_s(running: float, completions_per_s: float | None, window_s: float) -> float:
+    """Little's law: mean KV residency = running / completion rate; resident requests are half-way through."""
+    if running <= 0:
+        return 0.0
+    if completions_per_s:
+        return running / completions_per_s / 2
+    return window_s
+
+
+def kv_pool_gb(inputs: IUInputs) -> float | None:
+    if inputs.kv_cache_gb is not None:
+        return inputs.kv_cache_gb
+    used = [g.memory_used_mib for g in inputs.gpus]
+    if not used or any(u is None for u in used):
+        return None
+    return sum(used) * 2**20 / 1e9 * KV_SHARE_OF_USED_MEMORY
+
+
+def seed_score(
+    inputs: IUInputs, now: float, frozen_after_s: float = DrainParams.frozen_after_s
+) -> ScoreResult:
+    gated = _health_gate(inputs)
+    if gated:
+        return gated
+    m = inputs.vllm.metrics
+    pool = kv_pool_gb(inputs)
+    # no NIC configured for the IU: no network term (0); a configured NIC that cannot be read: unknown
+    net = inputs.net.mb_per_s if inputs.net is not None else 0.0
+    required = {
+        "vllm:kv_cache_usage_perc": m.kv_cache_usage,
+        "vllm:num_requests_running": m.num_requests_running,
+        "KV pool size (kv_cache_gb or NVML memory)": pool,
+        "network counters": net,
+    }
+    missing = _missing(required)
+    if missing:
+        extra = f" ({', '.join(inputs.net.missing)})" if inputs.net is not None and inputs.net.missing else ""
+        return _unknown("missing " + ", ".join(missing) + extra)
+    kv_gb = m.kv_cache_usage * pool
+    age = kv_age_s(m.num_requests_running, inputs.vllm.completions_per_s, inputs.window_s)
+    score = 0.3 * kv_gb + 0.5 * age + 0.2 * net
+    components = {
+        "kv_cache_gb": round(kv_gb, 3),
+        "kv_cache_age_s": round(age, 3),
+        "net_mb_per_s": round(net, 3),
+        "kv_usage": round(m.kv_cache_usage, 4),
+        "running": m.num_requests_running,
+        "waiting": m.num_requests_waiting,
+        "tokens_total": (m.prompt_tokens_total or 0) + (m.generation_tokens_total or 0),
+    }
+    return _finish(inputs, score, components, now, frozen_after_s)
+
+
+def frozen_reason(inputs: IUInputs, now: float, frozen_after_s: float) -> str | None:
+    """A live engine produces tokens every step while requests run; still counters mean a hung engine."""
+    m, moved = inputs.vllm.metrics, inputs.vllm.tokens_last_moved
+    if m is None or moved is None or not m.num_requests_running:
+        return None
+    still = now - moved
+    if still < frozen_after_s:
+        return None
+    return f"token counters frozen for {still:.0f} s with {m.num_requests_running:g} requests running"
+
+
+def _finish(
+    inputs: IUInputs, score: float, components: dict, now: float, frozen_after_s: float
+) -> ScoreResult:
+    if inputs.gpus:
+        components.update(gpu_components(inputs.gpus))
+    problem = gpu_problem(inputs.gpus)
+    if problem:  # a GPU we cannot read: keep the score (vLLM still answers) but warn
+        return ScoreResult(round(score, 4), problem[0], problem[1], components)
+    frozen = frozen_reason(inputs, now, frozen_after_s)
+    if frozen:
+        return ScoreResult(round(score, 4), WARNING, frozen, components)
+    return ScoreResult(round(score, 4), PASSING, "", components)
+
+
+class Scorer:
+    """Per-IU scoring state (measured capacities) around the pure profile functions."""
+
+    def __init__(self, profile: str = "drain", params: DrainParams = DrainParams()):
+        if profile not in ("drain", "seed"):
+            raise ValueError(f"unknown profile {profile!r}")
+        self.profile, self.params = profile, params
+        self.prefill = Capacity(params.prefill_tps_prior, params.capacity_half_life_s)
+        self.decode = Capacity(params.decode_tps_prior, params.capacity_half_life_s)
+
+    def score(self, inputs: IUInputs, now: float) -> ScoreResult:
+        if self.profile == "seed":
+            return seed_score(inputs, now, self.params.frozen_after_s)
+        return drain_score(inputs, self.prefill, self.decode, now, self.params)

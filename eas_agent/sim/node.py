@@ -1,0 +1,115 @@
+"""A simulated node: its IUs' HTTP servers, its fake NVML file and the agent config that points at them.
+
+Used by the virtual inventory's demo, the end-to-end tests and the benchmarks::
+
+    with SimulatedNode("r01n01", "r01", workdir, rates=[2.0, 8.0], consul_addr=addr) as node:
+        node.register_services(ConsulIO(addr))   # what provisioning's service definitions do
+        config = node.write_config(interval_s=0.1, heartbeat_s=0.5)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from eas_agent.config import AgentConfig, load_config
+from eas_agent.consul_io import ConsulIO, IUService
+from eas_agent.sim.fake_gpu import fake_gpus, write_fake_gpu_file
+from eas_agent.sim.server import SimulatedIU
+
+
+class SimulatedNode:
+    def __init__(
+        self,
+        name: str,
+        rack: str,
+        workdir: str | Path,
+        *,
+        rates: list[float],
+        consul_addr: str,
+        schema: str = "v1",
+        gpus_per_iu: int = 4,
+        host: str = "127.0.0.1",
+        warmup_s: float = 30.0,
+        seed: int = 0,
+    ):
+        self.name, self.rack, self.consul_addr = name, rack, consul_addr
+        self.workdir = Path(workdir) / name
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.gpus_per_iu = gpus_per_iu
+        self.ius = [
+            SimulatedIU(host, 0, schema=schema, arrival_rate=rate, seed=seed * 100 + i, warmup_s=warmup_s)
+            for i, rate in enumerate(rates)
+        ]
+        self.gpu_file = self.workdir / "fake_gpus.json"
+        write_fake_gpu_file(self.gpu_file, fake_gpus(gpus_per_iu * len(rates), utilization=80))
+
+    def iu_id(self, index: int) -> str:
+        return f"{self.name}-iu{index}"
+
+    def config_data(self, **overrides) -> dict:
+        data = {
+            "node": self.name,
+            "rack": self.rack,
+            "datacenter": "dc1",
+            "interval_s": 0.2,
+            "heartbeat_s": 2.0,
+            "profile": "drain",
+            "listen": "127.0.0.1:0",
+            "consul": {"address": self.consul_addr, "scheme": "http", "kv_prefix": "clusterctl/eas"},
+            "gpu_backend": "fake",
+            "fake_gpu_file": str(self.gpu_file),
+            "sysfs_root": str(self.workdir / "sys"),
+            "ius": [
+                {
+                    "id": self.iu_id(i),
+                    "gpus": list(range(i * self.gpus_per_iu, (i + 1) * self.gpus_per_iu)),
+                    "numa_node": i % 2,
+                    "metrics_url": iu.metrics_url,
+                }
+                for i, iu in enumerate(self.ius)
+            ],
+        }
+        data.update(overrides)
+        return data
+
+    def write_config(self, **overrides) -> AgentConfig:
+        path = self.workdir / "config.yml"
+        path.write_text(yaml.safe_dump(self.config_data(**overrides), sort_keys=False))
+        return load_config(path)
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "config.yml"
+
+    def register_services(self, io: ConsulIO, http_check: bool = False) -> None:
+        for i, iu in enumerate(self.ius):
+            host, port = iu.address.rsplit(":", 1)
+            io.register_iu_service(
+                IUService(
+                    self.iu_id(i),
+                    self.name,
+                    self.rack,
+                    host,
+                    int(port),
+                    tuple(range(i * self.gpus_per_iu, (i + 1) * self.gpus_per_iu)),
+                    i % 2,
+                ),
+                http_check=http_check,
+            )
+
+    def start(self) -> SimulatedNode:
+        for iu in self.ius:
+            iu.start()
+        return self
+
+    def stop(self) -> None:
+        for iu in self.ius:
+            iu.stop()
+
+    def __enter__(self) -> SimulatedNode:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

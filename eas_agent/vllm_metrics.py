@@ -1,0 +1,260 @@
+"""Parse a vLLM Prometheus ``/metrics`` scrape into the few numbers the agent scores on.
+
+Pure: text -> :class:`VllmMetrics`. Both engine generations are read:
+
+- V1 (vLLM >= 0.8, ``vllm/v1/metrics/loggers.py``): ``vllm:kv_cache_usage_perc`` (0.10+; earlier V1 and
+  the deprecated alias print ``vllm:gpu_cache_usage_perc``), ``vllm:prefix_cache_queries_total`` /
+  ``vllm:prefix_cache_hits_total``; labels ``model_name`` and ``engine`` (a series per data-parallel engine).
+- V0 (``vllm/engine/metrics.py``): ``vllm:gpu_cache_usage_perc``, ``vllm:num_requests_swapped``,
+  ``vllm:gpu_prefix_cache_hit_rate``; label ``model_name``.
+
+Shared: ``vllm:num_requests_running``/``waiting`` (gauges), ``vllm:num_preemptions_total``,
+``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:request_success_total`` (counters),
+``vllm:request_prompt_tokens`` (histogram). Running, waiting and counters are summed over engines and
+models, KV usage is the max (the fullest engine is the one that blocks), as the parse-json contract says.
+
+Only the samples listed in :data:`WANTED_SAMPLES` are handed to prometheus_client's parser (a real scrape
+also carries histogram buckets and python_gc_*, process_*, http_* families, several times the text);
+every other line is still checked for shape so garbage is reported with its line number. Example::
+
+    >>> m = parse_vllm_metrics(open("tests/fixtures/vllm/v1_single_engine.txt").read())
+    >>> m.schema, m.num_requests_running, m.kv_cache_usage
+    ('v1', 237.0, 0.802489)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# sample name -> field; counters appear with their _total sample name.
+GAUGES = {
+    "vllm:num_requests_running": "num_requests_running",
+    "vllm:num_requests_waiting": "num_requests_waiting",
+    "vllm:num_requests_swapped": "num_requests_swapped",
+}
+COUNTERS = {
+    "vllm:num_preemptions_total": "num_preemptions_total",
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:generation_tokens_total": "generation_tokens_total",
+    "vllm:request_success_total": "request_success_total",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
+}
+KV_V1 = "vllm:kv_cache_usage_perc"
+KV_V0 = "vllm:gpu_cache_usage_perc"
+PREFIX_HIT_RATE_V0 = "vllm:gpu_prefix_cache_hit_rate"
+PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
+GENERATION_HISTOGRAM = "vllm:request_generation_tokens"
+
+WANTED = frozenset(
+    [
+        *GAUGES,
+        *COUNTERS,
+        *(c.removesuffix("_total") for c in COUNTERS),
+        KV_V1,
+        KV_V0,
+        PREFIX_HIT_RATE_V0,
+        PROMPT_HISTOGRAM,
+        GENERATION_HISTOGRAM,
+    ]
+)
+# Only these samples reach the parser: histogram buckets and _created samples are most of a scrape's text
+# and the score needs none of them (parsing labels is the expensive part: ~10 us per sample).
+WANTED_SAMPLES = frozenset(
+    [
+        *GAUGES,
+        *COUNTERS,
+        KV_V1,
+        KV_V0,
+        PREFIX_HIT_RATE_V0,
+        *(h + suffix for h in (PROMPT_HISTOGRAM, GENERATION_HISTOGRAM) for suffix in ("_sum", "_count")),
+    ]
+)
+_SAMPLE_LINE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?[ \t]+[^ \t]+([ \t]+-?[0-9]+)?[ \t]*$")
+
+
+class MetricsParseError(ValueError):
+    """Unparseable scrape: names the line (1-based) and shows it."""
+
+    def __init__(self, line_no: int | None, line: str, reason: str):
+        where = f"line {line_no}: " if line_no is not None else ""
+        shown = f": {line[:120]!r}" if line else ""
+        super().__init__(f"{where}{reason}{shown}")
+        self.line_no = line_no
+
+
+@dataclass(frozen=True)
+class VllmMetrics:
+    schema: str | None  # "v1" | "v0" | None (neither KV gauge present)
+    num_requests_running: float | None
+    num_requests_waiting: float | None
+    kv_cache_usage: float | None  # 0..1, max over engines
+    num_requests_swapped: float | None = None  # V0 only
+    num_preemptions_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    request_success_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    prefix_cache_hit_rate: float | None = None  # V0 gauge
+    prompt_tokens_sum: float | None = None  # vllm:request_prompt_tokens histogram _sum / _count
+    prompt_tokens_count: float | None = None
+    generation_tokens_sum: float | None = None
+    generation_tokens_count: float | None = None
+    engines: int = 0
+
+    def contract_json(self) -> dict:
+        """Exactly the keys of the parse-json contract's "vLLM metrics" section."""
+        return {
+            "schema": self.schema,
+            "num_requests_running": self.num_requests_running,
+            "num_requests_waiting": self.num_requests_waiting,
+            "kv_cache_usage": self.kv_cache_usage,
+        }
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _wanted_family(name: str) -> bool:
+    return name in WANTED
+
+
+def split_scrapes(lines: list[str]) -> list[tuple[int, list[str]]]:
+    """Split a file holding several scrapes (one ``curl`` appended after another) at a repeated ``# HELP``."""
+    scrapes: list[tuple[int, list[str]]] = [(0, [])]
+    seen: set[str] = set()
+    for i, line in enumerate(lines):
+        if line.startswith("# HELP "):
+            name = line[7:].split(" ", 1)[0]
+            if name in seen:
+                scrapes.append((i, []))
+                seen = set()
+            seen.add(name)
+        scrapes[-1][1].append(line)
+    return scrapes
+
+
+def parse_vllm_metrics(text: str) -> VllmMetrics:
+    """Parse one scrape (or the last complete one of several). Raises :class:`MetricsParseError`."""
+    if not text.strip():
+        raise MetricsParseError(None, "", "empty scrape")
+    lines = text.split("\n")
+    truncated = not text.endswith("\n")
+    if truncated:
+        lines_for_split = lines
+    else:
+        lines_for_split = lines[:-1]
+    scrapes = split_scrapes(lines_for_split)
+    last_error: MetricsParseError | None = None
+    for index in range(len(scrapes) - 1, -1, -1):
+        offset, chunk = scrapes[index]
+        chunk_truncated = truncated and index == len(scrapes) - 1
+        try:
+            if chunk_truncated:
+                raise MetricsParseError(offset + len(chunk), chunk[-1], "truncated scrape (no final newline)")
+            return _parse_one(chunk, offset)
+        except MetricsParseError as exc:
+            last_error = last_error or exc
+    assert last_error is not None
+    raise last_error
+
+
+def _parse_one(lines: list[str], offset: int) -> VllmMetrics:
+    kept: list[str] = []
+    kept_line_numbers: list[int] = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped.startswith("#"):
+            parts = stripped.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and _wanted_family(parts[2]):
+                kept.append(stripped)
+                kept_line_numbers.append(offset + i + 1)
+            continue
+        if not _SAMPLE_LINE.match(stripped):
+            raise MetricsParseError(offset + i + 1, line, "not a Prometheus sample line")
+        if _sample_name(stripped) in WANTED_SAMPLES:
+            kept.append(stripped)
+            kept_line_numbers.append(offset + i + 1)
+    try:
+        families = list(text_string_to_metric_families("\n".join(kept) + "\n"))
+    except ValueError as exc:
+        line_no, line = _locate(kept, kept_line_numbers)
+        raise MetricsParseError(line_no, line, f"unparseable ({exc})") from exc
+    return _fold(families)
+
+
+def _sample_name(line: str) -> str:
+    end = len(line)
+    for sep in ("{", " ", "\t"):
+        index = line.find(sep)
+        if 0 <= index < end:
+            end = index
+    return line[:end]
+
+
+def _locate(kept: list[str], numbers: list[int]) -> tuple[int | None, str]:
+    """Find the first kept line the parser rejects on its own (the parser's message has no line number)."""
+    for line, number in zip(kept, numbers, strict=True):
+        if line.startswith("#"):
+            continue
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except ValueError:
+            return number, line
+    return None, ""
+
+
+def _fold(families) -> VllmMetrics:
+    sums: dict[str, float] = {}
+    kv_v1: float | None = None
+    kv_v0: float | None = None
+    hit_rate: float | None = None
+    engines: set[str] = set()
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
+    for family in families:
+        for sample in family.samples:
+            name, value, labels = sample.name, float(sample.value), sample.labels
+            if name in GAUGES:
+                add(GAUGES[name], value)
+                engines.add(labels.get("engine", "") + "/" + labels.get("model_name", ""))
+            elif name in COUNTERS:
+                add(COUNTERS[name], value)
+            elif name == KV_V1:
+                kv_v1 = value if kv_v1 is None else max(kv_v1, value)
+            elif name == KV_V0:
+                kv_v0 = value if kv_v0 is None else max(kv_v0, value)
+            elif name == PREFIX_HIT_RATE_V0:
+                hit_rate = value if hit_rate is None else max(hit_rate, value)
+            elif name in (PROMPT_HISTOGRAM + "_sum", PROMPT_HISTOGRAM + "_count"):
+                add("prompt_tokens_" + name.rsplit("_", 1)[1], value)
+            elif name in (GENERATION_HISTOGRAM + "_sum", GENERATION_HISTOGRAM + "_count"):
+                add("generation_tokens_" + name.rsplit("_", 1)[1], value)
+    schema = "v1" if kv_v1 is not None else "v0" if kv_v0 is not None else None
+    return VllmMetrics(
+        schema=schema,
+        num_requests_running=sums.get("num_requests_running"),
+        num_requests_waiting=sums.get("num_requests_waiting"),
+        kv_cache_usage=kv_v1 if kv_v1 is not None else kv_v0,
+        num_requests_swapped=sums.get("num_requests_swapped"),
+        num_preemptions_total=sums.get("num_preemptions_total"),
+        prompt_tokens_total=sums.get("prompt_tokens_total"),
+        generation_tokens_total=sums.get("generation_tokens_total"),
+        request_success_total=sums.get("request_success_total"),
+        prefix_cache_queries_total=sums.get("prefix_cache_queries_total"),
+        prefix_cache_hits_total=sums.get("prefix_cache_hits_total"),
+        prefix_cache_hit_rate=hit_rate,
+        prompt_tokens_sum=sums.get("prompt_tokens_sum"),
+        prompt_tokens_count=sums.get("prompt_tokens_count"),
+        generation_tokens_sum=sums.get("generation_tokens_sum"),
+        generation_tokens_count=sums.get("generation_tokens_count"),
+        engines=len(engines),
+    )

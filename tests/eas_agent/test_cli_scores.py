@@ -1,0 +1,69 @@
+"""``clusterctl scores``: rows from KV bodies + Consul health, via the reader library."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from eas_agent.consul_io import ConsulIO, IUService
+from tests.helpers import run_cli
+
+
+def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    io = ConsulIO(consul_addr)
+    for i in (0, 1):
+        io.register_iu_service(
+            IUService(f"r01n01-iu{i}", "r01n01", "r01", "127.0.0.1", 8000 + i, (0, 1), 0), http_check=False
+        )
+        io.register_ttl_check(f"r01n01-iu{i}", 30.0)
+    io.update_ttl_check("r01n01-iu0", "passing", "score 0.2")
+    body = {
+        "node": "r01n01",
+        "rack": "r01",
+        "ts": time.time(),
+        "heartbeat_s": 2.0,
+        "seq": 1,
+        "clock_offset_s": None,
+        "ius": {
+            "r01n01-iu0": {
+                "score": 0.2,
+                "status": "passing",
+                "reason": "",
+                "components": {"queue_s": 0.1, "kv_s": 0.0, "step_s": 0.1},
+            },
+            "r01n01-iu1": {
+                "score": None,
+                "status": "warning",
+                "reason": "missing vllm:kv_cache_usage_perc",
+                "components": {},
+            },
+        },
+    }
+    assert io.kv_cas_put("clusterctl/eas/dc1/r01n01", json.dumps(body), 0)
+    code, out, err = run_cli(capsys, "scores", "--consul", consul_addr, "--json")
+    assert code == 0, err
+    rows = {r["iu"]: r for r in json.loads(out)}
+    assert rows["r01n01-iu0"]["score"] == 0.2 and rows["r01n01-iu0"]["health"] == "passing"
+    assert (
+        rows["r01n01-iu1"]["score"] is None and rows["r01n01-iu1"]["health"] == "critical"
+    )  # TTL never passed
+    assert rows["r01n01-iu0"]["age_s"] < 5 and not rows["r01n01-iu0"]["stale"]
+    code, out, _ = run_cli(capsys, "scores", "--consul", consul_addr)
+    assert code == 0 and "r01n01-iu0" in out and "queue_s=0.1" in out
+
+
+def test_scores_consul_unreachable_is_one_line(capsys):
+    code, out, err = run_cli(capsys, "scores", "--consul", "127.0.0.1:9")
+    assert code == 1 and err.startswith("error: cannot read scores from Consul at 127.0.0.1:9")
+
+
+def test_scores_lists_inventory_ius_that_publish_nothing(consul_addr, capsys):
+    from pathlib import Path
+
+    inventory = Path(__file__).resolve().parents[2] / "inventory" / "virtual"
+    code, out, err = run_cli(capsys, "scores", "-i", str(inventory), "--consul", consul_addr, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert len(rows) == 8 and {r["node"] for r in rows} == {"r01n01", "r01n02", "r02n01", "r02n02"}
+    assert all(r["health"] == "unknown" and r["reason"] == "not registered in Consul" for r in rows)

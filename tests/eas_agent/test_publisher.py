@@ -1,0 +1,164 @@
+"""Publisher in simulated time against the in-memory store: levels, hysteresis, heartbeat, CAS, backoff."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from eas_agent.publisher import Backoff, MemoryStore, Publisher, Quantizer
+from eas_agent.score import ScoreResult
+
+IUS = ["n1-iu0", "n1-iu1"]
+
+
+def results(s0, s1=0.5, status0="passing"):
+    return {
+        "n1-iu0": ScoreResult(s0, status0, "", {"queue_s": s0}),
+        "n1-iu1": ScoreResult(s1, "passing", "", {}),
+    }
+
+
+def make(store=None, **kw):
+    store = store or MemoryStore()
+    defaults = dict(
+        key="clusterctl/eas/dc1/n1",
+        node="n1",
+        rack="r1",
+        iu_ids=IUS,
+        heartbeat_s=2.0,
+        ttl_s=6.0,
+        min_write_interval_s=0.5,
+        rng=random.Random(1),
+    )
+    return store, Publisher(store, **{**defaults, **kw})
+
+
+def test_quantizer_hysteresis():
+    q = Quantizer(base=0.05, ratio=1.25, hysteresis=0.3)
+    level = q.level(None, 1.0)
+    assert q.level(level, 1.0 * 1.2) == level  # within 0.8 of a level: unchanged
+    assert q.level(level, 1.0 * 1.25**2) != level
+    assert q.level(level, None) is None
+
+
+def test_heartbeat_and_level_changes_drive_writes():
+    store, pub = make()
+    assert pub.step(0.0, results(1.0)) is True  # first write
+    assert pub.step(0.2, results(1.02)) is False  # same level
+    assert pub.step(1.0, results(3.0)) is True  # crossed levels
+    assert pub.step(1.2, results(6.0)) is False  # crossed again but inside min_write_interval: deferred
+    assert pub.step(1.6, results(6.0)) is True
+    assert pub.step(3.2, results(6.0)) is False
+    assert pub.step(3.4, results(6.0)) is False
+    assert pub.step(3.6, results(6.0)) is True  # heartbeat: written age never exceeds 2 s
+    assert pub.stats.write_reasons == {"first": 1, "level": 2, "heartbeat": 1} and pub.stats.deferred == 1
+    body = json.loads(store.kv["clusterctl/eas/dc1/n1"][1])
+    assert body["seq"] == 4 and body["ts"] == 3.6 and body["ius"]["n1-iu0"]["score"] == 6.0
+    assert body["heartbeat_s"] == 2.0 and "clock_offset_s" in body and body["rack"] == "r1"
+
+
+def test_status_transition_writes_and_updates_check_at_once():
+    store, pub = make()
+    pub.step(0.0, results(1.0))
+    assert store.checks["n1-iu0"] == ("passing", "score 1.0")
+    pub.step(
+        0.6,
+        {
+            "n1-iu0": ScoreResult(None, "warning", "missing vllm:num_requests_waiting"),
+            "n1-iu1": ScoreResult(0.5, "passing", ""),
+        },
+    )
+    assert store.checks["n1-iu0"] == ("warning", "missing vllm:num_requests_waiting")
+    assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["ius"]["n1-iu0"]["score"] is None
+
+
+def test_checks_refreshed_before_ttl_without_kv_writes():
+    store, pub = make()
+    pub.step(0.0, results(1.0))
+    updates = store.check_updates
+    for i in range(1, 11):  # 2 s of cycles: ttl/3 = 2 s refresh
+        pub.step(i * 0.2, results(1.0))
+    assert store.check_updates == updates + len(IUS)
+
+
+def test_cas_conflict_rereads_index():
+    store, pub = make()
+    pub.step(0.0, results(1.0))
+    store.kv_cas_put(
+        "clusterctl/eas/dc1/n1", "{}", store.kv_read("clusterctl/eas/dc1/n1")[0]
+    )  # another writer
+    assert pub.step(2.5, results(1.0)) is True and pub.stats.cas_conflicts == 1
+
+
+def test_outage_backs_off_with_jitter_then_one_catch_up_write():
+    store, pub = make(backoff=Backoff(base_s=0.25, cap_s=2.0))
+    pub.step(0.0, results(1.0))
+    store.available = False
+    attempts_before = pub.stats.errors
+    t = 0.2
+    while t < 10.0:  # 10 s of outage at 5 Hz
+        pub.step(t, results(1.0 + t))
+        t = round(t + 0.2, 1)
+    attempts = pub.stats.errors - attempts_before
+    assert 5 <= attempts <= 12  # not 49 attempts: backoff (0.25, 0.5, 1, 2, 2, ...) with jitter
+    store.available = True
+    writes_before = store.writes
+    while not pub.step(t, results(11.0)):
+        t = round(t + 0.2, 1)
+    assert store.writes == writes_before + 1 and pub.stats.write_reasons["first"] == 2
+    assert pub.step(t + 0.2, results(11.0)) is False  # caught up: nothing more to write
+    body = json.loads(store.kv["clusterctl/eas/dc1/n1"][1])
+    assert body["seq"] == 2 and body["ius"]["n1-iu0"]["score"] == 11.0  # no gap in seq, latest state
+
+
+def test_stop_marks_everything_critical():
+    store, pub = make()
+    pub.step(0.0, results(1.0))
+    pub.stop(0.5, results(1.0))
+    assert all(store.checks[iu] == ("critical", "agent stopping") for iu in IUS)
+    body = json.loads(store.kv["clusterctl/eas/dc1/n1"][1])
+    assert {iu["status"] for iu in body["ius"].values()} == {"critical"}
+
+
+def test_nothing_is_published_after_stop():
+    store, pub = make()
+    pub.step(0.0, results(1.0))
+    pub.stop(0.5)
+    assert pub.step(3.0, results(9.0)) is False  # a late cycle from the publishing thread changes nothing
+    assert store.checks["n1-iu0"] == ("critical", "agent stopping")
+
+
+class LosesAnswerAfterPut(MemoryStore):
+    """The PUT reaches the store but the agent never hears back (Consul stopped right after applying it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lose_next = False
+
+    def kv_cas_put(self, key, value, cas):
+        ok = super().kv_cas_put(key, value, cas)
+        if self.lose_next:
+            self.lose_next = False
+            from eas_agent.consul_io import ConsulUnavailable
+
+            raise ConsulUnavailable("connection reset")
+        return ok
+
+
+def test_sequence_numbers_are_never_reused_when_an_answer_is_lost():
+    store, pub = make(store=LosesAnswerAfterPut(), backoff=Backoff(base_s=0.1, cap_s=0.1))
+    pub.step(0.0, results(1.0))
+    store.lose_next = True
+    assert pub.step(1.0, results(5.0)) is False  # applied, but the agent saw an error
+    assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["seq"] == 2
+    assert pub.step(1.2, results(5.0)) is True  # catch-up write
+    assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["seq"] == 3 and pub.seq == 3
+
+
+def test_restarted_agent_continues_the_sequence():
+    store, pub = make()
+    for t in (0.0, 2.0, 4.0):
+        pub.step(t, results(1.0))
+    _, again = make(store=store)
+    again.step(5.0, results(1.0))
+    assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["seq"] == 4

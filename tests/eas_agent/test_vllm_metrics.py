@@ -1,0 +1,127 @@
+"""Parsing saved vLLM scrapes (V1 single/multi-engine, V0, missing metrics, truncated, garbage, appended)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
+from tests.helpers import run_cli
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
+
+
+def parse(name: str):
+    return parse_vllm_metrics((FIXTURES / name).read_text())
+
+
+def test_v1_single_engine():
+    m = parse("v1_single_engine.txt")
+    assert (m.schema, m.num_requests_running, m.num_requests_waiting, m.kv_cache_usage) == (
+        "v1",
+        237.0,
+        0.0,
+        0.802489,
+    )
+    assert m.prompt_tokens_total == 987540.0 and m.generation_tokens_total == 182507.0
+    assert m.request_success_total == 810.0  # summed over finished_reason labels
+    assert m.prefix_cache_hits_total == 241215.0
+    assert m.prompt_tokens_sum / m.prompt_tokens_count == pytest.approx(915.98, abs=0.01)
+    assert m.engines == 1
+
+
+def test_v1_two_engines_sums_counts_and_takes_max_kv():
+    m = parse("v1_two_engines.txt")
+    assert (m.schema, m.num_requests_running, m.num_requests_waiting, m.kv_cache_usage) == (
+        "v1",
+        304.0,
+        238.0,
+        0.7664,
+    )
+    assert m.engines == 2
+
+
+def test_v0_names():
+    m = parse("v0_single_model.txt")
+    assert (m.schema, m.num_requests_running, m.kv_cache_usage, m.num_requests_swapped) == (
+        "v0",
+        16.0,
+        0.064533,
+        0.0,
+    )
+    assert m.prefix_cache_hit_rate == 0.25 and m.prefix_cache_queries_total is None
+
+
+def test_missing_metrics_are_none_not_zero():
+    m = parse("v1_missing_kv_and_waiting.txt")
+    assert m.schema is None and m.kv_cache_usage is None and m.num_requests_waiting is None
+    assert m.num_requests_running == 237.0
+
+
+def test_last_complete_scrape_of_several_is_read():
+    assert parse("v1_two_scrapes_appended.txt") == parse("v1_single_engine.txt")
+
+
+def test_appended_scrapes_with_truncated_last_fall_back_to_previous():
+    first = (FIXTURES / "v1_single_engine.txt").read_text()
+    cut = (FIXTURES / "v1_truncated.txt").read_text()
+    assert parse_vllm_metrics(first + cut) == parse_vllm_metrics(first)
+
+
+@pytest.mark.parametrize(
+    "name, line_no, words",
+    [
+        ("v1_truncated.txt", 39, "truncated"),
+        ("garbage_html.txt", 1, "not a Prometheus sample line"),
+    ],
+)
+def test_unparseable_names_the_line(name, line_no, words):
+    with pytest.raises(MetricsParseError) as info:
+        parse(name)
+    assert info.value.line_no == line_no and words in str(info.value)
+
+
+def test_bad_value_in_a_wanted_family_names_the_line():
+    text = (
+        (FIXTURES / "v1_single_engine.txt")
+        .read_text()
+        .replace(
+            'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Meta-Llama-3-70B-Instruct"} 0.0',
+            'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Meta-Llama-3-70B-Instruct"} zero',
+        )
+    )
+    with pytest.raises(MetricsParseError) as info:
+        parse_vllm_metrics(text)
+    assert "num_requests_waiting" in str(info.value) and info.value.line_no is not None
+
+
+def test_empty_scrape():
+    with pytest.raises(MetricsParseError, match="empty"):
+        parse_vllm_metrics("\n")
+
+
+def test_cli_json_follows_the_contract(capsys):
+    code, out, err = run_cli(capsys, "agent", "parse-metrics", str(FIXTURES / "v1_two_engines.txt"), "--json")
+    assert code == 0, err
+    assert json.loads(out) == {
+        "schema": "v1",
+        "num_requests_running": 304.0,
+        "num_requests_waiting": 238.0,
+        "kv_cache_usage": 0.7664,
+    }
+    code, out, _ = run_cli(
+        capsys, "agent", "parse-metrics", str(FIXTURES / "v1_missing_kv_and_waiting.txt"), "--json"
+    )
+    assert code == 0 and json.loads(out) == {
+        "schema": None,
+        "num_requests_running": 237.0,
+        "num_requests_waiting": None,
+        "kv_cache_usage": None,
+    }
+
+
+def test_cli_unparseable_exit_1_one_line(capsys):
+    code, out, err = run_cli(capsys, "agent", "parse-metrics", str(FIXTURES / "garbage_html.txt"), "--json")
+    assert code == 1 and out == "" and err.count("\n") == 1 and "line 1" in err and "Traceback" not in err
