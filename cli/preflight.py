@@ -11,6 +11,8 @@ import importlib
 
 import click
 
+from cli.preflight_run import attach
+
 # subcommand name -> module exposing a click command named ``command``
 SUBCOMMANDS: dict[str, str] = {
     "parse": "cli.preflight_parse",
@@ -32,3 +34,7 @@ class _LazySubcommands(click.Group):
 @click.group("preflight", cls=_LazySubcommands)
 def command() -> None:
     """Gate nodes on topology, GPU health, IB, NCCL, C-states, DCQCN, NUMA pinning and time sync."""
+
+
+# Without a subcommand the group runs the preflight itself; adds `history` and `diff` (cli/preflight_run.py).
+attach(command)

@@ -1,0 +1,162 @@
+"""Preflight fan-out benchmark: 1, 16 and 64 simulated nodes where every stub command takes 1 s.
+
+    .venv/bin/python bench/preflight_fanout.py [--sizes 1,16,64] [--parallel 64] [--delay 1] [--per-rack 16]
+
+For each size: ``clusterctl virtual create`` (healthy nodes, 16 per rack, InfiniBand) with
+``sim_command_delay_s`` set, ``virtual up``, then ``clusterctl preflight -i DIR --parallel P`` in a child
+process; ``virtual down`` always. Prints one table row per size: wall time, ratio to one node, the
+preflight process's peak RSS, its own CPU time and the CPU time of everything it started (the
+simulated hosts' stub tools: all simulated hosts share this machine's cores, real hosts would not).
+
+A 1-node run has no ib_pairs work (no peer in its rack); 16 and 64 nodes test their racks' rings.
+numa_pinning and consul are skipped (simulated hosts have no systemd manager; no Consul needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHILD = r"""
+import json, resource, sys, time
+from cli.main import main
+started = time.monotonic()
+code = 0
+try:
+    main(sys.argv[2:])
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else 1
+self_usage = resource.getrusage(resource.RUSAGE_SELF)
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(sys.argv[1], "w") as out:
+    json.dump({"exit_code": code, "wall_s": time.monotonic() - started, "peak_rss_kib": self_usage.ru_maxrss,
+               "cpu_self_s": self_usage.ru_utime + self_usage.ru_stime,
+               "cpu_children_s": children.ru_utime + children.ru_stime}, out)
+"""
+
+
+def clusterctl(*args: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "cli.main", *args], cwd=REPO, check=True, capture_output=True, text=True
+    )
+
+
+def one_size(
+    nodes: int, parallel: int, delay: float, per_rack: int, timeout: float, checks: str | None
+) -> dict:
+    racks = max(1, math.ceil(nodes / per_rack))
+    with tempfile.TemporaryDirectory(prefix=f"preflight-bench-{nodes}-") as tmp:
+        inventory = Path(tmp) / "inventory"
+        clusterctl(
+            "virtual",
+            "create",
+            str(inventory),
+            "--nodes",
+            str(nodes),
+            "--racks",
+            str(racks),
+            "--faults",
+            "none",
+        )
+        group_vars = inventory / "group_vars" / "all.yml"
+        group_vars.write_text(
+            group_vars.read_text().replace("sim_command_delay_s: 0.0", f"sim_command_delay_s: {delay}")
+        )
+        assert f"sim_command_delay_s: {delay}" in group_vars.read_text()
+        clusterctl("virtual", "up", str(inventory))
+        try:
+            stats_file = Path(tmp) / "stats.json"
+            document = Path(tmp) / "run.json"
+            started = time.monotonic()
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    CHILD,
+                    str(stats_file),
+                    "preflight",
+                    "-i",
+                    str(inventory),
+                    "--parallel",
+                    str(parallel),
+                    *(["--checks", checks] if checks else ["--skip", "numa_pinning,consul"]),
+                    "--timeout",
+                    str(timeout),
+                    "--json",
+                    str(document),
+                    "--state-dir",
+                    str(Path(tmp) / "state"),
+                ],
+                cwd=REPO,
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            wall = time.monotonic() - started
+            stats = json.loads(stats_file.read_text())
+            summary = json.loads(document.read_text())["summary"]
+        finally:
+            clusterctl("virtual", "down", str(inventory))
+    return {"nodes": nodes, "racks": racks, "wall_s": wall, **stats, "verdicts": summary["verdicts"]}
+
+
+def table(rows: list[dict], parallel: int, delay: float, checks: str | None = None) -> str:
+    """One row per size. ``CPU floor`` is all CPU time spent (preflight + simulated hosts) divided by this
+    machine's cores: no scheduler can finish faster, and on real hosts the tools' CPU time would be spent
+    on the hosts themselves, not here. ``x floor`` = wall / max(1-node wall, CPU floor)."""
+    cpus = os.cpu_count() or 1
+    base = rows[0]["wall_s"]
+    lines = [
+        f"preflight fan-out, --parallel {parallel}, every stub command {delay:g} s, {cpus} CPUs, "
+        f"checks: {checks or 'all but numa_pinning,consul'}",
+        "| nodes | racks | wall s | x 1 node | peak RSS MiB | preflight CPU s | sim hosts CPU s | CPU floor s "
+        "| x floor | exit | verdicts |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        floor = (r["cpu_self_s"] + r["cpu_children_s"]) / cpus
+        verdicts = " ".join(f"{k} {v}" for k, v in r["verdicts"].items() if v)
+        lines.append(
+            f"| {r['nodes']} | {r['racks']} | {r['wall_s']:.1f} | {r['wall_s'] / base:.2f} | "
+            f"{r['peak_rss_kib'] / 1024:.0f} | {r['cpu_self_s']:.1f} | {r['cpu_children_s']:.1f} | {floor:.1f} | "
+            f"{r['wall_s'] / max(base, floor):.2f} | {r['exit_code']} | {verdicts} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sizes", default="1,16,64", help="node counts (comma separated; the first is the base)"
+    )
+    parser.add_argument("--parallel", type=int, default=64)
+    parser.add_argument("--delay", type=float, default=1.0, help="seconds every simulated command takes")
+    parser.add_argument("--per-rack", type=int, default=16, help="nodes per rack")
+    parser.add_argument("--timeout", type=float, default=120.0, help="per-command timeout given to preflight")
+    parser.add_argument(
+        "--checks", default=None, help="only these checks (default: all but numa_pinning,consul)"
+    )
+    parser.add_argument("--json", dest="json_file", default=None, help="also write the rows as JSON")
+    args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so `virtual down` and the temp dir cleanup still run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rows = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        rows.append(one_size(size, args.parallel, args.delay, args.per_rack, args.timeout, args.checks))
+        print(f"{size} nodes: {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+    print(table(rows, args.parallel, args.delay, args.checks))
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The frame every check runs in: gather (commands through the transport) -> parse -> evaluate.
+
+A check never lets an exception escape: a command that fails, times out or prints something the parser
+rejects becomes an ERROR result with an excerpt of what came back; a host that stops answering becomes
+UNREACHABLE. Commands are cached per node by argv, so two checks reading ``ibstat`` run it once.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from cluster.model import Node
+from preflight.result import CheckResult, Verdict
+from preflight.transport import CommandResult, Transport
+
+EXCERPT_CHARS = 400
+
+
+class GatherError(Exception):
+    """A command could not give us what the check needs: the check's verdict is ERROR."""
+
+    def __init__(self, reason: str, **evidence: Any):
+        super().__init__(reason)
+        self.reason = reason
+        self.evidence = evidence
+
+
+class HostUnreachable(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    timeout: float = 120.0  # per command
+    probe_timeout: float = 15.0  # the first command on a host; a host that does not answer it is UNREACHABLE
+    ib_matrix: str = "ring"  # ring | full
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def command_line(argv: Sequence[str]) -> str:
+    return shlex.join(str(a) for a in argv)
+
+
+@dataclass
+class NodeContext:
+    node: Node
+    profile: dict[str, Any]
+    transport: Transport
+    options: RunOptions
+    _cache: dict[tuple[str, ...], CommandResult] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    hung_on: str | None = None  # the command that timed out; later commands on this host are not started
+
+    def run(self, argv: Sequence[str], timeout: float | None = None, cache: bool = True) -> CommandResult:
+        key = tuple(str(a) for a in argv)
+        if cache:
+            with self._lock:
+                hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+        if self.hung_on is not None:
+            # A host that let one command hang would make every later one wait for its timeout too.
+            raise GatherError(
+                f"not run: `{self.hung_on}` timed out earlier on this host", command=command_line(key)
+            )
+        result = self.transport.run(self.node, key, timeout or self.options.timeout)
+        if result.unreachable:
+            raise HostUnreachable(result.last_line() or "connection failed")
+        if result.timed_out:
+            self.hung_on = command_line(key)
+        if cache:
+            with self._lock:
+                self._cache[key] = result
+        return result
+
+    def cached_outputs(self, program: str) -> list[str]:
+        """stdout of the commands already run here whose argv contains ``program``."""
+        with self._lock:
+            return [r.stdout for argv, r in self._cache.items() if program in argv]
+
+    def output(self, argv: Sequence[str], timeout: float | None = None) -> str:
+        """stdout of a command that must succeed; anything else is a GatherError naming the command."""
+        result = self.run(argv, timeout)
+        if result.timed_out:
+            raise GatherError(
+                f"`{command_line(argv)}` timed out after {timeout or self.options.timeout:g}s",
+                command=command_line(argv),
+                partial_output=excerpt(result.stdout),
+            )
+        if result.rc != 0:
+            raise GatherError(
+                f"`{command_line(argv)}` exited {result.rc}: {result.last_line()}",
+                command=command_line(argv),
+                stderr=excerpt(result.stderr),
+            )
+        return result.stdout
+
+    def parsed(self, kind: str, argv: Sequence[str], timeout: float | None = None) -> Any:
+        return parse_output(kind, self.output(argv, timeout), command_line(argv))
+
+
+def parse_output(kind: str, text: str, command: str) -> Any:
+    """Parse with the shared parsers; a ParseError becomes a GatherError with the offending excerpt."""
+    from preflight import parsers
+
+    try:
+        return parsers.parse(kind, text)
+    except parsers.ParseError as exc:
+        raise GatherError(
+            f"cannot parse `{command}` output: {exc}", command=command, output=excerpt(text)
+        ) from None
+
+
+@dataclass
+class RackContext:
+    rack: str
+    nodes: list[NodeContext]  # the reachable nodes of the rack, in inventory order
+    facts: dict[str, Any]  # node name -> what this check's gather() returned (or a GatherError)
+    pool: Executor
+    options: RunOptions
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        return list(self.pool.map(fn, items))
+
+
+class Check:
+    """One area of the node: ``name`` is what ``--checks``/``--skip`` and the results use."""
+
+    name: ClassVar[str]
+    scope: ClassVar[str] = "node"  # node: run() per node; rack: gather() per node then run_rack() per rack
+    codes: ClassVar[dict[str, str]] = {}  # stable fault code -> what it means
+
+    def run(self, ctx: NodeContext) -> list[CheckResult]:  # scope "node"
+        raise NotImplementedError
+
+    def gather(self, ctx: NodeContext) -> Any:  # scope "rack": per-node part, runs with the node checks
+        return None
+
+    def run_rack(self, ctx: RackContext) -> list[CheckResult]:  # scope "rack"
+        raise NotImplementedError
+
+    # Helpers that fill in rack/node/check so evaluation code only states verdict, reason and evidence.
+    def result(
+        self, node: Node, verdict: Verdict, code: str, reason: str, iu: str | None = None, **evidence: Any
+    ) -> CheckResult:
+        return CheckResult(node.rack, node.name, iu, self.name, verdict, reason, {"code": code, **evidence})
+
+    def error(self, node: Node, exc: GatherError, iu: str | None = None) -> CheckResult:
+        return self.result(node, Verdict.ERROR, "GATHER", exc.reason, iu=iu, **exc.evidence)
+
+
+def verdict_of(problems: list[tuple[Verdict, str, str]]) -> tuple[Verdict, str, str]:
+    """The worst (verdict, code, reason) of a list of findings; FAIL before WARN."""
+    for wanted in (Verdict.FAIL, Verdict.WARN):
+        for verdict, code, reason in problems:
+            if verdict is wanted:
+                return verdict, code, reason
+    raise ValueError("no problems")

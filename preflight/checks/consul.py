@@ -1,0 +1,90 @@
+"""consul: the Consul agent the node uses answers and every IU of the node is registered as ``vllm-iu``.
+
+Reads through :mod:`preflight.consul_io` (the only module that talks to Consul). An IU in maintenance
+is reported, not failed: that is how nodes wait for preflight; ``--release`` clears it afterwards for
+nodes where every check passed.
+
+Fault codes: CONSUL_AGENT_DOWN, CONSUL_NODE_UNHEALTHY, CONSUL_SERVICE_MISSING, CONSUL_OK.
+"""
+
+from __future__ import annotations
+
+from preflight import consul_io
+from preflight.checks.base import Check, NodeContext
+from preflight.result import CheckResult, Verdict
+
+
+class Consul(Check):
+    name = "consul"
+    codes = {
+        "CONSUL_AGENT_DOWN": "no Consul agent answers at consul_http_addr",
+        "CONSUL_NODE_UNHEALTHY": "Consul's serfHealth for this node is not passing",
+        "CONSUL_SERVICE_MISSING": "an IU of the node is not registered as vllm-iu",
+    }
+
+    def run(self, ctx: NodeContext) -> list[CheckResult]:
+        node = ctx.node
+        address = consul_io.address_of(node)
+        try:
+            alive = consul_io.agent_alive(node)
+        except consul_io.ConsulUnavailable as exc:
+            return [
+                self.result(
+                    node,
+                    Verdict.FAIL,
+                    "CONSUL_AGENT_DOWN",
+                    f"Consul at {address}: {exc}",
+                    expected={"agent": address},
+                    found={"error": str(exc)},
+                )
+            ]
+        try:
+            services = consul_io.iu_services(node)
+        except consul_io.ConsulUnavailable as exc:
+            return [self.result(node, Verdict.ERROR, "GATHER", f"Consul at {address}: {exc}")]
+        expected = {"agent": address, "services": [iu.id for iu in node.ius]}
+        found = {
+            **alive,
+            "services": {
+                s.id: {"node": s.node, "maintenance": s.in_maintenance, "checks": s.checks}
+                for s in services.values()
+            },
+        }
+        if alive["serf_health"] not in (None, "passing"):
+            return [
+                self.result(
+                    node,
+                    Verdict.FAIL,
+                    "CONSUL_NODE_UNHEALTHY",
+                    f"serfHealth of {node.name} is {alive['serf_health']}",
+                    expected=expected,
+                    found=found,
+                )
+            ]
+        missing = [iu.id for iu in node.ius if iu.id not in services]
+        if missing:
+            return [
+                self.result(
+                    node,
+                    Verdict.FAIL,
+                    "CONSUL_SERVICE_MISSING",
+                    f"not registered in Consul: {', '.join(missing)}",
+                    expected=expected,
+                    found=found,
+                )
+            ]
+        waiting = [s.id for s in services.values() if s.in_maintenance]
+        note = f"; in maintenance: {', '.join(waiting)}" if waiting else ""
+        return [
+            self.result(
+                node,
+                Verdict.PASS,
+                "CONSUL_OK",
+                f"{len(services)} IU services registered{note}",
+                expected=expected,
+                found=found,
+            )
+        ]
+
+
+CHECK = Consul()

@@ -1,0 +1,379 @@
+"""ib_pairs: host-to-host fabric tests between the nodes of each rack, rail by rail.
+
+Edges: a ring by default (node i -> i+1, the last back to the first), every ordered pair with
+``--ib-matrix full``. Edges are scheduled in rounds in which each node sends to one peer and receives
+from one peer, so bandwidth tests never share a port. Per round and rail (same HCA index on both ends):
+
+1. ``ibping -G <port GUID>`` (InfiniBand only; the GUID from the server's ``ibstat``): reachability and
+   0 % loss. Its RTT is not used: rdma-core's ibping has
+   printed RTTs 10x too small since 2019, latency comes from perftest.
+2. ``ib_write_lat``: typical latency <= ``ib.write_lat_max_us`` (2.5 us, ngc_multinode_perf).
+3. ``ib_write_bw --report_gbits``: average >= ``ib.write_bw_min_fraction`` x port rate; a link below
+   ``ib.rack_outlier_fraction`` x the rack's median is WARN even above the floor.
+
+Servers are started through the transport, given a life limit on the host, and always stopped in a
+``finally`` (also when the client fails or the run is interrupted).
+
+A bad measurement implicates both ends. A node FAILs when bad measurements involve it with two or more
+peers; a node whose only bad link leads to such a peer PASSes (the fault is the peer's). A single bad
+link between two otherwise good nodes (and any bad link in a two-node rack) FAILs both ends, saying
+so: from the hosts alone one cannot tell which cable or port it is.
+
+Fault codes: IB_UNREACHABLE, IB_PING_LOSS, IB_LATENCY, IB_BANDWIDTH, IB_OUTLIER, IB_TEST_FAILED,
+IB_NO_PEERS, IB_PAIRS_OK.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.model import Nic
+from preflight.checks.base import Check, GatherError, NodeContext, RackContext, command_line, parse_output
+from preflight.checks.ib_ports import IBSTAT, find_port
+from preflight.result import CheckResult, Verdict
+from preflight.transport import host_var
+
+PERFTEST_PORT_BASE = 18515  # perftest's default TCP port for the out-of-band exchange
+SERVER_SETTLE_S = 0.2  # let a server bind before its client connects (a refused client retries once)
+CLIENT_RETRY_S = 1.0  # one retry when the client raced its server's listen()
+SEVERITY = {
+    "IB_UNREACHABLE": 3,
+    "IB_TEST_FAILED": 3,
+    "IB_PING_LOSS": 2,
+    "IB_LATENCY": 2,
+    "IB_BANDWIDTH": 2,
+    "IB_OUTLIER": 1,
+}
+
+
+@dataclass
+class Measurement:
+    client: str
+    server: str
+    device: str  # the client's HCA; the server uses the HCA with the same index (rail)
+    peer_device: str
+    ping_loss_pct: float | None = None
+    latency_us: float | None = None
+    bw_gbps: float | None = None
+    rate_gbps: float | None = None
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (code, text)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "client": self.client,
+            "server": self.server,
+            "device": self.device,
+            "peer_device": self.peer_device,
+            "ping_loss_pct": self.ping_loss_pct,
+            "latency_us": self.latency_us,
+            "bw_gbps": self.bw_gbps,
+            "problems": [text for _, text in self.problems],
+        }
+
+
+def rounds(count: int, matrix: str) -> list[list[tuple[int, int]]]:
+    """Directed edges (client, server) by round; in each round every node sends once and receives once."""
+    if count < 2:
+        return []
+    # A ring needs one direction only: node i sends to i+1 and receives from i-1, so every node's send and
+    # receive side is measured once; either end's fault shows on the client as on a real fabric.
+    shifts = range(1, count) if matrix == "full" else [1]
+    return [[(i, (i + shift) % count) for i in range(count)] for shift in shifts]
+
+
+def gbps(row) -> float:
+    # perftest "MB/sec" is 2^20 bytes/s (perftest_parameters.h: #define MEGA 1048576 when not --report_gbits)
+    return row.bw_avg if row.bw_unit.lower().startswith("gb") else row.bw_avg * 8 * 1048576 / 1e9
+
+
+class IbPairs(Check):
+    name = "ib_pairs"
+    scope = "rack"
+    codes = {
+        "IB_UNREACHABLE": "ibping got no answer",
+        "IB_PING_LOSS": "ibping lost packets",
+        "IB_LATENCY": "ib_write_lat typical latency above the profile's limit",
+        "IB_BANDWIDTH": "ib_write_bw below the profile's fraction of the port rate",
+        "IB_OUTLIER": "ib_write_bw far below the rack's median (WARN)",
+        "IB_TEST_FAILED": "a perftest client failed or printed no result",
+        "IB_NO_PEERS": "no other reachable node in the rack",
+    }
+
+    def gather(self, ctx: NodeContext) -> Any:  # the peers' port GUIDs/LIDs for ibping
+        return (
+            ctx.parsed("ibstat", IBSTAT) if any(n.link_layer == "infiniband" for n in ctx.node.nics) else None
+        )
+
+    def run_rack(self, ctx: RackContext) -> list[CheckResult]:
+        # A node whose ibstat could not be read is an ERROR here; the others still test among themselves.
+        failed = [c for c in ctx.nodes if isinstance(ctx.facts.get(c.node.name), GatherError)]
+        results = [self.error(c.node, ctx.facts[c.node.name]) for c in failed]
+        nodes = [c for c in ctx.nodes if c.node.nics and all(c is not f for f in failed)]
+        if len(nodes) < 2:
+            return results + [
+                self.result(c.node, Verdict.SKIP, "IB_NO_PEERS", "no peer in the rack to test against")
+                for c in nodes
+            ]
+        measurements: list[Measurement] = []
+        for edges in rounds(len(nodes), ctx.options.ib_matrix):
+            measurements += self._round(ctx, [(nodes[a], nodes[b]) for a, b in edges])
+        self._flag_outliers(ctx, nodes, measurements)
+        return results + self._attribute(nodes, measurements)
+
+    # ---------------------------------------------------------------- one round: ping, lat, bw
+    def _round(self, ctx: RackContext, edges: list[tuple[NodeContext, NodeContext]]) -> list[Measurement]:
+        jobs = []
+        for client, server in edges:
+            for rail, (cnic, snic) in enumerate(zip(client.node.nics, server.node.nics, strict=False)):
+                m = Measurement(
+                    client.node.name,
+                    server.node.name,
+                    cnic.device,
+                    snic.device,
+                    rate_gbps=min(
+                        r
+                        for r in (cnic.rate_gbps, snic.rate_gbps, client.profile["ib"]["port_rate_gbps"])
+                        if r
+                    ),
+                )
+                jobs.append((client, server, rail, cnic, snic, m))
+        self._stage(ctx, jobs, self._ping)
+        self._stage(ctx, jobs, self._latency)
+        self._stage(ctx, jobs, self._bandwidth)
+        return [job[-1] for job in jobs]
+
+    def _stage(self, ctx: RackContext, jobs, test) -> None:
+        def guarded(job) -> None:
+            try:
+                test(ctx, *job)
+            except Exception as exc:  # one broken test must not stop the rest of the rack
+                job[-1].problems.append(("IB_TEST_FAILED", f"{type(exc).__name__}: {exc}"))
+
+        ctx.map(guarded, jobs)
+
+    def _ping(
+        self, ctx, client: NodeContext, server: NodeContext, rail: int, cnic: Nic, snic: Nic, m: Measurement
+    ):
+        if cnic.link_layer != "infiniband" or snic.link_layer != "infiniband":
+            return  # ibping speaks IB management datagrams; RoCE has no LIDs
+        port = find_port(ctx.facts.get(server.node.name), snic.device, snic.port)
+        # The port GUID is fixed in the HCA; a LID is whatever the subnet manager handed out last.
+        if port is not None and port.port_guid:
+            destination = ["-G", port.port_guid]
+        elif port is not None and port.base_lid:
+            destination = ["-L", str(port.base_lid)]
+        else:
+            m.problems.append(
+                ("IB_UNREACHABLE", f"{server.node.name} {snic.device} has no GUID/LID (port down?)")
+            )
+            return
+        count = client.profile["ib"]["ping_count"]
+        server_argv = ["ibping", "-S", "-C", snic.device, "-P", str(snic.port)]
+        client_argv = ["ibping", "-C", cnic.device, "-P", str(cnic.port), "-c", str(count), *destination]
+        out = self._with_server(ctx, client, server, server_argv, client_argv, m)
+        if out is None:
+            return
+        try:
+            ping = parse_output("ibping", out, command_line(client_argv))
+        except GatherError as exc:
+            m.problems.append(("IB_TEST_FAILED", exc.reason))
+            return
+        m.ping_loss_pct = ping.loss_pct
+        if ping.received == 0:
+            m.problems.append(
+                (
+                    "IB_UNREACHABLE",
+                    f"ibping {client.node.name} {cnic.device} -> {server.node.name} {snic.device}: no reply",
+                )
+            )
+        elif ping.loss_pct > client.profile["ib"]["ping_max_loss_pct"]:
+            m.problems.append(
+                (
+                    "IB_PING_LOSS",
+                    f"ibping {client.node.name} {cnic.device} -> {server.node.name}: {ping.loss_pct:g}% loss",
+                )
+            )
+
+    def _perftest_argv(
+        self, program: str, node: NodeContext, nic: Nic, rail: int, extra: list[str]
+    ) -> list[str]:
+        argv = [
+            program,
+            "-d",
+            nic.device,
+            "-i",
+            str(nic.port),
+            "-p",
+            str(PERFTEST_PORT_BASE + rail),
+            "-F",
+            *extra,
+        ]
+        if nic.link_layer == "ethernet":  # RoCEv2 GID (index 3 on a default mlx5 port with IPv4)
+            argv += ["-x", str(host_var(node.node, "roce_gid_index", 3))]
+        return argv
+
+    def _latency(self, ctx, client, server, rail, cnic, snic, m: Measurement):
+        if any(code == "IB_UNREACHABLE" for code, _ in m.problems):
+            return
+        server_argv = self._perftest_argv("ib_write_lat", server, snic, rail, [])
+        client_argv = self._perftest_argv("ib_write_lat", client, cnic, rail, [server.node.address])
+        out = self._with_server(ctx, client, server, server_argv, client_argv, m)
+        row = self._last_row(out, client_argv, m)
+        if row is None:
+            return
+        m.latency_us = row.t_typical_us
+        limit = client.profile["ib"]["write_lat_max_us"]
+        if row.t_typical_us is None or row.t_typical_us > limit:
+            m.problems.append(
+                (
+                    "IB_LATENCY",
+                    f"ib_write_lat {client.node.name} {cnic.device} -> {server.node.name}: "
+                    f"{row.t_typical_us} us > {limit:g} us",
+                )
+            )
+
+    def _bandwidth(self, ctx, client, server, rail, cnic, snic, m: Measurement):
+        if any(code == "IB_UNREACHABLE" for code, _ in m.problems):
+            return
+        server_argv = self._perftest_argv("ib_write_bw", server, snic, rail, ["--report_gbits"])
+        client_argv = self._perftest_argv(
+            "ib_write_bw", client, cnic, rail, ["--report_gbits", server.node.address]
+        )
+        out = self._with_server(ctx, client, server, server_argv, client_argv, m)
+        row = self._last_row(out, client_argv, m)
+        if row is None:
+            return
+        m.bw_gbps = round(gbps(row), 2)
+        floor = client.profile["ib"]["write_bw_min_fraction"] * m.rate_gbps
+        if m.bw_gbps < floor:
+            m.problems.append(
+                (
+                    "IB_BANDWIDTH",
+                    f"ib_write_bw {client.node.name} {cnic.device} -> {server.node.name}: {m.bw_gbps:g} Gb/s "
+                    f"< {floor:g} ({client.profile['ib']['write_bw_min_fraction']:.0%} "
+                    f"of {m.rate_gbps:g})",
+                )
+            )
+
+    def _last_row(self, out: str | None, argv: list[str], m: Measurement):
+        if out is None:
+            return None
+        try:
+            rows = parse_output("perftest", out, command_line(argv)).rows
+        except GatherError as exc:
+            m.problems.append(("IB_TEST_FAILED", exc.reason))
+            return None
+        return rows[-1]
+
+    def _with_server(
+        self,
+        ctx: RackContext,
+        client: NodeContext,
+        server: NodeContext,
+        server_argv,
+        client_argv,
+        m: Measurement,
+    ) -> str | None:
+        """Run a client against a server started just for it; the server is stopped whatever happens."""
+        limit = ctx.options.timeout * 2 + 30
+        background = server.transport.start(server.node, server_argv, limit)
+        try:
+            time.sleep(SERVER_SETTLE_S)
+            result = client.transport.run(client.node, client_argv, ctx.options.timeout)
+            if not result.ok and not result.timed_out and not result.unreachable:
+                time.sleep(CLIENT_RETRY_S)  # the server may not have been listening yet
+                result = client.transport.run(client.node, client_argv, ctx.options.timeout)
+        finally:
+            background.stop()
+        if not result.ok:
+            why = "timed out" if result.timed_out else f"exited {result.rc}: {result.last_line()}"
+            m.problems.append(
+                ("IB_TEST_FAILED", f"`{command_line(client_argv)}` on {client.node.name} {why}")
+            )
+            return None
+        return result.stdout
+
+    # ---------------------------------------------------------------- rack median and attribution
+    def _flag_outliers(
+        self, ctx: RackContext, nodes: list[NodeContext], measurements: list[Measurement]
+    ) -> None:
+        values = [m.bw_gbps for m in measurements if m.bw_gbps is not None]
+        if len(values) < 3:
+            return  # a median of two says nothing about which one is the outlier
+        median = statistics.median(values)
+        fraction = nodes[0].profile["ib"]["rack_outlier_fraction"]
+        for m in measurements:
+            if m.bw_gbps is not None and not m.problems and m.bw_gbps < fraction * median:
+                m.problems.append(
+                    (
+                        "IB_OUTLIER",
+                        f"ib_write_bw {m.device} {m.client} -> {m.server}: {m.bw_gbps:g} Gb/s "
+                        f"< {fraction:.0%} of rack median {median:g}",
+                    )
+                )
+
+    def _attribute(self, nodes: list[NodeContext], measurements: list[Measurement]) -> list[CheckResult]:
+        peers: dict[str, set[str]] = {c.node.name: set() for c in nodes}
+        bad_peers: dict[str, set[str]] = {c.node.name: set() for c in nodes}
+        for m in measurements:
+            peers[m.client].add(m.server)
+            peers[m.server].add(m.client)
+            if m.problems:
+                bad_peers[m.client].add(m.server)
+                bad_peers[m.server].add(m.client)
+
+        def culprit(name: str) -> bool:  # bad with two or more peers: the common end is the fault
+            return len(bad_peers[name]) >= 2
+
+        results = []
+        for nctx in nodes:
+            name = nctx.node.name
+            mine = [m for m in measurements if name in (m.client, m.server)]
+            evidence = {"expected": self._expected(nctx), "found": [m.to_json() for m in mine]}
+            own = [
+                m
+                for m in mine
+                if m.problems and (culprit(name) or not culprit(m.server if m.client == name else m.client))
+            ]
+            if not own:
+                elsewhere = sorted(bad_peers[name])
+                good = sum(1 for m in mine if not m.problems)
+                reason = f"{good} of {len(mine)} tests with {len(peers[name])} peers OK"
+                if elsewhere:
+                    reason += f"; the bad links to {', '.join(elsewhere)} are theirs"
+                results.append(self.result(nctx.node, Verdict.PASS, "IB_PAIRS_OK", reason, **evidence))
+                continue
+            code, text = max(
+                ((c, t) for m in own for c, t in m.problems), key=lambda p: SEVERITY.get(p[0], 0)
+            )
+            verdict = (
+                Verdict.WARN if all(c == "IB_OUTLIER" for m in own for c, _ in m.problems) else Verdict.FAIL
+            )
+            count = sum(len(m.problems) for m in own)
+            if not culprit(name):
+                text += " (cannot tell which end of this link is at fault)"
+            results.append(
+                self.result(
+                    nctx.node,
+                    verdict,
+                    code,
+                    text + (f" (+{count - 1} more)" if count > 1 else ""),
+                    **evidence,
+                )
+            )
+        return results
+
+    def _expected(self, nctx: NodeContext) -> dict[str, Any]:
+        ib = nctx.profile["ib"]
+        return {
+            "ping_max_loss_pct": ib["ping_max_loss_pct"],
+            "write_lat_max_us": ib["write_lat_max_us"],
+            "write_bw_min_fraction": ib["write_bw_min_fraction"],
+            "rack_outlier_fraction": ib["rack_outlier_fraction"],
+        }
+
+
+CHECK = IbPairs()

@@ -1,0 +1,520 @@
+"""Node checks on canned real-format outputs through a scripted transport: each check passes on a healthy
+node, fails with its fault code on a deliberately bad input, and turns unreadable output into ERROR."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from preflight.checks import cstates, dcqcn, gpu_health, gpu_topology, ib_ports, nccl, numa_pinning, time_sync
+from preflight.result import Verdict
+from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
+
+TOPO = ("nvidia-smi", "topo", "-m")
+# NICs of the HGX fixture: NIC0..3 are PIX to GPU0..3, NIC6..9 to GPU4..7 (NIC4/5 are storage).
+FIXTURE_NICS = [
+    {"device": "mlx5_0", "netdev": "ibp24s0", "rate_gbps": 400, "numa_node": 0, "gpu": 0},
+    {"device": "mlx5_2", "netdev": "ibp41s0", "rate_gbps": 400, "numa_node": 0, "gpu": 2},
+    {"device": "mlx5_6", "netdev": "ibp154s0", "rate_gbps": 400, "numa_node": 1, "gpu": 4},
+    {"device": "mlx5_8", "netdev": "ibp187s0", "rate_gbps": 400, "numa_node": 1, "gpu": 6},
+]
+
+
+def hgx_topo() -> str:
+    return fixture_text("topo", "h100-sxm-hgx-driver535-nic-legend.txt")
+
+
+def set_cell(text: str, row: str, column: str, token: str) -> str:
+    """Replace one cell of a space-aligned `topo -m` matrix with a token of the same width."""
+    lines = text.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("GPU0"))
+    start = header.index(column) if column.startswith(("GPU", "NIC")) else header.index(column)
+    for i, line in enumerate(lines):
+        if line.startswith(row + " ") or line.startswith(row + "\t"):
+            old = line[start : start + len(token)]
+            assert old.strip(), f"no cell at {row}/{column}"
+            lines[i] = line[:start] + token + line[start + len(token) :]
+    return "\n".join(lines) + "\n"
+
+
+def run_topology(text: str, **hostvars):
+    t = ScriptedTransport().on("n1", *TOPO, reply=text)
+    return gpu_topology.CHECK.run(context(t, node(rdma_nics=FIXTURE_NICS, **hostvars)))
+
+
+# ------------------------------------------------------------------------------ gpu_topology
+
+
+def test_topology_of_a_healthy_hgx_h100_passes():
+    results = run_topology(hgx_topo())
+    assert [r.verdict for r in results] == [Verdict.PASS] * 3
+    assert only(results, iu="n1-iu0").evidence["found"]["numa"] == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
+def test_missing_nvlink_fails_only_that_iu_and_suggests_a_layout_that_fits():
+    text = set_cell(set_cell(hgx_topo(), "GPU1", "GPU2", "NODE"), "GPU2", "GPU1", "NODE")
+    results = run_topology(text)
+    bad = only(results, iu="n1-iu0")
+    assert (bad.verdict, bad.code) == (Verdict.FAIL, "NVLINK_MISSING")
+    assert "GPU1-GPU2 is NODE" in bad.reason
+    # NUMA 0 holds GPUs 0-3 only and 1-2 lost NVLink: no 4-GPU IU fits there; NUMA 1 still does.
+    assert bad.evidence["suggested_iu_layout"] == [[4, 5, 6, 7]]
+    assert bad.evidence["unusable_gpus"] == [0, 1, 2, 3]
+    assert only(results, iu="n1-iu1").verdict is Verdict.PASS
+
+
+def test_suggested_layout_with_two_gpu_ius_routes_around_the_broken_link():
+    text = set_cell(set_cell(hgx_topo(), "GPU1", "GPU2", "NODE"), "GPU2", "GPU1", "NODE")
+    results = run_topology(text, iu_size=2, iu_layout=[[0, 2], [1, 3], [4, 5], [6, 7]])
+    assert all(r.verdict is Verdict.PASS for r in results)  # the inventory's layout already avoids 1-2
+    results = run_topology(text, iu_size=2, iu_layout=[[0, 3], [1, 2], [4, 5], [6, 7]])
+    bad = only(results, iu="n1-iu1")
+    assert bad.code == "NVLINK_MISSING"
+    assert bad.evidence["suggested_iu_layout"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_fewer_nvlinks_than_the_profile_is_degraded():
+    text = set_cell(set_cell(hgx_topo(), "GPU5", "GPU6", "NV12"), "GPU6", "GPU5", "NV12")
+    bad = only(run_topology(text), iu="n1-iu1")
+    assert (bad.verdict, bad.code) == (Verdict.FAIL, "NVLINK_DEGRADED")
+
+
+def test_gpu_on_the_wrong_numa_node_fails_its_iu():
+    header = next(line for line in hgx_topo().splitlines() if line.lstrip().startswith("GPU0"))
+    column = header.index("NUMA Affinity")
+    lines = hgx_topo().splitlines()
+    lines = [line[:column] + "1" + line[column + 1 :] if line.startswith("GPU3 ") else line for line in lines]
+    bad = only(run_topology("\n".join(lines) + "\n"), iu="n1-iu0")
+    assert (bad.verdict, bad.code) == (Verdict.FAIL, "GPU_NUMA")
+    assert "GPU3 is on NUMA 1" in bad.reason
+
+
+def test_nic_that_is_not_close_to_its_gpu_fails():
+    nics = [dict(n) for n in FIXTURE_NICS]
+    nics[0]["gpu"] = 1  # mlx5_0 is PIX to GPU0, NODE to GPU1
+    nics[1]["gpu"] = 3
+    t = ScriptedTransport().on("n1", *TOPO, reply=hgx_topo())
+    results = gpu_topology.CHECK.run(context(t, node(rdma_nics=nics)))
+    bad = only(results, iu="n1-iu0")
+    assert (bad.verdict, bad.code) == (Verdict.FAIL, "NIC_FAR")
+    assert "mlx5_0 is GPU1:NODE" in bad.reason
+
+
+def test_gpu_count_mismatch_fails_the_node():
+    results = run_topology(hgx_topo(), gpu_count=16, iu_size=8)
+    assert [(r.iu, r.verdict, r.code) for r in results] == [(None, Verdict.FAIL, "GPU_COUNT")]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        (0, fixture_text("topo", "garbage-driver-not-loaded.txt")),
+        (0, fixture_text("topo", "truncated-mid-table.txt")),
+        (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."),
+    ],
+)
+def test_unreadable_topology_is_an_error_with_the_evidence(reply):
+    t = ScriptedTransport().on("n1", *TOPO, reply=reply)
+    [result] = gpu_topology.CHECK.run(context(t, node(rdma_nics=FIXTURE_NICS)))
+    assert result.verdict is Verdict.ERROR
+    assert "nvidia-smi topo -m" in result.reason
+
+
+# ------------------------------------------------------------------------------ gpu_health
+
+
+def health_transport(q_text: str, kernel_log: str = "", fabric: str = "active\n") -> ScriptedTransport:
+    return (
+        ScriptedTransport()
+        .on("n1", "nvidia-smi", "-q", reply=q_text)
+        .on("n1", "journalctl", reply=kernel_log)
+        .on("n1", "systemctl", "is-active", "nvidia-fabricmanager", reply=fabric)
+    )
+
+
+def clean_q() -> str:
+    return fixture_text("nvsmi_q", "h100-sxm-driver535-full-q-clean.txt")
+
+
+def test_healthy_gpus_pass():
+    [result] = gpu_health.CHECK.run(context(health_transport(clean_q())))
+    assert (result.verdict, result.code) == (Verdict.PASS, "GPU_HEALTH_OK")
+
+
+def test_uncorrectable_ecc_and_pending_remap_fail():
+    text = fixture_text("nvsmi_q", "h100-sxm-driver550-dram-uncorrectable-remap-pending.txt")
+    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    assert (result.verdict, result.code) == (Verdict.FAIL, "ECC_UNCORRECTABLE")
+    assert any("row remap pending" in p for p in result.evidence["problems"])
+
+
+def test_critical_xid_fails_and_other_xids_warn():
+    bus = re.search(r"^GPU 0000(\w{4}:\w\w):", clean_q(), re.M).group(1)  # first GPU's domain:bus
+    critical = (
+        f"Nov 29 07:12:01 n1 kernel: NVRM: Xid (PCI:{bus}:00): 79, pid=0, GPU has fallen off the bus.\n"
+    )
+    [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), critical)))
+    assert (result.verdict, result.code) == (Verdict.FAIL, "XID_CRITICAL")
+    assert result.reason.startswith("GPU0 (n1-iu0): critical XID 79")
+    other = "Nov 29 07:12:01 n1 kernel: NVRM: Xid (PCI:0000:c3:00): 13, pid=4242, Graphics Exception\n"
+    [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), other)))
+    assert (result.verdict, result.code) == (Verdict.WARN, "XID_OTHER")
+
+
+def test_kernel_log_falls_back_to_dmesg_without_a_journal():
+    t = health_transport(clean_q()).on("n1", "journalctl", reply=(1, "No journal files were found."))
+    t.on("n1", "dmesg", reply="[ 12.3] NVRM: Xid (PCI:0000:1b:00): 48, pid=1, DBE\n")
+    [result] = gpu_health.CHECK.run(context(t))
+    assert result.code == "XID_CRITICAL"
+    assert t.called("n1", "dmesg")
+
+
+def test_persistence_mode_off_fails():
+    text = clean_q().replace(
+        "Persistence Mode                      : Enabled",
+        "Persistence Mode                      : Disabled",
+        1,
+    )
+    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PERSISTENCE_OFF")
+
+
+def test_fabric_manager_down_on_an_nvswitch_board_fails():
+    [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), fabric=(3, "inactive\n"))))
+    assert (result.verdict, result.code) == (Verdict.FAIL, "FABRIC_MANAGER_DOWN")
+
+
+def test_gpu_fabric_state_is_read_where_the_driver_prints_it():
+    fabric = (
+        "    Fabric\n        State                             : In Progress\n"
+        "        Status                            : N/A\n"
+    )
+    text = re.sub(r"(\n    Persistence Mode[^\n]*)", r"\1\n" + fabric.rstrip("\n"), clean_q())
+    assert text.count("In Progress") == 8
+    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    assert (result.verdict, result.code) == (Verdict.FAIL, "FABRIC_MANAGER_DOWN")
+    assert "not trained" in result.reason
+
+
+def test_unparseable_nvidia_smi_q_is_an_error():
+    t = health_transport(fixture_text("nvsmi_q", "truncated-after-3-of-8-gpus.txt"))
+    [result] = gpu_health.CHECK.run(context(t))
+    assert result.verdict is Verdict.ERROR
+    assert "cannot parse" in result.reason
+
+
+# ------------------------------------------------------------------------------ ib_ports
+
+IB_NICS = [
+    {"device": f"mlx5_{i}", "netdev": f"ibp{i}s0", "rate_gbps": 400, "numa_node": i // 2} for i in range(4)
+]
+
+
+def ports(text: str, nics=IB_NICS):
+    t = ScriptedTransport().on("n1", "ibstat", reply=text)
+    [result] = ib_ports.CHECK.run(context(t, node(rdma_nics=nics)))
+    return result
+
+
+def ibstat_text() -> str:
+    return fixture_text("ibstat", "h100-hgx-cx7-ndr400-ib-plus-roce-storage.txt")
+
+
+def test_active_ports_at_the_expected_rate_pass():
+    assert (ports(ibstat_text()).verdict, ports(ibstat_text()).code) == (Verdict.PASS, "PORTS_OK")
+
+
+def test_a_down_port_fails():
+    text = ibstat_text().replace("State: Active", "State: Down", 2).replace("State: Down", "State: Active", 1)
+    result = ports(
+        text.replace("Physical state: LinkUp", "Physical state: Disabled", 2).replace(
+            "Physical state: Disabled", "Physical state: LinkUp", 1
+        )
+    )
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PORT_DOWN")
+    assert result.reason.startswith("mlx5_1:1 is Down/Disabled")
+
+
+def test_wrong_rate_missing_port_and_link_layer_fail():
+    slow = ibstat_text().replace("Rate: 400", "Rate: 200", 1)
+    assert ports(slow).code == "PORT_RATE"
+    missing = IB_NICS + [{"device": "mlx5_42", "netdev": "ibp99s0", "rate_gbps": 400, "numa_node": 1}]
+    assert ports(ibstat_text(), missing).code == "PORT_MISSING"
+    roce = [dict(n, link_layer="ethernet") for n in IB_NICS]
+    assert ports(ibstat_text(), roce).code == "LINK_LAYER"
+
+
+def test_garbage_ibstat_is_an_error():
+    result = ports(fixture_text("ibstat", "garbage-command-not-found.txt"))
+    assert result.verdict is Verdict.ERROR
+
+
+# ------------------------------------------------------------------------------ nccl
+
+
+def nccl_transport(iu_text: str, node_text: str, rc: int = 0) -> ScriptedTransport:
+    t = ScriptedTransport()
+    t.on("n1", "env", "CUDA_VISIBLE_DEVICES=0,1,2,3", reply=(rc, iu_text))
+    t.on("n1", "env", "CUDA_VISIBLE_DEVICES=4,5,6,7", reply=(rc, iu_text))
+    t.on("n1", "env", "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", reply=(rc, node_text))
+    return t
+
+
+IU_NCCL = fixture_text("nccl", "h100-sxm-iu-4gpu-all_reduce-srun-label.txt")
+NODE_NCCL = fixture_text("nccl", "h100-sxm-8gpu-all_reduce-g8-single-node.txt")
+
+
+def test_nccl_per_iu_and_per_node_pass_at_the_largest_size():
+    t = nccl_transport(IU_NCCL, NODE_NCCL)
+    results = nccl.CHECK.run(context(t))
+    assert [(r.iu, r.verdict) for r in results] == [
+        ("n1-iu0", Verdict.PASS),
+        ("n1-iu1", Verdict.PASS),
+        (None, Verdict.PASS),
+    ]
+    assert only(results, iu="n1-iu0").evidence["found"]["size_bytes"] == 17179869184
+    argv = t.called("n1", "CUDA_VISIBLE_DEVICES=4,5,6,7")[0]
+    assert argv[argv.index("-g") + 1] == "4" and argv[argv.index("-e") + 1] == "16G"
+
+
+def test_nccl_gates_on_out_of_place_busbw_at_the_largest_size_not_the_average():
+    # The 8-GPU sweep averages far below 460 (small sizes are latency bound) yet its 16 GiB row passes.
+    node_result = only(nccl.CHECK.run(context(nccl_transport(IU_NCCL, NODE_NCCL))), iu=None)
+    assert (
+        node_result.evidence["found"]["avg_busbw_gbps"] < 460 <= node_result.evidence["found"]["busbw_gbps"]
+    )
+    slow = IU_NCCL.replace("368.00", "301.00")
+    bad = only(nccl.CHECK.run(context(nccl_transport(slow, NODE_NCCL))), iu="n1-iu0")
+    assert (bad.verdict, bad.code) == (Verdict.FAIL, "NCCL_BUSBW")
+    assert "busbw 301 GB/s at 16 GiB < 330" in bad.reason
+
+
+def test_wrong_values_fail_as_corruption_even_though_the_run_completed():
+    text = fixture_text("nccl", "h100-sxm-all_reduce-wrong-values-oob-failed.txt")
+    results = nccl.CHECK.run(context(nccl_transport(text, NODE_NCCL, rc=1)))
+    assert only(results, iu="n1-iu0").code == "NCCL_WRONG"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["h100-all_reduce-crashed-before-first-row.txt", "h100-2node-all_reduce-crashed-ib-retry-exceeded.txt"],
+)
+def test_crashed_run_fails_with_its_last_error_line(name):
+    text = fixture_text("nccl", name)
+    bad = only(nccl.CHECK.run(context(nccl_transport(text, NODE_NCCL, rc=1))), iu="n1-iu0")
+    assert (bad.verdict, bad.code) == (Verdict.FAIL, "NCCL_INCOMPLETE")
+    assert bad.reason.split(": ", 1)[1]  # carries the error line
+
+
+def test_hung_nccl_run_fails_incomplete():
+    from preflight.transport import CommandResult
+
+    t = nccl_transport(IU_NCCL, NODE_NCCL)
+    t.on(
+        "n1",
+        "env",
+        "CUDA_VISIBLE_DEVICES=0,1,2,3",
+        reply=CommandResult(None, "# nThread 1 nGpus 4\n", "", 5.0, timed_out=True),
+    )
+    results = nccl.CHECK.run(context(t))
+    assert only(results, iu="n1-iu0").code == "NCCL_INCOMPLETE"
+    assert (
+        "not run" in only(results, iu="n1-iu1").reason
+    )  # the host hung once: later commands are not started
+
+
+# ------------------------------------------------------------------------------ cstates
+
+SPR = fixture_text("cpupower", "intel-sapphire-rapids-intel_idle-c6-disabled.txt")
+PLAIN_CMDLINE = "BOOT_IMAGE=/vmlinuz-5.15.0-113-generic root=/dev/mapper/vg0-root ro quiet\n"
+
+
+def idle(cpupower_text: str, cmdline: str = PLAIN_CMDLINE, qos: str | None = None):
+    t = ScriptedTransport().on("n1", "cpupower", "idle-info", reply=cpupower_text)
+    t.on("n1", "cat", "/proc/cmdline", reply=cmdline)
+    if qos is not None:
+        t.on("n1", "od", reply=qos)
+    [result] = cstates.CHECK.run(context(t))
+    return result
+
+
+def test_deep_cstate_enabled_without_anything_holding_it_fails():
+    result = idle(SPR)  # C6 disabled but C1E (deeper than C1) still enabled
+    assert (result.verdict, result.code) == (Verdict.FAIL, "CSTATES_DEEP")
+    assert "C1E" in result.reason
+
+
+def test_deep_states_disabled_or_held_by_kernel_args_or_pm_qos_pass():
+    assert (
+        idle(fixture_text("cpupower", "intel-skylake-sp-deep-states-disabled-two-cpus.txt")).verdict
+        is Verdict.PASS
+    )
+    held = idle(SPR, PLAIN_CMDLINE.strip() + " intel_idle.max_cstate=0 processor.max_cstate=1\n")
+    assert (held.verdict, held.evidence["found"]["kernel_args"]) == (
+        Verdict.PASS,
+        ["intel_idle.max_cstate=0 processor.max_cstate=1"],
+    )
+    assert idle(SPR, qos="          0\n").reason == "held by PM QoS (0 us)"
+    assert idle(SPR, qos=" 2000000000\n").verdict is Verdict.FAIL
+
+
+def test_intel_idle_limit_alone_does_not_count_when_acpi_idle_is_unlimited():
+    assert cstates.cmdline_limits("ro intel_idle.max_cstate=0") == []
+    assert cstates.cmdline_limits("ro idle=poll") == ["idle=poll"]
+    assert cstates.cmdline_limits("ro intel_idle.max_cstate=1") == ["intel_idle.max_cstate=1"]
+
+
+def test_unparseable_cpupower_is_an_error():
+    assert idle(fixture_text("cpupower", "truncated-inside-c1e.txt")).verdict is Verdict.ERROR
+
+
+# ------------------------------------------------------------------------------ dcqcn
+
+MLNX_QOS = """DCBX mode: OS controlled
+Priority trust state: {trust}
+dscp2prio mapping:
+	prio:0 dscp:07,06,05,04,03,02,01,00,
+	prio:3 dscp:31,30,29,28,27,26,25,24,
+Receive buffer size (bytes): 130944,130944,0,0,0,0,0,0,
+Cable len: 7
+PFC configuration:
+	priority    0   1   2   3   4   5   6   7
+	enabled     0   0   0   {pfc}   0   0   0   0
+	buffer      0   0   0   1   0   0   0   0
+tc: 0 ratelimit: unlimited, tsa: vendor
+	priority:  1
+tc: 3 ratelimit: unlimited, tsa: ets, bw: 50%
+	priority:  3
+"""
+ROCE_NICS = [
+    {
+        "device": "mlx5_0",
+        "netdev": "ens1f0np0",
+        "link_layer": "ethernet",
+        "rate_gbps": 400,
+        "numa_node": 0,
+        "gpu": 0,
+    }
+]
+
+
+def roce(trust="dscp", pfc="1", np_on="1", rp_on="1"):
+    t = ScriptedTransport()
+    t.on("n1", "cat", "/sys/class/net/ens1f0np0/ecn/roce_np/enable/3", reply=np_on + "\n")
+    t.on("n1", "cat", "/sys/class/net/ens1f0np0/ecn/roce_rp/enable/3", reply=rp_on + "\n")
+    t.on("n1", "mlnx_qos", "-i", "ens1f0np0", reply=MLNX_QOS.format(trust=trust, pfc=pfc))
+    [result] = dcqcn.CHECK.run(context(t, node(rdma_nics=ROCE_NICS)))
+    return result
+
+
+def test_dcqcn_skips_infiniband_and_passes_a_configured_roce_port():
+    [skipped] = dcqcn.CHECK.run(context(ScriptedTransport()))
+    assert skipped.verdict is Verdict.SKIP
+    assert (roce().verdict, roce().code) == (Verdict.PASS, "DCQCN_OK")
+
+
+@pytest.mark.parametrize(
+    "kwargs, code",
+    [
+        ({"np_on": "0"}, "ECN_NP_OFF"),
+        ({"rp_on": "0"}, "ECN_RP_OFF"),
+        ({"trust": "pcp"}, "TRUST_NOT_DSCP"),
+        ({"pfc": "0"}, "PFC_OFF"),
+    ],
+)
+def test_each_missing_dcqcn_setting_fails(kwargs, code):
+    result = roce(**kwargs)
+    assert (result.verdict, result.code) == (Verdict.FAIL, code)
+
+
+def test_mlnx_qos_without_pfc_table_is_an_error():
+    with pytest.raises(ValueError):
+        dcqcn.parse_mlnx_qos("Priority trust state: dscp\n")
+
+
+# ------------------------------------------------------------------------------ numa_pinning
+
+
+def pinning(shows: dict[int, str], cpulists=("0-47,96-143\n", "48-95,144-191\n")):
+    t = ScriptedTransport()
+    for numa, cpus in enumerate(cpulists):
+        t.on("n1", "cat", f"/sys/devices/system/node/node{numa}/cpulist", reply=cpus)
+    for index, text in shows.items():
+        t.on(
+            "n1",
+            "systemctl",
+            "show",
+            "-p",
+            "LoadState,CPUAffinity,NUMAPolicy,NUMAMask",
+            f"vllm-iu@{index}.service",
+            reply=text,
+        )
+    return numa_pinning.CHECK.run(context(t))
+
+
+GOOD = {
+    0: "LoadState=loaded\nCPUAffinity=0-47 96-143\nNUMAPolicy=bind\nNUMAMask=0\n",
+    1: "LoadState=loaded\nCPUAffinity=48-95 144-191\nNUMAPolicy=bind\nNUMAMask=1\n",
+}
+
+
+def test_units_pinned_to_their_numa_node_pass():
+    assert [r.verdict for r in pinning(GOOD)] == [Verdict.PASS, Verdict.PASS]
+
+
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("LoadState=loaded\nCPUAffinity=\nNUMAPolicy=bind\nNUMAMask=1\n", "CPU_AFFINITY"),
+        ("LoadState=loaded\nCPUAffinity=0-47 96-143\nNUMAPolicy=bind\nNUMAMask=0\n", "CPU_AFFINITY"),
+        ("LoadState=loaded\nCPUAffinity=48-95 144-191\nNUMAPolicy=default\nNUMAMask=\n", "NUMA_POLICY"),
+        ("LoadState=loaded\nCPUAffinity=48-95 144-191\nNUMAPolicy=bind\nNUMAMask=0\n", "NUMA_MASK"),
+        ("LoadState=not-found\nCPUAffinity=\nNUMAPolicy=\nNUMAMask=\n", "UNIT_MISSING"),
+    ],
+)
+def test_wrong_pinning_fails_the_iu(text, code):
+    results = pinning({0: GOOD[0], 1: text})
+    assert only(results, iu="n1-iu0").verdict is Verdict.PASS
+    bad = only(results, iu="n1-iu1")
+    assert (bad.verdict, bad.code) == (Verdict.FAIL, code)
+
+
+def test_systemctl_without_a_manager_is_an_error_not_a_pass():
+    results = pinning({0: "", 1: ""})
+    assert {r.verdict for r in results} == {Verdict.ERROR}
+
+
+def test_cpu_lists_in_both_spellings():
+    assert numa_pinning.parse_cpu_list("0-2,8") == numa_pinning.parse_cpu_list("0 1 2 8") == {0, 1, 2, 8}
+    assert numa_pinning.compact({0, 1, 2, 8, 9}) == "0-2,8-9"
+
+
+# ------------------------------------------------------------------------------ time_sync
+
+
+def tracking(name: str):
+    t = ScriptedTransport().on("n1", "chronyc", "tracking", reply=fixture_text("chrony", name))
+    [result] = time_sync.CHECK.run(context(t))
+    return result
+
+
+def test_synchronised_clock_passes():
+    assert tracking("aws-time-sync-linklocal-chrony4.2-normal.txt").verdict is Verdict.PASS
+
+
+@pytest.mark.parametrize(
+    "name, code",
+    [
+        ("offset-4.5ms-slow-after-step.txt", "CLOCK_OFFSET"),
+        ("unsynchronised-reference-00000000.txt", "CLOCK_UNSYNCED"),
+        ("leap-insert-second.txt", "LEAP_STATUS"),
+    ],
+)
+def test_clock_faults_fail(name, code):
+    result = tracking(name)
+    assert (result.verdict, result.code) == (Verdict.FAIL, code)
+
+
+def test_chronyc_that_cannot_talk_to_chronyd_is_an_error():
+    assert tracking("garbage-cannot-talk-to-daemon.txt").verdict is Verdict.ERROR
