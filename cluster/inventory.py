@@ -19,6 +19,7 @@ from cluster import model, validate
 MODEL_VARS = (
     "ansible_host", "rack", "gpu_model", "gpu_count", "iu_size", "iu_layout", "gpu_numa_nodes",
     "numa_node_count", "iu_port_base", "iu_ports", "rdma_nics", "nccl_socket_ifname", "cpu_cstates_redfish",
+    "clusterctl_exec_prefix", "consul_http_addr", "consul_datacenter",
 )
 
 
@@ -55,6 +56,17 @@ def _ansible_objects(path: Path):
     return loader, inventory, VariableManager(loader=loader, inventory=inventory)
 
 
+def has_template(value: Any) -> bool:
+    """True when a string anywhere in ``value`` (nested lists/mappings too) holds Jinja2 syntax."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, list | tuple):
+        return any(has_template(v) for v in value)
+    if isinstance(value, Mapping):
+        return any(has_template(v) for v in value.values())
+    return False
+
+
 def _resolve(loader, hostvars: dict[str, Any]) -> dict[str, Any]:
     from ansible.template import Templar
 
@@ -62,7 +74,7 @@ def _resolve(loader, hostvars: dict[str, Any]) -> dict[str, Any]:
     resolved = dict(hostvars)
     for key in MODEL_VARS:
         value = hostvars.get(key)
-        if value is not None and templar.is_possibly_template(value):
+        if value is not None and has_template(value):
             resolved[key] = templar.template(value)
     return resolved
 

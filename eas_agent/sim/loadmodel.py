@@ -48,6 +48,7 @@ class Request:
     blocks: int = 0
     scheduled_at: float | None = None
     first_token_at: float | None = None
+    finished_at: float | None = None
 
 
 @dataclass
@@ -87,9 +88,11 @@ class LoadModel:
         self.arrival_rate = rate
         self.next_arrival = self.now + self._interarrival()
 
-    def submit(self, prompt: int, output: int) -> None:
-        """An explicit request (a routing benchmark sends these instead of Poisson arrivals)."""
-        self.waiting.append(Request(prompt=prompt, output=output, arrival=self.now))
+    def submit(self, prompt: int, output: int) -> Request:
+        """An explicit request (a routing benchmark or the demo's edge sends these instead of Poisson arrivals)."""
+        request = Request(prompt=prompt, output=output, arrival=self.now)
+        self.waiting.append(request)
+        return request
 
     # -- gauges -------------------------------------------------------------------------------------
     @property
@@ -207,6 +210,7 @@ class LoadModel:
                 request.first_token_at = end
                 self.events.first_tokens.append(end - request.arrival)
             if request.generated >= request.output:
+                request.finished_at = end
                 self._free(request)
                 self.success_total += 1
                 self.finished_prompt_sum += request.prompt

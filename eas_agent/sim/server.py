@@ -7,6 +7,7 @@ let tests and the demo drive different loads and faults.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -60,6 +61,29 @@ class SimulatedIU:
             self.model.advance(self.clock())
             self.model.set_arrival_rate(rate)
 
+    def complete(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0) -> dict | None:
+        """Serve one request through the load model, blocking until it finishes in model time.
+
+        Returns its TTFT and end-to-end latency (seconds), or None when it did not finish within timeout_s
+        (a hung engine). Like a non-streaming completion call, the answer arrives once the request is done.
+        """
+        with self.lock:
+            self.model.advance(self.clock())
+            request = self.model.submit(prompt_tokens, max_tokens)
+        deadline = self.clock() + timeout_s
+        while self.clock() < deadline:
+            time.sleep(0.05)  # answer resolution only: latencies come from model time
+            with self.lock:
+                self.model.advance(self.clock())
+                if request.finished_at is not None:
+                    return {
+                        "ttft_s": request.first_token_at - request.arrival,
+                        "e2e_s": request.finished_at - request.arrival,
+                        "prompt_tokens": request.prompt,
+                        "completion_tokens": request.generated,
+                    }
+        return None
+
     def hang(self, hung: bool = True) -> None:
         """Freeze the engine (counters stop, queue grows) while /metrics and /health keep answering."""
         with self.lock:
@@ -83,6 +107,22 @@ class SimulatedIU:
                 if self.path.startswith("/health"):
                     return self._send(200 if sim.healthy else 503, b"", "text/plain")
                 return self._send(404, b"not found\n", "text/plain")
+
+            def do_POST(self):  # noqa: N802
+                if not self.path.startswith("/v1/completions"):
+                    return self._send(404, b"not found\n", "text/plain")
+                try:
+                    length = int(self.headers.get("Content-Length", 0))
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                    prompt, output = int(body["prompt_tokens"]), int(body.get("max_tokens", 16))
+                    if prompt <= 0 or output <= 0:
+                        raise ValueError("prompt_tokens and max_tokens must be positive")
+                except (ValueError, KeyError, TypeError) as exc:
+                    return self._send(400, f"bad request: {exc}\n".encode(), "text/plain")
+                answer = sim.complete(prompt, output)
+                if answer is None:
+                    return self._send(504, b"request did not finish in time\n", "text/plain")
+                return self._send(200, json.dumps(answer).encode(), "application/json")
 
             def _send(self, code: int, body: bytes, content_type: str) -> None:
                 self.send_response(code)

@@ -51,3 +51,31 @@ def test_hung_engine_freezes_every_counter():
     model.hung = True
     model.advance(60)
     assert model_metrics(model) == before
+
+
+def _post(address: str, body: bytes):
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{address}/v1/completions", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_completion_endpoint_serves_a_request_through_the_model():
+    import json
+
+    from eas_agent.sim.server import SimulatedIU
+
+    with SimulatedIU("127.0.0.1", 0, arrival_rate=0) as sim:
+        status, body = _post(sim.address, json.dumps({"prompt_tokens": 327, "max_tokens": 12}).encode())
+        assert status == 200
+        answer = json.loads(body)
+        assert answer["completion_tokens"] == 12 and answer["prompt_tokens"] == 327
+        assert 0 < answer["ttft_s"] < answer["e2e_s"] < 5
+        assert sim.model.success_total == 1 and sim.model.prompt_tokens_total == 327
+        status, body = _post(sim.address, b'{"max_tokens": 3}')
+        assert status == 400 and b"prompt_tokens" in body
