@@ -107,5 +107,12 @@ def load_cluster(path: str | os.PathLike, limit: str | None = None) -> model.Clu
     return model.build_cluster(loaded.selected)
 
 
-def hostvars_of(cluster: model.Cluster, host: str) -> Mapping[str, Any]:
-    return cluster.node(host).vars
+def host_var(node: model.Node, key: str, default: Any = None) -> Any:
+    """Any host variable of a node, templated the way Ansible would (the model's own are already)."""
+    value = node.vars.get(key, default)
+    if value is None or not has_template(value):
+        return value if value is not None else default
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+
+    return Templar(loader=DataLoader(), variables=dict(node.vars)).template(value)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster.inventory import host_var
 from cluster.model import Node
-from preflight.transport import host_var
 
 SERVICE_NAME = "vllm-iu"
 MAINTENANCE_CHECK = "_service_maintenance:{id}"

@@ -16,10 +16,11 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cluster.inventory import host_var
 from cluster.model import Node
 
 SSH_UNREACHABLE_RC = 255  # what ssh(1) exits with when it could not connect
@@ -59,29 +60,6 @@ class Transport(Protocol):
     def start(self, host: Node, argv: Sequence[str], limit: float) -> Background:
         """Start a long-running command (a perftest server); it dies by itself after ``limit`` s."""
         ...
-
-
-def host_var(node: Node, key: str, default: Any = None) -> Any:
-    """A host variable, templated the way Ansible would (``{{ inventory_dir }}`` in the sim prefix)."""
-    value = node.vars.get(key, default)
-    if value is None:
-        return default
-    if _has_template(value):
-        from ansible.parsing.dataloader import DataLoader
-        from ansible.template import Templar
-
-        value = Templar(loader=DataLoader(), variables=dict(node.vars)).template(value)
-    return value
-
-
-def _has_template(value: Any) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, list | tuple):
-        return any(_has_template(v) for v in value)
-    if isinstance(value, Mapping):
-        return any(_has_template(v) for v in value.values())
-    return False
 
 
 def exec_prefix(node: Node) -> list[str]:

@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.inventory import host_var
 from cluster.model import Nic
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext, command_line, parse_output
 from preflight.checks.ib_ports import IBSTAT, find_port
 from preflight.result import CheckResult, Verdict
-from preflight.transport import host_var
 
 PERFTEST_PORT_BASE = 18515  # perftest's default TCP port for the out-of-band exchange
 SERVER_SETTLE_S = 0.2  # let a server bind before its client connects (a refused client retries once)

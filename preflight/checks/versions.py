@@ -15,10 +15,10 @@ import re
 from collections import Counter
 from typing import Any
 
+from cluster.inventory import host_var
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext
 from preflight.checks.gpu_health import NVSMI_Q, nvsmi_q_fields
 from preflight.result import CheckResult, Verdict
-from preflight.transport import host_var
 
 COMPONENTS = ("driver", "cuda", "fabric_manager", "nccl", "ofed")
 # Role variables that pin a component, read when preflight_version_pins does not name it.

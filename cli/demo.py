@@ -1,0 +1,299 @@
+"""``clusterctl demo``: the whole toolkit end to end on a temporary virtual cluster, offline.
+
+Steps, each the real command or library a cluster uses; only the hosts are simulated:
+
+1. ``virtual create`` + ``virtual up``: N simulated GPU nodes, one of them with a broken NVLink pair;
+2. a dev Consul server (``clusterctl dev consul``) standing in for the cluster's Consul;
+3. ``clusterctl provision``: every role, in stop-on-failure batches;
+4. simulated vLLM servers for each IU, and Consul loading the service definitions the consul_agent role
+   rendered (new IUs in maintenance, as the role does on a live cluster);
+5. ``eas-agent run`` on every node with the config the eas_agent role rendered;
+6. ``clusterctl preflight --release``: the faulty node FAILs, healthy IUs leave maintenance;
+7. an edge routes the production request mix through ``eas_agent.scheduler.pick`` for ``--duration``
+   seconds, with a live table of scores and latencies.
+
+Every process started is stopped by PID at the end (or on Ctrl-C); the temp dir is removed unless --keep.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.rule import Rule
+
+from cli.demo_traffic import DemoEdge
+from cli.errors import ClusterctlError
+from cli.processes import ProcessSet, tail
+from cluster import load_cluster
+from cluster.inventory import host_var
+from cluster.model import Cluster, Node
+from cluster.virtual import create as create_inventory
+from cluster.virtual import simulate
+
+FAULTY_NODE_FAULT = {"kind": "nvlink_down", "gpus": [2, 3]}
+CLUSTERCTL = [sys.executable, "-m", "cli.main"]
+console = Console()
+
+
+class DemoError(ClusterctlError):
+    exit_code = 1
+
+
+@click.command("demo")
+@click.option("--nodes", type=click.IntRange(2, 16), default=4, show_default=True)
+@click.option("--racks", type=click.IntRange(1, 8), default=2, show_default=True)
+@click.option("--duration", type=click.FloatRange(5, 3600), default=60, show_default=True,
+              help="Seconds of routed traffic.")
+@click.option("--rate", type=click.FloatRange(0.1, 200), default=None,
+              help="Requests/s of the production mix (default: 0.8 per released IU).")
+@click.option("--keep", is_flag=True, help="Keep the temp dir (inventory, logs, preflight JSON).")
+@click.option("--seed", type=int, default=1, show_default=True)
+def command(nodes: int, racks: int, duration: float, rate: float | None, keep: bool, seed: int) -> None:
+    """Run the whole toolkit end to end on a temporary virtual cluster (offline, < 2 min)."""
+    if racks > nodes:
+        raise click.BadParameter("cannot have more racks than nodes", param_hint="--racks")
+    workdir = Path(tempfile.mkdtemp(prefix="clusterctl-demo-"))
+    (workdir / "logs").mkdir()
+    processes = ProcessSet(workdir / "logs")
+    inventory = workdir / "inventory"
+    started = time.monotonic()
+    try:
+        Demo(inventory, workdir, processes, seed).run(nodes, racks, duration, rate)
+        console.print(Rule(f"demo finished in {time.monotonic() - started:.0f}s"))
+    finally:
+        processes.stop()
+        if (inventory / "hosts.yml").exists():
+            simulate.down(str(inventory))
+        if keep:
+            console.print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(method: str, url: str, body: dict | None = None, timeout: float = 5.0):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        text = answer.read()
+    return json.loads(text) if text.strip() else None
+
+
+class Demo:
+    def __init__(self, inventory: Path, workdir: Path, processes: ProcessSet, seed: int):
+        self.inventory, self.workdir, self.processes, self.seed = inventory, workdir, processes, seed
+        self.consul_addr = f"127.0.0.1:{free_port()}"
+
+    def step(self, title: str) -> None:
+        console.print(Rule(f"[bold]{title}"))
+
+    def run(self, nodes: int, racks: int, duration: float, rate: float | None) -> None:
+        cluster = self.make_cluster(nodes, racks)
+        faulty = list(cluster.nodes())[-1]
+        self.start_consul()
+        self.provision()
+        self.start_inference_units(cluster)
+        self.load_service_definitions(cluster)
+        self.start_agents(cluster)
+        released = self.preflight(cluster, faulty)
+        self.route_traffic(cluster, released, duration, rate)
+
+    # -- 1. simulated hosts -----------------------------------------------------------------------
+    def make_cluster(self, nodes: int, racks: int) -> Cluster:
+        self.step(f"1/7 virtual cluster: {nodes} nodes in {racks} racks")
+        create_inventory.write(self.inventory, nodes, racks, fabric="mixed", faults="none")
+        faulty = create_inventory.plan(nodes, racks, "mixed", "none")[-1].name
+        (self.inventory / "host_vars").mkdir(exist_ok=True)
+        (self.inventory / "host_vars" / f"{faulty}.yml").write_text(
+            "# Injected by clusterctl demo: an NVLink pair down, which preflight must catch.\n"
+            f"sim_faults:\n  - {json.dumps(FAULTY_NODE_FAULT)}\n"
+        )
+        with open(self.inventory / "group_vars" / "all.yml", "a") as vars_file:
+            vars_file.write(f"\n# The demo's dev Consul.\nconsul_http_addr: {self.consul_addr}\nconsul_datacenter: dc1\n")
+        cluster = load_cluster(self.inventory)
+        result = simulate.up(str(self.inventory))
+        console.print(f"{len(result.hosts)} simulated hosts up in {result.seconds:.2f}s; "
+                      f"[red]{faulty}[/] has NVLink GPU2-GPU3 down")
+        return cluster
+
+    # -- 2. Consul --------------------------------------------------------------------------------
+    def start_consul(self) -> None:
+        self.step(f"2/7 dev Consul on {self.consul_addr} (a development server, not Consul)")
+        consul = self.processes.start("consul", [*CLUSTERCTL, "dev", "consul", "--addr", self.consul_addr,
+                                                 "--check-update-interval", "0s", "--log-level", "warn"])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                if http_json("GET", f"http://{self.consul_addr}/v1/status/leader"):
+                    return
+            except OSError:
+                time.sleep(0.1)
+            if consul.process.poll() is not None:
+                break
+        raise DemoError(f"dev Consul did not start:\n{tail(consul.log)}")
+
+    # -- 3. provisioning --------------------------------------------------------------------------
+    def provision(self) -> None:
+        self.step("3/7 clusterctl provision (site.yml in batches 1, 10%, 50%, 100%)")
+        self.clusterctl("provision", "-i", str(self.inventory), "--run-dir", str(self.workdir / "runs"),
+                        expect=(0,), what="provisioning")
+
+    def clusterctl(self, *args: str, expect: tuple[int, ...], what: str) -> int:
+        import subprocess
+
+        code = subprocess.run([*CLUSTERCTL, *args], stdin=subprocess.DEVNULL).returncode
+        if code not in expect:
+            raise DemoError(f"{what} exited {code} (expected {' or '.join(map(str, expect))})")
+        return code
+
+    # -- 4. inference units and their Consul services ---------------------------------------------
+    def start_inference_units(self, cluster: Cluster) -> None:
+        self.step("4/7 simulated vLLM servers, one per IU (load model: continuous batching, paged KV)")
+        for node in cluster.nodes():
+            ius = [arg for iu in node.ius for arg in ("--iu", f"{node.address}:{iu.port}:0")]
+            gpu_file = str(node.vars.get("eas_agent_fake_gpu_file") or "/var/lib/eas-agent/fake_gpus.json")
+            self.processes.start(f"vllm-{node.name}", [
+                *self.prefix(node), "sh", "-c", 'mkdir -p "$(dirname "$1")" && shift && exec "$@"', "sh", gpu_file,
+                sys.executable, "-m", "eas_agent.sim", *ius, "--gpu-file", gpu_file,
+                "--gpus", str(node.gpu_count), "--warmup-s", "0",
+            ])
+        for node in cluster.nodes():
+            for iu in node.ius:
+                self.wait_http(f"http://{node.address}:{iu.port}/health", f"simulated vLLM of {iu.id}")
+        console.print(f"{sum(len(n.ius) for n in cluster.nodes())} IU servers answering /health")
+
+    def load_service_definitions(self, cluster: Cluster) -> None:
+        """What each node's Consul agent does at start: load /etc/consul.d; new IUs go into maintenance."""
+        import subprocess
+
+        reader = ("import glob, json; print(json.dumps([json.load(open(p)) for p in "
+                  "sorted(glob.glob('/etc/consul.d/vllm-iu-*.json'))]))")
+        count = 0
+        for node in cluster.nodes():
+            out = subprocess.run([*self.prefix(node), sys.executable, "-c", reader],
+                                 capture_output=True, text=True, timeout=30)
+            if out.returncode != 0:
+                raise DemoError(f"{node.name}: cannot read /etc/consul.d: {out.stderr.strip()[-300:]}")
+            for definition in json.loads(out.stdout):
+                service = definition["service"]
+                http_json("PUT", f"http://{self.consul_addr}/v1/agent/service/register", service)
+                http_json("PUT", f"http://{self.consul_addr}/v1/agent/service/maintenance/{service['id']}"
+                                 "?enable=true&reason=clusterctl:+new+IU,+waiting+for+preflight")
+                count += 1
+        expected = sum(len(n.ius) for n in cluster.nodes())
+        if count != expected:
+            raise DemoError(f"provisioning rendered {count} IU service definitions, expected {expected}")
+        console.print(f"{count} vllm-iu services registered from /etc/consul.d, all in maintenance")
+
+    # -- 5. agents --------------------------------------------------------------------------------
+    def start_agents(self, cluster: Cluster) -> None:
+        self.step("5/7 eas-agent on every node (config rendered by the eas_agent role)")
+        agent = str(Path(sys.executable).with_name("eas-agent"))
+        for node in cluster.nodes():
+            self.processes.start(f"eas-agent-{node.name}",
+                                 [*self.prefix(node), agent, "run", "--config", "/etc/eas-agent/config.yml"])
+        for node in cluster.nodes():
+            listen = host_var(node, "eas_agent_listen")
+            self.wait_http(f"http://{listen}/scores", f"eas-agent on {node.name}")
+        console.print(f"{len(list(cluster.nodes()))} agents publishing to Consul")
+
+    # -- 6. preflight -----------------------------------------------------------------------------
+    def preflight(self, cluster: Cluster, faulty: Node) -> list[str]:
+        self.step("6/7 clusterctl preflight --release")
+        report = self.workdir / "preflight.json"
+        self.clusterctl("preflight", "-i", str(self.inventory), "--release", "--json", str(report),
+                        "--state-dir", str(self.workdir / "preflight-state"), expect=(1,),
+                        what="preflight (the injected fault must FAIL)")
+        results = json.loads(report.read_text())["results"]
+        caught = [r for r in results if r["verdict"] == "FAIL" and r["node"] == faulty.name]
+        wrong = [r for r in results if r["verdict"] == "FAIL" and r["node"] != faulty.name]
+        if not caught or wrong:
+            raise DemoError(f"preflight should FAIL only {faulty.name}; FAILs: "
+                            f"{[(r['node'], r['check']) for r in caught + wrong]}")
+        health = http_json("GET", f"http://{self.consul_addr}/v1/health/service/vllm-iu")
+        released = sorted(e["Service"]["ID"] for e in health
+                          if not any(c["CheckID"].startswith("_service_maintenance") for c in e["Checks"]))
+        expected = sorted(iu.id for n in cluster.nodes() if n.name != faulty.name for iu in n.ius)
+        if released != expected:
+            raise DemoError(f"released IUs {released}, expected {expected}")
+        console.print(f"[red]FAIL[/] {faulty.name}: {caught[0]['check']}: {caught[0]['reason']}")
+        console.print(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation")
+        return released
+
+    # -- 7. traffic -------------------------------------------------------------------------------
+    def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> None:
+        from cli.scores import rows, table
+        from eas_agent.consul_io import ConsulIO
+        from eas_agent.scheduler import ConsulWatcher, PoolView
+
+        rate = rate or 0.8 * len(released)
+        self.step(f"7/7 routing the production mix at {rate:.1f} req/s for {duration:.0f}s via pick()")
+        view = PoolView()
+        watcher = ConsulWatcher(view, ConsulIO(self.consul_addr), wait_s=2.0).start()
+        endpoints = {iu.id: f"{n.address}:{iu.port}" for n in cluster.nodes() for iu in n.ius}
+        expected = {iu.id: (n.rack, n.name) for n in cluster.nodes() for iu in n.ius}
+        edge = DemoEdge(view, endpoints, rate, seed=self.seed).start()
+        end = time.monotonic() + duration
+        try:
+            with Live(console=console, refresh_per_second=2, transient=False) as live:
+                while time.monotonic() < end:
+                    now = time.time()
+                    live.update(Group(table(rows(view, expected, now), "IU scores (drain: seconds until free)"),
+                                      Panel(latency_line(edge.summary()), title="edge")))
+                    dead = [c.name for c in self.processes.failed()]
+                    if dead:
+                        raise DemoError(f"{', '.join(dead)} exited early; see logs with --keep")
+                    time.sleep(0.5)
+        finally:
+            edge.stop()
+            watcher.stop()
+        summary = edge.summary(window_s=duration)
+        console.print(Panel(latency_line(summary), title="whole run"))
+        if summary["completed_total"] == 0:
+            raise DemoError("no request completed")
+        unreleased = set(summary["sent_to"]) - set(released)
+        if unreleased:
+            raise DemoError(f"requests were routed to IUs still in maintenance: {sorted(unreleased)}")
+
+    # -- helpers ----------------------------------------------------------------------------------
+    @staticmethod
+    def prefix(node: Node) -> list[str]:
+        return [str(p) for p in node.vars.get("clusterctl_exec_prefix") or []]
+
+    def wait_http(self, url: str, what: str, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        logs = "\n".join(f"{c.name}: {tail(c.log, 3)}" for c in self.processes.children)
+        raise DemoError(f"{what} not answering at {url} after {timeout_s:.0f}s\n{logs}")
+
+
+def latency_line(s: dict) -> str:
+    def ms(value):
+        return "-" if value is None else f"{value * 1000:.0f} ms"
+
+    modes = ", ".join(f"{k} {v}" for k, v in sorted(s["pick_modes"].items())) or "-"
+    return (f"last {s['window_s']:.0f}s: {s['completed_window']} done  TTFT p50 {ms(s['ttft_p50_s'])} "
+            f"p95 {ms(s['ttft_p95_s'])}  e2e p50 {ms(s['e2e_p50_s'])} p95 {ms(s['e2e_p95_s'])}  |  "
+            f"total {s['completed_total']} done, {s['inflight']} in flight, {s['errors']} errors, "
+            f"{s['unroutable']} unroutable  |  pick: {modes}")
