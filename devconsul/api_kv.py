@@ -1,0 +1,117 @@
+"""``/v1/kv/:key`` (https://developer.hashicorp.com/consul/api-docs/kv), after ``agent/kvs_endpoint.go``.
+
+GET: one entry as a one-element list, 404 when missing (with query metadata); ``?recurse`` lists the
+prefix sorted by key; ``?keys`` lists key names, cut after ``?separator``, ``[]`` rather than 404 for the
+empty prefix; ``?raw`` returns the bare value. PUT: the body is the value; answers ``true`` or, with
+``?cas``, whether the write happened. DELETE: ``?recurse`` deletes the prefix, ``?cas`` is checked.
+A ``?cas`` or ``?flags`` that is not an unsigned integer is a 500, as in Consul (the parse error is
+returned unwrapped there).
+"""
+
+from __future__ import annotations
+
+from devconsul.httpapi import ApiError, Request, Response, blocking_read
+from devconsul.kvstore import MAX_VALUE_SIZE
+from devconsul.watch import kv_key, kv_prefix
+
+PREFIX = "/v1/kv/"
+
+
+def _uint(req: Request, name: str) -> int | None:
+    if not req.has(name):
+        return None
+    text = req.get(name)
+    if not text.isdigit() or int(text) >= 2**64:
+        raise ApiError(500, f'strconv.ParseUint: parsing "{text}": invalid syntax')
+    return int(text)
+
+
+def _conflicting(req: Request, *flags: str) -> None:
+    if sum(req.has(f) for f in flags) > 1:
+        raise ApiError(400, "Conflicting flags: " + "&".join(sorted(req.query)) + "\n")
+
+
+def handle(server, req: Request, key: str) -> Response:
+    if req.method == "GET":
+        return _get(server, req, key)
+    if req.method == "PUT":
+        return _put(server, req, key)
+    if req.method == "DELETE":
+        return _delete(server, req, key)
+    raise ApiError(405, f"method {req.method} not allowed", {"Allow": "GET,PUT,DELETE"})
+
+
+def _get(server, req: Request, key: str) -> Response:
+    kv = server.kv
+    if req.has("keys"):
+        separator = req.get("separator", req.get("seperator"))
+
+        def build_keys() -> Response:
+            _, keys = kv.keys(key, separator)
+            if req.filtered:
+                keys = []
+            if not keys and key:
+                return Response(404, raw=b"")
+            return Response(payload=keys)
+
+        return blocking_read(server, req, lambda: kv.prefix_index(key), build_keys, kv_prefix(key))
+    if req.has("recurse"):
+        def build_list() -> Response:
+            _, entries = kv.list(key)
+            if not entries or req.filtered:
+                return Response(404, raw=b"")
+            return Response(payload=[e.to_api() for e in entries])
+
+        return blocking_read(server, req, lambda: kv.prefix_index(key), build_list, kv_prefix(key))
+    if not key:
+        raise ApiError(400, "Missing key name")
+
+    def build_one() -> Response:
+        _, entry = kv.get(key)
+        if entry is None:
+            return Response(404, raw=b"")
+        if req.has("raw"):
+            return Response(
+                raw=entry.value or b"", content_type="text/plain",
+                headers={"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"},
+            )
+        return Response(payload=[entry.to_api()])
+
+    return blocking_read(server, req, lambda: kv.get(key)[0], build_one, kv_key(key))
+
+
+def _put(server, req: Request, key: str) -> Response:
+    if not key:
+        raise ApiError(400, "Missing key name")
+    _conflicting(req, "cas", "acquire", "release")
+    if req.has("acquire") or req.has("release"):
+        raise ApiError(500, "Invalid session: sessions are not implemented by the dev server")
+    flags = _uint(req, "flags") or 0
+    cas = _uint(req, "cas")
+    if len(req.body) > MAX_VALUE_SIZE:
+        raise ApiError(
+            413,
+            f"Request body({len(req.body)} bytes) too large, max size: {MAX_VALUE_SIZE} bytes. See "
+            "https://developer.hashicorp.com/docs/agent/config/config-files#kv_max_value_size.",
+        )
+    with server.state.lock:
+        ok = server.kv.set(key, req.body, flags, cas)
+    if ok:
+        server.finish_write([("kv", key)])
+    return Response(payload=ok)
+
+
+def _delete(server, req: Request, key: str) -> Response:
+    _conflicting(req, "recurse", "cas")
+    cas = _uint(req, "cas")
+    with server.state.lock:
+        if req.has("recurse"):
+            deleted = server.kv.delete_tree(key)
+            ok = True
+        else:
+            if not key:
+                raise ApiError(400, "Missing key name")
+            deleted = [key]
+            ok = server.kv.delete(key, cas)
+    server.finish_write([("kv", k) for k in deleted])
+    return Response(payload=ok)

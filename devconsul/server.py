@@ -1,0 +1,256 @@
+"""``DevConsulServer``: a development server that follows Consul's HTTP API. It is not Consul.
+
+    from devconsul.server import DevConsulServer
+    with DevConsulServer(addr="127.0.0.1:0", data_dir=None, acl_token=None) as server:
+        server.address  # "127.0.0.1:PORT"
+
+One node, one datacenter ("dc1"), the node is its own leader. Standard-library HTTP server with one
+daemon thread per connection (HTTP/1.1 keep-alive); blocking queries park on the change feed.
+``start`` returns once the socket listens; ``stop`` wakes parked queries, closes open connections,
+stops the check runner and the persister, and joins their threads.
+
+The timing knobs default to Consul's values; tests shorten them: ``check_update_interval`` (5 min, how
+long an output-only check change waits before reaching the catalog), ``check_reap_interval`` (30 s)
+and ``check_deregister_interval_min`` (1 min, the floor of DeregisterCriticalServiceAfter).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from devconsul import persist
+from devconsul.catalog import Catalog
+from devconsul.checks import CheckRunner
+from devconsul.httpapi import ApiError, ReadCache, Request, Response
+from devconsul.kvstore import KVStore
+from devconsul.router import dispatch
+from devconsul.state import State
+
+log = logging.getLogger("devconsul")
+MAX_BODY = 8 * 1024 * 1024
+
+
+class DevConsulServer:
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:8500",
+        data_dir: str | Path | None = None,
+        acl_token: str | None = None,
+        node_name: str | None = None,
+        check_update_interval: float = 300.0,
+        check_reap_interval: float = 30.0,
+        check_deregister_interval_min: float = 60.0,
+    ):
+        host, _, port = addr.rpartition(":")
+        self._bind = (host.strip("[]") or "127.0.0.1", int(port))
+        self.data_dir = Path(data_dir) if data_dir else None
+        self.acl_token = acl_token or None
+        self.state = State()
+        self.kv = KVStore(self.state)
+        self.catalog = Catalog(self.state, node_name or socket.gethostname(), check_update_interval)
+        self.runner = CheckRunner(self.state, self.catalog, check_reap_interval, check_deregister_interval_min)
+        self.catalog.hooks = self.runner
+        self.read_cache = ReadCache()
+        self._persister: persist.Persister | None = None
+        self._httpd: _HTTPServer | None = None
+        self._serve_thread: threading.Thread | None = None
+        self.address = ""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> DevConsulServer:
+        self._httpd = _HTTPServer(self._bind, _Handler, self)  # listens; served once the state is ready
+        self.address = "{}:{}".format(*self._httpd.server_address[:2])
+        try:
+            snap = persist.load(self.data_dir) if self.data_dir and self.data_dir.exists() else None
+            if snap is not None:
+                self._restore(snap)
+            else:
+                self.catalog.bootstrap()
+            if self.data_dir is not None:
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                self._persister = persist.Persister(self.state, self.data_dir, self._snapshot)
+                self._persister.start()
+                self._persister.flush()
+        except BaseException:
+            if self._persister is not None:
+                self._persister.stop()
+            self._httpd.server_close()
+            self._httpd = None
+            raise
+        self.runner.start()
+        self._serve_thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="devconsul-http", daemon=True
+        )
+        self._serve_thread.start()
+        log.info("devconsul listening on http://%s (data dir: %s, ACLs: %s)", self.address,
+                 self.data_dir or "in memory", "on" if self.acl_token else "off")
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is None:
+            return
+        self.state.feed.close()
+        self._httpd.shutdown()
+        self._httpd.close_connections()
+        self._httpd.server_close()
+        self._httpd.join_threads(5)
+        self._serve_thread.join(5)
+        self.runner.stop()
+        if self._persister is not None:
+            self._persister.stop()
+        self._httpd = None
+
+    def __enter__(self) -> DevConsulServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- used by the endpoint modules -----------------------------------------------------------
+    def finish_write(self, topics) -> None:
+        """Publish a write to blocking queries, and return only once it is durable."""
+        version = self.state.commit(topics)
+        if not self.state.wait_durable(version):
+            raise ApiError(500, "state could not be written to the data directory")
+
+    # -- persistence ----------------------------------------------------------------------------
+    def _snapshot(self) -> dict:
+        return {"index": self.state.index, "kv": self.kv.snapshot(), "catalog": self.catalog.snapshot()}
+
+    def _restore(self, snap: dict) -> None:
+        with self.state.lock:
+            self.state.index = snap["index"]
+            self.kv.restore(snap["kv"])
+            self.catalog.restore(snap["catalog"])
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # socketserver never joins daemon threads; close_connections/join_threads do
+    allow_reuse_address = True
+    request_queue_size = 1024  # listen backlog; the default 5 drops bursts of new connections
+
+    def __init__(self, bind, handler, dev: DevConsulServer):
+        self.dev = dev
+        self._connections: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+        self._closing = False
+        self._conn_threads: list[threading.Thread] = []
+        if ":" in bind[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(bind, handler)
+
+    def process_request(self, request, client_address) -> None:
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                                  name="devconsul-conn", daemon=True)
+        with self._conn_lock:
+            self._conn_threads = [t for t in self._conn_threads if t.is_alive()]
+            self._conn_threads.append(thread)
+        thread.start()
+
+    def join_threads(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._conn_lock:
+            threads = list(self._conn_threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def track(self, conn: socket.socket, open_: bool) -> None:
+        with self._conn_lock:
+            (self._connections.add if open_ else self._connections.discard)(conn)
+            late = open_ and self._closing  # accepted just before shutdown: close it too
+        if late:
+            _shut(conn)
+
+    def close_connections(self) -> None:
+        with self._conn_lock:
+            self._closing = True
+            conns = list(self._connections)
+        for conn in conns:
+            _shut(conn)
+
+    def handle_error(self, request, client_address) -> None:
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+def _shut(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in separate writes
+    server_version = "devconsul"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.track(self.connection, False)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
+        # The request line may carry ?token=; log the method and path only.
+        log.debug("%s %s", self.command, (self.path or "").split("?", 1)[0])
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    do_PUT = do_DELETE = do_POST = do_HEAD = do_PATCH = do_GET
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise ApiError(413, "Request body too large")
+        return self.rfile.read(length) if length else b""
+
+    def _serve(self) -> None:
+        try:
+            body = self._read_body()
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            req = Request.parse(self.command, self.path, headers, body)
+            resp = dispatch(self.server.dev, req)
+            pretty = req.has("pretty")
+        except ApiError as exc:
+            resp, pretty = Response(exc.status, raw=exc.reason.encode(), content_type="text/plain; charset=utf-8",
+                                    headers=exc.headers), False
+        except Exception:
+            log.exception("internal error serving %s %s", self.command, self.path.split("?", 1)[0])
+            resp, pretty = Response(500, raw=b"internal error", content_type="text/plain; charset=utf-8"), False
+        self._send(resp, pretty)
+
+    def _send(self, resp: Response, pretty: bool) -> None:
+        data = resp.encode(pretty)
+        try:
+            self.send_response(resp.status)
+            self.send_header("Content-Type", resp.content_type)
+            self.send_header("Vary", "Accept-Encoding")
+            for name, value in resp.headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
