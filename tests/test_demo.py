@@ -1,0 +1,45 @@
+"""`clusterctl demo --duration 10` runs end to end and leaves no process, mount or temp dir behind."""
+
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root (namespaces)")
+
+
+def demo_leftovers() -> tuple[list[str], list[str], list[str]]:
+    dirs = glob.glob(os.path.join(tempfile.gettempdir(), "clusterctl-demo-*"))
+    procs = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "clusterctl-demo-" in cmdline:
+            procs.append(f"{pid}: {cmdline}")
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line for line in f if "clusterctl-demo-" in line]
+    return dirs, procs, mounts
+
+
+@pytest.mark.timeout(900)
+def test_demo_runs_and_cleans_up():
+    before_dirs = set(demo_leftovers()[0])
+    done = subprocess.run([sys.executable, "-m", "cli.main", "demo", "--duration", "10"],
+                          capture_output=True, text=True, timeout=880, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    out = done.stdout
+    assert "FAIL" in out and "gpu_topology" in out  # the injected NVLink fault was caught
+    assert "released from maintenance" in out
+    assert "whole run" in out and "0 errors" in out
+    dirs, procs, mounts = demo_leftovers()
+    assert set(dirs) <= before_dirs, dirs
+    assert not procs, procs
+    assert not mounts, mounts
