@@ -154,6 +154,22 @@ class Check:
     ) -> CheckResult:
         return CheckResult(node.rack, node.name, iu, self.name, verdict, reason, {"code": code, **evidence})
 
+    def outcome(
+        self,
+        node: Node,
+        problems: list[tuple[Verdict, str, str]],
+        ok_code: str,
+        ok_reason: str,
+        iu: str | None = None,
+        **evidence: Any,
+    ) -> CheckResult:
+        """PASS with ``ok_reason`` when there are no problems, else the worst one (+N more), listing all."""
+        if not problems:
+            return self.result(node, Verdict.PASS, ok_code, ok_reason, iu=iu, **evidence)
+        verdict, code, reason = verdict_of(problems)
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        return self.result(node, verdict, code, reason + more, iu=iu, problems=[p[2] for p in problems], **evidence)
+
     def error(self, node: Node, exc: GatherError, iu: str | None = None) -> CheckResult:
         return self.result(node, Verdict.ERROR, "GATHER", exc.reason, iu=iu, **exc.evidence)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from preflight.checks.base import Check, GatherError, NodeContext, verdict_of
+from preflight.checks.base import Check, GatherError, NodeContext
 from preflight.result import CheckResult, Verdict
 
 _TRUST = re.compile(r"^\s*Priority trust state:\s*(\S+)", re.IGNORECASE)
@@ -106,28 +106,10 @@ class Dcqcn(Check):
             if not qos["pfc"].get(prio):
                 problems.append((Verdict.FAIL, "PFC_OFF", f"{nic.netdev}: PFC off on priority {prio}"))
         expected = {"priority": prio, "roce_np": "1", "roce_rp": "1", "trust": "dscp", "pfc": True}
-        if not problems:
-            return [
-                self.result(
-                    node,
-                    Verdict.PASS,
-                    "DCQCN_OK",
-                    f"{len(roce)} RoCE ports: ECN NP/RP, trust dscp, PFC on priority {prio}",
-                    expected=expected,
-                    found=found,
-                )
-            ]
-        verdict, code, reason = verdict_of(problems)
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         return [
-            self.result(
-                node,
-                verdict,
-                code,
-                reason + more,
-                problems=[p[2] for p in problems],
-                expected=expected,
-                found=found,
+            self.outcome(
+                node, problems, "DCQCN_OK", f"{len(roce)} RoCE ports: ECN NP/RP, trust dscp, PFC on priority {prio}",
+                expected=expected, found=found,
             )
         ]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from preflight.checks.base import Check, GatherError, NodeContext, parse_output, verdict_of
+from preflight.checks.base import Check, GatherError, NodeContext, parse_output
 from preflight.result import CheckResult, Verdict
 
 NVSMI_Q = ["nvidia-smi", "-q"]
@@ -222,20 +222,10 @@ class GpuHealth(Check):
                 "fabric": fabric[1] if fabric is not None else None,
             },
         }
-        if not problems:
-            return [
-                self.result(
-                    node,
-                    Verdict.PASS,
-                    "GPU_HEALTH_OK",
-                    f"{len(gpus)} GPUs: no uncorrectable ECC, remaps or XIDs",
-                    **evidence,
-                )
-            ]
-        verdict, code, reason = verdict_of(problems)
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         return [
-            self.result(node, verdict, code, reason + more, problems=[p[2] for p in problems], **evidence)
+            self.outcome(
+                node, problems, "GPU_HEALTH_OK", f"{len(gpus)} GPUs: no uncorrectable ECC, remaps or XIDs", **evidence
+            )
         ]
 
 

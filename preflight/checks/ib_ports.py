@@ -8,7 +8,7 @@ Fault codes: PORT_MISSING, PORT_DOWN, PORT_RATE, LINK_LAYER, NO_NICS, PORTS_OK.
 
 from __future__ import annotations
 
-from preflight.checks.base import Check, GatherError, NodeContext, verdict_of
+from preflight.checks.base import Check, GatherError, NodeContext
 from preflight.result import CheckResult, Verdict
 
 IBSTAT = ["ibstat"]
@@ -72,28 +72,10 @@ class IbPorts(Check):
                 problems.append(
                     (Verdict.FAIL, "LINK_LAYER", f"{key} link layer {port.link_layer}, expected {layer}")
                 )
-        if not problems:
-            return [
-                self.result(
-                    node,
-                    Verdict.PASS,
-                    "PORTS_OK",
-                    f"{len(node.nics)} ports Active/LinkUp at expected rate",
-                    expected=expected,
-                    found=found,
-                )
-            ]
-        verdict, code, reason = verdict_of(problems)
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         return [
-            self.result(
-                node,
-                verdict,
-                code,
-                reason + more,
-                problems=[p[2] for p in problems],
-                expected=expected,
-                found=found,
+            self.outcome(
+                node, problems, "PORTS_OK", f"{len(node.nics)} ports Active/LinkUp at expected rate",
+                expected=expected, found=found,
             )
         ]
 
