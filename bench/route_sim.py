@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Routing-quality benchmark: a deterministic discrete-event simulation of an IU pool routed by several policies.
+
+    .venv/bin/python bench/route_sim.py --quick            # < 60 s: every policy and sensitivity at 80% load
+    .venv/bin/python bench/route_sim.py                    # full: 50/80/95% load, 180 s traces (~10 min)
+    .venv/bin/python bench/route_sim.py --seed 7 --json out.json --plot out.png
+
+Pool: 32 IUs (16 hosts × 2 IUs), each 4× H100 SXM5 with TP=4 serving Llama-3-70B in BF16 (routesim/model.py
+has every constant and its source). Service model, per engine step (vLLM V1 continuous batching):
+  - prefill is compute-bound: 2 × 70.6e9 FLOPs per token + attention 4 × 80 layers × 8192 × context, at
+    989 TFLOPS dense BF16 per GPU × 4 GPUs × MFU 0.45 ≈ 12,600 prompt tokens/s per IU;
+  - decode is bandwidth-bound: each step streams the 141 GB of weights plus every running sequence's KV
+    (327,680 B per token: 2 × 80 layers × 8 KV heads × 128 × 2 B) at 4 × 3.35 TB/s × 0.75 efficiency, plus
+    3 ms per step (160 NVLink all-reduces + the engine's CPU loop): 17 ms per step for one sequence;
+  - a step is max(compute, memory) + overhead over all its tokens: decode tokens of every running sequence
+    plus prefill chunks within max_num_batched_tokens 8,192 (vLLM's H100 default), so a long prefill stalls
+    every decode on that IU and short requests queue behind it;
+  - KV capacity 4 × (85.5 GB × 0.9 − 35.3 GB weights − 5 GB activations) = 447k tokens; max_num_seqs 256;
+    when a step finds no KV slot the newest running request is preempted and later recomputed.
+Workload (routesim/workload.py): the design article's production mix — A 65% ~327 prompt tokens, B 30%
+~4,218, C 5% ~12,842 (lognormal, sigma 0.35) — with our output lengths: lognormal medians 128/256/512,
+sigma 0.6. Poisson arrivals at 50/80/95% of pool capacity, where capacity = 32 × the completion rate of one
+IU that always has queued work (vLLM's benchmark_throughput method; routesim/capacity.py).
+
+Policies, all on the same arrival trace per load: round-robin; least-connections (each edge's own in-flight);
+seed (the design's EAS: argmin of the `seed` entropy score); ours (`drain` score + the reader library's
+power-of-two-choices + the edge's requests since the score's timestamp), reading Consul KV through
+rate-limited blocking queries, and separately polling the agents' /scores every 50 ms; oracle (true
+instantaneous state: least estimated TTFT). The score-based policies run the real eas_agent code:
+Agent.cycle (vLLM /metrics parsing, NVML and NIC collectors, Scorer) and Publisher.step (quantized levels,
+hysteresis, min write interval, 2 s heartbeat, CAS into eas_agent's MemoryStore) for each simulated host
+every 200 ms of simulated time, and PoolView/AnomalyDetector/EdgeLedger/pick per edge (routesim/agents.py,
+routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
+
+Also printed: a "why" line per `ours` row (of the requests that queued > 500 ms, how many went to an IU whose
+published score said it was free, and its true wait then), and what-if rows for a proposed `drain` change
+(routesim/proposal.py: + the prompt tokens admitted but not yet prefilled; not the shipped agent code;
+--no-proposal skips them). Agents get the parsed /metrics values by default; --scrape text makes them parse
+the text with their own parser (same numbers, 2x the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rich.console import Console  # noqa: E402
+from routesim.capacity import saturated_rate  # noqa: E402
+from routesim.model import IUModel  # noqa: E402
+from routesim.report import as_json, plot, print_report, summarize  # noqa: E402
+from routesim.runner import (  # noqa: E402
+    edge_scenarios,
+    main_scenarios,
+    proposal_scenarios,
+    run_scenario,
+    staleness_scenarios,
+)
+from routesim.sim import own_prefill_time, stable_seed  # noqa: E402
+from routesim.workload import mean_shape, poisson_trace  # noqa: E402
+
+QUICK = {"duration": 40.0, "warmup": 15.0, "loads": "0.8"}
+FULL = {"duration": 180.0, "warmup": 30.0, "loads": "0.5,0.8,0.95"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--seed", type=int, default=1, help="seed of the traces and every tie-break (default 1)")
+    parser.add_argument("--quick", action="store_true", help="80%% load only, short traces (< 60 s)")
+    parser.add_argument("--ius", type=int, default=32, help="IUs in the pool (default 32)")
+    parser.add_argument("--ius-per-node", type=int, default=2, help="IUs per host (default 2: 8 GPUs, TP=4)")
+    parser.add_argument("--edges", type=int, default=4, help="edges (routers) for the main table (default 4)")
+    parser.add_argument("--loads", help="loads as fractions of capacity (quick 0.8, full 0.5,0.8,0.95)")
+    parser.add_argument("--duration", type=float, help="seconds of arrivals per load (quick 40, full 180)")
+    parser.add_argument("--warmup", type=float, help="seconds of arrivals not measured (quick 15, full 30)")
+    parser.add_argument("--requests", type=int,
+                        help="size the traces by request count at 80%% load instead of --duration (tests)")
+    parser.add_argument("--edge-counts", default="1,4,16", help="edge sensitivity (default 1,4,16; '' skips)")
+    parser.add_argument("--staleness-ms", default="50,200,1000", help="score-age sensitivity ('' skips)")
+    parser.add_argument("--no-proposal", action="store_true",
+                        help="skip the what-if rows (drain + admitted prefill backlog, routesim/proposal.py)")
+    parser.add_argument("--scrape", choices=("text", "direct"), default="direct",
+                        help="agents get the parsed /metrics values (default; equal to parsing the text, "
+                             "tests/bench checks it) or parse the text with the agent's parser (2x slower)")
+    parser.add_argument("--json", dest="json_path", help="write every summary as JSON here")
+    parser.add_argument("--plot", dest="plot_path", default="route_sim.png", help="PNG path ('' skips)")
+    parser.add_argument("--check-targets", action="store_true", help="exit 1 when a target is not met")
+    return parser.parse_args(argv)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    mode = QUICK if args.quick else FULL
+    loads = tuple(float(x) for x in (args.loads or mode["loads"]).split(","))
+    warmup = args.warmup if args.warmup is not None else mode["warmup"]
+    direct = args.scrape == "direct"
+    out, err = Console(width=max(150, Console().width)), Console(stderr=True)
+    started = time.monotonic()
+
+    model = IUModel()
+    per_iu = saturated_rate(model)
+    capacity = per_iu * args.ius
+    if args.requests:
+        duration = warmup + args.requests / (0.8 * capacity)
+    else:
+        duration = args.duration if args.duration is not None else mode["duration"]
+    prompt_mean, output_mean = mean_shape()
+    header = [
+        f"model: {model.model.name} on {model.engine.gpus}x {model.gpu.name}, TP={model.engine.gpus}; "
+        f"prefill {model.prefill_tokens_per_s:,.0f} tok/s/IU, KV {model.kv_capacity_tokens:,} tokens/IU, "
+        f"max_num_seqs {model.engine.max_num_seqs}, max_num_batched_tokens {model.engine.max_num_batched_tokens}",
+        f"mix: mean prompt {prompt_mean:,.0f} tokens, mean output {output_mean:,.0f} tokens; capacity "
+        f"{per_iu:.2f} req/s per IU x {args.ius} IUs = {capacity:.1f} req/s",
+        f"seed {args.seed}; {duration:.0f} s of arrivals per load, first {warmup:.0f} s not measured; "
+        f"{args.edges} edges; agent scrapes: {'parsed values' if direct else '/metrics text'}",
+    ]
+
+    main_rows, edge_rows, stale_rows, proposal_rows = [], [], [], []
+    sens_load = 0.8 if 0.8 in loads else loads[0]
+    for load in loads:
+        trace = poisson_trace(load * capacity, duration, stable_seed(args.seed, f"trace at {load}", 0))
+        own = [own_prefill_time(model, r.prompt) for r in trace]
+
+        def run(scenario, load=load, trace=trace, own=own):
+            t0 = time.process_time()
+            result = run_scenario(scenario, trace, own, model, args.ius, args.ius_per_node, args.seed, warmup,
+                                  duration, direct=direct)
+            err.print(f"  {load:.0%} {scenario.label}: {len(result.records)} requests, "
+                      f"{time.process_time() - t0:.1f} s CPU", highlight=False)
+            return summarize(result, load)
+
+        err.print(f"load {load:.0%}: {len(trace)} requests at {load * capacity:.1f} req/s", highlight=False)
+        rows = [run(s) for s in main_scenarios(args.edges)]
+        main_rows += rows
+        if load != sens_load:
+            continue
+        for scenario in edge_scenarios(_ints(args.edge_counts)):
+            if scenario.edges == args.edges:  # the main table already ran exactly this
+                same = next(r for r in rows if r.label == "ours (Consul)")
+                edge_rows.append(type(same)(**{**same.__dict__, "label": scenario.label}))
+            else:
+                edge_rows.append(run(scenario))
+        stale_rows += [run(s) for s in staleness_scenarios(_ints(args.staleness_ms), args.edges)]
+        if not args.no_proposal:
+            chosen = proposal_scenarios(args.edges)
+            proposal_rows += [run(s) for s in (chosen[:2] if args.quick else chosen)]  # 50 ms scores: 4x cycles
+
+    checks = print_report(out, header, main_rows, edge_rows, stale_rows, proposal_rows)
+    if args.plot_path:
+        problem = plot(args.plot_path, main_rows, edge_rows, stale_rows)
+        err.print(problem or f"plot: {args.plot_path}", highlight=False)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({
+            "seed": args.seed, "capacity_req_s": round(capacity, 3), "duration_s": duration, "warmup_s": warmup,
+            "main": as_json(main_rows), "edges": as_json(edge_rows), "staleness": as_json(stale_rows),
+            "proposal": as_json(proposal_rows),
+            "targets": [c.__dict__ for c in checks],
+        }, indent=1, default=str))
+    err.print(f"done in {time.monotonic() - started:.0f} s ({time.process_time():.0f} s CPU)", highlight=False)
+    if args.check_targets and not all(c.met for c in checks):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

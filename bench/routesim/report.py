@@ -1,0 +1,210 @@
+"""Summaries of runs, the stdout tables, the target check and the PNG plot."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from .sim import RunResult
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Summary:
+    label: str
+    load: float
+    requests: int
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    ttft_p99_ms: float
+    wait_p99_ms: float
+    e2e_p50_s: float
+    e2e_p99_s: float
+    iu_p99_spread_ms: float  # max - min over IUs of each IU's own P99 TTFT
+    util_max: float  # compute share used, busiest IU
+    util_min: float
+    busy_min: float  # least busy IU's share of time executing steps (NVML-style utilization; ~1 under load)
+    preemptions: int
+    consul_writes_per_s: float | None
+    consul_writes_per_node_s: float | None
+    ttft_p99_short_ms: float  # class A only: short prompts, the ones head-of-line blocking hurts most
+    misled: dict | None = None  # score-based policies: see runner.misled_share
+
+
+def summarize(result: RunResult, load: float) -> Summary:
+    records = result.records
+    ttft = [r.ttft for r in records]
+    per_iu: dict[int, list[float]] = {}
+    for r in records:
+        per_iu.setdefault(r.iu, []).append(r.ttft)
+    iu_p99 = [percentile(v, 99) for v in per_iu.values()]
+    writes = result.consul_writes
+    return Summary(
+        label=result.label, load=load, requests=len(records),
+        ttft_p50_ms=1e3 * percentile(ttft, 50), ttft_p95_ms=1e3 * percentile(ttft, 95),
+        ttft_p99_ms=1e3 * percentile(ttft, 99), wait_p99_ms=1e3 * percentile([r.queue_wait for r in records], 99),
+        e2e_p50_s=percentile([r.e2e for r in records], 50), e2e_p99_s=percentile([r.e2e for r in records], 99),
+        iu_p99_spread_ms=1e3 * (max(iu_p99) - min(iu_p99)) if iu_p99 else math.nan,
+        util_max=max(result.compute_fraction), util_min=min(result.compute_fraction),
+        busy_min=min(result.busy_fraction),
+        preemptions=result.preemptions,
+        consul_writes_per_s=None if writes is None else writes / result.window_s,
+        consul_writes_per_node_s=None if writes is None else writes / result.window_s / result.nodes,
+        ttft_p99_short_ms=1e3 * percentile([r.ttft for r in records if r.klass == "A"], 99),
+        misled=result.extra.get("misled"),
+    )
+
+
+def as_json(summaries: list[Summary]) -> list[dict]:
+    return [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(s).items()} for s in summaries]
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def main_table(summaries: list[Summary], title: str) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("load", "policy", "TTFT p50", "p95", "p99", "p99 A", "wait p99", "E2E p50", "p99",
+                 "IU p99 spread", "util max/min", "preempt", "Consul w/s"):
+        table.add_column(name, justify="left" if name == "policy" else "right")
+    previous = None
+    for s in summaries:
+        if previous is not None and s.load != previous:
+            table.add_section()
+        previous = s.load
+        table.add_row(f"{s.load:.0%}", s.label, _fmt(s.ttft_p50_ms), _fmt(s.ttft_p95_ms), _fmt(s.ttft_p99_ms),
+                      _fmt(s.ttft_p99_short_ms), _fmt(s.wait_p99_ms), _fmt(s.e2e_p50_s, 2), _fmt(s.e2e_p99_s, 2),
+                      _fmt(s.iu_p99_spread_ms), f"{s.util_max:.2f}/{s.util_min:.2f}", str(s.preemptions),
+                      _fmt(s.consul_writes_per_s, 1))
+    return table
+
+
+def sensitivity_table(summaries: list[Summary], oracle: Summary | None, title: str) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("variant", "TTFT p50", "p95", "p99", "p99 / oracle", "wait p99", "Consul w/s"):
+        table.add_column(name, justify="left" if name == "variant" else "right")
+    for s in summaries:
+        ratio = s.ttft_p99_ms / oracle.ttft_p99_ms if oracle else math.nan
+        table.add_row(s.label, _fmt(s.ttft_p50_ms), _fmt(s.ttft_p95_ms), _fmt(s.ttft_p99_ms), _fmt(ratio, 2),
+                      _fmt(s.wait_p99_ms), _fmt(s.consul_writes_per_s, 1))
+    return table
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    name: str
+    value: float
+    limit: float
+    met: bool
+
+
+def check_targets(main: list[Summary], edges: list[Summary], proposal: list[Summary],
+                  load: float = 0.8) -> list[TargetCheck]:
+    """The brief's targets at 80% load, for each 'ours' variant (and the what-if proposal rows); edge scaling
+    compares the most edges with one."""
+    at = {s.label: s for s in main + proposal if abs(s.load - load) < 1e-9}
+    oracle, least = at.get("oracle"), at.get("least-conn")
+    checks: list[TargetCheck] = []
+    for label in ("ours (Consul)", "ours (poll 50ms)", *(s.label for s in proposal)):
+        ours = at.get(label)
+        if ours is None or oracle is None or least is None:
+            continue
+        ratio = ours.ttft_p99_ms / oracle.ttft_p99_ms
+        checks.append(TargetCheck(f"{label} p99 TTFT / oracle", ratio, 1.3, ratio <= 1.3))
+        ratio = ours.ttft_p99_ms / least.ttft_p99_ms
+        checks.append(TargetCheck(f"{label} p99 TTFT / least-conn", ratio, 0.9, ratio <= 0.9))
+    if len(edges) >= 2:
+        ratio = edges[-1].ttft_p99_ms / edges[0].ttft_p99_ms
+        checks.append(TargetCheck(f"{edges[-1].label} p99 / {edges[0].label.split(', ')[-1]}", ratio, 1.1,
+                                  ratio <= 1.1))
+    if "round-robin" in at and oracle is not None:
+        ratio = at["round-robin"].ttft_p99_ms / oracle.ttft_p99_ms
+        checks.append(TargetCheck("round-robin p99 TTFT / oracle (reference, ~2.5x expected)", ratio, math.inf,
+                                  True))
+    return checks
+
+
+def print_report(console: Console, header: list[str], main: list[Summary], edges: list[Summary],
+                 staleness: list[Summary], proposal: list[Summary]) -> list[TargetCheck]:
+    for line in header:
+        console.print(line, highlight=False)
+    console.print(main_table(main, "Routing quality (times in ms unless noted; E2E in s)"))
+    oracle80 = next((s for s in main if s.label == "oracle" and abs(s.load - 0.8) < 1e-9), None)
+    if edges:
+        console.print(sensitivity_table(edges, oracle80, "Sensitivity of ours to the number of edges (80% load)"))
+    if staleness:
+        console.print(sensitivity_table(staleness, oracle80, "Sensitivity of ours to score staleness (80% load)"))
+    if proposal:
+        console.print(sensitivity_table(proposal, oracle80, "What-if, not shipped: drain + admitted prefill backlog "
+                                                            "(routesim/proposal.py), 80% load"))
+    for s in main:
+        if s.label.startswith("ours") and abs(s.load - 0.8) < 1e-9 and s.misled and s.misled.get("long_waits"):
+            m = s.misled
+            console.print(
+                f"why ({s.label}, 80%): {m['long_waits']} requests waited > 500 ms; {m['looked_free']:.0%} of them "
+                f"went to an IU whose published drain score was < 100 ms (median score age "
+                f"{1e3 * m['score_age_median_s']:.0f} ms) while its true wait was {m['true_wait_median_s']:.2f} s "
+                f"(median): a prompt being prefilled in chunks counts as 'running', not 'waiting', and vLLM adds "
+                f"its tokens to prompt_tokens_total only at its first token, so the score cannot see it",
+                highlight=False)
+    checks = check_targets(main, edges, proposal)
+    for check in checks:
+        verdict = "met" if check.met else "NOT met"
+        limit = "" if math.isinf(check.limit) else f" (target <= {check.limit})"
+        console.print(f"target: {check.name} = {check.value:.2f}{limit}: {verdict}", highlight=False)
+    return checks
+
+
+def plot(path: str, main: list[Summary], edges: list[Summary], staleness: list[Summary]) -> str | None:
+    """P99 TTFT per policy and load, and the two sensitivities; returns why not when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib); no plot written"
+    loads = sorted({s.load for s in main})
+    labels = list(dict.fromkeys(s.label for s in main))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1, 1]})
+    width = 0.8 / max(1, len(labels))
+    for i, label in enumerate(labels):
+        values = [next((s.ttft_p99_ms for s in main if s.label == label and s.load == load), math.nan)
+                  for load in loads]
+        axes[0].bar([x + i * width for x in range(len(loads))], values, width, label=label)
+    axes[0].set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(loads))])
+    axes[0].set_xticklabels([f"{load:.0%} load" for load in loads])
+    axes[0].set_ylabel("P99 TTFT (ms)")
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("P99 time to first token")
+    oracle = next((s.ttft_p99_ms for s in main if s.label == "oracle" and abs(s.load - 0.8) < 1e-9), None)
+    for ax, rows, title in ((axes[1], edges, "ours (Consul) vs edges, 80%"),
+                            (axes[2], staleness, "ours (poll) vs score age, 80%")):
+        ax.bar(range(len(rows)), [s.ttft_p99_ms for s in rows], color="tab:purple")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([s.label.split(", ")[-1] for s in rows], rotation=20, fontsize=8)
+        ax.set_title(title)
+        ax.set_ylabel("P99 TTFT (ms)")
+        if oracle is not None:
+            ax.axhline(oracle, color="tab:brown", linestyle="--", label="oracle")
+            ax.axhline(1.3 * oracle, color="tab:red", linestyle=":", label="1.3 x oracle (target)")
+            ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,130 @@
+"""Scenarios (policy + how it reads scores) and running one on a trace."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .agents import AgentFleet, direct_scrapes
+from .model import IUModel
+from .policies import LeastConnections, Oracle, RoundRobin
+from .readers import AgentPoll, ConsulKVWatch, HealthFeed, ScoredEdge, new_view
+from .sim import Pool, RunResult, measure, stable_seed
+from .workload import TraceRequest
+
+CONSUL_LATENCY_S = 0.005  # KV write (Raft commit on a LAN) + wake-up of the edges' blocking queries
+NODES_PER_RACK = 4
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    policy: str  # round-robin | least-conn | seed | ours | oracle
+    feed: str = "consul"  # seed / ours: "consul" (KV blocking queries) or "poll" (agents' /scores)
+    edges: int = 4
+    interval_s: float = 0.2  # the agent's collection cycle
+    poll_s: float = 0.05
+    heartbeat_s: float = 2.0
+    backlog_proposal: bool = False  # routesim/proposal.py: drain + admitted-but-unprefilled prompt tokens
+
+    @property
+    def uses_agents(self) -> bool:
+        return self.policy in ("seed", "ours")
+
+
+def main_scenarios(edges: int) -> list[Scenario]:
+    return [
+        Scenario("round-robin", "round-robin", edges=edges),
+        Scenario("least-conn", "least-conn", edges=edges),
+        Scenario("seed (argmin)", "seed", edges=edges),
+        Scenario("ours (Consul)", "ours", edges=edges),
+        Scenario("ours (poll 50ms)", "ours", feed="poll", edges=edges),
+        Scenario("oracle", "oracle", edges=edges),
+    ]
+
+
+def edge_scenarios(counts: tuple[int, ...]) -> list[Scenario]:
+    return [Scenario(f"ours (Consul), {n} edge{'s' if n > 1 else ''}", "ours", edges=n) for n in counts]
+
+
+def staleness_scenarios(ages_ms: tuple[int, ...], edges: int) -> list[Scenario]:
+    """Score age: agents cycle every S and edges poll /scores every S (a score is 0-2 S old when used)."""
+    return [Scenario(f"ours (poll), {ms} ms scores", "ours", feed="poll", edges=edges, interval_s=ms / 1000,
+                     poll_s=ms / 1000, heartbeat_s=max(2.0, ms / 1000)) for ms in ages_ms]
+
+
+def misled_share(pool: Pool, edges: list[ScoredEdge], warmup_s: float, end_s: float,
+                 long_wait_s: float = 0.5, looked_free_s: float = 0.1) -> dict:
+    """Why score-based routing queues: of the measured requests that waited longer than `long_wait_s`, the
+    share sent to an IU whose published score said it could start work within `looked_free_s`, and the
+    median true wait (the oracle's estimate) of the chosen IU at that moment."""
+    seen: dict[int, tuple[float | None, float]] = {}
+    for edge in edges:
+        seen.update(edge.seen)
+    waited = [s for s in pool.finished
+              if warmup_s <= s.arrival < end_s and s.first_token - s.arrival - s.own_prefill > long_wait_s]
+    if not waited:
+        return {"long_waits": 0}
+    fooled = [s for s in waited if (seen[s.rid][0] or 0.0) < looked_free_s]
+    true = sorted(pool.true_wait[s.rid] for s in waited)
+    ages = sorted(seen[s.rid][1] for s in waited)
+    return {"long_waits": len(waited), "looked_free": len(fooled) / len(waited),
+            "true_wait_median_s": round(true[len(true) // 2], 3), "score_age_median_s": round(ages[len(ages) // 2], 3)}
+
+
+def proposal_scenarios(edges: int) -> list[Scenario]:
+    return [
+        Scenario("proposal (Consul)", "ours", edges=edges, backlog_proposal=True),
+        Scenario("proposal (poll 50ms)", "ours", feed="poll", edges=edges, backlog_proposal=True),
+        Scenario("proposal (poll), 50 ms scores", "ours", feed="poll", edges=edges, interval_s=0.05, poll_s=0.05,
+                 backlog_proposal=True),
+    ]
+
+
+def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: list[float], model: IUModel,
+                 ius: int, ius_per_node: int, seed: int, warmup_s: float, end_s: float,
+                 direct: bool = False) -> RunResult:
+    pool = Pool(model, ius, ius_per_node)
+    rngs = [random.Random(stable_seed(seed, scenario.label, i)) for i in range(scenario.edges + 1)]
+    fleet = None
+    if scenario.policy == "round-robin":
+        edges = [RoundRobin(ius, i * ius // scenario.edges) for i in range(scenario.edges)]
+    elif scenario.policy == "least-conn":
+        edges = [LeastConnections(ius, rngs[i]) for i in range(scenario.edges)]
+    elif scenario.policy == "oracle":
+        edges = [Oracle(pool.units, rngs[i]) for i in range(scenario.edges)]
+    elif scenario.uses_agents:
+        profile = "drain" if scenario.policy == "ours" else "seed"
+        fleet = AgentFleet(pool.units, ius_per_node, NODES_PER_RACK, profile=profile, interval_s=scenario.interval_s,
+                           heartbeat_s=scenario.heartbeat_s, loop=pool.loop, rng=rngs[-1], direct=direct,
+                           backlog_proposal=scenario.backlog_proposal)
+        views = [new_view(pool.loop) for _ in range(scenario.edges)]
+        HealthFeed(fleet, views, pool.loop, CONSUL_LATENCY_S)
+        for i, view in enumerate(views):
+            if scenario.feed == "poll":
+                AgentPoll(fleet, view, pool.loop, scenario.poll_s, rngs[i])
+            else:
+                ConsulKVWatch(fleet, view, pool.loop, CONSUL_LATENCY_S)
+        mode = "p2c" if scenario.policy == "ours" else "argmin"
+        iu_ids = [u.iu_id for u in pool.units]
+        edges = [ScoredEdge(view, rngs[i], iu_ids, mode) for i, view in enumerate(views)]
+    else:
+        raise ValueError(f"unknown policy {scenario.policy!r}")
+    if fleet is not None:
+        pool.true_wait = {}
+    writes_at: dict[str, int] = {}
+    if fleet is not None:
+        for name, when in (("start", warmup_s), ("end", end_s)):
+            pool.loop.schedule(when, lambda key, now: writes_at.__setitem__(key, fleet.writes), name)
+    with direct_scrapes(direct and fleet is not None):
+        pool.run(trace, edges, own_prefill, (warmup_s, end_s))
+    extra: dict = {}
+    if fleet is not None:
+        modes: dict[str, int] = {}
+        for edge in edges:
+            for mode, count in edge.modes.items():
+                modes[mode] = modes.get(mode, 0) + count
+        extra["pick_modes"] = modes
+        extra["misled"] = misled_share(pool, edges, warmup_s, end_s)
+    writes = writes_at["end"] - writes_at["start"] if fleet is not None else None
+    return measure(scenario.label, pool, trace, warmup_s, end_s, writes, extra)

@@ -1,0 +1,12 @@
+"""The production request mix lives in :mod:`eas_agent.sim.workload` (the demo's edge uses it too)."""
+
+from eas_agent.sim.workload import (  # noqa: F401
+    MAX_MODEL_LEN,
+    MAX_OUTPUT,
+    PRODUCTION_MIX,
+    RequestClass,
+    TraceRequest,
+    draw_request_shape,
+    mean_shape,
+    poisson_trace,
+)
