@@ -1,0 +1,165 @@
+"""``clusterctl provision``: run the provisioning playbook in stop-on-failure batches.
+
+    clusterctl provision -i INV [--limit PATTERN] [--tags T] [--check --diff] [--batches 1,10%,100%]
+                         [--forks N] [--plan] [--playbook site.yml] [--run-dir DIR]
+
+The inventory is validated first (exit 2, no host contacted). The playbook runs through ansible-runner
+in this process (``ansible_runner.run(event_handler=...)``); every event is appended to
+``<run dir>/events.jsonl`` (default ``.state/runs/<UTC timestamp>/``), a live view shows the batch and
+each host's current task and counts, and a recap table follows. Exit 0 only when no host failed or was
+unreachable and every planned host ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from cli.options import inventory_option, limit_option
+from cluster import provision as prov
+
+STATUS_STYLE = {
+    "waiting": "dim", "running": "cyan", "ok": "green", "failed": "bold red", "unreachable": "bold red",
+    "stopped": "yellow",
+}
+
+
+@click.command("provision")
+@inventory_option
+@limit_option
+@click.option("--tags", "-t", "tags", default=None, help="Comma-separated role tags (e.g. inference,chrony).")
+@click.option("--check", is_flag=True, help="Dry run: report what would change, change nothing.")
+@click.option("--diff", is_flag=True, help="Show the differences in changed files.")
+@click.option("--batches", default=None, help="Batch sizes, e.g. 1,10%,100% (default 1,10%,50%,100%).")
+@click.option("--forks", type=click.IntRange(1, 512), default=None, help="Parallel hosts per batch.")
+@click.option("--plan", "plan_only", is_flag=True, help="Print roles, hosts and batches; touch nothing.")
+@click.option("--playbook", default="site.yml", show_default=True, help="Playbook in playbooks/ (or a path).")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+              help="Where events.jsonl and runner artifacts go (default .state/runs/<timestamp>).")
+def command(
+    inventory: str, limit: str | None, tags: str | None, check: bool, diff: bool, batches: str | None,
+    forks: int | None, plan_only: bool, playbook: str, run_dir: Path | None,
+) -> None:
+    """Provision nodes with the Ansible roles, batch by batch; a failed batch stops the rollout."""
+    tag_list = [t.strip() for t in tags.split(",") if t.strip()] if tags else []
+    sizes = prov.parse_batches(batches) if batches else list(prov.DEFAULT_BATCHES)
+    serial_one = Path(playbook).name == "rolling-restart.yml"  # that playbook is one node at a time
+    plan = prov.make_plan(inventory, playbook, limit, tag_list, sizes, serial_one=serial_one)
+    console = Console()
+    if plan_only:
+        console.print(plan_view(plan))
+        return
+    run_dir = run_dir or Path(".state") / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    rollout, rc = run_playbook(plan, run_dir, console, check=check, diff=diff, forks=forks)
+    console.print(recap_table(rollout))
+    for message in rollout.messages[:20]:
+        console.print(f"[red]{message}[/]", highlight=False)
+    console.print(rollout.summary(), highlight=False)
+    console.print(f"events: {run_dir / 'events.jsonl'}", highlight=False)
+    if not rollout.succeeded(rc):
+        raise SystemExit(1)
+
+
+def run_playbook(
+    plan: prov.Plan, run_dir: Path, console: Console, *, check: bool, diff: bool, forks: int | None
+) -> tuple[prov.Rollout, int]:
+    import ansible_runner
+
+    run_dir = run_dir.resolve()
+    (run_dir / "runner").mkdir(parents=True, exist_ok=True)
+    rollout = prov.Rollout(plan)
+    cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
+    with (run_dir / "events.jsonl").open("a") as events, Live(
+        live_view(rollout), console=console, refresh_per_second=4, transient=True
+    ) as live:
+
+        def on_event(event: dict[str, Any]) -> bool:
+            events.write(json.dumps(event, default=str) + "\n")
+            rollout.handle(event)
+            live.update(live_view(rollout))
+            return False  # events.jsonl has them: no second copy as one artifact file per event
+
+        result = ansible_runner.run(
+            private_data_dir=str(run_dir / "runner"),
+            project_dir=str(plan.playbook.parent),
+            playbook=plan.playbook.name,
+            inventory=str(plan.inventory),
+            limit=plan.limit,
+            tags=",".join(plan.tags) or None,
+            forks=forks,
+            cmdline=cmdline or None,
+            extravars={"clusterctl_batches": list(plan.batch_sizes)},
+            envvars=runner_env(),
+            event_handler=on_event,
+            quiet=True,
+            suppress_env_files=True,
+        )
+    return rollout, int(result.rc if result.rc is not None else 1)
+
+
+def runner_env() -> dict[str, str]:
+    env = {
+        "ANSIBLE_CONFIG": str(prov.REPO_ROOT / "ansible.cfg"),
+        "ANSIBLE_FORCE_COLOR": "0",
+        # ansible-runner starts `ansible-playbook` from PATH: the one next to this interpreter (the venv)
+        "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
+        # the filter plugin imports the cluster model from this checkout
+        "PYTHONPATH": os.pathsep.join(p for p in (str(prov.REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    return env
+
+
+def live_view(rollout: prov.Rollout) -> Group:
+    total = len(rollout.plan.batches)
+    header = f"[bold]{rollout.plan.playbook.name}[/]: batch {max(rollout.batches_started, 1)}/{total}"
+    table = Table(box=None, pad_edge=False)
+    for column in ("host", "batch", "status", "task", "ok", "changed", "failed"):
+        table.add_column(column, justify="right" if column in ("ok", "changed", "failed", "batch") else "left")
+    for p in rollout.hosts.values():
+        if p.status == "waiting" and (p.batch or 0) >= max(rollout.batches_started, 1) + 1:
+            continue  # hosts of later batches: keep the view short on large fleets
+        table.add_row(
+            p.name, _batch(p.batch), f"[{STATUS_STYLE.get(p.status, '')}]{p.status}[/]", p.task[:60],
+            str(p.ok), str(p.changed), str(p.failed),
+        )
+    return Group(header, table)
+
+
+def recap_table(rollout: prov.Rollout) -> Table:
+    table = Table(title="provision recap")
+    for column in ("host", "batch", "status", "ok", "changed", "failed", "skipped", "unreachable"):
+        table.add_column(column, justify="left" if column in ("host", "status") else "right")
+    stats = rollout.stats or {}
+    for name, p in rollout.hosts.items():
+        counts = [str((stats.get(key) or {}).get(name, 0)) for key in ("ok", "changed", "failures", "skipped", "dark")]
+        table.add_row(name, _batch(p.batch), f"[{STATUS_STYLE.get(p.status, '')}]{p.status}[/]", *counts)
+    return table
+
+
+def plan_view(plan: prov.Plan) -> Group:
+    header = (
+        f"[bold]plan[/]: {plan.playbook.name} on {len(plan.hosts)} host(s) of {plan.inventory}"
+        f"{f' (limit {plan.limit})' if plan.limit else ''}; batches {','.join(map(str, plan.batch_sizes))}"
+    )
+    roles = "roles: " + (" -> ".join(s.role for s in plan.roles) or "(tasks only)")
+    table = Table(box=None)
+    table.add_column("batch", justify="right")
+    table.add_column("hosts", justify="right")
+    table.add_column("members")
+    for index, batch in enumerate(plan.batches):
+        members = ", ".join(batch) if len(batch) <= 12 else ", ".join(batch[:12]) + f", ... (+{len(batch) - 12})"
+        table.add_row(str(index + 1), str(len(batch)), members)
+    return Group(header, roles, table)
+
+
+def _batch(index: int | None) -> str:
+    return "-" if index is None else str(index + 1)

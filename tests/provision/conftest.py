@@ -1,0 +1,131 @@
+"""A provisioned virtual cluster shared by the provisioning tests of one module.
+
+`clusterctl virtual create` (3 nodes in 2 racks, the last rack RoCE) + `up` in a tmp dir; one host gets a
+different CPU topology so that CPU lists provably come from the host's sysfs. The eas-agent token is a
+vault-encrypted variable. site.yml runs once in --check --diff (must change nothing), then for real,
+then again (must change nothing). `down` always runs in teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+VAULT_PASSWORD = "clusterctl-test-vault-password"
+TOKEN = "9f1c3e2a-test-token-eas-agent-6b7d"  # a value to look for: it must never be printed
+
+
+def clusterctl(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "cli.main", *args], cwd=REPO, env=env or os.environ.copy(),
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def ansible_playbook(inventory: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    run_env = dict(env or os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run(
+        [str(Path(PYTHON).with_name("ansible-playbook")), "-i", str(inventory), *args],
+        cwd=REPO, env=run_env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def stats_of(events_file: Path) -> dict[str, dict[str, int]]:
+    for line in reversed(events_file.read_text().splitlines()):
+        event = json.loads(line)
+        if event.get("event") == "playbook_on_stats":
+            return event["event_data"]
+    raise AssertionError(f"{events_file}: no playbook_on_stats event")
+
+
+@dataclass
+class VirtualCluster:
+    inventory: Path
+    hosts: tuple[str, ...]
+    env: dict
+    runs: dict[str, subprocess.CompletedProcess] = field(default_factory=dict)
+    run_dirs: dict[str, Path] = field(default_factory=dict)
+    snapshots: dict[str, dict[str, tuple]] = field(default_factory=dict)
+
+    def sim(self, host: str) -> Path:
+        return self.inventory / ".sim" / host
+
+    def on_host(self, host: str, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.sim(host) / "run"), *argv], capture_output=True, text=True, timeout=60)
+
+    def read(self, host: str, path: str) -> str:
+        result = self.on_host(host, "cat", path)
+        assert result.returncode == 0, f"{host}:{path}: {result.stderr}"
+        return result.stdout
+
+    def exists(self, host: str, path: str) -> bool:
+        return self.on_host(host, "test", "-e", path).returncode == 0
+
+    def stat(self, host: str, path: str) -> str:
+        return self.on_host(host, "stat", "-c", "%a %U %G", path).stdout.strip()
+
+    def upper_snapshot(self) -> dict[str, tuple]:
+        """Every file the hosts have written (overlay upper dirs): path -> (size, mtime)."""
+        snap = {}
+        for host in self.hosts:
+            upper = self.sim(host) / "upper"
+            for path in upper.rglob("*"):
+                if path.is_file() or path.is_symlink():
+                    st = path.lstat()
+                    snap[str(path.relative_to(self.inventory))] = (st.st_size, st.st_mtime_ns)
+        return snap
+
+    def provision(self, name: str, *args: str) -> subprocess.CompletedProcess:
+        run_dir = self.inventory.parent / f"run-{name}"
+        result = clusterctl("provision", "-i", str(self.inventory), "--run-dir", str(run_dir), *args, env=self.env)
+        self.runs[name], self.run_dirs[name] = result, run_dir
+        return result
+
+
+def _write_inventory(inventory: Path) -> None:
+    created = clusterctl("virtual", "create", str(inventory), "--nodes", "3", "--racks", "2", "--fabric", "mixed",
+                         "--faults", "none")
+    assert created.returncode == 0, created.stderr
+    host_vars = inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    # A host with 56-core sockets: its IUs' CPUAffinity must differ from the 48-core hosts'.
+    with (host_vars / "r01n02.yml").open("a") as f:
+        f.write("sim_hardware: {cores_per_socket: 56}\n")
+    password_file = inventory.parent / "vault-password"
+    password_file.write_text(VAULT_PASSWORD + "\n")
+    password_file.chmod(0o600)
+    encrypted = subprocess.run(
+        [str(Path(PYTHON).with_name("ansible-vault")), "encrypt_string", "--vault-password-file", str(password_file),
+         "--stdin-name", "eas_agent_consul_token"],
+        input=TOKEN, capture_output=True, text=True, check=True,
+    ).stdout
+    with (inventory / "group_vars" / "all.yml").open("a") as f:
+        f.write("\n# The agent's Consul ACL token, vault-encrypted.\n" + encrypted)
+
+
+@pytest.fixture(scope="module")
+def provisioned(tmp_path_factory) -> VirtualCluster:
+    inventory = tmp_path_factory.mktemp("provision") / "inventory"
+    _write_inventory(inventory)
+    env = dict(os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(inventory.parent / "vault-password"))
+    cluster = VirtualCluster(inventory, ("r01n01", "r01n02", "r02n01"), env)
+    up = clusterctl("virtual", "up", str(inventory))
+    assert up.returncode == 0, up.stderr
+    try:
+        cluster.snapshots["fresh"] = cluster.upper_snapshot()
+        cluster.provision("check", "--check", "--diff", "--batches", "100%")
+        cluster.snapshots["after-check"] = cluster.upper_snapshot()
+        cluster.provision("first", "--batches", "100%")
+        cluster.provision("second", "--batches", "100%")
+        yield cluster
+    finally:
+        down = clusterctl("virtual", "down", str(inventory))
+        assert down.returncode == 0, down.stderr

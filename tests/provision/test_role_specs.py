@@ -1,0 +1,195 @@
+"""Role structure, argument specs vs defaults, the cluster_node filter and batch planning (no hosts needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster import provision as prov
+from cluster.inventory import load_inventory
+from cluster.model import build_node
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
+EXPECTED_ROLES = [
+    "chrony", "consul_agent", "cpu_cstates", "eas_agent", "inference_unit", "numa_tuning", "nvidia_stack",
+    "rdma_network",
+]
+
+
+def _yaml(path: Path):
+    return yaml.safe_load(path.read_text())
+
+
+def _spec(role: str) -> dict:
+    return _yaml(REPO / "roles" / role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
+
+
+def _defaults(role: str) -> dict:
+    return _yaml(REPO / "roles" / role / "defaults" / "main.yml") or {}
+
+
+def test_the_roles_of_the_issue_exist():
+    assert ROLES == EXPECTED_ROLES
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_has_every_part(role):
+    base = REPO / "roles" / role
+    for part in ("defaults/main.yml", "meta/argument_specs.yml", "meta/main.yml", "tasks/main.yml",
+                 "handlers/main.yml", "README.md"):
+        assert (base / part).is_file(), f"{role}: {part} missing"
+    assert list((base / "templates").glob("*.j2")), f"{role}: no templates"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_spec_and_defaults_name_the_same_variables(role):
+    spec, defaults = _spec(role), _defaults(role)
+    assert set(spec) == set(defaults), (
+        f"{role}: only in spec: {sorted(set(spec) - set(defaults))}, only in defaults: {sorted(set(defaults) - set(spec))}"
+    )
+    for name, option in spec.items():
+        assert name.startswith(role + "_"), f"{role}: {name} is not role-prefixed"
+        assert option.get("type"), f"{role}: {name} has no type"
+        assert option.get("description"), f"{role}: {name} has no description"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_literal_defaults_pass_their_own_spec(role):
+    """Defaults that are not templates are validated here with Ansible's own validator."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    spec, defaults = _spec(role), _defaults(role)
+    literal = {k: v for k, v in defaults.items() if "{{" not in str(v)}
+    partial = {k: {**v, "required": False} for k, v in spec.items()}
+    result = ArgumentSpecValidator(partial).validate(literal)
+    assert not result.error_messages, result.error_messages
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_readme_documents_every_variable(role):
+    readme = (REPO / "roles" / role / "README.md").read_text()
+    missing = [name for name in _defaults(role) if name not in readme and not _documented_as_family(name, readme)]
+    assert not missing, f"{role}/README.md does not mention {missing}"
+
+
+def _documented_as_family(name: str, readme: str) -> bool:
+    # README rows like `nvidia_stack_repo_url` / `_repo_distro` document a family of variables.
+    return f"`_{name.split('_', 2)[-1]}`" in readme or any(
+        f"`_{'_'.join(name.split('_')[i:])}`" in readme for i in range(2, len(name.split("_")))
+    )
+
+
+def test_bounds_are_in_the_specs():
+    seqs = _spec("inference_unit")["inference_unit_max_num_seqs"]["choices"]
+    assert seqs == list(range(1, 257))
+    gmu = _spec("inference_unit")["inference_unit_gpu_memory_utilization"]["choices"]
+    assert min(gmu) > 0 and max(gmu) == 0.95 and 0.9 in gmu
+    assert _spec("inference_unit")["inference_unit_iu_size"]["choices"] == [1, 2, 4, 8]
+    intervals = _spec("consul_agent")["consul_agent_health_interval"]["choices"]
+    assert max(int(i.rstrip("s")) for i in intervals) == 15
+    bmc = _spec("cpu_cstates")["cpu_cstates_bmc"]
+    assert bmc["required_if"] == [["redfish", True, ["address", "username", "password"]]]
+    assert bmc["options"]["password"]["no_log"] is True
+
+
+def test_secrets_are_no_log_in_specs():
+    for role, name in (("consul_agent", "consul_agent_gossip_key"), ("consul_agent", "consul_agent_acl_token"),
+                       ("eas_agent", "eas_agent_consul_token")):
+        assert _spec(role)[name].get("no_log") is True
+
+
+def _filter_module():
+    spec = importlib.util.spec_from_file_location("cluster_model_filter", REPO / "playbooks/filter_plugins/cluster_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cluster_node_filter_is_the_model():
+    loaded = load_inventory(REPO / "inventory" / "virtual")
+    cluster_node = _filter_module().FilterModule().filters()["cluster_node"]
+    for host, hostvars in loaded.selected.items():
+        node = build_node(host, hostvars)
+        data = cluster_node(host, hostvars)
+        assert [(iu["id"], iu["gpus"], iu["numa_node"], iu["port"], iu["nics"]) for iu in data["ius"]] == [
+            (iu.id, list(iu.gpus), iu.numa_node, iu.port, list(iu.nics)) for iu in node.ius
+        ]
+        assert data["rack"] == node.rack and data["address"] == node.address
+        nic_netdev = {n.device: n.netdev for n in node.nics}
+        for iu in data["ius"]:
+            assert iu["netdevs"] == [nic_netdev[d] for d in iu["nics"]]
+
+
+@pytest.mark.parametrize(
+    ("text", "sizes"),
+    [("1,10%,100%", [1, "10%", "100%"]), ("5", [5]), (" 2 , 50% ", [2, "50%"])],
+)
+def test_parse_batches(text, sizes):
+    assert prov.parse_batches(text) == sizes
+
+
+@pytest.mark.parametrize("text", ["0", "10%,x", "150%", "0%", "", "1,,2", "-1"])
+def test_parse_batches_rejects(text):
+    with pytest.raises(prov.BatchError):
+        prov.parse_batches(text)
+
+
+@pytest.mark.parametrize(
+    ("count", "sizes", "expected"),
+    [
+        (64, [1, "10%", "50%", "100%"], [1, 6, 32, 25]),
+        (4, [1, "10%", "50%", "100%"], [1, 1, 2]),
+        (3, [1, "10%", "50%", "100%"], [1, 1, 1]),
+        (10, [3], [3, 3, 3, 1]),
+        (7, ["100%"], [7]),
+    ],
+)
+def test_split_batches_follows_ansible_serial(count, sizes, expected):
+    hosts = [f"h{i}" for i in range(count)]
+    batches = prov.split_batches(hosts, sizes)
+    assert [len(b) for b in batches] == expected
+    assert [h for b in batches for h in b] == hosts
+
+
+def test_split_batches_matches_ansible_itself():
+    """Same batches as PlaybookExecutor._get_serialized_batches for the default sizes."""
+    from ansible.executor.playbook_executor import PlaybookExecutor
+
+    class _Inventory:
+        def __init__(self, hosts):
+            self.hosts = hosts
+
+        def get_hosts(self, pattern, order=None):
+            return list(self.hosts)
+
+    class _Play:
+        hosts, order = "all", None
+        serial = list(prov.DEFAULT_BATCHES)
+
+    for count in (1, 3, 4, 16, 64, 100):
+        hosts = [f"h{i}" for i in range(count)]
+        executor = PlaybookExecutor.__new__(PlaybookExecutor)
+        executor._inventory = _Inventory(hosts)
+        assert executor._get_serialized_batches(_Play()) == prov.split_batches(hosts, prov.DEFAULT_BATCHES)
+
+
+def test_plan_uses_inventory_order_and_roles():
+    plan = prov.make_plan(REPO / "inventory" / "virtual", "site.yml", None, ["inference"], prov.DEFAULT_BATCHES)
+    assert plan.hosts == ("r01n01", "r01n02", "r02n01", "r02n02")
+    assert [list(b) for b in plan.batches] == [["r01n01"], ["r01n02"], ["r02n01", "r02n02"]]
+    assert [s.role for s in plan.roles] == ["inference_unit", "consul_agent", "eas_agent"]
+
+
+def test_playbooks_use_batches_and_stop_on_failure():
+    for path in (REPO / "playbooks").glob("*.yml"):
+        for play in _yaml(path):
+            assert play.get("max_fail_percentage") is not None, f"{path.name}: no max_fail_percentage"
+            if path.name == "rolling-restart.yml":
+                assert play["serial"] == 1
+            else:
+                assert re.search(r"clusterctl_batches", str(play["serial"])), path.name

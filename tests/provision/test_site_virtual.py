@@ -1,0 +1,315 @@
+"""site.yml for real on simulated hosts: rendered files, idempotence, check mode, plan, failing batches.
+
+One provisioned cluster per module (see conftest.py): r01n01 and r01n02 on InfiniBand (r01n02 with
+56-core sockets), r02n01 on RoCE.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster import load_cluster
+from eas_agent.config import parse_config
+from tests.provision.conftest import TOKEN, ansible_playbook, clusterctl, stats_of
+
+# The module's fixture provisions 3 simulated hosts three times (check, first run, rerun): ~3.5 CPU-minutes,
+# far more wall time when other work shares the 2 cores.
+pytestmark = pytest.mark.timeout(1800)
+
+GOLDEN = Path(__file__).parent / "golden"
+IB_HOST, OTHER_TOPOLOGY_HOST, ROCE_HOST = "r01n01", "r01n02", "r02n01"
+
+
+def golden(name: str) -> str:
+    return (GOLDEN / name).read_text()
+
+
+# ------------------------------------------------------------------------------------------ the runs
+
+def test_first_run_succeeds_on_every_host(provisioned):
+    run = provisioned.runs["first"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    stats = stats_of(provisioned.run_dirs["first"] / "events.jsonl")
+    assert sorted(stats["ok"]) == list(provisioned.hosts)
+    assert not stats["failures"] and not stats["dark"]
+    assert all(stats["changed"][h] > 10 for h in provisioned.hosts)
+    assert "rollout complete: 3 host(s)" in run.stdout
+
+
+def test_second_run_changes_nothing(provisioned):
+    run = provisioned.runs["second"]
+    assert run.returncode == 0, run.stdout[-3000:]
+    stats = stats_of(provisioned.run_dirs["second"] / "events.jsonl")
+    assert sorted(stats["ok"]) == list(provisioned.hosts)
+    assert stats["changed"] == {}, f"not idempotent: {stats['changed']}"
+
+
+def test_check_diff_reports_changes_but_changes_nothing(provisioned):
+    run = provisioned.runs["check"]
+    assert run.returncode == 0, run.stdout[-3000:]
+    stats = stats_of(provisioned.run_dirs["check"] / "events.jsonl")
+    assert all(stats["changed"].get(h, 0) > 10 for h in provisioned.hosts)
+    assert provisioned.snapshots["after-check"] == provisioned.snapshots["fresh"]
+    events = (provisioned.run_dirs["check"] / "events.jsonl").read_text()
+    assert "+NCCL_IB_HCA==mlx5_0:1" in events.replace("\\n", "\n")  # --diff content of /etc/nccl.conf
+
+
+def test_events_are_json_lines_with_every_host(provisioned):
+    lines = (provisioned.run_dirs["first"] / "events.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    hosts = {e["event_data"].get("host") for e in events if e.get("event") == "runner_on_ok"}
+    assert hosts == set(provisioned.hosts)
+
+
+def test_secrets_never_reach_output_or_events(provisioned):
+    for name, run in provisioned.runs.items():
+        assert TOKEN not in run.stdout + run.stderr, name
+        assert TOKEN not in (provisioned.run_dirs[name] / "events.jsonl").read_text(), name
+
+
+# ------------------------------------------------------------------------------- rendered results
+
+def test_grub_dropin_and_pm_qos_unit(provisioned):
+    for host in provisioned.hosts:
+        assert provisioned.read(host, "/etc/default/grub.d/60-clusterctl-cstates.cfg") == golden("grub-cstates-intel.cfg")
+        assert provisioned.read(host, "/etc/systemd/system/cpu-dma-latency.service") == golden("cpu-dma-latency.service")
+        assert provisioned.exists(host, "/etc/systemd/system/sysinit.target.wants/cpu-dma-latency.service")
+
+
+def test_sysctl_dropin(provisioned):
+    text = provisioned.read(IB_HOST, "/etc/sysctl.d/60-clusterctl-numa.conf")
+    assert "kernel.numa_balancing = 0\n" in text and "vm.swappiness = 1\n" in text
+
+
+@pytest.mark.parametrize(("host", "name"), [(IB_HOST, "nccl-ib.conf"), (ROCE_HOST, "nccl-roce.conf")])
+def test_nccl_conf(provisioned, host, name):
+    text = provisioned.read(host, "/etc/nccl.conf")
+    assert text == golden(name)
+    settings = [line for line in text.splitlines() if line and not line.startswith("#")]
+    for line in settings:
+        assert re.fullmatch(r"NCCL_[A-Z0-9_]+=\S+", line), f"not KEY=VALUE without spaces: {line!r}"
+    roce_only = {"NCCL_IB_GID_INDEX=3", "NCCL_IB_TC=106"}
+    assert roce_only <= set(settings) if host == ROCE_HOST else not roce_only & set(settings)
+
+
+def test_dcqcn_unit_only_on_roce_hosts(provisioned):
+    assert provisioned.read(ROCE_HOST, "/etc/systemd/system/roce-dcqcn.service") == golden("roce-dcqcn.service")
+    assert provisioned.read(ROCE_HOST, "/usr/local/sbin/roce-dcqcn") == golden("roce-dcqcn.sh")
+    assert provisioned.stat(ROCE_HOST, "/usr/local/sbin/roce-dcqcn").startswith("755 ")
+    assert provisioned.exists(ROCE_HOST, "/etc/systemd/system/multi-user.target.wants/roce-dcqcn.service")
+    for host in (IB_HOST, OTHER_TOPOLOGY_HOST):
+        assert not provisioned.exists(host, "/etc/systemd/system/roce-dcqcn.service")
+        assert not provisioned.exists(host, "/usr/local/sbin/roce-dcqcn")
+
+
+def test_dcqcn_script_names_the_roce_ports_that_exist_on_the_host(provisioned):
+    script = provisioned.read(ROCE_HOST, "/usr/local/sbin/roce-dcqcn")
+    netdevs = re.search(r"^for IF in (.*); do$", script, re.M).group(1).split()
+    assert netdevs == ["enp26s0np0", "enp60s0np0", "enp156s0np0", "enp188s0np0"]
+    for netdev in netdevs:
+        assert provisioned.exists(ROCE_HOST, f"/sys/class/net/{netdev}/ecn/roce_np/enable/3")
+
+
+def test_each_iu_unit_env_and_numa_binding_from_the_host_topology(provisioned):
+    cluster = load_cluster(provisioned.inventory)
+    cpulists = {}
+    assert provisioned.read(IB_HOST, "/etc/systemd/system/vllm-iu@.service") == golden("vllm-iu@.service")
+    for host in provisioned.hosts:
+        node = cluster.node(host)
+        for iu in node.ius:
+            cpus = provisioned.read(host, f"/sys/devices/system/node/node{iu.numa_node}/cpulist").strip()
+            cpulists[(host, iu.numa_node)] = cpus
+            dropin = provisioned.read(host, f"/etc/systemd/system/vllm-iu@{iu.index}.service.d/10-numa.conf")
+            assert "\nNUMAPolicy=bind\n" in dropin
+            assert f"\nNUMAMask={iu.numa_node}\n" in dropin
+            assert f"\nCPUAffinity={cpus}\n" in dropin
+            env = dict(
+                line.split("=", 1) for line in provisioned.read(host, f"/etc/vllm-iu/{iu.index}.env").splitlines()
+                if line and not line.startswith("#")
+            )
+            assert env["CUDA_VISIBLE_DEVICES"] == iu.cuda_visible_devices
+            assert env["VLLM_PORT"] == str(iu.port)
+            assert f"--tensor-parallel-size {node.iu_size} " in env["VLLM_ARGS"]
+            assert f"--host {node.address} " in env["VLLM_ARGS"] and env["VLLM_ARGS"].endswith(f"--port {iu.port}")
+            assert env["NCCL_IB_HCA"] == "=" + ",".join(f"{d}:1" for d in iu.nics)
+            assert provisioned.stat(host, f"/etc/vllm-iu/{iu.index}.env") == "640 root vllm"
+            assert provisioned.exists(host, f"/etc/systemd/system/multi-user.target.wants/vllm-iu@{iu.index}.service")
+    assert provisioned.read(IB_HOST, "/etc/vllm-iu/0.env") == golden("vllm-iu-r01n01-0.env")
+    # the 56-core host's CPUs differ from the 48-core hosts': the lists were read, not typed
+    assert cpulists[(IB_HOST, 1)] == "48-95,144-191"
+    assert cpulists[(OTHER_TOPOLOGY_HOST, 1)] == "56-111,168-223"
+
+
+def test_consul_service_definitions(provisioned):
+    cluster = load_cluster(provisioned.inventory)
+    assert provisioned.read(IB_HOST, "/etc/consul.d/vllm-iu-r01n01-iu0.json") == golden("consul-vllm-iu-r01n01-iu0.json")
+    for host in provisioned.hosts:
+        node = cluster.node(host)
+        for iu in node.ius:
+            service = json.loads(provisioned.read(host, f"/etc/consul.d/vllm-iu-{iu.id}.json"))["service"]
+            assert (service["name"], service["id"], service["port"]) == ("vllm-iu", iu.id, iu.port)
+            assert service["tags"] == [f"rack:{node.rack}", f"node:{host}"]
+            assert service["meta"] == {"gpus": iu.cuda_visible_devices, "numa_node": str(iu.numa_node),
+                                       "node": host, "rack": node.rack}
+            (check,) = service["checks"]
+            assert check["http"] == f"http://{node.address}:{iu.port}/health"
+            assert int(check["interval"].rstrip("s")) <= 15
+        hcl = provisioned.read(host, "/etc/consul.d/consul.hcl")
+        assert 'datacenter = "dc1"' in hcl and 'retry_join = ["127.0.1.11"]' in hcl
+        assert ("server     = true" in hcl) == (host == "r01n01")
+        assert provisioned.stat(host, "/etc/consul.d/consul.hcl") == "640 root consul"
+
+
+def test_eas_agent_config_and_token(provisioned):
+    cluster = load_cluster(provisioned.inventory)
+    text = provisioned.read(IB_HOST, "/etc/eas-agent/config.yml")
+    assert text == golden("eas-agent-config-r01n01.yml")
+    for host in provisioned.hosts:
+        node = cluster.node(host)
+        config = parse_config(yaml.safe_load(provisioned.read(host, "/etc/eas-agent/config.yml")), host)
+        assert (config.node, config.rack) == (host, node.rack)
+        assert [(iu.id, iu.gpus, iu.numa_node, iu.rdma_devices) for iu in config.ius] == [
+            (iu.id, iu.gpus, iu.numa_node, iu.nics) for iu in node.ius
+        ]
+        assert config.consul.token_file == "/etc/eas-agent/consul.token"
+        assert provisioned.stat(host, "/etc/eas-agent/consul.token") == "600 eas-agent eas-agent"
+        assert provisioned.read(host, "/etc/eas-agent/consul.token") == TOKEN + "\n"
+    unit = provisioned.read(IB_HOST, "/etc/systemd/system/eas-agent.service")
+    assert unit == golden("eas-agent.service")
+
+
+# ---------------------------------------------------------------------------- systemd-analyze verify
+
+UNITS = ("cpu-dma-latency.service", "vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service")
+
+
+def test_units_pass_systemd_analyze_verify(provisioned):
+    """verify exits 0 on parse errors (it only warns): any stderr is a failure. It also needs the
+    ExecStart binaries, which the simulated hosts lack (no packages): stand-ins are linked first."""
+    host = IB_HOST
+    setup = provisioned.on_host(host, "sh", "-c", "mkdir -p /opt/vllm/venv/bin /opt/eas-agent/venv/bin && "
+                                "ln -sf /bin/true /opt/vllm/venv/bin/vllm && ln -sf /bin/true /opt/eas-agent/venv/bin/eas-agent")
+    assert setup.returncode == 0, setup.stderr
+    try:
+        for unit in UNITS:
+            result = provisioned.on_host(host, "systemd-analyze", "verify", f"/etc/systemd/system/{unit}")
+            assert (result.returncode, result.stderr) == (0, ""), f"{unit}: {result.stderr}"
+        # the same check catches a broken drop-in (negative control)
+        broken = provisioned.on_host(host, "sh", "-c", "mkdir -p /etc/systemd/system/vllm-iu@9.service.d && "
+                                     "printf '[Service]\\nNUMAMask=zz\\n' > /etc/systemd/system/vllm-iu@9.service.d/x.conf && "
+                                     "systemd-analyze verify /etc/systemd/system/vllm-iu@9.service")
+        assert broken.returncode == 0 and "NUMA" in broken.stderr
+    finally:
+        provisioned.on_host(host, "rm", "-rf", "/opt/vllm", "/opt/eas-agent", "/etc/systemd/system/vllm-iu@9.service.d")
+
+
+# ----------------------------------------------------------------------------- plan, bad inputs
+
+def test_plan_touches_nothing(provisioned):
+    before = provisioned.upper_snapshot()
+    run_dir = provisioned.inventory.parent / "run-plan"
+    result = clusterctl("provision", "-i", str(provisioned.inventory), "--plan", "--run-dir", str(run_dir),
+                        "--batches", "1,50%", env=provisioned.env)
+    assert result.returncode == 0, result.stderr
+    assert "batches 1,50%" in result.stdout and "cpu_cstates -> numa_tuning" in result.stdout
+    assert re.search(r"1\s+1\s+r01n01", result.stdout) and re.search(r"2\s+1\s+r01n02", result.stdout)
+    assert not run_dir.exists()
+    assert provisioned.upper_snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("tag", "extra_vars", "named"),
+    [
+        ("inference_unit", {"inference_unit_max_num_seqs": 512}, "inference_unit_max_num_seqs"),
+        ("inference_unit", {"iu_size": 3}, "inference_unit_iu_size"),
+        ("consul_agent", {"consul_agent_health_interval": "30s"}, "consul_agent_health_interval"),
+        ("cpu_cstates", {"cpu_cstates_redfish": True, "bmc_address": "10.20.0.11", "bmc_username": "root"},
+         "password"),
+    ],
+)
+def test_bad_inputs_fail_in_argument_validation(provisioned, tag, extra_vars, named):
+    result = ansible_playbook(provisioned.inventory, str(Path("playbooks/site.yml")), "--limit", IB_HOST,
+                              "--tags", tag, "-e", json.dumps(extra_vars), env=provisioned.env)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "Validation of arguments failed" in out and named in out, out[-2000:]
+    role_tasks = re.findall(rf"TASK \[{tag} : ([^\]]+)\]", out)
+    assert role_tasks and all(t.startswith("Validating arguments") for t in role_tasks), role_tasks
+
+
+def test_inventory_errors_stop_before_any_host(provisioned, tmp_path):
+    bad = tmp_path / "bad-inventory"
+    bad.mkdir()
+    (bad / "hosts.yml").write_text((provisioned.inventory / "hosts.yml").read_text())
+    (bad / "group_vars").mkdir()
+    (bad / "group_vars" / "all.yml").write_text("gpu_model: h100-sxm\ngpu_count: 8\niu_size: 3\n")
+    result = clusterctl("provision", "-i", str(bad), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "iu_size" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# -------------------------------------------------------------------------- stop-on-failure batches
+
+def test_a_failing_batch_stops_the_rollout(provisioned):
+    """r01n02 is put on hold (injected failure): batch 1 (r01n01) is done, batch 2 fails, batch 3 never runs."""
+    host_vars = provisioned.inventory / "host_vars" / "r01n02.yml"
+    original = host_vars.read_text()
+    host_vars.write_text(original + 'clusterctl_hold: "injected failure for the batch test"\n')
+    try:
+        result = provisioned.provision("held", "--tags", "chrony")
+    finally:
+        host_vars.write_text(original)
+    assert result.returncode == 1
+    out = " ".join(result.stdout.split())
+    assert "rollout stopped in batch 2/3" in out
+    assert "failed/unreachable: r01n02" in out and "done: r01n01" in out and "not started: r02n01" in out
+    assert "injected failure for the batch test" in out
+    stats = stats_of(provisioned.run_dirs["held"] / "events.jsonl")
+    assert ROCE_HOST not in stats["ok"] and stats["failures"] == {"r01n02": 1}
+
+
+# ------------------------------------------------------------------------------- rolling restart
+
+def test_rolling_restart_drains_one_node_at_a_time_through_consul(provisioned, consul_addr):
+    """The rendered service definitions register in a Consul API; rolling-restart.yml then puts each node's
+    IUs into maintenance and clears it again, one node per batch, through consul_http_addr."""
+    import consul as pyconsul
+
+    host, port = consul_addr.rsplit(":", 1)
+    api = pyconsul.Consul(host=host, port=int(port))
+    cluster = load_cluster(provisioned.inventory)
+    for node in cluster.nodes():
+        for iu in node.ius:
+            definition = json.loads(provisioned.read(node.name, f"/etc/consul.d/vllm-iu-{iu.id}.json"))["service"]
+            response = api.http.put(lambda r: r, "/v1/agent/service/register", data=json.dumps(definition))
+            assert response.code == 200, response.body
+    group_vars = provisioned.inventory / "group_vars" / "all.yml"
+    original = group_vars.read_text()
+    group_vars.write_text(original + f"\nconsul_http_addr: {consul_addr}\n")
+    try:
+        result = provisioned.provision("rolling", "--playbook", "rolling-restart.yml")
+    finally:
+        group_vars.write_text(original)
+    assert result.returncode == 0, result.stdout[-3000:]
+    events = [json.loads(line) for line in (provisioned.run_dirs["rolling"] / "events.jsonl").read_text().splitlines()]
+    batches = [e for e in events if e["event"] == "playbook_on_play_start"]
+    assert len(batches) == 3  # serial: 1
+    calls = [
+        (e["event_data"]["host"], e["event_data"]["res"]["url"])
+        for e in events
+        if e["event"] == "runner_item_on_ok" and "/maintenance/" in str(e["event_data"]["res"].get("url", ""))
+    ]
+    enables = [c for c in calls if "enable=true" in c[1]]
+    clears = [c for c in calls if "enable=false" in c[1]]
+    assert len(enables) == len(clears) == sum(len(n.ius) for n in cluster.nodes())
+    # node by node: r01n01's maintenance is cleared before r01n02's starts
+    order = [(c[0], "on" if "enable=true" in c[1] else "off") for c in calls]
+    assert order.index(("r01n01", "off")) < order.index(("r01n02", "on"))
+    checks = api.agent.checks()
+    assert not [c for c in checks if c.startswith("_service_maintenance:")], "maintenance left on"
