@@ -39,14 +39,14 @@ class LoadedInventory:
 
 
 def _ansible_objects(path: Path):
-    # Fail on an unparseable source instead of Ansible's default warning + empty inventory.
-    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "True")
     import ansible.constants as C
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
+    # Fail on an unparseable source instead of Ansible's default warning + empty inventory. Set on the
+    # constant, not in os.environ, so child processes (ansible-lint's syntax checks) keep their default.
     C.INVENTORY_UNPARSED_IS_FAILED = True
     loader = DataLoader()
     try:
