@@ -1,16 +1,5 @@
-"""Domain errors that the CLI prints as one clean line with a chosen exit code."""
+"""The CLI prints these domain errors as one line; they live in :mod:`cluster.errors` with the libraries."""
 
+from cluster.errors import ClusterctlError, UsageError
 
-class ClusterctlError(Exception):
-    """An error a person can act on. ``exit_code`` follows the CLI's documented codes (2 = usage/inventory)."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, exit_code: int | None = None):
-        super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
-
-
-class UsageError(ClusterctlError):
-    exit_code = 2
+__all__ = ["ClusterctlError", "UsageError"]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.errors import ClusterctlError
 from cluster import model, validate
+from cluster.errors import ClusterctlError
 
 # Variables the model reads; only these are templated (a vault value elsewhere is never decrypted).
 MODEL_VARS = (

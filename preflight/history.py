@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cli.errors import ClusterctlError
+from cluster.errors import ClusterctlError
 from preflight.result import CheckResult
 
 DEFAULT_STATE_DIR = Path(".state/preflight")

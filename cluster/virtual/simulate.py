@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli.errors import ClusterctlError
+from cluster.errors import ClusterctlError
 from cluster.inventory import load_cluster
 from cluster.virtual import faults, hardware, namespaces
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from cli.errors import ClusterctlError
+from cluster.errors import ClusterctlError
 
 PROFILE_DIR = Path(__file__).parent
 _SIZE = re.compile(r"^\d+[KMG]?$")
