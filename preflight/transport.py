@@ -87,6 +87,19 @@ class _PrefixCache:
         return list(cached)
 
 
+def _spawn(argv: list[str]) -> subprocess.Popen:
+    """A child in its own session (a timeout kills its whole group), text output, no stdin."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+    )
+
+
 class LocalTransport:
     """Runs ``clusterctl_exec_prefix + argv`` on this machine; on timeout the whole process group dies."""
 
@@ -97,15 +110,7 @@ class LocalTransport:
         full = self.prefix(host) + [str(a) for a in argv]
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                full,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                text=True,
-                errors="replace",
-            )
+            proc = _spawn(full)
         except OSError as exc:  # the prefix (the host's wrapper) itself is missing: the host is not there
             return CommandResult(
                 None,
@@ -129,15 +134,7 @@ class LocalTransport:
 
     def start(self, host: Node, argv: Sequence[str], limit: float) -> LocalBackground:
         full = self.prefix(host) + [str(a) for a in argv]
-        proc = subprocess.Popen(
-            full,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            text=True,
-            errors="replace",
-        )
+        proc = _spawn(full)
         return LocalBackground(proc, tuple(argv), limit)
 
 

@@ -142,20 +142,29 @@ def _check_ports(local: Hca, remote: Hca | None) -> str | None:
     return None
 
 
-def ib_write_lat(hw: Hardware, args: list[str]) -> int:
+def _prologue(hw: Hardware, args: list[str], title: str, bandwidth: bool):
+    """What every perftest prints before its table: (opts, local, remote, lines), or None after a port failure."""
     opts = _Options(args)
     local, remote, local_addr, remote_addr = _peer(hw, opts)
     if opts.server is None:
         print("\n************************************\n* Waiting for client to connect... *\n"
               "************************************")
         remote = local  # the server prints the same table once the client has run
-    out = _settings(hw, local, "RDMA_Write Latency Test", bandwidth=False)
+    out = _settings(hw, local, title, bandwidth=bandwidth)
     failure = _check_ports(local, remote)
     if failure:
         print("\n".join(out))
         print(failure)
-        return 1
+        return None
     out += _address_lines(local, remote if opts.server else None, local_addr, remote_addr)
+    return opts, local, remote, out
+
+
+def ib_write_lat(hw: Hardware, args: list[str]) -> int:
+    started = _prologue(hw, args, "RDMA_Write Latency Test", bandwidth=False)
+    if started is None:
+        return 1
+    opts, local, remote, out = started
     out.append(LAT_HEADER)
     typical = max(local.latency_us, remote.latency_us if remote else 0.0)
     sizes = [2 ** k for k in range(1, 24)] if opts.all_sizes else [opts.size or 2]
@@ -174,19 +183,10 @@ def ib_write_lat(hw: Hardware, args: list[str]) -> int:
 
 
 def ib_write_bw(hw: Hardware, args: list[str]) -> int:
-    opts = _Options(args)
-    local, remote, local_addr, remote_addr = _peer(hw, opts)
-    if opts.server is None:
-        print("\n************************************\n* Waiting for client to connect... *\n"
-              "************************************")
-        remote = local
-    out = _settings(hw, local, "RDMA_Write BW Test", bandwidth=True)
-    failure = _check_ports(local, remote)
-    if failure:
-        print("\n".join(out))
-        print(failure)
+    started = _prologue(hw, args, "RDMA_Write BW Test", bandwidth=True)
+    if started is None:
         return 1
-    out += _address_lines(local, remote if opts.server else None, local_addr, remote_addr)
+    opts, local, remote, out = started
     unit = "Gb/sec" if opts.gbits else "MB/sec"
     out.append(BW_HEADER.format(unit=unit))
     rate = min(local.rate_gbps, remote.rate_gbps if remote else local.rate_gbps)
