@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.tree import Tree
 
-from cli.options import inventory_option, limit_option
+from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import inventory as inv
 from cluster import validate as val
+from cluster import vault
 from cluster.model import Cluster
 
 
@@ -23,9 +25,10 @@ def command() -> None:
 @inventory_option
 @limit_option
 @click.option("--json", "as_json", is_flag=True, help="Print the model as JSON.")
-def show(inventory: str, limit: str | None, as_json: bool) -> None:
+@vault_password_file_option
+def show(inventory: str, limit: str | None, as_json: bool, vault_password_file: Path | None) -> None:
     """Draw racks -> nodes -> IUs (GPUs, NUMA node, port, NICs, address)."""
-    cluster = inv.load_cluster(inventory, limit)
+    cluster = inv.load_cluster(inventory, limit, vault.secrets_for(vault_password_file))
     if as_json:
         click.echo(json.dumps(cluster.to_json(), indent=2))
         return
@@ -56,9 +59,10 @@ def cluster_tree(cluster: Cluster, title: str) -> Tree:
 @command.command("validate")
 @inventory_option
 @limit_option
-def validate(inventory: str, limit: str | None) -> None:
+@vault_password_file_option
+def validate(inventory: str, limit: str | None, vault_password_file: Path | None) -> None:
     """Report every inventory problem at once (exit 2 if any)."""
-    loaded = inv.load_inventory(inventory, limit)
+    loaded = inv.load_inventory(inventory, limit, vault.secrets_for(vault_password_file))
     problems = val.validate(loaded.selected, loaded.everyone)
     if problems:
         for problem in problems:

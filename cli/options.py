@@ -1,9 +1,29 @@
 """Click options shared by several commands."""
 
+from pathlib import Path
+
 import click
+
+from cluster import vault
 
 inventory_option = click.option(
     "-i", "--inventory", "inventory", required=True, type=click.Path(path_type=str),
     help="Ansible inventory (file or directory), loaded the way Ansible loads it.",
 )
 limit_option = click.option("--limit", "-l", "limit", default=None, help="Ansible host pattern, e.g. rack_r12.")
+
+
+def _checked_vault_password_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    # Checked while the options are parsed, before the inventory is read: a bad file is exit 2, one line.
+    return vault.check_vault_password_file(value) if value else None
+
+
+# The command gets the checked absolute path (or None); vault.secrets_for(path) gives the loader's secrets.
+vault_password_file_option = click.option(
+    "--vault-password-file", "vault_password_file", type=click.Path(path_type=Path), default=None,
+    callback=_checked_vault_password_file,
+    help="Vault password for vault-encrypted inventory variables (Consul ACL token, BMC password): "
+         "a file holding it, mode 0600, or an executable vault password script. Keep secrets in "
+         "ansible-vault encrypted vars, never in plain inventory files. Default: what Ansible's "
+         "configuration names (ANSIBLE_VAULT_PASSWORD_FILE).",
+)

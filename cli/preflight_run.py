@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from cli.options import vault_password_file_option
+
 STATE_DIR_HELP = "Where runs are saved (default .state/preflight)."
 
 
@@ -90,11 +92,12 @@ def run_preflight_command(
     strict: bool,
     release: bool,
     state_dir: Path | None,
+    vault_password_file: Path | None = None,
 ) -> int:
     from rich.console import Console
 
     from cli.errors import UsageError
-    from cluster import load_cluster
+    from cluster import load_cluster, vault
     from preflight import checks as registry
     from preflight import history, report
     from preflight.checks.base import RunOptions
@@ -114,7 +117,7 @@ def run_preflight_command(
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{option} {path}: directory {Path(path).resolve().parent} does not exist")
     # Whatever is wrong with the inventory or the profiles is reported before any host is contacted.
-    cluster = load_cluster(inventory, limit)
+    cluster = load_cluster(inventory, limit, vault.secrets_for(vault_password_file))
     nodes = list(cluster.nodes())
     if not nodes:
         raise UsageError(f"{inventory}: no hosts match --limit {limit!r}")
@@ -273,6 +276,7 @@ def attach(group: click.Group) -> click.Group:
     group.invoke_without_command = True
     group.no_args_is_help = False
     group.params.extend(RUN_OPTIONS)
+    vault_password_file_option(group)  # click adds an option decorator's option to a command's params
     group.help = (group.help or "") + (
         "\n\nWithout a subcommand, runs the checks: clusterctl preflight -i INVENTORY [--limit PATTERN]."
         "\n\nExit codes: 0 all passed (WARN allowed unless --strict), 1 a check failed, 2 usage/inventory/"

@@ -2,18 +2,25 @@
 
     clusterctl provision -i INV [--limit PATTERN] [--tags T] [--check --diff] [--batches 1,10%,100%]
                          [--forks N] [--plan] [--playbook site.yml] [--run-dir DIR]
+                         [--vault-password-file FILE]
 
 The inventory is validated first (exit 2, no host contacted). The playbook runs through ansible-runner
 in this process (``ansible_runner.run(event_handler=...)``); every event is appended to
 ``<run dir>/events.jsonl`` (default ``.state/runs/<UTC timestamp>/``), a live view shows the batch and
 each host's current task and counts, and a recap table follows. Exit 0 only when no host failed or was
 unreachable and every planned host ran.
+
+``--vault-password-file`` is checked first (exists; a plain file must be 0600, an executable one is a
+vault password script), then decrypts vault content while the inventory loads and goes to
+ansible-playbook as its own ``--vault-password-file``: only the path travels, never the password.
+Without it, both use what Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_FILE...).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,8 +31,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from cli.options import inventory_option, limit_option
+from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import provision as prov
+from cluster import vault
 
 STATUS_STYLE = {
     "waiting": "dim", "running": "cyan", "ok": "green", "failed": "bold red", "unreachable": "bold red",
@@ -45,21 +53,27 @@ STATUS_STYLE = {
 @click.option("--playbook", default="site.yml", show_default=True, help="Playbook in playbooks/ (or a path).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Where events.jsonl and runner artifacts go (default .state/runs/<timestamp>).")
+@vault_password_file_option
 def command(
     inventory: str, limit: str | None, tags: str | None, check: bool, diff: bool, batches: str | None,
-    forks: int | None, plan_only: bool, playbook: str, run_dir: Path | None,
+    forks: int | None, plan_only: bool, playbook: str, run_dir: Path | None, vault_password_file: Path | None,
 ) -> None:
     """Provision nodes with the Ansible roles, batch by batch; a failed batch stops the rollout."""
+    vault_secrets = vault.secrets_for(vault_password_file)  # the file was checked by the option
     tag_list = [t.strip() for t in tags.split(",") if t.strip()] if tags else []
     sizes = prov.parse_batches(batches) if batches else list(prov.DEFAULT_BATCHES)
     serial_one = Path(playbook).name == "rolling-restart.yml"  # that playbook is one node at a time
-    plan = prov.make_plan(inventory, playbook, limit, tag_list, sizes, serial_one=serial_one)
+    plan = prov.make_plan(
+        inventory, playbook, limit, tag_list, sizes, serial_one=serial_one, vault_secrets=vault_secrets
+    )
     console = Console()
     if plan_only:
         console.print(plan_view(plan))
         return
     run_dir = run_dir or Path(".state") / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    rollout, rc = run_playbook(plan, run_dir, console, check=check, diff=diff, forks=forks)
+    rollout, rc = run_playbook(
+        plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file
+    )
     console.print(recap_table(rollout))
     for message in rollout.messages[:20]:
         console.print(f"[red]{message}[/]", highlight=False)
@@ -70,14 +84,23 @@ def command(
 
 
 def run_playbook(
-    plan: prov.Plan, run_dir: Path, console: Console, *, check: bool, diff: bool, forks: int | None
+    plan: prov.Plan, run_dir: Path, console: Console, *, check: bool, diff: bool, forks: int | None,
+    vault_password_file: Path | None = None,
 ) -> tuple[prov.Rollout, int]:
     import ansible_runner
 
     run_dir = run_dir.resolve()
     (run_dir / "runner").mkdir(parents=True, exist_ok=True)
     rollout = prov.Rollout(plan)
-    cmdline = " ".join(flag for flag, on in (("--check", check), ("--diff", diff)) if on)
+    args = [flag for flag, on in (("--check", check), ("--diff", diff)) if on]
+    if vault_password_file:
+        # ansible-playbook's own --vault-password-file (absolute path; the runner's cwd is the project
+        # dir) rather than ANSIBLE_VAULT_PASSWORD_FILE in envvars: it is explicit in the runner's recorded
+        # command, and Ansible adds it to an ANSIBLE_VAULT_PASSWORD_FILE the operator already exports
+        # instead of silently replacing it. Only the path is on the command line; ansible-playbook reads
+        # the file (or runs the script) itself.
+        args += ["--vault-password-file", str(vault_password_file)]
+    cmdline = shlex.join(args)
     with (run_dir / "events.jsonl").open("a") as events, Live(
         live_view(rollout), console=console, refresh_per_second=4, transient=True
     ) as live:

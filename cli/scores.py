@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.errors import ClusterctlError
+from cli.options import vault_password_file_option
 from eas_agent.consul_io import ConsulIO, ConsulUnavailable
 from eas_agent.scheduler import ConsulWatcher, IUEntry, PoolView
 
@@ -36,10 +37,12 @@ SHOWN = (
 )
 
 
-def _inventory_settings(inventory: str) -> tuple[str | None, str | None, dict[str, tuple[str, str]]]:
-    from cluster import load_cluster
+def _inventory_settings(
+    inventory: str, vault_password_file: Path | None = None
+) -> tuple[str | None, str | None, dict[str, tuple[str, str]]]:
+    from cluster import load_cluster, vault
 
-    cluster = load_cluster(inventory)
+    cluster = load_cluster(inventory, vault_secrets=vault.secrets_for(vault_password_file))
     expected, addr, dc = {}, None, None
     for node in cluster.nodes():
         addr = addr or node.vars.get("consul_http_addr")
@@ -130,12 +133,13 @@ def table(data: list[dict], title: str) -> Table:
 )
 @click.option("--watch", is_flag=True, help="Keep the table live (blocking queries) until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def command(inventory, consul_addr, datacenter, token_file, watch, as_json) -> None:
+@vault_password_file_option
+def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vault_password_file) -> None:
     """Show the load scores the EAS agents publish, with health, age and anomaly flags."""
     expected: dict[str, tuple[str, str]] = {}
     inv_addr = inv_dc = None
     if inventory:
-        inv_addr, inv_dc, expected = _inventory_settings(inventory)
+        inv_addr, inv_dc, expected = _inventory_settings(inventory, vault_password_file)
     addr = consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", "127.0.0.1:8500")
     addr = addr.removeprefix("http://")
     dc = datacenter or inv_dc or "dc1"

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from cluster import vault
 from cluster.inventory import InventoryError, load_cluster, load_inventory
 
 DEFAULT_BATCHES: tuple[int | str, ...] = (1, "10%", "50%", "100%")
@@ -146,11 +147,17 @@ def make_plan(
     tags: Sequence[str] = (),
     batch_sizes: Sequence[int | str] = DEFAULT_BATCHES,
     serial_one: bool = False,
+    vault_secrets: vault.VaultSecrets | None = None,
 ) -> Plan:
-    """Validate the inventory (InventoryError, exit 2, before any host is contacted) and plan the run."""
-    load_cluster(inventory, limit)
+    """Validate the inventory (InventoryError, exit 2, before any host is contacted) and plan the run.
+
+    ``vault_secrets`` (from ``--vault-password-file``) decrypt vault-encrypted vars files and values;
+    None: the ones Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_FILE...), read once here.
+    """
+    secrets = vault.configured_vault_secrets() if vault_secrets is None else vault_secrets
+    load_cluster(inventory, limit, secrets)
     # Play order is inventory order (the model sorts by rack): take it from Ansible's own host list.
-    hosts = tuple(load_inventory(inventory, limit).selected)
+    hosts = tuple(load_inventory(inventory, limit, secrets).selected)
     path = resolve_playbook(playbook)
     sizes = (1,) if serial_one else tuple(batch_sizes)
     return Plan(

@@ -155,11 +155,12 @@ def check_nics(host: str, hv: Mapping[str, Any]) -> list[Problem]:
 def check_redfish(host: str, hv: Mapping[str, Any]) -> list[Problem]:
     if not hv.get("cpu_cstates_redfish"):
         return []
-    # Only presence is checked: the password is usually a vault value that is not decrypted here.
+    # Only presence is checked: the password is usually an inline vault value, which is never decrypted
+    # here (comparing one to "" would decrypt it): it is set, whether or not a vault password was given.
     return [
         Problem(host, var, None, "cpu_cstates_redfish is on but this BMC variable is missing")
         for var in BMC_VARS
-        if hv.get(var) in (None, "")
+        if hv.get(var) is None or (isinstance(hv[var], str) and hv[var] == "")
     ]
 
 
