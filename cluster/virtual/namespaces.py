@@ -6,7 +6,8 @@ Layout under ``<inventory_dir>/.sim/`` (the state dir, a tmpfs while the hosts a
     cache/              /sys/devices/system/{cpu,node} trees, shared by hosts with identical CPUs
     <host>/python       ansible_python_interpreter: the venv's python inside the host's namespaces
     <host>/run          clusterctl_exec_prefix: any argv inside the host's namespaces, stubs first on PATH
-    <host>/state/       seen inside as /run/clusterctl-sim: host.json (hardware + faults), calls.log
+    <host>/state/       seen inside as /run/clusterctl-sim: host.json (hardware + faults), calls.log,
+                        python-cpu.log (CPU of each module run, for benchmarks)
     <host>/upper/, work/  overlay upper and work dirs of /etc, /usr/local, /opt, /var
     <host>/sys/, proc/  simulated /sys subtrees and /proc files
 
@@ -43,6 +44,7 @@ from cluster.virtual.stubs import peers
 
 STATE_DIR_NAME = ".sim"
 SIM_RUN_DIR = "/run/clusterctl-sim"  # where a host sees its state/ dir
+PYTHON_CPU_LOG = "python-cpu.log"  # `times` output after every run of the host's python (module runs)
 OVERLAID_DIRS = ("etc", "usr/local", "opt", "var")
 READ_ONLY_DIRS = ("usr", "boot")
 DROPPED_CAPS = ("sys_module", "sys_boot", "sys_time")
@@ -217,7 +219,14 @@ def _write_wrappers(paths: HostPaths, hw: Hardware, address: str, python: str) -
         )
         # Keep the caller's directory, except under /run, which is the host's own tmpfs inside.
         workdir = 'case "$PWD" in /run|/run/*) wd=/ ;; *) wd="$PWD" ;; esac\n'
-        python_body = workdir + f'exec {enter} PATH="{HOST_PATH}:$PATH" {shlex.quote(python)} "$@"\n'
+        # Not exec'd: the shell waits and appends the CPU time its child used (user + system, `times`) to
+        # state/python-cpu.log, so benchmarks can tell the host side of a run from the controller's.
+        python_body = workdir + (
+            f'{enter} PATH="{HOST_PATH}:$PATH" {shlex.quote(python)} "$@"\n'
+            "rc=$?\n"
+            f"times >> {shlex.quote(str(paths.state / PYTHON_CPU_LOG))} 2>/dev/null\n"
+            "exit $rc\n"
+        )
         run_body = workdir + f'exec {enter} PATH="{HOST_PATH}" "$@"\n'
     header = "#!/bin/sh\n# Simulated host {host}: {what} (written by `clusterctl virtual up`).\n"
     for path, what, body in (

@@ -49,6 +49,41 @@ def test_second_run_changes_nothing(provisioned):
     assert stats["changed"] == {}, f"not idempotent: {stats['changed']}"
 
 
+def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provisioned):
+    """The roles skip writes, users and units that clusterctl.infra.host_state finds in place: each kind of
+    drift below must still be found and repaired by the next run, and the run after that changes nothing."""
+    host, sh = ROCE_HOST, lambda script: provisioned.on_host(ROCE_HOST, "sh", "-ec", script)
+    drift = sh(
+        "echo NCCL_DEBUG=INFO >> /etc/nccl.conf\n"                                   # content
+        "chmod 0644 /etc/vllm-iu/0.env\n"                                            # mode
+        "chgrp root /etc/consul.d/consul.hcl\n"                                      # group
+        "rm /etc/consul.d/vllm-iu-r02n01-iu1.json /usr/local/sbin/roce-dcqcn\n"       # missing files
+        "echo {} > /etc/consul.d/vllm-iu-r02n01-iu7.json\n"                          # an IU that no longer exists
+        "rm -r /etc/systemd/system/vllm-iu@1.service.d\n"                            # missing directory
+        "chmod 0755 /etc/eas-agent\n"                                               # directory mode
+        "SYSTEMD_OFFLINE=1 systemctl disable eas-agent.service\n"                    # unit
+        "usermod -s /bin/sh eas-agent\n"                                             # user
+    )
+    assert drift.returncode == 0, drift.stderr
+    repair = provisioned.provision("repair", "--batches", "100%", "--limit", host)
+    assert repair.returncode == 0, repair.stdout[-3000:]
+    changed = stats_of(provisioned.run_dirs["repair"] / "events.jsonl")["changed"]
+    assert changed.get(host, 0) >= 7, changed
+    assert provisioned.read(host, "/etc/nccl.conf") == golden("nccl-roce.conf")
+    assert provisioned.stat(host, "/etc/vllm-iu/0.env") == "640 root vllm"
+    assert provisioned.stat(host, "/etc/consul.d/consul.hcl") == "640 root consul"
+    assert provisioned.exists(host, "/etc/consul.d/vllm-iu-r02n01-iu1.json")
+    assert not provisioned.exists(host, "/etc/consul.d/vllm-iu-r02n01-iu7.json")
+    assert provisioned.read(host, "/usr/local/sbin/roce-dcqcn") == golden("roce-dcqcn.sh")
+    assert provisioned.exists(host, "/etc/systemd/system/vllm-iu@1.service.d/10-numa.conf")
+    assert provisioned.stat(host, "/etc/eas-agent") == "750 root eas-agent"
+    assert provisioned.exists(host, "/etc/systemd/system/multi-user.target.wants/eas-agent.service")
+    assert provisioned.on_host(host, "getent", "passwd", "eas-agent").stdout.strip().endswith(":/usr/sbin/nologin")
+    again = provisioned.provision("after-repair", "--batches", "100%", "--limit", host)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert stats_of(provisioned.run_dirs["after-repair"] / "events.jsonl")["changed"] == {}
+
+
 def test_check_diff_reports_changes_but_changes_nothing(provisioned):
     run = provisioned.runs["check"]
     assert run.returncode == 0, run.stdout[-3000:]
