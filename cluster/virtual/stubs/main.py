@@ -37,7 +37,8 @@ def run_tool(tool: str, args: list[str], hw: Hardware) -> int:
 
 
 def main() -> None:
-    tool = os.path.basename(sys.argv[0])
+    # A shell front (systemctl's) names the tool it hands over; otherwise the name this program was called by.
+    tool = os.environ.pop("CLUSTERCTL_SIM_TOOL", None) or os.path.basename(sys.argv[0])
     args = sys.argv[1:]
     if tool not in TOOLS:
         sys.exit(f"{tool}: not a simulated tool (one of {', '.join(TOOLS)})")

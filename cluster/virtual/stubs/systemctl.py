@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 from cluster.virtual.hardware import Hardware, cpulist
+from cluster.virtual.stubs import REAL_SYSTEMCTL
 from cluster.virtual.stubs.main import StubUsageError
 
 UNIT_DIRS = (Path("/etc/systemd/system"), Path("/run/systemd/system"), Path("/lib/systemd/system"),
              Path("/usr/lib/systemd/system"))
-REAL_SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")
 LIST_KEYS = {"Environment", "CPUAffinity", "NUMAMask", "ExecStartPre", "ExecStartPost", "After", "Wants",
              "Requires", "EnvironmentFile"}
 CPU_SET_KEYS = {"CPUAffinity", "NUMAMask"}
