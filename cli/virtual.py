@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 
 from cli.errors import ClusterctlError
+from cli.options import vault_password_file_option
+from cluster import vault
 from cluster.model import GPU_MODELS
 from cluster.virtual import create as create_inventory
 from cluster.virtual import simulate
@@ -41,9 +43,10 @@ def create(directory: Path, nodes: int, racks: int, gpu_model: str, fabric: str,
 @command.command("up")
 @click.argument("inventory", type=click.Path(exists=True, path_type=str))
 @click.option("--limit", "-l", default=None, help="Ansible host pattern: bring up only these hosts.")
-def up(inventory: str, limit: str | None) -> None:
+@vault_password_file_option
+def up(inventory: str, limit: str | None, vault_password_file: Path | None) -> None:
     """Bring up the inventory's simulated hosts (tears down any previous ones first)."""
-    result = simulate.up(inventory, limit)
+    result = simulate.up(inventory, limit, vault.secrets_for(vault_password_file))
     note = f" ({len(result.unreachable)} unreachable: {', '.join(result.unreachable)})" if result.unreachable else ""
     click.echo(f"{inventory}: {len(result.hosts)} simulated hosts up in {result.seconds:.2f}s{note}")
 

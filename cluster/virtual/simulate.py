@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cluster.errors import ClusterctlError
 from cluster.inventory import load_cluster
+from cluster.vault import VaultSecrets
 from cluster.virtual import faults, hardware, namespaces
 
 
@@ -29,9 +30,10 @@ def inventory_dir(inventory: str | Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def simulated_hosts(inventory: str | Path, limit: str | None = None) -> dict[str, namespaces.SimHost]:
+def simulated_hosts(inventory: str | Path, limit: str | None = None,
+                    vault_secrets: VaultSecrets | None = None) -> dict[str, namespaces.SimHost]:
     """Every host of the inventory with its hardware (``sim_faults`` applied), faults and address."""
-    cluster = load_cluster(inventory, limit)
+    cluster = load_cluster(inventory, limit, vault_secrets)
     hosts = {}
     pinned_lids: dict[str, int | None] = {}
     problems = []
@@ -73,9 +75,9 @@ def _exclusive(directory: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def up(inventory: str | Path, limit: str | None = None) -> UpResult:
+def up(inventory: str | Path, limit: str | None = None, vault_secrets: VaultSecrets | None = None) -> UpResult:
     start = time.monotonic()
-    hosts = simulated_hosts(inventory, limit)
+    hosts = simulated_hosts(inventory, limit, vault_secrets)
     try:
         with _exclusive(inventory_dir(inventory)):
             namespaces.up(namespaces.state_dir_of(inventory_dir(inventory)), hosts)

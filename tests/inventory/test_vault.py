@@ -165,3 +165,23 @@ def test_an_unsafe_ansible_vault_password_file_is_one_line(vaulted, tmp_path):
         f"error: ANSIBLE_VAULT_PASSWORD_FILE {unsafe}: mode 0644 lets group/others read the vault password; "
         f"run: chmod 600 {unsafe}\n"
     )
+
+
+def test_virtual_up_takes_the_vault_password_file(tmp_path):
+    """`virtual up` loads the inventory too: a file encrypted as a whole needs the password there as well."""
+    inventory = tmp_path / "virtual"
+    created = clusterctl("virtual", "create", str(inventory), "--nodes", "1", "--racks", "1", "--faults", "none")
+    assert created.returncode == 0, created.stderr
+    vault_file = inventory / "group_vars" / "rack_r01" / "vault.yml"
+    vault_file.parent.mkdir(parents=True, exist_ok=True)
+    vault_file.write_text(encrypt("eas_agent_consul_token: virtual-up-token\n"))
+    secret = password_file(tmp_path)
+    try:
+        refused = clusterctl("virtual", "up", str(inventory))
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert str(vault_file) in refused.stderr and "no vault password" in refused.stderr
+        started = clusterctl("virtual", "up", str(inventory), "--vault-password-file", str(secret))
+        assert started.returncode == 0, started.stderr
+        assert "1 simulated hosts up" in started.stdout
+    finally:
+        assert clusterctl("virtual", "down", str(inventory)).returncode == 0
