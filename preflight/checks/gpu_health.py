@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from preflight.checks.base import Check, GatherError, NodeContext, parse_output
+from preflight.checks.base import Check, GatherError, NodeContext, excerpt, parse_output
 from preflight.result import CheckResult, Verdict
 
 NVSMI_Q = ["nvidia-smi", "-q"]
@@ -138,7 +138,12 @@ class GpuHealth(Check):
         health = ctx.profile["health"]
         try:
             text = ctx.output(NVSMI_Q)
-            gpus = parse_output("nvsmi-q", text, "nvidia-smi -q").gpus
+            report = parse_output("nvsmi-q", text, "nvidia-smi -q")
+            if report.attached is not None and len(report.gpus) < report.attached:
+                # The parser takes one whole block as `-q -i N`; here every GPU was asked for.
+                raise GatherError(f"`nvidia-smi -q` printed {len(report.gpus)} of {report.attached} attached GPUs",
+                                  command="nvidia-smi -q", output=excerpt(text))
+            gpus = report.gpus
             fields = nvsmi_q_fields(text)
             log = self.kernel_log(ctx)
             fabric = self.fabric_state(ctx, fields) if ctx.profile["gpu"]["nvswitch"] else None

@@ -75,6 +75,8 @@ from preflight.parsers.common import (
 _GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 _LOG_HEADER = re.compile(r"^=+NVSMI LOG=+\s*$")
 _ATTACHED = re.compile(r"^Attached GPUs\s*:\s*(\d+)\s*$")
+# What every `nvidia-smi -q` (and `-q -d ECC`) prints for a datacenter GPU, K80 to H200.
+_HEALTH_SECTIONS = frozenset({"ECC Mode", "ECC Errors"})
 _RETIRED_PENDING_KEYS = ("Pending Page Blacklist", "Pending Page Retirement", "Pending")
 
 Path = tuple[str, ...]
@@ -108,6 +110,8 @@ class NvsmiReport:
     gpus: list[GpuMemoryHealth]
     driver_version: str | None = None
     cuda_version: str | None = None
+    # "Attached GPUs" of the header: more than len(gpus) for `nvidia-smi -q -i N` (one GPU of the node).
+    attached: int | None = None
 
     def gpu(self, bus_id: str) -> GpuMemoryHealth | None:
         """By full (00000000:07:00.0) or short (07:00.0) PCI bus id."""
@@ -160,16 +164,23 @@ def _parse_run(run: list[Line]) -> NvsmiReport:
         gpus[-1][1][path] = (value.strip(), line)
 
     end = last_nonblank(run)
-    if attached is not None and len(gpus) < attached[0]:
-        raise ParseError(end.no, end.text, f"output ends after {len(gpus)} of {attached[0]} attached GPUs")
+    missing: list[str] = []
     if gpus:
         sections = {path[0] for path in gpus[0][1]}
         missing = sorted(sections - {path[0] for path in gpus[-1][1]})
         if missing and len(gpus) > 1:
             raise ParseError(end.no, end.text, f"GPU {gpus[-1][0].text.split()[1]} ends before its "
                                                f"{', '.join(missing)} section(s)")
+    # Fewer blocks than attached GPUs is a cut output, except for one whole block: `nvidia-smi -q -i N`, what
+    # on-call runs on the one suspect GPU (whole = with the health sections every -q and -q -d ECC prints).
+    # Several blocks could be `-i 0,1,2` or a cut exactly between GPUs: that stays an error. `attached` is
+    # kept, so a caller expecting the whole node (preflight's gpu_health) can tell.
+    if attached is not None and len(gpus) < attached[0] and (
+            len(gpus) != 1 or not _HEALTH_SECTIONS <= {path[0] for path in gpus[0][1]}):
+        raise ParseError(end.no, end.text, f"output ends after {len(gpus)} of {attached[0]} attached GPUs")
     return NvsmiReport([_typed_gpu(line, values) for line, values in gpus],
-                       optional(header.get("Driver Version")), optional(header.get("CUDA Version")))
+                       optional(header.get("Driver Version")), optional(header.get("CUDA Version")),
+                       attached[0] if attached else None)
 
 
 def _typed_gpu(gpu_line: Line, values: dict[Path, tuple[str, Line]]) -> GpuMemoryHealth:

@@ -197,6 +197,16 @@ def test_gpu_fabric_state_is_read_where_the_driver_prints_it():
     assert "not trained" in result.reason
 
 
+def test_one_gpu_block_of_eight_attached_is_an_error_not_a_pass():
+    """The parser reads a whole lone block as `-q -i N`; gpu_health asked for every GPU, so the other 7
+    are unknown: ERROR with an excerpt, never a PASS on one GPU's health."""
+    text = fixture_text("nvsmi_q", "h100-sxm-driver550-i-3-one-gpu-remap-pending.txt")
+    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    assert result.verdict is Verdict.ERROR
+    assert "printed 1 of 8 attached GPUs" in result.reason
+    assert "GPU 00000000:5D:00.0" in result.evidence["output"]
+
+
 def test_unparseable_nvidia_smi_q_is_an_error():
     t = health_transport(fixture_text("nvsmi_q", "truncated-after-3-of-8-gpus.txt"))
     [result] = gpu_health.CHECK.run(context(t))

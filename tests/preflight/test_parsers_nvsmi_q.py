@@ -108,3 +108,24 @@ def test_gpu_blocks_without_the_log_header():
     text = (DIR / "a100-pcie-driver525-ecc-disabled.txt").read_text()
     body = text[text.index("GPU 00000000:3B:00.0"):]
     assert [g.bus_id for g in nvsmi_q.parse(body).gpus] == ["00000000:3B:00.0", "00000000:D8:00.0"]
+
+
+def test_one_gpu_query_is_not_truncation():
+    """`nvidia-smi -q -i 3`: the header still counts 8 attached GPUs; the one block is whole."""
+    report = load("h100-sxm-driver550-i-3-one-gpu-remap-pending.txt")
+    assert [g.bus_id for g in report.gpus] == ["00000000:5D:00.0"]
+    assert report.attached == 8
+    gpu = report.gpus[0]
+    assert (gpu.volatile_uncorrectable, gpu.remap_pending) == (2, True)
+
+
+def test_one_gpu_cut_before_its_health_sections_is_truncated():
+    text = (DIR / "h100-sxm-driver550-i-3-one-gpu-remap-pending.txt").read_text().split("\n")
+    cut = "\n".join(text[: text.index("    ECC Errors")])
+    with pytest.raises(ParseError) as info:
+        nvsmi_q.parse(cut)
+    assert "1 of 8" in info.value.message
+
+
+def test_whole_output_keeps_the_attached_count():
+    assert load("h100-sxm-driver550-dram-uncorrectable-remap-pending.txt").attached == 8
