@@ -32,10 +32,11 @@ hysteresis, min write interval, 2 s heartbeat, CAS into eas_agent's MemoryStore)
 every 200 ms of simulated time, and PoolView/AnomalyDetector/EdgeLedger/pick per edge (routesim/agents.py,
 routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
 
-Also printed: a "why" line per `ours` row (of the requests that queued > 500 ms, how many went to an IU whose
-published score said it was free, and its true wait then), and what-if rows for a proposed `drain` change
-(routesim/proposal.py: + the prompt tokens admitted but not yet prefilled; not the shipped agent code;
---no-proposal skips them). Agents get the parsed /metrics values by default; --scrape text makes them parse
+Also printed: "before" rows, the `ours` rows with `drain` as it was before its admitted-prefill term
+(prefill_s = prompt tokens admitted but not yet prefilled / prefill rate; DrainParams.admitted_backlog=False),
+on the same trace, for a before/after in one run (--no-before skips them); a "why" line per `ours`/"before" row
+(of the requests that queued > 500 ms, how many went to an IU whose published score said it was free, and its
+true wait then). Agents get the parsed /metrics values by default; --scrape text makes them parse
 the text with their own parser (same numbers, 2x the CPU).
 """
 
@@ -54,9 +55,9 @@ from routesim.capacity import saturated_rate  # noqa: E402
 from routesim.model import IUModel  # noqa: E402
 from routesim.report import as_json, plot, print_report, summarize  # noqa: E402
 from routesim.runner import (  # noqa: E402
+    before_scenarios,
     edge_scenarios,
     main_scenarios,
-    proposal_scenarios,
     run_scenario,
     staleness_scenarios,
 )
@@ -81,8 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="size the traces by request count at 80%% load instead of --duration (tests)")
     parser.add_argument("--edge-counts", default="1,4,16", help="edge sensitivity (default 1,4,16; '' skips)")
     parser.add_argument("--staleness-ms", default="50,200,1000", help="score-age sensitivity ('' skips)")
-    parser.add_argument("--no-proposal", action="store_true",
-                        help="skip the what-if rows (drain + admitted prefill backlog, routesim/proposal.py)")
+    parser.add_argument("--no-before", action="store_true",
+                        help="skip the 'before' rows (drain without its admitted-prefill term)")
     parser.add_argument("--scrape", choices=("text", "direct"), default="direct",
                         help="agents get the parsed /metrics values (default; equal to parsing the text, "
                              "tests/bench checks it) or parse the text with the agent's parser (2x slower)")
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.edges} edges; agent scrapes: {'parsed values' if direct else '/metrics text'}",
     ]
 
-    main_rows, edge_rows, stale_rows, proposal_rows = [], [], [], []
+    main_rows, edge_rows, stale_rows, before_rows = [], [], [], []
     sens_load = 0.8 if 0.8 in loads else loads[0]
     for load in loads:
         trace = poisson_trace(load * capacity, duration, stable_seed(args.seed, f"trace at {load}", 0))
@@ -149,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 edge_rows.append(run(scenario))
         stale_rows += [run(s) for s in staleness_scenarios(_ints(args.staleness_ms), args.edges)]
-        if not args.no_proposal:
-            chosen = proposal_scenarios(args.edges)
-            proposal_rows += [run(s) for s in (chosen[:2] if args.quick else chosen)]  # 50 ms scores: 4x cycles
+        if not args.no_before:
+            chosen = before_scenarios(args.edges)
+            before_rows += [run(s) for s in (chosen[:2] if args.quick else chosen)]  # 50 ms scores: 4x cycles
 
-    checks = print_report(out, header, main_rows, edge_rows, stale_rows, proposal_rows)
+    checks = print_report(out, header, main_rows, edge_rows, stale_rows, before_rows)
     if args.plot_path:
         problem = plot(args.plot_path, main_rows, edge_rows, stale_rows)
         err.print(problem or f"plot: {args.plot_path}", highlight=False)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json_path).write_text(json.dumps({
             "seed": args.seed, "capacity_req_s": round(capacity, 3), "duration_s": duration, "warmup_s": warmup,
             "main": as_json(main_rows), "edges": as_json(edge_rows), "staleness": as_json(stale_rows),
-            "proposal": as_json(proposal_rows),
+            "before": as_json(before_rows),
             "targets": [c.__dict__ for c in checks],
         }, indent=1, default=str))
     err.print(f"done in {time.monotonic() - started:.0f} s ({time.process_time():.0f} s CPU)", highlight=False)

@@ -8,7 +8,8 @@ GPU types (an H200 IU that drains twice as fast scores half as much with the sam
     queue_s        = backlog_tokens / prefill_eff
     kv_s           = max(0, kv_usage - kv_high) x residency_s / kv_usage
     step_s         = running / decode_tps
-    drain          = queue_s + kv_s + step_s
+    prefill_s      = admitted_prefill_tokens / prefill_tps
+    drain          = queue_s + kv_s + step_s + prefill_s
 
 - vLLM exposes no waiting-token gauge: the backlog uses the mean prompt of the vllm:request_prompt_tokens
   histogram (_sum/_count);
@@ -16,7 +17,22 @@ GPU types (an H200 IU that drains twice as fast scores half as much with the sam
 - queue_s is the prefill of everything queued ahead;
 - kv_s is the time until running requests free the KV above the level where vLLM starts preempting
   (``kv_high``), with residency_s = running / completions per s (Little's law);
-- step_s is one decode step of the current batch: the wait for the next scheduling point.
+- step_s is one decode step of the current batch: the wait for the next scheduling point;
+- prefill_s is the prefill of prompts the IU has admitted but not finished prefilling (below).
+
+Admitted prefill backlog: vLLM V1 counts a request whose prompt is being prefilled in chunks as *running*
+(not waiting) and adds its prompt to ``prompt_tokens_total`` only at its first token, so without this term
+an IU chewing through a 12,842-token prompt (~1 s) looks nearly idle. V1 adds a request's tokens to
+``prefix_cache_queries_total`` when the scheduler admits it (the prefix-cache lookup), so
+``queries - prompt_tokens`` grows by each prompt at admission and shrinks by it at its first token: the
+prompt tokens admitted but not yet prefilled. The difference also drifts upwards, never down: a lookup
+whose request then cannot get KV blocks, and the recompute of a preempted request, are counted in queries
+but never again in prompt_tokens. So the difference is measured from an offset (:class:`AdmittedBacklog`)
+that is re-zeroed whenever the IU is idle (nothing running or waiting: the true backlog is 0, the whole
+difference is drift), at the first reading and after a counter reset (a vLLM restart: counters drop), and
+lowered whenever the difference falls below it, so the backlog is never negative. Between idle moments the
+drift is not removed: an IU that never idles while preempting can look busier than it is. Older vLLM (V0,
+V1 before the prefix-cache counters) has no ``prefix_cache_queries_total``: the term is 0 there.
 
 ``prefill_tps``/``decode_tps`` are the IU's measured capacities: a decaying peak of the windowed token rates
 (an IU is only measured at capacity while it is saturated; the peak halves every ``capacity_half_life_s``
@@ -40,6 +56,7 @@ from dataclasses import dataclass, field
 from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.network import NetReading
 from eas_agent.collectors.vllm import VllmReading
+from eas_agent.vllm_metrics import VllmMetrics
 
 PASSING, WARNING, CRITICAL = "passing", "warning", "critical"
 KV_SHARE_OF_USED_MEMORY = 0.42
@@ -76,6 +93,7 @@ class DrainParams:
     frozen_after_s: float = 10.0  # token counters still while requests run: the engine is hung
     capacity_half_life_s: float = 300.0
     min_prefill_share: float = 0.1
+    admitted_backlog: bool = True  # prefill_s term; False: the score before it (bench/route_sim's "before" rows)
 
 
 class Capacity:
@@ -94,6 +112,26 @@ class Capacity:
             self.value = max(self.value, measured)
         self.value = max(self.value, self.prior / 4)
         return self.value
+
+
+class AdmittedBacklog:
+    """Prompt tokens admitted but not yet prefilled: queries - prompt_tokens above an offset (module docstring)."""
+
+    def __init__(self):
+        self.offset: float | None = None
+        self.last: tuple[float, float] | None = None  # (queries, prompt_tokens) of the previous reading
+
+    def update(self, m: VllmMetrics) -> float:
+        queries, prompt = m.prefix_cache_queries_total, m.prompt_tokens_total
+        if queries is None or prompt is None:  # V0 or V1 before the prefix-cache counters: no term
+            return 0.0
+        difference = queries - prompt
+        reset = self.last is not None and (queries < self.last[0] or prompt < self.last[1])
+        idle = not m.num_requests_running and not m.num_requests_waiting
+        if self.offset is None or reset or idle or difference < self.offset:
+            self.offset = difference
+        self.last = (queries, prompt)
+        return difference - self.offset
 
 
 def gpu_problem(gpus: tuple[GpuReading, ...]) -> tuple[str, str] | None:
@@ -151,7 +189,12 @@ def _missing(values: dict[str, float | None]) -> list[str]:
 
 
 def drain_score(
-    inputs: IUInputs, prefill: Capacity, decode: Capacity, now: float, params: DrainParams = DrainParams()
+    inputs: IUInputs,
+    prefill: Capacity,
+    decode: Capacity,
+    now: float,
+    params: DrainParams = DrainParams(),
+    admitted: AdmittedBacklog | None = None,
 ) -> ScoreResult:
     gated = _health_gate(inputs)
     if gated:
@@ -181,7 +224,9 @@ def drain_score(
         residency_s = params.residency_prior_s
     kv_s = max(0.0, kv - params.kv_high) * residency_s / kv if kv > 0 else 0.0
     step_s = running / decode_tps
-    score = queue_s + kv_s + step_s
+    admitted_tokens = admitted.update(m) if admitted is not None and params.admitted_backlog else 0.0
+    prefill_s = admitted_tokens / prefill_tps
+    score = queue_s + kv_s + step_s + prefill_s
     components = {
         "waiting": waiting,
         "running": running,
@@ -194,6 +239,8 @@ def drain_score(
         "queue_s": round(queue_s, 4),
         "kv_s": round(kv_s, 4),
         "step_s": round(step_s, 4),
+        "admitted_prefill_tokens": round(admitted_tokens),
+        "prefill_s": round(prefill_s, 4),
         "request_cost_s": round(mean_prompt / prefill_eff, 4),
         "tokens_total": m.prompt_tokens_total + m.generation_tokens_total,
     }
@@ -279,7 +326,7 @@ def _finish(
 
 
 class Scorer:
-    """Per-IU scoring state (measured capacities) around the pure profile functions."""
+    """Per-IU scoring state (measured capacities, admitted-backlog offset) around the profile functions."""
 
     def __init__(self, profile: str = "drain", params: DrainParams = DrainParams()):
         if profile not in ("drain", "seed"):
@@ -287,8 +334,9 @@ class Scorer:
         self.profile, self.params = profile, params
         self.prefill = Capacity(params.prefill_tps_prior, params.capacity_half_life_s)
         self.decode = Capacity(params.decode_tps_prior, params.capacity_half_life_s)
+        self.admitted = AdmittedBacklog()
 
     def score(self, inputs: IUInputs, now: float) -> ScoreResult:
         if self.profile == "seed":
             return seed_score(inputs, now, self.params.frozen_after_s)
-        return drain_score(inputs, self.prefill, self.decode, now, self.params)
+        return drain_score(inputs, self.prefill, self.decode, now, self.params, self.admitted)

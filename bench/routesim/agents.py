@@ -34,11 +34,11 @@ from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import AgentConfig, IUConfig
 from eas_agent.publisher import MemoryStore
+from eas_agent.score import DrainParams, Scorer
 from eas_agent.vllm_metrics import VllmMetrics
 
 from .iu import InferenceUnit
 from .loop import EventLoop
-from .proposal import BacklogAwareScorer
 from .scrape import direct_metrics, render_metrics
 
 PROMPT_BYTES_PER_TOKEN = 4
@@ -115,7 +115,7 @@ class ScoresSink:
 
 class SimNodeAgent:
     def __init__(self, node: str, rack: str, units: list[InferenceUnit], *, profile: str, interval_s: float,
-                 heartbeat_s: float, store: MemoryStore, loop: EventLoop, direct: bool, backlog_proposal: bool = False,
+                 heartbeat_s: float, store: MemoryStore, loop: EventLoop, direct: bool, before: bool = False,
                  gpus_per_iu: int = 4):
         self.units, self.loop, self.store = units, loop, store
         kv_gb = units[0].capacity * units[0].model.model.kv_bytes_per_token / 1e9
@@ -129,9 +129,10 @@ class SimNodeAgent:
         scrape = direct_metrics if direct else render_metrics
         pipelines = [IUPipeline(self.config, k, vllm=VllmCollector(lambda unit=unit: scrape(unit, loop.now)))
                      for k, unit in enumerate(units)]
-        if backlog_proposal:
+        if before:  # the drain score as shipped before its admitted-prefill term, for the before/after rows
             for pipeline in pipelines:
-                pipeline.scorer = BacklogAwareScorer(pipeline.scorer)
+                pipeline.scorer = Scorer(profile, DrainParams(frozen_after_s=self.config.frozen_after_s,
+                                                              admitted_backlog=False))
         self.agent = Agent(self.config, store=store, stop_store=store,
                            gpu_backend=SimGpuBackend(units, gpus_per_iu, lambda: loop.now), pipelines=pipelines,
                            clock=lambda: loop.now, pernic=self._pernic, serve_http=False)
@@ -162,7 +163,7 @@ class AgentFleet:
 
     def __init__(self, units: list[InferenceUnit], ius_per_node: int, nodes_per_rack: int, *, profile: str,
                  interval_s: float, heartbeat_s: float, loop: EventLoop, rng: random.Random, direct: bool,
-                 backlog_proposal: bool = False):
+                 before: bool = False):
         self.store = MemoryStore()
         self.loop = loop
         self.interval_s = interval_s
@@ -173,7 +174,7 @@ class AgentFleet:
             rack = f"r{n // ius_per_node // nodes_per_rack:02d}"
             self.agents.append(SimNodeAgent(node, rack, node_units, profile=profile, interval_s=interval_s,
                                             heartbeat_s=heartbeat_s, store=self.store, loop=loop, direct=direct,
-                                            backlog_proposal=backlog_proposal))
+                                            before=before))
         self.write_listeners: list = []
         self.cycle_listeners: list = []
         self.health_listeners: list = []

@@ -112,21 +112,26 @@ class TargetCheck:
     met: bool
 
 
-def check_targets(main: list[Summary], edges: list[Summary], proposal: list[Summary],
+def check_targets(main: list[Summary], edges: list[Summary], before: list[Summary],
                   load: float = 0.8) -> list[TargetCheck]:
-    """The brief's targets at 80% load, for each 'ours' variant (and the what-if proposal rows); edge scaling
+    """The brief's targets at 80% load, for each 'ours' variant (the 'before' rows, the score without its
+    admitted-prefill term, are shown against the same limits as a reference, never failed); edge scaling
     compares the most edges with one."""
-    at = {s.label: s for s in main + proposal if abs(s.load - load) < 1e-9}
+    at = {s.label: s for s in main + before if abs(s.load - load) < 1e-9}
     oracle, least = at.get("oracle"), at.get("least-conn")
     checks: list[TargetCheck] = []
-    for label in ("ours (Consul)", "ours (poll 50ms)", *(s.label for s in proposal)):
+    for label in ("ours (Consul)", "ours (poll 50ms)", *(s.label for s in before)):
         ours = at.get(label)
         if ours is None or oracle is None or least is None:
             continue
-        ratio = ours.ttft_p99_ms / oracle.ttft_p99_ms
-        checks.append(TargetCheck(f"{label} p99 TTFT / oracle", ratio, 1.3, ratio <= 1.3))
-        ratio = ours.ttft_p99_ms / least.ttft_p99_ms
-        checks.append(TargetCheck(f"{label} p99 TTFT / least-conn", ratio, 0.9, ratio <= 0.9))
+        reference = label.startswith("before")
+        for name, base, limit in (("oracle", oracle, 1.3), ("least-conn", least, 0.9)):
+            ratio = ours.ttft_p99_ms / base.ttft_p99_ms
+            if reference:
+                checks.append(TargetCheck(f"{label} p99 TTFT / {name} (reference, target {limit})", ratio,
+                                          math.inf, True))
+            else:
+                checks.append(TargetCheck(f"{label} p99 TTFT / {name}", ratio, limit, ratio <= limit))
     if len(edges) >= 2:
         ratio = edges[-1].ttft_p99_ms / edges[0].ttft_p99_ms
         checks.append(TargetCheck(f"{edges[-1].label} p99 / {edges[0].label.split(', ')[-1]}", ratio, 1.1,
@@ -139,7 +144,7 @@ def check_targets(main: list[Summary], edges: list[Summary], proposal: list[Summ
 
 
 def print_report(console: Console, header: list[str], main: list[Summary], edges: list[Summary],
-                 staleness: list[Summary], proposal: list[Summary]) -> list[TargetCheck]:
+                 staleness: list[Summary], before: list[Summary]) -> list[TargetCheck]:
     for line in header:
         console.print(line, highlight=False)
     console.print(main_table(main, "Routing quality (times in ms unless noted; E2E in s)"))
@@ -148,25 +153,37 @@ def print_report(console: Console, header: list[str], main: list[Summary], edges
         console.print(sensitivity_table(edges, oracle80, "Sensitivity of ours to the number of edges (80% load)"))
     if staleness:
         console.print(sensitivity_table(staleness, oracle80, "Sensitivity of ours to score staleness (80% load)"))
-    if proposal:
-        console.print(sensitivity_table(proposal, oracle80, "What-if, not shipped: drain + admitted prefill backlog "
-                                                            "(routesim/proposal.py), 80% load"))
-    for s in main:
-        if s.label.startswith("ours") and abs(s.load - 0.8) < 1e-9 and s.misled and s.misled.get("long_waits"):
-            m = s.misled
-            console.print(
-                f"why ({s.label}, 80%): {m['long_waits']} requests waited > 500 ms; {m['looked_free']:.0%} of them "
-                f"went to an IU whose published drain score was < 100 ms (median score age "
-                f"{1e3 * m['score_age_median_s']:.0f} ms) while its true wait was {m['true_wait_median_s']:.2f} s "
-                f"(median): a prompt being prefilled in chunks counts as 'running', not 'waiting', and vLLM adds "
-                f"its tokens to prompt_tokens_total only at its first token, so the score cannot see it",
-                highlight=False)
-    checks = check_targets(main, edges, proposal)
+    if before:
+        console.print(sensitivity_table(before, oracle80, "Before/after: the same `ours` rows with drain as it was "
+                                                          "before its admitted-prefill term (prefill_s), 80% load"))
+    for s in main + before:
+        if s.label.startswith(("ours", "before")) and abs(s.load - 0.8) < 1e-9 and s.misled \
+                and s.misled.get("long_waits"):
+            console.print(why_line(s), highlight=False)
+    checks = check_targets(main, edges, before)
     for check in checks:
         verdict = "met" if check.met else "NOT met"
         limit = "" if math.isinf(check.limit) else f" (target <= {check.limit})"
         console.print(f"target: {check.name} = {check.value:.2f}{limit}: {verdict}", highlight=False)
     return checks
+
+
+def why_line(s: Summary) -> str:
+    """Of the requests that queued > 500 ms, the share routed on a score that said 'free', and what the score
+    did or did not count then."""
+    m = s.misled
+    if s.label.startswith("before"):
+        cause = ("without prefill_s, a prompt being prefilled in chunks counts as 'running', not 'waiting', and vLLM "
+                 "adds its tokens to prompt_tokens_total only at its first token, so the score cannot see it")
+    else:
+        cause = ("the score counts waiting prompts and, through prefill_s, prompts admitted but not yet prefilled "
+                 "(prefix_cache_queries_total - prompt_tokens_total), so the work these requests queued behind "
+                 "was not in the score they were routed on yet (score age above; requests other edges sent "
+                 "since are only in the reader's own count)")
+    return (f"why ({s.label}, 80%): {m['long_waits']} requests waited > 500 ms; {m['looked_free']:.0%} of them went "
+            f"to an IU whose published drain score was < 100 ms (median score age "
+            f"{1e3 * m['score_age_median_s']:.0f} ms) while its true wait was {m['true_wait_median_s']:.2f} s "
+            f"(median): {cause}")
 
 
 def plot(path: str, main: list[Summary], edges: list[Summary], staleness: list[Summary]) -> str | None:

@@ -25,7 +25,7 @@ class Scenario:
     interval_s: float = 0.2  # the agent's collection cycle
     poll_s: float = 0.05
     heartbeat_s: float = 2.0
-    backlog_proposal: bool = False  # routesim/proposal.py: drain + admitted-but-unprefilled prompt tokens
+    before: bool = False  # drain without its admitted-prefill term (DrainParams.admitted_backlog=False)
 
     @property
     def uses_agents(self) -> bool:
@@ -72,12 +72,13 @@ def misled_share(pool: Pool, edges: list[ScoredEdge], warmup_s: float, end_s: fl
             "true_wait_median_s": round(true[len(true) // 2], 3), "score_age_median_s": round(ages[len(ages) // 2], 3)}
 
 
-def proposal_scenarios(edges: int) -> list[Scenario]:
+def before_scenarios(edges: int) -> list[Scenario]:
+    """The `ours` rows with the drain score as it was before the admitted-prefill term: before/after in one run."""
     return [
-        Scenario("proposal (Consul)", "ours", edges=edges, backlog_proposal=True),
-        Scenario("proposal (poll 50ms)", "ours", feed="poll", edges=edges, backlog_proposal=True),
-        Scenario("proposal (poll), 50 ms scores", "ours", feed="poll", edges=edges, interval_s=0.05, poll_s=0.05,
-                 backlog_proposal=True),
+        Scenario("before (Consul)", "ours", edges=edges, before=True),
+        Scenario("before (poll 50ms)", "ours", feed="poll", edges=edges, before=True),
+        Scenario("before (poll), 50 ms scores", "ours", feed="poll", edges=edges, interval_s=0.05, poll_s=0.05,
+                 before=True),
     ]
 
 
@@ -97,7 +98,7 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
         profile = "drain" if scenario.policy == "ours" else "seed"
         fleet = AgentFleet(pool.units, ius_per_node, NODES_PER_RACK, profile=profile, interval_s=scenario.interval_s,
                            heartbeat_s=scenario.heartbeat_s, loop=pool.loop, rng=rngs[-1], direct=direct,
-                           backlog_proposal=scenario.backlog_proposal)
+                           before=scenario.before)
         views = [new_view(pool.loop) for _ in range(scenario.edges)]
         HealthFeed(fleet, views, pool.loop, CONSUL_LATENCY_S)
         for i, view in enumerate(views):

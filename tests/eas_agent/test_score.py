@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from eas_agent.collectors.gpu import GpuReading
@@ -206,3 +208,68 @@ def test_seed_without_configured_nics_has_no_network_term():
         0.0,
     )
     assert result.score == pytest.approx(0.3 * 20 + 0.5 * 2.5) and result.components["net_mb_per_s"] == 0.0
+
+
+def backlog_reading(queries, prompt, running=4.0, waiting=0.0) -> VllmReading:
+    """Parser-independent: only the counters the admitted-backlog term reads, on the drain defaults."""
+    base = reading(running=running, waiting=waiting, prompt_tps=0.0)
+    metrics = replace(base.metrics, prefix_cache_queries_total=queries, prompt_tokens_total=prompt)
+    return replace(base, metrics=metrics)
+
+
+def scored(scorer, queries, prompt, now, **kw):
+    return scorer.score(IUInputs("n-iu0", backlog_reading(queries, prompt, **kw), gpus()), now)
+
+
+def test_admitted_prefill_backlog_appears_and_clears():
+    scorer = Scorer("drain", PARAMS)
+    idle = scored(scorer, 5_000.0, 4_000.0, 0.0, running=0.0)  # idle: the 1,000 of drift is the offset
+    assert idle.components["admitted_prefill_tokens"] == 0 and idle.components["prefill_s"] == 0.0
+    # a 12,000-token prompt admitted (queries grow at admission), prefilling in chunks: counted as running
+    busy = scored(scorer, 17_000.0, 4_000.0, 0.2)
+    c = busy.components
+    assert c["admitted_prefill_tokens"] == 12_000
+    assert c["prefill_s"] == pytest.approx(12_000 / 8000)  # over the prefill capacity (prior)
+    assert busy.score == pytest.approx(c["queue_s"] + c["kv_s"] + c["step_s"] + c["prefill_s"], abs=1e-3)
+    half = scored(scorer, 17_000.0, 4_000.0, 0.4)
+    assert half.components["admitted_prefill_tokens"] == 12_000  # not yet at its first token
+    done = scored(scorer, 17_000.0, 16_000.0, 0.6)  # first token: prompt_tokens catch up
+    assert done.components["admitted_prefill_tokens"] == 0 and done.score < busy.score
+
+
+def test_admitted_backlog_rezeroes_when_idle():
+    scorer = Scorer("drain", PARAMS)
+    scored(scorer, 0.0, 0.0, 0.0, running=0.0)
+    # a preempted 3,000-token request was recomputed: queries count it twice, prompt_tokens once
+    drifted = scored(scorer, 6_000.0, 3_000.0, 1.0)
+    assert drifted.components["admitted_prefill_tokens"] == 3_000  # drift, while busy it cannot be told apart
+    idle = scored(scorer, 6_000.0, 3_000.0, 2.0, running=0.0, waiting=0.0)
+    assert idle.components["admitted_prefill_tokens"] == 0
+    later = scored(scorer, 6_500.0, 3_000.0, 3.0)  # measured from the new offset
+    assert later.components["admitted_prefill_tokens"] == 500
+
+
+def test_admitted_backlog_after_counter_reset_is_never_negative():
+    scorer = Scorer("drain", PARAMS)
+    scored(scorer, 900_000.0, 800_000.0, 0.0, running=0.0)  # offset 100,000 of drift
+    restarted = scored(scorer, 2_000.0, 1_500.0, 1.0)  # vLLM restarted: counters dropped, difference 500
+    assert restarted.components["admitted_prefill_tokens"] == 0  # re-zeroed, not 500 - 100,000
+    grown = scored(scorer, 5_000.0, 1_500.0, 2.0)
+    assert grown.components["admitted_prefill_tokens"] == 3_000
+    caught_up = scored(scorer, 5_000.0, 5_000.0, 3.0)  # difference below the offset: lowered, not negative
+    assert caught_up.components["admitted_prefill_tokens"] == 0 and caught_up.components["prefill_s"] == 0.0
+
+
+def test_admitted_backlog_without_prefix_cache_counter_is_zero():
+    scorer = Scorer("drain", PARAMS)
+    for now, prompt in ((0.0, 1e6), (1.0, 1e6 + 5000)):  # V0 / older V1: no prefix_cache_queries_total
+        result = scored(scorer, None, prompt, now)
+        assert result.score is not None and result.status == "passing"
+        assert result.components["admitted_prefill_tokens"] == 0 and result.components["prefill_s"] == 0.0
+
+
+def test_admitted_backlog_can_be_turned_off():
+    scorer = Scorer("drain", replace(PARAMS, admitted_backlog=False))
+    scored(scorer, 0.0, 0.0, 0.0, running=0.0)
+    result = scored(scorer, 12_000.0, 0.0, 1.0)
+    assert result.components["admitted_prefill_tokens"] == 0 and result.components["prefill_s"] == 0.0

@@ -105,6 +105,8 @@ def ensure_file(module: AnsibleModule, entry: dict, report: list, diffs: list) -
                       "before": _diff_text(current), "after": _diff_text(wanted)})
         if not module.check_mode:
             directory = os.path.dirname(dest) or "."
+            if not os.path.isdir(directory):
+                module.fail_json(msg=f"{dest}: directory {directory} does not exist (list it under directories)")
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=".clusterctl.")
             try:
                 with os.fdopen(fd, "wb") as handle:
