@@ -26,6 +26,7 @@ class Scenario:
     poll_s: float = 0.05
     heartbeat_s: float = 2.0
     before: bool = False  # drain without its admitted-prefill term (DrainParams.admitted_backlog=False)
+    rng_label: str | None = None  # tie-break seeds of this row (default: label); "before" rows pair with `ours`
 
     @property
     def uses_agents(self) -> bool:
@@ -75,10 +76,10 @@ def misled_share(pool: Pool, edges: list[ScoredEdge], warmup_s: float, end_s: fl
 def before_scenarios(edges: int) -> list[Scenario]:
     """The `ours` rows with the drain score as it was before the admitted-prefill term: before/after in one run."""
     return [
-        Scenario("before (Consul)", "ours", edges=edges, before=True),
-        Scenario("before (poll 50ms)", "ours", feed="poll", edges=edges, before=True),
+        Scenario("before (Consul)", "ours", edges=edges, before=True, rng_label="ours (Consul)"),
+        Scenario("before (poll 50ms)", "ours", feed="poll", edges=edges, before=True, rng_label="ours (poll 50ms)"),
         Scenario("before (poll), 50 ms scores", "ours", feed="poll", edges=edges, interval_s=0.05, poll_s=0.05,
-                 before=True),
+                 before=True, rng_label="ours (poll), 50 ms scores"),
     ]
 
 
@@ -86,7 +87,8 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
                  ius: int, ius_per_node: int, seed: int, warmup_s: float, end_s: float,
                  direct: bool = False) -> RunResult:
     pool = Pool(model, ius, ius_per_node)
-    rngs = [random.Random(stable_seed(seed, scenario.label, i)) for i in range(scenario.edges + 1)]
+    rng_label = scenario.rng_label or scenario.label  # same seeds: a before/after pair differs only in the score
+    rngs = [random.Random(stable_seed(seed, rng_label, i)) for i in range(scenario.edges + 1)]
     fleet = None
     if scenario.policy == "round-robin":
         edges = [RoundRobin(ius, i * ius // scenario.edges) for i in range(scenario.edges)]
