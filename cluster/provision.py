@@ -156,8 +156,13 @@ def make_plan(
     """
     secrets = vault.configured_vault_secrets() if vault_secrets is None else vault_secrets
     load_cluster(inventory, limit, secrets)
+    loaded = load_inventory(inventory, limit, secrets)
+    # The playbook reads every variable, the model only its own: a vault value that will not decrypt (no or
+    # the wrong password) is an inventory error here, before any host, not a failed task in batch 1.
+    if problems := vault.undecryptable(loaded.selected):
+        raise InventoryError(f"{inventory}: " + "\n".join(problems))
     # Play order is inventory order (the model sorts by rack): take it from Ansible's own host list.
-    hosts = tuple(load_inventory(inventory, limit, secrets).selected)
+    hosts = tuple(loaded.selected)
     path = resolve_playbook(playbook)
     sizes = (1,) if serial_one else tuple(batch_sizes)
     return Plan(

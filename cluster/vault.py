@@ -147,6 +147,39 @@ def decrypted(value: Any) -> Any:
     return str(value) if is_encrypted(value) else value
 
 
+def undecryptable(hostvars: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per inline ``!vault`` value (at any depth of a host's variables) that the secrets in effect
+    cannot decrypt: ``variable: why (hosts)``, a value shared through group_vars listed once."""
+    from ansible.errors import AnsibleError
+
+    failing: dict[tuple[str, str], list[str]] = {}
+
+    def visit(host: str, name: str, value: Any) -> None:
+        if is_encrypted(value):
+            try:
+                decrypted(value)
+            except (AnsibleError, ReferenceError) as exc:
+                reason = failure(exc)
+                if reason is None:
+                    raise
+                failing.setdefault((name, reason), []).append(host)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                visit(host, f"{name}.{key}", item)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                visit(host, f"{name}[{index}]", item)
+
+    for host, variables in hostvars.items():
+        for name, value in variables.items():
+            visit(host, name, value)
+    lines = []
+    for (name, reason), hosts in failing.items():
+        shown = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3 else "")
+        lines.append(f"{name}: {reason} (hosts: {shown})")
+    return lines
+
+
 def failure(exc: BaseException) -> str | None:
     """One line for a vault decryption failure in ``exc`` or what it wraps (file or value:line, and why);
     None when ``exc`` is not about vault."""

@@ -164,6 +164,23 @@ def test_plan_with_a_wrong_password_is_an_inventory_error(vaulted_inventory, tmp
     assert "Decryption failed" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_plan_with_an_undecryptable_inline_value_stops_before_any_host(tmp_path):
+    """Only an inline !vault value the model never reads (eas_agent_consul_token): validation passes, but
+    the playbook would fail on it, so provision stops before batch 1, naming variable and hosts."""
+    secret_file = password_file(tmp_path)
+    inventory = virtual_inventory(tmp_path)
+    with (inventory / "group_vars" / "all.yml").open("a") as f:
+        f.write(encrypt_string(secret_file, "eas_agent_consul_token", "inline-only-token"))
+    result = clusterctl("provision", "-i", str(inventory), "--plan", env=env_without_vault())
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith(f"error: {inventory}: eas_agent_consul_token: ")
+    assert "no vault password was given" in result.stderr and "(hosts: r01n01)" in result.stderr
+    assert "Traceback" not in result.stderr and "inline-only-token" not in result.stderr
+    ok = clusterctl("provision", "-i", str(inventory), "--plan", "--vault-password-file", str(secret_file),
+                    env=env_without_vault())
+    assert ok.returncode == 0, ok.stderr
+
+
 # ------------------------------------------------------------------------------- a real run
 
 def test_a_real_run_decrypts_the_token_and_never_shows_the_password(tmp_path):
