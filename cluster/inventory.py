@@ -125,7 +125,11 @@ def load_cluster(
     path: str | os.PathLike, limit: str | None = None, vault_secrets: vault.VaultSecrets | None = None
 ) -> model.Cluster:
     """Load, validate (raising InventoryError listing every problem) and build the cluster model."""
-    loaded = load_inventory(path, limit, vault_secrets)
+    return cluster_of(load_inventory(path, limit, vault_secrets))
+
+
+def cluster_of(loaded: LoadedInventory) -> model.Cluster:
+    """Validate an already loaded inventory (InventoryError listing every problem) and build the model."""
     problems = validate.validate(loaded.selected, loaded.everyone)
     if problems:
         raise InventoryError(

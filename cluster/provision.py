@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from cluster import vault
-from cluster.inventory import InventoryError, load_cluster, load_inventory
+from cluster.inventory import InventoryError, cluster_of, load_inventory
 
 DEFAULT_BATCHES: tuple[int | str, ...] = (1, "10%", "50%", "100%")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -155,8 +155,8 @@ def make_plan(
     None: the ones Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_FILE...), read once here.
     """
     secrets = vault.configured_vault_secrets() if vault_secrets is None else vault_secrets
-    load_cluster(inventory, limit, secrets)
     loaded = load_inventory(inventory, limit, secrets)
+    cluster_of(loaded)
     # The playbook reads every variable, the model only its own: a vault value that will not decrypt (no or
     # the wrong password) is an inventory error here, before any host, not a failed task in batch 1.
     if problems := vault.undecryptable(loaded.selected):
