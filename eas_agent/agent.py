@@ -2,6 +2,12 @@
 
 Collection never waits on Consul: the publisher thread takes the latest cycle's results (older ones are
 superseded, never queued), so a slow or absent Consul cannot stall scoring or ``/scores``.
+
+The IUs' vLLM endpoints are scraped concurrently, each within ``scrape_timeout_s`` (a deadline: a scrape still
+running then is aborted), so one slow or dripping endpoint costs its own IU a cycle, never the node's other
+scores or the heartbeats. Whatever one IU's inputs do (NaN, negative gauges, a collector bug), that IU ends
+up ``warning`` with no score, a counted error and a log line at most once a minute; the others are scored
+and published as usual.
 """
 
 from __future__ import annotations
@@ -9,12 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import psutil
 
 from eas_agent.collectors.gpu import GpuBackend, open_backend
 from eas_agent.collectors.network import NetworkCollector
-from eas_agent.collectors.vllm import VllmCollector
+from eas_agent.collectors.vllm import VllmCollector, VllmReading
 from eas_agent.config import AgentConfig
 from eas_agent.consul_io import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
@@ -23,6 +31,32 @@ from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult
 
 log = logging.getLogger("eas_agent")
 RATE_WINDOW_S = 5.0
+LOG_EVERY_S = 60.0
+ABORT_GRACE_S = 0.05  # after aborting a late scrape, how long to wait for its thread to notice
+
+
+class RateLimitedLog:
+    """At most one line per ``every_s`` per key; the next line says how many were suppressed meanwhile."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = LOG_EVERY_S, clock=time.monotonic):
+        self.logger, self.every_s, self.clock = logger, every_s, clock
+        self.last: dict[str, float] = {}
+        self.suppressed: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, key: str, level: int, msg: str, *args, exc_info: bool = False) -> bool:
+        now = self.clock()
+        with self.lock:
+            last = self.last.get(key)
+            if last is not None and now - last < self.every_s:
+                self.suppressed[key] = self.suppressed.get(key, 0) + 1
+                return False
+            self.last[key] = now
+            skipped = self.suppressed.pop(key, 0)
+        if skipped:
+            msg += f" ({skipped} more like this suppressed)"
+        self.logger.log(level, msg, *args, exc_info=exc_info)
+        return True
 
 
 class IUPipeline:
@@ -36,20 +70,46 @@ class IUPipeline:
             iu.netdevs, iu.rdma_devices, iu.rdma_port, config.sysfs_root, RATE_WINDOW_S
         )
         self.scorer = Scorer(config.profile, DrainParams(frozen_after_s=config.frozen_after_s))
+        self.log = RateLimitedLog(log)
 
-    def run(self, now: float, gpu_backend: GpuBackend, pernic, metrics: AgentMetrics | None) -> ScoreResult:
+    def scrape(self, now: float) -> VllmReading:
+        """The vLLM part of a cycle (the agent runs it on a worker thread, concurrently with other IUs')."""
         try:
-            return self._run(now, gpu_backend, pernic, metrics)
+            return self.vllm.collect(now)
+        except Exception as exc:  # a collector bug: this IU's reading is an error, never the cycle's end
+            self.log(f"{self.iu.id}:scrape", logging.ERROR, "IU %s: scrape failed", self.iu.id, exc_info=True)
+            return VllmReading(metrics=None, error=f"agent error: {type(exc).__name__}: {exc}")
+
+    def run(
+        self,
+        now: float,
+        gpu_backend: GpuBackend,
+        pernic,
+        metrics: AgentMetrics | None,
+        reading: VllmReading | None = None,
+    ) -> ScoreResult:
+        try:
+            return self._run(now, gpu_backend, pernic, metrics, reading)
         except Exception as exc:  # a collector bug must cost one IU one cycle, never the agent
-            log.exception("IU %s: cycle failed", self.iu.id)
+            self.log(f"{self.iu.id}:cycle", logging.ERROR, "IU %s: cycle failed", self.iu.id, exc_info=True)
             if metrics:
                 metrics.collector_errors.labels("internal", self.iu.id).inc()
             return ScoreResult(None, WARNING, f"agent error: {type(exc).__name__}: {exc}")
 
-    def _run(self, now: float, gpu_backend: GpuBackend, pernic, metrics: AgentMetrics | None) -> ScoreResult:
-        reading = self.vllm.collect(now)
-        if reading.error and metrics:
-            metrics.collector_errors.labels("vllm", self.iu.id).inc()
+    def _run(
+        self,
+        now: float,
+        gpu_backend: GpuBackend,
+        pernic,
+        metrics: AgentMetrics | None,
+        reading: VllmReading | None,
+    ) -> ScoreResult:
+        if reading is None:
+            reading = self.scrape(now)
+        if reading.error:
+            if metrics:
+                metrics.collector_errors.labels("vllm", self.iu.id).inc()
+            self.log(f"{self.iu.id}:vllm", logging.WARNING, "IU %s: %s", self.iu.id, reading.error)
         gpus = tuple(gpu_backend.read(self.iu.gpus))
         if metrics and any(g.error for g in gpus):
             metrics.collector_errors.labels("gpu", self.iu.id).inc()
@@ -117,6 +177,42 @@ class Agent:
         self.publish_lock = threading.Lock()
         self.cycles = 0
         self.stop_requested_at: float | None = None
+        self.scrape_timeout_s = config.scrape_timeout_s
+        self.scrapes: dict[str, Future] = {}  # a scrape still running after its deadline and abort
+        self.executor: ThreadPoolExecutor | None = None
+        self.log = RateLimitedLog(log)
+
+    def _scrape_all(self, now: float) -> dict[str, VllmReading]:
+        """Every IU's vLLM reading, concurrently, within the scrape deadline (one IU: on this thread)."""
+        if len(self.pipelines) == 1:
+            p = self.pipelines[0]
+            return {p.iu.id: p.scrape(now)}
+        if self.executor is None:
+            # +1 worker: an IU whose scrape is stuck past its abort holds a thread until it returns
+            self.executor = ThreadPoolExecutor(len(self.pipelines) + 1, thread_name_prefix="eas-scrape")
+        readings: dict[str, VllmReading] = {}
+        started: dict[str, Future] = {}
+        for p in self.pipelines:
+            previous = self.scrapes.get(p.iu.id)
+            if previous is not None and not previous.done():
+                readings[p.iu.id] = VllmReading(metrics=None, error="previous scrape still running")
+                continue
+            started[p.iu.id] = self.scrapes[p.iu.id] = self.executor.submit(p.scrape, now)
+        _, late = wait_futures(started.values(), timeout=self.scrape_timeout_s + ABORT_GRACE_S)
+        if late:
+            by_id = {p.iu.id: p for p in self.pipelines}
+            for iu_id, future in started.items():
+                if future in late:
+                    by_id[iu_id].vllm.abort()
+            wait_futures(late, timeout=ABORT_GRACE_S)
+        for iu_id, future in started.items():
+            if future.done():
+                readings[iu_id] = future.result()  # scrape() never raises
+            else:
+                readings[iu_id] = VllmReading(
+                    metrics=None, error=f"scrape not finished within {self.scrape_timeout_s:g} s"
+                )
+        return readings
 
     # -- one cycle (no Consul) ------------------------------------------------------------------------
     def cycle(self, now: float) -> dict[str, ScoreResult]:
@@ -126,13 +222,20 @@ class Agent:
         except OSError as exc:
             log.warning("reading NIC counters failed: %s", exc)
             pernic = {}
-        results = {p.iu.id: p.run(now, self.gpu_backend, pernic, self.metrics) for p in self.pipelines}
+        readings = self._scrape_all(now)
+        results = {
+            p.iu.id: p.run(now, self.gpu_backend, pernic, self.metrics, readings.get(p.iu.id))
+            for p in self.pipelines
+        }
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         self.metrics.observe_scores(self.config.profile, results)
         if self.http:
-            body = self.publisher.body(now, results, self.publisher.levels_for(results))
-            body["published_seq"] = self.publisher.seq
-            self.http.set_scores(body)
+            try:
+                body = self.publisher.body(now, results, self.publisher.levels_for(results))
+                body["published_seq"] = self.publisher.seq
+                self.http.set_scores(body)
+            except Exception:  # /scores keeps its last body; collection and publishing go on
+                self.log("scores", logging.ERROR, "building the /scores body failed", exc_info=True)
         self.cycles += 1
         return results
 
@@ -154,7 +257,7 @@ class Agent:
                 try:
                     self.publisher.step(*latest)
                 except Exception:  # never let a bug end publishing: log it, the next cycle tries again
-                    log.exception("publishing failed")
+                    self.log("publish", logging.ERROR, "publishing failed", exc_info=True)
                 stats = self.publisher.stats
             if stats.writes > before_writes:
                 self.metrics.consul_writes.inc(stats.writes - before_writes)
@@ -214,4 +317,6 @@ class Agent:
                 self.publish_lock.release()
         if self.http:
             self.http.stop()
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
         self.gpu_backend.close()

@@ -10,14 +10,16 @@ import re
 import subprocess
 import time
 
-_SYSTEM_TIME = re.compile(r"^System time\s*:\s*([0-9.]+) seconds (fast|slow) of NTP time", re.MULTILINE)
+_SYSTEM_TIME = re.compile(
+    r"^System time\s*:\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+) seconds (fast|slow) of NTP time", re.MULTILINE
+)
 
 
 def parse_system_time_offset(text: str) -> float | None:
     match = _SYSTEM_TIME.search(text)
     if not match:
         return None
-    value = float(match.group(1))
+    value = float(match.group(1))  # the pattern admits only what float() reads
     return value if match.group(2) == "fast" else -value
 
 
@@ -36,7 +38,7 @@ class ChronyOffset:
         self.read_at = now
         try:
             out = subprocess.run(self.argv, capture_output=True, text=True, timeout=1.0, check=False).stdout
-        except (OSError, subprocess.SubprocessError):
+        except (OSError, ValueError, subprocess.SubprocessError):  # ValueError: undecodable output
             self.value = None
             return None
         self.value = parse_system_time_offset(out)

@@ -6,13 +6,14 @@ an edge polling agents directly at 200 ms and one reading Consul see the same nu
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from eas_agent.scorebody import dumps
 
 
 class QuietHTTPServer(ThreadingHTTPServer):
@@ -97,7 +98,7 @@ class AgentHttpServer:
                     )
                 if self.path.startswith("/scores"):
                     with owner.lock:
-                        body = json.dumps(owner.scores_body).encode()
+                        body = dumps(owner.scores_body).encode()
                     return self._send(200, body, "application/json")
                 return self._send(404, b"not found\n", "text/plain")
 

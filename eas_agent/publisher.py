@@ -30,6 +30,14 @@ from typing import Protocol
 
 from eas_agent.consul_io import ConsulUnavailable
 from eas_agent.score import CRITICAL, ScoreResult
+from eas_agent.scorebody import IUScore, ScoreBody, dumps
+
+
+def _finite_or_none(value):
+    """The body is strict JSON (no NaN/Infinity): a number that is not finite is published as unknown."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 class ScoreStore(Protocol):
@@ -91,7 +99,7 @@ class Quantizer:
         return math.log1p(max(score, 0.0) / self.base) / self.log_ratio
 
     def level(self, previous: int | None, score: float | None) -> int | None:
-        if score is None:
+        if score is None or not math.isfinite(score):
             return None
         position = self.position(score)
         if previous is not None and abs(position - previous) <= 0.5 + self.hysteresis:
@@ -207,25 +215,26 @@ class Publisher:
         levels: dict[str, int | None],
         seq: int | None = None,
     ) -> dict:
-        return {
-            "node": self.node,
-            "rack": self.rack,
-            "profile": self.profile,
-            "seq": self.seq if seq is None else seq,
-            "ts": round(now, 3),
-            "clock_offset_s": self.clock_offset(),
-            "heartbeat_s": self.heartbeat_s,
-            "ius": {
-                iu: {
-                    "score": r.score,
-                    "level": levels[iu],
-                    "status": r.status,
-                    "reason": r.reason,
-                    "components": r.components,
-                }
+        score_ok = {iu: _finite_or_none(r.score) for iu, r in results.items()}
+        return ScoreBody(
+            node=self.node,
+            rack=self.rack,
+            profile=self.profile,
+            seq=self.seq if seq is None else seq,
+            ts=round(now, 3),
+            clock_offset_s=_finite_or_none(self.clock_offset()),
+            heartbeat_s=self.heartbeat_s,
+            ius={
+                iu: IUScore(
+                    score=score_ok[iu],
+                    level=levels[iu] if score_ok[iu] is not None else None,
+                    status=r.status,
+                    reason=r.reason,
+                    components={k: _finite_or_none(v) for k, v in r.components.items()},
+                )
                 for iu, r in results.items()
             },
-        }
+        ).to_json()
 
     # -- one cycle ------------------------------------------------------------------------------------
     def step(self, now: float, results: dict[str, ScoreResult]) -> bool:
@@ -273,7 +282,7 @@ class Publisher:
             if self.modify_index is None:
                 self._sync_from_store()
             body = self.body(now, results, levels, seq=self.seq + 1)
-            if self.store.kv_cas_put(self.key, json.dumps(body, separators=(",", ":")), self.modify_index):
+            if self.store.kv_cas_put(self.key, dumps(body), self.modify_index):
                 break
             # Someone else wrote the key (an earlier run, a duplicate agent): re-read, retry once.
             self.stats.cas_conflicts += 1

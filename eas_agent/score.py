@@ -51,7 +51,8 @@ GPU or volatile uncorrectable ECC errors make the IU ``critical``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field
 
 from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.network import NetReading
@@ -93,7 +94,9 @@ class DrainParams:
     frozen_after_s: float = 10.0  # token counters still while requests run: the engine is hung
     capacity_half_life_s: float = 300.0
     min_prefill_share: float = 0.1
-    admitted_backlog: bool = True  # prefill_s term; False: the score before it (bench/route_sim's "before" rows)
+    admitted_backlog: bool = (
+        True  # prefill_s term; False: the score before it (bench/route_sim's "before" rows)
+    )
 
 
 class Capacity:
@@ -181,7 +184,30 @@ def _health_gate(inputs: IUInputs) -> ScoreResult | None:
         return _unknown(problem[1], status=CRITICAL)
     if inputs.vllm.metrics is None:
         return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}")
+    bad = _bad_numbers(inputs.vllm)
+    if bad:
+        return _unknown("non-finite or negative input: " + ", ".join(bad))
     return None
+
+
+def _bad_numbers(reading: VllmReading) -> list[str]:
+    """Inputs no real engine can report (the parser rejects them; simulations and rates can still carry
+    them): scoring them would give a NaN, infinite or negative score."""
+    values = {f"metrics.{k}": v for k, v in asdict(reading.metrics).items() if isinstance(v, float)}
+    values.update(
+        prompt_tps=reading.prompt_tps,
+        generation_tps=reading.generation_tps,
+        preemptions_per_s=reading.preemptions_per_s,
+        completions_per_s=reading.completions_per_s,
+        mean_prompt_tokens=reading.mean_prompt_tokens,
+    )
+    return sorted(k for k, v in values.items() if v is not None and (not math.isfinite(v) or v < 0))
+
+
+def _out_of_range(score: float) -> ScoreResult | None:
+    if math.isfinite(score) and score >= 0:
+        return None
+    return _unknown(f"score out of range ({score!r}): inputs too large")
 
 
 def _missing(values: dict[str, float | None]) -> list[str]:
@@ -227,6 +253,8 @@ def drain_score(
     admitted_tokens = admitted.update(m) if admitted is not None and params.admitted_backlog else 0.0
     prefill_s = admitted_tokens / prefill_tps
     score = queue_s + kv_s + step_s + prefill_s
+    if _out_of_range(score):
+        return _out_of_range(score)
     components = {
         "waiting": waiting,
         "running": running,
@@ -288,6 +316,8 @@ def seed_score(
     kv_gb = m.kv_cache_usage * pool
     age = kv_age_s(m.num_requests_running, inputs.vllm.completions_per_s, inputs.window_s)
     score = 0.3 * kv_gb + 0.5 * age + 0.2 * net
+    if _out_of_range(score):
+        return _out_of_range(score)
     components = {
         "kv_cache_gb": round(kv_gb, 3),
         "kv_cache_age_s": round(age, 3),

@@ -24,6 +24,7 @@ every other line is still checked for shape so garbage is reported with its line
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 
@@ -223,6 +224,14 @@ def _fold(families) -> VllmMetrics:
     for family in families:
         for sample in family.samples:
             name, value, labels = sample.name, float(sample.value), sample.labels
+            # Prometheus text allows NaN/+Inf/-1e6, but no vLLM gauge or counter can be negative or
+            # infinite: such a sample is a broken exporter, and scoring it would give a NaN or a negative
+            # score that wins every pick. The IU goes unknown (warning) instead.
+            if not math.isfinite(value) or value < 0:
+                shown = ",".join(f"{k}={v!r}" for k, v in sorted(labels.items()))
+                raise MetricsParseError(
+                    None, f"{name}{{{shown}}} {sample.value}", "non-finite or negative sample"
+                )
             if name in GAUGES:
                 add(GAUGES[name], value)
                 engines.add(labels.get("engine", "") + "/" + labels.get("model_name", ""))

@@ -1,8 +1,10 @@
-"""vLLM collector: GET /metrics with a short timeout, parse, turn counters into windowed rates."""
+"""vLLM collector: GET /metrics within a short deadline, parse, turn counters into windowed rates."""
 
 from __future__ import annotations
 
 import http.client
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -15,40 +17,83 @@ class FetchError(Exception):
     pass
 
 
-class HttpFetcher:
-    """GET one URL over a kept-alive connection (a new TCP connection per 200 ms cycle costs more CPU)."""
+MAX_BODY = 8 * 2**20  # a real vLLM scrape is 20-200 KB; more is not a vLLM exporter
 
-    def __init__(self, url: str, timeout_s: float):
+
+class HttpFetcher:
+    """GET one URL over a kept-alive connection (a new TCP connection per 200 ms cycle costs more CPU).
+
+    ``timeout_s`` is a deadline for the whole GET (connect, headers, body), not a per-read socket timeout: a
+    server dripping one byte per read would otherwise hold the scrape for as long as it likes. The body is read
+    in chunks against the deadline and a byte cap; headers are bounded by the socket timeout per read and, for
+    a server dripping header lines, by :meth:`abort`, which the agent calls on a scrape still running at its
+    deadline (it shuts the socket down, so the blocked read fails at once).
+    """
+
+    def __init__(self, url: str, timeout_s: float, max_body: int = MAX_BODY, clock=time.monotonic):
         parsed = urlparse(url)
         self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.https = parsed.scheme == "https"
         self.path = (parsed.path or "/metrics") + (f"?{parsed.query}" if parsed.query else "")
-        self.timeout_s = timeout_s
+        self.timeout_s, self.max_body, self.clock = timeout_s, max_body, clock
         self.conn: http.client.HTTPConnection | None = None
 
     def _connect(self) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         return cls(self.host, self.port, timeout=self.timeout_s)
 
+    def _where(self) -> str:
+        return f"GET {self.host}:{self.port}{self.path}"
+
     def __call__(self) -> str:
+        deadline = self.clock() + self.timeout_s
         for attempt in (1, 2):  # a kept-alive connection the server closed fails once; retry on a fresh one
             if self.conn is None:
                 self.conn = self._connect()
             try:
                 self.conn.request("GET", self.path)
                 response = self.conn.getresponse()
-                body = response.read()
-            except (OSError, http.client.HTTPException) as exc:
+                body = self._read_body(response, deadline)
+            except (OSError, http.client.HTTPException, ValueError, FetchError) as exc:
                 self.close()
-                if attempt == 2 or isinstance(exc, TimeoutError):
-                    raise FetchError(
-                        f"GET {self.host}:{self.port}{self.path}: {exc or type(exc).__name__}"
-                    ) from exc
+                if attempt == 2 or isinstance(exc, (TimeoutError, FetchError)) or self.clock() >= deadline:
+                    if isinstance(exc, FetchError):
+                        raise
+                    raise FetchError(f"{self._where()}: {exc or type(exc).__name__}") from exc
                 continue
             if response.status != 200:
-                raise FetchError(f"GET {self.host}:{self.port}{self.path}: HTTP {response.status}")
+                raise FetchError(f"{self._where()}: HTTP {response.status}")
             return body.decode("utf-8", "replace")
         raise AssertionError("unreachable")
+
+    def _read_body(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
+        length = response.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise FetchError(f"{self._where()}: body of {length} bytes is over the {self.max_body} byte cap")
+        chunks, total = [], 0
+        while True:
+            left = deadline - self.clock()
+            if left <= 0:
+                raise FetchError(f"{self._where()}: no complete answer within {self.timeout_s:g} s")
+            if self.conn is not None and self.conn.sock is not None:
+                self.conn.sock.settimeout(left)
+            chunk = response.read1(65536)
+            if not chunk:
+                return b"".join(chunks)
+            total += len(chunk)
+            if total > self.max_body:
+                raise FetchError(f"{self._where()}: body over the {self.max_body} byte cap")
+            chunks.append(chunk)
+
+    def abort(self) -> None:
+        """From another thread: make a blocked read fail now (the next call reconnects)."""
+        conn = self.conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self.conn is not None:
@@ -88,6 +133,12 @@ class VllmCollector:
         except (FetchError, MetricsParseError) as exc:
             return self.failed(now, str(exc))
         return self.observe(now, metrics)
+
+    def abort(self) -> None:
+        """Stop a fetch still running on another thread (see :meth:`HttpFetcher.abort`)."""
+        abort = getattr(self.fetch, "abort", None)
+        if abort is not None:
+            abort()
 
     def failed(self, now: float, error: str) -> VllmReading:
         for rate in (self.prompt, self.generation, self.preemptions, self.completions):

@@ -8,6 +8,14 @@ blocking queries on the KV prefix and on ``health/service/vllm-iu``, each loop w
 :class:`ScoresPoller` optionally overlays bodies polled from the agents' ``GET /scores`` (fresher: every
 cycle instead of level changes and heartbeats); per node the newer of the two is used.
 
+Nothing read from the KV or from ``/scores`` is trusted (every node's agent shares one token, so any node
+can write any node's key): each body is checked against :class:`~eas_agent.scorebody.ScoreBody`'s schema, a
+body must name the node its key names, each IU must belong to that node in Consul's catalog
+(``Service.Meta.node``, else a ``node:`` tag, else the catalog node), and a body's timestamp counts as at most
+:data:`TS_TOLERANCE_S` after the moment this reader first saw it. Bad bodies and IU entries are skipped and
+counted (``rejected_bodies``, ``rejected_ius``, the last reasons in ``problems``), never fatal; the watch and
+poll loops survive any exception with a jittered backoff.
+
 Health is read without ``?passing``: that filter would also hide IUs in ``warning`` (score unknown), which
 the fail-open path must still see; the view derives passing / warning / critical / maintenance itself.
 """
@@ -19,13 +27,20 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 
-from eas_agent.consul_io import ConsulIO, ConsulUnavailable
+from eas_agent.consul_io import ConsulIO
 from eas_agent.scheduler.anomaly import AnomalyDetector
+from eas_agent.scorebody import BodyError, ScoreBody
 
 log = logging.getLogger("eas_agent.scheduler")
 STALE_HEARTBEATS = 3
+# A body's ts may be ahead of this reader's clock by clock skew and transit, not by more: a spoofed
+# far-future ts would otherwise keep a body fresh (and steering traffic) for as long as it likes.
+TS_TOLERANCE_S = 2.0
+MAX_BODY_BYTES = 1 << 20  # one node's body is ~1-4 KB
+LOG_EVERY_S = 60.0
 SEVERITY = {"passing": 0, "warning": 1, "critical": 2}
 
 
@@ -91,51 +106,104 @@ class PoolView:
         self.require_health = require_health
         self.detector = detector if detector is not None else AnomalyDetector()
         self.clock = clock
-        self.bodies: dict[str, dict] = {}  # node -> last KV body
-        self.polled: dict[str, dict] = {}  # node -> last body from the agent's /scores
-        self.health: dict[str, tuple[str, dict]] = {}  # iu -> (health, service)
+        self.bodies: dict[str, _Seen] = {}  # node -> last valid KV body
+        self.polled: dict[str, _Seen] = {}  # node -> last valid body from the agent's /scores
+        self.health: dict[str, tuple[str, dict, str]] = {}  # iu -> (health, service, owning node or "")
         self.health_known = False
         self.lock = threading.Lock()
         self._snapshot = Snapshot((), (), (), 0.0, 0.0)
         self.version = 0
+        self.rejected_bodies = 0
+        self.rejected_ius = 0
+        self.problems: deque[str] = deque(maxlen=50)
+        self._last_log = -float("inf")
+
+    def _reject(self, what: str, problem: str) -> None:
+        """Count and remember a skipped body or IU entry; log at most once a minute (a writer can repeat it
+        every cycle)."""
+        if what == "body":
+            self.rejected_bodies += 1
+        else:
+            self.rejected_ius += 1
+        self.problems.append(problem)
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_S:
+            self._last_log = now
+            log.warning("ignoring score %s: %s", what, problem)
+
+    def _validated(self, raw, where: str, previous: dict[str, _Seen], received: float) -> _Seen | None:
+        try:
+            body, problems = ScoreBody.from_json(raw)
+        except BodyError as exc:
+            self._reject("body", f"{where}: {exc}")
+            return None
+        for problem in problems:
+            self._reject("iu", f"{where}: {problem}")
+        seen = previous.get(body.node)
+        if seen is not None and seen.body == body:
+            return seen  # unchanged: keeps the time it was first seen (the ts clamp counts from there)
+        return _Seen(body, received)
 
     # -- inputs -------------------------------------------------------------------------------------
     def apply_kv(self, entries: list[dict]) -> None:
         """The whole KV prefix listing (replaces what Consul said before)."""
-        bodies = {}
-        for entry in entries:
-            try:
-                body = json.loads(entry["Value"]) if entry.get("Value") else None
-            except (ValueError, TypeError):
-                log.warning("ignoring unparseable score key %s", entry.get("Key"))
+        received = self.clock()
+        bodies: dict[str, _Seen] = {}
+        for entry in entries if isinstance(entries, list) else ():
+            if not isinstance(entry, dict):
+                self._reject("body", f"KV listing entry is {type(entry).__name__}, not an object")
                 continue
-            if isinstance(body, dict) and isinstance(body.get("ius"), dict):
-                bodies[body.get("node") or entry["Key"].rsplit("/", 1)[-1]] = body
+            key = str(entry.get("Key", ""))
+            value = entry.get("Value")
+            if not value:
+                continue
+            if len(value) > MAX_BODY_BYTES:
+                self._reject("body", f"key {key}: {len(value)} bytes (more than {MAX_BODY_BYTES})")
+                continue
+            try:
+                raw = json.loads(value)
+            except (ValueError, TypeError):
+                self._reject("body", f"key {key}: not JSON")
+                continue
+            seen = self._validated(raw, f"key {key}", self.bodies, received)
+            if seen is None:
+                continue
+            key_node = key.rsplit("/", 1)[-1]
+            if seen.body.node != key_node:
+                self._reject("body", f"key {key}: body names node {seen.body.node!r}, the key {key_node!r}")
+                continue
+            bodies[key_node] = seen
         with self.lock:
             self.bodies = bodies
         self._rebuild()
 
-    def apply_polled(self, bodies: list[dict]) -> None:
+    def apply_polled(self, bodies: list) -> None:
         """Bodies from agents' ``GET /scores`` (same shape as the KV): used where newer than the KV's."""
+        received = self.clock()
+        valid = [s for s in (self._validated(b, "/scores", self.polled, received) for b in bodies) if s]
         with self.lock:
-            for body in bodies:
-                if isinstance(body, dict) and isinstance(body.get("ius"), dict) and body.get("node"):
-                    self.polled[body["node"]] = body
+            for seen in valid:
+                self.polled[seen.body.node] = seen
         self._rebuild()
 
-    def _bodies(self) -> dict[str, dict]:
+    def _bodies(self) -> dict[str, _Seen]:
         merged = dict(self.bodies)
-        for node, body in self.polled.items():
-            if node not in merged or float(body.get("ts", 0)) > float(merged[node].get("ts", 0)):
-                merged[node] = body
+        for node, seen in self.polled.items():
+            if node not in merged or seen.body.ts > merged[node].body.ts:
+                merged[node] = seen
         return merged
 
     def apply_health(self, entries: list[dict]) -> None:
         health = {}
-        for entry in entries:
-            service = entry.get("Service") or {}
-            if service.get("ID"):
-                health[service["ID"]] = (health_of(entry.get("Checks") or []), service)
+        for entry in entries if isinstance(entries, list) else ():
+            if not isinstance(entry, dict):
+                continue
+            service = entry.get("Service")
+            if not isinstance(service, dict) or not isinstance(service.get("ID"), str):
+                continue
+            checks = entry.get("Checks")
+            checks = [c for c in checks if isinstance(c, dict)] if isinstance(checks, list) else []
+            health[service["ID"]] = (health_of(checks), service, _owner(entry, service))
         with self.lock:
             self.health, self.health_known = health, True
         self._rebuild()
@@ -148,46 +216,50 @@ class PoolView:
         now = self.clock()
         with self.lock:
             entries = []
-            for node, body in self._bodies().items():
-                offset = body.get("clock_offset_s") or 0.0
-                ts = float(body.get("ts", 0.0)) - offset
-                for iu_id, iu in body["ius"].items():
-                    health, service = self.health.get(
-                        iu_id, ("unknown" if self.require_health else "passing", {})
+            for node, seen in self._bodies().items():
+                body = seen.body
+                ts = min(body.ts - (body.clock_offset_s or 0.0), seen.received + TS_TOLERANCE_S)
+                for iu_id, iu in body.ius.items():
+                    health, service, owner = self.health.get(
+                        iu_id, ("unknown" if self.require_health else "passing", {}, "")
                     )
+                    if owner and owner != node:
+                        self._reject("iu", f"node {node}: IU {iu_id} belongs to node {owner} in Consul")
+                        continue
                     entries.append(
                         IUEntry(
                             iu_id=iu_id,
                             node=node,
-                            rack=body.get("rack", ""),
-                            score=iu.get("score"),
-                            status=iu.get("status", "warning"),
-                            reason=iu.get("reason", ""),
+                            rack=body.rack,
+                            score=iu.score,
+                            status=iu.status,
+                            reason=iu.reason,
                             ts=ts,
-                            heartbeat_s=float(body.get("heartbeat_s", 2.0)),
+                            heartbeat_s=body.heartbeat_s,
                             health=health,
-                            components=iu.get("components") or {},
-                            address=service.get("Address"),
-                            port=service.get("Port"),
+                            components=iu.components,
+                            address=_address(service),
+                            port=_port(service),
                         )
                     )
             known = {e.iu_id for e in entries}
-            for iu_id, (health, service) in self.health.items():  # registered but never scored
+            for iu_id, (health, service, owner) in self.health.items():  # registered but never scored
                 if iu_id not in known:
-                    meta = service.get("Meta") or {}
+                    meta = service.get("Meta") if isinstance(service.get("Meta"), dict) else {}
+                    rack = meta.get("rack", "")
                     entries.append(
                         IUEntry(
                             iu_id=iu_id,
-                            node=meta.get("node", ""),
-                            rack=meta.get("rack", ""),
+                            node=owner,
+                            rack=rack if isinstance(rack, str) else "",
                             score=None,
                             status="warning",
                             reason="no score published",
                             ts=0.0,
                             heartbeat_s=2.0,
                             health=health,
-                            address=service.get("Address"),
-                            port=service.get("Port"),
+                            address=_address(service),
+                            port=_port(service),
                         )
                     )
             verdicts = self.detector.observe(entries, now)
@@ -198,6 +270,38 @@ class PoolView:
             fresh_until = min((e.stale_after for e in scored), default=float("inf"))
             self._snapshot = Snapshot(tuple(entries), scored, healthy, fresh_until, now)
             self.version += 1
+
+
+@dataclass(frozen=True)
+class _Seen:
+    body: ScoreBody
+    received: float  # reader's clock when this exact body was first seen
+
+
+def _owner(entry: dict, service: dict) -> str:
+    """The node an IU service belongs to: the agent's ``Meta.node``, else a ``node:`` tag, else the catalog
+    node it is registered on."""
+    meta = service.get("Meta")
+    if isinstance(meta, dict) and isinstance(meta.get("node"), str) and meta["node"]:
+        return meta["node"]
+    tags = service.get("Tags")
+    for tag in tags if isinstance(tags, list) else ():
+        if isinstance(tag, str) and tag.startswith("node:"):
+            return tag[5:]
+    node = entry.get("Node")
+    if isinstance(node, dict) and isinstance(node.get("Node"), str):
+        return node["Node"]
+    return ""
+
+
+def _address(service: dict) -> str | None:
+    address = service.get("Address")
+    return address if isinstance(address, str) and address else None
+
+
+def _port(service: dict) -> int | None:
+    port = service.get("Port")
+    return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None
 
 
 def _with_verdict(entry: IUEntry, verdict) -> IUEntry:
@@ -239,20 +343,25 @@ class ConsulWatcher:
             started = time.monotonic()
             try:
                 new_index, entries = fetch(index)
-            except ConsulUnavailable as exc:
+                if not isinstance(new_index, int) or new_index < (index or 0):
+                    # Consul's index went backwards (server restore), or is not a number: start over
+                    new_index = 0
+                if new_index != index:
+                    apply(entries)
+                    self.updates += 1
+            except Exception as exc:  # Consul down or any bug/garbage: back off and retry, never exit
                 failures += 1
                 self.errors += 1
-                if failures == 1:
-                    log.warning("consul watch failed: %s", exc)
+                if failures == 1 or failures % 100 == 0:
+                    log.warning(
+                        "consul watch failed (%d in a row): %s: %s", failures, type(exc).__name__, exc
+                    )
                 index = None
-                self.stopping.wait(rng.uniform(0.5, 1.0) * min(self.max_backoff_s, 0.2 * 2**failures))
+                self.stopping.wait(
+                    rng.uniform(0.5, 1.0) * min(self.max_backoff_s, 0.2 * 2 ** min(failures, 10))
+                )
                 continue
             failures = 0
-            if new_index < (index or 0):  # Consul's index went backwards (server restore): start over
-                new_index = 0
-            if new_index != index:
-                apply(entries)
-                self.updates += 1
             index = new_index or None
             self.stopping.wait(max(0.0, self.min_interval_s - (time.monotonic() - started)))
 
@@ -291,15 +400,28 @@ class ScoresPoller:
         for agent in self.agents:
             try:
                 with urllib.request.urlopen(f"http://{agent}/scores", timeout=self.timeout_s) as response:
-                    bodies.append(json.load(response))
+                    raw = response.read(MAX_BODY_BYTES + 1)
+                if len(raw) > MAX_BODY_BYTES:
+                    raise ValueError(f"/scores of {agent}: more than {MAX_BODY_BYTES} bytes")
+                bodies.append(json.loads(raw))
             except (OSError, ValueError, urllib.error.URLError):
                 self.errors += 1  # that agent's node falls back to its KV body
         self.view.apply_polled(bodies)
 
     def _loop(self) -> None:
+        failures = 0
         while not self.stopping.is_set():
             started = time.monotonic()
-            self.poll_once()
+            try:
+                self.poll_once()
+                failures = 0
+            except Exception as exc:  # never let one bad answer or bug end polling
+                failures += 1
+                self.errors += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("scores poll failed (%d in a row): %s: %s", failures, type(exc).__name__, exc)
+                self.stopping.wait(min(5.0, 0.2 * 2 ** min(failures, 10)))
+                continue
             self.stopping.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
     def start(self) -> ScoresPoller:

@@ -40,7 +40,12 @@ def health_entry(iu, status="passing", maintenance=False):
     if maintenance:
         checks.append({"CheckID": f"_service_maintenance:{iu}", "Status": "critical"})
     return {
-        "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": "n", "rack": "r"}},
+        "Service": {
+            "ID": iu,
+            "Address": "127.0.0.1",
+            "Port": 8000,
+            "Meta": {"node": iu.split("-")[0], "rack": "r"},
+        },
         "Checks": checks,
     }
 

@@ -1,0 +1,160 @@
+"""The score body: what an agent writes under ``clusterctl/eas/<dc>/<node>`` and serves on ``GET /scores``.
+
+One typed shape for both sides. The publisher builds a :class:`ScoreBody` and writes :meth:`ScoreBody.dumps`
+(strict JSON: ``allow_nan=False``, so a non-finite number can never reach a reader as ``NaN``/``Infinity``);
+the edge reader turns whatever it finds under the prefix back into one with :meth:`ScoreBody.from_json`,
+which checks every field. The reader's rules (why each exists):
+
+- The body must be an object with a ``node`` (a hostname-shaped string), a finite ``ts`` and an ``ius``
+  object; anything else rejects the whole body (there is nothing of it to trust).
+- ``heartbeat_s`` is clamped to [:data:`MIN_HEARTBEAT_S`, :data:`MAX_HEARTBEAT_S`] and ``clock_offset_s``
+  must be within :data:`MAX_CLOCK_OFFSET_S`: both decide when the body goes stale, so an unbounded value
+  would keep a body fresh forever.
+- Each IU entry is checked on its own: ``score`` null or a finite number >= 0, ``status`` one of
+  passing/warning/critical, ``level`` null or an integer, ``reason`` a string (cut to 500 characters),
+  ``components`` an object of which only finite numbers and nulls are kept. A bad entry is dropped with a
+  reason naming the node, the IU and the field; the body's other IUs are kept.
+
+Every node's agent currently shares one Consul token, so any node can write any node's key; the reader's
+further checks (the key names the body's node, each IU belongs to that node in Consul's catalog, ``ts``
+clamped to now plus a tolerance) live in :mod:`eas_agent.scheduler.view`, which knows the key and the catalog.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+STATUSES = ("passing", "warning", "critical")
+MIN_HEARTBEAT_S = 0.1
+MAX_HEARTBEAT_S = 60.0
+MAX_CLOCK_OFFSET_S = 3600.0
+MAX_IUS = 256  # a node has at most 8-16 GPUs; more entries than this is not an agent's body
+MAX_REASON = 500
+_NODE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})")
+
+
+class BodyError(ValueError):
+    """The whole body is unusable; the message names the field and value."""
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class IUScore:
+    score: float | None
+    status: str
+    reason: str = ""
+    level: int | None = None
+    components: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "score": self.score,
+            "level": self.level,
+            "status": self.status,
+            "reason": self.reason,
+            "components": self.components,
+        }
+
+    @classmethod
+    def from_json(cls, obj) -> IUScore:
+        """Raises :class:`BodyError` naming the first bad field."""
+        if not isinstance(obj, dict):
+            raise BodyError(f"entry is {type(obj).__name__}, not an object")
+        score = obj.get("score")
+        if score is not None and not (_finite(score) and score >= 0):
+            raise BodyError(f"score {score!r} is not null or a finite number >= 0")
+        status = obj.get("status", "warning")
+        if status not in STATUSES:
+            raise BodyError(f"status {status!r} is not one of {', '.join(STATUSES)}")
+        level = obj.get("level")
+        if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
+            raise BodyError(f"level {level!r} is not null or an integer")
+        reason = obj.get("reason") or ""
+        if not isinstance(reason, str):
+            raise BodyError(f"reason {reason!r} is not a string")
+        components = obj.get("components") or {}
+        if not isinstance(components, dict):
+            raise BodyError(f"components {components!r} is not an object")
+        kept = {str(k): v for k, v in components.items() if v is None or _finite(v)}
+        return cls(float(score) if score is not None else None, status, reason[:MAX_REASON], level, kept)
+
+
+@dataclass(frozen=True)
+class ScoreBody:
+    node: str
+    ts: float
+    ius: dict[str, IUScore]
+    rack: str = ""
+    profile: str = "drain"
+    seq: int = 0
+    clock_offset_s: float | None = None
+    heartbeat_s: float = 2.0
+
+    def to_json(self) -> dict:
+        return {
+            "node": self.node,
+            "rack": self.rack,
+            "profile": self.profile,
+            "seq": self.seq,
+            "ts": self.ts,
+            "clock_offset_s": self.clock_offset_s,
+            "heartbeat_s": self.heartbeat_s,
+            "ius": {iu: entry.to_json() for iu, entry in self.ius.items()},
+        }
+
+    def dumps(self) -> str:
+        return dumps(self.to_json())
+
+    @classmethod
+    def from_json(cls, obj) -> tuple[ScoreBody, list[str]]:
+        """(body, problems): the problems name each IU entry that was dropped. Raises :class:`BodyError`
+        when the body as a whole is unusable."""
+        if not isinstance(obj, dict):
+            raise BodyError(f"body is {type(obj).__name__}, not an object")
+        node = obj.get("node")
+        if not isinstance(node, str) or not _NODE.fullmatch(node):
+            raise BodyError(f"node {node!r} is not a host name")
+        ts = obj.get("ts")
+        if not (_finite(ts) and ts > 0):
+            raise BodyError(f"ts {ts!r} is not a finite timestamp")
+        offset = obj.get("clock_offset_s")
+        if offset is not None and not (_finite(offset) and abs(offset) <= MAX_CLOCK_OFFSET_S):
+            raise BodyError(f"clock_offset_s {offset!r} is not null or within +-{MAX_CLOCK_OFFSET_S:g} s")
+        heartbeat = obj.get("heartbeat_s", 2.0)
+        if not _finite(heartbeat):
+            raise BodyError(f"heartbeat_s {heartbeat!r} is not a finite number")
+        ius = obj.get("ius")
+        if not isinstance(ius, dict):
+            raise BodyError(f"ius is {type(ius).__name__}, not an object")
+        if len(ius) > MAX_IUS:
+            raise BodyError(f"ius has {len(ius)} entries (more than {MAX_IUS})")
+        rack, profile, seq = obj.get("rack", ""), obj.get("profile", "drain"), obj.get("seq", 0)
+        entries: dict[str, IUScore] = {}
+        problems: list[str] = []
+        for iu_id, entry in ius.items():
+            try:
+                entries[iu_id] = IUScore.from_json(entry)
+            except BodyError as exc:
+                problems.append(f"node {node} IU {iu_id[:80]!r}: {exc}")
+        body = cls(
+            node=node,
+            ts=float(ts),
+            ius=entries,
+            rack=rack if isinstance(rack, str) else "",
+            profile=profile if isinstance(profile, str) else "drain",
+            seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
+            clock_offset_s=float(offset) if offset is not None else None,
+            heartbeat_s=min(MAX_HEARTBEAT_S, max(MIN_HEARTBEAT_S, float(heartbeat))),
+        )
+        return body, problems
+
+
+def dumps(obj, **kwargs) -> str:
+    """Strict, compact JSON (raises ValueError on NaN/Infinity instead of writing invalid JSON)."""
+    return json.dumps(obj, allow_nan=False, separators=(",", ":"), **kwargs)
