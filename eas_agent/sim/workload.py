@@ -56,9 +56,7 @@ def _lognormal_mean(rng: random.Random, mean: float, sigma: float) -> float:
     return rng.lognormvariate(math.log(mean) - sigma * sigma / 2.0, sigma)
 
 
-def draw_request_shape(
-    rng: random.Random, mix: tuple[RequestClass, ...] = PRODUCTION_MIX
-) -> tuple[str, int, int]:
+def draw_request_shape(rng: random.Random, mix: tuple[RequestClass, ...] = PRODUCTION_MIX) -> tuple[str, int, int]:
     """(class, prompt tokens, output tokens) of one request of the mix."""
     u = rng.random()
     chosen = mix[-1]
@@ -74,9 +72,8 @@ def draw_request_shape(
     return chosen.name, prompt, output
 
 
-def poisson_trace(
-    rate: float, duration: float, seed: int, mix: tuple[RequestClass, ...] = PRODUCTION_MIX
-) -> list[TraceRequest]:
+def poisson_trace(rate: float, duration: float, seed: int,
+                  mix: tuple[RequestClass, ...] = PRODUCTION_MIX) -> list[TraceRequest]:
     """Requests arriving as a Poisson process of `rate`/s for `duration` s, each at a uniformly drawn edge."""
     rng = random.Random(seed)
     trace: list[TraceRequest] = []
@@ -92,5 +89,5 @@ def poisson_trace(
 def mean_shape(mix: tuple[RequestClass, ...] = PRODUCTION_MIX) -> tuple[float, float]:
     """Analytic mean prompt and output tokens of the mix (before clipping)."""
     prompt = sum(k.share * k.prompt_mean for k in mix)
-    output = sum(k.share * k.output_median * math.exp(k.output_sigma**2 / 2.0) for k in mix)
+    output = sum(k.share * k.output_median * math.exp(k.output_sigma ** 2 / 2.0) for k in mix)
     return prompt, output
