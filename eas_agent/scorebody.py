@@ -75,10 +75,12 @@ class IUScore:
         level = obj.get("level")
         if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
             raise BodyError(f"level {level!r} is not null or an integer")
-        reason = obj.get("reason") or ""
+        reason = obj.get("reason")
+        reason = "" if reason is None else reason
         if not isinstance(reason, str):
             raise BodyError(f"reason {reason!r} is not a string")
-        components = obj.get("components") or {}
+        components = obj.get("components")
+        components = {} if components is None else components
         if not isinstance(components, dict):
             raise BodyError(f"components {components!r} is not an object")
         kept = {str(k): v for k, v in components.items() if v is None or _finite(v)}

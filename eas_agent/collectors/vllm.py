@@ -56,9 +56,13 @@ class HttpFetcher:
                 body = self._read_body(response, deadline)
             except (OSError, http.client.HTTPException, ValueError, FetchError) as exc:
                 self.close()
-                if attempt == 2 or isinstance(exc, (TimeoutError, FetchError)) or self.clock() >= deadline:
-                    if isinstance(exc, FetchError):
-                        raise
+                if isinstance(exc, FetchError):
+                    raise
+                if isinstance(exc, TimeoutError) or self.clock() >= deadline:
+                    raise FetchError(
+                        f"{self._where()}: no complete answer within {self.timeout_s:g} s ({exc or type(exc).__name__})"
+                    ) from exc
+                if attempt == 2:
                     raise FetchError(f"{self._where()}: {exc or type(exc).__name__}") from exc
                 continue
             if response.status != 200:

@@ -162,7 +162,7 @@ class PoolView:
                 continue
             try:
                 raw = json.loads(value)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, RecursionError):  # RecursionError: "[[[[..." nested too deep
                 self._reject("body", f"key {key}: not JSON")
                 continue
             seen = self._validated(raw, f"key {key}", self.bodies, received)
@@ -404,7 +404,7 @@ class ScoresPoller:
                 if len(raw) > MAX_BODY_BYTES:
                     raise ValueError(f"/scores of {agent}: more than {MAX_BODY_BYTES} bytes")
                 bodies.append(json.loads(raw))
-            except (OSError, ValueError, urllib.error.URLError):
+            except (OSError, ValueError, RecursionError, urllib.error.URLError):
                 self.errors += 1  # that agent's node falls back to its KV body
         self.view.apply_polled(bodies)
 

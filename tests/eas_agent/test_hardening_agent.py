@@ -1,0 +1,246 @@
+"""Review H1, M4, L11 (shared/reviews/security-and-faults.md): hostile vLLM metrics and endpoints cost one IU
+its score, never the agent, the node's other IUs, the publisher or the heartbeats."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from eas_agent.agent import Agent, IUPipeline
+from eas_agent.clock import parse_system_time_offset
+from eas_agent.collectors.vllm import FetchError, HttpFetcher, VllmCollector
+from eas_agent.config import parse_config
+from eas_agent.publisher import MemoryStore
+from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
+
+GOOD = (Path(__file__).parents[1] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()
+
+
+def strict_json(text: str):
+    """json.loads that fails on NaN/Infinity (what a Go or JS reader of the KV body would do)."""
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def replace_sample(text: str, name: str, value: str) -> str:
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(name + "{"):
+            line = line.rsplit(" ", 1)[0] + f" {value}\n"
+        out.append(line)
+    assert out != text.splitlines(keepends=True), name
+    return "".join(out)
+
+
+class NoGpus:
+    def read(self, indices):
+        return []
+
+    def close(self):
+        pass
+
+
+def config(n_ius: int = 2, scrape_timeout_s: float = 0.15):
+    return parse_config(
+        {
+            "node": "n1",
+            "rack": "r1",
+            "listen": "127.0.0.1:0",
+            "scrape_timeout_s": scrape_timeout_s,
+            "ius": [
+                {"id": f"n1-iu{i}", "gpus": [i], "metrics_url": f"http://127.0.0.1:1/m{i}"}
+                for i in range(n_ius)
+            ],
+        }
+    )
+
+
+def agent_with(fetchers, cfg=None, serve_http=True):
+    cfg = cfg or config(len(fetchers))
+    pipelines = [IUPipeline(cfg, i, VllmCollector(fetch)) for i, fetch in enumerate(fetchers)]
+    store = MemoryStore()
+    agent = Agent(cfg, store=store, gpu_backend=NoGpus(), pipelines=pipelines, serve_http=serve_http)
+    return agent, store
+
+
+@pytest.mark.parametrize(
+    "sample, value",
+    [
+        ("vllm:num_requests_running", "NaN"),
+        ("vllm:num_requests_running", "+Inf"),
+        ("vllm:num_requests_waiting", "NaN"),
+        ("vllm:num_requests_waiting", "-1e6"),
+        ("vllm:kv_cache_usage_perc", "+Inf"),
+        ("vllm:prompt_tokens_total", "NaN"),
+        ("vllm:prompt_tokens_total", "-Inf"),
+    ],
+)
+def test_bad_sample_makes_that_iu_unknown_and_the_rest_publish(sample, value):
+    bad = replace_sample(GOOD, sample, value)
+    agent, store = agent_with([lambda: GOOD, lambda: bad])
+    try:
+        for t in range(3):
+            results = agent.cycle(1000.0 + t)  # before the fix: ValueError out of cycle (the agent stopped)
+            agent.publisher.step(1000.0 + t, results)
+        good, broken = results["n1-iu0"], results["n1-iu1"]
+        assert good.status == "passing" and good.score is not None and good.score >= 0
+        assert broken.score is None and broken.status == "warning"
+        assert "non-finite or negative" in broken.reason and sample in broken.reason
+        body = strict_json(store.kv["clusterctl/eas/dc1/n1"][1])
+        assert body["ius"]["n1-iu1"]["score"] is None and body["ius"]["n1-iu0"]["score"] == good.score
+        served = strict_json(json.dumps(agent.http.scores_body))  # what /scores serves
+        assert served["ius"]["n1-iu1"]["status"] == "warning"
+        errors = agent.metrics.collector_errors.labels("vllm", "n1-iu1")._value.get()
+        assert errors == 3
+    finally:
+        agent.http.server.server_close()
+
+
+def test_parser_rejects_non_finite_and_negative_samples_naming_them():
+    for value in ("NaN", "+Inf", "-Inf", "-0.5"):
+        with pytest.raises(MetricsParseError, match="vllm:num_requests_waiting"):
+            parse_vllm_metrics(replace_sample(GOOD, "vllm:num_requests_waiting", value))
+    assert (
+        parse_vllm_metrics(replace_sample(GOOD, "vllm:num_requests_waiting", "0")).num_requests_waiting == 0
+    )
+
+
+def test_failing_iu_logs_at_most_once_a_minute(caplog):
+    bad = replace_sample(GOOD, "vllm:num_requests_running", "NaN")
+    agent, _ = agent_with([lambda: GOOD, lambda: bad], serve_http=False)
+    with caplog.at_level(logging.WARNING, logger="eas_agent"):
+        for t in range(50):
+            agent.cycle(1000.0 + t * 0.2)
+    lines = [r for r in caplog.records if "n1-iu1" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+def test_a_bug_in_one_iu_never_stops_the_cycle():
+    def explode():
+        raise KeyError("collector bug")
+
+    agent, _ = agent_with([lambda: GOOD, explode], serve_http=False)
+    results = agent.cycle(1000.0)
+    assert results["n1-iu0"].status == "passing"
+    assert results["n1-iu1"].score is None and "KeyError" in results["n1-iu1"].reason
+
+
+def test_publisher_never_writes_non_finite_json():
+    from eas_agent.score import ScoreResult
+
+    agent, store = agent_with([lambda: GOOD], serve_http=False)
+    results = {"n1-iu0": ScoreResult(float("nan"), "passing", "", {"x": float("inf"), "y": 1.0})}
+    agent.publisher.step(1000.0, results)  # before: json.dumps wrote NaN and Infinity into the KV
+    body = strict_json(store.kv["clusterctl/eas/dc1/n1"][1])
+    assert body["ius"]["n1-iu0"]["score"] is None and body["ius"]["n1-iu0"]["components"] == {
+        "x": None,
+        "y": 1.0,
+    }
+
+
+class DripServer:
+    """Answers every connection with a 200 header and then one body byte every ``every_s``."""
+
+    def __init__(self, every_s=0.1, body_bytes=100_000, header_drip=False):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.every_s, self.body_bytes, self.header_drip = every_s, body_bytes, header_drip
+        self.stopping = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        self.sock.settimeout(0.2)
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn):
+        try:
+            conn.recv(65536)
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {self.body_bytes}\r\n\r\n".encode()
+            if self.header_drip:
+                for i in range(len(head)):
+                    conn.sendall(head[i : i + 1])
+                    if self.stopping.wait(self.every_s):
+                        return
+            else:
+                conn.sendall(head)
+            for _ in range(self.body_bytes):
+                conn.sendall(b"#")
+                if self.stopping.wait(self.every_s):
+                    return
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.stopping.set()
+        self.sock.close()
+
+
+def test_scrape_timeout_is_a_deadline_not_a_per_read_timeout():
+    server = DripServer()
+    try:
+        fetch = HttpFetcher(f"http://127.0.0.1:{server.port}/metrics", timeout_s=0.15)
+        started = time.monotonic()
+        with pytest.raises(FetchError, match="within 0.15 s"):
+            fetch()  # before the fix: ~4 s for 40 bytes, hours for a 100 KB drip
+        assert time.monotonic() - started < 0.5
+    finally:
+        server.close()
+
+
+def test_scrape_body_is_capped():
+    server = DripServer(every_s=0.0, body_bytes=10)
+    try:
+        fetch = HttpFetcher(f"http://127.0.0.1:{server.port}/metrics", timeout_s=1.0, max_body=4)
+        with pytest.raises(FetchError, match="byte cap"):
+            fetch()
+    finally:
+        server.close()
+
+
+def test_one_dripping_endpoint_does_not_stall_the_node():
+    """Headers dripped too: only the agent's abort at the deadline can stop that read."""
+    server = DripServer(header_drip=True)
+    try:
+        cfg = config(3)
+        slow = HttpFetcher(f"http://127.0.0.1:{server.port}/metrics", timeout_s=cfg.scrape_timeout_s)
+        agent, store = agent_with([lambda: GOOD, slow, lambda: GOOD], cfg=cfg, serve_http=False)
+        started = time.monotonic()
+        for t in range(5):
+            results = agent.cycle(1000.0 + t * 0.2)
+            agent.publisher.step(1000.0 + t * 0.2, results)
+        elapsed = time.monotonic() - started
+        assert elapsed < 5 * (cfg.scrape_timeout_s + 0.2), elapsed  # before: one cycle took seconds
+        assert results["n1-iu0"].status == results["n1-iu2"].status == "passing"
+        assert results["n1-iu1"].score is None and results["n1-iu1"].status == "warning"
+        assert store.checks["n1-iu0"][0] == "passing"  # TTL checks kept being refreshed
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "text", ["System time     : . seconds fast of NTP time", "System time : 1.2.3 seconds slow of NTP time"]
+)
+def test_clock_parse_never_raises(text):
+    assert parse_system_time_offset(text) is None  # before: float('.') raised inside the cycle
+
+
+def test_clock_parse_reads_offsets():
+    assert parse_system_time_offset("System time     : 0.000012 seconds slow of NTP time") == -0.000012

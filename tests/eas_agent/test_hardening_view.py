@@ -1,0 +1,167 @@
+"""Review H2 (shared/reviews/security-and-faults.md): the edge reader validates what it reads under the score
+prefix; one bad body never kills the watch, and a spoofed body cannot steer traffic."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from eas_agent.consul_io import ConsulUnavailable
+from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
+from eas_agent.scheduler.view import TS_TOLERANCE_S, ConsulWatcher
+from eas_agent.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
+
+from .test_pick import Clock, health_entry, kv_entry
+
+
+def raw_entry(node, body, key_node=None):
+    return {"Key": f"clusterctl/eas/dc1/{key_node or node}", "Value": json.dumps(body).encode()}
+
+
+def good_body(node="n2", ts=100.0, score=1.0, iu=None):
+    return json.loads(kv_entry(node, {iu or f"{node}-iu0": (score, "passing", 1.0, 1)}, ts)["Value"])
+
+
+BAD_BODIES = [
+    {"node": "n2", "ts": 100.0, "ius": {"n2-iu0": 5}},
+    {"node": "n2", "ts": "soon", "ius": {}},
+    {"node": "n2", "ts": 100.0, "clock_offset_s": "x", "ius": {}},
+    {"node": "n2", "ts": 100.0, "ius": {"n2-iu0": {"score": "0.1", "status": "passing"}}},
+    {"node": "n2", "ts": 100.0, "ius": {"n2-iu0": {"score": -1e9, "status": "passing"}}},
+    {"node": "n2", "ts": 100.0, "ius": {"n2-iu0": {"score": 1.0, "status": "sunny"}}},
+    {"node": "n2", "ts": 100.0, "ius": {"n2-iu0": {"score": 1.0, "status": "passing", "components": []}}},
+    {"node": "n2", "ts": 100.0, "heartbeat_s": "2", "ius": {}},
+    {"node": "n2", "ts": 100.0, "ius": []},
+    {"node": ["n2"], "ts": 100.0, "ius": {}},
+    [1, 2],
+    "a string",
+    None,
+]
+
+
+def fresh_view(ius=("n1-iu0", "n2-iu0")):
+    view = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
+    view.apply_health([health_entry(iu) for iu in ius])
+    return view
+
+
+@pytest.mark.parametrize("bad", BAD_BODIES, ids=range(len(BAD_BODIES)))
+def test_bad_body_next_to_a_good_one_is_skipped_and_counted(bad):
+    view = fresh_view()
+    good = kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)
+    view.apply_kv([good, raw_entry("n2", bad)])  # before: AttributeError/ValueError/TypeError out of here
+    snap = view.snapshot()
+    assert [e.iu_id for e in snap.scored] == ["n1-iu0"]
+    assert view.rejected_bodies + view.rejected_ius >= 1 and view.problems
+    view.apply_health([health_entry("n1-iu0"), health_entry("n2-iu0")])  # and later rebuilds still work
+    assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]
+
+
+def test_undecodable_and_huge_values_are_skipped():
+    view = fresh_view()
+    view.apply_kv(
+        [
+            {"Key": "clusterctl/eas/dc1/n2", "Value": b"\xff\xfe{"},
+            {"Key": "clusterctl/eas/dc1/n3", "Value": b"[" * (2 << 20)},
+            {"Key": "clusterctl/eas/dc1/n4", "Value": b"[" * 100_000},  # under the cap, too deep for json
+            "not a dict",
+            kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0),
+        ]
+    )
+    assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"] and view.rejected_bodies == 4
+
+
+def test_body_must_name_the_node_of_its_key():
+    view = fresh_view()
+    view.apply_kv([raw_entry("n1", good_body("n1", score=0.0, iu="n1-iu0"), key_node="n2")])
+    assert view.snapshot().scored == () and "names node 'n1'" in view.problems[-1]
+
+
+def test_ius_must_belong_to_the_bodys_node_in_the_catalog():
+    """n2 writes its own key but claims n1's IU with a winning score: dropped, n1's own entry kept."""
+    view = fresh_view()
+    view.apply_kv(
+        [
+            kv_entry("n1", {"n1-iu0": (5.0, "passing", 1.0, 1)}, 100.0),
+            kv_entry("n2", {"n2-iu0": (5.0, "passing", 1.0, 1), "n1-iu0": (0.0, "passing", 1.0, 1)}, 100.0),
+        ]
+    )
+    by_id = view.snapshot().by_id()
+    assert by_id["n1-iu0"].node == "n1" and by_id["n1-iu0"].score == 5.0
+    assert "belongs to node n1" in view.problems[-1]
+
+
+def test_far_future_timestamp_is_clamped_and_goes_stale():
+    """Review repro: ts = now + 1e9, score -1e9 won 1000/1000 picks an hour later. Score -1e9 is now rejected
+    by the schema; with a legal score 0 the ts is clamped, so the body goes stale like an honest one."""
+    clock = Clock(100.0)
+    view = PoolView(detector=AnomalyDetector(), clock=clock)
+    view.apply_health([health_entry("n1-iu0"), health_entry("n2-iu0")])
+    spoof = good_body("n2", ts=100.0 + 1e9, score=0.0)
+    view.apply_kv([kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0), raw_entry("n2", spoof)])
+    entry = view.snapshot().by_id()["n2-iu0"]
+    assert entry.ts <= 100.0 + TS_TOLERANCE_S
+    # an hour later, with the same bodies re-listed (any other key's write re-lists the prefix)
+    clock.t = 3700.0
+    view.apply_kv([kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 3700.0), raw_entry("n2", spoof)])
+    rng, ledger = random.Random(1), EdgeLedger()
+    counts = Counter(pick(view.snapshot(), ledger, 3700.5, rng).iu_id for _ in range(1000))
+    assert counts["n2-iu0"] == 0 and counts["n1-iu0"] == 1000
+
+
+def test_heartbeat_is_bounded():
+    body, problems = ScoreBody.from_json({**good_body(), "heartbeat_s": 1e9})
+    assert body.heartbeat_s == MAX_HEARTBEAT_S and not problems
+    with pytest.raises(BodyError, match="clock_offset_s"):
+        ScoreBody.from_json({**good_body(), "clock_offset_s": -1e9})
+
+
+def test_schema_round_trips_what_the_publisher_writes():
+    body, problems = ScoreBody.from_json(good_body())
+    assert not problems and ScoreBody.from_json(json.loads(body.dumps()))[0] == body
+
+
+class FlakyIO:
+    """kv_list: one listing with a bad body, then garbage of other kinds, then good listings."""
+
+    def __init__(self):
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def kv_list(self, prefix, index=None, wait_s=None):
+        with self.lock:
+            self.calls += 1
+            n = self.calls
+        time.sleep(0.01)
+        if n == 1:
+            return 5, [raw_entry("n2", {"ius": {"x": 5}})]
+        if n == 2:
+            raise RuntimeError("bug in the client")
+        if n == 3:
+            return "seven", None
+        if n == 4:
+            raise ConsulUnavailable("down")
+        return 10 + n, [kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)]
+
+    def health_service(self, index=None, wait_s=None):
+        time.sleep(0.05)
+        return 1, [health_entry("n1-iu0")]
+
+
+def test_watch_threads_survive_any_exception():
+    view = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
+    io = FlakyIO()
+    watcher = ConsulWatcher(view, io, min_interval_s=0.01, max_backoff_s=0.05).start()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not view.snapshot().scored:
+            time.sleep(0.02)
+        assert all(t.is_alive() for t in watcher.threads)  # before: the kv thread died on the first body
+        assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"] and io.calls > 4
+    finally:
+        watcher.stop()
