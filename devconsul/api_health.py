@@ -9,12 +9,17 @@
 - ``/v1/catalog/services|service/:service|nodes|node/:node|datacenters``;
   https://developer.hashicorp.com/consul/api-docs/catalog
 - ``/v1/status/leader|peers``; https://developer.hashicorp.com/consul/api-docs/status
-Filtering (``?filter``) and ``?near`` sorting are not implemented: ``?filter`` is refused with 400
-rather than silently ignored.
+``?filter`` (:mod:`devconsul.bexpr`, Consul's filter language:
+https://developer.hashicorp.com/consul/api-docs/features/filtering) works on ``/v1/health/service/:service``
+and ``/v1/catalog/service/:service``, with the selectors those pages list (Node.*, Service.ID/Service/Tags/
+Meta/Port/Address, Checks.* for health; ID, Node, ServiceID/ServiceTags/ServiceMeta/ServicePort/... for the
+catalog). On the other endpoints it is refused with 400 rather than silently ignored; ``?near`` is not
+implemented.
 """
 
 from __future__ import annotations
 
+from devconsul import bexpr
 from devconsul.httpapi import ApiError, Request, Response, blocking_read
 from devconsul.watch import ANY_CATALOG, service
 
@@ -22,12 +27,13 @@ LEADER = "127.0.0.1:8300"
 
 
 def handle_health(server, req: Request, rest: str) -> Response:
-    _reads_only(req)
-    catalog = server.catalog
     kind, _, arg = rest.partition("/")
+    _reads_only(req, filterable=kind == "service" and bool(arg))
+    catalog = server.catalog
     if kind == "service" and arg:
         passing = req.flag("passing")
         tags = req.query.get("tag", [])
+        flt = bexpr.parse(req.get("filter"), bexpr.HEALTH_SERVICE_FIELDS) if req.get("filter") else None
 
         def build() -> Response:
             entries = []
@@ -35,11 +41,13 @@ def handle_health(server, req: Request, rest: str) -> Response:
                 checks = catalog.node_checks() + catalog.service_checks(svc.id)
                 if passing and any(c.synced_status != "passing" for c in checks):
                     continue
-                entries.append({
+                entry = {
                     "Node": catalog.node.to_api(),
                     "Service": svc.node_service_api(),
                     "Checks": [c.api() for c in checks],
-                })
+                }
+                if flt is None or bexpr.evaluate(flt, entry):
+                    entries.append(entry)
             return Response(payload=[] if req.filtered else entries)
 
         return blocking_read(server, req, lambda: catalog.service_index(arg), build, service(arg))
@@ -70,9 +78,9 @@ def handle_health(server, req: Request, rest: str) -> Response:
 
 
 def handle_catalog(server, req: Request, rest: str) -> Response:
-    _reads_only(req)
-    catalog = server.catalog
     kind, _, arg = rest.partition("/")
+    _reads_only(req, filterable=kind == "service" and bool(arg))
+    catalog = server.catalog
     if kind == "services" and not arg:
         def build_services() -> Response:
             out: dict[str, list[str]] = {}
@@ -84,9 +92,11 @@ def handle_catalog(server, req: Request, rest: str) -> Response:
         return blocking_read(server, req, lambda: catalog.services_index, build_services, ANY_CATALOG)
     if kind == "service" and arg:
         tags = req.query.get("tag", [])
+        flt = bexpr.parse(req.get("filter"), bexpr.CATALOG_SERVICE_FIELDS) if req.get("filter") else None
 
         def build_service() -> Response:
             nodes = [s.catalog_api(catalog.node) for s in catalog.instances(arg, tags)]
+            nodes = [n for n in nodes if flt is None or bexpr.evaluate(flt, n)]
             return Response(payload=[] if req.filtered else nodes)
 
         return blocking_read(server, req, lambda: catalog.service_index(arg), build_service, service(arg))
@@ -115,8 +125,8 @@ def handle_status(server, req: Request, rest: str) -> Response:
     raise ApiError(404, "404 page not found")
 
 
-def _reads_only(req: Request) -> None:
+def _reads_only(req: Request, filterable: bool = False) -> None:
     if req.method != "GET":
         raise ApiError(405, f"method {req.method} not allowed", {"Allow": "GET"})
-    if req.has("filter"):
+    if req.has("filter") and not filterable:
         raise ApiError(400, "?filter expressions are not implemented by the dev server")

@@ -11,7 +11,7 @@ returned unwrapped there).
 from __future__ import annotations
 
 from devconsul.httpapi import ApiError, Request, Response, blocking_read
-from devconsul.kvstore import MAX_VALUE_SIZE
+from devconsul.kvstore import MAX_VALUE_SIZE, StoreFull
 from devconsul.watch import kv_key, kv_prefix
 
 PREFIX = "/v1/kv/"
@@ -95,9 +95,15 @@ def _put(server, req: Request, key: str) -> Response:
             "https://developer.hashicorp.com/docs/agent/config/config-files#kv_max_value_size.",
         )
     with server.state.lock:
-        ok = server.kv.set(key, req.body, flags, cas)
+        undo = server.kv.begin_undo()
+        try:
+            ok = server.kv.set(key, req.body, flags, cas)
+        except StoreFull as exc:
+            raise ApiError(413, str(exc)) from None
+        finally:
+            server.kv.end_undo()
     if ok:
-        server.finish_write([("kv", key)])
+        server.finish_write([("kv", key)], undo)
     return Response(payload=ok)
 
 
@@ -105,13 +111,18 @@ def _delete(server, req: Request, key: str) -> Response:
     _conflicting(req, "recurse", "cas")
     cas = _uint(req, "cas")
     with server.state.lock:
-        if req.has("recurse"):
-            deleted = server.kv.delete_tree(key)
-            ok = True
-        else:
-            if not key:
-                raise ApiError(400, "Missing key name")
-            deleted = [key]
-            ok = server.kv.delete(key, cas)
-    server.finish_write([("kv", k) for k in deleted])
+        undo = server.kv.begin_undo()
+        try:
+            deleted, ok = _apply_delete(server, req, key, cas)
+        finally:
+            server.kv.end_undo()
+    server.finish_write([("kv", k) for k in deleted], undo)
     return Response(payload=ok)
+
+
+def _apply_delete(server, req: Request, key: str, cas: int | None) -> tuple[list[str], bool]:
+    if req.has("recurse"):
+        return server.kv.delete_tree(key), True
+    if not key:
+        raise ApiError(400, "Missing key name")
+    return [key], server.kv.delete(key, cas)

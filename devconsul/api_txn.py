@@ -13,7 +13,7 @@ import binascii
 
 from devconsul.definitions import canonical
 from devconsul.httpapi import ApiError, Request, Response
-from devconsul.kvstore import MAX_VALUE_SIZE
+from devconsul.kvstore import MAX_VALUE_SIZE, StoreFull
 
 MAX_OPS = 64
 KV_FIELDS = ("Verb", "Key", "Value", "Flags", "Index", "Session")
@@ -44,21 +44,27 @@ def handle(server, req: Request) -> Response:
 
     state, kv = server.state, server.kv
     with state.lock:
-        saved, saved_index = kv.snapshot(), state.index
+        saved_index = state.index
         results, errors, touched = [], [], []
         state.begin_batch()
+        undo = kv.begin_undo()
         try:
             for n, (verb, key, value, flags, index) in enumerate(kv_ops):
-                what = _apply(kv, verb, key, value, flags, index, results, touched)
+                try:
+                    what = _apply(kv, verb, key, value, flags, index, results, touched)
+                except StoreFull as exc:
+                    what = str(exc)
                 if what:
                     errors.append({"OpIndex": n, "What": what})
         finally:
             state.end_batch()
+            kv.end_undo()
         if errors:
-            kv.restore(saved)
+            kv.rollback(undo)
             state.index = saved_index
             return Response(409, {"Results": None, "Errors": errors})
-    server.finish_write([("kv", k) for k in touched])
+    if touched:
+        server.finish_write([("kv", k) for k in touched], undo)
     return Response(payload={"Results": results or None, "Errors": None})
 
 

@@ -166,7 +166,11 @@ class CheckRunner:
     def _probe_loop(self, check_id: str, defn, stop: threading.Event) -> None:
         delay = random.uniform(0, defn.interval)
         while not stop.wait(delay):
-            status, output = run_probe(defn)
+            try:
+                status, output = run_probe(defn)
+            except Exception as exc:  # a probe bug or an odd answer: the check goes critical, the loop lives
+                log.debug("check %s: probe failed", check_id, exc_info=True)
+                status, output = "critical", f"probe error: {type(exc).__name__}: {exc}"
             with self.state.lock:
                 check = self.catalog.checks.get(check_id)
                 if stop.is_set() or check is None or check.definition is not defn:

@@ -43,6 +43,7 @@ class Request:
     body: bytes = b""
     authorized: bool = True  # set by the router: the token may do everything
     filtered: bool = False  # set by the router: anonymous read of a list endpoint
+    client: str = ""  # the client's address (blocking queries are capped per client)
 
     @classmethod
     def parse(cls, method: str, target: str, headers: dict[str, str], body: bytes) -> Request:
@@ -144,16 +145,21 @@ class ReadCache:
     For every blocking endpoint the index identifies the state of the view it reports (any change to
     the view moves it), so the watchers woken by one write -- 256 of them in the benchmark -- share
     one build and one JSON encoding instead of repeating them. Callers hold the state lock.
+
+    Bounded (review M3): the key holds only the parameters some endpoint reads (``?junk=N`` cannot make
+    a new entry per request), an entry is replaced when its view's index moves, and the cache holds at
+    most ``size`` entries and ``max_bytes`` of encoded answers (oldest dropped first).
     """
 
-    IGNORED = ("index", "wait", "token", "stale", "consistent", "cached")
+    KEYED = frozenset(("recurse", "keys", "separator", "seperator", "raw", "passing", "tag", "filter", "pretty"))
 
-    def __init__(self, size: int = 512):
-        self.size = size
+    def __init__(self, size: int = 512, max_bytes: int = 64 * 2**20):
+        self.size, self.max_bytes = size, max_bytes
+        self.bytes = 0
         self._entries: dict[tuple, tuple[int, Response]] = {}
 
     def key(self, req: Request) -> tuple:
-        query = tuple(sorted((k, tuple(v)) for k, v in req.query.items() if k not in self.IGNORED))
+        query = tuple(sorted((k, tuple(v)) for k, v in req.query.items() if k in self.KEYED))
         return req.path, query, req.filtered
 
     def get(self, key: tuple, index: int) -> Response | None:
@@ -161,9 +167,21 @@ class ReadCache:
         return hit[1] if hit is not None and hit[0] == index else None
 
     def put(self, key: tuple, index: int, resp: Response) -> None:
-        if len(self._entries) >= self.size and key not in self._entries:
-            self._entries.pop(next(iter(self._entries)))
+        size = len(resp.raw or b"")
+        if size > self.max_bytes:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old[1].raw or b"")
+        while self._entries and (len(self._entries) >= self.size or self.bytes + size > self.max_bytes):
+            _, (_, dropped) = self._pop_oldest()
+            self.bytes -= len(dropped.raw or b"")
         self._entries[key] = (index, resp)
+        self.bytes += size
+
+    def _pop_oldest(self):
+        key = next(iter(self._entries))
+        return key, self._entries.pop(key)
 
 
 def blocking_read(
@@ -175,12 +193,15 @@ def blocking_read(
 ) -> Response:
     """Run a blocking query: wait for ``index_fn()`` to pass ``?index``, then ``build`` the response."""
     min_index, hold = parse_blocking(req)
-    if min_index > 0:
+    # An anonymous query under ACLs sees nothing, so it has nothing to wait for: answered at once (it
+    # used to park for up to 10 minutes, for free).
+    if min_index > 0 and not req.filtered:
         def locked_index() -> int:
             with server.state.lock:
                 return index_fn()
 
-        server.state.feed.block(locked_index, min_index, hold, flt)
+        with server.blocking_slot(req.client):
+            server.state.feed.block(locked_index, min_index, hold, flt)
     cache_key = server.read_cache.key(req)
     with server.state.lock:
         index = index_fn()

@@ -12,11 +12,27 @@ from __future__ import annotations
 
 import base64
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from devconsul.state import State
 
 MAX_VALUE_SIZE = 512 * 1024  # Consul's default kv_max_value_size
+# Consul has no total limit (Raft and the disk are); a dev server on a shared box gets one, so one client
+# cannot fill the machine's memory: ``devconsul --max-kv-bytes/--max-kv-keys`` change them.
+DEFAULT_MAX_BYTES = 256 * 2**20
+DEFAULT_MAX_KEYS = 200_000
+
+
+class StoreFull(Exception):
+    """A write would pass ``max_bytes`` or ``max_keys``; nothing was changed."""
+
+
+@dataclass
+class UndoRecord:
+    key: str
+    before: KVEntry | None  # a copy of the entry before the write (None: it did not exist)
+    tombstone: int | None  # the key's tombstone index before the write
+    index: int  # the index the write gave the key
 
 
 @dataclass
@@ -49,8 +65,11 @@ class KVEntry:
 
 
 class KVStore:
-    def __init__(self, state: State):
+    def __init__(self, state: State, max_bytes: int = DEFAULT_MAX_BYTES, max_keys: int = DEFAULT_MAX_KEYS):
         self.state = state
+        self.max_bytes, self.max_keys = max_bytes, max_keys
+        self.bytes = 0  # keys + values held
+        self._undo: list[UndoRecord] | None = None
         self._entries: dict[str, KVEntry] = {}
         self._sorted: list[str] = []
         self._tombstones: dict[str, int] = {}
@@ -119,12 +138,20 @@ class KVStore:
                 return False
             if cas != 0 and (current is None or current.modify_index != cas):
                 return False
+        old_size = _size(current)
+        new_size = len(key) + len(value or b"")
+        if self.bytes - old_size + new_size > self.max_bytes:
+            raise StoreFull(f"KV store full: {self.bytes} bytes held, limit {self.max_bytes}")
+        if current is None and len(self._entries) >= self.max_keys:
+            raise StoreFull(f"KV store full: {len(self._entries)} keys held, limit {self.max_keys}")
         index = self.state.next_index()
+        self._remember(key, index)
         if current is None:
             self._entries[key] = KVEntry(key, value or None, flags, index, index)
             bisect.insort(self._sorted, key)
         else:
             current.value, current.flags, current.modify_index = value or None, flags, index
+        self.bytes += new_size - old_size
         self.table_index = index
         return True
 
@@ -146,12 +173,60 @@ class KVStore:
 
     def _remove(self, keys: list[str], index: int) -> None:
         for key in keys:
+            self._remember(key, index)
+            self.bytes -= _size(self._entries[key])
             del self._entries[key]
             self._sorted.pop(bisect.bisect_left(self._sorted, key))
             if key not in self._tombstones:
                 bisect.insort(self._tomb_sorted, key)
             self._tombstones[key] = index
         self.table_index = index
+
+    # -- undo (a transaction that fails, a write that could not be made durable) -----------------
+    def _remember(self, key: str, index: int) -> None:
+        if self._undo is not None:
+            current = self._entries.get(key)
+            before = replace(current) if current is not None else None
+            self._undo.append(UndoRecord(key, before, self._tombstones.get(key), index))
+
+    def begin_undo(self) -> list[UndoRecord]:
+        """Record every change until :meth:`end_undo`; lock held. Costs one entry copy per written key
+        (a transaction used to snapshot and base64-encode the whole store)."""
+        self._undo = []
+        return self._undo
+
+    def end_undo(self) -> None:
+        self._undo = None
+
+    def rollback(self, log: list[UndoRecord]) -> list[str]:
+        """Undo the recorded writes, newest first, except where a later writer changed the key since (its
+        write stands). Returns the keys restored; lock held."""
+        restored = []
+        for rec in reversed(log):
+            current = self._entries.get(rec.key)
+            ours = (current is not None and current.modify_index == rec.index) or (
+                current is None and self._tombstones.get(rec.key) == rec.index
+            )
+            if not ours:
+                continue
+            if current is not None:
+                self.bytes -= _size(current)
+                del self._entries[rec.key]
+                self._sorted.pop(bisect.bisect_left(self._sorted, rec.key))
+            if rec.before is not None:
+                self._entries[rec.key] = rec.before
+                bisect.insort(self._sorted, rec.key)
+                self.bytes += _size(rec.before)
+            if rec.tombstone is None and rec.key in self._tombstones:
+                del self._tombstones[rec.key]
+                self._tomb_sorted.pop(bisect.bisect_left(self._tomb_sorted, rec.key))
+            elif rec.tombstone is not None:
+                if rec.key not in self._tombstones:
+                    bisect.insort(self._tomb_sorted, rec.key)
+                self._tombstones[rec.key] = rec.tombstone
+            restored.append(rec.key)
+        self._index_memo.clear()
+        return restored
 
     # -- persistence ----------------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -167,4 +242,9 @@ class KVStore:
         self._tombstones = dict(snap.get("tombstones", {}))
         self._tomb_sorted = sorted(self._tombstones)
         self.table_index = snap.get("table_index", 0)
+        self.bytes = sum(_size(e) for e in self._entries.values())
         self._index_memo.clear()
+
+
+def _size(entry: KVEntry | None) -> int:
+    return 0 if entry is None else len(entry.key) + len(entry.value or b"")

@@ -15,6 +15,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from devconsul.state import State
 log = logging.getLogger("devconsul.persist")
 FORMAT_VERSION = 1
 STATE_FILE = "state.json"
+RETRY_S = 1.0
+LOG_EVERY_S = 60.0
 
 
 def load(data_dir: Path) -> dict | None:
@@ -65,6 +68,7 @@ class Persister:
         self._cond = threading.Condition()
         self._dirty = False
         self._stopped = False
+        self.problem: str | None = None  # why the last flush failed; None once one succeeds
         self._thread = threading.Thread(target=self._run, name="devconsul-persist", daemon=True)
 
     def start(self) -> None:
@@ -82,16 +86,32 @@ class Persister:
             self._stopped = True
             self._cond.notify()
         self._thread.join(10)
-        self.flush()  # whatever arrived after the thread's last pass
+        try:
+            self.flush()  # whatever arrived after the thread's last pass
+        except OSError as exc:  # a full disk at exit: say so in one line, not a traceback
+            log.error("could not write %s at exit; the last writes are lost: %s", self.path, exc)
 
     def flush(self) -> None:
+        # The copy is taken under the state lock; the JSON encoding (the expensive part with MBs of values,
+        # review M3) happens outside it, so writers and readers are not held up by it.
         with self.state.lock:
             version = self.state.version
-            text = json.dumps({"format": FORMAT_VERSION, **self.snapshot()}, separators=(",", ":"))
-        write_atomically(self.path, text)
+            snap = self.snapshot()
+        text = json.dumps({"format": FORMAT_VERSION, **snap}, separators=(",", ":"))
+        try:
+            write_atomically(self.path, text)
+        except OSError as exc:
+            self.problem = f"{type(exc).__name__}: {exc.strerror or exc}"
+            self.state.mark_failed(True)
+            raise
+        self.problem = None
         self.state.mark_durable(version)
+        if self.state.durable_failed:
+            self.state.mark_failed(False)
 
     def _run(self) -> None:
+        failing_since: float | None = None
+        last_log = 0.0
         while True:
             with self._cond:
                 while not self._dirty and not self._stopped:
@@ -101,8 +121,15 @@ class Persister:
                 self._dirty = False
             try:
                 self.flush()
-            except OSError:
-                log.exception("could not write %s; writes wait until it can", self.path)
+                if failing_since is not None:
+                    log.warning("%s written again after %.0f s of failures", self.path, time.monotonic() - failing_since)
+                    failing_since = None
+            except OSError as exc:
+                now = time.monotonic()
+                if failing_since is None or now - last_log >= LOG_EVERY_S:  # once a minute, not every retry
+                    log.error("could not write %s (%s); writes are refused until it can be written", self.path, exc)
+                    last_log = now
+                failing_since = failing_since or now
                 with self._cond:
-                    self._cond.wait(1.0)
+                    self._cond.wait(RETRY_S)
                     self._dirty = True

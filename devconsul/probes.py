@@ -13,6 +13,7 @@ import ssl
 import urllib.error
 import urllib.request
 from http.client import responses
+from urllib.parse import urlsplit
 
 from devconsul.definitions import CheckDefinition
 
@@ -29,6 +30,12 @@ def run_probe(defn: CheckDefinition) -> tuple[str, str]:
 
 def _http(defn: CheckDefinition, timeout: float) -> tuple[str, str]:
     method = (defn.method or "GET").upper()
+    scheme = urlsplit(defn.http).scheme
+    if scheme not in ("http", "https"):
+        # Go's http client (Consul's) refuses these the same way; urllib would open file:// and data: URLs
+        # and echo their content into the check's output (review L2).
+        return "critical", f'{method.title()} "{defn.http}": unsupported protocol scheme "{scheme}"'
+
     headers = {"User-Agent": "Consul Health Check", "Accept": "text/plain, text/*, */*"}
     for name, values in defn.header.items():
         headers[name] = ", ".join(values) if isinstance(values, list) else str(values)
@@ -37,7 +44,7 @@ def _http(defn: CheckDefinition, timeout: float) -> tuple[str, str]:
     context = ssl._create_unverified_context() if defn.tls_skip_verify else None  # noqa: S323 - opt-in
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
-            code, body = resp.status, resp.read(BODY_MAX)
+            code, body = resp.status or 0, resp.read(BODY_MAX)
     except urllib.error.HTTPError as exc:
         code, body = exc.code, exc.read(BODY_MAX)
     except (urllib.error.URLError, OSError, ValueError) as exc:

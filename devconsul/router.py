@@ -20,8 +20,18 @@ OPEN, FILTER, DENY = "open", "filter", "deny"
 
 
 def dispatch(server, req: Request) -> Response:
-    path = req.path
+    authorize(server, req)
+    return route(server, req)
+
+
+def authorize(server, req: Request) -> None:
+    """The ACL decision, from the path, method, query and token only (the server makes it before reading
+    the request body)."""
     _authorize(server, req, *_acl_rule(req))
+
+
+def route(server, req: Request) -> Response:
+    path = req.path
     if path.startswith("/v1/kv/") or path == "/v1/kv":
         return api_kv.handle(server, req, path.removeprefix("/v1/kv").removeprefix("/"))
     if path == "/v1/txn":

@@ -9,6 +9,22 @@ daemon thread per connection (HTTP/1.1 keep-alive); blocking queries park on the
 ``start`` returns once the socket listens; ``stop`` wakes parked queries, closes open connections,
 stops the check runner and the persister, and joins their threads.
 
+Limits (each one a finding of the security review, shared/reviews/security-and-faults.md M1-M3, L1):
+
+- a request body is bounded before it is read: a ``Content-Length`` that is not a non-negative integer is a
+  400, one over :data:`MAX_BODY` a 413, a chunked body is cut at :data:`MAX_BODY` in total, and a request
+  with both is a 400 (request smuggling); after any of these the connection is closed;
+- the ACL decision is made from the headers, before the body is read;
+- every connection has a socket timeout (:data:`CONNECTION_TIMEOUT_S`: headers, body and keep-alive
+  idle), at most ``max_connections`` are open at once (the next is answered 503 and closed), at most
+  ``max_blocking_per_client`` blocking queries per client address are parked (the next is a 429), and
+  an anonymous query under ACLs never parks (it is answered at once, filtered to nothing);
+- the KV store holds at most ``max_kv_bytes`` / ``max_kv_keys`` (a 413 beyond);
+- a KV write whose state could not be written to the data directory is rolled back and answered 500
+  "not applied"; while the data directory stays unwritable every write is refused (500, not applied)
+  before it is applied. (A catalog write that fails the same way is answered 500 "not durable": it stays
+  applied in memory; the agent that made it re-registers on its own anti-entropy schedule.)
+
 The timing knobs default to Consul's values; tests shorten them: ``check_update_interval`` (5 min, how
 long an output-only check change waits before reaching the catalog), ``check_reap_interval`` (30 s)
 and ``check_deregister_interval_min`` (1 min, the floor of DeregisterCriticalServiceAfter).
@@ -27,12 +43,15 @@ from devconsul import persist
 from devconsul.catalog import Catalog
 from devconsul.checks import CheckRunner
 from devconsul.httpapi import ApiError, ReadCache, Request, Response
-from devconsul.kvstore import KVStore
-from devconsul.router import dispatch
+from devconsul.kvstore import DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, KVStore
+from devconsul.router import authorize, route
 from devconsul.state import State
 
 log = logging.getLogger("devconsul")
 MAX_BODY = 8 * 1024 * 1024
+CONNECTION_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 1024
+MAX_BLOCKING_PER_CLIENT = 512
 
 
 class DevConsulServer:
@@ -45,13 +64,23 @@ class DevConsulServer:
         check_update_interval: float = 300.0,
         check_reap_interval: float = 30.0,
         check_deregister_interval_min: float = 60.0,
+        max_kv_bytes: int = DEFAULT_MAX_BYTES,
+        max_kv_keys: int = DEFAULT_MAX_KEYS,
+        max_connections: int = MAX_CONNECTIONS,
+        max_blocking_per_client: int = MAX_BLOCKING_PER_CLIENT,
+        connection_timeout_s: float = CONNECTION_TIMEOUT_S,
     ):
         host, _, port = addr.rpartition(":")
         self._bind = (host.strip("[]") or "127.0.0.1", int(port))
         self.data_dir = Path(data_dir) if data_dir else None
         self.acl_token = acl_token or None
         self.state = State()
-        self.kv = KVStore(self.state)
+        self.kv = KVStore(self.state, max_kv_bytes, max_kv_keys)
+        self.max_connections = max_connections
+        self.max_blocking_per_client = max_blocking_per_client
+        self.connection_timeout_s = connection_timeout_s
+        self._blocking: dict[str, int] = {}  # client address -> parked blocking queries
+        self._blocking_lock = threading.Lock()
         self.catalog = Catalog(self.state, node_name or socket.gethostname(), check_update_interval)
         self.runner = CheckRunner(self.state, self.catalog, check_reap_interval, check_deregister_interval_min)
         self.catalog.hooks = self.runner
@@ -112,11 +141,30 @@ class DevConsulServer:
         self.stop()
 
     # -- used by the endpoint modules -----------------------------------------------------------
-    def finish_write(self, topics) -> None:
-        """Publish a write to blocking queries, and return only once it is durable."""
+    def refuse_if_not_durable(self) -> None:
+        """Before a write is applied: while the data directory is unwritable, refuse it (not applied)."""
+        problem = self._persister.problem if self._persister is not None else None
+        if problem:
+            raise ApiError(500, f"state cannot be written to the data directory ({problem}); the write was not applied")
+
+    def finish_write(self, topics, undo=None) -> None:
+        """Publish a write to blocking queries, and return only once it is durable. A KV write (``undo``,
+        from ``KVStore.begin_undo``) that cannot be made durable is rolled back and reported not applied."""
+        topics = list(topics)
         version = self.state.commit(topics)
-        if not self.state.wait_durable(version):
-            raise ApiError(500, "state could not be written to the data directory")
+        if self.state.wait_durable(version):
+            return
+        if undo is None:
+            raise ApiError(500, "state could not be written to the data directory; the change is not durable")
+        with self.state.lock:
+            restored = self.kv.rollback(undo)
+            self.state.touch()
+        self.state.commit([("kv", k) for k in restored])
+        raise ApiError(500, "state could not be written to the data directory; the write was not applied")
+
+    def blocking_slot(self, client: str):
+        """Context manager: a parked blocking query of ``client``; 429 past ``max_blocking_per_client``."""
+        return _BlockingSlot(self, client)
 
     # -- persistence ----------------------------------------------------------------------------
     def _snapshot(self) -> dict:
@@ -127,6 +175,30 @@ class DevConsulServer:
             self.state.index = snap["index"]
             self.kv.restore(snap["kv"])
             self.catalog.restore(snap["catalog"])
+
+
+class _BlockingSlot:
+    def __init__(self, dev: DevConsulServer, client: str):
+        self.dev, self.client = dev, client
+
+    def __enter__(self):
+        dev = self.dev
+        with dev._blocking_lock:
+            held = dev._blocking.get(self.client, 0)
+            if held >= dev.max_blocking_per_client:
+                raise ApiError(429, f"too many blocking queries from {self.client} ({held}, limit "
+                               f"{dev.max_blocking_per_client})")
+            dev._blocking[self.client] = held + 1
+        return self
+
+    def __exit__(self, *exc):
+        dev = self.dev
+        with dev._blocking_lock:
+            left = dev._blocking.get(self.client, 1) - 1
+            if left > 0:
+                dev._blocking[self.client] = left
+            else:
+                dev._blocking.pop(self.client, None)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -141,17 +213,33 @@ class _HTTPServer(ThreadingHTTPServer):
         self._conn_lock = threading.Lock()
         self._closing = False
         self._conn_threads: list[threading.Thread] = []
+        self._slots = threading.BoundedSemaphore(dev.max_connections)
         if ":" in bind[0]:
             self.address_family = socket.AF_INET6
         super().__init__(bind, handler)
 
     def process_request(self, request, client_address) -> None:
-        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+        if not self._slots.acquire(blocking=False):  # a cap on threads: slowloris cannot exhaust them
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 20\r\n"
+                                b"Connection: close\r\n\r\ntoo many connections")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        thread = threading.Thread(target=self._process_and_release, args=(request, client_address),
                                   name="devconsul-conn", daemon=True)
         with self._conn_lock:
             self._conn_threads = [t for t in self._conn_threads if t.is_alive()]
             self._conn_threads.append(thread)
         thread.start()
+
+    def _process_and_release(self, request, client_address) -> None:
+        try:
+            self.process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def join_threads(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -192,6 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
 
     def setup(self) -> None:
+        self.timeout = self.server.dev.connection_timeout_s  # socket timeout: headers, body, idle keep-alive
         super().setup()
         self.server.track(self.connection, True)
 
@@ -211,30 +300,72 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_POST = do_HEAD = do_PATCH = do_GET
 
     def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return b"".join(chunks)
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-        length = int(self.headers.get("Content-Length") or 0)
+        """The body, bounded before it is read (review M1); any error here closes the connection, since
+        the unread rest of the body would otherwise be parsed as the next request."""
+        chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        length_text = self.headers.get("Content-Length")
+        if chunked and length_text is not None:
+            raise ApiError(400, "Content-Length and chunked Transfer-Encoding together")
+        if chunked:
+            return self._read_chunked()
+        if length_text is None:
+            return b""
+        length_text = length_text.strip()
+        if not length_text.isdigit():  # negative, empty, signed or not a number: rfile.read(-1) reads to EOF
+            raise ApiError(400, f"Invalid Content-Length {length_text[:40]!r}")
+        length = int(length_text)
         if length > MAX_BODY:
-            raise ApiError(413, "Request body too large")
-        return self.rfile.read(length) if length else b""
+            raise ApiError(413, f"Request body({length} bytes) too large, max size: {MAX_BODY} bytes")
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:
+            raise ApiError(400, f"Request body cut short ({len(body)} of {length} bytes)")
+        return body
+
+    def _read_chunked(self) -> bytes:
+        chunks, total = [], 0
+        while True:
+            line = self.rfile.readline(1024)
+            size_text = line.split(b";")[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise ApiError(400, f"Invalid chunk size {size_text[:40]!r}") from None
+            if size < 0 or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
+                raise ApiError(400, f"Invalid chunk size {size_text[:40]!r}")
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(chunks)
+            total += size
+            if total > MAX_BODY:
+                raise ApiError(413, f"Request body too large, max size: {MAX_BODY} bytes")
+            chunk = self.rfile.read(size)
+            if len(chunk) < size:
+                raise ApiError(400, "Request body cut short")
+            chunks.append(chunk)
+            self.rfile.readline(1024)
 
     def _serve(self) -> None:
+        dev = self.server.dev
         try:
-            body = self._read_body()
             headers = {k.lower(): v for k, v in self.headers.items()}
-            req = Request.parse(self.command, self.path, headers, body)
-            resp = dispatch(self.server.dev, req)
+            req = Request.parse(self.command, self.path, headers, b"")
+            req.client = self.client_address[0] if self.client_address else ""
+            authorize(dev, req)  # from the headers: an anonymous or bad token never gets its body read
+            try:
+                req.body = self._read_body()
+            except ApiError:
+                self.close_connection = True
+                raise
+            if req.method not in ("GET", "HEAD"):
+                dev.refuse_if_not_durable()
+            resp = route(dev, req)
             pretty = req.has("pretty")
         except ApiError as exc:
             resp, pretty = Response(exc.status, raw=exc.reason.encode(), content_type="text/plain; charset=utf-8",
                                     headers=exc.headers), False
+            if exc.status in (400, 403, 413) and self.command not in ("GET", "HEAD"):
+                self.close_connection = True  # a body may be left unread on the stream
         except Exception:
             log.exception("internal error serving %s %s", self.command, self.path.split("?", 1)[0])
             resp, pretty = Response(500, raw=b"internal error", content_type="text/plain; charset=utf-8"), False
@@ -248,6 +379,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Vary", "Accept-Encoding")
             for name, value in resp.headers.items():
                 self.send_header(name, value)
+            self.send_header("X-Consul-Default-Acl-Policy", "deny" if self.server.dev.acl_token else "allow")
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             if self.command != "HEAD":

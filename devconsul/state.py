@@ -24,6 +24,7 @@ class State:
         self._version = 0
         self._durable = 0
         self._durable_cond = threading.Condition()
+        self.durable_failed = False  # set by the persister while the data dir cannot be written
         self.persistent = False
         self.on_dirty = None  # set by the persister: called with no arguments after a write
         self._batch_index: int | None = None
@@ -68,9 +69,16 @@ class State:
                 self._durable = version
             self._durable_cond.notify_all()
 
+    def mark_failed(self, failed: bool) -> None:
+        with self._durable_cond:
+            self.durable_failed = failed
+            self._durable_cond.notify_all()
+
     def wait_durable(self, version: int, timeout: float = 10.0) -> bool:
-        """Block until ``version`` is on disk (a no-op in memory); False if the persister is stuck."""
+        """Block until ``version`` is on disk (a no-op in memory); False if the persister is stuck or a
+        flush failed (no point waiting 10 s on a full disk)."""
         if not self.persistent:
             return True
         with self._durable_cond:
-            return self._durable_cond.wait_for(lambda: self._durable >= version, timeout)
+            self._durable_cond.wait_for(lambda: self._durable >= version or self.durable_failed, timeout)
+            return self._durable >= version

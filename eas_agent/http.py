@@ -15,6 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from eas_agent.scorebody import dumps
 
+CONNECTION_TIMEOUT_S = 10.0  # headers, body and keep-alive idle; an edge poller asks every 200 ms
+MAX_CONNECTIONS = 64  # a node's agent is polled by a few edges and one Prometheus
+
 
 class QuietHTTPServer(ThreadingHTTPServer):
     """A client that gave up (timeout) or went away is normal here: no traceback on stderr for it."""
@@ -24,6 +27,35 @@ class QuietHTTPServer(ThreadingHTTPServer):
     def handle_error(self, request, client_address) -> None:
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
             super().handle_error(request, client_address)
+
+
+class BoundedHTTPServer(QuietHTTPServer):
+    """The agent's server: at most ``max_connections`` connections are served at once (a thread each); the next is closed at
+    once, so clients that open connections and never finish a request (slowloris) cannot grow the agent's
+    threads without bound (review M2). Each connection has a socket timeout (the handler's ``timeout``).
+    """
+
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class AgentMetrics:
@@ -66,7 +98,7 @@ class AgentHttpServer:
         self.metrics = metrics
         self.scores_body: dict = {}
         self.lock = threading.Lock()
-        self.server = QuietHTTPServer((host, port), self._handler())
+        self.server = BoundedHTTPServer((host, port), self._handler())
         self.thread = threading.Thread(
             target=self.server.serve_forever,
             kwargs={"poll_interval": 0.2},
@@ -88,6 +120,7 @@ class AgentHttpServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = CONNECTION_TIMEOUT_S
             # headers and body go out in two writes; with Nagle on, keep-alive clients wait for a delayed ACK
             disable_nagle_algorithm = True
 

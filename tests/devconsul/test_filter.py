@@ -1,0 +1,114 @@
+"""``?filter=`` on the health and catalog service endpoints, and ``X-Consul-Default-ACL-Policy``.
+
+Contract (runs against a real Consul too, with CONSUL_HTTP_ADDR):
+- https://developer.hashicorp.com/consul/api-docs/features/filtering: "<Selector> == "<Value>"", "!=",
+  "is empty", "is not empty", ""<Value>" in <Selector>", "not in", "contains", "not contains", "matches",
+  "not matches"; "and", "or", "not" and parentheses.
+- https://developer.hashicorp.com/consul/api-docs/health#filtering-2 (List Service Instances: selectors
+  Node.*, Service.ID/Service/Tags/Meta/Port/Address, Checks.*) and
+  https://developer.hashicorp.com/consul/api-docs/catalog#filtering-1 (List Nodes for Service: ServiceID,
+  ServiceTags, ServiceMeta, ServicePort, Node, ...).
+- https://developer.hashicorp.com/consul/api-docs/api-structure#default-acl-policy: "All API responses for
+  Consul versions after 1.9 will include an HTTP response header X-Consul-Default-ACL-Policy set to either
+  "allow" or "deny" ... This value is returned even if ACLs are disabled."
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from devconsul import bexpr
+
+
+@pytest.fixture
+def three(api, name, cleanup):
+    ius = [
+        (f"{name}-a", 8001, ["rack:r1", "node:n1"], {"node": "n1", "numa-node": "0"}, "passing"),
+        (f"{name}-b", 8002, ["rack:r1", "node:n2"], {"node": "n2", "numa-node": "1"}, "critical"),
+        (f"{name}-c", 8003, ["rack:r2", "node:n3"], {"node": "n3"}, "passing"),
+    ]
+    for sid, port, tags, meta, status in ius:
+        cleanup.services.append(sid)
+        body = {"Name": name, "ID": sid, "Port": port, "Tags": tags, "Meta": meta,
+                "Check": {"TTL": "60s", "Status": status}}
+        assert api.put("/v1/agent/service/register", json=body).status_code == 200
+    return name
+
+
+def _ids(resp, key):
+    assert resp.status_code == 200, resp.text
+    return sorted(key(e) for e in resp.json())
+
+
+@pytest.mark.parametrize(
+    "expr, want",
+    [
+        ('Service.Meta.node == "n1"', ["a"]),
+        ('"rack:r1" in Service.Tags', ["a", "b"]),
+        ('Service.Tags contains "node:n3"', ["c"]),
+        ('"rack:r1" not in Service.Tags', ["c"]),
+        ("Service.Port == 8002", ["b"]),
+        ('Service.Port != "8002"', ["a", "c"]),
+        ('Service.Meta["numa-node"] is empty', ["c"]),
+        ("Service.Meta.node is not empty", ["a", "b", "c"]),
+        ('Service.ID matches "-[ab]$"', ["a", "b"]),
+        ('Service.ID not matches "-[ab]$"', ["c"]),
+        ('Checks.Status == "critical"', ["b"]),
+        ('not Checks.Status == "critical" and Service.Meta.node != "n3"', ["a"]),
+        ('(Service.Port == 8001 or Service.Port == 8003) and "rack:r2" in Service.Tags', ["c"]),
+    ],
+)
+def test_health_service_filter(api, three, expr, want):
+    resp = api.get(f"/v1/health/service/{three}", params={"filter": expr})
+    assert _ids(resp, lambda e: e["Service"]["ID"][-1]) == want
+
+
+def test_catalog_service_filter(api, three):
+    resp = api.get(f"/v1/catalog/service/{three}", params={"filter": 'ServiceMeta.node == "n2"'})
+    assert _ids(resp, lambda e: e["ServiceID"][-1]) == ["b"]
+    resp = api.get(f"/v1/catalog/service/{three}", params={"filter": '"rack:r2" in ServiceTags'})
+    assert _ids(resp, lambda e: e["ServiceID"][-1]) == ["c"]
+
+
+@pytest.mark.parametrize("expr", ["Service.Nope == 1", "Service.Port ==", "(Service.Port == 1", "Service == 1"])
+def test_bad_filter_is_a_400(api, three, expr):
+    resp = api.get(f"/v1/health/service/{three}", params={"filter": expr})
+    assert resp.status_code == 400
+
+
+def test_filter_and_passing_combine(api, three):
+    resp = api.get(f"/v1/health/service/{three}", params={"filter": '"rack:r1" in Service.Tags', "passing": "1"})
+    assert _ids(resp, lambda e: e["Service"]["ID"][-1]) == ["a"]
+
+
+@pytest.mark.parametrize("path", ["/v1/status/leader", "/v1/kv/nope", "/v1/catalog/services", "/v1/nope"])
+def test_default_acl_policy_header_on_every_response(api, path):
+    resp = api.get(path)
+    assert resp.headers.get("X-Consul-Default-ACL-Policy") in ("allow", "deny")
+
+
+def test_default_acl_policy_reflects_acls():
+    import requests
+
+    from devconsul.server import DevConsulServer
+
+    for token, want in ((None, "allow"), ("t0ken", "deny")):
+        with DevConsulServer(addr="127.0.0.1:0", acl_token=token) as server:
+            resp = requests.get(f"http://{server.address}/v1/kv/x", timeout=5)
+            assert resp.headers["X-Consul-Default-ACL-Policy"] == want
+
+
+def test_filter_parser_never_raises_anything_but_a_400():
+    """Fuzz: random token soup is parsed or refused with FilterError, nothing else."""
+    import random
+
+    rng = random.Random(15)
+    words = ["Service.Port", "Service.Meta.node", "Checks.Status", "==", "!=", "in", "not", "and", "or", "(",
+             ")", '"x"', "`y`", "is", "empty", "contains", "matches", '"[a-"', "Service.Tags", "[", "]", ".", "8000"]
+    for _ in range(3000):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 9)))
+        try:
+            tree = bexpr.parse(text, bexpr.HEALTH_SERVICE_FIELDS)
+        except bexpr.FilterError:
+            continue
+        bexpr.evaluate(tree, {"Service": {"Port": 8000, "Tags": ["x"], "Meta": {}}, "Checks": [{"Status": "x"}]})
