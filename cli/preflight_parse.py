@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.errors import ClusterctlError
-from preflight.parsers import PARSERS, ParseError, parse, to_contract_json
+from preflight.parsers import PARSERS, ParseError, parse, paste_warnings, to_contract_json
 
 
 @click.command("parse")
@@ -33,7 +33,7 @@ def command(kind: str, file: Any, as_json: bool) -> None:
     except ParseError as exc:
         name = "<stdin>" if file.name == "<stdin>" else file.name
         raise ClusterctlError(f"{name}: cannot parse as {kind}: {_one_line(str(exc))}", 1) from exc
-    data = to_contract_json(kind, result)
+    data = to_contract_json(kind, result, paste_warnings(text))
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return

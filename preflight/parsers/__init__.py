@@ -4,6 +4,13 @@
 ``parse`` function; ``parse(kind, text)`` dispatches; ``to_contract_json(kind, result)`` gives the exact
 shape of ``shared/contracts/parse-json.md``. Every parser raises ``ParseError`` (line number, line,
 message) on input it cannot read, never another exception.
+
+Pasted outputs (from tickets and runbooks) are read through :func:`common.paste_lines`: hand annotations
+after a value (``Yes   <===``, ``none  # comment``, ``(this one)``), elision lines (``...``, ``[snip]``)
+and shell prompt lines are removed and each removal is reported. ``paste_warnings(text)`` returns those
+reports; ``to_contract_json(kind, result, warnings)`` puts them under a top-level ``"warnings"`` key (a
+list of strings, ``[]`` when nothing was ignored). The contract has no place for warnings; an added key
+is what it allows ("Missing values are JSON null, never absent keys": so the key is always present).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from preflight.parsers import chrony, cpupower, ibping, ibstat, nccl, nvsmi_q, perftest, topo
-from preflight.parsers.common import ParseError
+from preflight.parsers.common import ParseError, paste_lines
 
 PARSERS: dict[str, Callable[[str], Any]] = {
     "topo": topo.parse,
@@ -25,7 +32,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "nvsmi-q": nvsmi_q.parse,
 }
 
-__all__ = ["PARSERS", "ParseError", "parse", "to_contract_json"]
+__all__ = ["PARSERS", "ParseError", "parse", "paste_warnings", "to_contract_json"]
 
 
 def parse(kind: str, text: str) -> Any:
@@ -33,8 +40,16 @@ def parse(kind: str, text: str) -> Any:
     return PARSERS[kind](text)
 
 
-def to_contract_json(kind: str, result: Any) -> dict:
-    """The contract's JSON object for a parse result of ``kind``."""
+def paste_warnings(text: str) -> list[str]:
+    """What the parsers ignore in ``text`` as paste additions, one line each (see the module docstring)."""
+    return paste_lines(text)[1]
+
+
+def to_contract_json(kind: str, result: Any, warnings: list[str] | None = None) -> dict:
+    """The contract's JSON object for a parse result of ``kind`` (with ``warnings`` when given)."""
     if kind not in PARSERS:
         raise KeyError(kind)
-    return result.to_json()
+    data = result.to_json()
+    if warnings is not None:
+        data["warnings"] = list(warnings)
+    return data

@@ -25,6 +25,23 @@ _SRUN_LABEL = re.compile(r"^ {0,5}\d{1,6}: ")
 
 T = TypeVar("T")
 
+# What a person's paste adds to a tool's output (from tickets, runbooks, chat). Each is removed before
+# parsing and reported as a warning naming the line (review: "Pending : Yes   <===" used to read as null).
+# Trailing annotations: an arrow ("<===", "<--", "<<", "←") and whatever follows it; a "#" comment after
+# whitespace; a parenthesised pointer such as "(this one)". Real values keep their own parentheses
+# ("A9FEA97B (169.254.169.123)"): only the pointer words below are taken as an annotation.
+_ARROW = re.compile(r"\s*(?:<={2,}|<-+|<<+|←+)(?:\s.*|[^\s<=-].*)?$")
+_HASH_COMMENT = re.compile(r"(?<=\S)\s+#(?:\s.*)?$")
+_POINTER = re.compile(
+    r"\s+\((?:this one|this|here|bad|broken|wrong|culprit|see (?:above|below)|!+|\?+)\)\s*$", re.IGNORECASE
+)
+# Elided sections: a line holding only "...", "…", "[snip]", "<snip>", "-- snip --", "[... 40 lines ...]".
+_ELISION = re.compile(
+    r"^\s*(?:\.{3,}|…+|[\[<(]\s*(?:snip(?:ped)?|cut|\.{3,}|…)[^\]>)]{0,40}[\]>)]|-+\s*snip\s*-+)\s*$", re.IGNORECASE
+)
+# Shell prompt lines ("$ nvidia-smi -q", "[root@gpu01 ~]# ibstat") are kept: each parser skips what comes
+# before its tool's first line, and the nccl parser reads the test name from the command line.
+
 
 class ParseError(ValueError):
     """Input that is not (or not all of) the expected tool output.
@@ -44,10 +61,39 @@ class ParseError(ValueError):
 @dataclass(frozen=True)
 class Line:
     no: int  # 1-based line number in the original text
-    text: str  # normalised: no CR, no ANSI, no launcher prefix, tabs kept
+    text: str  # normalised: no CR, no ANSI, no launcher prefix, no paste annotation, tabs kept
 
     def __str__(self) -> str:
         return self.text
+
+
+def _strip_annotation(text: str) -> tuple[str, str]:
+    """(text without a trailing hand annotation, the annotation removed or "")."""
+    for pattern in (_ARROW, _POINTER, _HASH_COMMENT):
+        match = pattern.search(text)
+        if match and text[: match.start()].strip():
+            return text[: match.start()].rstrip(), text[match.start():].strip()
+    return text, ""
+
+
+def paste_lines(text: str) -> tuple[list[Line], list[str]]:
+    """Normalised, numbered lines with what a paste adds removed, and one warning per removal.
+
+    Elision lines are dropped (the others keep their original numbers), trailing annotations are cut off
+    the value they follow."""
+    text = text.replace("\r\n", "\n")
+    kept: list[Line] = []
+    warnings: list[str] = []
+    for no, raw in enumerate(text.split("\n"), start=1):
+        line = clean_line(raw)
+        if _ELISION.match(line):
+            warnings.append(f"line {no}: ignored an elision marker {line.strip()[:40]!r} (lines may be missing there)")
+            continue
+        value, note = _strip_annotation(line)
+        if note:
+            warnings.append(f"line {no}: ignored the annotation {note[:60]!r} after {value.strip()[-40:]!r}")
+        kept.append(Line(no, value))
+    return kept, warnings
 
 
 def clean_line(raw: str) -> str:
@@ -58,9 +104,9 @@ def clean_line(raw: str) -> str:
 
 
 def lines(text: str) -> list[Line]:
-    """Normalised, numbered lines of ``text`` (CRLF, lone CR, ANSI colour and launcher prefixes removed)."""
-    text = text.replace("\r\n", "\n")
-    return [Line(no, clean_line(raw)) for no, raw in enumerate(text.split("\n"), start=1)]
+    """Normalised, numbered lines of ``text`` (CRLF, lone CR, ANSI colour and launcher prefixes removed,
+    and what a paste adds: see :func:`paste_lines`, which also says what was removed)."""
+    return paste_lines(text)[0]
 
 
 def first_nonblank(all_lines: Sequence[Line]) -> Line:
@@ -146,7 +192,9 @@ def optional(token: str | None) -> str | None:
     return token
 
 
-def yes_no(token: str | None) -> bool | None:
+def yes_no(token: str | None, line: Line | None = None, what: str = "value") -> bool | None:
+    """Yes/No (true/false, enabled/disabled); None for N/A or an absent token. Any other word is a
+    ParseError naming ``line`` when given (unknown vocabulary is never read as "no value")."""
     value = optional(token)
     if value is None:
         return None
@@ -155,4 +203,6 @@ def yes_no(token: str | None) -> bool | None:
         return True
     if lowered in ("no", "false", "disabled"):
         return False
+    if line is not None:
+        raise ParseError(line.no, line.text, f"{what} is not Yes or No ({value!r})")
     return None

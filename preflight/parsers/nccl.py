@@ -166,7 +166,11 @@ def _parse_run(run: list[Line]) -> NcclResult | None:
             test, marker = match.group(2), True
         elif match := _NTHREAD.match(stripped):
             marker = True
-            n_gpus = int(stripped.split()[stripped.split().index("nGpus") + 1])
+            words = stripped.split()
+            after = words.index("nGpus") + 1 if "nGpus" in words else len(words)
+            if after >= len(words) or not words[after].isdigit():  # fuzzing found int()/IndexError here (L8)
+                raise ParseError(line.no, line.text, "nGpus is not followed by a number")
+            n_gpus = int(words[after])
         elif _COLUMNS.match(stripped):
             header, marker = line, True
         elif match := _OOB.match(stripped):

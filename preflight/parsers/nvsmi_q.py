@@ -190,6 +190,11 @@ def _typed_gpu(gpu_line: Line, values: dict[Path, tuple[str, Line]]) -> GpuMemor
     def integer(*path: str) -> int | None:
         return _count(values[path]) if path in values else None
 
+    def flag(*path: str) -> bool | None:
+        if path not in values:
+            return None
+        return yes_no(values[path][0], values[path][1], "/".join(path))
+
     remap_section = values.get(("Remapped Rows",))  # "Remapped Rows : N/A" on GPUs without a remapper
     retired = next((values[("Retired Pages", key)] for key in _RETIRED_PENDING_KEYS
                     if ("Retired Pages", key) in values), None)
@@ -202,11 +207,11 @@ def _typed_gpu(gpu_line: Line, values: dict[Path, tuple[str, Line]]) -> GpuMemor
         aggregate_uncorrectable=_ecc_sum(values, "Aggregate", uncorrectable=True),
         volatile_correctable=_ecc_sum(values, "Volatile", uncorrectable=False),
         aggregate_correctable=_ecc_sum(values, "Aggregate", uncorrectable=False),
-        remap_pending=None if remap_section else yes_no(text("Remapped Rows", "Pending")),
-        remap_failure=None if remap_section else yes_no(text("Remapped Rows", "Remapping Failure Occurred")),
+        remap_pending=None if remap_section else flag("Remapped Rows", "Pending"),
+        remap_failure=None if remap_section else flag("Remapped Rows", "Remapping Failure Occurred"),
         remapped_correctable=integer("Remapped Rows", "Correctable Error"),
         remapped_uncorrectable=integer("Remapped Rows", "Uncorrectable Error"),
-        retired_pages_pending=yes_no(retired[0]) if retired else None,
+        retired_pages_pending=yes_no(retired[0], retired[1], "Retired Pages pending") if retired else None,
     )
 
 
