@@ -52,8 +52,9 @@ from preflight.parsers.common import (
 )
 
 _START = re.compile(r"^\s*Reference ID\s*:")
-_SECONDS = re.compile(r"^([+-]?[\d.]+(?:e[+-]?\d+)?) seconds(?: (fast|slow) of NTP time)?$")
-_PPM = re.compile(r"^([+-]?[\d.]+) ppm(?: (fast|slow))?$")
+# Numbers: digits with at most one point ("." alone, "1.2.3" are not numbers: fuzzing found float('.')).
+_SECONDS = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?) seconds(?: (fast|slow) of NTP time)?$")
+_PPM = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)) ppm(?: (fast|slow))?$")
 UNSYNCHRONISED_REFERENCE = "00000000"
 
 

@@ -28,10 +28,11 @@ T = TypeVar("T")
 # What a person's paste adds to a tool's output (from tickets, runbooks, chat). Each is removed before
 # parsing and reported as a warning naming the line (review: "Pending : Yes   <===" used to read as null).
 # Trailing annotations: an arrow ("<===", "<--", "<<", "←") and whatever follows it; a "#" comment after
-# whitespace; a parenthesised pointer such as "(this one)". Real values keep their own parentheses
+# two spaces; a parenthesised pointer such as "(this one)". Real values keep their own parentheses
 # ("A9FEA97B (169.254.169.123)"): only the pointer words below are taken as an annotation.
 _ARROW = re.compile(r"\s*(?:<={2,}|<-+|<<+|←+)(?:\s.*|[^\s<=-].*)?$")
-_HASH_COMMENT = re.compile(r"(?<=\S)\s+#(?:\s.*)?$")
+# Two spaces or a tab before the "#": a legend's "a bonded set of # NVLinks" is the tool's own text.
+_HASH_COMMENT = re.compile(r"(?<=\S)(?:\s{2,}|\t)#(?:\s.*)?$")
 _POINTER = re.compile(
     r"\s+\((?:this one|this|here|bad|broken|wrong|culprit|see (?:above|below)|!+|\?+)\)\s*$", re.IGNORECASE
 )

@@ -47,11 +47,11 @@ from dataclasses import dataclass
 
 from preflight.parsers.common import Line, ParseError, last_complete, last_nonblank, lines
 
-_PONG = re.compile(r"^\s*Pong from (\S*) \((.+?)\): time ([\d.]+) ms\s*$")
+_PONG = re.compile(r"^\s*Pong from (\S*) \((.+?)\): time ((?:\d+\.?\d*|\.\d+)) ms\s*$")
 _STATS_HEADER = re.compile(r"^\s*--- (.*) \((.+?)\) ibping statistics ---\s*$")
 _COUNTS = re.compile(
     r"^\s*(\d+) packets transmitted, (\d+) received, (\d+)% packet loss, time (\d+) ms\s*$")
-_RTT = re.compile(r"^\s*rtt min/avg/max = ([\d.]+)/([\d.]+)/([\d.]+) ms\s*$")
+_RTT = re.compile(r"^\s*rtt min/avg/max = ((?:\d+\.?\d*|\.\d+))/((?:\d+\.?\d*|\.\d+))/((?:\d+\.?\d*|\.\d+)) ms\s*$")
 RTT_BUG_FACTOR = 10
 
 
