@@ -18,7 +18,6 @@ Without it, both use what Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -30,6 +29,7 @@ import click
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import provision as prov
@@ -89,8 +89,7 @@ def run_playbook(
 ) -> tuple[prov.Rollout, int]:
     import ansible_runner
 
-    run_dir = run_dir.resolve()
-    (run_dir / "runner").mkdir(parents=True, exist_ok=True)
+    run_dir = prov.prepare_run_dir(run_dir)  # 0700; events.jsonl 0600 (they carry task results)
     rollout = prov.Rollout(plan)
     args = [flag for flag, on in (("--check", check), ("--diff", diff)) if on]
     if vault_password_file:
@@ -101,13 +100,13 @@ def run_playbook(
         # the file (or runs the script) itself.
         args += ["--vault-password-file", str(vault_password_file)]
     cmdline = shlex.join(args)
-    with (run_dir / "events.jsonl").open("a") as events, Live(
+    with prov.EventLog(run_dir / "events.jsonl") as events, Live(
         live_view(rollout), console=console, refresh_per_second=4, transient=True
     ) as live:
 
         def on_event(event: dict[str, Any]) -> bool:
-            events.write(json.dumps(event, default=str) + "\n")
-            rollout.handle(event)
+            rollout.handle(event)  # first: a full disk must not cost the recap its record of the host
+            events.write(event)
             live.update(live_view(rollout))
             return False  # events.jsonl has them: no second copy as one artifact file per event
 
@@ -126,6 +125,8 @@ def run_playbook(
             quiet=True,
             suppress_env_files=True,
         )
+    if events.error:
+        console.print(Text(f"warning: {events.error}"), style="yellow")
     return rollout, int(result.rc if result.rc is not None else 1)
 
 

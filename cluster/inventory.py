@@ -7,6 +7,13 @@ Vault: ``vault_secrets`` (:mod:`cluster.vault`, e.g. from ``--vault-password-fil
 encrypted as a whole and inline ``!vault`` values; without them, the secrets Ansible's configuration
 names (``ANSIBLE_VAULT_PASSWORD_FILE``...) are used, as ansible-playbook would. Only the model's
 variables are decrypted here; anything that cannot be is a one-line InventoryError naming where.
+
+Executable inventories (Ansible's ``script`` plugin) are code: loading one runs it, as the operator, and
+``inventory validate`` must be safe to point at any file (review L6). They are refused, and the ``script``
+plugin is disabled for every source (a directory source would otherwise run each executable file in
+it), unless the operator asks with ``CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS=1`` in the environment (an
+environment variable rather than a flag so that ``provision``, which hands the same path to
+ansible-playbook, follows the same rule).
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ from typing import Any
 
 from cluster import model, validate, vault
 from cluster.errors import ClusterctlError
+
+ALLOW_SCRIPTS_ENV = "CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS"
+_ENABLED: dict[str, list[str]] = {}
 
 # Variables the model reads; only these are templated (a vault value elsewhere is never decrypted).
 MODEL_VARS = (
@@ -55,6 +65,13 @@ def _ansible_objects(path: Path, vault_secrets: vault.VaultSecrets | None = None
     # Fail on an unparseable source instead of Ansible's default warning + empty inventory. Set on the
     # constant, not in os.environ, so child processes (ansible-lint's syntax checks) keep their default.
     C.INVENTORY_UNPARSED_IS_FAILED = True
+    _ENABLED.setdefault("default", list(C.INVENTORY_ENABLED))  # Ansible's configured list, once
+    enabled = _ENABLED["default"]
+    if scripts_allowed():
+        C.INVENTORY_ENABLED = list(enabled)
+    else:
+        _refuse_scripts(path)
+        C.INVENTORY_ENABLED = [p for p in enabled if p != "script"]
     secrets = list(vault_secrets) if vault_secrets is not None else vault.configured_vault_secrets()
     vault.activate(secrets)  # inline !vault values decrypt from Ansible's process-wide context
     loader = DataLoader()
@@ -64,6 +81,26 @@ def _ansible_objects(path: Path, vault_secrets: vault.VaultSecrets | None = None
     except AnsibleError as exc:
         raise _error(path, exc, "cannot parse inventory: ") from None
     return loader, inventory, VariableManager(loader=loader, inventory=inventory)
+
+
+def scripts_allowed() -> bool:
+    return os.environ.get(ALLOW_SCRIPTS_ENV, "") == "1"
+
+
+def _refuse_scripts(path: Path) -> None:
+    """An executable inventory file (or one inside an inventory directory) is refused before Ansible sees
+    it; Ansible's directory loader skips the same hidden and backup names this skips."""
+    candidates = [path] if path.is_file() else [
+        p for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        and not {"group_vars", "host_vars"} & set(p.relative_to(path).parts)
+    ] if path.is_dir() else []
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            raise InventoryError(
+                f"{candidate}: executable inventory (a script) is not run: set {ALLOW_SCRIPTS_ENV}=1 to allow it, "
+                "or remove the executable bit if it is a static INI/YAML file"
+            )
 
 
 def has_template(value: Any) -> bool:

@@ -11,6 +11,8 @@ repeats until every host is placed.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -300,3 +302,48 @@ class Rollout:
             f"cut short: {', '.join(h for h, p in self.hosts.items() if p.status == 'stopped') or '-'}; "
             f"not started: {', '.join(self.not_started()) or '-'}"
         )
+
+
+# -- run files --------------------------------------------------------------------------------------
+# events.jsonl and the runner's artifacts carry task results (a rendered env file, a diff): private to the
+# operator, as ansible-runner keeps its own event files (review L4).
+def prepare_run_dir(run_dir: Path) -> Path:
+    """``run_dir`` and ``run_dir/runner``, created (or tightened) 0700; returns the resolved path."""
+    run_dir = Path(run_dir).resolve()
+    for directory in (run_dir, run_dir / "runner"):
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+    return run_dir
+
+
+class EventLog:
+    """Appends events to ``<run dir>/events.jsonl`` (0600). A failed write (ENOSPC) never stops the run
+    or the rollout's bookkeeping: it is remembered in ``error`` for the recap, and later writes are skipped."""
+
+    def __init__(self, path: Path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # an existing file from an earlier run is tightened too
+        self.file = os.fdopen(fd, "a")
+        self.path = path
+        self.error: str | None = None
+
+    def write(self, event: Mapping[str, Any]) -> None:
+        if self.error is not None:
+            return
+        try:
+            self.file.write(json.dumps(event, default=str) + "\n")
+            self.file.flush()
+        except OSError as exc:
+            self.error = f"{self.path}: {exc.strerror or exc}; later events were not recorded"
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError as exc:
+            self.error = self.error or f"{self.path}: {exc.strerror or exc}"
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
