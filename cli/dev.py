@@ -39,8 +39,12 @@ def command() -> None:
 @click.option("--check-update-interval", default="5m", show_default=True,
               help="Consul's check_update_interval: how long an output-only check change waits before "
                    "health/catalog reads see it (0s: at once).")
+@click.option("--max-kv-bytes", type=click.IntRange(min=1), default=256 * 2**20, show_default=True,
+              help="Most key+value bytes the KV store holds (a write past it is a 413).")
+@click.option("--max-kv-keys", type=click.IntRange(min=1), default=200_000, show_default=True,
+              help="Most keys the KV store holds.")
 def consul(addr: str, data_dir: Path | None, acl_token_file: Path | None, log_level: str,
-           allow_remote: bool, check_update_interval: str) -> None:
+           allow_remote: bool, check_update_interval: str, max_kv_bytes: int, max_kv_keys: int) -> None:
     """Run a development server that speaks Consul's HTTP API. It is not Consul.
 
     One node, datacenter dc1, its own leader. Implements /v1/kv, /v1/txn (KV operations),
@@ -52,6 +56,10 @@ def consul(addr: str, data_dir: Path | None, acl_token_file: Path | None, log_le
     from devconsul.server import DevConsulServer
 
     host = _check_addr(addr, allow_remote)
+    if allow_remote and host != "localhost" and not ipaddress.ip_address(host).is_loopback and not acl_token_file:
+        # Review L3: off loopback without ACLs, anyone who reaches the port can write KV (steer traffic).
+        raise UsageError("--allow-remote needs --acl-token-file: without ACLs anyone who reaches the port "
+                         "can read and write everything")
     try:
         update_interval = parse_duration(check_update_interval)
     except ValueError as exc:
@@ -60,7 +68,8 @@ def consul(addr: str, data_dir: Path | None, acl_token_file: Path | None, log_le
     level = {"trace": logging.DEBUG, "warn": logging.WARNING}.get(log_level.lower(), log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s")
     server = DevConsulServer(addr=addr, data_dir=data_dir, acl_token=token,
-                             check_update_interval=update_interval)
+                             check_update_interval=update_interval, max_kv_bytes=max_kv_bytes,
+                             max_kv_keys=max_kv_keys)
     try:
         server.start()
     except OSError as exc:

@@ -7,6 +7,7 @@ The schema is the one agreed in the helpers' shared interfaces; optional tuning 
 from __future__ import annotations
 
 import ipaddress
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,15 @@ class ConsulConfig:
         return int(self.address.rsplit(":", 1)[1])
 
     def read_token(self, config_path: str | Path = "<config>") -> str | None:
-        """The ACL token, read at start-up (never logged). A missing file means no ACLs."""
+        """The ACL token, read at start-up (never logged). A missing file means no ACLs; that is said once
+        in the log, since against a Consul with ACLs on it turns into 403s on every write (review L9)."""
         if not self.token_file:
             return None
         path = Path(self.token_file)
         if not path.exists():
+            logging.getLogger("eas_agent").warning(
+                "consul.token_file %s does not exist: talking to Consul without a token", path
+            )
             return None
         if path.stat().st_mode & 0o077:
             raise ConfigError(

@@ -28,6 +28,8 @@ import random
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 
 from eas_agent.consul_io import ConsulIO
@@ -384,27 +386,51 @@ class ConsulWatcher:
 
 class ScoresPoller:
     """Polls agents' ``GET /scores`` (for edges that want 200 ms freshness; Consul stays the discovery and
-    health source). Same numbers as the KV, computed by the same code, just not held back by hysteresis."""
+    health source). Same numbers as the KV, computed by the same code, just not held back by hysteresis.
+
+    The agents are polled concurrently, each GET within ``timeout_s`` in total (the vLLM collector's
+    fetcher: a deadline and a byte cap, aborted when late), so one slow or dripping agent costs only its own
+    node's freshness (that node falls back to its KV body)."""
 
     def __init__(self, view: PoolView, agents: list[str], interval_s: float = 0.2, timeout_s: float = 0.15):
+        from eas_agent.collectors.vllm import HttpFetcher
+
         self.view, self.agents = view, list(agents)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.stopping = threading.Event()
         self.errors = 0
+        self.fetchers = [HttpFetcher(f"http://{a}/scores", timeout_s, max_body=MAX_BODY_BYTES) for a in self.agents]
+        self.executor: ThreadPoolExecutor | None = None
+        self.pending: dict[int, Future] = {}
+
+    def _get(self, fetch) -> object:
+        return json.loads(fetch())
 
     def poll_once(self) -> None:
-        import urllib.error
-        import urllib.request
+        from eas_agent.collectors.vllm import FetchError
 
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(len(self.fetchers) + 1, thread_name_prefix="eas-scores")
+        started = {}
+        for n, fetch in enumerate(self.fetchers):
+            previous = self.pending.get(n)
+            if previous is not None and not previous.done():
+                self.errors += 1  # still stuck from an earlier round
+                continue
+            started[n] = self.pending[n] = self.executor.submit(self._get, fetch)
+        _, late = wait_futures(started.values(), timeout=self.timeout_s + 0.05)
+        for n, future in started.items():
+            if future in late:
+                self.fetchers[n].abort()
+        wait_futures(late, timeout=0.05)
         bodies = []
-        for agent in self.agents:
+        for future in started.values():
+            if not future.done():
+                self.errors += 1
+                continue
             try:
-                with urllib.request.urlopen(f"http://{agent}/scores", timeout=self.timeout_s) as response:
-                    raw = response.read(MAX_BODY_BYTES + 1)
-                if len(raw) > MAX_BODY_BYTES:
-                    raise ValueError(f"/scores of {agent}: more than {MAX_BODY_BYTES} bytes")
-                bodies.append(json.loads(raw))
-            except (OSError, ValueError, RecursionError, urllib.error.URLError):
+                bodies.append(future.result())
+            except (FetchError, ValueError, RecursionError, OSError):
                 self.errors += 1  # that agent's node falls back to its KV body
         self.view.apply_polled(bodies)
 
@@ -430,3 +456,5 @@ class ScoresPoller:
 
     def stop(self) -> None:
         self.stopping.set()
+        for fetch in self.fetchers:
+            fetch.close()

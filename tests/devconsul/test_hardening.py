@@ -244,3 +244,14 @@ def test_probe_thread_survives_an_exception(dev, monkeypatch):
     while time.monotonic() < deadline and calls["n"] < 2:
         time.sleep(0.1)
     assert calls["n"] >= 2  # before: the TypeError ended the probe thread for good
+
+
+def test_allow_remote_requires_acls():
+    """Review L3: --allow-remote without --acl-token-file served everything to anyone (refused before binding)."""
+    from click.testing import CliRunner
+
+    from cli.dev import command
+    from cli.errors import UsageError
+
+    result = CliRunner().invoke(command, ["consul", "--addr", "0.0.0.0:8500", "--allow-remote"])
+    assert isinstance(result.exception, UsageError) and "--acl-token-file" in str(result.exception)

@@ -165,3 +165,27 @@ def test_watch_threads_survive_any_exception():
         assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"] and io.calls > 4
     finally:
         watcher.stop()
+
+
+def test_scores_poller_is_not_held_by_a_dripping_agent():
+    """Review M4 (related): ScoresPoller polled agents one after another with a per-read timeout."""
+    from eas_agent.http import AgentHttpServer, AgentMetrics
+    from eas_agent.scheduler import ScoresPoller
+
+    from .test_hardening_agent import DripServer
+
+    good = AgentHttpServer("127.0.0.1", 0, AgentMetrics())
+    good.set_scores(good_body("n2", ts=100.0))
+    good.start()
+    drip = DripServer(every_s=0.1, header_drip=True)
+    view = fresh_view()
+    poller = ScoresPoller(view, [f"127.0.0.1:{drip.port}", good.address], timeout_s=0.2)
+    try:
+        started = time.monotonic()
+        poller.poll_once()
+        assert time.monotonic() - started < 1.0  # before: the drip held the poll for its whole body
+        assert [e.iu_id for e in view.snapshot().scored] == ["n2-iu0"] and poller.errors == 1
+    finally:
+        poller.stop()
+        drip.close()
+        good.stop()
