@@ -52,7 +52,7 @@ GPU or volatile uncorrectable ECC errors make the IU ``critical``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.network import NetReading
@@ -193,7 +193,8 @@ def _health_gate(inputs: IUInputs) -> ScoreResult | None:
 def _bad_numbers(reading: VllmReading) -> list[str]:
     """Inputs no real engine can report (the parser rejects them; simulations and rates can still carry
     them): scoring them would give a NaN, infinite or negative score."""
-    values = {f"metrics.{k}": v for k, v in asdict(reading.metrics).items() if isinstance(v, float)}
+    # vars(), not asdict(): this runs every cycle per IU and the record is flat
+    values = {f"metrics.{k}": v for k, v in vars(reading.metrics).items() if isinstance(v, float)}
     values.update(
         prompt_tps=reading.prompt_tps,
         generation_tps=reading.generation_tps,
