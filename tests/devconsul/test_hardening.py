@@ -175,8 +175,8 @@ def test_txn_that_fails_leaves_the_store_as_it_was(dev):
     assert keys == ["t/a"]
 
 
-def test_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch):
-    """Review L1: on a full disk a PUT answered 500 and was still applied; a retry with ?cas=0 said false."""
+def switchable_disk(monkeypatch) -> dict:
+    """The data dir's disk, full while ``["on"]`` is true: every state write fails with ENOSPC."""
     real = persist.write_atomically
     full = {"on": False}
 
@@ -186,6 +186,12 @@ def test_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch)
         return real(path, text)
 
     monkeypatch.setattr(persist, "write_atomically", maybe_full)
+    return full
+
+
+def test_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch):
+    """Review L1: on a full disk a PUT answered 500 and was still applied; a retry with ?cas=0 said false."""
+    full = switchable_disk(monkeypatch)
     with DevConsulServer(addr="127.0.0.1:0", data_dir=tmp_path / "data") as server:
         base = f"http://{server.address}"
         assert requests.put(f"{base}/v1/kv/keep", data=b"1", timeout=5).json() is True

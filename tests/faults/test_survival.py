@@ -5,7 +5,6 @@ and that the component kept working (or recovered by itself)."""
 
 from __future__ import annotations
 
-import errno
 import json
 import socket
 import threading
@@ -14,7 +13,6 @@ from pathlib import Path
 
 import requests
 
-from devconsul import persist
 from devconsul.server import DevConsulServer
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
@@ -22,6 +20,7 @@ from eas_agent.config import parse_config
 from eas_agent.consul_io import ConsulIO
 from eas_agent.publisher import Backoff
 from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, PoolView
+from tests.devconsul.test_hardening import switchable_disk
 from tests.eas_agent.test_hardening_agent import DripServer
 
 GOOD = (Path(__file__).parents[1] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()
@@ -192,15 +191,7 @@ def _answers(url: str) -> bool:
 
 
 def test_full_disk_loses_no_acknowledged_write(tmp_path, monkeypatch, tally):
-    real = persist.write_atomically
-    state = {"full": False}
-
-    def disk(path, text):
-        if state["full"]:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, text)
-
-    monkeypatch.setattr(persist, "write_atomically", disk)
+    state = switchable_disk(monkeypatch)
     data = tmp_path / "consul"
     acked: dict[str, str] = {}
     refused: set[str] = set()
@@ -219,8 +210,8 @@ def test_full_disk_loses_no_acknowledged_write(tmp_path, monkeypatch, tally):
         def flip() -> None:
             for _ in range(6):
                 time.sleep(0.15)
-                state["full"] = not state["full"]
-            state["full"] = False
+                state["on"] = not state["on"]
+            state["on"] = False
 
         workers = [threading.Thread(target=writer, args=(w,)) for w in range(4)] + [threading.Thread(target=flip)]
         for t in workers:
