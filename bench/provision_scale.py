@@ -32,7 +32,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from cluster.virtual.namespaces import PYTHON_CPU_LOG  # noqa: E402
+from sim.hosts.namespaces import PYTHON_CPU_LOG  # noqa: E402
 
 TIMES_FIELD = re.compile(r"(\d+)m([\d.]+)s")
 

@@ -38,8 +38,8 @@ from cli.processes import ProcessSet, tail
 from cluster import load_cluster
 from cluster.inventory import host_var
 from cluster.model import Cluster, Node
-from cluster.virtual import create as create_inventory
-from cluster.virtual import simulate
+from sim.hosts import create as create_inventory
+from sim.hosts import simulate
 
 FAULTY_NODE_FAULT = {"kind": "nvlink_down", "gpus": [2, 3]}
 CLUSTERCTL = [sys.executable, "-m", "cli.main"]

@@ -11,8 +11,8 @@ from cli.errors import ClusterctlError
 from cli.options import vault_password_file_option
 from cluster import vault
 from cluster.model import GPU_MODELS
-from cluster.virtual import create as create_inventory
-from cluster.virtual import simulate
+from sim.hosts import create as create_inventory
+from sim.hosts import simulate
 
 
 @click.group("virtual")

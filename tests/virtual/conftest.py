@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.virtual import create, namespaces, simulate
+from sim.hosts import create, namespaces, simulate
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root (namespaces, mounts)")
 

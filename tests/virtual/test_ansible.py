@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cluster.virtual import namespaces
+from sim.hosts import namespaces
 from tests.virtual.conftest import needs_root
 
 pytestmark = needs_root

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from cluster import load_inventory
-from cluster.virtual import create
+from sim.hosts import create
 from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_more_racks_than_nodes_is_a_usage_error(tmp_path, capsys):
 
 
 def test_lids_are_unique_across_the_fabric(make_inventory):
-    from cluster.virtual import simulate
+    from sim.hosts import simulate
 
     hosts = simulate.simulated_hosts(make_inventory(32, 4))
     lids = [hca.lid for sim in hosts.values() for hca in sim.hardware.hcas if hca.link_layer == "infiniband"]

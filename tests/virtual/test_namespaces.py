@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.virtual import namespaces, simulate
+from sim.hosts import namespaces, simulate
 from tests.helpers import run_cli
 from tests.virtual.conftest import needs_root, run_on, sim_mounts
 

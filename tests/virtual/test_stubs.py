@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from cluster.virtual import create, simulate
 from preflight.parsers import parse
+from sim.hosts import create, simulate
 from tests.virtual.conftest import calls_of, needs_root, run_on, sim_mounts
 
 pytestmark = needs_root

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# tool name -> "module:function" under cluster.virtual.stubs; imported only when that tool runs.
+# tool name -> "module:function" under sim.hosts.stubs; imported only when that tool runs.
 TOOLS: dict[str, str] = {
     "nvidia-smi": "nvidia_smi:main",
     "ibstat": "infiniband:ibstat",
@@ -42,7 +42,7 @@ def install(bin_dir: Path, python: str) -> None:
     program = bin_dir / PROGRAM
     program.write_text(
         f"#!{python}\n# Stub hardware tools of a simulated host (clusterctl virtual).\n"
-        "from cluster.virtual.stubs.main import main\n\nmain()\n"
+        "from sim.hosts.stubs.main import main\n\nmain()\n"
     )
     program.chmod(0o755)
     for tool in TOOLS:
@@ -59,7 +59,7 @@ def _write_systemctl_front(path: Path) -> None:
     real = next((p for p in REAL_SYSTEMCTL if os.path.exists(p)), None)
     hand_over = f'exec {real} "$@"' if real else f'CLUSTERCTL_SIM_TOOL=systemctl exec "$(dirname "$0")/{PROGRAM}" "$@"'
     path.write_text(
-        "#!/bin/sh\n# systemctl of a simulated host (clusterctl virtual): see cluster/virtual/stubs/systemctl.py.\n"
+        "#!/bin/sh\n# systemctl of a simulated host (clusterctl virtual): see sim/hosts/stubs/systemctl.py.\n"
         "for arg in \"$@\"; do\n"
         "  case \"$arg\" in\n"
         "    -*) ;;\n"

@@ -53,7 +53,7 @@ ansible_python_interpreter: "{{ inventory_dir }}/.sim/{{ inventory_hostname }}/p
 clusterctl_exec_prefix: ["{{ inventory_dir }}/.sim/{{ inventory_hostname }}/run"]
 clusterctl_manage_packages: false
 clusterctl_live_actions: false
-# Hardware the stub tools print (defaults per gpu_model in cluster/virtual/hardware.py; state only
+# Hardware the stub tools print (defaults per gpu_model in sim/hosts/hardware.py; state only
 # differences) and the seconds every stub call takes (1.0 for the preflight fan-out benchmark).
 sim_hardware: {}
 sim_command_delay_s: 0.0

@@ -14,7 +14,7 @@ from pathlib import Path
 from cluster.errors import ClusterctlError
 from cluster.inventory import load_cluster
 from cluster.vault import VaultSecrets
-from cluster.virtual import faults, hardware, namespaces
+from sim.hosts import faults, hardware, namespaces
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import re
 import sys
 from pathlib import Path
 
-from cluster.virtual.hardware import Hardware, cpulist
-from cluster.virtual.stubs import REAL_SYSTEMCTL
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Hardware, cpulist
+from sim.hosts.stubs import REAL_SYSTEMCTL
+from sim.hosts.stubs.main import StubUsageError
 
 UNIT_DIRS = (Path("/etc/systemd/system"), Path("/run/systemd/system"), Path("/lib/systemd/system"),
              Path("/usr/lib/systemd/system"))

@@ -38,9 +38,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.virtual import stubs, sysfs
-from cluster.virtual.hardware import Hardware
-from cluster.virtual.stubs import peers
+from sim.hosts import stubs, sysfs
+from sim.hosts.hardware import Hardware
+from sim.hosts.stubs import peers
 
 STATE_DIR_NAME = ".sim"
 SIM_RUN_DIR = "/run/clusterctl-sim"  # where a host sees its state/ dir
