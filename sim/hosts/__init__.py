@@ -3,17 +3,14 @@
 How to use::
 
     clusterctl virtual create DIR --nodes 32 --racks 4 [--gpu h200-sxm] [--fabric ib|roce|mixed] [--faults none]
-    clusterctl virtual up DIR        # (re)creates every host; runs `down` first
-    clusterctl virtual status DIR    # which hosts are up, with which faults
-    clusterctl virtual down DIR      # unmounts everything, ends the hosts' namespaces and processes
+    clusterctl virtual up DIR        # boots a machine per host; runs `down` first; builds the image once
+    clusterctl virtual status DIR    # each machine's systemd state, address and faults
+    clusterctl virtual down DIR      # stops every machine, removes their overlays (also after kill -9 of up)
 
-Design (see :mod:`sim.hosts.namespaces`): each host is a persistent mount + UTS namespace pinned to
-files under ``DIR/.sim/ns`` (a private tmpfs while up). Inside, /etc, /usr/local, /opt and /var are
-copy-on-write overlays, /usr and /boot are read-only, /run is a tmpfs, simulated /sys subtrees and
-/proc/{cpuinfo,meminfo,cmdline} are mounted over the real ones, /sys and /proc/sys are read-only and the
-hostname is the host's. Two wrappers per host, ``DIR/.sim/<host>/python`` (``ansible_python_interpreter``)
-and ``DIR/.sim/<host>/run`` (``clusterctl_exec_prefix``), enter the namespaces with CAP_SYS_MODULE,
-CAP_SYS_BOOT and CAP_SYS_TIME dropped and ``SYSTEMD_OFFLINE=1``.
+Design (see :mod:`sim.hosts.machines` and :mod:`sim.hosts.image`): each host is a systemd-nspawn
+machine booting a cached Debian 12 image (systemd, sshd, python3, sudo) through its own overlay, sharing
+this machine's network namespace with its sshd on the host's ``ansible_host`` only. Ansible and preflight
+reach it over SSH as ``deploy`` with sudo, with the inventory's key and known_hosts (``DIR/.sim/ssh``).
 
 What a host looks like comes from its hardware description (:mod:`sim.hosts.hardware`: defaults per
 GPU generation, ``sim_hardware`` overrides, the model's ``gpu_count``/``gpu_numa_nodes``/``rdma_nics``),

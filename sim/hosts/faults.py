@@ -21,7 +21,7 @@ cstates_enabled        -                                           cpuidle ``dis
 dcqcn_off              device (every RoCE HCA)                     ecn roce_np/roce_rp enable = 0
 clock_offset           offset_us (2500.0)                          ``chronyc tracking``
 version_drift          component (driver); version (535.161.08)    reported version of that component
-unreachable            -                                           wrappers exit 255 like ssh
+unreachable            -                                           sshd masked: SSH refused
 hang                   command (every stub)                        stub sleeps until killed
 =====================  ==========================================  ===================================
 """

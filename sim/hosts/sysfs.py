@@ -1,8 +1,8 @@
 """The simulated /sys, /proc and /etc identity files of one host, generated from its hardware description.
 
 Functions here return ``{relative path: content}`` maps (content is text, or :class:`Link` for a symlink);
-:func:`write_tree` puts one on disk. :mod:`sim.hosts.namespaces` then mounts the trees over the
-real paths inside the host's mount namespace:
+:func:`write_tree` puts one on disk. :mod:`sim.hosts.machines` then binds the trees over the
+real paths inside the host's machine:
 
 ==============================  ===============================================================
 ``cpu``                         /sys/devices/system/cpu (online, present, cpuN/cpuidle/stateK, topology)
