@@ -117,7 +117,7 @@ class PcieLink(Check):
                 problems.append((Verdict.FAIL, "PCIE_SLOT",
                                  f"{name}: slot (host side) max Gen{gpu.gen_host_max} < Gen{cfg['gpu_gen']}"))
             elif reading.gen_current is not None and reading.gen_current < cfg["gpu_gen"]:
-                if under_load is None and (gpu.idle or facts.loaded is None):
+                if under_load is None and gpu.idle is not False:  # idle or unknown: not a loaded reading
                     problems.append((Verdict.WARN, "PCIE_GEN_UNVERIFIED",
                                      f"{name} at Gen{gpu.gen_current} while idle and not re-read under load: "
                                      f"{facts.load_error or 'no loaded reading'}"))
