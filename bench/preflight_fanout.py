@@ -1,6 +1,7 @@
 """Preflight fan-out benchmark: 1, 16 and 64 simulated nodes where every stub command takes 1 s.
 
     .venv/bin/python bench/preflight_fanout.py [--sizes 1,16,64] [--parallel 64] [--delay 1] [--per-rack 16]
+        [--depth quick|standard|full] [--checks a,b]
 
 For each size: ``clusterctl virtual create`` (healthy nodes, 16 per rack, InfiniBand) with
 ``sim_command_delay_s`` set, ``virtual up``, then ``clusterctl preflight -i DIR --parallel P`` in a child
@@ -10,6 +11,9 @@ simulated hosts' stub tools: all simulated hosts share this machine's cores, rea
 
 A 1-node run has no ib_pairs work (no peer in its rack); 16 and 64 nodes test their racks' rings.
 numa_pinning and consul are skipped (simulated hosts have no systemd manager; no Consul needed).
+The issue-17 checks (pcie_link, nvlink, gpu_throttle, ib_link_health, gpu_bandwidth, dcgm_diag) run with
+the rest; the bracket checks' second readings are the "after" phase. ``ctl CPU ms/node`` is the preflight
+process's own CPU per node: what the controller pays for each node it checks.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def clusterctl(*args: str) -> None:
 
 
 def one_size(
-    nodes: int, parallel: int, delay: float, per_rack: int, timeout: float, checks: str | None
+    nodes: int, parallel: int, delay: float, per_rack: int, timeout: float, checks: str | None,
+    depth: str = "standard",
 ) -> dict:
     racks = max(1, math.ceil(nodes / per_rack))
     with tempfile.TemporaryDirectory(prefix=f"preflight-bench-{nodes}-") as tmp:
@@ -91,6 +96,8 @@ def one_size(
                     *(["--checks", checks] if checks else ["--skip", "numa_pinning,consul"]),
                     "--timeout",
                     str(timeout),
+                    "--depth",
+                    depth,
                     "--json",
                     str(document),
                     "--state-dir",
@@ -109,7 +116,7 @@ def one_size(
     return {"nodes": nodes, "racks": racks, "wall_s": wall, **stats, "verdicts": summary["verdicts"]}
 
 
-def table(rows: list[dict], parallel: int, delay: float, checks: str | None = None) -> str:
+def table(rows: list[dict], parallel: int, delay: float, checks: str | None = None, depth: str = "standard") -> str:
     """One row per size. ``CPU floor`` is all CPU time spent (preflight + simulated hosts) divided by this
     machine's cores: no scheduler can finish faster, and on real hosts the tools' CPU time would be spent
     on the hosts themselves, not here. ``x floor`` = wall / max(1-node wall, CPU floor)."""
@@ -117,17 +124,18 @@ def table(rows: list[dict], parallel: int, delay: float, checks: str | None = No
     base = rows[0]["wall_s"]
     lines = [
         f"preflight fan-out, --parallel {parallel}, every stub command {delay:g} s, {cpus} CPUs, "
-        f"checks: {checks or 'all but numa_pinning,consul'}",
-        "| nodes | racks | wall s | x 1 node | peak RSS MiB | preflight CPU s | sim hosts CPU s | CPU floor s "
-        "| x floor | exit | verdicts |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"checks: {checks or 'all but numa_pinning,consul'}, --depth {depth}",
+        "| nodes | racks | wall s | x 1 node | peak RSS MiB | preflight CPU s | ctl CPU ms/node | sim hosts CPU s "
+        "| CPU floor s | x floor | exit | verdicts |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         floor = (r["cpu_self_s"] + r["cpu_children_s"]) / cpus
         verdicts = " ".join(f"{k} {v}" for k, v in r["verdicts"].items() if v)
         lines.append(
             f"| {r['nodes']} | {r['racks']} | {r['wall_s']:.1f} | {r['wall_s'] / base:.2f} | "
-            f"{r['peak_rss_kib'] / 1024:.0f} | {r['cpu_self_s']:.1f} | {r['cpu_children_s']:.1f} | {floor:.1f} | "
+            f"{r['peak_rss_kib'] / 1024:.0f} | {r['cpu_self_s']:.1f} | {1000 * r['cpu_self_s'] / r['nodes']:.0f} | "
+            f"{r['cpu_children_s']:.1f} | {floor:.1f} | "
             f"{r['wall_s'] / max(base, floor):.2f} | {r['exit_code']} | {verdicts} |"
         )
     return "\n".join(lines)
@@ -145,15 +153,16 @@ def main() -> None:
     parser.add_argument(
         "--checks", default=None, help="only these checks (default: all but numa_pinning,consul)"
     )
+    parser.add_argument("--depth", default="standard", choices=["quick", "standard", "full"])
     parser.add_argument("--json", dest="json_file", default=None, help="also write the rows as JSON")
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C, so `virtual down` and the temp dir cleanup still run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
-        rows.append(one_size(size, args.parallel, args.delay, args.per_rack, args.timeout, args.checks))
+        rows.append(one_size(size, args.parallel, args.delay, args.per_rack, args.timeout, args.checks, args.depth))
         print(f"{size} nodes: {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
-    print(table(rows, args.parallel, args.delay, args.checks))
+    print(table(rows, args.parallel, args.delay, args.checks, args.depth))
     if args.json_file:
         Path(args.json_file).write_text(json.dumps(rows, indent=2))
 

@@ -26,6 +26,13 @@ from preflight.parsers.nvsmi_sections import ClockEventsReport
 from preflight.result import CheckResult, Verdict
 
 PERFORMANCE = ["nvidia-smi", "-q", "-d", "PERFORMANCE"]
+_HW_SLOWDOWN_CAUSES = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+
+def gpu_label(index: int, bus_id: str) -> str:
+    """``GPU5 (AB:00.0)``: nvidia-smi lists GPUs in PCI bus order, which is also its index order. The
+    bus id without its ``00000000:`` domain, which next to ``:AB:`` would read as an emoji code to rich."""
+    return f"GPU{index} ({bus_id.split(':', 1)[-1]})"
 # flag -> the counter that accumulates its time (hw_slowdown is the sum of its two sub-reasons).
 COUNTER_OF = {"hw_thermal_slowdown": "hw_thermal_slowdown", "hw_power_brake_slowdown": "hw_power_braking",
               "sw_thermal_slowdown": "sw_thermal_slowdown", "sw_power_cap": "sw_power_capping",
@@ -60,7 +67,8 @@ class GpuThrottle(Check):
         problems: list[tuple[Verdict, str, str]] = []
         found: dict[str, Any] = {}
         counted = True
-        for gpu in after.gpus:
+        for index, gpu in enumerate(after.gpus):
+            label = gpu_label(index, gpu.bus_id)
             active = [r for r, on in gpu.reasons.items() if on]
             grown = {}
             old = earlier.get(gpu.bus_id)
@@ -73,12 +81,14 @@ class GpuThrottle(Check):
                 counted = False
             found[gpu.bus_id] = {"active": active, "grown_us": grown}
             for reason in fail_reasons:
-                if gpu.reasons.get(reason):
-                    problems.append((Verdict.FAIL, "THROTTLE_ACTIVE", f"GPU {gpu.bus_id}: {reason} active after load"))
+                # HW Slowdown is the parent of the thermal and power-brake slowdowns: name the specific one.
+                implied = reason == "hw_slowdown" and any(gpu.reasons.get(r) for r in _HW_SLOWDOWN_CAUSES)
+                if gpu.reasons.get(reason) and not implied:
+                    problems.append((Verdict.FAIL, "THROTTLE_ACTIVE", f"{label}: {reason} active after load"))
                 counter = COUNTER_OF.get(reason)
                 if counter and grown.get(counter):
                     problems.append((Verdict.FAIL, "THROTTLE_DURING_LOAD",
-                                     f"GPU {gpu.bus_id}: {reason} for {grown[counter] / 1e6:.3g} s during the load tests"))
+                                     f"{label}: {reason} for {grown[counter] / 1e6:.3g} s during the load tests"))
         how = "during and after the load tests" if counted else "after the load tests (driver prints no counters)"
         return [self.outcome(node, problems, "THROTTLE_OK", f"{len(after.gpus)} GPUs: no protective clock events {how}",
                              expected={"not_active": fail_reasons}, found=found, counters=counted)]

@@ -23,6 +23,7 @@ from typing import Any
 
 from cluster.model import Node
 from preflight.checks.base import Check, GatherError, NodeContext, command_line, parse_output
+from preflight.checks.gpu_throttle import gpu_label
 from preflight.parsers.ib_health import SysfsValues
 from preflight.parsers.nvsmi_sections import PcieReport
 from preflight.result import CheckResult, Verdict
@@ -103,10 +104,10 @@ class PcieLink(Check):
         problems: list[tuple[Verdict, str, str]] = []
         found: dict[str, Any] = {}
         loaded = {g.bus_id: g for g in facts.loaded.gpus} if facts.loaded else {}
-        for gpu in facts.idle.gpus:
+        for index, gpu in enumerate(facts.idle.gpus):
             under_load = loaded.get(gpu.bus_id)
             reading = under_load or gpu
-            name = f"GPU {gpu.bus_id}"
+            name = gpu_label(index, gpu.bus_id)
             found[name] = {"gen": reading.gen_current, "gen_max": gpu.gen_max, "host_max": gpu.gen_host_max,
                            "width": gpu.width_current, "width_max": gpu.width_max,
                            "read_under_load": under_load is not None}

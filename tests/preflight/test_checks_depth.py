@@ -96,7 +96,7 @@ def test_pcie_gather_reads_under_load_only_when_idle_reads_low():
         pcie_link.LOAD_SETTLE_S = settle
     assert verdict(results) == (Verdict.PASS, "PCIE_OK")
     assert t.started == [("n1", tuple(pcie_link.LOAD))] and t.stopped == t.started
-    assert only(results).evidence["found"]["GPU 00000000:18:00.0"]["read_under_load"] is True
+    assert only(results).evidence["found"]["GPU0 (18:00.0)"]["read_under_load"] is True
 
 
 # --------------------------------------------------------------------------------- gpu_bandwidth
@@ -227,14 +227,20 @@ def test_throttle_idle_passes_and_sw_power_cap_is_not_a_fault():
     result = gpu_throttle.CHECK.evaluate({"before": v100, "after": v100}, PROFILE, N)[0]
     assert result.verdict is Verdict.PASS and result.evidence["counters"] is False
     problems = gpu_throttle.CHECK.evaluate({"before": capped, "after": capped}, PROFILE, N)[0].evidence["problems"]
-    assert problems == ["GPU 00000000:0F:00.0: hw_slowdown active after load",
-                        "GPU 00000000:0F:00.0: hw_power_brake_slowdown active after load"]  # SW power cap on 07 is not
+    # SW power cap on GPU0 is not a fault; HW Slowdown is named by its cause, the power brake.
+    assert problems == ["GPU1 (0F:00.0): hw_power_brake_slowdown active after load"]
+    alone = fixture_text("nvsmi_perf", "a100-sxm4-driver470-throttle-reasons-no-counters.txt").replace(
+        "HW Power Brake Slowdown       : Active", "HW Power Brake Slowdown       : Not Active")
+    facts = {"before": parsers.parse("nvsmi-perf", alone), "after": parsers.parse("nvsmi-perf", alone)}
+    problems = [p for p in [gpu_throttle.CHECK.evaluate(facts, PROFILE, N)[0].reason]]
+    assert problems == ["GPU1 (0F:00.0): hw_slowdown active after load"]
 
 
 def test_throttle_hw_thermal_active_fails_not_warns():
     hot = perf("h100-sxm-gpu0-hw-thermal-slowdown.txt")
     result = gpu_throttle.CHECK.evaluate({"before": hot, "after": hot}, PROFILE, N)[0]
     assert (result.verdict, result.code) == (Verdict.FAIL, "THROTTLE_ACTIVE")
+    assert result.reason.startswith("GPU0 (18:00.0): hw_thermal_slowdown active after load")
 
 
 def test_throttle_counter_growth_during_load_fails_even_when_the_flag_cleared():
