@@ -27,6 +27,11 @@ TESTS = {H2D: ("GPU_BW_H2D", "h2d_min_gbps", "H2D"), D2H: ("GPU_BW_D2H", "d2h_mi
          D2D: ("GPU_BW_D2D", "d2d_read_min_gbps", "D2D read")}
 
 
+# Budget per sample of the three testcases on 8 GPUs (56 device-to-device pairs): --timeout still applies
+# when it is longer. An estimate with headroom (nvbandwidth documents no duration), not a measurement.
+SECONDS_PER_SAMPLE = 30.0
+
+
 def argv(samples: int) -> list[str]:
     return ["nvbandwidth", "-t", H2D, D2H, D2D, "-i", str(samples)]
 
@@ -43,7 +48,8 @@ class GpuBandwidth(Check):
     def gather(self, ctx: NodeContext) -> dict[str, Any]:
         depth, settings = ctx.depth()
         samples = settings["nvbandwidth_samples"]
-        return {"report": ctx.parsed("nvbandwidth", argv(samples)), "depth": depth, "samples": samples,
+        timeout = max(ctx.options.timeout, SECONDS_PER_SAMPLE * samples)
+        return {"report": ctx.parsed("nvbandwidth", argv(samples), timeout), "depth": depth, "samples": samples,
                 "gpus": ctx.node.gpu_count}
 
     def run(self, ctx: NodeContext) -> list[CheckResult]:

@@ -7,8 +7,9 @@ Errors``, ``Recovery Errors``, ``CRC Errors``. Clock event reasons and counters 
 nvbandwidth v0.6 layout (NVIDIA/nvbandwidth#15, #50). dcgmi diag -j in DCGM 3.3's "DCGM GPU Diagnostic"
 layout (NVIDIA/DCGM#139) with level 1/2/3 test lists of the dcgmi-diag reference.
 
-Counters that faults make grow (NVLink errors, throttle time) are a rate times the seconds since
-``COUNTER_EPOCH``: strictly increasing from one call to the next, as on a real link that keeps erroring.
+Counters that faults make grow (NVLink errors, throttle time) are a rate times the seconds since the host
+"booted" (``virtual up`` wrote its host.json): strictly increasing from one call to the next, as on a real
+link that keeps erroring, and starting from 0 like the driver's counters.
 
 Reference values (not measurements of ours): H100/H200 SXM copy-engine bandwidth ~55 GB/s host<->device
 (PCIe Gen5 x16) and ~390 GB/s device-to-device read over NVLink4 (azurehpc gates at 48 and 335);
@@ -23,7 +24,6 @@ import time
 from cluster.virtual.hardware import Gpu, Hardware
 from cluster.virtual.stubs.main import StubUsageError
 
-COUNTER_EPOCH = 1.7e9
 NVLINK_SPEED = {"Hopper": 26.562, "Ampere": 25.0}
 BANDWIDTH = {"Hopper": (55.3, 55.1, 391.2), "Ampere": (26.1, 26.3, 272.5)}  # H2D, D2H, D2D read GB/s
 REASONS = ("Idle", "Applications Clocks Setting", "SW Power Cap", "HW Slowdown", "HW Thermal Slowdown",
@@ -35,8 +35,17 @@ REASON_COUNTER = {"SW Power Cap": "SW Power Capping", "Sync Boost": "Sync Boost"
 COUNTERS = ("SW Power Capping", "Sync Boost", "SW Thermal Slowdown", "HW Thermal Slowdown", "HW Power Braking")
 
 
+def _booted() -> float:
+    from cluster.virtual.stubs import main
+
+    try:
+        return (main.SIM_RUN_DIR / "host.json").stat().st_mtime
+    except OSError:
+        return time.time() - 7200.0  # no state dir (called in-process): the kernel log's boot time
+
+
 def _grown(rate_per_s: float) -> int:
-    return int(rate_per_s * (time.time() - COUNTER_EPOCH))
+    return int(rate_per_s * max(0.0, time.time() - _booted())) if rate_per_s else 0
 
 
 def nvlink_count(hw: Hardware) -> int:
