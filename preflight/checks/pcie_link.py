@@ -71,8 +71,14 @@ class PcieLink(Check):
         hcas: dict[str, SysfsValues | None] = {}
         if ctx.node.nics:
             paths = [p for nic in ctx.node.nics for p in hca_paths(nic.device)]
-            result = ctx.run(["grep", "-H", ".", *paths])
-            # grep exits 2 when one file is missing and still prints the others: judge what came back.
+            argv = ["grep", "-H", ".", *paths]
+            result = ctx.run(argv)
+            # grep exits 2 when a file is missing and still prints the others: judge what came back. Any other
+            # failure (no grep, a timeout) says nothing about the HCAs and is an ERROR.
+            missing_only = result.rc == 2 and "No such file" in result.stderr
+            if result.timed_out or (result.rc != 0 and not missing_only):
+                raise GatherError(f"`grep -H . <HCA link files>` exited {result.rc}: {result.last_line()}",
+                                  command=command_line(argv), stderr=result.stderr[:400])
             values = parse_output("sysfs", result.stdout, "grep -H . <hca link files>") if result.stdout.strip() else None
             for nic in ctx.node.nics:
                 mine = {p: values.values[p] for p in hca_paths(nic.device) if values and p in values.values}

@@ -99,6 +99,18 @@ def test_pcie_gather_reads_under_load_only_when_idle_reads_low():
     assert only(results).evidence["found"]["GPU0 (18:00.0)"]["read_under_load"] is True
 
 
+def test_pcie_missing_hca_sysfs_fails_but_a_missing_grep_is_an_error():
+    busy = fixture_text("nvsmi_pci", "h100-sxm-driver550-pci-performance-busy-gen5.txt")
+    gone = CommandResult(2, "", "grep: /sys/class/infiniband/mlx5_0/device/current_link_speed: No such file or "
+                                "directory", 0.0)
+    t = ScriptedTransport().on("n1", *pcie_link.NVSMI_PCI, reply=busy).on("n1", "grep", reply=gone)
+    result = pcie_link.CHECK.run(context(t))[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PCIE_MISSING")
+    t = ScriptedTransport().on("n1", *pcie_link.NVSMI_PCI, reply=busy)  # no grep: rc 127
+    result = pcie_link.CHECK.run(context(t))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER") and "exited 127" in result.reason
+
+
 # --------------------------------------------------------------------------------- gpu_bandwidth
 
 
