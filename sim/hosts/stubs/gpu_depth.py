@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import time
 
-from cluster.virtual.hardware import Gpu, Hardware
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Gpu, Hardware
+from sim.hosts.stubs.main import StubUsageError
 
 NVLINK_SPEED = {"Hopper": 26.562, "Ampere": 25.0}
 BANDWIDTH = {"Hopper": (55.3, 55.1, 391.2), "Ampere": (26.1, 26.3, 272.5)}  # H2D, D2H, D2D read GB/s
@@ -36,7 +36,7 @@ COUNTERS = ("SW Power Capping", "Sync Boost", "SW Thermal Slowdown", "HW Thermal
 
 
 def _booted() -> float:
-    from cluster.virtual.stubs import main
+    from sim.hosts.stubs import main
 
     try:
         return (main.SIM_RUN_DIR / "host.json").stat().st_mtime
