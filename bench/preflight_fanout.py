@@ -57,7 +57,7 @@ def clusterctl(*args: str) -> None:
 
 
 def one_size(
-    nodes: int, parallel: int, delay: float, per_rack: int, timeout: float, checks: str | None
+    nodes: int, parallel: int, delay: float, per_rack: int, timeout: float, checks: str | None, depth: str = "standard",
 ) -> dict:
     racks = max(1, math.ceil(nodes / per_rack))
     with tempfile.TemporaryDirectory(prefix=f"preflight-bench-{nodes}-") as tmp:
@@ -96,6 +96,8 @@ def one_size(
                     "--parallel",
                     str(parallel),
                     *(["--checks", checks] if checks else ["--skip", "numa_pinning,consul"]),
+                    "--depth",
+                    depth,
                     "--timeout",
                     str(timeout),
                     "--json",
@@ -153,6 +155,8 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=64)
     parser.add_argument("--delay", type=float, default=1.0, help="seconds every simulated command takes")
     parser.add_argument("--per-rack", type=int, default=16, help="nodes per rack")
+    parser.add_argument("--depth", default="standard", choices=["quick", "standard", "full"],
+                        help="preflight --depth (the issue-17 checks run at every depth)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-command timeout given to preflight")
     parser.add_argument(
         "--checks", default=None, help="only these checks (default: all but numa_pinning,consul)"
@@ -163,7 +167,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
-        rows.append(one_size(size, args.parallel, args.delay, args.per_rack, args.timeout, args.checks))
+        rows.append(one_size(size, args.parallel, args.delay, args.per_rack, args.timeout, args.checks, args.depth))
         print(f"{size} nodes: {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
     print(table(rows, args.parallel, args.delay, args.checks))
     if args.json_file:

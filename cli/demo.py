@@ -39,7 +39,7 @@ from cluster import load_cluster
 from cluster.inventory import host_var
 from cluster.model import Cluster, Node
 
-FAULTY_NODE_FAULT = {"kind": "nvlink_down", "gpus": [2, 3]}
+FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
 CLUSTERCTL = [sys.executable, "-m", "cli.main"]
 console = Console()
 
@@ -125,15 +125,15 @@ class Demo:
         faulty = create_inventory.plan(nodes, racks, "mixed", "none")[-1].name
         (self.inventory / "host_vars").mkdir(exist_ok=True)
         (self.inventory / "host_vars" / f"{faulty}.yml").write_text(
-            "# Injected by clusterctl demo: an NVLink pair down, which preflight must catch.\n"
-            f"sim_faults:\n  - {json.dumps(FAULTY_NODE_FAULT)}\n"
+            "# Injected by clusterctl demo: an NVLink pair down and a GPU in thermal slowdown; preflight must catch both.\n"
+            "sim_faults:\n" + "".join(f"  - {json.dumps(f)}\n" for f in FAULTY_NODE_FAULTS)
         )
         with open(self.inventory / "group_vars" / "all.yml", "a") as vars_file:
             vars_file.write(f"\n# The demo's dev Consul.\nconsul_http_addr: {self.consul_addr}\nconsul_datacenter: dc1\n")
         cluster = load_cluster(self.inventory)
         result = simulate.up(str(self.inventory))
         console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; "
-                      f"[red]{faulty}[/] has NVLink GPU2-GPU3 down")
+                      f"[red]{faulty}[/] has NVLink GPU2-GPU3 down and GPU 5 in HW thermal slowdown")
         return cluster
 
     # -- 2. Consul --------------------------------------------------------------------------------
@@ -238,7 +238,8 @@ class Demo:
         expected = sorted(iu.id for n in cluster.nodes() if n.name != faulty.name for iu in n.ius)
         if released != expected:
             raise DemoError(f"released IUs {released}, expected {expected}")
-        console.print(f"[red]FAIL[/] {faulty.name}: {caught[0]['check']}: {caught[0]['reason']}")
+        for result in caught:
+            console.print(f"[red]FAIL[/] {faulty.name}: {result['check']}: {result['reason']}")
         console.print(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation")
         return released
 

@@ -56,6 +56,19 @@ RUN_OPTIONS = [
         help="ib_pairs: ring within each rack, or every ordered pair.",
     ),
     click.Option(
+        ["--depth"],
+        default=None,
+        type=click.Choice(["quick", "standard", "full"]),
+        help="quick: the on-call gate (minutes, DCGM level 1); standard; full: rack onboarding (DCGM level 3, "
+        "long bandwidth runs). Default: each profile's depth.default; durations in the profile.",
+    ),
+    click.Option(
+        ["--dcgm-level"],
+        default=None,
+        type=click.IntRange(1, 4),
+        help="dcgm_diag: run dcgmi diag -r LEVEL instead of the depth's level.",
+    ),
+    click.Option(
         ["--json", "json_file"],
         default=None,
         type=click.Path(dir_okay=False, path_type=str),
@@ -93,6 +106,8 @@ def run_preflight_command(
     release: bool,
     state_dir: Path | None,
     vault_password_file: Path | None = None,
+    depth: str | None = None,
+    dcgm_level: int | None = None,
 ) -> int:
     from rich.console import Console
 
@@ -123,7 +138,12 @@ def run_preflight_command(
         raise UsageError(f"{inventory}: no hosts match --limit {limit!r}")
     profiles = {node.name: profile_for(node.name, node.vars) for node in nodes}
 
-    options = RunOptions(timeout=timeout, probe_timeout=min(timeout, 15.0), ib_matrix=ib_matrix)
+    # Without --depth every node runs its profile's default; when they agree the report names it.
+    defaults = {p["depth"]["default"] for p in profiles.values()}
+    depth = depth or (defaults.pop() if len(defaults) == 1 else None)
+    options = RunOptions(
+        timeout=timeout, probe_timeout=min(timeout, 15.0), ib_matrix=ib_matrix, depth=depth, dcgm_level=dcgm_level
+    )
     console = Console()
     transport = RoutingTransport()
     try:

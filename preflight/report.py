@@ -66,6 +66,11 @@ class LiveProgress(RunnerProgress):
     def phase(self, text: str) -> None:
         self._bar.update(self._task, phase=text)
 
+    def node_step(self, node: str, check: str) -> None:
+        # One line for the whole run: the latest node/check started, so a long dcgm_diag shows where it waits.
+        if self._task is not None:
+            self._bar.update(self._task, phase=f"{node}: {check}")
+
     def _failures_text(self) -> str:
         return f"[red]{self.failures} failures[/]" if self.failures else "[green]0 failures[/]"
 
@@ -92,12 +97,18 @@ def summary(outcome: RunOutcome, strict: bool = False) -> dict[str, Any]:
         "nodes_unreachable": unreachable,
         "nodes_error": errored,
         "checks": outcome.checks,
+        "depth": depth_of(outcome),
         "strict": strict,
         "released": outcome.released,
         "started": datetime.fromtimestamp(outcome.started, UTC).isoformat(timespec="seconds"),
         "duration_s": round(outcome.duration, 2),
         "exit_code": exit_code(outcome.results, strict),
     }
+
+
+def depth_of(outcome: RunOutcome) -> str:
+    """The depth of the run; "per profile" when nodes ran different profile defaults."""
+    return getattr(outcome.options, "depth", None) or "per profile"
 
 
 def to_json(outcome: RunOutcome, strict: bool = False) -> dict[str, Any]:
@@ -111,6 +122,8 @@ def write_json(path: str | Path, outcome: RunOutcome, strict: bool = False) -> N
 def to_junit(outcome: RunOutcome) -> ET.Element:
     """One <testsuite> per rack, one <testcase> per result (classname rack.node, name check[iu])."""
     suites = ET.Element("testsuites", name="clusterctl preflight", time=f"{outcome.duration:.2f}")
+    properties = ET.SubElement(suites, "properties")
+    ET.SubElement(properties, "property", name="depth", value=depth_of(outcome))
     racks: dict[str, list[CheckResult]] = {}
     for r in outcome.results:
         racks.setdefault(r.rack, []).append(r)
@@ -181,7 +194,7 @@ def results_table(results: list[CheckResult], title: str = "preflight") -> Table
 
 
 def print_report(console: Console, outcome: RunOutcome, strict: bool = False) -> None:
-    console.print(results_table(outcome.results))
+    console.print(results_table(outcome.results, title=f"preflight (depth: {depth_of(outcome)})"))
     s = summary(outcome, strict)
     parts = [verdict_text(Verdict(v)) + f" {n}" for v, n in s["verdicts"].items() if n]
     console.print(

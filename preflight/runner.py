@@ -2,8 +2,9 @@
 
 Phase 1 (a pool of ``parallel`` workers, one task per node): a probe command decides whether the host
 answers (UNREACHABLE for every check if not), then the node checks run one after another and the rack
-checks gather their per-node part. Phase 2: per rack (racks concurrently), the rack checks run on the
-nodes that answered. A host that hangs costs one command timeout: later commands on it are not started.
+and bracket checks gather their per-node part. Phase 2: per rack (racks concurrently), the rack checks
+run on the nodes that answered. Phase 3 (per node again): the bracket checks take their second reading
+(counters after the load tests of phases 1 and 2) and judge. A host that hangs costs one command timeout: later commands on it are not started.
 Nothing a check raises escapes: it becomes an ERROR result naming the check.
 """
 
@@ -35,6 +36,9 @@ class Progress:
     def node_done(self, node: str, results: list[CheckResult]) -> None: ...
 
     def phase(self, text: str) -> None: ...
+
+    def node_step(self, node: str, check: str) -> None:
+        """``check`` starts on ``node`` (long tests -- dcgm_diag, gpu_bandwidth -- show which node waits)."""
 
 
 @dataclass
@@ -86,7 +90,7 @@ class Runner:
         self.options = options
         self.parallel = max(1, parallel)
         self.progress = progress or Progress()
-        self._facts: dict[str, dict[str, Any]] = {c.name: {} for c in self.checks if c.scope == "rack"}
+        self._facts: dict[str, dict[str, Any]] = {c.name: {} for c in self.checks if c.scope != "node"}
         self._facts_lock = threading.Lock()
 
     def run(self, release: bool = False, strict: bool = False) -> RunOutcome:
@@ -125,6 +129,14 @@ class Runner:
                     jobs,
                 ):
                     results += rack_results
+        bracket = [c for c in self.checks if c.scope == "bracket"]
+        if bracket:
+            self.progress.phase("after the load tests: " + ", ".join(c.name for c in bracket))
+            with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="preflight-after") as pool:
+                for node_results in pool.map(
+                    lambda n: self._finish(contexts[n.name], bracket), [n for n in nodes if n.name in reachable]
+                ):
+                    results += node_results
         outcome = RunOutcome(
             self._ordered(results), started, time.time(), self.options, [c.name for c in self.checks]
         )
@@ -146,6 +158,7 @@ class Runner:
             return node.name, results, False
         results: list[CheckResult] = []
         for position, check in enumerate(self.checks):
+            self.progress.node_step(node.name, check.name)
             try:
                 if check.scope == "node":
                     results += check.run(ctx)
@@ -168,6 +181,23 @@ class Runner:
                 )
         self.progress.node_done(node.name, results)
         return node.name, results, True
+
+    def _finish(self, ctx: NodeContext, checks: list[Check]) -> list[CheckResult]:
+        results: list[CheckResult] = []
+        for position, check in enumerate(checks):
+            before = self._facts[check.name].get(ctx.node.name)
+            if before is None and ctx.node.name not in self._facts[check.name]:
+                continue  # the node stopped answering before this check's first reading
+            try:
+                results += check.finish(ctx, before)
+            except HostUnreachable as exc:
+                return results + self._unreachable(ctx.node, checks[position:], f"stopped answering: {exc}")
+            except GatherError as exc:
+                results.append(check.error(ctx.node, exc))
+            except Exception as exc:
+                results.append(check.result(ctx.node, Verdict.ERROR, "INTERNAL",
+                                            f"internal error in {check.name}: {type(exc).__name__}: {exc}"))
+        return results
 
     def _gather(self, check: Check, ctx: NodeContext) -> Any:
         try:

@@ -9,23 +9,37 @@ from __future__ import annotations
 from preflight.checks import (
     consul,
     cstates,
+    dcgm_diag,
     dcqcn,
+    gpu_bandwidth,
     gpu_health,
+    gpu_throttle,
     gpu_topology,
+    ib_link_health,
     ib_pairs,
     ib_ports,
     nccl,
     numa_pinning,
+    nvlink,
+    pcie_link,
     time_sync,
     versions,
 )
 from preflight.checks.base import Check
 
+# The bracket checks (nvlink, gpu_throttle, ib_link_health) take their "before" reading where they stand,
+# so they come before the checks that load GPUs and links (gpu_bandwidth, dcgm_diag, nccl, ib_pairs).
 CHECKS: tuple[Check, ...] = (
     gpu_topology.CHECK,
     gpu_health.CHECK,
+    pcie_link.CHECK,
+    nvlink.CHECK,
+    gpu_throttle.CHECK,
+    ib_link_health.CHECK,
     ib_ports.CHECK,
     ib_pairs.CHECK,
+    gpu_bandwidth.CHECK,
+    dcgm_diag.CHECK,
     nccl.CHECK,
     cstates.CHECK,
     dcqcn.CHECK,

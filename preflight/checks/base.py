@@ -39,6 +39,8 @@ class RunOptions:
     timeout: float = 120.0  # per command
     probe_timeout: float = 15.0  # the first command on a host; a host that does not answer it is UNREACHABLE
     ib_matrix: str = "ring"  # ring | full
+    depth: str | None = None  # quick | standard | full; None: each node's profile default (depth.default)
+    dcgm_level: int | None = None  # --dcgm-level: overrides the depth's DCGM level
 
 
 def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
@@ -87,9 +89,16 @@ class NodeContext:
         with self._lock:
             return [r.stdout for argv, r in self._cache.items() if program in argv]
 
-    def output(self, argv: Sequence[str], timeout: float | None = None) -> str:
-        """stdout of a command that must succeed; anything else is a GatherError naming the command."""
-        result = self.run(argv, timeout)
+    def depth(self) -> tuple[str, dict[str, int]]:
+        """The depth this run uses on this node and its settings (profile ``depth.levels``)."""
+        name = self.options.depth or self.profile["depth"]["default"]
+        return name, dict(self.profile["depth"]["levels"][name])
+
+    def output(self, argv: Sequence[str], timeout: float | None = None, cache: bool = True) -> str:
+        """stdout of a command that must succeed; anything else is a GatherError naming the command.
+
+        ``cache=False`` for readings taken twice (counters before and after the load tests)."""
+        result = self.run(argv, timeout, cache=cache)
         if result.timed_out:
             raise GatherError(
                 f"`{command_line(argv)}` timed out after {timeout or self.options.timeout:g}s",
@@ -104,8 +113,8 @@ class NodeContext:
             )
         return result.stdout
 
-    def parsed(self, kind: str, argv: Sequence[str], timeout: float | None = None) -> Any:
-        return parse_output(kind, self.output(argv, timeout), command_line(argv))
+    def parsed(self, kind: str, argv: Sequence[str], timeout: float | None = None, cache: bool = True) -> Any:
+        return parse_output(kind, self.output(argv, timeout, cache), command_line(argv))
 
 
 def parse_output(kind: str, text: str, command: str) -> Any:
@@ -136,7 +145,9 @@ class Check:
     """One area of the node: ``name`` is what ``--checks``/``--skip`` and the results use."""
 
     name: ClassVar[str]
-    scope: ClassVar[str] = "node"  # node: run() per node; rack: gather() per node then run_rack() per rack
+    # node: run() per node; rack: gather() per node then run_rack() per rack; bracket: gather() per node with
+    # the node checks ("before"), then finish() per node after the rack checks ("after" the load tests).
+    scope: ClassVar[str] = "node"
     codes: ClassVar[dict[str, str]] = {}  # stable fault code -> what it means
 
     def run(self, ctx: NodeContext) -> list[CheckResult]:  # scope "node"
@@ -146,6 +157,9 @@ class Check:
         return None
 
     def run_rack(self, ctx: RackContext) -> list[CheckResult]:  # scope "rack"
+        raise NotImplementedError
+
+    def finish(self, ctx: NodeContext, before: Any) -> list[CheckResult]:  # scope "bracket"
         raise NotImplementedError
 
     # Helpers that fill in rack/node/check so evaluation code only states verdict, reason and evidence.

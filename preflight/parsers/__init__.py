@@ -18,7 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from preflight.parsers import chrony, cpupower, ibping, ibstat, nccl, nvsmi_q, perftest, topo
+from preflight.parsers import (
+    chrony,
+    cpupower,
+    dcgm_diag,
+    ib_health,
+    ibping,
+    ibstat,
+    nccl,
+    nvbandwidth,
+    nvlink,
+    nvsmi_q,
+    nvsmi_sections,
+    perftest,
+    topo,
+)
 from preflight.parsers.common import ParseError, paste_lines
 
 PARSERS: dict[str, Callable[[str], Any]] = {
@@ -30,6 +44,16 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "chrony": chrony.parse,
     "cpupower": cpupower.parse,
     "nvsmi-q": nvsmi_q.parse,
+    # preflight depth: PCIe, GPU bandwidth, NVLink, clock events, DCGM diag, IB link health
+    "nvsmi-pci": nvsmi_sections.parse_pci,
+    "nvsmi-perf": nvsmi_sections.parse_perf,
+    "nvlink-status": nvlink.parse_status,
+    "nvlink-errors": nvlink.parse_errors,
+    "nvbandwidth": nvbandwidth.parse,
+    "dcgm-diag": dcgm_diag.parse,
+    "sysfs": ib_health.parse_sysfs,
+    "mlxlink": ib_health.parse_mlxlink,
+    "kernel-links": ib_health.parse_kernel_links,
 }
 
 __all__ = ["PARSERS", "ParseError", "parse", "paste_warnings", "to_contract_json"]

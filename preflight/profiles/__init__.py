@@ -85,6 +85,45 @@ def _busbw_by_size(v: Any) -> str | None:
     return None if ok else "a mapping GPU count -> minimum busbw in GB/s, e.g. {4: 330, 8: 460}"
 
 
+def _optional_positive_number(v: Any) -> str | None:
+    return None if v is None or _positive_number(v) is None else "a number > 0, or null (not gated)"
+
+
+def _pcie_gen(v: Any) -> str | None:
+    return None if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 6 else "a PCIe generation 1-6"
+
+
+def _pcie_width(v: Any) -> str | None:
+    return None if v in (1, 2, 4, 8, 16, 32) else "a PCIe link width (1, 2, 4, 8, 16 or 32)"
+
+
+def _reasons(v: Any) -> str | None:
+    from preflight.parsers.nvsmi_sections import REASONS
+
+    known = set(REASONS.values())
+    ok = isinstance(v, list) and all(isinstance(x, str) and x in known for x in v)
+    return None if ok else f"a list of clock event reasons ({', '.join(sorted(known))})"
+
+
+DEPTHS = ("quick", "standard", "full")
+_DEPTH_KEYS = {"dcgm_level": (1, 4), "nvbandwidth_samples": (1, 100), "minutes": (1, 1440)}
+
+
+def _depths(v: Any) -> str | None:
+    expected = (f"a mapping {{quick, standard, full}} -> {{{', '.join(_DEPTH_KEYS)}}} "
+                "(integers: dcgm_level 1-4, nvbandwidth_samples 1-100, minutes 1-1440)")
+    if not isinstance(v, Mapping) or set(v) != set(DEPTHS):
+        return expected
+    for settings in v.values():
+        if not isinstance(settings, Mapping) or set(settings) != set(_DEPTH_KEYS):
+            return expected
+        for key, (low, high) in _DEPTH_KEYS.items():
+            value = settings[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                return expected
+    return None
+
+
 Validator = Callable[[Any], "str | None"]
 SCHEMA: dict[str, dict[str, Validator]] = {
     "gpu": {
@@ -110,6 +149,31 @@ SCHEMA: dict[str, dict[str, Validator]] = {
     "cstates": {"allowed_states": _str_list},
     "time_sync": {"max_offset_ms": _positive_number},
     "dcqcn": {"priority": lambda v: None if isinstance(v, int) and 0 <= v <= 7 else "a priority 0-7"},
+    # Preflight depth (issue 17): one section per check, and what each --depth runs.
+    "pcie": {"gpu_gen": _pcie_gen, "gpu_width": _pcie_width, "hca_gen": _pcie_gen, "hca_width": _pcie_width},
+    "gpu_bandwidth": {
+        "h2d_min_gbps": _positive_number,
+        "d2h_min_gbps": _positive_number,
+        "d2d_read_min_gbps": _optional_positive_number,
+    },
+    "nvlink": {
+        "speed_gbps": _positive_number,
+        "replay_max": _non_negative_number,
+        "recovery_max": _non_negative_number,
+        "crc_max_per_s": _non_negative_number,
+    },
+    "throttle": {"fail_reasons": _reasons},
+    "ib_health": {
+        "flap_window_hours": _positive_number,
+        "flap_max": _non_negative_number,
+        "link_downed_max": _non_negative_number,
+        "symbol_error_max": _non_negative_number,
+        "port_rcv_errors_max": _non_negative_number,
+        "link_error_recovery_max": _non_negative_number,
+        "mlxlink": _boolean,
+        "effective_ber_max": _positive_number,
+    },
+    "depth": {"default": lambda v: None if v in DEPTHS else f"one of {', '.join(DEPTHS)}", "levels": _depths},
 }
 
 

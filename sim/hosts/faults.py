@@ -23,7 +23,17 @@ clock_offset           offset_us (2500.0)                          ``chronyc tra
 version_drift          component (driver); version (535.161.08)    reported version of that component
 unreachable            -                                           sshd masked: SSH refused
 hang                   command (every stub)                        stub sleeps until killed
+pcie_downtrained       gpu (0); gen (4); width (16)                ``nvidia-smi -q -d PCI`` Current
+gpu_low_bandwidth      gpu (0); h2d_gbps (21.0); d2h_gbps (h2d)    ``nvbandwidth`` H2D/D2H columns
+nvlink_errors          gpu (0); link (0); counter (replay); rate   ``nvidia-smi nvlink -e`` grows
+                       (50.0 per second)
+gpu_throttle           gpu (0); reason (HW Thermal Slowdown)       ``-q -d PERFORMANCE`` flag + counter
+dcgm_fail              gpu (0); test (memory)                      ``dcgmi diag -j`` Fail + DCGM_FR_*
+ib_link_flaps          device (first HCA); count (3)               kernel log lost carrier / ready
 =====================  ==========================================  ===================================
+
+The last six (issue 17) each change one tool's output only, so each FAILs exactly its preflight check
+(on real hardware a downtrained link would also lower nvbandwidth's numbers).
 """
 
 from __future__ import annotations
@@ -149,12 +159,52 @@ def hang(hw: Hardware, f: Mapping[str, Any]) -> None:
         hw.hang = [*(hw.hang or []), str(command)]
 
 
+def pcie_downtrained(hw: Hardware, f: Mapping[str, Any]) -> None:
+    gpu = hw.gpus[_gpu_index(hw, f)]
+    gpu.pcie_gen, gpu.pcie_width = int(f.get("gen", 4)), int(f.get("width", 16))
+
+
+def gpu_low_bandwidth(hw: Hardware, f: Mapping[str, Any]) -> None:
+    gpu = hw.gpus[_gpu_index(hw, f)]
+    gpu.h2d_gbps = float(f.get("h2d_gbps", 21.0))
+    gpu.d2h_gbps = float(f.get("d2h_gbps", gpu.h2d_gbps))
+
+
+def nvlink_errors(hw: Hardware, f: Mapping[str, Any]) -> None:
+    gpu = hw.gpus[_gpu_index(hw, f)]
+    counter = str(f.get("counter", "replay"))
+    if counter not in ("replay", "recovery", "crc"):
+        raise FaultError(f"nvlink_errors: counter {counter!r} is not replay, recovery or crc")
+    gpu.nvlink_error_rates.setdefault(str(int(f.get("link", 0))), {})[counter] = float(f.get("rate", 50.0))
+
+
+def gpu_throttle(hw: Hardware, f: Mapping[str, Any]) -> None:
+    from sim.hosts.stubs.gpu_depth import REASONS
+
+    reason = str(f.get("reason", "HW Thermal Slowdown"))
+    if reason not in REASONS:
+        raise FaultError(f"gpu_throttle: reason {reason!r} is not one of {', '.join(REASONS)}")
+    gpu = hw.gpus[_gpu_index(hw, f)]
+    gpu.clock_events = [*gpu.clock_events, reason]
+    if reason in ("HW Thermal Slowdown", "HW Power Brake Slowdown"):
+        gpu.clock_events.append("HW Slowdown")  # the parent reason is active with either of its sub-reasons
+
+
+def dcgm_fail(hw: Hardware, f: Mapping[str, Any]) -> None:
+    hw.gpus[_gpu_index(hw, f)].dcgm_fail = str(f.get("test", "memory"))
+
+
+def ib_link_flaps(hw: Hardware, f: Mapping[str, Any]) -> None:
+    _hca(hw, f).flaps = int(f.get("count", 3))
+
+
 FAULTS: dict[str, Callable[[Hardware, Mapping[str, Any]], None]] = {
     f.__name__: f
     for f in (
         nvlink_down, gpu_wrong_numa, ib_port_down, ib_port_rate, ib_high_latency, ib_low_bandwidth,
         nccl_low_bw, nccl_wrong, ecc_uncorrectable, row_remap_pending, cstates_enabled, dcqcn_off,
-        clock_offset, version_drift, unreachable, hang,
+        clock_offset, version_drift, unreachable, hang, pcie_downtrained, gpu_low_bandwidth, nvlink_errors,
+        gpu_throttle, dcgm_fail, ib_link_flaps,
     )
 }
 # Faults preflight must catch on a node that provisioning handles normally (the default inventory's mix).

@@ -164,6 +164,17 @@ class Gpu:
     retired_pending: bool = False
     row_remap_pending: bool = False
     xid_events: list[int] = field(default_factory=list)
+    # Preflight depth (stubs/gpu_depth.py): PCIe link as trained, NVLink state/error growth, clock events,
+    # nvbandwidth values (None: the architecture's reference value), a failing DCGM test.
+    pcie_gen: int = 5
+    pcie_width: int = 16
+    nvlink_inactive: list[int] = field(default_factory=list)
+    nvlink_error_rates: dict[str, dict[str, float]] = field(default_factory=dict)  # link -> counter -> per s
+    clock_events: list[str] = field(default_factory=list)  # active reasons as nvidia-smi names them
+    h2d_gbps: float | None = None
+    d2h_gbps: float | None = None
+    d2d_gbps: float | None = None
+    dcgm_fail: str | None = None
 
     @property
     def sysfs_address(self) -> str:  # 0000:1b:00.0
@@ -187,6 +198,7 @@ class Hca:
     latency_us: float = 1.07
     bw_gbps: float = 382.0
     dcqcn: bool = True  # ECN roce_np / roce_rp enabled (RoCE only)
+    flaps: int = 0  # link-down/up pairs in the kernel log of the last hours (ib_link_flaps)
 
 
 @dataclass

@@ -147,7 +147,8 @@ def cpumask(cpus: list[int], total: int) -> str:
     return ",".join(f"{(mask >> (32 * w)) & 0xFFFFFFFF:08x}" for w in reversed(range(words)))
 
 
-def _pci_device(hw: Hardware, vendor: str, device: str, pci_class: str, numa_node: int, speed: str) -> Tree:
+def _pci_device(hw: Hardware, vendor: str, device: str, pci_class: str, numa_node: int, speed: str,
+                current: tuple[str, int] | None = None) -> Tree:
     node = next((n for n in hw.numa if n.id == numa_node), None)
     cpus = node.cpus if node else []
     return {
@@ -157,18 +158,24 @@ def _pci_device(hw: Hardware, vendor: str, device: str, pci_class: str, numa_nod
         "numa_node": f"{numa_node}\n",
         "local_cpulist": cpulist(cpus) + "\n",
         "local_cpus": cpumask(cpus, hw.vcpus) + "\n",
-        "current_link_speed": f"{speed}\n",
-        "current_link_width": "16\n",
+        "current_link_speed": f"{current[0] if current else speed}\n",
+        "current_link_width": f"{current[1] if current else 16}\n",
         "max_link_speed": f"{speed}\n",
         "max_link_width": "16\n",
     }
+
+
+_GTS = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe",
+        6: "64.0 GT/s PCIe"}
 
 
 def pci_tree(hw: Hardware) -> Tree:
     tree: Tree = {}
     pcie5 = "32.0 GT/s PCIe"
     for gpu in hw.gpus:
-        for name, value in _pci_device(hw, "0x10de", hw.gpu_pci_device_id, "0x030200", gpu.numa_node, pcie5).items():
+        trained = (_GTS[gpu.pcie_gen], gpu.pcie_width)  # pcie_downtrained: the link as it trained
+        for name, value in _pci_device(hw, "0x10de", hw.gpu_pci_device_id, "0x030200", gpu.numa_node, pcie5,
+                                       trained).items():
             tree[f"{gpu.sysfs_address}/{name}"] = value
     for hca in hw.hcas:
         # ConnectX-7 (0x1021); class 0x020700 = InfiniBand controller, 0x020000 = Ethernet (RoCE).

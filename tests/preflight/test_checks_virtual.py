@@ -81,6 +81,13 @@ CHECKS = [
     "numa_pinning",
     "time_sync",
     "versions",
+    # issue 17: they run here too, and none of the faults above may make them FAIL
+    "pcie_link",
+    "nvlink",
+    "gpu_throttle",
+    "ib_link_health",
+    "gpu_bandwidth",
+    "dcgm_diag",
 ]
 
 

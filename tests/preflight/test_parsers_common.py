@@ -16,7 +16,10 @@ KIND_DIRS = {kind: FIXTURES / kind.replace("-", "_") for kind in PARSERS}
 
 
 def test_registry_has_exactly_the_contract_kinds():
-    assert sorted(PARSERS) == ["chrony", "cpupower", "ibping", "ibstat", "nccl", "nvsmi-q", "perftest", "topo"]
+    assert sorted(PARSERS) == [
+        "chrony", "cpupower", "dcgm-diag", "ibping", "ibstat", "kernel-links", "mlxlink", "nccl", "nvbandwidth",
+        "nvlink-errors", "nvlink-status", "nvsmi-pci", "nvsmi-perf", "nvsmi-q", "perftest", "sysfs", "topo",
+    ]
 
 
 def test_lines_strip_ansi_crlf_and_launcher_prefixes():

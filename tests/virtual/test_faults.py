@@ -20,7 +20,7 @@ from sim.hosts.stubs import peers
 from tests.helpers import run_cli
 
 EXPECTED_CHANGES = {
-    "nvlink_down": {"nvidia-smi topo -m", "all_reduce_perf"},
+    "nvlink_down": {"nvidia-smi topo -m", "all_reduce_perf", "nvbandwidth"},  # D2D of the pair over PCIe
     "gpu_wrong_numa": {"nvidia-smi topo -m", "nvidia-smi topo -mp", "sys/pci"},
     "ib_port_down": {"ibstat", "ibping", "ib_write_lat", "ib_write_bw", "sys/class"},
     "ib_port_rate": {"ibstat", "ib_write_bw", "sys/class"},
@@ -33,7 +33,15 @@ EXPECTED_CHANGES = {
     "cstates_enabled": {"sys/cpu", "proc/cmdline", "cpupower idle-info", "dmesg", "journalctl -k"},
     "dcqcn_off": {"sys/class"},
     "clock_offset": {"chronyc tracking"},
-    "version_drift": {"nvidia-smi", "nvidia-smi -q", "nvidia-smi --query-gpu", "dmesg", "journalctl -k"},
+    "version_drift": {"nvidia-smi", "nvidia-smi -q", "nvidia-smi --query-gpu", "dmesg", "journalctl -k",
+                      "nvbandwidth"},
+    # issue 17
+    "pcie_downtrained": {"nvidia-smi -q", "sys/pci"},
+    "gpu_low_bandwidth": {"nvbandwidth"},
+    "nvlink_errors": {"nvidia-smi nvlink -e"},
+    "gpu_throttle": {"nvidia-smi -q"},
+    "dcgm_fail": {"dcgmi diag"},
+    "ib_link_flaps": {"dmesg", "journalctl -k"},
 }
 QUERY = "--query-gpu=index,driver_version,ecc.errors.uncorrected.volatile.total,remapped_rows.pending"
 
@@ -72,6 +80,11 @@ def observe(tmp_path, monkeypatch, hw: hardware.Hardware, peer: hardware.Hardwar
         "mlnx_qos": ("mlnx_qos", ["-i", hw.hcas[0].netdev]),
         "ofed_info -s": ("ofed_info", ["-s"]),
         "nv-fabricmanager --version": ("nv-fabricmanager", ["--version"]),
+        "nvidia-smi nvlink -s": ("nvidia-smi", ["nvlink", "-s"]),
+        "nvidia-smi nvlink -e": ("nvidia-smi", ["nvlink", "-e"]),
+        "nvbandwidth": ("nvbandwidth", ["-t", "host_to_device_memcpy_ce", "device_to_host_memcpy_ce",
+                                        "device_to_device_memcpy_read_ce"]),
+        "dcgmi diag": ("dcgmi", ["diag", "-r", "3", "-j"]),
     }
     seen = {}
     for name, (tool, args) in calls.items():

@@ -29,6 +29,8 @@ TOOLS: dict[str, str] = {
     "systemctl": "systemctl:main",
     "ofed_info": "versions:ofed_info",
     "nv-fabricmanager": "versions:nv_fabricmanager",
+    "nvbandwidth": "gpu_depth:nvbandwidth",
+    "dcgmi": "gpu_depth:dcgmi",
 }
 # Tools Ansible itself calls while provisioning: no call delay, no hang (those model slow hardware probes).
 UNDELAYED_TOOLS = frozenset({"systemctl"})

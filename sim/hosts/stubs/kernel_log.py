@@ -41,6 +41,11 @@ def kernel_messages(hw: Hardware) -> list[tuple[float, str]]:
             messages.append((when, f"NVRM: Xid (PCI:{pci}): {xid}, pid='<unknown>', name=<unknown>, "
                                    f"{_XID_TEXT.get(xid, 'Graphics Exception')}"))
             when += 0.5
+    for hca in hw.hcas:  # ib_link_flaps: the link drops and retrains, once every ten minutes
+        for flap in range(hca.flaps):
+            at = 5400.0 + 600.0 * flap
+            messages.append((at, f"{hca.netdev}: lost carrier"))
+            messages.append((at + 4.0, f"IPv6: ADDRCONF(NETDEV_CHANGE): {hca.netdev}: link becomes ready"))
     return sorted(messages, key=lambda m: m[0])
 
 
@@ -55,8 +60,10 @@ def journalctl(hw: Hardware, args: list[str]) -> int:
         return 0
     boot = time.time() - 7200
     out = []
+    iso = "short-iso" in args  # -o short-iso: RFC 3339 stamps, 2024-06-10T08:16:17+0000
     for t, text in kernel_messages(hw):
-        stamp = time.strftime("%b %d %H:%M:%S", time.localtime(boot + t))
+        when = time.localtime(boot + t)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z" if iso else "%b %d %H:%M:%S", when)
         out.append(f"{stamp} {hw.host} kernel: {text}")
     print("\n".join(out))
     return 0

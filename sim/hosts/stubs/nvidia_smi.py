@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from sim.hosts.hardware import Gpu, Hardware, cpulist
+from sim.hosts.stubs import gpu_depth
 from sim.hosts.stubs.main import StubUsageError
 
 QUERY_COLUMN = 42  # "    Product Name                          : ..." (key padded to column 42)
@@ -65,10 +66,13 @@ def _gpu_sections(hw: Hardware, gpu: Gpu) -> list[tuple[str, list[str]]]:
             _kv(8, "Domain", "0x0000"),
             _kv(8, "Device Id", f"0x{int(hw.gpu_pci_device_id, 16):04X}10DE"),
             _kv(8, "Bus Id", gpu.bus_id),
-            _kv(8, "GPU Link Info"), _kv(12, "PCIe Generation"), _kv(16, "Max", 5), _kv(16, "Current", 5),
-            _kv(12, "Link Width"), _kv(16, "Max", "16x"), _kv(16, "Current", "16x"),
+            _kv(8, "GPU Link Info"), _kv(12, "PCIe Generation"), _kv(16, "Max", 5),
+            _kv(16, "Current", gpu.pcie_gen), _kv(16, "Device Current", gpu.pcie_gen), _kv(16, "Device Max", 5),
+            _kv(16, "Host Max", 5),
+            _kv(12, "Link Width"), _kv(16, "Max", "16x"), _kv(16, "Current", f"{gpu.pcie_width}x"),
+            _kv(8, "Replays Since Reset", 0),
         ]),
-        ("PERFORMANCE", [_kv(4, "Performance State", "P0")]),
+        ("PERFORMANCE", gpu_depth.performance_lines(gpu, _kv)),
         ("MEMORY", [
             _kv(4, "FB Memory Usage"),
             _kv(8, "Total", f"{hw.gpu_memory_mib} MiB"),
@@ -325,6 +329,10 @@ def main(hw: Hardware, args: list[str]) -> int:
             print(topo(hw, pcie_only=True), end="")
             return 0
         raise StubUsageError("topo: only -m and -mp are simulated")
+    if args[:1] == ["nvlink"]:
+        ids = args[args.index("-i") + 1] if "-i" in args[:-1] else None
+        print(gpu_depth.nvlink(hw, args[1:], _selected_gpus(hw, ids)), end="")
+        return 0
     options: dict[str, str | None] = {}
     rest = list(args)
     while rest:

@@ -1,0 +1,127 @@
+"""ib_link_health: HCA port error counters around the pair tests, link flaps in the kernel log, optional BER.
+
+A bracket check. ``gather`` (with the node checks, before ib_pairs runs) reads, in one ``grep -H``, the
+sysfs counters ``link_downed``, ``symbol_error``, ``port_rcv_errors`` and ``link_error_recovery`` of each
+inventory port; ``finish`` (after the rack checks) reads them again, the kernel log of the flap window
+(``journalctl -k -o short-iso``; the parser also reads BSD-syslog stamps, as pasted from
+/var/log/syslog on older hosts) and the host's clock, and with ``ib_health.mlxlink`` ``mlxlink -d <dev>
+-c`` per HCA.
+
+Judgement (``evaluate``, pure): counters grown by more than the profile's ``*_max`` -> FAIL
+``IB_COUNTER``; more than ``flap_max`` link-down events of one inventory netdev within
+``flap_window_hours`` of the host's now -> FAIL ``IB_LINK_FLAP``; mlxlink effective (post-FEC) BER above
+``effective_ber_max`` -> FAIL ``IB_BER``.
+
+Fault codes: IB_COUNTER, IB_LINK_FLAP, IB_BER, NO_NICS, IB_HEALTH_OK.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.model import Node
+from preflight.checks.base import Check, GatherError, NodeContext
+from preflight.parsers.ib_health import LinkEvents, MlxlinkBer, SysfsValues, parse_kernel_links
+from preflight.result import CheckResult, Verdict
+
+COUNTERS = {"link_downed": "link_downed_max", "symbol_error": "symbol_error_max",
+            "port_rcv_errors": "port_rcv_errors_max", "link_error_recovery": "link_error_recovery_max"}
+NOW = ["date", "+%s"]
+
+
+def counter_path(device: str, port: int, counter: str) -> str:
+    return f"/sys/class/infiniband/{device}/ports/{port}/counters/{counter}"
+
+
+def journal_argv(window_hours: float) -> list[str]:
+    return ["journalctl", "-k", "-o", "short-iso", "--no-pager", "--since", f"{max(1, round(window_hours * 60))} min ago"]
+
+
+class IbLinkHealth(Check):
+    name = "ib_link_health"
+    scope = "bracket"
+    codes = {
+        "IB_COUNTER": "a port error counter grew past the profile's limit while preflight ran",
+        "IB_LINK_FLAP": "a port went down more often than the profile allows within the flap window",
+        "IB_BER": "mlxlink effective BER above the profile's limit",
+        "NO_NICS": "inventory lists no rdma_nics",
+    }
+
+    def _counters(self, ctx: NodeContext) -> SysfsValues:
+        paths = [counter_path(n.device, n.port, c) for n in ctx.node.nics for c in COUNTERS]
+        return ctx.parsed("sysfs", ["grep", "-H", ".", *paths], cache=False)
+
+    def gather(self, ctx: NodeContext) -> SysfsValues | None:
+        return self._counters(ctx) if ctx.node.nics else None
+
+    def finish(self, ctx: NodeContext, before: Any) -> list[CheckResult]:
+        node = ctx.node
+        if not node.nics:
+            return [self.result(node, Verdict.SKIP, "NO_NICS", "inventory lists no rdma_nics")]
+        if isinstance(before, GatherError):
+            return [self.error(node, before)]
+        cfg = ctx.profile["ib_health"]
+        try:
+            after = self._counters(ctx)
+            now_text = ctx.output(NOW, cache=False).strip()
+            if not now_text.isdigit():
+                raise GatherError(f"`date +%s` printed {now_text[:40]!r}, not seconds", command="date +%s")
+            now = float(now_text)
+            argv = journal_argv(cfg["flap_window_hours"])
+            text = ctx.output(argv)
+            try:
+                events = parse_kernel_links(text, now=now)
+            except ValueError as exc:  # ParseError: unreadable log is an ERROR, never zero flaps
+                raise GatherError(f"cannot parse `{' '.join(argv)}` output: {exc}", output=text[:400]) from None
+            ber = {nic.device: ctx.parsed("mlxlink", ["mlxlink", "-d", nic.device, "-c"])
+                   for nic in node.nics} if cfg["mlxlink"] else {}
+        except GatherError as exc:
+            return [self.error(node, exc)]
+        return self.evaluate({"before": before, "after": after, "events": events, "now": now, "ber": ber},
+                             ctx.profile, node)
+
+    def evaluate(self, facts: dict[str, Any], profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        cfg = profile["ib_health"]
+        before: SysfsValues = facts["before"]
+        after: SysfsValues = facts["after"]
+        events: LinkEvents = facts["events"]
+        ber: dict[str, MlxlinkBer] = facts["ber"]
+        problems: list[tuple[Verdict, str, str]] = []
+        grown: dict[str, dict[str, int]] = {}
+        for nic in node.nics:
+            port = f"{nic.device}:{nic.port}"
+            for counter, limit_key in COUNTERS.items():
+                path = counter_path(nic.device, nic.port, counter)
+                start, end = before.get(path), after.get(path)
+                if start is None or end is None or not (start.isdigit() and end.isdigit()):
+                    problems.append((Verdict.FAIL, "IB_COUNTER", f"{port}: {counter} not readable ({path})"))
+                    continue
+                delta = int(end) - int(start)
+                if delta:
+                    grown.setdefault(port, {})[counter] = delta
+                if delta > cfg[limit_key]:
+                    problems.append((Verdict.FAIL, "IB_COUNTER", f"{port}: {counter} +{delta} during the run "
+                                                                 f"(limit {cfg[limit_key]:g})"))
+        window_start = facts["now"] - cfg["flap_window_hours"] * 3600
+        netdevs = {nic.netdev: f"{nic.device}:{nic.port}" for nic in node.nics if nic.netdev}
+        flaps: dict[str, int] = {}
+        for event in events.events:
+            if event.state == "down" and event.device in netdevs and window_start <= event.epoch <= facts["now"] + 60:
+                flaps[event.device] = flaps.get(event.device, 0) + 1
+        for netdev, count in flaps.items():
+            if count > cfg["flap_max"]:
+                problems.append((Verdict.FAIL, "IB_LINK_FLAP", f"{netdevs[netdev]} ({netdev}) went down {count} times "
+                                                               f"in {cfg['flap_window_hours']:g} h"))
+        for device, reading in ber.items():
+            if reading.effective_ber is not None and reading.effective_ber > cfg["effective_ber_max"]:
+                problems.append((Verdict.FAIL, "IB_BER", f"{device}: effective BER {reading.effective_ber:.1e} > "
+                                                         f"{cfg['effective_ber_max']:.0e}"))
+        ok = (f"{len(node.nics)} ports: no counter growth past limits, {sum(flaps.values())} link-down events "
+              f"in {cfg['flap_window_hours']:g} h")
+        return [self.outcome(node, problems, "IB_HEALTH_OK", ok,
+                             expected={k: cfg[k] for k in (*COUNTERS.values(), "flap_max", "flap_window_hours")},
+                             found={"counters_grown": grown, "flaps": flaps, "log_lines": events.lines_read,
+                                    "effective_ber": {d: r.effective_ber for d, r in ber.items()}})]
+
+
+CHECK = IbLinkHealth()
