@@ -30,7 +30,7 @@ T = TypeVar("T")
 # Trailing annotations: an arrow ("<===", "<--", "<<", "←") and whatever follows it; a "#" comment after
 # two spaces; a parenthesised pointer such as "(this one)". Real values keep their own parentheses
 # ("A9FEA97B (169.254.169.123)"): only the pointer words below are taken as an annotation.
-_ARROW = re.compile(r"\s*(?:<={2,}|<-+|<<+|←+)(?:\s.*|[^\s<=-].*)?$")
+_ARROW = re.compile(r"\s*(?:<={2,}|<-{2,}|<<+|←+)(?:\s.*|[^\s<=-].*)?$")
 # Two spaces or a tab before the "#": a legend's "a bonded set of # NVLinks" is the tool's own text.
 _HASH_COMMENT = re.compile(r"(?<=\S)(?:\s{2,}|\t)#(?:\s.*)?$")
 _POINTER = re.compile(
