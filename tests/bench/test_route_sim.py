@@ -131,4 +131,10 @@ def test_quick_run_has_every_policy_row_and_is_deterministic(tmp_path):
     assert all(row["requests"] > 150 for row in rows.values())
     # the oracle sees true state: nothing routes with less queueing
     assert rows["oracle"]["wait_p99_ms"] == min(row["wait_p99_ms"] for row in rows.values())
-    assert rows["ours (Consul)"]["consul_writes_per_s"] > 0 and rows["round-robin"]["consul_writes_per_s"] is None
+    assert rows["ours (Consul only)"]["consul_writes_per_s"] > 0 and rows["round-robin"]["consul_writes_per_s"] is None
+    # the shipped rows' verdicts are printed; references print none
+    stdout_lines = stdout.splitlines()
+    assert any(line.startswith("target: 80% ours (push + Consul) p99 TTFT / oracle") and line.endswith("met")
+               for line in stdout_lines)
+    assert not any(line.startswith("reference:") and "met" in line for line in stdout_lines)
+    assert all(t["met"] is None for t in a["targets"] if t["name"].startswith(("80% before", "80% round-robin")))
