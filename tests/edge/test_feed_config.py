@@ -182,3 +182,15 @@ def test_the_edge_imports_nothing_outside_its_own_dependencies():
     assert all(pins[name] == declared[name] for name in pins), (pins, declared)
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["eas-edge"] == "edge.main:main"
+
+
+def test_pick_with_more_choices_takes_the_cheapest_sampled():
+    from eas_agent.scheduler import EdgeLedger, pick
+
+    view = EdgeView(detector=AnomalyDetector(), clock=lambda: 100.0, require_health=False)
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.3, "b": 0.1, "c": 0.2}, ts=100.0))}])
+    rng = random.Random(5)
+    chosen = Counter(pick(view.snapshot(), EdgeLedger(), 100.0, rng, choices=3).iu_id for _ in range(50))
+    assert chosen == Counter(b=50)  # all three sampled every time: the cheapest always wins
+    two = Counter(pick(view.snapshot(), EdgeLedger(), 100.0, rng).iu_id for _ in range(300))
+    assert two["a"] == 0 and two["c"] > 0  # two choices: the dearest never wins, the middle one sometimes
