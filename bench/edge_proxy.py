@@ -161,6 +161,23 @@ async def drive(urls: list[str], rate: float, duration: float, seed: int) -> dic
             "errors": errors}
 
 
+class DevConsul:
+    """The dev Consul in its own process, so the load generator's CPU does not slow the edge's watches."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-m", "cli.main", "dev", "consul", "--addr", "127.0.0.1:0",
+                                         "--log-level", "warn"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        line = self.process.stdout.readline()
+        if "listening on http://" not in line:
+            raise SystemExit(f"dev consul did not start: {line!r}")
+        self.address = line.split("http://", 1)[1].split()[0]
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(10)
+
+
 def overhead(rates: list[float], duration: float, consul) -> list[dict]:
     from eas_agent.consul_io import ConsulIO, IUService
 
@@ -265,14 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--push-nodes", type=int, default=128, help="nodes for the push cost (0 skips)")
     parser.add_argument("--push-window", type=float, default=20.0)
     args = parser.parse_args(argv)
-    from devconsul.server import DevConsulServer
-
-    with DevConsulServer(addr="127.0.0.1:0") as consul:
+    with DevConsul() as consul:
         rows = overhead([float(r) for r in args.rates.split(",") if r], args.duration, consul)
         for line in report_overhead(rows):
             print(line)
     if args.push_nodes:
-        with DevConsulServer(addr="127.0.0.1:0") as consul:
+        with DevConsul() as consul:
             push = push_cost(args.push_nodes, args.push_window, consul)
         print(f"Push channel, {push['nodes']} nodes x 2 IUs, {push['bodies_per_s']:.0f} bodies/s to one edge: "
               f"edge CPU {100 * push['edge_cpu_share']:.1f}% of a core, {push['edge_sockets']} sockets "

@@ -52,6 +52,7 @@ class Router:
         self.rng, self.cap, self.eject_s, self.choices = rng, max_inflight_per_iu, eject_s, choices
         self.ledger = EdgeLedger()
         self.ejected: dict[str, float] = {}  # iu -> until
+        self.full: set[str] = set()  # IUs at the cap (kept on sent/done: no scan of every IU per request)
 
     def blocked(self, now: float, exclude: set[str] | frozenset = frozenset()) -> set[str]:
         blocked = set(exclude)
@@ -61,7 +62,7 @@ class Router:
                     del self.ejected[iu_id]
                 else:
                     blocked.add(iu_id)
-        blocked.update(iu for iu, n in self.ledger.inflight.items() if n >= self.cap)
+        blocked.update(self.full)
         return blocked
 
     def choose(self, snapshot: Snapshot, now: float, prompt_tokens: int | None,
@@ -79,11 +80,15 @@ class Router:
         cost = prefill_cost_s(entry, prompt_tokens) if prompt_tokens and entry is not None else None
         return Decision(choice.iu_id, choice.mode, entry, cost)
 
-    def sent(self, decision: Decision, now: float) -> None:
-        self.ledger.on_sent(decision.iu_id, now, decision.cost_s)
+    def sent(self, iu_id: str, now: float, cost_s: float | None = None) -> None:
+        self.ledger.on_sent(iu_id, now, cost_s)
+        if self.ledger.inflight[iu_id] >= self.cap:
+            self.full.add(iu_id)
 
     def done(self, iu_id: str) -> None:
         self.ledger.on_done(iu_id)
+        if self.ledger.inflight.get(iu_id, 0) < self.cap:
+            self.full.discard(iu_id)
 
     def eject(self, iu_id: str, now: float) -> None:
         self.ejected[iu_id] = now + self.eject_s

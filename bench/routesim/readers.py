@@ -66,11 +66,11 @@ class ScoredEdge:
         self.modes[mode] = self.modes.get(mode, 0) + 1
         entry = next((e for e in self.view.snapshot().entries if e.iu_id == iu_id), None)
         self.seen[request.rid] = (entry.score, now - entry.ts) if entry is not None else (None, 0.0)
-        self.ledger.on_sent(iu_id, now, cost)
+        self.router.sent(iu_id, now, cost)
         return self.index_of[iu_id]
 
     def finished(self, iu: int, now: float) -> None:
-        self.ledger.on_done(self.iu_ids[iu])
+        self.router.done(self.iu_ids[iu])
 
 
 def new_view(loop: EventLoop) -> PoolView:

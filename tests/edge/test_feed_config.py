@@ -102,11 +102,11 @@ def test_router_prices_its_ledger_in_prefill_seconds_and_tells_saturated_from_no
     snapshot = view.snapshot()
     first = router.choose(snapshot, 100.0, prompt_tokens=1200)
     assert first.mode == "p2c" and first.cost_s == pytest.approx(1200 / 8000.0)
-    router.sent(first, 100.0)
+    router.sent(first.iu_id, 100.0, first.cost_s)
     assert router.ledger.sent_cost_since(first.iu_id, 99.0, default_cost_s=9.9) == pytest.approx(0.15)
     second = router.choose(snapshot, 100.0, prompt_tokens=10)
     assert second.iu_id != first.iu_id and second.mode == "single"  # first is at its cap of 1
-    router.sent(second, 100.0)
+    router.sent(second.iu_id, 100.0, second.cost_s)
     assert router.choose(snapshot, 100.0, prompt_tokens=10).mode == "saturated"
     router.done(first.iu_id)
     router.eject(first.iu_id, 100.0)
@@ -156,6 +156,17 @@ def test_consul_unreachable_at_start_is_one_clear_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"eas-edge: cannot reach Consul at 127.0.0.1:{port} (consul.address): ")
     assert "\n" not in err
+
+
+def test_clusterctl_edge_serve_is_eas_edge(capsys):
+    from tests.edge.helpers import free_port
+    from tests.helpers import run_cli
+
+    port = free_port()
+    code, _out, err = run_cli(capsys, "edge", "serve", "--consul", f"127.0.0.1:{port}", "--listen", "127.0.0.1:0")
+    assert code == 2 and err.startswith(f"eas-edge: cannot reach Consul at 127.0.0.1:{port}")
+    code, out, _err = run_cli(capsys, "edge", "serve", "--help")
+    assert code == 0 and "--agent-port" in out and "--no-push" in out
 
 
 def test_the_edge_imports_nothing_outside_its_own_dependencies():
