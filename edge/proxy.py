@@ -38,6 +38,7 @@ from edge.tokens import estimate_prompt_tokens
 log = logging.getLogger("edge.proxy")
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a 128k-token prompt as text is ~0.5 MB; token-id lists are bigger
 FORWARD_HEADERS = ("Content-Type", "Authorization", "Accept", "OpenAI-Organization", "X-Request-Id")
+MODELS_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
              asyncio.TimeoutError)
 
@@ -197,8 +198,10 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
                  arrived: float, stream: bool) -> web.StreamResponse:
     """Pass the IU's answer through as it arrives; the slot is released however it ends."""
     failed = False
-    response = web.StreamResponse(status=upstream.status, headers={
-        "Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id})
+    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id}
+    if "Content-Encoding" in upstream.headers:  # bytes pass through undecoded (auto_decompress=False)
+        headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
+    response = web.StreamResponse(status=upstream.status, headers=headers)
     sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
     first = True
     try:
@@ -222,7 +225,8 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
             await response.write(chunk)
             if first:
                 first = False
-                state.metrics.ttft.labels("true" if stream else "false").observe(time.monotonic() - arrived)
+                if upstream.status == 200:  # an error answer's first byte is not a first token
+                    state.metrics.ttft.labels("true" if stream else "false").observe(time.monotonic() - arrived)
         await response.write_eof()
     except ConnectionResetError:
         pass  # the client went away (our write failed); the IU is fine
@@ -240,7 +244,7 @@ async def _models(request: web.Request) -> web.Response:
     healthy = [e for e in state.view.snapshot().healthy if e.address and e.port]
     for entry in healthy[:2]:
         try:
-            async with state.session.get(_upstream_url(entry, "/v1/models")) as answer:
+            async with state.session.get(_upstream_url(entry, "/v1/models"), timeout=MODELS_TIMEOUT) as answer:
                 return web.Response(body=await answer.read(), status=answer.status,
                                     content_type=answer.content_type)
         except RETRYABLE:
