@@ -47,9 +47,8 @@ def without(snapshot: Snapshot, blocked: set[str]) -> Snapshot:
 
 
 class Router:
-    def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 5.0,
-                 choices: int = 2):
-        self.rng, self.cap, self.eject_s, self.choices = rng, max_inflight_per_iu, eject_s, choices
+    def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 5.0):
+        self.rng, self.cap, self.eject_s = rng, max_inflight_per_iu, eject_s
         self.ledger = EdgeLedger()
         self.ejected: dict[str, float] = {}  # iu -> until
         self.full: set[str] = set()  # IUs at the cap (kept on sent/done: no scan of every IU per request)
@@ -75,7 +74,7 @@ class Router:
         if not usable.healthy:
             routable_left = any(e.iu_id not in exclude and e.iu_id not in self.ejected for e in snapshot.healthy)
             return Decision(None, "saturated" if routable_left else "none")
-        choice = pick(usable, self.ledger, now, self.rng, prompt_tokens=prompt_tokens, choices=self.choices)
+        choice = pick(usable, self.ledger, now, self.rng, prompt_tokens=prompt_tokens)
         entry = _by_id(snapshot).get(choice.iu_id)
         cost = prefill_cost_s(entry, prompt_tokens) if prompt_tokens and entry is not None else None
         return Decision(choice.iu_id, choice.mode, entry, cost)

@@ -121,28 +121,6 @@ def _cost(entry: IUEntry, ledger: EdgeLedger, prompt_tokens: int | None) -> floa
     return cost
 
 
-def _best_of(candidates, d: int, ledger: EdgeLedger, now: float, rng: random.Random, ramp_s: float,
-             ramp_floor: float, prompt_tokens: int | None) -> IUEntry:
-    """The cheapest of ``d`` distinct weighted samples (ties at random)."""
-    seen: set[int] = set()
-    best, best_cost, ties = None, math.inf, 0
-    for _ in range(d * SAMPLE_TRIES):
-        if len(seen) == d:
-            break
-        index = _sample(candidates, now, rng, ramp_s, ramp_floor)
-        if index in seen:
-            continue
-        seen.add(index)
-        cost = _cost(candidates[index], ledger, prompt_tokens)
-        if cost < best_cost:
-            best, best_cost, ties = candidates[index], cost, 1
-        elif cost == best_cost:
-            ties += 1
-            if rng.random() * ties < 1:  # reservoir: each tied candidate equally likely
-                best = candidates[index]
-    return best
-
-
 def _fresh(snapshot: Snapshot, now: float) -> tuple[IUEntry, ...]:
     """The still-fresh subset, memoized until the next entry expires (an entry never becomes fresh again)."""
     memo = snapshot.memo.get("fresh")
@@ -162,15 +140,10 @@ def pick(
     ramp_s: float = 10.0,
     ramp_floor: float = 0.1,
     prompt_tokens: int | None = None,
-    choices: int = 2,
 ) -> Choice:
-    """``choices`` > 2: the lowest cost of that many distinct samples (power of d choices)."""
     candidates = snapshot.scored if now <= snapshot.fresh_until else _fresh(snapshot, now)
     if len(candidates) == 1:
         return Choice(candidates[0].iu_id, "single")
-    if candidates and choices > 2 and len(candidates) > 2:
-        return Choice(_best_of(candidates, min(choices, len(candidates)), ledger, now, rng, ramp_s, ramp_floor,
-                               prompt_tokens).iu_id, "p2c")
     if candidates:
         i = _sample(candidates, now, rng, ramp_s, ramp_floor)
         a, b = candidates[i], candidates[_sample(candidates, now, rng, ramp_s, ramp_floor, skip=i)]

@@ -195,13 +195,21 @@ def test_the_edge_imports_nothing_outside_its_own_dependencies():
     assert scripts["eas-edge"] == "edge.main:main"
 
 
-def test_pick_with_more_choices_takes_the_cheapest_sampled():
+
+def test_pick_prices_the_request_and_the_ledger_in_prefill_seconds():
     from eas_agent.scheduler import EdgeLedger, pick
 
     view = EdgeView(detector=AnomalyDetector(), clock=lambda: 100.0, require_health=False)
-    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.3, "b": 0.1, "c": 0.2}, ts=100.0))}])
-    rng = random.Random(5)
-    chosen = Counter(pick(view.snapshot(), EdgeLedger(), 100.0, rng, choices=3).iu_id for _ in range(50))
-    assert chosen == Counter(b=50)  # all three sampled every time: the cheapest always wins
-    two = Counter(pick(view.snapshot(), EdgeLedger(), 100.0, rng).iu_id for _ in range(300))
-    assert two["a"] == 0 and two["c"] > 0  # two choices: the dearest never wins, the middle one sometimes
+    fast = body_of("n0", {"fast": 0.1}, ts=100.0, prefill_tps=20000.0)
+    slow = body_of("n1", {"slow": 0.1}, ts=100.0, prefill_tps=5000.0)
+    view.apply_kv([{"Key": f"k/{b['node']}", "Value": json.dumps(b)} for b in (fast, slow)])
+    rng, ledger = random.Random(3), EdgeLedger()
+    # same score: a 10k-token prompt costs 0.5 s on one and 2 s on the other
+    assert {pick(view.snapshot(), ledger, 100.0, rng, prompt_tokens=10_000).iu_id for _ in range(20)} == {"fast"}
+    # 1 s of prefill this edge sent to "fast" since its score outweighs the difference for a small prompt
+    ledger.on_sent("fast", 100.0, cost_s=1.0)
+    assert {pick(view.snapshot(), ledger, 100.0, rng, prompt_tokens=100).iu_id for _ in range(20)} == {"slow"}
+    # without a prompt size the old rule: requests since the score at the IU's request_cost_s (0.05 s)
+    ledger2 = EdgeLedger()
+    ledger2.on_sent("fast", 100.0)
+    assert ledger2.sent_cost_since("fast", 99.0, default_cost_s=0.05) == pytest.approx(0.05)
