@@ -134,6 +134,10 @@ async def drive(urls: list[str], rate: float, duration: float, seed: int) -> dic
         started = time.monotonic()
         try:
             async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as answer:
+                if answer.status != 200:  # the edge's own 503/502: an error, not a fast answer
+                    errors += 1
+                    await answer.read()
+                    return
                 first = True
                 async for line in answer.content:
                     if not line.startswith(b"data: {"):
@@ -166,7 +170,8 @@ class DevConsul:
 
     def __enter__(self):
         self.process = subprocess.Popen([sys.executable, "-m", "cli.main", "dev", "consul", "--addr", "127.0.0.1:0",
-                                         "--log-level", "warn"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                         "--log-level", "warn"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, cwd=ROOT)
         line = self.process.stdout.readline()
         if "listening on http://" not in line:
             raise SystemExit(f"dev consul did not start: {line!r}")
@@ -282,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--push-nodes", type=int, default=128, help="nodes for the push cost (0 skips)")
     parser.add_argument("--push-window", type=float, default=20.0)
     args = parser.parse_args(argv)
+    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start (other processes' "
+          f"load inflates every latency below)")
     with DevConsul() as consul:
         rows = overhead([float(r) for r in args.rates.split(",") if r], args.duration, consul)
         for line in report_overhead(rows):
