@@ -110,14 +110,14 @@ def test_trace_is_the_same_whatever_the_edge_count():
 
 def _quick_run(tmp_path: Path, name: str) -> subprocess.Popen:
     args = [sys.executable, str(BENCH / "route_sim.py"), "--quick", "--seed", "3", "--requests", "300",
-            "--warmup", "10", "--loads", "0.8", "--edge-counts", "1,4", "--staleness-ms", "1000", "--plot", "",
+            "--warmup", "10", "--loads", "0.8", "--edge-counts", "1,4", "--staleness-ms", "1000", "--plot", "", "--no-before",
             "--json", str(tmp_path / name)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_quick_run_has_every_policy_row_and_is_deterministic(tmp_path):
     runs = [_quick_run(tmp_path, "a.json"), _quick_run(tmp_path, "b.json")]  # two processes: hash seeds differ
-    outputs = [run.communicate(timeout=240) for run in runs]
+    outputs = [run.communicate(timeout=480) for run in runs]
     for run, (_stdout, stderr) in zip(runs, outputs, strict=True):
         assert run.returncode == 0, stderr
     stdout = outputs[0][0]
