@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -63,12 +64,17 @@ def test_malformed_json_is_400_with_the_parse_error_and_unknown_model_is_404(poo
 def test_maintenance_and_critical_ius_never_get_traffic(pool):
     pool.io.service_maintenance("n1-iu0", True, "test")
     with running_edge(pool) as edge:
+        with urllib.request.urlopen(edge.url("/healthz"), timeout=5) as answer:
+            assert json.load(answer)["routable_ius"] == 1
         served = {post(edge.url("/v1/completions"), completion(tokens=1))[1]["X-Eas-IU"] for _ in range(12)}
         assert served == {"n0-iu0"}
         pool.io.service_maintenance("n0-iu0", True, "test")
         wait_for(lambda: not edge.state.view.snapshot().healthy, 5, "both IUs out of the view")
         status, headers, body = post(edge.url("/v1/completions"), completion(tokens=1))
         assert status == 503 and headers["Retry-After"] == "1" and b"no healthy IU" in body
+        with pytest.raises(urllib.error.HTTPError) as info:  # a load balancer stops sending to this edge
+            urllib.request.urlopen(edge.url("/healthz"), timeout=5)
+        assert info.value.code == 503 and json.load(info.value)["status"] == "no_routable_iu"
         with urllib.request.urlopen(edge.url("/metrics"), timeout=5) as answer:
             assert 'eas_edge_rejected_total{reason="no_healthy_iu"} 1.0' in answer.read().decode()
 
