@@ -184,6 +184,14 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
             if attempt == 1:
                 state.metrics.retries.inc()
             continue
+        except aiohttp.ClientError as exc:  # the IU answered something that is not HTTP: not retried
+            state.release(iu_id, failed=True)
+            state.metrics.upstream_errors.labels(iu_id, "protocol").inc()
+            return error_response(502, f"IU {iu_id} answered with a broken response: {type(exc).__name__}",
+                                  "BadGatewayError")
+        except BaseException:  # cancelled (shutdown cut the request): the slot must not leak
+            state.release(iu_id)
+            raise
         return await _relay(state, request, upstream, iu_id, arrived, stream)
     return error_response(502, "the IUs tried did not accept the connection (retried once)", "BadGatewayError")
 
@@ -214,7 +222,8 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
                 state.metrics.upstream_errors.labels(iu_id, "mid_stream").inc()
                 log.warning("IU %s failed mid-answer: %s", iu_id, type(exc).__name__)
                 if not sse:  # a plain answer cannot carry an error after its status: cut it, never "complete"
-                    request.transport.close()
+                    if request.transport is not None:
+                        request.transport.close()
                     return response
                 event = {"error": {"object": "error", "message": f"upstream IU {iu_id} failed mid-stream: "
                                    f"{type(exc).__name__}", "type": "UpstreamError", "code": 502}}

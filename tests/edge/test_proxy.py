@@ -179,3 +179,40 @@ def test_consul_lost_later_keeps_routing_then_fails_open(consul_addr):
                 assert metric(edge, "eas_edge_consul_errors_total") >= 1
         finally:
             pool.stop()
+
+
+def test_an_iu_answering_garbage_is_a_502_naming_it_not_a_crash(consul_addr):
+    import socket
+
+    from eas_agent.consul_io import IUService
+
+    pool = Pool(consul_addr, nodes=1, agents=False)
+    listener = socket.socket()
+    listener.bind(("127.0.200.9", 0))
+    listener.listen(8)
+
+    def garbage():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=garbage, daemon=True).start()
+    pool.ius["n0-iu0"].stop()
+    pool.io.service_maintenance("n0-iu0", True, "only the broken IU")
+    pool.io.register_iu_service(IUService("bad-iu0", "bad", "r1", "127.0.200.9", listener.getsockname()[1], (0,), 0),
+                                http_check=False)
+    try:
+        with running_edge(pool, push=None) as edge:
+            wait_for(lambda: [e.iu_id for e in edge.state.view.snapshot().healthy] == ["bad-iu0"], 5, "the view")
+            status, _, body = post(edge.url("/v1/completions"), completion(tokens=1))
+            assert status == 502 and b"IU bad-iu0 answered with a broken response" in body
+            assert metric(edge, "eas_edge_upstream_errors_total", 'iu="bad-iu0",kind="protocol"') == 1
+            assert edge.state.router.inflight("bad-iu0") == 0  # the slot was released
+    finally:
+        listener.close()
+        pool.stop()
