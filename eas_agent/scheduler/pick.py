@@ -37,11 +37,15 @@ class Choice:
 
 
 class EdgeLedger:
-    """Requests this edge sent (times and, when known, their prefill seconds) and has in flight, per IU."""
+    """Requests this edge sent (times and, when known, their prefill seconds) and has in flight, per IU.
+
+    Per IU the known costs are kept as a running sum and the unknown ones as a count, so reading the work
+    sent since a score is O(1) plus the entries that just aged out, whatever the request rate."""
 
     def __init__(self):
         self.sent: dict[str, deque] = {}  # iu -> (time, cost_s or None) of each request sent
         self.inflight: dict[str, int] = {}
+        self._sums: dict[str, list] = {}  # iu -> [sum of known costs, count of unknown costs] in ``sent``
 
     def on_sent(self, iu_id: str, now: float, cost_s: float | None = None) -> None:
         """``cost_s``: the request's prefill seconds on that IU (:func:`prefill_cost_s`); None: unknown,
@@ -49,19 +53,37 @@ class EdgeLedger:
         times = self.sent.get(iu_id)
         if times is None:
             times = self.sent[iu_id] = deque()
+            self._sums[iu_id] = [0.0, 0]
         times.append((now, cost_s))
+        sums = self._sums[iu_id]
+        if cost_s is None:
+            sums[1] += 1
+        else:
+            sums[0] += cost_s
         if len(times) > 4096:  # bound memory for an IU whose score never advances
-            times.popleft()
+            self._drop(times, sums)
         self.inflight[iu_id] = self.inflight.get(iu_id, 0) + 1
 
     def on_done(self, iu_id: str) -> None:
         if self.inflight.get(iu_id, 0) > 0:
             self.inflight[iu_id] -= 1
 
+    @staticmethod
+    def _drop(times: deque, sums: list) -> None:
+        _, cost = times.popleft()
+        if cost is None:
+            sums[1] -= 1
+        else:
+            sums[0] -= cost
+        if not times:
+            sums[0], sums[1] = 0.0, 0  # no float drift survives an empty ledger
+
     def _since(self, iu_id: str, ts: float) -> deque | None:
         times = self.sent.get(iu_id)
-        while times and times[0][0] < ts:
-            times.popleft()
+        if times:
+            sums = self._sums[iu_id]
+            while times and times[0][0] < ts:
+                self._drop(times, sums)
         return times
 
     def sent_since(self, iu_id: str, ts: float) -> int:
@@ -69,10 +91,10 @@ class EdgeLedger:
 
     def sent_cost_since(self, iu_id: str, ts: float, default_cost_s: float) -> float:
         """Seconds of work sent to ``iu_id`` since ``ts`` (unknown costs at ``default_cost_s`` each)."""
-        times = self._since(iu_id, ts)
-        if not times:
+        if not self._since(iu_id, ts):
             return 0.0
-        return sum(default_cost_s if cost is None else cost for _, cost in times)
+        known, unknown = self._sums[iu_id]
+        return max(0.0, known) + unknown * default_cost_s
 
 
 def prefill_tps(entry: IUEntry) -> float | None:

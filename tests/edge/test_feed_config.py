@@ -213,3 +213,22 @@ def test_pick_prices_the_request_and_the_ledger_in_prefill_seconds():
     ledger2 = EdgeLedger()
     ledger2.on_sent("fast", 100.0)
     assert ledger2.sent_cost_since("fast", 99.0, default_cost_s=0.05) == pytest.approx(0.05)
+
+
+def test_ledger_sums_match_the_entries_as_they_age_out():
+    from eas_agent.scheduler import EdgeLedger
+
+    ledger, rng = EdgeLedger(), random.Random(7)
+    sent = []
+    for i in range(5000):  # past the 4096 bound too
+        cost = None if rng.random() < 0.3 else rng.uniform(0.001, 1.0)
+        ledger.on_sent("a", float(i), cost)
+        sent.append((float(i), cost))
+        if i % 97 == 0:
+            since = rng.uniform(0, i)
+            kept = [c for t, c in sent[-4096:] if t >= since]
+            expected = sum(0.2 if c is None else c for c in kept)
+            assert ledger.sent_cost_since("a", since, 0.2) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+            assert ledger.sent_since("a", since) == len(kept)
+            sent = [(t, c) for t, c in sent if t >= since]
+    assert ledger.sent_cost_since("a", 1e9, 0.2) == 0.0 and ledger.sent_cost_since("b", 0.0, 0.2) == 0.0
