@@ -23,13 +23,16 @@ sigma 0.6. Poisson arrivals at 50/80/95% of pool capacity, where capacity = 32 Ã
 IU that always has queued work (vLLM's benchmark_throughput method; routesim/capacity.py).
 
 Policies, all on the same arrival trace per load: round-robin; least-connections (each edge's own in-flight);
-seed (the design's EAS: argmin of the `seed` entropy score); ours (`drain` score + the reader library's
-power-of-two-choices + the edge's requests since the score's timestamp), reading Consul KV through
-rate-limited blocking queries, and separately polling the agents' /scores every 50 ms; oracle (true
-instantaneous state: least estimated TTFT). The score-based policies run the real eas_agent code:
+seed (the design's EAS: argmin of the `seed` entropy score); the `ours` rows are exactly what eas-edge ships
+(edge.routing.Router: `drain` score + pick()'s power of two choices with the request's own prefill + the
+edge's ledger of the prefill seconds it sent since the score's timestamp, per-IU cap): "ours (push + Consul)"
+is the default (each agent answers the edge's blocking query on /scores on every 200 ms cycle, ~21 ms to
+the view, plus the KV watch), "ours (Consul only)" the degraded mode (push off or no agent reachable: KV
+through rate-limited blocking queries); oracle (true instantaneous state: least estimated TTFT). The
+score-based policies run the real eas_agent code:
 Agent.cycle (vLLM /metrics parsing, NVML and NIC collectors, Scorer) and Publisher.step (quantized levels,
 hysteresis, min write interval, 2 s heartbeat, CAS into eas_agent's MemoryStore) for each simulated host
-every 200 ms of simulated time, and PoolView/AnomalyDetector/EdgeLedger/pick per edge (routesim/agents.py,
+every 200 ms of simulated time, and EdgeView/AnomalyDetector/Router/pick per edge (routesim/agents.py,
 routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
 
 Also printed: "before" rows, the `ours` rows with `drain` as it was before its admitted-prefill term
@@ -55,6 +58,7 @@ from routesim.capacity import saturated_rate  # noqa: E402
 from routesim.model import IUModel  # noqa: E402
 from routesim.report import as_json, plot, print_report, summarize  # noqa: E402
 from routesim.runner import (  # noqa: E402
+    SHIPPED,
     before_scenarios,
     edge_scenarios,
     main_scenarios,
@@ -145,14 +149,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for scenario in edge_scenarios(_ints(args.edge_counts)):
             if scenario.edges == args.edges:  # the main table already ran exactly this
-                same = next(r for r in rows if r.label == "ours (Consul)")
+                same = next(r for r in rows if r.label == SHIPPED)
                 edge_rows.append(type(same)(**{**same.__dict__, "label": scenario.label}))
             else:
                 edge_rows.append(run(scenario))
         stale_rows += [run(s) for s in staleness_scenarios(_ints(args.staleness_ms), args.edges)]
         if not args.no_before:
             chosen = before_scenarios(args.edges)
-            before_rows += [run(s) for s in (chosen[:2] if args.quick else chosen)]  # 50 ms scores: 4x cycles
+            before_rows += [run(s) for s in chosen]
 
     checks = print_report(out, header, main_rows, edge_rows, stale_rows, before_rows)
     if args.plot_path:
@@ -163,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed, "capacity_req_s": round(capacity, 3), "duration_s": duration, "warmup_s": warmup,
             "main": as_json(main_rows), "edges": as_json(edge_rows), "staleness": as_json(stale_rows),
             "before": as_json(before_rows),
-            "targets": [c.__dict__ for c in checks],
+            "targets": [{**c.__dict__, "met": c.met} for c in checks],
         }, indent=1, default=str))
     err.print(f"done in {time.monotonic() - started:.0f} s ({time.process_time():.0f} s CPU)", highlight=False)
-    if args.check_targets and not all(c.met for c in checks):
+    if args.check_targets and any(c.met is False for c in checks):
         return 1
     return 0
 

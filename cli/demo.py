@@ -9,8 +9,8 @@ Steps, each the real command or library a cluster uses; only the hosts are simul
    rendered (new IUs in maintenance, as the role does on a live cluster);
 5. ``eas-agent run`` on every node with the config the eas_agent role rendered;
 6. ``clusterctl preflight --release``: the faulty node FAILs, healthy IUs leave maintenance;
-7. an edge routes the production request mix through ``eas_agent.scheduler.pick`` for ``--duration``
-   seconds, with a live table of scores and latencies.
+7. ``eas-edge`` (a process, the deployable router) in front of the IUs; the production request mix is sent
+   to it over HTTP for ``--duration`` seconds, with a live table of scores, latencies and the edge's metrics.
 
 Every process started is stopped by PID at the end (or on Ctrl-C); the temp dir is removed unless --keep.
 """
@@ -32,7 +32,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.rule import Rule
 
-from cli.demo_traffic import DemoEdge
+from cli.demo_traffic import DemoEdge, edge_metrics
 from cli.errors import ClusterctlError
 from cli.processes import ProcessSet, tail
 from cluster import load_cluster
@@ -250,19 +250,20 @@ class Demo:
         from eas_agent.scheduler import ConsulWatcher, PoolView
 
         rate = rate or 0.8 * len(released)
-        self.step(f"7/7 routing the production mix at {rate:.1f} req/s for {duration:.0f}s via pick()")
+        edge_url = self.start_edge(cluster)
+        self.step(f"7/7 routing the production mix at {rate:.1f} req/s for {duration:.0f}s through eas-edge")
         view = PoolView()
         watcher = ConsulWatcher(view, ConsulIO(self.consul_addr), wait_s=2.0).start()
-        endpoints = {iu.id: f"{n.address}:{iu.port}" for n in cluster.nodes() for iu in n.ius}
         expected = {iu.id: (n.rack, n.name) for n in cluster.nodes() for iu in n.ius}
-        edge = DemoEdge(view, endpoints, rate, seed=self.seed).start()
+        edge = DemoEdge(edge_url, rate, seed=self.seed).start()
         end = time.monotonic() + duration
         try:
             with Live(console=console, refresh_per_second=2, transient=False) as live:
                 while time.monotonic() < end:
                     now = time.time()
                     live.update(Group(table(rows(view, expected, now), "IU scores (drain: seconds until free)"),
-                                      Panel(latency_line(edge.summary()), title="edge")))
+                                      Panel(latency_line(edge.summary()) + "\n" + edge_metrics(edge_url),
+                                            title="clients -> eas-edge")))
                     dead = [c.name for c in self.processes.failed()]
                     if dead:
                         raise DemoError(f"{', '.join(dead)} exited early; see logs with --keep")
@@ -278,6 +279,16 @@ class Demo:
         unreleased = set(summary["sent_to"]) - set(released)
         if unreleased:
             raise DemoError(f"requests were routed to IUs still in maintenance: {sorted(unreleased)}")
+
+    def start_edge(self, cluster: Cluster) -> str:
+        """eas-edge as a process, on loopback, following the agents (the port of eas_agent_listen)."""
+        listen = f"127.0.0.1:{free_port()}"
+        agent_port = host_var(next(iter(cluster.nodes())), "eas_agent_listen").rsplit(":", 1)[1]
+        edge = str(Path(sys.executable).with_name("eas-edge"))
+        self.processes.start("eas-edge", [edge, "--consul", self.consul_addr, "--listen", listen,
+                                          "--agent-port", agent_port, "--log-level", "warning"])
+        self.wait_http(f"http://{listen}/healthz", "eas-edge (a routable IU)")  # 503 until an IU is routable
+        return f"http://{listen}"
 
     # -- helpers ----------------------------------------------------------------------------------
     def on_node(self, node: Node, *argv: str) -> list[str]:

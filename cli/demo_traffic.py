@@ -1,8 +1,10 @@
-"""The demo's edge: the production request mix, routed by the reader library, sent to simulated IUs.
+"""The demo's clients: the production request mix sent over HTTP to the edge (an ``eas-edge`` process).
 
-Each arrival asks ``eas_agent.scheduler.pick`` for an IU (the view is kept fresh by Consul blocking
-queries), records it in this edge's ledger, and sends a non-streaming completion to that IU's server,
-which answers when the request has finished in its load model. Latencies are kept for a rolling summary.
+Each arrival is a streaming ``/v1/completions`` request (the prompt as token ids, so the edge and the
+simulated engine count the same tokens) posted to the edge, which routes it with ``pick()`` and passes the
+SSE stream through; TTFT is the first chunk's arrival here, E2E the stream's end, the serving IU is the
+edge's ``X-Eas-IU`` header. Latencies are kept for a rolling summary; :func:`edge_metrics` reads the
+edge's own ``/metrics`` for the live panel.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from eas_agent.scheduler import EdgeLedger, PoolView, pick
+from prometheus_client.parser import text_string_to_metric_families
+
+from eas_agent.sim.openai_api import MODEL_NAME
 from eas_agent.sim.workload import draw_request_shape
 
 
@@ -37,19 +41,19 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 class DemoEdge:
-    def __init__(self, view: PoolView, endpoints: dict[str, str], rate: float, seed: int = 0, workers: int = 96):
-        """``endpoints``: IU id -> "address:port" of its (simulated) vLLM server; ``rate``: requests/s."""
-        self.view, self.endpoints, self.rate = view, endpoints, rate
+    def __init__(self, edge_url: str, rate: float, seed: int = 0, workers: int = 96):
+        """``edge_url``: http://HOST:PORT of the eas-edge process; ``rate``: requests/s."""
+        self.edge_url, self.rate = edge_url, rate
         self.rng = random.Random(seed)
-        self.ledger = EdgeLedger()
         self.lock = threading.Lock()
         self.completed: deque[Completed] = deque(maxlen=20_000)
-        self.modes: Counter[str] = Counter()
+        self.modes: Counter[str] = Counter()  # the edge's answers: routed, or its own 503 reason
         self.sent_to: Counter[str] = Counter()
+        self.inflight = 0
         self.errors = 0
         self.unroutable = 0
         self.stopping = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="demo-edge")
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="demo-client")
         self.thread = threading.Thread(target=self._arrivals, name="demo-arrivals", daemon=True)
 
     def start(self) -> DemoEdge:
@@ -61,39 +65,45 @@ class DemoEdge:
         self.thread.join(timeout=2)
         # requests still in flight are abandoned after drain_s: the IU servers are stopped next anyway
         deadline = time.monotonic() + drain_s
-        while sum(self.ledger.inflight.values()) and time.monotonic() < deadline:
+        while self.inflight and time.monotonic() < deadline:
             time.sleep(0.1)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _arrivals(self) -> None:
         while not self.stopping.wait(self.rng.expovariate(self.rate)):
             _, prompt, output = draw_request_shape(self.rng)
-            now = time.time()
-            choice = pick(self.view.snapshot(), self.ledger, now, self.rng)
             with self.lock:
-                self.modes[choice.mode] += 1
-                if choice.iu_id is None or choice.iu_id not in self.endpoints:
-                    self.unroutable += 1
-                    continue
-                self.ledger.on_sent(choice.iu_id, now)
-                self.sent_to[choice.iu_id] += 1
-            self.pool.submit(self._send, choice.iu_id, prompt, output)
+                self.inflight += 1
+            self.pool.submit(self._send, prompt, output)
 
-    def _send(self, iu_id: str, prompt: int, output: int) -> None:
-        body = json.dumps({"prompt_tokens": prompt, "max_tokens": output}).encode()
-        request = urllib.request.Request(
-            f"http://{self.endpoints[iu_id]}/v1/completions", data=body, method="POST",
-            headers={"Content-Type": "application/json"},
-        )
+    def _send(self, prompt: int, output: int) -> None:
+        body = json.dumps({"model": MODEL_NAME, "prompt": [1] * prompt, "max_tokens": output,
+                           "stream": True}).encode()
+        request = urllib.request.Request(f"{self.edge_url}/v1/completions", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        started, first, iu_id, done, mode = time.monotonic(), None, None, None, "routed"
         try:
             with urllib.request.urlopen(request, timeout=120) as answer:
-                result = json.load(answer)
-            done = Completed(time.time(), iu_id, float(result["ttft_s"]), float(result["e2e_s"]))
-        except (OSError, ValueError, KeyError, urllib.error.URLError):
-            done = None
+                iu_id = answer.headers.get("X-Eas-IU")
+                for line in answer:
+                    if first is None and line.startswith(b"data: {"):
+                        first = time.monotonic()
+                    if line.startswith(b"event: error"):
+                        raise ValueError("the stream ended with an error event")
+            if first is not None and iu_id:
+                done = Completed(time.time(), iu_id, first - started, time.monotonic() - started)
+        except urllib.error.HTTPError as exc:
+            mode = f"http {exc.code}"
+        except (OSError, ValueError):
+            pass
         with self.lock:
-            self.ledger.on_done(iu_id)
-            if done is None:
+            self.inflight -= 1
+            self.modes[mode] += 1
+            if iu_id:
+                self.sent_to[iu_id] += 1
+            if mode.startswith("http 503"):
+                self.unroutable += 1
+            elif done is None:
                 self.errors += 1
             else:
                 self.completed.append(done)
@@ -104,7 +114,7 @@ class DemoEdge:
         with self.lock:
             recent = [c for c in self.completed if c.at >= cutoff]
             total = len(self.completed)
-            inflight = sum(self.ledger.inflight.values())
+            inflight = self.inflight
             modes, errors, unroutable = dict(self.modes), self.errors, self.unroutable
             sent_to = dict(self.sent_to)
         ttft = [c.ttft_s for c in recent]
@@ -123,3 +133,24 @@ class DemoEdge:
             "errors": errors,
             "unroutable": unroutable,
         }
+
+
+def edge_metrics(edge_url: str) -> str:
+    """One line of the edge's own /metrics: picks by mode, in flight, queue, 503s, retries, pushed agents."""
+    try:
+        with urllib.request.urlopen(f"{edge_url}/metrics", timeout=1) as answer:
+            text = answer.read().decode()
+    except OSError as exc:
+        return f"edge /metrics unavailable: {exc}"
+    values: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "eas_edge_picks_total":
+                values[f"pick {sample.labels['mode']}"] += sample.value
+            elif sample.name in ("eas_edge_inflight", "eas_edge_queue_depth", "eas_edge_retries_total",
+                                 "eas_edge_rejected_total", "eas_edge_push_connected",
+                                 "eas_edge_scores_ignored_total"):
+                values[sample.name.removeprefix("eas_edge_").removesuffix("_total")] += sample.value
+            elif sample.name == "eas_edge_ttft_seconds_count":
+                values["ttft observed"] += sample.value
+    return "edge /metrics: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(values.items()))

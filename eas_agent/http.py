@@ -2,6 +2,12 @@
 
 ``/scores`` serves the latest cycle in the same body shape the KV key holds, computed by the same code, so
 an edge polling agents directly at 200 ms and one reading Consul see the same numbers.
+
+``GET /scores?index=N&wait_s=S`` is a blocking query in Consul's style, the edge's push channel: every
+cycle's body gets the next index (header ``X-Eas-Index``); when ``N`` is the current index the answer waits
+up to ``S`` seconds (at most 30) for the next cycle, so one edge holds one connection per agent and hears of
+each new score within a network round trip, without polling and without writing anything to Consul. An
+``index`` other than the current one (older, or from before an agent restart) answers at once.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import math
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -93,11 +100,27 @@ class AgentMetrics:
                 self.status.labels(iu, status).set(1 if result.status == status else 0)
 
 
+MAX_WAIT_S = 30.0
+
+
+def blocking_args(query: str) -> tuple[int | None, float]:
+    """``index`` and ``wait_s`` of a ``/scores`` query; a missing or malformed value means "do not wait"."""
+    args = parse_qs(query)
+    try:
+        index = int(args["index"][0])
+        wait_s = min(MAX_WAIT_S, max(0.0, float(args.get("wait_s", ["5"])[0])))
+    except (KeyError, ValueError, IndexError):
+        return None, 0.0
+    return (index, wait_s) if math.isfinite(wait_s) else (None, 0.0)
+
+
 class AgentHttpServer:
     def __init__(self, host: str, port: int, metrics: AgentMetrics):
         self.metrics = metrics
         self.scores_body: dict = {}
+        self.index = 0  # of scores_body; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
         self.server = BoundedHTTPServer((host, port), self._handler())
         self.thread = threading.Thread(
             target=self.server.serve_forever,
@@ -114,6 +137,15 @@ class AgentHttpServer:
     def set_scores(self, body: dict) -> None:
         with self.lock:
             self.scores_body = body
+            self.index += 1
+            self.changed.notify_all()
+
+    def scores_after(self, index: int | None, wait_s: float) -> tuple[int, bytes]:
+        """(index, JSON body) of the latest cycle, waiting up to ``wait_s`` while ``index`` is the current."""
+        with self.lock:
+            if index is not None and index == self.index:
+                self.changed.wait_for(lambda: self.index != index, timeout=wait_s)
+            return self.index, dumps(self.scores_body).encode()
 
     def _handler(self):
         owner = self
@@ -130,14 +162,15 @@ class AgentHttpServer:
                         200, generate_latest(owner.metrics.registry), "text/plain; version=0.0.4"
                     )
                 if self.path.startswith("/scores"):
-                    with owner.lock:
-                        body = dumps(owner.scores_body).encode()
-                    return self._send(200, body, "application/json")
+                    index, body = owner.scores_after(*blocking_args(urlsplit(self.path).query))
+                    return self._send(200, body, "application/json", {"X-Eas-Index": str(index)})
                 return self._send(404, b"not found\n", "text/plain")
 
-            def _send(self, code: int, body: bytes, content_type: str) -> None:
+            def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", content_type)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

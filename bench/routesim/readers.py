@@ -1,14 +1,20 @@
-"""Edges that route on published scores through the real reader library (eas_agent.scheduler).
+"""Edges that route on published scores through the shipped edge's own code.
 
-Each edge owns a `PoolView` (with its own `AnomalyDetector`) and an `EdgeLedger`, exactly as an edge
-process would; `pick()` is called with the simulated clock and the edge's seeded RNG. How the view is fed:
+Each edge owns an `edge.feed.EdgeView` (the reader library's PoolView with the edge's input checks, its own
+`AnomalyDetector`) and an `edge.routing.Router` (per-IU cap, the ledger in seconds of prefill, `pick()` with
+the request's prompt size), exactly as an `eas-edge` process does, called with the simulated clock and the
+edge's seeded RNG. How the view is fed:
 
 - ConsulKVWatch: the timing of `ConsulWatcher._loop` in simulated time — a blocking query on the KV prefix
   returns `consul_latency_s` after a write that changes the index (Raft commit plus the wake-up of the
   blocked HTTP request; a few ms on a LAN), the view applies the whole prefix, and the next query starts no
   sooner than `min_interval_s` (0.1 s, the watcher's default) after the previous one started.
-- AgentPoll: the edge GETs every agent's `/scores` every `period_s` and applies the bodies (the same body
-  shape and the same code that fills the KV key); an unchanged set of bodies is not re-applied.
+- AgentPush: `edge.feed.AgentFeed`'s timing in simulated time: each agent answers the edge's waiting
+  blocking query on `/scores` as soon as its cycle's body exists; the body reaches the edge `latency_s`
+  later (a LAN round trip and the JSON of a 2-IU body, ~1 ms) and is folded into the view with the other
+  nodes' bodies that arrived within `apply_interval_s` (the shipped default, 20 ms). The edge watches the KV
+  too (ConsulKVWatch): per node the newer body wins, as in the edge.
+- AgentPoll (not shipped; kept for comparisons): GET every agent's `/scores` every `period_s`.
 Health (`health/service/vllm-iu`) reaches every edge `consul_latency_s` after a check status changes.
 """
 
@@ -17,9 +23,12 @@ from __future__ import annotations
 import json
 import random
 
-from eas_agent.scheduler import EdgeLedger, PoolView, pick
+from eas_agent.scheduler import PoolView, pick
+from edge.config import EdgeConfig, PushConfig
+from edge.feed import EdgeView
+from edge.routing import Router
 
-from .agents import DATACENTER, KV_PREFIX, AgentFleet
+from .agents import DATACENTER, KV_PREFIX, AgentFleet, SimNodeAgent
 from .loop import EventLoop
 from .workload import TraceRequest
 
@@ -29,7 +38,9 @@ class ScoredEdge:
 
     def __init__(self, view: PoolView, rng: random.Random, iu_ids: list[str], mode: str):
         self.view, self.rng, self.mode = view, rng, mode
-        self.ledger = EdgeLedger()
+        defaults = EdgeConfig()
+        self.router = Router(rng, defaults.max_inflight_per_iu, defaults.eject_s)
+        self.ledger = self.router.ledger
         self.iu_ids = iu_ids
         self.index_of = {iu: i for i, iu in enumerate(iu_ids)}
         self.modes: dict[str, int] = {}
@@ -45,29 +56,58 @@ class ScoredEdge:
         return ties[int(self.rng.random() * len(ties))].iu_id
 
     def pick(self, request: TraceRequest, now: float) -> int:
-        iu_id = self._choose(now)
+        if self.mode == "argmin":
+            iu_id, mode, cost = self._argmin(now), "argmin", None
+        else:
+            decision = self.router.choose(self.view.snapshot(), now, request.prompt)
+            iu_id, mode, cost = decision.iu_id, decision.mode, decision.cost_s
+        if iu_id is None:  # nothing known yet (the first instants of a run), or every IU at the cap: any IU
+            iu_id, mode = self.iu_ids[int(self.rng.random() * len(self.iu_ids))], mode if mode != "none" else "none"
+        self.modes[mode] = self.modes.get(mode, 0) + 1
         entry = next((e for e in self.view.snapshot().entries if e.iu_id == iu_id), None)
         self.seen[request.rid] = (entry.score, now - entry.ts) if entry is not None else (None, 0.0)
-        self.ledger.on_sent(iu_id, now)
+        self.router.sent(iu_id, now, cost)
         return self.index_of[iu_id]
 
-    def _choose(self, now: float) -> str:
-        if self.mode == "argmin":
-            iu_id, mode = self._argmin(now), "argmin"
-        else:
-            choice = pick(self.view.snapshot(), self.ledger, now, self.rng)
-            iu_id, mode = choice.iu_id, choice.mode
-        if iu_id is None:  # nothing known yet (the first instants of a run): any IU
-            iu_id, mode = self.iu_ids[int(self.rng.random() * len(self.iu_ids))], "none"
-        self.modes[mode] = self.modes.get(mode, 0) + 1
-        return iu_id
-
     def finished(self, iu: int, now: float) -> None:
-        self.ledger.on_done(self.iu_ids[iu])
+        self.router.done(self.iu_ids[iu])
 
 
 def new_view(loop: EventLoop) -> PoolView:
-    return PoolView(clock=lambda: loop.now)
+    return EdgeView(clock=lambda: loop.now)
+
+
+PUSH_LATENCY_S = 0.001  # the agent's answer to a waiting query: a LAN round trip + JSON of a 2-IU body
+
+
+class AgentPush:
+    """One edge's blocking queries on every agent's /scores (edge.feed.AgentFeed), simulated."""
+
+    def __init__(self, fleet: AgentFleet, view: PoolView, loop: EventLoop, latency_s: float = PUSH_LATENCY_S,
+                 apply_interval_s: float = PushConfig().apply_interval_s):
+        self.view, self.loop = view, loop
+        self.latency_s, self.apply_interval_s = latency_s, apply_interval_s
+        self.pending: dict[str, dict] = {}
+        self.flush_scheduled = False
+        self.updates = 0
+        fleet.cycle_listeners.append(self._on_cycle)
+
+    def _on_cycle(self, agent: SimNodeAgent, now: float) -> None:
+        if agent.sink.body is not None:
+            self.loop.schedule(now + self.latency_s, self._arrive, (agent.config.node, agent.sink.body))
+
+    def _arrive(self, item, now: float) -> None:
+        node, body = item
+        self.pending[node] = body
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.schedule(now + self.apply_interval_s, self._flush)
+
+    def _flush(self, _arg, now: float) -> None:
+        self.flush_scheduled = False
+        bodies, self.pending = list(self.pending.values()), {}
+        self.view.apply_polled(bodies)
+        self.updates += 1
 
 
 class HealthFeed:

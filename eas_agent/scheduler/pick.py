@@ -5,10 +5,13 @@ Rules, in order:
 1. Candidates: routable IUs (health passing/warning, not critical, not in maintenance) with a score that is
    fresh (written within 3 heartbeats) and not gated by the anomaly detector.
 2. Power of two choices: sample two distinct candidates (a de-weighted or ramping IU is accepted with
-   probability equal to its weight) and keep the lower ``score + sent x request_cost_s``, where ``sent`` is
-   the number of requests this edge sent to the IU since that score's timestamp: the score cannot know
-   about them yet. Sampling, rather than taking the global minimum, keeps many edges reading the same
-   snapshot from herding onto one IU.
+   probability equal to its weight) and keep the lower ``score + sent_s (+ own_s)``, where ``sent_s`` is the
+   work this edge sent to the IU since that score's timestamp, which the score cannot know about yet: each
+   request's prefill seconds when the edge knew its prompt size (prompt tokens / the IU's measured
+   ``prefill_tps``), else the IU's ``request_cost_s`` (its mean request); ``own_s`` is this request's own
+   prefill on that IU when ``prompt_tokens`` is given (IUs with different prefill rates differ there).
+   Sampling, rather than taking the global minimum, keeps many edges reading the same snapshot from herding
+   onto one IU.
 3. No fresh scored IU: fail open to the least in-flight (from this edge) of the routable IUs, so a Consul or
    agent outage degrades to least-connections instead of dropping traffic.
 
@@ -17,6 +20,7 @@ Rules, in order:
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -33,32 +37,78 @@ class Choice:
 
 
 class EdgeLedger:
-    """Requests this edge sent (times) and has in flight, per IU."""
+    """Requests this edge sent (times and, when known, their prefill seconds) and has in flight, per IU.
+
+    Per IU the known costs are kept as a running sum and the unknown ones as a count, so reading the work
+    sent since a score is O(1) plus the entries that just aged out, whatever the request rate."""
 
     def __init__(self):
-        self.sent: dict[str, deque] = {}
+        self.sent: dict[str, deque] = {}  # iu -> (time, cost_s or None) of each request sent
         self.inflight: dict[str, int] = {}
+        self._sums: dict[str, list] = {}  # iu -> [sum of known costs, count of unknown costs] in ``sent``
 
-    def on_sent(self, iu_id: str, now: float) -> None:
+    def on_sent(self, iu_id: str, now: float, cost_s: float | None = None) -> None:
+        """``cost_s``: the request's prefill seconds on that IU (:func:`prefill_cost_s`); None: unknown,
+        counted at the IU's ``request_cost_s`` when the cost is read."""
         times = self.sent.get(iu_id)
         if times is None:
             times = self.sent[iu_id] = deque()
-        times.append(now)
+            self._sums[iu_id] = [0.0, 0]
+        times.append((now, cost_s))
+        sums = self._sums[iu_id]
+        if cost_s is None:
+            sums[1] += 1
+        else:
+            sums[0] += cost_s
         if len(times) > 4096:  # bound memory for an IU whose score never advances
-            times.popleft()
+            self._drop(times, sums)
         self.inflight[iu_id] = self.inflight.get(iu_id, 0) + 1
 
     def on_done(self, iu_id: str) -> None:
         if self.inflight.get(iu_id, 0) > 0:
             self.inflight[iu_id] -= 1
 
-    def sent_since(self, iu_id: str, ts: float) -> int:
-        times = self.sent.get(iu_id)
+    @staticmethod
+    def _drop(times: deque, sums: list) -> None:
+        _, cost = times.popleft()
+        if cost is None:
+            sums[1] -= 1
+        else:
+            sums[0] -= cost
         if not times:
-            return 0
-        while times and times[0] < ts:
-            times.popleft()
-        return len(times)
+            sums[0], sums[1] = 0.0, 0  # no float drift survives an empty ledger
+
+    def _since(self, iu_id: str, ts: float) -> deque | None:
+        times = self.sent.get(iu_id)
+        if times:
+            sums = self._sums[iu_id]
+            while times and times[0][0] < ts:
+                self._drop(times, sums)
+        return times
+
+    def sent_since(self, iu_id: str, ts: float) -> int:
+        return len(self._since(iu_id, ts) or ())
+
+    def sent_cost_since(self, iu_id: str, ts: float, default_cost_s: float) -> float:
+        """Seconds of work sent to ``iu_id`` since ``ts`` (unknown costs at ``default_cost_s`` each)."""
+        if not self._since(iu_id, ts):
+            return 0.0
+        known, unknown = self._sums[iu_id]
+        return max(0.0, known) + unknown * default_cost_s
+
+
+def prefill_tps(entry: IUEntry) -> float | None:
+    """The IU's measured prompt tokens/s as its agent published it (drain's ``prefill_tps`` component)."""
+    value = entry.components.get("prefill_tps")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None
+
+
+def prefill_cost_s(entry: IUEntry, prompt_tokens: int) -> float:
+    """Seconds of prefill ``prompt_tokens`` cost on this IU; its ``request_cost_s`` when no rate is known."""
+    rate = prefill_tps(entry)
+    return prompt_tokens / rate if rate else entry.request_cost_s
 
 
 def _weight(entry: IUEntry, now: float, ramp_s: float, ramp_floor: float) -> float:
@@ -86,8 +136,11 @@ def _sample(
     return index
 
 
-def _cost(entry: IUEntry, ledger: EdgeLedger) -> float:
-    return entry.score + ledger.sent_since(entry.iu_id, entry.ts) * entry.request_cost_s
+def _cost(entry: IUEntry, ledger: EdgeLedger, prompt_tokens: int | None) -> float:
+    cost = entry.score + ledger.sent_cost_since(entry.iu_id, entry.ts, entry.request_cost_s)
+    if prompt_tokens is not None:
+        cost += prefill_cost_s(entry, prompt_tokens)
+    return cost
 
 
 def _fresh(snapshot: Snapshot, now: float) -> tuple[IUEntry, ...]:
@@ -108,6 +161,7 @@ def pick(
     *,
     ramp_s: float = 10.0,
     ramp_floor: float = 0.1,
+    prompt_tokens: int | None = None,
 ) -> Choice:
     candidates = snapshot.scored if now <= snapshot.fresh_until else _fresh(snapshot, now)
     if len(candidates) == 1:
@@ -115,7 +169,7 @@ def pick(
     if candidates:
         i = _sample(candidates, now, rng, ramp_s, ramp_floor)
         a, b = candidates[i], candidates[_sample(candidates, now, rng, ramp_s, ramp_floor, skip=i)]
-        cost_a, cost_b = _cost(a, ledger), _cost(b, ledger)
+        cost_a, cost_b = _cost(a, ledger, prompt_tokens), _cost(b, ledger, prompt_tokens)
         chosen = a if cost_a < cost_b or (cost_a == cost_b and rng.random() < 0.5) else b
         return Choice(chosen.iu_id, "p2c")
     if snapshot.healthy:

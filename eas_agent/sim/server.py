@@ -1,4 +1,5 @@
-"""One simulated IU: an HTTP server on the IU's address:port serving vLLM-like ``/metrics`` and ``/health``.
+"""One simulated IU: an HTTP server on the IU's address:port serving vLLM-like ``/metrics`` and ``/health``,
+and the OpenAI-compatible completions API (``openai_api``: streaming SSE or not) through the load model.
 
 The load model is advanced lazily to the current time on each request, so an idle server costs nothing and
 no background thread is needed besides the HTTP one. Controls (``set_arrival_rate``, ``hang``, ``fail``)
@@ -7,14 +8,17 @@ let tests and the demo drive different loads and faults.
 
 from __future__ import annotations
 
-import json
+import itertools
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
 
 from eas_agent.http import QuietHTTPServer
+from eas_agent.sim import openai_api
 from eas_agent.sim.exposition import VllmExposition
 from eas_agent.sim.loadmodel import LoadModel, ModelParams
+
+TICK_S = 0.05  # answer resolution: latencies come from model time, the server looks at it this often
 
 
 class SimulatedIU:
@@ -38,6 +42,8 @@ class SimulatedIU:
         self.healthy = True  # /health answer
         self.failing = False  # /metrics answers 500
         self.scrapes = 0
+        self.die_after_tokens: int | None = None  # fault: a stream's connection is cut after that many tokens
+        self.ids = itertools.count(1)
         self.server = QuietHTTPServer((host, port), self._handler())
         self.thread: threading.Thread | None = None
 
@@ -67,22 +73,33 @@ class SimulatedIU:
         Returns its TTFT and end-to-end latency (seconds), or None when it did not finish within timeout_s
         (a hung engine). Like a non-streaming completion call, the answer arrives once the request is done.
         """
+        events = list(self.generate(prompt_tokens, max_tokens, timeout_s))
+        return events[-1] if events and "ttft_s" in events[-1] else None
+
+    def generate(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0):
+        """Yield ``{"new_tokens": n}`` as the load model generates them (every TICK_S), then the summary dict
+        of :meth:`complete` once finished; stops without a summary after ``timeout_s``. A preempted request
+        regenerates tokens it had (recompute): only tokens beyond those already yielded count as new."""
         with self.lock:
             self.model.advance(self.clock())
             request = self.model.submit(prompt_tokens, max_tokens)
-        deadline = self.clock() + timeout_s
+        deadline, sent = self.clock() + timeout_s, 0
         while self.clock() < deadline:
-            time.sleep(0.05)  # answer resolution only: latencies come from model time
+            time.sleep(TICK_S)
             with self.lock:
                 self.model.advance(self.clock())
-                if request.finished_at is not None:
-                    return {
-                        "ttft_s": request.first_token_at - request.arrival,
-                        "e2e_s": request.finished_at - request.arrival,
-                        "prompt_tokens": request.prompt,
-                        "completion_tokens": request.generated,
-                    }
-        return None
+                generated, finished = request.generated, request.finished_at is not None
+            if generated > sent:
+                yield {"new_tokens": generated - sent}
+                sent = generated
+            if finished:
+                yield {
+                    "ttft_s": request.first_token_at - request.arrival,
+                    "e2e_s": request.finished_at - request.arrival,
+                    "prompt_tokens": request.prompt,
+                    "completion_tokens": request.generated,
+                }
+                return
 
     def hang(self, hung: bool = True) -> None:
         """Freeze the engine (counters stop, queue grows) while /metrics and /health keep answering."""
@@ -106,23 +123,55 @@ class SimulatedIU:
                     return self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
                 if self.path.startswith("/health"):
                     return self._send(200 if sim.healthy else 503, b"", "text/plain")
+                if self.path.startswith("/v1/models"):
+                    return self._send(200, openai_api.models_body(), "application/json")
                 return self._send(404, b"not found\n", "text/plain")
 
             def do_POST(self):  # noqa: N802
-                if not self.path.startswith("/v1/completions"):
+                chat = self.path.startswith("/v1/chat/completions")
+                if not chat and not self.path.startswith("/v1/completions"):
                     return self._send(404, b"not found\n", "text/plain")
                 try:
                     length = int(self.headers.get("Content-Length", 0))
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                    prompt, output = int(body["prompt_tokens"]), int(body.get("max_tokens", 16))
-                    if prompt <= 0 or output <= 0:
-                        raise ValueError("prompt_tokens and max_tokens must be positive")
-                except (ValueError, KeyError, TypeError) as exc:
-                    return self._send(400, f"bad request: {exc}\n".encode(), "text/plain")
+                    body, prompt, output = openai_api.parse_request(self.rfile.read(length), chat)
+                except openai_api.ApiError as exc:
+                    return self._send(exc.code, exc.body(), "application/json")
+                except ValueError as exc:  # Content-Length
+                    return self._send(400, openai_api.error_body(400, str(exc), "BadRequestError"),
+                                      "application/json")
+                rid = f"cmpl-sim-{next(sim.ids)}"
+                if body.get("stream"):
+                    return self._stream(rid, chat, prompt, output)
                 answer = sim.complete(prompt, output)
                 if answer is None:
                     return self._send(504, b"request did not finish in time\n", "text/plain")
-                return self._send(200, json.dumps(answer).encode(), "application/json")
+                return self._send(200, openai_api.completion_body(rid, chat, prompt, answer), "application/json")
+
+            def _stream(self, rid: str, chat: bool, prompt: int, output: int) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                sent = 0
+                for event in sim.generate(prompt, output):
+                    if "new_tokens" not in event:
+                        break
+                    limit = sim.die_after_tokens
+                    if limit is not None and sent + event["new_tokens"] > limit:
+                        self.close_connection = True  # the fault: the engine dies mid-stream, no last chunk
+                        self.wfile.flush()
+                        self.connection.shutdown(2)
+                        return
+                    sent += event["new_tokens"]
+                    done = sent >= output
+                    self._chunk(openai_api.chunk_event(rid, chat, event["new_tokens"],
+                                                       finish="length" if done else None))
+                self._chunk(openai_api.DONE_EVENT)
+                self._chunk(b"")
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
 
             def _send(self, code: int, body: bytes, content_type: str) -> None:
                 self.send_response(code)

@@ -110,14 +110,14 @@ def test_trace_is_the_same_whatever_the_edge_count():
 
 def _quick_run(tmp_path: Path, name: str) -> subprocess.Popen:
     args = [sys.executable, str(BENCH / "route_sim.py"), "--quick", "--seed", "3", "--requests", "300",
-            "--warmup", "10", "--loads", "0.8", "--edge-counts", "1,4", "--staleness-ms", "1000", "--plot", "",
+            "--warmup", "10", "--loads", "0.8", "--edge-counts", "1,4", "--staleness-ms", "1000", "--plot", "", "--no-before",
             "--json", str(tmp_path / name)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_quick_run_has_every_policy_row_and_is_deterministic(tmp_path):
     runs = [_quick_run(tmp_path, "a.json"), _quick_run(tmp_path, "b.json")]  # two processes: hash seeds differ
-    outputs = [run.communicate(timeout=240) for run in runs]
+    outputs = [run.communicate(timeout=480) for run in runs]
     for run, (_stdout, stderr) in zip(runs, outputs, strict=True):
         assert run.returncode == 0, stderr
     stdout = outputs[0][0]
@@ -131,4 +131,38 @@ def test_quick_run_has_every_policy_row_and_is_deterministic(tmp_path):
     assert all(row["requests"] > 150 for row in rows.values())
     # the oracle sees true state: nothing routes with less queueing
     assert rows["oracle"]["wait_p99_ms"] == min(row["wait_p99_ms"] for row in rows.values())
-    assert rows["ours (Consul)"]["consul_writes_per_s"] > 0 and rows["round-robin"]["consul_writes_per_s"] is None
+    assert rows["ours (Consul only)"]["consul_writes_per_s"] > 0 and rows["round-robin"]["consul_writes_per_s"] is None
+    # the shipped rows' verdicts are printed; references print none
+    stdout_lines = stdout.splitlines()
+    assert any(line.startswith("target: 80% ours (push + Consul) p99 TTFT / oracle") and line.endswith("met")
+               for line in stdout_lines)
+    assert not any(line.startswith("reference:") and "met" in line for line in stdout_lines)
+    assert all(t["met"] is None for t in a["targets"] if t["name"].startswith(("80% before", "80% round-robin")))
+
+
+def test_targets_give_verdicts_only_to_shipped_rows_and_references_none():
+    from dataclasses import fields
+
+    from routesim.report import Summary, check_targets
+
+    def row(label, load, p99, writes=None):
+        values = {f.name: 0.0 for f in fields(Summary)}
+        values.update(label=label, load=load, ttft_p99_ms=p99, requests=1, preemptions=0, misled=None,
+                      consul_writes_per_s=writes, consul_writes_per_node_s=writes)
+        return Summary(**values)
+
+    main = [row("least-conn", 0.8, 2000), row("oracle", 0.8, 1500), row("round-robin", 0.8, 3000),
+            row("ours (push + Consul)", 0.8, 1710, 0.9), row("least-conn", 0.95, 3000), row("oracle", 0.95, 2500),
+            row("ours (push + Consul)", 0.95, 3100, 1.2)]
+    before = [row("before (push + Consul)", 0.8, 9000)]
+    edges = [row("ours (push + Consul), 1 edge", 0.8, 1000), row("ours (push + Consul), 16 edges", 0.8, 1150)]
+    checks = {c.name: c for c in check_targets(main, edges, before)}
+    assert checks["80% ours (push + Consul) p99 TTFT / oracle"].met is True  # 1.14 <= 1.2
+    assert checks["80% ours (push + Consul) p99 TTFT / least-conn"].met is False  # 0.855 > 0.85
+    assert checks["80% ours (push + Consul) Consul writes per node per s (budget 1/s)"].met is True
+    assert checks["95% ours (push + Consul) p99 TTFT / least-conn"].met is False  # worse than least-conn
+    assert checks["95% ours (push + Consul) p99 TTFT / oracle"].met is None  # reported, not a target
+    assert checks["95% ours (push + Consul) Consul writes per node per s (budget 1/s)"].met is False
+    assert checks["80% before (push + Consul) p99 TTFT / oracle"].met is None
+    assert checks["80% round-robin p99 TTFT / oracle"].met is None
+    assert checks["ours (push + Consul), 16 edges p99 / 1 edge"].met is False  # 1.15 > 1.1

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""What the edge costs: proxy overhead on streamed completions, and the push channel at 128 nodes x 2 IUs.
+
+    .venv/bin/python bench/edge_proxy.py                 # 200 and 1,000 req/s, 15 s each; push cost 20 s
+    .venv/bin/python bench/edge_proxy.py --rates 200 --duration 5 --push-nodes 16   # quick
+
+1. Overhead. Two stand-in IUs (one process, aiohttp) answer ``POST /v1/completions`` with ``stream: true``
+   like a simulated IU but with fixed timing, so the only difference between the two paths is the proxy:
+   8 SSE chunks 5 ms apart, each carrying the upstream's CLOCK_MONOTONIC send time (system-wide on Linux,
+   so comparable across processes). An open-loop Poisson client (this process, aiohttp) sends the same
+   schedule first straight to the IUs, then through a real ``eas-edge`` process (routing with pick() on KV
+   scores from a dev Consul), and measures time to first byte and each chunk's delay from its send time.
+   Added latency = proxied - direct, per percentile. Edge CPU per request = the edge process's
+   utime+stime over the proxied run / requests answered.
+2. Push channel. 128 agents (``eas_agent.http.AgentHttpServer``, one per loopback address 127.0.201.N,
+   one process) publish a 2-IU body every 200 ms; one edge process follows all of them (one blocking query
+   per node). Measured over the window: the edge's CPU, its TCP connections, bodies applied per second;
+   the agents' CPU with the edge connected minus without it, per agent.
+The machine's other load shows in every number: run it on an idle host for figures to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TARGET_TTFB_P99_MS = 2.0  # added p99 to first byte at 200 req/s
+CHUNKS, CHUNK_GAP_S = 8, 0.005
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tcp_connections(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd).startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(p / 100 * len(ordered))) - 1))] if ordered else float("nan")
+
+
+# -- processes ------------------------------------------------------------------------------------------
+UPSTREAM = r'''
+import asyncio, json, sys, time
+from aiohttp import web
+CHUNKS, GAP = int(sys.argv[1]), float(sys.argv[2])
+async def completions(request):
+    await request.read()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for i in range(CHUNKS):
+        if i:
+            await asyncio.sleep(GAP)
+        event = {"choices": [{"index": 0, "text": "tok ", "finish_reason": None}], "sent": time.monotonic()}
+        await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+async def main():
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    ports = []
+    for _ in range(2):
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ports.append(site._server.sockets[0].getsockname()[1])
+    print(" ".join(map(str, ports)), flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+'''
+
+AGENTS = r'''
+import json, sys, threading, time
+from eas_agent.http import AgentHttpServer, AgentMetrics
+nodes, port = int(sys.argv[1]), int(sys.argv[2])
+servers = []
+for n in range(nodes):
+    s = AgentHttpServer(f"127.0.201.{n + 1}", port, AgentMetrics()); s.start(); servers.append(s)
+print("ready", flush=True)
+seq = 0
+while True:
+    seq += 1
+    for n, s in enumerate(servers):
+        node = f"node{n:03d}"
+        s.set_scores({"node": node, "rack": "r1", "profile": "drain", "seq": seq, "ts": round(time.time(), 3),
+                      "clock_offset_s": None, "heartbeat_s": 2.0, "ius": {f"{node}-iu{k}": {
+                          "score": 0.05 * k, "level": k, "status": "passing", "reason": "", "components": {
+                              "prefill_tps": 12000.0, "request_cost_s": 0.18, "queue_s": 0.0, "kv_s": 0.0,
+                              "step_s": 0.02, "prefill_s": 0.0, "waiting": 0, "running": 3}} for k in (0, 1)}})
+    time.sleep(0.2)
+'''
+
+
+def start_edge(consul: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, "-m", "edge", "--consul", consul, "--listen", "127.0.0.1:0",
+                                "--log-level", "warning", *extra], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    line = process.stdout.readline()
+    if "listening on http://" not in line:
+        raise SystemExit(f"eas-edge did not start: {line!r}")
+    return process, line.rsplit("http://", 1)[1].strip()
+
+
+# -- load -----------------------------------------------------------------------------------------------
+async def drive(urls: list[str], rate: float, duration: float, seed: int) -> dict:
+    import aiohttp
+
+    rng = random.Random(seed)
+    ttfb, chunk_delay, errors = [], [], 0
+    body = json.dumps({"prompt": "hello " * 20, "max_tokens": CHUNKS, "stream": True}).encode()
+
+    async def one(url: str) -> None:
+        nonlocal errors
+        started = time.monotonic()
+        try:
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as answer:
+                if answer.status != 200:  # the edge's own 503/502: an error, not a fast answer
+                    errors += 1
+                    await answer.read()
+                    return
+                first = True
+                async for line in answer.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    now = time.monotonic()
+                    if first:
+                        ttfb.append(now - started)
+                        first = False
+                    chunk_delay.append(now - json.loads(line[6:])["sent"])
+        except aiohttp.ClientError:
+            errors += 1
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        tasks, at, start = [], 0.0, time.monotonic()
+        while at < duration:
+            at += rng.expovariate(rate)
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(urls[len(tasks) % len(urls)])))
+        await asyncio.gather(*tasks)
+        wall = time.monotonic() - start
+    return {"sent": len(tasks), "achieved_rate": len(tasks) / wall, "ttfb": ttfb, "chunk": chunk_delay,
+            "errors": errors}
+
+
+class DevConsul:
+    """The dev Consul in its own process, so the load generator's CPU does not slow the edge's watches."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-m", "cli.main", "dev", "consul", "--addr", "127.0.0.1:0",
+                                         "--log-level", "warn"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, cwd=ROOT)
+        line = self.process.stdout.readline()
+        if "listening on http://" not in line:
+            raise SystemExit(f"dev consul did not start: {line!r}")
+        self.address = line.split("http://", 1)[1].split()[0]
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def overhead(rates: list[float], duration: float, consul) -> list[dict]:
+    from eas_agent.consul_io import ConsulIO, IUService
+
+    upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(CHUNKS), str(CHUNK_GAP_S)],
+                                stdout=subprocess.PIPE, text=True)
+    ports = [int(p) for p in upstream.stdout.readline().split()]
+    io = ConsulIO(consul.address)
+    for k, port in enumerate(ports):
+        io.register_iu_service(IUService(f"bench-iu{k}", "bench", "r1", "127.0.0.1", port, (k,), 0), http_check=False)
+    body = {"node": "bench", "rack": "r1", "ts": time.time(), "heartbeat_s": 3600.0, "ius": {
+        f"bench-iu{k}": {"score": 0.01, "status": "passing", "reason": "", "components": {"prefill_tps": 12000.0}}
+        for k in range(len(ports))}}
+    io.kv_cas_put("clusterctl/eas/dc1/bench", json.dumps(body), 0)
+    edge, address = start_edge(consul.address, ["--no-push", "--max-inflight-per-iu", "4096"])
+    rows = []
+    try:
+        time.sleep(1.0)
+        for rate in rates:
+            direct = asyncio.run(drive([f"http://127.0.0.1:{p}/v1/completions" for p in ports], rate, duration, 1))
+            cpu0 = cpu_seconds(edge.pid)
+            proxied = asyncio.run(drive([f"http://{address}/v1/completions"], rate, duration, 1))
+            cpu = cpu_seconds(edge.pid) - cpu0
+            rows.append({"rate": rate, "direct": direct, "proxied": proxied, "edge_cpu_s": cpu})
+    finally:
+        edge.terminate()
+        upstream.terminate()
+        edge.wait(30)
+        upstream.wait(10)
+    return rows
+
+
+def push_cost(nodes: int, window: float, consul) -> dict:
+    import socket
+
+    from eas_agent.consul_io import ConsulIO, IUService
+
+    with socket.socket() as probe:  # a port free on loopback, used by every agent on its own address
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agents = subprocess.Popen([sys.executable, "-c", AGENTS, str(nodes), str(port)], stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT)
+    if agents.stdout.readline().strip() != "ready":
+        raise SystemExit("agents did not start")
+    io = ConsulIO(consul.address)
+    for n in range(nodes):
+        for k in (0, 1):
+            io.register_iu_service(IUService(f"node{n:03d}-iu{k}", f"node{n:03d}", "r1", f"127.0.201.{n + 1}",
+                                             8000 + k, (k,), k), http_check=False)
+    try:
+        time.sleep(2.0)
+        a0 = cpu_seconds(agents.pid)
+        time.sleep(window)
+        agents_alone = cpu_seconds(agents.pid) - a0
+        edge, _address = start_edge(consul.address, ["--agent-port", str(port)])
+        try:
+            time.sleep(3.0)  # feeds connected
+            a0, e0, t0 = cpu_seconds(agents.pid), cpu_seconds(edge.pid), time.monotonic()
+            time.sleep(window)
+            elapsed = time.monotonic() - t0
+            agents_with = cpu_seconds(agents.pid) - a0
+            edge_cpu = cpu_seconds(edge.pid) - e0
+            connections = tcp_connections(edge.pid)
+        finally:
+            edge.terminate()
+            edge.wait(30)
+    finally:
+        agents.terminate()
+        agents.wait(10)
+    return {"nodes": nodes, "window_s": elapsed, "edge_cpu_share": edge_cpu / elapsed,
+            "edge_sockets": connections, "bodies_per_s": nodes / 0.2,
+            "agent_cpu_share_each": max(0.0, agents_with - agents_alone) / window / nodes}
+
+
+def report_overhead(rows: list[dict]) -> list[str]:
+    lines = ["Proxy overhead, streamed completions (8 chunks, 5 ms apart), ms; added = through the edge - direct",
+             f"{'req/s':>6} {'achieved':>8} {'path':>8} {'TTFB p50':>9} {'p99':>7} {'chunk p50':>10} {'p99':>7} "
+             f"{'errors':>6} {'edge CPU/req':>13}"]
+    verdicts = []
+    for row in rows:
+        stats = {}
+        for name in ("direct", "proxied"):
+            run = row[name]
+            stats[name] = [1e3 * percentile(run[k], p) for k in ("ttfb", "chunk") for p in (50, 99)]
+            cpu = f"{1e3 * row['edge_cpu_s'] / max(1, len(run['ttfb'])):.2f} ms" if name == "proxied" else "-"
+            lines.append(f"{row['rate']:>6.0f} {run['achieved_rate']:>8.0f} {name:>8} "
+                         + " ".join(f"{v:>{w}.2f}" for v, w in zip(stats[name], (9, 7, 10, 7), strict=True))
+                         + f" {run['errors']:>6} {cpu:>13}")
+        added = [p - d for p, d in zip(stats["proxied"], stats["direct"], strict=True)]
+        lines.append(f"{row['rate']:>6.0f} {'':>8} {'added':>8} "
+                     + " ".join(f"{v:>{w}.2f}" for v, w in zip(added, (9, 7, 10, 7), strict=True)))
+        if row["rate"] == 200:
+            met = added[1] <= TARGET_TTFB_P99_MS
+            verdicts.append(f"target: added p99 to first byte at 200 req/s = {added[1]:.2f} ms "
+                            f"(target <= {TARGET_TTFB_P99_MS:g} ms): {'met' if met else 'NOT met'}")
+    return lines + verdicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="200,1000", help="req/s (default 200,1000)")
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per rate and path (default 15)")
+    parser.add_argument("--push-nodes", type=int, default=128, help="nodes for the push cost (0 skips)")
+    parser.add_argument("--push-window", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start (other processes' "
+          f"load inflates every latency below)")
+    with DevConsul() as consul:
+        rows = overhead([float(r) for r in args.rates.split(",") if r], args.duration, consul)
+        for line in report_overhead(rows):
+            print(line)
+    if args.push_nodes:
+        with DevConsul() as consul:
+            push = push_cost(args.push_nodes, args.push_window, consul)
+        print(f"Push channel, {push['nodes']} nodes x 2 IUs, {push['bodies_per_s']:.0f} bodies/s to one edge: "
+              f"edge CPU {100 * push['edge_cpu_share']:.1f}% of a core, {push['edge_sockets']} sockets "
+              f"(one blocking query per node + Consul watches + listener); per agent "
+              f"{100 * push['agent_cpu_share_each']:.3f}% of a core and 1 connection per edge")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

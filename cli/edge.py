@@ -1,0 +1,19 @@
+"""``clusterctl edge serve [EAS-EDGE ARGS]``: the edge (``eas-edge``), same flags, same exit codes."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group("edge")
+def command() -> None:
+    """The edge: an OpenAI-compatible router in front of the IUs."""
+
+
+@command.command("serve", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def serve(args: tuple[str, ...]) -> None:
+    """Run eas-edge in the foreground (``clusterctl edge serve --help`` lists its flags)."""
+    from edge.main import main
+
+    raise SystemExit(main(list(args)))

@@ -1,0 +1,5 @@
+import sys
+
+from edge.main import main
+
+sys.exit(main())

@@ -1,0 +1,151 @@
+"""The edge's config file (YAML) and command-line overrides.
+
+    listen: 0.0.0.0:8080          # where clients connect (OpenAI-compatible API, /metrics, /healthz)
+    datacenter: dc1
+    consul:                       # same block as the agent's config (eas_agent.config)
+      address: 127.0.0.1:8500
+      scheme: http                # or https with ca_file
+      token_file: /etc/eas-edge/consul.token   # 0600; the token never goes on a command line
+      kv_prefix: clusterctl/eas
+    push:                         # fresh scores: one blocking query per node to the agent's /scores
+      enabled: true
+      agent_port: 9105            # eas_agent_listen's port; the agent must listen on the node's address
+      wait_s: 10                  # how long one blocking query may wait for the next cycle
+      apply_interval_s: 0.02      # pushed bodies are folded into the view at most this often
+    max_inflight_per_iu: 64       # this edge's requests in flight per IU; more wait in the queue
+    max_queue: 512                # requests waiting for a slot; beyond: 503 + Retry-After
+    queue_timeout_s: 5
+    retry_after_s: 1              # the Retry-After of a 503
+    connect_timeout_s: 1          # to an IU; a failure before any byte reached the client: retry once
+    upstream_timeout_s: 600       # a whole upstream answer (long generations stream for minutes)
+    eject_s: 5                    # an IU that failed a connection or died mid-stream is skipped this long
+    drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
+    seed: null                    # RNG of pick()'s sampling (null: from the OS)
+
+Every field is optional. Errors name the file and the field (``edge.yml: push.agent_port: ...``); the field
+helpers are the agent config's, so both files read and fail alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# The agent config's field helpers and Consul block: one reading of these fields, not a copy.
+from eas_agent.config import ConfigError, ConsulConfig, _address, _Fields, _load_consul
+
+__all__ = ["ConfigError", "EdgeConfig", "PushConfig", "load_edge_config", "parse_edge_config"]
+
+
+@dataclass(frozen=True)
+class PushConfig:
+    enabled: bool = True
+    agent_port: int = 9105
+    wait_s: float = 10.0
+    apply_interval_s: float = 0.02
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    listen: str = "127.0.0.1:8080"
+    datacenter: str = "dc1"
+    consul: ConsulConfig = field(default_factory=ConsulConfig)
+    push: PushConfig = field(default_factory=PushConfig)
+    max_inflight_per_iu: int = 64
+    max_queue: int = 512
+    queue_timeout_s: float = 5.0
+    retry_after_s: float = 1.0
+    connect_timeout_s: float = 1.0
+    upstream_timeout_s: float = 600.0
+    eject_s: float = 5.0
+    drain_timeout_s: float = 30.0
+    seed: int | None = None
+    source: str = "<flags>"
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rsplit(":", 1)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
+def _count(f: _Fields, key: str, default: int, minimum: int) -> int:
+    value = f.get(key, int, default)
+    if value < minimum:
+        raise f.fail(key, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _port(f: _Fields, key: str, default: int) -> int:
+    value = f.get(key, int, default)
+    if not 1 <= value <= 65535:
+        raise f.fail(key, f"expected a TCP port 1-65535, got {value}")
+    return value
+
+
+def _load_push(path: str | Path, data: Any) -> PushConfig:
+    f = _Fields(path, data if data is not None else {}, "push")
+    f.unknown({"enabled", "agent_port", "wait_s", "apply_interval_s"})
+    return PushConfig(
+        enabled=f.get("enabled", bool, True),
+        agent_port=_port(f, "agent_port", 9105),
+        wait_s=f.positive("wait_s", 10.0),
+        apply_interval_s=f.positive("apply_interval_s", 0.02),
+    )
+
+
+def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
+    f = _Fields(path, data if data is not None else {}, "")
+    f.unknown({"listen", "datacenter", "consul", "push", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
+               "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed"})
+    return EdgeConfig(
+        listen=_address(f, "listen", "127.0.0.1:8080"),
+        datacenter=f.get("datacenter", str, "dc1"),
+        consul=_load_consul(path, f.data.get("consul")),
+        push=_load_push(path, f.data.get("push")),
+        max_inflight_per_iu=_count(f, "max_inflight_per_iu", 64, 1),
+        max_queue=_count(f, "max_queue", 512, 0),
+        queue_timeout_s=f.positive("queue_timeout_s", 5.0),
+        retry_after_s=f.positive("retry_after_s", 1.0),
+        connect_timeout_s=f.positive("connect_timeout_s", 1.0),
+        upstream_timeout_s=f.positive("upstream_timeout_s", 600.0),
+        eject_s=f.positive("eject_s", 5.0),
+        drain_timeout_s=f.positive("drain_timeout_s", 30.0),
+        seed=f.get("seed", int, None),
+        source=str(path),
+    )
+
+
+def load_edge_config(path: str | Path | None, overrides: dict | None = None) -> EdgeConfig:
+    """The file (or the defaults without one), then the flags that were given (``None`` = not given).
+
+    Overrides use the file's field names (``push.agent_port``) and go through the same validation."""
+    data: dict = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from exc
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark is not None else "(file)"
+            raise ConfigError(path, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(path, "(top level)", f"expected a mapping, got {type(data).__name__}")
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = dotted.split(".")
+        for parent in parents:
+            target = target.setdefault(parent, {}) if isinstance(target.get(parent, {}), dict) else {}
+        target[leaf] = value
+    config = parse_edge_config(data, path if path is not None else "<flags>")
+    return replace(config, source=str(path) if path is not None else "<flags>")

@@ -1,0 +1,203 @@
+"""What the edge knows about the pool: Consul's view (reader library) plus scores pushed by the agents.
+
+Consul stays the source of truth for membership, health and maintenance, and for a bounded-rate score
+snapshot (the agents' KV writes, <= 1 per node per second steady): ``ConsulWatcher`` (rate-limited blocking
+queries, its own threads) feeds an :class:`EdgeView`.
+
+Freshness: :class:`AgentFeed` holds one blocking query per node open to that node's agent,
+``GET http://<node address>:<agent_port>/scores?index=N&wait_s=W`` (eas_agent/http.py): the agent answers
+as soon as its next cycle's body exists (every 200 ms), so each score reaches the edge a round trip after
+it was computed, unquantized and without a Consul write. Node addresses come from the IUs' Consul services
+(vLLM runs on the node; the agent listens there on ``agent_port``). Bodies are folded into the view at most
+every ``apply_interval_s`` (one rebuild for many nodes). Per node the newer body (KV or pushed) wins, so
+when an agent cannot be reached its pushed body ages and the KV snapshot takes over; when both are older
+than 3 heartbeats ``pick()`` fails open to least-in-flight.
+
+Nonsense from an agent (a negative, NaN or non-numeric score, a body that is not the score shape) is
+ignored and counted by reason (``eas_edge_scores_ignored_total``): the IU's score counts as unknown, which
+keeps it out of the power-of-two choice but lets the fail-open path still use a healthy IU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections import Counter
+
+import aiohttp
+
+from eas_agent.scheduler import PoolView
+
+log = logging.getLogger("edge.feed")
+
+
+def _bad_score(score) -> str | None:
+    if score is None:
+        return None
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        return "score_not_a_number"
+    if math.isnan(score) or math.isinf(score):
+        return "score_not_finite"
+    if score < 0:
+        return "score_negative"
+    return None
+
+
+def sanitize(body, counts: Counter) -> dict | None:
+    """The body with nonsense scores blanked (counted in ``counts`` by reason); None for a body to drop."""
+    if not isinstance(body, dict) or not isinstance(body.get("ius"), dict):
+        counts["body_malformed"] += 1
+        return None
+    ts = body.get("ts")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        counts["ts_invalid"] += 1
+        return None
+    clean = {}
+    for iu_id, iu in body["ius"].items():
+        if not isinstance(iu, dict):
+            counts["iu_malformed"] += 1
+            continue
+        reason = _bad_score(iu.get("score"))
+        if reason:
+            counts[reason] += 1
+            iu = {**iu, "score": None, "status": "warning", "reason": f"ignored {reason}: {iu.get('score')!r}"}
+        clean[iu_id] = iu
+    return {**body, "ius": clean}
+
+
+class EdgeView(PoolView):
+    """PoolView whose inputs are sanitized first (both the KV listing and pushed bodies)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.ignored: Counter[str] = Counter()
+
+    def apply_kv(self, entries: list[dict]) -> None:
+        import json
+
+        clean = []
+        for entry in entries:
+            try:
+                body = json.loads(entry["Value"]) if entry.get("Value") else None
+            except (ValueError, TypeError, KeyError):
+                self.ignored["body_unparseable"] += 1
+                continue
+            body = sanitize(body, self.ignored) if body is not None else None
+            if body is not None:
+                clean.append({**entry, "Value": json.dumps(body)})
+        super().apply_kv(clean)
+
+    def apply_polled(self, bodies: list[dict]) -> None:
+        clean = [b for b in (sanitize(body, self.ignored) for body in bodies) if b is not None and b.get("node")]
+        super().apply_polled(clean)
+
+    def node_addresses(self) -> dict[str, str]:
+        """node -> the address of its IUs' services (where its agent listens)."""
+        addresses: dict[str, str] = {}
+        with self.lock:
+            services = list(self.health.values())
+        for _health, service in services:
+            node, address = (service.get("Meta") or {}).get("node"), service.get("Address")
+            if node and address:
+                addresses.setdefault(node, address)
+        return addresses
+
+
+class AgentFeed:
+    """One long-poll task per node's agent; pushed bodies are applied to the view in batches."""
+
+    def __init__(self, view: EdgeView, session: aiohttp.ClientSession, agent_port: int, *, wait_s: float = 10.0,
+                 apply_interval_s: float = 0.02, reconcile_s: float = 1.0, max_backoff_s: float = 5.0):
+        self.view, self.session, self.agent_port = view, session, agent_port
+        self.wait_s, self.apply_interval_s, self.reconcile_s = wait_s, apply_interval_s, reconcile_s
+        self.max_backoff_s = max_backoff_s
+        self.tasks: dict[str, tuple[str, asyncio.Task]] = {}  # node -> (agent address, task)
+        self.pending: dict[str, dict] = {}
+        self.flush_scheduled = False
+        self.updates = 0
+        self.errors: Counter[str] = Counter()  # node -> failed queries
+        self.connected: dict[str, bool] = {}
+        self.last_push: dict[str, float] = {}  # node -> monotonic time of its last pushed body
+        self.stopping = False
+        self.rng = random.Random()
+        self.runner: asyncio.Task | None = None
+
+    def start(self) -> AgentFeed:
+        self.runner = asyncio.get_running_loop().create_task(self._reconcile_loop())
+        return self
+
+    async def stop(self) -> None:
+        self.stopping = True
+        tasks = [t for _, t in self.tasks.values()] + ([self.runner] if self.runner else [])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _reconcile_loop(self) -> None:
+        while not self.stopping:
+            self.reconcile()
+            await asyncio.sleep(self.reconcile_s)
+
+    def reconcile(self) -> None:
+        """One task per node Consul lists (with its current address); tasks of nodes gone are cancelled."""
+        wanted = {node: f"{address}:{self.agent_port}" for node, address in self.view.node_addresses().items()}
+        for node, (agent, task) in list(self.tasks.items()):
+            if wanted.get(node) != agent:
+                task.cancel()
+                del self.tasks[node]
+                self.connected.pop(node, None)
+        loop = asyncio.get_running_loop()
+        for node, agent in wanted.items():
+            if node not in self.tasks:
+                self.tasks[node] = (agent, loop.create_task(self._follow(node, agent), name=f"feed-{node}"))
+
+    async def _follow(self, node: str, agent: str) -> None:
+        index, failures = None, 0
+        url = f"http://{agent}/scores"
+        timeout = aiohttp.ClientTimeout(total=self.wait_s + 5.0, sock_connect=1.0)
+        while not self.stopping:
+            params = {} if index is None else {"index": str(index), "wait_s": str(self.wait_s)}
+            try:
+                async with self.session.get(url, params=params, timeout=timeout) as answer:
+                    if answer.status != 200:
+                        raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
+                    new_index = int(answer.headers.get("X-Eas-Index", "0"))
+                    body = await answer.json(content_type=None)
+            except asyncio.CancelledError:
+                raise
+            except (TimeoutError, aiohttp.ClientError, ValueError, OSError) as exc:
+                failures += 1
+                self.errors[node] += 1
+                self.connected[node] = False
+                if failures == 1:
+                    log.warning("agent %s (%s): %s; using its Consul snapshot", node, agent, type(exc).__name__)
+                index = None
+                await asyncio.sleep(self.rng.uniform(0.5, 1.0) * min(self.max_backoff_s, 0.2 * 2**failures))
+                continue
+            failures = 0
+            self.connected[node] = True
+            if new_index == index:
+                continue  # the wait ran out without a new cycle (a stalled agent): ask again
+            index = new_index
+            if isinstance(body, dict) and body.get("ius") is not None:
+                if body.get("node") != node:  # a mis-addressed agent must not overwrite another node's scores
+                    self.view.ignored["node_mismatch"] += 1
+                    continue
+                self.pending[node] = body
+                self.last_push[node] = time.monotonic()
+                self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_later(self.apply_interval_s, self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if self.pending:
+            bodies, self.pending = list(self.pending.values()), {}
+            self.view.apply_polled(bodies)
+            self.updates += 1

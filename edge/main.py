@@ -1,0 +1,166 @@
+"""``eas-edge``: run the edge until SIGTERM/SIGINT, then drain.
+
+    eas-edge --config /etc/eas-edge/edge.yml
+    eas-edge --listen 127.0.0.1:8080 --consul 127.0.0.1:8500 --agent-port 9105
+
+Flags override the file's fields. Start-up reads Consul once: if it cannot be reached the edge exits 2
+with one line naming the address (an edge that starts blind would only answer 503). Later Consul outages
+keep the last view (and pushed scores) and fail open once scores are stale. Shutdown: the listener closes
+(``/healthz`` says draining first, so a load balancer stops sending), in-flight requests and streams get
+``drain_timeout_s`` to finish, then the rest is cut.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import signal
+import sys
+import time
+
+import aiohttp
+from aiohttp import web
+
+from eas_agent.consul_io import ConsulIO, ConsulUnavailable
+from eas_agent.scheduler import ConsulWatcher
+from edge.config import ConfigError, EdgeConfig, load_edge_config
+from edge.feed import AgentFeed, EdgeView
+from edge.metrics import EdgeMetrics
+from edge.proxy import EdgeState, make_app
+from edge.routing import Router
+
+log = logging.getLogger("edge")
+
+
+class StartupError(Exception):
+    pass
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="eas-edge", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML config file (edge/config.py lists every field)")
+    parser.add_argument("--listen", help="HOST:PORT for clients (default 127.0.0.1:8080)")
+    parser.add_argument("--consul", dest="consul_address", help="Consul HOST:PORT (default 127.0.0.1:8500)")
+    parser.add_argument("--datacenter", help="Consul datacenter of the score keys (default dc1)")
+    parser.add_argument("--agent-port", type=int, help="port of eas-agent's /scores on every node (9105)")
+    parser.add_argument("--no-push", action="store_true", help="scores from Consul only (no agent feeds)")
+    parser.add_argument("--max-inflight-per-iu", type=int)
+    parser.add_argument("--max-queue", type=int)
+    parser.add_argument("--drain-timeout-s", type=float)
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return parser.parse_args(argv)
+
+
+def config_from(args: argparse.Namespace) -> EdgeConfig:
+    return load_edge_config(args.config, {
+        "listen": args.listen, "consul.address": args.consul_address, "datacenter": args.datacenter,
+        "push.agent_port": args.agent_port, "push.enabled": False if args.no_push else None,
+        "max_inflight_per_iu": args.max_inflight_per_iu, "max_queue": args.max_queue,
+        "drain_timeout_s": args.drain_timeout_s,
+    })
+
+
+class Edge:
+    """The running edge: Consul watcher threads, the agent feeds and the HTTP server on one event loop."""
+
+    def __init__(self, config: EdgeConfig):
+        self.config = config
+        view = EdgeView()
+        rng = random.Random(config.seed)
+        self.state = EdgeState(config, view, Router(rng, config.max_inflight_per_iu, config.eject_s), EdgeMetrics())
+        self.state.metrics.watch(self.state)
+        self.runner: web.AppRunner | None = None
+        self.site: web.TCPSite | None = None
+        self.stopped = asyncio.Event()
+
+    def connect_consul(self) -> None:
+        c = self.config.consul
+        io = ConsulIO(c.address, token=c.read_token(self.config.source), scheme=c.scheme, ca_file=c.ca_file)
+        watcher = ConsulWatcher(self.state.view, io, kv_prefix=c.kv_prefix, dc=self.config.datacenter)
+        try:
+            watcher.refresh_once()
+        except ConsulUnavailable as exc:
+            raise StartupError(f"cannot reach Consul at {c.address} (consul.address): {exc}") from exc
+        self.state.watcher = watcher.start()
+
+    async def start(self) -> str:
+        """Connect, start feeds and listen; returns the listening HOST:PORT."""
+        self.connect_consul()
+        timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s,
+                                        sock_connect=self.config.connect_timeout_s)
+        # no per-host limit: the per-IU cap is the edge's own (max_inflight_per_iu), enforced before connecting
+        self.state.session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
+                                                   auto_decompress=False)
+        if self.config.push.enabled:
+            push = self.config.push
+            self.state.feed = AgentFeed(self.state.view, self.state.session, push.agent_port, wait_s=push.wait_s,
+                                        apply_interval_s=push.apply_interval_s).start()
+        self.runner = web.AppRunner(make_app(self.state), access_log=None,
+                                    shutdown_timeout=self.config.drain_timeout_s)
+        await self.runner.setup()
+        self.site = web.TCPSite(self.runner, self.config.listen_host, self.config.listen_port)
+        try:
+            await self.site.start()
+        except OSError as exc:
+            await self.close()
+            raise StartupError(f"cannot listen on {self.config.listen} (listen): {exc.strerror or exc}") from exc
+        host, port = self.runner.addresses[0][:2]
+        return f"{host}:{port}"
+
+    async def drain(self) -> None:
+        """Stop accepting, let in-flight requests finish (up to drain_timeout_s), then close everything."""
+        state = self.state
+        state.draining = True
+        if self.site is not None:
+            await self.site.stop()  # the listener closes; accepted connections keep being served
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while state.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if state.active:
+            log.warning("drain timeout: cutting %d requests still in flight", state.active)
+        await self.close()
+
+    async def close(self) -> None:
+        if self.state.feed is not None:
+            await self.state.feed.stop()
+        if self.state.watcher is not None:
+            self.state.watcher.stop()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.state.session is not None:
+            await self.state.session.close()
+        self.stopped.set()
+
+
+async def serve(config: EdgeConfig, ready=None) -> None:
+    edge = Edge(config)
+    address = await edge.start()
+    log.info("eas-edge listening on http://%s (push %s)", address, "on" if config.push.enabled else "off")
+    print(f"eas-edge listening on http://{address}", flush=True)
+    if ready is not None:
+        ready(edge, address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining (up to %.0f s)", config.drain_timeout_s)
+    await edge.drain()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = config_from(args)
+        asyncio.run(serve(config))
+    except (ConfigError, StartupError) as exc:
+        print(f"eas-edge: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

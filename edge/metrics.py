@@ -1,0 +1,77 @@
+"""The edge's Prometheus metrics (``GET /metrics``), in their own registry.
+
+Counters and histograms are updated on the request path; the per-IU in-flight gauge, the queue depth, the
+pool counts and the feed's state are read when scraped (a custom collector), so nothing is kept twice.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+AGE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class EdgeMetrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("eas_edge_requests", "Requests answered, by endpoint and HTTP status.",
+                                ["endpoint", "code"], registry=r)
+        self.ttft = Histogram("eas_edge_ttft_seconds",
+                              "Time from the request's arrival at the edge to the first byte of its answer "
+                              "sent to the client (streams: the first chunk).", ["stream"],
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.picks = Counter("eas_edge_picks", "Routing decisions by pick() mode (p2c, single, fail_open).",
+                             ["mode"], registry=r)
+        self.score_age = Histogram("eas_edge_score_age_seconds",
+                                   "Age of the chosen IU's score when a request was routed on it.",
+                                   buckets=AGE_BUCKETS, registry=r)
+        self.retries = Counter("eas_edge_retries", "Requests retried on another IU after a connection failure "
+                               "before any byte reached the client.", registry=r)
+        self.upstream_errors = Counter("eas_edge_upstream_errors", "Failures talking to an IU, by kind.",
+                                       ["iu", "kind"], registry=r)
+        self.rejected = Counter("eas_edge_rejected", "Requests answered 503 by the edge itself, by reason.",
+                                ["reason"], registry=r)
+        self.queued = Histogram("eas_edge_queue_wait_seconds", "Time requests waited for a free IU slot.",
+                                buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0), registry=r)
+
+    def watch(self, state) -> None:
+        """Scrape-time gauges from the proxy's state (``edge.proxy.EdgeState``)."""
+        self.registry.register(_StateCollector(state))
+
+
+class _StateCollector:
+    def __init__(self, state):
+        self.state = state
+
+    def collect(self):
+        s = self.state
+        inflight = GaugeMetricFamily("eas_edge_inflight", "This edge's requests in flight per IU.", labels=["iu"])
+        for iu_id, count in sorted(s.router.ledger.inflight.items()):
+            inflight.add_metric([iu_id], count)
+        yield inflight
+        yield GaugeMetricFamily("eas_edge_queue_depth", "Requests waiting for a free IU slot.",
+                                value=len(s.waiters))
+        snapshot = s.view.snapshot()
+        pool = GaugeMetricFamily("eas_edge_pool_ius", "IUs in the view: routable, with a score, all.",
+                                 labels=["kind"])
+        pool.add_metric(["all"], len(snapshot.entries))
+        pool.add_metric(["routable"], len(snapshot.healthy))
+        pool.add_metric(["scored"], len(snapshot.scored))
+        yield pool
+        ignored = CounterMetricFamily("eas_edge_scores_ignored", "Agent score reports ignored as nonsense, "
+                                      "by reason.", labels=["reason"])
+        for reason, count in sorted(s.view.ignored.items()):
+            ignored.add_metric([reason], count)
+        yield ignored
+        yield CounterMetricFamily("eas_edge_consul_errors", "Failed Consul watch queries.",
+                                  value=s.watcher.errors if s.watcher else 0)
+        feed = s.feed
+        yield CounterMetricFamily("eas_edge_push_batches", "Batches of agent-pushed scores applied.",
+                                  value=feed.updates if feed else 0)
+        connected = GaugeMetricFamily("eas_edge_push_connected", "Agents whose blocking query last succeeded.")
+        connected.add_metric([], sum(1 for ok in (feed.connected.values() if feed else ()) if ok))
+        yield connected
+        yield CounterMetricFamily("eas_edge_push_errors", "Failed blocking queries to agents.",
+                                  value=sum(feed.errors.values()) if feed else 0)

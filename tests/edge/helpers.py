@@ -1,0 +1,174 @@
+"""A small pool on loopback for the edge's tests: simulated IUs, their Consul services, fake agents, the edge.
+
+Each node gets its own loopback address (127.0.200.N: away from the virtual cluster's 127.0.R.N) so that
+the edge can find its agent at ``<IU service address>:<agent_port>`` as in production; ports are random.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import replace
+
+from eas_agent.consul_io import ConsulIO, IUService
+from eas_agent.http import AgentHttpServer, AgentMetrics
+from eas_agent.sim.server import SimulatedIU
+from edge.config import EdgeConfig, PushConfig
+from edge.main import Edge
+
+MODEL = "meta-llama/Meta-Llama-3-70B-Instruct"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def body_of(node: str, scores: dict[str, float | None], ts: float | None = None, heartbeat_s: float = 2.0,
+            prefill_tps: float = 12000.0) -> dict:
+    return {"node": node, "rack": "r1", "profile": "drain", "seq": 1, "ts": time.time() if ts is None else ts,
+            "clock_offset_s": None, "heartbeat_s": heartbeat_s,
+            "ius": {iu: {"score": s, "level": 0, "status": "passing", "reason": "",
+                         "components": {"prefill_tps": prefill_tps, "request_cost_s": 0.05}}
+                    for iu, s in scores.items()}}
+
+
+class Pool:
+    """``nodes`` x ``ius_per_node`` simulated IUs registered in Consul; an AgentHttpServer per node."""
+
+    def __init__(self, consul_addr: str, nodes: int = 2, ius_per_node: int = 1, agents: bool = True):
+        self.io = ConsulIO(consul_addr)
+        self.consul_addr = consul_addr
+        self.agent_port = free_port()
+        self.nodes: dict[str, str] = {}  # node -> address
+        self.ius: dict[str, SimulatedIU] = {}
+        self.agents: dict[str, AgentHttpServer] = {}
+        for n in range(nodes):
+            node, address = f"n{n}", f"127.0.200.{n + 1}"
+            self.nodes[node] = address
+            for i in range(ius_per_node):
+                sim = SimulatedIU(address, 0, arrival_rate=0).start()
+                iu_id = f"{node}-iu{i}"
+                self.ius[iu_id] = sim
+                self.io.register_iu_service(IUService(iu_id, node, "r1", address, int(sim.address.rsplit(":", 1)[1]),
+                                                      (i,), 0), http_check=False)
+            if agents:
+                self.agents[node] = AgentHttpServer(address, self.agent_port, AgentMetrics())
+                self.agents[node].start()
+
+    def node_of(self, iu_id: str) -> str:
+        return iu_id.split("-", 1)[0]
+
+    def publish_kv(self, node: str, scores: dict, **kwargs) -> None:
+        key = f"clusterctl/eas/dc1/{node}"
+        index, _ = self.io.kv_read(key)
+        assert self.io.kv_cas_put(key, json.dumps(body_of(node, scores, **kwargs)), index)
+
+    def push(self, node: str, scores: dict, **kwargs) -> None:
+        self.agents[node].set_scores(body_of(node, scores, **kwargs))
+
+    def stop(self) -> None:
+        for sim in self.ius.values():
+            sim.stop()
+        for agent in self.agents.values():
+            agent.stop()
+
+
+class RunningEdge:
+    """The edge on its own event loop thread (as ``eas-edge`` runs it), for synchronous tests."""
+
+    def __init__(self, config: EdgeConfig):
+        self.edge = Edge(config)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-edge", daemon=True)
+        self.thread.start()
+        self.address = self.call(self.edge.start())
+
+    def call(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def state(self):
+        return self.edge.state
+
+    def url(self, path: str) -> str:
+        return f"http://{self.address}{path}"
+
+    def drain(self) -> None:
+        self.call(self.edge.drain(), timeout=60)
+
+    def close(self) -> None:
+        if not self.edge.stopped.is_set():
+            self.call(self.edge.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def edge_config(pool: Pool, **overrides) -> EdgeConfig:
+    base = EdgeConfig(listen="127.0.0.1:0", consul=replace(EdgeConfig().consul, address=pool.consul_addr),
+                      push=PushConfig(agent_port=pool.agent_port, wait_s=2.0, apply_interval_s=0.01),
+                      queue_timeout_s=2.0, seed=1)
+    push = overrides.pop("push", None)
+    return replace(base, **overrides, **({"push": push} if push is not None else {}))
+
+
+@contextmanager
+def running_edge(pool: Pool, **overrides):
+    edge = RunningEdge(edge_config(pool, **overrides))
+    try:
+        yield edge
+    finally:
+        edge.close()
+
+
+def post(url: str, body, timeout: float = 30.0) -> tuple[int, dict, bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def stream(url: str, body: dict, timeout: float = 30.0) -> tuple[int, dict, list[tuple[float, bytes]]]:
+    """POST a streaming request; (status, headers, [(arrival time, line)]) read line by line as it comes."""
+    data = json.dumps({**body, "stream": True}).encode()
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    lines = []
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            for line in answer:
+                if line.strip():
+                    lines.append((time.monotonic(), line.strip()))
+            return answer.status, dict(answer.headers), lines
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), [(time.monotonic(), exc.read())]
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def metric(edge: RunningEdge, name: str, labels: str = "") -> float:
+    """One sample of the edge's /metrics (0 when absent)."""
+    with urllib.request.urlopen(edge.url("/metrics"), timeout=5) as answer:
+        text = answer.read().decode()
+    prefix = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(prefix + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
