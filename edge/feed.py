@@ -99,8 +99,8 @@ class EdgeView(PoolView):
         addresses: dict[str, str] = {}
         with self.lock:
             services = list(self.health.values())
-        for _health, service in services:
-            node, address = (service.get("Meta") or {}).get("node"), service.get("Address")
+        for _health, service, node in services:  # node: the IU's owner as the view resolved it
+            address = service.get("Address")
             if node and address:
                 addresses.setdefault(node, address)
         return addresses
