@@ -415,6 +415,9 @@ def _nsenter(leader: int, *argv: str, timeout: float = 10) -> subprocess.Complet
 
 def _address_free(address: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As sshd binds (SO_REUSEADDR): connections of a machine just stopped, still in TIME_WAIT, do not
+        # hold the address; a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((address, 22))
         except OSError as exc:
