@@ -397,7 +397,15 @@ def _leader_of(nspawn_pid: int) -> int | None:
         children = Path(f"/proc/{nspawn_pid}/task/{nspawn_pid}/children").read_text().split()
     except OSError:
         return None
-    return int(children[0]) if children else None
+    inits = [int(c) for c in children if _comm(int(c)) == "systemd"]
+    return inits[0] if inits else (int(children[-1]) if children else None)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _read_pid(path: Path) -> int | None:
@@ -442,7 +450,9 @@ def boot(image_root: Path, paths: HostPaths, sim_host: SimHost, cpu_dir: Path, n
     paths.pid_file.write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     leader = None
-    while leader is None or not _is_our_leader(leader, paths):
+    # nspawn's first child is its outer helper, which sees the machine's mounts too and then exits: the
+    # machine's PID 1 is the child that has exec'd systemd.
+    while leader is None or not (_comm(leader) == "systemd" and _is_our_leader(leader, paths)):
         if proc.poll() is not None:
             raise MachineError(f"{paths.host}: systemd-nspawn exited {proc.returncode} while booting; "
                                f"{paths.console_log}:\n{_tail(paths.console_log)}")
