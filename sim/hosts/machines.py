@@ -57,7 +57,7 @@ MACHINE_PYTHON = "/usr/bin/python3"
 SSH_USER = "deploy"
 BOOT_TIMEOUT_S = float(os.environ.get("CLUSTERCTL_BOOT_TIMEOUT_S", "120"))
 HALT_GRACE_S = 20.0
-BOOT_PARALLEL = 16
+BOOT_PARALLEL = 8  # boots at a time: 16 on 2 busy cores timed out units (journal flush)
 # A DNS label, or dotted labels: a host name becomes a directory name and a machine name, so nothing
 # else ('..', '/', a leading dot or dash) may reach a path. nspawn's machine names stop at 64 characters.
 HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
@@ -417,8 +417,13 @@ def _read_pid(path: Path) -> int | None:
 
 
 def _nsenter(leader: int, *argv: str, timeout: float = 10) -> subprocess.CompletedProcess:
-    return subprocess.run(["nsenter", f"--target={leader}", "--mount", "--uts", "--ipc", "--pid", "--", *argv],
-                          capture_output=True, text=True, timeout=timeout)
+    """argv inside the machine; a command that runs past ``timeout`` is an empty answer with the reason on
+    stderr (so a diagnosis of a slow machine reports, instead of raising in place of the real error)."""
+    command = ["nsenter", f"--target={leader}", "--mount", "--uts", "--ipc", "--pid", "--", *argv]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(command, 124, "", f"{argv[0]}: no answer within {timeout:.0f}s")
 
 
 def _address_free(address: str) -> None:
@@ -471,6 +476,8 @@ def boot(image_root: Path, paths: HostPaths, sim_host: SimHost, cpu_dir: Path, n
             result = _nsenter(leader, "systemctl", "is-system-running", "--wait",
                               timeout=max(1.0, deadline - time.monotonic()))
             state, detail = result.stdout.strip(), result.stderr.strip()[-200:]
+            if result.returncode == 124:
+                state = "starting (timed out)"
     except subprocess.TimeoutExpired:
         state = "starting (timed out)"
     if state != "running":
