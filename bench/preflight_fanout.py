@@ -51,9 +51,9 @@ with open(sys.argv[1], "w") as out:
 
 
 def clusterctl(*args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "cli.main", *args], cwd=REPO, check=True, capture_output=True, text=True
-    )
+    done = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"clusterctl {' '.join(args[:2])} exited {done.returncode}: {done.stderr[-1500:]}")
 
 
 def one_size(
@@ -167,11 +167,17 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
-        rows.append(one_size(size, args.parallel, args.delay, args.per_rack, args.timeout, args.checks, args.depth))
+        try:
+            rows.append(one_size(size, args.parallel, args.delay, args.per_rack, args.timeout, args.checks,
+                                 args.depth))
+        except RuntimeError as exc:  # report what was measured, and why the rest was not
+            print(f"{size} nodes: not measured: {exc}", file=sys.stderr, flush=True)
+            break
         print(f"{size} nodes: {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
-    print(table(rows, args.parallel, args.delay, args.checks))
-    if args.json_file:
-        Path(args.json_file).write_text(json.dumps(rows, indent=2))
+        if args.json_file:
+            Path(args.json_file).write_text(json.dumps(rows, indent=2))
+    if rows:
+        print(table(rows, args.parallel, args.delay, args.checks))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,15 @@ def split_batches(hosts: Sequence[str], sizes: Sequence[int | str]) -> list[list
     return batches
 
 
+def unreachable_reason(msg: str, limit: int = 300) -> str:
+    """An unreachable host's message, short: ssh's reason is its last line (a changed host key comes
+    after a 9-line banner that alone would fill the limit), so a long message keeps its first and last."""
+    lines = [line.strip() for line in msg.splitlines() if line.strip() and not set(line.strip()) <= {"@"}]
+    if len(msg) <= limit or len(lines) < 2:
+        return msg[:limit]
+    return f"{lines[0].rstrip('@ ')[:limit // 2]} ... {lines[-1][:limit // 2]}"
+
+
 @dataclass(frozen=True)
 class RoleStep:
     role: str
@@ -245,7 +254,7 @@ class Rollout:
         elif kind == "runner_on_unreachable":
             progress.unreachable += 1
             progress.status = "unreachable"
-            self.messages.append(f"{progress.name}: unreachable: {str(result.get('msg', ''))[:300]}")
+            self.messages.append(f"{progress.name}: unreachable: {unreachable_reason(str(result.get('msg', '')))}")
         elif not data.get("ignore_errors"):
             progress.failed += 1
             progress.status = "failed"

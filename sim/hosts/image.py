@@ -18,7 +18,9 @@ What the configuration step does, and why:
 - ``systemd-remount-fs.service`` masked: under this machine's cgroup v1 it races concurrent boots and
   leaves the machine "degraded" (an nspawn root needs no remount anyway); ``getty`` units masked (no
   console is attached); apt's daily timers masked (a machine must not reach the archive by itself, nor
-  change its disk between two provisioning runs); the journal kept in memory (8 MB) for the same reason;
+  change its disk between two provisioning runs); the journal kept in memory (8 MB) for the same reason,
+  so its flush unit is masked too; the ask-password paths masked (no console; with 18+ machines booting
+  on 2 busy cores they and the flush failed or timed out and left machines "degraded");
 - apt sources: the Debian archive the image was built from, so a package task installs from there.
 """
 
@@ -43,7 +45,8 @@ DEPLOY_USER = "deploy"
 DEPLOY_UID = 1000
 MASKED_UNITS = ("systemd-remount-fs.service", "getty@.service", "console-getty.service",
                 "systemd-networkd-wait-online.service", "apt-daily.timer", "apt-daily-upgrade.timer",
-                "e2scrub_all.timer", "fstrim.timer")
+                "e2scrub_all.timer", "fstrim.timer", "systemd-journal-flush.service",
+                "systemd-ask-password-console.path", "systemd-ask-password-wall.path")
 LOG_TAIL_LINES = 25
 
 CONFIGURE = f"""\

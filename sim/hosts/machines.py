@@ -57,7 +57,7 @@ MACHINE_PYTHON = "/usr/bin/python3"
 SSH_USER = "deploy"
 BOOT_TIMEOUT_S = float(os.environ.get("CLUSTERCTL_BOOT_TIMEOUT_S", "120"))
 HALT_GRACE_S = 20.0
-BOOT_PARALLEL = 16
+BOOT_PARALLEL = 8  # boots at a time: 16 on 2 busy cores timed out units (journal flush)
 # A DNS label, or dotted labels: a host name becomes a directory name and a machine name, so nothing
 # else ('..', '/', a leading dot or dash) may reach a path. nspawn's machine names stop at 64 characters.
 HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
@@ -397,7 +397,15 @@ def _leader_of(nspawn_pid: int) -> int | None:
         children = Path(f"/proc/{nspawn_pid}/task/{nspawn_pid}/children").read_text().split()
     except OSError:
         return None
-    return int(children[0]) if children else None
+    inits = [int(c) for c in children if _comm(int(c)) == "systemd"]
+    return inits[0] if inits else (int(children[-1]) if children else None)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _read_pid(path: Path) -> int | None:
@@ -409,12 +417,20 @@ def _read_pid(path: Path) -> int | None:
 
 
 def _nsenter(leader: int, *argv: str, timeout: float = 10) -> subprocess.CompletedProcess:
-    return subprocess.run(["nsenter", f"--target={leader}", "--mount", "--uts", "--ipc", "--pid", "--", *argv],
-                          capture_output=True, text=True, timeout=timeout)
+    """argv inside the machine; a command that runs past ``timeout`` is an empty answer with the reason on
+    stderr (so a diagnosis of a slow machine reports, instead of raising in place of the real error)."""
+    command = ["nsenter", f"--target={leader}", "--mount", "--uts", "--ipc", "--pid", "--", *argv]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(command, 124, "", f"{argv[0]}: no answer within {timeout:.0f}s")
 
 
 def _address_free(address: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As sshd binds (SO_REUSEADDR): connections of a machine just stopped, still in TIME_WAIT, do not
+        # hold the address; a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((address, 22))
         except OSError as exc:
@@ -439,7 +455,9 @@ def boot(image_root: Path, paths: HostPaths, sim_host: SimHost, cpu_dir: Path, n
     paths.pid_file.write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     leader = None
-    while leader is None or not _is_our_leader(leader, paths):
+    # nspawn's first child is its outer helper, which sees the machine's mounts too and then exits: the
+    # machine's PID 1 is the child that has exec'd systemd.
+    while leader is None or not (_comm(leader) == "systemd" and _is_our_leader(leader, paths)):
         if proc.poll() is not None:
             raise MachineError(f"{paths.host}: systemd-nspawn exited {proc.returncode} while booting; "
                                f"{paths.console_log}:\n{_tail(paths.console_log)}")
@@ -458,6 +476,8 @@ def boot(image_root: Path, paths: HostPaths, sim_host: SimHost, cpu_dir: Path, n
             result = _nsenter(leader, "systemctl", "is-system-running", "--wait",
                               timeout=max(1.0, deadline - time.monotonic()))
             state, detail = result.stdout.strip(), result.stderr.strip()[-200:]
+            if result.returncode == 124:
+                state = "starting (timed out)"
     except subprocess.TimeoutExpired:
         state = "starting (timed out)"
     if state != "running":

@@ -149,30 +149,39 @@ def test_strict_turns_warnings_into_failure(tmp_path, capsys):
 def test_inventory_and_usage_errors_exit_2_before_any_host_is_contacted(tmp_path, capsys):
     import socket
 
-    # The hosts' "sshd": a listening socket on loopback; a connection to it would be a contacted host.
-    sshd = socket.socket()
-    sshd.bind(("127.0.0.1", 0))
-    sshd.listen()
-    sshd.setblocking(False)
+    # The hosts' "sshd"s: listening sockets on loopback; a connection to one would be a contacted host.
+    sshds = []
+    for address in ("127.0.0.1", "127.0.0.2"):
+        sshd = socket.socket()
+        sshd.bind((address, 0))
+        sshd.listen()
+        sshd.setblocking(False)
+        sshds.append(sshd)
 
     class Touched:
         def exists(self) -> bool:
-            try:
-                sshd.accept()[0].close()
-            except BlockingIOError:
-                return False
-            return True
+            for sshd in sshds:
+                try:
+                    sshd.accept()[0].close()
+                    return True
+                except BlockingIOError:
+                    continue
+            return False
 
     touched = Touched()
-    reach = {"ansible_host": "127.0.0.1", "ansible_port": sshd.getsockname()[1]}
+
+    def reach(index: int) -> dict:
+        address, port = sshds[index].getsockname()
+        return {"ansible_host": address, "ansible_port": port}
+
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         yaml.safe_dump(
             {
                 "all": {
                     "hosts": {
-                        "good": {"rack": "r1", "gpu_model": "h100-sxm", **reach},
-                        "broken": {"rack": "r1", "gpu_model": "h100-sxm", "iu_size": 3, **reach},
+                        "good": {"rack": "r1", "gpu_model": "h100-sxm", **reach(0)},
+                        "broken": {"rack": "r1", "gpu_model": "h100-sxm", "iu_size": 3, **reach(1)},
                     }
                 }
             }
@@ -196,4 +205,5 @@ def test_inventory_and_usage_errors_exit_2_before_any_host_is_contacted(tmp_path
     assert code == 2 and "does not exist" in err and not touched.exists()
     code, out, _ = run_cli(capsys, "preflight", "history", "--state-dir", str(tmp_path / "none"))
     assert code == 0 and "no runs saved" in out
-    sshd.close()
+    for sshd in sshds:
+        sshd.close()

@@ -374,6 +374,10 @@ def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provision
     else:
         host_vars.write_text(originals[host_vars] + f"ansible_ssh_private_key_file: {other_key}\n")
         reason = "Permission denied (publickey"
+    # The earlier runs' ControlPersist master to r01n02 would carry this run without a new handshake
+    # (what ssh does for up to ControlPersist=60s); end it, so the run connects and checks afresh.
+    subprocess.run(["ssh", "-o", "ControlPath=/tmp/.clusterctl-cp/%C", "-O", "exit", "deploy@127.0.1.12"],
+                   capture_output=True)
     try:
         result = provisioned.provision(f"ssh-{failure.replace(' ', '-')}", "--tags", "chrony")
     finally:

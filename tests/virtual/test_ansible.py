@@ -59,7 +59,7 @@ PLAYBOOK = """
       register: again
     - ansible.builtin.copy:
         dest: /etc/systemd/system/clusterctl-sim-sleep.service
-        content: "[Service]\nExecStart=/bin/sleep infinity\n"
+        content: "[Service]\\nExecStart=/bin/sleep infinity\\n"
     - ansible.builtin.systemd_service: {name: clusterctl-sim-sleep, state: started, daemon_reload: true}
     # /usr/bin/systemctl: the simulated host's systemctl front answers is-active from unit files.
     - ansible.builtin.command: /usr/bin/systemctl is-active clusterctl-sim-sleep

@@ -200,6 +200,7 @@ def test_address_already_in_use_is_named(make_inventory):
 
     directory = make_inventory(1, 1, faults="none")
     with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past an earlier test's TIME_WAIT
         squatter.bind(("127.0.1.11", 22))
         squatter.listen()
         with pytest.raises(Exception, match=r"127\.0\.1\.11:22: address already in use"):

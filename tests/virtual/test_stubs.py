@@ -164,9 +164,10 @@ def test_calls_are_logged(cluster):
 
 
 def test_command_delay_and_hang(up_inventory):
+    # Addresses of their own: the module's cluster (127.0.1.x, 127.0.2.x) is still up.
     directory = up_inventory(2, 1, faults="none", host_vars={
-        "r01n01": "sim_command_delay_s: 1.0\n",
-        "r01n02": "sim_faults: [{kind: hang, command: all_reduce_perf}]\n",
+        "r01n01": "ansible_host: 127.0.9.11\nsim_command_delay_s: 1.0\n",
+        "r01n02": "ansible_host: 127.0.9.12\nsim_faults: [{kind: hang, command: all_reduce_perf}]\n",
     })
     start = time.monotonic()
     assert run_on(directory, "r01n01", "chronyc", "tracking").returncode == 0
