@@ -9,19 +9,21 @@ import click
 from rich.console import Console
 from rich.tree import Tree
 
+from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import inventory as inv
 from cluster import validate as val
 from cluster import vault
 from cluster.model import Cluster
+from cluster.text import plural
 
 
-@click.group("inventory")
+@click.group("inventory", epilog=examples("clusterctl inventory validate -i inventory/prod", "clusterctl inventory show -i inventory/prod --limit rack_r12"))
 def command() -> None:
     """Show and validate the cluster model built from an Ansible inventory."""
 
 
-@command.command("show")
+@command.command("show", epilog=examples("clusterctl inventory show -i inventory/prod --limit rack_r12", "clusterctl inventory show -i mycluster --json"))
 @inventory_option
 @limit_option
 @click.option("--json", "as_json", is_flag=True, help="Print the model as JSON.")
@@ -56,7 +58,7 @@ def cluster_tree(cluster: Cluster, title: str) -> Tree:
     return tree
 
 
-@command.command("validate")
+@command.command("validate", epilog=examples("clusterctl inventory validate -i inventory/prod", note="Exit codes: 0 no problem, 2 a problem (every one is listed, with the host and variable)."))
 @inventory_option
 @limit_option
 @vault_password_file_option
@@ -67,6 +69,6 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
     if problems:
         for problem in problems:
             click.echo(f"{loaded.path}: {problem}", err=True)
-        click.echo(f"{len(problems)} problem(s) in {loaded.path}", err=True)
+        click.echo(f"{plural(len(problems), 'problem')} in {loaded.path}", err=True)
         raise SystemExit(2)
-    click.echo(f"{loaded.path}: OK ({len(loaded.selected)} hosts)")
+    click.echo(f"{loaded.path}: OK ({plural(len(loaded.selected), 'host')})")

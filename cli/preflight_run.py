@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from cli.help import examples
 from cli.options import vault_password_file_option
 
 STATE_DIR_HELP = "Where runs are saved (default .state/preflight)."
@@ -195,7 +196,7 @@ def run_preflight_command(
     return document["summary"]["exit_code"]
 
 
-@click.command("history")
+@click.command("history", epilog=examples("clusterctl preflight history", "clusterctl preflight history --json --state-dir .state/preflight"))
 @click.option(
     "--state-dir", default=None, type=click.Path(file_okay=False, path_type=Path), help=STATE_DIR_HELP
 )
@@ -359,6 +360,13 @@ def attach(group: click.Group) -> click.Group:
         "\n\nWithout a subcommand, runs the checks: clusterctl preflight -i INVENTORY [--limit PATTERN]."
         "\n\nExit codes: 0 all passed (WARN allowed unless --strict), 1 a check failed, 2 usage/inventory/"
         "profile error, 3 a host unreachable or a check could not run (and none failed)."
+    )
+    group.epilog = examples(
+        "clusterctl preflight -i inventory/prod --limit rack_r12",
+        "clusterctl preflight -i inventory/prod --checks gpu_topology,gpu_health --show-pass",
+        "clusterctl preflight -i inventory/prod --json - | jq .summary",
+        "clusterctl preflight -i inventory/prod --junit pf.xml --release",
+        "clusterctl preflight diff previous latest",
     )
     inner = group.callback
 

@@ -100,7 +100,7 @@ def test_all_problems_are_reported_at_once(tmp_path, capsys):
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, host_vars=host_vars))
     assert code == 2
     assert "n1: iu_size=3" in err and "n1: rdma_nics[0].netdev='a b'" in err and "n2: gpu_count=6" in err
-    assert "3 problem(s)" in err
+    assert "3 problems" in err
 
 
 def test_valid_inventory_passes(tmp_path, capsys):
