@@ -129,7 +129,7 @@ def print_diffs(console: Console, rollout: prov.Rollout, check: bool) -> None:
         console.print(Text(f"diff: no file {verb}"))
         return
     for d in rollout.diffs[:MAX_DIFFS]:
-        console.print(Text(f"--- {d.host}: {d.task} ({verb})", style="bold"), soft_wrap=True)
+        console.print(Text(f"== {d.host}: {d.task} ({verb})", style="bold"), soft_wrap=True)
         for line in d.text.splitlines():
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
             console.print(Text(line, style=style), soft_wrap=True, highlight=False)

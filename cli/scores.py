@@ -104,12 +104,23 @@ def _num(value) -> str:
 
 
 def terms_text(components: dict) -> str:
-    """``queue_s 0 + kv_s 0 + step_s 0.0011 + prefill_s 1.949``: the sum the score is."""
-    return " + ".join(f"{k} {_num(components[k])}" for k in TERMS if components.get(k) is not None)
+    """``prefill_s 1.95 + step_s 0.0011``: the terms the score is the sum of, largest first; terms that
+    are 0 are left out (``0`` when all are), so what is shown adds up to the score."""
+    terms = [(k, components[k]) for k in TERMS if isinstance(components.get(k), int | float)]
+    shown = sorted(((k, v) for k, v in terms if v), key=lambda kv: -abs(kv[1]))
+    if not terms:
+        return ""
+    return " + ".join(f"{k} {_num(v)}" for k, v in shown) or "0"
 
 
 def inputs_text(components: dict) -> str:
-    return "  ".join(f"{k}={_num(components[k])}" for k in INPUTS if components.get(k) is not None)
+    """What the terms come from (requests, KV use, admitted prefill), in a few words."""
+    parts = [f"{k} {_num(components[k])}" for k in ("waiting", "running") if components.get(k) is not None]
+    if isinstance(components.get("kv_usage"), int | float):
+        parts.append(f"kv {components['kv_usage'] * 100:.0f}%")
+    if components.get("admitted_prefill_tokens"):
+        parts.append(f"admitted {_num(components['admitted_prefill_tokens'])} tok")
+    return ", ".join(parts)
 
 
 def flag_why(row: dict, data: list[dict]) -> str:
@@ -121,15 +132,15 @@ def flag_why(row: dict, data: list[dict]) -> str:
         return ""
     if flag == "high_outlier":
         scores = sorted(r["score"] for r in data if r["score"] is not None)
-        median = scores[len(scores) // 2] if scores else None
-        base = f"; pool median {median:.4g}" if median is not None else ""
-        return f"high_outlier: score far above the pool{base}; gated (weight 0) while it lasts"
+        median = f" vs pool median {scores[len(scores) // 2]:.3g}" if scores else ""
+        score = f" {row['score']:.3g}" if row["score"] is not None else ""
+        return f"high_outlier:{score}{median}; gated (weight 0)"
     if flag == "frozen":
         pending = (row["components"].get("running") or 0) + (row["components"].get("waiting") or 0)
-        return (f"frozen: token counters still for {detector.frozen_s:g}s with {_num(pending)} requests "
-                f"pending; weight {_num(row['weight'])}")
+        return (f"frozen: no new tokens for {detector.frozen_s:g}s, {_num(pending)} requests pending; "
+                f"weight {_num(row['weight'])}")
     if flag == "ramp":
-        return f"ramp: new or back in rotation; weight rising to 1 over {detector.ramp_s:g}s"
+        return f"ramp: new or back in rotation; weight rises to 1 in {detector.ramp_s:g}s"
     return flag
 
 
@@ -137,15 +148,16 @@ def table(data: list[dict], title: str, width: int = 160) -> Table:
     """The scores table laid out for ``width`` columns: narrow terminals get the IU, score, its terms,
     health and flag; wide ones the rack, node and the inputs too. Cells fold, never cut to "..."."""
     wide = width >= WIDE
-    t = Table(title=title, title_justify="left")
-    columns = ["IU"] + (["rack", "node"] if wide else []) + ["score", "score = sum of"]
+    t = Table(title=title, title_justify="left", caption_justify="left",
+              caption="score = the sum of its terms (terms that are 0 are left out); every component: --json")
+    columns = ["IU"] + (["rack", "node"] if wide else []) + ["score", "= terms"]
     columns += (["inputs"] if wide else []) + ["age", "health", "flag"]
     for column in columns:
         t.add_column(column, justify="right" if column in ("score", "age") else "left",
                      overflow="fold", no_wrap=column in ("IU", "rack", "node", "score", "age"))
     for r in data:
         age = "-" if r["age_s"] is None else f"{r['age_s']:.1f}s" + (" stale" if r["stale"] else "")
-        score = "-" if r["score"] is None else f"{r['score']:.3f}"
+        score = "-" if r["score"] is None else f"{r['score']:.4g}"
         health = Text(r["health"], style=HEALTH_STYLE.get(r["health"], "dim"))
         if r["reason"]:
             health.append(f" ({r['reason']})")

@@ -378,7 +378,7 @@ class Rollout:
         for progress in members:
             if progress.status == "running":
                 progress.status, progress.task = "ok", ""
-                self.notices.append(f"{progress.name}: done ({progress.ok} ok, {progress.changed} changed)")
+                self.notices.append(f"{progress.name}: done")
         bad = [p.name for p in members if p.status in ("failed", "unreachable")]
         self.notices.append(
             f"batch {index + 1}/{len(self.plan.batches)} finished in {self.batch_seconds[-1]:.1f}s: "

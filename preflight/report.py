@@ -326,7 +326,12 @@ def print_report(console: Console, outcome: RunOutcome, strict: bool = False, sh
                  saved: str | None = None) -> None:
     """Table, then the failures block, counts and the exit code's meaning. ``saved``: where the whole
     run (every detail and evidence) was written, named in the closing lines."""
-    console.print(results_table(outcome.results, console.width, show_pass))
+    if show_pass or problem_rows(outcome.results):
+        console.print(results_table(outcome.results, console.width, show_pass))
+    elif outcome.results:  # nothing to list: no empty table, just what passed
+        nodes = sorted({r.node for r in outcome.results})
+        console.print(Text(f"every check passed on {plural(len(nodes), 'node')}: {_names(nodes)} "
+                           f"({plural(len(outcome.results), 'PASS/SKIP row')}; --show-pass lists them)"))
     s = summary(outcome, strict)
     lines = failure_lines(outcome.results, strict)
     if lines:

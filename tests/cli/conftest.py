@@ -7,19 +7,13 @@ import pytest
 
 @pytest.fixture
 def clusterctl(capsys, monkeypatch):
-    """``clusterctl(*args)`` -> (exit code, stdout, stderr), through cli.main.main as a shell would."""
-    from cli.main import main
+    """``clusterctl(*args)`` -> (exit code, stdout, stderr) at ``columns`` wide, as a shell would run it."""
+    from tests.helpers import run_cli
 
     def run(*args: str, columns: int = 100):
         monkeypatch.setenv("COLUMNS", str(columns))
         monkeypatch.delenv("FORCE_COLOR", raising=False)
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        out, err = capsys.readouterr()
-        return code, out, err
+        return run_cli(capsys, *args)
 
     return run
 

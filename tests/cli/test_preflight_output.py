@@ -185,3 +185,13 @@ def test_diff_fix_is_listed_after_regressions(tmp_path):
     b = save(tmp_path, [r("r01", "a", "nccl", "PASS", "OK", "ok"), r("r01", "b", "nccl", "FAIL", "X", "bad")], ["nccl"])
     kinds = [c.kind for c in history.diff(history.load(tmp_path, a.id), history.load(tmp_path, b.id)).changes]
     assert kinds == ["regression", "fixed"]
+
+
+def test_a_green_run_is_a_line_not_an_empty_table():
+    outcome = samples.outcome()
+    outcome.results[:] = [r for r in outcome.results if r.node in ("r01n01", "r02n01")]
+    out = io.StringIO()
+    report.print_report(Console(file=out, width=100, color_system=None), outcome)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "every check passed on 2 nodes: r01n01, r02n01 (16 PASS/SKIP rows; --show-pass lists them)"
+    assert "┏" not in out.getvalue() and lines[-1] == "exit code 0: every check passed"
