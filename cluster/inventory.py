@@ -133,6 +133,16 @@ class _Warnings:
         del self._display.warning  # back to the class's methods
         del self._display.error_as_warning
 
+    def summarize(self, path: Path, most: int = 5) -> None:
+        """After a load that worked: each distinct warning once, its first line only, on stderr."""
+        import sys
+
+        distinct = list(dict.fromkeys(m.strip().splitlines()[0] for m in self.messages if m.strip()))
+        for message in distinct[:most]:
+            print(f"warning: {path}: ansible: {message}", file=sys.stderr)
+        if len(distinct) > most:
+            print(f"warning: {path}: (+{len(distinct) - most} more ansible warnings)", file=sys.stderr)
+
     def plugin_failure(self, source: Path) -> str | None:
         """The failure message of the plugin matching ``source``'s type, first line only."""
         plugins = ("yaml", "auto") if source.suffix in YAML_SUFFIXES else ("ini",)
@@ -146,7 +156,7 @@ class _Warnings:
         return None
 
 
-def _ansible_objects(path: Path, vault_secrets: vault.VaultSecrets | None = None):
+def _ansible_objects(path: Path, warnings: _Warnings, vault_secrets: vault.VaultSecrets | None = None):
     """Ansible's loader, inventory and variable manager for ``path``, with the vault secrets in effect
     (``vault_secrets``, else those Ansible's configuration names), which also become the process's."""
     import ansible.constants as C
@@ -164,11 +174,10 @@ def _ansible_objects(path: Path, vault_secrets: vault.VaultSecrets | None = None
     vault.activate(secrets)  # inline !vault values decrypt from Ansible's process-wide context
     loader = DataLoader()
     loader.set_vault_secrets(secrets)  # before the inventory is parsed: its source may be encrypted too
-    with _Warnings() as warnings:
-        try:
-            inventory = InventoryManager(loader=loader, sources=[str(path)])
-        except AnsibleError as exc:
-            raise _source_error(path, exc, warnings) from None
+    try:
+        inventory = InventoryManager(loader=loader, sources=[str(path)])
+    except AnsibleError as exc:
+        raise _source_error(path, exc, warnings) from None
     return loader, inventory, VariableManager(loader=loader, inventory=inventory)
 
 
@@ -231,17 +240,19 @@ def load_inventory(
     path = Path(path)
     if not path.exists():
         raise InventoryError(f"{path}: inventory not found")
-    loader, inventory, variables = _ansible_objects(path, vault_secrets)
     from ansible.errors import AnsibleError
 
     everyone: dict[str, dict[str, Any]] = {}
-    try:
-        for host in inventory.get_hosts("all"):
-            hostvars = variables.get_vars(host=host, include_hostvars=False)
-            everyone[host.name] = _resolve(path, host.name, loader, hostvars)
-        selected_names = [h.name for h in inventory.get_hosts(limit)] if limit else list(everyone)
-    except AnsibleError as exc:
-        raise _error(path, exc) from None
+    with _Warnings() as warnings:
+        loader, inventory, variables = _ansible_objects(path, warnings, vault_secrets)
+        try:
+            for host in inventory.get_hosts("all"):
+                hostvars = variables.get_vars(host=host, include_hostvars=False)
+                everyone[host.name] = _resolve(path, host.name, loader, hostvars)
+            selected_names = [h.name for h in inventory.get_hosts(limit)] if limit else list(everyone)
+        except AnsibleError as exc:
+            raise _error(path, exc) from None
+    warnings.summarize(path)
     if limit and not selected_names:
         groups = sorted(g for g in inventory.groups if g not in ("all", "ungrouped"))
         raise InventoryError(f"--limit {limit!r} matches no host in {path} (groups: {', '.join(groups) or '-'}; "

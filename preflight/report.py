@@ -293,14 +293,20 @@ def results_table(results: list[CheckResult], width: int, show_pass: bool = Fals
             cells = ([Text(r.rack)] if wide else []) + [Text(r.node), Text(r.check), Text(_short_iu(r.node, r.iu)),
                                                          verdict_text(r.verdict)]
             table.add_row(*cells, *([Text(r.code)] if wide else []), Text(r.reason))
-    elif passing:
-        clean = sorted({r.node for r in passing} - {b.node for row in rows for b in row.results})
-        table.caption = (
-            f"{plural(len(passing), 'PASS/SKIP row')} not shown (--show-pass lists them)"
-            + (f"; every check passed on {plural(len(clean), 'node')}: {_names(clean)}" if clean else "")
-        )
-        table.caption_justify = "left"
     return table
+
+
+def hidden_line(results: list[CheckResult]) -> Text | None:
+    """What the collapsed PASS/SKIP rows were: how many, and the nodes where every check passed."""
+    passing = [r for r in results if r.verdict in (Verdict.PASS, Verdict.SKIP)]
+    if not passing:
+        return None
+    clean = sorted({r.node for r in passing} - {r.node for r in results if r.verdict not in (Verdict.PASS, Verdict.SKIP)})
+    return Text(
+        f"{plural(len(passing), 'PASS/SKIP row')} not shown (--show-pass lists them)"
+        + (f"; every check passed on {plural(len(clean), 'node')}: {_names(clean)}" if clean else ""),
+        style="dim",
+    )
 
 
 def _names(names: list[str], limit: int = 12) -> str:
@@ -328,6 +334,8 @@ def print_report(console: Console, outcome: RunOutcome, strict: bool = False, sh
     run (every detail and evidence) was written, named in the closing lines."""
     if show_pass or problem_rows(outcome.results):
         console.print(results_table(outcome.results, console.width, show_pass))
+        if not show_pass and (hidden := hidden_line(outcome.results)):
+            console.print(hidden)
     elif outcome.results:  # nothing to list: no empty table, just what passed
         nodes = sorted({r.node for r in outcome.results})
         console.print(Text(f"every check passed on {plural(len(nodes), 'node')}: {_names(nodes)} "

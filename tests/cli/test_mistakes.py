@@ -207,3 +207,13 @@ def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, virtual
     code, out, _ = clusterctl("virtual", "up", "-i", str(virtual_inventory), "--reset")
     assert code == 0 and len(ups) == 2 and "next: clusterctl provision" in out
     assert run_state.provisioned_since_up(virtual_inventory) is None  # fresh hosts: nothing to lose again
+
+
+def test_ansible_warnings_are_summarized_once_each(clusterctl, broken):
+    inventory = broken("warn")
+    text = (inventory / "hosts.yml").read_text().replace("rack_r01:", "rack-r01:")
+    (inventory / "hosts.yml").write_text(text)
+    code, out, err = clusterctl("inventory", "show", "-i", str(inventory), "--json")
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings and all(": ansible: " in line for line in warnings), err
+    assert len(warnings) == len(set(warnings)) and "[WARNING]" not in err and "<<< caused by >>>" not in err
