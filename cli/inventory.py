@@ -67,8 +67,10 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
     loaded = inv.load_inventory(inventory, limit, vault.secrets_for(vault_password_file))
     problems = val.validate(loaded.selected, loaded.everyone)
     if problems:
-        for problem in problems:
-            click.echo(f"{loaded.path}: {problem}", err=True)
-        click.echo(f"{plural(len(problems), 'problem')} in {loaded.path}", err=True)
+        lines = val.problem_lines(problems)
+        for line in lines:
+            click.echo(f"{loaded.path}: {line}", err=True)
+        shown = f" ({len(lines)} distinct)" if len(lines) < len(problems) else ""
+        click.echo(f"{plural(len(problems), 'problem')}{shown} in {loaded.path}", err=True)
         raise SystemExit(2)
     click.echo(f"{loaded.path}: OK ({plural(len(loaded.selected), 'host')})")

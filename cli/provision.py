@@ -217,7 +217,7 @@ def live_view(rollout: prov.Rollout) -> Group:
         if p.status == "waiting" and (p.batch or 0) >= max(rollout.batches_started, 1) + 1:
             continue  # hosts of later batches: keep the view short on large fleets
         table.add_row(
-            Text(p.name), _batch(p.batch), Text(p.label, style=STATUS_STYLE.get(p.label, "")), Text(p.task),
+            Text(p.name), _batch(p.batch), Text(p.status, style=STATUS_STYLE.get(p.status, "")), Text(p.task),
             str(p.ok), str(p.changed), str(p.failed),
         )
     return Group(header, table)

@@ -28,6 +28,7 @@ import yaml
 
 from cluster import model, validate, vault
 from cluster.errors import ClusterctlError
+from cluster.text import plural
 
 # Variables the model reads; only these are templated (a vault value elsewhere is never decrypted).
 MODEL_VARS = (
@@ -276,7 +277,7 @@ def cluster_of(loaded: LoadedInventory) -> model.Cluster:
     problems = validate.validate(loaded.selected, loaded.everyone)
     if problems:
         raise InventoryError(
-            f"{loaded.path}: {len(problems)} inventory problem(s):\n{validate.format_problems(problems)}", problems
+            f"{loaded.path}: {plural(len(problems), 'inventory problem')}:\n{validate.format_problems(problems)}", problems
         )
     return model.build_cluster(loaded.selected)
 

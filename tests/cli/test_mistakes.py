@@ -217,3 +217,14 @@ def test_ansible_warnings_are_summarized_once_each(clusterctl, broken):
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert warnings and all(": ansible: " in line for line in warnings), err
     assert len(warnings) == len(set(warnings)) and "[WARNING]" not in err and "<<< caused by >>>" not in err
+
+
+def test_a_group_level_problem_is_one_line_not_one_per_host():
+    from cluster.validate import Problem, problem_lines
+
+    problems = [Problem(f"r0{r}n0{n}", "gpu_count", 6, "not divisible by iu_size=4") for r in (1, 2) for n in (1, 2)]
+    problems.append(Problem("r01n01", "iu_size", "four", "must be one of 1/2/4/8"))
+    assert problem_lines(problems) == [
+        "r01n01, r01n02, r02n01, ... (+1) (4 hosts): gpu_count=6: not divisible by iu_size=4",
+        "r01n01: iu_size='four': must be one of 1/2/4/8",
+    ]

@@ -68,8 +68,9 @@ def test_each_rule_reports_host_variable_value(tmp_path, capsys, case):
 def test_missing_required_variable(tmp_path, capsys):
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, all_vars="x: 1\n"))
     assert code == 2
-    assert "n1: gpu_model=None: missing required variable" in err
-    assert "n2: gpu_model=None: missing required variable" in err
+    # one line for the one mistake both hosts share, naming both (not one line per host)
+    assert "n1, n2 (2 hosts): gpu_model=None: missing required variable" in err
+    assert "2 problems (1 distinct)" in err
 
 
 def test_duplicate_addresses_name_both_hosts(tmp_path, capsys):
