@@ -157,7 +157,7 @@ def run_preflight_command(
     console = Console(stderr="-" in (json_file, junit_file))
     transport = RoutingTransport()
     try:
-        with report.LiveProgress(Console(stderr=True)) as progress:
+        with report.LiveProgress(Console(stderr=True), [node.name for node in nodes]) as progress:
             outcome = run_preflight(
                 cluster,
                 selected,

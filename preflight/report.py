@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -43,11 +44,13 @@ BAD = (Verdict.FAIL, Verdict.ERROR, Verdict.UNREACHABLE)
 
 
 class LiveProgress(RunnerProgress):
-    """nodes done/total and failures so far, redrawn in place while the runner works."""
+    """nodes done/total, failures so far and the nodes still running, redrawn in place while the runner
+    works (``waiting on r02n02`` when one hung node holds up the run)."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, nodes: list[str] | None = None):
         self.console = console
         self.failures = 0
+        self.pending = list(nodes or [])
         self._bar = Progress(
             TextColumn("[bold]preflight[/]"),
             BarColumn(),
@@ -75,10 +78,18 @@ class LiveProgress(RunnerProgress):
 
     def node_done(self, node: str, results: list[CheckResult]) -> None:
         self.failures += sum(1 for r in results if r.verdict in BAD)
-        self._bar.update(self._task, advance=1, failures=self._failures_text())
+        if node in self.pending:
+            self.pending.remove(node)
+        self._bar.update(self._task, advance=1, failures=self._failures_text(), phase=self.waiting_text())
 
     def phase(self, text: str) -> None:
         self._bar.update(self._task, phase=text)
+
+    def waiting_text(self, most: int = 3) -> str:
+        if not self.pending:
+            return "node checks"
+        names = ", ".join(self.pending[:most]) + (f" (+{len(self.pending) - most})" if len(self.pending) > most else "")
+        return f"waiting on {escape(names)}"
 
     def _failures_text(self) -> str:
         text = plural(self.failures, "failure")

@@ -195,3 +195,13 @@ def test_a_green_run_is_a_line_not_an_empty_table():
     lines = out.getvalue().splitlines()
     assert lines[0] == "every check passed on 2 nodes: r01n01, r02n01 (16 PASS/SKIP rows; --show-pass lists them)"
     assert "┏" not in out.getvalue() and lines[-1] == "exit code 0: every check passed"
+
+
+def test_progress_names_the_nodes_it_waits_on():
+    progress = report.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r02n01", "r02n02", "r02n03"])
+    with progress:
+        progress.start(5)
+        assert progress.waiting_text() == "waiting on r01n01, r01n02, r02n01 (+2)"
+        for node in ("r01n01", "r01n02", "r02n01", "r02n03"):
+            progress.node_done(node, [])
+        assert progress.waiting_text() == "waiting on r02n02"
