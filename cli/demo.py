@@ -237,7 +237,7 @@ class Demo:
         if released != expected:
             raise DemoError(f"released IUs {released}, expected {expected}")
         console.print(Text.assemble(("FAIL", "red"), f" {faulty.name}: {caught[0]['check']}: {caught[0]['reason']}"))
-        console.print(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation")
+        console.print(Text(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation"))
         return released
 
     # -- 7. traffic -------------------------------------------------------------------------------

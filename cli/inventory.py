@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.text import Text
 from rich.tree import Tree
 
 from cli.help import examples
@@ -38,23 +39,27 @@ def show(inventory: str, limit: str | None, as_json: bool, vault_password_file: 
 
 
 def cluster_tree(cluster: Cluster, title: str) -> Tree:
+    """Inventory values (names, devices, addresses) go in as plain Text: a "[" in one is not markup."""
     nodes = list(cluster.nodes())
-    tree = Tree(
-        f"[bold]{title}[/]: {len(cluster.racks)} racks, {len(nodes)} nodes, "
-        f"{sum(len(n.ius) for n in nodes)} IUs, {sum(n.gpu_count for n in nodes)} GPUs"
-    )
+    tree = Tree(Text.assemble(
+        (title, "bold"),
+        f": {plural(len(cluster.racks), 'rack')}, {plural(len(nodes), 'node')}, "
+        f"{plural(sum(len(n.ius) for n in nodes), 'IU')}, {plural(sum(n.gpu_count for n in nodes), 'GPU')}",
+    ))
     for rack in cluster.racks:
-        rack_branch = tree.add(f"[bold cyan]rack {rack.name}[/]")
+        rack_branch = tree.add(Text(f"rack {rack.name}", style="bold cyan"))
         for node in rack.nodes:
-            node_branch = rack_branch.add(
-                f"[bold]{node.name}[/] {node.address}  {node.gpu_model} x{node.gpu_count}  "
-                f"NICs: {', '.join(n.device for n in node.nics) or '-'}"
-            )
+            node_branch = rack_branch.add(Text.assemble(
+                (node.name, "bold"),
+                f" {node.address}  {node.gpu_model} x{node.gpu_count}  "
+                f"NICs: {', '.join(n.device for n in node.nics) or '-'}",
+            ))
             for iu in node.ius:
-                node_branch.add(
-                    f"[green]{iu.id}[/]  GPUs {iu.cuda_visible_devices}  NUMA {iu.numa_node}  "
-                    f"port {iu.port}  NICs {', '.join(iu.nics) or '-'}"
-                )
+                node_branch.add(Text.assemble(
+                    (iu.id, "green"),
+                    f"  GPUs {iu.cuda_visible_devices}  NUMA {iu.numa_node}  port {iu.port}  "
+                    f"NICs {', '.join(iu.nics) or '-'}",
+                ))
     return tree
 
 

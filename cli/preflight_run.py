@@ -207,6 +207,7 @@ def history_command(state_dir: Path | None, as_json: bool) -> None:
 
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from preflight import history
 
@@ -230,19 +231,19 @@ def history_command(state_dir: Path | None, as_json: bool) -> None:
     if not rows:
         click.echo(f"no runs saved under {state_dir}")
         return
-    table = Table(title=f"preflight runs in {state_dir}", header_style="bold")
+    table = Table(title=Text(f"preflight runs in {state_dir}"), header_style="bold")
     for column in ("run", "inventory", "limit", "nodes", "verdicts", "exit", "seconds"):
         table.add_column(column, no_wrap=column in ("run", "nodes", "exit", "seconds"))
     for row in rows:
-        table.add_row(
+        table.add_row(*(Text(str(cell)) for cell in (  # saved files are data, never markup
             row["id"],
-            str(row["inventory"]),
-            str(row["limit"] or "-"),
-            str(row["nodes"]),
+            row["inventory"],
+            row["limit"] or "-",
+            row["nodes"],
             " ".join(f"{k} {v}" for k, v in row["verdicts"].items()),
-            str(row["exit_code"]),
-            str(row["duration_s"]),
-        )
+            row["exit_code"],
+            row["duration_s"],
+        )))
     Console().print(table)
 
 

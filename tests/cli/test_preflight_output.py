@@ -205,3 +205,10 @@ def test_progress_names_the_nodes_it_waits_on():
         for node in ("r01n01", "r01n02", "r02n01", "r02n03"):
             progress.node_done(node, [])
         assert progress.waiting_text() == "waiting on r02n02"
+
+
+def test_history_table_shows_saved_text_as_it_is(clusterctl, tmp_path):
+    history.save(tmp_path, report.to_json(samples.outcome()), {"inventory": "inv[/]x", "limit": "[bold]r1"},
+                 started=1_800_000_000)
+    code, out, _ = clusterctl("preflight", "history", "--state-dir", str(tmp_path), columns=160)
+    assert code == 0 and "inv[/]x" in out and "[bold]r1" in out  # before: MarkupError, exit 1
