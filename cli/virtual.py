@@ -1,10 +1,14 @@
-"""``clusterctl virtual create|up|down|status``: simulated hosts for the virtual inventory.
+"""``clusterctl virtual create|up|down|status``: simulated machines for the virtual inventory.
+
+The simulators live in the top-level ``sim`` package, which production modules never import
+(tests/test_import_lint.py); this command imports it inside each command function, only when run.
 
 Every subcommand takes the inventory as ``-i DIR`` like the rest of the CLI; the older positional
-``DIR`` still works and prints a deprecation note (scripts written against it keep running).
+``DIR`` still works and prints a deprecation note (after the command's work, so an error stays one line).
 
-``virtual up`` on hosts that are up and were provisioned since they came up refuses (exit 2) unless
-``--reset``: bringing them up again discards everything provisioning put on them (:mod:`cluster.run_state`).
+``virtual up`` on machines that are running and were provisioned since they came up refuses (exit 2)
+unless ``--reset``: bringing them up again discards everything provisioning put on them. The record of
+"up" and "provisioned" is :mod:`cluster.run_state`.
 """
 
 from __future__ import annotations
@@ -21,21 +25,16 @@ from cli.options import vault_password_file_option
 from cluster import run_state, vault
 from cluster.model import GPU_MODELS
 from cluster.text import plural
-from cluster.virtual import create as create_inventory
-from cluster.virtual import simulate
+
+# The choices `virtual create --fabric` offers (sim.hosts.create.FABRICS; a test keeps them equal).
+FABRICS = ("ib", "roce", "mixed")
 
 
 def _inventory_arg(func):
-    """``-i/--inventory DIR`` plus the deprecated positional ``DIR``; the command gets ``inventory``."""
+    """``-i/--inventory DIR`` plus the deprecated positional ``DIR``; the command gets both."""
     func = click.argument("positional", required=False, metavar="[DIR]", type=click.Path(path_type=str))(func)
     return click.option("-i", "--inventory", "inventory", default=None, type=click.Path(path_type=str),
                         help="The virtual inventory directory (the positional DIR is deprecated).")(func)
-
-
-def _deprecated_form(inventory: str | None, positional: str | None) -> None:
-    """Printed after the command did its work, so an error stays the one line it is."""
-    if positional and not inventory:
-        click.echo(f"note: the positional inventory is deprecated; use -i {positional}", err=True)
 
 
 def _resolve_inventory(inventory: str | None, positional: str | None, must_exist: bool = True) -> str:
@@ -47,6 +46,16 @@ def _resolve_inventory(inventory: str | None, positional: str | None, must_exist
     if must_exist and not Path(chosen).exists():
         raise UsageError(f"{chosen}: inventory not found (create one with clusterctl virtual create -i {chosen})")
     return chosen
+
+
+def _deprecated_form(inventory: str | None, positional: str | None) -> None:
+    """Printed after the command did its work, so an error stays the one line it is."""
+    if positional and not inventory:
+        click.echo(f"note: the positional inventory is deprecated; use -i {positional}", err=True)
+
+
+def _running(status) -> bool:
+    return status.state != "stopped"
 
 
 @click.group("virtual", epilog=examples(
@@ -69,7 +78,7 @@ def command() -> None:
               help="Number of racks (nodes spread in order).")
 @click.option("--gpu", "gpu_model", type=click.Choice(GPU_MODELS), default="h100-sxm", show_default=True,
               help="GPU model of every node.")
-@click.option("--fabric", type=click.Choice(create_inventory.FABRICS), default="ib", show_default=True,
+@click.option("--fabric", type=click.Choice(FABRICS), default="ib", show_default=True,
               help="ib: InfiniBand; roce: RoCE everywhere; mixed: the last rack RoCE.")
 @click.option("--faults", type=click.Choice(["default", "none"]), default="default", show_default=True,
               help="default: a few nodes with hardware faults that preflight must catch.")
@@ -77,6 +86,8 @@ def command() -> None:
 def create(inventory: str | None, positional: str | None, nodes: int, racks: int, gpu_model: str, fabric: str,
            faults: str, force: bool) -> None:
     """Write a virtual inventory (hosts.yml, group_vars, host_vars) into DIR."""
+    from sim.hosts import create as create_inventory
+
     directory = Path(_resolve_inventory(inventory, positional, must_exist=False))
     try:
         written = create_inventory.write(directory, nodes, racks, gpu_model, fabric, faults, force)
@@ -96,25 +107,28 @@ def create(inventory: str | None, positional: str | None, nodes: int, racks: int
 @_inventory_arg
 @click.option("--limit", "-l", default=None, help="Ansible host pattern: bring up only these hosts.")
 @click.option("--reset", is_flag=True,
-              help="Bring up hosts that are already up and provisioned, discarding their state.")
+              help="Bring up machines that are running and provisioned, discarding their state.")
 @vault_password_file_option
 def up(inventory: str | None, positional: str | None, limit: str | None, reset: bool,
        vault_password_file: Path | None) -> None:
-    """Bring up the inventory's simulated hosts (fresh: hosts already up are replaced)."""
+    """Boot one machine per host of the inventory (tears down any previous ones first; builds the machine
+    image first when it is not cached, printing its progress)."""
+    from sim.hosts import simulate
+
     given, inventory = inventory, _resolve_inventory(inventory, positional)
     provisioned = run_state.provisioned_since_up(inventory)
     if provisioned is not None and not reset:
-        running = [h.name for h in simulate.status(inventory) if h.up]
+        running = [h.name for h in simulate.status(inventory) if _running(h)]
         if running:
             when = datetime.fromtimestamp(provisioned).strftime("%H:%M:%S")
             raise UsageError(
-                f"{inventory}: {plural(len(running), 'simulated host')} up and provisioned at {when}; bringing "
+                f"{inventory}: {plural(len(running), 'machine')} up and provisioned at {when}; bringing "
                 f"them up again discards that state (add --reset to do it, then rerun clusterctl provision)"
             )
     result = simulate.up(inventory, limit, vault.secrets_for(vault_password_file))
     run_state.note(inventory, "up")
     note = f" ({len(result.unreachable)} unreachable: {', '.join(result.unreachable)})" if result.unreachable else ""
-    click.echo(f"{inventory}: {plural(len(result.hosts), 'simulated host')} up in {result.seconds:.2f}s{note}")
+    click.echo(f"{inventory}: {plural(len(result.hosts), 'machine')} up in {result.seconds:.2f}s{note}")
     click.echo(f"next: clusterctl provision -i {inventory}")
     _deprecated_form(given, positional)
 
@@ -122,27 +136,30 @@ def up(inventory: str | None, positional: str | None, limit: str | None, reset: 
 @command.command("down", epilog=examples("clusterctl virtual down -i mycluster"))
 @_inventory_arg
 def down(inventory: str | None, positional: str | None) -> None:
-    """Tear down the inventory's simulated hosts: unmount everything, end their namespaces."""
+    """Stop the inventory's machines and remove their overlays (also after a killed `up`)."""
+    from sim.hosts import simulate
+
     given, inventory = inventory, _resolve_inventory(inventory, positional)
     start = time.monotonic()
-    removed = simulate.down(inventory)
-    click.echo(f"{inventory}: simulated hosts down ({plural(removed, 'mount')} removed) "
-               f"in {time.monotonic() - start:.2f}s")
+    stopped = simulate.down(inventory)
+    click.echo(f"{inventory}: {plural(stopped, 'machine')} stopped in {time.monotonic() - start:.2f}s")
     _deprecated_form(given, positional)
 
 
 @command.command("status", epilog=examples("clusterctl virtual status -i mycluster"))
 @_inventory_arg
 def status(inventory: str | None, positional: str | None) -> None:
-    """List the inventory's simulated hosts that are up and the faults injected into each."""
+    """Each machine of the inventory: its state (systemd's, inside it), address and injected faults."""
+    from sim.hosts import simulate
+
     given, inventory = inventory, _resolve_inventory(inventory, positional)
     hosts = simulate.status(inventory)
     _deprecated_form(given, positional)
     if not hosts:
-        click.echo(f"{inventory}: no simulated hosts up")
+        click.echo(f"{inventory}: no machines")
         return
     for host in hosts:
         faults = ", ".join(
             f["kind"] + "(" + ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind") + ")" for f in host.faults
         )
-        click.echo(f"{host.name:<12} {'up' if host.up else 'DOWN'}  {faults or 'healthy'}")
+        click.echo(f"{host.name:<12} {host.address:<15} {host.state:<12} {faults or 'healthy'}")

@@ -21,7 +21,7 @@ def clusterctl(capsys, monkeypatch):
 @pytest.fixture(scope="session")
 def virtual_inventory(tmp_path_factory):
     """A virtual inventory on disk (4 nodes, 2 racks, no faults); no simulated host is brought up."""
-    from cluster.virtual import create
+    from sim.hosts import create
 
     path = tmp_path_factory.mktemp("inv") / "mycluster"
     create.write(path, 4, 2, faults="none")

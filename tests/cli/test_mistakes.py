@@ -192,18 +192,19 @@ def test_virtual_takes_dash_i_and_the_positional_form_still_works(clusterctl, tm
 
 def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, virtual_inventory, tmp_path, monkeypatch):
     from cluster import run_state
-    from cluster.virtual import simulate
+    from sim.hosts import simulate
+    from sim.hosts.machines import MachineState
 
     monkeypatch.chdir(tmp_path)
     ups = []
-    monkeypatch.setattr(simulate, "status", lambda inv: [simulate.HostStatus("r01n01", True, [])])
+    monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
     monkeypatch.setattr(simulate, "up", lambda inv, limit, secrets: ups.append(inv) or simulate.UpResult(["r01n01"], [], 0.1))
     assert clusterctl("virtual", "up", "-i", str(virtual_inventory))[0] == 0  # never provisioned: fine
     run_state.note(virtual_inventory, "provisioned")
     code, _, err = clusterctl("virtual", "up", "-i", str(virtual_inventory))
     assert code == 2 and len(ups) == 1
     line = one_line(err)
-    assert "1 simulated host up and provisioned at" in line and "add --reset" in line
+    assert "1 machine up and provisioned at" in line and "add --reset" in line
     code, out, _ = clusterctl("virtual", "up", "-i", str(virtual_inventory), "--reset")
     assert code == 0 and len(ups) == 2 and "next: clusterctl provision" in out
     assert run_state.provisioned_since_up(virtual_inventory) is None  # fresh hosts: nothing to lose again

@@ -1,0 +1,186 @@
+"""Lay out, index and sign the stand-in repositories the way each vendor serves its own.
+
+    <root>/nvidia/compute/cuda/repos/ubuntu2204/x86_64/   flat repository (``deb URL /``), like NVIDIA's:
+        *.deb, Packages, Packages.gz, Release, Release.gpg, InRelease, 3bf863cc.pub (armored key, NVIDIA's name)
+    <root>/hashicorp/                                      dists/<suite>/main/binary-amd64/Packages(.gz),
+        dists/<suite>/{Release,Release.gpg,InRelease}, pool/main/c/consul/*.deb, gpg (armored key, HashiCorp's URL)
+
+One throwaway ed25519 key signs both (its GNUPGHOME stays in ``<root>/.gnupg``, 0700, never served). A build is
+keyed by its recipe (the catalog, the consul stand-in's sources and the URL baked into cuda-keyring): an
+unchanged recipe reuses the tree, a changed one rebuilds it; concurrent builders serialize on a lock file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import devconsul
+from sim.aptrepo import catalog
+from sim.aptrepo.catalog import PackageFile, StandIn
+from sim.aptrepo.deb import build_deb, control_text
+
+NVIDIA_PATH = "nvidia/compute/cuda/repos"
+NVIDIA_DISTRO, NVIDIA_ARCH = "ubuntu2204", "x86_64"
+HASHICORP_PATH = "hashicorp"
+HASHICORP_SUITES = ("jammy", "noble", "bookworm")
+KEY_UID = "clusterctl stand-in apt repositories (throwaway) <aptrepo@clusterctl.invalid>"
+CONSUL_STANDIN_DIR = "/usr/lib/consul-standin"
+RECIPE_FILE = ".recipe"
+
+
+@dataclass(frozen=True)
+class Repositories:
+    root: Path
+    base_url: str
+    fingerprint: str
+
+    @property
+    def nvidia_repo_url(self) -> str:
+        """The value for ``nvidia_stack_repo_url`` (the role appends /<distro>/<arch>/)."""
+        return f"{self.base_url}/{NVIDIA_PATH}"
+
+    @property
+    def hashicorp_repo_url(self) -> str:
+        """The value for ``consul_agent_repo_url`` (the role appends nothing; the key is at <url>/gpg)."""
+        return f"{self.base_url}/{HASHICORP_PATH}"
+
+    def packages(self) -> list[dict[str, str]]:
+        """Every package of both repositories as its index lists it (Package, Version, Filename, ...)."""
+        found = []
+        for index in sorted(self.root.rglob("Packages")):
+            for stanza in index.read_text().split("\n\n"):
+                fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line)
+                if fields:
+                    found.append(fields)
+        return found
+
+
+def consul_standin_files() -> tuple[PackageFile, ...]:
+    """/usr/bin/consul and the devconsul sources it runs (stdlib only, so the machine's python3 runs it)."""
+    source_dir = Path(devconsul.__file__).parent
+    files = [PackageFile(f"{CONSUL_STANDIN_DIR}/devconsul/{path.name}", path.read_text())
+             for path in sorted(source_dir.glob("*.py"))]
+    launcher = (Path(__file__).parent / "consul_standin.py").read_text()
+    files.append(PackageFile("/usr/bin/consul", launcher.replace("#!/usr/bin/env python3", "#!/usr/bin/python3", 1),
+                             0o755))
+    return tuple(files)
+
+
+def recipe(base_url: str) -> str:
+    """A digest of everything that decides the built tree."""
+    digest = hashlib.sha256(base_url.encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    for item in consul_standin_files():
+        digest.update(item.path.encode() + (item.content.encode() if isinstance(item.content, str) else item.content))
+    return digest.hexdigest()
+
+
+def build_repositories(dest: Path, base_url: str) -> Repositories:
+    """Build (or reuse) the signed repositories under ``dest`` for clients reaching them at ``base_url``."""
+    base_url = base_url.rstrip("/")
+    want = recipe(base_url)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recorded = dest / RECIPE_FILE
+        if recorded.is_file() and json.loads(recorded.read_text())["recipe"] == want:
+            return Repositories(dest, base_url, json.loads(recorded.read_text())["fingerprint"])
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+        try:
+            fingerprint = _build(staging, base_url)
+            (staging / RECIPE_FILE).write_text(json.dumps({"recipe": want, "fingerprint": fingerprint}))
+            if dest.exists():
+                shutil.rmtree(dest)
+            staging.rename(dest)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        os.chmod(dest, 0o755)
+        return Repositories(dest, base_url, fingerprint)
+
+
+def _build(root: Path, base_url: str) -> str:
+    gnupg = root / ".gnupg"
+    gnupg.mkdir(mode=0o700)
+    try:
+        return _build_signed(root, gnupg, base_url)
+    finally:
+        # gpg starts an agent for the secret key; stop it so no process or socket outlives the build.
+        subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], capture_output=True)
+
+
+def _build_signed(root: Path, gnupg: Path, base_url: str) -> str:
+    fingerprint = _make_key(gnupg)
+    armored = _gpg(gnupg, "--armor", "--export", fingerprint)
+    binary = subprocess.run(["gpg", "--homedir", str(gnupg), "--batch", "--export", fingerprint],
+                            check=True, capture_output=True).stdout
+
+    flat = root / NVIDIA_PATH / NVIDIA_DISTRO / NVIDIA_ARCH
+    flat.mkdir(parents=True)
+    for package in catalog.nvidia_packages(binary, f"{base_url}/{NVIDIA_PATH}/{NVIDIA_DISTRO}/{NVIDIA_ARCH}/"):
+        build_deb(package, flat)
+    _index(flat, flat, ".")
+    _release(flat, gnupg, fingerprint, {"Origin": "NVIDIA", "Label": "NVIDIA CUDA", "Architectures": "amd64 all"})
+    (flat / "3bf863cc.pub").write_text(armored)
+
+    hashicorp = root / HASHICORP_PATH
+    pool = hashicorp / "pool/main/c/consul"
+    pool.mkdir(parents=True)
+    for package in catalog.hashicorp_packages(consul_standin_files()):
+        build_deb(package, pool)
+    for suite in HASHICORP_SUITES:
+        binary_dir = hashicorp / "dists" / suite / "main" / "binary-amd64"
+        binary_dir.mkdir(parents=True)
+        _index(hashicorp, binary_dir, "pool")
+        _release(hashicorp / "dists" / suite, gnupg, fingerprint,
+                 {"Origin": "Artifactory", "Label": "HashiCorp", "Suite": suite, "Codename": suite,
+                  "Components": "main", "Architectures": "amd64"})
+    (hashicorp / "gpg").write_text(armored)
+    return fingerprint
+
+
+def _make_key(gnupg: Path) -> str:
+    _gpg(gnupg, "--passphrase", "", "--pinentry-mode", "loopback", "--quick-gen-key", KEY_UID, "ed25519", "sign",
+         "never")
+    listing = _gpg(gnupg, "--with-colons", "--list-secret-keys")
+    return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+
+
+def _gpg(gnupg: Path, *args: str) -> str:
+    done = subprocess.run(["gpg", "--homedir", str(gnupg), "--batch", "--quiet", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"gpg {' '.join(args[:3])} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def _index(cwd: Path, out_dir: Path, scan: str) -> None:
+    """Packages and Packages.gz for the .debs under ``cwd/scan``, Filename fields relative to ``cwd``."""
+    done = subprocess.run(["apt-ftparchive", "packages", scan], cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"apt-ftparchive packages {cwd / scan} failed: {done.stderr.strip()[-500:]}")
+    (out_dir / "Packages").write_text(done.stdout)
+    subprocess.run(["gzip", "-9nkf", str(out_dir / "Packages")], check=True)
+
+
+def _release(directory: Path, gnupg: Path, fingerprint: str, fields: dict[str, str]) -> None:
+    options = [f"-oAPT::FTPArchive::Release::{key}={value}" for key, value in fields.items()]
+    done = subprocess.run(["apt-ftparchive", *options, "release", "."], cwd=directory, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"apt-ftparchive release {directory} failed: {done.stderr.strip()[-500:]}")
+    (directory / "Release").write_text(done.stdout)
+    sign = ["--local-user", fingerprint, "--digest-algo", "SHA512"]
+    _gpg(gnupg, *sign, "--clearsign", "--output", str(directory / "InRelease"), str(directory / "Release"))
+    _gpg(gnupg, *sign, "--armor", "--detach-sign", "--output", str(directory / "Release.gpg"),
+         str(directory / "Release"))
+
+
+__all__ = ["Repositories", "StandIn", "build_repositories", "control_text"]

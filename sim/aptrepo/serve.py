@@ -1,0 +1,52 @@
+"""A loopback-only static HTTP server for the stand-in repositories (apt's and pip's clients fetch from it).
+
+Dot paths (the signing key's GNUPGHOME, the recipe file) are never served; directory listings are off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    def send_head(self):
+        parts = self.path.split("?", 1)[0].split("/")
+        if any(part.startswith(".") for part in parts if part):
+            self.send_error(404)
+            return None
+        if self.path.split("?", 1)[0].endswith("/"):
+            self.send_error(404)  # no directory listings: a repository is fetched by known paths
+            return None
+        return super().send_head()
+
+    def log_message(self, format, *args):  # quiet: apt fetches dozens of files per host
+        pass
+
+
+class RepoServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def make_server(root: Path, host: str, port: int) -> RepoServer:
+    if not ipaddress.ip_address(host).is_loopback:
+        raise ValueError(f"repository server address {host}: only loopback (127.0.0.0/8) is allowed")
+    return RepoServer((host, port), partial(_Handler, directory=str(root)))
+
+
+@contextlib.contextmanager
+def serve(root: Path, host: str, port: int = 0) -> Iterator[str]:
+    """Serve ``root`` on ``host:port`` in a thread; yields the base URL (``http://host:port``)."""
+    server = make_server(root, host, port)
+    thread = threading.Thread(target=server.serve_forever, name="aptrepo-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
