@@ -146,7 +146,7 @@ def bench_size(hosts: int, forks_list: list[int], batches: str, workdir: Path, r
     effective = sorted({min(forks, hosts) for forks in forks_list})
     try:
         for forks in effective:
-            up = clusterctl("virtual", "up", str(inventory))  # fresh overlays: a real first run
+            up = clusterctl("virtual", "up", str(inventory), "--reset")  # fresh overlays: a real first run
             if up.returncode:
                 raise SystemExit(f"virtual up failed: {up.stderr}")
             for run in ("first", "rerun"):

@@ -8,15 +8,16 @@ from pathlib import Path
 import click
 
 from cli.errors import ClusterctlError
+from cli.help import examples
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
 
 
-@click.group("agent")
+@click.group("agent", epilog=examples("clusterctl agent parse-metrics saved-metrics.txt"))
 def command() -> None:
     """EAS agent helpers."""
 
 
-@command.command("parse-metrics")
+@command.command("parse-metrics", epilog=examples("curl -s http://127.0.0.1:8000/metrics > m.txt; clusterctl agent parse-metrics m.txt --json"))
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the parse-json contract's shape.")
 def parse_metrics(file: Path, as_json: bool) -> None:

@@ -31,9 +31,11 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.rule import Rule
+from rich.text import Text
 
 from cli.demo_traffic import DemoEdge, edge_metrics
 from cli.errors import ClusterctlError
+from cli.help import examples
 from cli.processes import ProcessSet, tail
 from cluster import load_cluster
 from cluster.inventory import host_var
@@ -48,15 +50,15 @@ class DemoError(ClusterctlError):
     exit_code = 1
 
 
-@click.command("demo")
-@click.option("--nodes", type=click.IntRange(2, 16), default=4, show_default=True)
-@click.option("--racks", type=click.IntRange(1, 8), default=2, show_default=True)
+@click.command("demo", epilog=examples("clusterctl demo", "clusterctl demo --nodes 6 --racks 3 --duration 30 --keep"))
+@click.option("--nodes", type=click.IntRange(2, 16), default=4, show_default=True, help="Simulated nodes.")
+@click.option("--racks", type=click.IntRange(1, 8), default=2, show_default=True, help="Racks (nodes spread in order).")
 @click.option("--duration", type=click.FloatRange(5, 3600), default=60, show_default=True,
               help="Seconds of routed traffic.")
 @click.option("--rate", type=click.FloatRange(0.1, 200), default=None,
               help="Requests/s of the production mix (default: 0.8 per released IU).")
 @click.option("--keep", is_flag=True, help="Keep the temp dir (inventory, logs, preflight JSON).")
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the request mix.")
 def command(nodes: int, racks: int, duration: float, rate: float | None, keep: bool, seed: int) -> None:
     """Run the whole toolkit end to end on a temporary virtual cluster (offline, < 2 min)."""
     if racks > nodes:
@@ -239,13 +241,13 @@ class Demo:
         if released != expected:
             raise DemoError(f"released IUs {released}, expected {expected}")
         for result in caught:
-            console.print(f"[red]FAIL[/] {faulty.name}: {result['check']}: {result['reason']}")
-        console.print(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation")
+            console.print(Text.assemble(("FAIL", "red"), f" {faulty.name}: {result['check']}: {result['reason']}"))
+        console.print(Text(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation"))
         return released
 
     # -- 7. traffic -------------------------------------------------------------------------------
     def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> None:
-        from cli.scores import rows, table
+        from cli.scores import rows
         from eas_agent.consul_io import ConsulIO
         from eas_agent.scheduler import ConsulWatcher, PoolView
 
@@ -260,10 +262,9 @@ class Demo:
         try:
             with Live(console=console, refresh_per_second=2, transient=False) as live:
                 while time.monotonic() < end:
-                    now = time.time()
-                    live.update(Group(table(rows(view, expected, now), "IU scores (drain: seconds until free)"),
-                                      Panel(latency_line(edge.summary()) + "\n" + edge_metrics(edge_url),
-                                            title="clients -> eas-edge")))
+                    live.update(routing_panels(edge.summary(), edge_metrics(edge_url),
+                                               rows(view, expected, time.time()), end - time.monotonic(),
+                                               console.width))
                     dead = [c.name for c in self.processes.failed()]
                     if dead:
                         raise DemoError(f"{', '.join(dead)} exited early; see logs with --keep")
@@ -271,9 +272,13 @@ class Demo:
         finally:
             edge.stop()
             watcher.stop()
+            # A blocking query still open when Consul is stopped would end in a "consul watch failed"
+            # line after the demo finished: wait for the watch threads to notice the stop first.
+            for thread in watcher.threads:
+                thread.join(timeout=watcher.wait_s + 5)
         summary = edge.summary(window_s=duration)
         console.print()
-        console.print(Panel(latency_line(summary), title="whole run"))
+        console.print(Panel(Text(latency_line(summary)), title="whole run"))
         if summary["completed_total"] == 0:
             raise DemoError("no request completed")
         unreleased = set(summary["sent_to"]) - set(released)
@@ -308,6 +313,19 @@ class Demo:
                 time.sleep(0.2)
         logs = "\n".join(f"{c.name}: {tail(c.log, 3)}" for c in self.processes.children)
         raise DemoError(f"{what} not answering at {url} after {timeout_s:.0f}s\n{logs}")
+
+
+def routing_panels(summary: dict, metrics_line: str, score_rows: list[dict], left_s: float, width: int) -> Group:
+    """Step 7's live view: the clients' latencies through eas-edge and the edge's own /metrics first (the
+    point of the step, never pushed off a short terminal by the table), then the scores laid out for the
+    terminal's width."""
+    from cli.scores import table
+
+    return Group(
+        Panel(Text(latency_line(summary) + "\n" + metrics_line), title=f"clients -> eas-edge ({max(0, left_s):.0f}s left)",
+              title_align="left"),
+        table(score_rows, "IU scores (drain: seconds until free)", width),
+    )
 
 
 def latency_line(s: dict) -> str:

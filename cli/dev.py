@@ -18,23 +18,29 @@ from pathlib import Path
 import click
 
 from cli.errors import ClusterctlError, UsageError
+from cli.help import examples
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error")
 
 
-@click.group(name="dev")
+@click.group(name="dev", epilog=examples("clusterctl dev consul --addr 127.0.0.1:8500"))
 def command() -> None:
     """Development servers for tests and the demo (not for production)."""
 
 
-@command.command(name="consul", short_help="A development server speaking Consul's HTTP API (not Consul).")
+@command.command(
+    name="consul",
+    epilog=examples("clusterctl dev consul --addr 127.0.0.1:8500 --data-dir .state/devconsul",
+                    "CONSUL_HTTP_ADDR=127.0.0.1:8500 clusterctl scores"),
+    short_help="A development server speaking Consul's HTTP API (not Consul).",
+)
 @click.option("--addr", default="127.0.0.1:8500", show_default=True, help="HOST:PORT to listen on.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Persist state here (crash-safe); in memory when omitted.")
 @click.option("--acl-token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Enable ACLs; the file holds the only accepted token (mode 0600).")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info",
-              show_default=True)
+              show_default=True, help="How much the server logs (to stderr).")
 @click.option("--allow-remote", is_flag=True, help="Allow listening on a non-loopback address.")
 @click.option("--check-update-interval", default="5m", show_default=True,
               help="Consul's check_update_interval: how long an output-only check change waits before "

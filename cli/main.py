@@ -13,6 +13,7 @@ import sys
 import click
 
 from cli.errors import ClusterctlError
+from cli.help import SuggestingGroup, examples
 
 # name -> (module, one-line help shown by `clusterctl --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class LazyGroup(click.Group):
+class LazyGroup(SuggestingGroup):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
@@ -44,7 +45,26 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-@click.group(cls=LazyGroup)
+EPILOG = examples(
+    "clusterctl virtual create mycluster --nodes 4 --racks 2",
+    "clusterctl inventory validate -i inventory/prod",
+    "clusterctl provision -i inventory/prod --limit rack_r12 --plan",
+    "clusterctl preflight -i inventory/prod --limit rack_r12",
+    "clusterctl scores -i inventory/prod",
+    note=(
+        "Secrets: the Consul ACL token and BMC passwords live in the inventory as ansible-vault values or "
+        "files. --vault-password-file FILE (on every command that reads an inventory) names the vault "
+        "password: a file of mode 0600 (readable by group or others is refused, exit 2) or an executable "
+        "vault password script; only its path is passed on, never the password. Without it, what "
+        "Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_FILE, vault_password_file in ansible.cfg)."
+        "\n\n\b\nShell completion (bash; zsh_source or fish_source for zsh and fish):\n"
+        "  eval \"$(_CLUSTERCTL_COMPLETE=bash_source clusterctl)\""
+    ),
+)
+
+
+@click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="clusterctl", prog_name="clusterctl", message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:

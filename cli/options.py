@@ -22,8 +22,6 @@ def _checked_vault_password_file(ctx: click.Context, param: click.Parameter, val
 vault_password_file_option = click.option(
     "--vault-password-file", "vault_password_file", type=click.Path(path_type=Path), default=None,
     callback=_checked_vault_password_file,
-    help="Vault password for vault-encrypted inventory variables (Consul ACL token, BMC password): "
-         "a file holding it, mode 0600, or an executable vault password script. Keep secrets in "
-         "ansible-vault encrypted vars, never in plain inventory files. Default: what Ansible's "
-         "configuration names (ANSIBLE_VAULT_PASSWORD_FILE).",
+    # The long explanation is in one place: `clusterctl --help` (cli/main.py EPILOG) and the README.
+    help="Vault password file (mode 0600) or script for ansible-vault values; see `clusterctl --help`.",
 )

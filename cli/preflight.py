@@ -11,6 +11,7 @@ import importlib
 
 import click
 
+from cli.help import SuggestingGroup
 from cli.preflight_run import attach
 
 # subcommand name -> module exposing a click command named ``command``
@@ -19,7 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
-class _LazySubcommands(click.Group):
+class _LazySubcommands(SuggestingGroup):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(SUBCOMMANDS) | set(self.commands))
 

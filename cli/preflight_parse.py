@@ -16,11 +16,12 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.errors import ClusterctlError
+from cli.help import examples
 from preflight.parsers import PARSERS, ParseError, parse, paste_warnings, to_contract_json
 
 
-@click.command("parse")
-@click.argument("kind", type=click.Choice(sorted(PARSERS)))
+@click.command("parse", epilog=examples("clusterctl preflight parse nccl all_reduce_perf.txt", "nvidia-smi topo -m | clusterctl preflight parse topo - --json", note="KIND is one of: " + ", ".join(sorted(PARSERS)) + "."))
+@click.argument("kind", type=click.Choice(sorted(PARSERS)), metavar="KIND")
 @click.argument("file", type=click.File("rb"))
 @click.option("--json", "as_json", is_flag=True, help="Print the contract JSON instead of a table.")
 def command(kind: str, file: Any, as_json: bool) -> None:

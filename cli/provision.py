@@ -10,6 +10,12 @@ in this process (``ansible_runner.run(event_handler=...)``); every event is appe
 each host's current task and counts, and a recap table follows. Exit 0 only when no host failed or was
 unreachable and every planned host ran.
 
+Output: on a terminal a live view (each host's state as it changes, batch and run time); anywhere else
+(CI logs, ``| tee``, ``> log``), or with ``--plain``, one line per event instead: a batch started or
+finished, a host failed, was unreachable or is done. ``--diff`` prints each changed file's diff per
+host after the recap (lines naming a password/token/secret/key show ``********``; ``no_log`` tasks
+send no diff at all). ``--check`` ends with what would change, never "rollout complete".
+
 ``--vault-password-file`` is checked first (exists; a plain file must be 0600, an executable one is a
 vault password script), then decrypts vault content while the inventory loads and goes to
 ansible-playbook as its own ``--vault-password-file``: only the path travels, never the password.
@@ -18,6 +24,7 @@ Without it, both use what Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -31,24 +38,45 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import provision as prov
-from cluster import vault
+from cluster import run_state, vault
+from cluster.text import plural
 
 STATUS_STYLE = {
-    "waiting": "dim", "running": "cyan", "ok": "green", "failed": "bold red", "unreachable": "bold red",
-    "stopped": "yellow",
+    "waiting": "dim", "not started": "dim", "running": "cyan", "ok": "green", "failed": "bold red",
+    "unreachable": "bold red", "stopped": "yellow",
 }
+MAX_DIFFS = 200  # diffs printed; all of them are in events.jsonl
 
 
-@click.command("provision")
+def _site_tags() -> str:
+    try:
+        return ", ".join(t for t in prov.known_tags(prov.PLAYBOOK_DIR / "site.yml") if t not in prov.SPECIAL_TAGS)
+    except (OSError, ValueError):  # a broken checkout: the help still renders
+        return "see playbooks/site.yml"
+
+
+@click.command("provision", epilog=examples(
+    "clusterctl provision -i inventory/prod --limit rack_r12 --plan",
+    "clusterctl provision -i inventory/prod --limit rack_r12",
+    "clusterctl provision -i inventory/prod --tags chrony --limit r01n01 --check --diff",
+    "clusterctl provision -i inventory/prod --playbook rolling-restart.yml --limit r12n03",
+    note="Exit codes: 0 every planned host provisioned, 1 a host failed or was unreachable (the rollout "
+         "stops at that batch), 2 usage or inventory error (no host contacted).",
+))
 @inventory_option
 @limit_option
-@click.option("--tags", "-t", "tags", default=None, help="Comma-separated role tags (e.g. inference,chrony).")
+@click.option("--tags", "-t", "tags", default=None, metavar="TAGS",
+              help=f"Comma-separated tags of site.yml: {_site_tags()}.")
 @click.option("--check", is_flag=True, help="Dry run: report what would change, change nothing.")
-@click.option("--diff", is_flag=True, help="Show the differences in changed files.")
+@click.option("--diff", is_flag=True, help="Print each changed file's diff per host (secrets masked).")
 @click.option("--batches", default=None, help="Batch sizes, e.g. 1,10%,100% (default 1,10%,50%,100%).")
-@click.option("--forks", type=click.IntRange(1, 512), default=None, help="Parallel hosts per batch.")
+@click.option("--forks", type=click.IntRange(1, 512), default=None,
+              help="Parallel hosts per batch (default: ansible.cfg's forks).")
+@click.option("--plain", is_flag=True,
+              help="One line per event instead of the live view (the default when stdout is not a terminal).")
 @click.option("--plan", "plan_only", is_flag=True, help="Print roles, hosts and batches; touch nothing.")
 @click.option("--playbook", default="site.yml", show_default=True, help="Playbook in playbooks/ (or a path).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
@@ -56,7 +84,8 @@ STATUS_STYLE = {
 @vault_password_file_option
 def command(
     inventory: str, limit: str | None, tags: str | None, check: bool, diff: bool, batches: str | None,
-    forks: int | None, plan_only: bool, playbook: str, run_dir: Path | None, vault_password_file: Path | None,
+    forks: int | None, plain: bool, plan_only: bool, playbook: str, run_dir: Path | None,
+    vault_password_file: Path | None,
 ) -> None:
     """Provision nodes with the Ansible roles, batch by batch; a failed batch stops the rollout."""
     vault_secrets = vault.secrets_for(vault_password_file)  # the file was checked by the option
@@ -71,21 +100,45 @@ def command(
         console.print(plan_view(plan))
         return
     run_dir = run_dir or Path(".state") / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    live = not plain and console.is_terminal
     rollout, rc = run_playbook(
-        plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file
+        plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,
+        live=live,
     )
+    if rollout.stats is not None and not check:
+        run_state.note(plan.inventory, "provisioned")  # `virtual up` then refuses to discard it silently
     console.print(recap_table(rollout))
+    if rollout.batch_seconds:
+        console.print(Text("batch times: " + ", ".join(
+            f"{i + 1}: {s:.1f}s" for i, s in enumerate(rollout.batch_seconds)) + f"; run {rollout.elapsed():.1f}s"))
     for message in rollout.messages[:20]:
-        console.print(f"[red]{message}[/]", highlight=False)
-    console.print(rollout.summary(), highlight=False)
-    console.print(f"events: {run_dir / 'events.jsonl'}", highlight=False)
+        console.print(Text(message, style="red"))
+    if diff:
+        print_diffs(console, rollout, check)
+    console.print(Text(rollout.summary(check)))
+    console.print(Text(f"events: {run_dir / 'events.jsonl'}"), soft_wrap=True)
     if not rollout.succeeded(rc):
         raise SystemExit(1)
 
 
+def print_diffs(console: Console, rollout: prov.Rollout, check: bool) -> None:
+    """Each host's file diffs, like ``ansible-playbook --diff`` prints them, after the recap."""
+    verb = "would change" if check else "changed"
+    if not rollout.diffs:
+        console.print(Text(f"diff: no file {verb}"))
+        return
+    for d in rollout.diffs[:MAX_DIFFS]:
+        console.print(Text(f"== {d.host}: {d.task} ({verb})", style="bold"), soft_wrap=True)
+        for line in d.text.splitlines():
+            style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
+            console.print(Text(line, style=style), soft_wrap=True, highlight=False)
+    if len(rollout.diffs) > MAX_DIFFS:
+        console.print(Text(f"(+{len(rollout.diffs) - MAX_DIFFS} more diffs in events.jsonl)"))
+
+
 def run_playbook(
     plan: prov.Plan, run_dir: Path, console: Console, *, check: bool, diff: bool, forks: int | None,
-    vault_password_file: Path | None = None,
+    vault_password_file: Path | None = None, live: bool = True,
 ) -> tuple[prov.Rollout, int]:
     import ansible_runner
 
@@ -102,12 +155,17 @@ def run_playbook(
     cmdline = shlex.join(args)
     with prov.EventLog(run_dir / "events.jsonl") as events, Live(
         live_view(rollout), console=console, refresh_per_second=4, transient=True
-    ) as live:
+    ) if live else contextlib.nullcontext() as view:
 
         def on_event(event: dict[str, Any]) -> bool:
             rollout.handle(event)  # first: a full disk must not cost the recap its record of the host
-            events.write(event)
-            live.update(live_view(rollout))
+            events.write(event)  # flushed per event: `tail -f events.jsonl` follows the run
+            if view is not None:
+                view.update(live_view(rollout))
+            else:  # plain: the lines the state changes produced, as they happen
+                for notice in rollout.notices:
+                    console.print(Text(notice), soft_wrap=True)
+            rollout.notices.clear()
             return False  # events.jsonl has them: no second copy as one artifact file per event
 
         result = ansible_runner.run(
@@ -148,15 +206,21 @@ def runner_env() -> dict[str, str]:
 
 def live_view(rollout: prov.Rollout) -> Group:
     total = len(rollout.plan.batches)
-    header = f"[bold]{rollout.plan.playbook.name}[/]: batch {max(rollout.batches_started, 1)}/{total}"
+    header = Text.assemble(
+        (rollout.plan.playbook.name, "bold"),
+        f": batch {max(rollout.batches_started, 1)}/{total} ({rollout.batch_elapsed():.0f}s), "
+        f"run {rollout.elapsed():.0f}s",
+    )
     table = Table(box=None, pad_edge=False)
     for column in ("host", "batch", "status", "task", "ok", "changed", "failed"):
-        table.add_column(column, justify="right" if column in ("ok", "changed", "failed", "batch") else "left")
+        table.add_column(column, justify="right" if column in ("ok", "changed", "failed", "batch") else "left",
+                         no_wrap=True, overflow="ellipsis" if column == "task" else "fold",
+                         ratio=1 if column == "task" else None)
     for p in rollout.hosts.values():
         if p.status == "waiting" and (p.batch or 0) >= max(rollout.batches_started, 1) + 1:
             continue  # hosts of later batches: keep the view short on large fleets
         table.add_row(
-            p.name, _batch(p.batch), f"[{STATUS_STYLE.get(p.status, '')}]{p.status}[/]", p.task[:60],
+            Text(p.name), _batch(p.batch), Text(p.status, style=STATUS_STYLE.get(p.status, "")), Text(p.task),
             str(p.ok), str(p.changed), str(p.failed),
         )
     return Group(header, table)
@@ -169,23 +233,24 @@ def recap_table(rollout: prov.Rollout) -> Table:
     stats = rollout.stats or {}
     for name, p in rollout.hosts.items():
         counts = [str((stats.get(key) or {}).get(name, 0)) for key in ("ok", "changed", "failures", "skipped", "dark")]
-        table.add_row(name, _batch(p.batch), f"[{STATUS_STYLE.get(p.status, '')}]{p.status}[/]", *counts)
+        table.add_row(Text(name), _batch(p.batch), Text(p.label, style=STATUS_STYLE.get(p.label, "")), *counts)
     return table
 
 
 def plan_view(plan: prov.Plan) -> Group:
-    header = (
-        f"[bold]plan[/]: {plan.playbook.name} on {len(plan.hosts)} host(s) of {plan.inventory}"
-        f"{f' (limit {plan.limit})' if plan.limit else ''}; batches {','.join(map(str, plan.batch_sizes))}"
+    header = Text.assemble(
+        ("plan", "bold"),
+        f": {plan.playbook.name} on {plural(len(plan.hosts), 'host')} of {plan.inventory}"
+        f"{f' (limit {plan.limit})' if plan.limit else ''}; batches {','.join(map(str, plan.batch_sizes))}",
     )
-    roles = "roles: " + (" -> ".join(s.role for s in plan.roles) or "(tasks only)")
+    roles = Text("roles: " + (" -> ".join(s.role for s in plan.roles) or "(tasks only)"))
     table = Table(box=None)
     table.add_column("batch", justify="right")
     table.add_column("hosts", justify="right")
     table.add_column("members")
     for index, batch in enumerate(plan.batches):
         members = ", ".join(batch) if len(batch) <= 12 else ", ".join(batch[:12]) + f", ... (+{len(batch) - 12})"
-        table.add_row(str(index + 1), str(len(batch)), members)
+        table.add_row(str(index + 1), str(len(batch)), Text(members))
     return Group(header, roles, table)
 
 

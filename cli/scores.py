@@ -3,6 +3,14 @@
 Uses the reader library (``eas_agent.scheduler``): the same view, health folding, staleness and anomaly
 verdicts the edge routes on. With an inventory, the Consul address and datacenter come from its
 ``consul_http_addr`` / ``consul_datacenter`` variables and IUs that publish nothing are listed too.
+
+The table explains each score: the terms it is the sum of (drain: ``queue_s + kv_s + step_s +
+prefill_s``; the kv profile's ``kv_cache_gb``, ``kv_cache_age_s``, ``net_mb_per_s``), the inputs behind
+them when the terminal is wide enough, and for an anomaly flag why it was raised. Everything an agent
+sent is shown as plain text, never as rich markup. Every component is in ``--json``.
+
+Exit codes: 0 at least one IU publishes a score (or none is expected), 1 IUs are expected (from the
+inventory) and none publishes, 3 Consul cannot be reached.
 """
 
 from __future__ import annotations
@@ -16,25 +24,23 @@ import click
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
+from cli import neterr
 from cli.errors import ClusterctlError
+from cli.help import examples
 from cli.options import vault_password_file_option
+from cluster.text import plural
 from eas_agent.consul_io import ConsulIO, ConsulUnavailable
 from eas_agent.scheduler import ConsulWatcher, IUEntry, PoolView
 
 HEALTH_STYLE = {"passing": "green", "warning": "yellow", "critical": "red", "maintenance": "magenta"}
-# components shown in the table, per profile (everything is in --json)
-SHOWN = (
-    "queue_s",
-    "kv_s",
-    "step_s",
-    "waiting",
-    "running",
-    "kv_usage",
-    "kv_cache_gb",
-    "kv_cache_age_s",
-    "net_mb_per_s",
-)
+# The terms each profile's score is the sum of (eas_agent/score.py), shown first and always.
+TERMS = ("queue_s", "kv_s", "step_s", "prefill_s", "kv_cache_gb", "kv_cache_age_s", "net_mb_per_s")
+# What the terms are computed from, shown when the terminal is wide (all of it is in --json).
+INPUTS = ("waiting", "running", "kv_usage", "admitted_prefill_tokens", "prefill_tps", "decode_tps")
+WIDE = 140  # columns from which the inputs, rack and node get their own columns
+CONSUL_HINT = "set --consul HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR"
 
 
 def _inventory_settings(
@@ -93,29 +99,87 @@ def rows(view: PoolView, expected: dict[str, tuple[str, str]], now: float) -> li
     return sorted(out, key=lambda r: (r["rack"], r["node"], r["iu"]))
 
 
-def table(data: list[dict], title: str) -> Table:
-    t = Table(title=title, title_justify="left")
-    for column in ("IU", "rack", "node", "score", "components", "age", "health", "anomaly"):
-        t.add_column(column, justify="right" if column in ("score", "age") else "left")
+def _num(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def terms_text(components: dict) -> str:
+    """``prefill_s 1.95 + step_s 0.0011``: the terms the score is the sum of, largest first; terms that
+    are 0 are left out (``0`` when all are), so what is shown adds up to the score."""
+    terms = [(k, components[k]) for k in TERMS if isinstance(components.get(k), int | float)]
+    shown = sorted(((k, v) for k, v in terms if v), key=lambda kv: -abs(kv[1]))
+    if not terms:
+        return ""
+    return " + ".join(f"{k} {_num(v)}" for k, v in shown) or "0"
+
+
+def inputs_text(components: dict) -> str:
+    """What the terms come from (requests, KV use, admitted prefill), in a few words."""
+    parts = [f"{k} {_num(components[k])}" for k in ("waiting", "running") if components.get(k) is not None]
+    if isinstance(components.get("kv_usage"), int | float):
+        parts.append(f"kv {components['kv_usage'] * 100:.0f}%")
+    if components.get("admitted_prefill_tokens"):
+        parts.append(f"admitted {_num(components['admitted_prefill_tokens'])} tok")
+    return ", ".join(parts)
+
+
+def flag_why(row: dict, data: list[dict]) -> str:
+    """Why the reader flagged this IU, in the detector's own terms (eas_agent/scheduler/anomaly.py)."""
+    from eas_agent.scheduler.anomaly import AnomalyDetector
+
+    flag, detector = row["anomaly"], AnomalyDetector()
+    if not flag:
+        return ""
+    if flag == "high_outlier":
+        scores = sorted(r["score"] for r in data if r["score"] is not None)
+        median = f" vs pool median {scores[len(scores) // 2]:.3g}" if scores else ""
+        score = f" {row['score']:.3g}" if row["score"] is not None else ""
+        return f"high_outlier:{score}{median}; gated (weight 0)"
+    if flag == "frozen":
+        pending = (row["components"].get("running") or 0) + (row["components"].get("waiting") or 0)
+        return (f"frozen: no new tokens for {detector.frozen_s:g}s, {_num(pending)} requests pending; "
+                f"weight {_num(row['weight'])}")
+    if flag == "ramp":
+        return f"ramp: new or back in rotation; weight rises to 1 in {detector.ramp_s:g}s"
+    return flag
+
+
+def table(data: list[dict], title: str, width: int = 160) -> Table:
+    """The scores table laid out for ``width`` columns: narrow terminals get the IU, score, its terms,
+    health and flag; wide ones the rack, node and the inputs too. Cells fold, never cut to "..."."""
+    wide = width >= WIDE
+    t = Table(title=title, title_justify="left", caption_justify="left",
+              caption="score = the sum of its terms (terms that are 0 are left out); every component: --json")
+    columns = ["IU"] + (["rack", "node"] if wide else []) + ["score", "= terms"]
+    columns += (["inputs"] if wide else []) + ["age", "health", "flag"]
+    for column in columns:
+        t.add_column(column, justify="right" if column in ("score", "age") else "left",
+                     overflow="fold", no_wrap=column in ("IU", "rack", "node", "score", "age"))
     for r in data:
-        comps = "  ".join(f"{k}={r['components'][k]}" for k in SHOWN if r["components"].get(k) is not None)
         age = "-" if r["age_s"] is None else f"{r['age_s']:.1f}s" + (" stale" if r["stale"] else "")
-        score = "-" if r["score"] is None else f"{r['score']:.3f}"
-        health = r["health"] + (f" ({r['reason']})" if r["reason"] else "")
-        t.add_row(
-            r["iu"],
-            r["rack"],
-            r["node"],
-            score,
-            comps,
-            age,
-            f"[{HEALTH_STYLE.get(r['health'], 'dim')}]{health}[/]",
-            r["anomaly"] or "",
-        )
+        score = "-" if r["score"] is None else f"{r['score']:.4g}"
+        health = Text(r["health"], style=HEALTH_STYLE.get(r["health"], "dim"))
+        if r["reason"]:
+            health.append(f" ({r['reason']})")
+        cells = [Text(r["iu"])] + ([Text(r["rack"]), Text(r["node"])] if wide else [])
+        cells += [score, Text(terms_text(r["components"]))]
+        cells += ([Text(inputs_text(r["components"]))] if wide else [])
+        cells += [age, health, Text(flag_why(r, data), style="yellow")]
+        t.add_row(*cells)
     return t
 
 
-@click.command("scores")
+def publishing(data: list[dict]) -> int:
+    return sum(1 for r in data if r["score"] is not None)
+
+
+@click.command("scores", epilog=examples(
+    "clusterctl scores -i inventory/prod",
+    "clusterctl scores --consul 127.0.0.1:8500 --watch",
+    "CONSUL_HTTP_ADDR=127.0.0.1:8500 clusterctl scores --json",
+    note="Exit codes: 0 scores read (at least one IU publishing, or none expected), 1 the inventory's "
+         "IUs publish nothing, 3 Consul cannot be reached.",
+))
 @click.option(
     "-i",
     "--inventory",
@@ -123,7 +187,9 @@ def table(data: list[dict], title: str) -> Table:
     type=click.Path(path_type=str),
     help="Ansible inventory: Consul address/datacenter and the IUs expected.",
 )
-@click.option("--consul", "consul_addr", default=None, help="Consul HTTP address HOST:PORT.")
+@click.option("--consul", "consul_addr", default=None,
+              help="Consul HTTP address HOST:PORT (default: the inventory's consul_http_addr, else "
+                   "CONSUL_HTTP_ADDR, else 127.0.0.1:8500).")
 @click.option("--dc", "datacenter", default=None, help="Datacenter of the score keys (default dc1).")
 @click.option(
     "--token-file",
@@ -149,13 +215,17 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     try:
         watcher.refresh_once()
     except ConsulUnavailable as exc:
-        raise ClusterctlError(f"cannot read scores from Consul at {addr}: {exc}", 1) from exc
+        raise ClusterctlError(neterr.unreachable("Consul", addr, exc, CONSUL_HINT), 3) from exc
+    console = Console()
     if not watch:
         data = rows(view, expected, time.time())
         if as_json:
             click.echo(json.dumps(data, indent=2))
         else:
-            Console().print(table(data, f"EAS scores ({addr}, {dc})"))
+            console.print(table(data, f"EAS scores ({addr}, {dc})", console.width))
+            console.print(Text(f"{publishing(data)} of {plural(len(data), 'IU')} publishing a score"))
+        if expected and not publishing(data):
+            raise SystemExit(1)
         return
     watcher.start()
     try:
@@ -163,12 +233,12 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
             while True:
                 click.echo(json.dumps(rows(view, expected, time.time())))
                 time.sleep(1.0)
-        with Live(table(rows(view, expected, time.time()), ""), refresh_per_second=4) as live:
+        with Live(table(rows(view, expected, time.time()), "", console.width), console=console,
+                  refresh_per_second=4) as live:
             while True:
                 time.sleep(0.25)
-                live.update(
-                    table(rows(view, expected, time.time()), f"EAS scores ({addr}, {dc}) - Ctrl-C to stop")
-                )
+                live.update(table(rows(view, expected, time.time()),
+                                  f"EAS scores ({addr}, {dc}) - Ctrl-C to stop", console.width))
     except KeyboardInterrupt:
         pass
     finally:

@@ -23,6 +23,7 @@ import yaml
 
 from cluster import vault
 from cluster.inventory import InventoryError, cluster_of, load_inventory
+from cluster.text import plural, suggest
 
 DEFAULT_BATCHES: tuple[int | str, ...] = (1, "10%", "50%", "100%")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +106,56 @@ def playbook_roles(playbook: Path) -> list[RoleStep]:
     return steps
 
 
+# Tags Ansible itself gives meaning to; valid in --tags whatever the playbook declares.
+SPECIAL_TAGS = ("all", "always", "never", "tagged", "untagged")
+
+
+def _tags_in(node: Any) -> set[str]:
+    """Every value of a ``tags:`` key anywhere in a parsed playbook/tasks document."""
+    found: set[str] = set()
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if key == "tags":
+                found |= {str(t) for t in (value if isinstance(value, list) else [value])}
+            else:
+                found |= _tags_in(value)
+    elif isinstance(node, list):
+        for item in node:
+            found |= _tags_in(item)
+    return found
+
+
+def known_tags(playbook: Path) -> list[str]:
+    """The tags ``--tags`` can select in ``playbook``: role names and every tag its plays, roles and
+    tasks declare (imported playbooks and the roles' task files included)."""
+    found = set(SPECIAL_TAGS)
+    for step in playbook_roles(playbook):
+        found |= {step.role, *step.tags}
+        for tasks in (PLAYBOOK_DIR.parent / "roles" / step.role / "tasks").glob("*.yml"):
+            found |= _tags_in(yaml.safe_load(tasks.read_text()))
+    seen: set[Path] = set()
+    pending = [playbook]
+    while pending:
+        path = pending.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        document = yaml.safe_load(path.read_text()) or []
+        found |= _tags_in(document)
+        pending += [path.parent / p["import_playbook"] for p in document if isinstance(p, dict) and "import_playbook" in p]
+    return sorted(found)
+
+
+def check_tags(playbook: Path, tags: Sequence[str]) -> None:
+    """An unknown tag is a usage error listing the known ones: Ansible would run only the ``always``
+    tasks and report success."""
+    known = known_tags(playbook)
+    for tag in tags:
+        if tag not in known:
+            listed = ", ".join(t for t in known if t not in SPECIAL_TAGS)
+            raise InventoryError(f"--tags: unknown tag {tag!r}{suggest(tag, known)} (known: {listed})")
+
+
 def selected_roles(steps: Sequence[RoleStep], tags: Sequence[str]) -> list[RoleStep]:
     if not tags:
         return list(steps)
@@ -166,6 +217,7 @@ def make_plan(
     None: the ones Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_FILE...), read once here.
     """
     secrets = vault.configured_vault_secrets() if vault_secrets is None else vault_secrets
+    check_tags(resolve_playbook(playbook), tags)  # a typo costs nothing: before the inventory is read
     loaded = load_inventory(inventory, limit, secrets)
     cluster_of(loaded)
     # The playbook reads every variable, the model only its own: a vault value that will not decrypt (no or
@@ -190,6 +242,46 @@ def make_plan(
 
 # ------------------------------------------------------------------------------------------ progress
 
+# A diff line whose key names a secret shows the key, never the value (no_log tasks send no diff at
+# all; this covers a secret in a file written without no_log).
+_SECRET_LINE = re.compile(
+    r"(?i)^(?P<head>[-+ ]?\s*[\"']?[\w.-]*(?:password|passwd|token|secret|gossip_key|encrypt|api_key|private_key)"
+    r"[\w.-]*[\"']?\s*[:=]\s*)(?P<value>\S.*)$"
+)
+MASK = "********"
+
+
+def mask_secrets(text: str) -> str:
+    return "\n".join(
+        m.group("head") + MASK if (m := _SECRET_LINE.match(line)) else line for line in text.splitlines()
+    )
+
+
+def _diff_text(entry: Mapping[str, Any]) -> str:
+    """One of Ansible's diff dicts (before/after with headers, or ``prepared`` text) as a unified diff."""
+    import difflib
+
+    if entry.get("prepared"):
+        return mask_secrets(str(entry["prepared"]).rstrip("\n"))
+    before, after = entry.get("before"), entry.get("after")
+    if not isinstance(before, str) or not isinstance(after, str) or before == after:
+        return ""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True),
+        fromfile=f"before: {entry.get('before_header', '')}", tofile=f"after: {entry.get('after_header', '')}",
+    )
+    return mask_secrets("".join(lines).rstrip("\n"))
+
+
+def result_diffs(result: Mapping[str, Any]) -> list[str]:
+    """The diffs a task result carries (its own ``diff`` and its loop items'), rendered."""
+    entries: list[Any] = []
+    for res in [result, *(r for r in result.get("results") or [] if isinstance(r, Mapping))]:
+        diff = res.get("diff")
+        entries += diff if isinstance(diff, list) else [diff] if isinstance(diff, Mapping) else []
+    return [text for entry in entries if isinstance(entry, Mapping) and (text := _diff_text(entry))]
+
+
 @dataclass
 class HostProgress:
     name: str
@@ -202,18 +294,46 @@ class HostProgress:
     skipped: int = 0
     unreachable: int = 0
 
+    @property
+    def label(self) -> str:
+        """The status as a person reads it: a host that never started is "not started", not "waiting"."""
+        return "not started" if self.status == "waiting" else self.status
+
+
+@dataclass
+class Diff:
+    host: str
+    task: str
+    text: str
+
 
 @dataclass
 class Rollout:
-    """Per-host state built from ansible-runner events (``event``, ``event_data``)."""
+    """Per-host state built from ansible-runner events (``event``, ``event_data``).
+
+    A host's status changes as it happens: running at its first task, failed/unreachable at the failing
+    result, ok when the next batch starts (Ansible moves on only once every host of a batch is done) or at
+    the recap. ``notices`` gets one line per such change (batch started/finished, host failed, host done):
+    the plain, line-per-event output for logs; ``diffs`` the changes a ``--diff`` run reported.
+    """
 
     plan: Plan
     hosts: dict[str, HostProgress] = field(default_factory=dict)
     batches_started: int = 0
     stats: dict[str, dict[str, int]] | None = None
     messages: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    diffs: list[Diff] = field(default_factory=list)
+    started: float = 0.0
+    batch_started: float = 0.0
+    batch_seconds: list[float] = field(default_factory=list)
+    clock: Any = None  # a time.monotonic-like callable (tests pass a fake one)
 
     def __post_init__(self) -> None:
+        import time
+
+        self.clock = self.clock or time.monotonic
+        self.started = self.batch_started = self.clock()
         for host in self.plan.hosts:
             self.hosts[host] = HostProgress(host, self.plan.batch_of(host))
 
@@ -222,12 +342,26 @@ class Rollout:
             self.hosts[name] = HostProgress(name, None)
         return self.hosts[name]
 
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def batch_elapsed(self) -> float:
+        return self.clock() - self.batch_started
+
     def handle(self, event: Mapping[str, Any]) -> None:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         host = data.get("host")
         if kind == "playbook_on_play_start":
+            if self.batches_started:
+                self._batch_done()
             self.batches_started += 1
+            self.batch_started = self.clock()
+            members = [h for h, p in self.hosts.items() if p.batch == self.batches_started - 1]
+            self.notices.append(
+                f"batch {self.batches_started}/{len(self.plan.batches)} started: {plural(len(members), 'host')}"
+                f" ({', '.join(members[:8])}{', ...' if len(members) > 8 else ''})"
+            )
         elif kind == "runner_on_start" and host:
             progress = self._host(host)
             progress.status = "running" if progress.status == "waiting" else progress.status
@@ -242,23 +376,49 @@ class Rollout:
                 key: dict(data.get(key) or {})
                 for key in ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored")
             }
+            if self.batches_started:
+                self._batch_done()
             self._finish()
+
+    def _batch_done(self) -> None:
+        """The current batch ended: its hosts still running are done (Ansible starts the next batch, or
+        the recap, only after every host of this one finished)."""
+        index = self.batches_started - 1
+        self.batch_seconds.append(self.batch_elapsed())
+        members = [p for p in self.hosts.values() if p.batch == index]
+        for progress in members:
+            if progress.status == "running":
+                progress.status, progress.task = "ok", ""
+                self.notices.append(f"{progress.name}: done")
+        bad = [p.name for p in members if p.status in ("failed", "unreachable")]
+        self.notices.append(
+            f"batch {index + 1}/{len(self.plan.batches)} finished in {self.batch_seconds[-1]:.1f}s: "
+            f"{sum(1 for p in members if p.status == 'ok')} ok"
+            + (f", failed/unreachable: {', '.join(bad)}" if bad else "")
+        )
 
     def _result(self, progress: HostProgress, kind: str, data: Mapping[str, Any]) -> None:
         result = data.get("res") or {}
         if kind == "runner_on_ok":
             progress.ok += 1
             progress.changed += 1 if result.get("changed") else 0
+            for text in result_diffs(result) if isinstance(result, Mapping) else []:
+                self.diffs.append(Diff(progress.name, str(data.get("task", "")), text))
         elif kind == "runner_on_skipped":
             progress.skipped += 1
         elif kind == "runner_on_unreachable":
             progress.unreachable += 1
             progress.status = "unreachable"
-            self.messages.append(f"{progress.name}: unreachable: {unreachable_reason(str(result.get('msg', '')))}")
+            message = f"{progress.name}: unreachable: {unreachable_reason(str(result.get('msg', '')))}"
+            self.messages.append(message)
+            self.notices.append(message)
         elif not data.get("ignore_errors"):
             progress.failed += 1
             progress.status = "failed"
-            self.messages.append(f"{progress.name}: {data.get('task', '')}: {str(result.get('msg', ''))[:300]}")
+            message = (f"{progress.name}: FAILED {data.get('task', '')}: "
+                       f"{' '.join(str(result.get('msg', '')).split())[:300]}")
+            self.messages.append(message.replace(" FAILED ", " ", 1))
+            self.notices.append(message)
 
     def _finish(self) -> None:
         stats = self.stats or {}
@@ -297,19 +457,29 @@ class Rollout:
     def succeeded(self, runner_rc: int) -> bool:
         return runner_rc == 0 and self.stats is not None and not self.bad_hosts() and not self.not_started()
 
-    def summary(self) -> str:
+    def changes(self) -> dict[str, int]:
+        """host -> tasks that changed (or, in check mode, would change) something, from the recap."""
+        return {h: n for h, n in ((self.stats or {}).get("changed") or {}).items() if n}
+
+    def summary(self, check: bool = False) -> str:
         total = len(self.plan.batches)
         if self.stats is None:
             return "ansible-playbook ended without a recap: nothing was provisioned (see the messages above)"
         if self.failed_batch() is None and not self.bad_hosts():
-            return f"rollout complete: {len(self.done_hosts())} host(s) in {total} batch(es)"
+            if check:
+                changes = self.changes()
+                would = (f"{plural(sum(changes.values()), 'change')} would be made on "
+                         f"{plural(len(changes), 'host')}" + (f" ({', '.join(changes)})" if changes else ""))
+                return f"check mode: nothing was changed; {would}"
+            return f"rollout complete: {plural(len(self.done_hosts()), 'host')} in {plural(total, 'batch', 'batches')}"
         batch = self.failed_batch()
         where = f"batch {batch + 1}/{total}" if batch is not None else "the run"
-        return (
-            f"rollout stopped in {where}: failed/unreachable: {', '.join(self.bad_hosts()) or '-'}; "
-            f"done: {', '.join(self.done_hosts()) or '-'}; "
-            f"cut short: {', '.join(h for h, p in self.hosts.items() if p.status == 'stopped') or '-'}; "
-            f"not started: {', '.join(self.not_started()) or '-'}"
+        parts = [("failed/unreachable", self.bad_hosts()), ("done", self.done_hosts()),
+                 ("cut short", [h for h, p in self.hosts.items() if p.status == "stopped"]),
+                 ("not started", self.not_started())]
+        prefix = "check mode (nothing was changed): " if check else ""
+        return f"{prefix}rollout stopped in {where}: " + "; ".join(
+            f"{label}: {', '.join(names)}" for label, names in parts if names
         )
 
 

@@ -209,5 +209,22 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
     return problems
 
 
+def problem_lines(problems: Iterable[Problem], hosts_shown: int = 3) -> list[str]:
+    """One line per distinct problem: the same variable, value and message on several hosts (a group_vars
+    mistake seen by every host of the group) is one line naming the hosts and how many, not one per host."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for p in problems:
+        groups.setdefault((p.variable, repr(p.value), p.message), []).append(p.host)
+    lines = []
+    for (variable, value, message), hosts in groups.items():
+        if len(hosts) == 1:
+            who = hosts[0]
+        else:
+            names = ", ".join(hosts[:hosts_shown]) + (f", ... (+{len(hosts) - hosts_shown})" if len(hosts) > hosts_shown else "")
+            who = f"{names} ({len(hosts)} hosts)"
+        lines.append(f"{who}: {variable}={value}: {message}")
+    return lines
+
+
 def format_problems(problems: Iterable[Problem]) -> str:
-    return "\n".join(str(p) for p in problems)
+    return "\n".join(problem_lines(problems))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.errors import ClusterctlError
-from preflight.result import CheckResult
+from preflight.result import CheckResult, Verdict
 
 DEFAULT_STATE_DIR = Path(".state/preflight")
 
@@ -91,6 +91,11 @@ def load(state_dir: Path, name: str) -> SavedRun:
     return matches[0]
 
 
+# How bad a verdict is, for telling a regression from a fix (PASS and SKIP both mean "fine here").
+RANK = {Verdict.PASS: 0, Verdict.SKIP: 0, Verdict.WARN: 1, Verdict.ERROR: 2, Verdict.UNREACHABLE: 2, Verdict.FAIL: 3}
+KIND_ORDER = ("regression", "fixed", "changed", "new", "gone")
+
+
 @dataclass(frozen=True)
 class Change:
     key: tuple[str, str, str, str | None]  # rack, node, check, iu
@@ -99,23 +104,61 @@ class Change:
 
     @property
     def kind(self) -> str:
+        """regression (worse verdict, or a new result that is not fine), fixed (better), changed (as bad,
+        another verdict: ERROR <-> UNREACHABLE), new / gone (a result only one run has, e.g. a new IU)."""
         if self.before is None:
-            return "added"
+            return "regression" if RANK[self.after.verdict] > 0 else "new"
         if self.after is None:
-            return "removed"
-        return "verdict" if self.before.verdict != self.after.verdict else "reason"
+            return "gone"
+        worse = RANK[self.after.verdict] - RANK[self.before.verdict]
+        return "regression" if worse > 0 else "fixed" if worse < 0 else "changed"
 
 
-def diff(old: SavedRun, new: SavedRun) -> list[Change]:
-    """Results whose verdict or reason changed, appeared or disappeared, in rack/node/check order."""
+@dataclass(frozen=True)
+class Diff:
+    changes: list[Change]  # regressions first, then fixes, changes, new, gone
+    nodes: list[str]  # the nodes both runs checked: only these are compared
+    checks: list[str]  # the checks both runs ran
+    only_old: dict[str, list[str]]  # "nodes"/"checks" the old run covered and the new one did not
+    only_new: dict[str, list[str]]
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.kind == "regression"]
+
+    @property
+    def same_scope(self) -> bool:
+        return not any(self.only_old.values()) and not any(self.only_new.values())
+
+
+def _scope(run: SavedRun) -> tuple[set[str], set[str]]:
+    results = run.results
+    checks = run.data.get("run", {}).get("checks") or run.summary.get("checks") or [r.check for r in results]
+    return {r.node for r in results}, set(checks)
+
+
+def diff(old: SavedRun, new: SavedRun) -> Diff:
+    """Verdict changes between two runs, over what both ran: the nodes both checked and the checks both
+    selected. A result outside that (a node one run's --limit left out, a check one run skipped) is not
+    a change; a reason that changed under the same verdict is not one either (numbers move every run)."""
+    old_nodes, old_checks = _scope(old)
+    new_nodes, new_checks = _scope(new)
+    nodes, checks = old_nodes & new_nodes, old_checks & new_checks
 
     def keyed(run: SavedRun) -> dict[tuple, CheckResult]:
-        return {(r.rack, r.node, r.check, r.iu): r for r in run.results}
+        return {(r.rack, r.node, r.check, r.iu): r for r in run.results if r.node in nodes and r.check in checks}
 
     before, after = keyed(old), keyed(new)
     changes = []
     for key in sorted(set(before) | set(after), key=lambda k: (k[0], k[1], k[2], k[3] or "")):
         a, b = before.get(key), after.get(key)
-        if a is None or b is None or a.verdict != b.verdict or a.reason != b.reason:
+        if a is None or b is None or a.verdict != b.verdict:
             changes.append(Change(key, a, b))
-    return changes
+    changes.sort(key=lambda c: KIND_ORDER.index(c.kind))  # stable: rack/node/check order within a kind
+    return Diff(
+        changes,
+        sorted(nodes),
+        sorted(checks),
+        {"nodes": sorted(old_nodes - new_nodes), "checks": sorted(old_checks - new_checks)},
+        {"nodes": sorted(new_nodes - old_nodes), "checks": sorted(new_checks - old_checks)},
+    )

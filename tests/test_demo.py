@@ -40,6 +40,12 @@ def test_demo_runs_and_cleans_up():
     assert "gpu_throttle" in out and "hw_thermal_slowdown" in out  # and the thermal slowdown (issue 17)
     assert "released from maintenance" in out
     assert "whole run" in out and "0 errors" in out
+    # A clean end: the last line is the demo's own, and nothing after it reports a failure (the review
+    # saw "consul watch failed: ..." from the reader's watch threads as the last line in 2 of 2 runs).
+    assert "demo finished in" in out.strip().splitlines()[-1], out[-2000:]
+    assert "consul watch failed" not in done.stderr, done.stderr[-2000:]
+    last_err = (done.stderr.strip().splitlines() or [""])[-1].lower()
+    assert "error" not in last_err and "failed" not in last_err and "traceback" not in last_err, last_err
     dirs, procs, mounts = demo_leftovers()
     assert set(dirs) <= before_dirs, dirs
     assert not procs, procs

@@ -50,12 +50,13 @@ def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
     )  # TTL never passed
     assert rows["r01n01-iu0"]["age_s"] < 5 and not rows["r01n01-iu0"]["stale"]
     code, out, _ = run_cli(capsys, "scores", "--consul", consul_addr)
-    assert code == 0 and "r01n01-iu0" in out and "queue_s=0.1" in out
+    assert code == 0 and "r01n01-iu0" in out and "queue_s 0.1 + step_s 0.1" in out  # the score's terms
 
 
 def test_scores_consul_unreachable_is_one_line(capsys):
     code, out, err = run_cli(capsys, "scores", "--consul", "127.0.0.1:9")
-    assert code == 1 and err.startswith("error: cannot read scores from Consul at 127.0.0.1:9")
+    assert code == 3 and err.startswith("error: cannot reach Consul at 127.0.0.1:9 (")
+    assert err.count("\n") == 1 and "CONSUL_HTTP_ADDR" in err
 
 
 def test_scores_lists_inventory_ius_that_publish_nothing(consul_addr, capsys):
@@ -63,7 +64,7 @@ def test_scores_lists_inventory_ius_that_publish_nothing(consul_addr, capsys):
 
     inventory = Path(__file__).resolve().parents[2] / "inventory" / "virtual"
     code, out, err = run_cli(capsys, "scores", "-i", str(inventory), "--consul", consul_addr, "--json")
-    assert code == 0, err
+    assert code == 1, err  # IUs expected and none publishing: usable from a script
     rows = json.loads(out)
     assert len(rows) == 8 and {r["node"] for r in rows} == {"r01n01", "r01n02", "r02n01", "r02n02"}
     assert all(r["health"] == "unknown" and r["reason"] == "not registered in Consul" for r in rows)

@@ -182,6 +182,6 @@ def test_virtual_up_takes_the_vault_password_file(tmp_path):
         assert str(vault_file) in refused.stderr and "no vault password" in refused.stderr
         started = clusterctl("virtual", "up", str(inventory), "--vault-password-file", str(secret))
         assert started.returncode == 0, started.stderr
-        assert "1 simulated hosts up" in started.stdout
+        assert "1 machine up" in started.stdout
     finally:
         assert clusterctl("virtual", "down", str(inventory)).returncode == 0

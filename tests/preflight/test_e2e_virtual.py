@@ -73,7 +73,7 @@ def test_preflight_of_the_virtual_inventory(virtual_copy, tmp_path, capsys):
     assert bad == [] and code == 0
     for name in ("r01n01", "r01n02", "r02n01", "r02n02"):
         assert name in out
-    assert "exit code 0" in out and "4 nodes, 4 passed" in out
+    assert "exit code 0: every check passed" in out and "every check passed on 4 nodes" in out
     summary = document["summary"]
     assert (summary["nodes"], summary["nodes_passed"], summary["exit_code"]) == (4, 4, 0)
     assert sorted(summary["released"]) == ["r01n01", "r01n02", "r02n01", "r02n02"]
@@ -99,21 +99,25 @@ def test_preflight_of_the_virtual_inventory(virtual_copy, tmp_path, capsys):
         "--timeout",
         "30",
     )
-    assert code == 1 and "clock 4.000 ms fast of NTP" in out and "failed: r02n01" in out
+    assert code == 1 and "clock 4.000 ms fast of NTP" in out and "1 failed (r02n01)" in out
+    assert "FAIL r02n01 - time_sync " in out  # the greppable fault line
     code, out, _ = run_cli(capsys, "preflight", "history", "--state-dir", str(state), "--json")
     runs = json.loads(out)
     assert code == 0 and [r["exit_code"] for r in runs] == [0, 1]
     code, out, _ = run_cli(
         capsys, "preflight", "diff", "previous", "latest", "--state-dir", str(state), "--json"
     )
-    changes = {(c["node"], c["check"], c["change"]) for c in json.loads(out)}
-    assert ("r02n01", "time_sync", "verdict") in changes
-    assert ("r01n01", "nccl", "removed") in changes  # the second run checked less
-    assert not any(c[0] != "r02n01" and c[2] == "verdict" for c in changes)
+    diff = json.loads(out)
+    changes = {(c["node"], c["check"], c["change"]) for c in diff["changes"]}
+    assert code == 1  # a regression
+    assert ("r02n01", "time_sync", "regression") in changes
+    assert "nccl" in diff["only_in_from"]["checks"]  # the second run checked less: not a change
+    assert not any(c[1] == "nccl" for c in changes)
+    assert not any(c[0] != "r02n01" and c[2] == "regression" for c in changes)
     code, out, _ = run_cli(
         capsys, "preflight", "diff", runs[0]["id"], runs[1]["id"], "--state-dir", str(state)
     )
-    assert code == 0 and "r02n01" in out and "FAIL" in out
+    assert code == 1 and "r02n01" in out and "FAIL" in out and "the runs cover different nodes/checks" in out
 
 
 def test_strict_turns_warnings_into_failure(tmp_path, capsys):
@@ -190,7 +194,7 @@ def test_inventory_and_usage_errors_exit_2_before_any_host_is_contacted(tmp_path
     code, _, err = run_cli(capsys, "preflight", "-i", str(inventory), "--state-dir", str(tmp_path / "s"))
     assert code == 2 and "iu_size" in err and not touched.exists()
     code, _, err = run_cli(capsys, "preflight", "-i", str(inventory), "--limit", "good", "--checks", "nope")
-    assert code == 2 and "unknown check(s) nope" in err
+    assert code == 2 and "--checks: unknown check 'nope'" in err
     bad_profile = yaml.safe_load(inventory.read_text())
     bad_profile["all"]["hosts"]["broken"]["iu_size"] = 4
     bad_profile["all"]["hosts"]["broken"]["preflight_overrides"] = {"ib": {"write_lat_max_us": 0}}

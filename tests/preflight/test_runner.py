@@ -425,10 +425,10 @@ def test_history_saves_lists_loads_and_diffs(tmp_path):
     assert (a.id, b.id) == ("20270115T080000Z", "20270115T080000Z-1")
     assert [r.id for r in history.runs(tmp_path)] == [a.id, b.id]
     assert history.load(tmp_path, "latest").id == b.id and history.load(tmp_path, "previous").id == a.id
-    [change] = history.diff(history.load(tmp_path, a.id), history.load(tmp_path, "latest"))
+    [change] = history.diff(history.load(tmp_path, a.id), history.load(tmp_path, "latest")).changes
     assert (change.key[1], change.kind, change.before.verdict, change.after.verdict) == (
         "b",
-        "verdict",
+        "fixed",
         Verdict.FAIL,
         Verdict.PASS,
     )

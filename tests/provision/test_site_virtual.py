@@ -38,7 +38,7 @@ def test_first_run_succeeds_on_every_host(provisioned):
     assert sorted(stats["ok"]) == list(provisioned.hosts)
     assert not stats["failures"] and not stats["dark"]
     assert all(stats["changed"][h] > 10 for h in provisioned.hosts)
-    assert "rollout complete: 3 host(s)" in run.stdout
+    assert "rollout complete: 3 hosts" in run.stdout
 
 
 def test_second_run_changes_nothing(provisioned):

@@ -141,7 +141,7 @@ def test_plan_decrypts_vault_files_and_values_with_the_option(vaulted_inventory)
     result = clusterctl("provision", "-i", str(inventory), "--plan", "--vault-password-file", str(secret_file),
                         env=env_without_vault())
     assert result.returncode == 0, result.stderr
-    assert "plan: site.yml on 1 host(s)" in result.stdout
+    assert "plan: site.yml on 1 host of" in result.stdout
     for text in (PASSWORD, BMC_PASSWORD):
         assert text not in result.stdout + result.stderr
 

@@ -1,0 +1,159 @@
+"""What `clusterctl provision` prints: per-host state as it changes, a plain line per event off a TTY,
+--diff's diffs with secrets masked, --check's wording, unknown tags and empty limits as errors.
+
+The playbook run is replayed from recorded-shape ansible-runner events (``ansible_runner.run`` is
+replaced), so these tests need no simulated hosts; tests/provision/test_site_virtual.py runs the real one.
+"""
+
+from __future__ import annotations
+
+import ansible_runner
+import pytest
+
+from cluster import provision as prov
+
+HOSTS = ("r01n01", "r01n02", "r02n01", "r02n02")  # the virtual_inventory fixture's, in play order
+
+
+def ev(kind: str, **data) -> dict:
+    return {"event": kind, "event_data": data}
+
+
+CHRONY_DIFF = {"before_header": "/etc/chrony/chrony.conf", "after_header": "/etc/chrony/chrony.conf",
+               "before": "pool 2.debian.pool.ntp.org iburst\n",
+               "after": "pool time.example.internal iburst\ngossip_key: c2VjcmV0\n"}
+
+EVENTS = [
+    ev("playbook_on_play_start"),
+    ev("runner_on_start", host="r01n01", task="Write chrony.conf"),
+    ev("runner_on_ok", host="r01n01", task="Write chrony.conf", res={"changed": True, "diff": [CHRONY_DIFF]}),
+    ev("playbook_on_play_start"),
+    ev("runner_on_start", host="r01n02", task="Check that there is a time source"),
+    ev("runner_on_failed", host="r01n02", task="Check that there is a time source",
+       res={"msg": "no time source [/] (chrony_servers and chrony_pools are both empty)"}),
+    ev("playbook_on_stats", ok={"r01n01": 1, "r01n02": 0}, changed={"r01n01": 1}, failures={"r01n02": 1}),
+]
+GOOD_EVENTS = [e for e in EVENTS[:3]] + [
+    ev("playbook_on_play_start"),
+    *[ev("runner_on_ok", host=h, task="Write chrony.conf", res={"changed": False}) for h in HOSTS[1:]],
+    ev("playbook_on_stats", ok={h: 1 for h in HOSTS}, changed={"r01n01": 1}),
+]
+
+
+@pytest.fixture
+def replay(monkeypatch):
+    """ansible_runner.run feeds ``replay.events`` to the event handler and returns ``replay.rc``."""
+
+    class Replay:
+        events, rc, calls = EVENTS, 2, []
+
+        def run(self, **kwargs):
+            self.calls.append(kwargs)
+            for event in self.events:
+                kwargs["event_handler"](event)
+            return type("Result", (), {"rc": self.rc})()
+
+    replayer = Replay()
+    monkeypatch.setattr(ansible_runner, "run", replayer.run)
+    return replayer
+
+
+def provision(clusterctl, inventory, tmp_path, *args, columns=100):
+    return clusterctl("provision", "-i", str(inventory), "--batches", "1,100%", "--run-dir", str(tmp_path / "run"),
+                      *args, columns=columns)
+
+
+def test_piped_output_is_one_line_per_event_as_it_happens(clusterctl, virtual_inventory, tmp_path, replay,
+                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = provision(clusterctl, virtual_inventory, tmp_path)
+    assert code == 1
+    lines = out.splitlines()
+    expected = [
+        "batch 1/2 started: 1 host (r01n01)",
+        "r01n01: done",
+        "batch 1/2 finished in",
+        "batch 2/2 started: 3 hosts (r01n02, r02n01, r02n02)",
+        "r01n02: FAILED Check that there is a time source: no time source [/] (chrony_servers and chrony_pools",
+    ]
+    positions = [next(i for i, line in enumerate(lines) if line.startswith(e)) for e in expected]
+    assert positions == sorted(positions), out  # in the order they happened, before the recap
+    assert positions[-1] < next(i for i, line in enumerate(lines) if "provision recap" in line)
+    # empty categories are left out; hosts that never started say so
+    assert lines[-2] == "rollout stopped in batch 2/2: failed/unreachable: r01n02; done: r01n01; not started: r02n01, r02n02"
+    assert "│ r02n01 │     2 │ not started │" in out
+
+
+def test_plain_flag_on_a_terminal_too(clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FORCE_COLOR", "0")
+    monkeypatch.setattr("rich.console.Console.is_terminal", property(lambda self: True))
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path)
+    assert "batch 1/2 started" not in out  # the live view (transient) instead of lines
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--plain")
+    assert "batch 1/2 started: 1 host (r01n01)" in out
+
+
+def test_live_view_shows_a_finished_host_as_ok_while_the_next_batch_runs(virtual_inventory):
+    plan = prov.make_plan(virtual_inventory, batch_sizes=[1, "100%"])
+    rollout = prov.Rollout(plan)
+    for event in EVENTS[:5]:  # batch 2 has started, r01n02 is running
+        rollout.handle(event)
+    assert (rollout.hosts["r01n01"].status, rollout.hosts["r01n02"].status) == ("ok", "running")
+    assert rollout.hosts["r02n01"].label == "not started"
+
+
+def test_diff_prints_each_hosts_diff_with_secrets_masked(clusterctl, virtual_inventory, tmp_path, replay,
+                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    replay.events, replay.rc = GOOD_EVENTS, 0
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--diff")
+    assert code == 0
+    assert "== r01n01: Write chrony.conf (changed)" in out
+    assert "-pool 2.debian.pool.ntp.org iburst" in out and "+pool time.example.internal iburst" in out
+    assert "+gossip_key: ********" in out and "c2VjcmV0" not in out
+    assert replay.calls[-1]["cmdline"] == "--diff"
+
+
+def test_check_says_nothing_changed_and_what_would(clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    replay.events, replay.rc = GOOD_EVENTS, 0
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--check", "--diff")
+    assert code == 0
+    assert "rollout complete" not in out
+    assert "check mode: nothing was changed; 1 change would be made on 1 host (r01n01)" in out
+    assert "== r01n01: Write chrony.conf (would change)" in out
+
+
+def test_unknown_tag_is_an_error_listing_the_tags(clusterctl, virtual_inventory, tmp_path, replay):
+    code, out, err = provision(clusterctl, virtual_inventory, tmp_path, "--tags", "chrny")
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1
+    assert err.startswith("error: --tags: unknown tag 'chrny'; did you mean 'chrony'? (known: chrony, consul_agent,")
+    assert not replay.calls  # nothing ran
+    code, _, err = provision(clusterctl, virtual_inventory, tmp_path, "--tags", "nosuchtag", "--plan")
+    assert code == 2 and "unknown tag 'nosuchtag'" in err
+
+
+def test_limit_matching_nothing_names_the_groups(clusterctl, virtual_inventory, tmp_path, replay):
+    code, _, err = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r09n01", "--plan")
+    assert code == 2 and err.count("\n") == 1
+    assert f"error: --limit 'r09n01' matches no host in {virtual_inventory} (groups: consul_servers, rack_r01, rack_r02" in err
+    assert "hosts=None" not in err and "WARNING" not in err
+
+
+def test_mask_secrets_keeps_the_key_and_hides_the_value():
+    text = "+consul_token = abc\n-  password: hunter2\n+pool x iburst\n+  \"api_key\": \"k\""
+    assert prov.mask_secrets(text).splitlines() == [
+        "+consul_token = ********", "-  password: ********", "+pool x iburst", '+  "api_key": ********']
+
+
+def test_a_provision_run_is_recorded_for_virtual_up(clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+    from cluster import run_state
+
+    monkeypatch.chdir(tmp_path)
+    replay.events, replay.rc = GOOD_EVENTS, 0
+    provision(clusterctl, virtual_inventory, tmp_path, "--check")
+    assert run_state.provisioned_since_up(virtual_inventory) is None  # a dry run changes nothing
+    provision(clusterctl, virtual_inventory, tmp_path)
+    assert run_state.provisioned_since_up(virtual_inventory) is not None
