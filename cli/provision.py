@@ -50,13 +50,17 @@ STATUS_STYLE = {
 @click.option("--batches", default=None, help="Batch sizes, e.g. 1,10%,100% (default 1,10%,50%,100%).")
 @click.option("--forks", type=click.IntRange(1, 512), default=None, help="Parallel hosts per batch.")
 @click.option("--plan", "plan_only", is_flag=True, help="Print roles, hosts and batches; touch nothing.")
+@click.option("--allow-reboot", is_flag=True,
+              help="Reboot hosts that need it (driver change, kernel arguments, firmware) and continue; "
+                   "without it they are listed as reboot pending.")
 @click.option("--playbook", default="site.yml", show_default=True, help="Playbook in playbooks/ (or a path).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Where events.jsonl and runner artifacts go (default .state/runs/<timestamp>).")
 @vault_password_file_option
 def command(
     inventory: str, limit: str | None, tags: str | None, check: bool, diff: bool, batches: str | None,
-    forks: int | None, plan_only: bool, playbook: str, run_dir: Path | None, vault_password_file: Path | None,
+    forks: int | None, plan_only: bool, allow_reboot: bool, playbook: str, run_dir: Path | None,
+    vault_password_file: Path | None,
 ) -> None:
     """Provision nodes with the Ansible roles, batch by batch; a failed batch stops the rollout."""
     vault_secrets = vault.secrets_for(vault_password_file)  # the file was checked by the option
@@ -72,12 +76,15 @@ def command(
         return
     run_dir = run_dir or Path(".state") / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     rollout, rc = run_playbook(
-        plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file
+        plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,
+        allow_reboot=allow_reboot,
     )
     console.print(recap_table(rollout))
     for message in rollout.messages[:20]:
         console.print(f"[red]{message}[/]", highlight=False)
     console.print(rollout.summary(), highlight=False)
+    if rollout.reboot_line():
+        console.print(rollout.reboot_line(), highlight=False)
     console.print(f"events: {run_dir / 'events.jsonl'}", highlight=False)
     if not rollout.succeeded(rc):
         raise SystemExit(1)
@@ -85,7 +92,7 @@ def command(
 
 def run_playbook(
     plan: prov.Plan, run_dir: Path, console: Console, *, check: bool, diff: bool, forks: int | None,
-    vault_password_file: Path | None = None,
+    vault_password_file: Path | None = None, allow_reboot: bool = False,
 ) -> tuple[prov.Rollout, int]:
     import ansible_runner
 
@@ -120,7 +127,7 @@ def run_playbook(
             tags=",".join(plan.tags) or None,
             forks=forks,
             cmdline=cmdline or None,
-            extravars={"clusterctl_batches": list(plan.batch_sizes)},
+            extravars={"clusterctl_batches": list(plan.batch_sizes), "clusterctl_allow_reboot": allow_reboot},
             envvars=runner_env(),
             event_handler=on_event,
             quiet=True,

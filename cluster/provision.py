@@ -23,6 +23,9 @@ from cluster import vault
 from cluster.inventory import InventoryError, cluster_of, load_inventory
 
 DEFAULT_BATCHES: tuple[int | str, ...] = (1, "10%", "50%", "100%")
+# Task names of playbooks/tasks/reboot.yml that the recap reads.
+REBOOT_PENDING_TASK = "Reboot pending"
+REBOOT_TASK = "Reboot the host"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK_DIR = REPO_ROOT / "playbooks"
 _BATCH = re.compile(r"^(?:(\d+)|(\d{1,3})%)$")
@@ -201,6 +204,10 @@ class Rollout:
     batches_started: int = 0
     stats: dict[str, dict[str, int]] | None = None
     messages: list[str] = field(default_factory=list)
+    # host -> why it needs a reboot (playbooks/tasks/reboot.yml's "Reboot pending" task), and the hosts
+    # that playbook rebooted (--allow-reboot).
+    reboot_pending: dict[str, str] = field(default_factory=dict)
+    rebooted: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for host in self.plan.hosts:
@@ -238,6 +245,11 @@ class Rollout:
         if kind == "runner_on_ok":
             progress.ok += 1
             progress.changed += 1 if result.get("changed") else 0
+            task = str(data.get("task", ""))
+            if task == REBOOT_PENDING_TASK:
+                self.reboot_pending[progress.name] = str(result.get("msg", "")).removeprefix("reboot pending: ")[:500]
+            elif task == REBOOT_TASK and result.get("changed"):
+                self.rebooted.append(progress.name)
         elif kind == "runner_on_skipped":
             progress.skipped += 1
         elif kind == "runner_on_unreachable":
@@ -285,6 +297,13 @@ class Rollout:
 
     def succeeded(self, runner_rc: int) -> bool:
         return runner_rc == 0 and self.stats is not None and not self.bad_hosts() and not self.not_started()
+
+    def reboot_line(self) -> str | None:
+        """One recap line naming the hosts that wait for a reboot (and why), or None."""
+        if not self.reboot_pending:
+            return None
+        hosts = "; ".join(f"{host} ({why})" for host, why in sorted(self.reboot_pending.items()))
+        return f"reboot pending on {len(self.reboot_pending)} host(s) (rerun with --allow-reboot): {hosts}"
 
     def summary(self) -> str:
         total = len(self.plan.batches)
