@@ -51,7 +51,7 @@ def write_wheel(out_dir: Path, name: str, version: str, files: Mapping[str, byte
     """A pure-Python ``py3-none-any`` wheel holding ``files`` (archive path -> content)."""
     dist = re.sub(r"[-_.]+", "_", name)
     info = f"{dist}-{version}.dist-info"
-    metadata = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}",
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}",
                 f"Requires-Python: {requires_python}", *(f"Requires-Dist: {r}" for r in requires_dist)]
     members = dict(sorted(files.items()))
     members[f"{info}/METADATA"] = ("\n".join(metadata) + "\n").encode()
