@@ -304,3 +304,4 @@ def test_every_redfish_request_runs_on_the_controller_throttled():
         assert task.get("delegate_to") == "localhost", task["name"]
         assert re.fullmatch(r"\{\{ cpu_cstates_redfish_throttle \}\}", str(task.get("throttle"))), task["name"]
         assert task.get("no_log") is True, task["name"]
+        assert task.get("become") is False, task["name"]  # the play's sudo is for the node, not the controller
