@@ -78,13 +78,16 @@ def _site_tags() -> str:
 @click.option("--plain", is_flag=True,
               help="One line per event instead of the live view (the default when stdout is not a terminal).")
 @click.option("--plan", "plan_only", is_flag=True, help="Print roles, hosts and batches; touch nothing.")
+@click.option("--allow-reboot", is_flag=True,
+              help="Reboot hosts that need it (driver change, kernel arguments, firmware) and continue; "
+                   "without it they are listed as reboot pending.")
 @click.option("--playbook", default="site.yml", show_default=True, help="Playbook in playbooks/ (or a path).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Where events.jsonl and runner artifacts go (default .state/runs/<timestamp>).")
 @vault_password_file_option
 def command(
     inventory: str, limit: str | None, tags: str | None, check: bool, diff: bool, batches: str | None,
-    forks: int | None, plain: bool, plan_only: bool, playbook: str, run_dir: Path | None,
+    forks: int | None, plain: bool, plan_only: bool, allow_reboot: bool, playbook: str, run_dir: Path | None,
     vault_password_file: Path | None,
 ) -> None:
     """Provision nodes with the Ansible roles, batch by batch; a failed batch stops the rollout."""
@@ -103,7 +106,7 @@ def command(
     live = not plain and console.is_terminal
     rollout, rc = run_playbook(
         plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,
-        live=live,
+        live=live, allow_reboot=allow_reboot,
     )
     if rollout.stats is not None and not check:
         run_state.note(plan.inventory, "provisioned")  # `virtual up` then refuses to discard it silently
@@ -116,6 +119,8 @@ def command(
     if diff:
         print_diffs(console, rollout, check)
     console.print(Text(rollout.summary(check)))
+    if rollout.reboot_line():
+        console.print(Text(rollout.reboot_line()), soft_wrap=True)
     console.print(Text(f"events: {run_dir / 'events.jsonl'}"), soft_wrap=True)
     if not rollout.succeeded(rc):
         raise SystemExit(1)
@@ -138,7 +143,7 @@ def print_diffs(console: Console, rollout: prov.Rollout, check: bool) -> None:
 
 def run_playbook(
     plan: prov.Plan, run_dir: Path, console: Console, *, check: bool, diff: bool, forks: int | None,
-    vault_password_file: Path | None = None, live: bool = True,
+    vault_password_file: Path | None = None, live: bool = True, allow_reboot: bool = False,
 ) -> tuple[prov.Rollout, int]:
     import ansible_runner
 
@@ -177,7 +182,7 @@ def run_playbook(
             tags=",".join(plan.tags) or None,
             forks=forks,
             cmdline=cmdline or None,
-            extravars={"clusterctl_batches": list(plan.batch_sizes)},
+            extravars={"clusterctl_batches": list(plan.batch_sizes), "clusterctl_allow_reboot": allow_reboot},
             envvars=runner_env(),
             event_handler=on_event,
             quiet=True,

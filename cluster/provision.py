@@ -26,6 +26,9 @@ from cluster.inventory import InventoryError, cluster_of, load_inventory
 from cluster.text import plural, suggest
 
 DEFAULT_BATCHES: tuple[int | str, ...] = (1, "10%", "50%", "100%")
+# Task names of playbooks/tasks/reboot.yml that the recap reads.
+REBOOT_PENDING_TASK = "Reboot pending"
+REBOOT_TASK = "Reboot the host"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK_DIR = REPO_ROOT / "playbooks"
 _BATCH = re.compile(r"^(?:(\d+)|(\d{1,3})%)$")
@@ -328,6 +331,10 @@ class Rollout:
     batch_started: float = 0.0
     batch_seconds: list[float] = field(default_factory=list)
     clock: Any = None  # a time.monotonic-like callable (tests pass a fake one)
+    # host -> why it needs a reboot (playbooks/tasks/reboot.yml's "Reboot pending" task), and the hosts
+    # that playbook rebooted (--allow-reboot).
+    reboot_pending: dict[str, str] = field(default_factory=dict)
+    rebooted: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         import time
@@ -404,6 +411,10 @@ class Rollout:
             progress.changed += 1 if result.get("changed") else 0
             for text in result_diffs(result) if isinstance(result, Mapping) else []:
                 self.diffs.append(Diff(progress.name, str(data.get("task", "")), text))
+            if str(data.get("task", "")) == REBOOT_PENDING_TASK:
+                self.reboot_pending[progress.name] = str(result.get("msg", "")).removeprefix("reboot pending: ")[:500]
+            elif str(data.get("task", "")) == REBOOT_TASK and result.get("changed"):
+                self.rebooted.append(progress.name)
         elif kind == "runner_on_skipped":
             progress.skipped += 1
         elif kind == "runner_on_unreachable":
@@ -456,6 +467,14 @@ class Rollout:
 
     def succeeded(self, runner_rc: int) -> bool:
         return runner_rc == 0 and self.stats is not None and not self.bad_hosts() and not self.not_started()
+
+    def reboot_line(self) -> str | None:
+        """One recap line naming the hosts that wait for a reboot (and why), or None."""
+        if not self.reboot_pending:
+            return None
+        hosts = "; ".join(f"{host} ({why})" for host, why in sorted(self.reboot_pending.items()))
+        return f"reboot pending on {len(self.reboot_pending)} host(s) (rerun with --allow-reboot): {hosts}"
+
 
     def changes(self) -> dict[str, int]:
         """host -> tasks that changed (or, in check mode, would change) something, from the recap."""

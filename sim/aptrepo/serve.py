@@ -1,6 +1,7 @@
 """A loopback-only static HTTP server for the stand-in repositories (apt's and pip's clients fetch from it).
 
-Dot paths (the signing key's GNUPGHOME, the recipe file) are never served; directory listings are off.
+Dot paths (the signing key's GNUPGHOME, the recipe file) are never served; directory listings are off (a
+directory with an index.html serves that file).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ class _Handler(SimpleHTTPRequestHandler):
         if any(part.startswith(".") for part in parts if part):
             self.send_error(404)
             return None
-        if self.path.split("?", 1)[0].endswith("/"):
-            self.send_error(404)  # no directory listings: a repository is fetched by known paths
+        path = self.path.split("?", 1)[0]
+        # No directory listings (a repository is fetched by known paths), except a directory's own index.html:
+        # a PEP 503 index (sim/pypi) serves /simple/<project>/ that way.
+        if path.endswith("/") and not Path(self.translate_path(path), "index.html").is_file():
+            self.send_error(404)
             return None
         return super().send_head()
 

@@ -1,0 +1,137 @@
+"""A local PEP 503 package index for the virtual cluster: what the eas_agent and inference_unit roles install.
+
+    <root>/simple/index.html, <root>/simple/<project>/index.html   (links with #sha256= and data-requires-python)
+    <root>/files/*.whl
+
+It holds:
+- ``clusterctl-eas-agent``: the agent's own wheel, built from the checkout (cluster/agent_wheel.py);
+- ``vllm`` 0.6.6.post1 (the version inference_unit pins): a stand-in whose ``vllm serve`` checks its environment
+  and runs the simulated vLLM server (sim/pypi/vllm_cli.py; eas_agent.sim vendored as ``vllm._sim`` so the wheel
+  needs nothing of this checkout at run time);
+- the wheels both depend on, at the versions this controller runs (the same as the constraints file the role
+  gets), fetched once with ``pip download`` from the index pip is configured with and cached outside the
+  checkout. On a real site that is the site's mirror; here it is PyPI.
+
+Served like the apt stand-ins by sim.aptrepo.serve (loopback only). Roles get
+``<url>/simple`` as inference_unit_pip_index_url / eas_agent_index_url, never a public index.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import html
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from cluster.agent_wheel import REPO_ROOT, build_agent_wheel, normalize, write_wheel
+
+VLLM_VERSION = "0.6.6.post1"
+# Distributions the two wheels need on the node, with their own dependencies (requests' closure).
+AGENT_CLOSURE = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "nvidia-ml-py", "requests",
+                 "certifi", "charset-normalizer", "idna", "urllib3")
+VLLM_CLOSURE = ("prometheus-client",)
+
+
+def pins(names: tuple[str, ...]) -> list[str]:
+    """name==version as installed on this controller (the versions the project's tests run)."""
+    return [f"{name}=={importlib.metadata.version(name)}" for name in names]
+
+
+def vendored_sim() -> dict[str, bytes]:
+    """eas_agent.sim.server and every eas_agent module it imports, as vllm/_sim/..., imports rewritten."""
+    todo, seen, files = ["eas_agent.sim.server"], set(), {}
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = REPO_ROOT / (module.replace(".", "/") + ".py")
+        if not path.is_file():
+            path = REPO_ROOT / module.replace(".", "/") / "__init__.py"
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eas_agent"):
+                todo.append(node.module)
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.startswith("eas_agent")]
+        relative = path.relative_to(REPO_ROOT / "eas_agent").as_posix()
+        rewritten = source.replace("from eas_agent.", "from vllm._sim.").replace("import eas_agent.", "import vllm._sim.")
+        files[f"vllm/_sim/{relative}"] = rewritten.encode()
+    for package in {str(Path(p).parent) for p in files}:
+        files.setdefault(f"{package}/__init__.py", b"")
+    return files
+
+
+def build_vllm_standin(out_dir: Path) -> Path:
+    files = {"vllm/__init__.py": f'"""clusterctl stand-in for vLLM {VLLM_VERSION} (see cli.py)."""\n__version__ = '
+                                 f'"{VLLM_VERSION}"\n'.encode(),
+             "vllm/cli.py": (Path(__file__).parent / "vllm_cli.py").read_bytes(),
+             **vendored_sim()}
+    return write_wheel(out_dir, "vllm", VLLM_VERSION, files,
+                       summary="clusterctl stand-in for vLLM: environment checks + the simulated vLLM server",
+                       requires_python=">=3.9", requires_dist=pins(VLLM_CLOSURE),
+                       console_scripts={"vllm": "vllm.cli:main"})
+
+
+def download(cache: Path, requirements: list[str]) -> list[Path]:
+    """Binary wheels for ``requirements`` (no resolution: the closure is listed) into ``cache``, once."""
+    cache.mkdir(parents=True, exist_ok=True)
+    wanted = [r for r in requirements if not any(_is_wheel_of(p, r) for p in cache.glob("*.whl"))]
+    if wanted:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                               "--dest", str(cache), *wanted], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"pip download {' '.join(wanted)} failed: {done.stderr.strip()[-800:]}")
+    return [next(p for p in sorted(cache.glob("*.whl")) if _is_wheel_of(p, r)) for r in requirements]
+
+
+def _is_wheel_of(wheel: Path, requirement: str) -> bool:
+    name, version = requirement.split("==")
+    dist, wheel_version = wheel.name.split("-")[:2]
+    return normalize(dist) == normalize(name) and wheel_version == version
+
+
+def _requires_python(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        for line in archive.read(meta).decode(errors="replace").splitlines():
+            if line.startswith("Requires-Python:"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+def build_index(root: Path, cache: Path) -> dict[str, Path]:
+    """Lay out the index under ``root`` (rebuilt each time: seconds). Returns project -> wheel of the two wheels."""
+    if root.exists():
+        shutil.rmtree(root)
+    files = root / "files"
+    own = {"clusterctl-eas-agent": build_agent_wheel(files), "vllm": build_vllm_standin(files)}
+    for wheel in download(cache, sorted(set(pins(AGENT_CLOSURE) + pins(VLLM_CLOSURE)))):
+        shutil.copy2(wheel, files / wheel.name)
+    projects: dict[str, list[Path]] = {}
+    for wheel in sorted(files.glob("*.whl")):
+        projects.setdefault(normalize(wheel.name.split("-")[0]), []).append(wheel)
+    simple = root / "simple"
+    simple.mkdir()
+    links = "".join(f'<a href="{name}/">{name}</a>\n' for name in sorted(projects))
+    (simple / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+    for name, wheels in projects.items():
+        (simple / name).mkdir()
+        anchors = ""
+        for wheel in wheels:
+            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            requires = _requires_python(wheel)
+            attribute = f' data-requires-python="{html.escape(requires)}"' if requires else ""
+            anchors += f'<a href="../../files/{wheel.name}#sha256={digest}"{attribute}>{wheel.name}</a>\n'
+        (simple / name / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{anchors}</body></html>\n")
+    return own
+
+
+def constraints() -> list[str]:
+    """The pins the inventory gives inference_unit_pip_constraints (vLLM's dependencies here)."""
+    return pins(VLLM_CLOSURE)
