@@ -6,8 +6,9 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint pytest ansible-checks machine-tools machine-image clean
 
-# Simulated machines need systemd-nspawn, debootstrap and the ssh client; installed when missing.
-MACHINE_TOOLS := systemd-nspawn debootstrap ssh ssh-keygen nsenter
+# Simulated machines need systemd-nspawn, debootstrap and the ssh client; the stand-in vendor apt repositories
+# (sim/aptrepo) need dpkg-deb, apt-ftparchive (apt-utils) and gpg (gnupg). Installed when missing.
+MACHINE_TOOLS := systemd-nspawn debootstrap ssh ssh-keygen nsenter apt-ftparchive gpg gpgconf dpkg-deb
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,9 +24,9 @@ test: $(STAMP) lint ansible-checks machine-image pytest
 machine-tools:
 	@missing=""; for t in $(MACHINE_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing systemd-container debootstrap openssh-client util-linux (missing:$$missing)"; \
+	  echo "installing systemd-container debootstrap openssh-client util-linux apt-utils gnupg (missing:$$missing)"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap openssh-client util-linux >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap openssh-client util-linux apt-utils gnupg >/dev/null; \
 	fi
 
 # The machines' base image (cached by recipe under /var/cache/clusterctl/images; built once, ~1-2 min).

@@ -22,9 +22,7 @@ from sim.aptrepo.consul_standin import ConfigError, parse_hcl
 from sim.aptrepo.serve import make_server
 
 ROOT = Path(__file__).resolve().parents[2]
-needs_tools = pytest.mark.skipif(not all(shutil.which(t) for t in ("dpkg-deb", "apt-ftparchive", "gpg", "apt-get")),
-                                 reason="needs dpkg-deb, apt-ftparchive (apt-utils), gpg and apt-get")
-pytestmark = needs_tools
+# dpkg-deb, apt-ftparchive (apt-utils) and gpg (gnupg): `make test` and .ci/run install them (Makefile).
 
 
 @pytest.fixture(scope="module")
