@@ -322,7 +322,7 @@ def routing_panels(summary: dict, metrics_line: str, score_rows: list[dict], lef
     from cli.scores import table
 
     return Group(
-        Panel(Text(latency_line(summary) + "\n" + metrics_line), title=f"clients -> eas-edge ({max(0, left_s):.0f}s left)",
+        Panel(Text(latency_line(summary) + "\n" + metrics_line), title=f"edge ({max(0, left_s):.0f}s left)",
               title_align="left"),
         table(score_rows, "IU scores (drain: seconds until free)", width),
     )

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import click
 
+from cli.help import SuggestingGroup, examples
 
-@click.group("edge")
+_EXAMPLES = examples("clusterctl edge serve --config /etc/eas-edge/edge.yml",
+                     "clusterctl edge serve --listen 127.0.0.1:8080 --consul 127.0.0.1:8500 --agent-port 9105")
+
+
+@click.group("edge", cls=SuggestingGroup, epilog=_EXAMPLES)
 def command() -> None:
     """The edge: an OpenAI-compatible router in front of the IUs."""
 
 
-@command.command("serve", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@command.command("serve", epilog=_EXAMPLES,
+                 context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def serve(args: tuple[str, ...]) -> None:
     """Run eas-edge in the foreground (``clusterctl edge serve --help`` lists its flags)."""

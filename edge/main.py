@@ -39,7 +39,10 @@ class StartupError(Exception):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="eas-edge", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="eas-edge", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Examples:\n  eas-edge --config /etc/eas-edge/edge.yml\n"
+               "  eas-edge --listen 127.0.0.1:8080 --consul 127.0.0.1:8500 --agent-port 9105")
     parser.add_argument("--config", help="YAML config file (edge/config.py lists every field)")
     parser.add_argument("--listen", help="HOST:PORT for clients (default 127.0.0.1:8080)")
     parser.add_argument("--consul", dest="consul_address", help="Consul HOST:PORT (default 127.0.0.1:8500)")

@@ -86,7 +86,7 @@ def test_valid_values_are_listed_in_help(clusterctl):
     def words(*args):
         return " ".join(clusterctl(*args)[1].split())
 
-    assert "gpu_topology, gpu_health, ib_ports" in words("preflight", "--help")
+    assert "gpu_topology, gpu_health, pcie_link, nvlink" in words("preflight", "--help")
     assert "Comma-separated tags of site.yml: chrony, consul_agent" in words("provision", "--help")
     out = words("preflight", "parse", "--help")
     assert "KIND is one of: chrony, cpupower" in out and "Usage: clusterctl preflight parse [OPTIONS] KIND FILE" in out
@@ -105,7 +105,8 @@ def test_completion_script_completes_check_names(monkeypatch, capsys):
 
     completions = ShellComplete(cli, {}, "clusterctl", "_CLUSTERCTL_COMPLETE").get_completions(
         ["preflight", "--checks"], "gpu_health,ib")
-    assert [c.value for c in completions] == ["gpu_health,ib_ports", "gpu_health,ib_pairs"]
+    assert [c.value for c in completions] == ["gpu_health,ib_link_health", "gpu_health,ib_ports",
+                                             "gpu_health,ib_pairs"]
 
 
 # ------------------------------------------------------------------------------ errors name the place
