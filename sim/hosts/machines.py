@@ -303,7 +303,7 @@ def controller_paths() -> list[Path]:
     import sys
 
     repo = Path(sim.__file__).resolve().parent.parent
-    packages = [repo / name for name in ("cli", "cluster", "devconsul", "eas_agent", "preflight")]
+    packages = [repo / name for name in ("cli", "cluster", "devconsul", "eas_agent", "edge", "preflight")]
     paths = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), *packages]
     return [p for p in dict.fromkeys(paths) if p.is_dir() and p != Path("/") and not _is_system_dir(p)]
 

@@ -42,8 +42,18 @@ def pins(names: tuple[str, ...]) -> list[str]:
     return [f"{name}=={importlib.metadata.version(name)}" for name in names]
 
 
+# Project packages the simulated server imports, and where they live inside the stand-in wheel.
+VENDORED = {"eas_agent": "vllm._sim", "edge": "vllm._edge"}
+
+
+def _vendored_name(module: str) -> str | None:
+    top = module.split(".", 1)[0]
+    return VENDORED[top] + module[len(top):] if top in VENDORED else None
+
+
 def vendored_sim() -> dict[str, bytes]:
-    """eas_agent.sim.server and every eas_agent module it imports, as vllm/_sim/..., imports rewritten."""
+    """eas_agent.sim.server and every project module it imports (eas_agent.*, edge.*), as vllm/_sim/... and
+    vllm/_edge/..., imports rewritten."""
     todo, seen, files = ["eas_agent.sim.server"], set(), {}
     while todo:
         module = todo.pop()
@@ -55,13 +65,19 @@ def vendored_sim() -> dict[str, bytes]:
             path = REPO_ROOT / module.replace(".", "/") / "__init__.py"
         source = path.read_text()
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eas_agent"):
+            if isinstance(node, ast.ImportFrom) and node.module and _vendored_name(node.module):
                 todo.append(node.module)
+                # `from package import module`: the submodules too
+                todo += [f"{node.module}.{a.name}" for a in node.names
+                         if (REPO_ROOT / node.module.replace(".", "/") / f"{a.name}.py").is_file()]
             elif isinstance(node, ast.Import):
-                todo += [a.name for a in node.names if a.name.startswith("eas_agent")]
-        relative = path.relative_to(REPO_ROOT / "eas_agent").as_posix()
-        rewritten = source.replace("from eas_agent.", "from vllm._sim.").replace("import eas_agent.", "import vllm._sim.")
-        files[f"vllm/_sim/{relative}"] = rewritten.encode()
+                todo += [a.name for a in node.names if _vendored_name(a.name)]
+        target = _vendored_name(module).replace(".", "/")
+        relative = f"{target}.py" if path.name != "__init__.py" else f"{target}/__init__.py"
+        rewritten = source
+        for top, inside in VENDORED.items():
+            rewritten = rewritten.replace(f"from {top}.", f"from {inside}.").replace(f"import {top}.", f"import {inside}.")
+        files[relative] = rewritten.encode()
     for package in {str(Path(p).parent) for p in files}:
         files.setdefault(f"{package}/__init__.py", b"")
     return files

@@ -94,7 +94,7 @@ def test_report_names_the_depth_in_json_junit_and_table():
     outcome = run_preflight(cluster, [Load()], {"n1": {}}, t, RunOptions(timeout=5.0, depth="full"))
     assert report.to_json(outcome)["summary"]["depth"] == "full"
     assert report.to_junit(outcome).find("properties/property[@name='depth']").get("value") == "full"
-    assert report.results_table(outcome.results, title=f"preflight (depth: {report.depth_of(outcome)})").title \
+    assert report.results_table(outcome.results, 160, title=f"preflight (depth: {report.depth_of(outcome)})").title \
         == "preflight (depth: full)"
     unnamed = run_preflight(cluster, [Load()], {"n1": {}}, t, RunOptions(timeout=5.0))
     assert report.to_json(unnamed)["summary"]["depth"] == "per profile"

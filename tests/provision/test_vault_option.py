@@ -196,11 +196,11 @@ def test_a_real_run_decrypts_the_token_and_never_shows_the_password(tmp_path):
                             "--run-dir", str(run_dir), "--vault-password-file", str(secret_file),
                             env=env_without_vault(), timeout=300)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-        host = inventory / ".sim" / "r01n01" / "run"
-        token = subprocess.run([str(host), "cat", "/etc/eas-agent/consul.token"], capture_output=True, text=True)
+        from sim.hosts.simulate import run_on  # over SSH into the machine, as the inventory reaches it
+
+        token = run_on(inventory, "r01n01", "cat", "/etc/eas-agent/consul.token")
         assert token.stdout == TOKEN + "\n", token.stderr
-        mode = subprocess.run([str(host), "stat", "-c", "%a", "/etc/eas-agent/consul.token"],
-                              capture_output=True, text=True)
+        mode = run_on(inventory, "r01n01", "stat", "-c", "%a", "/etc/eas-agent/consul.token")
         assert mode.stdout.strip() == "600"
     finally:
         down = clusterctl("virtual", "down", str(inventory))
