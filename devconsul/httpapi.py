@@ -154,7 +154,8 @@ class ReadCache:
 
     def key(self, req: Request) -> tuple:
         query = tuple(sorted((k, tuple(v)) for k, v in req.query.items() if k not in self.IGNORED))
-        return req.path, query, req.filtered
+        # what a token may see differs: the resolved token is part of the view (devconsul.authz)
+        return req.path, query, req.filtered, getattr(getattr(req, "authz", None), "accessor", "")
 
     def get(self, key: tuple, index: int) -> Response | None:
         hit = self._entries.get(key)
