@@ -28,7 +28,8 @@ TOKEN_TYPES = ("agent", "default", "config_file_service_registration", "agent_re
 
 
 class AgentTokens:
-    def __init__(self, configured: dict[str, str], data_dir: Path | None, persist: bool):
+    def __init__(self, configured: dict[str, str], data_dir: Path | None, persist: bool, on_change=None):
+        self.on_change = on_change  # a new token may unblock a sync: anti-entropy runs again
         self.tokens = dict(configured)
         self.path = data_dir / TOKEN_FILE if (data_dir is not None and persist) else None
         if self.path is not None and self.path.is_file():
@@ -43,6 +44,8 @@ class AgentTokens:
         if kind not in TOKEN_TYPES:
             raise DefinitionError(f"Token {kind!r} is not a valid token type", status=404)
         self.tokens[kind] = token
+        if self.on_change is not None:
+            self.on_change()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             saved = {k: v for k, v in self.tokens.items() if k in TOKEN_TYPES}

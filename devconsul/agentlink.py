@@ -28,6 +28,7 @@ from devconsul.remote import HEARTBEAT_S
 log = logging.getLogger("devconsul.agent")
 TOKEN_TTL_S = 30.0  # acl.token_ttl
 FORWARD_SLACK_S = 30.0  # beyond a blocking query's ?wait
+RETRY_FAIL_S = 15.0  # ae.StateSyncer retryFailIntv: a refused or failed sync is retried this soon
 
 
 class ServerUnavailable(Exception):
@@ -154,28 +155,31 @@ class AgentLink:
 
     # -- anti-entropy ---------------------------------------------------------------------------
     def _sync_loop(self) -> None:
-        seen, last_full = -1, 0.0
+        seen, last_full, retry_at = -1, 0.0, None
         while not self._stop.wait(0.1):
             if not self.joined.is_set():
                 continue
             version = self.server.state.version
             now = time.monotonic()
-            full = now - last_full >= self.ae_interval
+            full = now - last_full >= self.ae_interval or (retry_at is not None and now >= retry_at)
             if version == seen and not full:
                 continue
             try:
-                self.sync(full)
+                clean = self.sync(full)
                 seen = version
                 if full:
                     last_full = now
+                retry_at = None if clean else now + RETRY_FAIL_S
             except ServerUnavailable as exc:
                 log.warning("anti-entropy: %s", exc)
+                retry_at = now + RETRY_FAIL_S
 
     def _token_for(self, svc) -> str:
         return token_for(self.server.agent_tokens, svc)
 
-    def sync(self, full: bool) -> None:
-        """Push the node's services and checks (their catalog view) to the server; remove what went away."""
+    def sync(self, full: bool) -> bool:
+        """Push the node's services and checks (their catalog view) to the server; remove what went away.
+        False when the server refused something (it is retried after ``RETRY_FAIL_S``)."""
         catalog = self.server.catalog
         with self.server.state.lock:
             node = catalog.node
@@ -189,22 +193,25 @@ class AgentLink:
                                         "Checks": checks})
             node_checks = {c.check_id: _check_payload(c) for c in catalog.node_checks()}
         node_payload = {**base, "Checks": list(node_checks.values())}
-        self._push("", None, node_payload, full)
+        clean = self._push("", None, node_payload, full)
         for gone in self._pushed_node_checks - set(node_checks):
-            self._remove({**base, "CheckID": gone}, self._token_for(None))
+            clean &= self._remove({**base, "CheckID": gone}, self._token_for(None))
         self._pushed_node_checks = set(node_checks)
         for service_id, (svc, payload) in wanted.items():
-            self._push(service_id, svc, payload, full)
+            clean &= self._push(service_id, svc, payload, full)
         for service_id in [s for s in self._pushed if s and s not in wanted]:
             token = self._push_tokens.get(service_id) or self._token_for(None)
             if self._remove({**base, "ServiceID": service_id}, token):
                 self._pushed.pop(service_id, None)
                 self._push_tokens.pop(service_id, None)
+            else:
+                clean = False
+        return clean
 
-    def _push(self, key: str, svc, payload: dict, full: bool) -> None:
+    def _push(self, key: str, svc, payload: dict, full: bool) -> bool:
         text = json.dumps(payload, sort_keys=True)
         if not full and self._pushed.get(key) == text:
-            return
+            return True
         token = self._token_for(svc)
         status, _, data = self.call("PUT", "/v1/catalog/register", payload, token=token)
         if status == 200:
@@ -215,6 +222,7 @@ class AgentLink:
             what = f"Service {svc.id!r}" if svc is not None else "Node info"
             log.warning("%s sync blocked by ACLs or refused (%d): %s", what, status,
                         data.decode(errors="replace")[:200])
+        return status == 200
 
     def _remove(self, payload: dict, token: str) -> bool:
         status, _, data = self.call("PUT", "/v1/catalog/deregister", payload, token=token)

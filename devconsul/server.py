@@ -75,7 +75,7 @@ class DevConsulServer:
         self.catalog.hooks = self.runner
         self.acl = (AclStore(self.state, agent.default_policy, agent.tokens.get("initial_management"))
                     if agent.server and agent.acl_enabled else None)
-        self.agent_tokens = AgentTokens(agent.tokens, self.data_dir, agent.token_persistence)
+        self.agent_tokens = AgentTokens(agent.tokens, self.data_dir, agent.token_persistence, self._tokens_changed)
         self.remote = RemoteCatalog(self.catalog) if agent.server else None
         self.members = Membership(self, failure_timeout) if agent.server else None
         self.link = None if agent.server else AgentLink(self, agent, ae_interval)
@@ -185,6 +185,11 @@ class DevConsulServer:
             return self.acl.resolve(token_for(self.agent_tokens, svc)).allowed("service", "write", svc.name)
         except AclError:
             return False
+
+    def _tokens_changed(self) -> None:
+        with self.state.lock:
+            self.state.touch()
+        self.acl_changed()
 
     def acl_changed(self) -> None:
         self.read_cache = ReadCache()  # cached reads were filtered with the old rules
