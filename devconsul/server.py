@@ -202,7 +202,10 @@ class DevConsulServer:
 
     def reload(self) -> None:
         if self.on_reload is not None:
-            self.on_reload()
+            try:
+                self.on_reload()
+            except (OSError, ValueError) as exc:  # the configuration files; the running one stays
+                raise ApiError(500, f"Failed reloading: {exc}") from None
 
     def request_leave(self) -> None:
         if self.on_leave is not None:
