@@ -69,4 +69,6 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
             click.echo(f"{loaded.path}: {problem}", err=True)
         click.echo(f"{len(problems)} problem(s) in {loaded.path}", err=True)
         raise SystemExit(2)
+    for warning in val.security_warnings(loaded.selected):
+        click.echo(f"{loaded.path}: warning: {warning}", err=True)
     click.echo(f"{loaded.path}: OK ({len(loaded.selected)} hosts)")
