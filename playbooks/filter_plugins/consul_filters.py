@@ -53,10 +53,14 @@ def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefi
         "eas_agent": (f"eas-agent-{node}", f"eas-agent of {node}"),
         "edge": ("clusterctl-edge", "edge (read-only)"),
     }
-    out_tokens, used = [], set()
+    out_tokens, used, seen = [], set(), {}
     for kind, (policy, description) in links.items():
         secret = str(tokens.get(kind) or "")
+        if secret in seen:  # one secret is one token: two jobs on it would leave it with only one policy
+            raise AnsibleFilterError(f"{node}: the {seen[secret]} and {kind} Consul tokens are the same secret; "
+                                     "each job needs its own token")
         if secret:
+            seen[secret] = kind
             out_tokens.append({"secret": secret, "description": description, "policies": [policy]})
             used.add(policy)
     return {"policies": [{"name": n, "rules": r} for n, r in policies.items() if n in used], "tokens": out_tokens}
