@@ -110,22 +110,16 @@ class AgentLink:
         with self._lock:
             hit = self._tokens.get(secret)
         if hit is not None and now - hit[0] < TOKEN_TTL_S:
-            if isinstance(hit[1], AclError):
-                raise hit[1]
             return hit[1]
         try:
             status, _, data = self.call("GET", "/v1/internal/devconsul/acl/resolve", token=secret)
         except ServerUnavailable as exc:
             raise AclError(500, f"ACL resolution failed, no Consul server answered: {exc}") from None
-        result: object
-        if status == 200:
-            result = authorizer_from_export(json.loads(data))
-        else:
-            result = AclError(status, data.decode(errors="replace"))
+        if status != 200:  # not cached: a token the role is about to create must work as soon as it exists
+            raise AclError(status, data.decode(errors="replace"))
+        result = authorizer_from_export(json.loads(data))
         with self._lock:
             self._tokens[secret] = (now, result)
-        if isinstance(result, AclError):
-            raise result
         return result
 
     # -- membership -----------------------------------------------------------------------------
