@@ -4,7 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint pytest ansible-checks clean
+.PHONY: demo test lint pytest ansible-checks machine-tools machine-image clean
+
+# Simulated machines need systemd-nspawn, debootstrap and the ssh client; installed when missing.
+MACHINE_TOOLS := systemd-nspawn debootstrap ssh ssh-keygen nsenter
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,10 +15,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) machine-tools
 	$(BIN)/clusterctl demo
 
-test: $(STAMP) lint ansible-checks pytest
+test: $(STAMP) lint ansible-checks machine-image pytest
+
+machine-tools:
+	@missing=""; for t in $(MACHINE_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing systemd-container debootstrap openssh-client util-linux (missing:$$missing)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap openssh-client util-linux >/dev/null; \
+	fi
+
+# The machines' base image (cached by recipe under /var/cache/clusterctl/images; built once, ~1-2 min).
+machine-image: $(STAMP) machine-tools
+	$(BIN)/python -c "from sim.hosts import image; image.ensure(print)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

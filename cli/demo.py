@@ -38,8 +38,6 @@ from cli.processes import ProcessSet, tail
 from cluster import load_cluster
 from cluster.inventory import host_var
 from cluster.model import Cluster, Node
-from cluster.virtual import create as create_inventory
-from cluster.virtual import simulate
 
 FAULTY_NODE_FAULT = {"kind": "nvlink_down", "gpus": [2, 3]}
 CLUSTERCTL = [sys.executable, "-m", "cli.main"]
@@ -74,6 +72,9 @@ def command(nodes: int, racks: int, duration: float, rate: float | None, keep: b
     finally:
         processes.stop()
         if (inventory / "hosts.yml").exists():
+            # The simulators, imported only when the demo runs (tests/test_import_lint.py).
+            from sim.hosts import simulate
+
             simulate.down(str(inventory))
         if keep:
             console.print(f"kept {workdir}")
@@ -116,6 +117,9 @@ class Demo:
 
     # -- 1. simulated hosts -----------------------------------------------------------------------
     def make_cluster(self, nodes: int, racks: int) -> Cluster:
+        from sim.hosts import create as create_inventory
+        from sim.hosts import simulate
+
         self.step(f"1/7 virtual cluster: {nodes} nodes in {racks} racks")
         create_inventory.write(self.inventory, nodes, racks, fabric="mixed", faults="none")
         faulty = create_inventory.plan(nodes, racks, "mixed", "none")[-1].name
@@ -128,7 +132,7 @@ class Demo:
             vars_file.write(f"\n# The demo's dev Consul.\nconsul_http_addr: {self.consul_addr}\nconsul_datacenter: dc1\n")
         cluster = load_cluster(self.inventory)
         result = simulate.up(str(self.inventory))
-        console.print(f"{len(result.hosts)} simulated hosts up in {result.seconds:.2f}s; "
+        console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; "
                       f"[red]{faulty}[/] has NVLink GPU2-GPU3 down")
         return cluster
 
@@ -170,11 +174,11 @@ class Demo:
         for node in cluster.nodes():
             ius = [arg for iu in node.ius for arg in ("--iu", f"{node.address}:{iu.port}:0")]
             gpu_file = str(node.vars.get("eas_agent_fake_gpu_file") or "/var/lib/eas-agent/fake_gpus.json")
-            self.processes.start(f"vllm-{node.name}", [
-                *self.prefix(node), "sh", "-c", 'mkdir -p "$(dirname "$1")" && shift && exec "$@"', "sh", gpu_file,
+            self.processes.start(f"vllm-{node.name}", self.on_node(
+                node, "sh", "-c", 'mkdir -p "$(dirname "$1")" && shift && exec "$@"', "sh", gpu_file,
                 sys.executable, "-m", "eas_agent.sim", *ius, "--gpu-file", gpu_file,
                 "--gpus", str(node.gpu_count), "--warmup-s", "0",
-            ])
+            ))
         for node in cluster.nodes():
             for iu in node.ius:
                 self.wait_http(f"http://{node.address}:{iu.port}/health", f"simulated vLLM of {iu.id}")
@@ -188,7 +192,7 @@ class Demo:
                   "sorted(glob.glob('/etc/consul.d/vllm-iu-*.json'))]))")
         count = 0
         for node in cluster.nodes():
-            out = subprocess.run([*self.prefix(node), sys.executable, "-c", reader],
+            out = subprocess.run(self.on_node(node, sys.executable, "-c", reader),
                                  capture_output=True, text=True, timeout=30)
             if out.returncode != 0:
                 raise DemoError(f"{node.name}: cannot read /etc/consul.d: {out.stderr.strip()[-300:]}")
@@ -209,7 +213,7 @@ class Demo:
         agent = str(Path(sys.executable).with_name("eas-agent"))
         for node in cluster.nodes():
             self.processes.start(f"eas-agent-{node.name}",
-                                 [*self.prefix(node), agent, "run", "--config", "/etc/eas-agent/config.yml"])
+                                 self.on_node(node, agent, "run", "--config", "/etc/eas-agent/config.yml"))
         for node in cluster.nodes():
             listen = host_var(node, "eas_agent_listen")
             self.wait_http(f"http://{listen}/scores", f"eas-agent on {node.name}")
@@ -275,9 +279,12 @@ class Demo:
             raise DemoError(f"requests were routed to IUs still in maintenance: {sorted(unreleased)}")
 
     # -- helpers ----------------------------------------------------------------------------------
-    @staticmethod
-    def prefix(node: Node) -> list[str]:
-        return [str(p) for p in node.vars.get("clusterctl_exec_prefix") or []]
+    def on_node(self, node: Node, *argv: str) -> list[str]:
+        """argv run as root on the node's machine over SSH (the controller's Python is bound into every
+        machine read-only at the same path, so sys.executable runs there as here)."""
+        from sim.hosts import simulate
+
+        return simulate.ssh_argv(self.inventory, node.name, *argv)
 
     def wait_http(self, url: str, what: str, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s

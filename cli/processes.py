@@ -1,7 +1,7 @@
 """Processes a command starts and must stop: tracked by PID, stopped with SIGTERM then SIGKILL.
 
-Each child runs in its own process group so that stopping it also stops what it spawned (a ``run``
-wrapper's nsenter child, for example), and nothing outlives the command that started it.
+Each child runs in its own process group so that stopping it also stops what it spawned (an ssh
+client's children, for example), and nothing outlives the command that started it.
 """
 
 from __future__ import annotations

@@ -137,6 +137,10 @@ def runner_env() -> dict[str, str]:
         "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
         # the filter plugin imports the cluster model from this checkout
         "PYTHONPATH": os.pathsep.join(p for p in (str(prov.REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+        # ansible-runner sets ANSIBLE_HOST_KEY_CHECKING=False unless it is given, which overrides
+        # ansible.cfg and makes Ansible pass -o StrictHostKeyChecking=no ahead of the inventory's own
+        # options (ssh takes the first): an unknown or changed host key must stop the run instead.
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
     }
     return env
 

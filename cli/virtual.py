@@ -1,4 +1,8 @@
-"""``clusterctl virtual create|up|down|status``: simulated hosts for the virtual inventory."""
+"""``clusterctl virtual create|up|down|status``: simulated machines for the virtual inventory.
+
+The simulators live in the top-level ``sim`` package, which production modules never import
+(tests/test_import_lint.py); this command imports it inside each command function, only when run.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,9 @@ from cli.errors import ClusterctlError
 from cli.options import vault_password_file_option
 from cluster import vault
 from cluster.model import GPU_MODELS
-from cluster.virtual import create as create_inventory
-from cluster.virtual import simulate
+
+# The choices `virtual create --fabric` offers (sim.hosts.create.FABRICS; a test keeps them equal).
+FABRICS = ("ib", "roce", "mixed")
 
 
 @click.group("virtual")
@@ -25,13 +30,15 @@ def command() -> None:
 @click.option("--nodes", type=click.IntRange(min=1), required=True, help="Number of nodes.")
 @click.option("--racks", type=click.IntRange(min=1), required=True, help="Number of racks (nodes spread in order).")
 @click.option("--gpu", "gpu_model", type=click.Choice(GPU_MODELS), default="h100-sxm", show_default=True)
-@click.option("--fabric", type=click.Choice(create_inventory.FABRICS), default="ib", show_default=True,
+@click.option("--fabric", type=click.Choice(FABRICS), default="ib", show_default=True,
               help="ib: InfiniBand; roce: RoCE everywhere; mixed: the last rack RoCE.")
 @click.option("--faults", type=click.Choice(["default", "none"]), default="default", show_default=True,
               help="default: a few nodes with hardware faults that preflight must catch.")
 @click.option("--force", is_flag=True, help="Replace an inventory already in DIRECTORY.")
 def create(directory: Path, nodes: int, racks: int, gpu_model: str, fabric: str, faults: str, force: bool) -> None:
     """Write a virtual inventory (hosts.yml, group_vars, host_vars) into DIRECTORY."""
+    from sim.hosts import create as create_inventory
+
     try:
         written = create_inventory.write(directory, nodes, racks, gpu_model, fabric, faults, force)
     except (ValueError, FileExistsError) as exc:
@@ -45,31 +52,38 @@ def create(directory: Path, nodes: int, racks: int, gpu_model: str, fabric: str,
 @click.option("--limit", "-l", default=None, help="Ansible host pattern: bring up only these hosts.")
 @vault_password_file_option
 def up(inventory: str, limit: str | None, vault_password_file: Path | None) -> None:
-    """Bring up the inventory's simulated hosts (tears down any previous ones first)."""
+    """Boot one machine per host of the inventory (tears down any previous ones first; builds the machine
+    image first when it is not cached, printing its progress)."""
+    from sim.hosts import simulate
+
     result = simulate.up(inventory, limit, vault.secrets_for(vault_password_file))
     note = f" ({len(result.unreachable)} unreachable: {', '.join(result.unreachable)})" if result.unreachable else ""
-    click.echo(f"{inventory}: {len(result.hosts)} simulated hosts up in {result.seconds:.2f}s{note}")
+    click.echo(f"{inventory}: {len(result.hosts)} machines up in {result.seconds:.2f}s{note}")
 
 
 @command.command("down")
 @click.argument("inventory", type=click.Path(exists=True, path_type=str))
 def down(inventory: str) -> None:
-    """Tear down the inventory's simulated hosts: unmount everything, end their namespaces."""
+    """Stop the inventory's machines and remove their overlays (also after a killed `up`)."""
+    from sim.hosts import simulate
+
     start = time.monotonic()
-    removed = simulate.down(inventory)
-    click.echo(f"{inventory}: simulated hosts down ({removed} mounts removed) in {time.monotonic() - start:.2f}s")
+    stopped = simulate.down(inventory)
+    click.echo(f"{inventory}: {stopped} machines stopped in {time.monotonic() - start:.2f}s")
 
 
 @command.command("status")
 @click.argument("inventory", type=click.Path(exists=True, path_type=str))
 def status(inventory: str) -> None:
-    """List the inventory's simulated hosts that are up and the faults injected into each."""
+    """Each machine of the inventory: its state (systemd's, inside it), address and injected faults."""
+    from sim.hosts import simulate
+
     hosts = simulate.status(inventory)
     if not hosts:
-        click.echo(f"{inventory}: no simulated hosts up")
+        click.echo(f"{inventory}: no machines")
         return
     for host in hosts:
         faults = ", ".join(
             f["kind"] + "(" + ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind") + ")" for f in host.faults
         )
-        click.echo(f"{host.name:<12} {'up' if host.up else 'DOWN'}  {faults or 'healthy'}")
+        click.echo(f"{host.name:<12} {host.address:<15} {host.state:<12} {faults or 'healthy'}")

@@ -24,7 +24,7 @@ from cluster.errors import ClusterctlError
 MODEL_VARS = (
     "ansible_host", "rack", "gpu_model", "gpu_count", "iu_size", "iu_layout", "gpu_numa_nodes",
     "numa_node_count", "iu_port_base", "iu_ports", "rdma_nics", "nccl_socket_ifname", "cpu_cstates_redfish",
-    "clusterctl_exec_prefix", "consul_http_addr", "consul_datacenter",
+    "consul_http_addr", "consul_datacenter",
 )
 
 

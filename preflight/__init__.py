@@ -3,8 +3,8 @@
 Layout (each a small module):
 
 - :mod:`preflight.parsers` - pure text -> dataclass parsers for the tools' outputs.
-- :mod:`preflight.transport` - run argv lists on a node: locally through ``clusterctl_exec_prefix``
-  (simulated hosts) or over SSH (fabric), chosen from inventory variables only.
+- :mod:`preflight.transport` - run argv lists on a node: over SSH (fabric, host keys verified), or
+  locally with ``ansible_connection: local`` (preflight on the node itself).
 - :mod:`preflight.profiles` - expected values per GPU SKU (YAML, every value cites its source).
 - :mod:`preflight.checks` - one module per check: gather -> parse -> evaluate -> CheckResult, each with
   stable fault codes (listed in its docstring and its ``codes``).

@@ -1,11 +1,16 @@
-"""Running commands on a node: locally through an argv prefix (simulated hosts) or over SSH (real ones).
+"""Running commands on a node: over SSH (fabric), or locally when preflight runs on the node itself.
 
 Commands are always argv lists. Locally they go straight to ``subprocess`` (never a shell); over SSH the
 remote shell gets ``shlex.join(argv)``, so a value from the inventory is always one quoted word.
 
-Which transport a node gets is decided by inventory variables only (see :func:`transport_for`):
-``clusterctl_exec_prefix`` set -> :class:`LocalTransport` (the prefix, e.g. a simulated host's ``run``
-wrapper, is prepended to every argv); otherwise :class:`SshTransport` to ``ansible_host``.
+Which transport a node gets is decided by inventory variables only (see :class:`RoutingTransport`):
+``ansible_connection: local`` -> :class:`LocalTransport` (preflight running on the node it checks, as
+Ansible's local connection does); otherwise :class:`SshTransport` to ``ansible_host`` with Ansible's
+connection settings: ``ansible_user``, ``ansible_port``, ``ansible_ssh_private_key_file`` and the
+``UserKnownHostsFile`` of ``ansible_ssh_common_args``/``ansible_ssh_extra_args``. Host keys are always
+verified (security review M5): the system and user known_hosts files plus that file are loaded and an
+unknown or changed host key makes the node UNREACHABLE with the reason, as ``ssh -o
+StrictHostKeyChecking=yes`` would.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from cluster.inventory import host_var
 from cluster.model import Node
 
 SSH_UNREACHABLE_RC = 255  # what ssh(1) exits with when it could not connect
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 KILL_GRACE_S = 2.0
 
 
@@ -62,31 +69,6 @@ class Transport(Protocol):
         ...
 
 
-def exec_prefix(node: Node) -> list[str]:
-    """The node's ``clusterctl_exec_prefix`` as an argv list (empty: not a local/simulated host)."""
-    prefix = host_var(node, "clusterctl_exec_prefix") or []
-    if isinstance(prefix, str):
-        prefix = shlex.split(prefix)
-    return [str(p) for p in prefix]
-
-
-class _PrefixCache:
-    """exec_prefix per node name, templated once per transport (a run), not once per command (~5 ms each)."""
-
-    def __init__(self) -> None:
-        self._cache: dict[str, tuple[str, ...]] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, node: Node) -> list[str]:
-        with self._lock:
-            cached = self._cache.get(node.name)
-        if cached is None:
-            cached = tuple(exec_prefix(node))
-            with self._lock:
-                self._cache[node.name] = cached
-        return list(cached)
-
-
 def _spawn(argv: list[str]) -> subprocess.Popen:
     """A child in its own session (a timeout kills its whole group), text output, no stdin."""
     return subprocess.Popen(
@@ -101,25 +83,15 @@ def _spawn(argv: list[str]) -> subprocess.Popen:
 
 
 class LocalTransport:
-    """Runs ``clusterctl_exec_prefix + argv`` on this machine; on timeout the whole process group dies."""
-
-    def __init__(self) -> None:
-        self.prefix = _PrefixCache()
+    """Runs argv on this machine (the node itself); on timeout the whole process group dies."""
 
     def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult:
-        full = self.prefix(host) + [str(a) for a in argv]
+        full = [str(a) for a in argv]
         started = time.monotonic()
         try:
             proc = _spawn(full)
-        except OSError as exc:  # the prefix (the host's wrapper) itself is missing: the host is not there
-            return CommandResult(
-                None,
-                "",
-                str(exc),
-                time.monotonic() - started,
-                unreachable=bool(full[: -len(argv)]),
-                argv=tuple(argv),
-            )
+        except OSError as exc:  # the program itself is missing: a failed command, not an unreachable host
+            return CommandResult(None, "", str(exc), time.monotonic() - started, argv=tuple(argv))
         try:
             out, err = proc.communicate(timeout=timeout)
             timed_out = False
@@ -128,13 +100,10 @@ class LocalTransport:
             out, err = proc.communicate()
             timed_out = True
         rc = None if timed_out else proc.returncode
-        # The prefix stands in for the connection to the host, so it follows ssh's convention for "no route".
-        unreachable = rc == SSH_UNREACHABLE_RC and len(full) > len(argv)
-        return CommandResult(rc, out, err, time.monotonic() - started, timed_out, unreachable, tuple(argv))
+        return CommandResult(rc, out, err, time.monotonic() - started, timed_out, False, tuple(argv))
 
     def start(self, host: Node, argv: Sequence[str], limit: float) -> LocalBackground:
-        full = self.prefix(host) + [str(a) for a in argv]
-        proc = _spawn(full)
+        proc = _spawn([str(a) for a in argv])
         return LocalBackground(proc, tuple(argv), limit)
 
 
@@ -169,8 +138,39 @@ class LocalBackground:
         return CommandResult(self.proc.returncode, out, err, time.monotonic() - self.started, argv=self.argv)
 
 
+def known_hosts_files(host: Node) -> list[Path]:
+    """The ``UserKnownHostsFile`` paths of the node's ``ansible_ssh_common_args`` and
+    ``ansible_ssh_extra_args`` (``-o UserKnownHostsFile=A`` or ``-oUserKnownHostsFile A B``)."""
+    files: list[Path] = []
+    for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        words = shlex.split(str(host_var(host, var) or ""))
+        options = [w[2:] if w.startswith("-o") and len(w) > 2 else None for w in words]
+        for index, word in enumerate(words):
+            option = options[index] if options[index] is not None else (
+                words[index + 1] if word == "-o" and index + 1 < len(words) else None)
+            if option is None:
+                continue
+            key, _, value = option.replace(" ", "=", 1).partition("=")
+            if key.lower() == "userknownhostsfile" and value:
+                files += [Path(os.path.expanduser(v)) for v in value.split()]
+    return files
+
+
+def _unreachable_reason(exc: BaseException, address: str) -> str:
+    from paramiko.ssh_exception import AuthenticationException, BadHostKeyException
+
+    if isinstance(exc, BadHostKeyException):
+        return (f"ssh: host key for {address} changed: got {exc.key.get_name()} "
+                f"{exc.key.get_fingerprint().hex()}, known_hosts has {exc.expected_key.get_fingerprint().hex()}")
+    if isinstance(exc, AuthenticationException):
+        return f"ssh: key rejected by {address}: {exc}"
+    return f"ssh: {exc}"
+
+
 class SshTransport:
-    """SSH (fabric) to ``ansible_host`` as ``ansible_user`` on ``ansible_port``; one connection per host."""
+    """SSH (fabric) to ``ansible_host`` with the inventory's connection settings; one connection per host,
+    reused by every command of the run; host keys verified against known_hosts (unknown or changed:
+    unreachable)."""
 
     def __init__(self, connect_timeout: float = 10.0):
         self.connect_timeout = connect_timeout
@@ -187,13 +187,29 @@ class SshTransport:
         with host_lock:
             conn = self._connections.get(host.name)
             if conn is None:
+                from paramiko import RejectPolicy
+
                 port = host_var(host, "ansible_port")
+                key_file = host_var(host, "ansible_ssh_private_key_file") or host_var(host, "ansible_private_key_file")
+                connect_kwargs: dict[str, Any] = {"look_for_keys": key_file is None, "allow_agent": key_file is None}
+                if key_file:
+                    connect_kwargs["key_filename"] = [os.path.expanduser(str(key_file))]
                 conn = Connection(
                     host=str(host_var(host, "ansible_host") or host.address),
                     user=host_var(host, "ansible_user"),
                     port=int(port) if port is not None else None,
                     connect_timeout=self.connect_timeout,
+                    connect_kwargs=connect_kwargs,
                 )
+                # fabric installs AutoAddPolicy and loads no known_hosts: verify like ssh(1) instead, with
+                # ~/.ssh/known_hosts (paramiko's default), /etc/ssh/ssh_known_hosts and the inventory's files.
+                conn.client.load_system_host_keys()
+                if Path(SYSTEM_KNOWN_HOSTS).is_file():
+                    conn.client.load_system_host_keys(SYSTEM_KNOWN_HOSTS)
+                for known in known_hosts_files(host):
+                    if known.is_file():
+                        conn.client.load_host_keys(str(known))
+                conn.client.set_missing_host_key_policy(RejectPolicy())
                 conn.open()  # raises (-> unreachable) before it is shared with other threads
                 self._connections[host.name] = conn
             return conn
@@ -218,9 +234,8 @@ class SshTransport:
                 argv=tuple(argv),
             )
         except (SSHException, OSError, EOFError) as exc:  # OSError covers socket timeouts
-            return CommandResult(
-                None, "", f"ssh: {exc}", time.monotonic() - started, unreachable=True, argv=tuple(argv)
-            )
+            reason = _unreachable_reason(exc, str(host_var(host, "ansible_host") or host.address))
+            return CommandResult(None, "", reason, time.monotonic() - started, unreachable=True, argv=tuple(argv))
         return CommandResult(
             result.exited,
             result.stdout,
@@ -259,15 +274,14 @@ class SshBackground:
 
 
 class RoutingTransport:
-    """Picks the transport per node from its inventory variables (no 'is this virtual?' anywhere)."""
+    """Picks the transport per node from ``ansible_connection``, as Ansible does (no 'is this virtual?')."""
 
     def __init__(self, local: Transport | None = None, ssh: Transport | None = None):
         self.local = local or LocalTransport()
         self.ssh = ssh or SshTransport()
-        self.prefix = _PrefixCache()
 
     def for_host(self, host: Node) -> Transport:
-        return self.local if self.prefix(host) else self.ssh
+        return self.local if host.vars.get("ansible_connection") == "local" else self.ssh
 
     def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult:
         return self.for_host(host).run(host, argv, timeout)

@@ -198,9 +198,11 @@ class VirtualInventory:
         assert done.returncode == 0, done.stderr
 
     def run_on(self, host: str, *argv: str, stdin: str | None = None) -> str:
-        """Run argv inside a simulated host (its `run` wrapper); returns stdout."""
+        """Run argv on a simulated machine over SSH, as root through sudo; returns stdout."""
+        from sim.hosts import simulate
+
         done = subprocess.run(
-            [str(self.root / ".sim" / host / "run"), *argv],
+            simulate.ssh_argv(self.root, host, *argv),
             input=stdin,
             capture_output=True,
             text=True,

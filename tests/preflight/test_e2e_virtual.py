@@ -147,27 +147,32 @@ def test_strict_turns_warnings_into_failure(tmp_path, capsys):
 
 
 def test_inventory_and_usage_errors_exit_2_before_any_host_is_contacted(tmp_path, capsys):
-    touched = tmp_path / "contacted"
-    wrapper = tmp_path / "run"
-    wrapper.write_text(f'#!/bin/sh\ntouch {touched}\nexec "$@"\n')
-    wrapper.chmod(0o755)
+    import socket
+
+    # The hosts' "sshd": a listening socket on loopback; a connection to it would be a contacted host.
+    sshd = socket.socket()
+    sshd.bind(("127.0.0.1", 0))
+    sshd.listen()
+    sshd.setblocking(False)
+
+    class Touched:
+        def exists(self) -> bool:
+            try:
+                sshd.accept()[0].close()
+            except BlockingIOError:
+                return False
+            return True
+
+    touched = Touched()
+    reach = {"ansible_host": "127.0.0.1", "ansible_port": sshd.getsockname()[1]}
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         yaml.safe_dump(
             {
                 "all": {
                     "hosts": {
-                        "good": {
-                            "rack": "r1",
-                            "gpu_model": "h100-sxm",
-                            "clusterctl_exec_prefix": [str(wrapper)],
-                        },
-                        "broken": {
-                            "rack": "r1",
-                            "gpu_model": "h100-sxm",
-                            "iu_size": 3,
-                            "clusterctl_exec_prefix": [str(wrapper)],
-                        },
+                        "good": {"rack": "r1", "gpu_model": "h100-sxm", **reach},
+                        "broken": {"rack": "r1", "gpu_model": "h100-sxm", "iu_size": 3, **reach},
                     }
                 }
             }
@@ -191,3 +196,4 @@ def test_inventory_and_usage_errors_exit_2_before_any_host_is_contacted(tmp_path
     assert code == 2 and "does not exist" in err and not touched.exists()
     code, out, _ = run_cli(capsys, "preflight", "history", "--state-dir", str(tmp_path / "none"))
     assert code == 0 and "no runs saved" in out
+    sshd.close()

@@ -31,20 +31,11 @@ def test_local_transport_runs_argv_without_a_shell(tmp_path):
     assert not marker.exists()
 
 
-def test_local_transport_prepends_the_templated_exec_prefix(tmp_path):
-    wrapper = tmp_path / "run"
-    wrapper.write_text('#!/bin/sh\nexport SIMULATED_HOST=yes\nexec "$@"\n')
-    wrapper.chmod(0o755)
-    from ansible.template import trust_as_template
-
-    # Ansible 2.19 templates only strings it trusts; values loaded from an inventory file are trusted.
-    n = node(
-        clusterctl_exec_prefix=[trust_as_template("{{ inventory_dir }}/run")], inventory_dir=str(tmp_path)
-    )
-    result = LocalTransport().run(n, ["sh", "-c", "echo $SIMULATED_HOST"], timeout=5)
-    assert result.stdout == "yes\n"
-    assert isinstance(RoutingTransport().for_host(n), LocalTransport)
+def test_routing_follows_ansible_connection():
+    """ansible_connection: local (preflight on the node itself) runs locally; anything else goes over SSH."""
+    assert isinstance(RoutingTransport().for_host(node(ansible_connection="local")), LocalTransport)
     assert isinstance(RoutingTransport().for_host(node()), SshTransport)
+    assert isinstance(RoutingTransport().for_host(node(ansible_connection="ssh")), SshTransport)
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
@@ -67,12 +58,9 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def test_wrapper_exiting_255_means_unreachable(tmp_path):
-    wrapper = tmp_path / "run"
-    wrapper.write_text("#!/bin/sh\necho 'ssh: connect to host x port 22: No route to host' >&2\nexit 255\n")
-    wrapper.chmod(0o755)
-    result = LocalTransport().run(node(clusterctl_exec_prefix=[str(wrapper)]), ["true"], timeout=5)
-    assert result.unreachable and "No route to host" in result.last_line()
+def test_a_missing_program_is_a_failed_command_not_an_unreachable_host():
+    result = LocalTransport().run(node(), ["/nonexistent/clusterctl-test-tool"], timeout=5)
+    assert result.rc is None and not result.unreachable and "No such file" in result.stderr
 
 
 def test_background_server_is_killed_on_stop(tmp_path):
@@ -88,8 +76,9 @@ def test_ssh_transport_quotes_every_argument(monkeypatch):
     seen = {}
 
     class FakeConnection:
-        def __init__(self, host, user, port, connect_timeout):
+        def __init__(self, host, user, port, connect_timeout, connect_kwargs):
             seen.update(host=host, user=user, port=port)
+            self.client = FakeClient()
 
         def open(self):
             pass
@@ -100,7 +89,7 @@ def test_ssh_transport_quotes_every_argument(monkeypatch):
 
     monkeypatch.setattr(fabric, "Connection", FakeConnection)
     n = node(
-        ansible_host="10.9.8.7",
+        ansible_host="127.0.9.7",
         ansible_user="ops",
         ansible_port=2222,
         rdma_nics=[{"device": "mlx5_0; reboot", "netdev": "ib0"}],
@@ -108,7 +97,7 @@ def test_ssh_transport_quotes_every_argument(monkeypatch):
     result = SshTransport().run(n, ["ibping", "-C", n.nics[0].device, "$(id)"], timeout=5)
     assert result.ok
     assert seen == {
-        "host": "10.9.8.7",
+        "host": "127.0.9.7",
         "user": "ops",
         "port": 2222,
         "command": "ibping -C 'mlx5_0; reboot' '$(id)'",
@@ -120,7 +109,7 @@ def test_ssh_connection_failure_is_unreachable(monkeypatch):
 
     class Refused:
         def __init__(self, **kwargs):
-            pass
+            self.client = FakeClient()
 
         def open(self):
             raise OSError("[Errno 113] No route to host")
@@ -128,6 +117,97 @@ def test_ssh_connection_failure_is_unreachable(monkeypatch):
     monkeypatch.setattr(fabric, "Connection", Refused)
     result = SshTransport().run(node(), ["true"], timeout=5)
     assert result.unreachable and "No route to host" in result.stderr
+
+
+class FakeClient:
+    """The paramiko client of a fake fabric Connection: records what the transport configures."""
+
+    def __init__(self):
+        self.host_key_files, self.policy, self.system_keys = [], None, False
+
+    def load_system_host_keys(self, filename=None):
+        self.system_keys = True
+
+    def load_host_keys(self, filename):
+        self.host_key_files.append(filename)
+
+    def set_missing_host_key_policy(self, policy):
+        self.policy = policy
+
+
+def test_ssh_transport_verifies_host_keys_with_the_inventorys_known_hosts_and_key(monkeypatch, tmp_path):
+    """Security review M5: fabric alone auto-adds any host key. The transport loads the system
+    known_hosts and the inventory's UserKnownHostsFile and rejects unknown keys; the key is the
+    inventory's ansible_ssh_private_key_file."""
+    import fabric
+    import paramiko
+
+    made = []
+
+    class Recording:
+        def __init__(self, **kwargs):
+            self.kwargs, self.client = kwargs, FakeClient()
+            made.append(self)
+
+        def open(self):
+            pass
+
+        def run(self, command, **kwargs):
+            return type("R", (), {"exited": 0, "stdout": "", "stderr": ""})()
+
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    monkeypatch.setattr(fabric, "Connection", Recording)
+    n = node(ansible_host="127.0.9.7", ansible_ssh_private_key_file=str(tmp_path / "id_ed25519"),
+             ansible_ssh_common_args=f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes")
+    assert SshTransport().run(n, ["true"], timeout=5).ok
+    conn = made[0]
+    assert conn.client.system_keys and str(known) in conn.client.host_key_files
+    assert isinstance(conn.client.policy, paramiko.RejectPolicy)
+    assert conn.kwargs["connect_kwargs"]["key_filename"] == [str(tmp_path / "id_ed25519")]
+    assert conn.kwargs["connect_kwargs"]["look_for_keys"] is False
+
+
+def test_a_changed_host_key_is_unreachable_with_the_reason(monkeypatch):
+    import fabric
+    import paramiko
+
+    class Changed:
+        def __init__(self, **kwargs):
+            self.client = FakeClient()
+
+        def open(self):
+            raise paramiko.BadHostKeyException("127.0.9.7", _ed25519(), _ed25519())
+
+    monkeypatch.setattr(fabric, "Connection", Changed)
+    result = SshTransport().run(node(ansible_host="127.0.9.7"), ["true"], timeout=5)
+    assert result.unreachable and "host key for 127.0.9.7 changed" in result.stderr
+
+
+def _ed25519():
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import paramiko
+
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{d}/k"], check=True)
+        return paramiko.Ed25519Key.from_private_key_file(str(Path(d) / "k"))
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ("-o UserKnownHostsFile=/a/kh -o StrictHostKeyChecking=yes", ["/a/kh"]),
+    ("-oUserKnownHostsFile=/a/kh", ["/a/kh"]),
+    ("-o 'UserKnownHostsFile /a/kh /b/kh'", ["/a/kh", "/b/kh"]),
+    ("-o ProxyJump=bastion", []),
+])
+def test_known_hosts_files_from_ansible_ssh_args(args, expected):
+    from pathlib import Path
+
+    from preflight.transport import known_hosts_files
+
+    assert known_hosts_files(node(ansible_ssh_common_args=args)) == [Path(p) for p in expected]
 
 
 # ------------------------------------------------------------------------------ runner
@@ -458,7 +538,7 @@ def test_ssh_background_server_is_bounded_and_quoted(monkeypatch):
 
     class FakeConnection:
         def __init__(self, **kwargs):
-            pass
+            self.client = FakeClient()
 
         def open(self):
             pass

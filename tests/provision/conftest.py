@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from sim.hosts import simulate
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 VAULT_PASSWORD = "clusterctl-test-vault-password"
 TOKEN = "9f1c3e2a-test-token-eas-agent-6b7d"  # a value to look for: it must never be printed
+MACHINE_BOOKKEEPING = ("var/log/", "var/lib/systemd/", "var/lib/sudo/", "run/")
 
 
 def clusterctl(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -55,11 +58,13 @@ class VirtualCluster:
     run_dirs: dict[str, Path] = field(default_factory=dict)
     snapshots: dict[str, dict[str, tuple]] = field(default_factory=dict)
 
-    def sim(self, host: str) -> Path:
-        return self.inventory / ".sim" / host
+    def upper(self, host: str) -> Path:
+        """The machine's overlay upper dir: every file it has written."""
+        return simulate.layout(self.inventory).host(host).upper
 
     def on_host(self, host: str, *argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.sim(host) / "run"), *argv], capture_output=True, text=True, timeout=60)
+        """argv on the machine over SSH, as root through sudo (the way Ansible reaches it)."""
+        return simulate.run_on(self.inventory, host, *argv)
 
     def read(self, host: str, path: str) -> str:
         result = self.on_host(host, "cat", path)
@@ -73,11 +78,14 @@ class VirtualCluster:
         return self.on_host(host, "stat", "-c", "%a %U %G", path).stdout.strip()
 
     def upper_snapshot(self) -> dict[str, tuple]:
-        """Every file the hosts have written (overlay upper dirs): path -> (size, mtime)."""
+        """Every file the machines have written (overlay upper dirs): path -> (size, mtime), except the
+        machine's own bookkeeping that every SSH login or sudo changes (login records, systemd's state)."""
         snap = {}
         for host in self.hosts:
-            upper = self.sim(host) / "upper"
+            upper = self.upper(host)
             for path in upper.rglob("*"):
+                if str(path.relative_to(upper)).startswith(MACHINE_BOOKKEEPING):
+                    continue
                 if path.is_file() or path.is_symlink():
                     st = path.lstat()
                     snap[str(path.relative_to(self.inventory))] = (st.st_size, st.st_mtime_ns)

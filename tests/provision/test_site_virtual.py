@@ -354,3 +354,38 @@ def test_rolling_restart_drains_one_node_at_a_time_through_consul(provisioned, c
     checks = api.agent.checks()
     assert [c for c in checks if c.startswith("_service_maintenance:")] == [f"_service_maintenance:{quarantined}"]
     assert checks[f"_service_maintenance:{quarantined}"]["Notes"] == "operator quarantine: flaky HCA"
+
+
+# ------------------------------------------------------------------------ SSH failures stop the batch
+
+@pytest.mark.parametrize("failure", ["host key changed", "key rejected"])
+def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provisioned, tmp_path, failure):
+    """r01n02's host key in known_hosts replaced, or its SSH key not the authorized one: that host is
+    UNREACHABLE with ssh's reason, batch 2 stops, batch 3 never starts (ansible-runner's default of
+    ANSIBLE_HOST_KEY_CHECKING=False would have let the changed key through)."""
+    import subprocess
+
+    from sim.hosts import simulate
+
+    other_key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
+    layout = simulate.layout(provisioned.inventory)
+    host_vars = provisioned.inventory / "host_vars" / "r01n02.yml"
+    originals = {layout.known_hosts: layout.known_hosts.read_text(), host_vars: host_vars.read_text()}
+    if failure == "host key changed":
+        fake = " ".join(other_key.with_suffix(".pub").read_text().split()[:2])
+        layout.known_hosts.write_text(re.sub(r"^127\.0\.1\.12 .*$", f"127.0.1.12 {fake}",
+                                             originals[layout.known_hosts], flags=re.M))
+        reason = "Host key verification failed"
+    else:
+        host_vars.write_text(originals[host_vars] + f"ansible_ssh_private_key_file: {other_key}\n")
+        reason = "Permission denied (publickey"
+    try:
+        result = provisioned.provision(f"ssh-{failure.replace(' ', '-')}", "--tags", "chrony")
+    finally:
+        for path, text in originals.items():
+            path.write_text(text)
+    assert result.returncode == 1
+    out = " ".join(result.stdout.split())
+    assert "rollout stopped in batch 2/3" in out and "not started: r02n01" in out
+    assert "r01n02: unreachable:" in out and reason in out, out[-2000:]

@@ -1,33 +1,48 @@
-"""Fixtures for simulated hosts: inventories written by ``virtual create`` in a tmp dir, always torn down."""
+"""Fixtures for simulated machines: inventories written by ``virtual create`` in a tmp dir, always torn down.
+
+Bringing machines up needs root, systemd-nspawn and the machine image (built on first use, cached under
+/var/cache/clusterctl/images); run these tests under ``flock /tmp/clusterctl-virtual.lock`` when others
+share the machine (machines bind fixed 127.0.R.N addresses).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cluster.virtual import create, namespaces, simulate
+from sim.hosts import create, machines, simulate
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root (namespaces, mounts)")
-
-
-def sim_mounts(inventory_dir: Path) -> list[str]:
-    """Mount points under the inventory's state dir, as /proc/self/mountinfo lists them."""
-    return namespaces.mounts_under(namespaces.state_dir_of(inventory_dir))
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("systemd-nspawn") is None,
+    reason="simulated machines need root and systemd-nspawn (apt-get install systemd-container)",
+)
 
 
-def run_on(inventory_dir: Path, host: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run argv on a simulated host through its ``run`` wrapper (clusterctl_exec_prefix)."""
-    wrapper = namespaces.state_dir_of(inventory_dir) / host / "run"
-    return subprocess.run([str(wrapper), *argv], capture_output=True, text=True, timeout=timeout)
+def leftovers(inventory_dir: Path) -> list[str]:
+    """What a torn-down inventory must not have: mounts under its state dir, its nspawn processes, overlays."""
+    state_dir = machines.state_dir_of(inventory_dir)
+    layout = machines.Layout(state_dir)
+    found = [f"mount {p}" for p in machines.mounts_under(state_dir)]
+    nspawns, leaders = machines._our_processes(layout)
+    found += [f"pid {p}" for p in nspawns + leaders]
+    if layout.machines_dir.exists():
+        found.append(f"dir {layout.machines_dir}")
+    return found
+
+
+def run_on(inventory_dir: Path, host: str, *argv: str, become: bool = True,
+           timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run argv on a machine over SSH as the inventory does (deploy, sudo unless become=False)."""
+    return simulate.run_on(inventory_dir, host, *argv, become=become, timeout=timeout)
 
 
 def calls_of(inventory_dir: Path, host: str) -> list[dict]:
-    import json
-
-    log = namespaces.HostPaths(namespaces.state_dir_of(inventory_dir), host).calls_log
+    log = simulate.layout(inventory_dir).host(host).calls_log
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -45,7 +60,7 @@ def make_inventory(tmp_path):
 
 @pytest.fixture
 def up_inventory(make_inventory):
-    """up_inventory(...) -> inventory dir with its hosts up; every one brought up is torn down after the test."""
+    """up_inventory(...) -> inventory dir with its machines up; every one brought up is torn down after."""
     brought_up: list[Path] = []
 
     def up(nodes: int = 4, racks: int = 2, host_vars: dict[str, str] | None = None, **options) -> Path:
@@ -60,4 +75,4 @@ def up_inventory(make_inventory):
     yield up
     for directory in brought_up:
         simulate.down(directory)
-        assert sim_mounts(directory) == [], f"mounts left behind under {directory}"
+        assert leftovers(directory) == [], f"left behind under {directory}"

@@ -1,4 +1,5 @@
-"""Ansible against simulated hosts: gathered facts describe the GPU server, modules write into the overlay."""
+"""Ansible against simulated machines over SSH with become: facts describe the GPU server, modules write
+into the machine's overlay, systemd units really start."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cluster.virtual import namespaces
+from sim.hosts import simulate
 from tests.virtual.conftest import needs_root
 
 pytestmark = needs_root
@@ -34,6 +35,7 @@ def test_gathered_facts_are_the_simulated_servers(up_inventory):
     assert set(results) == {"r01n01", "r01n02"}
     facts = results["r01n02"]["ansible_facts"]
     assert facts["ansible_hostname"] == "r01n02"
+    assert facts["ansible_user_id"] == "root" and facts["ansible_env"]["SUDO_USER"] == "deploy"  # become
     assert facts["ansible_distribution"] == "Ubuntu" and facts["ansible_distribution_version"] == "22.04"
     assert facts["ansible_processor_vcpus"] == 256  # DGX A100: 2x 64-core EPYC 7742, SMT on
     assert facts["ansible_processor_count"] == 2
@@ -55,13 +57,22 @@ PLAYBOOK = """
       register: first
     - ansible.builtin.systemd_service: {name: clusterctl-sim-test, enabled: true}
       register: again
+    - ansible.builtin.copy:
+        dest: /etc/systemd/system/clusterctl-sim-sleep.service
+        content: "[Service]\nExecStart=/bin/sleep infinity\n"
+    - ansible.builtin.systemd_service: {name: clusterctl-sim-sleep, state: started, daemon_reload: true}
+    # /usr/bin/systemctl: the simulated host's systemctl front answers is-active from unit files.
+    - ansible.builtin.command: /usr/bin/systemctl is-active clusterctl-sim-sleep
+      register: active
+      changed_when: false
     - ansible.builtin.assert:
-        that: [first.changed, not again.changed, first.status.LoadState == "loaded"]
+        that: [first.changed, not again.changed, first.status.LoadState == "loaded", active.stdout == "active"]
 """
 
 
-def test_modules_write_into_the_hosts_overlay_and_enable_units_offline(up_inventory, tmp_path):
-    """copy lands in the host's /etc overlay; systemd_service enables units offline, idempotently."""
+def test_modules_write_into_the_machines_overlay_and_systemd_runs_units(up_inventory, tmp_path):
+    """copy (with become) lands in the machine's /etc overlay; systemd_service enables units idempotently
+    and starts them under the machine's own systemd."""
     directory = up_inventory(1, 1, faults="none")
     playbook = tmp_path / "play.yml"
     playbook.write_text(PLAYBOOK)
@@ -69,6 +80,6 @@ def test_modules_write_into_the_hosts_overlay_and_enable_units_offline(up_invent
                              str(playbook)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not Path("/etc/clusterctl-sim-copy").exists()
-    upper = namespaces.HostPaths(namespaces.state_dir_of(directory), "r01n01").upper("etc")
+    upper = simulate.layout(directory).host("r01n01").upper / "etc"
     assert (upper / "clusterctl-sim-copy").read_text() == "x"
     assert (upper / "systemd/system/multi-user.target.wants/clusterctl-sim-test.service").is_symlink()

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from cluster import load_inventory
-from cluster.virtual import create
+from sim.hosts import create
 from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,9 +86,25 @@ def test_more_racks_than_nodes_is_a_usage_error(tmp_path, capsys):
 
 
 def test_lids_are_unique_across_the_fabric(make_inventory):
-    from cluster.virtual import simulate
+    from sim.hosts import simulate
 
     hosts = simulate.simulated_hosts(make_inventory(32, 4))
     lids = [hca.lid for sim in hosts.values() for hca in sim.hardware.hcas if hca.link_layer == "infiniband"]
     assert len(lids) == len(set(lids)) == 32 * 4
     assert min(lids) > 1  # LID 1 is the subnet manager's
+
+
+def test_the_virtual_inventory_connects_like_production(make_inventory):
+    """SSH (Ansible's default connection) as deploy with become, the key and known_hosts of `virtual up`,
+    strict host key checking; nothing selects a local transport or a wrapper."""
+    import yaml
+
+    from cli.virtual import FABRICS
+
+    all_vars = yaml.safe_load((make_inventory(2, 1) / "group_vars" / "all.yml").read_text())
+    assert "ansible_connection" not in all_vars and "clusterctl_exec_prefix" not in all_vars
+    assert (all_vars["ansible_user"], all_vars["ansible_become"]) == ("deploy", True)
+    assert all_vars["ansible_ssh_private_key_file"] == "{{ inventory_dir }}/.sim/ssh/id_ed25519"
+    assert "-o UserKnownHostsFile={{ inventory_dir }}/.sim/ssh/known_hosts" in all_vars["ansible_ssh_common_args"]
+    assert "-o StrictHostKeyChecking=yes" in all_vars["ansible_ssh_common_args"]
+    assert FABRICS == create.FABRICS  # the CLI's choices, spelled there to keep `sim` out of its imports

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from cluster.virtual import create, faults, hardware, sysfs
-from cluster.virtual.stubs import main as stub_main
-from cluster.virtual.stubs import peers
+from sim.hosts import create, faults, hardware, sysfs
+from sim.hosts.stubs import main as stub_main
+from sim.hosts.stubs import peers
 from tests.helpers import run_cli
 
 EXPECTED_CHANGES = {

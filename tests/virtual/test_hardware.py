@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.virtual import create, hardware
-from cluster.virtual.stubs import cpu, nvidia_smi
+from sim.hosts import create, hardware
+from sim.hosts.stubs import cpu, nvidia_smi
 
 
 def hv(**extra) -> dict:
@@ -59,7 +59,7 @@ def test_an_hca_on_a_gpus_pci_address_is_refused():
 
 
 def test_cpulist_and_cpumask_formats():
-    from cluster.virtual.sysfs import cpumask
+    from sim.hosts.sysfs import cpumask
 
     assert hardware.cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     node0 = list(range(0, 48)) + list(range(96, 144))

@@ -1,4 +1,4 @@
-"""Stub tools on simulated hosts, run through the ``run`` wrapper and read with preflight's own parsers."""
+"""Stub tools on simulated machines, run over SSH (as root through sudo) and read with preflight's own parsers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from cluster.virtual import create, simulate
 from preflight.parsers import parse
-from tests.virtual.conftest import calls_of, needs_root, run_on, sim_mounts
+from sim.hosts import create, simulate
+from tests.virtual.conftest import calls_of, leftovers, needs_root, run_on
 
 pytestmark = needs_root
 
@@ -24,7 +24,7 @@ def cluster(tmp_path_factory):
         yield directory
     finally:
         simulate.down(directory)
-        assert sim_mounts(directory) == []
+        assert leftovers(directory) == []
 
 
 def stub(cluster, host, *argv):
@@ -173,5 +173,5 @@ def test_command_delay_and_hang(up_inventory):
     assert 1.0 <= time.monotonic() - start < 5
     assert run_on(directory, "r01n02", "nvidia-smi", "-L").returncode == 0  # only the named tool hangs
     with pytest.raises(subprocess.TimeoutExpired):
-        run_on(directory, "r01n02", "all_reduce_perf", "-g", "8", timeout=1.5)
+        run_on(directory, "r01n02", "all_reduce_perf", "-g", "8", timeout=5)  # SSH set-up included
     assert calls_of(directory, "r01n02")[-1]["argv"][0] == "all_reduce_perf"

@@ -47,14 +47,18 @@ FAULT_SCENARIOS: tuple[tuple[str, list[dict]], ...] = (
 )
 
 SIM_SWITCHES = """\
-# Simulated hosts (`clusterctl virtual up`): Ansible runs locally through a per-host wrapper that enters the
-# host's namespaces; preflight and agent launchers prefix their commands with the `run` wrapper.
-ansible_connection: local
-ansible_python_interpreter: "{{ inventory_dir }}/.sim/{{ inventory_hostname }}/python"
-clusterctl_exec_prefix: ["{{ inventory_dir }}/.sim/{{ inventory_hostname }}/run"]
+# Simulated machines (`clusterctl virtual up`): reached over SSH like production, as the unprivileged
+# deploy user with sudo, with the key pair and known_hosts that `virtual up` writes under .sim/ssh/.
+ansible_user: deploy
+ansible_become: true
+ansible_python_interpreter: /usr/bin/python3
+ansible_ssh_private_key_file: "{{ inventory_dir }}/.sim/ssh/id_ed25519"
+ansible_ssh_common_args: "-o UserKnownHostsFile={{ inventory_dir }}/.sim/ssh/known_hosts -o StrictHostKeyChecking=yes"
+# Package installs and live actions (service starts, reboots, BMC calls) stay off until the roles are
+# fixed for real hosts (the next issue turns them on).
 clusterctl_manage_packages: false
 clusterctl_live_actions: false
-# Hardware the stub tools print (defaults per gpu_model in cluster/virtual/hardware.py; state only
+# Hardware the stub tools print (defaults per gpu_model in sim/hosts/hardware.py; state only
 # differences) and the seconds every stub call takes (1.0 for the preflight fan-out benchmark).
 sim_hardware: {}
 sim_command_delay_s: 0.0

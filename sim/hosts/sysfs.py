@@ -1,8 +1,8 @@
 """The simulated /sys, /proc and /etc identity files of one host, generated from its hardware description.
 
 Functions here return ``{relative path: content}`` maps (content is text, or :class:`Link` for a symlink);
-:func:`write_tree` puts one on disk. :mod:`cluster.virtual.namespaces` then mounts the trees over the
-real paths inside the host's mount namespace:
+:func:`write_tree` puts one on disk. :mod:`sim.hosts.machines` then binds the trees over the
+real paths inside the host's machine:
 
 ==============================  ===============================================================
 ``cpu``                         /sys/devices/system/cpu (online, present, cpuN/cpuidle/stateK, topology)
@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.virtual.hardware import Hardware, Hca, cpulist
+from sim.hosts.hardware import Hardware, Hca, cpulist
 
 Tree = dict[str, "str | Link"]
 

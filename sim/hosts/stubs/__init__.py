@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# tool name -> "module:function" under cluster.virtual.stubs; imported only when that tool runs.
+# tool name -> "module:function" under sim.hosts.stubs; imported only when that tool runs.
 TOOLS: dict[str, str] = {
     "nvidia-smi": "nvidia_smi:main",
     "ibstat": "infiniband:ibstat",
@@ -36,13 +36,16 @@ PROGRAM = "clusterctl-sim-tool"
 REAL_SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")
 
 
-def install(bin_dir: Path, python: str) -> None:
-    """Write the multi-call program into ``bin_dir`` and link every tool name to it."""
+def install(bin_dir: Path, python: str, lib_dir: str | None = None) -> None:
+    """Write the multi-call program into ``bin_dir`` and link every tool name to it. ``python`` runs it;
+    ``lib_dir`` (where the ``sim`` package is, when ``python`` cannot import it by itself: a machine's own
+    /usr/bin/python3 with the package bound in read-only) goes first on its sys.path."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     program = bin_dir / PROGRAM
+    path_line = f"import sys\nsys.path.insert(0, {lib_dir!r})\n" if lib_dir else ""
     program.write_text(
         f"#!{python}\n# Stub hardware tools of a simulated host (clusterctl virtual).\n"
-        "from cluster.virtual.stubs.main import main\n\nmain()\n"
+        + path_line + "from sim.hosts.stubs.main import main\n\nmain()\n"
     )
     program.chmod(0o755)
     for tool in TOOLS:
@@ -59,7 +62,7 @@ def _write_systemctl_front(path: Path) -> None:
     real = next((p for p in REAL_SYSTEMCTL if os.path.exists(p)), None)
     hand_over = f'exec {real} "$@"' if real else f'CLUSTERCTL_SIM_TOOL=systemctl exec "$(dirname "$0")/{PROGRAM}" "$@"'
     path.write_text(
-        "#!/bin/sh\n# systemctl of a simulated host (clusterctl virtual): see cluster/virtual/stubs/systemctl.py.\n"
+        "#!/bin/sh\n# systemctl of a simulated host (clusterctl virtual): see sim/hosts/stubs/systemctl.py.\n"
         "for arg in \"$@\"; do\n"
         "  case \"$arg\" in\n"
         "    -*) ;;\n"

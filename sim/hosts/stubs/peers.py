@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cluster.virtual.hardware import Hardware, Hca
-from cluster.virtual.stubs import main as stub_main
+from sim.hosts.hardware import Hardware, Hca
+from sim.hosts.stubs import main as stub_main
 
 
 def _index(run_dir: Path | None = None) -> tuple[Path, dict]:

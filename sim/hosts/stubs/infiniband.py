@@ -14,9 +14,9 @@ import os
 import sys
 import time
 
-from cluster.virtual.hardware import GENERATION_DEFAULTS, Hardware, Hca
-from cluster.virtual.stubs import peers
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import GENERATION_DEFAULTS, Hardware, Hca
+from sim.hosts.stubs import peers
+from sim.hosts.stubs.main import StubUsageError
 
 DEFAULT_LINK_LATENCY_US = GENERATION_DEFAULTS["h100-sxm"]["ib_latency_us"]
 

@@ -3,7 +3,7 @@
 A simulated host is described by ``sim_hardware`` (host or group variable). Inventories state only what
 differs from the per-GPU-generation defaults below; the cluster model's own variables (``gpu_count``,
 ``gpu_numa_nodes``, ``rdma_nics``) are reused so the simulated board always matches what the inventory
-says the node is. Faults (:mod:`cluster.virtual.faults`) are applied on top of the resolved description.
+says the node is. Faults (:mod:`sim.hosts.faults`) are applied on top of the resolved description.
 
 ``sim_hardware`` keys (all optional)::
 

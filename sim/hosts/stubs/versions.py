@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from cluster.virtual.hardware import Hardware
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Hardware
+from sim.hosts.stubs.main import StubUsageError
 
 
 def ofed_info(hw: Hardware, args: list[str]) -> int:

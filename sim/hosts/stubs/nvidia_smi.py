@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from cluster.virtual.hardware import Gpu, Hardware, cpulist
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Gpu, Hardware, cpulist
+from sim.hosts.stubs.main import StubUsageError
 
 QUERY_COLUMN = 42  # "    Product Name                          : ..." (key padded to column 42)
 

@@ -13,9 +13,9 @@ way perftest fails in ``check_link``; one that is down on the server fails the f
 
 from __future__ import annotations
 
-from cluster.virtual.hardware import Hardware, Hca
-from cluster.virtual.stubs import peers
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Hardware, Hca
+from sim.hosts.stubs import peers
+from sim.hosts.stubs.main import StubUsageError
 
 RESULT_LINE = "-" * 87
 LAT_HEADER = (

@@ -8,8 +8,8 @@ IPoIB netdevs have no DCB: mlnx_qos fails on them.
 
 from __future__ import annotations
 
-from cluster.virtual.hardware import Hardware
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Hardware
+from sim.hosts.stubs.main import StubUsageError
 
 PRIO_TO_TC = [1, 0, 2, 3, 4, 5, 6, 7]  # mlx5 default
 ROCE_PRIORITY = 3

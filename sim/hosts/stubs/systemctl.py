@@ -1,9 +1,10 @@
-"""``systemctl show``, ``cat`` and ``is-active`` for units on a host where systemd is not PID 1.
+"""``systemctl show``, ``cat`` and ``is-active`` of a simulated host, answered from its unit files.
 
-Offline (``SYSTEMD_OFFLINE=1``, what simulated hosts run under) the real systemctl enables and disables
-units but answers ``show`` and ``cat`` with "Running in chroot, ignoring command" and no output, so a check
-such as ``systemctl show -p CPUAffinity,NUMAPolicy,NUMAMask vllm-iu@0`` would read nothing. This stub
-answers those two from the unit files themselves (fragment + drop-ins, ``%i`` expanded, later
+The machines run a real systemd, and every other systemctl command goes to it. These three stay
+simulated while services are never started on the virtual inventory (``clusterctl_live_actions:
+false``; the next issue turns them on): an HGX node's NVIDIA daemons are "active" here although no such
+unit exists, and a unit written without a ``daemon-reload`` still shows what its files say. The stub
+answers from the unit files themselves (fragment + drop-ins, ``%i`` expanded, later
 assignments win, an empty assignment resets a list) in systemctl's ``Key=value`` form, and hands every
 other command to the real systemctl.
 
@@ -20,9 +21,9 @@ import re
 import sys
 from pathlib import Path
 
-from cluster.virtual.hardware import Hardware, cpulist
-from cluster.virtual.stubs import REAL_SYSTEMCTL
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Hardware, cpulist
+from sim.hosts.stubs import REAL_SYSTEMCTL
+from sim.hosts.stubs.main import StubUsageError
 
 UNIT_DIRS = (Path("/etc/systemd/system"), Path("/run/systemd/system"), Path("/lib/systemd/system"),
              Path("/usr/lib/systemd/system"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from cluster.virtual.hardware import Hardware
+from sim.hosts.hardware import Hardware
 
 _XID_TEXT = {
     48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, "

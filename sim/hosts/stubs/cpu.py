@@ -4,9 +4,9 @@ and ``cpupower idle-info`` (linux tools/power/cpupower), all generated from the 
 
 from __future__ import annotations
 
-from cluster.virtual.hardware import Hardware, cpulist
-from cluster.virtual.stubs.main import StubUsageError
-from cluster.virtual.sysfs import _CSTATE_INFO
+from sim.hosts.hardware import Hardware, cpulist
+from sim.hosts.stubs.main import StubUsageError
+from sim.hosts.sysfs import _CSTATE_INFO
 
 
 def lscpu(hw: Hardware, args: list[str]) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import socket
 
-from cluster.virtual.hardware import Hardware
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Hardware
+from sim.hosts.stubs.main import StubUsageError
 
 BASE_LATENCY_US = 25.0
 PCIE_RING_BUSBW = 40.0

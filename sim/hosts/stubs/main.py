@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.virtual.hardware import Hardware
-from cluster.virtual.stubs import TOOLS, UNDELAYED_TOOLS
+from sim.hosts.hardware import Hardware
+from sim.hosts.stubs import TOOLS, UNDELAYED_TOOLS
 
 SIM_RUN_DIR = Path(os.environ.get("CLUSTERCTL_SIM_RUN_DIR", "/run/clusterctl-sim"))
 
@@ -32,7 +32,7 @@ def log_call(tool: str, args: list[str], run_dir: Path | None = None) -> None:
 
 def run_tool(tool: str, args: list[str], hw: Hardware) -> int:
     module_name, function = TOOLS[tool].split(":")
-    module = importlib.import_module(f"cluster.virtual.stubs.{module_name}")
+    module = importlib.import_module(f"sim.hosts.stubs.{module_name}")
     return getattr(module, function)(hw, args) or 0
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from cluster.virtual.hardware import Hardware
-from cluster.virtual.stubs.main import StubUsageError
+from sim.hosts.hardware import Hardware
+from sim.hosts.stubs.main import StubUsageError
 
 
 def tracking(hw: Hardware) -> str:

@@ -1,6 +1,6 @@
 """Fault injection for simulated hosts: ``sim_faults``, a list of ``{kind: ..., <parameters>}``.
 
-Each fault changes the hardware description (:mod:`cluster.virtual.hardware`) that the simulated /sys,
+Each fault changes the hardware description (:mod:`sim.hosts.hardware`) that the simulated /sys,
 /proc and the stub tools are generated from, so one fault shows up consistently in every place a real
 broken node would show it (e.g. ``ib_port_down`` in sysfs ``state``, ``ibstat`` and a failing ``ibping``).
 
@@ -21,7 +21,7 @@ cstates_enabled        -                                           cpuidle ``dis
 dcqcn_off              device (every RoCE HCA)                     ecn roce_np/roce_rp enable = 0
 clock_offset           offset_us (2500.0)                          ``chronyc tracking``
 version_drift          component (driver); version (535.161.08)    reported version of that component
-unreachable            -                                           wrappers exit 255 like ssh
+unreachable            -                                           sshd masked: SSH refused
 hang                   command (every stub)                        stub sleeps until killed
 =====================  ==========================================  ===================================
 """
@@ -32,7 +32,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cluster.virtual.hardware import Hardware, Hca, pair_key
+from sim.hosts.hardware import Hardware, Hca, pair_key
 
 
 class FaultError(ValueError):

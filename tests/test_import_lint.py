@@ -1,0 +1,61 @@
+"""Production packages never import the simulators (``sim``): a simulator reachable from production code
+would ship inside the deployables and could stand in for hardware on a real node.
+
+Allowed: an import inside a function of the CLI's ``virtual`` and ``demo`` commands, which exist to run
+the simulators and import them only when run (``clusterctl virtual up``, ``clusterctl demo``). Everything
+else in ``cluster``, ``preflight``, ``eas_agent`` and ``cli`` fails this test, at module level or not.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PRODUCTION = ("cluster", "preflight", "eas_agent", "cli")
+LAZY_ALLOWED = {"cli/virtual.py", "cli/demo.py"}
+
+
+def sim_imports(tree: ast.AST) -> list[tuple[int, bool]]:
+    """(line, inside a function) of every import of ``sim`` or ``sim.*``."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            names: list[str] = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                names = [child.module]
+            if any(n == "sim" or n.startswith("sim.") for n in names):
+                found.append((child.lineno, in_function))
+            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    visit(tree, False)
+    return found
+
+
+def production_files() -> list[Path]:
+    return sorted(p for package in PRODUCTION for p in (REPO / package).rglob("*.py"))
+
+
+def test_production_modules_never_import_sim():
+    problems = []
+    for path in production_files():
+        rel = str(path.relative_to(REPO))
+        for line, in_function in sim_imports(ast.parse(path.read_text(), rel)):
+            if not (in_function and rel in LAZY_ALLOWED):
+                problems.append(f"{rel}:{line}: imports sim" + ("" if in_function else " at module level"))
+    assert problems == []
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("import sim.hosts\n", [(1, False)]),
+    ("from sim.hosts import simulate\n", [(1, False)]),
+    ("def f():\n    from sim import hosts\n", [(2, True)]),
+    ("import simplejson\nfrom simple import x\nfrom .sim import y\n", []),
+])
+def test_the_lint_sees_every_form_of_import(source, expected):
+    assert sim_imports(ast.parse(source)) == expected
