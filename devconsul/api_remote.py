@@ -80,6 +80,13 @@ def _vet_deregister(server, req: Request, body: dict) -> None:
 def handle_internal(server, req: Request, rest: str) -> Response:
     if not server.is_server:
         raise ApiError(404, "404 page not found")
+    try:
+        return _internal(server, req, rest)
+    except DefinitionError as exc:
+        raise ApiError(exc.status, str(exc)) from None
+
+
+def _internal(server, req: Request, rest: str) -> Response:
     if rest == "member" and req.method == "PUT":
         body = canonical(req.json_body(), ("Node", "Address", "ID", "KeyCheck"))
         if not hmac.compare_digest(str(body.get("KeyCheck") or ""), key_check(server.gossip_key)):

@@ -177,3 +177,32 @@ def test_reload_keeps_maintenance_and_drops_removed_file_services(cluster, tiny_
     assert set(services) == {"n1-iu0"} and services["n1-iu0"]["Port"] == 8001
     assert "_service_maintenance:n1-iu0" in local.get("/v1/agent/checks").json()
     assert wait_until(lambda: [e["Service"]["ID"] for e in _health(c)] == ["n1-iu0"], 5)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/catalog/register", ["not", "an", "object"]),
+    ("/v1/catalog/register", {"Node": "n9", "Address": "127.0.0.9", "Service": "web"}),
+    ("/v1/catalog/register", {"Node": "n9", "Address": "127.0.0.9", "Checks": "abc"}),
+    ("/v1/catalog/register", {"Node": "n9", "Address": "127.0.0.9", "Check": {"CheckID": "c", "ServiceID": "nope"}}),
+    ("/v1/catalog/deregister", {"ServiceID": "x"}),
+    ("/v1/internal/devconsul/member", "a string"),
+    ("/v1/internal/devconsul/member", {"Node": ""}),
+    ("/v1/agent/token/agent", [1, 2]),
+    ("/v1/agent/token/no-such-kind", {"Token": "x"}),
+    ("/v1/acl/policy", {"Name": "ok-name", "Rules": "key_prefix {"}),
+    ("/v1/acl/token", {"Policies": ["not-a-dict"]}),
+])
+def test_hostile_bodies_get_a_4xx_never_a_500(cluster, path, body):
+    c = cluster(acl=False) if path.startswith("/v1/catalog") or "internal" in path or "agent" in path else None
+    if c is None:
+        from devconsul.server import DevConsulServer as Server
+
+        server = Server(addr="127.0.0.1:0", acl_token=MANAGEMENT).start()
+        try:
+            resp = Api(server.address, MANAGEMENT).put(path, json=body)
+        finally:
+            server.stop()
+    else:
+        resp = c.api.put(path, json=body)
+    assert 400 <= resp.status_code < 500, (resp.status_code, resp.text)
+    assert resp.text and "Traceback" not in resp.text
