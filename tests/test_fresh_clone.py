@@ -29,7 +29,7 @@ def test_readme_has_exactly_the_two_commands():
 
 
 @only_when_asked
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3600)  # the inner `make test` alone takes ~15 min on 2 cores
 def test_readme_commands_pass_from_a_fresh_clone(tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
@@ -37,5 +37,5 @@ def test_readme_commands_pass_from_a_fresh_clone(tmp_path):
            if k not in ("CLUSTERCTL_FRESH_CLONE_TEST", "VIRTUAL_ENV") and not k.startswith(("ANSIBLE_", "PYTEST_"))}
     env["PATH"] = ":".join(p for p in env["PATH"].split(":") if ".venv" not in p)
     for command in readme_commands():
-        done = subprocess.run(command.split(), cwd=clone, env=env, capture_output=True, text=True, timeout=1500)
+        done = subprocess.run(command.split(), cwd=clone, env=env, capture_output=True, text=True, timeout=3000)
         assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
