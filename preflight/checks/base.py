@@ -151,6 +151,14 @@ class Check:
     codes: ClassVar[dict[str, str]] = {}  # stable fault code -> what it means
 
     def run(self, ctx: NodeContext) -> list[CheckResult]:  # scope "node"
+        """gather (the only place that runs commands), then the pure evaluate; a GatherError is ERROR."""
+        try:
+            facts = self.gather(ctx)
+        except GatherError as exc:
+            return [self.error(ctx.node, exc)]
+        return self.evaluate(facts, ctx.profile, ctx.node)
+
+    def evaluate(self, facts: Any, profile: dict[str, Any], node: Node) -> list[CheckResult]:
         raise NotImplementedError
 
     def gather(self, ctx: NodeContext) -> Any:  # scope "rack": per-node part, runs with the node checks
@@ -185,7 +193,10 @@ class Check:
         return self.result(node, verdict, code, reason + more, iu=iu, problems=[p[2] for p in problems], **evidence)
 
     def error(self, node: Node, exc: GatherError, iu: str | None = None) -> CheckResult:
-        return self.result(node, Verdict.ERROR, "GATHER", exc.reason, iu=iu, **exc.evidence)
+        """ERROR with code GATHER, or the code the gather named in its evidence (e.g. DCGM_NO_HOSTENGINE)."""
+        evidence = dict(exc.evidence)
+        code = evidence.pop("code", "GATHER")
+        return self.result(node, Verdict.ERROR, code, exc.reason, iu=iu, **evidence)
 
 
 def verdict_of(problems: list[tuple[Verdict, str, str]]) -> tuple[Verdict, str, str]:

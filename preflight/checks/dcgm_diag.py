@@ -72,16 +72,6 @@ class DcgmDiagCheck(Check):
             nvlinks = exc.reason  # the cross-check is skipped and says why
         return {"diag": diag, "level": level, "depth": depth, "nvlinks": nvlinks}
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
-        try:
-            facts = self.gather(ctx)
-        except GatherError as exc:
-            if exc.evidence.get("code") == "DCGM_NO_HOSTENGINE":
-                evidence = {k: v for k, v in exc.evidence.items() if k != "code"}
-                return [self.result(ctx.node, Verdict.ERROR, "DCGM_NO_HOSTENGINE", exc.reason, **evidence)]
-            return [self.error(ctx.node, exc)]
-        return self.evaluate(facts, ctx.profile, ctx.node)
-
     def evaluate(self, facts: dict[str, Any], profile: dict[str, Any], node: Node) -> list[CheckResult]:
         diag: DcgmDiag = facts["diag"]
         problems: list[tuple[Verdict, str, str]] = []

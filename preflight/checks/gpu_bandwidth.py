@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.model import Node
-from preflight.checks.base import Check, GatherError, NodeContext
+from preflight.checks.base import Check, NodeContext
 from preflight.parsers.nvbandwidth import NvBandwidthReport
 from preflight.result import CheckResult, Verdict
 
@@ -51,13 +51,6 @@ class GpuBandwidth(Check):
         timeout = max(ctx.options.timeout, SECONDS_PER_SAMPLE * samples)
         return {"report": ctx.parsed("nvbandwidth", argv(samples), timeout), "depth": depth, "samples": samples,
                 "gpus": ctx.node.gpu_count}
-
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
-        try:
-            facts = self.gather(ctx)
-        except GatherError as exc:
-            return [self.error(ctx.node, exc)]
-        return self.evaluate(facts, ctx.profile, ctx.node)
 
     def evaluate(self, facts: dict[str, Any], profile: dict[str, Any], node: Node) -> list[CheckResult]:
         report: NvBandwidthReport = facts["report"]

@@ -98,13 +98,6 @@ class PcieLink(Check):
         finally:
             server.stop()
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
-        try:
-            facts = self.gather(ctx)
-        except GatherError as exc:
-            return [self.error(ctx.node, exc)]
-        return self.evaluate(facts, ctx.profile, ctx.node)
-
     def evaluate(self, facts: PcieFacts, profile: dict[str, Any], node: Node) -> list[CheckResult]:
         cfg = profile["pcie"]
         problems: list[tuple[Verdict, str, str]] = []
