@@ -26,6 +26,7 @@ from eas_agent.consul_io import ConsulIO
 from eas_agent.publisher import Backoff
 from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, EdgeLedger, PoolView, pick
 from eas_agent.sim.node import SimulatedNode
+from tests.helpers import wait_for
 
 FAST = {
     "interval_s": 0.1,
@@ -39,14 +40,6 @@ FAST = {
 RATES = [0.3, 1.0, 2.0, 4.0, 6.0, 8.0, 11.0, 14.0]
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @contextmanager

@@ -7,6 +7,7 @@ the edge can find its agent at ``<IU service address>:<agent_port>`` as in produ
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import threading
@@ -21,6 +22,7 @@ from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.sim.server import SimulatedIU
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
+from tests.helpers import wait_for as shared_wait_for
 
 MODEL = "meta-llama/Meta-Llama-3-70B-Instruct"
 
@@ -153,14 +155,8 @@ def stream(url: str, body: dict, timeout: float = 30.0) -> tuple[int, dict, list
         return exc.code, dict(exc.headers), [(time.monotonic(), exc.read())]
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+# the edge's loops run every 20 ms: poll at that pace
+wait_for = functools.partial(shared_wait_for, interval=0.02)
 
 
 def metric(edge: RunningEdge, name: str, labels: str = "") -> float:

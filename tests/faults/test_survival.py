@@ -22,6 +22,7 @@ from eas_agent.publisher import Backoff
 from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, PoolView
 from tests.devconsul.test_hardening import switchable_disk
 from tests.eas_agent.test_hardening_agent import DripServer
+from tests.helpers import wait_for
 
 GOOD = (Path(__file__).parents[1] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()
 FAST = {"interval_s": 0.1, "heartbeat_s": 0.5, "check_ttl_s": 1.0, "min_write_interval_s": 0.2,
@@ -36,14 +37,6 @@ class NoGpus:
         pass
 
 
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def agent_for(node: str, address: str, fetchers, **overrides) -> Agent:
