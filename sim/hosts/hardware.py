@@ -145,7 +145,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
         "intel_idle.max_cstate=0 processor.max_cstate=1 intel_iommu=on iommu=pt pci=realloc=off"
     ),
     "clock_offset_us": 18.0,
-    "clock_source": "10.0.0.1",
+    "clock_source": "127.0.9.123",  # a loopback NTP server name: nothing here talks to private ranges
     "sim_command_delay_s": 0.0,
 }
 

@@ -30,7 +30,8 @@ def test_help_says_it_is_not_consul():
 
 def test_non_loopback_address_refused_without_allow_remote():
     """Loopback by default; a non-loopback --addr needs --allow-remote."""
-    result = CliRunner().invoke(command, ["consul", "--addr", "10.1.2.3:8500"])
+    # all interfaces, not loopback: refused before anything binds
+    result = CliRunner().invoke(command, ["consul", "--addr", "0.0.0.0:8500"])
     assert isinstance(result.exception, UsageError)
     assert "--allow-remote" in str(result.exception)
 

@@ -66,7 +66,7 @@ def vaulted(tmp_path) -> tuple[Path, Path]:
     """group_vars/all/vault.yml encrypted as a whole (gpu_model), plus an inline !vault BMC password."""
     inventory = write_tree(tmp_path / "inventory", {
         "hosts.yml": HOSTS,
-        "group_vars/all/main.yml": "cpu_cstates_redfish: true\nbmc_address: 10.0.0.1\nbmc_username: admin\n",
+        "group_vars/all/main.yml": "cpu_cstates_redfish: true\nbmc_address: 127.0.9.1\nbmc_username: admin\n",
     })
     (inventory / "group_vars" / "all" / "vault.yml").write_text(encrypt("gpu_model: h200-sxm\n"))
     with (inventory / "group_vars" / "all" / "main.yml").open("a") as f:
@@ -140,7 +140,7 @@ def test_an_inline_vault_bmc_password_is_present_without_being_decrypted(tmp_pat
     """Validation only checks that the BMC password is set: no password needed, no ReferenceError."""
     inventory = write_tree(tmp_path / "inventory", {
         "hosts.yml": HOSTS,
-        "group_vars/all.yml": "gpu_model: h100-sxm\ncpu_cstates_redfish: true\nbmc_address: 10.0.0.1\n"
+        "group_vars/all.yml": "gpu_model: h100-sxm\ncpu_cstates_redfish: true\nbmc_address: 127.0.9.1\n"
                               "bmc_username: admin\n" + inline("bmc_password", "bmc-secret"),
     })
     code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(inventory))

@@ -55,7 +55,7 @@ class Fabric(ScriptedTransport):
             server = next(n for n, a in self.address.items() if a == argv[-1])
             test = "lat" if argv[0] == "ib_write_lat" else "bw"
         if self.fail_client and self.fail_client(host.name, test):
-            return CommandResult(1, "", " Couldn't connect to 10.1.0.9:18515", 0.0)
+            return CommandResult(1, "", " Couldn't connect to 127.0.9.9:18515", 0.0)
         value = self.bad(host.name, server, device, test)
         if test == "ping":
             return CommandResult(0, PING_LOST if value else PING, "", 0.0)

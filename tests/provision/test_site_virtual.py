@@ -267,7 +267,7 @@ def test_plan_touches_nothing(provisioned):
         ("inference_unit", {"inference_unit_max_num_seqs": 512}, "inference_unit_max_num_seqs"),
         ("inference_unit", {"iu_size": 3}, "inference_unit_iu_size"),
         ("consul_agent", {"consul_agent_health_interval": "30s"}, "consul_agent_health_interval"),
-        ("cpu_cstates", {"cpu_cstates_redfish": True, "bmc_address": "10.20.0.11", "bmc_username": "root"},
+        ("cpu_cstates", {"cpu_cstates_redfish": True, "bmc_address": "127.0.9.11", "bmc_username": "root"},
          "password"),
     ],
 )

@@ -126,7 +126,7 @@ def vaulted_inventory(tmp_path) -> tuple[Path, Path]:
     secret_file = password_file(tmp_path)
     inventory = virtual_inventory(tmp_path)
     with (inventory / "group_vars" / "all.yml").open("a") as f:
-        f.write("cpu_cstates_redfish: true\nbmc_address: 10.20.0.11\nbmc_username: admin\n")
+        f.write("cpu_cstates_redfish: true\nbmc_address: 127.0.9.11\nbmc_username: admin\n")
         f.write(encrypt_string(secret_file, "bmc_password", BMC_PASSWORD))
     host_vars = inventory / "host_vars" / "r01n01.yml"
     host_vars.parent.mkdir()
