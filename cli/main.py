@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
+from pathlib import Path
 
 import click
 
 from cli.errors import ClusterctlError
 from cli.help import SuggestingGroup, examples
+
+# sysexits.h EX_SOFTWARE: distinct from every documented verdict code (0 pass, 1 fail, 2 usage, 3 unreachable)
+INTERNAL_ERROR_EXIT = 70
 
 # name -> (module, one-line help shown by `clusterctl --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -92,6 +97,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:  # a bug: never let it exit 1, which preflight and diff document as "a check failed"
+        if debug:
+            raise
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        click.echo(
+            f"internal error (a bug in clusterctl, not a verdict): {type(exc).__name__}: {exc} "
+            f"at {Path(frame.filename).name}:{frame.lineno}; rerun with --debug for the traceback",
+            err=True,
+        )
+        sys.exit(INTERNAL_ERROR_EXIT)
 
 
 if __name__ == "__main__":

@@ -230,3 +230,21 @@ def test_a_group_level_problem_is_one_line_not_one_per_host():
         "r01n01, r01n02, r02n01, ... (+1) (4 hosts): gpu_count=6: not divisible by iu_size=4",
         "r01n01: iu_size='four': must be one of 1/2/4/8",
     ]
+
+
+def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeypatch, capsys, virtual_inventory):
+    import cli.inventory
+    from cli.main import INTERNAL_ERROR_EXIT, main
+
+    def broken(*_args, **_kwargs):
+        raise KeyError("racks")
+
+    monkeypatch.setattr(cli.inventory.inv, "load_cluster", broken)
+    with pytest.raises(SystemExit) as exited:
+        main(["inventory", "show", "-i", str(virtual_inventory)])
+    assert exited.value.code == INTERNAL_ERROR_EXIT == 70  # before: an uncaught traceback, exit 1
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith("internal error (a bug in clusterctl, not a verdict): KeyError: 'racks' at ")
+    assert "--debug" in err
+    with pytest.raises(KeyError):  # --debug shows the traceback itself
+        main(["--debug", "inventory", "show", "-i", str(virtual_inventory)])

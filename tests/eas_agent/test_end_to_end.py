@@ -154,6 +154,7 @@ def test_consul_down_for_3_s_agents_recover_without_losing_anything(tmp_path):
             wait_for(lambda: all(a.publisher.stats.writes >= 2 for a in agents), 10, "first writes")
             seq_before = [a.publisher.seq for a in agents]
             server.stop()
+            outage_started = time.time()
             cycles = [a.cycles for a in agents]
             time.sleep(3.0)
             assert all(a.cycles - c >= 10 for a, c in zip(agents, cycles, strict=True))  # kept collecting
@@ -174,7 +175,9 @@ def test_consul_down_for_3_s_agents_recover_without_losing_anything(tmp_path):
                 body = io.kv_get_json(f"clusterctl/eas/dc1/{node.name}")
                 assert body["seq"] >= published > before  # sequence kept across the outage, never reused
                 assert all(iu["score"] is not None for iu in body["ius"].values())
-                assert time.time() - body["ts"] < 1.0  # the current state, not what was there before
+                # the current state, not what was there before: built after the outage began (an age bound
+                # such as "< 1 s old" read 1.5 s on CI's loaded 2 cores)
+                assert body["ts"] > outage_started
     finally:
         server.stop()
 
