@@ -42,7 +42,8 @@ from cluster.inventory import host_var
 from cluster.model import Cluster, Node
 
 FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
-CLUSTERCTL = [sys.executable, "-m", "cli.main"]
+# --debug: a bug in a step prints its traceback into the demo log instead of one line (CI keeps only the log)
+CLUSTERCTL = [sys.executable, "-m", "cli.main", "--debug"]
 console = Console()
 
 
