@@ -229,6 +229,8 @@ class Demo:
         self.clusterctl("preflight", "-i", str(self.inventory), "--release", "--json", str(report),
                         "--state-dir", str(self.workdir / "preflight-state"), expect=(1,),
                         what="preflight (the injected fault must FAIL)")
+        if not report.is_file():  # exit 1 without a report: the run crashed (its traceback is above)
+            raise DemoError(f"preflight exited 1 but wrote no report {report}: it crashed, see the traceback above")
         results = json.loads(report.read_text())["results"]
         caught = [r for r in results if r["verdict"] == "FAIL" and r["node"] == faulty.name]
         wrong = [r for r in results if r["verdict"] == "FAIL" and r["node"] != faulty.name]
