@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sim
-from sim.hosts import stubs, sysfs
+from sim.hosts import limits, stubs, sysfs
 from sim.hosts.hardware import Hardware
 from sim.hosts.stubs import peers
 
@@ -541,6 +541,10 @@ def up(state_dir: Path, image_root: Path, hosts: dict[str, SimHost],
         trees = {name: (sysfs.write_cached_tree(layout.cache, "cpu", sysfs.cpu_tree(s.hardware)),
                         sysfs.write_cached_tree(layout.cache, "node", sysfs.node_tree(s.hardware)))
                  for name, s in hosts.items()}
+        try:
+            limits.ensure_room_for(len(hosts), progress=progress)
+        except limits.LimitError as exc:
+            raise MachineError(str(exc)) from None
         progress(f"booting {len(hosts)} machines ({min(BOOT_PARALLEL, len(hosts))} at a time)")
         with concurrent.futures.ThreadPoolExecutor(max_workers=BOOT_PARALLEL) as pool:
             futures = [pool.submit(boot, image_root, layout.host(name), s, *trees[name], layout)
