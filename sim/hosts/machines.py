@@ -485,6 +485,11 @@ def boot(image_root: Path, paths: HostPaths, sim_host: SimHost, cpu_dir: Path, n
         units = [line.split()[0] for line in failed.splitlines() if line.strip()]
         journal = _nsenter(leader, "journalctl", "--no-pager", "-o", "short-monotonic", "-n", "20",
                            *[f"--unit={u}" for u in units]).stdout.strip() if units else ""
+        # A unit that died before journald took its output has no entries; its result still says how it ended.
+        results = [f"{u}: " + " ".join(_nsenter(leader, "systemctl", "show", "-p", "Result", "-p",
+                                                "ExecMainCode", "-p", "ExecMainStatus", u).stdout.split())
+                   for u in units[:3]]
+        journal = "\n".join(results + [journal])
         raise MachineError(f"{paths.host}: machine did not reach multi-user within {BOOT_TIMEOUT_S:.0f}s "
                            f"(systemd: {state or detail}); failed units: {', '.join(units) or 'none'}\n"
                            f"{journal or _tail(paths.console_log)}")
