@@ -78,4 +78,6 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
         shown = f" ({len(lines)} distinct)" if len(lines) < len(problems) else ""
         click.echo(f"{plural(len(problems), 'problem')}{shown} in {loaded.path}", err=True)
         raise SystemExit(2)
+    for warning in val.security_warnings(loaded.selected):
+        click.echo(f"{loaded.path}: warning: {warning}", err=True)
     click.echo(f"{loaded.path}: OK ({plural(len(loaded.selected), 'host')})")

@@ -256,7 +256,8 @@ def plan_view(plan: prov.Plan) -> Group:
     for index, batch in enumerate(plan.batches):
         members = ", ".join(batch) if len(batch) <= 12 else ", ".join(batch[:12]) + f", ... (+{len(batch) - 12})"
         table.add_row(str(index + 1), str(len(batch)), Text(members))
-    return Group(header, roles, table)
+    warnings = [Text.assemble(("warning:", "yellow"), " ", w) for w in plan.warnings]
+    return Group(header, roles, table, *warnings)
 
 
 def _batch(index: int | None) -> str:

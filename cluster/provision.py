@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from cluster import vault
+from cluster import validate, vault
 from cluster.inventory import InventoryError, cluster_of, load_inventory
 from cluster.text import plural, suggest
 
@@ -186,6 +186,7 @@ class Plan:
     roles: tuple[RoleStep, ...]
     limit: str | None = None
     tags: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # Consul security settings the inventory weakens (validate.security_warnings)
 
     def batch_of(self, host: str) -> int | None:
         for index, batch in enumerate(self.batches):
@@ -240,6 +241,7 @@ def make_plan(
         roles=tuple(selected_roles(playbook_roles(path), tags)),
         limit=limit,
         tags=tuple(tags),
+        warnings=tuple(validate.security_warnings(loaded.selected)),
     )
 
 

@@ -228,3 +228,58 @@ def problem_lines(problems: Iterable[Problem], hosts_shown: int = 3) -> list[str
 
 def format_problems(problems: Iterable[Problem]) -> str:
     return "\n".join(problem_lines(problems))
+
+
+# -- Consul security: warnings (an inventory may turn these off on purpose; it is told what that means) --
+
+_CONSUL_SWITCHES = (
+    ("consul_agent_acl_enabled", "ACLs are off: any host that reaches an agent can change the catalog and KV "
+                                 "(and so steer traffic)"),
+    ("consul_agent_gossip_encryption", "gossip is unencrypted: any host that reaches port 8301 can join the cluster"),
+    ("consul_agent_tls_enabled", "RPC is not TLS-protected: tokens and KV values cross the network in clear text"),
+    ("consul_agent_tls_verify_incoming", "servers accept RPC from clients without a certificate"),
+    ("consul_agent_tls_verify_server_hostname", "agents do not check that a server is server.<dc>.consul"),
+)
+_CONSUL_SECRETS = (
+    ("consul_agent_acl_enabled", ("consul_agent_acl_management_token", "consul_agent_acl_agent_token",
+                                  "consul_agent_acl_registration_token", "consul_operator_token")),
+    ("consul_agent_gossip_encryption", ("consul_agent_gossip_key",)),
+    ("consul_agent_tls_enabled", ("consul_agent_tls_ca_pem",)),
+)
+
+
+def _off(value: Any) -> bool:
+    return value is False or (isinstance(value, str) and value.strip().lower() in ("false", "no", "off", "0"))
+
+
+def _unset(hv: Mapping[str, Any], var: str) -> bool:
+    # presence only: an inline vault value is never decrypted here (see check_redfish)
+    return hv.get(var) is None or (isinstance(hv[var], str) and hv[var] == "")
+
+
+def check_consul_security(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    """What weakens the Consul cluster's default security on this host (warnings, not errors)."""
+    found = [Problem(host, var, hv[var], message) for var, message in _CONSUL_SWITCHES if _off(hv.get(var))]
+    if str(hv.get("consul_agent_acl_default_policy", "deny")) == "allow" and not _off(hv.get("consul_agent_acl_enabled")):
+        found.append(Problem(host, "consul_agent_acl_default_policy", "allow",
+                             "requests without a token may do everything"))
+    for switch, secrets in _CONSUL_SECRETS:
+        if not _off(hv.get(switch)):
+            found += [Problem(host, var, None, f"{switch} is on (the default) but this secret is not set: the "
+                                               "consul_agent role will stop on this host") for var in secrets
+                      if _unset(hv, var) and not (var == "consul_operator_token"
+                                                  and not _unset(hv, "consul_agent_acl_operator_token"))]
+    return found
+
+
+def security_warnings(selected: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Consul security warnings, one line per (variable, value, message) with the hosts it concerns."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for name in sorted(selected):
+        for p in check_consul_security(name, selected[name]):
+            grouped.setdefault((p.variable, repr(p.value), p.message), []).append(name)
+    lines = []
+    for (variable, value, message), hosts in grouped.items():
+        shown = ", ".join(hosts[:8]) + (f", ... (+{len(hosts) - 8})" if len(hosts) > 8 else "")
+        lines.append(f"{variable}={value}: {message} (hosts: {shown})")
+    return lines

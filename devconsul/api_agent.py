@@ -7,6 +7,7 @@ Writes are PUT only (405 otherwise). ``pass``/``warn``/``fail`` take the output 
 
 from __future__ import annotations
 
+from devconsul.authz import can, check_visible, filtered
 from devconsul.catalog import NotFound
 from devconsul.definitions import STATUSES, DefinitionError, canonical, parse_check, parse_service
 from devconsul.httpapi import ApiError, Request, Response
@@ -46,20 +47,34 @@ def handle(server, req: Request, rest: str) -> Response:
             return Response(payload=_self(server))
         if rest == "members":
             _require(req, "GET")
-            return Response(payload=[] if req.filtered else [_member(server)])
+            members = [_member(server)] + server.members_api()
+            shown = [m for m in members if can(req, "node", "read", m["Name"])]
+            return filtered(Response(payload=shown), len(shown) < len(members))
         if rest == "services":
             _require(req, "GET")
             with server.state.lock:
-                services = {} if req.filtered else {
-                    s.id: s.agent_api() for s in catalog.services.values() if s.agent_local
-                }
-            return Response(payload=services)
+                local = [s for s in catalog.services.values() if s.agent_local]
+                services = {s.id: s.agent_api() for s in local if can(req, "service", "read", s.name)}
+            return filtered(Response(payload=services), len(services) < len(local))
         if rest == "checks":
             _require(req, "GET")
             with server.state.lock:
-                checks = {} if req.filtered else {c.check_id: c.api(catalog_view=False)
-                                                   for c in catalog.checks.values()}
-            return Response(payload=checks)
+                every = list(catalog.checks.values())
+                checks = {c.check_id: c.api(catalog_view=False) for c in every if check_visible(req, c)}
+            return filtered(Response(payload=checks), len(checks) < len(every))
+        if rest == "reload":
+            _require(req, "PUT")
+            server.reload()
+            return Response(raw=b"")
+        if rest == "leave":
+            _require(req, "PUT")
+            server.request_leave()
+            return Response(raw=b"")
+        if rest.startswith("token/"):
+            _require(req, "PUT")
+            body = canonical(req.json_body(), ("Token",))
+            server.agent_tokens.set(rest.removeprefix("token/"), str(body.get("Token") or ""))
+            return Response(raw=b"")
         if (req.method == "GET" and rest.startswith("service/") and rest != "service/register"
                 and not rest.startswith(("service/deregister/", "service/maintenance/"))):
             _require(req, "GET")
@@ -72,6 +87,7 @@ def handle(server, req: Request, rest: str) -> Response:
         if rest == "service/register":
             _require(req, "PUT")
             defn = parse_service(req.json_body())
+            defn.token = defn.token or req.token()  # anti-entropy syncs it with the token it came with
             replace = req.has("replace-existing-checks") and req.get("replace-existing-checks") in ("", "true")
             return _write(server, catalog.register_service(defn, replace))
         if rest.startswith("service/deregister/"):
@@ -122,12 +138,12 @@ def _self(server) -> dict:
             "NodeName": node.name,
             "NodeID": node.node_id,
             "Revision": "devconsul",
-            "Server": True,
+            "Server": server.is_server,
             "Version": CONSUL_API_VERSION,
             "VersionMetadata": "devconsul",
             "BuildDate": "",
         },
-        "DebugConfig": {"ACLsEnabled": server.acl_token is not None, "DevMode": True},
+        "DebugConfig": {"ACLsEnabled": server.acls_enabled, "DevMode": False},
         "Coord": {"Vec": [0.0] * 8, "Error": 1.5, "Adjustment": 0.0, "Height": 1e-05},
         "Member": _member(server),
         "Meta": {"consul-network-segment": ""},
@@ -143,7 +159,7 @@ def _member(server) -> dict:
         "Port": 8301,
         "Tags": {
             "build": f"{CONSUL_API_VERSION}:devconsul", "dc": "dc1", "id": node.node_id, "port": "8300",
-            "role": "consul", "vsn": "2", "vsn_max": "3", "vsn_min": "2", "bootstrap": "1",
+            "role": "consul" if server.is_server else "node", "vsn": "2", "vsn_max": "3", "vsn_min": "2",
         },
         "Status": 1,
         "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,

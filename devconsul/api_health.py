@@ -20,10 +20,33 @@ implemented.
 from __future__ import annotations
 
 from devconsul import bexpr
+from devconsul.authz import can, check_visible, filtered
 from devconsul.httpapi import ApiError, Request, Response, blocking_read
 from devconsul.watch import ANY_CATALOG, service
 
 LEADER = "127.0.0.1:8300"
+
+
+def _views(server):
+    """``(node, services, checks)`` for the server's own node, then every other node (lock held)."""
+    catalog = server.catalog
+    local = [s for s in catalog.services.values() if server.local_synced(s)]
+    ids = {s.id for s in local}
+    out = [(catalog.node, local, [c for c in catalog.checks.values() if not c.service_id or c.service_id in ids])]
+    remote = getattr(server, "remote", None)
+    for name in sorted(remote.nodes if remote else ()):
+        entry = remote.nodes[name]
+        out.append((entry.node, list(entry.services.values()), list(entry.checks.values())))
+    return out
+
+
+def _by_id(checks):
+    return sorted(checks, key=lambda c: c.check_id)
+
+
+def _match(svc, name: str, tags: list[str]) -> bool:
+    have = {t.lower() for t in svc.tags}
+    return svc.name == name and all(t.lower() in have for t in tags)
 
 
 def handle_health(server, req: Request, rest: str) -> Response:
@@ -36,44 +59,46 @@ def handle_health(server, req: Request, rest: str) -> Response:
         flt = bexpr.parse(req.get("filter"), bexpr.HEALTH_SERVICE_FIELDS) if req.get("filter") else None
 
         def build() -> Response:
-            entries = []
-            for svc in catalog.instances(arg, tags):
-                checks = catalog.node_checks() + catalog.service_checks(svc.id)
-                if passing and any(c.synced_status != "passing" for c in checks):
-                    continue
-                entry = {
-                    "Node": catalog.node.to_api(),
-                    "Service": svc.node_service_api(),
-                    "Checks": [c.api() for c in checks],
-                }
-                if flt is None or bexpr.evaluate(flt, entry):
-                    entries.append(entry)
-            return Response(payload=[] if req.filtered else entries)
+            entries, dropped = [], False
+            for node, services, checks in _views(server):
+                for svc in sorted((s for s in services if _match(s, arg, tags)), key=lambda s: s.id):
+                    if not (can(req, "service", "read", svc.name) and can(req, "node", "read", node.name)):
+                        dropped = True
+                        continue
+                    mine = _by_id(c for c in checks if not c.service_id) + _by_id(
+                        c for c in checks if c.service_id == svc.id)
+                    if passing and any(c.synced_status != "passing" for c in mine):
+                        continue
+                    entry = {"Node": node.to_api(), "Service": svc.node_service_api(),
+                             "Checks": [c.api() for c in mine]}
+                    if flt is None or bexpr.evaluate(flt, entry):  # after the ACL filter, as in Consul
+                        entries.append(entry)
+            return filtered(Response(payload=entries), dropped)
 
         return blocking_read(server, req, lambda: catalog.service_index(arg), build, service(arg))
-    if kind == "checks" and arg:
-        def build_checks() -> Response:
-            checks = [c.api() for c in sorted(catalog.checks.values(), key=lambda c: c.check_id)
-                      if c.service_name == arg]
-            return Response(payload=[] if req.filtered else checks)
-
-        return blocking_read(server, req, lambda: catalog.checks_index, build_checks, ANY_CATALOG)
-    if kind == "state" and arg:
-        if arg not in ("any", "passing", "warning", "critical"):
+    if kind in ("checks", "state", "node") and arg:
+        if kind == "state" and arg not in ("any", "passing", "warning", "critical"):
             raise ApiError(400, f"Invalid state: {arg}")
 
-        def build_state() -> Response:
-            checks = [c.api() for c in sorted(catalog.checks.values(), key=lambda c: c.check_id)
-                      if arg == "any" or c.synced_status == arg]
-            return Response(payload=[] if req.filtered else checks)
+        def wanted(node, check) -> bool:
+            if kind == "checks":
+                return check.service_name == arg
+            if kind == "state":
+                return arg == "any" or check.synced_status == arg
+            return node.name == arg
 
-        return blocking_read(server, req, lambda: catalog.checks_index, build_state, ANY_CATALOG)
-    if kind == "node" and arg:
-        def build_node() -> Response:
-            checks = [c.api() for c in sorted(catalog.checks.values(), key=lambda c: c.check_id)]
-            return Response(payload=checks if arg == catalog.node.name and not req.filtered else [])
+        def build_checks() -> Response:
+            found, dropped = [], False
+            for node, _, checks in _views(server):
+                for check in _by_id(checks):
+                    if wanted(node, check):
+                        if check_visible(req, check):
+                            found.append(check.api())
+                        else:
+                            dropped = True
+            return filtered(Response(payload=found), dropped)
 
-        return blocking_read(server, req, lambda: catalog.checks_index, build_node, ANY_CATALOG)
+        return blocking_read(server, req, lambda: catalog.checks_index, build_checks, ANY_CATALOG)
     raise ApiError(404, "404 page not found")
 
 
@@ -83,11 +108,15 @@ def handle_catalog(server, req: Request, rest: str) -> Response:
     catalog = server.catalog
     if kind == "services" and not arg:
         def build_services() -> Response:
-            out: dict[str, list[str]] = {}
-            for svc in catalog.services.values():
-                out.setdefault(svc.name, [])
-                out[svc.name] = sorted(set(out[svc.name]) | set(svc.tags))
-            return Response(payload={} if req.filtered else out)
+            out: dict[str, set[str]] = {}
+            dropped = False
+            for _, services, _ in _views(server):
+                for svc in services:
+                    if can(req, "service", "read", svc.name):
+                        out.setdefault(svc.name, set()).update(svc.tags)
+                    else:
+                        dropped = True
+            return filtered(Response(payload={k: sorted(v) for k, v in out.items()}), dropped)
 
         return blocking_read(server, req, lambda: catalog.services_index, build_services, ANY_CATALOG)
     if kind == "service" and arg:
@@ -95,20 +124,33 @@ def handle_catalog(server, req: Request, rest: str) -> Response:
         flt = bexpr.parse(req.get("filter"), bexpr.CATALOG_SERVICE_FIELDS) if req.get("filter") else None
 
         def build_service() -> Response:
-            nodes = [s.catalog_api(catalog.node) for s in catalog.instances(arg, tags)]
-            nodes = [n for n in nodes if flt is None or bexpr.evaluate(flt, n)]
-            return Response(payload=[] if req.filtered else nodes)
+            nodes, dropped = [], False
+            for node, services, _ in _views(server):
+                for svc in sorted((s for s in services if _match(s, arg, tags)), key=lambda s: s.id):
+                    if not (can(req, "service", "read", svc.name) and can(req, "node", "read", node.name)):
+                        dropped = True
+                        continue
+                    entry = svc.catalog_api(node)
+                    if flt is None or bexpr.evaluate(flt, entry):  # after the ACL filter, as in Consul
+                        nodes.append(entry)
+            return filtered(Response(payload=nodes), dropped)
 
         return blocking_read(server, req, lambda: catalog.service_index(arg), build_service, service(arg))
     if kind == "nodes" and not arg:
-        return blocking_read(server, req, lambda: catalog.nodes_index,
-                             lambda: Response(payload=[] if req.filtered else [catalog.node.to_api()]), ANY_CATALOG)
+        def build_nodes() -> Response:
+            views = _views(server)
+            seen = [node.to_api() for node, _, _ in views if can(req, "node", "read", node.name)]
+            return filtered(Response(payload=seen), len(seen) < len(views))
+
+        return blocking_read(server, req, lambda: catalog.nodes_index, build_nodes, ANY_CATALOG)
     if kind == "node" and arg:
         def build_node() -> Response:
-            if arg != catalog.node.name or req.filtered:
-                return Response(payload=None)
-            services = {s.id: s.node_service_api() for s in catalog.services.values()}
-            return Response(payload={"Node": catalog.node.to_api(), "Services": services})
+            for node, services, _ in _views(server):
+                if node.name == arg and can(req, "node", "read", node.name):
+                    shown = {s.id: s.node_service_api() for s in services if can(req, "service", "read", s.name)}
+                    return filtered(Response(payload={"Node": node.to_api(), "Services": shown}),
+                                    len(shown) < len(services))
+            return Response(payload=None)
 
         return blocking_read(server, req, lambda: catalog.services_index, build_node, ANY_CATALOG)
     if kind == "datacenters" and not arg:
@@ -119,9 +161,9 @@ def handle_catalog(server, req: Request, rest: str) -> Response:
 def handle_status(server, req: Request, rest: str) -> Response:
     _reads_only(req)
     if rest == "leader":
-        return Response(payload=LEADER)
+        return Response(payload=server.leader_address() or LEADER)
     if rest == "peers":
-        return Response(payload=[LEADER])
+        return Response(payload=[server.leader_address() or LEADER])
     raise ApiError(404, "404 page not found")
 
 

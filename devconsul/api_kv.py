@@ -10,6 +10,7 @@ returned unwrapped there).
 
 from __future__ import annotations
 
+from devconsul.authz import can, filtered
 from devconsul.httpapi import ApiError, Request, Response, blocking_read
 from devconsul.kvstore import MAX_VALUE_SIZE, StoreFull
 from devconsul.watch import kv_key, kv_prefix
@@ -48,19 +49,19 @@ def _get(server, req: Request, key: str) -> Response:
 
         def build_keys() -> Response:
             _, keys = kv.keys(key, separator)
-            if req.filtered:
-                keys = []
-            if not keys and key:
-                return Response(404, raw=b"")
-            return Response(payload=keys)
+            shown = [k for k in keys if can(req, "key", "read", k)]
+            if not shown and key:
+                return filtered(Response(404, raw=b""), len(shown) < len(keys))
+            return filtered(Response(payload=shown), len(shown) < len(keys))
 
         return blocking_read(server, req, lambda: kv.prefix_index(key), build_keys, kv_prefix(key))
     if req.has("recurse"):
         def build_list() -> Response:
             _, entries = kv.list(key)
-            if not entries or req.filtered:
-                return Response(404, raw=b"")
-            return Response(payload=[e.to_api() for e in entries])
+            shown = [e.to_api() for e in entries if can(req, "key", "read", e.key)]
+            if not shown:
+                return filtered(Response(404, raw=b""), len(shown) < len(entries))
+            return filtered(Response(payload=shown), len(shown) < len(entries))
 
         return blocking_read(server, req, lambda: kv.prefix_index(key), build_list, kv_prefix(key))
     if not key:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import base64
 import binascii
 
+from devconsul.acl import AclError
+from devconsul.authz import authz
 from devconsul.definitions import canonical
 from devconsul.httpapi import ApiError, Request, Response
 from devconsul.kvstore import MAX_VALUE_SIZE, StoreFull
 
 MAX_OPS = 64
+READ_VERBS = ("get", "get-tree", "check-index", "check-session", "check-not-exists")
 KV_FIELDS = ("Verb", "Key", "Value", "Flags", "Index", "Session")
 
 
@@ -42,6 +45,14 @@ def handle(server, req: Request) -> Response:
         kv_ops.append((str(kv_op.get("Verb", "")), str(kv_op.get("Key", "")), value,
                        int(kv_op.get("Flags") or 0), int(kv_op.get("Index") or 0)))
 
+    denied = []
+    for n, (verb, key, *_) in enumerate(kv_ops):
+        try:
+            authz(req).require("key", "read" if verb in READ_VERBS else "write", key)
+        except AclError as exc:
+            denied.append({"OpIndex": n, "What": exc.reason})
+    if denied:  # Consul vets every operation's ACL before applying any (txn_endpoint.go preCheck)
+        return Response(409, {"Results": None, "Errors": denied})
     state, kv = server.state, server.kv
     with state.lock:
         saved_index = state.index

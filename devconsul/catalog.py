@@ -60,9 +60,10 @@ class _NoHooks:
 
 
 class Catalog:
-    def __init__(self, state: State, node_name: str, check_update_interval: float = 300.0):
+    def __init__(self, state: State, node_name: str, check_update_interval: float = 300.0,
+                 address: str = "127.0.0.1"):
         self.state = state
-        self.node = Node(node_name, str(uuid.uuid4()), "127.0.0.1")
+        self.node = Node(node_name, str(uuid.uuid4()), address)
         self.services: dict[str, Service] = {}
         self.checks: dict[str, Check] = {}
         self.services_index = 0
@@ -106,6 +107,7 @@ class Catalog:
     def _put_service(self, svc: Service) -> tuple[bool, list[Topic]]:
         old = self.services.get(svc.id)
         if old is not None and old.same_definition(svc):
+            old.token, old.source = svc.token, svc.source
             return False, []
         idx, topics = self._bump({svc.name} | ({old.name} if old else set()), False, True, False)
         svc.create_index = old.create_index if old else idx
@@ -164,7 +166,7 @@ class Catalog:
     def register_service(self, defn: ServiceDefinition, replace_existing_checks: bool) -> list[Topic]:
         svc = Service(
             defn.id, defn.name, defn.tags, defn.address, defn.port, defn.meta, defn.weights,
-            defn.enable_tag_override, defn.kind, defn.tagged_addresses,
+            defn.enable_tag_override, defn.kind, defn.tagged_addresses, token=defn.token, source=defn.source,
         )
         with self.state.lock:
             _, topics = self._put_service(svc)

@@ -17,7 +17,7 @@ STATUSES = ("passing", "warning", "critical")
 
 SERVICE_FIELDS = (
     "ID", "Name", "Tags", "Address", "Port", "Meta", "Weights", "EnableTagOverride", "Kind",
-    "TaggedAddresses", "Check", "Checks",
+    "TaggedAddresses", "Check", "Checks", "Token",
 )
 CHECK_FIELDS = (
     "ID", "CheckID", "Name", "Notes", "Status", "ServiceID", "TTL", "HTTP", "Method", "Header", "Body",
@@ -127,6 +127,8 @@ class ServiceDefinition:
     kind: str
     tagged_addresses: dict
     checks: list[CheckDefinition]
+    token: str = ""  # the ACL token anti-entropy syncs this service with (a definition's "token")
+    source: str = "api"  # "file": defined in the agent's configuration, replaced on reload
 
 
 def parse_service(payload: object) -> ServiceDefinition:
@@ -161,4 +163,5 @@ def parse_service(payload: object) -> ServiceDefinition:
         kind=str(raw.get("Kind") or ""),
         tagged_addresses=dict(raw.get("TaggedAddresses") or {}),
         checks=[parse_check(p) for p in check_payloads],
+        token=str(raw.get("Token") or ""),
     )

@@ -42,7 +42,8 @@ class Request:
     headers: dict[str, str]
     body: bytes = b""
     authorized: bool = True  # set by the router: the token may do everything
-    filtered: bool = False  # set by the router: anonymous read of a list endpoint
+    filtered: bool = False  # answer carries X-Consul-Results-Filtered-By-ACLs (list endpoints: devconsul.authz)
+    sees_nothing: bool = False  # set by the router: the token may read nothing (blocking queries never park)
     client: str = ""  # the client's address (blocking queries are capped per client)
 
     @classmethod
@@ -160,7 +161,8 @@ class ReadCache:
 
     def key(self, req: Request) -> tuple:
         query = tuple(sorted((k, tuple(v)) for k, v in req.query.items() if k in self.KEYED))
-        return req.path, query, req.filtered
+        # what a token may see differs: the resolved token is part of the view (devconsul.authz)
+        return req.path, query, getattr(getattr(req, "authz", None), "accessor", "")
 
     def get(self, key: tuple, index: int) -> Response | None:
         hit = self._entries.get(key)
@@ -193,9 +195,9 @@ def blocking_read(
 ) -> Response:
     """Run a blocking query: wait for ``index_fn()`` to pass ``?index``, then ``build`` the response."""
     min_index, hold = parse_blocking(req)
-    # An anonymous query under ACLs sees nothing, so it has nothing to wait for: answered at once (it
+    # A token that may read nothing (anonymous under ACLs) has nothing to wait for: answered at once (it
     # used to park for up to 10 minutes, for free).
-    if min_index > 0 and not req.filtered:
+    if min_index > 0 and not req.sees_nothing:
         def locked_index() -> int:
             with server.state.lock:
                 return index_fn()

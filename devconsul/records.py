@@ -59,12 +59,14 @@ class Service:
     kind: str = ""
     tagged_addresses: dict = field(default_factory=dict)
     agent_local: bool = True  # False for the "consul" service a server registers itself
+    token: str = ""  # ACL token for anti-entropy (never shown by the API)
+    source: str = "api"  # "file" for services from the agent's configuration directory
     create_index: int = 0
     modify_index: int = 0
 
     def same_definition(self, other: Service) -> bool:
         mine, theirs = asdict(self), asdict(other)
-        for key in ("create_index", "modify_index"):
+        for key in ("create_index", "modify_index", "token", "source"):  # not part of the catalog view
             mine.pop(key), theirs.pop(key)
         return mine == theirs
 

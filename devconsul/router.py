@@ -1,22 +1,22 @@
-"""Path routing and the ACL decision for each endpoint.
+"""Path routing: forwarding on client agents, token resolution, then one module per endpoint.
 
-With ACLs on (``--acl-token-file``) the token in the file is the only token and may do everything;
-requests without a token act as Consul's anonymous token under ``default_policy = deny``. As in
-Consul, what that means depends on the endpoint (https://developer.hashicorp.com/consul/api-docs/acl,
-each page's "ACL Required" column): reads of a single object and every write answer 403; list reads
-(KV ``?recurse``/``?keys``, catalog, health, agent services/checks/members) answer with the entries
-the token may see, i.e. none, and ``X-Consul-Results-Filtered-By-ACLs: true``; ``/v1/status/*`` and
-``/v1/catalog/datacenters`` need no token. An unknown token is a 403 "ACL not found" everywhere.
+:func:`dispatch` is :func:`authorize` then :func:`route`; the HTTP server calls them apart, reading the
+request body in between, so that a request the token may not make never has its body read.
+
+A client agent (``server = false``) answers ``/v1/agent/*`` itself and forwards everything else (KV, txn,
+health, catalog, status, ACL) to a server, as Consul's clients forward those RPCs; the server authorizes
+the forwarded request with its token. Otherwise the request's token is resolved once (``req.authz``;
+an unknown token is a 403 "ACL not found") and the endpoint rules of ``devconsul.authz`` apply.
 """
 
 from __future__ import annotations
 
-import hmac
+from devconsul import api_acl, api_agent, api_health, api_kv, api_remote, api_txn, authz
+from devconsul.acl import AclError
+from devconsul.httpapi import ApiError, Request, Response
 
-from devconsul import api_agent, api_health, api_kv, api_txn
-from devconsul.httpapi import ApiError, Request, Response, permission_denied
-
-OPEN, FILTER, DENY = "open", "filter", "deny"
+OPEN_PATHS = ("/v1/status/", "/v1/catalog/datacenters", "/v1/internal/devconsul/")
+LOCAL_ON_CLIENTS = ("/v1/agent/",)
 
 
 def dispatch(server, req: Request) -> Response:
@@ -24,14 +24,33 @@ def dispatch(server, req: Request) -> Response:
     return route(server, req)
 
 
+def forwarded(server, req: Request) -> bool:
+    """Whether a client agent forwards this request to a server (which authorizes it with its token)."""
+    path = req.path
+    return server.link is not None and (not path.startswith(LOCAL_ON_CLIENTS) or path == "/v1/agent/members")
+
+
 def authorize(server, req: Request) -> None:
     """The ACL decision, from the path, method, query and token only (the server makes it before reading
-    the request body)."""
-    _authorize(server, req, *_acl_rule(req))
+    the request body): the token is resolved (``req.authz``) and the endpoint's rule applied."""
+    if forwarded(server, req) or req.path.startswith(OPEN_PATHS):
+        return
+    try:
+        req.authz = server.resolve_token(req.token())
+    except AclError as exc:
+        raise ApiError(exc.status, exc.reason) from None
+    # a token that may read nothing has nothing to wait for: its blocking queries are answered at once
+    req.sees_nothing = req.authz.sees_nothing()
+    authz.require(server, req)
 
 
 def route(server, req: Request) -> Response:
+    """The endpoint, once :func:`authorize` passed and the body is read."""
     path = req.path
+    if forwarded(server, req):
+        return server.link.forward(req)
+    if not path.startswith(OPEN_PATHS):
+        authz.require_body(server, req)
     if path.startswith("/v1/kv/") or path == "/v1/kv":
         return api_kv.handle(server, req, path.removeprefix("/v1/kv").removeprefix("/"))
     if path == "/v1/txn":
@@ -40,48 +59,14 @@ def route(server, req: Request) -> Response:
         return api_agent.handle(server, req, path.removeprefix("/v1/agent/"))
     if path.startswith("/v1/health/"):
         return api_health.handle_health(server, req, path.removeprefix("/v1/health/"))
+    if path in ("/v1/catalog/register", "/v1/catalog/deregister"):
+        return api_remote.handle_catalog_write(server, req, path.removeprefix("/v1/catalog/"))
     if path.startswith("/v1/catalog/"):
         return api_health.handle_catalog(server, req, path.removeprefix("/v1/catalog/"))
     if path.startswith("/v1/status/"):
         return api_health.handle_status(server, req, path.removeprefix("/v1/status/"))
+    if path.startswith("/v1/acl/"):
+        return api_acl.handle(server, req, path.removeprefix("/v1/acl/"))
+    if path.startswith("/v1/internal/devconsul/"):
+        return api_remote.handle_internal(server, req, path.removeprefix("/v1/internal/devconsul/"))
     raise ApiError(404, "404 page not found\n")
-
-
-def _acl_rule(req: Request) -> tuple[str, str, str]:
-    """``(mode, permission, resource)`` for the anonymous token on this request."""
-    path, reading = req.path, req.method == "GET"
-    if path.startswith("/v1/status/") or path == "/v1/catalog/datacenters":
-        return OPEN, "", ""
-    if path.startswith("/v1/kv"):
-        key = path.removeprefix("/v1/kv").removeprefix("/")
-        if reading:
-            return (FILTER, "key:read", key) if (req.has("recurse") or req.has("keys")) else (DENY, "key:read", key)
-        return DENY, "key:write", key
-    if path == "/v1/txn":
-        return DENY, "key:write", ""
-    if path.startswith(("/v1/health/", "/v1/catalog/")):
-        return FILTER, "service:read", ""
-    if path in ("/v1/agent/services", "/v1/agent/checks", "/v1/agent/members"):
-        return FILTER, "service:read", ""
-    if path == "/v1/agent/self":
-        return DENY, "agent:read", ""
-    if path.startswith("/v1/agent/service/") and reading:
-        return DENY, "service:read", path.rsplit("/", 1)[-1]
-    if path.startswith(("/v1/agent/service/", "/v1/agent/check/")):
-        return DENY, "service:write", path.rsplit("/", 1)[-1]
-    return DENY, "node:write", ""
-
-
-def _authorize(server, req: Request, mode: str, permission: str, resource: str) -> None:
-    if server.acl_token is None or mode == OPEN:
-        return
-    token = req.token()
-    if token:
-        if hmac.compare_digest(token.encode(), server.acl_token.encode()):
-            return
-        raise ApiError(403, "ACL not found")
-    req.authorized = False
-    if mode == FILTER:
-        req.filtered = True
-        return
-    raise permission_denied(permission, resource)

@@ -40,11 +40,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from devconsul import persist
+from devconsul.acl import ALLOW_ALL, AclError, AclStore
+from devconsul.agent import AgentTokens, token_for
+from devconsul.agentconfig import AgentSettings
+from devconsul.agentlink import AgentLink
 from devconsul.catalog import Catalog
 from devconsul.checks import CheckRunner
 from devconsul.httpapi import ApiError, ReadCache, Request, Response
 from devconsul.kvstore import DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, KVStore
-from devconsul.router import authorize, route
+from devconsul.remote import FAILURE_TIMEOUT_S, Membership, RemoteCatalog
+from devconsul.router import authorize, forwarded, route
 from devconsul.state import State
 
 log = logging.getLogger("devconsul")
@@ -69,11 +74,24 @@ class DevConsulServer:
         max_connections: int = MAX_CONNECTIONS,
         max_blocking_per_client: int = MAX_BLOCKING_PER_CLIENT,
         connection_timeout_s: float = CONNECTION_TIMEOUT_S,
+        agent: AgentSettings | None = None,
+        ae_interval: float = 60.0,
+        failure_timeout: float = FAILURE_TIMEOUT_S,
     ):
         host, _, port = addr.rpartition(":")
         self._bind = (host.strip("[]") or "127.0.0.1", int(port))
         self.data_dir = Path(data_dir) if data_dir else None
-        self.acl_token = acl_token or None
+        if agent is None:  # the plain dev server: one node, its own leader; --acl-token-file turns ACLs on
+            agent = AgentSettings(node_name or socket.gethostname(), server=True, check_update_interval=check_update_interval,
+                                  acl_enabled=bool(acl_token), default_policy="deny",
+                                  tokens={"initial_management": acl_token} if acl_token else {})
+            self._rpc_bind = None
+        else:
+            self._rpc_bind = (agent.bind_addr, agent.server_port) if agent.server else None
+        self.settings = agent
+        self.is_server = agent.server
+        self.acls_enabled = agent.acl_enabled
+        self.gossip_key = agent.gossip_key
         self.state = State()
         self.kv = KVStore(self.state, max_kv_bytes, max_kv_keys)
         self.max_connections = max_connections
@@ -81,12 +99,21 @@ class DevConsulServer:
         self.connection_timeout_s = connection_timeout_s
         self._blocking: dict[str, int] = {}  # client address -> parked blocking queries
         self._blocking_lock = threading.Lock()
-        self.catalog = Catalog(self.state, node_name or socket.gethostname(), check_update_interval)
+        self.catalog = Catalog(self.state, agent.node_name, agent.check_update_interval, agent.bind_addr)
         self.runner = CheckRunner(self.state, self.catalog, check_reap_interval, check_deregister_interval_min)
         self.catalog.hooks = self.runner
+        self.acl = (AclStore(self.state, agent.default_policy, agent.tokens.get("initial_management"))
+                    if agent.server and agent.acl_enabled else None)
+        self.agent_tokens = AgentTokens(agent.tokens, self.data_dir, agent.token_persistence, self._tokens_changed)
+        self.remote = RemoteCatalog(self.catalog) if agent.server else None
+        self.members = Membership(self, failure_timeout) if agent.server else None
+        self.link = None if agent.server else AgentLink(self, agent, ae_interval)
+        self.on_reload = None  # set by the consul stand-in: re-read the configuration
+        self.on_leave = None
         self.read_cache = ReadCache()
         self._persister: persist.Persister | None = None
         self._httpd: _HTTPServer | None = None
+        self._rpc_httpd: _HTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
         self.address = ""
 
@@ -98,7 +125,7 @@ class DevConsulServer:
             snap = persist.load(self.data_dir) if self.data_dir and self.data_dir.exists() else None
             if snap is not None:
                 self._restore(snap)
-            else:
+            elif self.is_server:
                 self.catalog.bootstrap()
             if self.data_dir is not None:
                 self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -116,13 +143,33 @@ class DevConsulServer:
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="devconsul-http", daemon=True
         )
         self._serve_thread.start()
-        log.info("devconsul listening on http://%s (data dir: %s, ACLs: %s)", self.address,
-                 self.data_dir or "in memory", "on" if self.acl_token else "off")
+        if self._rpc_bind is not None and self._rpc_bind != self._bind:
+            # The server port (8300 on bind_addr) that client agents reach: the same API, standing in for RPC.
+            self._rpc_httpd = _HTTPServer(self._rpc_bind, _Handler, self)
+            threading.Thread(target=self._rpc_httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                             name="devconsul-rpc", daemon=True).start()
+        if self.members is not None:
+            self.members.start()
+        if self.link is not None:
+            self.link.start()
+        log.info("devconsul %s listening on http://%s (data dir: %s, ACLs: %s)",
+                 "server" if self.is_server else "client agent", self.address,
+                 self.data_dir or "in memory", "on" if self.acls_enabled else "off")
         return self
 
-    def stop(self) -> None:
+    def stop(self, leave: bool | None = None) -> None:
+        """Stop serving; a client agent first leaves the cluster when ``leave`` (default leave_on_terminate)."""
         if self._httpd is None:
             return
+        if self.link is not None:
+            self.link.stop(self.settings.leave_on_terminate if leave is None else leave)
+        if self.members is not None:
+            self.members.stop()
+        if self._rpc_httpd is not None:
+            self._rpc_httpd.shutdown()
+            self._rpc_httpd.close_connections()
+            self._rpc_httpd.server_close()
+            self._rpc_httpd = None
         self.state.feed.close()
         self._httpd.shutdown()
         self._httpd.close_connections()
@@ -166,15 +213,74 @@ class DevConsulServer:
         """Context manager: a parked blocking query of ``client``; 429 past ``max_blocking_per_client``."""
         return _BlockingSlot(self, client)
 
+    @property
+    def acl_token(self) -> str | None:
+        """The management token of a plain dev server (``--acl-token-file``)."""
+        return self.settings.tokens.get("initial_management")
+
+    def default_acl_policy(self) -> str:
+        """``X-Consul-Default-ACL-Policy``: ``allow`` without ACLs, else the configured default policy."""
+        return str(self.settings.default_policy) if self.acls_enabled else "allow"
+
+    def resolve_token(self, secret: str):
+        """The authorizer of a request's token; without one the agent's ``default`` token, else anonymous."""
+        if not self.acls_enabled:
+            return ALLOW_ALL
+        secret = secret or self.agent_tokens.get("default")
+        return self.acl.resolve(secret) if self.acl is not None else self.link.resolve(secret)
+
+    def local_synced(self, svc) -> bool:
+        """Whether anti-entropy may write this server's own service into the catalog (its token's rights)."""
+        if not self.acls_enabled or not svc.agent_local:
+            return True
+        try:
+            return self.acl.resolve(token_for(self.agent_tokens, svc)).allowed("service", "write", svc.name)
+        except AclError:
+            return False
+
+    def _tokens_changed(self) -> None:
+        with self.state.lock:
+            self.state.touch()
+        self.acl_changed()
+
+    def acl_changed(self) -> None:
+        self.read_cache = ReadCache()  # cached reads were filtered with the old rules
+
+    def members_api(self) -> list[dict]:
+        return self.members.api() if self.members is not None else []
+
+    def leader_address(self) -> str:
+        return f"{self.settings.bind_addr}:{self.settings.server_port}" if self.is_server else ""
+
+    def reload(self) -> None:
+        if self.on_reload is not None:
+            try:
+                self.on_reload()
+            except (OSError, ValueError) as exc:  # the configuration files; the running one stays
+                raise ApiError(500, f"Failed reloading: {exc}") from None
+
+    def request_leave(self) -> None:
+        if self.on_leave is not None:
+            self.on_leave()
+
     # -- persistence ----------------------------------------------------------------------------
     def _snapshot(self) -> dict:
-        return {"index": self.state.index, "kv": self.kv.snapshot(), "catalog": self.catalog.snapshot()}
+        snap = {"index": self.state.index, "kv": self.kv.snapshot(), "catalog": self.catalog.snapshot()}
+        if self.acl is not None:
+            snap["acl"] = self.acl.snapshot()
+        if self.remote is not None:
+            snap["remote"] = self.remote.snapshot()
+        return snap
 
     def _restore(self, snap: dict) -> None:
         with self.state.lock:
             self.state.index = snap["index"]
             self.kv.restore(snap["kv"])
             self.catalog.restore(snap["catalog"])
+            if self.acl is not None and "acl" in snap:
+                self.acl.restore(snap["acl"])
+            if self.remote is not None and "remote" in snap:
+                self.remote.restore(snap["remote"])
 
 
 class _BlockingSlot:
@@ -357,7 +463,7 @@ class _Handler(BaseHTTPRequestHandler):
             except ApiError:
                 self.close_connection = True
                 raise
-            if req.method not in ("GET", "HEAD"):
+            if req.method not in ("GET", "HEAD") and not forwarded(dev, req):  # forwarded: the server's store
                 dev.refuse_if_not_durable()
             resp = route(dev, req)
             pretty = req.has("pretty")
@@ -379,7 +485,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Vary", "Accept-Encoding")
             for name, value in resp.headers.items():
                 self.send_header(name, value)
-            self.send_header("X-Consul-Default-Acl-Policy", "deny" if self.server.dev.acl_token else "allow")
+            self.send_header("X-Consul-Default-Acl-Policy", self.server.dev.default_acl_policy())
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.send_header("Content-Length", str(len(data)))

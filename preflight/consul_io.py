@@ -7,11 +7,14 @@ token is never logged or put on a command line).
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster.consul_acl import marker_key
 from cluster.inventory import host_var
 from cluster.model import Node
 
@@ -117,10 +120,19 @@ def iu_services(node: Node) -> dict[str, ServiceState]:
 
 
 def release(node: Node) -> list[str]:
-    """Take every registered IU service of the node out of maintenance; returns the IDs released."""
+    """Record that preflight passed each registered IU of the node, and take it out of maintenance.
+
+    The record (``cluster.consul_acl.marker_key``, written first) is what the consul_agent role reads to
+    decide that an IU no longer needs maintenance; without it every provisioning run puts the IU back.
+    Returns the IDs taken out of maintenance.
+    """
     c = client(node)
+    dc = str(host_var(node, "consul_datacenter", "dc1"))
     released = []
     for service_id, state in iu_services(node).items():
+        record = json.dumps({"released_at": round(time.time(), 3), "by": "clusterctl preflight --release"})
+        if not _call(c.kv.put, marker_key(dc, service_id), record):
+            raise ConsulUnavailable(f"the release marker of {service_id} was not written")
         if state.in_maintenance:
             _call(c.agent.service.maintenance, service_id, False)
             released.append(service_id)

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from cluster.model import GPU_MODELS
+from sim import consul_security
 
 FABRICS = ("ib", "roce", "mixed")
 
@@ -146,7 +147,7 @@ def render(nodes: int, racks: int, gpu_model: str = "h100-sxm", fabric: str = "i
     files = {
         "hosts.yml": "\n".join(lines) + "\n",
         "group_vars/all.yml": f"gpu_model: {gpu_model}\ngpu_count: 8\niu_size: 4\n"
-        + _nic_yaml(nics(gpu_model, default_roce)) + "\n" + SIM_SWITCHES,
+        + _nic_yaml(nics(gpu_model, default_roce)) + "\n" + SIM_SWITCHES + "\n" + consul_security.render(),
         ".gitignore": ".sim/\n",
     }
     if roce_hosts and not default_roce:

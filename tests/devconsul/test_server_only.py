@@ -24,7 +24,6 @@ TOKEN = "3f0f3d3c-6a4e-4d7e-9a57-4d6c0e8b7a11"
     ("DELETE", "/v1/kv/some/key"),
     ("PUT", "/v1/agent/service/register"),
     ("PUT", "/v1/agent/check/pass/x"),
-    ("PUT", "/v1/txn"),
     ("GET", "/v1/agent/self"),
 ])
 def test_acl_missing_token_is_403(dev_server, method, path):
@@ -33,6 +32,16 @@ def test_acl_missing_token_is_403(dev_server, method, path):
     resp = Api(server.address).request(method, path, json=[] if path == "/v1/txn" else None)
     assert resp.status_code == 403
     assert resp.text.startswith("Permission denied")
+
+
+def test_acl_txn_vets_every_operation_before_applying_any(dev_server):
+    """txn_endpoint.go preCheck: a KV operation the token may not do is a 409 with its error; none applies."""
+    server = dev_server(acl_token=TOKEN)
+    ops = [{"KV": {"Verb": "set", "Key": "some/key", "Value": ""}}]
+    resp = Api(server.address).put("/v1/txn", json=ops)
+    assert resp.status_code == 409
+    assert resp.json()["Errors"][0]["What"].startswith("Permission denied")
+    assert Api(server.address, TOKEN).get("/v1/kv/some/key").status_code == 404
 
 
 def test_acl_wrong_token_is_403_acl_not_found(dev_server):

@@ -81,11 +81,16 @@ def clusterctl(*args: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def _errors(err: str) -> list[str]:
+    """stderr without the Consul security warnings (these inventories set no Consul secrets)."""
+    return [line for line in err.splitlines() if ": warning: consul_" not in line]
+
+
 def test_whole_file_vault_loads_with_the_option(vaulted, capsys):
     inventory, secret = vaulted
     code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(inventory),
                              "--vault-password-file", str(secret))
-    assert (code, err) == (0, "")
+    assert (code, _errors(err)) == (0, [])
     assert out.strip() == f"{inventory}: OK (2 hosts)"
     cluster = load_cluster(inventory, vault_secrets=vault.load_vault_secrets(secret))
     assert cluster.node("n1").gpu_model == "h200-sxm"  # from the file encrypted as a whole
@@ -144,7 +149,7 @@ def test_an_inline_vault_bmc_password_is_present_without_being_decrypted(tmp_pat
                               "bmc_username: admin\n" + inline("bmc_password", "bmc-secret"),
     })
     code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(inventory))
-    assert (code, err) == (0, "") and "OK (2 hosts)" in out
+    assert (code, _errors(err)) == (0, []) and "OK (2 hosts)" in out
 
 
 def test_ansible_vault_password_file_is_honoured(vaulted):

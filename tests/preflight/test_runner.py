@@ -490,6 +490,9 @@ def test_consul_check_and_release_only_where_everything_passed(consul_addr):
         if ch["CheckID"].startswith("_service_maintenance:")
     }
     assert maintenance == {"bad-iu0", "bad-iu1"}
+    # the release markers the consul_agent role reads (written only where preflight passed)
+    _, markers = client.kv.get("clusterctl/preflight/dc1/", keys=True)
+    assert markers == ["clusterctl/preflight/dc1/good-iu0", "clusterctl/preflight/dc1/good-iu1"]
 
 
 def test_consul_agent_down_fails_with_a_short_reason():

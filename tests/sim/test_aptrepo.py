@@ -211,7 +211,8 @@ def test_consul_standin_agent_serves_notifies_systemd_and_stops_on_sigterm(tmp_p
     config = tmp_path / "consul.d"
     config.mkdir()
     (config / "consul.hcl").write_text(f'data_dir = "{tmp_path / "data"}"\nclient_addr = "127.0.9.252"\n'
-                                       f'ports {{\n  http = {port}\n}}\nretry_join = ["127.0.9.1"]\n')
+                                       f'bind_addr = "127.0.9.252"\nserver = true\nui_config {{ enabled = true }}\n'
+                                       f'ports {{\n  http = {port}\n  server = {port + 1}\n}}\n')
     notify_path = tmp_path / "notify"
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(notify_path))
@@ -225,7 +226,7 @@ def test_consul_standin_agent_serves_notifies_systemd_and_stops_on_sigterm(tmp_p
         assert leader
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=20) == 0
-        assert "does not act on: retry_join" in agent.stderr.read()
+        assert "does not act on: ui_config" in agent.stderr.read()
     finally:
         if agent.poll() is None:
             agent.kill()

@@ -1,0 +1,73 @@
+"""The cluster's Consul ACL policies (least privilege, one per job) and the preflight release marker.
+
+Rules use Consul's rule language (https://developer.hashicorp.com/consul/docs/secure/acl/rule). Each token
+from the vault is linked to exactly the policy below; ``roles/consul_agent`` creates policies and tokens
+through a server (``clusterctl.infra.consul_acl``) and ``tests/provision/test_consul_acl.py`` holds each one
+to what it must and must not allow.
+
+| Token (vault variable)                          | Policy                    | May                                          |
+|-------------------------------------------------|---------------------------|----------------------------------------------|
+| node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
+| file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` (config_file_service_registration) |
+| operator (``consul_agent_acl_operator_token``)  | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, reads |
+| eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; TTL checks on ``vllm-iu``; reads |
+| edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes and the score keys   |
+
+Consul grants service rights by service *name*: every IU is ``vllm-iu``, so a token that may write IU checks
+(eas-agent) or maintenance (operator) may do so for any IU; the agent endpoints only act on the agent's own
+services, which is what confines the eas-agent to its node in practice. That limit is Consul's, not ours.
+"""
+
+from __future__ import annotations
+
+SERVICE = "vllm-iu"
+EAS_PREFIX = "clusterctl/eas"
+PREFLIGHT_PREFIX = "clusterctl/preflight"
+
+
+def marker_key(datacenter: str, iu_id: str) -> str:
+    """KV key that records that preflight released this IU; without it the role keeps the IU in maintenance."""
+    return f"{PREFLIGHT_PREFIX}/{datacenter}/{iu_id}"
+
+
+def agent_policy(node: str) -> str:
+    # Consul's recommended agent token: node write for its own node, service read (for the agent's
+    # own service watches and DNS).
+    return f'node "{node}" {{ policy = "write" }}\nservice_prefix "" {{ policy = "read" }}\n'
+
+
+def registration_policy() -> str:
+    return f'service "{SERVICE}" {{ policy = "write" }}\n'
+
+
+def operator_policy() -> str:
+    return (f'service "{SERVICE}" {{ policy = "write" }}\n'
+            f'key_prefix "{PREFLIGHT_PREFIX}/" {{ policy = "write" }}\n'
+            'node_prefix "" { policy = "read" }\n'
+            'service_prefix "" { policy = "read" }\n'
+            'agent_prefix "" { policy = "read" }\n')
+
+
+def eas_agent_policy(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> str:
+    prefix = kv_prefix.strip("/")
+    return (f'key "{prefix}/{datacenter}/{node}" {{ policy = "write" }}\n'
+            f'key_prefix "{prefix}/" {{ policy = "read" }}\n'
+            f'service "{SERVICE}" {{ policy = "write" }}\n'
+            'node_prefix "" { policy = "read" }\n')
+
+
+def edge_policy(kv_prefix: str = EAS_PREFIX) -> str:
+    return (f'service "{SERVICE}" {{ policy = "read" }}\n'
+            'node_prefix "" { policy = "read" }\n'
+            f'key_prefix "{kv_prefix.strip("/")}/" {{ policy = "read" }}\n')
+
+
+def node_policies(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> dict[str, str]:
+    """Policy name -> rules that the tokens of ``node`` link to (the shared ones included)."""
+    return {
+        f"consul-agent-{node}": agent_policy(node),
+        "vllm-iu-registration": registration_policy(),
+        "clusterctl-operator": operator_policy(),
+        f"eas-agent-{node}": eas_agent_policy(node, datacenter, kv_prefix),
+        "clusterctl-edge": edge_policy(kv_prefix),
+    }

@@ -1,0 +1,164 @@
+#!/usr/bin/python
+# Part of clusterctl. Apache-2.0.
+"""Ensure Consul ACL policies and tokens (with SecretIDs from the vault) exist as given."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: consul_acl
+short_description: Ensure Consul ACL policies and tokens, with secrets chosen by the caller
+description:
+  - Creates or updates each policy (by name) and each token (by its SecretID, so the secret can live in a
+    vault and be rendered into configuration before the token exists). A token is found with
+    C(GET /v1/acl/token/self) using its own secret; a missing one is created with C(PUT /v1/acl/token) and
+    that SecretID. Only what differs is written; check mode writes nothing and reports what would change.
+  - Talks to the Consul HTTP API given in I(url) with the management token; run it where that API is
+    reachable (a server's local agent). Only the Python standard library is used.
+options:
+  url:
+    description: Consul HTTP API base URL, e.g. C(http://127.0.0.1:8500).
+    type: str
+    required: true
+  management_token:
+    description: A token with C(acl = "write").
+    type: str
+    required: true
+    no_log: true
+  policies:
+    description: List of C({name, rules}).
+    type: list
+    elements: dict
+    default: []
+  tokens:
+    description: List of C({secret, description, policies}) (policy names).
+    type: list
+    elements: dict
+    default: []
+  timeout:
+    description: Seconds for each HTTP request, and for the API to answer at all (a starting agent).
+    type: int
+    default: 30
+author: clusterctl maintainers
+"""
+
+RETURN = r"""
+created:
+  description: Policy names and token descriptions created.
+  type: list
+  returned: always
+updated:
+  description: Policy names and token descriptions updated.
+  type: list
+  returned: always
+"""
+
+import json  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+
+class ConsulError(Exception):
+    pass
+
+
+def call(url: str, method: str, path: str, token: str, body: object = None, timeout: int = 30):
+    """(status, parsed JSON or text) of one request; connection failures raise ConsulError."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
+                                     headers={"X-Consul-Token": token})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            text = resp.read().decode()
+            return resp.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        raise ConsulError(f"{method} {path}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _need(status: int, result, what: str):
+    if status != 200:
+        raise ConsulError(f"{what}: HTTP {status}: {str(result)[:300]}")
+    return result
+
+
+def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], check: bool,
+           timeout: int = 30) -> tuple[list[str], list[str]]:
+    created: list[str] = []
+    updated: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:  # an agent that just started may not have a leader yet
+        try:
+            status, _ = call(url, "GET", "/v1/status/leader", "", timeout=timeout)
+            if status == 200:
+                break
+        except ConsulError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(1)
+    ids = {}
+    for policy in policies:
+        name, rules = str(policy["name"]), str(policy["rules"])
+        status, found = call(url, "GET", f"/v1/acl/policy/name/{name}", management, timeout=timeout)
+        if status == 200 and isinstance(found, dict):
+            ids[name] = found["ID"]
+            if found.get("Rules") != rules:
+                updated.append(f"policy {name}")
+                if not check:
+                    _need(*call(url, "PUT", f"/v1/acl/policy/{found['ID']}", management,
+                                {"Name": name, "Rules": rules}, timeout), f"update policy {name}")
+            continue
+        if status not in (403, 404):
+            _need(status, found, f"read policy {name}")
+        created.append(f"policy {name}")
+        if not check:
+            made = _need(*call(url, "PUT", "/v1/acl/policy", management, {"Name": name, "Rules": rules}, timeout),
+                         f"create policy {name}")
+            ids[name] = made["ID"]
+    for token in tokens:
+        secret, description = str(token["secret"]), str(token.get("description") or "")
+        wanted = sorted(str(p) for p in token.get("policies") or [])
+        body = {"Description": description, "Policies": [{"Name": p} for p in wanted]}
+        status, found = call(url, "GET", "/v1/acl/token/self", secret, timeout=timeout)
+        if status == 200 and isinstance(found, dict):
+            have = sorted(p["Name"] for p in found.get("Policies") or [])
+            if have != wanted or found.get("Description") != description:
+                updated.append(f"token {description}")
+                if not check:
+                    _need(*call(url, "PUT", f"/v1/acl/token/{found['AccessorID']}", management, body, timeout),
+                          f"update token {description}")
+            continue
+        if status != 403:
+            _need(status, found, f"read token {description}")
+        created.append(f"token {description}")
+        if not check:
+            _need(*call(url, "PUT", "/v1/acl/token", management, {**body, "SecretID": secret}, timeout),
+                  f"create token {description}")
+    return created, updated
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "url": {"type": "str", "required": True},
+            "management_token": {"type": "str", "required": True, "no_log": True},
+            "policies": {"type": "list", "elements": "dict", "default": []},
+            "tokens": {"type": "list", "elements": "dict", "default": [], "no_log": True},
+            "timeout": {"type": "int", "default": 30},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        created, updated = ensure(p["url"], p["management_token"], p["policies"], p["tokens"], module.check_mode,
+                                  p["timeout"])
+    except ConsulError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=bool(created or updated), created=created, updated=updated)
+
+
+if __name__ == "__main__":
+    main()

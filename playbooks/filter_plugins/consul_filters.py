@@ -1,0 +1,76 @@
+"""Consul helpers for the consul_agent role and rolling-restart.yml.
+
+- ``consul_bind_ip``: Consul's ``bind_addr`` must be an IP or a go-sockaddr template; a host name (an FQDN
+  ``ansible_host``) is resolved here to its first IPv4 address, or fails naming the value.
+- ``consul_node_acl``: the policies and tokens of one node (``cluster.consul_acl``), for the
+  ``clusterctl.infra.consul_acl`` module; tokens whose vault value is empty are left out.
+- ``consul_marker_key``: the preflight release marker of an IU.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    from cluster import consul_acl
+except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from cluster import consul_acl
+
+_TEMPLATE = re.compile(r"^\{\{.*\}\}$")
+
+
+def consul_bind_ip(value: Any) -> str:
+    text = str(value or "").strip()
+    if _TEMPLATE.match(text):
+        return text
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(text, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise AnsibleFilterError(f"consul_agent_bind_addr: cannot resolve {text!r} to an IP address ({exc}); "
+                                 "set consul_agent_bind_addr to an IP or a go-sockaddr template") from None
+    return str(infos[0][4][0])
+
+
+def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefix: str = consul_acl.EAS_PREFIX) -> dict:
+    """``{"policies": [{name, rules}], "tokens": [{secret, description, policies}]}`` for ``node``."""
+    policies = consul_acl.node_policies(node, datacenter, kv_prefix)
+    links = {
+        "agent": (f"consul-agent-{node}", f"consul agent token of {node}"),
+        "registration": ("vllm-iu-registration", f"config_file_service_registration token of {node}"),
+        "operator": ("clusterctl-operator", "clusterctl operator (maintenance, preflight release)"),
+        "eas_agent": (f"eas-agent-{node}", f"eas-agent of {node}"),
+        "edge": ("clusterctl-edge", "edge (read-only)"),
+    }
+    out_tokens, used, seen = [], set(), {}
+    for kind, (policy, description) in links.items():
+        secret = str(tokens.get(kind) or "")
+        if secret in seen:  # one secret is one token: two jobs on it would leave it with only one policy
+            raise AnsibleFilterError(f"{node}: the {seen[secret]} and {kind} Consul tokens are the same secret; "
+                                     "each job needs its own token")
+        if secret:
+            seen[secret] = kind
+            out_tokens.append({"secret": secret, "description": description, "policies": [policy]})
+            used.add(policy)
+    return {"policies": [{"name": n, "rules": r} for n, r in policies.items() if n in used], "tokens": out_tokens}
+
+
+def consul_marker_key(iu_id: str, datacenter: str) -> str:
+    return consul_acl.marker_key(datacenter, iu_id)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"consul_bind_ip": consul_bind_ip, "consul_node_acl": consul_node_acl,
+                "consul_marker_key": consul_marker_key}

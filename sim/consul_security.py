@@ -1,0 +1,66 @@
+"""Consul security material for a virtual inventory: gossip key, ACL tokens, a CA and a server certificate.
+
+A virtual cluster runs with everything a production inventory must turn on (ACLs with default deny, gossip
+encryption, TLS), so the roles' secure paths are the ones exercised. The values are throwaway, made fresh by
+``clusterctl virtual create`` for machines that only ever listen on loopback; a real inventory keeps its
+own in a vault. Per-node agent tokens are derived from one seed (``to_uuid``), so one file serves any number
+of hosts. The certificate is for ``server.<dc>.consul`` (what ``verify_server_hostname`` checks) and
+localhost, signed by a CA made here with ``cryptography`` (an ansible-core dependency).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import os
+import uuid
+
+
+def _pem_pair(datacenter: str) -> tuple[str, str, str]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "clusterctl virtual Consul CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=3650))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    host = f"server.{datacenter}.consul"
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=3650))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host), x509.DNSName("localhost")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    return ca.public_bytes(pem).decode(), cert.public_bytes(pem).decode(), key_pem
+
+
+def _block(text: str) -> str:
+    return "|\n" + "".join(f"  {line}\n" for line in text.strip().splitlines())
+
+
+def render(datacenter: str = "dc1") -> str:
+    ca, cert, key = _pem_pair(datacenter)
+    seed = uuid.uuid4()
+    return (
+        "# Consul security for this virtual cluster (`clusterctl virtual create`): throwaway values for machines\n"
+        "# that listen on loopback only. A real inventory keeps these in a vault (see roles/consul_agent).\n"
+        f"consul_agent_gossip_key: {base64.b64encode(os.urandom(32)).decode()}\n"
+        f"consul_agent_acl_management_token: {uuid.uuid4()}\n"
+        f"consul_virtual_token_seed: {seed}\n"
+        "consul_agent_acl_agent_token: \"{{ ('consul-agent:' ~ inventory_hostname ~ ':' ~ consul_virtual_token_seed)"
+        " | to_uuid }}\"\n"
+        f"consul_agent_acl_registration_token: {uuid.uuid4()}\n"
+        f"consul_operator_token: {uuid.uuid4()}\n"
+        f"consul_edge_token: {uuid.uuid4()}\n"
+        f"consul_agent_tls_ca_pem: {_block(ca)}"
+        f"consul_agent_tls_server_cert_pem: {_block(cert)}"
+        f"consul_agent_tls_server_key_pem: {_block(key)}"
+    )

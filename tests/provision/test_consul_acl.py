@@ -1,0 +1,144 @@
+"""The cluster's Consul policies (cluster/consul_acl.py), created by clusterctl.infra.consul_acl, hold to least
+privilege: each token may do its job and nothing next to it. Runs against a dev server with ACLs on and
+default deny (the same rules Consul applies; see tests/devconsul/test_acl.py for the rule semantics)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.devconsul.contract import Api
+
+REPO = Path(__file__).resolve().parents[2]
+MANAGEMENT = "6f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b"
+
+
+def _module(name: str):
+    path = REPO / f"collections/ansible_collections/clusterctl/infra/plugins/modules/{name}.py"
+    spec = importlib.util.spec_from_file_location(f"clusterctl_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _filters():
+    path = REPO / "playbooks/filter_plugins/consul_filters.py"
+    spec = importlib.util.spec_from_file_location("consul_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FilterModule().filters()
+
+
+@pytest.fixture
+def server():
+    from devconsul.server import DevConsulServer
+
+    with DevConsulServer(addr="127.0.0.1:0", acl_token=MANAGEMENT, node_name="n1") as srv:
+        yield srv
+
+
+@pytest.fixture
+def tokens(server):
+    """Every token of node n1, created as the role creates them."""
+    made = {kind: str(uuid.uuid4()) for kind in ("agent", "registration", "operator", "eas_agent", "edge")}
+    acl = _filters()["consul_node_acl"]("n1", "dc1", made)
+    created, updated = _module("consul_acl").ensure(f"http://{server.address}", MANAGEMENT, acl["policies"],
+                                                    acl["tokens"], check=False)
+    assert len(created) == 10 and not updated
+    return made
+
+
+def _api(server, token: str) -> Api:
+    return Api(server.address, token)
+
+
+def test_creating_again_changes_nothing_and_a_changed_rule_is_updated(server, tokens):
+    ensure = _module("consul_acl").ensure
+    acl = _filters()["consul_node_acl"]("n1", "dc1", tokens)
+    assert ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False) == ([], [])
+    acl["policies"][0]["rules"] += 'key "extra" { policy = "read" }\n'
+    assert ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=True) == (
+        [], [f"policy {acl['policies'][0]['name']}"])
+    # check mode wrote nothing
+    assert ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)[1]
+
+
+def test_agent_token_registers_its_node_but_cannot_set_maintenance(server, tokens):
+    admin = _api(server, MANAGEMENT)
+    assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"}).status_code == 200
+    agent = _api(server, tokens["agent"])
+    node = {"Node": "n1", "Address": "127.0.0.2", "Checks": [{"CheckID": "x", "Name": "x", "Status": "passing"}]}
+    assert agent.put("/v1/catalog/register", json={**node, "Node": "n2"}).status_code == 403
+    denied = agent.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"})
+    assert denied.status_code == 403 and "'service:write' on \"vllm-iu\"" in denied.text
+    assert agent.get("/v1/health/service/vllm-iu").json()  # service:read
+
+
+def test_registration_token_writes_vllm_iu_only(server, tokens):
+    reg = _api(server, tokens["registration"])
+    assert reg.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9"}).status_code == 200
+    assert reg.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"}).status_code == 403
+    assert reg.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
+
+
+def test_operator_token_sets_maintenance_and_markers_and_nothing_else(server, tokens):
+    admin = _api(server, MANAGEMENT)
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    op = _api(server, tokens["operator"])
+    assert op.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
+    assert op.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}").status_code == 200
+    assert op.get("/v1/kv/clusterctl/preflight/dc1/", params={"keys": ""}).json() == [
+        "clusterctl/preflight/dc1/n1-iu0"]
+    assert op.get("/v1/agent/self").status_code == 200  # preflight's agent check
+    assert op.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
+    assert op.put("/v1/acl/policy", json={"Name": "x", "Rules": ""}).status_code == 403
+    assert op.put("/v1/agent/maintenance", params={"enable": "true"}).status_code == 403  # node maintenance
+
+
+def test_eas_agent_token_writes_only_its_own_score_key_and_iu_checks(server, tokens):
+    admin = _api(server, MANAGEMENT)
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    eas = _api(server, tokens["eas_agent"])
+    assert eas.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"{}").status_code == 200
+    assert eas.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}").status_code == 403
+    assert eas.get("/v1/kv/clusterctl/eas/", params={"recurse": ""}).status_code == 200
+    assert eas.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}").status_code == 403
+    check = {"Name": "EAS load score n1-iu0", "CheckID": "eas:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
+    assert eas.put("/v1/agent/check/register", data=json.dumps(check)).status_code == 200
+    # Consul's limit (cluster/consul_acl.py): TTL checks on vllm-iu need service:write on vllm-iu, and so does
+    # maintenance; the ACL system cannot tell them apart, so this token could clear maintenance too.
+    assert eas.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}).status_code == 200
+    assert eas.put("/v1/agent/check/register", data=json.dumps({"Name": "node-level", "TTL": "30s"})).status_code == 403
+
+
+def test_edge_token_reads_and_writes_nothing(server, tokens):
+    admin = _api(server, MANAGEMENT)
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    admin.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"{}")
+    edge = _api(server, tokens["edge"])
+    assert [e["Service"]["ID"] for e in edge.get("/v1/health/service/vllm-iu").json()] == ["n1-iu0"]
+    assert edge.get("/v1/kv/clusterctl/eas/", params={"recurse": ""}).json()[0]["Key"] == "clusterctl/eas/dc1/n1"
+    assert edge.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
+    assert edge.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 403
+
+
+def test_bind_ip_keeps_ips_and_templates_and_resolves_names():
+    bind_ip = _filters()["consul_bind_ip"]
+    assert bind_ip("127.0.1.11") == "127.0.1.11"
+    assert bind_ip('{{ GetInterfaceIP "bond0" }}') == '{{ GetInterfaceIP "bond0" }}'
+    assert bind_ip("localhost") == "127.0.0.1"
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError, match="consul_agent_bind_addr: cannot resolve 'no-such-host.invalid'"):
+        bind_ip("no-such-host.invalid")
+
+
+def test_one_secret_for_two_jobs_is_refused():
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError, match="n1: the agent and operator Consul tokens are the same secret"):
+        _filters()["consul_node_acl"]("n1", "dc1", {"agent": "s", "operator": "s"})
