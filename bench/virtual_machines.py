@@ -38,7 +38,7 @@ def clusterctl(*args: str) -> float:
 
 def machines_rss(inventory: Path) -> int:
     total = 0
-    nspawns, _ = machines._our_processes(simulate.layout(inventory))
+    nspawns = machines._our_processes(simulate.layout(inventory))[0]
     for pid in nspawns:
         try:
             root = psutil.Process(pid)

@@ -58,6 +58,11 @@ SSH_USER = "deploy"
 BOOT_TIMEOUT_S = float(os.environ.get("CLUSTERCTL_BOOT_TIMEOUT_S", "120"))
 HALT_GRACE_S = 20.0
 BOOT_PARALLEL = 8  # boots at a time: 16 on 2 busy cores timed out units (journal flush)
+# nspawn exits 133 when the machine's systemd reboots (systemd-nspawn(1)); systemd-nspawn@.service restarts it
+# on that status (RestartForceExitStatus=133) and so does this loop: `reboot` inside a machine (Ansible's
+# reboot module, a driver change) brings the same machine, overlay and address back. Any other exit ends it.
+SUPERVISOR = ('while :; do "$@"; rc=$?; [ "$rc" -eq 133 ] || exit "$rc"; '
+              'echo "clusterctl-sim: the machine rebooted (nspawn exit 133); starting it again"; done')
 # A DNS label, or dotted labels: a host name becomes a directory name and a machine name, so nothing
 # else ('..', '/', a leading dot or dash) may reach a path. nspawn's machine names stop at 64 characters.
 HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
@@ -382,6 +387,36 @@ def _is_our_nspawn(pid: int, paths: HostPaths) -> bool:
     return bool(argv) and argv[0].endswith("systemd-nspawn") and f"--bind={paths.state}:{SIM_RUN_DIR}" in argv
 
 
+def _is_our_supervisor(pid: int, paths: HostPaths) -> bool:
+    """The shell that runs (and on a reboot re-runs) this host's nspawn: nspawn's argv is its "$@"."""
+    argv = _cmdline(pid)
+    return (bool(argv) and argv[0] == "sh" and any(SUPERVISOR in a for a in argv[:3])
+            and f"--bind={paths.state}:{SIM_RUN_DIR}" in argv)
+
+
+def _nspawn_of(supervisor: int) -> int | None:
+    try:
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    except OSError:
+        return None
+    found = [int(c) for c in children if _comm(int(c)) == "systemd-nspawn"]
+    return found[0] if found else None
+
+
+def current_leader(paths: HostPaths) -> int | None:
+    """PID 1 of the host's machine now: the recorded one, or after a reboot the new one (recorded again)."""
+    leader = _read_pid(paths.leader_file)
+    if leader and _is_our_leader(leader, paths):
+        return leader
+    supervisor = _read_pid(paths.pid_file)
+    nspawn = _nspawn_of(supervisor) if supervisor and _is_our_supervisor(supervisor, paths) else None
+    leader = _leader_of(nspawn) if nspawn else None
+    if leader and _comm(leader) == "systemd" and _is_our_leader(leader, paths):
+        paths.leader_file.write_text(f"{leader}\n")
+        return leader
+    return None
+
+
 def _is_our_leader(pid: int, paths: HostPaths) -> bool:
     """PID 1 of this host's machine: it sees our host.json (the same file) as its /run/clusterctl-sim."""
     try:
@@ -445,10 +480,11 @@ def boot(image_root: Path, paths: HostPaths, sim_host: SimHost, cpu_dir: Path, n
     cgroups = machine_cgroups(paths)
     for cgroup in cgroups:
         cgroup.mkdir(parents=True, exist_ok=True)
-    # The shell moves itself into the machine's cgroups, then becomes nspawn (same PID).
+    # The shell moves itself into the machine's cgroups, then supervises nspawn (SUPERVISOR: a reboot
+    # inside the machine starts it again, as a BMC power-cycles a server).
     enter = "".join(f'echo $$ > "{c}/cgroup.procs" && ' for c in cgroups)
     with open(paths.console_log, "w") as console:
-        proc = subprocess.Popen(["sh", "-c", f'{enter}exec "$@"', "sh",
+        proc = subprocess.Popen(["sh", "-c", f"{enter}{SUPERVISOR}", "sh",
                                  *nspawn_argv(image_root, paths, cpu_dir, node_dir)],
                                 stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -465,7 +501,8 @@ def boot(image_root: Path, paths: HostPaths, sim_host: SimHost, cpu_dir: Path, n
             raise MachineError(f"{paths.host}: machine did not start within {BOOT_TIMEOUT_S:.0f}s; "
                                f"{paths.console_log}:\n{_tail(paths.console_log)}")
         time.sleep(0.1)
-        leader = _leader_of(proc.pid)
+        nspawn = _nspawn_of(proc.pid)
+        leader = _leader_of(nspawn) if nspawn else None
     paths.leader_file.write_text(f"{leader}\n")
     state, detail = "offline", ""
     try:
@@ -569,17 +606,22 @@ def _machine_names(layout: Layout) -> list[str]:
     return sorted(p.name for p in layout.machines_dir.iterdir() if HOSTNAME.fullmatch(p.name))
 
 
-def _our_processes(layout: Layout) -> tuple[list[int], list[int]]:
-    """(nspawn PIDs, machine PID 1s) of this state dir: recorded ones, checked, plus any nspawn naming it."""
+def _our_processes(layout: Layout) -> tuple[list[int], list[int], list[int]]:
+    """(nspawn PIDs, machine PID 1s, supervisor shells) of this state dir: recorded ones, checked, plus any
+    nspawn or supervisor naming it."""
     nspawns, leaders = set(), set()
     if not layout.machines_dir.is_dir():
-        return [], []
+        return [], [], []
     all_paths = [layout.host(name) for name in _machine_names(layout)]
+    supervisors = set()
     for paths in all_paths:
         pid = _read_pid(paths.pid_file)
-        if pid and _is_our_nspawn(pid, paths):
-            nspawns.add(pid)
-            leader = _leader_of(pid)
+        if pid and _is_our_supervisor(pid, paths):
+            supervisors.add(pid)
+            nspawn = _nspawn_of(pid)
+            leader = _leader_of(nspawn) if nspawn else None
+            if nspawn:
+                nspawns.add(nspawn)
             if leader and _is_our_leader(leader, paths):
                 leaders.add(leader)
         leader = _read_pid(paths.leader_file)
@@ -587,11 +629,13 @@ def _our_processes(layout: Layout) -> tuple[list[int], list[int]]:
             leaders.add(leader)
     marker = str(layout.hosts_dir)
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in nspawns:
+        if entry.isdigit() and int(entry) not in nspawns | supervisors:
             argv = _cmdline(int(entry))
             if argv and argv[0].endswith("systemd-nspawn") and any(marker in a for a in argv):
                 nspawns.add(int(entry))
-    return sorted(nspawns), sorted(leaders)
+            elif argv and argv[0] == "sh" and any(SUPERVISOR in a for a in argv[:3]) and any(marker in a for a in argv):
+                supervisors.add(int(entry))
+    return sorted(nspawns), sorted(leaders), sorted(supervisors)
 
 
 def down(state_dir: Path) -> int:
@@ -602,9 +646,12 @@ def down(state_dir: Path) -> int:
     if not state_dir.is_dir():
         return 0
     layout = Layout(state_dir)
-    nspawns, leaders = _our_processes(layout)
-    for pid in nspawns:
+    nspawns, leaders, supervisors = _our_processes(layout)
+    running = len(nspawns)
+    # Supervisors first: signalled before their nspawn exits, none of them can start a machine again.
+    for pid in supervisors + nspawns:
         _signal(pid, signal.SIGTERM)
+    nspawns = supervisors + nspawns
     deadline = time.monotonic() + HALT_GRACE_S
     while any(_pid_alive(p) for p in nspawns + leaders) and time.monotonic() < deadline:
         _reap(nspawns)
@@ -623,7 +670,7 @@ def down(state_dir: Path) -> int:
         subprocess.run(["umount", "-l", point], capture_output=True)
     for directory in (layout.machines_dir, layout.hosts_dir, layout.cache):
         _remove_tree(directory)
-    return len(nspawns)
+    return running
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -673,9 +720,9 @@ def status(state_dir: Path) -> list[MachineState]:
             continue
         paths = layout.host(host_dir.name)
         data = json.loads((paths.state / "host.json").read_text())
-        leader = _read_pid(paths.leader_file)
+        leader = current_leader(paths)
         state = "stopped"
-        if leader and _is_our_leader(leader, paths):
+        if leader:
             state = _nsenter(leader, "systemctl", "is-system-running").stdout.strip() or "unknown"
             if data["hardware"].get("unreachable"):
                 state += ", sshd off (unreachable fault)"

@@ -159,9 +159,10 @@ def machine_cpu_seconds(inventory: str | Path) -> float:
     import psutil
 
     total = 0.0
-    for leader_file in layout(inventory).machines_dir.glob("*/leader.pid"):
+    where = layout(inventory)
+    for leader_file in where.machines_dir.glob("*/leader.pid"):
         try:
-            leader = psutil.Process(int(leader_file.read_text()))
+            leader = psutil.Process(machines.current_leader(where.host(leader_file.parent.name)) or -1)
             tree = [leader, *leader.children(recursive=True)]
         except (psutil.Error, ValueError):
             continue

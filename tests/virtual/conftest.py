@@ -28,8 +28,8 @@ def leftovers(inventory_dir: Path) -> list[str]:
     state_dir = machines.state_dir_of(inventory_dir)
     layout = machines.Layout(state_dir)
     found = [f"mount {p}" for p in machines.mounts_under(state_dir)]
-    nspawns, leaders = machines._our_processes(layout)
-    found += [f"pid {p}" for p in nspawns + leaders]
+    nspawns, leaders, supervisors = machines._our_processes(layout)
+    found += [f"pid {p}" for p in nspawns + leaders + supervisors]
     if layout.machines_dir.exists():
         found.append(f"dir {layout.machines_dir}")
     return found

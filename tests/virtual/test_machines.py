@@ -122,6 +122,35 @@ def test_ssh_like_production(up_inventory):
 
 
 @needs_root
+def test_a_reboot_inside_a_machine_brings_the_same_machine_back(up_inventory, capsys):
+    """`reboot` on a host is what a driver change or kernel arguments end in: nspawn exits 133 and the
+    harness starts the machine again, as a BMC would, with its overlay (what it wrote) and its address."""
+    directory = up_inventory(1, 1, faults="none")
+    paths = simulate.layout(directory).host("r01n01")
+    boot_id = run_on(directory, "r01n01", "cat", "/proc/sys/kernel/random/boot_id").stdout
+    assert run_on(directory, "r01n01", "sh", "-c", "echo kept > /var/tmp/before-reboot").returncode == 0
+    old_leader = machines.current_leader(paths)
+    run_on(directory, "r01n01", "systemctl", "reboot", "--no-block", timeout=30)  # queued: ssh returns first
+    deadline = time.monotonic() + 120
+    again = None
+    while time.monotonic() < deadline:
+        leader = machines.current_leader(paths)
+        if leader and leader != old_leader:
+            probe = run_on(directory, "r01n01", "cat", "/proc/sys/kernel/random/boot_id", timeout=15)
+            if probe.returncode == 0:
+                again = probe.stdout
+                break
+        time.sleep(0.5)
+    assert again is not None and again != boot_id, "the machine did not come back with a new boot"
+    assert run_on(directory, "r01n01", "cat", "/var/tmp/before-reboot").stdout == "kept\n"
+    assert "the machine rebooted (nspawn exit 133)" in paths.console_log.read_text()
+    code, out, _ = run_cli(capsys, "virtual", "status", str(directory))
+    assert code == 0 and out.splitlines()[0].split()[2] == "running"
+    nspawns, leaders, supervisors = machines._our_processes(simulate.layout(directory))
+    assert (len(nspawns), len(leaders), len(supervisors)) == (1, 1, 1)
+
+
+@needs_root
 def test_a_changed_host_key_is_refused(up_inventory):
     directory = up_inventory(1, 1, faults="none")
     layout = simulate.layout(directory)
