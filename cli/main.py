@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("cli.agent", "EAS agent helpers (parse a saved vLLM /metrics scrape)."),
     "scores": ("cli.scores", "Show the load scores the EAS agents publish to Consul."),
     "edge": ("cli.edge", "The edge: an OpenAI-compatible router in front of the IUs (eas-edge)."),
-    "demo": ("cli.demo", "Run the whole toolkit end to end on a temporary virtual cluster."),
+    "demo": ("cli.commands.demo", "Run the whole toolkit end to end on a temporary virtual cluster."),
 }
 
 

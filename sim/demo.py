@@ -26,20 +26,18 @@ import time
 import urllib.request
 from pathlib import Path
 
-import click
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.rule import Rule
 from rich.text import Text
 
-from cli.demo_traffic import DemoEdge, edge_metrics
 from cli.errors import ClusterctlError
-from cli.help import examples
-from cli.processes import ProcessSet, tail
 from cluster import load_cluster
 from cluster.inventory import host_var
 from cluster.model import Cluster, Node
+from sim.demo_traffic import DemoEdge, edge_metrics
+from sim.processes import ProcessSet, tail
 
 FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
 CLUSTERCTL = [sys.executable, "-m", "cli.main"]
@@ -50,19 +48,8 @@ class DemoError(ClusterctlError):
     exit_code = 1
 
 
-@click.command("demo", epilog=examples("clusterctl demo", "clusterctl demo --nodes 6 --racks 3 --duration 30 --keep"))
-@click.option("--nodes", type=click.IntRange(2, 16), default=4, show_default=True, help="Simulated nodes.")
-@click.option("--racks", type=click.IntRange(1, 8), default=2, show_default=True, help="Racks (nodes spread in order).")
-@click.option("--duration", type=click.FloatRange(5, 3600), default=60, show_default=True,
-              help="Seconds of routed traffic.")
-@click.option("--rate", type=click.FloatRange(0.1, 200), default=None,
-              help="Requests/s of the production mix (default: 0.8 per released IU).")
-@click.option("--keep", is_flag=True, help="Keep the temp dir (inventory, logs, preflight JSON).")
-@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the request mix.")
-def command(nodes: int, racks: int, duration: float, rate: float | None, keep: bool, seed: int) -> None:
-    """Run the whole toolkit end to end on a temporary virtual cluster (offline, < 2 min)."""
-    if racks > nodes:
-        raise click.BadParameter("cannot have more racks than nodes", param_hint="--racks")
+def run(nodes: int, racks: int, duration: float, rate: float | None, keep: bool, seed: int) -> None:
+    """Run the whole scenario; ``clusterctl demo`` (cli/commands/demo.py) checks the options and calls this."""
     workdir = Path(tempfile.mkdtemp(prefix="clusterctl-demo-"))
     (workdir / "logs").mkdir()
     processes = ProcessSet(workdir / "logs")
@@ -74,7 +61,6 @@ def command(nodes: int, racks: int, duration: float, rate: float | None, keep: b
     finally:
         processes.stop()
         if (inventory / "hosts.yml").exists():
-            # The simulators, imported only when the demo runs (tests/test_import_lint.py).
             from sim.hosts import simulate
 
             simulate.down(str(inventory))
