@@ -9,7 +9,7 @@ import io
 import pytest
 from rich.console import Console
 
-from cli import scores
+from cli.commands import scores
 from sim import demo
 from tests.cli import score_samples
 from tests.cli.test_preflight_output import check_snapshot

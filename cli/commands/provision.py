@@ -38,10 +38,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cli import app
 from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import provision as prov
 from cluster import run_state, vault
+from cluster.errors import ExitCode
 from cluster.text import plural
 
 STATUS_STYLE = {
@@ -98,7 +100,7 @@ def command(
     plan = prov.make_plan(
         inventory, playbook, limit, tag_list, sizes, serial_one=serial_one, vault_secrets=vault_secrets
     )
-    console = Console()
+    console = app.current().console
     if plan_only:
         console.print(plan_view(plan))
         return
@@ -123,7 +125,7 @@ def command(
         console.print(Text(rollout.reboot_line()), soft_wrap=True)
     console.print(Text(f"events: {run_dir / 'events.jsonl'}"), soft_wrap=True)
     if not rollout.succeeded(rc):
-        raise SystemExit(1)
+        raise SystemExit(ExitCode.FAILED)
 
 
 def print_diffs(console: Console, rollout: prov.Rollout, check: bool) -> None:
