@@ -101,7 +101,7 @@ def runner_env() -> dict[str, str]:
 
 
 # events.jsonl and the runner's artifacts carry task results (a rendered env file, a diff): private to the
-# operator, as ansible-runner keeps its own event files (review L4).
+# operator, as ansible-runner keeps its own event files.
 def prepare_run_dir(run_dir: Path) -> Path:
     """``run_dir`` and ``run_dir/runner``, created (or tightened) 0700; returns the resolved path."""
     run_dir = Path(run_dir).resolve()

@@ -1,4 +1,4 @@
-"""One test per mistake of the first-time user review (../shared/reviews/operator-experience.md): each
+"""One test per mistake a first-time user made in the operator-experience review: each
 answer is one line, with the documented exit code, and names the fix."""
 
 from __future__ import annotations
@@ -8,12 +8,7 @@ import socket
 import pytest
 
 from cli.main import COMMANDS
-
-
-def one_line(err: str) -> str:
-    assert err.count("\n") == 1, err
-    return err.strip()
-
+from tests.cli.helpers import one_line
 
 # ------------------------------------------------------------------------------ CLI conventions
 

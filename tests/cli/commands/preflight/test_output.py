@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from pathlib import Path
 
@@ -15,8 +14,7 @@ from rich.console import Console
 from cluster.errors import ExitCode
 from preflight import history, report
 from tests.cli import samples
-
-SNAPSHOTS = Path(__file__).parent / "snapshots"
+from tests.cli.helpers import check_snapshot
 
 
 def render(width: int | None, **kwargs) -> str:
@@ -25,15 +23,6 @@ def render(width: int | None, **kwargs) -> str:
     console = Console(file=out, width=width, force_terminal=False, color_system=None)
     report.print_report(console, samples.outcome(), saved="run 20270115T080000Z", **kwargs)
     return out.getvalue()
-
-
-def check_snapshot(name: str, text: str) -> None:
-    """Compare with tests/cli/snapshots/NAME; UPDATE_SNAPSHOTS=1 rewrites it (review the git diff)."""
-    path = SNAPSHOTS / name
-    if os.environ.get("UPDATE_SNAPSHOTS"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text(), f"{name} changed; rerun with UPDATE_SNAPSHOTS=1 and review the diff"
 
 
 @pytest.mark.parametrize("width", [80, 100, 160, None], ids=["80", "100", "160", "piped"])
