@@ -4,10 +4,11 @@
                          [--forks N] [--plan] [--playbook site.yml] [--run-dir DIR]
                          [--vault-password-file FILE]
 
-The inventory is validated first (exit 2, no host contacted). The playbook runs through ansible-runner
-in this process (``ansible_runner.run(event_handler=...)``); every event is appended to
-``<run dir>/events.jsonl`` (default ``.state/runs/<UTC timestamp>/``), a live view shows the batch and
-each host's current task and counts, and a recap table follows. Exit 0 only when no host failed or was
+Glue over :mod:`provision`: the plan validates the inventory first (exit 2, no host contacted)
+(:mod:`provision.plan`); the playbook runs through ansible-runner in this process and every event is
+appended to ``<run dir>/events.jsonl`` (default ``.state/runs/<UTC timestamp>/``) (:mod:`provision.run`);
+this module draws the live view of the batch and each host's current task and counts from the
+:class:`~provision.rollout.Rollout`, and the recap table. Exit 0 only when no host failed or was
 unreachable and every planned host ran.
 
 Output: on a terminal a live view (each host's state as it changes, batch and run time); anywhere else
