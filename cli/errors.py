@@ -1,5 +1,5 @@
-"""The CLI prints these domain errors as one line; they live in :mod:`cluster.errors` with the libraries."""
+"""The CLI prints these domain errors as one line; they and the exit codes live in :mod:`cluster.errors`."""
 
-from cluster.errors import ClusterctlError, UsageError
+from cluster.errors import ClusterctlError, ExitCode, UsageError
 
-__all__ = ["ClusterctlError", "UsageError"]
+__all__ = ["ClusterctlError", "ExitCode", "UsageError"]

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from cluster import model, validate, vault
-from cluster.errors import ClusterctlError
+from cluster.errors import ClusterctlError, ExitCode
 from cluster.text import plural
 
 ALLOW_SCRIPTS_ENV = "CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS"
@@ -49,7 +49,7 @@ MODEL_VARS = (
 
 
 class InventoryError(ClusterctlError):
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
     def __init__(self, message: str, problems: list[validate.Problem] | None = None):
         super().__init__(message)

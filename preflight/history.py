@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import ClusterctlError
+from cluster.errors import ClusterctlError, ExitCode
 from preflight.result import CheckResult, Verdict
 
 DEFAULT_STATE_DIR = Path(".state/preflight")
@@ -75,18 +75,18 @@ def load(state_dir: Path, name: str) -> SavedRun:
         try:
             return SavedRun(as_path.stem, as_path, json.loads(as_path.read_text()))
         except ValueError as exc:
-            raise ClusterctlError(f"{as_path}: not a preflight JSON document: {exc}", exit_code=2) from None
+            raise ClusterctlError(f"{as_path}: not a preflight JSON document: {exc}", exit_code=ExitCode.USAGE) from None
     saved = runs(state_dir)
     if name in ("latest", "previous"):
         index = -1 if name == "latest" else -2
         if len(saved) < -index:
-            raise ClusterctlError(f"{state_dir}: no {name} run ({len(saved)} saved)", exit_code=2)
+            raise ClusterctlError(f"{state_dir}: no {name} run ({len(saved)} saved)", exit_code=ExitCode.USAGE)
         return saved[index]
     matches = [r for r in saved if r.id == name] or [r for r in saved if r.id.startswith(name)]
     if len(matches) != 1:
         what = "no run" if not matches else f"{len(matches)} runs"
         raise ClusterctlError(
-            f"{state_dir}: {what} matching {name!r} (see `clusterctl preflight history`)", exit_code=2
+            f"{state_dir}: {what} matching {name!r} (see `clusterctl preflight history`)", exit_code=ExitCode.USAGE
         )
     return matches[0]
 

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from cluster.errors import ExitCode
 from cluster.text import plural
 from preflight.result import CheckResult, Verdict
 from preflight.runner import Progress as RunnerProgress
@@ -199,10 +200,10 @@ def write_junit(path: str | Path, outcome: RunOutcome) -> None:
 
 
 EXIT_MEANING = {
-    0: "every check passed",
-    1: "a check failed",
-    2: "usage, inventory or profile error",
-    3: "a host was unreachable or a check could not run (nothing failed)",
+    ExitCode.OK: "every check passed",
+    ExitCode.FAILED: "a check failed",
+    ExitCode.USAGE: "usage, inventory or profile error",
+    ExitCode.UNREACHABLE: "a host was unreachable or a check could not run (nothing failed)",
 }
 # the order problems are listed in: worst first
 ORDER = {Verdict.FAIL: 0, Verdict.UNREACHABLE: 1, Verdict.ERROR: 2, Verdict.WARN: 3, Verdict.PASS: 4, Verdict.SKIP: 5}
@@ -391,4 +392,4 @@ def print_report(console: Console, outcome: RunOutcome, strict: bool = False, sh
         console.print(Text(f"every detail and the evidence: {saved}", style="dim"), soft_wrap=True)
     code = s["exit_code"]
     console.print(Text(f"exit code {code}: {EXIT_MEANING.get(code, '?')}"
-                       + (" (WARN counts as failure: --strict)" if strict and code == 1 else "")))
+                       + (" (WARN counts as failure: --strict)" if strict and code == ExitCode.FAILED else "")))

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.errors import ExitCode
 from cluster.model import Cluster, Node
 from preflight import consul_io
 from preflight.checks import Check
@@ -57,14 +58,14 @@ class RunOutcome:
         return self.finished - self.started
 
 
-def exit_code(results: Sequence[CheckResult], strict: bool = False) -> int:
+def exit_code(results: Sequence[CheckResult], strict: bool = False) -> ExitCode:
     """0 all passed (WARN allowed unless strict), 1 any FAIL, 3 unreachable/ERROR and no FAIL."""
     verdicts = {r.verdict for r in results}
     if Verdict.FAIL in verdicts or (strict and Verdict.WARN in verdicts):
-        return 1
+        return ExitCode.FAILED
     if verdicts & {Verdict.UNREACHABLE, Verdict.ERROR}:
-        return 3
-    return 0
+        return ExitCode.UNREACHABLE
+    return ExitCode.OK
 
 
 def node_passed(results: Sequence[CheckResult], strict: bool = False) -> bool:

@@ -1,4 +1,6 @@
-"""Fixtures shared across test areas.
+"""Fixtures shared across test areas (helpers they use live in tests/helpers.py).
+
+``clusterctl``: run ``clusterctl ARGS`` in-process as a shell would, at a fixed terminal width.
 
 ``consul_addr``: an HTTP address of a Consul agent. When ``CONSUL_HTTP_ADDR`` is set the tests talk to
 that (real) Consul, so anyone with a Consul binary can check that the dev server and Consul agree;
@@ -10,6 +12,19 @@ from __future__ import annotations
 import os
 
 import pytest
+
+
+@pytest.fixture
+def clusterctl(capsys, monkeypatch):
+    """``clusterctl(*args)`` -> (exit code, stdout, stderr) at ``columns`` wide, as a shell would run it."""
+    from tests.helpers import run_cli
+
+    def run(*args: str, columns: int = 100):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        monkeypatch.delenv("FORCE_COLOR", raising=False)
+        return run_cli(capsys, *args)
+
+    return run
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from cluster.errors import ClusterctlError
+from cluster.errors import ClusterctlError, ExitCode
 
 PROFILE_DIR = Path(__file__).parent
 _SIZE = re.compile(r"^\d+[KMG]?$")
@@ -25,7 +25,7 @@ _PCI_DISTANCES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
 
 class ProfileError(ClusterctlError):
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 def _positive_int(v: Any) -> str | None:

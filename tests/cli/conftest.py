@@ -1,21 +1,8 @@
-"""Helpers for the CLI tests: run ``clusterctl`` in-process and capture one line, the exit code."""
+"""Fixtures of the CLI tests (``clusterctl`` itself is in tests/conftest.py, shared with other areas)."""
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture
-def clusterctl(capsys, monkeypatch):
-    """``clusterctl(*args)`` -> (exit code, stdout, stderr) at ``columns`` wide, as a shell would run it."""
-    from tests.helpers import run_cli
-
-    def run(*args: str, columns: int = 100):
-        monkeypatch.setenv("COLUMNS", str(columns))
-        monkeypatch.delenv("FORCE_COLOR", raising=False)
-        return run_cli(capsys, *args)
-
-    return run
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Score rows as ``cli.scores.rows`` returns them: 8 IUs, one a high outlier whose score is all prefill_s
+"""Score rows as ``cli.commands.scores.rows`` returns them: 8 IUs, one a high outlier whose score is all prefill_s
 (the review's 1.95 next to components adding up to 0.001), one with markup in the agent's reason."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One test per mistake of the first-time user review (../shared/reviews/operator-experience.md): each
+"""One test per mistake a first-time user made in the operator-experience review: each
 answer is one line, with the documented exit code, and names the fix."""
 
 from __future__ import annotations
@@ -8,12 +8,7 @@ import socket
 import pytest
 
 from cli.main import COMMANDS
-
-
-def one_line(err: str) -> str:
-    assert err.count("\n") == 1, err
-    return err.strip()
-
+from tests.cli.helpers import one_line
 
 # ------------------------------------------------------------------------------ CLI conventions
 
@@ -233,16 +228,17 @@ def test_a_group_level_problem_is_one_line_not_one_per_host():
 
 
 def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeypatch, capsys, virtual_inventory):
-    import cli.inventory
-    from cli.main import INTERNAL_ERROR_EXIT, main
+    import cli.commands.inventory
+    from cli.main import main
+    from cluster.errors import ExitCode
 
     def broken(*_args, **_kwargs):
         raise KeyError("racks")
 
-    monkeypatch.setattr(cli.inventory.inv, "load_cluster", broken)
+    monkeypatch.setattr(cli.commands.inventory.inv, "load_cluster", broken)
     with pytest.raises(SystemExit) as exited:
         main(["inventory", "show", "-i", str(virtual_inventory)])
-    assert exited.value.code == INTERNAL_ERROR_EXIT == 70  # before: an uncaught traceback, exit 1
+    assert exited.value.code == ExitCode.INTERNAL == 70  # before: an uncaught traceback, exit 1
     err = one_line(capsys.readouterr().err)
     assert err.startswith("internal error (a bug in clusterctl, not a verdict): KeyError: 'racks' at ")
     assert "--debug" in err

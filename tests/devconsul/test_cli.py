@@ -13,7 +13,7 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from cli.dev import command
+from cli.commands.dev import command
 from cli.errors import UsageError
 
 TOKEN = "b1946ac9-2f0e-4c07-8f8a-1b1b0c3d9a55"

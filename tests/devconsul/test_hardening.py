@@ -256,7 +256,7 @@ def test_allow_remote_requires_acls():
     """Review L3: --allow-remote without --acl-token-file served everything to anyone (refused before binding)."""
     from click.testing import CliRunner
 
-    from cli.dev import command
+    from cli.commands.dev import command
     from cli.errors import UsageError
 
     result = CliRunner().invoke(command, ["consul", "--addr", "0.0.0.0:8500", "--allow-remote"])

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import provision as prov
+from provision.plan import Plan
+from provision.rollout import Rollout
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -285,8 +286,8 @@ def test_plan_treats_an_ambiguous_suffix_match_as_missing():
 # --------------------------------------------------------------------------------- reboot path
 
 def test_recap_lists_reboot_pending_hosts_and_rebooted_ones():
-    plan = prov.Plan.__new__(prov.Plan)
-    rollout = prov.Rollout.__new__(prov.Rollout)
+    plan = Plan.__new__(Plan)
+    rollout = Rollout.__new__(Rollout)
     rollout.__dict__.update(plan=plan, hosts={}, batches_started=0, stats=None, messages=[], reboot_pending={},
                             rebooted=[])
     for host, task, res in [

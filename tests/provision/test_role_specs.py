@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import provision as prov
 from cluster.inventory import load_inventory
 from cluster.model import build_node
+from provision import plan as prov
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())

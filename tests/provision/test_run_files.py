@@ -7,7 +7,7 @@ import json
 import os
 import stat
 
-from cluster.provision import EventLog, prepare_run_dir
+from provision.run import EventLog, prepare_run_dir
 
 
 def mode(path) -> int:

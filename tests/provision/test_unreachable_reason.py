@@ -1,6 +1,6 @@
 """An unreachable host's reason in the rollout summary: ssh's last line survives a long banner."""
 
-from cluster.provision import unreachable_reason
+from provision.rollout import unreachable_reason
 
 CHANGED = (
     "Failed to connect to the host via ssh: @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"

@@ -99,7 +99,7 @@ def test_the_virtual_inventory_connects_like_production(make_inventory):
     strict host key checking; nothing selects a local transport or a wrapper."""
     import yaml
 
-    from cli.virtual import FABRICS
+    from cli.commands.virtual import FABRICS
 
     all_vars = yaml.safe_load((make_inventory(2, 1) / "group_vars" / "all.yml").read_text())
     assert "ansible_connection" not in all_vars and "clusterctl_exec_prefix" not in all_vars

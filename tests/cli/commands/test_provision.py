@@ -10,7 +10,8 @@ from __future__ import annotations
 import ansible_runner
 import pytest
 
-from cluster import provision as prov
+from provision.plan import make_plan
+from provision.rollout import Rollout, mask_secrets
 
 HOSTS = ("r01n01", "r01n02", "r02n01", "r02n02")  # the virtual_inventory fixture's, in play order
 
@@ -95,8 +96,8 @@ def test_plain_flag_on_a_terminal_too(clusterctl, virtual_inventory, tmp_path, r
 
 
 def test_live_view_shows_a_finished_host_as_ok_while_the_next_batch_runs(virtual_inventory):
-    plan = prov.make_plan(virtual_inventory, batch_sizes=[1, "100%"])
-    rollout = prov.Rollout(plan)
+    plan = make_plan(virtual_inventory, batch_sizes=[1, "100%"])
+    rollout = Rollout(plan)
     for event in EVENTS[:5]:  # batch 2 has started, r01n02 is running
         rollout.handle(event)
     assert (rollout.hosts["r01n01"].status, rollout.hosts["r01n02"].status) == ("ok", "running")
@@ -144,7 +145,7 @@ def test_limit_matching_nothing_names_the_groups(clusterctl, virtual_inventory, 
 
 def test_mask_secrets_keeps_the_key_and_hides_the_value():
     text = "+consul_token = abc\n-  password: hunter2\n+pool x iburst\n+  \"api_key\": \"k\""
-    assert prov.mask_secrets(text).splitlines() == [
+    assert mask_secrets(text).splitlines() == [
         "+consul_token = ********", "-  password: ********", "+pool x iburst", '+  "api_key": ********']
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cli.errors import ClusterctlError
+from cli.errors import ClusterctlError, ExitCode
 from cli.help import examples
 from preflight.parsers import PARSERS, ParseError, parse, paste_warnings, to_contract_json
 
@@ -33,11 +33,12 @@ def command(kind: str, file: Any, as_json: bool) -> None:
         result = parse(kind, text)
     except ParseError as exc:
         name = "<stdin>" if file.name == "<stdin>" else file.name
-        raise ClusterctlError(f"{name}: cannot parse as {kind}: {_one_line(str(exc))}", 1) from exc
+        raise ClusterctlError(f"{name}: cannot parse as {kind}: {_one_line(str(exc))}", ExitCode.FAILED) from exc
     data = to_contract_json(kind, result, paste_warnings(text))
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
+    # Its own console: a parsed value such as ":warning:" or "[1]" is data, never an emoji or highlighted.
     console = Console(emoji=False, highlight=False)
     for table in render_tables(kind, data):
         console.print(table)

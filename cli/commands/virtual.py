@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from cli.errors import ClusterctlError, UsageError
+from cli.errors import ClusterctlError, ExitCode, UsageError
 from cli.help import examples
 from cli.options import vault_password_file_option
 from cluster import run_state, vault
@@ -92,7 +92,7 @@ def create(inventory: str | None, positional: str | None, nodes: int, racks: int
     try:
         written = create_inventory.write(directory, nodes, racks, gpu_model, fabric, faults, force)
     except (ValueError, FileExistsError) as exc:
-        raise ClusterctlError(str(exc), exit_code=2) from None
+        raise ClusterctlError(str(exc), exit_code=ExitCode.USAGE) from None
     faulty = sorted(p.stem for p in written if p.parent.name == "host_vars")
     click.echo(f"{directory}: {plural(nodes, 'node')} in {plural(racks, 'rack')} ({gpu_model}, {fabric}); "
                + (f"injected faults on {', '.join(faulty)}" if faulty else "no injected faults"))

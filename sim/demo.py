@@ -26,20 +26,18 @@ import time
 import urllib.request
 from pathlib import Path
 
-import click
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.rule import Rule
 from rich.text import Text
 
-from cli.demo_traffic import DemoEdge, edge_metrics
 from cli.errors import ClusterctlError
-from cli.help import examples
-from cli.processes import ProcessSet, tail
 from cluster import load_cluster
 from cluster.inventory import host_var
 from cluster.model import Cluster, Node
+from sim.demo_traffic import DemoEdge, edge_metrics
+from sim.processes import ProcessSet, tail
 
 FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
 # --debug: a bug in a step prints its traceback into the demo log instead of one line (CI keeps only the log)
@@ -51,19 +49,8 @@ class DemoError(ClusterctlError):
     exit_code = 1
 
 
-@click.command("demo", epilog=examples("clusterctl demo", "clusterctl demo --nodes 6 --racks 3 --duration 30 --keep"))
-@click.option("--nodes", type=click.IntRange(2, 16), default=4, show_default=True, help="Simulated nodes.")
-@click.option("--racks", type=click.IntRange(1, 8), default=2, show_default=True, help="Racks (nodes spread in order).")
-@click.option("--duration", type=click.FloatRange(5, 3600), default=60, show_default=True,
-              help="Seconds of routed traffic.")
-@click.option("--rate", type=click.FloatRange(0.1, 200), default=None,
-              help="Requests/s of the production mix (default: 0.8 per released IU).")
-@click.option("--keep", is_flag=True, help="Keep the temp dir (inventory, logs, preflight JSON).")
-@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the request mix.")
-def command(nodes: int, racks: int, duration: float, rate: float | None, keep: bool, seed: int) -> None:
-    """Run the whole toolkit end to end on a temporary virtual cluster (offline, < 2 min)."""
-    if racks > nodes:
-        raise click.BadParameter("cannot have more racks than nodes", param_hint="--racks")
+def run(nodes: int, racks: int, duration: float, rate: float | None, keep: bool, seed: int) -> None:
+    """Run the whole scenario; ``clusterctl demo`` (cli/commands/demo.py) checks the options and calls this."""
     workdir = Path(tempfile.mkdtemp(prefix="clusterctl-demo-"))
     (workdir / "logs").mkdir()
     processes = ProcessSet(workdir / "logs")
@@ -75,7 +62,6 @@ def command(nodes: int, racks: int, duration: float, rate: float | None, keep: b
     finally:
         processes.stop()
         if (inventory / "hosts.yml").exists():
-            # The simulators, imported only when the demo runs (tests/test_import_lint.py).
             from sim.hosts import simulate
 
             simulate.down(str(inventory))
@@ -250,7 +236,7 @@ class Demo:
 
     # -- 7. traffic -------------------------------------------------------------------------------
     def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> None:
-        from cli.scores import rows
+        from cli.commands.scores import rows
         from eas_agent.consul_io import ConsulIO
         from eas_agent.scheduler import ConsulWatcher, PoolView
 
@@ -322,7 +308,7 @@ def routing_panels(summary: dict, metrics_line: str, score_rows: list[dict], lef
     """Step 7's live view: the clients' latencies through eas-edge and the edge's own /metrics first (the
     point of the step, never pushed off a short terminal by the table), then the scores laid out for the
     terminal's width."""
-    from cli.scores import table
+    from cli.commands.scores import table
 
     return Group(
         Panel(Text(latency_line(summary) + "\n" + metrics_line), title=f"edge ({max(0, left_s):.0f}s left)",

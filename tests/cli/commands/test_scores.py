@@ -1,27 +1,16 @@
-"""`clusterctl scores` and the demo's routing view at 80/100/160 columns and piped: every score term
-(prefill_s included) shown, an anomaly flag says why, agent text is not markup, nothing cut to "…",
-and at 100x30 the edge panel is on screen."""
+"""`clusterctl scores` at 80/100/160 columns and piped: every score term (prefill_s included) shown, an
+anomaly flag says why, agent text is not markup, nothing cut to "…"."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from rich.console import Console
 
-from cli import demo, scores
+from cli.commands import scores
 from tests.cli import score_samples
-from tests.cli.test_preflight_output import check_snapshot
+from tests.cli.helpers import check_snapshot, render_at
 
 WIDTHS = [80, 100, 160, None]
 IDS = ["80", "100", "160", "piped"]
-
-
-def render(renderable_for_width, width):
-    out = io.StringIO()
-    console = Console(file=out, width=width, force_terminal=False, color_system=None)
-    console.print(renderable_for_width(console.width))
-    return out.getvalue()
 
 
 def scores_table(width):
@@ -31,7 +20,7 @@ def scores_table(width):
 @pytest.mark.parametrize("width", WIDTHS, ids=IDS)
 def test_scores_table_snapshot(width, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
-    text = render(scores_table, width)
+    text = render_at(scores_table, width)
     check_snapshot(f"scores_{width or 'piped'}.txt", text)
     assert all(len(line) <= (width or 80) for line in text.splitlines())
     assert "…" not in text
@@ -45,18 +34,6 @@ def test_cells_say_it_all():
     outlier = rows[2]
     assert scores.terms_text(outlier["components"]) == "prefill_s 1.95 + step_s 0.0011"
     assert scores.flag_why(outlier, rows) == "high_outlier: 1.95 vs pool median 0.0013; gated (weight 0)"
-
-
-@pytest.mark.parametrize("width", WIDTHS, ids=IDS)
-def test_demo_routing_view_snapshot(width, monkeypatch):
-    monkeypatch.delenv("COLUMNS", raising=False)
-    text = render(lambda w: demo.routing_panels(score_samples.SUMMARY, "edge /metrics: pick p2c 12", score_samples.rows(), 42.3, w), width)
-    check_snapshot(f"demo_routing_{width or 'piped'}.txt", text)
-    lines = text.splitlines()
-    assert lines[0].startswith("╭─ edge (42s left)")  # the latencies first, with the time left
-    assert all(len(line) <= (width or 80) for line in lines) and "…" not in text
-    if width == 100:
-        assert len(lines) <= 30, f"{len(lines)} lines: the view no longer fits a 100x30 terminal"
 
 
 def test_terms_add_up_to_the_score():

@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cli import neterr
+from cli import app, neterr
 from cli.errors import ClusterctlError
 from cli.help import examples
 from cli.options import vault_password_file_option
+from cluster.errors import ExitCode
 from cluster.text import plural
 from eas_agent.consul_io import ConsulIO, ConsulUnavailable
 from eas_agent.scheduler import ConsulWatcher, IUEntry, PoolView
@@ -215,8 +215,8 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     try:
         watcher.refresh_once()
     except ConsulUnavailable as exc:
-        raise ClusterctlError(neterr.unreachable("Consul", addr, exc, CONSUL_HINT), 3) from exc
-    console = Console()
+        raise ClusterctlError(neterr.unreachable("Consul", addr, exc, CONSUL_HINT), ExitCode.UNREACHABLE) from exc
+    console = app.current().console
     if not watch:
         data = rows(view, expected, time.time())
         if as_json:
@@ -225,7 +225,7 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
             console.print(table(data, f"EAS scores ({addr}, {dc})", console.width))
             console.print(Text(f"{publishing(data)} of {plural(len(data), 'IU')} publishing a score"))
         if expected and not publishing(data):
-            raise SystemExit(1)
+            raise SystemExit(ExitCode.FAILED)
         return
     watcher.start()
     try:

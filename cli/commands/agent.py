@@ -9,6 +9,7 @@ import click
 
 from cli.errors import ClusterctlError
 from cli.help import examples
+from cluster.errors import ExitCode
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
 
 
@@ -25,11 +26,11 @@ def parse_metrics(file: Path, as_json: bool) -> None:
     try:
         text = file.read_text(errors="replace")
     except OSError as exc:
-        raise ClusterctlError(f"{file}: cannot read: {exc.strerror or exc}", 2) from exc
+        raise ClusterctlError(f"{file}: cannot read: {exc.strerror or exc}", ExitCode.USAGE) from exc
     try:
         metrics = parse_vllm_metrics(text)
     except MetricsParseError as exc:
-        raise ClusterctlError(f"{file}: {exc}", 1) from exc
+        raise ClusterctlError(f"{file}: {exc}", ExitCode.FAILED) from exc
     if as_json:
         click.echo(json.dumps(metrics.contract_json()))
         return

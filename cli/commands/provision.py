@@ -4,10 +4,11 @@
                          [--forks N] [--plan] [--playbook site.yml] [--run-dir DIR]
                          [--vault-password-file FILE]
 
-The inventory is validated first (exit 2, no host contacted). The playbook runs through ansible-runner
-in this process (``ansible_runner.run(event_handler=...)``); every event is appended to
-``<run dir>/events.jsonl`` (default ``.state/runs/<UTC timestamp>/``), a live view shows the batch and
-each host's current task and counts, and a recap table follows. Exit 0 only when no host failed or was
+Glue over :mod:`provision`: the plan validates the inventory first (exit 2, no host contacted)
+(:mod:`provision.plan`); the playbook runs through ansible-runner in this process and every event is
+appended to ``<run dir>/events.jsonl`` (default ``.state/runs/<UTC timestamp>/``) (:mod:`provision.run`);
+this module draws the live view of the batch and each host's current task and counts from the
+:class:`~provision.rollout.Rollout`, and the recap table. Exit 0 only when no host failed or was
 unreachable and every planned host ran.
 
 Output: on a terminal a live view (each host's state as it changes, batch and run time); anywhere else
@@ -25,12 +26,8 @@ Without it, both use what Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_
 from __future__ import annotations
 
 import contextlib
-import os
-import shlex
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console, Group
@@ -38,11 +35,23 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cli import app
 from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
-from cluster import provision as prov
 from cluster import run_state, vault
+from cluster.errors import ExitCode
 from cluster.text import plural
+from provision import run
+from provision.plan import (
+    DEFAULT_BATCHES,
+    PLAYBOOK_DIR,
+    SPECIAL_TAGS,
+    Plan,
+    known_tags,
+    make_plan,
+    parse_batches,
+)
+from provision.rollout import Rollout
 
 STATUS_STYLE = {
     "waiting": "dim", "not started": "dim", "running": "cyan", "ok": "green", "failed": "bold red",
@@ -53,7 +62,7 @@ MAX_DIFFS = 200  # diffs printed; all of them are in events.jsonl
 
 def _site_tags() -> str:
     try:
-        return ", ".join(t for t in prov.known_tags(prov.PLAYBOOK_DIR / "site.yml") if t not in prov.SPECIAL_TAGS)
+        return ", ".join(t for t in known_tags(PLAYBOOK_DIR / "site.yml") if t not in SPECIAL_TAGS)
     except (OSError, ValueError):  # a broken checkout: the help still renders
         return "see playbooks/site.yml"
 
@@ -93,12 +102,12 @@ def command(
     """Provision nodes with the Ansible roles, batch by batch; a failed batch stops the rollout."""
     vault_secrets = vault.secrets_for(vault_password_file)  # the file was checked by the option
     tag_list = [t.strip() for t in tags.split(",") if t.strip()] if tags else []
-    sizes = prov.parse_batches(batches) if batches else list(prov.DEFAULT_BATCHES)
+    sizes = parse_batches(batches) if batches else list(DEFAULT_BATCHES)
     serial_one = Path(playbook).name == "rolling-restart.yml"  # that playbook is one node at a time
-    plan = prov.make_plan(
+    plan = make_plan(
         inventory, playbook, limit, tag_list, sizes, serial_one=serial_one, vault_secrets=vault_secrets
     )
-    console = Console()
+    console = app.current().console
     if plan_only:
         console.print(plan_view(plan))
         return
@@ -123,10 +132,10 @@ def command(
         console.print(Text(rollout.reboot_line()), soft_wrap=True)
     console.print(Text(f"events: {run_dir / 'events.jsonl'}"), soft_wrap=True)
     if not rollout.succeeded(rc):
-        raise SystemExit(1)
+        raise SystemExit(ExitCode.FAILED)
 
 
-def print_diffs(console: Console, rollout: prov.Rollout, check: bool) -> None:
+def print_diffs(console: Console, rollout: Rollout, check: bool) -> None:
     """Each host's file diffs, like ``ansible-playbook --diff`` prints them, after the recap."""
     verb = "would change" if check else "changed"
     if not rollout.diffs:
@@ -142,74 +151,31 @@ def print_diffs(console: Console, rollout: prov.Rollout, check: bool) -> None:
 
 
 def run_playbook(
-    plan: prov.Plan, run_dir: Path, console: Console, *, check: bool, diff: bool, forks: int | None,
+    plan: Plan, run_dir: Path, console: Console, *, check: bool, diff: bool, forks: int | None,
     vault_password_file: Path | None = None, live: bool = True, allow_reboot: bool = False,
-) -> tuple[prov.Rollout, int]:
-    import ansible_runner
-
-    run_dir = prov.prepare_run_dir(run_dir)  # 0700; events.jsonl 0600 (they carry task results)
-    rollout = prov.Rollout(plan)
-    args = [flag for flag, on in (("--check", check), ("--diff", diff)) if on]
-    if vault_password_file:
-        # ansible-playbook's own --vault-password-file (absolute path; the runner's cwd is the project
-        # dir) rather than ANSIBLE_VAULT_PASSWORD_FILE in envvars: it is explicit in the runner's recorded
-        # command, and Ansible adds it to an ANSIBLE_VAULT_PASSWORD_FILE the operator already exports
-        # instead of silently replacing it. Only the path is on the command line; ansible-playbook reads
-        # the file (or runs the script) itself.
-        args += ["--vault-password-file", str(vault_password_file)]
-    cmdline = shlex.join(args)
-    with prov.EventLog(run_dir / "events.jsonl") as events, Live(
-        live_view(rollout), console=console, refresh_per_second=4, transient=True
+) -> tuple[Rollout, int]:
+    """:func:`provision.run.run_playbook` drawn on ``console``: a live view, or one line per notice."""
+    with Live(
+        live_view(Rollout(plan)), console=console, refresh_per_second=4, transient=True
     ) if live else contextlib.nullcontext() as view:
 
-        def on_event(event: dict[str, Any]) -> bool:
-            rollout.handle(event)  # first: a full disk must not cost the recap its record of the host
-            events.write(event)  # flushed per event: `tail -f events.jsonl` follows the run
+        def on_event(rollout: Rollout) -> None:
             if view is not None:
                 view.update(live_view(rollout))
             else:  # plain: the lines the state changes produced, as they happen
                 for notice in rollout.notices:
                     console.print(Text(notice), soft_wrap=True)
-            rollout.notices.clear()
-            return False  # events.jsonl has them: no second copy as one artifact file per event
 
-        result = ansible_runner.run(
-            private_data_dir=str(run_dir / "runner"),
-            project_dir=str(plan.playbook.parent),
-            playbook=plan.playbook.name,
-            inventory=str(plan.inventory),
-            limit=plan.limit,
-            tags=",".join(plan.tags) or None,
-            forks=forks,
-            cmdline=cmdline or None,
-            extravars={"clusterctl_batches": list(plan.batch_sizes), "clusterctl_allow_reboot": allow_reboot},
-            envvars=runner_env(),
-            event_handler=on_event,
-            quiet=True,
-            suppress_env_files=True,
+        result = run.run_playbook(
+            plan, run_dir, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,
+            allow_reboot=allow_reboot, on_event=on_event,
         )
-    if events.error:
-        console.print(Text(f"warning: {events.error}"), style="yellow")
-    return rollout, int(result.rc if result.rc is not None else 1)
+    if result.events_error:
+        console.print(Text(f"warning: {result.events_error}"), style="yellow")
+    return result.rollout, result.rc
 
 
-def runner_env() -> dict[str, str]:
-    env = {
-        "ANSIBLE_CONFIG": str(prov.REPO_ROOT / "ansible.cfg"),
-        "ANSIBLE_FORCE_COLOR": "0",
-        # ansible-runner starts `ansible-playbook` from PATH: the one next to this interpreter (the venv)
-        "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
-        # the filter plugin imports the cluster model from this checkout
-        "PYTHONPATH": os.pathsep.join(p for p in (str(prov.REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
-        # ansible-runner sets ANSIBLE_HOST_KEY_CHECKING=False unless it is given, which overrides
-        # ansible.cfg and makes Ansible pass -o StrictHostKeyChecking=no ahead of the inventory's own
-        # options (ssh takes the first): an unknown or changed host key must stop the run instead.
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-    }
-    return env
-
-
-def live_view(rollout: prov.Rollout) -> Group:
+def live_view(rollout: Rollout) -> Group:
     total = len(rollout.plan.batches)
     header = Text.assemble(
         (rollout.plan.playbook.name, "bold"),
@@ -231,7 +197,7 @@ def live_view(rollout: prov.Rollout) -> Group:
     return Group(header, table)
 
 
-def recap_table(rollout: prov.Rollout) -> Table:
+def recap_table(rollout: Rollout) -> Table:
     table = Table(title="provision recap")
     for column in ("host", "batch", "status", "ok", "changed", "failed", "skipped", "unreachable"):
         table.add_column(column, justify="left" if column in ("host", "status") else "right")
@@ -242,7 +208,7 @@ def recap_table(rollout: prov.Rollout) -> Table:
     return table
 
 
-def plan_view(plan: prov.Plan) -> Group:
+def plan_view(plan: Plan) -> Group:
     header = Text.assemble(
         ("plan", "bold"),
         f": {plan.playbook.name} on {plural(len(plan.hosts), 'host')} of {plan.inventory}"

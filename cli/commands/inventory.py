@@ -6,15 +6,16 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
+from cli import app
 from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import inventory as inv
 from cluster import validate as val
 from cluster import vault
+from cluster.errors import ExitCode
 from cluster.model import Cluster
 from cluster.text import plural
 
@@ -35,7 +36,7 @@ def show(inventory: str, limit: str | None, as_json: bool, vault_password_file: 
     if as_json:
         click.echo(json.dumps(cluster.to_json(), indent=2))
         return
-    Console().print(cluster_tree(cluster, inventory))
+    app.current().console.print(cluster_tree(cluster, inventory))
 
 
 def cluster_tree(cluster: Cluster, title: str) -> Tree:
@@ -77,7 +78,7 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
             click.echo(f"{loaded.path}: {line}", err=True)
         shown = f" ({len(lines)} distinct)" if len(lines) < len(problems) else ""
         click.echo(f"{plural(len(problems), 'problem')}{shown} in {loaded.path}", err=True)
-        raise SystemExit(2)
+        raise SystemExit(ExitCode.USAGE)
     for warning in val.security_warnings(loaded.selected):
         click.echo(f"{loaded.path}: warning: {warning}", err=True)
     click.echo(f"{loaded.path}: OK ({plural(len(loaded.selected), 'host')})")

@@ -1,0 +1,56 @@
+"""The contract pages under docs/contracts/ say what the code does: field tables match the code's accepted
+fields both ways, and the examples on the page are accepted by the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from eas_agent import config
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT_CONFIG = REPO / "docs" / "contracts" / "agent-config.md"
+
+
+def table_fields(markdown: str, heading: str) -> set[str]:
+    """The backticked first cells of the table under ``## heading``."""
+    section = markdown.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE))
+
+
+def accepted_fields(bad_key_parent: str) -> set[str]:
+    """The fields ``parse_config`` accepts at one level, from its own "unknown field (known: ...)" error."""
+    base = yaml.safe_load(example_yaml())
+    target = base if bad_key_parent == "" else base[bad_key_parent] if bad_key_parent == "consul" else base["ius"][0]
+    target["not_a_field"] = 1
+    try:
+        config.parse_config(base, "t.yml")
+    except config.ConfigError as exc:
+        known = re.search(r"unknown field \(known: ([^)]*)\)", str(exc))
+        assert known, str(exc)
+        return set(known.group(1).split(", "))
+    raise AssertionError("an unknown field was accepted")
+
+
+def example_yaml() -> str:
+    return AGENT_CONFIG.read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_agent_config_tables_list_exactly_the_fields_the_agent_accepts():
+    page = AGENT_CONFIG.read_text()
+    assert table_fields(page, "Top level") == accepted_fields("")
+    assert table_fields(page, "`consul`") == accepted_fields("consul")
+    assert table_fields(page, "`ius[N]`") == accepted_fields("ius")
+
+
+def test_agent_config_example_parses():
+    parsed = config.parse_config(yaml.safe_load(example_yaml()), "example.yml")
+    assert parsed.node == "r01n01" and [iu.id for iu in parsed.ius] == ["r01n01-iu0"]
+    assert parsed.consul.token_file == "/etc/eas-agent/consul.token"
+
+
+def test_the_table_reader_sees_a_missing_row():
+    page = AGENT_CONFIG.read_text().replace("| `frozen_after_s` |", "| frozen |")
+    assert "frozen_after_s" not in table_fields(page, "Top level")

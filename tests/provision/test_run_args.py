@@ -1,0 +1,32 @@
+"""provision/run.py: what goes on ansible-playbook's command line and into its environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from provision.run import playbook_args, runner_env
+
+
+def test_only_the_vault_password_file_path_goes_on_the_command_line(tmp_path):
+    secret = tmp_path / "vault-pass"
+    secret.write_text("hunter2\n")
+    args = playbook_args(check=True, diff=True, vault_password_file=secret)
+    assert args == f"--check --diff --vault-password-file {secret}"
+    assert "hunter2" not in args
+
+
+def test_no_flags_is_an_empty_command_line():
+    assert playbook_args(check=False, diff=False, vault_password_file=None) == ""
+
+
+def test_a_path_with_a_space_is_quoted_for_the_runner(tmp_path):
+    secret = tmp_path / "my vault"
+    assert playbook_args(check=False, diff=False, vault_password_file=secret) == f"--vault-password-file '{secret}'"
+
+
+def test_host_keys_are_checked_and_this_checkout_is_on_the_path():
+    env = runner_env()
+    assert env["ANSIBLE_HOST_KEY_CHECKING"] == "True"  # ansible-runner would default it to False
+    root = Path(__file__).resolve().parents[2]
+    assert env["ANSIBLE_CONFIG"] == str(root / "ansible.cfg")
+    assert env["PYTHONPATH"].split(":")[0] == str(root)
