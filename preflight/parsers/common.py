@@ -41,7 +41,9 @@ _ELISION = re.compile(
     r"^\s*(?:\.{3,}|…+|[\[<(]\s*(?:snip(?:ped)?|cut|\.{3,}|…)[^\]>)]{0,40}[\]>)]|-+\s*snip\s*-+)\s*$", re.IGNORECASE
 )
 # Shell prompt lines ("$ nvidia-smi -q", "[root@gpu01 ~]# ibstat") are kept: each parser skips what comes
-# before its tool's first line, and the nccl parser reads the test name from the command line.
+# before its tool's first line, and the nccl parser reads the test name from the command line. Parsers that
+# reject every line they cannot read (systemctl-show, mlnx-qos) skip the lines is_prompt() recognises.
+_PROMPT = re.compile(r"^\s*(?:\[[^\]\s]+@[^\]]+\]\s?[#$]|[\w.-]+@[\w.-]+:\S*\s?[#$]|[#$])\s+\S")
 
 
 class ParseError(ValueError):
@@ -95,6 +97,12 @@ def paste_lines(text: str) -> tuple[list[Line], list[str]]:
             warnings.append(f"line {no}: ignored the annotation {note[:60]!r} after {value.strip()[-40:]!r}")
         kept.append(Line(no, value))
     return kept, warnings
+
+
+def is_prompt(text: str) -> bool:
+    """A shell prompt line with its command: ``$ mlnx_qos -i eth0``, ``[root@gpu01 ~]# systemctl show ..``,
+    ``user@host:~$ cat /proc/cmdline``."""
+    return bool(_PROMPT.match(text))
 
 
 def clean_line(raw: str) -> str:
