@@ -1,7 +1,7 @@
 """versions: driver, CUDA, fabric manager, NCCL and OFED equal across the rack and to the inventory pins.
 
-Per node (with the node checks): the driver and CUDA versions from ``nvidia-smi -q`` (shared with
-gpu_health), ``nv-fabricmanager --version`` on NVSwitch boards, ``dpkg-query`` for libnccl2 and
+Per node (``gather``, with the node checks): the driver and CUDA versions from ``nvidia-smi -q`` (the
+cached run of gpu_health, read by the ``nvsmi-q`` parser), ``nv-fabricmanager --version`` on NVSwitch boards, ``dpkg-query`` for libnccl2 and
 ``ofed_info -s``. Per rack: a version differing from the inventory pin (``preflight_version_pins``
 or the role variables in :data:`PIN_VARS`) -> FAIL; without a pin, one differing from the rack's
 most common value -> FAIL. A component a host cannot report is shown as unknown, not guessed.
@@ -17,7 +17,7 @@ from typing import Any
 
 from cluster.inventory import host_var
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext
-from preflight.checks.gpu_health import NVSMI_Q, nvsmi_q_fields
+from preflight.checks.gpu_health import NVSMI_Q
 from preflight.result import CheckResult, Verdict
 
 COMPONENTS = ("driver", "cuda", "fabric_manager", "nccl", "ofed")
@@ -80,8 +80,8 @@ class Versions(Check):
 
     def gather(self, ctx: NodeContext) -> dict[str, Any]:
         found: dict[str, Any] = dict.fromkeys(COMPONENTS)
-        fields = nvsmi_q_fields(ctx.output(NVSMI_Q))
-        found["driver"], found["cuda"] = fields["driver"], fields["cuda"]
+        report = ctx.parsed("nvsmi-q", NVSMI_Q)  # the run gpu_health made (cached), by the one nvsmi-q parser
+        found["driver"], found["cuda"] = report.driver_version, report.cuda_version
         if ctx.profile["gpu"]["nvswitch"]:
             fm = ctx.run(["nv-fabricmanager", "--version"])
             match = _FM.search(fm.stdout) if fm.ok else None

@@ -8,6 +8,8 @@ import re
 import pytest
 
 from preflight.checks import cstates, dcqcn, gpu_health, gpu_topology, ib_ports, nccl, numa_pinning, time_sync
+from preflight.parsers import ParseError, cmdline, cpulist, mlnx_qos
+from preflight.parsers.common import Line
 from preflight.result import Verdict
 from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
 
@@ -370,9 +372,9 @@ def test_deep_states_disabled_or_held_by_kernel_args_or_pm_qos_pass():
 
 
 def test_intel_idle_limit_alone_does_not_count_when_acpi_idle_is_unlimited():
-    assert cstates.cmdline_limits("ro intel_idle.max_cstate=0") == []
-    assert cstates.cmdline_limits("ro idle=poll") == ["idle=poll"]
-    assert cstates.cmdline_limits("ro intel_idle.max_cstate=1") == ["intel_idle.max_cstate=1"]
+    assert cstates.cmdline_limits(cmdline.parse("ro intel_idle.max_cstate=0")) == []
+    assert cstates.cmdline_limits(cmdline.parse("ro idle=poll")) == ["idle=poll"]
+    assert cstates.cmdline_limits(cmdline.parse("ro intel_idle.max_cstate=1")) == ["intel_idle.max_cstate=1"]
 
 
 def test_unparseable_cpupower_is_an_error():
@@ -439,8 +441,15 @@ def test_each_missing_dcqcn_setting_fails(kwargs, code):
 
 
 def test_mlnx_qos_without_pfc_table_is_an_error():
-    with pytest.raises(ValueError):
-        dcqcn.parse_mlnx_qos("Priority trust state: dscp\n")
+    with pytest.raises(ParseError):
+        mlnx_qos.parse("Priority trust state: dscp\n")
+    t = ScriptedTransport()
+    for point in ("roce_np", "roce_rp"):
+        t.on("n1", "cat", f"/sys/class/net/ens1f0np0/ecn/{point}/enable/3", reply="1\n")
+    t.on("n1", "mlnx_qos", "-i", "ens1f0np0", reply="Priority trust state: dscp\n")
+    [result] = dcqcn.CHECK.run(context(t, node(rdma_nics=ROCE_NICS)))
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "cannot parse `mlnx_qos -i ens1f0np0`" in result.reason
 
 
 # ------------------------------------------------------------------------------ numa_pinning
@@ -496,8 +505,9 @@ def test_systemctl_without_a_manager_is_an_error_not_a_pass():
 
 
 def test_cpu_lists_in_both_spellings():
-    assert numa_pinning.parse_cpu_list("0-2,8") == numa_pinning.parse_cpu_list("0 1 2 8") == {0, 1, 2, 8}
-    assert numa_pinning.compact({0, 1, 2, 8, 9}) == "0-2,8-9"
+    line = Line(1, "")
+    assert cpulist.cpus_of("0-2,8", line) == cpulist.cpus_of("0 1 2 8", line) == {0, 1, 2, 8}
+    assert cpulist.format_cpus({0, 1, 2, 8, 9}) == "0-2,8-9"
 
 
 # ------------------------------------------------------------------------------ time_sync
