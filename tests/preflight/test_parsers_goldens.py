@@ -68,7 +68,7 @@ def test_parser_output_equals_its_golden(kind, path):
 @pytest.mark.parametrize("name", ["truncated", "garbage"])
 def test_every_kind_rejects_its_broken_fixtures(name):
     """The broken fixtures' goldens are errors (a golden that "parsed" a garbage file would be a bug)."""
-    for kind, path in cases():
+    for _kind, path in cases():
         if path.name.startswith(name):
             assert "error" in json.loads(path.with_suffix(".json").read_text()), path.name
 
