@@ -1,15 +1,21 @@
-"""Node checks on canned real-format outputs through a scripted transport: each check passes on a healthy
-node, fails with its fault code on a deliberately bad input, and turns unreadable output into ERROR."""
+"""Node checks: ``evaluate`` judged on facts built directly (NHC style: the facts of a fault, never fixture
+text edited to produce one), and ``gather`` through a scripted transport on canned real-format outputs
+(a healthy node passes; unreadable output is an ERROR; fallbacks such as dmesg without a journal)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
+from preflight import parsers
 from preflight.checks import cstates, dcqcn, gpu_health, gpu_topology, ib_ports, nccl, numa_pinning, time_sync
 from preflight.parsers import ParseError, cmdline, cpulist, mlnx_qos
 from preflight.parsers.common import Line
+from preflight.parsers.kernel_log import KernelXids, XidEvent
+from preflight.parsers.mlnx_qos import MlnxQos, PfcPriority
+from preflight.profiles import profile_for
 from preflight.result import Verdict
 from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
 
@@ -144,14 +150,43 @@ def test_healthy_gpus_pass():
     assert (result.verdict, result.code) == (Verdict.PASS, "GPU_HEALTH_OK")
 
 
+def health_facts(report=None, xids=(), fabric_unit=None) -> gpu_health.GpuHealthFacts:
+    """gpu_health's facts, built (NHC style): the clean H100 report unless given, XIDs as (bus, xid)."""
+    events = [XidEvent(xid, f"0000:{bus}:00", None, n, f"NVRM: Xid (PCI:0000:{bus}:00): {xid}")
+              for n, (bus, xid) in enumerate(xids, 1)]
+    return gpu_health.GpuHealthFacts(report or parsers.parse("nvsmi-q", clean_q()),
+                                     KernelXids(events, len(events)), fabric_unit)
+
+
+def judge_health(facts: gpu_health.GpuHealthFacts):
+    n = node()
+    return gpu_health.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
+
+
+def with_gpus(report, **fields):
+    """The report with every GPU's ``fields`` set (the first GPU's only with ``first_only``)."""
+    first_only = fields.pop("first_only", False)
+    gpus = [replace(g, **fields) if (i == 0 or not first_only) else g for i, g in enumerate(report.gpus)]
+    return replace(report, gpus=gpus)
+
+
 def test_uncorrectable_ecc_and_pending_remap_fail():
     text = fixture_text("nvsmi_q", "h100-sxm-driver550-dram-uncorrectable-remap-pending.txt")
-    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    [result] = judge_health(health_facts(parsers.parse("nvsmi-q", text)))
     assert (result.verdict, result.code) == (Verdict.FAIL, "ECC_UNCORRECTABLE")
     assert any("row remap pending" in p for p in result.evidence["problems"])
 
 
 def test_critical_xid_fails_and_other_xids_warn():
+    bus = re.search(r"^GPU 0000\w{4}:(\w\w):", clean_q(), re.M).group(1).lower()  # first GPU's bus
+    [result] = judge_health(health_facts(xids=[(bus, 79)]))
+    assert (result.verdict, result.code) == (Verdict.FAIL, "XID_CRITICAL")
+    assert result.reason.startswith("GPU0 (n1-iu0): critical XID 79")
+    [result] = judge_health(health_facts(xids=[("c3", 13)]))
+    assert (result.verdict, result.code) == (Verdict.WARN, "XID_OTHER")
+
+
+def test_xids_in_the_kernel_log_are_gathered_through_journalctl():
     bus = re.search(r"^GPU 0000(\w{4}:\w\w):", clean_q(), re.M).group(1)  # first GPU's domain:bus
     critical = (
         f"Nov 29 07:12:01 n1 kernel: NVRM: Xid (PCI:{bus}:00): 79, pid=0, GPU has fallen off the bus.\n"
@@ -159,9 +194,6 @@ def test_critical_xid_fails_and_other_xids_warn():
     [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), critical)))
     assert (result.verdict, result.code) == (Verdict.FAIL, "XID_CRITICAL")
     assert result.reason.startswith("GPU0 (n1-iu0): critical XID 79")
-    other = "Nov 29 07:12:01 n1 kernel: NVRM: Xid (PCI:0000:c3:00): 13, pid=4242, Graphics Exception\n"
-    [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), other)))
-    assert (result.verdict, result.code) == (Verdict.WARN, "XID_OTHER")
 
 
 def test_kernel_log_falls_back_to_dmesg_without_a_journal():
@@ -173,18 +205,16 @@ def test_kernel_log_falls_back_to_dmesg_without_a_journal():
 
 
 def test_persistence_mode_off_fails():
-    text = clean_q().replace(
-        "Persistence Mode                      : Enabled",
-        "Persistence Mode                      : Disabled",
-        1,
-    )
-    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    report = with_gpus(parsers.parse("nvsmi-q", clean_q()), persistence_mode="Disabled", first_only=True)
+    [result] = judge_health(health_facts(report))
     assert (result.verdict, result.code) == (Verdict.FAIL, "PERSISTENCE_OFF")
 
 
 def test_fabric_manager_down_on_an_nvswitch_board_fails():
-    [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), fabric=(3, "inactive\n"))))
+    [result] = judge_health(health_facts(fabric_unit=gpu_health.FabricUnit("inactive", "inactive")))
     assert (result.verdict, result.code) == (Verdict.FAIL, "FABRIC_MANAGER_DOWN")
+    [unknown] = judge_health(health_facts(fabric_unit=gpu_health.FabricUnit("", "Failed to connect to bus")))
+    assert (unknown.verdict, unknown.code) == (Verdict.WARN, "FABRIC_UNKNOWN")
 
 
 def test_gpu_fabric_state_is_read_where_the_driver_prints_it():
@@ -194,9 +224,13 @@ def test_gpu_fabric_state_is_read_where_the_driver_prints_it():
     )
     text = re.sub(r"(\n    Persistence Mode[^\n]*)", r"\1\n" + fabric.rstrip("\n"), clean_q())
     assert text.count("In Progress") == 8
-    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    report = parsers.parse("nvsmi-q", text)  # the parser reads the section ...
+    assert {(g.fabric_state, g.fabric_status) for g in report.gpus} == {("In Progress", "N/A")}
+    [result] = judge_health(health_facts(report))  # ... and evaluate judges it, systemd not asked
     assert (result.verdict, result.code) == (Verdict.FAIL, "FABRIC_MANAGER_DOWN")
     assert "not trained" in result.reason
+    trained = with_gpus(report, fabric_state="Completed", fabric_status="Success")
+    assert judge_health(health_facts(trained))[0].verdict is Verdict.PASS
 
 
 def test_one_gpu_block_of_eight_attached_is_an_error_not_a_pass():
@@ -237,24 +271,33 @@ def test_active_ports_at_the_expected_rate_pass():
     assert (ports(ibstat_text()).verdict, ports(ibstat_text()).code) == (Verdict.PASS, "PORTS_OK")
 
 
+def judge_ports(ibstat, nics=IB_NICS):
+    n = node(rdma_nics=nics)
+    [result] = ib_ports.CHECK.evaluate(ibstat, profile_for(n.name, n.vars), n)
+    return result
+
+
+def with_port(ibstat, ca_name: str, **fields):
+    """The ibstat facts with port 1 of ``ca_name`` changed."""
+    cas = [replace(ca, ports=[replace(p, **fields) if p.port == 1 else p for p in ca.ports])
+           if ca.name == ca_name else ca for ca in ibstat.cas]
+    return replace(ibstat, cas=cas)
+
+
 def test_a_down_port_fails():
-    text = ibstat_text().replace("State: Active", "State: Down", 2).replace("State: Down", "State: Active", 1)
-    result = ports(
-        text.replace("Physical state: LinkUp", "Physical state: Disabled", 2).replace(
-            "Physical state: Disabled", "Physical state: LinkUp", 1
-        )
-    )
+    down = with_port(parsers.parse("ibstat", ibstat_text()), "mlx5_1", state="Down", physical_state="Disabled")
+    result = judge_ports(down)
     assert (result.verdict, result.code) == (Verdict.FAIL, "PORT_DOWN")
     assert result.reason.startswith("mlx5_1:1 is Down/Disabled")
 
 
 def test_wrong_rate_missing_port_and_link_layer_fail():
-    slow = ibstat_text().replace("Rate: 400", "Rate: 200", 1)
-    assert ports(slow).code == "PORT_RATE"
+    healthy = parsers.parse("ibstat", ibstat_text())
+    assert judge_ports(with_port(healthy, "mlx5_0", rate_gbps=200)).code == "PORT_RATE"
     missing = IB_NICS + [{"device": "mlx5_42", "netdev": "ibp99s0", "rate_gbps": 400, "numa_node": 1}]
-    assert ports(ibstat_text(), missing).code == "PORT_MISSING"
+    assert judge_ports(healthy, missing).code == "PORT_MISSING"
     roce = [dict(n, link_layer="ethernet") for n in IB_NICS]
-    assert ports(ibstat_text(), roce).code == "LINK_LAYER"
+    assert judge_ports(healthy, roce).code == "LINK_LAYER"
 
 
 def test_garbage_ibstat_is_an_error():
@@ -296,8 +339,12 @@ def test_nccl_gates_on_out_of_place_busbw_at_the_largest_size_not_the_average():
     assert (
         node_result.evidence["found"]["avg_busbw_gbps"] < 460 <= node_result.evidence["found"]["busbw_gbps"]
     )
-    slow = IU_NCCL.replace("368.00", "301.00")
-    bad = only(nccl.CHECK.run(context(nccl_transport(slow, NODE_NCCL))), iu="n1-iu0")
+    [run] = [r for r in nccl.CHECK.gather(context(nccl_transport(IU_NCCL, NODE_NCCL))) if r.iu == "n1-iu0"]
+    largest = max(run.parsed.rows, key=lambda r: r.size_bytes)
+    slow_rows = [replace(r, oop_busbw_gbps=301.0) if r is largest else r for r in run.parsed.rows]
+    slow = replace(run, parsed=replace(run.parsed, rows=slow_rows))
+    n = node()
+    bad = only(nccl.CHECK.evaluate([slow], profile_for(n.name, n.vars), n), iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NCCL_BUSBW")
     assert "busbw 301 GB/s at 16 GiB < 330" in bad.reason
 
@@ -357,16 +404,28 @@ def test_deep_cstate_enabled_without_anything_holding_it_fails():
     assert "C1E" in result.reason
 
 
+def judge_cstates(cpupower_text: str, cmdline_text: str = PLAIN_CMDLINE, qos_us: int | None = None):
+    n = node()
+    facts = cstates.CstatesFacts(parsers.parse("cpupower", cpupower_text), cmdline.parse(cmdline_text), qos_us)
+    [result] = cstates.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
+    return result
+
+
 def test_deep_states_disabled_or_held_by_kernel_args_or_pm_qos_pass():
     assert (
-        idle(fixture_text("cpupower", "intel-skylake-sp-deep-states-disabled-two-cpus.txt")).verdict
+        judge_cstates(fixture_text("cpupower", "intel-skylake-sp-deep-states-disabled-two-cpus.txt")).verdict
         is Verdict.PASS
     )
-    held = idle(SPR, PLAIN_CMDLINE.strip() + " intel_idle.max_cstate=0 processor.max_cstate=1\n")
+    held = judge_cstates(SPR, PLAIN_CMDLINE.strip() + " intel_idle.max_cstate=0 processor.max_cstate=1\n")
     assert (held.verdict, held.evidence["found"]["kernel_args"]) == (
         Verdict.PASS,
         ["intel_idle.max_cstate=0 processor.max_cstate=1"],
     )
+    assert judge_cstates(SPR, qos_us=0).reason == "held by PM QoS (0 us)"
+    assert judge_cstates(SPR, qos_us=2000000000).verdict is Verdict.FAIL
+
+
+def test_pm_qos_target_is_gathered_from_od():
     assert idle(SPR, qos="          0\n").reason == "held by PM QoS (0 us)"
     assert idle(SPR, qos=" 2000000000\n").verdict is Verdict.FAIL
 
@@ -426,17 +485,26 @@ def test_dcqcn_skips_infiniband_and_passes_a_configured_roce_port():
     assert (roce().verdict, roce().code) == (Verdict.PASS, "DCQCN_OK")
 
 
+def port_qos(trust="dscp", pfc=True, np_on="1", rp_on="1") -> dcqcn.PortQos:
+    """dcqcn's facts for one port, built: PFC on priority 3 only when ``pfc``."""
+    table = [PfcPriority(p, pfc and p == 3, 1 if p == 3 else 0) for p in range(8)]
+    return dcqcn.PortQos(np_on, rp_on, MlnxQos("OS controlled", trust, table))
+
+
 @pytest.mark.parametrize(
     "kwargs, code",
     [
         ({"np_on": "0"}, "ECN_NP_OFF"),
         ({"rp_on": "0"}, "ECN_RP_OFF"),
         ({"trust": "pcp"}, "TRUST_NOT_DSCP"),
-        ({"pfc": "0"}, "PFC_OFF"),
+        ({"pfc": False}, "PFC_OFF"),
     ],
 )
 def test_each_missing_dcqcn_setting_fails(kwargs, code):
-    result = roce(**kwargs)
+    n = node(rdma_nics=ROCE_NICS)
+    profile = profile_for(n.name, n.vars)
+    assert dcqcn.CHECK.evaluate({"ens1f0np0": port_qos()}, profile, n)[0].verdict is Verdict.PASS
+    [result] = dcqcn.CHECK.evaluate({"ens1f0np0": port_qos(**kwargs)}, profile, n)
     assert (result.verdict, result.code) == (Verdict.FAIL, code)
 
 
@@ -493,7 +561,12 @@ def test_units_pinned_to_their_numa_node_pass():
     ],
 )
 def test_wrong_pinning_fails_the_iu(text, code):
-    results = pinning({0: GOOD[0], 1: text})
+    def facts(index: int, show: str, numa: str):
+        return numa_pinning.IuPinning(parsers.parse("cpulist", numa), parsers.parse("systemctl-show", show).units[0])
+
+    n = node()
+    readings = {"n1-iu0": facts(0, GOOD[0], "0-47,96-143\n"), "n1-iu1": facts(1, text, "48-95,144-191\n")}
+    results = numa_pinning.CHECK.evaluate(readings, profile_for(n.name, n.vars), n)
     assert only(results, iu="n1-iu0").verdict is Verdict.PASS
     bad = only(results, iu="n1-iu1")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, code)
