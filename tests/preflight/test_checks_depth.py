@@ -14,7 +14,7 @@ from preflight.parsers.ib_health import SysfsValues
 from preflight.profiles import profile_for
 from preflight.result import Verdict
 from preflight.transport import CommandResult
-from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
 N = node()
 PROFILE = profile_for(N.name, N.vars)

@@ -17,7 +17,7 @@ from preflight.parsers.kernel_log import KernelXids, XidEvent
 from preflight.parsers.mlnx_qos import MlnxQos, PfcPriority
 from preflight.profiles import profile_for
 from preflight.result import Verdict
-from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
 TOPO = ("nvidia-smi", "topo", "-m")
 # NICs of the HGX fixture: NIC0..3 are PIX to GPU0..3, NIC6..9 to GPU4..7 (NIC4/5 are storage).

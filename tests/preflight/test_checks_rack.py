@@ -12,7 +12,7 @@ from preflight.checks import ib_pairs, versions
 from preflight.checks.base import GatherError, RackContext, RunOptions
 from preflight.result import Verdict
 from preflight.transport import CommandResult
-from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
 LAT = fixture_text("perftest", "h100-ndr-ib_write_lat-perftest23.txt")
 BW = fixture_text("perftest", "h100-ndr-ib_write_bw-report-gbits.txt")

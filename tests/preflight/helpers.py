@@ -1,5 +1,6 @@
-"""Helpers for preflight check/runner tests: a scripted transport, nodes built from host variables,
-fixture texts, and a virtual-inventory builder for the simulated-host tests."""
+"""Helpers for preflight check/runner tests (imported by the test modules; conftest.py declares no
+fixtures for them): a scripted transport, nodes built from host variables, fixture texts, and a
+virtual-inventory builder for the simulated-host tests."""
 
 from __future__ import annotations
 
@@ -126,7 +127,8 @@ def node(name: str = "n1", rack: str = "r01", **hostvars):
         "iu_size": 4,
         "rack": rack,
         "rdma_nics": H100_NICS,
-        "ansible_host": f"10.0.0.{abs(hash(name)) % 200 + 1}",
+        # Loopback only, even where nothing connects (the transport is scripted).
+        "ansible_host": f"127.0.100.{abs(hash(name)) % 200 + 1}",
     }
     base.update(hostvars)
     return build_node(name, base)
