@@ -36,6 +36,7 @@ from preflight.parsers import (
     perftest,
     systemctl_show,
     topo,
+    versions,
 )
 from preflight.parsers.common import ParseError, paste_lines
 
@@ -58,12 +59,14 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "sysfs": ib_health.parse_sysfs,
     "mlxlink": ib_health.parse_mlxlink,
     "kernel-links": ib_health.parse_kernel_links,
-    # parsing that used to live inside checks (dcqcn, numa_pinning, cstates, gpu_health)
+    # parsing that used to live inside checks (dcqcn, numa_pinning, cstates, gpu_health, versions)
     "mlnx-qos": mlnx_qos.parse,
     "systemctl-show": systemctl_show.parse,
     "cpulist": cpulist.parse,
     "cmdline": cmdline.parse,
     "kernel-xids": kernel_log.parse_xids,
+    "fabricmanager-version": versions.parse_fabricmanager,
+    "ofed-info": versions.parse_ofed_info,
 }
 
 __all__ = ["PARSERS", "ParseError", "parse", "paste_warnings", "to_contract_json"]

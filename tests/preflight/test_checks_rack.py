@@ -10,6 +10,7 @@ import pytest
 
 from preflight.checks import ib_pairs, versions
 from preflight.checks.base import GatherError, RackContext, RunOptions
+from preflight.parsers import nccl as nccl_parser
 from preflight.result import Verdict
 from preflight.transport import CommandResult
 from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
@@ -240,8 +241,21 @@ def test_inventory_pins_decide_and_prefix_match_package_versions():
 
 
 def test_nccl_version_from_nccl_tests_output_when_no_package():
-    assert versions.nccl_from_code(22105) == "2.21.5" and versions.nccl_from_code(2708) == "2.7.8"
+    assert nccl_parser.version_from_code(22105) == "2.21.5" and nccl_parser.version_from_code(2708) == "2.7.8"
     assert (
         versions.nccl_in_outputs(["# nccl-tests version 2.13.9 nccl-headers=21903 nccl-library=21903\n"])
         == "2.19.3"
     )
+
+
+def test_an_unreadable_version_reporter_is_an_error_not_an_unknown_version():
+    """A reporter that answers with text nobody can read is an ERROR naming the command (it was an unknown
+    version, i.e. a silent PASS without a pin); a reporter that is not installed stays unknown."""
+    names = ["a", "b"]
+    t = version_transport(names)
+    t.on("a", "nv-fabricmanager", "--version", reply="Fabric Manager version is : latest\n")
+    ctx = context(t, node("a"))
+    with pytest.raises(GatherError, match="cannot parse `nv-fabricmanager --version` output"):
+        versions.CHECK.gather(ctx)
+    t.on("b", "ofed_info", "-s", reply=(127, "bash: ofed_info: command not found\n"))
+    assert versions.CHECK.gather(context(t, node("b")))["ofed"] is None
