@@ -69,6 +69,38 @@ def parse_sysfs(text: str) -> SysfsValues:
     return SysfsValues(values)
 
 
+# PCI Express transfer rate per generation, as the kernel prints it in current/max_link_speed
+# (drivers/pci/pci-sysfs.c, pci_speed_string(): "32.0 GT/s PCIe").
+_GTS_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+PCIE_LINK_FILES = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
+
+
+@dataclass(frozen=True)
+class PcieLinkState:
+    """A PCIe device's link attributes from sysfs, typed: generation and width (None: not printed or not
+    a value the kernel prints, e.g. "Unknown" for a link that is down)."""
+
+    gen: int | None
+    gen_max: int | None
+    width: int | None
+    width_max: int | None
+
+
+def pcie_link(values: SysfsValues, device_dir: str) -> PcieLinkState:
+    """The typed link of the device whose sysfs directory is ``device_dir`` (``/sys/.../device``)."""
+    def text(name: str) -> str:
+        return values.get(f"{device_dir}/{name}") or ""
+
+    def gen(name: str) -> int | None:
+        return _GTS_GEN.get(text(name).split()[0]) if text(name).split() else None
+
+    def width(name: str) -> int | None:
+        return int(text(name)) if text(name).isdigit() else None
+
+    return PcieLinkState(gen("current_link_speed"), gen("max_link_speed"), width("current_link_width"),
+                    width("max_link_width"))
+
+
 # ---------------------------------------------------------------------------------------- mlxlink
 
 _BER = re.compile(r"^(\d+(?:\.\d+)?)E([-+]?\d+)$", re.IGNORECASE)

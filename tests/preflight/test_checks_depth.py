@@ -10,7 +10,7 @@ import pytest
 from preflight import parsers
 from preflight.checks import dcgm_diag, gpu_bandwidth, gpu_throttle, ib_link_health, nvlink, pcie_link
 from preflight.checks.base import GatherError
-from preflight.parsers.ib_health import SysfsValues
+from preflight.parsers.ib_health import PcieLinkState, SysfsValues
 from preflight.profiles import profile_for
 from preflight.result import Verdict
 from preflight.transport import CommandResult
@@ -33,10 +33,7 @@ def verdict(results):
 
 
 def pcie_facts(idle="h100-sxm-driver550-pci-performance-busy-gen5.txt", loaded=None, hcas=None, error=None):
-    hcas = hcas if hcas is not None else {
-        nic.device: SysfsValues({p: v for p, v in zip(pcie_link.hca_paths(nic.device),
-                                                      ["32.0 GT/s PCIe", "16", "32.0 GT/s PCIe", "16"], strict=True)})
-        for nic in N.nics}
+    hcas = hcas if hcas is not None else {nic.device: PcieLinkState(5, 5, 16, 16) for nic in N.nics}
     return pcie_link.PcieFacts(parsed("nvsmi-pci", idle), parsed("nvsmi-pci", loaded) if loaded else None, error, hcas)
 
 
@@ -65,9 +62,7 @@ def test_pcie_idle_gen1_is_judged_by_the_reading_under_load():
 
 
 def test_pcie_hca_gen4_x8_and_missing_hca_fail():
-    hcas = {"mlx5_0": SysfsValues({p: v for p, v in zip(pcie_link.hca_paths("mlx5_0"),
-                                                        ["16.0 GT/s PCIe", "8", "32.0 GT/s PCIe", "16"], strict=True)}),
-            "mlx5_1": None}
+    hcas = {"mlx5_0": PcieLinkState(gen=4, gen_max=5, width=8, width_max=16), "mlx5_1": None}
     result = pcie_link.CHECK.evaluate(pcie_facts(hcas=hcas), PROFILE, N)[0]
     assert result.verdict is Verdict.FAIL
     assert {p.split(":")[0] for p in result.evidence["problems"]} >= {"HCA mlx5_0 at x8, expected x16"}

@@ -132,3 +132,12 @@ def test_an_empty_journal_window_is_real_but_unreadable_lines_are_errors():
 def test_kernel_links_refuses_dmesg_lines_it_cannot_place_in_the_flap_window():
     with pytest.raises(ParseError, match="no wall-clock time"):
         ib_health.parse_kernel_links("[ 5029.881102] ibp60s0: lost carrier\n", now=NOW)
+
+
+def test_pcie_link_attributes_typed_from_sysfs():
+    base = "/sys/class/infiniband/mlx5_0/device"
+    values = ib_health.SysfsValues({f"{base}/current_link_speed": "16.0 GT/s PCIe", f"{base}/current_link_width": "8",
+                                    f"{base}/max_link_speed": "32.0 GT/s PCIe", f"{base}/max_link_width": "16"})
+    assert ib_health.pcie_link(values, base) == ib_health.PcieLinkState(gen=4, gen_max=5, width=8, width_max=16)
+    down = ib_health.SysfsValues({f"{base}/current_link_speed": "Unknown", f"{base}/current_link_width": "0"})
+    assert ib_health.pcie_link(down, base) == ib_health.PcieLinkState(None, None, 0, None)
