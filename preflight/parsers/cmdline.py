@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from preflight.parsers.common import ParseError, first_nonblank, lines
+from preflight.parsers.common import ParseError, only_line
 
 _WORD = re.compile(r'(?:[^\s"]+|"[^"]*")+')
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -52,14 +52,7 @@ class KernelCmdline:
 
 
 def parse(text: str) -> KernelCmdline:
-    all_lines = lines(text)
-    content = [line for line in all_lines if line.text.strip()]
-    if not content:
-        first = first_nonblank(all_lines)
-        raise ParseError(first.no, first.text, "no kernel command line")
-    if len(content) > 1:
-        raise ParseError(content[1].no, content[1].text, "/proc/cmdline holds one line")
-    line = content[0]
+    line = only_line(text, "kernel command line", "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro")
     if _CONTROL.search(line.text):
         raise ParseError(line.no, line.text, "control characters in a kernel command line")
     if line.text.count('"') % 2:

@@ -132,6 +132,19 @@ def last_nonblank(all_lines: Sequence[Line]) -> Line:
     return Line(0, "")
 
 
+def only_line(text: str, what: str, example: str) -> Line:
+    """The one non-blank line of a one-line file (``/proc/cmdline``, a sysfs list); ParseError naming the
+    first line when there is none (``no <what> (a line such as <example>)``) and the second when there
+    are more."""
+    content = [line for line in lines(text) if line.text.strip()]
+    if not content:
+        first = first_nonblank(lines(text))
+        raise ParseError(first.no, first.text, f"no {what} (a line such as {example!r})")
+    if len(content) > 1:
+        raise ParseError(content[1].no, content[1].text, f"a {what} is one line")
+    return content[0]
+
+
 def split_runs(all_lines: Sequence[Line], starts_run: Callable[[str], bool]) -> list[list[Line]]:
     """Split a paste holding several outputs of one tool at every line where a new output starts.
 

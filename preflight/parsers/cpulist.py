@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from preflight.parsers.common import Line, ParseError, first_nonblank, lines
+from preflight.parsers.common import Line, ParseError, only_line
 
 _TOKEN = re.compile(r"^(\d+)(?:-(\d+))?$")
 # No real machine has more; a bigger number is a corrupted token, not a CPU (and would cost a huge range).
@@ -78,14 +78,7 @@ def format_cpus(cpus: Iterable[int]) -> str:
 def parse(text: str) -> CpuList:
     if text in ("\n", "\r\n"):
         return CpuList(())  # the kernel's empty bitmap: a NUMA node without CPUs
-    all_lines = lines(text)
-    content = [line for line in all_lines if line.text.strip()]
-    if not content:
-        first = first_nonblank(all_lines)
-        raise ParseError(first.no, first.text, "no CPU list (a line such as '0-47,96-143')")
-    if len(content) > 1:
-        raise ParseError(content[1].no, content[1].text, "a cpulist file holds one line")
-    line = content[0]
+    line = only_line(text, "CPU list", "0-47,96-143")
     if " " in line.text.strip():  # the sysfs file never has spaces (that is systemctl's spelling)
         raise ParseError(line.no, line.text, "a kernel cpulist separates ranges with commas, not spaces")
     return CpuList(tuple(sorted(cpus_of(line.text, line))))
