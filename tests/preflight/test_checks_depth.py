@@ -4,6 +4,7 @@ scripted transport (the commands it runs; unreadable output -> ERROR with an exc
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -175,11 +176,17 @@ def test_nvlink_slow_links_fail_speed():
     assert any("25.781 GB/s < 26.562" in p for p in problems)
 
 
+def with_counters(report, gpu: int, link: int, **counters):
+    """An nvlink-errors reading with some counters of one link set: the facts of a link that errors."""
+    gpus = [replace(g, links=[replace(k, counters={**k.counters, **counters}) if k.link == link else k
+                              for k in g.links]) if g.index == gpu else g for g in report.gpus]
+    return replace(report, gpus=gpus)
+
+
 def test_nvlink_errors_growing_during_the_run_fail_old_history_does_not():
-    healthy = fixture_text("nvlink_errors", "h100-sxm-driver550-all-zero.txt")
-    history = healthy.replace("Link 2: Replay Errors: 0", "Link 2: Replay Errors: 7", 1)
-    grown = history.replace("Link 2: Replay Errors: 7", "Link 2: Replay Errors: 9", 1)
-    before, after = parsers.parse("nvlink-errors", history), parsers.parse("nvlink-errors", grown)
+    healthy = parsed("nvlink-errors", "h100-sxm-driver550-all-zero.txt")
+    gpu = healthy.gpus[0].index
+    before, after = with_counters(healthy, gpu, 2, replay=7), with_counters(healthy, gpu, 2, replay=9)
     facts = {**nvl(), "before": before, "after": before}
     assert verdict(nvlink.CHECK.evaluate(facts, PROFILE, N)) == (Verdict.PASS, "NVLINK_OK")
     facts["after"] = after
@@ -188,10 +195,10 @@ def test_nvlink_errors_growing_during_the_run_fail_old_history_does_not():
 
 
 def test_nvlink_recovery_and_crc_rate():
-    base = fixture_text("nvlink_errors", "h100-sxm-driver550-all-zero.txt")
-    after = base.replace("Link 0: Recovery Errors: 0", "Link 0: Recovery Errors: 1", 1)
-    after = after.replace("Link 5: CRC Errors: 0", "Link 5: CRC Errors: 60000", 1)
-    facts = {**nvl(), "after": parsers.parse("nvlink-errors", after), "elapsed_s": 100.0}
+    base = parsed("nvlink-errors", "h100-sxm-driver550-all-zero.txt")
+    gpu = base.gpus[0].index
+    after = with_counters(with_counters(base, gpu, 0, recovery=1), gpu, 5, crc=60000)
+    facts = {**nvl(), "after": after, "elapsed_s": 100.0}
     problems = nvlink.CHECK.evaluate(facts, PROFILE, N)[0].evidence["problems"]
     assert any("recovery" in p for p in problems) and any("600 CRC errors/s" in p for p in problems)
     facts["elapsed_s"] = 1000.0  # 60 errors/s: under DCGM's 100/s threshold
@@ -236,9 +243,9 @@ def test_throttle_idle_passes_and_sw_power_cap_is_not_a_fault():
     problems = gpu_throttle.CHECK.evaluate({"before": capped, "after": capped}, PROFILE, N)[0].evidence["problems"]
     # SW power cap on GPU0 is not a fault; HW Slowdown is named by its cause, the power brake.
     assert problems == ["GPU1 (0F:00.0): hw_power_brake_slowdown active after load"]
-    alone = fixture_text("nvsmi_perf", "a100-sxm4-driver470-throttle-reasons-no-counters.txt").replace(
-        "HW Power Brake Slowdown       : Active", "HW Power Brake Slowdown       : Not Active")
-    facts = {"before": parsers.parse("nvsmi-perf", alone), "after": parsers.parse("nvsmi-perf", alone)}
+    alone = replace(capped, gpus=[replace(g, reasons={**g.reasons, "hw_power_brake_slowdown": False})
+                                  for g in capped.gpus])
+    facts = {"before": alone, "after": alone}
     problems = [p for p in [gpu_throttle.CHECK.evaluate(facts, PROFILE, N)[0].reason]]
     assert problems == ["GPU1 (0F:00.0): hw_slowdown active after load"]
 
@@ -251,9 +258,9 @@ def test_throttle_hw_thermal_active_fails_not_warns():
 
 
 def test_throttle_counter_growth_during_load_fails_even_when_the_flag_cleared():
-    idle = fixture_text("nvsmi_perf", "h100-sxm-driver550-idle-with-counters.txt")
-    after = idle.replace("HW Thermal Slowdown               : 0 us", "HW Thermal Slowdown               : 2500000 us", 1)
-    facts = {"before": parsers.parse("nvsmi-perf", idle), "after": parsers.parse("nvsmi-perf", after)}
+    idle = perf("h100-sxm-driver550-idle-with-counters.txt")
+    hot = replace(idle.gpus[0], counters_us={**idle.gpus[0].counters_us, "hw_thermal_slowdown": 2500000})
+    facts = {"before": idle, "after": replace(idle, gpus=[hot, *idle.gpus[1:]])}
     result = gpu_throttle.CHECK.evaluate(facts, PROFILE, N)[0]
     assert (result.verdict, result.code) == (Verdict.FAIL, "THROTTLE_DURING_LOAD") and "2.5 s" in result.reason
 
