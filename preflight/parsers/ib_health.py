@@ -69,6 +69,12 @@ def parse_sysfs(text: str) -> SysfsValues:
     return SysfsValues(values)
 
 
+def counter_values(values: SysfsValues) -> dict[str, int | None]:
+    """Path -> counter (the decimal sysfs counters of /sys/class/infiniband/*/ports/*/counters), None for
+    a value that is not one (an unreadable counter is reported, never taken as 0)."""
+    return {path: int(value) if value.isdigit() else None for path, value in values.values.items()}
+
+
 # PCI Express transfer rate per generation, as the kernel prints it in current/max_link_speed
 # (drivers/pci/pci-sysfs.c, pci_speed_string(): "32.0 GT/s PCIe").
 _GTS_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}

@@ -11,7 +11,7 @@ import pytest
 from preflight import parsers
 from preflight.checks import dcgm_diag, gpu_bandwidth, gpu_throttle, ib_link_health, nvlink, pcie_link
 from preflight.checks.base import GatherError
-from preflight.parsers.ib_health import PcieLinkState, SysfsValues
+from preflight.parsers.ib_health import PcieLinkState
 from preflight.profiles import profile_for
 from preflight.result import Verdict
 from preflight.transport import CommandResult
@@ -323,8 +323,8 @@ def test_dcgm_truncated_json_is_error_with_excerpt():
 
 
 def counters(**bumps):
-    return SysfsValues({ib_link_health.counter_path(nic.device, nic.port, c): str(bumps.get(f"{nic.device}_{c}", 0))
-                        for nic in N.nics for c in ib_link_health.COUNTERS})
+    return {ib_link_health.counter_path(nic.device, nic.port, c): bumps.get(f"{nic.device}_{c}", 0)
+            for nic in N.nics for c in ib_link_health.COUNTERS}
 
 
 def ib(before=None, after=None, log="journalctl-short-no-events.txt", now=None, ber=None):

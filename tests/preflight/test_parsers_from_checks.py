@@ -141,3 +141,10 @@ def test_pcie_link_attributes_typed_from_sysfs():
     assert ib_health.pcie_link(values, base) == ib_health.PcieLinkState(gen=4, gen_max=5, width=8, width_max=16)
     down = ib_health.SysfsValues({f"{base}/current_link_speed": "Unknown", f"{base}/current_link_width": "0"})
     assert ib_health.pcie_link(down, base) == ib_health.PcieLinkState(None, None, 0, None)
+
+
+def test_ib_counters_typed_and_unreadable_ones_none_never_zero():
+    values = ib_health.parse_sysfs("/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error:12\n"
+                                   "/sys/class/infiniband/mlx5_0/ports/1/counters/link_downed:N/A\n")
+    assert ib_health.counter_values(values) == {"/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error": 12,
+                                                "/sys/class/infiniband/mlx5_0/ports/1/counters/link_downed": None}
