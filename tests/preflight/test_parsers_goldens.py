@@ -77,3 +77,14 @@ def test_the_contract_document_names_every_kind():
     contract = (FIXTURES.parents[2] / "docs" / "contracts" / "parse-json.md").read_text()
     missing = [kind for kind in PARSERS if not re.search(rf"^## {re.escape(kind)}(\s|$)", contract, re.MULTILINE)]
     assert missing == []
+
+
+@pytest.mark.parametrize("kind", sorted(set(PARSERS) - set(WITH_NOW)))
+def test_the_cli_prints_the_golden(capsys, kind):
+    """`clusterctl preflight parse KIND FILE --json` is the golden, for one sample of every kind."""
+    from cli.main import main
+
+    path = next(p for k, p in cases() if k == kind and not p.name.startswith(("truncated", "garbage")))
+    main(["preflight", "parse", kind, str(path), "--json"])
+    captured = capsys.readouterr()
+    assert captured.err == "" and json.loads(captured.out) == json.loads(path.with_suffix(".json").read_text())
