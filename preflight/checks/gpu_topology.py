@@ -36,11 +36,7 @@ def nvlinks(token: str | None) -> int:
 
 def gpu_numa(topology: Any) -> dict[int, int | None]:
     """GPU index -> NUMA node from the live topology (None where the driver does not print it)."""
-    out: dict[int, int | None] = {}
-    for i, gpu in enumerate(topology.gpus):
-        value = gpu.numa_affinity
-        out[i] = int(value) if value is not None and str(value).isdigit() else None
-    return out
+    return {i: gpu.numa_node for i, gpu in enumerate(topology.gpus)}
 
 
 def nvlink_cliques(topology: Any, numa: dict[int, int | None], size: int, minimum: int) -> list[list[int]]:

@@ -15,6 +15,7 @@ from preflight.parsers import ParseError, cmdline, cpulist, mlnx_qos
 from preflight.parsers.common import Line
 from preflight.parsers.kernel_log import KernelXids, XidEvent
 from preflight.parsers.mlnx_qos import MlnxQos, PfcPriority
+from preflight.parsers.topo import Topology
 from preflight.profiles import profile_for
 from preflight.result import Verdict
 from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
@@ -33,17 +34,24 @@ def hgx_topo() -> str:
     return fixture_text("topo", "h100-sxm-hgx-driver535-nic-legend.txt")
 
 
-def set_cell(text: str, row: str, column: str, token: str) -> str:
-    """Replace one cell of a space-aligned `topo -m` matrix with a token of the same width."""
-    lines = text.splitlines()
-    header = next(line for line in lines if line.lstrip().startswith("GPU0"))
-    start = header.index(column) if column.startswith(("GPU", "NIC")) else header.index(column)
-    for i, line in enumerate(lines):
-        if line.startswith(row + " ") or line.startswith(row + "\t"):
-            old = line[start : start + len(token)]
-            assert old.strip(), f"no cell at {row}/{column}"
-            lines[i] = line[:start] + token + line[start + len(token) :]
-    return "\n".join(lines) + "\n"
+def hgx() -> Topology:
+    return parsers.parse("topo", hgx_topo())
+
+
+def with_link(topology: Topology, a: str, b: str, token: str) -> Topology:
+    """The topology with the link a-b (both directions) printed as ``token``: the facts of a lost NVLink."""
+    links = {row: dict(cols) for row, cols in topology.links.items()}
+    links[a][b] = links[b][a] = token
+    return replace(topology, links=links)
+
+
+def with_numa(topology: Topology, gpu: str, numa: str) -> Topology:
+    return replace(topology, gpus=[replace(g, numa_affinity=numa) if g.name == gpu else g for g in topology.gpus])
+
+
+def judge_topology(topology: Topology, nics=FIXTURE_NICS, **hostvars):
+    n = node(rdma_nics=nics, **hostvars)
+    return gpu_topology.CHECK.evaluate(topology, profile_for(n.name, n.vars), n)
 
 
 def run_topology(text: str, **hostvars):
@@ -61,8 +69,7 @@ def test_topology_of_a_healthy_hgx_h100_passes():
 
 
 def test_missing_nvlink_fails_only_that_iu_and_suggests_a_layout_that_fits():
-    text = set_cell(set_cell(hgx_topo(), "GPU1", "GPU2", "NODE"), "GPU2", "GPU1", "NODE")
-    results = run_topology(text)
+    results = judge_topology(with_link(hgx(), "GPU1", "GPU2", "NODE"))
     bad = only(results, iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NVLINK_MISSING")
     assert "GPU1-GPU2 is NODE" in bad.reason
@@ -73,27 +80,22 @@ def test_missing_nvlink_fails_only_that_iu_and_suggests_a_layout_that_fits():
 
 
 def test_suggested_layout_with_two_gpu_ius_routes_around_the_broken_link():
-    text = set_cell(set_cell(hgx_topo(), "GPU1", "GPU2", "NODE"), "GPU2", "GPU1", "NODE")
-    results = run_topology(text, iu_size=2, iu_layout=[[0, 2], [1, 3], [4, 5], [6, 7]])
+    broken = with_link(hgx(), "GPU1", "GPU2", "NODE")
+    results = judge_topology(broken, iu_size=2, iu_layout=[[0, 2], [1, 3], [4, 5], [6, 7]])
     assert all(r.verdict is Verdict.PASS for r in results)  # the inventory's layout already avoids 1-2
-    results = run_topology(text, iu_size=2, iu_layout=[[0, 3], [1, 2], [4, 5], [6, 7]])
+    results = judge_topology(broken, iu_size=2, iu_layout=[[0, 3], [1, 2], [4, 5], [6, 7]])
     bad = only(results, iu="n1-iu1")
     assert bad.code == "NVLINK_MISSING"
     assert bad.evidence["suggested_iu_layout"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
 def test_fewer_nvlinks_than_the_profile_is_degraded():
-    text = set_cell(set_cell(hgx_topo(), "GPU5", "GPU6", "NV12"), "GPU6", "GPU5", "NV12")
-    bad = only(run_topology(text), iu="n1-iu1")
+    bad = only(judge_topology(with_link(hgx(), "GPU5", "GPU6", "NV12")), iu="n1-iu1")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NVLINK_DEGRADED")
 
 
 def test_gpu_on_the_wrong_numa_node_fails_its_iu():
-    header = next(line for line in hgx_topo().splitlines() if line.lstrip().startswith("GPU0"))
-    column = header.index("NUMA Affinity")
-    lines = hgx_topo().splitlines()
-    lines = [line[:column] + "1" + line[column + 1 :] if line.startswith("GPU3 ") else line for line in lines]
-    bad = only(run_topology("\n".join(lines) + "\n"), iu="n1-iu0")
+    bad = only(judge_topology(with_numa(hgx(), "GPU3", "1")), iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "GPU_NUMA")
     assert "GPU3 is on NUMA 1" in bad.reason
 
@@ -102,15 +104,13 @@ def test_nic_that_is_not_close_to_its_gpu_fails():
     nics = [dict(n) for n in FIXTURE_NICS]
     nics[0]["gpu"] = 1  # mlx5_0 is PIX to GPU0, NODE to GPU1
     nics[1]["gpu"] = 3
-    t = ScriptedTransport().on("n1", *TOPO, reply=hgx_topo())
-    results = gpu_topology.CHECK.run(context(t, node(rdma_nics=nics)))
-    bad = only(results, iu="n1-iu0")
+    bad = only(judge_topology(hgx(), nics), iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NIC_FAR")
     assert "mlx5_0 is GPU1:NODE" in bad.reason
 
 
 def test_gpu_count_mismatch_fails_the_node():
-    results = run_topology(hgx_topo(), gpu_count=16, iu_size=8)
+    results = judge_topology(hgx(), gpu_count=16, iu_size=8)
     assert [(r.iu, r.verdict, r.code) for r in results] == [(None, Verdict.FAIL, "GPU_COUNT")]
 
 
@@ -605,8 +605,14 @@ def test_synchronised_clock_passes():
     ],
 )
 def test_clock_faults_fail(name, code):
-    result = tracking(name)
+    n = node()
+    facts = parsers.parse("chrony", fixture_text("chrony", name))  # recorded faults, parsed: the facts
+    [result] = time_sync.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
     assert (result.verdict, result.code) == (Verdict.FAIL, code)
+    fast = replace(facts, system_time_offset_s=0.0045, stratum=3, reference="A9FEA97B (169.254.169.123)",
+                   leap_status="Normal")
+    [result] = time_sync.CHECK.evaluate(fast, profile_for(n.name, n.vars), n)
+    assert (result.code, "fast" in result.reason) == ("CLOCK_OFFSET", True)
 
 
 def test_chronyc_that_cannot_talk_to_chronyd_is_an_error():
