@@ -4,7 +4,7 @@ import pytest
 
 from preflight.parsers import ParseError, nccl
 
-DIR = Path(__file__).resolve().parent.parent / "fixtures" / "preflight" / "nccl"
+DIR = Path(__file__).resolve().parents[2] / "fixtures" / "preflight" / "nccl"
 
 
 def load(name: str) -> nccl.NcclResult:

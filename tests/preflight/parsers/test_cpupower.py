@@ -4,7 +4,7 @@ import pytest
 
 from preflight.parsers import ParseError, cpupower
 
-DIR = Path(__file__).resolve().parent.parent / "fixtures" / "preflight" / "cpupower"
+DIR = Path(__file__).resolve().parents[2] / "fixtures" / "preflight" / "cpupower"
 
 
 def load(name: str) -> cpupower.CpuIdleInfo:

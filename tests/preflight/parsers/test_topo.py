@@ -4,7 +4,7 @@ import pytest
 
 from preflight.parsers import ParseError, topo
 
-DIR = Path(__file__).resolve().parent.parent / "fixtures" / "preflight" / "topo"
+DIR = Path(__file__).resolve().parents[2] / "fixtures" / "preflight" / "topo"
 
 
 def load(name: str) -> topo.Topology:

@@ -4,7 +4,7 @@ import pytest
 
 from preflight.parsers import ParseError, ibping
 
-DIR = Path(__file__).resolve().parent.parent / "fixtures" / "preflight" / "ibping"
+DIR = Path(__file__).resolve().parents[2] / "fixtures" / "preflight" / "ibping"
 
 
 def load(name: str) -> ibping.IbPing:

@@ -10,7 +10,7 @@ import pytest
 from preflight.parsers import ParseError, cmdline, cpulist, ib_health, kernel_log, mlnx_qos, systemctl_show
 from preflight.parsers.common import Line
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "preflight"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "preflight"
 NOW = 1764547200.0  # 2025-12-01T00:00:00Z
 
 

@@ -11,7 +11,7 @@ import pytest
 from preflight.parsers import PARSERS, ParseError, parse, to_contract_json
 from preflight.parsers.common import lines
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "preflight"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "preflight"
 KIND_DIRS = {kind: FIXTURES / kind.replace("-", "_") for kind in PARSERS}
 
 

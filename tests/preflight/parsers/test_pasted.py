@@ -11,7 +11,7 @@ import pytest
 
 from preflight.parsers import ParseError, parse, paste_warnings, to_contract_json
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "preflight"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "preflight"
 
 PASTED = {
     # kind: (original fixture, pasted fixture, warnings expected)

@@ -6,7 +6,7 @@ rejects (truncated-*, garbage-*). Goldens are discovered, not listed: a new ``.t
 
 To write or refresh the goldens after a deliberate parser change, run::
 
-    CLUSTERCTL_UPDATE_GOLDENS=1 .venv/bin/python -m pytest -q tests/preflight/test_parsers_goldens.py
+    CLUSTERCTL_UPDATE_GOLDENS=1 .venv/bin/python -m pytest -q tests/preflight/parsers/test_goldens.py
 
 then review ``git diff tests/fixtures/preflight`` like code: every changed value is a behaviour change.
 
@@ -25,7 +25,7 @@ import pytest
 
 from preflight.parsers import PARSERS, ParseError, paste_warnings, to_contract_json
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "preflight"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "preflight"
 UPDATE = os.environ.get("CLUSTERCTL_UPDATE_GOLDENS") == "1"
 NOW = 1764547200.0  # 2025-12-01T00:00:00Z
 KIND_OF_DIR = {kind.replace("-", "_"): kind for kind in PARSERS}

@@ -4,7 +4,7 @@ import pytest
 
 from preflight.parsers import ParseError, chrony
 
-DIR = Path(__file__).resolve().parent.parent / "fixtures" / "preflight" / "chrony"
+DIR = Path(__file__).resolve().parents[2] / "fixtures" / "preflight" / "chrony"
 
 
 def load(name: str) -> chrony.Tracking:

@@ -4,7 +4,7 @@ import pytest
 
 from preflight.parsers import ParseError, perftest
 
-DIR = Path(__file__).resolve().parent.parent / "fixtures" / "preflight" / "perftest"
+DIR = Path(__file__).resolve().parents[2] / "fixtures" / "preflight" / "perftest"
 
 
 def load(name: str) -> perftest.PerftestResult:

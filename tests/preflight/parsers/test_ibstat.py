@@ -4,7 +4,7 @@ import pytest
 
 from preflight.parsers import ParseError, ibstat
 
-DIR = Path(__file__).resolve().parent.parent / "fixtures" / "preflight" / "ibstat"
+DIR = Path(__file__).resolve().parents[2] / "fixtures" / "preflight" / "ibstat"
 
 
 def load(name: str) -> ibstat.IbStat:

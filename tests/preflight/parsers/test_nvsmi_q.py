@@ -5,7 +5,7 @@ import pytest
 
 from preflight.parsers import ParseError, nvsmi_q
 
-DIR = Path(__file__).resolve().parent.parent / "fixtures" / "preflight" / "nvsmi_q"
+DIR = Path(__file__).resolve().parents[2] / "fixtures" / "preflight" / "nvsmi_q"
 
 
 def load(name: str) -> nvsmi_q.NvsmiReport:
