@@ -77,7 +77,8 @@ class GpuTopology(Check):
     def gather(self, ctx: NodeContext) -> Topology:
         return ctx.parsed("topo", TOPO)
 
-    def evaluate(self, topology: Topology, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+    def evaluate(self, facts: Topology, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        topology = facts
         gpu_cfg = profile["gpu"]
         found = len(topology.gpus)
         if found != node.gpu_count:

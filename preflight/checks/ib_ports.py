@@ -39,7 +39,8 @@ class IbPorts(Check):
     def gather(self, ctx: NodeContext) -> IbStat | None:
         return ctx.parsed("ibstat", IBSTAT) if ctx.node.nics else None
 
-    def evaluate(self, ibstat: IbStat | None, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+    def evaluate(self, facts: IbStat | None, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        ibstat = facts
         if not node.nics or ibstat is None:
             return [self.result(node, Verdict.SKIP, "NO_NICS", "inventory lists no rdma_nics")]
         problems: list[tuple[Verdict, str, str]] = []

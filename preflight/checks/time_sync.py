@@ -28,7 +28,8 @@ class TimeSync(Check):
     def gather(self, ctx: NodeContext) -> Tracking:
         return ctx.parsed("chrony", TRACKING)
 
-    def evaluate(self, tracking: Tracking, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+    def evaluate(self, facts: Tracking, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        tracking = facts
         limit_ms = profile["time_sync"]["max_offset_ms"]
         offset_ms = tracking.system_time_offset_s * 1000.0
         evidence = {
