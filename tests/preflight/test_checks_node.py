@@ -10,7 +10,18 @@ from dataclasses import replace
 import pytest
 
 from preflight import parsers
-from preflight.checks import cstates, dcqcn, gpu_health, gpu_topology, ib_ports, nccl, numa_pinning, time_sync
+from preflight.checks import (
+    consul,
+    cstates,
+    dcqcn,
+    gpu_health,
+    gpu_topology,
+    ib_ports,
+    nccl,
+    numa_pinning,
+    time_sync,
+)
+from preflight.consul_io import ServiceState
 from preflight.parsers import ParseError, cmdline, cpulist, mlnx_qos
 from preflight.parsers.common import Line
 from preflight.parsers.kernel_log import KernelXids, XidEvent
@@ -617,3 +628,32 @@ def test_clock_faults_fail(name, code):
 
 def test_chronyc_that_cannot_talk_to_chronyd_is_an_error():
     assert tracking("garbage-cannot-talk-to-daemon.txt").verdict is Verdict.ERROR
+
+
+# ------------------------------------------------------------------------------ consul
+
+
+def judge_consul(**facts):
+    n = node()
+    return consul.CHECK.evaluate(consul.ConsulFacts("127.0.0.1:8500", **facts), profile_for(n.name, n.vars), n)[0]
+
+
+def services(*ids, maintenance=()):
+    return {i: ServiceState(i, "n1", "n1", {f"_service_maintenance:{i}": "critical"} if i in maintenance else {})
+            for i in ids}
+
+
+def test_consul_judged_on_what_the_agent_said():
+    alive = {"serf_health": "passing"}
+    ok = judge_consul(alive=alive, services=services("n1-iu0", "n1-iu1", maintenance=("n1-iu1",)))
+    assert (ok.verdict, ok.code) == (Verdict.PASS, "CONSUL_OK") and "in maintenance: n1-iu1" in ok.reason
+    down = judge_consul(agent_error="connection refused")
+    assert (down.verdict, down.code, down.reason) == (Verdict.FAIL, "CONSUL_AGENT_DOWN",
+                                                       "Consul at 127.0.0.1:8500: connection refused")
+    sick = judge_consul(alive={"serf_health": "critical"}, services=services("n1-iu0", "n1-iu1"))
+    assert (sick.verdict, sick.code) == (Verdict.FAIL, "CONSUL_NODE_UNHEALTHY")
+    missing = judge_consul(alive=alive, services=services("n1-iu0"))
+    assert (missing.verdict, missing.code, missing.reason) == (Verdict.FAIL, "CONSUL_SERVICE_MISSING",
+                                                               "not registered in Consul: n1-iu1")
+    unread = judge_consul(alive=alive, services_error="ACL not found")
+    assert (unread.verdict, unread.code) == (Verdict.ERROR, "GATHER")
