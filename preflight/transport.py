@@ -276,9 +276,10 @@ class SshBackground:
 class RoutingTransport:
     """Picks the transport per node from ``ansible_connection``, as Ansible does (no 'is this virtual?')."""
 
-    def __init__(self, local: Transport | None = None, ssh: Transport | None = None):
-        self.local = local or LocalTransport()
-        self.ssh = ssh or SshTransport()
+    def __init__(self) -> None:
+        # No injection points: tests script whole transports (tests/preflight/helpers.py) instead.
+        self.local: Transport = LocalTransport()
+        self.ssh: Transport = SshTransport()
 
     def for_host(self, host: Node) -> Transport:
         return self.local if host.vars.get("ansible_connection") == "local" else self.ssh

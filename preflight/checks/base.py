@@ -1,4 +1,12 @@
-"""The frame every check runs in: gather (commands through the transport) -> parse -> evaluate.
+"""The frame every check runs in: ``gather(ctx) -> facts`` then ``evaluate(facts, profile, node)``.
+
+``gather`` is the only place that runs commands (through the transport, via ``ctx``) or reads Consul, and
+it reads every output with a registered parser (``ctx.parsed``: :mod:`preflight.parsers`, the kinds of
+``clusterctl preflight parse``). ``evaluate`` is pure: it gets the facts, the node's profile and the node,
+runs nothing, parses nothing, and returns the results; its tests build the facts directly. Rack checks
+gather per node and judge per rack in ``run_rack`` from the gathered facts (ib_pairs' rack part runs the
+pair tests there: its "facts" are measurements between hosts); bracket checks take a second reading in
+``finish`` and hand both to ``evaluate``.
 
 A check never lets an exception escape: a command that fails, times out or prints something the parser
 rejects becomes an ERROR result with an excerpt of what came back; a host that stops answering becomes
@@ -159,9 +167,12 @@ class Check:
         return self.evaluate(facts, ctx.profile, ctx.node)
 
     def evaluate(self, facts: Any, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        """Judge ``facts`` (what gather returned): pure, no command, no parsing."""
         raise NotImplementedError
 
-    def gather(self, ctx: NodeContext) -> Any:  # scope "rack": per-node part, runs with the node checks
+    def gather(self, ctx: NodeContext) -> Any:
+        """Run the commands and parse their outputs into facts (scope "rack": the per-node part, run with the
+        node checks). A GatherError means the facts could not be had: the verdict is ERROR."""
         return None
 
     def run_rack(self, ctx: RackContext) -> list[CheckResult]:  # scope "rack"

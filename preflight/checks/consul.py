@@ -1,6 +1,7 @@
 """consul: the Consul agent the node uses answers and every IU of the node is registered as ``vllm-iu``.
 
-Reads through :mod:`preflight.consul_io` (the only module that talks to Consul). An IU in maintenance
+``gather`` reads through :mod:`preflight.consul_io` (the only module that talks to Consul); ``evaluate``
+(pure) judges what it read. An IU in maintenance
 is reported, not failed: that is how nodes wait for preflight; ``--release`` clears it afterwards for
 nodes where every check passed.
 
@@ -9,9 +10,22 @@ Fault codes: CONSUL_AGENT_DOWN, CONSUL_NODE_UNHEALTHY, CONSUL_SERVICE_MISSING, C
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.model import Node
 from preflight import consul_io
 from preflight.checks.base import Check, NodeContext
 from preflight.result import CheckResult, Verdict
+
+
+@dataclass(frozen=True)
+class ConsulFacts:
+    address: str
+    alive: dict[str, Any] | None = None  # consul_io.agent_alive(), None when the agent did not answer
+    agent_error: str | None = None
+    services: dict[str, Any] | None = None  # IU id -> consul_io.ServiceState
+    services_error: str | None = None
 
 
 class Consul(Check):
@@ -22,26 +36,27 @@ class Consul(Check):
         "CONSUL_SERVICE_MISSING": "an IU of the node is not registered as vllm-iu",
     }
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
+    def gather(self, ctx: NodeContext) -> ConsulFacts:
+        """The HTTP reads (the check's "commands"); an agent that does not answer is a fact, not an error."""
         node = ctx.node
         address = consul_io.address_of(node)
         try:
             alive = consul_io.agent_alive(node)
         except consul_io.ConsulUnavailable as exc:
-            return [
-                self.result(
-                    node,
-                    Verdict.FAIL,
-                    "CONSUL_AGENT_DOWN",
-                    f"Consul at {address}: {exc}",
-                    expected={"agent": address},
-                    found={"error": str(exc)},
-                )
-            ]
+            return ConsulFacts(address, agent_error=str(exc))
         try:
-            services = consul_io.iu_services(node)
+            return ConsulFacts(address, alive, services=consul_io.iu_services(node))
         except consul_io.ConsulUnavailable as exc:
-            return [self.result(node, Verdict.ERROR, "GATHER", f"Consul at {address}: {exc}")]
+            return ConsulFacts(address, alive, services_error=str(exc))
+
+    def evaluate(self, facts: ConsulFacts, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        address = facts.address
+        if facts.alive is None:
+            return [self.result(node, Verdict.FAIL, "CONSUL_AGENT_DOWN", f"Consul at {address}: {facts.agent_error}",
+                                expected={"agent": address}, found={"error": facts.agent_error})]
+        if facts.services is None:
+            return [self.result(node, Verdict.ERROR, "GATHER", f"Consul at {address}: {facts.services_error}")]
+        alive, services = facts.alive, facts.services
         expected = {"agent": address, "services": [iu.id for iu in node.ius]}
         found = {
             **alive,

@@ -1,7 +1,8 @@
 """cstates: the effective CPU idle state, read back from the running kernel, not from config files.
 
 Deep idle states cost tens to hundreds of microseconds on wake-up, which shows up as decode jitter.
-PASS when any of these holds: every idle state outside ``cstates.allowed_states`` is disabled
+``gather`` runs ``cpupower idle-info`` (kind ``cpupower``), reads ``/proc/cmdline`` (kind ``cmdline``)
+and the PM QoS CPU latency target; ``evaluate`` (pure) passes when any of these holds: every idle state outside ``cstates.allowed_states`` is disabled
 (``cpupower idle-info`` reads the cpuidle ``disable`` flags), or the kernel runs with ``idle=poll`` or
 ``intel_idle.max_cstate``/``processor.max_cstate`` <= 1 (``/proc/cmdline``), or a PM QoS request holds
 the CPU DMA latency below every enabled deep state's exit latency (``/dev/cpu_dma_latency``).
@@ -11,31 +12,39 @@ Fault codes: CSTATES_DEEP, CSTATES_OK.
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
+from typing import Any
 
-from preflight.checks.base import Check, GatherError, NodeContext
+from cluster.model import Node
+from preflight.checks.base import Check, NodeContext
+from preflight.parsers.cmdline import KernelCmdline
+from preflight.parsers.cpupower import CpuIdleInfo
 from preflight.result import CheckResult, Verdict
 
 CPUPOWER = ["cpupower", "idle-info"]
 CMDLINE = ["cat", "/proc/cmdline"]
 # od prints the 32-bit PM QoS target (us) that the kernel returns when /dev/cpu_dma_latency is read.
 PM_QOS = ["od", "-An", "-tu4", "-N4", "/dev/cpu_dma_latency"]
-_MAX_CSTATE = re.compile(r"\b(intel_idle|processor)\.max_cstate=(\d+)\b")
 
 
-def cmdline_limits(cmdline: str) -> list[str]:
+@dataclass(frozen=True)
+class CstatesFacts:
+    idle: CpuIdleInfo
+    cmdline: KernelCmdline
+    pm_qos_us: int | None  # None: not readable (no device, no permission)
+
+
+def cmdline_limits(cmdline: KernelCmdline) -> list[str]:
     """Kernel arguments on this boot that keep CPUs out of deep idle states."""
-    words = cmdline.split()
-    held = [w for w in words if w in ("idle=poll", "idle=halt", "cpuidle.off=1")]
-    limits = dict(_MAX_CSTATE.findall(cmdline))
+    held = [f"{name}={value}" for name, value in (("idle", "poll"), ("idle", "halt"), ("cpuidle.off", "1"))
+            if cmdline.value(name) == value]
+    limits = {driver: int(value) for driver in ("intel_idle", "processor")
+              if (value := cmdline.value(f"{driver}.max_cstate")) is not None and value.isdigit()}
     # intel_idle.max_cstate=0 hands idle to acpi_idle, which processor.max_cstate then limits.
-    if (
-        "intel_idle" in limits
-        and int(limits["intel_idle"]) <= 1
-        and (int(limits["intel_idle"]) == 1 or int(limits.get("processor", 99)) <= 1)
-    ):
+    if "intel_idle" in limits and limits["intel_idle"] <= 1 and (
+            limits["intel_idle"] == 1 or limits.get("processor", 99) <= 1):
         held.append(" ".join(f"{k}.max_cstate={v}" for k, v in sorted(limits.items())))
-    elif "intel_idle" not in limits and int(limits.get("processor", 99)) <= 1:
+    elif "intel_idle" not in limits and limits.get("processor", 99) <= 1:
         held.append(f"processor.max_cstate={limits['processor']}")
     return held
 
@@ -46,16 +55,22 @@ class Cstates(Check):
         "CSTATES_DEEP": "idle states deeper than the profile allows are enabled and nothing holds them off"
     }
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
-        node = ctx.node
-        allowed = set(ctx.profile["cstates"]["allowed_states"])
-        try:
-            info = ctx.parsed("cpupower", CPUPOWER)
-            cmdline = ctx.output(CMDLINE).strip()
-        except GatherError as exc:
-            return [self.error(node, exc)]
+    def gather(self, ctx: NodeContext) -> CstatesFacts:
+        info = ctx.parsed("cpupower", CPUPOWER)
+        cmdline = ctx.parsed("cmdline", CMDLINE)
+        # Read whether or not it will be needed: judging is evaluate's. Opening the device adds a
+        # default (no-limit) request only while od holds it open, which changes no other request.
+        qos = ctx.run(PM_QOS)
+        words = qos.stdout.split() if qos.ok else []
+        # od's one number, or nothing: a one-token format, read here rather than given a parser kind.
+        target = int(words[0]) if len(words) == 1 and words[0].isdigit() else None
+        return CstatesFacts(info, cmdline, target)
+
+    def evaluate(self, facts: CstatesFacts, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        info = facts.idle
+        allowed = set(profile["cstates"]["allowed_states"])
         deep_enabled = [s for s in info.states if s.name not in allowed and not s.disabled]
-        held_by_args = cmdline_limits(cmdline)
+        held_by_args = cmdline_limits(facts.cmdline)
         evidence = {
             "expected": {"enabled_states_within": sorted(allowed)},
             "found": {
@@ -67,39 +82,17 @@ class Cstates(Check):
         }
         if not deep_enabled:
             how = "deeper states disabled" if info.states else "no cpuidle states"
-            return [
-                self.result(
-                    node, Verdict.PASS, "CSTATES_OK", f"{how} ({info.driver or 'no driver'})", **evidence
-                )
-            ]
+            return [self.result(node, Verdict.PASS, "CSTATES_OK", f"{how} ({info.driver or 'no driver'})", **evidence)]
         if held_by_args:
-            return [
-                self.result(
-                    node, Verdict.PASS, "CSTATES_OK", f"held by kernel args {held_by_args[0]}", **evidence
-                )
-            ]
-        qos = ctx.run(PM_QOS)
-        target = (
-            int(qos.stdout.split()[0])
-            if qos.ok and qos.stdout.split() and qos.stdout.split()[0].isdigit()
-            else None
-        )
+            return [self.result(node, Verdict.PASS, "CSTATES_OK", f"held by kernel args {held_by_args[0]}", **evidence)]
+        target = facts.pm_qos_us
         evidence["found"]["pm_qos_us"] = target
         if target is not None and all(target < s.latency_us for s in deep_enabled):
-            return [
-                self.result(node, Verdict.PASS, "CSTATES_OK", f"held by PM QoS ({target} us)", **evidence)
-            ]
+            return [self.result(node, Verdict.PASS, "CSTATES_OK", f"held by PM QoS ({target} us)", **evidence)]
         names = ", ".join(f"{s.name} ({s.latency_us} us)" for s in deep_enabled)
-        return [
-            self.result(
-                node,
-                Verdict.FAIL,
-                "CSTATES_DEEP",
-                f"deep idle states enabled: {names}; disable them or boot with intel_idle.max_cstate=0 "
-                "processor.max_cstate=1",
-                **evidence,
-            )
-        ]
+        return [self.result(node, Verdict.FAIL, "CSTATES_DEEP",
+                            f"deep idle states enabled: {names}; disable them or boot with intel_idle.max_cstate=0 "
+                            "processor.max_cstate=1", **evidence)]
 
 
 CHECK = Cstates()

@@ -1,6 +1,6 @@
 """gpu_topology: the GPUs, NVLinks, NUMA placement and NIC distances each IU was laid out for.
 
-Gathers ``nvidia-smi topo -m`` once per node. Per node: the GPU count equals the inventory's. Per IU: every
+``gather``: ``nvidia-smi topo -m`` once per node (kind ``topo``); ``evaluate`` (pure) judges it. Per node: the GPU count equals the inventory's. Per IU: every
 GPU pair is connected by at least the profile's number of NVLinks (``NV18`` on H100), every GPU sits on
 the IU's NUMA node, and each of the IU's NICs is PIX/PXB from one of its GPUs (GPUDirect RDMA). When an
 IU does not fit, the reason carries an ``iu_layout`` that does fit the live topology.
@@ -14,7 +14,9 @@ import itertools
 import re
 from typing import Any
 
-from preflight.checks.base import Check, GatherError, NodeContext, verdict_of
+from cluster.model import Node
+from preflight.checks.base import Check, NodeContext, verdict_of
+from preflight.parsers.topo import Topology
 from preflight.result import CheckResult, Verdict
 
 TOPO = ["nvidia-smi", "topo", "-m"]
@@ -34,11 +36,7 @@ def nvlinks(token: str | None) -> int:
 
 def gpu_numa(topology: Any) -> dict[int, int | None]:
     """GPU index -> NUMA node from the live topology (None where the driver does not print it)."""
-    out: dict[int, int | None] = {}
-    for i, gpu in enumerate(topology.gpus):
-        value = gpu.numa_affinity
-        out[i] = int(value) if value is not None and str(value).isdigit() else None
-    return out
+    return {i: gpu.numa_node for i, gpu in enumerate(topology.gpus)}
 
 
 def nvlink_cliques(topology: Any, numa: dict[int, int | None], size: int, minimum: int) -> list[list[int]]:
@@ -76,13 +74,12 @@ class GpuTopology(Check):
         "NIC_MISSING": "an IU's NIC does not appear in the topology",
     }
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
-        node = ctx.node
-        try:
-            topology = ctx.parsed("topo", TOPO)
-        except GatherError as exc:
-            return [self.error(node, exc)]
-        gpu_cfg = ctx.profile["gpu"]
+    def gather(self, ctx: NodeContext) -> Topology:
+        return ctx.parsed("topo", TOPO)
+
+    def evaluate(self, facts: Topology, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        topology = facts
+        gpu_cfg = profile["gpu"]
         found = len(topology.gpus)
         if found != node.gpu_count:
             return [

@@ -21,7 +21,7 @@ from typing import Any
 
 from cluster.model import Node
 from preflight.checks.base import Check, GatherError, NodeContext
-from preflight.parsers.ib_health import LinkEvents, MlxlinkBer, SysfsValues, parse_kernel_links
+from preflight.parsers.ib_health import LinkEvents, MlxlinkBer, counter_values, parse_kernel_links
 from preflight.result import CheckResult, Verdict
 
 COUNTERS = {"link_downed": "link_downed_max", "symbol_error": "symbol_error_max",
@@ -47,11 +47,11 @@ class IbLinkHealth(Check):
         "NO_NICS": "inventory lists no rdma_nics",
     }
 
-    def _counters(self, ctx: NodeContext) -> SysfsValues:
+    def _counters(self, ctx: NodeContext) -> dict[str, int | None]:
         paths = [counter_path(n.device, n.port, c) for n in ctx.node.nics for c in COUNTERS]
-        return ctx.parsed("sysfs", ["grep", "-H", ".", *paths], cache=False)
+        return counter_values(ctx.parsed("sysfs", ["grep", "-H", ".", *paths], cache=False))
 
-    def gather(self, ctx: NodeContext) -> SysfsValues | None:
+    def gather(self, ctx: NodeContext) -> dict[str, int | None] | None:
         return self._counters(ctx) if ctx.node.nics else None
 
     def finish(self, ctx: NodeContext, before: Any) -> list[CheckResult]:
@@ -82,8 +82,8 @@ class IbLinkHealth(Check):
 
     def evaluate(self, facts: dict[str, Any], profile: dict[str, Any], node: Node) -> list[CheckResult]:
         cfg = profile["ib_health"]
-        before: SysfsValues = facts["before"]
-        after: SysfsValues = facts["after"]
+        before: dict[str, int | None] = facts["before"]  # counter path -> value
+        after: dict[str, int | None] = facts["after"]
         events: LinkEvents = facts["events"]
         ber: dict[str, MlxlinkBer] = facts["ber"]
         problems: list[tuple[Verdict, str, str]] = []
@@ -93,10 +93,10 @@ class IbLinkHealth(Check):
             for counter, limit_key in COUNTERS.items():
                 path = counter_path(nic.device, nic.port, counter)
                 start, end = before.get(path), after.get(path)
-                if start is None or end is None or not (start.isdigit() and end.isdigit()):
+                if start is None or end is None:
                     problems.append((Verdict.FAIL, "IB_COUNTER", f"{port}: {counter} not readable ({path})"))
                     continue
-                delta = int(end) - int(start)
+                delta = end - start
                 if delta:
                     grown.setdefault(port, {})[counter] = delta
                 if delta > cfg[limit_key]:

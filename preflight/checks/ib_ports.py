@@ -1,6 +1,7 @@
 """ib_ports: every HCA port the inventory lists is Active/LinkUp at the expected rate and link layer.
 
-Gathers ``ibstat`` once per node (shared with ib_pairs, which needs the LIDs). Expected rate: the NIC's
+``gather``: ``ibstat`` once per node (kind ``ibstat``, cached for ib_pairs, which needs the GUIDs/LIDs);
+``evaluate`` (pure) compares every inventory port with it. Expected rate: the NIC's
 ``rate_gbps`` in the inventory, else the profile's ``ib.port_rate_gbps``.
 
 Fault codes: PORT_MISSING, PORT_DOWN, PORT_RATE, LINK_LAYER, NO_NICS, PORTS_OK.
@@ -8,7 +9,11 @@ Fault codes: PORT_MISSING, PORT_DOWN, PORT_RATE, LINK_LAYER, NO_NICS, PORTS_OK.
 
 from __future__ import annotations
 
-from preflight.checks.base import Check, GatherError, NodeContext
+from typing import Any
+
+from cluster.model import Node
+from preflight.checks.base import Check, NodeContext
+from preflight.parsers.ibstat import IbStat
 from preflight.result import CheckResult, Verdict
 
 IBSTAT = ["ibstat"]
@@ -31,18 +36,17 @@ class IbPorts(Check):
         "LINK_LAYER": "port link layer differs from the inventory (InfiniBand vs Ethernet/RoCE)",
     }
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
-        node = ctx.node
-        if not node.nics:
+    def gather(self, ctx: NodeContext) -> IbStat | None:
+        return ctx.parsed("ibstat", IBSTAT) if ctx.node.nics else None
+
+    def evaluate(self, facts: IbStat | None, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        ibstat = facts
+        if not node.nics or ibstat is None:
             return [self.result(node, Verdict.SKIP, "NO_NICS", "inventory lists no rdma_nics")]
-        try:
-            ibstat = ctx.parsed("ibstat", IBSTAT)
-        except GatherError as exc:
-            return [self.error(node, exc)]
         problems: list[tuple[Verdict, str, str]] = []
         expected, found = {}, {}
         for nic in node.nics:
-            rate = nic.rate_gbps or ctx.profile["ib"]["port_rate_gbps"]
+            rate = nic.rate_gbps or profile["ib"]["port_rate_gbps"]
             layer = LINK_LAYERS.get(nic.link_layer, nic.link_layer)
             key = f"{nic.device}:{nic.port}"
             expected[key] = {

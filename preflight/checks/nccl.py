@@ -5,12 +5,20 @@ Gates on the out-of-place bus bandwidth of the largest message size, which must 
 and says little about the NVLink fabric. Any #wrong or out-of-bounds value -> FAIL; a run that did not
 finish (crash, NCCL WARN, killed) -> FAIL with its last error line.
 
+``gather`` runs the benchmarks and parses what they printed (kind ``nccl``); ``evaluate`` (pure) judges
+each run from its facts: exit status, timeout, parse result.
+
 Fault codes: NCCL_BUSBW, NCCL_WRONG, NCCL_INCOMPLETE, NCCL_SIZE, NCCL_NO_THRESHOLD, NCCL_OK.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cluster.model import Node
 from preflight.checks.base import Check, GatherError, NodeContext, command_line, excerpt, parse_output
+from preflight.parsers.nccl import NcclResult
 from preflight.result import CheckResult, Verdict
 
 
@@ -33,6 +41,21 @@ def all_reduce_argv(gpus: tuple[int, ...], nccl_cfg: dict) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class NcclRun:
+    """One all_reduce_perf run: what came back and, where it could be read, its parse."""
+
+    iu: str | None  # None: the whole-node run
+    gpus: tuple[int, ...]
+    argv: tuple[str, ...]
+    rc: int | None = None
+    timed_out: bool = False
+    last_line: str = ""
+    output: str = ""  # excerpt of stdout + stderr, for a run that crashed before printing results
+    parsed: NcclResult | None = None
+    error: GatherError | None = None  # the command could not run, or its output could not be read
+
+
 class Nccl(Check):
     name = "nccl"
     codes = {
@@ -43,46 +66,46 @@ class Nccl(Check):
         "NCCL_NO_THRESHOLD": "the profile has no floor for this GPU count",
     }
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
+    def gather(self, ctx: NodeContext) -> list[NcclRun]:
         node = ctx.node
         runs: list[tuple[str | None, tuple[int, ...]]] = [(iu.id, iu.gpus) for iu in node.ius]
         if node.gpu_count > max((len(g) for _, g in runs), default=0):
             runs.append((None, tuple(range(node.gpu_count))))
-        return [self._one(ctx, iu, gpus) for iu, gpus in runs]
+        return [self._run(ctx, iu, gpus) for iu, gpus in runs]
 
-    def _one(self, ctx: NodeContext, iu: str | None, gpus: tuple[int, ...]) -> CheckResult:
-        node, cfg = ctx.node, ctx.profile["nccl"]
-        argv = all_reduce_argv(gpus, cfg)
-        floor = cfg["busbw_min_gbps"].get(len(gpus))
-        expected = {"busbw_min_gbps": floor, "min_size_bytes": cfg["min_size_bytes"], "wrong": 0}
+    def _run(self, ctx: NodeContext, iu: str | None, gpus: tuple[int, ...]) -> NcclRun:
+        argv = tuple(all_reduce_argv(gpus, ctx.profile["nccl"]))
         try:
             result = ctx.run(argv)
         except GatherError as exc:
-            return self.error(node, exc, iu=iu)
+            return NcclRun(iu, gpus, argv, error=exc)
+        facts = NcclRun(iu, gpus, argv, result.rc, result.timed_out, result.last_line(),
+                        excerpt(result.stdout + result.stderr))
+        if result.timed_out:
+            return facts
         try:
-            if result.timed_out:
-                return self.result(
-                    node,
-                    Verdict.FAIL,
-                    "NCCL_INCOMPLETE",
-                    f"all_reduce_perf -g {len(gpus)} timed out; last line: {result.last_line()}",
-                    iu=iu,
-                    command=command_line(argv),
-                    expected=expected,
-                )
-            parsed = parse_output("nccl", result.stdout, command_line(argv))
+            return replace(facts, parsed=parse_output("nccl", result.stdout, command_line(argv)))
         except GatherError as exc:
-            if result.rc not in (0, None):  # crashed before printing anything parseable
-                return self.result(
-                    node,
-                    Verdict.FAIL,
-                    "NCCL_INCOMPLETE",
-                    f"all_reduce_perf -g {len(gpus)} exited {result.rc}: {result.last_line()}",
-                    iu=iu,
-                    command=command_line(argv),
-                    output=excerpt(result.stdout + result.stderr),
-                )
-            return self.error(node, exc, iu=iu)
+            return replace(facts, error=exc)
+
+    def evaluate(self, facts: list[NcclRun], profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        return [self._one(run, profile["nccl"], node) for run in facts]
+
+    def _one(self, run: NcclRun, cfg: dict[str, Any], node: Node) -> CheckResult:
+        iu, gpus, command = run.iu, run.gpus, command_line(run.argv)
+        floor = cfg["busbw_min_gbps"].get(len(gpus))
+        expected = {"busbw_min_gbps": floor, "min_size_bytes": cfg["min_size_bytes"], "wrong": 0}
+        if run.timed_out:
+            return self.result(node, Verdict.FAIL, "NCCL_INCOMPLETE",
+                               f"all_reduce_perf -g {len(gpus)} timed out; last line: {run.last_line}",
+                               iu=iu, command=command, expected=expected)
+        if run.parsed is None:
+            if run.error is not None and run.rc not in (0, None):  # crashed before printing anything parseable
+                return self.result(node, Verdict.FAIL, "NCCL_INCOMPLETE",
+                                   f"all_reduce_perf -g {len(gpus)} exited {run.rc}: {run.last_line}",
+                                   iu=iu, command=command, output=run.output)
+            return self.error(node, run.error or GatherError("no nccl result was read"), iu=iu)
+        parsed = run.parsed
         rows = [r for r in parsed.rows if r.oop_busbw_gbps is not None]
         largest = max(rows, key=lambda r: r.size_bytes) if rows else None
         wrong = sum(int(w or 0) for r in parsed.rows for w in (r.oop_wrong, r.ip_wrong))
@@ -94,66 +117,35 @@ class Nccl(Check):
             "avg_busbw_gbps": parsed.avg_busbw_gbps,
             "complete": parsed.complete,
         }
-        ev = {"command": command_line(argv), "expected": expected, "found": found}
-        last_error = (parsed.errors[-1] if parsed.errors else "") or result.last_line()
-        incomplete = self.result(
-            node,
-            Verdict.FAIL,
-            "NCCL_INCOMPLETE",
-            f"all_reduce_perf -g {len(gpus)} did not finish (exit {result.rc}): {last_error}",
-            iu=iu,
-            **ev,
-        )
+        ev = {"command": command, "expected": expected, "found": found}
+        last_error = (parsed.errors[-1] if parsed.errors else "") or run.last_line
+        incomplete = self.result(node, Verdict.FAIL, "NCCL_INCOMPLETE",
+                                 f"all_reduce_perf -g {len(gpus)} did not finish (exit {run.rc}): {last_error}",
+                                 iu=iu, **ev)
         if not parsed.complete:
             return incomplete
         # nccl-tests exits 1 after printing its results when values were wrong: NCCL_WRONG, not a crash.
         if wrong or (parsed.oob_values or 0):
-            return self.result(
-                node,
-                Verdict.FAIL,
-                "NCCL_WRONG",
-                f"{wrong} wrong / {parsed.oob_values or 0} out-of-bounds values (data corruption)",
-                iu=iu,
-                **ev,
-            )
-        if result.rc != 0:
+            return self.result(node, Verdict.FAIL, "NCCL_WRONG",
+                               f"{wrong} wrong / {parsed.oob_values or 0} out-of-bounds values (data corruption)",
+                               iu=iu, **ev)
+        if run.rc != 0:
             return incomplete
         if largest is None or largest.size_bytes < cfg["min_size_bytes"]:
-            return self.result(
-                node,
-                Verdict.FAIL,
-                "NCCL_SIZE",
-                f"largest size {found['size_bytes']} B < {cfg['min_size_bytes']} B",
-                iu=iu,
-                **ev,
-            )
+            return self.result(node, Verdict.FAIL, "NCCL_SIZE",
+                               f"largest size {found['size_bytes']} B < {cfg['min_size_bytes']} B", iu=iu, **ev)
         if floor is None:
-            return self.result(
-                node,
-                Verdict.WARN,
-                "NCCL_NO_THRESHOLD",
-                f"busbw {largest.oop_busbw_gbps:g} GB/s; profile has no floor for {len(gpus)} GPUs",
-                iu=iu,
-                **ev,
-            )
+            return self.result(node, Verdict.WARN, "NCCL_NO_THRESHOLD",
+                               f"busbw {largest.oop_busbw_gbps:g} GB/s; profile has no floor for {len(gpus)} GPUs",
+                               iu=iu, **ev)
         size = _human(largest.size_bytes)
         if largest.oop_busbw_gbps < floor:
-            return self.result(
-                node,
-                Verdict.FAIL,
-                "NCCL_BUSBW",
-                f"busbw {largest.oop_busbw_gbps:g} GB/s at {size} < {floor:g} ({len(gpus)} GPUs)",
-                iu=iu,
-                **ev,
-            )
-        return self.result(
-            node,
-            Verdict.PASS,
-            "NCCL_OK",
-            f"busbw {largest.oop_busbw_gbps:g} GB/s at {size} >= {floor:g} ({len(gpus)} GPUs)",
-            iu=iu,
-            **ev,
-        )
+            return self.result(node, Verdict.FAIL, "NCCL_BUSBW",
+                               f"busbw {largest.oop_busbw_gbps:g} GB/s at {size} < {floor:g} ({len(gpus)} GPUs)",
+                               iu=iu, **ev)
+        return self.result(node, Verdict.PASS, "NCCL_OK",
+                           f"busbw {largest.oop_busbw_gbps:g} GB/s at {size} >= {floor:g} ({len(gpus)} GPUs)",
+                           iu=iu, **ev)
 
 
 def _human(size: int) -> str:

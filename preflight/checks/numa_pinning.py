@@ -1,51 +1,38 @@
 """numa_pinning: each IU's vLLM unit is pinned to the CPUs and memory of the IU's NUMA node.
 
-Reads back what systemd applies (``systemctl show -p CPUAffinity,NUMAPolicy,NUMAMask vllm-iu@<N>``),
-not the unit files, and compares it with the live topology (``/sys/devices/system/node/node<N>/cpulist``
-on the host), so a stale drop-in or a BIOS that renumbered CPUs is caught.
+``gather`` reads back what systemd applies (``systemctl show -p CPUAffinity,NUMAPolicy,NUMAMask
+vllm-iu@<N>``, kind ``systemctl-show``), not the unit files, and the live topology
+(``/sys/devices/system/node/node<N>/cpulist`` on the host, kind ``cpulist``); ``evaluate`` (pure)
+compares them, so a stale drop-in or a BIOS that renumbered CPUs is caught. Each IU is judged on its
+own: a command that fails for one IU is an ERROR for that IU only.
 
 Fault codes: UNIT_MISSING, CPU_AFFINITY, NUMA_POLICY, NUMA_MASK, NUMA_UNKNOWN, PINNING_OK.
 """
 
 from __future__ import annotations
 
-from preflight.checks.base import Check, GatherError, NodeContext, verdict_of
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.model import Node
+from preflight.checks.base import Check, GatherError, NodeContext, command_line, verdict_of
+from preflight.parsers.cpulist import CpuList, format_cpus
+from preflight.parsers.systemctl_show import UnitShow
 from preflight.result import CheckResult, Verdict
 
 UNIT = "vllm-iu@{index}.service"
 ACCEPTED_POLICIES = ("bind", "preferred")  # memory local to the IU's socket (preferred may spill when full)
+PROPERTIES = "LoadState,CPUAffinity,NUMAPolicy,NUMAMask"
 
 
-def parse_cpu_list(text: str) -> set[int]:
-    """'0-47,96-143' (kernel cpulist) or '0-47 96-143' / '0 1 2' (systemctl show) -> set of CPUs."""
-    cpus: set[int] = set()
-    for token in text.replace(",", " ").split():
-        if "-" in token:
-            low, high = token.split("-", 1)
-            cpus.update(range(int(low), int(high) + 1))
-        else:
-            cpus.add(int(token))
-    return cpus
+@dataclass(frozen=True)
+class IuPinning:
+    node_cpus: CpuList  # the CPUs of the IU's NUMA node, live
+    unit: UnitShow  # what systemd applies to the IU's unit
 
 
-def compact(cpus: set[int]) -> str:
-    ordered, ranges, i = sorted(cpus), [], 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        ranges.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(ranges)
-
-
-def show_properties(text: str) -> dict[str, str]:
-    props = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key.strip()] = value.strip()
-    return props
+def show_argv(unit: str) -> list[str]:
+    return ["systemctl", "show", "-p", PROPERTIES, unit]
 
 
 class NumaPinning(Check):
@@ -58,82 +45,64 @@ class NumaPinning(Check):
         "NUMA_UNKNOWN": "the IU has no NUMA node in the inventory",
     }
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
-        return [self._one(ctx, iu) for iu in ctx.node.ius]
+    def gather(self, ctx: NodeContext) -> dict[str, IuPinning | GatherError]:
+        """IU id -> its readings, or the GatherError of its commands (IUs without a NUMA node: absent)."""
+        facts: dict[str, IuPinning | GatherError] = {}
+        for iu in ctx.node.ius:
+            if iu.numa_node is None:
+                continue
+            try:
+                facts[iu.id] = self._gather_iu(ctx, iu)
+            except GatherError as exc:
+                facts[iu.id] = exc
+        return facts
 
-    def _one(self, ctx: NodeContext, iu) -> CheckResult:
-        node = ctx.node
+    def _gather_iu(self, ctx: NodeContext, iu) -> IuPinning:
+        node_cpus = ctx.parsed("cpulist", ["cat", f"/sys/devices/system/node/node{iu.numa_node}/cpulist"])
+        argv = show_argv(UNIT.format(index=iu.index))
+        shown = ctx.parsed("systemctl-show", argv)
+        unit = shown.units[0]
+        if unit.load_state is None:  # properties, but not the ones asked for: not an answer about this unit
+            raise GatherError(f"`{command_line(argv)}` gave no LoadState", command=command_line(argv))
+        return IuPinning(node_cpus, unit)
+
+    def evaluate(self, facts: dict[str, IuPinning | GatherError], profile: dict[str, Any],
+                 node: Node) -> list[CheckResult]:
+        return [self._one(facts.get(iu.id), iu, node) for iu in node.ius]
+
+    def _one(self, reading: IuPinning | GatherError | None, iu, node: Node) -> CheckResult:
         if iu.numa_node is None:
-            return self.result(
-                node, Verdict.FAIL, "NUMA_UNKNOWN", "IU has no NUMA node (set gpu_numa_nodes)", iu=iu.id
-            )
+            return self.result(node, Verdict.FAIL, "NUMA_UNKNOWN", "IU has no NUMA node (set gpu_numa_nodes)", iu=iu.id)
+        if isinstance(reading, GatherError):
+            return self.error(node, reading, iu=iu.id)
+        if reading is None:
+            return self.result(node, Verdict.ERROR, "GATHER", "no reading of this IU's unit was taken", iu=iu.id)
         unit = UNIT.format(index=iu.index)
-        try:
-            node_cpus = parse_cpu_list(
-                ctx.output(["cat", f"/sys/devices/system/node/node{iu.numa_node}/cpulist"])
-            )
-            show = ["systemctl", "show", "-p", "LoadState,CPUAffinity,NUMAPolicy,NUMAMask", unit]
-            props = show_properties(ctx.output(show))
-            if (
-                "LoadState" not in props
-            ):  # e.g. "Running in chroot, ignoring command 'show'": no manager to ask
-                raise GatherError(
-                    f"`systemctl show {unit}` gave no properties: "
-                    f"{ctx.run(show).last_line() or 'empty output'}"
-                )
-            affinity = parse_cpu_list(props.get("CPUAffinity", ""))
-            mask = parse_cpu_list(props.get("NUMAMask", ""))
-        except ValueError as exc:
-            return self.result(node, Verdict.ERROR, "GATHER", f"cannot read CPU list: {exc}", iu=iu.id)
-        except GatherError as exc:
-            return self.error(node, exc, iu=iu.id)
-        expected = {
-            "unit": unit,
-            "CPUAffinity": compact(node_cpus),
-            "NUMAPolicy": "|".join(ACCEPTED_POLICIES),
-            "NUMAMask": str(iu.numa_node),
-        }
-        found = {
-            "LoadState": props.get("LoadState"),
-            "CPUAffinity": compact(affinity),
-            "NUMAPolicy": props.get("NUMAPolicy"),
-            "NUMAMask": compact(mask),
-        }
+        node_cpus = set(reading.node_cpus.cpus)
+        props = reading.unit
+        affinity = set(props.cpu_affinity or ())
+        mask = set(props.numa_mask or ())
+        expected = {"unit": unit, "CPUAffinity": format_cpus(node_cpus), "NUMAPolicy": "|".join(ACCEPTED_POLICIES),
+                    "NUMAMask": str(iu.numa_node)}
+        found = {"LoadState": props.load_state, "CPUAffinity": format_cpus(affinity),
+                 "NUMAPolicy": props.get("NUMAPolicy"), "NUMAMask": format_cpus(mask)}
         problems: list[tuple[Verdict, str, str]] = []
-        if props.get("LoadState") != "loaded":
-            problems.append((Verdict.FAIL, "UNIT_MISSING", f"{unit} is {props.get('LoadState')}"))
+        if props.load_state != "loaded":
+            problems.append((Verdict.FAIL, "UNIT_MISSING", f"{unit} is {props.load_state}"))
         else:
             if affinity != node_cpus:
-                what = "unpinned" if not affinity else f"pinned to {compact(affinity)}"
-                problems.append(
-                    (
-                        Verdict.FAIL,
-                        "CPU_AFFINITY",
-                        f"{unit} {what}, NUMA {iu.numa_node} CPUs are {compact(node_cpus)}",
-                    )
-                )
+                what = "unpinned" if not affinity else f"pinned to {format_cpus(affinity)}"
+                problems.append((Verdict.FAIL, "CPU_AFFINITY",
+                                 f"{unit} {what}, NUMA {iu.numa_node} CPUs are {format_cpus(node_cpus)}"))
             if props.get("NUMAPolicy") not in ACCEPTED_POLICIES:
-                problems.append(
-                    (Verdict.FAIL, "NUMA_POLICY", f"{unit} NUMAPolicy={props.get('NUMAPolicy') or '(none)'}")
-                )
+                problems.append((Verdict.FAIL, "NUMA_POLICY", f"{unit} NUMAPolicy={props.get('NUMAPolicy') or '(none)'}"))
             if mask != {iu.numa_node}:
-                problems.append(
-                    (
-                        Verdict.FAIL,
-                        "NUMA_MASK",
-                        f"{unit} NUMAMask={compact(mask) or '(none)'}, expected {iu.numa_node}",
-                    )
-                )
+                problems.append((Verdict.FAIL, "NUMA_MASK",
+                                 f"{unit} NUMAMask={format_cpus(mask) or '(none)'}, expected {iu.numa_node}"))
         if not problems:
-            return self.result(
-                node,
-                Verdict.PASS,
-                "PINNING_OK",
-                f"{unit} on NUMA {iu.numa_node} CPUs {compact(node_cpus)}",
-                iu=iu.id,
-                expected=expected,
-                found=found,
-            )
+            return self.result(node, Verdict.PASS, "PINNING_OK",
+                               f"{unit} on NUMA {iu.numa_node} CPUs {format_cpus(node_cpus)}",
+                               iu=iu.id, expected=expected, found=found)
         verdict, code, reason = verdict_of(problems)
         return self.result(node, verdict, code, reason, iu=iu.id, expected=expected, found=found)
 

@@ -24,16 +24,14 @@ from typing import Any
 from cluster.model import Node
 from preflight.checks.base import Check, GatherError, NodeContext, command_line, parse_output
 from preflight.checks.gpu_throttle import gpu_label
-from preflight.parsers.ib_health import SysfsValues
+from preflight.parsers.ib_health import PCIE_LINK_FILES, PcieLinkState, SysfsValues, pcie_link
 from preflight.parsers.nvsmi_sections import PcieReport
 from preflight.result import CheckResult, Verdict
 
 NVSMI_PCI = ["nvidia-smi", "-q", "-d", "PCI,PERFORMANCE"]
 LOAD = ["nvbandwidth", "-t", "host_to_device_memcpy_ce", "-i", "20"]
 LOAD_SETTLE_S = 2.0  # the link retrains to full speed within milliseconds of the first copy
-HCA_FILES = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
-# "32.0 GT/s PCIe" -> 5 (PCI Express Base Specification transfer rates per generation).
-_GTS_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+HCA_FILES = PCIE_LINK_FILES
 
 
 @dataclass(frozen=True)
@@ -41,15 +39,15 @@ class PcieFacts:
     idle: PcieReport
     loaded: PcieReport | None  # the re-read under load, when some GPU read low while idle
     load_error: str | None  # why no loaded reading could be taken
-    hcas: dict[str, SysfsValues | None]  # device -> its sysfs link attributes (None: none read)
+    hcas: dict[str, PcieLinkState | None]  # device -> its link, typed from sysfs (None: no attribute read)
+
+
+def hca_dir(device: str) -> str:
+    return f"/sys/class/infiniband/{device}/device"
 
 
 def hca_paths(device: str) -> list[str]:
-    return [f"/sys/class/infiniband/{device}/device/{name}" for name in HCA_FILES]
-
-
-def gen_of(speed: str | None) -> int | None:
-    return _GTS_GEN.get(speed.split()[0]) if speed else None
+    return [f"{hca_dir(device)}/{name}" for name in HCA_FILES]
 
 
 class PcieLink(Check):
@@ -68,7 +66,7 @@ class PcieLink(Check):
         loaded, load_error = None, None
         if any(g.gen_current is not None and g.gen_current < expected for g in idle.gpus):
             loaded, load_error = self._under_load(ctx)
-        hcas: dict[str, SysfsValues | None] = {}
+        hcas: dict[str, PcieLinkState | None] = {}
         if ctx.node.nics:
             paths = [p for nic in ctx.node.nics for p in hca_paths(nic.device)]
             argv = ["grep", "-H", ".", *paths]
@@ -82,7 +80,7 @@ class PcieLink(Check):
             values = parse_output("sysfs", result.stdout, "grep -H . <hca link files>") if result.stdout.strip() else None
             for nic in ctx.node.nics:
                 mine = {p: values.values[p] for p in hca_paths(nic.device) if values and p in values.values}
-                hcas[nic.device] = SysfsValues(mine) if mine else None
+                hcas[nic.device] = pcie_link(SysfsValues(mine), hca_dir(nic.device)) if mine else None
         return PcieFacts(idle, loaded, load_error, hcas)
 
     def _under_load(self, ctx: NodeContext) -> tuple[PcieReport | None, str | None]:
@@ -124,14 +122,11 @@ class PcieLink(Check):
                 else:
                     problems.append((Verdict.FAIL, "PCIE_GEN", f"{name} at Gen{reading.gen_current} under load, "
                                                                f"expected Gen{cfg['gpu_gen']}"))
-        for device, values in facts.hcas.items():
-            if values is None:
+        for device, hca in facts.hcas.items():
+            if hca is None:
                 problems.append((Verdict.FAIL, "PCIE_MISSING", f"HCA {device}: no PCIe link attributes in sysfs"))
                 continue
-            attrs = {name: values.get(path) for name, path in zip(HCA_FILES, hca_paths(device), strict=True)}
-            gen, gen_max = gen_of(attrs["current_link_speed"]), gen_of(attrs["max_link_speed"])
-            width = int(attrs["current_link_width"]) if (attrs["current_link_width"] or "").isdigit() else None
-            width_max = int(attrs["max_link_width"]) if (attrs["max_link_width"] or "").isdigit() else None
+            gen, gen_max, width, width_max = hca.gen, hca.gen_max, hca.width, hca.width_max
             found[f"HCA {device}"] = {"gen": gen, "gen_max": gen_max, "width": width, "width_max": width_max}
             width_floor = max(cfg["hca_width"], width_max or 0)
             if width is not None and width < width_floor:

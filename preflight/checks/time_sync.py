@@ -1,11 +1,17 @@
 """time_sync: chrony synchronised, |system time offset| under the profile's limit, leap status Normal.
 
+``gather``: ``chronyc tracking`` (kind ``chrony``); ``evaluate`` (pure) judges the tracking report.
+
 Fault codes: CLOCK_UNSYNCED, CLOCK_OFFSET, LEAP_STATUS, TIME_OK.
 """
 
 from __future__ import annotations
 
-from preflight.checks.base import Check, GatherError, NodeContext
+from typing import Any
+
+from cluster.model import Node
+from preflight.checks.base import Check, NodeContext
+from preflight.parsers.chrony import Tracking
 from preflight.result import CheckResult, Verdict
 
 TRACKING = ["chronyc", "tracking"]
@@ -19,13 +25,12 @@ class TimeSync(Check):
         "LEAP_STATUS": "leap status not Normal (e.g. 'Not synchronised')",
     }
 
-    def run(self, ctx: NodeContext) -> list[CheckResult]:
-        node = ctx.node
-        limit_ms = ctx.profile["time_sync"]["max_offset_ms"]
-        try:
-            tracking = ctx.parsed("chrony", TRACKING)
-        except GatherError as exc:
-            return [self.error(node, exc)]
+    def gather(self, ctx: NodeContext) -> Tracking:
+        return ctx.parsed("chrony", TRACKING)
+
+    def evaluate(self, facts: Tracking, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        tracking = facts
+        limit_ms = profile["time_sync"]["max_offset_ms"]
         offset_ms = tracking.system_time_offset_s * 1000.0
         evidence = {
             "expected": {"max_offset_ms": limit_ms, "leap_status": "Normal"},

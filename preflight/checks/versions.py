@@ -1,9 +1,11 @@
 """versions: driver, CUDA, fabric manager, NCCL and OFED equal across the rack and to the inventory pins.
 
-Per node (with the node checks): the driver and CUDA versions from ``nvidia-smi -q`` (shared with
-gpu_health), ``nv-fabricmanager --version`` on NVSwitch boards, ``dpkg-query`` for libnccl2 and
-``ofed_info -s``. Per rack: a version differing from the inventory pin (``preflight_version_pins``
-or the role variables in :data:`PIN_VARS`) -> FAIL; without a pin, one differing from the rack's
+Per node (``gather``, with the node checks): the driver and CUDA versions from ``nvidia-smi -q`` (the
+cached run of gpu_health, read by the ``nvsmi-q`` parser), ``nv-fabricmanager --version`` on NVSwitch
+boards (kind ``fabricmanager-version``), ``dpkg-query`` for libnccl2 (else the version nccl-tests
+printed, read by :func:`preflight.parsers.nccl.library_version`) and ``ofed_info -s`` (kind
+``ofed-info``). Per rack (``run_rack``, pure over the gathered facts): a version differing from the
+inventory pin (``preflight_version_pins`` or the role variables in :data:`PIN_VARS`) -> FAIL; without a pin, one differing from the rack's
 most common value -> FAIL. A component a host cannot report is shown as unknown, not guessed.
 
 Fault codes: VERSION_PIN, VERSION_DRIFT, VERSION_UNKNOWN, VERSIONS_OK.
@@ -11,15 +13,17 @@ Fault codes: VERSION_PIN, VERSION_DRIFT, VERSION_UNKNOWN, VERSIONS_OK.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import Any
 
 from cluster.inventory import host_var
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext
-from preflight.checks.gpu_health import NVSMI_Q, nvsmi_q_fields
+from preflight.checks.gpu_health import NVSMI_Q
+from preflight.parsers import nccl as nccl_parser
 from preflight.result import CheckResult, Verdict
 
+FABRIC_MANAGER = ["nv-fabricmanager", "--version"]
+OFED_INFO = ["ofed_info", "-s"]
 COMPONENTS = ("driver", "cuda", "fabric_manager", "nccl", "ofed")
 # Role variables that pin a component, read when preflight_version_pins does not name it.
 PIN_VARS = {
@@ -29,27 +33,11 @@ PIN_VARS = {
     "nccl": "nccl_version",
     "ofed": "ofed_version",
 }
-_FM = re.compile(r"version is\s*:\s*(\S+)", re.IGNORECASE)
-_NCCL_CODE = re.compile(r"nccl-library=(\d+)")
-_NCCL_PRINTED = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
-
-
-def nccl_from_code(code: int) -> str:
-    """NCCL_VERSION_CODE -> x.y.z (major*10000 + minor*100 + patch since 2.9, major*1000 + ... before)."""
-    if code >= 20900:
-        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
-    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
 def nccl_in_outputs(outputs: list[str]) -> str | None:
-    for text in outputs:
-        printed = _NCCL_PRINTED.search(text)
-        if printed:
-            return printed.group(1)
-        code = _NCCL_CODE.search(text)
-        if code:
-            return nccl_from_code(int(code.group(1)))
-    return None
+    """The NCCL library version the first of these nccl-tests outputs names (preflight.parsers.nccl)."""
+    return next((v for v in map(nccl_parser.library_version, outputs) if v is not None), None)
 
 
 def matches_pin(found: str, pin: str) -> bool:
@@ -80,20 +68,20 @@ class Versions(Check):
 
     def gather(self, ctx: NodeContext) -> dict[str, Any]:
         found: dict[str, Any] = dict.fromkeys(COMPONENTS)
-        fields = nvsmi_q_fields(ctx.output(NVSMI_Q))
-        found["driver"], found["cuda"] = fields["driver"], fields["cuda"]
-        if ctx.profile["gpu"]["nvswitch"]:
-            fm = ctx.run(["nv-fabricmanager", "--version"])
-            match = _FM.search(fm.stdout) if fm.ok else None
-            found["fabric_manager"] = match.group(1) if match else None
+        report = ctx.parsed("nvsmi-q", NVSMI_Q)  # the run gpu_health made (cached), by the one nvsmi-q parser
+        found["driver"], found["cuda"] = report.driver_version, report.cuda_version
+        # A reporter that is missing (the command fails) leaves its component unknown; one that answers
+        # with something unreadable is an ERROR naming the command, never a silently unknown version.
+        if ctx.profile["gpu"]["nvswitch"] and ctx.run(FABRIC_MANAGER).ok:
+            found["fabric_manager"] = ctx.parsed("fabricmanager-version", FABRIC_MANAGER).version
         nccl = ctx.run(["dpkg-query", "-W", "-f", "${Version}", "libnccl2"])
         if nccl.ok and nccl.stdout.strip():
             found["nccl"] = nccl.stdout.strip()
         else:  # no dpkg (or NCCL from a tarball): the version nccl-tests printed, if the nccl check ran
             found["nccl"] = nccl_in_outputs(ctx.cached_outputs("all_reduce_perf"))
-        ofed = ctx.run(["ofed_info", "-s"])
+        ofed = ctx.run(OFED_INFO)
         if ofed.ok and ofed.stdout.strip():
-            found["ofed"] = ofed.stdout.strip().splitlines()[-1].rstrip(":")
+            found["ofed"] = ctx.parsed("ofed-info", OFED_INFO).version
         return found
 
     def run_rack(self, ctx: RackContext) -> list[CheckResult]:

@@ -2,15 +2,14 @@
 
 ``PARSERS`` maps each kind (the names ``clusterctl preflight parse`` and the JSON contract use) to its
 ``parse`` function; ``parse(kind, text)`` dispatches; ``to_contract_json(kind, result)`` gives the exact
-shape of ``shared/contracts/parse-json.md``. Every parser raises ``ParseError`` (line number, line,
+shape of ``docs/contracts/parse-json.md``. Every parser raises ``ParseError`` (line number, line,
 message) on input it cannot read, never another exception.
 
 Pasted outputs (from tickets and runbooks) are read through :func:`common.paste_lines`: hand annotations
 after a value (``Yes   <===``, ``none  # comment``, ``(this one)``), elision lines (``...``, ``[snip]``)
 and shell prompt lines are removed and each removal is reported. ``paste_warnings(text)`` returns those
 reports; ``to_contract_json(kind, result, warnings)`` puts them under a top-level ``"warnings"`` key (a
-list of strings, ``[]`` when nothing was ignored). The contract has no place for warnings; an added key
-is what it allows ("Missing values are JSON null, never absent keys": so the key is always present).
+list of strings, ``[]`` when nothing was ignored), as ``docs/contracts/parse-json.md`` specifies.
 """
 
 from __future__ import annotations
@@ -20,18 +19,24 @@ from typing import Any
 
 from preflight.parsers import (
     chrony,
+    cmdline,
+    cpulist,
     cpupower,
     dcgm_diag,
     ib_health,
     ibping,
     ibstat,
+    kernel_log,
+    mlnx_qos,
     nccl,
     nvbandwidth,
     nvlink,
     nvsmi_q,
     nvsmi_sections,
     perftest,
+    systemctl_show,
     topo,
+    versions,
 )
 from preflight.parsers.common import ParseError, paste_lines
 
@@ -54,6 +59,14 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "sysfs": ib_health.parse_sysfs,
     "mlxlink": ib_health.parse_mlxlink,
     "kernel-links": ib_health.parse_kernel_links,
+    # parsing that used to live inside checks (dcqcn, numa_pinning, cstates, gpu_health, versions)
+    "mlnx-qos": mlnx_qos.parse,
+    "systemctl-show": systemctl_show.parse,
+    "cpulist": cpulist.parse,
+    "cmdline": cmdline.parse,
+    "kernel-xids": kernel_log.parse_xids,
+    "fabricmanager-version": versions.parse_fabricmanager,
+    "ofed-info": versions.parse_ofed_info,
 }
 
 __all__ = ["PARSERS", "ParseError", "parse", "paste_warnings", "to_contract_json"]

@@ -41,7 +41,9 @@ _ELISION = re.compile(
     r"^\s*(?:\.{3,}|…+|[\[<(]\s*(?:snip(?:ped)?|cut|\.{3,}|…)[^\]>)]{0,40}[\]>)]|-+\s*snip\s*-+)\s*$", re.IGNORECASE
 )
 # Shell prompt lines ("$ nvidia-smi -q", "[root@gpu01 ~]# ibstat") are kept: each parser skips what comes
-# before its tool's first line, and the nccl parser reads the test name from the command line.
+# before its tool's first line, and the nccl parser reads the test name from the command line. Parsers that
+# reject every line they cannot read (systemctl-show, mlnx-qos) skip the lines is_prompt() recognises.
+_PROMPT = re.compile(r"^\s*(?:\[[^\]\s]+@[^\]]+\]\s?[#$]|[\w.-]+@[\w.-]+:\S*\s?[#$]|[#$])\s+\S")
 
 
 class ParseError(ValueError):
@@ -97,6 +99,12 @@ def paste_lines(text: str) -> tuple[list[Line], list[str]]:
     return kept, warnings
 
 
+def is_prompt(text: str) -> bool:
+    """A shell prompt line with its command: ``$ mlnx_qos -i eth0``, ``[root@gpu01 ~]# systemctl show ..``,
+    ``user@host:~$ cat /proc/cmdline``."""
+    return bool(_PROMPT.match(text))
+
+
 def clean_line(raw: str) -> str:
     """One physical line without ANSI escapes, stray CRs and launcher prefixes."""
     text = _ANSI.sub("", raw).replace("\r", "")
@@ -122,6 +130,19 @@ def last_nonblank(all_lines: Sequence[Line]) -> Line:
         if line.text.strip():
             return line
     return Line(0, "")
+
+
+def only_line(text: str, what: str, example: str) -> Line:
+    """The one non-blank line of a one-line file (``/proc/cmdline``, a sysfs list); ParseError naming the
+    first line when there is none (``no <what> (a line such as <example>)``) and the second when there
+    are more."""
+    content = [line for line in lines(text) if line.text.strip()]
+    if not content:
+        first = first_nonblank(lines(text))
+        raise ParseError(first.no, first.text, f"no {what} (a line such as {example!r})")
+    if len(content) > 1:
+        raise ParseError(content[1].no, content[1].text, f"a {what} is one line")
+    return content[0]
 
 
 def split_runs(all_lines: Sequence[Line], starts_run: Callable[[str], bool]) -> list[list[Line]]:

@@ -14,12 +14,9 @@ Layout: ``Key : value`` under a section title and a dashed rule (mlxlink's print
 Mellanox/mstflint mlxlink_cables_commander / mlxlink_commander.cpp: BER printed as ``<coef>E-<magnitude>``).
 
 ``kernel-links``  kernel log lines (``journalctl -k``, ``/var/log/syslog``, ``/var/log/messages``) with
-the link state changes of InfiniBand/RoCE netdevs, in either timestamp format:
-
-- BSD syslog (RFC 3164, journalctl's default ``short``): ``Jun 10 08:16:17 host kernel: ...`` (no year:
-  it is the latest year that puts the line at or before ``now``);
-- RFC 3339 (rsyslog's ``RSYSLOG_FileFormat``, the default on Ubuntu 24.04 and RHEL 9; journalctl
-  ``-o short-iso``): ``2024-06-10T08:16:17.123456+00:00 host kernel: ...`` or ``...+0000``.
+the link state changes of InfiniBand/RoCE netdevs, read by :func:`preflight.parsers.kernel_log.read`
+(BSD syslog or RFC 3339 stamps; a dmesg line, seconds since boot, cannot be placed in the flap window and
+is a ParseError).
 
 Events: ``<netdev>: lost carrier`` (IPoIB, what azurehpc-health-checks counts), ``mlx5_core <bdf>
 <netdev>: Link down`` / ``Link up`` (mlx5e), ``<netdev>: link becomes ready`` (up)::
@@ -34,10 +31,10 @@ counting zero events because the timestamps were not understood is the known fal
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime
 
+from preflight.parsers import kernel_log
 from preflight.parsers.common import Line, ParseError, first_nonblank, last_nonblank, lines, to_number
 
 # ------------------------------------------------------------------------------------------ sysfs
@@ -70,6 +67,44 @@ def parse_sysfs(text: str) -> SysfsValues:
         first = first_nonblank(all_lines)
         raise ParseError(first.no, first.text, "no grep -H output (a '/sys/...:value' line)")
     return SysfsValues(values)
+
+
+def counter_values(values: SysfsValues) -> dict[str, int | None]:
+    """Path -> counter (the decimal sysfs counters of /sys/class/infiniband/*/ports/*/counters), None for
+    a value that is not one (an unreadable counter is reported, never taken as 0)."""
+    return {path: int(value) if value.isdigit() else None for path, value in values.values.items()}
+
+
+# PCI Express transfer rate per generation, as the kernel prints it in current/max_link_speed
+# (drivers/pci/pci-sysfs.c, pci_speed_string(): "32.0 GT/s PCIe").
+_GTS_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+PCIE_LINK_FILES = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
+
+
+@dataclass(frozen=True)
+class PcieLinkState:
+    """A PCIe device's link attributes from sysfs, typed: generation and width (None: not printed or not
+    a value the kernel prints, e.g. "Unknown" for a link that is down)."""
+
+    gen: int | None
+    gen_max: int | None
+    width: int | None
+    width_max: int | None
+
+
+def pcie_link(values: SysfsValues, device_dir: str) -> PcieLinkState:
+    """The typed link of the device whose sysfs directory is ``device_dir`` (``/sys/.../device``)."""
+    def text(name: str) -> str:
+        return values.get(f"{device_dir}/{name}") or ""
+
+    def gen(name: str) -> int | None:
+        return _GTS_GEN.get(text(name).split()[0]) if text(name).split() else None
+
+    def width(name: str) -> int | None:
+        return int(text(name)) if text(name).isdigit() else None
+
+    return PcieLinkState(gen("current_link_speed"), gen("max_link_speed"), width("current_link_width"),
+                    width("max_link_width"))
 
 
 # ---------------------------------------------------------------------------------------- mlxlink
@@ -144,11 +179,6 @@ def parse_mlxlink(text: str) -> MlxlinkBer:
 
 # ----------------------------------------------------------------------------------- kernel log
 
-_RFC3339 = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})\s+(\S+)\s+(.*)$")
-_BSD = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}:\d{2}:\d{2})\s+(\S+)\s+(.*)$")
-_MONTHS = {m: i for i, m in enumerate(
-    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
 _MLX5 = re.compile(r"mlx5_core (\S+) (\S+): Link (up|down)\b", re.IGNORECASE)
 _CARRIER = re.compile(r"\b(\S+): lost carrier\b")
 _READY = re.compile(r"\b(\S+): link becomes ready\b")
@@ -177,61 +207,17 @@ class LinkEvents:
         return {"events": [e.to_json() for e in self.events], "lines_read": self.lines_read}
 
 
-def _rfc3339(m: re.Match) -> float:
-    zone = m.group(4)
-    if zone == "Z":
-        tz = UTC
-    else:
-        sign = 1 if zone[0] == "+" else -1
-        digits = zone[1:].replace(":", "")
-        tz = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
-    stamp = datetime.fromisoformat(f"{m.group(1)}T{m.group(2)}").replace(tzinfo=tz)
-    return stamp.timestamp() + float(m.group(3) or 0)
-
-
-def _bsd(m: re.Match, now: float, line: Line) -> float:
-    month = _MONTHS.get(m.group(1))
-    if month is None:
-        raise ParseError(line.no, line.text, f"unknown month {m.group(1)!r}")
-    hms = [int(x) for x in m.group(3).split(":")]
-    # BSD stamps are local time without a year: the host's local zone is what the controller's is not, so
-    # they are read as UTC and the year is the latest that is not in the future (a day of slack for zones).
-    year = datetime.fromtimestamp(now, UTC).year
-    for candidate in (year, year - 1):
-        try:
-            stamp = datetime(candidate, month, int(m.group(2)), *hms, tzinfo=UTC).timestamp()
-        except ValueError:
-            continue  # Feb 29 of a non-leap year
-        if stamp <= now + 86400:
-            return stamp
-    raise ParseError(line.no, line.text, "date not valid in this or last year")
-
-
 def parse_kernel_links(text: str, now: float | None = None) -> LinkEvents:
-    now = time.time() if now is None else now
-    all_lines = lines(text)
     events: list[LinkEvent] = []
-    read = 0
-    for line in all_lines:
-        stripped = line.text.strip()
-        if not stripped or (stripped.startswith("-- ") and stripped.endswith("--")):
-            continue
-        if m := _RFC3339.match(stripped):
-            epoch, message = _rfc3339(m), m.group(6)
-        elif m := _BSD.match(stripped):
-            epoch, message = _bsd(m, now, line), m.group(5)
-        else:
-            raise ParseError(line.no, line.text, "not a kernel log line with a BSD-syslog or RFC 3339 timestamp")
-        read += 1
+    read_lines = kernel_log.read(text, now)
+    for entry in read_lines:
+        if entry.epoch is None:  # the flap window is wall time: dmesg's seconds since boot cannot be placed
+            raise ParseError(entry.no, entry.line.text, "a dmesg line has no wall-clock time (use journalctl -k)")
+        message = entry.message
         if ev := _MLX5.search(message):
-            events.append(LinkEvent(epoch, ev.group(2), ev.group(1), ev.group(3).lower(), line.no))
+            events.append(LinkEvent(entry.epoch, ev.group(2), ev.group(1), ev.group(3).lower(), entry.no))
         elif ev := _CARRIER.search(message):
-            events.append(LinkEvent(epoch, ev.group(1), None, "down", line.no))
+            events.append(LinkEvent(entry.epoch, ev.group(1), None, "down", entry.no))
         elif ev := _READY.search(message):
-            events.append(LinkEvent(epoch, ev.group(1), None, "up", line.no))
-    if read == 0:
-        first = first_nonblank(all_lines)
-        if first.no != 0 and first.text.strip().startswith("-- ") and "No entries" in first.text:
-            return LinkEvents([], 0)  # journalctl had nothing in the window: no events, and that is real
-        raise ParseError(first.no, first.text, "no kernel log lines")
-    return LinkEvents(events, read)
+            events.append(LinkEvent(entry.epoch, ev.group(1), None, "up", entry.no))
+    return LinkEvents(events, len(read_lines))

@@ -255,3 +255,28 @@ def _wrong(token: str, line: Line) -> int | float | None:
     if _is_int(token):
         return int(token)
     return _float(token, line, "#wrong/error")
+
+
+# ------------------------------------------------------------------------------- library version
+
+_LIBRARY_CODE = re.compile(r"nccl-library=(\d+)")
+_LIBRARY_PRINTED = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+
+
+def version_from_code(code: int) -> str:
+    """NCCL_VERSION_CODE -> x.y.z (major*10000 + minor*100 + patch since 2.9, major*1000 + ... before;
+    NCCL's nccl.h.in ``NCCL_VERSION(X,Y,Z)``)."""
+    if code >= 20900:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def library_version(text: str) -> str | None:
+    """The NCCL library an nccl-tests run used: ``NCCL version 2.21.5+cuda12.4`` (NCCL_DEBUG=INFO's line),
+    else the header's ``nccl-library=21903`` code (nccl-tests >= 2.13); None when it printed neither.
+    Not part of the ``nccl`` contract JSON: the versions check reads it from a run's output."""
+    printed = _LIBRARY_PRINTED.search(text)
+    if printed:
+        return printed.group(1)
+    code = _LIBRARY_CODE.search(text)
+    return version_from_code(int(code.group(1))) if code else None

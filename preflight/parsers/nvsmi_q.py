@@ -13,6 +13,13 @@ Schema (``NvsmiReport.to_json()``, the contract's ``nvsmi-q`` shape)::
       "aggregate_uncorrectable": 0, "remap_pending": false, "remap_failure": false,
       "retired_pages_pending": false}]}
 
+The contract's JSON has exactly these keys. Preflight's checks read more of the same parse: the
+header's ``driver_version`` / ``cuda_version`` (``CUDA Version``, or ``CUDA Driver Version`` where a driver
+prints that) and ``attached``, and per GPU ``persistence_mode`` and the NVSwitch ``fabric_state`` /
+``fabric_status`` (R530+), the last three as printed (``N/A`` kept: it is not ``Enabled``, nor a trained
+fabric), None when not printed. This is the one ``nvidia-smi -q`` reader: :func:`read` / :func:`read_run`
+are also the raw step of ``nvsmi-pci`` and ``nvsmi-perf`` (:mod:`preflight.parsers.nvsmi_sections`).
+
 Uncorrectable counts are the sum of the uncorrectable lines under ``ECC Errors`` / ``Volatile`` (or
 ``Aggregate``), whatever generation printed them:
 
@@ -80,6 +87,7 @@ _HEALTH_SECTIONS = frozenset({"ECC Mode", "ECC Errors"})
 _RETIRED_PENDING_KEYS = ("Pending Page Blacklist", "Pending Page Retirement", "Pending")
 
 Path = tuple[str, ...]
+Block = tuple[Line, dict[Path, tuple[str, Line]]]  # a GPU's line and its values by path
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,11 @@ class GpuMemoryHealth:
     remapped_correctable: int | None
     remapped_uncorrectable: int | None
     retired_pages_pending: bool | None
+    # As printed ("Enabled", "N/A"), None when not printed: on an NVSwitch board "N/A" is not a trained
+    # fabric, and persistence "N/A" is not "Enabled", so the words are kept for the check to judge.
+    persistence_mode: str | None = None
+    fabric_state: str | None = None  # R530+ on NVSwitch boards: the GPU's own fabric registration
+    fabric_status: str | None = None
 
     def to_json(self) -> dict:
         return {"bus_id": self.bus_id, "ecc_mode_current": self.ecc_mode_current,
@@ -122,20 +135,34 @@ class NvsmiReport:
         return {"gpus": [gpu.to_json() for gpu in self.gpus]}
 
 
-def parse(text: str) -> NvsmiReport:
+@dataclass(frozen=True)
+class RawRun:
+    """One ``nvidia-smi -q`` output, raw: header ``key : value``, ``Attached GPUs`` and per ``GPU`` block
+    every ``key : value`` under its indentation path, as printed. Shared by every ``-q`` kind (nvsmi-q,
+    nvsmi-pci, nvsmi-perf): there is one reader of this format."""
+
+    header: dict[str, str]
+    attached: tuple[int, Line] | None
+    gpus: list[Block]
+    end: Line  # the last non-blank line, where a cut output is reported
+
+
+def read(text: str, what: str) -> list[list[Line]]:
+    """The runs of ``text`` (several outputs pasted together), each a list of lines; ParseError naming
+    ``what`` (``-d PCI``) when there is no GPU block at all (``No devices were found``)."""
     all_lines = lines(text)
-    if not any(_GPU.match(line.text) for line in all_lines):
+    if not any(_GPU.match(line.text.strip()) for line in all_lines):
         first = first_nonblank(all_lines)
-        raise ParseError(first.no, first.text, "no nvidia-smi -q output (a 'GPU 00000000:07:00.0' line)")
-    has_header = any(_LOG_HEADER.match(line.text) for line in all_lines)
+        raise ParseError(first.no, first.text, f"no nvidia-smi -q{what} output (a 'GPU 00000000:07:00.0' line)")
+    has_header = any(_LOG_HEADER.match(line.text.strip()) for line in all_lines)
     starts = _LOG_HEADER if has_header else _ATTACHED
-    return last_complete(split_runs(all_lines, lambda t: bool(starts.match(t))), _parse_run)
+    return split_runs(all_lines, lambda t: bool(starts.match(t.strip())))
 
 
-def _parse_run(run: list[Line]) -> NvsmiReport:
+def read_run(run: list[Line]) -> RawRun:
     header: dict[str, str] = {}
     attached: tuple[int, Line] | None = None
-    gpus: list[tuple[Line, dict[Path, tuple[str, Line]]]] = []
+    gpus: list[Block] = []
     stack: list[tuple[int, str]] = []
     for line in run:
         expanded = line.text.expandtabs(4)
@@ -143,6 +170,8 @@ def _parse_run(run: list[Line]) -> NvsmiReport:
         if not stripped or _LOG_HEADER.match(stripped):
             continue
         if _GPU.match(stripped):
+            if attached is not None and len(gpus) == attached[0]:
+                gpus = []  # the whole output again without its header (pasted twice): keep the later one
             gpus.append((line, {}))
             stack = []
             continue
@@ -162,15 +191,23 @@ def _parse_run(run: list[Line]) -> NvsmiReport:
             continue
         path = tuple(name for _, name in stack) + (key,)
         gpus[-1][1][path] = (value.strip(), line)
+    return RawRun(header, attached, gpus, last_nonblank(run))
 
-    end = last_nonblank(run)
-    missing: list[str] = []
-    if gpus:
-        sections = {path[0] for path in gpus[0][1]}
-        missing = sorted(sections - {path[0] for path in gpus[-1][1]})
-        if missing and len(gpus) > 1:
-            raise ParseError(end.no, end.text, f"GPU {gpus[-1][0].text.split()[1]} ends before its "
-                                               f"{', '.join(missing)} section(s)")
+
+def parse(text: str) -> NvsmiReport:
+    return last_complete(read(text, ""), _parse_run)
+
+
+def _parse_run(run: list[Line]) -> NvsmiReport:
+    raw = read_run(run)
+    gpus, attached, end = raw.gpus, raw.attached, raw.end
+    if not gpus:
+        raise ParseError(end.no, end.text, "no GPU block in this nvidia-smi -q output")
+    sections = {path[0] for path in gpus[0][1]}
+    missing = sorted(sections - {path[0] for path in gpus[-1][1]})
+    if missing and len(gpus) > 1:
+        raise ParseError(end.no, end.text, f"GPU {gpus[-1][0].text.split()[1]} ends before its "
+                                           f"{', '.join(missing)} section(s)")
     # Fewer blocks than attached GPUs is a cut output, except for one whole block: `nvidia-smi -q -i N`, what
     # on-call runs on the one suspect GPU (whole = with the health sections every -q and -q -d ECC prints).
     # Several blocks could be `-i 0,1,2` or a cut exactly between GPUs: that stays an error. `attached` is
@@ -178,14 +215,18 @@ def _parse_run(run: list[Line]) -> NvsmiReport:
     if attached is not None and len(gpus) < attached[0] and (
             len(gpus) != 1 or not _HEALTH_SECTIONS <= {path[0] for path in gpus[0][1]}):
         raise ParseError(end.no, end.text, f"output ends after {len(gpus)} of {attached[0]} attached GPUs")
+    cuda = raw.header.get("CUDA Version", raw.header.get("CUDA Driver Version"))
     return NvsmiReport([_typed_gpu(line, values) for line, values in gpus],
-                       optional(header.get("Driver Version")), optional(header.get("CUDA Version")),
+                       optional(raw.header.get("Driver Version")), optional(cuda),
                        attached[0] if attached else None)
 
 
 def _typed_gpu(gpu_line: Line, values: dict[Path, tuple[str, Line]]) -> GpuMemoryHealth:
     def text(*path: str) -> str | None:
         return optional(values[path][0]) if path in values else None
+
+    def printed(*path: str) -> str | None:
+        return values[path][0] if path in values else None
 
     def integer(*path: str) -> int | None:
         return _count(values[path]) if path in values else None
@@ -212,6 +253,9 @@ def _typed_gpu(gpu_line: Line, values: dict[Path, tuple[str, Line]]) -> GpuMemor
         remapped_correctable=integer("Remapped Rows", "Correctable Error"),
         remapped_uncorrectable=integer("Remapped Rows", "Uncorrectable Error"),
         retired_pages_pending=yes_no(retired[0], retired[1], "Retired Pages pending") if retired else None,
+        persistence_mode=printed("Persistence Mode"),
+        fabric_state=printed("Fabric", "State"),
+        fabric_status=printed("Fabric", "Status"),
     )
 
 

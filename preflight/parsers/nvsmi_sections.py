@@ -44,25 +44,20 @@ Real example (H100 SXM, driver 550.54.15, ``-q -d PCI,PERFORMANCE``, idle GPU)::
 A GPU at rest drops its link to Gen1 (``Current : 1``) to save power; the width does not change. That is
 why ``idle`` is reported and the check reads the generation again under load.
 
-Both parsers share the raw step (``key : value`` lines by indentation path, per ``GPU <bus id>`` block)
-and reject: no GPU block (``No devices were found``), fewer blocks than ``Attached GPUs``, a block missing
+Both parsers share the raw step with ``nvsmi-q`` (:func:`preflight.parsers.nvsmi_q.read_run`: ``key :
+value`` lines by indentation path, per ``GPU <bus id>`` block; several pasted outputs: the last complete
+one) and reject: no GPU block (``No devices were found``), fewer blocks than ``Attached GPUs``, a block missing
 the lines every block before it had (an output cut mid-GPU), and a value that is not what the field
 holds (``Current : fast``) -- each a ParseError naming the line.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from preflight.parsers.common import Line, ParseError, first_nonblank, last_nonblank, lines, optional
-
-_GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
-_ATTACHED = re.compile(r"^Attached GPUs\s*:\s*(\d+)\s*$")
-_LOG_HEADER = re.compile(r"^=+NVSMI LOG=+\s*$")
-
-Path = tuple[str, ...]
-Block = tuple[Line, dict[Path, tuple[str, Line]]]
+from preflight.parsers import nvsmi_q
+from preflight.parsers.common import Line, ParseError, last_complete, optional
+from preflight.parsers.nvsmi_q import Block, Path
 
 # Before R535 the section was "Clocks Throttle Reasons"; R535 renamed it "Clocks Event Reasons".
 _REASON_SECTIONS = ("Clocks Event Reasons", "Clocks Throttle Reasons")
@@ -88,41 +83,18 @@ COUNTERS = {
 
 
 def read_blocks(text: str, what: str) -> list[Block]:
-    """Per GPU block: (its ``GPU`` line, {indentation path: (value, line)}), as printed."""
-    all_lines = lines(text)
-    attached: tuple[int, Line] | None = None
-    blocks: list[Block] = []
-    stack: list[tuple[int, str]] = []
-    for line in all_lines:
-        expanded = line.text.expandtabs(4)
-        stripped = expanded.strip()
-        if not stripped or _LOG_HEADER.match(stripped):
-            continue
-        if _GPU.match(stripped):
-            if attached is not None and len(blocks) == attached[0]:
-                blocks, stack = [], []  # a second paste of the whole output: keep the later one
-            blocks.append((line, {}))
-            stack = []
-            continue
-        if match := _ATTACHED.match(stripped):
-            attached, blocks = (int(match.group(1)), line), []
-            continue
-        if not blocks:
-            continue  # the header (timestamp, driver version) or a prompt
-        indent = len(expanded) - len(expanded.lstrip())
-        key, colon, value = stripped.partition(":")
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        if not colon:
-            stack.append((indent, key.strip()))
-            continue
-        blocks[-1][1][tuple(name for _, name in stack) + (key.strip(),)] = (value.strip(), line)
+    """Per GPU block of the last complete output: (its ``GPU`` line, {indentation path: (value, line)}),
+    read by the one ``nvidia-smi -q`` reader (:func:`preflight.parsers.nvsmi_q.read_run`)."""
+    return last_complete(nvsmi_q.read(text, f" {what}"), _checked_blocks)
+
+
+def _checked_blocks(run: list[Line]) -> list[Block]:
+    raw = nvsmi_q.read_run(run)
+    blocks, end = raw.gpus, raw.end
     if not blocks:
-        first = first_nonblank(all_lines)
-        raise ParseError(first.no, first.text, f"no nvidia-smi -q {what} output (a 'GPU 00000000:18:00.0' line)")
-    end = last_nonblank(all_lines)
-    if attached is not None and len(blocks) < attached[0]:
-        raise ParseError(end.no, end.text, f"output ends after {len(blocks)} of {attached[0]} attached GPUs")
+        raise ParseError(end.no, end.text, "no GPU block in this nvidia-smi -q output")
+    if raw.attached is not None and len(blocks) < raw.attached[0]:
+        raise ParseError(end.no, end.text, f"output ends after {len(blocks)} of {raw.attached[0]} attached GPUs")
     first_keys = set(blocks[0][1])
     for gpu_line, values in blocks[1:]:
         missing = sorted(" / ".join(p) for p in first_keys - set(values))

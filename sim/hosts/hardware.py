@@ -50,6 +50,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The kernel cpulist format (0-47,96-143) has one implementation, production's: sim may import production.
+from preflight.parsers.cpulist import format_cpus as cpulist  # noqa: F401 -- re-exported to the stubs
+
 # Per GPU generation: what an 8-GPU HGX board of that generation reports. Inventories override any key.
 GENERATION_DEFAULTS: dict[str, dict[str, Any]] = {
     "h100-sxm": {
@@ -301,20 +304,6 @@ def numa_cpus(node: int, sockets: int, cores_per_socket: int, threads_per_core: 
         start = thread * physical + node * cores_per_socket
         cpus += range(start, start + cores_per_socket)
     return cpus
-
-
-def cpulist(cpus: list[int]) -> str:
-    """Kernel cpulist format: 0-47,96-143."""
-    ranges: list[str] = []
-    ordered = sorted(cpus)
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        ranges.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(ranges)
 
 
 def _stable_hex(text: str, digits: int) -> str:

@@ -290,6 +290,8 @@ def nspawn_argv(image_root: Path, paths: HostPaths, cpu_dir: Path, node_dir: Pat
         f"--bind={paths.state}:{SIM_RUN_DIR}",
         f"--bind-ro={paths.layout.hosts_dir}:{PEERS_DIR}",
         f"--bind-ro={Path(sim.__file__).resolve().parent}:{SIM_LIB}/sim",
+        # The stubs format CPU lists with production's one formatter (preflight.parsers.cpulist).
+        f"--bind-ro={Path(sim.__file__).resolve().parent.parent / 'preflight'}:{SIM_LIB}/preflight",
         f"--bind-ro={cpu_dir}:/sys/devices/system/cpu",
         f"--bind-ro={node_dir}:/sys/devices/system/node",
     ]

@@ -84,7 +84,7 @@ def test_valid_values_are_listed_in_help(clusterctl):
     assert "gpu_topology, gpu_health, pcie_link, nvlink" in words("preflight", "--help")
     assert "Comma-separated tags of site.yml: chrony, consul_agent" in words("provision", "--help")
     out = words("preflight", "parse", "--help")
-    assert "KIND is one of: chrony, cpupower" in out and "Usage: clusterctl preflight parse [OPTIONS] KIND FILE" in out
+    assert "KIND is one of: chrony, cmdline, cpulist, cpupower" in out and "Usage: clusterctl preflight parse [OPTIONS] KIND FILE" in out
 
 
 def test_bad_parse_kind_names_kind(clusterctl, tmp_path):

@@ -19,7 +19,7 @@ from eas_agent.config import parse_config
 from eas_agent.publisher import MemoryStore
 from eas_agent.scheduler import AnomalyDetector, PoolView
 from preflight.parsers import PARSERS, ParseError, parse, to_contract_json
-from tests.preflight.test_parsers_fuzz import fixtures, mutate
+from tests.preflight.parsers.test_fuzz import fixtures, mutate
 
 ROOT = Path(__file__).parents[1]
 VLLM = sorted((ROOT / "fixtures" / "vllm").glob("*.txt"))

@@ -4,17 +4,18 @@ scripted transport (the commands it runs; unreadable output -> ERROR with an exc
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
 from preflight import parsers
 from preflight.checks import dcgm_diag, gpu_bandwidth, gpu_throttle, ib_link_health, nvlink, pcie_link
 from preflight.checks.base import GatherError
-from preflight.parsers.ib_health import SysfsValues
+from preflight.parsers.ib_health import PcieLinkState
 from preflight.profiles import profile_for
 from preflight.result import Verdict
 from preflight.transport import CommandResult
-from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
 N = node()
 PROFILE = profile_for(N.name, N.vars)
@@ -33,10 +34,7 @@ def verdict(results):
 
 
 def pcie_facts(idle="h100-sxm-driver550-pci-performance-busy-gen5.txt", loaded=None, hcas=None, error=None):
-    hcas = hcas if hcas is not None else {
-        nic.device: SysfsValues({p: v for p, v in zip(pcie_link.hca_paths(nic.device),
-                                                      ["32.0 GT/s PCIe", "16", "32.0 GT/s PCIe", "16"], strict=True)})
-        for nic in N.nics}
+    hcas = hcas if hcas is not None else {nic.device: PcieLinkState(5, 5, 16, 16) for nic in N.nics}
     return pcie_link.PcieFacts(parsed("nvsmi-pci", idle), parsed("nvsmi-pci", loaded) if loaded else None, error, hcas)
 
 
@@ -65,9 +63,7 @@ def test_pcie_idle_gen1_is_judged_by_the_reading_under_load():
 
 
 def test_pcie_hca_gen4_x8_and_missing_hca_fail():
-    hcas = {"mlx5_0": SysfsValues({p: v for p, v in zip(pcie_link.hca_paths("mlx5_0"),
-                                                        ["16.0 GT/s PCIe", "8", "32.0 GT/s PCIe", "16"], strict=True)}),
-            "mlx5_1": None}
+    hcas = {"mlx5_0": PcieLinkState(gen=4, gen_max=5, width=8, width_max=16), "mlx5_1": None}
     result = pcie_link.CHECK.evaluate(pcie_facts(hcas=hcas), PROFILE, N)[0]
     assert result.verdict is Verdict.FAIL
     assert {p.split(":")[0] for p in result.evidence["problems"]} >= {"HCA mlx5_0 at x8, expected x16"}
@@ -180,11 +176,17 @@ def test_nvlink_slow_links_fail_speed():
     assert any("25.781 GB/s < 26.562" in p for p in problems)
 
 
+def with_counters(report, gpu: int, link: int, **counters):
+    """An nvlink-errors reading with some counters of one link set: the facts of a link that errors."""
+    gpus = [replace(g, links=[replace(k, counters={**k.counters, **counters}) if k.link == link else k
+                              for k in g.links]) if g.index == gpu else g for g in report.gpus]
+    return replace(report, gpus=gpus)
+
+
 def test_nvlink_errors_growing_during_the_run_fail_old_history_does_not():
-    healthy = fixture_text("nvlink_errors", "h100-sxm-driver550-all-zero.txt")
-    history = healthy.replace("Link 2: Replay Errors: 0", "Link 2: Replay Errors: 7", 1)
-    grown = history.replace("Link 2: Replay Errors: 7", "Link 2: Replay Errors: 9", 1)
-    before, after = parsers.parse("nvlink-errors", history), parsers.parse("nvlink-errors", grown)
+    healthy = parsed("nvlink-errors", "h100-sxm-driver550-all-zero.txt")
+    gpu = healthy.gpus[0].index
+    before, after = with_counters(healthy, gpu, 2, replay=7), with_counters(healthy, gpu, 2, replay=9)
     facts = {**nvl(), "before": before, "after": before}
     assert verdict(nvlink.CHECK.evaluate(facts, PROFILE, N)) == (Verdict.PASS, "NVLINK_OK")
     facts["after"] = after
@@ -193,10 +195,10 @@ def test_nvlink_errors_growing_during_the_run_fail_old_history_does_not():
 
 
 def test_nvlink_recovery_and_crc_rate():
-    base = fixture_text("nvlink_errors", "h100-sxm-driver550-all-zero.txt")
-    after = base.replace("Link 0: Recovery Errors: 0", "Link 0: Recovery Errors: 1", 1)
-    after = after.replace("Link 5: CRC Errors: 0", "Link 5: CRC Errors: 60000", 1)
-    facts = {**nvl(), "after": parsers.parse("nvlink-errors", after), "elapsed_s": 100.0}
+    base = parsed("nvlink-errors", "h100-sxm-driver550-all-zero.txt")
+    gpu = base.gpus[0].index
+    after = with_counters(with_counters(base, gpu, 0, recovery=1), gpu, 5, crc=60000)
+    facts = {**nvl(), "after": after, "elapsed_s": 100.0}
     problems = nvlink.CHECK.evaluate(facts, PROFILE, N)[0].evidence["problems"]
     assert any("recovery" in p for p in problems) and any("600 CRC errors/s" in p for p in problems)
     facts["elapsed_s"] = 1000.0  # 60 errors/s: under DCGM's 100/s threshold
@@ -241,9 +243,9 @@ def test_throttle_idle_passes_and_sw_power_cap_is_not_a_fault():
     problems = gpu_throttle.CHECK.evaluate({"before": capped, "after": capped}, PROFILE, N)[0].evidence["problems"]
     # SW power cap on GPU0 is not a fault; HW Slowdown is named by its cause, the power brake.
     assert problems == ["GPU1 (0F:00.0): hw_power_brake_slowdown active after load"]
-    alone = fixture_text("nvsmi_perf", "a100-sxm4-driver470-throttle-reasons-no-counters.txt").replace(
-        "HW Power Brake Slowdown       : Active", "HW Power Brake Slowdown       : Not Active")
-    facts = {"before": parsers.parse("nvsmi-perf", alone), "after": parsers.parse("nvsmi-perf", alone)}
+    alone = replace(capped, gpus=[replace(g, reasons={**g.reasons, "hw_power_brake_slowdown": False})
+                                  for g in capped.gpus])
+    facts = {"before": alone, "after": alone}
     problems = [p for p in [gpu_throttle.CHECK.evaluate(facts, PROFILE, N)[0].reason]]
     assert problems == ["GPU1 (0F:00.0): hw_slowdown active after load"]
 
@@ -256,9 +258,9 @@ def test_throttle_hw_thermal_active_fails_not_warns():
 
 
 def test_throttle_counter_growth_during_load_fails_even_when_the_flag_cleared():
-    idle = fixture_text("nvsmi_perf", "h100-sxm-driver550-idle-with-counters.txt")
-    after = idle.replace("HW Thermal Slowdown               : 0 us", "HW Thermal Slowdown               : 2500000 us", 1)
-    facts = {"before": parsers.parse("nvsmi-perf", idle), "after": parsers.parse("nvsmi-perf", after)}
+    idle = perf("h100-sxm-driver550-idle-with-counters.txt")
+    hot = replace(idle.gpus[0], counters_us={**idle.gpus[0].counters_us, "hw_thermal_slowdown": 2500000})
+    facts = {"before": idle, "after": replace(idle, gpus=[hot, *idle.gpus[1:]])}
     result = gpu_throttle.CHECK.evaluate(facts, PROFILE, N)[0]
     assert (result.verdict, result.code) == (Verdict.FAIL, "THROTTLE_DURING_LOAD") and "2.5 s" in result.reason
 
@@ -321,8 +323,8 @@ def test_dcgm_truncated_json_is_error_with_excerpt():
 
 
 def counters(**bumps):
-    return SysfsValues({ib_link_health.counter_path(nic.device, nic.port, c): str(bumps.get(f"{nic.device}_{c}", 0))
-                        for nic in N.nics for c in ib_link_health.COUNTERS})
+    return {ib_link_health.counter_path(nic.device, nic.port, c): bumps.get(f"{nic.device}_{c}", 0)
+            for nic in N.nics for c in ib_link_health.COUNTERS}
 
 
 def ib(before=None, after=None, log="journalctl-short-no-events.txt", now=None, ber=None):

@@ -41,7 +41,7 @@ NEW = {"pcie_link", "nvlink", "gpu_throttle", "ib_link_health", "gpu_bandwidth",
 
 @pytest.fixture(scope="module")
 def depth_run(tmp_path_factory):
-    from tests.preflight.conftest import VirtualInventory
+    from tests.preflight.helpers import VirtualInventory
 
     inv = VirtualInventory(tmp_path_factory.mktemp("depth"), nodes=8, racks=2,
                            host_vars={h: {"sim_faults": f} for h, f in FAULTS.items()})

@@ -1,15 +1,35 @@
-"""Node checks on canned real-format outputs through a scripted transport: each check passes on a healthy
-node, fails with its fault code on a deliberately bad input, and turns unreadable output into ERROR."""
+"""Node checks: ``evaluate`` judged on facts built directly (NHC style: the facts of a fault, never fixture
+text edited to produce one), and ``gather`` through a scripted transport on canned real-format outputs
+(a healthy node passes; unreadable output is an ERROR; fallbacks such as dmesg without a journal)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
-from preflight.checks import cstates, dcqcn, gpu_health, gpu_topology, ib_ports, nccl, numa_pinning, time_sync
+from preflight import parsers
+from preflight.checks import (
+    consul,
+    cstates,
+    dcqcn,
+    gpu_health,
+    gpu_topology,
+    ib_ports,
+    nccl,
+    numa_pinning,
+    time_sync,
+)
+from preflight.consul_io import ServiceState
+from preflight.parsers import ParseError, cmdline, cpulist, mlnx_qos
+from preflight.parsers.common import Line
+from preflight.parsers.kernel_log import KernelXids, XidEvent
+from preflight.parsers.mlnx_qos import MlnxQos, PfcPriority
+from preflight.parsers.topo import Topology
+from preflight.profiles import profile_for
 from preflight.result import Verdict
-from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
 TOPO = ("nvidia-smi", "topo", "-m")
 # NICs of the HGX fixture: NIC0..3 are PIX to GPU0..3, NIC6..9 to GPU4..7 (NIC4/5 are storage).
@@ -25,17 +45,24 @@ def hgx_topo() -> str:
     return fixture_text("topo", "h100-sxm-hgx-driver535-nic-legend.txt")
 
 
-def set_cell(text: str, row: str, column: str, token: str) -> str:
-    """Replace one cell of a space-aligned `topo -m` matrix with a token of the same width."""
-    lines = text.splitlines()
-    header = next(line for line in lines if line.lstrip().startswith("GPU0"))
-    start = header.index(column) if column.startswith(("GPU", "NIC")) else header.index(column)
-    for i, line in enumerate(lines):
-        if line.startswith(row + " ") or line.startswith(row + "\t"):
-            old = line[start : start + len(token)]
-            assert old.strip(), f"no cell at {row}/{column}"
-            lines[i] = line[:start] + token + line[start + len(token) :]
-    return "\n".join(lines) + "\n"
+def hgx() -> Topology:
+    return parsers.parse("topo", hgx_topo())
+
+
+def with_link(topology: Topology, a: str, b: str, token: str) -> Topology:
+    """The topology with the link a-b (both directions) printed as ``token``: the facts of a lost NVLink."""
+    links = {row: dict(cols) for row, cols in topology.links.items()}
+    links[a][b] = links[b][a] = token
+    return replace(topology, links=links)
+
+
+def with_numa(topology: Topology, gpu: str, numa: str) -> Topology:
+    return replace(topology, gpus=[replace(g, numa_affinity=numa) if g.name == gpu else g for g in topology.gpus])
+
+
+def judge_topology(topology: Topology, nics=FIXTURE_NICS, **hostvars):
+    n = node(rdma_nics=nics, **hostvars)
+    return gpu_topology.CHECK.evaluate(topology, profile_for(n.name, n.vars), n)
 
 
 def run_topology(text: str, **hostvars):
@@ -53,8 +80,7 @@ def test_topology_of_a_healthy_hgx_h100_passes():
 
 
 def test_missing_nvlink_fails_only_that_iu_and_suggests_a_layout_that_fits():
-    text = set_cell(set_cell(hgx_topo(), "GPU1", "GPU2", "NODE"), "GPU2", "GPU1", "NODE")
-    results = run_topology(text)
+    results = judge_topology(with_link(hgx(), "GPU1", "GPU2", "NODE"))
     bad = only(results, iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NVLINK_MISSING")
     assert "GPU1-GPU2 is NODE" in bad.reason
@@ -65,27 +91,22 @@ def test_missing_nvlink_fails_only_that_iu_and_suggests_a_layout_that_fits():
 
 
 def test_suggested_layout_with_two_gpu_ius_routes_around_the_broken_link():
-    text = set_cell(set_cell(hgx_topo(), "GPU1", "GPU2", "NODE"), "GPU2", "GPU1", "NODE")
-    results = run_topology(text, iu_size=2, iu_layout=[[0, 2], [1, 3], [4, 5], [6, 7]])
+    broken = with_link(hgx(), "GPU1", "GPU2", "NODE")
+    results = judge_topology(broken, iu_size=2, iu_layout=[[0, 2], [1, 3], [4, 5], [6, 7]])
     assert all(r.verdict is Verdict.PASS for r in results)  # the inventory's layout already avoids 1-2
-    results = run_topology(text, iu_size=2, iu_layout=[[0, 3], [1, 2], [4, 5], [6, 7]])
+    results = judge_topology(broken, iu_size=2, iu_layout=[[0, 3], [1, 2], [4, 5], [6, 7]])
     bad = only(results, iu="n1-iu1")
     assert bad.code == "NVLINK_MISSING"
     assert bad.evidence["suggested_iu_layout"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
 def test_fewer_nvlinks_than_the_profile_is_degraded():
-    text = set_cell(set_cell(hgx_topo(), "GPU5", "GPU6", "NV12"), "GPU6", "GPU5", "NV12")
-    bad = only(run_topology(text), iu="n1-iu1")
+    bad = only(judge_topology(with_link(hgx(), "GPU5", "GPU6", "NV12")), iu="n1-iu1")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NVLINK_DEGRADED")
 
 
 def test_gpu_on_the_wrong_numa_node_fails_its_iu():
-    header = next(line for line in hgx_topo().splitlines() if line.lstrip().startswith("GPU0"))
-    column = header.index("NUMA Affinity")
-    lines = hgx_topo().splitlines()
-    lines = [line[:column] + "1" + line[column + 1 :] if line.startswith("GPU3 ") else line for line in lines]
-    bad = only(run_topology("\n".join(lines) + "\n"), iu="n1-iu0")
+    bad = only(judge_topology(with_numa(hgx(), "GPU3", "1")), iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "GPU_NUMA")
     assert "GPU3 is on NUMA 1" in bad.reason
 
@@ -94,15 +115,13 @@ def test_nic_that_is_not_close_to_its_gpu_fails():
     nics = [dict(n) for n in FIXTURE_NICS]
     nics[0]["gpu"] = 1  # mlx5_0 is PIX to GPU0, NODE to GPU1
     nics[1]["gpu"] = 3
-    t = ScriptedTransport().on("n1", *TOPO, reply=hgx_topo())
-    results = gpu_topology.CHECK.run(context(t, node(rdma_nics=nics)))
-    bad = only(results, iu="n1-iu0")
+    bad = only(judge_topology(hgx(), nics), iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NIC_FAR")
     assert "mlx5_0 is GPU1:NODE" in bad.reason
 
 
 def test_gpu_count_mismatch_fails_the_node():
-    results = run_topology(hgx_topo(), gpu_count=16, iu_size=8)
+    results = judge_topology(hgx(), gpu_count=16, iu_size=8)
     assert [(r.iu, r.verdict, r.code) for r in results] == [(None, Verdict.FAIL, "GPU_COUNT")]
 
 
@@ -142,14 +161,43 @@ def test_healthy_gpus_pass():
     assert (result.verdict, result.code) == (Verdict.PASS, "GPU_HEALTH_OK")
 
 
+def health_facts(report=None, xids=(), fabric_unit=None) -> gpu_health.GpuHealthFacts:
+    """gpu_health's facts, built (NHC style): the clean H100 report unless given, XIDs as (bus, xid)."""
+    events = [XidEvent(xid, f"0000:{bus}:00", None, n, f"NVRM: Xid (PCI:0000:{bus}:00): {xid}")
+              for n, (bus, xid) in enumerate(xids, 1)]
+    return gpu_health.GpuHealthFacts(report or parsers.parse("nvsmi-q", clean_q()),
+                                     KernelXids(events, len(events)), fabric_unit)
+
+
+def judge_health(facts: gpu_health.GpuHealthFacts):
+    n = node()
+    return gpu_health.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
+
+
+def with_gpus(report, **fields):
+    """The report with every GPU's ``fields`` set (the first GPU's only with ``first_only``)."""
+    first_only = fields.pop("first_only", False)
+    gpus = [replace(g, **fields) if (i == 0 or not first_only) else g for i, g in enumerate(report.gpus)]
+    return replace(report, gpus=gpus)
+
+
 def test_uncorrectable_ecc_and_pending_remap_fail():
     text = fixture_text("nvsmi_q", "h100-sxm-driver550-dram-uncorrectable-remap-pending.txt")
-    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    [result] = judge_health(health_facts(parsers.parse("nvsmi-q", text)))
     assert (result.verdict, result.code) == (Verdict.FAIL, "ECC_UNCORRECTABLE")
     assert any("row remap pending" in p for p in result.evidence["problems"])
 
 
 def test_critical_xid_fails_and_other_xids_warn():
+    bus = re.search(r"^GPU 0000\w{4}:(\w\w):", clean_q(), re.M).group(1).lower()  # first GPU's bus
+    [result] = judge_health(health_facts(xids=[(bus, 79)]))
+    assert (result.verdict, result.code) == (Verdict.FAIL, "XID_CRITICAL")
+    assert result.reason.startswith("GPU0 (n1-iu0): critical XID 79")
+    [result] = judge_health(health_facts(xids=[("c3", 13)]))
+    assert (result.verdict, result.code) == (Verdict.WARN, "XID_OTHER")
+
+
+def test_xids_in_the_kernel_log_are_gathered_through_journalctl():
     bus = re.search(r"^GPU 0000(\w{4}:\w\w):", clean_q(), re.M).group(1)  # first GPU's domain:bus
     critical = (
         f"Nov 29 07:12:01 n1 kernel: NVRM: Xid (PCI:{bus}:00): 79, pid=0, GPU has fallen off the bus.\n"
@@ -157,9 +205,6 @@ def test_critical_xid_fails_and_other_xids_warn():
     [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), critical)))
     assert (result.verdict, result.code) == (Verdict.FAIL, "XID_CRITICAL")
     assert result.reason.startswith("GPU0 (n1-iu0): critical XID 79")
-    other = "Nov 29 07:12:01 n1 kernel: NVRM: Xid (PCI:0000:c3:00): 13, pid=4242, Graphics Exception\n"
-    [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), other)))
-    assert (result.verdict, result.code) == (Verdict.WARN, "XID_OTHER")
 
 
 def test_kernel_log_falls_back_to_dmesg_without_a_journal():
@@ -171,18 +216,16 @@ def test_kernel_log_falls_back_to_dmesg_without_a_journal():
 
 
 def test_persistence_mode_off_fails():
-    text = clean_q().replace(
-        "Persistence Mode                      : Enabled",
-        "Persistence Mode                      : Disabled",
-        1,
-    )
-    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    report = with_gpus(parsers.parse("nvsmi-q", clean_q()), persistence_mode="Disabled", first_only=True)
+    [result] = judge_health(health_facts(report))
     assert (result.verdict, result.code) == (Verdict.FAIL, "PERSISTENCE_OFF")
 
 
 def test_fabric_manager_down_on_an_nvswitch_board_fails():
-    [result] = gpu_health.CHECK.run(context(health_transport(clean_q(), fabric=(3, "inactive\n"))))
+    [result] = judge_health(health_facts(fabric_unit=gpu_health.FabricUnit("inactive", "inactive")))
     assert (result.verdict, result.code) == (Verdict.FAIL, "FABRIC_MANAGER_DOWN")
+    [unknown] = judge_health(health_facts(fabric_unit=gpu_health.FabricUnit("", "Failed to connect to bus")))
+    assert (unknown.verdict, unknown.code) == (Verdict.WARN, "FABRIC_UNKNOWN")
 
 
 def test_gpu_fabric_state_is_read_where_the_driver_prints_it():
@@ -192,9 +235,13 @@ def test_gpu_fabric_state_is_read_where_the_driver_prints_it():
     )
     text = re.sub(r"(\n    Persistence Mode[^\n]*)", r"\1\n" + fabric.rstrip("\n"), clean_q())
     assert text.count("In Progress") == 8
-    [result] = gpu_health.CHECK.run(context(health_transport(text)))
+    report = parsers.parse("nvsmi-q", text)  # the parser reads the section ...
+    assert {(g.fabric_state, g.fabric_status) for g in report.gpus} == {("In Progress", "N/A")}
+    [result] = judge_health(health_facts(report))  # ... and evaluate judges it, systemd not asked
     assert (result.verdict, result.code) == (Verdict.FAIL, "FABRIC_MANAGER_DOWN")
     assert "not trained" in result.reason
+    trained = with_gpus(report, fabric_state="Completed", fabric_status="Success")
+    assert judge_health(health_facts(trained))[0].verdict is Verdict.PASS
 
 
 def test_one_gpu_block_of_eight_attached_is_an_error_not_a_pass():
@@ -235,24 +282,33 @@ def test_active_ports_at_the_expected_rate_pass():
     assert (ports(ibstat_text()).verdict, ports(ibstat_text()).code) == (Verdict.PASS, "PORTS_OK")
 
 
+def judge_ports(ibstat, nics=IB_NICS):
+    n = node(rdma_nics=nics)
+    [result] = ib_ports.CHECK.evaluate(ibstat, profile_for(n.name, n.vars), n)
+    return result
+
+
+def with_port(ibstat, ca_name: str, **fields):
+    """The ibstat facts with port 1 of ``ca_name`` changed."""
+    cas = [replace(ca, ports=[replace(p, **fields) if p.port == 1 else p for p in ca.ports])
+           if ca.name == ca_name else ca for ca in ibstat.cas]
+    return replace(ibstat, cas=cas)
+
+
 def test_a_down_port_fails():
-    text = ibstat_text().replace("State: Active", "State: Down", 2).replace("State: Down", "State: Active", 1)
-    result = ports(
-        text.replace("Physical state: LinkUp", "Physical state: Disabled", 2).replace(
-            "Physical state: Disabled", "Physical state: LinkUp", 1
-        )
-    )
+    down = with_port(parsers.parse("ibstat", ibstat_text()), "mlx5_1", state="Down", physical_state="Disabled")
+    result = judge_ports(down)
     assert (result.verdict, result.code) == (Verdict.FAIL, "PORT_DOWN")
     assert result.reason.startswith("mlx5_1:1 is Down/Disabled")
 
 
 def test_wrong_rate_missing_port_and_link_layer_fail():
-    slow = ibstat_text().replace("Rate: 400", "Rate: 200", 1)
-    assert ports(slow).code == "PORT_RATE"
+    healthy = parsers.parse("ibstat", ibstat_text())
+    assert judge_ports(with_port(healthy, "mlx5_0", rate_gbps=200)).code == "PORT_RATE"
     missing = IB_NICS + [{"device": "mlx5_42", "netdev": "ibp99s0", "rate_gbps": 400, "numa_node": 1}]
-    assert ports(ibstat_text(), missing).code == "PORT_MISSING"
+    assert judge_ports(healthy, missing).code == "PORT_MISSING"
     roce = [dict(n, link_layer="ethernet") for n in IB_NICS]
-    assert ports(ibstat_text(), roce).code == "LINK_LAYER"
+    assert judge_ports(healthy, roce).code == "LINK_LAYER"
 
 
 def test_garbage_ibstat_is_an_error():
@@ -294,8 +350,12 @@ def test_nccl_gates_on_out_of_place_busbw_at_the_largest_size_not_the_average():
     assert (
         node_result.evidence["found"]["avg_busbw_gbps"] < 460 <= node_result.evidence["found"]["busbw_gbps"]
     )
-    slow = IU_NCCL.replace("368.00", "301.00")
-    bad = only(nccl.CHECK.run(context(nccl_transport(slow, NODE_NCCL))), iu="n1-iu0")
+    [run] = [r for r in nccl.CHECK.gather(context(nccl_transport(IU_NCCL, NODE_NCCL))) if r.iu == "n1-iu0"]
+    largest = max(run.parsed.rows, key=lambda r: r.size_bytes)
+    slow_rows = [replace(r, oop_busbw_gbps=301.0) if r is largest else r for r in run.parsed.rows]
+    slow = replace(run, parsed=replace(run.parsed, rows=slow_rows))
+    n = node()
+    bad = only(nccl.CHECK.evaluate([slow], profile_for(n.name, n.vars), n), iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NCCL_BUSBW")
     assert "busbw 301 GB/s at 16 GiB < 330" in bad.reason
 
@@ -355,24 +415,36 @@ def test_deep_cstate_enabled_without_anything_holding_it_fails():
     assert "C1E" in result.reason
 
 
+def judge_cstates(cpupower_text: str, cmdline_text: str = PLAIN_CMDLINE, qos_us: int | None = None):
+    n = node()
+    facts = cstates.CstatesFacts(parsers.parse("cpupower", cpupower_text), cmdline.parse(cmdline_text), qos_us)
+    [result] = cstates.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
+    return result
+
+
 def test_deep_states_disabled_or_held_by_kernel_args_or_pm_qos_pass():
     assert (
-        idle(fixture_text("cpupower", "intel-skylake-sp-deep-states-disabled-two-cpus.txt")).verdict
+        judge_cstates(fixture_text("cpupower", "intel-skylake-sp-deep-states-disabled-two-cpus.txt")).verdict
         is Verdict.PASS
     )
-    held = idle(SPR, PLAIN_CMDLINE.strip() + " intel_idle.max_cstate=0 processor.max_cstate=1\n")
+    held = judge_cstates(SPR, PLAIN_CMDLINE.strip() + " intel_idle.max_cstate=0 processor.max_cstate=1\n")
     assert (held.verdict, held.evidence["found"]["kernel_args"]) == (
         Verdict.PASS,
         ["intel_idle.max_cstate=0 processor.max_cstate=1"],
     )
+    assert judge_cstates(SPR, qos_us=0).reason == "held by PM QoS (0 us)"
+    assert judge_cstates(SPR, qos_us=2000000000).verdict is Verdict.FAIL
+
+
+def test_pm_qos_target_is_gathered_from_od():
     assert idle(SPR, qos="          0\n").reason == "held by PM QoS (0 us)"
     assert idle(SPR, qos=" 2000000000\n").verdict is Verdict.FAIL
 
 
 def test_intel_idle_limit_alone_does_not_count_when_acpi_idle_is_unlimited():
-    assert cstates.cmdline_limits("ro intel_idle.max_cstate=0") == []
-    assert cstates.cmdline_limits("ro idle=poll") == ["idle=poll"]
-    assert cstates.cmdline_limits("ro intel_idle.max_cstate=1") == ["intel_idle.max_cstate=1"]
+    assert cstates.cmdline_limits(cmdline.parse("ro intel_idle.max_cstate=0")) == []
+    assert cstates.cmdline_limits(cmdline.parse("ro idle=poll")) == ["idle=poll"]
+    assert cstates.cmdline_limits(cmdline.parse("ro intel_idle.max_cstate=1")) == ["intel_idle.max_cstate=1"]
 
 
 def test_unparseable_cpupower_is_an_error():
@@ -424,23 +496,39 @@ def test_dcqcn_skips_infiniband_and_passes_a_configured_roce_port():
     assert (roce().verdict, roce().code) == (Verdict.PASS, "DCQCN_OK")
 
 
+def port_qos(trust="dscp", pfc=True, np_on="1", rp_on="1") -> dcqcn.PortQos:
+    """dcqcn's facts for one port, built: PFC on priority 3 only when ``pfc``."""
+    table = [PfcPriority(p, pfc and p == 3, 1 if p == 3 else 0) for p in range(8)]
+    return dcqcn.PortQos(np_on, rp_on, MlnxQos("OS controlled", trust, table))
+
+
 @pytest.mark.parametrize(
     "kwargs, code",
     [
         ({"np_on": "0"}, "ECN_NP_OFF"),
         ({"rp_on": "0"}, "ECN_RP_OFF"),
         ({"trust": "pcp"}, "TRUST_NOT_DSCP"),
-        ({"pfc": "0"}, "PFC_OFF"),
+        ({"pfc": False}, "PFC_OFF"),
     ],
 )
 def test_each_missing_dcqcn_setting_fails(kwargs, code):
-    result = roce(**kwargs)
+    n = node(rdma_nics=ROCE_NICS)
+    profile = profile_for(n.name, n.vars)
+    assert dcqcn.CHECK.evaluate({"ens1f0np0": port_qos()}, profile, n)[0].verdict is Verdict.PASS
+    [result] = dcqcn.CHECK.evaluate({"ens1f0np0": port_qos(**kwargs)}, profile, n)
     assert (result.verdict, result.code) == (Verdict.FAIL, code)
 
 
 def test_mlnx_qos_without_pfc_table_is_an_error():
-    with pytest.raises(ValueError):
-        dcqcn.parse_mlnx_qos("Priority trust state: dscp\n")
+    with pytest.raises(ParseError):
+        mlnx_qos.parse("Priority trust state: dscp\n")
+    t = ScriptedTransport()
+    for point in ("roce_np", "roce_rp"):
+        t.on("n1", "cat", f"/sys/class/net/ens1f0np0/ecn/{point}/enable/3", reply="1\n")
+    t.on("n1", "mlnx_qos", "-i", "ens1f0np0", reply="Priority trust state: dscp\n")
+    [result] = dcqcn.CHECK.run(context(t, node(rdma_nics=ROCE_NICS)))
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "cannot parse `mlnx_qos -i ens1f0np0`" in result.reason
 
 
 # ------------------------------------------------------------------------------ numa_pinning
@@ -484,7 +572,12 @@ def test_units_pinned_to_their_numa_node_pass():
     ],
 )
 def test_wrong_pinning_fails_the_iu(text, code):
-    results = pinning({0: GOOD[0], 1: text})
+    def facts(index: int, show: str, numa: str):
+        return numa_pinning.IuPinning(parsers.parse("cpulist", numa), parsers.parse("systemctl-show", show).units[0])
+
+    n = node()
+    readings = {"n1-iu0": facts(0, GOOD[0], "0-47,96-143\n"), "n1-iu1": facts(1, text, "48-95,144-191\n")}
+    results = numa_pinning.CHECK.evaluate(readings, profile_for(n.name, n.vars), n)
     assert only(results, iu="n1-iu0").verdict is Verdict.PASS
     bad = only(results, iu="n1-iu1")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, code)
@@ -496,8 +589,9 @@ def test_systemctl_without_a_manager_is_an_error_not_a_pass():
 
 
 def test_cpu_lists_in_both_spellings():
-    assert numa_pinning.parse_cpu_list("0-2,8") == numa_pinning.parse_cpu_list("0 1 2 8") == {0, 1, 2, 8}
-    assert numa_pinning.compact({0, 1, 2, 8, 9}) == "0-2,8-9"
+    line = Line(1, "")
+    assert cpulist.cpus_of("0-2,8", line) == cpulist.cpus_of("0 1 2 8", line) == {0, 1, 2, 8}
+    assert cpulist.format_cpus({0, 1, 2, 8, 9}) == "0-2,8-9"
 
 
 # ------------------------------------------------------------------------------ time_sync
@@ -522,9 +616,44 @@ def test_synchronised_clock_passes():
     ],
 )
 def test_clock_faults_fail(name, code):
-    result = tracking(name)
+    n = node()
+    facts = parsers.parse("chrony", fixture_text("chrony", name))  # recorded faults, parsed: the facts
+    [result] = time_sync.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
     assert (result.verdict, result.code) == (Verdict.FAIL, code)
+    fast = replace(facts, system_time_offset_s=0.0045, stratum=3, reference="A9FEA97B (169.254.169.123)",
+                   leap_status="Normal")
+    [result] = time_sync.CHECK.evaluate(fast, profile_for(n.name, n.vars), n)
+    assert (result.code, "fast" in result.reason) == ("CLOCK_OFFSET", True)
 
 
 def test_chronyc_that_cannot_talk_to_chronyd_is_an_error():
     assert tracking("garbage-cannot-talk-to-daemon.txt").verdict is Verdict.ERROR
+
+
+# ------------------------------------------------------------------------------ consul
+
+
+def judge_consul(**facts):
+    n = node()
+    return consul.CHECK.evaluate(consul.ConsulFacts("127.0.0.1:8500", **facts), profile_for(n.name, n.vars), n)[0]
+
+
+def services(*ids, maintenance=()):
+    return {i: ServiceState(i, "n1", "n1", {f"_service_maintenance:{i}": "critical"} if i in maintenance else {})
+            for i in ids}
+
+
+def test_consul_judged_on_what_the_agent_said():
+    alive = {"serf_health": "passing"}
+    ok = judge_consul(alive=alive, services=services("n1-iu0", "n1-iu1", maintenance=("n1-iu1",)))
+    assert (ok.verdict, ok.code) == (Verdict.PASS, "CONSUL_OK") and "in maintenance: n1-iu1" in ok.reason
+    down = judge_consul(agent_error="connection refused")
+    assert (down.verdict, down.code, down.reason) == (Verdict.FAIL, "CONSUL_AGENT_DOWN",
+                                                       "Consul at 127.0.0.1:8500: connection refused")
+    sick = judge_consul(alive={"serf_health": "critical"}, services=services("n1-iu0", "n1-iu1"))
+    assert (sick.verdict, sick.code) == (Verdict.FAIL, "CONSUL_NODE_UNHEALTHY")
+    missing = judge_consul(alive=alive, services=services("n1-iu0"))
+    assert (missing.verdict, missing.code, missing.reason) == (Verdict.FAIL, "CONSUL_SERVICE_MISSING",
+                                                               "not registered in Consul: n1-iu1")
+    unread = judge_consul(alive=alive, services_error="ACL not found")
+    assert (unread.verdict, unread.code) == (Verdict.ERROR, "GATHER")

@@ -10,9 +10,10 @@ import pytest
 
 from preflight.checks import ib_pairs, versions
 from preflight.checks.base import GatherError, RackContext, RunOptions
+from preflight.parsers import nccl as nccl_parser
 from preflight.result import Verdict
 from preflight.transport import CommandResult
-from tests.preflight.conftest import ScriptedTransport, context, fixture_text, node, only
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
 LAT = fixture_text("perftest", "h100-ndr-ib_write_lat-perftest23.txt")
 BW = fixture_text("perftest", "h100-ndr-ib_write_bw-report-gbits.txt")
@@ -187,14 +188,10 @@ def test_node_without_ibstat_is_an_error_and_the_rest_still_test():
 NVSMI_Q = fixture_text("nvsmi_q", "h100-sxm-driver535-full-q-clean.txt")
 
 
-def version_transport(names, driver_of=lambda n: None, fm="535.161.08", nccl="2.21.5-1+cuda12.4"):
+def version_transport(names, fm="535.161.08", nccl="2.21.5-1+cuda12.4"):
     t = ScriptedTransport()
     for n in names:
-        text = NVSMI_Q
-        driver = driver_of(n)
-        if driver:
-            text = re.sub(r"(Driver Version\s+: )\S+", r"\g<1>" + driver, text)
-        t.on(n, "nvidia-smi", "-q", reply=text)
+        t.on(n, "nvidia-smi", "-q", reply=NVSMI_Q)
         t.on(n, "nv-fabricmanager", "--version", reply=f"Fabric Manager version is : {fm}\n")
         t.on(n, "dpkg-query", reply=nccl)
         t.on(n, "ofed_info", "-s", reply="MLNX_OFED_LINUX-23.10-1.1.9.0:\n")
@@ -222,7 +219,12 @@ def test_equal_versions_pass():
 
 def test_the_node_that_drifted_from_its_rack_fails():
     names = ["a", "b", "c"]
-    results = versions_run(names, version_transport(names, lambda n: "550.54.15" if n == "b" else None))
+    found = {"driver": "535.161.08", "cuda": "12.2", "fabric_manager": "535.161.08", "nccl": "2.21.5-1+cuda12.4",
+             "ofed": "MLNX_OFED_LINUX-23.10-1.1.9.0"}
+    facts = {n: dict(found, driver="550.54.15") if n == "b" else dict(found) for n in names}
+    contexts = [context(ScriptedTransport(), node(n)) for n in names]  # run_rack judges facts: no command
+    with ThreadPoolExecutor(2) as pool:
+        results = versions.CHECK.run_rack(RackContext("r01", contexts, facts, pool, RunOptions()))
     assert (only(results, node="b").verdict, only(results, node="b").code) == (Verdict.FAIL, "VERSION_DRIFT")
     assert "rest of rack r01 on 535.161.08" in only(results, node="b").reason
     assert only(results, node="a").verdict is only(results, node="c").verdict is Verdict.PASS
@@ -240,8 +242,21 @@ def test_inventory_pins_decide_and_prefix_match_package_versions():
 
 
 def test_nccl_version_from_nccl_tests_output_when_no_package():
-    assert versions.nccl_from_code(22105) == "2.21.5" and versions.nccl_from_code(2708) == "2.7.8"
+    assert nccl_parser.version_from_code(22105) == "2.21.5" and nccl_parser.version_from_code(2708) == "2.7.8"
     assert (
         versions.nccl_in_outputs(["# nccl-tests version 2.13.9 nccl-headers=21903 nccl-library=21903\n"])
         == "2.19.3"
     )
+
+
+def test_an_unreadable_version_reporter_is_an_error_not_an_unknown_version():
+    """A reporter that answers with text nobody can read is an ERROR naming the command (it was an unknown
+    version, i.e. a silent PASS without a pin); a reporter that is not installed stays unknown."""
+    names = ["a", "b"]
+    t = version_transport(names)
+    t.on("a", "nv-fabricmanager", "--version", reply="Fabric Manager version is : latest\n")
+    ctx = context(t, node("a"))
+    with pytest.raises(GatherError, match="cannot parse `nv-fabricmanager --version` output"):
+        versions.CHECK.gather(ctx)
+    t.on("b", "ofed_info", "-s", reply=(127, "bash: ofed_info: command not found\n"))
+    assert versions.CHECK.gather(context(t, node("b")))["ofed"] is None

@@ -98,7 +98,7 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory):
-    from tests.preflight.conftest import VirtualInventory
+    from tests.preflight.helpers import VirtualInventory
 
     inv = VirtualInventory(
         tmp_path_factory.mktemp("faults"),

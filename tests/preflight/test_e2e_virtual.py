@@ -13,7 +13,7 @@ import yaml
 
 from cluster import load_cluster
 from tests.helpers import run_cli
-from tests.preflight.conftest import VirtualInventory
+from tests.preflight.helpers import VirtualInventory
 from tests.preflight.test_runner import register
 
 

@@ -14,7 +14,7 @@ from cli.main import main
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "preflight"
 
-# shared/contracts/parse-json.md, key for key
+# docs/contracts/parse-json.md, key for key
 CONTRACT_KEYS = {
     "topo": ({"gpus", "nics", "links"}, {"gpus": {"name", "cpu_affinity", "numa_affinity", "gpu_numa_id"},
                                          "nics": {"name", "device"}}),

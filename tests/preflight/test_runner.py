@@ -19,7 +19,7 @@ from preflight.profiles import ProfileError, load_file, profile_for
 from preflight.result import CheckResult, Verdict
 from preflight.runner import exit_code, run_preflight
 from preflight.transport import CommandResult, LocalTransport, RoutingTransport, SshTransport
-from tests.preflight.conftest import ScriptedTransport, context, node
+from tests.preflight.helpers import ScriptedTransport, context, node
 
 # ------------------------------------------------------------------------------ transports
 

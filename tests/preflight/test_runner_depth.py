@@ -13,7 +13,7 @@ from preflight.profiles import ProfileError, profile_for
 from preflight.result import Verdict
 from preflight.runner import Progress, run_preflight
 from preflight.transport import CommandResult
-from tests.preflight.conftest import ScriptedTransport, node
+from tests.preflight.helpers import ScriptedTransport, node
 
 ORDER: list[str] = []
 

@@ -124,10 +124,10 @@ def test_lscpu_numactl_agree_with_sysfs(cluster):
 
 
 def test_mlnx_qos_and_dcqcn_sysfs(cluster):
-    from preflight.checks.dcqcn import parse_mlnx_qos
+    from preflight.parsers import mlnx_qos
 
-    qos = parse_mlnx_qos(stub(cluster, "r02n01", "mlnx_qos", "-i", "enp26s0np0"))
-    assert qos["trust"] == "dscp" and [p for p, on in qos["pfc"].items() if on] == [3]
+    qos = mlnx_qos.parse(stub(cluster, "r02n01", "mlnx_qos", "-i", "enp26s0np0"))
+    assert qos.trust == "dscp" and [p.priority for p in qos.pfc if p.enabled] == [3]
     assert run_on(cluster, "r01n01", "mlnx_qos", "-i", "ibp26s0").returncode == 1  # no DCB on IPoIB
     ecn = "cat /sys/class/net/enp26s0np0/ecn/roce_np/enable/3 /sys/class/net/enp26s0np0/ecn/roce_rp/enable/3"
     assert stub(cluster, "r02n01", "sh", "-c", ecn).split() == ["1", "1"]

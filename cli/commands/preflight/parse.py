@@ -1,7 +1,7 @@
 """``clusterctl preflight parse KIND FILE [--json]``: read one saved tool output the way preflight does.
 
 On-call pastes an output from a ticket into a file (or stdin with ``-``) and sees what preflight would
-see: a table, or with ``--json`` exactly the object of ``shared/contracts/parse-json.md``. Unreadable
+see: a table, or with ``--json`` exactly the object of ``docs/contracts/parse-json.md``. Unreadable
 input exits 1 with one line naming the line of the file that could not be read.
 """
 

@@ -1,0 +1,96 @@
+"""Outputs as an on-call engineer pastes them (issue 15 item 6): hand annotations after a value, elided
+sections, tabs and collapsed spaces, prompt lines. Each pasted fixture is an existing fixture with those
+edits (tests/fixtures/preflight/<kind>/SOURCES.md lists them); it must parse to the same values, with one
+warning per thing ignored, and never to null where the value is in the text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preflight.parsers import ParseError, parse, paste_warnings, to_contract_json
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "preflight"
+
+PASTED = {
+    # kind: (original fixture, pasted fixture, warnings expected)
+    "chrony": ("aws-time-sync-linklocal-chrony4.2-normal.txt", "pasted-annotated-elided-tab.txt", 3),
+    "cpupower": ("intel-sapphire-rapids-intel_idle-c6-disabled.txt", "pasted-annotated-elided-tab.txt", 3),
+    "ibping": ("h100-ndr-rdma-core50-count10-ok.txt", "pasted-annotated-elided.txt", 3),
+    "ibstat": ("a100-dgx-cx6-hdr200-one-port-down-polling.txt", "pasted-annotated-elided-spaces.txt", 3),
+    "perftest": ("h100-ndr-ib_write_lat-perftest23.txt", "pasted-annotated-elided-collapsed.txt", 3),
+    "topo": ("h100-sxm-hgx-driver535-nic-legend.txt", "pasted-annotated-elided-tabs.txt", 2),
+    "nvsmi-q": ("h100-sxm-driver550-i-3-one-gpu-remap-pending.txt", "pasted-remap-pending-annotated.txt", 2),
+    "nccl": ("h100-sxm-8gpu-all_reduce-g8-single-node.txt", "pasted-annotated-elided-collapsed.txt", 2),
+}
+
+
+def read(kind: str, name: str) -> str:
+    return (FIXTURES / kind.replace("-", "_") / name).read_text()
+
+
+@pytest.mark.parametrize("kind", sorted(PASTED))
+def test_pasted_output_parses_to_the_same_values_with_warnings(kind):
+    original, pasted, n_warnings = PASTED[kind]
+    want = to_contract_json(kind, parse(kind, read(kind, original)))
+    text = read(kind, pasted)
+    got = to_contract_json(kind, parse(kind, text))
+    if kind == "nccl":  # three rows were elided in the paste: exactly those are missing
+        want["rows"] = [r for r in want["rows"] if r["size_bytes"] not in (16, 32, 64)]
+    assert got == want
+    warnings = paste_warnings(text)
+    assert len(warnings) == n_warnings, warnings
+    assert all(w.startswith("line ") for w in warnings)
+
+
+def test_remap_pending_with_an_arrow_is_true_not_null():
+    """The issue's case: "Pending : Yes   <===" was read as null (no remap pending known)."""
+    gpu = parse("nvsmi-q", read("nvsmi-q", "pasted-remap-pending-annotated.txt")).gpus[0]
+    assert gpu.remap_pending is True and gpu.remap_failure is False
+
+
+@pytest.mark.parametrize("word", ["Maybe", "Yes?", "Pending"])
+def test_unknown_yes_no_word_is_an_error_naming_the_line(word):
+    text = read("nvsmi-q", "h100-sxm-driver550-i-3-one-gpu-remap-pending.txt")
+    text = text.replace("Pending                           : Yes", f"Pending                           : {word}")
+    with pytest.raises(ParseError) as caught:
+        parse("nvsmi-q", text)
+    assert "not Yes or No" in str(caught.value) and caught.value.line_no > 0
+
+
+@pytest.mark.parametrize(
+    "line, value, note",
+    [
+        ("Pending : Yes   <===", "Pending : Yes", "<==="),
+        ("Pending : Yes <-- this", "Pending : Yes", "<-- this"),
+        ("Failure : none  # comment", "Failure : none", "# comment"),
+        ("Stratum : 4 (this one)", "Stratum : 4", "(this one)"),
+        ("Reference ID : A9FEA97B (169.254.169.123)", "Reference ID : A9FEA97B (169.254.169.123)", ""),
+        ("  NV#  = Connection traversing a bonded set of # NVLinks", None, ""),
+        ("#       size         count      type   redop    root     time   algbw   busbw #wrong", None, ""),
+        ("Pong from r01n02.(none) (Lid 1202): time 0.004 ms", None, ""),
+    ],
+)
+def test_annotations_are_cut_and_tool_text_is_kept(line, value, note):
+    from preflight.parsers.common import paste_lines
+
+    kept, warnings = paste_lines(line)
+    assert kept[0].text == (line if value is None else value)
+    assert bool(warnings) == bool(note) and (not note or note in warnings[0])
+
+
+@pytest.mark.parametrize("marker", ["...", "…", "[snip]", "<snip>", "[...]", "-- snip --", "[... 40 lines omitted ...]"])
+def test_elision_lines_are_dropped_and_reported(marker):
+    from preflight.parsers.common import paste_lines
+
+    kept, warnings = paste_lines(f"a: 1\n{marker}\nb: 2")
+    assert [(line.no, line.text) for line in kept] == [(1, "a: 1"), (3, "b: 2")]
+    assert warnings and warnings[0].startswith("line 2:")
+
+
+def test_clean_fixtures_have_no_warnings():
+    """No false positives: not one of the existing real outputs is taken for a paste annotation."""
+    for path in sorted(FIXTURES.rglob("*.txt")):
+        if not path.name.startswith("pasted-"):
+            assert paste_warnings(path.read_text(errors="replace")) == [], path

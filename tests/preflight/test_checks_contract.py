@@ -1,0 +1,52 @@
+"""The check contract of preflight/checks/base.py, held for every registered check: ``run`` is the base
+one (gather then evaluate), and nothing that ``evaluate`` (or a helper of its module that it calls) does
+runs a command, talks to Consul or parses tool output."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import pytest
+
+from preflight.checks import CHECKS
+from preflight.checks.base import Check
+
+# What running or parsing looks like in a check module: the context's command methods, the transport,
+# the parser entry points and Consul.
+FORBIDDEN_CALLS = {"run", "output", "parsed", "start", "parse_output", "parse", "cached_outputs"}
+FORBIDDEN_NAMES = {"ctx", "transport", "consul_io", "parsers", "re"}
+
+
+def _calls_and_names(function) -> tuple[set[str], set[str]]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    calls = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+             for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    return calls, names
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
+def test_run_is_the_base_gather_then_evaluate(check):
+    assert type(check).run is Check.run, f"{check.name} overrides run(): split it into gather and evaluate"
+
+
+@pytest.mark.parametrize("check", [c for c in CHECKS if c.scope != "rack" or type(c).evaluate is not Check.evaluate],
+                         ids=lambda c: c.name)
+def test_evaluate_runs_nothing_and_parses_nothing(check):
+    evaluate = type(check).evaluate
+    assert evaluate is not Check.evaluate, f"{check.name} has no evaluate()"
+    assert list(inspect.signature(evaluate).parameters) == ["self", "facts", "profile", "node"]
+    module = inspect.getmodule(type(check))
+    # evaluate and the methods/functions of its own module it reaches by name (one level is what they use)
+    functions = [evaluate]
+    calls, names = _calls_and_names(evaluate)
+    for name in calls:
+        helper = getattr(type(check), name, None) or getattr(module, name, None)
+        if inspect.isfunction(helper) and inspect.getmodule(helper) is module and helper is not evaluate:
+            functions.append(helper)
+    for function in functions:
+        calls, names = _calls_and_names(function)
+        assert not calls & FORBIDDEN_CALLS, f"{check.name}.{function.__name__} calls {sorted(calls & FORBIDDEN_CALLS)}"
+        assert not names & FORBIDDEN_NAMES, f"{check.name}.{function.__name__} uses {sorted(names & FORBIDDEN_NAMES)}"
