@@ -3,7 +3,8 @@
 Per node (with the node checks): the driver and CUDA versions from ``nvidia-smi -q`` (shared with
 gpu_health), ``nv-fabricmanager --version`` on NVSwitch boards, ``dpkg-query`` for libnccl2 and
 ``ofed_info -s``. Per rack: a version differing from the inventory pin (``preflight_version_pins``
-or the role variables in :data:`PIN_VARS`) -> FAIL; without a pin, one differing from the rack's
+or the nvidia_stack role variables of :data:`cluster.spec.PIN_VARS`, resolved into
+``node.settings.version_pins``) -> FAIL; without a pin, one differing from the rack's
 most common value -> FAIL. A component a host cannot report is shown as unknown, not guessed.
 
 Fault codes: VERSION_PIN, VERSION_DRIFT, VERSION_UNKNOWN, VERSIONS_OK.
@@ -15,20 +16,11 @@ import re
 from collections import Counter
 from typing import Any
 
-from cluster.inventory import host_var
+from cluster.spec import COMPONENTS
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext
 from preflight.checks.gpu_health import NVSMI_Q, nvsmi_q_fields
 from preflight.result import CheckResult, Verdict
 
-COMPONENTS = ("driver", "cuda", "fabric_manager", "nccl", "ofed")
-# Role variables that pin a component, read when preflight_version_pins does not name it.
-PIN_VARS = {
-    "driver": "nvidia_driver_version",
-    "cuda": "cuda_version",
-    "fabric_manager": "nvidia_fabricmanager_version",
-    "nccl": "nccl_version",
-    "ofed": "ofed_version",
-}
 _FM = re.compile(r"version is\s*:\s*(\S+)", re.IGNORECASE)
 _NCCL_CODE = re.compile(r"nccl-library=(\d+)")
 _NCCL_PRINTED = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
@@ -58,15 +50,7 @@ def matches_pin(found: str, pin: str) -> bool:
 
 
 def pins_of(node) -> dict[str, str]:
-    explicit = host_var(node, "preflight_version_pins") or {}
-    pins = {}
-    for component in COMPONENTS:
-        value = explicit.get(component) if isinstance(explicit, dict) else None
-        if value is None:
-            value = host_var(node, PIN_VARS[component])
-        if value is not None:
-            pins[component] = str(value)
-    return pins
+    return dict(node.settings.version_pins)
 
 
 class Versions(Check):
