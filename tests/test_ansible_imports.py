@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import module_imports
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("cluster", "preflight", "eas_agent", "edge", "cli", "devconsul", "sim")
 ALLOWED = "cluster/ansible/"
@@ -21,16 +23,7 @@ ALLOWED = "cluster/ansible/"
 
 def ansible_imports(tree: ast.AST) -> list[int]:
     """Lines of every import of ``ansible`` or ``ansible.*``, at any depth (inside functions too)."""
-    found = []
-    for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        if any(n == "ansible" or n.startswith("ansible.") for n in names):
-            found.append(node.lineno)
-    return sorted(found)
+    return sorted({line for name, line, _ in module_imports(tree) if name == "ansible" or name.startswith("ansible.")})
 
 
 def test_only_cluster_ansible_imports_ansible():
