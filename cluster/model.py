@@ -34,6 +34,7 @@ from cluster.spec import (  # noqa: F401 - the model's constants, re-exported fo
     DEFAULT_IU_SIZE,
     DEFAULT_NUMA_NODE_COUNT,
     GPU_MODELS,
+    NIC_DEFAULTS,
     RACK_GROUP_PREFIX,
     VALID_IU_SIZES,
     value,
@@ -44,8 +45,8 @@ from cluster.spec import (  # noqa: F401 - the model's constants, re-exported fo
 class Nic:
     device: str  # RDMA device, e.g. mlx5_0
     netdev: str | None  # kernel interface, e.g. ibp24s0 / ens1f0np0
-    port: int = 1
-    link_layer: str = "infiniband"  # infiniband | ethernet (RoCE)
+    port: int = NIC_DEFAULTS["port"]
+    link_layer: str = NIC_DEFAULTS["link_layer"]  # infiniband | ethernet (RoCE)
     rate_gbps: int | None = None
     numa_node: int | None = None
     gpu: int | None = None  # GPU under the same PCIe switch (PIX), when known
@@ -178,8 +179,8 @@ def nics_of(hostvars: Mapping[str, Any]) -> tuple[Nic, ...]:
             Nic(
                 device=str(raw["device"]),
                 netdev=None if raw.get("netdev") is None else str(raw["netdev"]),
-                port=int(raw.get("port", 1)),
-                link_layer=str(raw.get("link_layer", "infiniband")).lower(),
+                port=int(raw.get("port", NIC_DEFAULTS["port"])),
+                link_layer=str(raw.get("link_layer", NIC_DEFAULTS["link_layer"])).lower(),
                 rate_gbps=None if raw.get("rate_gbps") is None else int(raw["rate_gbps"]),
                 numa_node=None if raw.get("numa_node") is None else int(raw["numa_node"]),
                 gpu=None if raw.get("gpu") is None else int(raw["gpu"]),

@@ -24,6 +24,8 @@ DEFAULT_GPU_COUNT = 8
 DEFAULT_IU_SIZE = 4
 DEFAULT_NUMA_NODE_COUNT = 2
 DEFAULT_IU_PORT_BASE = 8000
+# An rdma_nics entry's defaults: port 1 of an InfiniBand HCA.
+NIC_DEFAULTS = {"port": 1, "link_layer": "infiniband"}
 # Consul's own defaults (the agent's HTTP port on loopback, datacenter dc1): used where the inventory
 # sets neither, so readers can still tell "set" from "defaulted" (``clusterctl scores`` ranks the
 # inventory above CONSUL_HTTP_ADDR).

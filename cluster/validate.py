@@ -127,7 +127,7 @@ def check_nics(host: str, hv: Mapping[str, Any]) -> list[Problem]:
             problems.append(
                 Problem(host, f"{var}.netdev", nic["netdev"], "not a valid Linux interface name (1-15 chars, no '/', ':' or spaces)")
             )
-        if str(nic.get("link_layer", "infiniband")).lower() not in ("infiniband", "ethernet"):
+        if str(nic.get("link_layer", spec.NIC_DEFAULTS["link_layer"])).lower() not in ("infiniband", "ethernet"):
             problems.append(Problem(host, f"{var}.link_layer", nic.get("link_layer"), "must be infiniband or ethernet"))
     for var in ("nccl_socket_ifname",):
         if hv.get(var) is not None and not _IFNAME.match(str(hv[var])):
