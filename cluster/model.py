@@ -16,6 +16,9 @@ Host variables read here (group_vars / host_vars / inline, resolved the way Ansi
 ``rdma_nics``          list of ``{device, netdev, port, link_layer, rate_gbps, numa_node, gpu}``;
                        an IU uses the NICs paired with its GPUs (``gpu``), else those on its NUMA node
 =====================  ========================================================================
+
+Defaults and the list of variables are :mod:`cluster.spec`'s; the node's other settings (connection,
+Consul, preflight, version pins) are :class:`cluster.settings.NodeSettings`, on ``Node.settings``.
 """
 
 from __future__ import annotations
@@ -24,21 +27,26 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_GPU_COUNT = 8
-DEFAULT_IU_SIZE = 4
-DEFAULT_NUMA_NODE_COUNT = 2
-DEFAULT_IU_PORT_BASE = 8000
-VALID_IU_SIZES = (1, 2, 4, 8)
-GPU_MODELS = ("h100-sxm", "h200-sxm", "a100-sxm")
-RACK_GROUP_PREFIX = "rack_"
+from cluster.settings import NodeSettings, node_settings
+from cluster.spec import (  # noqa: F401 - the model's constants, re-exported for its readers
+    DEFAULT_GPU_COUNT,
+    DEFAULT_IU_PORT_BASE,
+    DEFAULT_IU_SIZE,
+    DEFAULT_NUMA_NODE_COUNT,
+    GPU_MODELS,
+    NIC_DEFAULTS,
+    RACK_GROUP_PREFIX,
+    VALID_IU_SIZES,
+    value,
+)
 
 
 @dataclass(frozen=True)
 class Nic:
     device: str  # RDMA device, e.g. mlx5_0
     netdev: str | None  # kernel interface, e.g. ibp24s0 / ens1f0np0
-    port: int = 1
-    link_layer: str = "infiniband"  # infiniband | ethernet (RoCE)
+    port: int = NIC_DEFAULTS["port"]
+    link_layer: str = NIC_DEFAULTS["link_layer"]  # infiniband | ethernet (RoCE)
     rate_gbps: int | None = None
     numa_node: int | None = None
     gpu: int | None = None  # GPU under the same PCIe switch (PIX), when known
@@ -90,7 +98,7 @@ class Node:
     gpu_numa_nodes: tuple[int, ...]
     nics: tuple[Nic, ...]
     ius: tuple[IU, ...]
-    vars: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    settings: NodeSettings = field(default_factory=NodeSettings, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,18 +158,18 @@ def default_numa_map(gpu_count: int, numa_node_count: int) -> tuple[int, ...]:
 
 
 def iu_layout(hostvars: Mapping[str, Any]) -> list[list[int]]:
-    gpu_count = int(hostvars.get("gpu_count", DEFAULT_GPU_COUNT))
-    iu_size = int(hostvars.get("iu_size", DEFAULT_IU_SIZE))
+    gpu_count = int(value(hostvars, "gpu_count"))
+    iu_size = int(value(hostvars, "iu_size"))
     if hostvars.get("iu_layout") is not None:
         return [[int(g) for g in gpus] for gpus in hostvars["iu_layout"]]
     return [list(range(start, start + iu_size)) for start in range(0, gpu_count, iu_size)]
 
 
 def numa_map(hostvars: Mapping[str, Any]) -> tuple[int, ...]:
-    gpu_count = int(hostvars.get("gpu_count", DEFAULT_GPU_COUNT))
+    gpu_count = int(value(hostvars, "gpu_count"))
     if hostvars.get("gpu_numa_nodes") is not None:
         return tuple(int(n) for n in hostvars["gpu_numa_nodes"])
-    return default_numa_map(gpu_count, int(hostvars.get("numa_node_count", DEFAULT_NUMA_NODE_COUNT)))
+    return default_numa_map(gpu_count, int(value(hostvars, "numa_node_count")))
 
 
 def nics_of(hostvars: Mapping[str, Any]) -> tuple[Nic, ...]:
@@ -171,8 +179,8 @@ def nics_of(hostvars: Mapping[str, Any]) -> tuple[Nic, ...]:
             Nic(
                 device=str(raw["device"]),
                 netdev=None if raw.get("netdev") is None else str(raw["netdev"]),
-                port=int(raw.get("port", 1)),
-                link_layer=str(raw.get("link_layer", "infiniband")).lower(),
+                port=int(raw.get("port", NIC_DEFAULTS["port"])),
+                link_layer=str(raw.get("link_layer", NIC_DEFAULTS["link_layer"])).lower(),
                 rate_gbps=None if raw.get("rate_gbps") is None else int(raw["rate_gbps"]),
                 numa_node=None if raw.get("numa_node") is None else int(raw["numa_node"]),
                 gpu=None if raw.get("gpu") is None else int(raw["gpu"]),
@@ -196,7 +204,7 @@ def nics_for_iu(gpus: list[int], numa_node: int | None, nics: tuple[Nic, ...]) -
 def iu_ports(hostvars: Mapping[str, Any], count: int) -> list[int]:
     if hostvars.get("iu_ports") is not None:
         return [int(p) for p in hostvars["iu_ports"]]
-    base = int(hostvars.get("iu_port_base", DEFAULT_IU_PORT_BASE))
+    base = int(value(hostvars, "iu_port_base"))
     return [base + i for i in range(count)]
 
 
@@ -225,12 +233,12 @@ def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
         address=str(hostvars.get("ansible_host") or name),
         rack=rack_of(hostvars),
         gpu_model=str(hostvars["gpu_model"]),
-        gpu_count=int(hostvars.get("gpu_count", DEFAULT_GPU_COUNT)),
-        iu_size=int(hostvars.get("iu_size", DEFAULT_IU_SIZE)),
+        gpu_count=int(value(hostvars, "gpu_count")),
+        iu_size=int(value(hostvars, "iu_size")),
         gpu_numa_nodes=gpu_numa,
         nics=nics,
         ius=tuple(ius),
-        vars=hostvars,
+        settings=node_settings(hostvars),
     )
 
 

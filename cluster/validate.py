@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from cluster import model
+from cluster import model, spec
+from cluster.spec import Problem
 
 # Linux interface names: 1..15 bytes (IFNAMSIZ-1), no '/', ':' or whitespace, not "." or "..".
 _IFNAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,15}$")
@@ -20,24 +20,7 @@ _IBDEV = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 BMC_VARS = ("bmc_address", "bmc_username", "bmc_password")
 
 
-@dataclass(frozen=True)
-class Problem:
-    host: str
-    variable: str
-    value: Any
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.host}: {self.variable}={self.value!r}: {self.message}"
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+_int = spec.integer
 
 
 def check_required(host: str, hv: Mapping[str, Any]) -> list[Problem]:
@@ -51,8 +34,8 @@ def check_required(host: str, hv: Mapping[str, Any]) -> list[Problem]:
 
 def check_gpu_layout(host: str, hv: Mapping[str, Any]) -> list[Problem]:
     problems = []
-    gpu_count = _int(hv.get("gpu_count", model.DEFAULT_GPU_COUNT))
-    iu_size = _int(hv.get("iu_size", model.DEFAULT_IU_SIZE))
+    gpu_count = _int(spec.value(hv, "gpu_count"))
+    iu_size = _int(spec.value(hv, "iu_size"))
     if gpu_count is None or gpu_count <= 0:
         problems.append(Problem(host, "gpu_count", hv.get("gpu_count"), "must be a positive integer"))
     if iu_size not in model.VALID_IU_SIZES:
@@ -104,7 +87,7 @@ def _check_explicit_layout(host: str, layout: Any, gpu_count: int, iu_size: int)
 def check_ports(host: str, hv: Mapping[str, Any]) -> list[Problem]:
     ports = hv.get("iu_ports")
     if ports is None:
-        base = _int(hv.get("iu_port_base", model.DEFAULT_IU_PORT_BASE))
+        base = _int(spec.value(hv, "iu_port_base"))
         if base is None or not 1024 <= base <= 65000:
             return [Problem(host, "iu_port_base", hv.get("iu_port_base"), "must be an integer in 1024..65000")]
         return []
@@ -117,9 +100,9 @@ def check_ports(host: str, hv: Mapping[str, Any]) -> list[Problem]:
         elif p in seen:
             problems.append(Problem(host, "iu_ports", p, "duplicate IU port on this node"))
         seen.add(p)
-    if not problems and _int(hv.get("gpu_count", 8)) and _int(hv.get("iu_size", 4)):
+    if not problems and _int(spec.value(hv, "gpu_count")) and _int(spec.value(hv, "iu_size")):
         expected = len(model.iu_layout(hv)) if hv.get("iu_layout") is not None else (
-            int(hv.get("gpu_count", 8)) // int(hv.get("iu_size", 4))
+            int(spec.value(hv, "gpu_count")) // int(spec.value(hv, "iu_size"))
         )
         if len(ports) != expected:
             problems.append(Problem(host, "iu_ports", ports, f"lists {len(ports)} ports for {expected} IUs"))
@@ -144,7 +127,7 @@ def check_nics(host: str, hv: Mapping[str, Any]) -> list[Problem]:
             problems.append(
                 Problem(host, f"{var}.netdev", nic["netdev"], "not a valid Linux interface name (1-15 chars, no '/', ':' or spaces)")
             )
-        if str(nic.get("link_layer", "infiniband")).lower() not in ("infiniband", "ethernet"):
+        if str(nic.get("link_layer", spec.NIC_DEFAULTS["link_layer"])).lower() not in ("infiniband", "ethernet"):
             problems.append(Problem(host, f"{var}.link_layer", nic.get("link_layer"), "must be infiniband or ethernet"))
     for var in ("nccl_socket_ifname",):
         if hv.get(var) is not None and not _IFNAME.match(str(hv[var])):
@@ -182,6 +165,7 @@ HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
     check_ports,
     check_nics,
     check_redfish,
+    spec.check_settings,
 )
 
 

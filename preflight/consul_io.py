@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from cluster.consul_acl import marker_key
-from cluster.inventory import host_var
 from cluster.model import Node
 
 SERVICE_NAME = "vllm-iu"
@@ -43,15 +42,11 @@ class ServiceState:
 
 
 def address_of(node: Node) -> str:
-    return (
-        str(host_var(node, "consul_http_addr", "127.0.0.1:8500"))
-        .removeprefix("http://")
-        .removeprefix("https://")
-    )
+    return node.settings.consul.address
 
 
 def _token(node: Node) -> str | None:
-    path = host_var(node, "consul_token_file")
+    path = node.settings.consul.token_file
     if path and Path(str(path)).is_file():
         return Path(str(path)).read_text().strip() or None
     return None
@@ -62,9 +57,9 @@ def client(node: Node):
 
     addr = address_of(node)
     host, _, port = addr.rpartition(":")
-    scheme = str(host_var(node, "consul_scheme", "http"))
+    scheme = node.settings.consul.scheme
     token = _token(node)
-    dc = str(host_var(node, "consul_datacenter", "dc1"))
+    dc = node.settings.consul.datacenter
     key = (addr, scheme, token, dc)
     with _lock:
         if key not in _clients:
@@ -127,7 +122,7 @@ def release(node: Node) -> list[str]:
     Returns the IDs taken out of maintenance.
     """
     c = client(node)
-    dc = str(host_var(node, "consul_datacenter", "dc1"))
+    dc = node.settings.consul.datacenter
     released = []
     for service_id, state in iu_services(node).items():
         record = json.dumps({"released_at": round(time.time(), 3), "by": "clusterctl preflight --release"})

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from cluster.inventory import host_var
 from cluster.model import Node
 
 SSH_UNREACHABLE_RC = 255  # what ssh(1) exits with when it could not connect
@@ -142,8 +141,7 @@ def known_hosts_files(host: Node) -> list[Path]:
     """The ``UserKnownHostsFile`` paths of the node's ``ansible_ssh_common_args`` and
     ``ansible_ssh_extra_args`` (``-o UserKnownHostsFile=A`` or ``-oUserKnownHostsFile A B``)."""
     files: list[Path] = []
-    for var in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-        words = shlex.split(str(host_var(host, var) or ""))
+    for words in (host.settings.connection.ssh_common_args, host.settings.connection.ssh_extra_args):
         options = [w[2:] if w.startswith("-o") and len(w) > 2 else None for w in words]
         for index, word in enumerate(words):
             option = options[index] if options[index] is not None else (
@@ -189,15 +187,14 @@ class SshTransport:
             if conn is None:
                 from paramiko import RejectPolicy
 
-                port = host_var(host, "ansible_port")
-                key_file = host_var(host, "ansible_ssh_private_key_file") or host_var(host, "ansible_private_key_file")
+                port, key_file = host.settings.connection.port, host.settings.connection.key_file
                 connect_kwargs: dict[str, Any] = {"look_for_keys": key_file is None, "allow_agent": key_file is None}
                 if key_file:
                     connect_kwargs["key_filename"] = [os.path.expanduser(str(key_file))]
                 conn = Connection(
-                    host=str(host_var(host, "ansible_host") or host.address),
-                    user=host_var(host, "ansible_user"),
-                    port=int(port) if port is not None else None,
+                    host=host.address,
+                    user=host.settings.connection.user,
+                    port=port,
                     connect_timeout=self.connect_timeout,
                     connect_kwargs=connect_kwargs,
                 )
@@ -234,7 +231,7 @@ class SshTransport:
                 argv=tuple(argv),
             )
         except (SSHException, OSError, EOFError) as exc:  # OSError covers socket timeouts
-            reason = _unreachable_reason(exc, str(host_var(host, "ansible_host") or host.address))
+            reason = _unreachable_reason(exc, host.address)
             return CommandResult(None, "", reason, time.monotonic() - started, unreachable=True, argv=tuple(argv))
         return CommandResult(
             result.exited,
@@ -282,7 +279,7 @@ class RoutingTransport:
         self.ssh: Transport = SshTransport()
 
     def for_host(self, host: Node) -> Transport:
-        return self.local if host.vars.get("ansible_connection") == "local" else self.ssh
+        return self.local if host.settings.connection.kind == "local" else self.ssh
 
     def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult:
         return self.for_host(host).run(host, argv, timeout)

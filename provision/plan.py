@@ -205,11 +205,11 @@ def make_plan(
     """
     secrets = vault.configured_vault_secrets() if vault_secrets is None else vault_secrets
     check_tags(resolve_playbook(playbook), tags)  # a typo costs nothing: before the inventory is read
-    loaded = load_inventory(inventory, limit, secrets)
+    loaded = load_inventory(inventory, limit, secrets, check_vault=True)
     cluster_of(loaded)
     # The playbook reads every variable, the model only its own: a vault value that will not decrypt (no or
     # the wrong password) is an inventory error here, before any host, not a failed task in batch 1.
-    if problems := vault.undecryptable(loaded.selected):
+    if problems := loaded.undecryptable:
         raise InventoryError(f"{inventory}: " + "\n".join(problems))
     # Play order is inventory order (the model sorts by rack): take it from Ansible's own host list.
     hosts = tuple(loaded.selected)

@@ -34,7 +34,6 @@ from rich.text import Text
 
 from cli.errors import ClusterctlError
 from cluster import load_cluster
-from cluster.inventory import host_var
 from cluster.model import Cluster, Node
 from sim.demo_traffic import DemoEdge, edge_metrics
 from sim.processes import ProcessSet, tail
@@ -162,7 +161,7 @@ class Demo:
         self.step("4/7 simulated vLLM servers, one per IU (load model: continuous batching, paged KV)")
         for node in cluster.nodes():
             ius = [arg for iu in node.ius for arg in ("--iu", f"{node.address}:{iu.port}:0")]
-            gpu_file = str(node.vars.get("eas_agent_fake_gpu_file") or "/var/lib/eas-agent/fake_gpus.json")
+            gpu_file = node.settings.agent.fake_gpu_file or "/var/lib/eas-agent/fake_gpus.json"
             self.processes.start(f"vllm-{node.name}", self.on_node(
                 node, "sh", "-c", 'mkdir -p "$(dirname "$1")" && shift && exec "$@"', "sh", gpu_file,
                 sys.executable, "-m", "eas_agent.sim", *ius, "--gpu-file", gpu_file,
@@ -204,7 +203,7 @@ class Demo:
             self.processes.start(f"eas-agent-{node.name}",
                                  self.on_node(node, agent, "run", "--config", "/etc/eas-agent/config.yml"))
         for node in cluster.nodes():
-            listen = host_var(node, "eas_agent_listen")
+            listen = node.settings.agent.listen
             self.wait_http(f"http://{listen}/scores", f"eas-agent on {node.name}")
         console.print(f"{len(list(cluster.nodes()))} agents publishing to Consul")
 
@@ -277,7 +276,7 @@ class Demo:
     def start_edge(self, cluster: Cluster) -> str:
         """eas-edge as a process, on loopback, following the agents (the port of eas_agent_listen)."""
         listen = f"127.0.0.1:{free_port()}"
-        agent_port = host_var(next(iter(cluster.nodes())), "eas_agent_listen").rsplit(":", 1)[1]
+        agent_port = str(next(iter(cluster.nodes())).settings.agent.listen).rsplit(":", 1)[1]
         edge = str(Path(sys.executable).with_name("eas-edge"))
         self.processes.start("eas-edge", [edge, "--consul", self.consul_addr, "--listen", listen,
                                           "--agent-port", agent_port, "--log-level", "warning"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from cli.main import main
@@ -38,3 +40,18 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def module_imports(tree: ast.AST) -> Iterator[tuple[str, int, bool]]:
+    """(module, line, inside a function) of every absolute import in ``tree``, at any depth (the import
+    lints: tests/test_import_lint.py, tests/test_ansible_imports.py)."""
+
+    def visit(node: ast.AST, in_function: bool) -> Iterator[tuple[str, int, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                yield from ((a.name, child.lineno, in_function) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                yield child.module, child.lineno, in_function
+            yield from visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    return visit(tree, False)

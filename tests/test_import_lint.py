@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import module_imports
+
 REPO = Path(__file__).resolve().parents[1]
 PRODUCTION = ("cluster", "provision", "preflight", "eas_agent", "cli")
 LAZY_ALLOWED = {"cli/commands/virtual.py", "cli/commands/demo.py"}
@@ -20,21 +22,8 @@ LAZY_ALLOWED = {"cli/commands/virtual.py", "cli/commands/demo.py"}
 
 def sim_imports(tree: ast.AST) -> list[tuple[int, bool]]:
     """(line, inside a function) of every import of ``sim`` or ``sim.*``."""
-    found = []
-
-    def visit(node: ast.AST, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            names: list[str] = []
-            if isinstance(child, ast.Import):
-                names = [a.name for a in child.names]
-            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
-                names = [child.module]
-            if any(n == "sim" or n.startswith("sim.") for n in names):
-                found.append((child.lineno, in_function))
-            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
-
-    visit(tree, False)
-    return found
+    return sorted({(line, in_function) for name, line, in_function in module_imports(tree)
+                   if name == "sim" or name.startswith("sim.")})
 
 
 def production_files() -> list[Path]:

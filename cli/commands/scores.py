@@ -51,8 +51,8 @@ def _inventory_settings(
     cluster = load_cluster(inventory, vault_secrets=vault.secrets_for(vault_password_file))
     expected, addr, dc = {}, None, None
     for node in cluster.nodes():
-        addr = addr or node.vars.get("consul_http_addr")
-        dc = dc or node.vars.get("consul_datacenter")
+        addr = addr or node.settings.consul.http_addr
+        dc = dc or node.settings.consul.dc
         for iu in node.ius:
             expected[iu.id] = (node.rack, node.name)
     return addr, dc, expected

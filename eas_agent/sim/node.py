@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from cluster.model import Node, build_node
+from cluster.services import agent_ius
 from eas_agent.config import AgentConfig, load_config
 from eas_agent.consul_io import ConsulIO, IUService
 from eas_agent.sim.fake_gpu import fake_gpus, write_fake_gpu_file
@@ -61,18 +63,21 @@ class SimulatedNode:
             "gpu_backend": "fake",
             "fake_gpu_file": str(self.gpu_file),
             "sysfs_root": str(self.workdir / "sys"),
-            "ius": [
-                {
-                    "id": self.iu_id(i),
-                    "gpus": list(range(i * self.gpus_per_iu, (i + 1) * self.gpus_per_iu)),
-                    "numa_node": i % 2,
-                    "metrics_url": iu.metrics_url,
-                }
-                for i, iu in enumerate(self.ius)
-            ],
+            "ius": agent_ius(self.model_node()),
         }
         data.update(overrides)
         return data
+
+    def model_node(self) -> Node:
+        """This node in the cluster model (what an inventory would say: its IUs' GPUs and ports, IU N on
+        NUMA node N % 2), so the agent config's IU list is the one provisioning renders."""
+        ports = [int(iu.address.rsplit(":", 1)[1]) for iu in self.ius]
+        gpu_count = self.gpus_per_iu * len(self.ius)
+        return build_node(self.name, {
+            "ansible_host": self.ius[0].address.rsplit(":", 1)[0], "rack": self.rack, "gpu_model": "h100-sxm",
+            "gpu_count": gpu_count, "iu_size": self.gpus_per_iu, "iu_ports": ports,
+            "gpu_numa_nodes": [g // self.gpus_per_iu % 2 for g in range(gpu_count)],
+        })
 
     def write_config(self, **overrides) -> AgentConfig:
         path = self.workdir / "config.yml"

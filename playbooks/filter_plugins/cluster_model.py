@@ -1,10 +1,17 @@
-"""Expose the cluster model (``cluster.model.build_node``) to roles as the ``cluster_node`` filter.
+"""The roles' one Python surface onto the cluster model: ``cluster_node``, ``eas_agent_config``,
+``consul_iu_services``.
+
+Each takes the host's name and its hostvars and builds the node with the same code as clusterctl
+(:func:`cluster.model.build_node`), after the same per-host validation (:mod:`cluster.validate`): a
+direct ``ansible-playbook`` run (no ``clusterctl provision`` in front) stops on a bad inventory too,
+with one line per problem naming host, variable and value. (The duplicate-address rule needs every
+host and stays with ``clusterctl inventory validate`` / ``provision``.)
 
 Usage in a role::
 
     _inference_unit_node: "{{ inventory_hostname | cluster_node(hostvars[inventory_hostname]) }}"
 
-Returns the node as JSON-friendly data::
+``cluster_node`` returns the node as JSON-friendly data::
 
     {"name": "r01n01", "address": "127.0.1.11", "rack": "r01", "gpu_model": "h100-sxm",
      "gpu_count": 8, "iu_size": 4, "gpu_numa_nodes": [0, 0, 0, 0, 1, 1, 1, 1], "numa_nodes": [0, 1],
@@ -13,7 +20,9 @@ Returns the node as JSON-friendly data::
               "numa_node": 0, "port": 8000, "nics": ["mlx5_0", "mlx5_1"],
               "netdevs": ["ibp24s0", "ibp41s0"]}, ...]}
 
-There is no second implementation of the layout here: everything comes from ``build_node``.
+``eas_agent_config`` returns the agent config's ``ius`` list and ``consul_iu_services(interval, timeout)``
+IU id -> Consul service definition (:mod:`cluster.services`). There is no second implementation of the
+layout here.
 """
 
 from __future__ import annotations
@@ -22,25 +31,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ansible.errors import AnsibleFilterError
+
 try:
-    from cluster import model
-    from cluster.inventory import MODEL_VARS
+    from cluster import model, services, spec, validate
 except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from cluster import model
-    from cluster.inventory import MODEL_VARS
+    from cluster import model, services, spec, validate
 
 
 def _model_vars(hostvars: Any) -> dict[str, Any]:
-    # Only the variables the model reads: touching every host variable would template (and decrypt)
-    # values such as vault secrets that the layout never needs.
-    wanted = {key: hostvars[key] for key in MODEL_VARS if key in hostvars}
+    # Only the variables clusterctl reads (and the BMC ones validation checks for presence): touching
+    # every host variable would template (and decrypt) values such as vault secrets it never needs.
+    wanted = {key: hostvars[key] for key in (*spec.NAMES, *validate.BMC_VARS) if key in hostvars}
     wanted["group_names"] = list(hostvars.get("group_names", []))
     return wanted
 
 
+def node_of(hostname: Any, hostvars: Any) -> model.Node:
+    """The validated model node, or AnsibleFilterError with one line per problem."""
+    name, variables = str(hostname), _model_vars(hostvars)
+    problems = [p for rule in validate.HOST_RULES for p in rule(name, variables)]
+    if problems:
+        raise AnsibleFilterError(f"inventory: {len(problems)} problem(s):\n{validate.format_problems(problems)}")
+    return model.build_node(name, variables)
+
+
 def cluster_node(hostname: str, hostvars: Any) -> dict[str, Any]:
-    node = model.build_node(str(hostname), _model_vars(hostvars))
+    node = node_of(hostname, hostvars)
     netdev_of = {nic.device: nic.netdev for nic in node.nics}
     ius = []
     for iu in node.ius:
@@ -63,6 +81,15 @@ def cluster_node(hostname: str, hostvars: Any) -> dict[str, Any]:
     }
 
 
+def eas_agent_config(hostname: str, hostvars: Any) -> list[dict[str, Any]]:
+    return services.agent_ius(node_of(hostname, hostvars))
+
+
+def consul_iu_services(hostname: str, hostvars: Any, interval: str, timeout: str) -> dict[str, dict[str, Any]]:
+    return services.iu_service_definitions(node_of(hostname, hostvars), interval, timeout)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"cluster_node": cluster_node}
+        return {"cluster_node": cluster_node, "eas_agent_config": eas_agent_config,
+                "consul_iu_services": consul_iu_services}

@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.inventory import host_var
 from cluster.model import Nic
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext, command_line, parse_output
 from preflight.checks.ib_ports import IBSTAT, find_port
@@ -212,7 +211,7 @@ class IbPairs(Check):
             *extra,
         ]
         if nic.link_layer == "ethernet":  # RoCEv2 GID (index 3 on a default mlx5 port with IPv4)
-            argv += ["-x", str(host_var(node.node, "roce_gid_index", 3))]
+            argv += ["-x", str(node.node.settings.preflight.roce_gid_index)]
         return argv
 
     def _latency(self, ctx, client, server, rail, cnic, snic, m: Measurement):

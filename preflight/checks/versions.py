@@ -5,7 +5,8 @@ cached run of gpu_health, read by the ``nvsmi-q`` parser), ``nv-fabricmanager --
 boards (kind ``fabricmanager-version``), ``dpkg-query`` for libnccl2 (else the version nccl-tests
 printed, read by :func:`preflight.parsers.nccl.library_version`) and ``ofed_info -s`` (kind
 ``ofed-info``). Per rack (``run_rack``, pure over the gathered facts): a version differing from the
-inventory pin (``preflight_version_pins`` or the role variables in :data:`PIN_VARS`) -> FAIL; without a pin, one differing from the rack's
+inventory pin (``preflight_version_pins`` or the nvidia_stack role variables of :data:`cluster.spec.PIN_VARS`,
+resolved into ``node.settings.version_pins``) -> FAIL; without a pin, one differing from the rack's
 most common value -> FAIL. A component a host cannot report is shown as unknown, not guessed.
 
 Fault codes: VERSION_PIN, VERSION_DRIFT, VERSION_UNKNOWN, VERSIONS_OK.
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from cluster.inventory import host_var
+from cluster.spec import COMPONENTS
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext
 from preflight.checks.gpu_health import NVSMI_Q
 from preflight.parsers import nccl as nccl_parser
@@ -24,15 +25,6 @@ from preflight.result import CheckResult, Verdict
 
 FABRIC_MANAGER = ["nv-fabricmanager", "--version"]
 OFED_INFO = ["ofed_info", "-s"]
-COMPONENTS = ("driver", "cuda", "fabric_manager", "nccl", "ofed")
-# Role variables that pin a component, read when preflight_version_pins does not name it.
-PIN_VARS = {
-    "driver": "nvidia_driver_version",
-    "cuda": "cuda_version",
-    "fabric_manager": "nvidia_fabricmanager_version",
-    "nccl": "nccl_version",
-    "ofed": "ofed_version",
-}
 
 
 def nccl_in_outputs(outputs: list[str]) -> str | None:
@@ -46,15 +38,7 @@ def matches_pin(found: str, pin: str) -> bool:
 
 
 def pins_of(node) -> dict[str, str]:
-    explicit = host_var(node, "preflight_version_pins") or {}
-    pins = {}
-    for component in COMPONENTS:
-        value = explicit.get(component) if isinstance(explicit, dict) else None
-        if value is None:
-            value = host_var(node, PIN_VARS[component])
-        if value is not None:
-            pins[component] = str(value)
-    return pins
+    return dict(node.settings.version_pins)
 
 
 class Versions(Check):

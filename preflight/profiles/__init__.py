@@ -235,6 +235,13 @@ def load_file(path: Path) -> dict[str, Any]:
     return _normalise(data)
 
 
+def profile_of(node: Any, profile_dir: Path = PROFILE_DIR) -> dict[str, Any]:
+    """:func:`profile_for` a model node (``cluster.model.Node``), from its typed preflight settings."""
+    preflight = node.settings.preflight
+    return profile_for(node.name, {"preflight_profile": preflight.profile, "preflight_overrides": preflight.overrides},
+                       profile_dir)
+
+
 def profile_for(host: str, hostvars: Mapping[str, Any], profile_dir: Path = PROFILE_DIR) -> dict[str, Any]:
     """The thresholds for one host: its group's (or GPU model's) profile with its overrides merged in."""
     name = str(hostvars.get("preflight_profile") or hostvars.get("gpu_model") or "")

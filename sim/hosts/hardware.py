@@ -324,11 +324,11 @@ def _hca_bus_id(netdev: str, fallback_bus: int) -> str:
 
 def resolve(host: str, hostvars: Mapping[str, Any]) -> Hardware:
     """The healthy hardware of ``host`` from its resolved inventory variables (faults not applied)."""
-    from cluster import model
+    from cluster import model, spec
 
     gpu_model = str(hostvars.get("gpu_model", "h100-sxm"))
     s = _merged_settings(gpu_model, hostvars.get("sim_hardware"))
-    gpu_count = int(hostvars.get("gpu_count", model.DEFAULT_GPU_COUNT))
+    gpu_count = int(spec.value(hostvars, "gpu_count"))
     gpu_numa = model.numa_map(hostvars)
     sockets = int(s["sockets"])
     numa_count = max([sockets, *(n + 1 for n in gpu_numa)])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.errors import ClusterctlError
-from cluster.inventory import load_cluster
+from cluster.inventory import cluster_of, load_inventory
 from cluster.vault import VaultSecrets
 from sim.hosts import faults, hardware, image, machines
 
@@ -37,7 +37,10 @@ def inventory_dir(inventory: str | Path) -> Path:
 def simulated_hosts(inventory: str | Path, limit: str | None = None,
                     vault_secrets: VaultSecrets | None = None) -> dict[str, machines.SimHost]:
     """Every host of the inventory with its hardware (``sim_faults`` applied), faults and address."""
-    cluster = load_cluster(inventory, limit, vault_secrets)
+    # The simulator's own variables (sim_faults, sim_hardware) are not node settings: read them from the
+    # loaded host variables, next to the validated model.
+    loaded = load_inventory(inventory, limit, vault_secrets)
+    cluster = cluster_of(loaded)
     hosts = {}
     pinned_lids: dict[str, int | None] = {}
     problems = []
@@ -55,11 +58,12 @@ def simulated_hosts(inventory: str | Path, limit: str | None = None,
             problems.append(f"{node.name}: ansible_host={node.address!r}: a simulated machine needs a loopback "
                             "address (127.0.0.0/8)")
             continue
-        fault_list = list(node.vars.get("sim_faults") or [])
+        hostvars = loaded.selected[node.name]
+        fault_list = list(hostvars.get("sim_faults") or [])
         try:
-            hw = hardware.resolve(node.name, node.vars)
+            hw = hardware.resolve(node.name, hostvars)
             hosts[node.name] = machines.SimHost(faults.apply(hw, fault_list), fault_list, node.address)
-            pinned_lids[node.name] = ((node.vars.get("sim_hardware") or {}).get("hca") or {}).get("lid_base")
+            pinned_lids[node.name] = ((hostvars.get("sim_hardware") or {}).get("hca") or {}).get("lid_base")
         except (faults.FaultError, KeyError, TypeError, ValueError) as exc:
             problems.append(f"{node.name}: sim_hardware/sim_faults: {exc}")
     if problems:

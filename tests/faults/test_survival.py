@@ -223,10 +223,11 @@ def test_full_disk_loses_no_acknowledged_write(tmp_path, monkeypatch, tally):
 
 def test_unreachable_and_hung_hosts_are_reported_not_waited_on(tally):
     from cluster.model import Node
+    from cluster.settings import node_settings
     from preflight.transport import LocalTransport, SshTransport
 
     def node(name, **vars_):
-        return Node(name, "127.0.0.1", "r1", "h100-sxm", 8, 4, (0,) * 8, (), (), vars_)
+        return Node(name, "127.0.0.1", "r1", "h100-sxm", 8, 4, (0,) * 8, (), (), node_settings(vars_))
 
     started = time.monotonic()
     result = SshTransport(connect_timeout=2).run(node("gone", ansible_host="127.0.0.1", ansible_port=1),

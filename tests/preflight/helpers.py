@@ -14,7 +14,7 @@ import yaml
 
 from cluster.model import build_node
 from preflight.checks.base import NodeContext, RunOptions
-from preflight.profiles import profile_for
+from preflight.profiles import profile_of
 from preflight.transport import CommandResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,7 +136,7 @@ def node(name: str = "n1", rack: str = "r01", **hostvars):
 
 def context(transport, n=None, timeout: float = 5.0, **options) -> NodeContext:
     n = n or node()
-    return NodeContext(n, profile_for(n.name, n.vars), transport, RunOptions(timeout=timeout, **options))
+    return NodeContext(n, profile_of(n), transport, RunOptions(timeout=timeout, **options))
 
 
 def only(results, **match):

@@ -12,13 +12,13 @@ from preflight import parsers
 from preflight.checks import dcgm_diag, gpu_bandwidth, gpu_throttle, ib_link_health, nvlink, pcie_link
 from preflight.checks.base import GatherError
 from preflight.parsers.ib_health import PcieLinkState
-from preflight.profiles import profile_for
+from preflight.profiles import profile_of
 from preflight.result import Verdict
 from preflight.transport import CommandResult
 from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
 N = node()
-PROFILE = profile_for(N.name, N.vars)
+PROFILE = profile_of(N)
 
 
 def parsed(kind: str, name: str, **kw):
@@ -73,7 +73,7 @@ def test_pcie_hca_gen4_x8_and_missing_hca_fail():
 def test_pcie_a100_profile_accepts_gen4():
     a100 = node(gpu_model="a100-sxm")
     facts = pcie_link.PcieFacts(parsed("nvsmi-pci", "a100-sxm4-driver535-gen4-x16.txt"), None, None, {})
-    assert verdict(pcie_link.CHECK.evaluate(facts, profile_for(a100.name, a100.vars), a100)) == (Verdict.PASS, "PCIE_OK")
+    assert verdict(pcie_link.CHECK.evaluate(facts, profile_of(a100), a100)) == (Verdict.PASS, "PCIE_OK")
 
 
 def test_pcie_gather_reads_under_load_only_when_idle_reads_low():

@@ -14,7 +14,7 @@ from cluster import load_cluster
 from preflight import report
 from preflight.checks import select
 from preflight.checks.base import RunOptions
-from preflight.profiles import profile_for
+from preflight.profiles import profile_of
 from preflight.runner import exit_code, run_preflight
 from preflight.transport import RoutingTransport
 
@@ -48,7 +48,7 @@ def depth_run(tmp_path_factory):
     inv.up()
     try:
         cluster = load_cluster(inv.root)
-        profiles = {n.name: profile_for(n.name, n.vars) for n in cluster.nodes()}
+        profiles = {n.name: profile_of(n) for n in cluster.nodes()}
         transport = RoutingTransport()
         try:
             outcome = run_preflight(cluster, select(None, ["consul", "numa_pinning"]), profiles, transport,

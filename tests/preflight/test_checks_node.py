@@ -27,7 +27,7 @@ from preflight.parsers.common import Line
 from preflight.parsers.kernel_log import KernelXids, XidEvent
 from preflight.parsers.mlnx_qos import MlnxQos, PfcPriority
 from preflight.parsers.topo import Topology
-from preflight.profiles import profile_for
+from preflight.profiles import profile_of
 from preflight.result import Verdict
 from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
@@ -62,7 +62,7 @@ def with_numa(topology: Topology, gpu: str, numa: str) -> Topology:
 
 def judge_topology(topology: Topology, nics=FIXTURE_NICS, **hostvars):
     n = node(rdma_nics=nics, **hostvars)
-    return gpu_topology.CHECK.evaluate(topology, profile_for(n.name, n.vars), n)
+    return gpu_topology.CHECK.evaluate(topology, profile_of(n), n)
 
 
 def run_topology(text: str, **hostvars):
@@ -171,7 +171,7 @@ def health_facts(report=None, xids=(), fabric_unit=None) -> gpu_health.GpuHealth
 
 def judge_health(facts: gpu_health.GpuHealthFacts):
     n = node()
-    return gpu_health.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
+    return gpu_health.CHECK.evaluate(facts, profile_of(n), n)
 
 
 def with_gpus(report, **fields):
@@ -284,7 +284,7 @@ def test_active_ports_at_the_expected_rate_pass():
 
 def judge_ports(ibstat, nics=IB_NICS):
     n = node(rdma_nics=nics)
-    [result] = ib_ports.CHECK.evaluate(ibstat, profile_for(n.name, n.vars), n)
+    [result] = ib_ports.CHECK.evaluate(ibstat, profile_of(n), n)
     return result
 
 
@@ -355,7 +355,7 @@ def test_nccl_gates_on_out_of_place_busbw_at_the_largest_size_not_the_average():
     slow_rows = [replace(r, oop_busbw_gbps=301.0) if r is largest else r for r in run.parsed.rows]
     slow = replace(run, parsed=replace(run.parsed, rows=slow_rows))
     n = node()
-    bad = only(nccl.CHECK.evaluate([slow], profile_for(n.name, n.vars), n), iu="n1-iu0")
+    bad = only(nccl.CHECK.evaluate([slow], profile_of(n), n), iu="n1-iu0")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "NCCL_BUSBW")
     assert "busbw 301 GB/s at 16 GiB < 330" in bad.reason
 
@@ -418,7 +418,7 @@ def test_deep_cstate_enabled_without_anything_holding_it_fails():
 def judge_cstates(cpupower_text: str, cmdline_text: str = PLAIN_CMDLINE, qos_us: int | None = None):
     n = node()
     facts = cstates.CstatesFacts(parsers.parse("cpupower", cpupower_text), cmdline.parse(cmdline_text), qos_us)
-    [result] = cstates.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
+    [result] = cstates.CHECK.evaluate(facts, profile_of(n), n)
     return result
 
 
@@ -513,7 +513,7 @@ def port_qos(trust="dscp", pfc=True, np_on="1", rp_on="1") -> dcqcn.PortQos:
 )
 def test_each_missing_dcqcn_setting_fails(kwargs, code):
     n = node(rdma_nics=ROCE_NICS)
-    profile = profile_for(n.name, n.vars)
+    profile = profile_of(n)
     assert dcqcn.CHECK.evaluate({"ens1f0np0": port_qos()}, profile, n)[0].verdict is Verdict.PASS
     [result] = dcqcn.CHECK.evaluate({"ens1f0np0": port_qos(**kwargs)}, profile, n)
     assert (result.verdict, result.code) == (Verdict.FAIL, code)
@@ -577,7 +577,7 @@ def test_wrong_pinning_fails_the_iu(text, code):
 
     n = node()
     readings = {"n1-iu0": facts(0, GOOD[0], "0-47,96-143\n"), "n1-iu1": facts(1, text, "48-95,144-191\n")}
-    results = numa_pinning.CHECK.evaluate(readings, profile_for(n.name, n.vars), n)
+    results = numa_pinning.CHECK.evaluate(readings, profile_of(n), n)
     assert only(results, iu="n1-iu0").verdict is Verdict.PASS
     bad = only(results, iu="n1-iu1")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, code)
@@ -618,11 +618,11 @@ def test_synchronised_clock_passes():
 def test_clock_faults_fail(name, code):
     n = node()
     facts = parsers.parse("chrony", fixture_text("chrony", name))  # recorded faults, parsed: the facts
-    [result] = time_sync.CHECK.evaluate(facts, profile_for(n.name, n.vars), n)
+    [result] = time_sync.CHECK.evaluate(facts, profile_of(n), n)
     assert (result.verdict, result.code) == (Verdict.FAIL, code)
     fast = replace(facts, system_time_offset_s=0.0045, stratum=3, reference="A9FEA97B (169.254.169.123)",
                    leap_status="Normal")
-    [result] = time_sync.CHECK.evaluate(fast, profile_for(n.name, n.vars), n)
+    [result] = time_sync.CHECK.evaluate(fast, profile_of(n), n)
     assert (result.code, "fast" in result.reason) == ("CLOCK_OFFSET", True)
 
 
@@ -635,7 +635,7 @@ def test_chronyc_that_cannot_talk_to_chronyd_is_an_error():
 
 def judge_consul(**facts):
     n = node()
-    return consul.CHECK.evaluate(consul.ConsulFacts("127.0.0.1:8500", **facts), profile_for(n.name, n.vars), n)[0]
+    return consul.CHECK.evaluate(consul.ConsulFacts("127.0.0.1:8500", **facts), profile_of(n), n)[0]
 
 
 def services(*ids, maintenance=()):

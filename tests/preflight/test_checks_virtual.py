@@ -17,7 +17,7 @@ from cluster import load_cluster
 from preflight import report
 from preflight.checks import select
 from preflight.checks.base import RunOptions
-from preflight.profiles import profile_for
+from preflight.profiles import profile_of
 from preflight.runner import exit_code, run_preflight
 from preflight.transport import RoutingTransport
 
@@ -114,7 +114,7 @@ def faulty_run(tmp_path_factory):
                 # r04n03's IU 1 unit is pinned to the other socket: the numa_pinning fault.
                 inv.install_iu_units(name, {0: 0, 1: 0 if name == "r04n03" else 1})
         cluster = load_cluster(inv.root)
-        profiles = {n.name: profile_for(n.name, n.vars) for n in cluster.nodes()}
+        profiles = {n.name: profile_of(n) for n in cluster.nodes()}
         transport = RoutingTransport()
         outcome = run_preflight(
             cluster,

@@ -15,7 +15,7 @@ import pytest
 from preflight import checks as registry
 from preflight import history, report
 from preflight.checks.base import Check, RunOptions
-from preflight.profiles import ProfileError, load_file, profile_for
+from preflight.profiles import ProfileError, load_file, profile_for, profile_of
 from preflight.result import CheckResult, Verdict
 from preflight.runner import exit_code, run_preflight
 from preflight.transport import CommandResult, LocalTransport, RoutingTransport, SshTransport
@@ -239,7 +239,7 @@ def cluster_of(names):
 
 def run(transport, names, checks=None, parallel=8, **options):
     cluster = cluster_of(names)
-    profiles = {n.name: profile_for(n.name, n.vars) for n in cluster.nodes()}
+    profiles = {n.name: profile_of(n) for n in cluster.nodes()}
     opts = RunOptions(timeout=options.pop("timeout", 2.0), probe_timeout=1.0, **options)
     return run_preflight(cluster, checks or [Echo()], profiles, transport, opts, parallel)
 
@@ -472,7 +472,7 @@ def test_consul_check_and_release_only_where_everything_passed(consul_addr):
     cluster = Cluster(racks=(Rack("r01", (good, bad, missing)),))
     t = ScriptedTransport().on("*", "uname", reply="5.15\n").on("*", "check-me", reply="ok\n")
     t.on("bad", "check-me", reply="nope\n")
-    profiles = {n.name: profile_for(n.name, n.vars) for n in cluster.nodes()}
+    profiles = {n.name: profile_of(n) for n in cluster.nodes()}
     outcome = run_preflight(cluster, [Echo(), consul_check], profiles, t, RunOptions(timeout=2), release=True)
     by = {(r.node, r.check): r for r in outcome.results}
     assert by[("good", "consul")].verdict is Verdict.PASS

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cluster import model
 from cluster.inventory import load_inventory
 from cluster.model import build_node
 from provision import plan as prov
@@ -89,7 +90,10 @@ def test_bounds_are_in_the_specs():
     assert seqs == list(range(1, 257))
     gmu = _spec("inference_unit")["inference_unit_gpu_memory_utilization"]["choices"]
     assert min(gmu) > 0 and max(gmu) == 0.95 and 0.9 in gmu
-    assert _spec("inference_unit")["inference_unit_iu_size"]["choices"] == [1, 2, 4, 8]
+    # GPUs per IU (= vLLM's tensor parallel size) are the model's iu_size, checked by the cluster_node filter
+    # (test_filters.py); the role has no second variable for it.
+    assert "inference_unit_iu_size" not in _spec("inference_unit")
+    assert model.VALID_IU_SIZES == (1, 2, 4, 8)
     intervals = _spec("consul_agent")["consul_agent_health_interval"]["choices"]
     assert max(int(i.rstrip("s")) for i in intervals) == 15
     bmc = _spec("cpu_cstates")["cpu_cstates_bmc"]

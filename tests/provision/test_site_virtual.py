@@ -7,6 +7,7 @@ One provisioned cluster per module (see conftest.py): r01n01 and r01n02 on Infin
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -27,6 +28,67 @@ IB_HOST, OTHER_TOPOLOGY_HOST, ROCE_HOST = "r01n01", "r01n02", "r02n01"
 
 def golden(name: str) -> str:
     return (GOLDEN / name).read_text()
+
+
+# Every config file a role renders from a template, as one host has it after the first run: (host, path on
+# the host, golden file). test_every_template_has_a_golden keeps the table complete.
+RENDERED = [
+    (IB_HOST, "/etc/nccl.conf", "nccl-ib.conf"),
+    (ROCE_HOST, "/etc/nccl.conf", "nccl-roce.conf"),
+    (IB_HOST, "/etc/apt/preferences.d/clusterctl-nvidia.pref", "apt-pin.pref"),
+    (IB_HOST, "/etc/systemd/system/nvidia-persistenced.service.d/10-clusterctl-persistence.conf",
+     "nvidia-persistenced-10-clusterctl-persistence.conf"),
+    (IB_HOST, "/etc/vllm-iu/0.env", "vllm-iu-r01n01-0.env"),
+    (IB_HOST, "/etc/systemd/system/vllm-iu@.service", "vllm-iu@.service"),
+    (IB_HOST, "/etc/systemd/system/vllm-iu@1.service.d/10-numa.conf", "vllm-iu@1-10-numa-r01n01.conf"),
+    (IB_HOST, "/etc/eas-agent/config.yml", "eas-agent-config-r01n01.yml"),
+    (IB_HOST, "/etc/systemd/system/eas-agent.service", "eas-agent.service"),
+    (IB_HOST, "/etc/consul.d/vllm-iu-r01n01-iu0.json", "consul-vllm-iu-r01n01-iu0.json"),
+    (IB_HOST, "/etc/sysctl.d/60-clusterctl-numa.conf", "sysctl-60-clusterctl-numa.conf"),
+    (IB_HOST, "/etc/chrony/chrony.conf", "chrony.conf"),
+    (IB_HOST, "/etc/default/grub.d/60-clusterctl-cstates.cfg", "grub-cstates-intel.cfg"),
+    (IB_HOST, "/etc/systemd/system/cpu-dma-latency.service", "cpu-dma-latency.service"),
+    (ROCE_HOST, "/etc/systemd/system/roce-dcqcn.service", "roce-dcqcn.service"),
+    (ROCE_HOST, "/usr/local/sbin/roce-dcqcn", "roce-dcqcn.sh"),
+]
+# Template -> golden file(s) of RENDERED. consul.hcl.j2 is being rewritten with the consul_agent role's
+# ACL/TLS work; its golden comes with that change.
+TEMPLATE_GOLDENS = {
+    "nvidia_stack/nccl.conf.j2": ("nccl-ib.conf", "nccl-roce.conf"),
+    "nvidia_stack/apt-pin.pref.j2": ("apt-pin.pref",),
+    "nvidia_stack/persistenced.conf.j2": ("nvidia-persistenced-10-clusterctl-persistence.conf",),
+    "inference_unit/iu.env.j2": ("vllm-iu-r01n01-0.env",),
+    "inference_unit/vllm-iu@.service.j2": ("vllm-iu@.service",),
+    "inference_unit/numa.conf.j2": ("vllm-iu@1-10-numa-r01n01.conf",),
+    "eas_agent/config.yml.j2": ("eas-agent-config-r01n01.yml",),
+    "eas_agent/eas-agent.service.j2": ("eas-agent.service",),
+    "consul_agent/iu-service.json.j2": ("consul-vllm-iu-r01n01-iu0.json",),
+    "numa_tuning/sysctl.conf.j2": ("sysctl-60-clusterctl-numa.conf",),
+    "chrony/chrony.conf.j2": ("chrony.conf",),
+    "cpu_cstates/grub-cstates.cfg.j2": ("grub-cstates-intel.cfg",),
+    "cpu_cstates/pm-qos.service.j2": ("cpu-dma-latency.service",),
+    "rdma_network/roce-dcqcn.service.j2": ("roce-dcqcn.service",),
+    "rdma_network/roce-dcqcn.sh.j2": ("roce-dcqcn.sh",),
+}
+NO_GOLDEN_YET = {"consul_agent/consul.hcl.j2"}
+# CLUSTERCTL_WRITE_MISSING_GOLDEN=1 writes a golden file that does not exist yet from the host (to be
+# reviewed like code before it is committed); an existing golden is never rewritten.
+WRITE_MISSING = os.environ.get("CLUSTERCTL_WRITE_MISSING_GOLDEN") == "1"
+
+
+def test_every_template_has_a_golden():
+    roles = Path(__file__).resolve().parents[2] / "roles"
+    templates = {p.relative_to(roles).as_posix().replace("/templates/", "/") for p in roles.glob("*/templates/*.j2")}
+    assert templates == set(TEMPLATE_GOLDENS) | NO_GOLDEN_YET
+    assert {name for names in TEMPLATE_GOLDENS.values() for name in names} == {name for _, _, name in RENDERED}
+
+
+@pytest.mark.parametrize(("host", "path", "name"), RENDERED, ids=[name for _, _, name in RENDERED])
+def test_rendered_config_is_its_golden(provisioned, host, path, name):
+    text = provisioned.read(host, path)
+    if WRITE_MISSING and not (GOLDEN / name).exists():
+        (GOLDEN / name).write_text(text)
+    assert text == golden(name)
 
 
 # ------------------------------------------------------------------------------------------ the runs
@@ -265,7 +327,6 @@ def test_plan_touches_nothing(provisioned):
     ("tag", "extra_vars", "named"),
     [
         ("inference_unit", {"inference_unit_max_num_seqs": 512}, "inference_unit_max_num_seqs"),
-        ("inference_unit", {"iu_size": 3}, "inference_unit_iu_size"),
         ("consul_agent", {"consul_agent_health_interval": "30s"}, "consul_agent_health_interval"),
         ("cpu_cstates", {"cpu_cstates_redfish": True, "bmc_address": "127.0.9.11", "bmc_username": "root"},
          "password"),
@@ -279,6 +340,17 @@ def test_bad_inputs_fail_in_argument_validation(provisioned, tag, extra_vars, na
     assert "Validation of arguments failed" in out and named in out, out[-2000:]
     role_tasks = re.findall(rf"TASK \[{tag} : ([^\]]+)\]", out)
     assert role_tasks and all(t.startswith("Validating arguments") for t in role_tasks), role_tasks
+
+
+def test_a_direct_playbook_run_stops_on_a_bad_inventory(provisioned):
+    """No clusterctl in front: the cluster_node filter validates, and the role's first task fails naming
+    host, variable and value (iu_size has no role variable: vLLM's tensor parallel size is the IU's size)."""
+    result = ansible_playbook(provisioned.inventory, str(Path("playbooks/site.yml")), "--limit", IB_HOST,
+                              "--tags", "inference_unit", "-e", json.dumps({"iu_size": 3}), env=provisioned.env)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"{IB_HOST}: iu_size=3: must be one of 1/2/4/8" in out, out[-2000:]
+    assert "Validation of arguments failed" not in out
 
 
 def test_inventory_errors_stop_before_any_host(provisioned, tmp_path):

@@ -136,7 +136,7 @@ def run_preflight_command(
     from preflight import checks as registry
     from preflight import history, report
     from preflight.checks.base import RunOptions
-    from preflight.profiles import profile_for
+    from preflight.profiles import profile_of
     from preflight.runner import run_preflight
     from preflight.transport import RoutingTransport
 
@@ -161,7 +161,7 @@ def run_preflight_command(
     nodes = list(cluster.nodes())
     if not nodes:
         raise UsageError(f"{inventory}: no hosts match --limit {limit!r}")
-    profiles = {node.name: profile_for(node.name, node.vars) for node in nodes}
+    profiles = {node.name: profile_of(node) for node in nodes}
 
     # Without --depth every node runs its profile's default; when they agree the report names it.
     defaults = {p["depth"]["default"] for p in profiles.values()}

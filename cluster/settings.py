@@ -1,0 +1,141 @@
+"""Typed per-node settings, resolved once when the inventory loads and carried by the model's ``Node``.
+
+Production code reads ``node.settings.<group>.<field>``, never raw host variables: the defaults are
+:mod:`cluster.spec`'s, the values were templated (and inline ``!vault`` values decrypted) by the loader
+while the vault secrets were in effect, and :func:`cluster.spec.check_settings` checked their types.
+
+Host variables read here:
+
+==================================  =====================================================================
+``ansible_connection``              ``ssh`` (default) or ``local``: how preflight reaches the host
+``ansible_port``, ``ansible_user``  ssh port and user (default: ssh's own)
+``ansible_ssh_private_key_file``    key file (``ansible_private_key_file`` as a fallback, as in Ansible)
+``ansible_ssh_common_args``,        ssh options; their ``UserKnownHostsFile`` files verify host keys
+``ansible_ssh_extra_args``
+``consul_http_addr``                the node's Consul agent, ``HOST:PORT`` (default ``127.0.0.1:8500``)
+``consul_scheme``                   ``http`` (default) or ``https``
+``consul_datacenter``               default ``dc1``
+``consul_token_file``               a file on the controller holding the operator's Consul token
+``preflight_profile``               preflight profile name (default: ``gpu_model``)
+``preflight_overrides``             per-host profile overrides (validated by preflight.profiles)
+``preflight_version_pins``          component -> version; wins over the role variables below
+``nvidia_stack_driver_version``     the driver (and Fabric Manager) pin, as the nvidia_stack role has it
+``nvidia_stack_nccl_version``       the libnccl2 pin, as the nvidia_stack role has it
+``roce_gid_index``                  RoCEv2 GID index for perftest on ethernet ports (default 3)
+``eas_agent_listen``                the agent's ``IP:PORT``
+``eas_agent_fake_gpu_file``         the fake GPU backend's file on the host
+==================================  =====================================================================
+
+Version pins come from one mapping, :data:`cluster.spec.PIN_VARS`: the role installs what its variables
+say; the versions check pins what the inventory sets for those same variables (a role default alone is
+not a pin: a host not yet provisioned is not expected to be on it).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster import spec
+
+
+@dataclass(frozen=True)
+class Connection:
+    kind: str = "ssh"  # ansible_connection: ssh | local
+    port: int | None = None
+    user: str | None = None
+    key_file: str | None = None
+    ssh_common_args: tuple[str, ...] = ()  # ansible_ssh_common_args as shell words
+    ssh_extra_args: tuple[str, ...] = ()  # ansible_ssh_extra_args as shell words
+
+
+@dataclass(frozen=True)
+class Consul:
+    http_addr: str | None = None  # consul_http_addr as the inventory sets it (None: not set)
+    scheme: str = spec.DEFAULTS["consul_scheme"]
+    dc: str | None = None  # consul_datacenter as the inventory sets it (None: not set)
+    token_file: str | None = None
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` without a scheme prefix (an inventory may write ``http://HOST:PORT``)."""
+        return (self.http_addr or spec.DEFAULT_CONSUL_HTTP_ADDR).removeprefix("http://").removeprefix("https://")
+
+    @property
+    def datacenter(self) -> str:
+        return self.dc or spec.DEFAULT_CONSUL_DATACENTER
+
+
+@dataclass(frozen=True)
+class Preflight:
+    profile: str = ""  # preflight_profile, else gpu_model
+    overrides: Any = None  # preflight_overrides as given: preflight.profiles validates it
+    roce_gid_index: int = spec.DEFAULTS["roce_gid_index"]
+
+
+@dataclass(frozen=True)
+class Agent:
+    listen: str | None = None
+    fake_gpu_file: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    connection: Connection = field(default_factory=Connection)
+    consul: Consul = field(default_factory=Consul)
+    preflight: Preflight = field(default_factory=Preflight)
+    agent: Agent = field(default_factory=Agent)
+    version_pins: Mapping[str, str] = field(default_factory=dict)  # component -> version
+
+
+def _text(raw: Any) -> str | None:
+    return None if raw is None or raw == "" else str(raw)
+
+
+def version_pins(hostvars: Mapping[str, Any]) -> dict[str, str]:
+    """component -> pinned version: ``preflight_version_pins`` first, then the role variable
+    (:data:`cluster.spec.PIN_VARS`) when the inventory sets it."""
+    explicit = hostvars.get("preflight_version_pins")
+    explicit = explicit if isinstance(explicit, Mapping) else {}
+    pins = {}
+    for component in spec.COMPONENTS:
+        pinned = explicit.get(component)
+        if pinned is None and component in spec.PIN_VARS:
+            pinned = hostvars.get(spec.PIN_VARS[component])
+        if pinned is not None:
+            pins[component] = str(pinned)
+    return pins
+
+
+def node_settings(hostvars: Mapping[str, Any]) -> NodeSettings:
+    """Typed settings from one host's resolved variables (checked by :func:`cluster.spec.check_settings`)."""
+    def v(name: str) -> Any:
+        return spec.value(hostvars, name)
+
+    port = spec.integer(v("ansible_port"))
+    overrides = v("preflight_overrides")
+    return NodeSettings(
+        connection=Connection(
+            kind=str(v("ansible_connection") or "ssh"),
+            port=port,
+            user=_text(v("ansible_user")),
+            key_file=_text(v("ansible_ssh_private_key_file")) or _text(v("ansible_private_key_file")),
+            ssh_common_args=tuple(shlex.split(str(v("ansible_ssh_common_args") or ""))),
+            ssh_extra_args=tuple(shlex.split(str(v("ansible_ssh_extra_args") or ""))),
+        ),
+        consul=Consul(
+            http_addr=_text(v("consul_http_addr")),
+            scheme=str(v("consul_scheme")),
+            dc=_text(v("consul_datacenter")),
+            token_file=_text(v("consul_token_file")),
+        ),
+        preflight=Preflight(
+            profile=str(v("preflight_profile") or v("gpu_model") or ""),
+            overrides=overrides,
+            roce_gid_index=spec.integer(v("roce_gid_index")) or 0,
+        ),
+        agent=Agent(listen=_text(v("eas_agent_listen")), fake_gpu_file=_text(v("eas_agent_fake_gpu_file"))),
+        version_pins=version_pins(hostvars),
+    )

@@ -1,0 +1,72 @@
+"""The roles' filters (playbooks/filter_plugins/cluster_model.py) on the virtual inventory, without hosts:
+they validate like ``clusterctl inventory validate``, and what they return is what the golden files of
+the rendered configs hold."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from cluster.inventory import load_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _filters() -> dict:
+    spec = importlib.util.spec_from_file_location("cluster_model_filter", REPO / "playbooks/filter_plugins/cluster_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FilterModule().filters()
+
+
+FILTERS = _filters()
+
+
+@pytest.fixture(scope="module")
+def r01n01() -> dict:
+    return load_inventory(REPO / "inventory" / "virtual").selected["r01n01"]
+
+
+def test_eas_agent_config_is_the_golden_ius(r01n01):
+    golden = yaml.safe_load((GOLDEN / "eas-agent-config-r01n01.yml").read_text())
+    assert FILTERS["eas_agent_config"]("r01n01", r01n01) == golden["ius"]
+
+
+def test_consul_iu_services_is_the_golden_definition(r01n01):
+    definitions = FILTERS["consul_iu_services"]("r01n01", r01n01, "10s", "2s")
+    assert sorted(definitions) == ["r01n01-iu0", "r01n01-iu1"]
+    assert definitions["r01n01-iu0"] == json.loads((GOLDEN / "consul-vllm-iu-r01n01-iu0.json").read_text())
+    assert definitions["r01n01-iu1"]["service"]["checks"][0]["http"] == "http://127.0.1.11:8001/health"
+
+
+@pytest.mark.parametrize(("bad", "lines"), [
+    ({"iu_size": 3}, ["r01n01: iu_size=3: must be one of 1/2/4/8"]),
+    ({"gpu_model": "b300"}, ["r01n01: gpu_model='b300': unknown GPU model; expected one of h100-sxm, h200-sxm, a100-sxm"]),
+    ({"gpu_count": 6, "roce_gid_index": -1},
+     ["r01n01: gpu_count=6: not divisible by iu_size=4: 2 GPU(s) left over",
+      "r01n01: roce_gid_index=-1: must be a GID table index (an integer >= 0)"]),
+])
+@pytest.mark.parametrize("name", ["cluster_node", "eas_agent_config"])
+def test_a_bad_inventory_stops_the_filter_with_one_line_per_problem(r01n01, bad, lines, name):
+    """A direct ansible-playbook run is validated too: the role's first task fails, naming host/variable/value."""
+    with pytest.raises(AnsibleFilterError) as error:
+        FILTERS[name]("r01n01", {**r01n01, **bad})
+    message = str(error.value).splitlines()
+    assert message[0] == f"inventory: {len(lines)} problem(s):" and message[1:] == lines
+
+
+def test_the_filters_read_no_other_variable(r01n01):
+    """A vault secret the layout never needs is never touched (so never decrypted) by the filter."""
+
+    class Watching(dict):
+        def __getitem__(self, key):
+            assert not key.startswith("consul_agent_acl"), key
+            return super().__getitem__(key)
+
+    FILTERS["cluster_node"]("r01n01", Watching(r01n01, consul_agent_acl_management_token="secret"))
