@@ -25,7 +25,7 @@ from eas_agent.collectors.gpu import FakeGpuBackend
 from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
 from eas_agent.consul_io import ConsulIO
 from eas_agent.score import IUInputs, Scorer
-from eas_agent.sim.node import SimulatedNode
+from sim.vllm.node import SimulatedNode
 from eas_agent.vllm_metrics import parse_vllm_metrics
 
 

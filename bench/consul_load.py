@@ -24,8 +24,8 @@ import time
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.publisher import MemoryStore, Publisher, Quantizer
 from eas_agent.score import IUInputs, Scorer
-from eas_agent.sim.exposition import model_metrics
-from eas_agent.sim.loadmodel import LoadModel
+from sim.vllm.exposition import model_metrics
+from sim.vllm.loadmodel import LoadModel
 
 INTERVAL_S = 0.2
 IUS_PER_NODE = 2

@@ -178,7 +178,7 @@ class Demo:
             gpu_file = str(node.vars.get("eas_agent_fake_gpu_file") or "/var/lib/eas-agent/fake_gpus.json")
             self.processes.start(f"vllm-{node.name}", self.on_node(
                 node, "sh", "-c", 'mkdir -p "$(dirname "$1")" && shift && exec "$@"', "sh", gpu_file,
-                sys.executable, "-m", "eas_agent.sim", *ius, "--gpu-file", gpu_file,
+                sys.executable, "-m", "sim.vllm", *ius, "--gpu-file", gpu_file,
                 "--gpus", str(node.gpu_count), "--warmup-s", "0",
             ))
         for node in cluster.nodes():

@@ -13,8 +13,8 @@ from eas_agent.collectors.gpu import FakeGpuBackend, NvmlBackend
 from eas_agent.collectors.network import NetworkCollector
 from eas_agent.collectors.rates import WindowRate
 from eas_agent.collectors.vllm import VllmCollector
-from eas_agent.sim.fake_gpu import fake_gpus, write_fake_gpu_file
-from eas_agent.sim.server import SimulatedIU
+from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
+from sim.vllm.server import SimulatedIU
 from tests.helpers import write_tree
 
 NicCounters = namedtuple("NicCounters", "bytes_sent bytes_recv")
@@ -160,8 +160,8 @@ def test_sim_serves_health_and_agent_http_serves_metrics_and_scores():
 
 @pytest.mark.parametrize("schema", ["v1", "v0"])
 def test_model_metrics_match_the_parsed_exposition(schema):
-    from eas_agent.sim.exposition import VllmExposition, model_metrics
-    from eas_agent.sim.loadmodel import LoadModel
+    from sim.vllm.exposition import VllmExposition, model_metrics
+    from sim.vllm.loadmodel import LoadModel
     from eas_agent.vllm_metrics import parse_vllm_metrics
 
     model = LoadModel(arrival_rate=8.0, seed=3)

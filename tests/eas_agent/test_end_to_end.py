@@ -25,7 +25,7 @@ from eas_agent.agent import Agent
 from eas_agent.consul_io import ConsulIO
 from eas_agent.publisher import Backoff
 from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, EdgeLedger, PoolView, pick
-from eas_agent.sim.node import SimulatedNode
+from sim.vllm.node import SimulatedNode
 from tests.helpers import wait_for
 
 FAST = {

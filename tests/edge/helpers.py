@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from eas_agent.consul_io import ConsulIO, IUService
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.sim.server import SimulatedIU
+from sim.vllm.server import SimulatedIU
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
 from tests.helpers import wait_for as shared_wait_for

@@ -1,4 +1,4 @@
-"""The edge end to end on loopback: dev Consul, simulated IUs (eas_agent.sim), fake agents, the real proxy."""
+"""The edge end to end on loopback: dev Consul, simulated IUs (sim.vllm), fake agents, the real proxy."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import yaml
 
 from eas_agent.config import AgentConfig, load_config
 from eas_agent.consul_io import ConsulIO, IUService
-from eas_agent.sim.fake_gpu import fake_gpus, write_fake_gpu_file
-from eas_agent.sim.server import SimulatedIU
+from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
+from sim.vllm.server import SimulatedIU
 
 
 class SimulatedNode:

@@ -14,9 +14,9 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 from eas_agent.http import QuietHTTPServer
-from eas_agent.sim import openai_api
-from eas_agent.sim.exposition import VllmExposition
-from eas_agent.sim.loadmodel import LoadModel, ModelParams
+from sim.vllm import openai_api
+from sim.vllm.exposition import VllmExposition
+from sim.vllm.loadmodel import LoadModel, ModelParams
 
 TICK_S = 0.05  # answer resolution: latencies come from model time, the server looks at it this often
 
