@@ -160,9 +160,9 @@ def test_sim_serves_health_and_agent_http_serves_metrics_and_scores():
 
 @pytest.mark.parametrize("schema", ["v1", "v0"])
 def test_model_metrics_match_the_parsed_exposition(schema):
+    from eas_agent.vllm_metrics import parse_vllm_metrics
     from sim.vllm.exposition import VllmExposition, model_metrics
     from sim.vllm.loadmodel import LoadModel
-    from eas_agent.vllm_metrics import parse_vllm_metrics
 
     model = LoadModel(arrival_rate=8.0, seed=3)
     exposition = VllmExposition(model, schema)

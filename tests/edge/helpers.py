@@ -19,9 +19,9 @@ from dataclasses import replace
 
 from eas_agent.consul_io import ConsulIO, IUService
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from sim.vllm.server import SimulatedIU
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
+from sim.vllm.server import SimulatedIU
 from tests.helpers import wait_for as shared_wait_for
 
 MODEL = "meta-llama/Meta-Llama-3-70B-Instruct"
