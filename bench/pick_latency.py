@@ -16,6 +16,7 @@ import random
 import statistics
 import time
 
+from consul_io import layout
 from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
 from eas_agent.scheduler.view import STALE_HEARTBEATS
 
@@ -40,7 +41,7 @@ def build_view(
             "ius": {},
         }
         for i in range(per_node):
-            iu = f"{node}-iu{i}"
+            iu = layout.iu_id(node, i)
             score = None if no_scores else round(rng.lognormvariate(-1.0, 1.0), 4)
             body["ius"][iu] = {
                 "score": score,
@@ -51,10 +52,10 @@ def build_view(
             health.append(
                 {
                     "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000 + i},
-                    "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}],
+                    "Checks": [{"CheckID": layout.score_check_id(iu), "Status": "passing"}],
                 }
             )
-        kv.append({"Key": f"clusterctl/eas/dc1/{node}", "Value": json.dumps(body).encode()})
+        kv.append({"Key": layout.score_key(layout.DEFAULT_DATACENTER, node), "Value": json.dumps(body).encode()})
     view.apply_health(health)
     view.apply_kv(kv)
     return view

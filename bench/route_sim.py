@@ -31,7 +31,7 @@ the view, plus the KV watch), "ours (Consul only)" the degraded mode (push off o
 through rate-limited blocking queries); oracle (true instantaneous state: least estimated TTFT). The
 score-based policies run the real eas_agent code:
 Agent.cycle (vLLM /metrics parsing, NVML and NIC collectors, Scorer) and Publisher.step (quantized levels,
-hysteresis, min write interval, 2 s heartbeat, CAS into eas_agent's MemoryStore) for each simulated host
+hysteresis, min write interval, 2 s heartbeat, CAS into sim.memstore.MemoryStore) for each simulated host
 every 200 ms of simulated time, and EdgeView/AnomalyDetector/Router/pick per edge (routesim/agents.py,
 routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
 

@@ -31,7 +31,8 @@ from cli.errors import ClusterctlError
 from cli.help import examples
 from cli.options import vault_password_file_option
 from cluster.text import plural
-from eas_agent.consul_io import ConsulIO, ConsulUnavailable
+from consul_io import layout
+from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file, resolve_token
 from eas_agent.scheduler import ConsulWatcher, IUEntry, PoolView
 
 HEALTH_STYLE = {"passing": "green", "warning": "yellow", "critical": "red", "maintenance": "magenta"}
@@ -41,21 +42,26 @@ TERMS = ("queue_s", "kv_s", "step_s", "prefill_s", "kv_cache_gb", "kv_cache_age_
 INPUTS = ("waiting", "running", "kv_usage", "admitted_prefill_tokens", "prefill_tps", "decode_tps")
 WIDE = 140  # columns from which the inputs, rack and node get their own columns
 CONSUL_HINT = "set --consul HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR"
+TOKEN_VARIABLE = "consul_operator_token"  # the inventory's reader token (roles/consul_agent/README.md)
 
 
 def _inventory_settings(
     inventory: str, vault_password_file: Path | None = None
-) -> tuple[str | None, str | None, dict[str, tuple[str, str]]]:
+) -> tuple[str | None, str | None, str | None, dict[str, tuple[str, str]]]:
+    """(Consul address, datacenter, token, IU id -> (rack, node)) from the inventory; the token is its
+    ``consul_operator_token`` under the one token rule (a vault value or the path of a 0600 file)."""
     from cluster import load_cluster, vault
+    from cluster.inventory import host_var
 
     cluster = load_cluster(inventory, vault_secrets=vault.secrets_for(vault_password_file))
-    expected, addr, dc = {}, None, None
+    expected, addr, dc, token = {}, None, None, None
     for node in cluster.nodes():
-        addr = addr or node.vars.get("consul_http_addr")
-        dc = dc or node.vars.get("consul_datacenter")
+        addr = addr or host_var(node, "consul_http_addr")
+        dc = dc or host_var(node, "consul_datacenter")
+        token = token or host_var(node, TOKEN_VARIABLE)
         for iu in node.ius:
             expected[iu.id] = (node.rack, node.name)
-    return addr, dc, expected
+    return addr, dc, token, expected
 
 
 def entry_json(entry: IUEntry, now: float) -> dict:
@@ -195,7 +201,8 @@ def publishing(data: list[dict]) -> int:
     "--token-file",
     default=None,
     type=click.Path(dir_okay=False),
-    help="File holding the Consul ACL token (else CONSUL_HTTP_TOKEN).",
+    help="File (mode 0600) holding the Consul ACL token (else the inventory's consul_operator_token, else "
+         "CONSUL_HTTP_TOKEN).",
 )
 @click.option("--watch", is_flag=True, help="Keep the table live (blocking queries) until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
@@ -203,13 +210,22 @@ def publishing(data: list[dict]) -> int:
 def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vault_password_file) -> None:
     """Show the load scores the EAS agents publish, with health, age and anomaly flags."""
     expected: dict[str, tuple[str, str]] = {}
-    inv_addr = inv_dc = None
+    inv_addr = inv_dc = inv_token = None
     if inventory:
-        inv_addr, inv_dc, expected = _inventory_settings(inventory, vault_password_file)
-    addr = consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", "127.0.0.1:8500")
+        inv_addr, inv_dc, inv_token, expected = _inventory_settings(inventory, vault_password_file)
+    addr = str(consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", layout.DEFAULT_HTTP_ADDR))
     addr = addr.removeprefix("http://")
-    dc = datacenter or inv_dc or "dc1"
-    token = Path(token_file).read_text().strip() if token_file else os.environ.get("CONSUL_HTTP_TOKEN")
+    dc = str(datacenter or inv_dc or layout.DEFAULT_DATACENTER)
+    try:
+        if token_file:
+            token = read_token_file(token_file)
+        elif inv_token:
+            token = resolve_token(inv_token)
+        else:
+            token = os.environ.get("CONSUL_HTTP_TOKEN") or None
+    except TokenError as exc:
+        where = "--token-file" if token_file else f"{inventory}: {TOKEN_VARIABLE}"
+        raise ClusterctlError(f"{where}: {exc}", 2) from None
     view = PoolView()
     watcher = ConsulWatcher(view, ConsulIO(addr, token=token, timeout_s=3.0), dc=dc)
     try:

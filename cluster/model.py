@@ -24,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from consul_io import layout as consul_layout
+
 DEFAULT_GPU_COUNT = 8
 DEFAULT_IU_SIZE = 4
 DEFAULT_NUMA_NODE_COUNT = 2
@@ -211,7 +213,7 @@ def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
         numa = iu_numa_node(gpus, gpu_numa)
         ius.append(
             IU(
-                id=f"{name}-iu{index}",
+                id=consul_layout.iu_id(name, index),
                 index=index,
                 node=name,
                 gpus=tuple(gpus),

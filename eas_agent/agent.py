@@ -20,11 +20,11 @@ from concurrent.futures import wait as wait_futures
 
 import psutil
 
+from consul_io.client import ConsulIO
 from eas_agent.collectors.gpu import GpuBackend, open_backend
 from eas_agent.collectors.network import NetworkCollector
 from eas_agent.collectors.vllm import VllmCollector, VllmReading
 from eas_agent.config import AgentConfig
-from eas_agent.consul_io import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.publisher import Backoff, Publisher, ScoreStore
 from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult

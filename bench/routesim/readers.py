@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 
+from consul_io import layout
 from eas_agent.scheduler import PoolView, pick
 from edge.config import EdgeConfig, PushConfig
 from edge.feed import EdgeView
@@ -182,6 +183,6 @@ class AgentPoll:
             cached = self.texts.get(node)
             if cached is None or cached[0] != agent.sink.version:
                 cached = self.texts[node] = (agent.sink.version, json.dumps(agent.sink.body))
-            entries.append({"Key": f"{KV_PREFIX}/{DATACENTER}/{node}", "Value": cached[1]})
+            entries.append({"Key": layout.score_key(DATACENTER, node, KV_PREFIX), "Value": cached[1]})
         self.view.apply_kv(entries)
         self.updates += 1

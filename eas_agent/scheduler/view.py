@@ -32,7 +32,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 
-from eas_agent.consul_io import ConsulIO
+from consul_io import layout
+from consul_io.client import ConsulIO
 from eas_agent.scheduler.anomaly import AnomalyDetector
 from eas_agent.scorebody import BodyError, ScoreBody
 
@@ -95,7 +96,7 @@ def health_of(checks: list[dict]) -> str:
     status = "passing"
     for check in checks:
         check_id = check.get("CheckID", "")
-        if check_id.startswith("_service_maintenance") or check_id == "_node_maintenance":
+        if layout.is_maintenance_check(check_id):
             return "maintenance"
         if SEVERITY.get(check.get("Status"), 2) > SEVERITY[status]:
             status = check.get("Status") if check.get("Status") in SEVERITY else "critical"
@@ -318,14 +319,14 @@ class ConsulWatcher:
         view: PoolView,
         io: ConsulIO,
         *,
-        kv_prefix: str = "clusterctl/eas",
-        dc: str = "dc1",
+        kv_prefix: str = layout.EAS_PREFIX,
+        dc: str = layout.DEFAULT_DATACENTER,
         wait_s: float = 5.0,
         min_interval_s: float = 0.1,
         max_backoff_s: float = 5.0,
     ):
         self.view, self.io = view, io
-        self.prefix = f"{kv_prefix.strip('/')}/{dc}/"
+        self.prefix = layout.score_prefix(dc, kv_prefix)
         self.wait_s, self.min_interval_s, self.max_backoff_s = wait_s, min_interval_s, max_backoff_s
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []

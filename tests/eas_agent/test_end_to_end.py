@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from consul_io.client import ConsulIO
 from eas_agent.agent import Agent
-from eas_agent.consul_io import ConsulIO
 from eas_agent.publisher import Backoff
 from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, EdgeLedger, PoolView, pick
 from sim.vllm.node import SimulatedNode

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from eas_agent.consul_io import ConsulUnavailable
+from consul_io.client import ConsulUnavailable
 from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
 from eas_agent.scheduler.view import TS_TOLERANCE_S, ConsulWatcher
 from eas_agent.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody

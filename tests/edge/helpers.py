@@ -17,10 +17,11 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import replace
 
-from eas_agent.consul_io import ConsulIO, IUService
+from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
+from sim.vllm.registration import IUService, register_iu_service
 from sim.vllm.server import SimulatedIU
 from tests.helpers import wait_for as shared_wait_for
 
@@ -59,7 +60,7 @@ class Pool:
                 sim = SimulatedIU(address, 0, arrival_rate=0).start()
                 iu_id = f"{node}-iu{i}"
                 self.ius[iu_id] = sim
-                self.io.register_iu_service(IUService(iu_id, node, "r1", address, int(sim.address.rsplit(":", 1)[1]),
+                register_iu_service(self.io, IUService(iu_id, node, "r1", address, int(sim.address.rsplit(":", 1)[1]),
                                                       (i,), 0), http_check=False)
             if agents:
                 self.agents[node] = AgentHttpServer(address, self.agent_port, AgentMetrics())

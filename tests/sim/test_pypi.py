@@ -204,6 +204,8 @@ def test_agent_code_is_python_310(agent_wheel):
                 imported_top.add(node.module.split(".")[0])
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 assert (node.value.id, node.attr) not in PY311_NAMES, f"{name}: {node.value.id}.{node.attr} (3.11+)"
-    third_party = imported_top - set(sys.stdlib_module_names) - {"eas_agent", "__future__"}
+    own = {name.split("/")[0] for name in sources}  # the wheel's own packages (eas_agent, consul_io)
+    assert own == {"eas_agent", "consul_io"}, own
+    third_party = imported_top - set(sys.stdlib_module_names) - own - {"__future__"}
     # import names of the declared distributions (py-consul -> consul, PyYAML -> yaml, nvidia-ml-py -> pynvml)
     assert third_party <= {"click", "psutil", "consul", "prometheus_client", "yaml", "pynvml", "requests"}, third_party
