@@ -18,8 +18,9 @@ import pytest
 
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.scheduler import AnomalyDetector
+from eas_agent.scorebody import BodyError, ScoreBody
 from edge.config import ConfigError, load_edge_config
-from edge.feed import EdgeView, sanitize
+from edge.feed import EdgeView
 from edge.main import main as edge_main
 from edge.routing import Router
 from edge.tokens import estimate_prompt_tokens
@@ -56,12 +57,15 @@ def test_agent_scores_blocking_query_answers_on_the_next_cycle():
 def test_nonsense_scores_are_ignored_and_counted():
     counts: Counter = Counter()
     body = body_of("n0", {"a": -1.0, "b": math.nan, "c": "x", "d": 0.2, "e": None})
-    clean = sanitize(json.loads(json.dumps(body)), counts)
-    assert {iu: v["score"] for iu, v in clean["ius"].items()} == {"a": None, "b": None, "c": None, "d": 0.2, "e": None}
+    clean, problems = ScoreBody.from_json(json.loads(json.dumps(body)), blank_bad_scores=True, counts=counts)
+    assert {iu: v.score for iu, v in clean.ius.items()} == {"a": None, "b": None, "c": None, "d": 0.2, "e": None}
+    assert not problems and clean.ius["a"].status == "warning" and "ignored score_negative" in clean.ius["a"].reason
     assert counts == Counter(score_negative=1, score_not_finite=1, score_not_a_number=1)
-    assert sanitize({"node": "n0", "ius": {}, "ts": "yesterday"}, counts) is None
-    assert sanitize(["not", "a", "body"], counts) is None
-    assert counts["ts_invalid"] == 1 and counts["body_malformed"] == 1
+    for bad, reason in (({"node": "n0", "ius": {}, "ts": "yesterday"}, "ts_invalid"),
+                        (["not", "a", "body"], "body_malformed")):
+        with pytest.raises(BodyError) as info:
+            ScoreBody.from_json(bad, blank_bad_scores=True, counts=counts)
+        assert info.value.reason == reason
     view = EdgeView(detector=AnomalyDetector(), clock=time.time, require_health=False)
     view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body).encode()}, {"Key": "k/n1", "Value": b"{not json"}])
     assert {e.iu_id for e in view.snapshot().scored} == {"d"}
