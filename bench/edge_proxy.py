@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from consul_io import layout
+from eas_agent.scorebody import IUScore, ScoreBody
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -96,6 +97,7 @@ AGENTS = r'''
 import json, sys, threading, time
 from consul_io import layout
 from eas_agent.http import AgentHttpServer, AgentMetrics
+from eas_agent.scorebody import IUScore, ScoreBody
 nodes, port = int(sys.argv[1]), int(sys.argv[2])
 servers = []
 for n in range(nodes):
@@ -106,11 +108,10 @@ while True:
     seq += 1
     for n, s in enumerate(servers):
         node = f"node{n:03d}"
-        s.set_scores({"node": node, "rack": "r1", "profile": "drain", "seq": seq, "ts": round(time.time(), 3),
-                      "clock_offset_s": None, "heartbeat_s": 2.0, "ius": {layout.iu_id(node, k): {
-                          "score": 0.05 * k, "level": k, "status": "passing", "reason": "", "components": {
-                              "prefill_tps": 12000.0, "request_cost_s": 0.18, "queue_s": 0.0, "kv_s": 0.0,
-                              "step_s": 0.02, "prefill_s": 0.0, "waiting": 0, "running": 3}} for k in (0, 1)}})
+        s.set_scores(ScoreBody(node=node, rack="r1", profile="drain", seq=seq, ts=round(time.time(), 3), ius={
+            layout.iu_id(node, k): IUScore(score=0.05 * k, level=k, status="passing", components={
+                "prefill_tps": 12000.0, "request_cost_s": 0.18, "queue_s": 0.0, "kv_s": 0.0, "step_s": 0.02,
+                "prefill_s": 0.0, "waiting": 0, "running": 3}) for k in (0, 1)}))
     time.sleep(0.2)
 '''
 
@@ -196,10 +197,11 @@ def overhead(rates: list[float], duration: float, consul) -> list[dict]:
     io = ConsulIO(consul.address)
     for k, port in enumerate(ports):
         register_iu_service(io, IUService(layout.iu_id("bench", k), "bench", "r1", "127.0.0.1", port, (k,), 0), http_check=False)
-    body = {"node": "bench", "rack": "r1", "ts": time.time(), "heartbeat_s": 3600.0, "ius": {
-        layout.iu_id("bench", k): {"score": 0.01, "status": "passing", "reason": "", "components": {"prefill_tps": 12000.0}}
-        for k in range(len(ports))}}
-    io.kv_cas_put(layout.score_key(layout.DEFAULT_DATACENTER, "bench"), json.dumps(body), 0)
+    # heartbeat_s beyond the reader's bound on purpose: it is clamped to MAX_HEARTBEAT_S, the longest a body lasts
+    body = ScoreBody(node="bench", rack="r1", ts=time.time(), heartbeat_s=3600.0, ius={
+        layout.iu_id("bench", k): IUScore(score=0.01, status="passing", components={"prefill_tps": 12000.0})
+        for k in range(len(ports))})
+    io.kv_cas_put(layout.score_key(layout.DEFAULT_DATACENTER, "bench"), body.dumps(), 0)
     edge, address = start_edge(consul.address, ["--no-push", "--max-inflight-per-iu", "4096"])
     rows = []
     try:

@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from dataclasses import replace
 
 import psutil
 
@@ -232,8 +233,7 @@ class Agent:
         if self.http:
             try:
                 body = self.publisher.body(now, results, self.publisher.levels_for(results))
-                body["published_seq"] = self.publisher.seq
-                self.http.set_scores(body)
+                self.http.set_scores(replace(body, published_seq=self.publisher.seq))
             except Exception:  # /scores keeps its last body; collection and publishing go on
                 self.log("scores", logging.ERROR, "building the /scores body failed", exc_info=True)
         self.cycles += 1

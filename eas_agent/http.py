@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from eas_agent.scorebody import dumps
+from eas_agent.scorebody import ScoreBody
 
 CONNECTION_TIMEOUT_S = 10.0  # headers, body and keep-alive idle; an edge poller asks every 200 ms
 MAX_CONNECTIONS = 64  # a node's agent is polled by a few edges and one Prometheus
@@ -117,8 +117,8 @@ def blocking_args(query: str) -> tuple[int | None, float]:
 class AgentHttpServer:
     def __init__(self, host: str, port: int, metrics: AgentMetrics):
         self.metrics = metrics
-        self.scores_body: dict = {}
-        self.index = 0  # of scores_body; +1 per set_scores (the blocking query's index)
+        self.scores_json = b"{}"  # the latest ScoreBody, serialized once when set
+        self.index = 0  # of scores_json; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.server = BoundedHTTPServer((host, port), self._handler())
@@ -134,9 +134,10 @@ class AgentHttpServer:
         host, port = self.server.server_address[:2]
         return f"{host}:{port}"
 
-    def set_scores(self, body: dict) -> None:
+    def set_scores(self, body: ScoreBody) -> None:
+        encoded = body.dumps().encode()
         with self.lock:
-            self.scores_body = body
+            self.scores_json = encoded
             self.index += 1
             self.changed.notify_all()
 
@@ -145,7 +146,7 @@ class AgentHttpServer:
         with self.lock:
             if index is not None and index == self.index:
                 self.changed.wait_for(lambda: self.index != index, timeout=wait_s)
-            return self.index, dumps(self.scores_body).encode()
+            return self.index, self.scores_json
 
     def _handler(self):
         owner = self

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from consul_io.client import ConsulUnavailable
 from eas_agent.score import CRITICAL, ScoreResult
-from eas_agent.scorebody import IUScore, ScoreBody, dumps
+from eas_agent.scorebody import IUScore, ScoreBody
 
 
 def _finite_or_none(value):
@@ -147,7 +147,7 @@ class Publisher:
         self.seq = 0  # of the last write known to have reached the store; strictly increasing, never reused
         self.needs_setup = True  # register checks (again after an outage: Consul may have lost them)
         self.stats = PublisherStats()
-        self.last_body: dict | None = None
+        self.last_body: ScoreBody | None = None
         self.stopped = False  # after stop(): a step still in flight on another thread must not undo it
 
     # -- decisions (pure) ---------------------------------------------------------------------------
@@ -175,7 +175,7 @@ class Publisher:
         results: dict[str, ScoreResult],
         levels: dict[str, int | None],
         seq: int | None = None,
-    ) -> dict:
+    ) -> ScoreBody:
         score_ok = {iu: _finite_or_none(r.score) for iu, r in results.items()}
         return ScoreBody(
             node=self.node,
@@ -195,7 +195,7 @@ class Publisher:
                 )
                 for iu, r in results.items()
             },
-        ).to_json()
+        )
 
     # -- one cycle ------------------------------------------------------------------------------------
     def step(self, now: float, results: dict[str, ScoreResult]) -> bool:
@@ -243,14 +243,14 @@ class Publisher:
             if self.modify_index is None:
                 self._sync_from_store()
             body = self.body(now, results, levels, seq=self.seq + 1)
-            if self.store.kv_cas_put(self.key, dumps(body), self.modify_index):
+            if self.store.kv_cas_put(self.key, body.dumps(), self.modify_index):
                 break
             # Someone else wrote the key (an earlier run, a duplicate agent): re-read, retry once.
             self.stats.cas_conflicts += 1
             self.modify_index = None
         else:
             raise ConsulUnavailable(f"CAS on {self.key} failed twice (another writer?)")
-        self.seq = body["seq"]
+        self.seq = body.seq
         self.stats.writes += 1
         self.stats.last_write = now
         self.last_body = body

@@ -121,9 +121,10 @@ class ScoreBody:
     seq: int = 0
     clock_offset_s: float | None = None
     heartbeat_s: float = 2.0
+    published_seq: int | None = None  # /scores only: the seq of the body last written to the KV
 
     def to_json(self) -> dict:
-        return {
+        body = {
             "node": self.node,
             "rack": self.rack,
             "profile": self.profile,
@@ -133,6 +134,9 @@ class ScoreBody:
             "heartbeat_s": self.heartbeat_s,
             "ius": {iu: entry.to_json() for iu, entry in self.ius.items()},
         }
+        if self.published_seq is not None:
+            body["published_seq"] = self.published_seq
+        return body
 
     def dumps(self) -> str:
         return dumps(self.to_json())
@@ -181,7 +185,9 @@ class ScoreBody:
                 continue
             if problem:
                 counts[problem] += 1
+        published = obj.get("published_seq")
         body = cls(
+            published_seq=published if isinstance(published, int) and not isinstance(published, bool) else None,
             node=node,
             ts=float(ts),
             ius=entries,

@@ -35,6 +35,7 @@ from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import AgentConfig, IUConfig
 from eas_agent.score import DrainParams, Scorer
+from eas_agent.scorebody import ScoreBody
 from eas_agent.vllm_metrics import VllmMetrics
 from sim.memstore import MemoryStore
 
@@ -106,10 +107,10 @@ class ScoresSink:
     """Stands where AgentHttpServer would: Agent.cycle hands it the `/scores` body of every cycle."""
 
     def __init__(self):
-        self.body: dict | None = None
+        self.body: ScoreBody | None = None
         self.version = 0
 
-    def set_scores(self, body: dict) -> None:
+    def set_scores(self, body: ScoreBody) -> None:
         self.body = body
         self.version += 1
 

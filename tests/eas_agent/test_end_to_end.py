@@ -114,13 +114,11 @@ def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr)
         # the reader sees what the agent published; /scores serves the same body shape
         node0 = agents[0].publisher.last_body
         entry = view.snapshot().by_id()["r01n01-iu0"]
-        assert entry.ts <= node0["ts"] and set(node0["ius"]) == {"r01n01-iu0", "r01n01-iu1"}
+        assert entry.ts <= node0.ts and set(node0.ius) == {"r01n01-iu0", "r01n01-iu1"}
         with urllib.request.urlopen(f"http://{agents[0].http.address}/scores", timeout=2) as response:
             fresh = json.load(response)
-        assert set(fresh["ius"]) == set(node0["ius"]) and fresh["profile"] == "drain"
-        assert (
-            fresh["ius"]["r01n01-iu0"]["components"].keys() == node0["ius"]["r01n01-iu0"]["components"].keys()
-        )
+        assert set(fresh["ius"]) == set(node0.ius) and fresh["profile"] == "drain"
+        assert fresh["ius"]["r01n01-iu0"]["components"].keys() == node0.ius["r01n01-iu0"].components.keys()
 
         # a hung engine: counters freeze with requests running -> agent warns, reader flags and de-weights
         hung_iu = "r01n02-iu1"  # 4 req/s: always has requests running
@@ -255,5 +253,5 @@ def test_polling_agents_scores_gives_fresher_same_shape_view(tmp_path, consul_ad
         assert (
             agent.latest[0] - polled.ts <= 0.5
         )  # per-cycle freshness (the agent's latest cycle), not heartbeat
-        assert polled.components.keys() == agent.publisher.last_body["ius"]["r01n01-iu0"]["components"].keys()
+        assert polled.components.keys() == agent.publisher.last_body.ius["r01n01-iu0"].components.keys()
         assert poller.errors == 0

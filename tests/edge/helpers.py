@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
+from eas_agent.scorebody import IUScore, ScoreBody
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
 from sim.vllm.registration import IUService, register_iu_service
@@ -41,6 +42,14 @@ def body_of(node: str, scores: dict[str, float | None], ts: float | None = None,
             "ius": {iu: {"score": s, "level": 0, "status": "passing", "reason": "",
                          "components": {"prefill_tps": prefill_tps, "request_cost_s": 0.05}}
                     for iu, s in scores.items()}}
+
+
+def typed(body: dict) -> ScoreBody:
+    """``body`` as an agent hands it to its HTTP server: typed, but without the reader's checks (the tests
+    push nonsense scores on purpose)."""
+    ius = {iu: IUScore(score=e["score"], status=e["status"], reason=e["reason"], level=e["level"],
+                       components=e["components"]) for iu, e in body["ius"].items()}
+    return ScoreBody(**{**body, "ius": ius})
 
 
 class Pool:
@@ -75,7 +84,7 @@ class Pool:
         assert self.io.kv_cas_put(key, json.dumps(body_of(node, scores, **kwargs)), index)
 
     def push(self, node: str, scores: dict, **kwargs) -> None:
-        self.agents[node].set_scores(body_of(node, scores, **kwargs))
+        self.agents[node].set_scores(typed(body_of(node, scores, **kwargs)))
 
     def stop(self) -> None:
         for sim in self.ius.values():

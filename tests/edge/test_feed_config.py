@@ -33,12 +33,13 @@ def test_agent_scores_blocking_query_answers_on_the_next_cycle():
     server = AgentHttpServer("127.0.0.1", 0, AgentMetrics())
     server.start()
     try:
-        server.set_scores({"node": "n", "seq": 1})
+        first = ScoreBody(node="n", ts=1.0, ius={}, seq=1)
+        server.set_scores(first)
         url = f"http://{server.address}/scores"
         with urllib.request.urlopen(url, timeout=5) as answer:  # no index: at once, as before
             index = int(answer.headers["X-Eas-Index"])
-            assert json.load(answer) == {"node": "n", "seq": 1}
-        threading.Timer(0.3, server.set_scores, args=({"node": "n", "seq": 2},)).start()
+            assert json.load(answer) == first.to_json()
+        threading.Timer(0.3, server.set_scores, args=(ScoreBody(node="n", ts=2.0, ius={}, seq=2),)).start()
         started = time.monotonic()
         with urllib.request.urlopen(f"{url}?index={index}&wait_s=5", timeout=10) as answer:
             waited = time.monotonic() - started
