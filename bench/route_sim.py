@@ -36,7 +36,7 @@ every 200 ms of simulated time, and EdgeView/AnomalyDetector/Router/pick per edg
 routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
 
 Also printed: "before" rows, the `ours` rows with `drain` as it was before its admitted-prefill term
-(prefill_s = prompt tokens admitted but not yet prefilled / prefill rate; DrainParams.admitted_backlog=False),
+(prefill_s = prompt tokens admitted but not yet prefilled / prefill rate; routesim.agents.BeforeScorer),
 on the same trace, for a before/after in one run (--no-before skips them); a "why" line per `ours`/"before" row
 (of the requests that queued > 500 ms, how many went to an IU whose published score said it was free, and its
 true wait then). Agents get the parsed /metrics values by default; --scrape text makes them parse

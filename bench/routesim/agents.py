@@ -103,6 +103,15 @@ class SimGpuBackend:
         pass
 
 
+class BeforeScorer(Scorer):
+    """The drain score before its admitted-prefill term (prefill_s): no admitted-backlog tracker, so
+    eas_agent.score.drain_score counts 0 admitted tokens. A benchmark's knob, kept out of the agent."""
+
+    def __init__(self, profile: str, params: DrainParams):
+        super().__init__(profile, params)
+        self.admitted = None
+
+
 class ScoresSink:
     """Stands where AgentHttpServer would: Agent.cycle hands it the `/scores` body of every cycle."""
 
@@ -133,8 +142,7 @@ class SimNodeAgent:
                      for k, unit in enumerate(units)]
         if before:  # the drain score as shipped before its admitted-prefill term, for the before/after rows
             for pipeline in pipelines:
-                pipeline.scorer = Scorer(profile, DrainParams(frozen_after_s=self.config.frozen_after_s,
-                                                              admitted_backlog=False))
+                pipeline.scorer = BeforeScorer(profile, DrainParams(frozen_after_s=self.config.frozen_after_s))
         self.agent = Agent(self.config, store=store, stop_store=store,
                            gpu_backend=SimGpuBackend(units, gpus_per_iu, lambda: loop.now), pipelines=pipelines,
                            clock=lambda: loop.now, pernic=self._pernic, serve_http=False)

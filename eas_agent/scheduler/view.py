@@ -108,9 +108,7 @@ class PoolView:
     # dropping the IU, so the fail-open path can still use a healthy IU.
     blank_bad_scores = False
 
-    def __init__(self, detector: AnomalyDetector | None = None, clock=time.time, require_health: bool = True):
-        """``require_health=False``: IUs without Consul health count as passing (simulations)."""
-        self.require_health = require_health
+    def __init__(self, detector: AnomalyDetector | None = None, clock=time.time):
         self.ignored: Counter[str] = Counter()  # reason -> bodies and scores ignored (eas_edge_scores_ignored)
         self.detector = detector if detector is not None else AnomalyDetector()
         self.clock = clock
@@ -241,9 +239,7 @@ class PoolView:
                 body = seen.body
                 ts = min(body.ts - (body.clock_offset_s or 0.0), seen.received + TS_TOLERANCE_S)
                 for iu_id, iu in body.ius.items():
-                    health, service, owner = self.health.get(
-                        iu_id, ("unknown" if self.require_health else "passing", {}, "")
-                    )
+                    health, service, owner = self.health.get(iu_id, ("unknown", {}, ""))
                     if owner and owner != node:
                         self._reject("iu", f"node {node}: IU {iu_id} belongs to node {owner} in Consul")
                         continue
