@@ -1,4 +1,5 @@
-"""The score body: what an agent writes under ``clusterctl/eas/<dc>/<node>`` and serves on ``GET /scores``.
+"""The score body: what an agent writes under ``clusterctl/eas/<dc>/<node>`` and serves on ``GET /scores``
+(the contract: docs/contracts/score-body.md).
 
 One typed shape for both sides. The publisher builds a :class:`ScoreBody` and writes :meth:`ScoreBody.dumps`
 (strict JSON: ``allow_nan=False``, so a non-finite number can never reach a reader as ``NaN``/``Infinity``);
