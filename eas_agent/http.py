@@ -36,6 +36,23 @@ class QuietHTTPServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """Request handler with one way to answer (``_send``) and no access log (the agent's and the simulated
+    vLLM's servers both use it)."""
+
+    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # keep logs and test output clean
+        pass
+
+
 class BoundedHTTPServer(QuietHTTPServer):
     """The agent's server: at most ``max_connections`` connections are served at once (a thread each); the next is closed at
     once, so clients that open connections and never finish a request (slowloris) cannot grow the agent's
@@ -151,7 +168,7 @@ class AgentHttpServer:
     def _handler(self):
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
             timeout = CONNECTION_TIMEOUT_S
             # headers and body go out in two writes; with Nagle on, keep-alive clients wait for a delayed ACK
@@ -166,18 +183,6 @@ class AgentHttpServer:
                     index, body = owner.scores_after(*blocking_args(urlsplit(self.path).query))
                     return self._send(200, body, "application/json", {"X-Eas-Index": str(index)})
                 return self._send(404, b"not found\n", "text/plain")
-
-            def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
 
         return Handler
 
