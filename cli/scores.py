@@ -10,7 +10,9 @@ them when the terminal is wide enough, and for an anomaly flag why it was raised
 sent is shown as plain text, never as rich markup. Every component is in ``--json``.
 
 Exit codes: 0 at least one IU publishes a score (or none is expected), 1 IUs are expected (from the
-inventory) and none publishes, 3 Consul cannot be reached.
+inventory) and none publishes, 2 the ACL token cannot be used (a token file others can read, ...), 3 Consul
+cannot be reached. The token: ``--token-file`` (mode 0600), else the inventory's ``consul_operator_token`` (the
+vault value or the path of a 0600 file: :func:`consul_io.client.resolve_token`), else ``CONSUL_HTTP_TOKEN``.
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ def publishing(data: list[dict]) -> int:
     "clusterctl scores --consul 127.0.0.1:8500 --watch",
     "CONSUL_HTTP_ADDR=127.0.0.1:8500 clusterctl scores --json",
     note="Exit codes: 0 scores read (at least one IU publishing, or none expected), 1 the inventory's "
-         "IUs publish nothing, 3 Consul cannot be reached.",
+         "IUs publish nothing, 2 the token cannot be used, 3 Consul cannot be reached.",
 ))
 @click.option(
     "-i",
