@@ -112,8 +112,10 @@ def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr)
         assert sum(counts[i] for i in light) > 4 * sum(counts[i] for i in heavy), (counts, score)
 
         # the reader sees what the agent published; /scores serves the same body shape
-        node0 = agents[0].publisher.last_body
+        # the view first: the publisher may write again in between, never the other way round (the reverse
+        # order raced on a loaded machine: a body written after last_body was read reached the view)
         entry = view.snapshot().by_id()["r01n01-iu0"]
+        node0 = agents[0].publisher.last_body
         assert entry.ts <= node0.ts and set(node0.ius) == {"r01n01-iu0", "r01n01-iu1"}
         with urllib.request.urlopen(f"http://{agents[0].http.address}/scores", timeout=2) as response:
             fresh = json.load(response)
