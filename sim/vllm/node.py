@@ -88,7 +88,8 @@ class SimulatedNode:
     def register_services(self, io: ConsulIO, http_check: bool = False) -> None:
         for i, iu in enumerate(self.ius):
             host, port = iu.address.rsplit(":", 1)
-            register_iu_service(io,
+            register_iu_service(
+                io,
                 IUService(
                     self.iu_id(i),
                     self.name,

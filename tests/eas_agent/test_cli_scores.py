@@ -14,7 +14,8 @@ def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     io = ConsulIO(consul_addr)
     for i in (0, 1):
-        register_iu_service(io,
+        register_iu_service(
+            io,
             IUService(f"r01n01-iu{i}", "r01n01", "r01", "127.0.0.1", 8000 + i, (0, 1), 0), http_check=False
         )
         io.register_ttl_check(f"r01n01-iu{i}", 30.0)
