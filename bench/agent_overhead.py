@@ -20,13 +20,13 @@ import urllib.request
 
 import psutil
 
+from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
 from eas_agent.collectors.gpu import FakeGpuBackend
 from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
-from eas_agent.consul_io import ConsulIO
 from eas_agent.score import IUInputs, Scorer
-from eas_agent.sim.node import SimulatedNode
 from eas_agent.vllm_metrics import parse_vllm_metrics
+from sim.vllm.node import SimulatedNode
 
 
 def free_port() -> int:

@@ -21,11 +21,13 @@ import math
 import random
 import time
 
+from consul_io import layout
 from eas_agent.collectors.vllm import VllmCollector
-from eas_agent.publisher import MemoryStore, Publisher, Quantizer
+from eas_agent.publisher import Publisher, Quantizer
 from eas_agent.score import IUInputs, Scorer
-from eas_agent.sim.exposition import model_metrics
-from eas_agent.sim.loadmodel import LoadModel
+from sim.memstore import MemoryStore
+from sim.vllm.exposition import model_metrics
+from sim.vllm.loadmodel import LoadModel
 
 INTERVAL_S = 0.2
 IUS_PER_NODE = 2
@@ -83,10 +85,10 @@ def run(
     store = CountingStore()
     publishers = []
     for n in range(nodes):
-        ids = [f"n{n:03d}-iu{i}" for i in range(IUS_PER_NODE)]
+        ids = [layout.iu_id(f"n{n:03d}", i) for i in range(IUS_PER_NODE)]
         pub = Publisher(
             store,
-            key=f"clusterctl/eas/dc1/n{n:03d}",
+            key=layout.score_key(layout.DEFAULT_DATACENTER, f"n{n:03d}"),
             node=f"n{n:03d}",
             rack="r",
             iu_ids=ids,

@@ -31,6 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+from consul_io import layout
+from eas_agent.scorebody import IUScore, ScoreBody
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -92,7 +95,9 @@ asyncio.run(main())
 
 AGENTS = r'''
 import json, sys, threading, time
+from consul_io import layout
 from eas_agent.http import AgentHttpServer, AgentMetrics
+from eas_agent.scorebody import IUScore, ScoreBody
 nodes, port = int(sys.argv[1]), int(sys.argv[2])
 servers = []
 for n in range(nodes):
@@ -103,11 +108,10 @@ while True:
     seq += 1
     for n, s in enumerate(servers):
         node = f"node{n:03d}"
-        s.set_scores({"node": node, "rack": "r1", "profile": "drain", "seq": seq, "ts": round(time.time(), 3),
-                      "clock_offset_s": None, "heartbeat_s": 2.0, "ius": {f"{node}-iu{k}": {
-                          "score": 0.05 * k, "level": k, "status": "passing", "reason": "", "components": {
-                              "prefill_tps": 12000.0, "request_cost_s": 0.18, "queue_s": 0.0, "kv_s": 0.0,
-                              "step_s": 0.02, "prefill_s": 0.0, "waiting": 0, "running": 3}} for k in (0, 1)}})
+        s.set_scores(ScoreBody(node=node, rack="r1", profile="drain", seq=seq, ts=round(time.time(), 3), ius={
+            layout.iu_id(node, k): IUScore(score=0.05 * k, level=k, status="passing", components={
+                "prefill_tps": 12000.0, "request_cost_s": 0.18, "queue_s": 0.0, "kv_s": 0.0, "step_s": 0.02,
+                "prefill_s": 0.0, "waiting": 0, "running": 3}) for k in (0, 1)}))
     time.sleep(0.2)
 '''
 
@@ -184,18 +188,20 @@ class DevConsul:
 
 
 def overhead(rates: list[float], duration: float, consul) -> list[dict]:
-    from eas_agent.consul_io import ConsulIO, IUService
+    from consul_io.client import ConsulIO
+    from sim.vllm.registration import IUService, register_iu_service
 
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(CHUNKS), str(CHUNK_GAP_S)],
                                 stdout=subprocess.PIPE, text=True)
     ports = [int(p) for p in upstream.stdout.readline().split()]
     io = ConsulIO(consul.address)
     for k, port in enumerate(ports):
-        io.register_iu_service(IUService(f"bench-iu{k}", "bench", "r1", "127.0.0.1", port, (k,), 0), http_check=False)
-    body = {"node": "bench", "rack": "r1", "ts": time.time(), "heartbeat_s": 3600.0, "ius": {
-        f"bench-iu{k}": {"score": 0.01, "status": "passing", "reason": "", "components": {"prefill_tps": 12000.0}}
-        for k in range(len(ports))}}
-    io.kv_cas_put("clusterctl/eas/dc1/bench", json.dumps(body), 0)
+        register_iu_service(io, IUService(layout.iu_id("bench", k), "bench", "r1", "127.0.0.1", port, (k,), 0), http_check=False)
+    # heartbeat_s beyond the reader's bound on purpose: it is clamped to MAX_HEARTBEAT_S, the longest a body lasts
+    body = ScoreBody(node="bench", rack="r1", ts=time.time(), heartbeat_s=3600.0, ius={
+        layout.iu_id("bench", k): IUScore(score=0.01, status="passing", components={"prefill_tps": 12000.0})
+        for k in range(len(ports))})
+    io.kv_cas_put(layout.score_key(layout.DEFAULT_DATACENTER, "bench"), body.dumps(), 0)
     edge, address = start_edge(consul.address, ["--no-push", "--max-inflight-per-iu", "4096"])
     rows = []
     try:
@@ -217,7 +223,8 @@ def overhead(rates: list[float], duration: float, consul) -> list[dict]:
 def push_cost(nodes: int, window: float, consul) -> dict:
     import socket
 
-    from eas_agent.consul_io import ConsulIO, IUService
+    from consul_io.client import ConsulIO
+    from sim.vllm.registration import IUService, register_iu_service
 
     with socket.socket() as probe:  # a port free on loopback, used by every agent on its own address
         probe.bind(("127.0.0.1", 0))
@@ -229,7 +236,7 @@ def push_cost(nodes: int, window: float, consul) -> dict:
     io = ConsulIO(consul.address)
     for n in range(nodes):
         for k in (0, 1):
-            io.register_iu_service(IUService(f"node{n:03d}-iu{k}", f"node{n:03d}", "r1", f"127.0.201.{n + 1}",
+            register_iu_service(io, IUService(layout.iu_id(f"node{n:03d}", k), f"node{n:03d}", "r1", f"127.0.201.{n + 1}",
                                              8000 + k, (k,), k), http_check=False)
     try:
         time.sleep(2.0)

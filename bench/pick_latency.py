@@ -11,13 +11,14 @@ sampling), and no fresh score (fail-open scan).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 
+from consul_io import layout
 from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
 from eas_agent.scheduler.view import STALE_HEARTBEATS
+from eas_agent.scorebody import IUScore, ScoreBody
 
 
 def build_view(
@@ -30,31 +31,22 @@ def build_view(
         node = f"r{n // 8:02d}n{n % 8:02d}"
         stale = rng.random() < stale_fraction
         ts = now - (STALE_HEARTBEATS * 2.0 + 1 if stale else rng.uniform(0, 2.0))
-        body = {
-            "node": node,
-            "rack": node[:3],
-            "ts": ts,
-            "heartbeat_s": 2.0,
-            "seq": 1,
-            "clock_offset_s": None,
-            "ius": {},
-        }
+        ius_of_node = {}
         for i in range(per_node):
-            iu = f"{node}-iu{i}"
+            iu = layout.iu_id(node, i)
             score = None if no_scores else round(rng.lognormvariate(-1.0, 1.0), 4)
-            body["ius"][iu] = {
-                "score": score,
-                "status": "passing",
-                "reason": "",
-                "components": {"request_cost_s": 0.08, "tokens_total": 1e6, "running": 10},
-            }
+            ius_of_node[iu] = IUScore(
+                score=score, status="passing",
+                components={"request_cost_s": 0.08, "tokens_total": 1e6, "running": 10},
+            )
             health.append(
                 {
                     "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000 + i},
-                    "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}],
+                    "Checks": [{"CheckID": layout.score_check_id(iu), "Status": "passing"}],
                 }
             )
-        kv.append({"Key": f"clusterctl/eas/dc1/{node}", "Value": json.dumps(body).encode()})
+        body = ScoreBody(node=node, rack=node[:3], ts=ts, heartbeat_s=2.0, seq=1, ius=ius_of_node)
+        kv.append({"Key": layout.score_key(layout.DEFAULT_DATACENTER, node), "Value": body.dumps().encode()})
     view.apply_health(health)
     view.apply_kv(kv)
     return view

@@ -2,7 +2,7 @@
 
 The controller's distribution (``clusterctl``: ansible-core, fabric, rich, Python >= 3.11) is the wrong thing to
 put on a node: Ubuntu 22.04's python3 is 3.10, and a node needs none of the controller's tools. This wheel,
-``clusterctl-eas-agent``, carries the ``eas_agent`` package without its simulators (``eas_agent/sim``), the
+``clusterctl-eas-agent``, carries the ``eas_agent`` and ``consul_io`` packages (no simulators: they live in ``sim/``), the
 ``eas-agent`` console script, only the agent's own dependencies (the version ranges are the controller's, read
 from pyproject.toml, so the two never drift), and ``Requires-Python: >=3.10`` (22.04: 3.10, 24.04: 3.12;
 tests/provision/test_packaging.py checks the code parses as 3.10).
@@ -28,11 +28,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DIST_NAME = "clusterctl-eas-agent"
 REQUIRES_PYTHON = ">=3.10"
-# Distributions the agent imports (eas_agent/ without sim/), by their names in pyproject.toml.
+# Distributions the agent imports (eas_agent/, consul_io/), by their names in pyproject.toml.
 AGENT_DEPENDENCIES = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "nvidia-ml-py")
 # consul_io imports requests itself; the controller gets it through py-consul, so pyproject does not list it.
 EXTRA_REQUIREMENTS = ("requests>=2.28,<3",)
-EXCLUDED = ("eas_agent/sim/",)
+PACKAGES = ("eas_agent", "consul_io")  # the agent's Consul client is the shared consul_io package
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
@@ -87,10 +87,8 @@ def agent_requirements() -> list[str]:
 
 def agent_files() -> dict[str, bytes]:
     files = {}
-    for path in sorted((REPO_ROOT / "eas_agent").rglob("*.py")):
-        relative = path.relative_to(REPO_ROOT).as_posix()
-        if not relative.startswith(EXCLUDED):
-            files[relative] = path.read_bytes()
+    for path in sorted(p for package in PACKAGES for p in (REPO_ROOT / package).rglob("*.py")):
+        files[path.relative_to(REPO_ROOT).as_posix()] = path.read_bytes()
     return files
 
 

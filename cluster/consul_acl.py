@@ -20,14 +20,8 @@ services, which is what confines the eas-agent to its node in practice. That lim
 
 from __future__ import annotations
 
-SERVICE = "vllm-iu"
-EAS_PREFIX = "clusterctl/eas"
-PREFLIGHT_PREFIX = "clusterctl/preflight"
-
-
-def marker_key(datacenter: str, iu_id: str) -> str:
-    """KV key that records that preflight released this IU; without it the role keeps the IU in maintenance."""
-    return f"{PREFLIGHT_PREFIX}/{datacenter}/{iu_id}"
+from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, marker_key  # noqa: F401 (marker_key: the filter's)
+from consul_io.layout import SERVICE_NAME as SERVICE
 
 
 def agent_policy(node: str) -> str:

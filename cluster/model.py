@@ -39,6 +39,7 @@ from cluster.spec import (  # noqa: F401 - the model's constants, re-exported fo
     VALID_IU_SIZES,
     value,
 )
+from consul_io import layout as consul_layout
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
         numa = iu_numa_node(gpus, gpu_numa)
         ius.append(
             IU(
-                id=f"{name}-iu{index}",
+                id=consul_layout.iu_id(name, index),
                 index=index,
                 node=name,
                 gpus=tuple(gpus),

@@ -15,7 +15,8 @@ Host variables read here:
 ``consul_http_addr``                the node's Consul agent, ``HOST:PORT`` (default ``127.0.0.1:8500``)
 ``consul_scheme``                   ``http`` (default) or ``https``
 ``consul_datacenter``               default ``dc1``
-``consul_token_file``               a file on the controller holding the operator's Consul token
+``consul_operator_token``           the operator's Consul token (maintenance, release markers): a vault value or
+                                    the absolute path of a 0600 file (consul_io.client.resolve_token)
 ``preflight_profile``               preflight profile name (default: ``gpu_model``)
 ``preflight_overrides``             per-host profile overrides (validated by preflight.profiles)
 ``preflight_version_pins``          component -> version; wins over the role variables below
@@ -56,7 +57,8 @@ class Consul:
     http_addr: str | None = None  # consul_http_addr as the inventory sets it (None: not set)
     scheme: str = spec.DEFAULTS["consul_scheme"]
     dc: str | None = None  # consul_datacenter as the inventory sets it (None: not set)
-    token_file: str | None = None
+    # never in a repr; an spec.Undecryptable when no vault password decrypted it (resolve_token says so)
+    operator_token: Any = field(default=None, repr=False)
 
     @property
     def address(self) -> str:
@@ -129,7 +131,8 @@ def node_settings(hostvars: Mapping[str, Any]) -> NodeSettings:
             http_addr=_text(v("consul_http_addr")),
             scheme=str(v("consul_scheme")),
             dc=_text(v("consul_datacenter")),
-            token_file=_text(v("consul_token_file")),
+            operator_token=v("consul_operator_token") if isinstance(v("consul_operator_token"), spec.Undecryptable)
+            else _text(v("consul_operator_token")),
         ),
         preflight=Preflight(
             profile=str(v("preflight_profile") or v("gpu_model") or ""),

@@ -72,12 +72,27 @@ SETTINGS = (
     Var("ansible_ssh_private_key_file"), Var("ansible_private_key_file"),
     Var("ansible_ssh_common_args", ""), Var("ansible_ssh_extra_args", ""),
     Var("consul_http_addr"), Var("consul_scheme", "http"), Var("consul_datacenter"),
-    Var("consul_token_file"),
+    Var("consul_operator_token"),
     Var("preflight_profile"), Var("preflight_overrides"), Var("preflight_version_pins"),
     Var("roce_gid_index", 3),
     *(Var(name) for name in dict.fromkeys(PIN_VARS.values())),
     Var("eas_agent_listen"), Var("eas_agent_fake_gpu_file"),
 )
+# Secrets among the settings: decrypted at load when the vault secrets can, else kept as Undecryptable, so a
+# command that never sends them (inventory show/validate) runs without the vault password, and one that does
+# says which variable it could not decrypt.
+SECRETS = ("consul_operator_token",)
+
+
+@dataclass(frozen=True)
+class Undecryptable:
+    variable: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.variable} is vault-encrypted and cannot be decrypted ({self.why}): pass --vault-password-file"
+
+
 VARIABLES = LAYOUT + SETTINGS
 NAMES = tuple(v.name for v in VARIABLES)
 DEFAULTS: dict[str, Any] = {v.name: v.default for v in VARIABLES}

@@ -17,14 +17,15 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from dataclasses import replace
 
 import psutil
 
+from consul_io.client import ConsulIO
 from eas_agent.collectors.gpu import GpuBackend, open_backend
 from eas_agent.collectors.network import NetworkCollector
 from eas_agent.collectors.vllm import VllmCollector, VllmReading
 from eas_agent.config import AgentConfig
-from eas_agent.consul_io import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.publisher import Backoff, Publisher, ScoreStore
 from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult
@@ -232,8 +233,7 @@ class Agent:
         if self.http:
             try:
                 body = self.publisher.body(now, results, self.publisher.levels_for(results))
-                body["published_seq"] = self.publisher.seq
-                self.http.set_scores(body)
+                self.http.set_scores(replace(body, published_seq=self.publisher.seq))
             except Exception:  # /scores keeps its last body; collection and publishing go on
                 self.log("scores", logging.ERROR, "building the /scores body failed", exc_info=True)
         self.cycles += 1

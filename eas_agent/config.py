@@ -15,6 +15,9 @@ from urllib.parse import urlparse
 
 import yaml
 
+from consul_io import layout
+from consul_io.client import TokenError, read_token_file
+
 PROFILES = ("drain", "seed")
 GPU_BACKENDS = ("nvml", "fake")
 
@@ -30,11 +33,11 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class ConsulConfig:
-    address: str = "127.0.0.1:8500"
+    address: str = layout.DEFAULT_HTTP_ADDR
     scheme: str = "http"
     token_file: str | None = None
     ca_file: str | None = None
-    kv_prefix: str = "clusterctl/eas"
+    kv_prefix: str = layout.EAS_PREFIX
 
     @property
     def host(self) -> str:
@@ -55,14 +58,10 @@ class ConsulConfig:
                 "consul.token_file %s does not exist: talking to Consul without a token", path
             )
             return None
-        if path.stat().st_mode & 0o077:
-            raise ConfigError(
-                config_path,
-                "consul.token_file",
-                f"{path} is readable by group/others; chmod 600 it (it holds a secret)",
-            )
-        token = path.read_text().strip()
-        return token or None
+        try:  # the one token rule (consul_io.client): a 0600 file holding one token
+            return read_token_file(path)
+        except TokenError as exc:
+            raise ConfigError(config_path, "consul.token_file", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ class AgentConfig:
 
     @property
     def kv_key(self) -> str:
-        return f"{self.consul.kv_prefix.strip('/')}/{self.datacenter}/{self.node}"
+        return layout.score_key(self.datacenter, self.node, self.consul.kv_prefix)
 
     @property
     def ttl_s(self) -> float:
@@ -189,11 +188,11 @@ def _load_consul(path: str | Path, data: Any) -> ConsulConfig:
     f = _Fields(path, data if data is not None else {}, "consul")
     f.unknown({"address", "scheme", "token_file", "ca_file", "kv_prefix"})
     return ConsulConfig(
-        address=_address(f, "address", "127.0.0.1:8500"),
+        address=_address(f, "address", layout.DEFAULT_HTTP_ADDR),
         scheme=f.choice("scheme", ("http", "https"), "http"),
         token_file=f.get("token_file", str, None),
         ca_file=f.get("ca_file", str, None),
-        kv_prefix=f.get("kv_prefix", str, "clusterctl/eas"),
+        kv_prefix=f.get("kv_prefix", str, layout.EAS_PREFIX),
     )
 
 
@@ -203,7 +202,7 @@ def _load_iu(path: str | Path, data: Any, index: int, node: str) -> IUConfig:
         {"id", "gpus", "numa_node", "metrics_url", "rdma_devices", "netdevs", "rdma_port", "kv_cache_gb"}
     )
     iu_id = f.get("id", str, required=True)
-    if not iu_id.startswith(f"{node}-iu"):
+    if not iu_id.startswith(layout.iu_id(node, "")):
         raise f.fail("id", f"expected '<node>-iu<N>' for node {node!r}, got {iu_id!r}")
     gpus = f.get("gpus", list, required=True)
     if not gpus:

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from eas_agent.scorebody import dumps
+from eas_agent.scorebody import ScoreBody
 
 CONNECTION_TIMEOUT_S = 10.0  # headers, body and keep-alive idle; an edge poller asks every 200 ms
 MAX_CONNECTIONS = 64  # a node's agent is polled by a few edges and one Prometheus
@@ -34,6 +34,23 @@ class QuietHTTPServer(ThreadingHTTPServer):
     def handle_error(self, request, client_address) -> None:
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
             super().handle_error(request, client_address)
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """Request handler with one way to answer (``_send``) and no access log (the agent's and the simulated
+    vLLM's servers both use it)."""
+
+    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # keep logs and test output clean
+        pass
 
 
 class BoundedHTTPServer(QuietHTTPServer):
@@ -117,8 +134,8 @@ def blocking_args(query: str) -> tuple[int | None, float]:
 class AgentHttpServer:
     def __init__(self, host: str, port: int, metrics: AgentMetrics):
         self.metrics = metrics
-        self.scores_body: dict = {}
-        self.index = 0  # of scores_body; +1 per set_scores (the blocking query's index)
+        self.scores_json = b"{}"  # the latest ScoreBody, serialized once when set
+        self.index = 0  # of scores_json; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.server = BoundedHTTPServer((host, port), self._handler())
@@ -134,9 +151,10 @@ class AgentHttpServer:
         host, port = self.server.server_address[:2]
         return f"{host}:{port}"
 
-    def set_scores(self, body: dict) -> None:
+    def set_scores(self, body: ScoreBody) -> None:
+        encoded = body.dumps().encode()
         with self.lock:
-            self.scores_body = body
+            self.scores_json = encoded
             self.index += 1
             self.changed.notify_all()
 
@@ -145,12 +163,12 @@ class AgentHttpServer:
         with self.lock:
             if index is not None and index == self.index:
                 self.changed.wait_for(lambda: self.index != index, timeout=wait_s)
-            return self.index, dumps(self.scores_body).encode()
+            return self.index, self.scores_json
 
     def _handler(self):
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
             timeout = CONNECTION_TIMEOUT_S
             # headers and body go out in two writes; with Nagle on, keep-alive clients wait for a delayed ACK
@@ -165,18 +183,6 @@ class AgentHttpServer:
                     index, body = owner.scores_after(*blocking_args(urlsplit(self.path).query))
                     return self._send(200, body, "application/json", {"X-Eas-Index": str(index)})
                 return self._send(404, b"not found\n", "text/plain")
-
-            def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
 
         return Handler
 

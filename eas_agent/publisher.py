@@ -1,6 +1,6 @@
 """Publish a node's IU scores with Consul's write load kept bounded.
 
-One KV key per node (``clusterctl/eas/<dc>/<node>``) holds every IU's score, level, status, components and
+One KV key per node (``clusterctl/eas/<dc>/<node>``, :func:`consul_io.layout.score_key`) holds every IU's score, level, status, components and
 the node's sequence number, timestamp and clock offset. A write happens when
 
 - an IU's score crosses to another quantized level (geometric levels, 25% apart, with hysteresis: the score
@@ -10,14 +10,14 @@ the node's sequence number, timestamp and clock offset. A write happens when
 and never more often than ``min_write_interval_s`` (a change inside it waits for the next slot). Writes use
 CAS on the key's last ModifyIndex, so two agents claiming one node cannot silently overwrite each other.
 
-Each IU also has a TTL check ``eas:<iu-id>`` whose status carries the meaning (Consul servers only see
+Each IU also has a TTL check ``eas:<iu-id>`` (:func:`consul_io.layout.score_check_id`) whose status carries the meaning (Consul servers only see
 output-only updates every 5 minutes): updated on transitions and refreshed at a third of its TTL.
 
 Consul unavailable: the caller keeps collecting; this class skips writes during an exponential backoff with
 full jitter and, on recovery, re-registers the checks and catches up with one write of the current state.
 
 Time is explicit (``now`` arguments) so benchmarks drive it with a simulated clock; the store is any
-:class:`ScoreStore` (``ConsulIO`` in production, :class:`MemoryStore` in simulations).
+:class:`ScoreStore` (``consul_io.client.ConsulIO`` in production, ``sim.memstore.MemoryStore`` in simulations).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from eas_agent.consul_io import ConsulUnavailable
+from consul_io.client import ConsulUnavailable
 from eas_agent.score import CRITICAL, ScoreResult
-from eas_agent.scorebody import IUScore, ScoreBody, dumps
+from eas_agent.scorebody import IUScore, ScoreBody
 
 
 def _finite_or_none(value):
@@ -48,45 +48,6 @@ class ScoreStore(Protocol):
     def register_ttl_check(self, iu_id: str, ttl_s: float) -> None: ...
 
     def update_ttl_check(self, iu_id: str, status: str, note: str = "") -> None: ...
-
-
-class MemoryStore:
-    """In-memory ScoreStore with Consul's CAS semantics, for simulated-time benchmarks and unit tests."""
-
-    def __init__(self):
-        self.kv: dict[str, tuple[int, str]] = {}
-        self.index = 0
-        self.checks: dict[str, tuple[str, str]] = {}
-        self.writes = 0
-        self.check_updates = 0
-        self.available = True
-
-    def _up(self) -> None:
-        if not self.available:
-            raise ConsulUnavailable("memory store marked unavailable")
-
-    def kv_read(self, key: str) -> tuple[int, str | None]:
-        self._up()
-        return self.kv.get(key, (0, None))
-
-    def kv_cas_put(self, key: str, value: str, cas: int) -> bool:
-        self._up()
-        current = self.kv[key][0] if key in self.kv else 0
-        if cas != current:
-            return False
-        self.index += 1
-        self.kv[key] = (self.index, value)
-        self.writes += 1
-        return True
-
-    def register_ttl_check(self, iu_id: str, ttl_s: float) -> None:
-        self._up()
-        self.checks.setdefault(iu_id, ("critical", "registered"))
-
-    def update_ttl_check(self, iu_id: str, status: str, note: str = "") -> None:
-        self._up()
-        self.checks[iu_id] = (status, note)
-        self.check_updates += 1
 
 
 class Quantizer:
@@ -186,7 +147,7 @@ class Publisher:
         self.seq = 0  # of the last write known to have reached the store; strictly increasing, never reused
         self.needs_setup = True  # register checks (again after an outage: Consul may have lost them)
         self.stats = PublisherStats()
-        self.last_body: dict | None = None
+        self.last_body: ScoreBody | None = None
         self.stopped = False  # after stop(): a step still in flight on another thread must not undo it
 
     # -- decisions (pure) ---------------------------------------------------------------------------
@@ -214,7 +175,7 @@ class Publisher:
         results: dict[str, ScoreResult],
         levels: dict[str, int | None],
         seq: int | None = None,
-    ) -> dict:
+    ) -> ScoreBody:
         score_ok = {iu: _finite_or_none(r.score) for iu, r in results.items()}
         return ScoreBody(
             node=self.node,
@@ -234,7 +195,7 @@ class Publisher:
                 )
                 for iu, r in results.items()
             },
-        ).to_json()
+        )
 
     # -- one cycle ------------------------------------------------------------------------------------
     def step(self, now: float, results: dict[str, ScoreResult]) -> bool:
@@ -282,14 +243,14 @@ class Publisher:
             if self.modify_index is None:
                 self._sync_from_store()
             body = self.body(now, results, levels, seq=self.seq + 1)
-            if self.store.kv_cas_put(self.key, dumps(body), self.modify_index):
+            if self.store.kv_cas_put(self.key, body.dumps(), self.modify_index):
                 break
             # Someone else wrote the key (an earlier run, a duplicate agent): re-read, retry once.
             self.stats.cas_conflicts += 1
             self.modify_index = None
         else:
             raise ConsulUnavailable(f"CAS on {self.key} failed twice (another writer?)")
-        self.seq = body["seq"]
+        self.seq = body.seq
         self.stats.writes += 1
         self.stats.last_write = now
         self.last_body = body

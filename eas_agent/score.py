@@ -94,9 +94,6 @@ class DrainParams:
     frozen_after_s: float = 10.0  # token counters still while requests run: the engine is hung
     capacity_half_life_s: float = 300.0
     min_prefill_share: float = 0.1
-    admitted_backlog: bool = (
-        True  # prefill_s term; False: the score before it (bench/route_sim's "before" rows)
-    )
 
 
 class Capacity:
@@ -251,7 +248,7 @@ def drain_score(
         residency_s = params.residency_prior_s
     kv_s = max(0.0, kv - params.kv_high) * residency_s / kv if kv > 0 else 0.0
     step_s = running / decode_tps
-    admitted_tokens = admitted.update(m) if admitted is not None and params.admitted_backlog else 0.0
+    admitted_tokens = admitted.update(m) if admitted is not None else 0.0
     prefill_s = admitted_tokens / prefill_tps
     score = queue_s + kv_s + step_s + prefill_s
     if _out_of_range(score):

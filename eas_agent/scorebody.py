@@ -1,4 +1,5 @@
-"""The score body: what an agent writes under ``clusterctl/eas/<dc>/<node>`` and serves on ``GET /scores``.
+"""The score body: what an agent writes under ``clusterctl/eas/<dc>/<node>`` and serves on ``GET /scores``
+(the contract: docs/contracts/score-body.md).
 
 One typed shape for both sides. The publisher builds a :class:`ScoreBody` and writes :meth:`ScoreBody.dumps`
 (strict JSON: ``allow_nan=False``, so a non-finite number can never reach a reader as ``NaN``/``Infinity``);
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 STATUSES = ("passing", "warning", "critical")
@@ -37,7 +39,25 @@ _NODE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})")
 
 
 class BodyError(ValueError):
-    """The whole body is unusable; the message names the field and value."""
+    """The body (or one IU entry) is unusable; the message names the field and value, ``reason`` is the
+    counter key the edge exports (``eas_edge_scores_ignored_total{reason=...}``)."""
+
+    def __init__(self, message: str, reason: str = "body_malformed"):
+        super().__init__(message)
+        self.reason = reason
+
+
+def score_problem(score) -> str | None:
+    """Why ``score`` is not null or a finite number >= 0 (a counter key), None when it is."""
+    if score is None:
+        return None
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        return "score_not_a_number"
+    if math.isnan(score) or math.isinf(score):
+        return "score_not_finite"
+    if score < 0:
+        return "score_negative"
+    return None
 
 
 def _finite(value) -> bool:
@@ -62,27 +82,32 @@ class IUScore:
         }
 
     @classmethod
-    def from_json(cls, obj) -> IUScore:
-        """Raises :class:`BodyError` naming the first bad field."""
+    def from_json(cls, obj, blank_bad_score: bool = False) -> IUScore:
+        """Raises :class:`BodyError` naming the first bad field. ``blank_bad_score``: a score that is not null
+        or a finite number >= 0 is read as unknown (status warning, the reason says what was ignored) instead."""
         if not isinstance(obj, dict):
-            raise BodyError(f"entry is {type(obj).__name__}, not an object")
+            raise BodyError(f"entry is {type(obj).__name__}, not an object", "iu_malformed")
         score = obj.get("score")
-        if score is not None and not (_finite(score) and score >= 0):
-            raise BodyError(f"score {score!r} is not null or a finite number >= 0")
+        problem = score_problem(score)
+        if problem and not blank_bad_score:
+            raise BodyError(f"score {score!r} is not null or a finite number >= 0", problem)
+        if problem:
+            obj = {**obj, "score": None, "status": "warning", "reason": f"ignored {problem}: {score!r}"[:MAX_REASON]}
+            score = None
         status = obj.get("status", "warning")
         if status not in STATUSES:
-            raise BodyError(f"status {status!r} is not one of {', '.join(STATUSES)}")
+            raise BodyError(f"status {status!r} is not one of {', '.join(STATUSES)}", "status_invalid")
         level = obj.get("level")
         if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
-            raise BodyError(f"level {level!r} is not null or an integer")
+            raise BodyError(f"level {level!r} is not null or an integer", "level_invalid")
         reason = obj.get("reason")
         reason = "" if reason is None else reason
         if not isinstance(reason, str):
-            raise BodyError(f"reason {reason!r} is not a string")
+            raise BodyError(f"reason {str(reason)[:80]!r} is not a string", "reason_invalid")
         components = obj.get("components")
         components = {} if components is None else components
         if not isinstance(components, dict):
-            raise BodyError(f"components {components!r} is not an object")
+            raise BodyError(f"components {str(components)[:80]!r} is not an object", "components_invalid")
         kept = {str(k): v for k, v in components.items() if v is None or _finite(v)}
         return cls(float(score) if score is not None else None, status, reason[:MAX_REASON], level, kept)
 
@@ -97,9 +122,10 @@ class ScoreBody:
     seq: int = 0
     clock_offset_s: float | None = None
     heartbeat_s: float = 2.0
+    published_seq: int | None = None  # /scores only: the seq of the body last written to the KV
 
     def to_json(self) -> dict:
-        return {
+        body = {
             "node": self.node,
             "rack": self.rack,
             "profile": self.profile,
@@ -109,42 +135,60 @@ class ScoreBody:
             "heartbeat_s": self.heartbeat_s,
             "ius": {iu: entry.to_json() for iu, entry in self.ius.items()},
         }
+        if self.published_seq is not None:
+            body["published_seq"] = self.published_seq
+        return body
 
     def dumps(self) -> str:
         return dumps(self.to_json())
 
     @classmethod
-    def from_json(cls, obj) -> tuple[ScoreBody, list[str]]:
+    def from_json(
+        cls, obj, *, blank_bad_scores: bool = False, counts: Counter | None = None
+    ) -> tuple[ScoreBody, list[str]]:
         """(body, problems): the problems name each IU entry that was dropped. Raises :class:`BodyError`
-        when the body as a whole is unusable."""
+        when the body as a whole is unusable.
+
+        ``blank_bad_scores`` (the edge): an IU whose score is nonsense is kept with an unknown score (out of
+        the power-of-two choice, still usable by the fail-open path) instead of being dropped. ``counts`` gets
+        one count per ignored score or dropped entry, by :attr:`BodyError.reason`."""
         if not isinstance(obj, dict):
             raise BodyError(f"body is {type(obj).__name__}, not an object")
-        node = obj.get("node")
-        if not isinstance(node, str) or not _NODE.fullmatch(node):
-            raise BodyError(f"node {node!r} is not a host name")
-        ts = obj.get("ts")
-        if not (_finite(ts) and ts > 0):
-            raise BodyError(f"ts {ts!r} is not a finite timestamp")
-        offset = obj.get("clock_offset_s")
-        if offset is not None and not (_finite(offset) and abs(offset) <= MAX_CLOCK_OFFSET_S):
-            raise BodyError(f"clock_offset_s {offset!r} is not null or within +-{MAX_CLOCK_OFFSET_S:g} s")
-        heartbeat = obj.get("heartbeat_s", 2.0)
-        if not _finite(heartbeat):
-            raise BodyError(f"heartbeat_s {heartbeat!r} is not a finite number")
         ius = obj.get("ius")
         if not isinstance(ius, dict):
             raise BodyError(f"ius is {type(ius).__name__}, not an object")
+        ts = obj.get("ts")
+        if not (_finite(ts) and ts > 0):
+            raise BodyError(f"ts {str(ts)[:40]!r} is not a finite timestamp", "ts_invalid")
+        node = obj.get("node")
+        if not isinstance(node, str) or not _NODE.fullmatch(node):
+            raise BodyError(f"node {str(node)[:80]!r} is not a host name", "node_invalid")
+        offset = obj.get("clock_offset_s")
+        if offset is not None and not (_finite(offset) and abs(offset) <= MAX_CLOCK_OFFSET_S):
+            raise BodyError(f"clock_offset_s {offset!r} is not null or within +-{MAX_CLOCK_OFFSET_S:g} s",
+                            "clock_offset_invalid")
+        heartbeat = obj.get("heartbeat_s", 2.0)
+        if not _finite(heartbeat):
+            raise BodyError(f"heartbeat_s {heartbeat!r} is not a finite number", "heartbeat_invalid")
         if len(ius) > MAX_IUS:
             raise BodyError(f"ius has {len(ius)} entries (more than {MAX_IUS})")
+        counts = counts if counts is not None else Counter()
         rack, profile, seq = obj.get("rack", ""), obj.get("profile", "drain"), obj.get("seq", 0)
         entries: dict[str, IUScore] = {}
         problems: list[str] = []
         for iu_id, entry in ius.items():
+            problem = score_problem(entry.get("score")) if isinstance(entry, dict) else None
             try:
-                entries[iu_id] = IUScore.from_json(entry)
+                entries[iu_id] = IUScore.from_json(entry, blank_bad_scores)
             except BodyError as exc:
+                counts[exc.reason] += 1
                 problems.append(f"node {node} IU {iu_id[:80]!r}: {exc}")
+                continue
+            if problem:
+                counts[problem] += 1
+        published = obj.get("published_seq")
         body = cls(
+            published_seq=published if isinstance(published, int) and not isinstance(published, bool) else None,
             node=node,
             ts=float(ts),
             ius=entries,

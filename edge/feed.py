@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from collections import Counter
@@ -30,69 +29,17 @@ from collections import Counter
 import aiohttp
 
 from eas_agent.scheduler import PoolView
+from eas_agent.scorebody import ScoreBody
 
 log = logging.getLogger("edge.feed")
 
 
-def _bad_score(score) -> str | None:
-    if score is None:
-        return None
-    if isinstance(score, bool) or not isinstance(score, (int, float)):
-        return "score_not_a_number"
-    if math.isnan(score) or math.isinf(score):
-        return "score_not_finite"
-    if score < 0:
-        return "score_negative"
-    return None
-
-
-def sanitize(body, counts: Counter) -> dict | None:
-    """The body with nonsense scores blanked (counted in ``counts`` by reason); None for a body to drop."""
-    if not isinstance(body, dict) or not isinstance(body.get("ius"), dict):
-        counts["body_malformed"] += 1
-        return None
-    ts = body.get("ts")
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        counts["ts_invalid"] += 1
-        return None
-    clean = {}
-    for iu_id, iu in body["ius"].items():
-        if not isinstance(iu, dict):
-            counts["iu_malformed"] += 1
-            continue
-        reason = _bad_score(iu.get("score"))
-        if reason:
-            counts[reason] += 1
-            iu = {**iu, "score": None, "status": "warning", "reason": f"ignored {reason}: {iu.get('score')!r}"}
-        clean[iu_id] = iu
-    return {**body, "ius": clean}
-
-
 class EdgeView(PoolView):
-    """PoolView whose inputs are sanitized first (both the KV listing and pushed bodies)."""
+    """The edge's PoolView: every body (KV listing and pushed) is read as a typed
+    :class:`~eas_agent.scorebody.ScoreBody` (:meth:`PoolView.parse`), nonsense scores made unknown and
+    counted by reason in ``ignored``."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.ignored: Counter[str] = Counter()
-
-    def apply_kv(self, entries: list[dict]) -> None:
-        import json
-
-        clean = []
-        for entry in entries:
-            try:
-                body = json.loads(entry["Value"]) if entry.get("Value") else None
-            except (ValueError, TypeError, KeyError):
-                self.ignored["body_unparseable"] += 1
-                continue
-            body = sanitize(body, self.ignored) if body is not None else None
-            if body is not None:
-                clean.append({**entry, "Value": json.dumps(body)})
-        super().apply_kv(clean)
-
-    def apply_polled(self, bodies: list[dict]) -> None:
-        clean = [b for b in (sanitize(body, self.ignored) for body in bodies) if b is not None and b.get("node")]
-        super().apply_polled(clean)
+    blank_bad_scores = True
 
     def node_addresses(self) -> dict[str, str]:
         """node -> the address of its IUs' services (where its agent listens)."""
@@ -115,7 +62,7 @@ class AgentFeed:
         self.wait_s, self.apply_interval_s, self.reconcile_s = wait_s, apply_interval_s, reconcile_s
         self.max_backoff_s = max_backoff_s
         self.tasks: dict[str, tuple[str, asyncio.Task]] = {}  # node -> (agent address, task)
-        self.pending: dict[str, dict] = {}
+        self.pending: dict[str, ScoreBody] = {}
         self.flush_scheduled = False
         self.updates = 0
         self.errors: Counter[str] = Counter()  # node -> failed queries
@@ -182,13 +129,15 @@ class AgentFeed:
             if new_index == index:
                 continue  # the wait ran out without a new cycle (a stalled agent): ask again
             index = new_index
-            if isinstance(body, dict) and body.get("ius") is not None:
-                if body.get("node") != node:  # a mis-addressed agent must not overwrite another node's scores
-                    self.view.ignored["node_mismatch"] += 1
-                    continue
-                self.pending[node] = body
-                self.last_push[node] = time.monotonic()
-                self._schedule_flush()
+            typed = self.view.parse(body, f"/scores of {node} ({agent})")
+            if typed is None:
+                continue
+            if typed.node != node:  # a mis-addressed agent must not overwrite another node's scores
+                self.view.ignored["node_mismatch"] += 1
+                continue
+            self.pending[node] = typed
+            self.last_push[node] = time.monotonic()
+            self._schedule_flush()
 
     def _schedule_flush(self) -> None:
         if not self.flush_scheduled:

@@ -23,7 +23,7 @@ import time
 import aiohttp
 from aiohttp import web
 
-from eas_agent.consul_io import ConsulIO, ConsulUnavailable
+from consul_io.client import ConsulIO, ConsulUnavailable
 from eas_agent.scheduler import ConsulWatcher
 from edge.config import ConfigError, EdgeConfig, load_edge_config
 from edge.feed import AgentFeed, EdgeView

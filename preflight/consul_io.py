@@ -1,8 +1,9 @@
-"""All of preflight's Consul traffic: read a node's IU services and take them out of maintenance.
+"""What preflight asks of Consul (through the one client, :mod:`consul_io.client`): is the node's agent alive,
+which of its IUs are registered, and the release (marker, then maintenance off).
 
-Talks to the Consul HTTP API at the node's ``consul_http_addr`` (default ``127.0.0.1:8500``) with
-``consul_scheme`` (http) and the ACL token read from ``consul_token_file`` when that file exists (the
-token is never logged or put on a command line).
+The node's agent is at ``consul_http_addr`` (default ``127.0.0.1:8500``) with ``consul_scheme`` (http); the
+token is the inventory's ``consul_operator_token`` under the one token rule (:func:`consul_io.client.resolve_token`:
+the vault value itself or the absolute path of a 0600 file holding it; never logged or put on a command line).
 """
 
 from __future__ import annotations
@@ -11,22 +12,20 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from cluster.consul_acl import marker_key
 from cluster.model import Node
+from cluster.spec import Undecryptable
+from consul_io import layout
+from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, resolve_token
 
-SERVICE_NAME = "vllm-iu"
-MAINTENANCE_CHECK = "_service_maintenance:{id}"
+__all__ = ["ConsulUnavailable", "ServiceState", "address_of", "agent_alive", "client", "iu_services", "release"]
+
 TIMEOUT_S = 10.0
+TOKEN_VARIABLE = "consul_operator_token"  # roles/consul_agent/README.md: maintenance + the preflight markers
 
-_clients: dict[tuple[str, str, str | None, str], Any] = {}
+_clients: dict[tuple[str, str, str | None, str], ConsulIO] = {}
 _lock = threading.Lock()
-
-
-class ConsulUnavailable(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -38,71 +37,49 @@ class ServiceState:
 
     @property
     def in_maintenance(self) -> bool:
-        return MAINTENANCE_CHECK.format(id=self.id) in self.checks
+        return layout.maintenance_check(self.id) in self.checks
 
 
 def address_of(node: Node) -> str:
     return node.settings.consul.address
 
 
-def _token(node: Node) -> str | None:
-    path = node.settings.consul.token_file
-    if path and Path(str(path)).is_file():
-        return Path(str(path)).read_text().strip() or None
-    return None
+def _datacenter(node: Node) -> str:
+    return node.settings.consul.datacenter
 
 
-def client(node: Node):
-    import consul
-
-    addr = address_of(node)
-    host, _, port = addr.rpartition(":")
-    scheme = node.settings.consul.scheme
-    token = _token(node)
-    dc = node.settings.consul.datacenter
+def client(node: Node) -> ConsulIO:
+    """The node's client (one per address, scheme, token and datacenter; shared by the check threads)."""
+    raw = node.settings.consul.operator_token
+    if isinstance(raw, Undecryptable):
+        raise ConsulUnavailable(f"{node.name}: {raw}")
+    try:
+        token = resolve_token(raw)
+    except TokenError as exc:
+        raise ConsulUnavailable(f"{node.name}: {TOKEN_VARIABLE}: {exc}") from None
+    addr, scheme, dc = address_of(node), node.settings.consul.scheme, _datacenter(node)
     key = (addr, scheme, token, dc)
     with _lock:
         if key not in _clients:
-            _clients[key] = consul.Consul(
-                host=host or "127.0.0.1",
-                port=int(port or 8500),
-                scheme=scheme,
-                token=token,
-                dc=dc,
-                connections_timeout=TIMEOUT_S,
-            )
+            _clients[key] = ConsulIO(addr, token=token, scheme=scheme, dc=dc, timeout_s=TIMEOUT_S)
         return _clients[key]
-
-
-def _call(fn, *args, **kwargs):
-    import consul
-    import requests
-
-    try:
-        return fn(*args, **kwargs)
-    except requests.ConnectionError:
-        raise ConsulUnavailable("connection refused or no route (is the Consul agent running?)") from None
-    except requests.Timeout:
-        raise ConsulUnavailable(f"no answer within {TIMEOUT_S:g}s") from None
-    except (requests.RequestException, consul.ConsulException, OSError) as exc:
-        raise ConsulUnavailable(f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
 
 
 def agent_alive(node: Node) -> dict[str, Any]:
     """The agent at the node's address answers; serfHealth of the node if Consul knows it as a node."""
     c = client(node)
-    me = _call(c.agent.self)
-    _, checks = _call(c.health.node, node.name)
-    serf = next((ch.get("Status") for ch in checks or [] if ch.get("CheckID") == "serfHealth"), None)
+    me = c.agent_self()
+    checks = c.health_node(node.name)
+    serf = next((ch.get("Status") for ch in checks if ch.get("CheckID") == layout.SERF_HEALTH_CHECK), None)
     return {"agent": (me.get("Config") or {}).get("NodeName"), "serf_health": serf}
 
 
 def iu_services(node: Node) -> dict[str, ServiceState]:
     """IU id -> its registration, for the IUs of this node (matched by service ID)."""
-    _, entries = _call(client(node).health.service, SERVICE_NAME)
+    _, entries = client(node).health_service()
     wanted = {iu.id for iu in node.ius}
     found = {}
-    for entry in entries or []:
+    for entry in entries:
         service = entry.get("Service") or {}
         if service.get("ID") in wanted:
             found[service["ID"]] = ServiceState(
@@ -117,18 +94,18 @@ def iu_services(node: Node) -> dict[str, ServiceState]:
 def release(node: Node) -> list[str]:
     """Record that preflight passed each registered IU of the node, and take it out of maintenance.
 
-    The record (``cluster.consul_acl.marker_key``, written first) is what the consul_agent role reads to
+    The record (:func:`consul_io.layout.marker_key`, written first) is what the consul_agent role reads to
     decide that an IU no longer needs maintenance; without it every provisioning run puts the IU back.
     Returns the IDs taken out of maintenance.
     """
     c = client(node)
-    dc = node.settings.consul.datacenter
+    dc = _datacenter(node)
     released = []
     for service_id, state in iu_services(node).items():
         record = json.dumps({"released_at": round(time.time(), 3), "by": "clusterctl preflight --release"})
-        if not _call(c.kv.put, marker_key(dc, service_id), record):
+        if not c.kv_put(layout.marker_key(dc, service_id), record):
             raise ConsulUnavailable(f"the release marker of {service_id} was not written")
         if state.in_maintenance:
-            _call(c.agent.service.maintenance, service_id, False)
+            c.service_maintenance(service_id, False)
             released.append(service_id)
     return released

@@ -129,12 +129,14 @@ class Demo:
         self.step(f"2/7 dev Consul on {self.consul_addr} (a development server, not Consul)")
         consul = self.processes.start("consul", [*CLUSTERCTL, "dev", "consul", "--addr", self.consul_addr,
                                                  "--check-update-interval", "0s", "--log-level", "warn"])
-        deadline = time.monotonic() + 15
+        from consul_io.client import ConsulIO, ConsulUnavailable
+
+        io, deadline = ConsulIO(self.consul_addr), time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
-                if http_json("GET", f"http://{self.consul_addr}/v1/status/leader"):
+                if io.leader():
                     return
-            except OSError:
+            except ConsulUnavailable:
                 time.sleep(0.1)
             if consul.process.poll() is not None:
                 break
@@ -164,7 +166,7 @@ class Demo:
             gpu_file = node.settings.agent.fake_gpu_file or "/var/lib/eas-agent/fake_gpus.json"
             self.processes.start(f"vllm-{node.name}", self.on_node(
                 node, "sh", "-c", 'mkdir -p "$(dirname "$1")" && shift && exec "$@"', "sh", gpu_file,
-                sys.executable, "-m", "eas_agent.sim", *ius, "--gpu-file", gpu_file,
+                sys.executable, "-m", "sim.vllm", *ius, "--gpu-file", gpu_file,
                 "--gpus", str(node.gpu_count), "--warmup-s", "0",
             ))
         for node in cluster.nodes():
@@ -222,9 +224,12 @@ class Demo:
         if not caught or wrong:
             raise DemoError(f"preflight should FAIL only {faulty.name}; FAILs: "
                             f"{[(r['node'], r['check']) for r in caught + wrong]}")
-        health = http_json("GET", f"http://{self.consul_addr}/v1/health/service/vllm-iu")
+        from consul_io import layout
+        from consul_io.client import ConsulIO
+
+        _, health = ConsulIO(self.consul_addr).health_service()
         released = sorted(e["Service"]["ID"] for e in health
-                          if not any(c["CheckID"].startswith("_service_maintenance") for c in e["Checks"]))
+                          if not any(layout.is_maintenance_check(c["CheckID"]) for c in e["Checks"]))
         expected = sorted(iu.id for n in cluster.nodes() if n.name != faulty.name for iu in n.ius)
         if released != expected:
             raise DemoError(f"released IUs {released}, expected {expected}")
@@ -236,7 +241,7 @@ class Demo:
     # -- 7. traffic -------------------------------------------------------------------------------
     def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> None:
         from cli.commands.scores import rows
-        from eas_agent.consul_io import ConsulIO
+        from consul_io.client import ConsulIO
         from eas_agent.scheduler import ConsulWatcher, PoolView
 
         rate = rate or 0.8 * len(released)

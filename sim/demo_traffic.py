@@ -21,9 +21,6 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from eas_agent.sim.openai_api import MODEL_NAME
-from eas_agent.sim.workload import draw_request_shape
-
 
 @dataclass(frozen=True)
 class Completed:
@@ -70,6 +67,9 @@ class DemoEdge:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _arrivals(self) -> None:
+        # The production mix lives with the simulators; imported when the demo runs (tests/test_import_lint.py).
+        from sim.vllm.workload import draw_request_shape
+
         while not self.stopping.wait(self.rng.expovariate(self.rate)):
             _, prompt, output = draw_request_shape(self.rng)
             with self.lock:
@@ -77,6 +77,8 @@ class DemoEdge:
             self.pool.submit(self._send, prompt, output)
 
     def _send(self, prompt: int, output: int) -> None:
+        from sim.vllm.openai_api import MODEL_NAME
+
         body = json.dumps({"model": MODEL_NAME, "prompt": [1] * prompt, "max_tokens": output,
                            "stream": True}).encode()
         request = urllib.request.Request(f"{self.edge_url}/v1/completions", data=body, method="POST",

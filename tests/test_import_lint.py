@@ -1,7 +1,7 @@
 """Production packages never import the simulators (``sim``): a simulator reachable from production code
 would ship inside the deployables and could stand in for hardware on a real node.
 
-Allowed: an import inside a function of the CLI's ``virtual`` and ``demo`` commands, which exist to run
+Allowed: an import inside a function of the CLI's ``virtual`` and ``demo`` commands (and the demo's traffic), which exist to run
 the simulators and import them only when run (``clusterctl virtual up``, ``clusterctl demo``). Everything
 else in ``cluster``, ``provision``, ``preflight``, ``eas_agent`` and ``cli`` fails this test, at module level or not.
 """
@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import module_imports
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCTION = ("cluster", "provision", "preflight", "eas_agent", "cli")
+PRODUCTION = ("cluster", "provision", "preflight", "eas_agent", "cli", "consul_io")
 LAZY_ALLOWED = {"cli/commands/virtual.py", "cli/commands/demo.py"}
 
 

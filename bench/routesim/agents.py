@@ -3,7 +3,7 @@
 Per node (two IUs of an 8-GPU H100 host) one `eas_agent.agent.Agent` is built with the real config
 dataclasses, the real `IUPipeline` (VllmCollector parsing vLLM /metrics text, NetworkCollector, Scorer with
 the `drain` or `seed` profile) and the real `Publisher` (quantized levels, hysteresis, min write interval,
-heartbeat, CAS) writing into the agent package's own in-memory Consul stand-in (`MemoryStore`). What is
+heartbeat, CAS) writing into the in-memory Consul stand-in (`sim.memstore.MemoryStore`). What is
 simulated is only what the agent reads from the machine:
 
 - vLLM `/metrics`: scrape.render_metrics(unit, now) — the text the agent's parser reads;
@@ -29,13 +29,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import eas_agent.collectors.vllm as vllm_collector
+from consul_io import layout
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import AgentConfig, IUConfig
-from eas_agent.publisher import MemoryStore
 from eas_agent.score import DrainParams, Scorer
+from eas_agent.scorebody import ScoreBody
 from eas_agent.vllm_metrics import VllmMetrics
+from sim.memstore import MemoryStore
 
 from .iu import InferenceUnit
 from .loop import EventLoop
@@ -45,8 +47,8 @@ PROMPT_BYTES_PER_TOKEN = 4
 STREAM_BYTES_PER_TOKEN = 250
 H100_MEMORY_MIB = 81559.0
 GPU_MEMORY_UTILIZATION = 0.9
-KV_PREFIX = "clusterctl/eas"
-DATACENTER = "dc1"
+KV_PREFIX = layout.EAS_PREFIX
+DATACENTER = layout.DEFAULT_DATACENTER
 
 
 @dataclass(frozen=True)
@@ -101,14 +103,23 @@ class SimGpuBackend:
         pass
 
 
+class BeforeScorer(Scorer):
+    """The drain score before its admitted-prefill term (prefill_s): no admitted-backlog tracker, so
+    eas_agent.score.drain_score counts 0 admitted tokens. A benchmark's knob, kept out of the agent."""
+
+    def __init__(self, profile: str, params: DrainParams):
+        super().__init__(profile, params)
+        self.admitted = None
+
+
 class ScoresSink:
     """Stands where AgentHttpServer would: Agent.cycle hands it the `/scores` body of every cycle."""
 
     def __init__(self):
-        self.body: dict | None = None
+        self.body: ScoreBody | None = None
         self.version = 0
 
-    def set_scores(self, body: dict) -> None:
+    def set_scores(self, body: ScoreBody) -> None:
         self.body = body
         self.version += 1
 
@@ -131,8 +142,7 @@ class SimNodeAgent:
                      for k, unit in enumerate(units)]
         if before:  # the drain score as shipped before its admitted-prefill term, for the before/after rows
             for pipeline in pipelines:
-                pipeline.scorer = Scorer(profile, DrainParams(frozen_after_s=self.config.frozen_after_s,
-                                                              admitted_backlog=False))
+                pipeline.scorer = BeforeScorer(profile, DrainParams(frozen_after_s=self.config.frozen_after_s))
         self.agent = Agent(self.config, store=store, stop_store=store,
                            gpu_backend=SimGpuBackend(units, gpus_per_iu, lambda: loop.now), pipelines=pipelines,
                            clock=lambda: loop.now, pernic=self._pernic, serve_http=False)
@@ -170,7 +180,7 @@ class AgentFleet:
         self.agents: list[SimNodeAgent] = []
         for n in range(0, len(units), ius_per_node):
             node_units = units[n:n + ius_per_node]
-            node = node_units[0].iu_id.rsplit("-iu", 1)[0]
+            node = layout.node_of_iu(node_units[0].iu_id)
             rack = f"r{n // ius_per_node // nodes_per_rack:02d}"
             self.agents.append(SimNodeAgent(node, rack, node_units, profile=profile, interval_s=interval_s,
                                             heartbeat_s=heartbeat_s, store=self.store, loop=loop, direct=direct,
@@ -213,11 +223,11 @@ class AgentFleet:
                 status, note = self.store.checks.get(iu.id, ("critical", "not registered"))
                 entries.append({
                     "Node": {"Node": agent.config.node},
-                    "Service": {"ID": iu.id, "Service": "vllm-iu", "Address": "127.0.0.1",
+                    "Service": {"ID": iu.id, "Service": layout.SERVICE_NAME, "Address": "127.0.0.1",
                                 "Port": 8000 + iu.numa_node,
                                 "Meta": {"node": agent.config.node, "rack": agent.config.rack}},
-                    "Checks": [{"CheckID": "serfHealth", "Status": "passing"},
+                    "Checks": [{"CheckID": layout.SERF_HEALTH_CHECK, "Status": "passing"},
                                {"CheckID": f"service:{iu.id}", "Status": "passing"},
-                               {"CheckID": f"eas:{iu.id}", "Status": status, "Notes": note}],
+                               {"CheckID": layout.score_check_id(iu.id), "Status": status, "Notes": note}],
                 })
         return entries

@@ -20,9 +20,9 @@ Health (`health/service/vllm-iu`) reaches every edge `consul_latency_s` after a 
 
 from __future__ import annotations
 
-import json
 import random
 
+from consul_io import layout
 from eas_agent.scheduler import PoolView, pick
 from edge.config import EdgeConfig, PushConfig
 from edge.feed import EdgeView
@@ -94,7 +94,8 @@ class AgentPush:
 
     def _on_cycle(self, agent: SimNodeAgent, now: float) -> None:
         if agent.sink.body is not None:
-            self.loop.schedule(now + self.latency_s, self._arrive, (agent.config.node, agent.sink.body))
+            # what the edge decodes from the agent's /scores answer; its EdgeView parses it as production does
+            self.loop.schedule(now + self.latency_s, self._arrive, (agent.config.node, agent.sink.body.to_json()))
 
     def _arrive(self, item, now: float) -> None:
         node, body = item
@@ -181,7 +182,7 @@ class AgentPoll:
             node = agent.config.node
             cached = self.texts.get(node)
             if cached is None or cached[0] != agent.sink.version:
-                cached = self.texts[node] = (agent.sink.version, json.dumps(agent.sink.body))
-            entries.append({"Key": f"{KV_PREFIX}/{DATACENTER}/{node}", "Value": cached[1]})
+                cached = self.texts[node] = (agent.sink.version, agent.sink.body.dumps())
+            entries.append({"Key": layout.score_key(DATACENTER, node, KV_PREFIX), "Value": cached[1]})
         self.view.apply_kv(entries)
         self.updates += 1

@@ -26,7 +26,7 @@ class Scenario:
     interval_s: float = 0.2  # the agent's collection cycle
     poll_s: float = 0.05
     heartbeat_s: float = 2.0
-    before: bool = False  # drain without its admitted-prefill term (DrainParams.admitted_backlog=False)
+    before: bool = False  # drain without its admitted-prefill term (routesim.agents.BeforeScorer)
     rng_label: str | None = None  # tie-break seeds of this row (default: label); "before" rows pair with `ours`
 
     @property

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from consul_io import layout
+
 from .iu import InferenceUnit, Seq
 from .loop import EventLoop
 from .model import IUModel
@@ -51,7 +53,7 @@ class Pool:
     def __init__(self, model: IUModel, ius: int, ius_per_node: int):
         self.model = model
         self.loop = EventLoop()
-        self.units = [InferenceUnit(i, f"sim{i // ius_per_node:03d}-iu{i % ius_per_node}", model,
+        self.units = [InferenceUnit(i, layout.iu_id(f"sim{i // ius_per_node:03d}", i % ius_per_node), model,
                                     self.loop.schedule, self._finished) for i in range(ius)]
         self.ius_per_node = ius_per_node
         self.edges: list = []

@@ -1,6 +1,6 @@
-"""The production request mix lives in :mod:`eas_agent.sim.workload` (the demo's edge uses it too)."""
+"""The production request mix lives in :mod:`sim.vllm.workload` (the demo's edge uses it too)."""
 
-from eas_agent.sim.workload import (  # noqa: F401
+from sim.vllm.workload import (  # noqa: F401
     MAX_MODEL_LEN,
     MAX_OUTPUT,
     PRODUCTION_MIX,

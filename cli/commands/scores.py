@@ -10,7 +10,9 @@ them when the terminal is wide enough, and for an anomaly flag why it was raised
 sent is shown as plain text, never as rich markup. Every component is in ``--json``.
 
 Exit codes: 0 at least one IU publishes a score (or none is expected), 1 IUs are expected (from the
-inventory) and none publishes, 3 Consul cannot be reached.
+inventory) and none publishes, 2 the ACL token cannot be used (a token file others can read, ...), 3 Consul
+cannot be reached. The token: ``--token-file`` (mode 0600), else the inventory's ``consul_operator_token`` (the
+vault value or the path of a 0600 file: :func:`consul_io.client.resolve_token`), else ``CONSUL_HTTP_TOKEN``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from cli.errors import ClusterctlError
 from cli.help import examples
 from cli.options import vault_password_file_option
 from cluster.errors import ExitCode
+from cluster.spec import Undecryptable
 from cluster.text import plural
-from eas_agent.consul_io import ConsulIO, ConsulUnavailable
+from consul_io import layout
+from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file, resolve_token
 from eas_agent.scheduler import ConsulWatcher, IUEntry, PoolView
 
 HEALTH_STYLE = {"passing": "green", "warning": "yellow", "critical": "red", "maintenance": "magenta"}
@@ -41,21 +45,25 @@ TERMS = ("queue_s", "kv_s", "step_s", "prefill_s", "kv_cache_gb", "kv_cache_age_
 INPUTS = ("waiting", "running", "kv_usage", "admitted_prefill_tokens", "prefill_tps", "decode_tps")
 WIDE = 140  # columns from which the inputs, rack and node get their own columns
 CONSUL_HINT = "set --consul HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR"
+TOKEN_VARIABLE = "consul_operator_token"  # the inventory's reader token (roles/consul_agent/README.md)
 
 
 def _inventory_settings(
     inventory: str, vault_password_file: Path | None = None
-) -> tuple[str | None, str | None, dict[str, tuple[str, str]]]:
+) -> tuple[str | None, str | None, str | None, dict[str, tuple[str, str]]]:
+    """(Consul address, datacenter, token, IU id -> (rack, node)) from the inventory; the token is its
+    ``consul_operator_token`` under the one token rule (a vault value or the path of a 0600 file)."""
     from cluster import load_cluster, vault
 
     cluster = load_cluster(inventory, vault_secrets=vault.secrets_for(vault_password_file))
-    expected, addr, dc = {}, None, None
+    expected, addr, dc, token = {}, None, None, None
     for node in cluster.nodes():
         addr = addr or node.settings.consul.http_addr
         dc = dc or node.settings.consul.dc
+        token = token or node.settings.consul.operator_token
         for iu in node.ius:
             expected[iu.id] = (node.rack, node.name)
-    return addr, dc, expected
+    return addr, dc, token, expected
 
 
 def entry_json(entry: IUEntry, now: float) -> dict:
@@ -178,7 +186,7 @@ def publishing(data: list[dict]) -> int:
     "clusterctl scores --consul 127.0.0.1:8500 --watch",
     "CONSUL_HTTP_ADDR=127.0.0.1:8500 clusterctl scores --json",
     note="Exit codes: 0 scores read (at least one IU publishing, or none expected), 1 the inventory's "
-         "IUs publish nothing, 3 Consul cannot be reached.",
+         "IUs publish nothing, 2 the token cannot be used, 3 Consul cannot be reached.",
 ))
 @click.option(
     "-i",
@@ -195,7 +203,8 @@ def publishing(data: list[dict]) -> int:
     "--token-file",
     default=None,
     type=click.Path(dir_okay=False),
-    help="File holding the Consul ACL token (else CONSUL_HTTP_TOKEN).",
+    help="File (mode 0600) holding the Consul ACL token (else the inventory's consul_operator_token, else "
+         "CONSUL_HTTP_TOKEN).",
 )
 @click.option("--watch", is_flag=True, help="Keep the table live (blocking queries) until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
@@ -203,13 +212,24 @@ def publishing(data: list[dict]) -> int:
 def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vault_password_file) -> None:
     """Show the load scores the EAS agents publish, with health, age and anomaly flags."""
     expected: dict[str, tuple[str, str]] = {}
-    inv_addr = inv_dc = None
+    inv_addr = inv_dc = inv_token = None
     if inventory:
-        inv_addr, inv_dc, expected = _inventory_settings(inventory, vault_password_file)
-    addr = consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", "127.0.0.1:8500")
+        inv_addr, inv_dc, inv_token, expected = _inventory_settings(inventory, vault_password_file)
+    addr = str(consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", layout.DEFAULT_HTTP_ADDR))
     addr = addr.removeprefix("http://")
-    dc = datacenter or inv_dc or "dc1"
-    token = Path(token_file).read_text().strip() if token_file else os.environ.get("CONSUL_HTTP_TOKEN")
+    dc = str(datacenter or inv_dc or layout.DEFAULT_DATACENTER)
+    try:
+        if token_file:
+            token = read_token_file(token_file)
+        elif isinstance(inv_token, Undecryptable):
+            raise TokenError(str(inv_token))
+        elif inv_token:
+            token = resolve_token(inv_token)
+        else:
+            token = os.environ.get("CONSUL_HTTP_TOKEN") or None
+    except TokenError as exc:
+        where = "--token-file" if token_file else f"{inventory}: {TOKEN_VARIABLE}"
+        raise ClusterctlError(f"{where}: {exc}", 2) from None
     view = PoolView()
     watcher = ConsulWatcher(view, ConsulIO(addr, token=token, timeout_s=3.0), dc=dc)
     try:

@@ -266,6 +266,9 @@ def _resolve(path: Path, host: str, loader, hostvars: dict[str, Any]) -> dict[st
             elif value is not None and has_template(value):
                 resolved[key] = templar.template(value)
         except AnsibleError as exc:
+            if key in spec.SECRETS:
+                resolved[key] = spec.Undecryptable(key, str(exc).splitlines()[0][:120])
+                continue
             raise _error(path, exc, f"{host}: {key}: ") from None
     return resolved
 

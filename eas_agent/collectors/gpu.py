@@ -98,7 +98,7 @@ class NvmlBackend:
 
 
 class FakeGpuBackend:
-    """Reads the fake NVML file (see :mod:`eas_agent.sim.fake_gpu`); re-parsed only when its mtime changes."""
+    """Reads the fake NVML file (see :mod:`sim.vllm.fake_gpu`); re-parsed only when its mtime changes."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)

@@ -27,12 +27,13 @@ import logging
 import random
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 
-from eas_agent.consul_io import ConsulIO
+from consul_io import layout
+from consul_io.client import ConsulIO
 from eas_agent.scheduler.anomaly import AnomalyDetector
 from eas_agent.scorebody import BodyError, ScoreBody
 
@@ -95,7 +96,7 @@ def health_of(checks: list[dict]) -> str:
     status = "passing"
     for check in checks:
         check_id = check.get("CheckID", "")
-        if check_id.startswith("_service_maintenance") or check_id == "_node_maintenance":
+        if layout.is_maintenance_check(check_id):
             return "maintenance"
         if SEVERITY.get(check.get("Status"), 2) > SEVERITY[status]:
             status = check.get("Status") if check.get("Status") in SEVERITY else "critical"
@@ -103,9 +104,12 @@ def health_of(checks: list[dict]) -> str:
 
 
 class PoolView:
-    def __init__(self, detector: AnomalyDetector | None = None, clock=time.time, require_health: bool = True):
-        """``require_health=False``: IUs without Consul health count as passing (simulations)."""
-        self.require_health = require_health
+    # The edge's reading (edge.feed.EdgeView): a nonsense score makes the IU's score unknown instead of
+    # dropping the IU, so the fail-open path can still use a healthy IU.
+    blank_bad_scores = False
+
+    def __init__(self, detector: AnomalyDetector | None = None, clock=time.time):
+        self.ignored: Counter[str] = Counter()  # reason -> bodies and scores ignored (eas_edge_scores_ignored)
         self.detector = detector if detector is not None else AnomalyDetector()
         self.clock = clock
         self.bodies: dict[str, _Seen] = {}  # node -> last valid KV body
@@ -133,14 +137,24 @@ class PoolView:
             self._last_log = now
             log.warning("ignoring score %s: %s", what, problem)
 
-    def _validated(self, raw, where: str, previous: dict[str, _Seen], received: float) -> _Seen | None:
+    def parse(self, raw, where: str) -> ScoreBody | None:
+        """The typed body of ``raw`` (decoded JSON), None when it is unusable (counted and remembered)."""
+        if isinstance(raw, ScoreBody):
+            return raw
         try:
-            body, problems = ScoreBody.from_json(raw)
+            body, problems = ScoreBody.from_json(raw, blank_bad_scores=self.blank_bad_scores, counts=self.ignored)
         except BodyError as exc:
+            self.ignored[exc.reason] += 1
             self._reject("body", f"{where}: {exc}")
             return None
         for problem in problems:
             self._reject("iu", f"{where}: {problem}")
+        return body
+
+    def _validated(self, raw, where: str, previous: dict[str, _Seen], received: float) -> _Seen | None:
+        body = self.parse(raw, where)
+        if body is None:
+            return None
         seen = previous.get(body.node)
         if seen is not None and seen.body == body:
             return seen  # unchanged: keeps the time it was first seen (the ts clamp counts from there)
@@ -160,11 +174,13 @@ class PoolView:
             if not value:
                 continue
             if len(value) > MAX_BODY_BYTES:
+                self.ignored["body_too_large"] += 1
                 self._reject("body", f"key {key}: {len(value)} bytes (more than {MAX_BODY_BYTES})")
                 continue
             try:
                 raw = json.loads(value)
             except (ValueError, TypeError, RecursionError):  # RecursionError: "[[[[..." nested too deep
+                self.ignored["body_unparseable"] += 1
                 self._reject("body", f"key {key}: not JSON")
                 continue
             seen = self._validated(raw, f"key {key}", self.bodies, received)
@@ -180,7 +196,8 @@ class PoolView:
         self._rebuild()
 
     def apply_polled(self, bodies: list) -> None:
-        """Bodies from agents' ``GET /scores`` (same shape as the KV): used where newer than the KV's."""
+        """Bodies from agents' ``GET /scores`` (decoded JSON in the KV's shape, or already a
+        :class:`ScoreBody`): used where newer than the KV's."""
         received = self.clock()
         valid = [s for s in (self._validated(b, "/scores", self.polled, received) for b in bodies) if s]
         with self.lock:
@@ -222,9 +239,7 @@ class PoolView:
                 body = seen.body
                 ts = min(body.ts - (body.clock_offset_s or 0.0), seen.received + TS_TOLERANCE_S)
                 for iu_id, iu in body.ius.items():
-                    health, service, owner = self.health.get(
-                        iu_id, ("unknown" if self.require_health else "passing", {}, "")
-                    )
+                    health, service, owner = self.health.get(iu_id, ("unknown", {}, ""))
                     if owner and owner != node:
                         self._reject("iu", f"node {node}: IU {iu_id} belongs to node {owner} in Consul")
                         continue
@@ -318,14 +333,14 @@ class ConsulWatcher:
         view: PoolView,
         io: ConsulIO,
         *,
-        kv_prefix: str = "clusterctl/eas",
-        dc: str = "dc1",
+        kv_prefix: str = layout.EAS_PREFIX,
+        dc: str = layout.DEFAULT_DATACENTER,
         wait_s: float = 5.0,
         min_interval_s: float = 0.1,
         max_backoff_s: float = 5.0,
     ):
         self.view, self.io = view, io
-        self.prefix = f"{kv_prefix.strip('/')}/{dc}/"
+        self.prefix = layout.score_prefix(dc, kv_prefix)
         self.wait_s, self.min_interval_s, self.max_backoff_s = wait_s, min_interval_s, max_backoff_s
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []

@@ -64,7 +64,7 @@ clusterctl_live_actions: false
 sim_hardware: {}
 sim_command_delay_s: 0.0
 # No NVML and no vLLM on a simulated host: the agent reads GPUs from a file that the simulated IUs
-# (python -m eas_agent.sim) write, and listens on the host's own loopback address.
+# (python -m sim.vllm) write, and listens on the host's own loopback address.
 eas_agent_gpu_backend: fake
 eas_agent_fake_gpu_file: /var/lib/eas-agent/fake_gpus.json
 eas_agent_listen: "{{ ansible_host }}:9105"

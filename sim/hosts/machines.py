@@ -310,7 +310,9 @@ def controller_paths() -> list[Path]:
     import sys
 
     repo = Path(sim.__file__).resolve().parent.parent
-    packages = [repo / name for name in ("cli", "cluster", "devconsul", "eas_agent", "edge", "preflight")]
+    # consul_io: the agent's Consul client; sim: the simulated vLLM (python -m sim.vllm) the demo runs there
+    packages = [repo / name for name in ("cli", "cluster", "consul_io", "devconsul", "eas_agent", "edge",
+                                         "preflight", "sim")]
     paths = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), *packages]
     return [p for p in dict.fromkeys(paths) if p.is_dir() and p != Path("/") and not _is_system_dir(p)]
 

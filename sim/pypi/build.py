@@ -6,7 +6,7 @@
 It holds:
 - ``clusterctl-eas-agent``: the agent's own wheel, built from the checkout (cluster/agent_wheel.py);
 - ``vllm`` 0.6.6.post1 (the version inference_unit pins): a stand-in whose ``vllm serve`` checks its environment
-  and runs the simulated vLLM server (sim/pypi/vllm_cli.py; eas_agent.sim vendored as ``vllm._sim`` so the wheel
+  and runs the simulated vLLM server (sim/pypi/vllm_cli.py; sim.vllm vendored as ``vllm._sim.vllm`` so the wheel
   needs nothing of this checkout at run time);
 - the wheels both depend on, at the versions this controller runs (the same as the constraints file the role
   gets), fetched once with ``pip download`` from the index pip is configured with and cached outside the
@@ -43,7 +43,7 @@ def pins(names: tuple[str, ...]) -> list[str]:
 
 
 # Project packages the simulated server imports, and where they live inside the stand-in wheel.
-VENDORED = {"eas_agent": "vllm._sim", "edge": "vllm._edge"}
+VENDORED = {"sim": "vllm._sim", "eas_agent": "vllm._eas_agent", "edge": "vllm._edge"}
 
 
 def _vendored_name(module: str) -> str | None:
@@ -52,9 +52,9 @@ def _vendored_name(module: str) -> str | None:
 
 
 def vendored_sim() -> dict[str, bytes]:
-    """eas_agent.sim.server and every project module it imports (eas_agent.*, edge.*), as vllm/_sim/... and
-    vllm/_edge/..., imports rewritten."""
-    todo, seen, files = ["eas_agent.sim.server"], set(), {}
+    """sim.vllm.server and every project module it imports (sim.*, eas_agent.*, edge.*), as vllm/_sim/...,
+    vllm/_eas_agent/... and vllm/_edge/..., imports rewritten."""
+    todo, seen, files = ["sim.vllm.server"], set(), {}
     while todo:
         module = todo.pop()
         if module in seen:

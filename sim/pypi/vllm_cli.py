@@ -1,5 +1,5 @@
 """``vllm`` of the stand-in vllm wheel (sim/pypi): ``vllm serve MODEL ...`` checks its environment the way the
-real vLLM would trip over it on a GPU node, then runs the simulated vLLM server (eas_agent.sim, vendored into the
+real vLLM would trip over it on a GPU node, then runs the simulated vLLM server (sim.vllm, vendored into the
 wheel as ``vllm._sim``) on ``--host``/``--port`` until SIGTERM.
 
 Exits 1 with one line per problem (as vLLM dies at start) when:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vllm serve: {problem}", file=sys.stderr)
         return 1
     held = bind_internal_ports(args, env)
-    from vllm._sim.sim.server import SimulatedIU  # vendored eas_agent.sim (see sim/pypi/build.py)
+    from vllm._sim.vllm.server import SimulatedIU  # vendored sim.vllm (see sim/pypi/build.py)
 
     try:
         server = SimulatedIU(args.host, args.port, arrival_rate=float(env.get("CLUSTERCTL_SIM_ARRIVAL_RATE", "1.0")),

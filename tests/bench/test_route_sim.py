@@ -166,3 +166,14 @@ def test_targets_give_verdicts_only_to_shipped_rows_and_references_none():
     assert checks["80% before (push + Consul) p99 TTFT / oracle"].met is None
     assert checks["80% round-robin p99 TTFT / oracle"].met is None
     assert checks["ours (push + Consul), 16 edges p99 / 1 edge"].met is False  # 1.15 > 1.1
+
+
+def test_the_before_rows_score_without_the_admitted_prefill_term():
+    from routesim.agents import BeforeScorer
+
+    from tests.eas_agent.test_score import PARAMS, scored
+
+    scorer = BeforeScorer("drain", PARAMS)
+    scored(scorer, 0.0, 0.0, 0.0, running=0.0)
+    result = scored(scorer, 12_000.0, 0.0, 1.0)
+    assert result.components["admitted_prefill_tokens"] == 0 and result.components["prefill_s"] == 0.0

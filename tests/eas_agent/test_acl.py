@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from eas_agent.consul_io import ConsulIO, ConsulUnavailable, IUService
+from consul_io.client import ConsulIO, ConsulUnavailable
 from eas_agent.publisher import Publisher
 from eas_agent.score import ScoreResult
+from sim.vllm.registration import IUService, register_iu_service
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def acl_consul():
 def test_publishing_with_token_and_refused_without(acl_consul, monkeypatch):
     monkeypatch.delenv("CONSUL_HTTP_TOKEN", raising=False)
     io = ConsulIO(acl_consul, token="root-token-for-tests")
-    io.register_iu_service(IUService("n1-iu0", "n1", "r1", "127.0.0.1", 8000, (0,), 0), http_check=False)
+    register_iu_service(io, IUService("n1-iu0", "n1", "r1", "127.0.0.1", 8000, (0,), 0), http_check=False)
     publisher = Publisher(io, key="clusterctl/eas/dc1/n1", node="n1", rack="r1", iu_ids=["n1-iu0"])
     assert publisher.step(0.0, {"n1-iu0": ScoreResult(0.3, "passing", "")}) is True
     assert (

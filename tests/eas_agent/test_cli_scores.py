@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from eas_agent.consul_io import ConsulIO, IUService
+from consul_io.client import ConsulIO
+from sim.vllm.registration import IUService, register_iu_service
 from tests.helpers import run_cli
 
 
@@ -13,7 +14,8 @@ def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     io = ConsulIO(consul_addr)
     for i in (0, 1):
-        io.register_iu_service(
+        register_iu_service(
+            io,
             IUService(f"r01n01-iu{i}", "r01n01", "r01", "127.0.0.1", 8000 + i, (0, 1), 0), http_check=False
         )
         io.register_ttl_check(f"r01n01-iu{i}", 30.0)
@@ -68,3 +70,34 @@ def test_scores_lists_inventory_ius_that_publish_nothing(consul_addr, capsys):
     rows = json.loads(out)
     assert len(rows) == 8 and {r["node"] for r in rows} == {"r01n01", "r01n02", "r02n01", "r02n02"}
     assert all(r["health"] == "unknown" and r["reason"] == "not registered in Consul" for r in rows)
+
+
+SECRET = "7f3b2d1e-9c4a-4e8f-b1d6-2a5c8e0f4b73"
+
+
+def test_scores_reads_an_acl_consul_with_a_0600_token_file(capsys, tmp_path, monkeypatch):
+    from devconsul.server import DevConsulServer
+    from eas_agent.scorebody import IUScore, ScoreBody
+
+    monkeypatch.delenv("CONSUL_HTTP_TOKEN", raising=False)
+    token = tmp_path / "consul.token"
+    token.write_text(SECRET + "\n")
+    token.chmod(0o600)
+    with DevConsulServer(addr="127.0.0.1:0", acl_token=SECRET) as server:
+        io = ConsulIO(server.address, token=SECRET)
+        register_iu_service(io, IUService("r01n01-iu0", "r01n01", "r01", "127.0.0.1", 8000, (0,), 0),
+                            http_check=False)
+        body = ScoreBody(node="r01n01", rack="r01", ts=time.time(), ius={"r01n01-iu0": IUScore(0.2, "passing")})
+        assert io.kv_cas_put("clusterctl/eas/dc1/r01n01", body.dumps(), 0)
+        code, out, err = run_cli(capsys, "scores", "--consul", server.address, "--token-file", str(token), "--json")
+        assert code == 0, err
+        assert [(r["iu"], r["score"]) for r in json.loads(out)] == [("r01n01-iu0", 0.2)]
+
+
+def test_scores_refuses_a_token_file_others_can_read(capsys, tmp_path):
+    token = tmp_path / "consul.token"
+    token.write_text(SECRET)
+    token.chmod(0o644)
+    code, out, err = run_cli(capsys, "scores", "--consul", "127.0.0.1:1", "--token-file", str(token))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--token-file: {token}: readable by group/others (mode 0644); chmod 600" in err and SECRET not in err

@@ -13,8 +13,9 @@ from eas_agent.collectors.gpu import FakeGpuBackend, NvmlBackend
 from eas_agent.collectors.network import NetworkCollector
 from eas_agent.collectors.rates import WindowRate
 from eas_agent.collectors.vllm import VllmCollector
-from eas_agent.sim.fake_gpu import fake_gpus, write_fake_gpu_file
-from eas_agent.sim.server import SimulatedIU
+from eas_agent.scorebody import IUScore, ScoreBody
+from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
+from sim.vllm.server import SimulatedIU
 from tests.helpers import write_tree
 
 NicCounters = namedtuple("NicCounters", "bytes_sent bytes_recv")
@@ -149,7 +150,7 @@ def test_sim_serves_health_and_agent_http_serves_metrics_and_scores():
     server.start()
     try:
         metrics.observe_scores("drain", {"n-iu0": ScoreResult(0.25, "passing", "")})
-        server.set_scores({"node": "n", "ius": {"n-iu0": {"score": 0.25}}})
+        server.set_scores(ScoreBody(node="n", ts=1.0, ius={"n-iu0": IUScore(0.25, "passing")}))
         text = urllib.request.urlopen(f"http://{server.address}/metrics", timeout=2).read().decode()
         assert 'eas_agent_score{iu="n-iu0",profile="drain"} 0.25' in text
         body = json.load(urllib.request.urlopen(f"http://{server.address}/scores", timeout=2))
@@ -160,9 +161,9 @@ def test_sim_serves_health_and_agent_http_serves_metrics_and_scores():
 
 @pytest.mark.parametrize("schema", ["v1", "v0"])
 def test_model_metrics_match_the_parsed_exposition(schema):
-    from eas_agent.sim.exposition import VllmExposition, model_metrics
-    from eas_agent.sim.loadmodel import LoadModel
     from eas_agent.vllm_metrics import parse_vllm_metrics
+    from sim.vllm.exposition import VllmExposition, model_metrics
+    from sim.vllm.loadmodel import LoadModel
 
     model = LoadModel(arrival_rate=8.0, seed=3)
     exposition = VllmExposition(model, schema)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from consul_io.client import ConsulIO
 from eas_agent.agent import Agent
-from eas_agent.consul_io import ConsulIO
 from eas_agent.publisher import Backoff
 from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, EdgeLedger, PoolView, pick
-from eas_agent.sim.node import SimulatedNode
+from sim.vllm.node import SimulatedNode
 from tests.helpers import wait_for
 
 FAST = {
@@ -112,15 +112,15 @@ def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr)
         assert sum(counts[i] for i in light) > 4 * sum(counts[i] for i in heavy), (counts, score)
 
         # the reader sees what the agent published; /scores serves the same body shape
-        node0 = agents[0].publisher.last_body
+        # the view first: the publisher may write again in between, never the other way round (the reverse
+        # order raced on a loaded machine: a body written after last_body was read reached the view)
         entry = view.snapshot().by_id()["r01n01-iu0"]
-        assert entry.ts <= node0["ts"] and set(node0["ius"]) == {"r01n01-iu0", "r01n01-iu1"}
+        node0 = agents[0].publisher.last_body
+        assert entry.ts <= node0.ts and set(node0.ius) == {"r01n01-iu0", "r01n01-iu1"}
         with urllib.request.urlopen(f"http://{agents[0].http.address}/scores", timeout=2) as response:
             fresh = json.load(response)
-        assert set(fresh["ius"]) == set(node0["ius"]) and fresh["profile"] == "drain"
-        assert (
-            fresh["ius"]["r01n01-iu0"]["components"].keys() == node0["ius"]["r01n01-iu0"]["components"].keys()
-        )
+        assert set(fresh["ius"]) == set(node0.ius) and fresh["profile"] == "drain"
+        assert fresh["ius"]["r01n01-iu0"]["components"].keys() == node0.ius["r01n01-iu0"].components.keys()
 
         # a hung engine: counters freeze with requests running -> agent warns, reader flags and de-weights
         hung_iu = "r01n02-iu1"  # 4 req/s: always has requests running
@@ -255,5 +255,5 @@ def test_polling_agents_scores_gives_fresher_same_shape_view(tmp_path, consul_ad
         assert (
             agent.latest[0] - polled.ts <= 0.5
         )  # per-cycle freshness (the agent's latest cycle), not heartbeat
-        assert polled.components.keys() == agent.publisher.last_body["ius"]["r01n01-iu0"]["components"].keys()
+        assert polled.components.keys() == agent.publisher.last_body.ius["r01n01-iu0"].components.keys()
         assert poller.errors == 0

@@ -16,8 +16,8 @@ from eas_agent.agent import Agent, IUPipeline
 from eas_agent.clock import parse_system_time_offset
 from eas_agent.collectors.vllm import FetchError, HttpFetcher, VllmCollector
 from eas_agent.config import parse_config
-from eas_agent.publisher import MemoryStore
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
+from sim.memstore import MemoryStore
 
 GOOD = (Path(__file__).parents[1] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()
 
@@ -97,7 +97,7 @@ def test_bad_sample_makes_that_iu_unknown_and_the_rest_publish(sample, value):
         assert "non-finite or negative" in broken.reason and sample in broken.reason
         body = strict_json(store.kv["clusterctl/eas/dc1/n1"][1])
         assert body["ius"]["n1-iu1"]["score"] is None and body["ius"]["n1-iu0"]["score"] == good.score
-        served = strict_json(json.dumps(agent.http.scores_body))  # what /scores serves
+        served = strict_json(agent.http.scores_json.decode())  # what /scores serves
         assert served["ius"]["n1-iu1"]["status"] == "warning"
         errors = agent.metrics.collector_errors.labels("vllm", "n1-iu1")._value.get()
         assert errors == 3

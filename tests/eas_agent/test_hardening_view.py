@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from eas_agent.consul_io import ConsulUnavailable
+from consul_io.client import ConsulUnavailable
 from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
 from eas_agent.scheduler.view import TS_TOLERANCE_S, ConsulWatcher
 from eas_agent.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
@@ -175,7 +175,7 @@ def test_scores_poller_is_not_held_by_a_dripping_agent():
     from .test_hardening_agent import DripServer
 
     good = AgentHttpServer("127.0.0.1", 0, AgentMetrics())
-    good.set_scores(good_body("n2", ts=100.0))
+    good.set_scores(ScoreBody.from_json(good_body("n2", ts=100.0))[0])
     good.start()
     drip = DripServer(every_s=0.1, header_drip=True)
     view = fresh_view()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import random
 
-from eas_agent.publisher import Backoff, MemoryStore, Publisher, Quantizer
+from eas_agent.publisher import Backoff, Publisher, Quantizer
 from eas_agent.score import ScoreResult
+from sim.memstore import MemoryStore
 
 IUS = ["n1-iu0", "n1-iu1"]
 
@@ -139,7 +140,7 @@ class LosesAnswerAfterPut(MemoryStore):
         ok = super().kv_cas_put(key, value, cas)
         if self.lose_next:
             self.lose_next = False
-            from eas_agent.consul_io import ConsulUnavailable
+            from consul_io.client import ConsulUnavailable
 
             raise ConsulUnavailable("connection reset")
         return ok

@@ -267,9 +267,3 @@ def test_admitted_backlog_without_prefix_cache_counter_is_zero():
         assert result.score is not None and result.status == "passing"
         assert result.components["admitted_prefill_tokens"] == 0 and result.components["prefill_s"] == 0.0
 
-
-def test_admitted_backlog_can_be_turned_off():
-    scorer = Scorer("drain", replace(PARAMS, admitted_backlog=False))
-    scored(scorer, 0.0, 0.0, 0.0, running=0.0)
-    result = scored(scorer, 12_000.0, 0.0, 1.0)
-    assert result.components["admitted_prefill_tokens"] == 0 and result.components["prefill_s"] == 0.0

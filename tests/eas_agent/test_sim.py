@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.score import IUInputs, Scorer
-from eas_agent.sim.exposition import model_metrics
-from eas_agent.sim.loadmodel import LoadModel, ModelParams
+from sim.vllm.exposition import model_metrics
+from sim.vllm.loadmodel import LoadModel, ModelParams
 
 
 def run(model: LoadModel, seconds: float, step: float = 0.2):
@@ -68,7 +68,7 @@ def _post(address: str, body: bytes):
 def test_completion_endpoint_serves_a_request_through_the_model():
     import json
 
-    from eas_agent.sim.server import SimulatedIU
+    from sim.vllm.server import SimulatedIU
 
     with SimulatedIU("127.0.0.1", 0, arrival_rate=0) as sim:
         status, body = _post(sim.address, json.dumps({"prompt_tokens": 327, "max_tokens": 12}).encode())

@@ -17,11 +17,13 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import replace
 
-from eas_agent.consul_io import ConsulIO, IUService
+from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.sim.server import SimulatedIU
+from eas_agent.scorebody import IUScore, ScoreBody
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
+from sim.vllm.registration import IUService, register_iu_service
+from sim.vllm.server import SimulatedIU
 from tests.helpers import wait_for as shared_wait_for
 
 MODEL = "meta-llama/Meta-Llama-3-70B-Instruct"
@@ -42,6 +44,14 @@ def body_of(node: str, scores: dict[str, float | None], ts: float | None = None,
                     for iu, s in scores.items()}}
 
 
+def typed(body: dict) -> ScoreBody:
+    """``body`` as an agent hands it to its HTTP server: typed, but without the reader's checks (the tests
+    push nonsense scores on purpose)."""
+    ius = {iu: IUScore(score=e["score"], status=e["status"], reason=e["reason"], level=e["level"],
+                       components=e["components"]) for iu, e in body["ius"].items()}
+    return ScoreBody(**{**body, "ius": ius})
+
+
 class Pool:
     """``nodes`` x ``ius_per_node`` simulated IUs registered in Consul; an AgentHttpServer per node."""
 
@@ -59,7 +69,7 @@ class Pool:
                 sim = SimulatedIU(address, 0, arrival_rate=0).start()
                 iu_id = f"{node}-iu{i}"
                 self.ius[iu_id] = sim
-                self.io.register_iu_service(IUService(iu_id, node, "r1", address, int(sim.address.rsplit(":", 1)[1]),
+                register_iu_service(self.io, IUService(iu_id, node, "r1", address, int(sim.address.rsplit(":", 1)[1]),
                                                       (i,), 0), http_check=False)
             if agents:
                 self.agents[node] = AgentHttpServer(address, self.agent_port, AgentMetrics())
@@ -74,7 +84,7 @@ class Pool:
         assert self.io.kv_cas_put(key, json.dumps(body_of(node, scores, **kwargs)), index)
 
     def push(self, node: str, scores: dict, **kwargs) -> None:
-        self.agents[node].set_scores(body_of(node, scores, **kwargs))
+        self.agents[node].set_scores(typed(body_of(node, scores, **kwargs)))
 
     def stop(self) -> None:
         for sim in self.ius.values():

@@ -18,8 +18,9 @@ import pytest
 
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.scheduler import AnomalyDetector
+from eas_agent.scorebody import BodyError, ScoreBody
 from edge.config import ConfigError, load_edge_config
-from edge.feed import EdgeView, sanitize
+from edge.feed import EdgeView
 from edge.main import main as edge_main
 from edge.routing import Router
 from edge.tokens import estimate_prompt_tokens
@@ -32,12 +33,13 @@ def test_agent_scores_blocking_query_answers_on_the_next_cycle():
     server = AgentHttpServer("127.0.0.1", 0, AgentMetrics())
     server.start()
     try:
-        server.set_scores({"node": "n", "seq": 1})
+        first = ScoreBody(node="n", ts=1.0, ius={}, seq=1)
+        server.set_scores(first)
         url = f"http://{server.address}/scores"
         with urllib.request.urlopen(url, timeout=5) as answer:  # no index: at once, as before
             index = int(answer.headers["X-Eas-Index"])
-            assert json.load(answer) == {"node": "n", "seq": 1}
-        threading.Timer(0.3, server.set_scores, args=({"node": "n", "seq": 2},)).start()
+            assert json.load(answer) == first.to_json()
+        threading.Timer(0.3, server.set_scores, args=(ScoreBody(node="n", ts=2.0, ius={}, seq=2),)).start()
         started = time.monotonic()
         with urllib.request.urlopen(f"{url}?index={index}&wait_s=5", timeout=10) as answer:
             waited = time.monotonic() - started
@@ -53,16 +55,28 @@ def test_agent_scores_blocking_query_answers_on_the_next_cycle():
         server.stop()
 
 
+def healthy_view(clock, ius_of: dict) -> EdgeView:
+    """An EdgeView to which Consul reported each IU (node -> its IU ids) registered and passing."""
+    view = EdgeView(detector=AnomalyDetector(), clock=clock)
+    view.apply_health([{"Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": node}},
+                        "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]}
+                       for node, ius in ius_of.items() for iu in ius])
+    return view
+
+
 def test_nonsense_scores_are_ignored_and_counted():
     counts: Counter = Counter()
     body = body_of("n0", {"a": -1.0, "b": math.nan, "c": "x", "d": 0.2, "e": None})
-    clean = sanitize(json.loads(json.dumps(body)), counts)
-    assert {iu: v["score"] for iu, v in clean["ius"].items()} == {"a": None, "b": None, "c": None, "d": 0.2, "e": None}
+    clean, problems = ScoreBody.from_json(json.loads(json.dumps(body)), blank_bad_scores=True, counts=counts)
+    assert {iu: v.score for iu, v in clean.ius.items()} == {"a": None, "b": None, "c": None, "d": 0.2, "e": None}
+    assert not problems and clean.ius["a"].status == "warning" and "ignored score_negative" in clean.ius["a"].reason
     assert counts == Counter(score_negative=1, score_not_finite=1, score_not_a_number=1)
-    assert sanitize({"node": "n0", "ius": {}, "ts": "yesterday"}, counts) is None
-    assert sanitize(["not", "a", "body"], counts) is None
-    assert counts["ts_invalid"] == 1 and counts["body_malformed"] == 1
-    view = EdgeView(detector=AnomalyDetector(), clock=time.time, require_health=False)
+    for bad, reason in (({"node": "n0", "ius": {}, "ts": "yesterday"}, "ts_invalid"),
+                        (["not", "a", "body"], "body_malformed")):
+        with pytest.raises(BodyError) as info:
+            ScoreBody.from_json(bad, blank_bad_scores=True, counts=counts)
+        assert info.value.reason == reason
+    view = healthy_view(time.time, {"n0": "abcde"})
     view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body).encode()}, {"Key": "k/n1", "Value": b"{not json"}])
     assert {e.iu_id for e in view.snapshot().scored} == {"d"}
     assert {e.iu_id for e in view.snapshot().healthy} == {"a", "b", "c", "d", "e"}  # fail-open may use them
@@ -95,7 +109,7 @@ def test_pushed_scores_reach_the_view_and_nonsense_from_an_agent_is_counted(cons
 
 
 def test_router_prices_its_ledger_in_prefill_seconds_and_tells_saturated_from_none():
-    view = EdgeView(detector=AnomalyDetector(), clock=lambda: 100.0, require_health=False)
+    view = healthy_view(lambda: 100.0, {"n0": "ab"})
     view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.0, "b": 0.0}, ts=100.0,
                                                                prefill_tps=8000.0))}])
     router = Router(random.Random(1), max_inflight_per_iu=1)
@@ -199,7 +213,7 @@ def test_the_edge_imports_nothing_outside_its_own_dependencies():
 def test_pick_prices_the_request_and_the_ledger_in_prefill_seconds():
     from eas_agent.scheduler import EdgeLedger, pick
 
-    view = EdgeView(detector=AnomalyDetector(), clock=lambda: 100.0, require_health=False)
+    view = healthy_view(lambda: 100.0, {"n0": ["fast"], "n1": ["slow"]})
     fast = body_of("n0", {"fast": 0.1}, ts=100.0, prefill_tps=20000.0)
     slow = body_of("n1", {"slow": 0.1}, ts=100.0, prefill_tps=5000.0)
     view.apply_kv([{"Key": f"k/{b['node']}", "Value": json.dumps(b)} for b in (fast, slow)])

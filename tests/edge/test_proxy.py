@@ -1,4 +1,4 @@
-"""The edge end to end on loopback: dev Consul, simulated IUs (eas_agent.sim), fake agents, the real proxy."""
+"""The edge end to end on loopback: dev Consul, simulated IUs (sim.vllm), fake agents, the real proxy."""
 
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ def test_consul_lost_later_keeps_routing_then_fails_open(consul_addr):
 def test_an_iu_answering_garbage_is_a_502_naming_it_not_a_crash(consul_addr):
     import socket
 
-    from eas_agent.consul_io import IUService
+    from sim.vllm.registration import IUService, register_iu_service
 
     pool = Pool(consul_addr, nodes=1, agents=False)
     listener = socket.socket()
@@ -204,7 +204,7 @@ def test_an_iu_answering_garbage_is_a_502_naming_it_not_a_crash(consul_addr):
     threading.Thread(target=garbage, daemon=True).start()
     pool.ius["n0-iu0"].stop()
     pool.io.service_maintenance("n0-iu0", True, "only the broken IU")
-    pool.io.register_iu_service(IUService("bad-iu0", "bad", "r1", "127.0.200.9", listener.getsockname()[1], (0,), 0),
+    register_iu_service(pool.io, IUService("bad-iu0", "bad", "r1", "127.0.200.9", listener.getsockname()[1], (0,), 0),
                                 http_check=False)
     try:
         with running_edge(pool, push=None) as edge:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import requests
 
+from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
 from eas_agent.config import parse_config
-from eas_agent.consul_io import ConsulIO
 from eas_agent.publisher import Backoff
 from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, PoolView
 from tests.devconsul.test_hardening import switchable_disk

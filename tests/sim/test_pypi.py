@@ -189,7 +189,7 @@ def test_agent_code_is_python_310(agent_wheel):
     imported_top = set()
     with zipfile.ZipFile(agent_wheel) as archive:
         sources = {n: archive.read(n).decode() for n in archive.namelist() if n.endswith(".py")}
-    assert sources and not [n for n in sources if n.startswith("eas_agent/sim/")], "no simulators on GPU nodes"
+    assert sources and not [n for n in sources if n.startswith(("sim/", "eas_agent/sim/"))], "no simulators on GPU nodes"
     for name, source in sources.items():
         tree = ast.parse(source, name, feature_version=(3, 10))  # except* and other 3.11 syntax fail here
         for node in ast.walk(tree):
@@ -204,6 +204,8 @@ def test_agent_code_is_python_310(agent_wheel):
                 imported_top.add(node.module.split(".")[0])
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 assert (node.value.id, node.attr) not in PY311_NAMES, f"{name}: {node.value.id}.{node.attr} (3.11+)"
-    third_party = imported_top - set(sys.stdlib_module_names) - {"eas_agent", "__future__"}
+    own = {name.split("/")[0] for name in sources}  # the wheel's own packages (eas_agent, consul_io)
+    assert own == {"eas_agent", "consul_io"}, own
+    third_party = imported_top - set(sys.stdlib_module_names) - own - {"__future__"}
     # import names of the declared distributions (py-consul -> consul, PyYAML -> yaml, nvidia-ml-py -> pynvml)
     assert third_party <= {"click", "psutil", "consul", "prometheus_client", "yaml", "pynvml", "requests"}, third_party

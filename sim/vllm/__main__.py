@@ -1,6 +1,6 @@
 """Run simulated vLLM IUs until SIGTERM (the virtual inventory's stand-in for vLLM)::
 
-    python -m eas_agent.sim --iu 127.0.1.11:8000:4.0 --iu 127.0.1.11:8001:1.5 --schema v1 \\
+    python -m sim.vllm --iu 127.0.1.11:8000:4.0 --iu 127.0.1.11:8001:1.5 --schema v1 \\
         --gpu-file /etc/eas-agent/fake_gpus.json --gpus 8
 
 ``--iu ADDRESS:PORT:RATE`` (requests/s) may repeat; ``--gpu-file`` writes the fake NVML file the agent's
@@ -13,8 +13,8 @@ import argparse
 import signal
 import threading
 
-from eas_agent.sim.fake_gpu import fake_gpus, write_fake_gpu_file
-from eas_agent.sim.server import SimulatedIU
+from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
+from sim.vllm.server import SimulatedIU
 
 
 def parse_iu(spec: str) -> tuple[str, int, float]:
@@ -26,7 +26,7 @@ def parse_iu(spec: str) -> tuple[str, int, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eas_agent.sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sim.vllm", description=__doc__.splitlines()[0])
     parser.add_argument("--iu", action="append", type=parse_iu, required=True, help="ADDRESS:PORT:RATE")
     parser.add_argument("--schema", choices=("v1", "v0"), default="v1")
     parser.add_argument("--gpu-file", default=None)

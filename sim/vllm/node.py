@@ -15,10 +15,12 @@ import yaml
 
 from cluster.model import Node, build_node
 from cluster.services import agent_ius
+from consul_io import layout
+from consul_io.client import ConsulIO
 from eas_agent.config import AgentConfig, load_config
-from eas_agent.consul_io import ConsulIO, IUService
-from eas_agent.sim.fake_gpu import fake_gpus, write_fake_gpu_file
-from eas_agent.sim.server import SimulatedIU
+from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
+from sim.vllm.registration import IUService, register_iu_service
+from sim.vllm.server import SimulatedIU
 
 
 class SimulatedNode:
@@ -48,7 +50,7 @@ class SimulatedNode:
         write_fake_gpu_file(self.gpu_file, fake_gpus(gpus_per_iu * len(rates), utilization=80))
 
     def iu_id(self, index: int) -> str:
-        return f"{self.name}-iu{index}"
+        return layout.iu_id(self.name, index)
 
     def config_data(self, **overrides) -> dict:
         data = {
@@ -59,7 +61,7 @@ class SimulatedNode:
             "heartbeat_s": 2.0,
             "profile": "drain",
             "listen": "127.0.0.1:0",
-            "consul": {"address": self.consul_addr, "scheme": "http", "kv_prefix": "clusterctl/eas"},
+            "consul": {"address": self.consul_addr, "scheme": "http", "kv_prefix": layout.EAS_PREFIX},
             "gpu_backend": "fake",
             "fake_gpu_file": str(self.gpu_file),
             "sysfs_root": str(self.workdir / "sys"),
@@ -91,7 +93,8 @@ class SimulatedNode:
     def register_services(self, io: ConsulIO, http_check: bool = False) -> None:
         for i, iu in enumerate(self.ius):
             host, port = iu.address.rsplit(":", 1)
-            io.register_iu_service(
+            register_iu_service(
+                io,
                 IUService(
                     self.iu_id(i),
                     self.name,

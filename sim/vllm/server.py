@@ -11,12 +11,11 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 
-from eas_agent.http import QuietHTTPServer
-from eas_agent.sim import openai_api
-from eas_agent.sim.exposition import VllmExposition
-from eas_agent.sim.loadmodel import LoadModel, ModelParams
+from eas_agent.http import QuietHandler, QuietHTTPServer
+from sim.vllm import openai_api
+from sim.vllm.exposition import VllmExposition
+from sim.vllm.loadmodel import LoadModel, ModelParams
 
 TICK_S = 0.05  # answer resolution: latencies come from model time, the server looks at it this often
 
@@ -110,7 +109,7 @@ class SimulatedIU:
     def _handler(self):
         sim = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
             # headers and body go out in two writes; with Nagle on, keep-alive clients wait for a delayed ACK
             disable_nagle_algorithm = True
@@ -172,16 +171,6 @@ class SimulatedIU:
             def _chunk(self, data: bytes) -> None:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
-
-            def _send(self, code: int, body: bytes, content_type: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):  # keep test output clean
-                pass
 
         return Handler
 

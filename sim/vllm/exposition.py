@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from eas_agent.sim.loadmodel import LoadModel
 from eas_agent.vllm_metrics import VllmMetrics
+from sim.vllm.loadmodel import LoadModel
 
 TTFT_BUCKETS = [
     0.001,

@@ -1,0 +1,231 @@
+"""The one Consul client of the project (py-consul 1.8): agent, edge, preflight, ``clusterctl scores``, the demo.
+
+One error type: every failure (refused connection, timeout, HTTP error, an answer that is not JSON) is raised
+as :class:`ConsulUnavailable`, whose message is one line naming the call and what went wrong, never the token.
+Every call has a timeout (``timeout_s``, py-consul's ``connections_timeout``); blocking queries get
+theirs from Consul's ``wait`` plus that timeout.
+
+One token rule (:func:`resolve_token`): a token is given as the secret itself (an ansible-vault value in the
+inventory) or as the absolute path of a file holding it, which must not be readable by group or others
+(mode 0600). The agent and the edge read theirs from ``consul.token_file`` in their config (the roles write
+the vault value there); the controller's readers (``clusterctl preflight``, ``clusterctl scores``) take the
+inventory's ``consul_operator_token`` (roles/consul_agent/README.md). ACL tokens are passed explicitly on
+every call (py-consul sends none on some endpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import consul
+import requests
+
+from consul_io import layout
+
+DEFAULT_TIMEOUT_S = 2.0  # the agent and the edge; preflight gives 10 s (a loaded node answers slowly)
+
+
+class ConsulUnavailable(Exception):
+    """Consul could not answer the call (the message says which call and why, in one line)."""
+
+
+class TokenError(ValueError):
+    """A token given as a file that cannot be used; the message names the file and the problem."""
+
+
+def read_token_file(path: str | Path) -> str:
+    """The token in ``path``: refused when the file is missing, readable by group/others, empty or not one word."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except OSError as exc:
+        raise TokenError(f"{path}: cannot read the Consul token file: {exc.strerror or exc}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise TokenError(f"{path}: readable by group/others (mode {stat.S_IMODE(mode):04o}); chmod 600 it "
+                         "(it holds the Consul ACL token)")
+    token = text.strip()
+    if not token or any(c.isspace() for c in token):
+        raise TokenError(f"{path}: must hold one Consul ACL token (found {'nothing' if not token else 'whitespace'})")
+    return token
+
+
+def resolve_token(value: object) -> str | None:
+    """The one token rule: None/"" -> no token; an absolute path -> the file's token; else the value itself.
+
+    A Consul ACL token is a UUID, never an absolute path, so the two forms cannot be mistaken for each other.
+    """
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    if text.startswith("/"):
+        return read_token_file(text)
+    if any(c.isspace() for c in text):
+        raise TokenError("the Consul ACL token holds whitespace (a vault value of one line is expected)")
+    return text
+
+
+def go_duration(seconds: float) -> str:
+    """Consul's duration syntax for ``wait`` and check TTLs."""
+    return f"{int(round(seconds * 1000))}ms"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``[http://]HOST:PORT`` -> (host, port); raises ConsulUnavailable naming a bad address."""
+    bare = address.removeprefix("http://").removeprefix("https://")
+    host, _, port = bare.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConsulUnavailable(f"Consul address {address!r} is not HOST:PORT")
+    return host, int(port)
+
+
+class ConsulIO:
+    def __init__(
+        self,
+        address: str = layout.DEFAULT_HTTP_ADDR,
+        *,
+        token: str | None = None,
+        scheme: str = "http",
+        ca_file: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        dc: str | None = None,
+    ):
+        host, port = split_address(address)
+        self.address = f"{host}:{port}"
+        self.token = token
+        self.timeout_s = timeout_s
+        self.client = consul.Consul(
+            host=host,
+            port=port,
+            token=token,
+            scheme=scheme,
+            verify=ca_file if ca_file else True,
+            dc=dc,
+            connections_timeout=timeout_s,
+        )
+
+    def _call(self, what: str, fn, *args, with_token: bool = True, **kwargs):
+        """``fn(*args, token=..., **kwargs)``; ``with_token=False`` for the few py-consul calls without a token
+        argument (they send the client's own token, set at construction)."""
+        try:
+            return fn(*args, token=self.token, **kwargs) if with_token else fn(*args, **kwargs)
+        # The cause stays chained (cli/neterr.py reads "connection refused" etc. from it); the message itself
+        # never carries requests' URL text.
+        except requests.Timeout as exc:
+            raise ConsulUnavailable(f"{what}: no answer from {self.address} within {self.timeout_s:g}s") from exc
+        except requests.ConnectionError as exc:
+            raise ConsulUnavailable(
+                f"{what}: connection refused or no route to {self.address} (is the Consul agent running?)"
+            ) from exc
+        except (consul.ConsulException, requests.RequestException, OSError, ValueError) as exc:
+            first = (str(exc).splitlines() or [""])[0][:160]
+            raise ConsulUnavailable(f"{what}: {type(exc).__name__}: {first}") from exc
+
+    # -- KV -------------------------------------------------------------------------------------------
+    def kv_read(self, key: str) -> tuple[int, str | None]:
+        """(ModifyIndex, value) of ``key``; (0, None) when absent (CAS with 0 = create only)."""
+        _, entry = self._call(f"GET kv/{key}", self.client.kv.get, key)
+        if not entry:
+            return 0, None
+        value = entry.get("Value")
+        return int(entry["ModifyIndex"]), value.decode() if isinstance(value, bytes) else value
+
+    def kv_put(self, key: str, value: str) -> bool:
+        return bool(self._call(f"PUT kv/{key}", self.client.kv.put, key, value))
+
+    def kv_cas_put(self, key: str, value: str, cas: int) -> bool:
+        return bool(self._call(f"PUT kv/{key}", self.client.kv.put, key, value, cas=cas))
+
+    def kv_get_json(self, key: str) -> dict | None:
+        _, entry = self._call(f"GET kv/{key}", self.client.kv.get, key)
+        if not entry or not entry.get("Value"):
+            return None
+        try:
+            return json.loads(entry["Value"])
+        except ValueError as exc:
+            excerpt = entry["Value"][:80]
+            raise ConsulUnavailable(f"GET kv/{key}: the value is not JSON ({exc}): {excerpt!r}") from None
+
+    def kv_list(self, prefix: str, index: int | None = None, wait_s: float | None = None) -> tuple[int, list]:
+        """Entries under ``prefix`` (a blocking query when ``index`` is given)."""
+        wait = go_duration(wait_s) if (index and wait_s) else None
+        idx, entries = self._call(
+            f"GET kv/{prefix}?recurse", self.client.kv.get, prefix, recurse=True, index=index or None, wait=wait
+        )
+        return int(idx or 0), entries or []
+
+    # -- health and agent -----------------------------------------------------------------------------
+    def health_service(
+        self, index: int | None = None, wait_s: float | None = None, passing: bool = False
+    ) -> tuple[int, list]:
+        """Every ``vllm-iu`` instance with its checks (a blocking query when ``index`` is given)."""
+        wait = go_duration(wait_s) if (index and wait_s) else None
+        idx, entries = self._call(
+            f"GET health/service/{layout.SERVICE_NAME}",
+            self.client.health.service,
+            layout.SERVICE_NAME,
+            index=index or None,
+            wait=wait,
+            passing=passing or None,
+        )
+        return int(idx or 0), entries or []
+
+    def health_node(self, node: str) -> list:
+        _, checks = self._call(f"GET health/node/{node}", self.client.health.node, node)
+        return checks or []
+
+    def leader(self) -> str:
+        """The cluster's leader address, "" while there is none (``GET status/leader``)."""
+        return self._call("GET status/leader", self.client.status.leader, with_token=False) or ""
+
+    def agent_self(self) -> dict:
+        """The agent's own configuration (``GET agent/self``)."""
+        return self._call("GET agent/self", self.client.agent.self, with_token=False) or {}
+
+    # -- agent checks and services --------------------------------------------------------------------
+    def register_ttl_check(self, iu: str, ttl_s: float) -> None:
+        check_id = layout.score_check_id(iu)
+        ok = self._call(
+            f"register check {check_id}",
+            self.client.agent.check.register,
+            f"EAS load score {iu}",
+            check=consul.Check.ttl(go_duration(ttl_s)),
+            check_id=check_id,
+            service_id=iu,
+        )
+        if not ok:
+            raise ConsulUnavailable(f"register check {check_id}: refused (is service {iu} registered?)")
+
+    def update_ttl_check(self, iu: str, status: str, note: str = "") -> None:
+        check = self.client.agent.check
+        fn = {"passing": check.ttl_pass, "warning": check.ttl_warn, "critical": check.ttl_fail}[status]
+        check_id = layout.score_check_id(iu)
+        self._call(f"update check {check_id}", fn, check_id, notes=note or None)
+
+    def register_service(self, service_id: str, address: str, port: int, *, tags: list[str], meta: dict,
+                         http_check: str | None = None) -> None:
+        """Register a ``vllm-iu`` instance on this agent (provisioning does it with a definition file; the
+        simulators and tests call this, through sim/vllm/registration.py)."""
+        check = consul.Check.http(http_check, "1s", timeout="1s") if http_check else None
+        self._call(
+            f"register service {service_id}",
+            self.client.agent.service.register,
+            layout.SERVICE_NAME,
+            service_id=service_id,
+            address=address,
+            port=port,
+            tags=tags,
+            meta=meta,
+            check=check,
+        )
+
+    def service_maintenance(self, service_id: str, enable: bool, reason: str = "") -> None:
+        self._call(
+            f"maintenance {service_id}",
+            self.client.agent.service.maintenance,
+            service_id,
+            enable,
+            reason=reason or None,
+        )

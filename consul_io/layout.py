@@ -1,0 +1,76 @@
+"""Every Consul name and key format the project uses, in one place (docs/contracts/consul-layout.md).
+
+The client side (agent, edge, preflight, ``clusterctl scores``, the demo, the benchmarks, the ACL policies in
+``cluster/consul_acl.py``) spells these names only through this module. ``devconsul/`` is a Consul server and
+keeps Consul's own names (``_service_maintenance:``) where it implements them; the roles' templates name the
+service in their own files (``roles/consul_agent``), and ``tests/consul_io/test_layout.py`` holds them to this
+module.
+
+No imports beyond the standard library: the agent wheel, the roles' filter plugins and the reader library
+all load it.
+"""
+
+from __future__ import annotations
+
+# -- services and checks ------------------------------------------------------------------------------------
+SERVICE_NAME = "vllm-iu"  # every IU is one instance of this service; its service ID is the IU id
+IU_ID_INFIX = "-iu"  # IU ids are "<node>-iu<index>" (cluster/model.py builds them with iu_id())
+# Consul's own check ids for maintenance mode (https://developer.hashicorp.com/consul/api-docs/agent/service
+# #enable-maintenance-mode): a critical check "_service_maintenance:<service id>", "_node_maintenance" for a node.
+SERVICE_MAINT_PREFIX = "_service_maintenance:"
+NODE_MAINT_CHECK = "_node_maintenance"
+SERF_HEALTH_CHECK = "serfHealth"  # Consul's gossip health check of every node
+SCORE_CHECK_PREFIX = "eas:"  # the agent's TTL check on each IU: "eas:<iu id>"
+SERVICE_DEFINITION_GLOB = "vllm-iu-*.json"  # the consul_agent role's definition files in the config dir
+
+# -- KV -------------------------------------------------------------------------------------------------
+EAS_PREFIX = "clusterctl/eas"  # score bodies: <prefix>/<dc>/<node> (docs/contracts/score-body.md)
+PREFLIGHT_PREFIX = "clusterctl/preflight"  # release markers: <prefix>/<dc>/<iu id>
+DEFAULT_DATACENTER = "dc1"
+DEFAULT_HTTP_ADDR = "127.0.0.1:8500"
+
+
+def iu_id(node: str, index: int) -> str:
+    return f"{node}{IU_ID_INFIX}{index}"
+
+
+def node_of_iu(iu: str) -> str:
+    """The node part of an IU id ("r01n01-iu0" -> "r01n01")."""
+    return iu.rsplit(IU_ID_INFIX, 1)[0]
+
+
+def is_iu_of(iu: str, node: str) -> bool:
+    """Whether ``iu`` is named as one of ``node``'s IUs ("<node>-iu<n>")."""
+    head, sep, index = iu.rpartition(IU_ID_INFIX)
+    return bool(sep) and head == node and index.isdigit()
+
+
+def maintenance_check(service_id: str) -> str:
+    return f"{SERVICE_MAINT_PREFIX}{service_id}"
+
+
+def is_maintenance_check(check_id: str) -> bool:
+    """A service's or the node's maintenance check (either takes the IU out of rotation)."""
+    return check_id.startswith(SERVICE_MAINT_PREFIX) or check_id == NODE_MAINT_CHECK
+
+
+def score_check_id(iu: str) -> str:
+    return f"{SCORE_CHECK_PREFIX}{iu}"
+
+
+def service_definition_file(iu: str) -> str:
+    return SERVICE_DEFINITION_GLOB.replace("*", iu)
+
+
+def score_prefix(datacenter: str, kv_prefix: str = EAS_PREFIX) -> str:
+    """The KV prefix holding every node's score body in ``datacenter`` (with the trailing slash)."""
+    return f"{kv_prefix.strip('/')}/{datacenter}/"
+
+
+def score_key(datacenter: str, node: str, kv_prefix: str = EAS_PREFIX) -> str:
+    return f"{score_prefix(datacenter, kv_prefix)}{node}"
+
+
+def marker_key(datacenter: str, iu: str) -> str:
+    """KV key that records that preflight released this IU; without it the role keeps the IU in maintenance."""
+    return f"{PREFLIGHT_PREFIX}/{datacenter}/{iu}"

@@ -1,0 +1,48 @@
+"""An in-memory Consul for the publisher: the KV's CAS semantics and TTL check states, no HTTP.
+
+For simulated-time benchmarks (bench/routesim, bench/consul_load.py) and unit tests; the publisher takes any
+``eas_agent.publisher.ScoreStore`` and gets ``consul_io.client.ConsulIO`` in production.
+"""
+
+from __future__ import annotations
+
+from consul_io.client import ConsulUnavailable
+
+
+class MemoryStore:
+    """In-memory ScoreStore with Consul's CAS semantics, for simulated-time benchmarks and unit tests."""
+
+    def __init__(self):
+        self.kv: dict[str, tuple[int, str]] = {}
+        self.index = 0
+        self.checks: dict[str, tuple[str, str]] = {}
+        self.writes = 0
+        self.check_updates = 0
+        self.available = True
+
+    def _up(self) -> None:
+        if not self.available:
+            raise ConsulUnavailable("memory store marked unavailable")
+
+    def kv_read(self, key: str) -> tuple[int, str | None]:
+        self._up()
+        return self.kv.get(key, (0, None))
+
+    def kv_cas_put(self, key: str, value: str, cas: int) -> bool:
+        self._up()
+        current = self.kv[key][0] if key in self.kv else 0
+        if cas != current:
+            return False
+        self.index += 1
+        self.kv[key] = (self.index, value)
+        self.writes += 1
+        return True
+
+    def register_ttl_check(self, iu_id: str, ttl_s: float) -> None:
+        self._up()
+        self.checks.setdefault(iu_id, ("critical", "registered"))
+
+    def update_ttl_check(self, iu_id: str, status: str, note: str = "") -> None:
+        self._up()
+        self.checks[iu_id] = (status, note)
+        self.check_updates += 1

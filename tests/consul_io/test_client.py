@@ -1,0 +1,128 @@
+"""consul_io/client.py: one error type with one-line messages, the one token rule, timeouts."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from cli import neterr
+from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file, resolve_token
+
+TOKEN = "5c0b1c9e-6a7e-4f1e-9a43-1d8c2f4b7e10"
+
+
+def token_file(tmp_path, text: str, mode: int = 0o600):
+    path = tmp_path / "consul.token"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_a_token_is_the_value_itself_or_a_0600_file(tmp_path):
+    assert resolve_token(TOKEN) == TOKEN
+    assert resolve_token(None) is None and resolve_token("") is None
+    assert resolve_token(str(token_file(tmp_path, TOKEN + "\n"))) == TOKEN
+
+
+@pytest.mark.parametrize(("text", "mode", "message"), [
+    (TOKEN, 0o640, "readable by group/others (mode 0640); chmod 600"),
+    (TOKEN, 0o604, "readable by group/others (mode 0604); chmod 600"),
+    ("", 0o600, "must hold one Consul ACL token (found nothing)"),
+    (f"{TOKEN} {TOKEN}", 0o600, "must hold one Consul ACL token (found whitespace)"),
+])
+def test_unusable_token_files_are_refused_naming_the_file(tmp_path, text, mode, message):
+    path = token_file(tmp_path, text, mode)
+    with pytest.raises(TokenError) as info:
+        resolve_token(str(path))
+    assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+    assert TOKEN not in str(info.value)  # a secret never goes into a message
+
+
+def test_a_missing_token_file_is_one_line(tmp_path):
+    with pytest.raises(TokenError, match=r"consul.token: cannot read the Consul token file: No such file"):
+        read_token_file(tmp_path / "consul.token")
+
+
+def test_a_token_value_with_whitespace_is_refused_without_echoing_it():
+    with pytest.raises(TokenError) as info:
+        resolve_token("abc def")
+    assert "abc" not in str(info.value)
+
+
+def test_bad_addresses_are_named():
+    with pytest.raises(ConsulUnavailable, match=r"Consul address 'nonsense' is not HOST:PORT"):
+        ConsulIO("nonsense")
+    with pytest.raises(ConsulUnavailable, match=r"is not HOST:PORT"):
+        ConsulIO("127.0.0.1:99999")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_refused_connection_is_one_consul_unavailable_line():
+    io = ConsulIO(f"127.0.0.1:{free_port()}", token=TOKEN)
+    with pytest.raises(ConsulUnavailable) as info:
+        io.kv_read("clusterctl/eas/dc1/n1")
+    message = str(info.value)
+    assert message.startswith("GET kv/clusterctl/eas/dc1/n1: connection refused or no route to 127.0.0.1:")
+    assert "\n" not in message and TOKEN not in message
+    assert neterr.reason(info.value) == "connection refused"  # the cause stays chained for the CLI's one line
+
+
+class _Slow(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        time.sleep(1.0)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Consul-Index", "1")
+        self.end_headers()
+        self.wfile.write(b"[]")
+
+    def log_message(self, *args):
+        pass
+
+
+class _Garbage(_Slow):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Consul-Index", "1")
+        self.end_headers()
+        self.wfile.write(b'[{"Key": "k", "Value": "bm90IGpzb24=", "ModifyIndex": 1}]')  # base64 "not json"
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(handler) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_every_call_has_a_timeout(serve):
+    io = ConsulIO(serve(_Slow), timeout_s=0.2)
+    started = time.monotonic()
+    with pytest.raises(ConsulUnavailable, match=r"GET health/service/vllm-iu: no answer from 127\.0\.0\.1:\d+ within 0\.2s"):
+        io.health_service()
+    assert time.monotonic() - started < 0.9
+
+
+def test_a_value_that_is_not_json_is_an_error_with_an_excerpt(serve):
+    io = ConsulIO(serve(_Garbage))
+    with pytest.raises(ConsulUnavailable, match=r"GET kv/k: the value is not JSON .*'not json'"):
+        io.kv_get_json("k")

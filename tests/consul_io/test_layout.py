@@ -1,0 +1,87 @@
+"""consul_io/layout.py is the only place the client side spells Consul's names; the roles' files agree with it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from consul_io import layout
+
+REPO = Path(__file__).resolve().parents[2]
+# Client-side code: it names Consul things only through consul_io.layout (devconsul is the server side and
+# keeps Consul's own names; tests build fixtures by hand on purpose).
+CLIENT_PACKAGES = ("consul_io", "eas_agent", "edge", "preflight", "cli", "cluster", "bench", "sim")
+# Literal spellings that must not appear in client code outside layout.py.
+SPELLINGS = {
+    "service name": re.compile(r"""["']vllm-iu["']"""),
+    "maintenance prefix": re.compile(r"""["']_service_maintenance"""),
+    "score KV prefix": re.compile(r"""["']clusterctl/eas"""),
+    "preflight KV prefix": re.compile(r"""["']clusterctl/preflight"""),
+    "score check id": re.compile(r"""f["']eas:\{"""),
+    "IU id format": re.compile(r"""-iu\{"""),
+}
+
+
+def client_files() -> list[Path]:
+    return sorted(p for package in CLIENT_PACKAGES for p in (REPO / package).rglob("*.py")
+                  if p != REPO / "consul_io" / "layout.py")
+
+
+def test_client_code_spells_consul_names_only_through_layout():
+    problems = []
+    for path in client_files():
+        text = path.read_text()
+        for what, pattern in SPELLINGS.items():
+            for match in pattern.finditer(text):
+                line = text.count("\n", 0, match.start()) + 1
+                problems.append(f"{path.relative_to(REPO)}:{line}: the {what} spelled by hand")
+    assert problems == []
+
+
+def test_only_the_client_imports_py_consul():
+    importers = []
+    for path in sorted(p for package in CLIENT_PACKAGES + ("devconsul",) for p in (REPO / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            if any(n == "consul" or n.startswith("consul.") for n in names):
+                importers.append(str(path.relative_to(REPO)))
+    assert importers == ["consul_io/client.py"]
+
+
+def test_the_roles_service_definition_agrees_with_layout():
+    template = (REPO / "roles/consul_agent/templates/iu-service.json.j2").read_text()
+    assert f"'name': '{layout.SERVICE_NAME}'" in template
+    tasks = (REPO / "roles/consul_agent/tasks/main.yml").read_text()
+    assert layout.service_definition_file("{id}") in tasks
+    assert layout.SERVICE_DEFINITION_GLOB in tasks
+
+
+def test_key_and_id_formats():
+    assert layout.iu_id("r01n01", 3) == "r01n01-iu3"
+    assert layout.node_of_iu("r01n01-iu3") == "r01n01"
+    assert layout.node_of_iu("a-iub-iu0") == "a-iub"
+    assert layout.score_key("dc1", "r01n01") == "clusterctl/eas/dc1/r01n01"
+    assert layout.score_key("dc2", "n", kv_prefix="/custom/") == "custom/dc2/n"
+    assert layout.score_prefix("dc1") == "clusterctl/eas/dc1/"
+    assert layout.marker_key("dc1", "r01n01-iu0") == "clusterctl/preflight/dc1/r01n01-iu0"
+    assert layout.score_check_id("n1-iu0") == "eas:n1-iu0"
+    assert layout.maintenance_check("n1-iu0") == "_service_maintenance:n1-iu0"
+    assert layout.service_definition_file("n1-iu0") == "vllm-iu-n1-iu0.json"
+
+
+@pytest.mark.parametrize(("check_id", "expected"), [
+    ("_service_maintenance:n1-iu0", True), ("_node_maintenance", True), ("serfHealth", False),
+    ("eas:n1-iu0", False), ("_node_maintenance:x", False), ("", False)])
+def test_maintenance_checks(check_id, expected):
+    assert layout.is_maintenance_check(check_id) is expected
+
+
+@pytest.mark.parametrize(("iu", "node", "expected"), [
+    ("n1-iu0", "n1", True), ("n1-iu12", "n1", True), ("n1-iu", "n1", False), ("n12-iu0", "n1", False),
+    ("n1-iux", "n1", False), ("n1-iu0", "n1-iu0", False)])
+def test_is_iu_of(iu, node, expected):
+    assert layout.is_iu_of(iu, node) is expected
