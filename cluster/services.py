@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.model import Node
+from consul_io import layout
 
-IU_SERVICE_NAME = "vllm-iu"
+IU_SERVICE_NAME = layout.SERVICE_NAME
 
 
 def agent_ius(node: Node) -> list[dict[str, Any]]:

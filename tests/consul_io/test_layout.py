@@ -53,8 +53,16 @@ def test_only_the_client_imports_py_consul():
 
 
 def test_the_roles_service_definition_agrees_with_layout():
+    # the template renders what the consul_iu_services filter returns: cluster/services.py, from the model
     template = (REPO / "roles/consul_agent/templates/iu-service.json.j2").read_text()
-    assert f"'name': '{layout.SERVICE_NAME}'" in template
+    assert "consul_iu_services(" in template
+    from cluster.model import build_node
+    from cluster.services import iu_service_definitions
+
+    node = build_node("r01n01", {"ansible_host": "127.0.1.11", "rack": "r01", "gpu_model": "h100-sxm"})
+    definitions = iu_service_definitions(node, "10s", "2s")
+    assert {d["service"]["name"] for d in definitions.values()} == {layout.SERVICE_NAME}
+    assert set(definitions) == {layout.iu_id("r01n01", 0), layout.iu_id("r01n01", 1)}
     tasks = (REPO / "roles/consul_agent/tasks/main.yml").read_text()
     assert layout.service_definition_file("{id}") in tasks
     assert layout.SERVICE_DEFINITION_GLOB in tasks

@@ -9,7 +9,7 @@ from consul_io import layout
 from consul_io.client import ConsulIO
 from preflight import consul_io
 from sim.vllm.registration import IUService, register_iu_service
-from tests.preflight.conftest import node
+from tests.preflight.helpers import node
 
 OPERATOR = "0d8e5a4c-5f0e-4c36-8a9b-3c1f2e7d9b11"
 
