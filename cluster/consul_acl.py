@@ -9,7 +9,7 @@ to what it must and must not allow.
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
 | file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` (config_file_service_registration) |
-| operator (``consul_agent_acl_operator_token``)  | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, reads |
+| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, reads |
 | eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; TTL checks on ``vllm-iu``; reads |
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes and the score keys   |
 
@@ -19,6 +19,9 @@ services, which is what confines the eas-agent to its node in practice. That lim
 """
 
 from __future__ import annotations
+
+import stat
+from pathlib import Path
 
 SERVICE = "vllm-iu"
 EAS_PREFIX = "clusterctl/eas"
@@ -71,3 +74,36 @@ def node_policies(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> di
         f"eas-agent-{node}": eas_agent_policy(node, datacenter, kv_prefix),
         "clusterctl-edge": edge_policy(kv_prefix),
     }
+
+
+class TokenFileError(ValueError):
+    pass
+
+
+def read_token_file(path: str | Path) -> str:
+    """The token rule's file half (roles/consul_agent/README.md, "The Consul token"): a file holding only
+    the token, not readable by group or others (the token must not leak to other local users)."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except OSError as exc:
+        raise TokenFileError(f"consul_token_file {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise TokenFileError(f"consul_token_file {path}: not a text file") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise TokenFileError(f"consul_token_file {path}: readable by group or others (mode "
+                             f"{stat.S_IMODE(mode):04o}); run: chmod 600 {path}")
+    token = text.strip()
+    if not token or any(c.isspace() for c in token):
+        raise TokenFileError(f"consul_token_file {path}: must hold exactly one token "
+                             f"({'it is empty' if not token else 'found whitespace inside'})")
+    return token
+
+
+def token_from(value: object, path: object) -> str:
+    """``consul_token`` (a vault value) when set, else the token in ``consul_token_file``, else ''."""
+    text = str(value or "").strip()
+    if text:
+        return text
+    return read_token_file(str(path)) if path else ""

@@ -46,7 +46,7 @@ def test_agents_join_the_server_and_every_iu_waits_in_maintenance(up_inventory, 
     group_vars.write_text(group_vars.read_text() + "\nconsul_http_addr: \"{{ ansible_host }}:8500\"\n"
                           "clusterctl_live_actions: true\n")
     secrets = yaml.safe_load(group_vars.read_text())
-    management, operator = secrets["consul_agent_acl_management_token"], secrets["consul_operator_token"]
+    management, operator = secrets["consul_agent_acl_management_token"], secrets["consul_token"]
     deb = build_deb(catalog.hashicorp_packages(consul_standin_files())[0], tmp_path)
     hosts = ["r01n01", "r01n02", "r02n01"]
     for host in hosts:
