@@ -95,8 +95,11 @@ def _call(fn, *args, **kwargs):
 
 def agent_alive(node: Node) -> dict[str, Any]:
     """The agent at the node's address answers; serfHealth of the node if Consul knows it as a node."""
+    from consul.callback import CB
+
     c = client(node)
-    me = _call(c.agent.self)
+    # py-consul's agent.self() sends no token at all; under default deny /v1/agent/self needs agent:read
+    me = _call(c.http.get, CB.json(), "/v1/agent/self", headers=c.prepare_headers(None))
     _, checks = _call(c.health.node, node.name)
     serf = next((ch.get("Status") for ch in checks or [] if ch.get("CheckID") == "serfHealth"), None)
     return {"agent": (me.get("Config") or {}).get("NodeName"), "serf_health": serf}

@@ -41,3 +41,26 @@ def test_release_skips_failed_nodes_and_reports_an_unreachable_agent(monkeypatch
     assert error.reason.startswith("--release failed: connection refused")
     assert [(r.node, r.check) for r in outcome.results][:3] == [("bad", "echo"), ("down", "echo"), ("down", "consul")]
     assert release_passed([warn], _outcome({"warn": Verdict.WARN})) == {"warn": ["warn-iu0"]}
+
+
+def test_the_agent_check_sends_the_token_under_default_deny(tmp_path):
+    # py-consul's agent.self() sends no token: with ACLs on, preflight's consul check read every agent as
+    # down ("lacks permission 'agent:read'") although the inventory had consul_token_file.
+    from devconsul.server import DevConsulServer
+
+    secret = "5e0c6a1e-2b8d-4f4a-9d7e-0a1b2c3d4e5f"
+    server = DevConsulServer(addr="127.0.0.1:0", acl_token=secret).start()
+    try:
+        token_file = tmp_path / "consul.token"
+        token_file.write_text(secret + "\n")
+        token_file.chmod(0o600)
+        alive = consul_io.agent_alive(node("tok", consul_http_addr=server.address, consul_token_file=str(token_file)))
+        assert alive["agent"], alive
+        try:
+            consul_io.agent_alive(node("anon", consul_http_addr=server.address))
+        except consul_io.ConsulUnavailable as exc:
+            assert "Permission denied" in str(exc) or "ACL" in str(exc), exc
+        else:
+            raise AssertionError("an anonymous request must be refused under default deny")
+    finally:
+        server.stop()
