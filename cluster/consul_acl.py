@@ -9,7 +9,7 @@ to what it must and must not allow.
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
 | file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` (config_file_service_registration) |
-| operator (``consul_agent_acl_operator_token``)  | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, reads |
+| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, reads |
 | eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; TTL checks on ``vllm-iu``; reads |
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes and the score keys   |
 
@@ -19,6 +19,8 @@ services, which is what confines the eas-agent to its node in practice. That lim
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, marker_key  # noqa: F401 (marker_key: the filter's)
 from consul_io.layout import SERVICE_NAME as SERVICE
@@ -65,3 +67,28 @@ def node_policies(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> di
         f"eas-agent-{node}": eas_agent_policy(node, datacenter, kv_prefix),
         "clusterctl-edge": edge_policy(kv_prefix),
     }
+
+
+class TokenFileError(ValueError):
+    pass
+
+
+def read_token_file(path: str | Path) -> str:
+    """The token rule's file half (roles/consul_agent/README.md, "The Consul token"): a file holding only
+    the token, not readable by group or others. One implementation for every reader:
+    :func:`consul_io.client.read_token_file`; here its refusal names the variable."""
+    from consul_io.client import TokenError
+    from consul_io.client import read_token_file as read
+
+    try:
+        return read(path)
+    except TokenError as exc:
+        raise TokenFileError(f"consul_token_file {exc}") from None
+
+
+def token_from(value: object, path: object) -> str:
+    """``consul_token`` (a vault value) when set, else the token in ``consul_token_file``, else ''."""
+    text = str(value or "").strip()
+    if text:
+        return text
+    return read_token_file(str(path)) if path else ""

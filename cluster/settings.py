@@ -15,8 +15,8 @@ Host variables read here:
 ``consul_http_addr``                the node's Consul agent, ``HOST:PORT`` (default ``127.0.0.1:8500``)
 ``consul_scheme``                   ``http`` (default) or ``https``
 ``consul_datacenter``               default ``dc1``
-``consul_operator_token``           the operator's Consul token (maintenance, release markers): a vault value or
-                                    the absolute path of a 0600 file (consul_io.client.resolve_token)
+``consul_token``                    the operator's Consul token (maintenance, release markers), a vault value; else
+``consul_token_file``               a 0600 file on the controller holding it (roles/consul_agent/README.md)
 ``preflight_profile``               preflight profile name (default: ``gpu_model``)
 ``preflight_overrides``             per-host profile overrides (validated by preflight.profiles)
 ``preflight_version_pins``          component -> version; wins over the role variables below
@@ -57,8 +57,22 @@ class Consul:
     http_addr: str | None = None  # consul_http_addr as the inventory sets it (None: not set)
     scheme: str = spec.DEFAULTS["consul_scheme"]
     dc: str | None = None  # consul_datacenter as the inventory sets it (None: not set)
-    # never in a repr; an spec.Undecryptable when no vault password decrypted it (resolve_token says so)
-    operator_token: Any = field(default=None, repr=False)
+    # never in a repr; an spec.Undecryptable when no vault password decrypted it (the reader says so)
+    token: Any = field(default=None, repr=False)
+    token_file: str | None = None
+
+    def operator_token(self) -> str | None:
+        """The token rule (roles/consul_agent/README.md): ``consul_token`` when set, else the 0600
+        ``consul_token_file``'s, else none. Raises consul_io.client.TokenError naming the variable."""
+        from cluster.consul_acl import TokenFileError, token_from
+        from consul_io.client import TokenError
+
+        if isinstance(self.token, spec.Undecryptable):
+            raise TokenError(str(self.token))
+        try:
+            return token_from(self.token, self.token_file) or None
+        except TokenFileError as exc:
+            raise TokenError(str(exc)) from None
 
     @property
     def address(self) -> str:
@@ -131,8 +145,8 @@ def node_settings(hostvars: Mapping[str, Any]) -> NodeSettings:
             http_addr=_text(v("consul_http_addr")),
             scheme=str(v("consul_scheme")),
             dc=_text(v("consul_datacenter")),
-            operator_token=v("consul_operator_token") if isinstance(v("consul_operator_token"), spec.Undecryptable)
-            else _text(v("consul_operator_token")),
+            token=v("consul_token") if isinstance(v("consul_token"), spec.Undecryptable) else _text(v("consul_token")),
+            token_file=_text(v("consul_token_file")),
         ),
         preflight=Preflight(
             profile=str(v("preflight_profile") or v("gpu_model") or ""),

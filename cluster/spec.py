@@ -72,7 +72,7 @@ SETTINGS = (
     Var("ansible_ssh_private_key_file"), Var("ansible_private_key_file"),
     Var("ansible_ssh_common_args", ""), Var("ansible_ssh_extra_args", ""),
     Var("consul_http_addr"), Var("consul_scheme", "http"), Var("consul_datacenter"),
-    Var("consul_operator_token"),
+    Var("consul_token"), Var("consul_token_file"),
     Var("preflight_profile"), Var("preflight_overrides"), Var("preflight_version_pins"),
     Var("roce_gid_index", 3),
     *(Var(name) for name in dict.fromkeys(PIN_VARS.values())),
@@ -81,7 +81,7 @@ SETTINGS = (
 # Secrets among the settings: decrypted at load when the vault secrets can, else kept as Undecryptable, so a
 # command that never sends them (inventory show/validate) runs without the vault password, and one that does
 # says which variable it could not decrypt.
-SECRETS = ("consul_operator_token",)
+SECRETS = ("consul_token",)
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ _CONSUL_SWITCHES = (
 )
 _CONSUL_SECRETS = (
     ("consul_agent_acl_enabled", ("consul_agent_acl_management_token", "consul_agent_acl_agent_token",
-                                  "consul_agent_acl_registration_token", "consul_operator_token")),
+                                  "consul_agent_acl_registration_token", "consul_token")),
     ("consul_agent_gossip_encryption", ("consul_agent_gossip_key",)),
     ("consul_agent_tls_enabled", ("consul_agent_tls_ca_pem",)),
 )
@@ -251,8 +251,8 @@ def check_consul_security(host: str, hv: Mapping[str, Any]) -> list[Problem]:
         if not _off(hv.get(switch)):
             found += [Problem(host, var, None, f"{switch} is on (the default) but this secret is not set: the "
                                                "consul_agent role will stop on this host") for var in secrets
-                      if _unset(hv, var) and not (var == "consul_operator_token"
-                                                  and not _unset(hv, "consul_agent_acl_operator_token"))]
+                      if _unset(hv, var) and not (var == "consul_token" and not (
+                          _unset(hv, "consul_token_file") and _unset(hv, "consul_agent_acl_operator_token")))]
     return found
 
 

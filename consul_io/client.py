@@ -9,7 +9,7 @@ One token rule (:func:`resolve_token`): a token is given as the secret itself (a
 inventory) or as the absolute path of a file holding it, which must not be readable by group or others
 (mode 0600). The agent and the edge read theirs from ``consul.token_file`` in their config (the roles write
 the vault value there); the controller's readers (``clusterctl preflight``, ``clusterctl scores``) take the
-inventory's ``consul_operator_token`` (roles/consul_agent/README.md). ACL tokens are passed explicitly on
+inventory's ``consul_token`` / ``consul_token_file`` (roles/consul_agent/README.md). ACL tokens are passed explicitly on
 every call (py-consul sends none on some endpoints).
 """
 
@@ -43,6 +43,8 @@ def read_token_file(path: str | Path) -> str:
         text = path.read_text()
     except OSError as exc:
         raise TokenError(f"{path}: cannot read the Consul token file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TokenError(f"{path}: not a text file (a Consul token file holds one token)") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise TokenError(f"{path}: readable by group/others (mode {stat.S_IMODE(mode):04o}); chmod 600 it "
                          "(it holds the Consul ACL token)")
@@ -182,7 +184,12 @@ class ConsulIO:
 
     def agent_self(self) -> dict:
         """The agent's own configuration (``GET agent/self``)."""
-        return self._call("GET agent/self", self.client.agent.self, with_token=False) or {}
+        from consul.callback import CB
+
+        # py-consul's agent.self() sends no token at all, so under default deny every agent read as down
+        # (agent:read missing): send the header ourselves.
+        return self._call("GET agent/self", self.client.http.get, CB.json(), "/v1/agent/self",
+                          headers=self.client.prepare_headers(self.token), with_token=False) or {}
 
     # -- agent checks and services --------------------------------------------------------------------
     def register_ttl_check(self, iu: str, ttl_s: float) -> None:

@@ -46,6 +46,7 @@ class AgentLink:
         self._threads: list[threading.Thread] = []
         self._pushed: dict[str, str] = {}  # service ID (or "" for the node) -> last payload pushed
         self._pushed_node_checks: set[str] = set()
+        self._pushed_service_checks: dict[str, set[str]] = {}  # service ID -> its check IDs the server has
         self._push_tokens: dict[str, str] = {}  # a removed service is deregistered with the token it synced with
         self._tokens: dict[str, tuple[float, object]] = {}
         self._lock = threading.Lock()
@@ -192,12 +193,27 @@ class AgentLink:
             clean &= self._remove({**base, "CheckID": gone}, self._token_for(None))
         self._pushed_node_checks = set(node_checks)
         for service_id, (svc, payload) in wanted.items():
-            clean &= self._push(service_id, svc, payload, full)
+            pushed = self._push(service_id, svc, payload, full)
+            clean &= pushed
+            # A register call adds and updates the checks it lists and never removes one (Consul's
+            # agent/local/state.go deregisters each check the agent dropped): without this the end of
+            # maintenance (its _service_maintenance check removed) never reached the server.
+            have = {c["CheckID"] for c in payload["Checks"]}
+            gone = self._pushed_service_checks.get(service_id, set()) - have
+            for check_id in sorted(gone):
+                if self._remove({**base, "CheckID": check_id}, self._token_for(svc)):
+                    self._pushed_service_checks.get(service_id, set()).discard(check_id)
+                else:
+                    clean = False
+            if pushed:
+                self._pushed_service_checks[service_id] = have | (self._pushed_service_checks.get(service_id,
+                                                                                                  set()) & gone)
         for service_id in [s for s in self._pushed if s and s not in wanted]:
             token = self._push_tokens.get(service_id) or self._token_for(None)
             if self._remove({**base, "ServiceID": service_id}, token):
                 self._pushed.pop(service_id, None)
                 self._push_tokens.pop(service_id, None)
+                self._pushed_service_checks.pop(service_id, None)
             else:
                 clean = False
         return clean

@@ -2,8 +2,8 @@
 which of its IUs are registered, and the release (marker, then maintenance off).
 
 The node's agent is at ``consul_http_addr`` (default ``127.0.0.1:8500``) with ``consul_scheme`` (http); the
-token is the inventory's ``consul_operator_token`` under the one token rule (:func:`consul_io.client.resolve_token`:
-the vault value itself or the absolute path of a 0600 file holding it; never logged or put on a command line).
+token is the inventory's ``consul_token`` (a vault value) or the 0600 ``consul_token_file`` (the token rule,
+roles/consul_agent/README.md; never logged or put on a command line).
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.model import Node
-from cluster.spec import Undecryptable
 from consul_io import layout
-from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, resolve_token
+from consul_io.client import ConsulIO, ConsulUnavailable, TokenError
 
 __all__ = ["ConsulUnavailable", "ServiceState", "address_of", "agent_alive", "client", "iu_services", "release"]
 
 TIMEOUT_S = 10.0
-TOKEN_VARIABLE = "consul_operator_token"  # roles/consul_agent/README.md: maintenance + the preflight markers
 
 _clients: dict[tuple[str, str, str | None, str], ConsulIO] = {}
 _lock = threading.Lock()
@@ -50,13 +48,10 @@ def _datacenter(node: Node) -> str:
 
 def client(node: Node) -> ConsulIO:
     """The node's client (one per address, scheme, token and datacenter; shared by the check threads)."""
-    raw = node.settings.consul.operator_token
-    if isinstance(raw, Undecryptable):
-        raise ConsulUnavailable(f"{node.name}: {raw}")
     try:
-        token = resolve_token(raw)
+        token = node.settings.consul.operator_token()
     except TokenError as exc:
-        raise ConsulUnavailable(f"{node.name}: {TOKEN_VARIABLE}: {exc}") from None
+        raise ConsulUnavailable(f"{node.name}: {exc}") from None
     addr, scheme, dc = address_of(node), node.settings.consul.scheme, _datacenter(node)
     key = (addr, scheme, token, dc)
     with _lock:

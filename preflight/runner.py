@@ -19,7 +19,6 @@ from typing import Any
 
 from cluster.errors import ExitCode
 from cluster.model import Cluster, Node
-from preflight import consul_io
 from preflight.checks import Check
 from preflight.checks.base import GatherError, HostUnreachable, NodeContext, RackContext, RunOptions
 from preflight.result import CheckResult, Verdict
@@ -51,7 +50,7 @@ class RunOutcome:
     checks: list[str]
     released: dict[str, list[str]] = field(
         default_factory=dict
-    )  # node -> IU services taken out of maintenance
+    )  # node -> IU services taken out of maintenance (preflight.release fills it)
 
     @property
     def duration(self) -> float:
@@ -94,7 +93,7 @@ class Runner:
         self._facts: dict[str, dict[str, Any]] = {c.name: {} for c in self.checks if c.scope != "node"}
         self._facts_lock = threading.Lock()
 
-    def run(self, release: bool = False, strict: bool = False) -> RunOutcome:
+    def run(self) -> RunOutcome:
         started = time.time()
         nodes = list(self.cluster.nodes())
         self.progress.start(len(nodes))
@@ -141,8 +140,6 @@ class Runner:
         outcome = RunOutcome(
             self._ordered(results), started, time.time(), self.options, [c.name for c in self.checks]
         )
-        if release:
-            outcome.released = self._release(nodes, outcome, strict)
         return outcome
 
     def _node(self, ctx: NodeContext) -> tuple[str, list[CheckResult], bool]:
@@ -241,29 +238,6 @@ class Runner:
         order = {c.name: i for i, c in enumerate(self.checks)}
         return sorted(results, key=lambda r: (r.rack, r.node, order.get(r.check, 99), r.iu or ""))
 
-    def _release(self, nodes: list[Node], outcome: RunOutcome, strict: bool) -> dict[str, list[str]]:
-        released: dict[str, list[str]] = {}
-        for node in nodes:
-            mine = [r for r in outcome.results if r.node == node.name]
-            if not node_passed(mine, strict):
-                continue
-            try:
-                released[node.name] = consul_io.release(node)
-            except consul_io.ConsulUnavailable as exc:
-                outcome.results.append(
-                    CheckResult(
-                        node.rack,
-                        node.name,
-                        None,
-                        "consul",
-                        Verdict.ERROR,
-                        f"--release failed: {exc}",
-                        {"code": "RELEASE_FAILED"},
-                    )
-                )
-        outcome.results = self._ordered(outcome.results)
-        return released
-
 
 def run_preflight(
     cluster: Cluster,
@@ -273,7 +247,6 @@ def run_preflight(
     options: RunOptions,
     parallel: int = 32,
     progress: Progress | None = None,
-    release: bool = False,
-    strict: bool = False,
 ) -> RunOutcome:
-    return Runner(cluster, checks, profiles, transport, options, parallel, progress).run(release, strict)
+    """Judge every node; nothing is changed on the cluster (``preflight.release`` releases afterwards)."""
+    return Runner(cluster, checks, profiles, transport, options, parallel, progress).run()

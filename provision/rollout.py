@@ -20,6 +20,22 @@ REBOOT_PENDING_TASK = "Reboot pending"
 REBOOT_TASK = "Reboot the host"
 
 
+def failure_reason(result: dict, limit: int = 300) -> str:
+    """Why a task failed, never empty: its ``msg``; else exit status and stderr/stdout (a command module);
+    else, for a ``no_log`` task (Ansible keeps only ``censored``), that the reason is hidden and why."""
+    text = str(result.get("msg") or "")
+    if not text and result.get("rc") not in (None, 0):
+        detail = str(result.get("stderr") or result.get("stdout") or "").strip()
+        text = f"exit {result['rc']}" + (f": {detail}" if detail else "")
+    if not text and "censored" in result:
+        text = ("the reason is hidden (no_log: the task handles secrets); run the task's module by hand on the "
+                "host, or check its files and the journal")
+    if not text:
+        keys = ", ".join(sorted(k for k in result if not k.startswith("_"))) or "none"
+        text = f"Ansible returned no message (result keys: {keys})"
+    return " ".join(text.split())[:limit]
+
+
 def unreachable_reason(msg: str, limit: int = 300) -> str:
     """An unreachable host's message, short: ssh's reason is its last line (a changed host key comes
     after a 9-line banner that alone would fill the limit), so a long message keeps its first and last."""
@@ -210,8 +226,7 @@ class Rollout:
         elif not data.get("ignore_errors"):
             progress.failed += 1
             progress.status = "failed"
-            message = (f"{progress.name}: FAILED {data.get('task', '')}: "
-                       f"{' '.join(str(result.get('msg', '')).split())[:300]}")
+            message = f"{progress.name}: FAILED {data.get('task', '')}: {failure_reason(result)}"
             self.messages.append(message.replace(" FAILED ", " ", 1))
             self.notices.append(message)
 

@@ -3,8 +3,8 @@
 A virtual cluster runs with everything a production inventory must turn on (ACLs with default deny, gossip
 encryption, TLS), so the roles' secure paths are the ones exercised. The values are throwaway, made fresh by
 ``clusterctl virtual create`` for machines that only ever listen on loopback; a real inventory keeps its
-own in a vault. Per-node agent tokens are derived from one seed (``to_uuid``), so one file serves any number
-of hosts. The certificate is for ``server.<dc>.consul`` (what ``verify_server_hostname`` checks) and
+own in a vault. Per-node tokens (the node agent's and the eas-agent's) are derived from one seed (``to_uuid``),
+so one file serves any number of hosts. The certificate is for ``server.<dc>.consul`` (what ``verify_server_hostname`` checks) and
 localhost, signed by a CA made here with ``cryptography`` (an ansible-core dependency).
 """
 
@@ -58,7 +58,9 @@ def render(datacenter: str = "dc1") -> str:
         "consul_agent_acl_agent_token: \"{{ ('consul-agent:' ~ inventory_hostname ~ ':' ~ consul_virtual_token_seed)"
         " | to_uuid }}\"\n"
         f"consul_agent_acl_registration_token: {uuid.uuid4()}\n"
-        f"consul_operator_token: {uuid.uuid4()}\n"
+        "eas_agent_consul_token: \"{{ ('eas-agent:' ~ inventory_hostname ~ ':' ~ consul_virtual_token_seed)"
+        " | to_uuid }}\"\n"
+        f"consul_token: {uuid.uuid4()}\n"
         f"consul_edge_token: {uuid.uuid4()}\n"
         f"consul_agent_tls_ca_pem: {_block(ca)}"
         f"consul_agent_tls_server_cert_pem: {_block(cert)}"

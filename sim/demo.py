@@ -3,10 +3,14 @@
 Steps, each the real command or library a cluster uses; only the hosts are simulated:
 
 1. ``virtual create`` + ``virtual up``: N simulated GPU nodes, one of them with a broken NVLink pair;
-2. a dev Consul server (``clusterctl dev consul``) standing in for the cluster's Consul;
-3. ``clusterctl provision``: every role, in stop-on-failure batches;
-4. simulated vLLM servers for each IU, and Consul loading the service definitions the consul_agent role
-   rendered (new IUs in maintenance, as the role does on a live cluster);
+2. the ``consul`` package on every machine: the stand-in from the local HashiCorp repository
+   (``sim/aptrepo``, the project's dev server behind Consul's CLI and ``consul.service``);
+3. ``clusterctl provision``: every role, in stop-on-failure batches; the consul_agent role runs for real
+   (``consul_agent_live_actions``): ``consul.service`` starts on every machine (the inventory's
+   ``consul_servers`` machine as the server, the others as client agents joined to it) with ACLs on
+   (default deny), the role creates the least-privilege tokens and keeps every new IU in maintenance;
+4. simulated vLLM servers for each IU; the catalog lists every IU, registered by its node's agent from the
+   ``/etc/consul.d`` files the role rendered, in maintenance;
 5. ``eas-agent run`` on every node with the config the eas_agent role rendered;
 6. ``clusterctl preflight --release``: the faulty node FAILs, healthy IUs leave maintenance;
 7. ``eas-edge`` (a process, the deployable router) in front of the IUs; the production request mix is sent
@@ -18,6 +22,7 @@ Every process started is stopped by PID at the end (or on Ctrl-C); the temp dir 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import sys
@@ -26,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -76,18 +82,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_json(method: str, url: str, body: dict | None = None, timeout: float = 5.0):
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        text = answer.read()
-    return json.loads(text) if text.strip() else None
-
-
 class Demo:
     def __init__(self, inventory: Path, workdir: Path, processes: ProcessSet, seed: int):
         self.inventory, self.workdir, self.processes, self.seed = inventory, workdir, processes, seed
-        self.consul_addr = f"127.0.0.1:{free_port()}"
+        self.consul_addr = ""  # the server machine's HTTP API, known once the inventory is written
+        self.tokens: dict[str, str] = {}  # operator and edge tokens from the inventory's (throwaway) secrets
 
     def step(self, title: str) -> None:
         console.print(Rule(f"[bold]{title}"))
@@ -95,10 +94,10 @@ class Demo:
     def run(self, nodes: int, racks: int, duration: float, rate: float | None) -> None:
         cluster = self.make_cluster(nodes, racks)
         faulty = list(cluster.nodes())[-1]
-        self.start_consul()
+        self.install_consul(cluster)
         self.provision()
         self.start_inference_units(cluster)
-        self.load_service_definitions(cluster)
+        self.await_agent_registrations(cluster)
         self.start_agents(cluster)
         released = self.preflight(cluster, faulty)
         self.route_traffic(cluster, released, duration, rate)
@@ -116,36 +115,74 @@ class Demo:
             "# Injected by clusterctl demo: an NVLink pair down and a GPU in thermal slowdown; preflight must catch both.\n"
             "sim_faults:\n" + "".join(f"  - {json.dumps(f)}\n" for f in FAULTY_NODE_FAULTS)
         )
-        with open(self.inventory / "group_vars" / "all.yml", "a") as vars_file:
-            vars_file.write(f"\n# The demo's dev Consul.\nconsul_http_addr: {self.consul_addr}\nconsul_datacenter: dc1\n")
+        self.configure_consul(faulty)
         cluster = load_cluster(self.inventory)
         result = simulate.up(str(self.inventory))
         console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; "
                       f"[red]{faulty}[/] has NVLink GPU2-GPU3 down and GPU 5 in HW thermal slowdown")
         return cluster
 
-    # -- 2. Consul --------------------------------------------------------------------------------
-    def start_consul(self) -> None:
-        self.step(f"2/7 dev Consul on {self.consul_addr} (a development server, not Consul)")
-        consul = self.processes.start("consul", [*CLUSTERCTL, "dev", "consul", "--addr", self.consul_addr,
-                                                 "--check-update-interval", "0s", "--log-level", "warn"])
-        from consul_io.client import ConsulIO, ConsulUnavailable
+    def configure_consul(self, faulty: str) -> None:
+        """Inventory values only: every machine's agent listens on its own address (machines share this
+        network namespace), the consul_agent role acts for real while the other roles stay rendered only,
+        and the controller's tools read the operator token from a 0600 file (``consul_token_file``)."""
+        group_vars = self.inventory / "group_vars" / "all.yml"
+        secrets = yaml.safe_load(group_vars.read_text())
+        self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"]}
+        hosts = yaml.safe_load((self.inventory / "hosts.yml").read_text())
+        servers = list(hosts["all"]["children"]["consul_servers"]["hosts"])
+        addresses = {name: spec["ansible_host"] for group in hosts["all"]["children"].values()
+                     for name, spec in (group.get("hosts") or {}).items() if spec}
+        if not servers or servers[0] == faulty:
+            raise DemoError(f"the inventory's consul_servers group {servers} must name a healthy node")
+        self.consul_addr = f"{addresses[servers[0]]}:8500"
+        token_file = self.write_secret("consul.token", self.tokens["operator"])
+        with open(group_vars, "a") as vars_file:
+            vars_file.write("\n# The demo: a Consul agent on every machine (consul.service from the stand-in package),\n"
+                            "# the operator token for preflight and the playbooks in a 0600 file.\n"
+                            "consul_http_addr: \"{{ ansible_host }}:8500\"\nconsul_datacenter: dc1\n"
+                            f"consul_agent_live_actions: true\nconsul_token_file: {token_file}\n")
 
-        io, deadline = ConsulIO(self.consul_addr), time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                if io.leader():
-                    return
-            except ConsulUnavailable:
-                time.sleep(0.1)
-            if consul.process.poll() is not None:
-                break
-        raise DemoError(f"dev Consul did not start:\n{tail(consul.log)}")
+    def write_secret(self, name: str, text: str) -> Path:
+        path = self.workdir / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text + "\n")
+        return path
+
+    # -- 2. Consul --------------------------------------------------------------------------------
+    def install_consul(self, cluster: Cluster) -> None:
+        """The consul package on every machine. Installs through apt belong to the packages work
+        (``clusterctl_manage_packages`` is off on the virtual inventory): the .deb the local HashiCorp
+        repository serves is installed with dpkg, which is the same package."""
+        import subprocess
+        from concurrent.futures import ThreadPoolExecutor
+
+        from sim.aptrepo import catalog
+        from sim.aptrepo.deb import build_deb
+        from sim.aptrepo.repo import consul_standin_files
+
+        self.step("2/7 the consul package on every machine (stand-in from the local HashiCorp repository)")
+        deb = build_deb(catalog.hashicorp_packages(consul_standin_files())[0], self.workdir).read_bytes()
+
+        def install(node: Node) -> str:
+            done = subprocess.run(self.on_node(node, "sh", "-c", "cat > /tmp/consul.deb && dpkg -i /tmp/consul.deb"
+                                               " >/dev/null && systemctl daemon-reload"),
+                                  input=deb, capture_output=True, timeout=120)
+            return "" if done.returncode == 0 else (
+                f"{node.name}: installing consul failed (exit {done.returncode}): "
+                f"{done.stderr.decode(errors='replace').strip()[-300:] or 'no output'}")
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            failed = [problem for problem in pool.map(install, cluster.nodes()) if problem]
+        if failed:
+            raise DemoError("\n".join(failed))
+        console.print(f"consul installed on {len(list(cluster.nodes()))} machines; server: {self.consul_addr}")
 
     # -- 3. provisioning --------------------------------------------------------------------------
     def provision(self) -> None:
         # A canary host first, then the rest: the default 1,10%,50%,100% adds batches that 4 nodes don't need.
-        self.step("3/7 clusterctl provision (site.yml: a canary batch of 1, then 100%)")
+        self.step("3/7 clusterctl provision (site.yml: a canary batch of 1, then 100%; consul.service started)")
         self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%",
                         "--run-dir", str(self.workdir / "runs"),
                         expect=(0,), what="provisioning")
@@ -174,28 +211,32 @@ class Demo:
                 self.wait_http(f"http://{node.address}:{iu.port}/health", f"simulated vLLM of {iu.id}")
         console.print(f"{sum(len(n.ius) for n in cluster.nodes())} IU servers answering /health")
 
-    def load_service_definitions(self, cluster: Cluster) -> None:
-        """What each node's Consul agent does at start: load /etc/consul.d; new IUs go into maintenance."""
-        import subprocess
+    def await_agent_registrations(self, cluster: Cluster) -> None:
+        """Each node's agent registered its IUs from /etc/consul.d and synced them to the server; the
+        role put every new IU into maintenance. Nothing is registered by hand: this only reads the catalog."""
+        expected = {iu.id for n in cluster.nodes() for iu in n.ius}
+        seen: dict[str, bool] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            from consul_io import layout
 
-        reader = ("import glob, json; print(json.dumps([json.load(open(p)) for p in "
-                  "sorted(glob.glob('/etc/consul.d/vllm-iu-*.json'))]))")
-        count = 0
-        for node in cluster.nodes():
-            out = subprocess.run(self.on_node(node, sys.executable, "-c", reader),
-                                 capture_output=True, text=True, timeout=30)
-            if out.returncode != 0:
-                raise DemoError(f"{node.name}: cannot read /etc/consul.d: {out.stderr.strip()[-300:]}")
-            for definition in json.loads(out.stdout):
-                service = definition["service"]
-                http_json("PUT", f"http://{self.consul_addr}/v1/agent/service/register", service)
-                http_json("PUT", f"http://{self.consul_addr}/v1/agent/service/maintenance/{service['id']}"
-                                 "?enable=true&reason=clusterctl:+new+IU,+waiting+for+preflight")
-                count += 1
-        expected = sum(len(n.ius) for n in cluster.nodes())
-        if count != expected:
-            raise DemoError(f"provisioning rendered {count} IU service definitions, expected {expected}")
-        console.print(f"{count} vllm-iu services registered from /etc/consul.d, all in maintenance")
+            seen = {e["Service"]["ID"]: any(c["CheckID"].startswith(layout.SERVICE_MAINT_PREFIX) for c in e["Checks"])
+                    for e in self.consul_io().health_service()[1]}
+            if set(seen) == expected and all(seen.values()):
+                break
+            time.sleep(0.5)
+        else:
+            raise DemoError(f"the catalog at {self.consul_addr} lists {sorted(seen)} "
+                            f"(in maintenance: {sorted(k for k, v in seen.items() if v)}); "
+                            f"expected every IU {sorted(expected)}, all in maintenance")
+        console.print(f"{len(seen)} vllm-iu services registered by the nodes' agents from /etc/consul.d, "
+                      "all in maintenance")
+
+    def consul_io(self):
+        """The server's HTTP API with the operator token (ACLs are on, default deny)."""
+        from consul_io.client import ConsulIO
+
+        return ConsulIO(self.consul_addr, token=self.tokens["operator"], timeout_s=5.0)
 
     # -- 5. agents --------------------------------------------------------------------------------
     def start_agents(self, cluster: Cluster) -> None:
@@ -225,12 +266,17 @@ class Demo:
             raise DemoError(f"preflight should FAIL only {faulty.name}; FAILs: "
                             f"{[(r['node'], r['check']) for r in caught + wrong]}")
         from consul_io import layout
-        from consul_io.client import ConsulIO
 
-        _, health = ConsulIO(self.consul_addr).health_service()
-        released = sorted(e["Service"]["ID"] for e in health
-                          if not any(layout.is_maintenance_check(c["CheckID"]) for c in e["Checks"]))
         expected = sorted(iu.id for n in cluster.nodes() if n.name != faulty.name for iu in n.ius)
+        # Each node's agent syncs its maintenance change to the server a moment after preflight's call.
+        deadline = time.monotonic() + 15
+        while True:
+            _, health = self.consul_io().health_service()
+            released = sorted(e["Service"]["ID"] for e in health
+                              if not any(layout.is_maintenance_check(c["CheckID"]) for c in e["Checks"]))
+            if released == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if released != expected:
             raise DemoError(f"released IUs {released}, expected {expected}")
         for result in caught:
@@ -248,7 +294,7 @@ class Demo:
         edge_url = self.start_edge(cluster)
         self.step(f"7/7 routing the production mix at {rate:.1f} req/s for {duration:.0f}s through eas-edge")
         view = PoolView()
-        watcher = ConsulWatcher(view, ConsulIO(self.consul_addr), wait_s=2.0).start()
+        watcher = ConsulWatcher(view, ConsulIO(self.consul_addr, token=self.tokens["edge"]), wait_s=2.0).start()
         expected = {iu.id: (n.rack, n.name) for n in cluster.nodes() for iu in n.ius}
         edge = DemoEdge(edge_url, rate, seed=self.seed).start()
         end = time.monotonic() + duration
@@ -283,7 +329,10 @@ class Demo:
         listen = f"127.0.0.1:{free_port()}"
         agent_port = str(next(iter(cluster.nodes())).settings.agent.listen).rsplit(":", 1)[1]
         edge = str(Path(sys.executable).with_name("eas-edge"))
-        self.processes.start("eas-edge", [edge, "--consul", self.consul_addr, "--listen", listen,
+        config = self.workdir / "edge.yml"  # the edge's read-only token goes in a file, never on a command line
+        config.write_text(yaml.safe_dump({"consul": {"address": self.consul_addr, "token_file": str(
+            self.write_secret("edge.token", self.tokens["edge"]))}}))
+        self.processes.start("eas-edge", [edge, "--config", str(config), "--listen", listen,
                                           "--agent-port", agent_port, "--log-level", "warning"])
         self.wait_http(f"http://{listen}/healthz", "eas-edge (a routable IU)")  # 503 until an IU is routable
         return f"http://{listen}"

@@ -11,8 +11,8 @@ sent is shown as plain text, never as rich markup. Every component is in ``--jso
 
 Exit codes: 0 at least one IU publishes a score (or none is expected), 1 IUs are expected (from the
 inventory) and none publishes, 2 the ACL token cannot be used (a token file others can read, ...), 3 Consul
-cannot be reached. The token: ``--token-file`` (mode 0600), else the inventory's ``consul_operator_token`` (the
-vault value or the path of a 0600 file: :func:`consul_io.client.resolve_token`), else ``CONSUL_HTTP_TOKEN``.
+cannot be reached. The token: ``--token-file`` (mode 0600), else the inventory's ``consul_token`` (a vault value) or
+``consul_token_file`` (0600; the token rule of roles/consul_agent/README.md), else ``CONSUL_HTTP_TOKEN``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.live import Live
@@ -32,10 +33,9 @@ from cli.errors import ClusterctlError
 from cli.help import examples
 from cli.options import vault_password_file_option
 from cluster.errors import ExitCode
-from cluster.spec import Undecryptable
 from cluster.text import plural
 from consul_io import layout
-from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file, resolve_token
+from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
 from eas_agent.scheduler import ConsulWatcher, IUEntry, PoolView
 
 HEALTH_STYLE = {"passing": "green", "warning": "yellow", "critical": "red", "maintenance": "magenta"}
@@ -45,14 +45,13 @@ TERMS = ("queue_s", "kv_s", "step_s", "prefill_s", "kv_cache_gb", "kv_cache_age_
 INPUTS = ("waiting", "running", "kv_usage", "admitted_prefill_tokens", "prefill_tps", "decode_tps")
 WIDE = 140  # columns from which the inputs, rack and node get their own columns
 CONSUL_HINT = "set --consul HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR"
-TOKEN_VARIABLE = "consul_operator_token"  # the inventory's reader token (roles/consul_agent/README.md)
 
 
 def _inventory_settings(
     inventory: str, vault_password_file: Path | None = None
-) -> tuple[str | None, str | None, str | None, dict[str, tuple[str, str]]]:
+) -> tuple[str | None, str | None, Any, dict[str, tuple[str, str]]]:
     """(Consul address, datacenter, token, IU id -> (rack, node)) from the inventory; the token is its
-    ``consul_operator_token`` under the one token rule (a vault value or the path of a 0600 file)."""
+    ``consul_token`` / ``consul_token_file`` (the token rule), as the first node's Consul settings."""
     from cluster import load_cluster, vault
 
     cluster = load_cluster(inventory, vault_secrets=vault.secrets_for(vault_password_file))
@@ -60,7 +59,7 @@ def _inventory_settings(
     for node in cluster.nodes():
         addr = addr or node.settings.consul.http_addr
         dc = dc or node.settings.consul.dc
-        token = token or node.settings.consul.operator_token
+        token = token or node.settings.consul
         for iu in node.ius:
             expected[iu.id] = (node.rack, node.name)
     return addr, dc, token, expected
@@ -203,7 +202,7 @@ def publishing(data: list[dict]) -> int:
     "--token-file",
     default=None,
     type=click.Path(dir_okay=False),
-    help="File (mode 0600) holding the Consul ACL token (else the inventory's consul_operator_token, else "
+    help="File (mode 0600) holding the Consul ACL token (else the inventory's consul_token or consul_token_file, else "
          "CONSUL_HTTP_TOKEN).",
 )
 @click.option("--watch", is_flag=True, help="Keep the table live (blocking queries) until Ctrl-C.")
@@ -221,14 +220,12 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     try:
         if token_file:
             token = read_token_file(token_file)
-        elif isinstance(inv_token, Undecryptable):
-            raise TokenError(str(inv_token))
-        elif inv_token:
-            token = resolve_token(inv_token)
+        elif inv_token is not None:
+            token = inv_token.operator_token() or os.environ.get("CONSUL_HTTP_TOKEN") or None
         else:
             token = os.environ.get("CONSUL_HTTP_TOKEN") or None
     except TokenError as exc:
-        where = "--token-file" if token_file else f"{inventory}: {TOKEN_VARIABLE}"
+        where = "--token-file" if token_file else str(inventory)
         raise ClusterctlError(f"{where}: {exc}", 2) from None
     view = PoolView()
     watcher = ConsulWatcher(view, ConsulIO(addr, token=token, timeout_s=3.0), dc=dc)

@@ -5,6 +5,9 @@
 - ``consul_node_acl``: the policies and tokens of one node (``cluster.consul_acl``), for the
   ``clusterctl.infra.consul_acl`` module; tokens whose vault value is empty are left out.
 - ``consul_marker_key``: the preflight release marker of an IU.
+- ``consul_token``: the token rule (roles/consul_agent/README.md): ``consul_token | consul_token(consul_token_file)``
+  is the vault value when set, else the token read from the 0600 file on the controller; a bad file fails
+  naming it.
 """
 
 from __future__ import annotations
@@ -70,7 +73,14 @@ def consul_marker_key(iu_id: str, datacenter: str) -> str:
     return consul_acl.marker_key(datacenter, iu_id)
 
 
+def consul_token(value: Any, path: Any = "") -> str:
+    try:
+        return consul_acl.token_from(value, path)
+    except consul_acl.TokenFileError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"consul_bind_ip": consul_bind_ip, "consul_node_acl": consul_node_acl,
-                "consul_marker_key": consul_marker_key}
+                "consul_marker_key": consul_marker_key, "consul_token": consul_token}

@@ -131,6 +131,11 @@ def test_agent_token_cannot_set_maintenance_the_operator_token_can(cluster, tiny
         return entries and any(ch["CheckID"] == "_service_maintenance:n1-iu0" for ch in entries[0]["Checks"])
 
     assert wait_until(in_maintenance, 5), "the maintenance check is synced to the catalog"
+    # ...and so is its end: Consul's anti-entropy deregisters a check the agent no longer has (the
+    # catalog register call never removes a check it does not list). Before, the release never left the node.
+    assert Api(agent.address, operator).put(path, params={"enable": "false"}).status_code == 200
+    assert wait_until(lambda: not in_maintenance(), 5), "the end of maintenance is synced to the catalog"
+    assert wait_until(lambda: [e["Service"]["ID"] for e in _health(c, passing=True)] == ["n1-iu0"], 5)
 
 
 def test_reads_are_forwarded_to_the_server_with_the_caller_token(cluster):

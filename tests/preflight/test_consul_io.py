@@ -1,5 +1,6 @@
-"""preflight's Consul calls carry the inventory's consul_operator_token (the one token rule: a vault value or
-the path of a 0600 file); before, preflight read an undocumented consul_token_file and sent no token."""
+"""preflight's Consul calls carry the inventory's operator token (the token rule of roles/consul_agent/README.md:
+``consul_token``, a vault value, else the 0600 ``consul_token_file``); before, preflight sent no token to
+/v1/agent/self and read a token file whatever its mode."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def maintenance_of(io, n) -> dict[str, bool]:
 
 
 def test_the_operator_token_as_a_vault_value_is_sent(acl_consul):
-    n = node("t1", consul_http_addr=acl_consul, consul_operator_token=OPERATOR)
+    n = node("t1", consul_http_addr=acl_consul, consul_token=OPERATOR)
     io = in_maintenance(acl_consul, n)
     assert consul_io.release(n) == ["t1-iu0", "t1-iu1"]
     assert maintenance_of(io, n) == {"t1-iu0": False, "t1-iu1": False}
@@ -50,7 +51,7 @@ def test_the_operator_token_as_a_0600_file_is_read(acl_consul, tmp_path):
     path = tmp_path / "operator.token"
     path.write_text(OPERATOR + "\n")
     path.chmod(0o600)
-    n = node("t2", consul_http_addr=acl_consul, consul_operator_token=str(path))
+    n = node("t2", consul_http_addr=acl_consul, consul_token_file=str(path))
     io = in_maintenance(acl_consul, n)
     assert set(consul_io.iu_services(n)) == {"t2-iu0", "t2-iu1"}
     assert consul_io.release(n) == ["t2-iu0", "t2-iu1"] and not any(maintenance_of(io, n).values())
@@ -71,7 +72,7 @@ def test_a_group_readable_token_file_is_one_line_naming_host_and_variable(acl_co
     path.write_text(OPERATOR)
     path.chmod(0o644)
     with pytest.raises(consul_io.ConsulUnavailable) as info:
-        consul_io.iu_services(node("t4", consul_http_addr=acl_consul, consul_operator_token=str(path)))
+        consul_io.iu_services(node("t4", consul_http_addr=acl_consul, consul_token_file=str(path)))
     message = str(info.value)
-    assert message.startswith(f"t4: consul_operator_token: {path}: readable by group/others (mode 0644)")
+    assert message.startswith(f"t4: consul_token_file {path}: readable by group/others (mode 0644)")
     assert OPERATOR not in message and "\n" not in message

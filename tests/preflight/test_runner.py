@@ -16,6 +16,7 @@ from preflight import checks as registry
 from preflight import history, report
 from preflight.checks.base import Check, RunOptions
 from preflight.profiles import ProfileError, load_file, profile_for, profile_of
+from preflight.release import release_passed
 from preflight.result import CheckResult, Verdict
 from preflight.runner import exit_code, run_preflight
 from preflight.transport import CommandResult, LocalTransport, RoutingTransport, SshTransport
@@ -473,7 +474,9 @@ def test_consul_check_and_release_only_where_everything_passed(consul_addr):
     t = ScriptedTransport().on("*", "uname", reply="5.15\n").on("*", "check-me", reply="ok\n")
     t.on("bad", "check-me", reply="nope\n")
     profiles = {n.name: profile_of(n) for n in cluster.nodes()}
-    outcome = run_preflight(cluster, [Echo(), consul_check], profiles, t, RunOptions(timeout=2), release=True)
+    outcome = run_preflight(cluster, [Echo(), consul_check], profiles, t, RunOptions(timeout=2))
+    assert outcome.released == {}, "the runner only judges"
+    assert release_passed(cluster.nodes(), outcome) == {"good": ["good-iu0", "good-iu1"]}
     by = {(r.node, r.check): r for r in outcome.results}
     assert by[("good", "consul")].verdict is Verdict.PASS
     assert "in maintenance: good-iu0, good-iu1" in by[("good", "consul")].reason

@@ -142,3 +142,29 @@ def test_one_secret_for_two_jobs_is_refused():
 
     with pytest.raises(AnsibleFilterError, match="n1: the agent and operator Consul tokens are the same secret"):
         _filters()["consul_node_acl"]("n1", "dc1", {"agent": "s", "operator": "s"})
+
+
+def test_the_token_rule_vault_value_first_then_a_private_file(tmp_path):
+    from ansible.errors import AnsibleFilterError
+
+    token = _filters()["consul_token"]
+    path = tmp_path / "consul.token"
+    path.write_text("  4a3b2c1d-0000-4000-8000-000000000001\n")
+    path.chmod(0o600)
+    assert token("from-vault", str(path)) == "from-vault"
+    assert token("", str(path)) == token(None, path) == "4a3b2c1d-0000-4000-8000-000000000001"
+    assert token("", "") == ""
+    path.chmod(0o640)
+    with pytest.raises(AnsibleFilterError, match=r"consul_token_file .*consul.token: readable by group/others "
+                                                 r"\(mode 0640\); chmod 600"):
+        token("", str(path))
+    for text, why in (("\n", "found nothing"), ("a b\n", "found whitespace")):
+        path.write_text(text)
+        path.chmod(0o600)
+        with pytest.raises(AnsibleFilterError, match=f"must hold one Consul ACL token \\({why}"):
+            token("", str(path))
+    with pytest.raises(AnsibleFilterError, match="cannot read the Consul token file"):
+        token("", str(tmp_path / "missing"))
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(AnsibleFilterError, match="not a text file"):
+        token("", str(path))

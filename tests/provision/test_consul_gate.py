@@ -85,7 +85,7 @@ def _run(tmp_path: Path, server, agent, operator: str = TOKENS["operator"], *ext
                                                            "ansible_python_interpreter": python,
                                                            "consul_http_addr": server.address}}}},
         "vars": {"consul_agent_acl_management_token": MANAGEMENT, "consul_agent_acl_agent_token": TOKENS["agent"],
-                 "consul_agent_acl_registration_token": TOKENS["registration"], "consul_operator_token": operator},
+                 "consul_agent_acl_registration_token": TOKENS["registration"], "consul_token": operator},
     }}
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     (tmp_path / "gate.yml").write_text(PLAYBOOK)

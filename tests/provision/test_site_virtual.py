@@ -406,7 +406,7 @@ def test_rolling_restart_drains_one_node_at_a_time_through_consul(provisioned, c
     group_vars = provisioned.inventory / "group_vars" / "all.yml"
     original = group_vars.read_text()
     # this dev Consul has no ACLs: no token, so the calls are logged (with a token they are no_log)
-    group_vars.write_text(original + f"\nconsul_http_addr: {consul_addr}\nconsul_http_token: ''\n")
+    group_vars.write_text(original + f"\nconsul_http_addr: {consul_addr}\nconsul_token: ''\n")
     try:
         result = provisioned.provision("rolling", "--playbook", "rolling-restart.yml")
     finally:

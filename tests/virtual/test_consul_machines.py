@@ -1,7 +1,14 @@
 """Consul agents on the machines: the consul stand-in package installed on every machine, the consul_agent role
 run for real (live actions) over SSH, consul.service joined to the server with ACLs on (default deny), gossip
 key and TLS as rendered. Package installs through apt are the next issue's; here the .deb the local
-repository serves is installed with dpkg, which is the same package."""
+repository serves is installed with dpkg, which is the same package.
+
+One cluster, the issue's machine tests in order (a bring-up costs minutes): every IU in the catalog and in
+maintenance; ACL denials; a second run releases nothing; an agent restart and a reload keep maintenance;
+preflight's release (preflight/release.py) makes a node's IUs routable in the edge's reader
+(eas_agent.scheduler's ConsulWatcher + PoolView, with the read-only edge token); killing the IUs' vLLM
+makes their checks critical within the check interval and the reader drops them; stopping the node's
+consul.service makes the server fail the node (serfHealth) and its IUs leave the pool."""
 
 from __future__ import annotations
 
@@ -43,10 +50,15 @@ def test_agents_join_the_server_and_every_iu_waits_in_maintenance(up_inventory, 
     inventory = up_inventory(3, 2, faults="none")
     group_vars = inventory / "group_vars" / "all.yml"
     # every agent listens on its machine's own address (machines share this network namespace)
-    group_vars.write_text(group_vars.read_text() + "\nconsul_http_addr: \"{{ ansible_host }}:8500\"\n"
-                          "clusterctl_live_actions: true\n")
     secrets = yaml.safe_load(group_vars.read_text())
-    management, operator = secrets["consul_agent_acl_management_token"], secrets["consul_operator_token"]
+    management, operator = secrets["consul_agent_acl_management_token"], secrets["consul_token"]
+    token_file = tmp_path / "consul.token"  # the token rule's file half, for preflight's release below
+    token_file.write_text(operator + "\n")
+    token_file.chmod(0o600)
+    # Only the consul_agent role acts (the eas_agent role renders its config and token file only).
+    group_vars.write_text(group_vars.read_text().replace(f"consul_token: {operator}\n", "")
+                          + "\nconsul_http_addr: \"{{ ansible_host }}:8500\"\n"
+                          f"consul_agent_live_actions: true\nconsul_token_file: {token_file}\n")
     deb = build_deb(catalog.hashicorp_packages(consul_standin_files())[0], tmp_path)
     hosts = ["r01n01", "r01n02", "r02n01"]
     for host in hosts:
@@ -56,7 +68,7 @@ def test_agents_join_the_server_and_every_iu_waits_in_maintenance(up_inventory, 
         installed = run_on(inventory, host, "sh", "-c", "dpkg -i /tmp/consul.deb && systemctl daemon-reload")
         assert installed.returncode == 0, installed.stdout + installed.stderr
     done = subprocess.run([sys.executable, "-m", "cli.main", "provision", "-i", str(inventory), "--tags",
-                           "consul_agent", "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True,
+                           "consul_agent,eas_agent", "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:]
     assert management not in done.stdout and operator not in done.stdout
@@ -77,12 +89,21 @@ def test_agents_join_the_server_and_every_iu_waits_in_maintenance(up_inventory, 
     token = agent_token.stdout.strip().rsplit('"', 1)[-1]
     assert token and _status("127.0.1.12:8500", "/v1/agent/service/maintenance/r01n02-iu0?enable=false", token) == 403
     assert _get(server, "/v1/health/service/vllm-iu", "") == []
+    # a token nobody created is refused outright, on the node's agent as on the server
+    assert _status("127.0.1.12:8500", "/v1/agent/services", "00000000-dead-4bad-8bad-000000000000", "GET") == 403
+    # restart and reload of an agent keep its IUs in maintenance (no reaping, maintenance persisted)
+    for action in ("restart", "reload"):
+        assert run_on(inventory, "r01n02", "systemctl", action, "consul.service").returncode == 0
+        time.sleep(2)
+        assert wait_until(lambda: set(in_maintenance()) == wanted, 30), in_maintenance()
+        assert all(in_maintenance().values()), (action, in_maintenance())
     # a second run changes nothing in Consul: still every IU held, none released
     again = subprocess.run([sys.executable, "-m", "cli.main", "provision", "-i", str(inventory), "--tags",
                             "consul_agent", "--run-dir", str(tmp_path / "run2")], cwd=REPO, capture_output=True,
                            text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-4000:]
     assert all(in_maintenance().values())
+    _released_iu_routes_then_dies(inventory, server, secrets["consul_edge_token"], in_maintenance)
     # stop a node's agent: leave_on_terminate is false, so the server fails it (serfHealth critical)
     assert run_on(inventory, "r02n01", "systemctl", "stop", "consul.service").returncode == 0
     started = time.monotonic()
@@ -95,10 +116,76 @@ def test_agents_join_the_server_and_every_iu_waits_in_maintenance(up_inventory, 
 
     assert wait_until(lambda: serf_of("r02n01") == "critical", 15), serf_of("r02n01")
     assert time.monotonic() - started < 15
-    assert serf_of("r01n02") == "passing"
+    assert serf_of("r01n01") == "passing"
 
 
 def _ssh(inventory: Path, host: str, *argv: str) -> list[str]:
     from sim.hosts import simulate
 
     return simulate.ssh_argv(inventory, host, *argv)
+
+
+def _released_iu_routes_then_dies(inventory: Path, server: str, edge_token: str, in_maintenance) -> None:
+    from cluster import load_cluster
+    from consul_io.client import ConsulIO
+    from eas_agent.scheduler import ConsulWatcher, PoolView
+    from preflight.release import release_passed
+    from preflight.result import CheckResult, Verdict
+    from preflight.runner import RunOutcome
+
+    node = load_cluster(inventory).node("r01n02")
+    ius = sorted(iu.id for iu in node.ius)
+    vllm = _start_on(inventory, node, "vllm", sys.executable, "-m", "sim.vllm",
+                     *[a for iu in node.ius for a in ("--iu", f"{node.address}:{iu.port}:0")],
+                     "--gpu-file", "/var/lib/eas-agent/fake_gpus.json", "--gpus", str(node.gpu_count), "--warmup-s", "0")
+    agent = _start_on(inventory, node, "eas-agent", str(Path(sys.executable).with_name("eas-agent")), "run", "--config",
+                      "/etc/eas-agent/config.yml")
+    view = PoolView()
+    watcher = ConsulWatcher(view, ConsulIO(server, token=edge_token), wait_s=1.0).start()
+    try:
+        passed = CheckResult(node.rack, node.name, None, "consul", Verdict.PASS, "stand-in for a passed run", {})
+        released = release_passed([node], RunOutcome([passed], 0.0, 0.0, None, ["consul"]))
+        assert sorted(released["r01n02"]) == ius
+        assert wait_until(lambda: not any(v for k, v in in_maintenance().items() if k in ius), 10), in_maintenance()
+
+        def healthy() -> list[str]:
+            return sorted(e.iu_id for e in view.snapshot().healthy)
+
+        assert wait_until(lambda: healthy() == ius, 40), (healthy(), view.health)
+        vllm.terminate()  # the IUs' vLLM dies: killed on the machine by its PID
+        _kill_on(inventory, node, "vllm")
+        died = time.monotonic()
+        assert wait_until(lambda: healthy() == [], 20), healthy()
+        # the check interval is 10 s, its timeout 2 s; the server sees the change at once (anti-entropy
+        # pushes every change) and the watch returns on it
+        assert time.monotonic() - died < 14, time.monotonic() - died
+        assert {view.health[i][0] for i in ius} == {"critical"}, view.health
+        vllm = _start_on(inventory, node, "vllm", sys.executable, "-m", "sim.vllm",
+                         *[a for iu in node.ius for a in ("--iu", f"{node.address}:{iu.port}:0")],
+                         "--gpu-file", "/var/lib/eas-agent/fake_gpus.json", "--gpus", str(node.gpu_count),
+                         "--warmup-s", "0")
+        assert wait_until(lambda: healthy() == ius, 40), healthy()
+        # the node's agent stops: leave_on_terminate is false, the server fails the node (serfHealth
+        # critical, Consul's failure detection) and every IU of it leaves the pool with it
+        assert run_on(inventory, "r01n02", "systemctl", "stop", "consul.service").returncode == 0
+        stopped = time.monotonic()
+        assert wait_until(lambda: healthy() == [], 20), healthy()
+        assert time.monotonic() - stopped < 20
+    finally:
+        watcher.stop()
+        for process in (vllm, agent):
+            process.terminate()
+        for name in ("vllm", "eas-agent"):
+            _kill_on(inventory, node, name)
+
+
+def _start_on(inventory: Path, node, name: str, *argv: str) -> subprocess.Popen:
+    """argv as root on the machine; its PID in /run/clusterctl-test-<name>.pid (stopped by that PID)."""
+    script = f'mkdir -p /var/lib/eas-agent && echo $$ > /run/clusterctl-test-{name}.pid && exec "$@"'
+    return subprocess.Popen(_ssh(inventory, node.name, "sh", "-c", script, "sh", *argv), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _kill_on(inventory: Path, node, name: str) -> None:
+    pidfile = f"/run/clusterctl-test-{name}.pid"
+    run_on(inventory, node.name, "sh", "-c", f'[ -f {pidfile} ] && kill "$(cat {pidfile})" && rm -f {pidfile}; true')

@@ -182,9 +182,12 @@ def run_preflight_command(
                 options,
                 parallel,
                 progress,
-                release=release,
-                strict=strict,
             )
+            if release:
+                from preflight.release import release_passed
+
+                progress.phase("--release: IUs of the nodes that passed leave maintenance")
+                release_passed(nodes, outcome, strict)
     finally:
         transport.close()
     # The result files first: whatever goes wrong while drawing the table, the verdicts are on disk.
