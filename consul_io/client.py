@@ -21,6 +21,7 @@ from pathlib import Path
 
 import consul
 import requests
+from consul.callback import CB
 
 from consul_io import layout
 
@@ -184,8 +185,6 @@ class ConsulIO:
 
     def agent_self(self) -> dict:
         """The agent's own configuration (``GET agent/self``)."""
-        from consul.callback import CB
-
         # py-consul's agent.self() sends no token at all, so under default deny every agent read as down
         # (agent:read missing): send the header ourselves.
         return self._call("GET agent/self", self.client.http.get, CB.json(), "/v1/agent/self",

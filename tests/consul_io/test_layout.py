@@ -49,7 +49,7 @@ def test_only_the_client_imports_py_consul():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
             if any(n == "consul" or n.startswith("consul.") for n in names):
                 importers.append(str(path.relative_to(REPO)))
-    assert importers == ["consul_io/client.py"]
+    assert sorted(set(importers)) == ["consul_io/client.py"]  # the one module (it may import more than one name)
 
 
 def test_the_roles_service_definition_agrees_with_layout():

@@ -4,7 +4,8 @@ only ``censored``: the line read "r01n01: FAILED Write the agent configuration: 
 
 from __future__ import annotations
 
-from provision import rollout as prov
+from provision.plan import make_plan
+from provision.rollout import Rollout
 from sim.hosts import create
 
 CENSORED = "the output has been hidden due to the fact that 'no_log: true' was specified for this result"
@@ -13,7 +14,7 @@ CENSORED = "the output has been hidden due to the fact that 'no_log: true' was s
 def _failed(tmp_path, res: dict) -> str:
     inventory = tmp_path / "inv"
     create.write(inventory, 2, 1, faults="none")
-    rollout = prov.Rollout(prov.make_plan(inventory, batch_sizes=["100%"]))
+    rollout = Rollout(make_plan(inventory, batch_sizes=["100%"]))
     for event in ({"event": "playbook_on_play_start", "event_data": {}},
                   {"event": "runner_on_failed", "event_data": {"host": "r01n01", "task": "Write the agent configuration",
                                                               "res": res}}):
