@@ -14,7 +14,7 @@ forks and ssh clients (rusage of the children) plus the ControlPersist ssh maste
 the run (their CPU is read from /proc before and after). Machine CPU is what the machines' processes
 (sshd, sudo, the module runs) used, read the same way from every machine's process tree; on real hosts
 it is spent on the nodes. Peak memory is the largest sum of RSS over the run's controller process tree
-(sampled every 0.1 s), also given per fork. Targets (issue 12): rerun <= 0.5x the first run; controller
+(sampled every 0.1 s), also given per fork. Targets: rerun <= 0.5x the first run; controller
 CPU per host on a rerun <= 1.0 CPU-s. The machines are always torn down.
 """
 

@@ -37,7 +37,7 @@ def test_demo_runs_and_cleans_up():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     out = done.stdout
     assert "FAIL" in out and "gpu_topology" in out  # the injected NVLink fault was caught
-    assert "gpu_throttle" in out and "hw_thermal_slowdown" in out  # and the thermal slowdown (issue 17)
+    assert "gpu_throttle" in out and "hw_thermal_slowdown" in out  # and the thermal slowdown (gpu_throttle)
     assert "released from maintenance" in out
     assert "whole run" in out and "0 errors" in out
     # A clean end: the last line is the demo's own, and nothing after it reports a failure (the review

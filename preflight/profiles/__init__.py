@@ -149,7 +149,7 @@ SCHEMA: dict[str, dict[str, Validator]] = {
     "cstates": {"allowed_states": _str_list},
     "time_sync": {"max_offset_ms": _positive_number},
     "dcqcn": {"priority": lambda v: None if isinstance(v, int) and 0 <= v <= 7 else "a priority 0-7"},
-    # Preflight depth (issue 17): one section per check, and what each --depth runs.
+    # Preflight depth: one section per check, and what each --depth runs.
     "pcie": {"gpu_gen": _pcie_gen, "gpu_width": _pcie_width, "hca_gen": _pcie_gen, "hca_width": _pcie_width},
     "gpu_bandwidth": {
         "h2d_min_gbps": _positive_number,

@@ -32,7 +32,7 @@ dcgm_fail              gpu (0); test (memory)                      ``dcgmi diag 
 ib_link_flaps          device (first HCA); count (3)               kernel log lost carrier / ready
 =====================  ==========================================  ===================================
 
-The last six (issue 17) each change one tool's output only, so each FAILs exactly its preflight check
+The last six (the deeper checks') each change one tool's output only, so each FAILs exactly its preflight check
 (on real hardware a downtrained link would also lower nvbandwidth's numbers).
 """
 

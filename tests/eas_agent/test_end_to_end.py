@@ -84,9 +84,11 @@ def nodes_for(tmp_path, addr, rates, stack: ExitStack, start_index=1):
 
 
 def scored(view, count):
-    entries = view.snapshot().entries
-    ok = [e for e in entries if e.score is not None and e.health == "passing"]
-    return entries if len(ok) == count else None
+    """The view's snapshot once ``count`` IUs are passing with a score (one snapshot: read twice, a scrape that
+    timed out on a loaded machine in between leaves an IU unscored)."""
+    snapshot = view.snapshot()
+    ok = [e for e in snapshot.entries if e.score is not None and e.health == "passing"]
+    return snapshot if len(ok) == count else None
 
 
 def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr):
@@ -96,7 +98,7 @@ def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr)
         view = stack.enter_context(reader(consul_addr))
         wait_for(lambda: scored(view, 8), 15, "8 passing IUs with scores")
         time.sleep(1.0)  # a few heartbeats so measured rates settle
-        by_id = view.snapshot().by_id()
+        by_id = wait_for(lambda: scored(view, 8), 15, "8 scored IUs once the rates settled").by_id()
         score = {
             f"r01n{n // 2 + 1:02d}-iu{n % 2}": by_id[f"r01n{n // 2 + 1:02d}-iu{n % 2}"].score
             for n in range(8)

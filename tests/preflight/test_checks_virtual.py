@@ -86,7 +86,7 @@ CHECKS = [
     "numa_pinning",
     "time_sync",
     "versions",
-    # issue 17: they run here too, and none of the faults above may make them FAIL
+    # the deeper checks run here too, and none of the faults above may make them FAIL
     "pcie_link",
     "nvlink",
     "gpu_throttle",

@@ -1,4 +1,4 @@
-"""Runner and report parts of issue 17: bracket checks read before the load tests and after the rack checks,
+"""Runner and report parts of the preflight depth: bracket checks read before the load tests and after the rack checks,
 progress names the node and check that is running, the report says which depth ran, profiles validate the
 new sections."""
 

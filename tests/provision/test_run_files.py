@@ -1,4 +1,4 @@
-"""Review L4 (issue 15 item 3): the run directory and events.jsonl carry task results: 0700 / 0600, and a
+"""Security review L4: the run directory and events.jsonl carry task results: 0700 / 0600, and a
 failed event write (full disk) never stops the run's bookkeeping."""
 
 from __future__ import annotations

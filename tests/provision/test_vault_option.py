@@ -169,8 +169,11 @@ def test_plan_with_an_undecryptable_inline_value_stops_before_any_host(tmp_path)
     the playbook would fail on it, so provision stops before batch 1, naming variable and hosts."""
     secret_file = password_file(tmp_path)
     inventory = virtual_inventory(tmp_path)
-    with (inventory / "group_vars" / "all.yml").open("a") as f:
-        f.write(encrypt_string(secret_file, "eas_agent_consul_token", "inline-only-token"))
+    # host_vars: the virtual inventory's group_vars already set eas_agent_consul_token (a duplicate key there
+    # would be Ansible's warning, not this test's error)
+    (inventory / "host_vars").mkdir(exist_ok=True)
+    with (inventory / "host_vars" / "r01n01.yml").open("a") as f:
+        f.write("\n" + encrypt_string(secret_file, "eas_agent_consul_token", "inline-only-token"))
     result = clusterctl("provision", "-i", str(inventory), "--plan", env=env_without_vault())
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.startswith(f"error: {inventory}: eas_agent_consul_token: ")

@@ -35,7 +35,7 @@ EXPECTED_CHANGES = {
     "clock_offset": {"chronyc tracking"},
     "version_drift": {"nvidia-smi", "nvidia-smi -q", "nvidia-smi --query-gpu", "dmesg", "journalctl -k",
                       "nvbandwidth"},
-    # issue 17
+    # faults of the deeper checks
     "pcie_downtrained": {"nvidia-smi -q", "sys/pci"},
     "gpu_low_bandwidth": {"nvbandwidth"},
     "nvlink_errors": {"nvidia-smi nvlink -e"},

@@ -1,4 +1,4 @@
-"""Fuzz every parser (issue 15 item 6, review L8): mutated real outputs either parse to contract JSON that is
+"""Fuzz every parser (security review L8): mutated real outputs either parse to contract JSON that is
 strict JSON, or raise ParseError; never another exception. Fixed seeds, stdlib random: a failure names
 the seed, kind, fixture and mutation so it can be replayed."""
 
