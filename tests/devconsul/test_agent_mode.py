@@ -95,7 +95,7 @@ def test_file_service_reaches_the_catalog_only_with_a_registration_token(cluster
     agent_token = c.token(AGENT_RULES)
     blocked = c.agent("n1", tokens={"agent": agent_token})
     load_file_services(blocked, [_iu("n1", tiny_http.url)])
-    assert wait_until(lambda: c.api.get("/v1/catalog/node/n1").json(), 5), "the node joins with its agent token"
+    assert wait_until(lambda: c.api.get("/v1/catalog/node/n1").json(), 20), "the node joins with its agent token"  # 5 s missed on loaded CI cores
     assert not wait_until(lambda: _health(c), 2), "default deny: no token for file services, never synced"
     assert "n1-iu0" in Api(blocked.address, MANAGEMENT).get("/v1/agent/services").json()
     blocked.agent_tokens.set("config_file_service_registration", c.token(REG_RULES))
