@@ -399,12 +399,7 @@ def _is_our_supervisor(pid: int, paths: HostPaths) -> bool:
 
 
 def _nspawn_of(supervisor: int) -> int | None:
-    try:
-        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
-    except OSError:
-        return None
-    found = [int(c) for c in children if _comm(int(c)) == "systemd-nspawn"]
-    return found[0] if found else None
+    return next((c for c in _children(supervisor) if _comm(c) == "systemd-nspawn"), None)
 
 
 def current_leader(paths: HostPaths) -> int | None:
@@ -431,13 +426,17 @@ def _is_our_leader(pid: int, paths: HostPaths) -> bool:
     return (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
-def _leader_of(nspawn_pid: int) -> int | None:
+def _children(pid: int) -> list[int]:
     try:
-        children = Path(f"/proc/{nspawn_pid}/task/{nspawn_pid}/children").read_text().split()
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
-        return None
-    inits = [int(c) for c in children if _comm(int(c)) == "systemd"]
-    return inits[0] if inits else (int(children[-1]) if children else None)
+        return []
+
+
+def _leader_of(nspawn_pid: int) -> int | None:
+    children = _children(nspawn_pid)
+    inits = [c for c in children if _comm(c) == "systemd"]
+    return inits[0] if inits else (children[-1] if children else None)
 
 
 def _comm(pid: int) -> str:
