@@ -31,6 +31,7 @@ from cluster.model import Node
 SSH_UNREACHABLE_RC = 255  # what ssh(1) exits with when it could not connect
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 KILL_GRACE_S = 2.0
+_SSH_IMPORT_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -154,13 +155,29 @@ def known_hosts_files(host: Node) -> list[Path]:
     return files
 
 
-def _unreachable_reason(exc: BaseException, address: str) -> str:
-    from paramiko.ssh_exception import AuthenticationException, BadHostKeyException
+def _ssh_libraries() -> tuple[Any, Any, Any]:
+    """(fabric, paramiko, invoke.exceptions), imported once under a lock.
 
-    if isinstance(exc, BadHostKeyException):
+    They load lazily (a run with only local nodes never pays for them), so the first import happens on the
+    runner's worker threads, one per node. paramiko's package import is circular (paramiko -> transport ->
+    ecdsakey -> pkey), and two threads importing it at once see a partially initialised module: "cannot
+    import name 'PKey' from partially initialized module 'paramiko.pkey'" crashed preflight in CI. The lock
+    makes the first import complete before any other thread looks.
+    """
+    with _SSH_IMPORT_LOCK:
+        import fabric
+        import invoke.exceptions
+        import paramiko
+    return fabric, paramiko, invoke.exceptions
+
+
+def _unreachable_reason(exc: BaseException, address: str) -> str:
+    _, paramiko, _ = _ssh_libraries()
+
+    if isinstance(exc, paramiko.BadHostKeyException):
         return (f"ssh: host key for {address} changed: got {exc.key.get_name()} "
                 f"{exc.key.get_fingerprint().hex()}, known_hosts has {exc.expected_key.get_fingerprint().hex()}")
-    if isinstance(exc, AuthenticationException):
+    if isinstance(exc, paramiko.AuthenticationException):
         return f"ssh: key rejected by {address}: {exc}"
     return f"ssh: {exc}"
 
@@ -178,20 +195,17 @@ class SshTransport:
 
     def _connection(self, host: Node):
         """The host's open connection; opened once (under a per-host lock, so hosts connect in parallel)."""
-        from fabric import Connection
-
+        fabric, paramiko, _ = _ssh_libraries()
         with self._lock:
             host_lock = self._host_locks.setdefault(host.name, threading.Lock())
         with host_lock:
             conn = self._connections.get(host.name)
             if conn is None:
-                from paramiko import RejectPolicy
-
                 port, key_file = host.settings.connection.port, host.settings.connection.key_file
                 connect_kwargs: dict[str, Any] = {"look_for_keys": key_file is None, "allow_agent": key_file is None}
                 if key_file:
                     connect_kwargs["key_filename"] = [os.path.expanduser(str(key_file))]
-                conn = Connection(
+                conn = fabric.Connection(
                     host=host.address,
                     user=host.settings.connection.user,
                     port=port,
@@ -206,22 +220,20 @@ class SshTransport:
                 for known in known_hosts_files(host):
                     if known.is_file():
                         conn.client.load_host_keys(str(known))
-                conn.client.set_missing_host_key_policy(RejectPolicy())
+                conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
                 conn.open()  # raises (-> unreachable) before it is shared with other threads
                 self._connections[host.name] = conn
             return conn
 
     def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult:
-        from invoke.exceptions import CommandTimedOut
-        from paramiko.ssh_exception import SSHException
-
+        _, paramiko, invoke_exceptions = _ssh_libraries()
         command = shlex.join(str(a) for a in argv)
         started = time.monotonic()
         try:
             result = self._connection(host).run(
                 command, hide=True, warn=True, timeout=timeout, in_stream=False
             )
-        except CommandTimedOut as exc:
+        except invoke_exceptions.CommandTimedOut as exc:
             return CommandResult(
                 None,
                 exc.result.stdout,
@@ -230,7 +242,7 @@ class SshTransport:
                 timed_out=True,
                 argv=tuple(argv),
             )
-        except (SSHException, OSError, EOFError) as exc:  # OSError covers socket timeouts
+        except (paramiko.SSHException, OSError, EOFError) as exc:  # OSError covers socket timeouts
             reason = _unreachable_reason(exc, host.address)
             return CommandResult(None, "", reason, time.monotonic() - started, unreachable=True, argv=tuple(argv))
         return CommandResult(

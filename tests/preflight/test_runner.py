@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -560,3 +561,43 @@ def test_ssh_background_server_is_bounded_and_quoted(monkeypatch):
     inner = shlex.split(outer[2].removesuffix(" & echo $!").removesuffix(" >/dev/null 2>&1 </dev/null"))
     assert inner == ["nohup", "timeout", "90", "ib_write_lat", "-d", "mlx5_0; reboot", "-p", "18515"]
     assert kill == "kill 4242"
+
+
+def test_the_ssh_libraries_load_safely_from_many_threads_at_once(tmp_path):
+    """The first SSH use happens on the runner's worker threads. Before the import lock, one thread opening
+    a connection (fabric) while another ran a command (paramiko.ssh_exception) failed every time in a fresh
+    interpreter with "cannot import name 'PKey' from partially initialized module" (CI crash of the demo)."""
+    import subprocess
+
+    script = tmp_path / "race.py"
+    script.write_text(
+        "import threading\n"
+        "from cluster.model import Node\n"
+        "from cluster.settings import node_settings\n"
+        "from preflight.transport import SshTransport\n"
+        "transport = SshTransport(connect_timeout=1)\n"
+        "barrier, failures = threading.Barrier(8), []\n"
+        "def use(i):\n"
+        "    n = Node(f'n{i}', '127.0.0.1', 'r1', 'h100-sxm', 8, 4, (0,) * 8, (), (),\n"
+        "             node_settings({'ansible_host': '127.0.0.1', 'ansible_port': 1}))\n"
+        "    barrier.wait()\n"
+        "    try:\n"
+        "        if i % 2:\n"
+        "            try:\n"
+        "                transport._connection(n)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "        else:\n"
+        "            transport.run(n, ['true'], timeout=2)\n"
+        "    except ImportError as exc:\n"
+        "        failures.append(repr(exc))\n"
+        "threads = [threading.Thread(target=use, args=(i,)) for i in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(failures)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(script)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
