@@ -1,8 +1,10 @@
 """The README's two commands work from a fresh `git clone` (catches a missing install step).
 
 Slow (a new virtualenv, the whole suite once more, and the demo), so it runs only where
-CLUSTERCTL_FRESH_CLONE_TEST=1 (.ci/run sets it). The inner `make test` runs without that variable,
-so this test does not recurse.
+CLUSTERCTL_FRESH_CLONE_TEST=1: a developer's check before landing, from a working tree whose .venv and
+caches could hide a missing install step. CI does not set it: its checkout already is a clean clone and
+.ci/run runs the two commands there directly. The inner `make test` runs without that variable, so this
+test does not recurse.
 """
 
 import os
@@ -15,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 only_when_asked = pytest.mark.skipif(
-    os.environ.get("CLUSTERCTL_FRESH_CLONE_TEST") != "1", reason="set CLUSTERCTL_FRESH_CLONE_TEST=1 (CI does)"
+    os.environ.get("CLUSTERCTL_FRESH_CLONE_TEST") != "1", reason="set CLUSTERCTL_FRESH_CLONE_TEST=1 (a pre-landing check; CI runs the commands on its own clean clone)"
 )
 
 
