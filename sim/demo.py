@@ -140,7 +140,7 @@ class Demo:
         with open(group_vars, "a") as vars_file:
             vars_file.write("\n# The demo: a Consul agent on every machine (consul.service from the stand-in package),\n"
                             "# the operator token for preflight and the playbooks in a 0600 file.\n"
-                            "consul_http_addr: \"{{ ansible_host }}:8500\"\nconsul_datacenter: dc1\n"
+                            "consul_datacenter: dc1\n"
                             f"consul_agent_live_actions: true\nconsul_token_file: {token_file}\n")
 
     def write_secret(self, name: str, text: str) -> Path:

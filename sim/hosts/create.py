@@ -55,10 +55,6 @@ ansible_become: true
 ansible_python_interpreter: /usr/bin/python3
 ansible_ssh_private_key_file: "{{ inventory_dir }}/.sim/ssh/id_ed25519"
 ansible_ssh_common_args: "-o UserKnownHostsFile={{ inventory_dir }}/.sim/ssh/known_hosts -o StrictHostKeyChecking=yes"
-# Package installs and live actions (service starts, reboots, BMC calls) stay off until the roles are
-# fixed for real hosts (the next issue turns them on).
-clusterctl_manage_packages: false
-clusterctl_live_actions: false
 # Hardware the stub tools print (defaults per gpu_model in sim/hosts/hardware.py; state only
 # differences) and the seconds every stub call takes (1.0 for the preflight fan-out benchmark).
 sim_hardware: {}
@@ -68,6 +64,11 @@ sim_command_delay_s: 0.0
 eas_agent_gpu_backend: fake
 eas_agent_fake_gpu_file: /var/lib/eas-agent/fake_gpus.json
 eas_agent_listen: "{{ ansible_host }}:9105"
+# Machines share this network namespace: each Consul agent listens on its machine's own address.
+consul_http_addr: "{{ ansible_host }}:8500"
+# Nothing leaves loopback: chrony's source is the package server's address (no NTP answers there), not a pool.
+chrony_pools: []
+chrony_servers: [127.0.255.1]
 """
 
 SOURCES_HEADER = """\

@@ -45,9 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sim
+from sim.aptrepo.catalog import SIM_TOOL
 from sim.hosts import limits, stubs, sysfs
 from sim.hosts.hardware import Hardware
 from sim.hosts.stubs import peers
+from sim.hosts.stubs import systemctl as stub_systemctl
 
 STATE_DIR_NAME = ".sim"
 SIM_RUN_DIR = "/run/clusterctl-sim"  # where a machine sees its own state/ dir
@@ -89,6 +91,9 @@ class SimHost:
     hardware: Hardware
     faults: list
     address: str
+    # Where the node's local NVMe holds the model weights (the inventory's inference_unit_model_path): a
+    # stand-in model directory (config.json only) is put there, as a real node has its weights before vLLM.
+    model_path: str | None = None
 
 
 def check_hostname(name: str) -> str:
@@ -259,6 +264,17 @@ def prepare_host(paths: HostPaths, sim_host: SimHost, public_key: str) -> str:
     sysfs.write_tree(etc, sysfs.etc_files(hw))
     _write(etc / "hosts", f"127.0.0.1 localhost\n{sim_host.address} {paths.host}\n")
     stubs.install(upper / "usr" / "local" / "bin", MACHINE_PYTHON, SIM_LIB)
+    # The kernel's CPUs and NUMA nodes are this machine's, not the simulated host's (see the stub systemctl).
+    _write(upper / "usr/lib/systemd/system/service.d" / stub_systemctl.HARNESS_DROPIN, stub_systemctl.HARNESS_DROPIN_TEXT)
+    _write(upper / "usr/lib/systemd/system/chrony.service.d" / stub_systemctl.CHRONY_DROPIN,
+           stub_systemctl.CHRONY_DROPIN_TEXT)
+    # The stand-in vendor packages' tools (sim/aptrepo: nvidia-smi, dcgmi, ...) launch the same stub program.
+    (upper / SIM_TOOL.lstrip("/")).parent.mkdir(parents=True)
+    os.symlink(f"/usr/local/bin/{stubs.PROGRAM}", upper / SIM_TOOL.lstrip("/"))
+    if sim_host.model_path:
+        model = upper / sim_host.model_path.lstrip("/")
+        model.mkdir(parents=True)
+        (model / "config.json").write_text(json.dumps({"model_type": "llama", "clusterctl_stand_in": True}) + "\n")
     _write(etc / "ssh" / "sshd_config.d" / "10-listen.conf",
            "# This machine's only listen address: machines share the CI machine's network namespace.\n"
            f"ListenAddress {sim_host.address}\nHostKey /etc/ssh/ssh_host_ed25519_key\n")

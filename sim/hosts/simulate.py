@@ -62,7 +62,8 @@ def simulated_hosts(inventory: str | Path, limit: str | None = None,
         fault_list = list(hostvars.get("sim_faults") or [])
         try:
             hw = hardware.resolve(node.name, hostvars)
-            hosts[node.name] = machines.SimHost(faults.apply(hw, fault_list), fault_list, node.address)
+            hosts[node.name] = machines.SimHost(faults.apply(hw, fault_list), fault_list, node.address,
+                                                hostvars.get("inference_unit_model_path", _default_model_path()))
             pinned_lids[node.name] = ((hostvars.get("sim_hardware") or {}).get("hca") or {}).get("lid_base")
         except (faults.FaultError, KeyError, TypeError, ValueError) as exc:
             problems.append(f"{node.name}: sim_hardware/sim_faults: {exc}")
@@ -70,6 +71,13 @@ def simulated_hosts(inventory: str | Path, limit: str | None = None,
         raise ClusterctlError("\n".join(problems), exit_code=2)
     _assign_lids(hosts, pinned_lids)
     return hosts
+
+
+def _default_model_path() -> str:
+    import yaml
+
+    defaults = Path(__file__).resolve().parents[2] / "roles/inference_unit/defaults/main.yml"
+    return yaml.safe_load(defaults.read_text())["inference_unit_model_path"]
 
 
 def _assign_lids(hosts: dict[str, machines.SimHost], pinned: dict[str, int | None]) -> None:

@@ -31,9 +31,11 @@ TOOLS: dict[str, str] = {
     "nv-fabricmanager": "versions:nv_fabricmanager",
     "nvbandwidth": "gpu_depth:nvbandwidth",
     "dcgmi": "gpu_depth:dcgmi",
+    "update-grub": "boot:update_grub",
+    "sysctl": "sysctl:sysctl",
 }
 # Tools Ansible itself calls while provisioning: no call delay, no hang (those model slow hardware probes).
-UNDELAYED_TOOLS = frozenset({"systemctl"})
+UNDELAYED_TOOLS = frozenset({"systemctl", "update-grub", "sysctl"})
 PROGRAM = "clusterctl-sim-tool"
 REAL_SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")
 

@@ -1,23 +1,24 @@
-"""``systemctl show``, ``cat`` and ``is-active`` of a simulated host, answered from its unit files.
+"""``systemctl show``, ``cat`` and ``is-active`` of a simulated host: systemd's own answer for every unit systemd
+has loaded, a simulated one only for the hardware daemons of a host not provisioned yet.
 
-The machines run a real systemd, and every other systemctl command goes to it. These three stay
-simulated while services are never started on the virtual inventory (``clusterctl_live_actions:
-false``; the next issue turns them on): an HGX node's NVIDIA daemons are "active" here although no such
-unit exists, and a unit written without a ``daemon-reload`` still shows what its files say. The stub
-answers from the unit files themselves (fragment + drop-ins, ``%i`` expanded, later
-assignments win, an empty assignment resets a list) in systemctl's ``Key=value`` form, and hands every
-other command to the real systemctl.
+The machines run a real systemd and provisioning installs and starts the units for real, so a unit systemd
+knows (``LoadState=loaded``) is answered by the real systemctl, state and all: Ansible's systemd module and
+preflight see what runs. What stays simulated is a machine before its first provisioning run: an HGX node's
+NVIDIA daemons (Fabric Manager, persistenced) run from boot on real hardware, so while their packages are not
+installed they read "active" here, and other units that systemd does not know are answered from their unit
+files (fragment + drop-ins, ``%i`` expanded, later assignments win, an empty assignment resets a list) in
+systemctl's ``Key=value`` form, inactive. Every other command goes to the real systemctl.
 
 Formats (systemd 249, Ubuntu 22.04): CPU sets and NUMA masks print as space-separated ranges
 (``CPUAffinity=0-47 96-143``), ``Environment`` as its space-joined assignments; an unset property prints
-empty. Services are never started on a simulated host (``ActiveState=inactive``), except the NVIDIA
-daemons an HGX node runs from boot (``is-active nvidia-fabricmanager`` -> active).
+empty.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,9 +31,27 @@ UNIT_DIRS = (Path("/etc/systemd/system"), Path("/run/systemd/system"), Path("/li
 LIST_KEYS = {"Environment", "CPUAffinity", "NUMAMask", "ExecStartPre", "ExecStartPost", "After", "Wants",
              "Requires", "EnvironmentFile"}
 CPU_SET_KEYS = {"CPUAffinity", "NUMAMask"}
-# Daemons a provisioned HGX node runs from boot, outside what the roles start: they are "active" on a
-# simulated host; every other unit is inactive (services are never started: no live actions).
+# Daemons an HGX node runs from boot: "active" on a simulated host whose packages are not installed yet.
 HARDWARE_DAEMONS = {"nvidia-fabricmanager.service", "nvidia-persistenced.service"}
+# The machine's drop-in for every service (sim/hosts/machines.py): the kernel has this CI machine's few CPUs and
+# one NUMA node, not the simulated host's, so systemd could not apply a binding to simulated CPUs (the unit would
+# exit 215/CPUAFFINITY). systemd runs the unit unbound; `show` reports the binding the unit's own files ask for,
+# which is what systemd applies on the real host.
+HARNESS_DROPIN = "zz-clusterctl-sim-cpus.conf"
+HARNESS_DROPIN_TEXT = (
+    "# clusterctl simulated machine: its CPUs and NUMA nodes are simulated (sysfs); the kernel's are the CI\n"
+    "# machine's few. Units run unbound here; `systemctl show` reports the binding their own files ask for.\n"
+    "[Service]\nCPUAffinity=\nNUMAPolicy=default\nNUMAMask=\n"
+)
+# chrony on a machine without CAP_SYS_TIME (nspawn never gives it: the CI machine's clock is not the machines' to
+# set): Debian's unit would be skipped by its ConditionCapability, so it runs chronyd -x (never touch the clock).
+CHRONY_DROPIN = "zz-clusterctl-sim-clock.conf"
+CHRONY_DROPIN_TEXT = (
+    "# clusterctl simulated machine: no CAP_SYS_TIME (the CI machine's clock is not its to set); chronyd runs\n"
+    "# with -x (measure, never adjust the clock) instead of being skipped.\n"
+    "[Unit]\nConditionCapability=\n\n[Service]\nExecStart=\nExecStart=!/usr/sbin/chronyd -x $DAEMON_OPTS\n"
+)
+BINDING_KEYS = ("CPUAffinity", "NUMAPolicy", "NUMAMask")
 DEFAULT_PROPERTIES = ("Id", "Names", "Description", "LoadState", "ActiveState", "SubState", "FragmentPath",
                       "DropInPaths", "UnitFileState")
 
@@ -49,7 +68,8 @@ def _fragment(unit: str) -> tuple[Path | None, list[Path]]:
         names.append(f"{prefix}@.{rest.rsplit('.', 1)[-1]}")
     fragment = next((d / n for n in names for d in UNIT_DIRS if (d / n).is_file()), None)
     dropins = sorted(
-        (p for n in reversed(names) for d in UNIT_DIRS if (d / f"{n}.d").is_dir() for p in (d / f"{n}.d").glob("*.conf")),
+        (p for n in reversed(names) for d in UNIT_DIRS if (d / f"{n}.d").is_dir() for p in (d / f"{n}.d").glob("*.conf")
+         if p.name not in (HARNESS_DROPIN, CHRONY_DROPIN)),
         key=lambda p: p.name,
     )
     return fragment, dropins
@@ -147,15 +167,64 @@ def _is_active(args: list[str]) -> int:
     return 0 if states and all(s == "active" for s in states) else 3
 
 
+def _loaded_by_systemd(real: str, units: list[str]) -> bool:
+    """Whether systemd itself has every one of ``units`` (then its answer is the truth)."""
+    if not units:
+        return True
+    done = subprocess.run([real, "show", "-p", "LoadState", "--value", *units], capture_output=True, text=True)
+    states = done.stdout.split()
+    return done.returncode == 0 and len(states) == len(units) and all(s == "loaded" for s in states)
+
+
+def _real_show(real: str, args: list[str], units: list[str]) -> int:
+    """systemd's own ``show``, with the NUMA binding keys as the unit's files (not the harness drop-in) set them."""
+    done = subprocess.run([real, *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        return done.returncode
+    value_only = "--value" in args
+    wanted = []
+    for i, arg in enumerate(args):
+        if arg in ("-p", "--property") and i + 1 < len(args):
+            wanted += args[i + 1].split(",")
+        elif arg.startswith("--property="):
+            wanted += arg.split("=", 1)[1].split(",")
+        elif arg.startswith("-p") and len(arg) > 2:
+            wanted += arg[2:].split(",")
+    blocks = done.stdout.rstrip("\n").split("\n\n") if done.stdout.strip() else []
+    out = []
+    for unit, block in zip(units, blocks, strict=False):
+        own = unit_properties(unit) or {}
+        lines = block.split("\n")
+        for n, line in enumerate(lines):
+            key = wanted[n] if value_only and n < len(wanted) else line.split("=", 1)[0]
+            if key in BINDING_KEYS:
+                value = own.get(key, "default" if key == "NUMAPolicy" else "")
+                lines[n] = value if value_only else f"{key}={value}"
+        out.append("\n".join(lines))
+    print("\n\n".join(out))
+    return 0
+
+
 def main(hw: Hardware, args: list[str]) -> int:
     command = next((a for a in args if not a.startswith("-")), None)
+    real = next((p for p in REAL_SYSTEMCTL if os.path.exists(p)), None)
+    if command in ("is-active", "show", "cat") and real is not None:
+        units = [_unit_name(a) for a in args[args.index(command) + 1:] if not a.startswith("-")]
+        if command == "show":  # -p VALUE is an option's argument, not a unit
+            rest = args[args.index(command) + 1:]
+            units = [_unit_name(a) for i, a in enumerate(rest)
+                     if not a.startswith("-") and (i == 0 or rest[i - 1] not in ("-p", "--property"))]
+        if _loaded_by_systemd(real, units):
+            if command != "show":
+                os.execv(real, [real, *args])
+            return _real_show(real, args, units)
     if command == "is-active":
         return _is_active(args[args.index("is-active") + 1:])
     if command == "show":
         return _show(args[args.index("show") + 1:] + [a for a in args[: args.index("show")] if a.startswith("-")])
     if command == "cat":
         return _cat(args[args.index("cat") + 1:])
-    real = next((p for p in REAL_SYSTEMCTL if os.path.exists(p)), None)
     if real is None:
         raise StubUsageError("no real systemctl to hand this command to")
     os.execv(real, [real, *args])
