@@ -271,6 +271,10 @@ def prepare_host(paths: HostPaths, sim_host: SimHost, public_key: str) -> str:
     # The stand-in vendor packages' tools (sim/aptrepo: nvidia-smi, dcgmi, ...) launch the same stub program.
     (upper / SIM_TOOL.lstrip("/")).parent.mkdir(parents=True)
     os.symlink(f"/usr/local/bin/{stubs.PROGRAM}", upper / SIM_TOOL.lstrip("/"))
+    # An MLNX_OFED host (the simulated ecn sysfs is the OFED driver's) has mlnx-tools' /usr/bin/mlnx_qos.
+    if hw.versions.get("ofed"):
+        (upper / "usr" / "bin").mkdir(parents=True, exist_ok=True)
+        os.symlink("/usr/local/bin/mlnx_qos", upper / "usr" / "bin" / "mlnx_qos")
     if sim_host.model_path:
         model = upper / sim_host.model_path.lstrip("/")
         model.mkdir(parents=True)
