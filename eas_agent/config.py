@@ -95,7 +95,7 @@ class AgentConfig:
     # TTL of the per-IU Consul check; the agent refreshes at a third of it. Default 3 heartbeats.
     check_ttl_s: float | None = None
     # Smallest gap between two KV writes of this node (level changes inside it wait for the next slot).
-    min_write_interval_s: float = 0.5
+    min_write_interval_s: float = 1.0
     # Token counters still this long while requests run -> the IU's status is warning (hung engine).
     frozen_after_s: float = 10.0
     source: str = "<config>"  # the file it was loaded from, for error messages
@@ -297,7 +297,7 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         sysfs_root=f.get("sysfs_root", str, "/sys"),
         scrape_timeout_s=timeout,
         check_ttl_s=ttl,
-        min_write_interval_s=f.get("min_write_interval_s", float, 0.5),
+        min_write_interval_s=f.get("min_write_interval_s", float, 1.0),
         frozen_after_s=f.positive("frozen_after_s", 10.0),
         source=str(path),
     )
