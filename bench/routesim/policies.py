@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import random
 
-from .iu import InferenceUnit
+from sim.vllm.engine import InferenceUnit
+
 from .workload import TraceRequest
 
 

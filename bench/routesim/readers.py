@@ -27,9 +27,9 @@ from eas_agent.scheduler import PoolView, pick
 from edge.config import EdgeConfig, PushConfig
 from edge.feed import EdgeView
 from edge.routing import Router
+from sim.vllm.eventloop import EventLoop
 
 from .agents import DATACENTER, KV_PREFIX, AgentFleet, SimNodeAgent
-from .loop import EventLoop
 from .workload import TraceRequest
 
 

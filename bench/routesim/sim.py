@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from consul_io import layout
+from sim.vllm.engine import InferenceUnit, Seq
+from sim.vllm.eventloop import EventLoop
+from sim.vllm.roofline import IUModel
 
-from .iu import InferenceUnit, Seq
-from .loop import EventLoop
-from .model import IUModel
 from .workload import TraceRequest
 
 
