@@ -246,3 +246,15 @@ def test_ledger_sums_match_the_entries_as_they_age_out():
             assert ledger.sent_since("a", since) == len(kept)
             sent = [(t, c) for t, c in sent if t >= since]
     assert ledger.sent_cost_since("a", 1e9, 0.2) == 0.0 and ledger.sent_cost_since("b", 0.0, 0.2) == 0.0
+
+
+def test_every_address_field_is_read_by_one_hostport_helper():
+    # the edge's listen, the agent's listen and the Consul block: one split, IPv6 brackets dropped for bind()
+    # (before: three rsplit copies, and "[::1]:8080" bound the host "[::1]", which getaddrinfo rejects)
+    from eas_agent.config import ConsulConfig, split_hostport
+
+    config = load_edge_config(None, {"listen": "[::1]:8081", "consul.address": "[::1]:8500"})
+    assert config.listen_hostport == ("::1", 8081)
+    assert (config.consul.host, config.consul.port) == ("::1", 8500)
+    assert split_hostport("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert (ConsulConfig().host, ConsulConfig().port) == split_hostport(ConsulConfig().address)
