@@ -171,7 +171,7 @@ def main() -> None:
     cases = [
         ("x1.0 trace: levels+hysteresis (default)", {}),
         ("x1.0 trace: no min change", {"min_change": 0.0}),
-        ("x1.0: no min change, 0.5 s (before)", {"min_change": 0.0, "min_write_interval_s": 0.5}),
+        ("x1.0 trace: 0.5 s, no min change", {"min_change": 0.0, "min_write_interval_s": 0.5}),
         ("x1.0 trace: levels, no hysteresis", {"hysteresis": 0.0}),
         ("x1.0 trace: no min write interval", {"min_write_interval_s": 0.0}),
         ("x1.4 trace (peaks over capacity)", {"load_scale": 1.4}),
