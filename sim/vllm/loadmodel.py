@@ -126,8 +126,10 @@ class LoadModel:
 
     def submit(self, prompt: int, output: int) -> Request:
         """An explicit request (a routing benchmark or the demo's edge sends these instead of Poisson arrivals)."""
-        if prompt < 1 or output < 1:
-            raise ValueError(f"a request needs >= 1 prompt and output token, got {prompt} and {output}")
+        if prompt < 1 or output < 1 or prompt + output > self.p.max_model_len:
+            # a sequence longer than max_model_len could be re-prefilled forever on a KV cache too small for it
+            raise ValueError(f"a request needs >= 1 prompt and output token and at most max_model_len "
+                             f"{self.p.max_model_len} in all, got {prompt} and {output}")
         self._ids += 1
         seq = Seq(self._ids, prompt, output, self.engine_now, 0.0, 0)
         request = self._requests[seq.rid] = Request(seq, self)

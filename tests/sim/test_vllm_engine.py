@@ -119,3 +119,14 @@ def test_load_model_small_kv_pool_is_in_blocks():
     assert model.num_gpu_blocks == 100 and model.unit.capacity == 1600
     with pytest.raises(ValueError, match="KV capacity"):
         LoadModel(ModelParams(num_gpu_blocks=0))
+
+
+def test_requests_longer_than_max_model_len_are_refused():
+    # vLLM answers 400; the engine would otherwise re-prefill a sequence its KV can never hold
+    from sim.vllm.openai_api import ApiError, parse_request
+
+    with pytest.raises(ApiError, match="maximum context length is 32768"):
+        parse_request(b'{"prompt_tokens": 32000, "max_tokens": 1000}', chat=False)
+    assert parse_request(b'{"prompt_tokens": 32000, "max_tokens": 768}', chat=False)[1:] == (32000, 768)
+    with pytest.raises(ValueError, match="max_model_len"):
+        LoadModel(arrival_rate=0.0).submit(40_000, 1)
