@@ -152,7 +152,7 @@ def handle_catalog(server, req: Request, rest: str) -> Response:
                                     len(shown) < len(services))
             return Response(payload=None)
 
-        return blocking_read(server, req, lambda: catalog.services_index, build_node, ANY_CATALOG)
+        return blocking_read(server, req, catalog.node_services_index, build_node, ANY_CATALOG)
     if kind == "datacenters" and not arg:
         return Response(payload=["dc1"])
     raise ApiError(404, "404 page not found")
