@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import consul
 
-from tests.devconsul.contract import eventually
+from tests.devconsul.contract import Api, eventually
 
 
 def _register(c, name: str, sid: str, status: str, tags: list[str] | None = None) -> None:
@@ -137,3 +137,22 @@ def test_node_services_read_sees_a_node_registered_after_it(api, name):
         assert woken.elapsed.total_seconds() < 4, "the blocking read wakes on the node's registration"
     finally:
         api.put("/v1/catalog/deregister", json={"Node": node})
+
+
+def test_autopilot_health_names_the_servers_and_the_leader(api):
+    """Autopilot's Read Health: overall Healthy and FailureTolerance, and per server Name, Leader, Voter and
+    Healthy -- what the consul_agent role's server restart checks before and after each server."""
+    resp = api.get("/v1/operator/autopilot/health")
+    assert resp.status_code == 200, resp.text
+    health = resp.json()
+    assert health["Healthy"] is True and isinstance(health["FailureTolerance"], int)
+    leaders = [s for s in health["Servers"] if s["Leader"]]
+    assert len(leaders) == 1 and leaders[0]["Healthy"] and leaders[0]["Voter"] and leaders[0]["Name"]
+
+
+def test_autopilot_health_needs_operator_read(dev_server):
+    management = "0d7d8c9e-7a3b-4c59-9f0e-4a1b2c3d4e5f"
+    server = dev_server(acl_token=management)
+    denied = Api(server.address).get("/v1/operator/autopilot/health")
+    assert denied.status_code == 403 and "lacks permission 'operator:read'" in denied.text
+    assert Api(server.address, management).get("/v1/operator/autopilot/health").json()["Healthy"] is True
