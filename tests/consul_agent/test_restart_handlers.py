@@ -51,8 +51,11 @@ exec {python} "$@"
 class Leaders:
     """One ``/v1/status/leader`` per server: "" from its restart until REJOIN_S after, then the leader."""
 
-    def __init__(self, log: Path, never_rejoins: str = ""):
+    def __init__(self, log: Path, never_rejoins: str = "", forming_s: float = 0.0):
         self.log, self.never_rejoins = log, never_rejoins
+        self.forming_s = forming_s  # from the first health read on, autopilot answers 500 "No cluster leader"
+        self.formed_at = 0.0
+        self.refused_forming = 0
         self.first_leader_after_restart: dict[str, float] = {}
         self.servers = {host: self._serve(host) for host in SERVERS}
 
@@ -73,6 +76,10 @@ class Leaders:
                 if self.path == "/v1/operator/autopilot/health":
                     if self.headers.get("X-Consul-Token") != MANAGEMENT:
                         return self._answer(403, "Permission denied: token lacks permission 'operator:read'")
+                    leaders.formed_at = leaders.formed_at or now + leaders.forming_s
+                    if now < leaders.formed_at:
+                        leaders.refused_forming += 1
+                        return self._answer(500, "No cluster leader")
                     servers = [{"Name": h, "Healthy": not leaders.down(h, now), "Voter": True,
                                 "SerfStatus": "alive", "Leader": h == "srv1"} for h in SERVERS]
                     return self._answer(200, {"Healthy": all(s["Healthy"] for s in servers),
@@ -115,14 +122,15 @@ def _events(log: Path) -> list[dict]:
 def servers(tmp_path):
     made: list[Leaders] = []
 
-    def run(never_rejoins: str = "", timeout_s: int = 10) -> tuple[subprocess.CompletedProcess, Leaders]:
+    def run(never_rejoins: str = "", timeout_s: int = 10, forming_s: float = 0.0) -> tuple[
+            subprocess.CompletedProcess, Leaders]:
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir(exist_ok=True)
         log = tmp_path / "systemctl.jsonl"
         systemctl = bin_dir / "systemctl"
         systemctl.write_text(FAKE_SYSTEMCTL.format(python=sys.executable, log=str(log)))
         systemctl.chmod(0o755)
-        leaders = Leaders(log, never_rejoins)
+        leaders = Leaders(log, never_rejoins, forming_s)
         made.append(leaders)
         hosts = {}
         for host in SERVERS:
@@ -170,8 +178,17 @@ def test_a_server_without_a_leader_stops_the_run_before_the_next_is_restarted(se
     done, leaders = servers(never_rejoins="srv2", timeout_s=3)
     assert done.returncode != 0
     assert "consul.service restarted but no leader known within 3s" in done.stdout, done.stdout[-3000:]
-    assert ("not restarting consul.service: other Consul servers are unhealthy, a restart now could take the "
-            "quorum down: srv2") in " ".join(done.stdout.split()), done.stdout[-3000:]
+    assert ("not restarting consul.service: the other Consul servers are not all healthy, a restart now could "
+            "take the quorum down (unhealthy servers: srv2") in " ".join(done.stdout.split()), done.stdout[-3000:]
     restarted = {h for h in SERVERS if leaders.restarted_at(h) is not None}
     assert restarted == {"srv1", "srv2"}, restarted  # srv3 untouched: one server down, never two
     assert MANAGEMENT not in done.stdout
+
+
+def test_a_cluster_still_forming_is_waited_for_not_refused(servers):
+    """The role's first run starts every server and then restarts them (consul.hcl changed): autopilot has
+    no leader to report for the first seconds (500 "No cluster leader"); the first restart waits for it."""
+    done, leaders = servers(forming_s=2.5)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert leaders.refused_forming > 0
+    assert min(leaders.restarted_at(h) for h in SERVERS) >= leaders.formed_at

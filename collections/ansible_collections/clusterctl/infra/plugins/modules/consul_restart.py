@@ -10,9 +10,10 @@ module: consul_restart
 short_description: Restart consul.service, then wait for a leader (and, on servers, a healthy cluster)
 description:
   - C(systemctl restart) of the unit, then polls C(/v1/status/leader) of the agent until it names a leader.
-  - With I(servers_healthy) (the role sets it on servers), it first reads autopilot's health
-    (C(/v1/operator/autopilot/health), operator:read) and refuses to restart while any OTHER server is
-    unhealthy, and after the restart also waits until every server is healthy again. Ansible's
+  - With I(servers_healthy) (the role sets it on servers), it first waits (up to I(timeout)) until autopilot's
+    health (C(/v1/operator/autopilot/health), operator:read) reports every OTHER server healthy, and
+    refuses to restart when that does not happen (or the token is refused); after the restart it also
+    waits until every server is healthy again. Ansible's
     C(throttle: 1) runs the task on one server at a time but does not stop at a failure (the next server's
     turn still comes), so this check is what keeps a server that did not come back from being followed by a
     second one going down: a 3-server cluster never loses its quorum to a configuration change.
@@ -70,25 +71,25 @@ def leader(url: str) -> str:
     return value if isinstance(value, str) else f"!unexpected answer {value!r}"
 
 
-def unhealthy_servers(url: str, token: str, me: str) -> list[str] | None:
-    """Servers other than ``me`` that autopilot reports unhealthy (each "name (why)"); None when the agent
-    does not answer at all. A refusal or an answer that is not autopilot's is raised as ValueError."""
+def servers_health(url: str, token: str, me: str) -> tuple[str, str]:
+    """("healthy", ""), ("unhealthy", why: the servers other than ``me`` that autopilot reports unhealthy,
+    or the server's refusal such as 500 "No cluster leader" while a new cluster forms), ("down", why: the
+    agent does not answer) or ("denied", why: the token may not read it, which waiting cannot change)."""
     try:
         health = _get(url, "/v1/operator/autopilot/health", token)
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace").strip()[:200]
-        raise ValueError(f"autopilot health refused ({exc.code}): {body}") from None
-    except (urllib.error.URLError, OSError):
-        return None
+        return ("denied" if exc.code == 403 else "unhealthy"), f"autopilot health answered {exc.code}: {body}"
+    except (urllib.error.URLError, OSError) as exc:
+        return "down", str(getattr(exc, "reason", exc))
+    except ValueError:
+        return "unhealthy", "autopilot health answered something that is not JSON"
     if not isinstance(health, dict) or not isinstance(health.get("Servers"), list):
-        raise ValueError(f"unexpected autopilot health answer: {str(health)[:200]}")
-    bad = []
-    for server in health["Servers"]:
-        if not isinstance(server, dict):
-            raise ValueError(f"unexpected autopilot server entry: {str(server)[:200]}")
-        if server.get("Name") != me and not server.get("Healthy"):
-            bad.append(f"{server.get('Name')} (serf {server.get('SerfStatus')}, voter {server.get('Voter')})")
-    return bad
+        return "unhealthy", f"unexpected autopilot health answer: {str(health)[:200]}"
+    bad = [f"{srv.get('Name')} (serf {srv.get('SerfStatus')}, voter {srv.get('Voter')})" if isinstance(srv, dict)
+           else f"unexpected server entry {str(srv)[:100]}"
+           for srv in health["Servers"] if not (isinstance(srv, dict) and (srv.get("Healthy") or srv.get("Name") == me))]
+    return ("unhealthy", "unhealthy servers: " + ", ".join(bad)) if bad else ("healthy", "")
 
 
 def main() -> None:
@@ -107,13 +108,18 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(changed=True)
     if p["servers_healthy"]:
-        try:
-            bad = unhealthy_servers(p["url"], p["token"], p["node_name"])
-        except ValueError as exc:
-            module.fail_json(msg=f"not restarting {p['unit']}: {exc}")
-        if bad:
-            module.fail_json(msg=f"not restarting {p['unit']}: other Consul servers are unhealthy, a restart "
-                                 f"now could take the quorum down: {', '.join(bad)}")
+        # Wait (bounded) rather than read once: a cluster that is still forming (every server just started
+        # by the role's first run) has no leader for a few seconds, and a server just restarted by the
+        # previous turn may still be catching up.
+        deadline = time.monotonic() + p["timeout"]
+        while True:
+            state, why = servers_health(p["url"], p["token"], p["node_name"])
+            if state in ("healthy", "down"):  # a down agent cannot take the quorum down further
+                break
+            if state == "denied" or time.monotonic() >= deadline:
+                module.fail_json(msg=f"not restarting {p['unit']}: the other Consul servers are not all "
+                                     f"healthy, a restart now could take the quorum down ({why})")
+            time.sleep(1)
     rc, _, err = module.run_command([module.get_bin_path("systemctl", required=True), "restart", p["unit"]])
     if rc != 0:
         module.fail_json(msg=f"systemctl restart {p['unit']} failed: {err.strip()[-500:]}")
@@ -124,19 +130,16 @@ def main() -> None:
         if last and not last.startswith("!"):
             if not p["servers_healthy"]:
                 module.exit_json(changed=True, leader=last)
-            try:
-                bad = unhealthy_servers(p["url"], p["token"], "")
-            except ValueError as exc:
-                bad = [str(exc)]
-            if bad == []:
+            state, why = servers_health(p["url"], p["token"], "")
+            if state == "healthy":
                 module.exit_json(changed=True, leader=last)
-            last = "!servers not healthy: " + (", ".join(bad) if bad else "no answer")
+            last = f"!servers: {why}"
         time.sleep(1)
+    if last.startswith("!servers: "):
+        module.fail_json(msg=f"{p['unit']} restarted but the Consul servers were not all healthy within "
+                             f"{p['timeout']}s (last answer from {p['url']}: {last.removeprefix('!servers: ')})")
     module.fail_json(msg=f"{p['unit']} restarted but no leader known within {p['timeout']}s "
-                         f"(last answer from {p['url']}: {last.lstrip('!') or 'no leader'})"
-                     if not last.startswith("!servers") else
-                     f"{p['unit']} restarted but the Consul servers were not all healthy within {p['timeout']}s "
-                     f"(last answer from {p['url']}: {last.lstrip('!')})")
+                         f"(last answer from {p['url']}: {last.lstrip('!') or 'no leader'})")
 
 
 if __name__ == "__main__":
