@@ -3,7 +3,8 @@
 How to use::
 
     clusterctl virtual create DIR --nodes 32 --racks 4 [--gpu h200-sxm] [--fabric ib|roce|mixed] [--faults none]
-    clusterctl virtual up DIR        # boots a machine per host; runs `down` first; builds the image once
+    clusterctl virtual up DIR        # boots a machine per host; runs `down` first; builds the image once;
+                                     # serves the package sources on 127.0.255.1:8080 (sim.hosts.repos)
     clusterctl virtual status DIR    # each machine's systemd state, address and faults
     clusterctl virtual down DIR      # stops every machine, removes their overlays (also after kill -9 of up)
 

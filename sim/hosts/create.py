@@ -70,6 +70,18 @@ eas_agent_fake_gpu_file: /var/lib/eas-agent/fake_gpus.json
 eas_agent_listen: "{{ ansible_host }}:9105"
 """
 
+SOURCES_HEADER = """\
+# Package sources (`clusterctl virtual up` serves them on loopback: sim/hosts/repos.py): stand-ins of NVIDIA's
+# and HashiCorp's apt repositories and a local package index. Only these values differ from a real site's;
+# the roles add and use them exactly as the vendors' (Debian's own packages come from Debian's archive).
+"""
+
+
+def sources_yaml() -> str:
+    from sim.hosts import repos
+
+    return SOURCES_HEADER + yaml.safe_dump(repos.inventory_values(), sort_keys=False, width=1000)
+
 
 @dataclass(frozen=True)
 class PlannedHost:
@@ -147,7 +159,8 @@ def render(nodes: int, racks: int, gpu_model: str = "h100-sxm", fabric: str = "i
     files = {
         "hosts.yml": "\n".join(lines) + "\n",
         "group_vars/all.yml": f"gpu_model: {gpu_model}\ngpu_count: 8\niu_size: 4\n"
-        + _nic_yaml(nics(gpu_model, default_roce)) + "\n" + SIM_SWITCHES + "\n" + consul_security.render(),
+        + _nic_yaml(nics(gpu_model, default_roce)) + "\n" + SIM_SWITCHES + "\n" + sources_yaml() + "\n"
+        + consul_security.render(),
         ".gitignore": ".sim/\n",
     }
     if roce_hosts and not default_roce:

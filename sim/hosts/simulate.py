@@ -18,7 +18,7 @@ from pathlib import Path
 from cluster.errors import ClusterctlError
 from cluster.inventory import cluster_of, load_inventory
 from cluster.vault import VaultSecrets
-from sim.hosts import faults, hardware, image, machines
+from sim.hosts import faults, hardware, image, machines, repos
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,8 @@ def up(inventory: str | Path, limit: str | None = None, vault_secrets: VaultSecr
     image_root = image.ensure(progress)
     try:
         with _exclusive(inventory_dir(inventory)):
+            # The package sources first: a machine is provisioned from them as soon as it is up.
+            repos.ensure_serving(state_dir(inventory), progress)
             machines.up(state_dir(inventory), image_root, hosts, progress)
     except machines.MachineError as exc:
         raise ClusterctlError(str(exc)) from None
@@ -129,7 +131,9 @@ def down(inventory: str | Path) -> int:
         return 0
     try:
         with _exclusive(inventory_dir(inventory)):
-            return machines.down(directory)
+            stopped = machines.down(directory)
+            repos.release(directory)
+            return stopped
     except machines.MachineError as exc:
         raise ClusterctlError(str(exc)) from None
 
