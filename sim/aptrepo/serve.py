@@ -1,6 +1,6 @@
 """A loopback-only static HTTP server for the stand-in repositories (apt's and pip's clients fetch from it).
 
-Dot paths (the signing key's GNUPGHOME, the recipe file) are never served; directory listings are off (a
+Dot paths (the signing key's GNUPGHOME, the recipe file) are never served (a "." path segment is fine); directory listings are off (a
 directory with an index.html serves that file).
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 class _Handler(SimpleHTTPRequestHandler):
     def send_head(self):
         parts = self.path.split("?", 1)[0].split("/")
-        if any(part.startswith(".") for part in parts if part):
+        # "." itself is allowed: a flat repository's Packages says "Filename: ./x.deb", so apt asks for <url>/./x.deb.
+        if any(part.startswith(".") for part in parts if part not in ("", ".")):
             self.send_error(404)
             return None
         path = self.path.split("?", 1)[0]

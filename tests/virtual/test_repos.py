@@ -65,6 +65,10 @@ def test_served_for_a_user_until_the_last_user_releases_it(short_tmp, monkeypatc
         assert status == 200 and key.startswith(b"-----BEGIN PGP PUBLIC KEY BLOCK-----")
         status, body = _get(f"{values['nvidia_stack_repo_url']}/ubuntu2204/x86_64/Packages")
         assert status == 200 and b"Package: nvidia-fabricmanager-550" in body
+        # apt fetches a flat repository's packages as <url>/./<file> (Filename: ./x.deb)
+        filename = next(line.split(": ", 1)[1] for line in body.decode().splitlines()
+                        if line.startswith("Filename: ./nvidia-utils-550_"))
+        assert _get(f"{values['nvidia_stack_repo_url']}/ubuntu2204/x86_64/{filename}")[0] == 200
         status, body = _get(f"{values['inference_unit_pip_index_url']}/vllm/")
         assert status == 200 and b"vllm-0.6.6.post1-" in body
         # the signing key's GNUPGHOME is never served
