@@ -239,7 +239,7 @@ def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
         gpu_numa_nodes=gpu_numa,
         nics=nics,
         ius=tuple(ius),
-        settings=node_settings(hostvars),
+        settings=node_settings(hostvars, name),
     )
 
 

@@ -1,0 +1,77 @@
+"""cluster/spec.py: one declaration per host variable (type, default, rule), one coerce() giving the typed
+record that node settings are built from, every problem at once naming host, variable and value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cluster import spec
+from cluster.settings import node_settings
+from tests.helpers import run_cli, write_tree
+
+HOSTS = """
+all:
+  children:
+    rack_r1:
+      hosts:
+        n1: {ansible_host: 127.0.9.1}
+"""
+
+
+def test_every_variable_is_declared_once_with_its_default_and_coercer():
+    fields = dataclasses.fields(spec.HostVars)
+    assert spec.NAMES == tuple(f.name for f in fields) and len(set(spec.NAMES)) == len(spec.NAMES)
+    assert all(callable(f.metadata["coerce"]) for f in fields)
+    assert spec.SECRETS == ("consul_token",)
+    assert set(spec.PIN_VARS.values()) <= set(spec.NAMES)
+    defaults = spec.coerce({}, "n1")
+    assert (defaults.gpu_count, defaults.iu_size, defaults.roce_gid_index, defaults.consul_scheme) == (8, 4, 3, "http")
+    assert spec.DEFAULTS["ansible_ssh_common_args"] == () and defaults.preflight_version_pins == {}
+
+
+def test_coerce_types_what_is_set():
+    record = spec.coerce({"ansible_port": "2222", "ansible_ssh_extra_args": "-o 'ProxyJump=a b'",
+                          "preflight_version_pins": {"cuda": 12.4, "nccl": None}, "roce_gid_index": "1",
+                          "nvidia_stack_driver_version": 550}, "n1")
+    assert record.ansible_port == 2222 and record.roce_gid_index == 1
+    assert record.ansible_ssh_extra_args == ("-o", "ProxyJump=a b")
+    assert record.preflight_version_pins == {"cuda": "12.4"} and record.nvidia_stack_driver_version == "550"
+    assert node_settings(record).version_pins == {"cuda": "12.4", "driver": "550", "fabric_manager": "550"}
+
+
+def test_coerce_reports_every_problem_at_once_one_line_each():
+    with pytest.raises(spec.SpecError) as caught:
+        spec.coerce({"ansible_port": 0, "consul_scheme": "ftp", "ansible_ssh_common_args": ["-o"],
+                     "preflight_version_pins": {"drivr": "550", "cud": "12"}}, "n1")
+    assert str(caught.value).splitlines() == [
+        "n1: ansible_port=0: not a TCP port number",
+        "n1: ansible_ssh_common_args=['-o']: must be a string of ssh options",
+        "n1: consul_scheme='ftp': must be http or https",
+        "n1: preflight_version_pins.drivr='550': unknown component; expected one of driver, cuda, fabric_manager, "
+        "nccl, ofed",
+        "n1: preflight_version_pins.cud='12': unknown component; expected one of driver, cuda, fabric_manager, "
+        "nccl, ofed",
+    ]
+
+
+def test_settings_of_variables_that_do_not_coerce_are_refused_not_defaulted():
+    """node_settings used to read an unusable ansible_port as "not set" (ssh's port 22) and a bad
+    roce_gid_index as 0; it builds from the coerced record now, so the problem is named instead."""
+    with pytest.raises(spec.SpecError, match="^n1: ansible_port='ssh': not a TCP port number$"):
+        node_settings({"ansible_port": "ssh"}, "n1")
+    with pytest.raises(spec.SpecError, match="roce_gid_index=-1"):
+        node_settings({"roce_gid_index": -1}, "n1")
+
+
+def test_a_misspelt_preflight_variable_is_named_with_its_near_miss(tmp_path, capsys):
+    """A preflight_ variable clusterctl does not declare used to be ignored silently (the overrides it
+    meant to set did not apply); it is a problem naming the variable and the near miss."""
+    inventory = write_tree(tmp_path / "inventory", {"hosts.yml": HOSTS, "group_vars/all.yml":
+                                                    "gpu_model: h100-sxm\npreflight_overides: {gpu: {count: 4}}\n"})
+    code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(inventory))
+    assert code == 2 and out == ""
+    assert err.splitlines()[0] == (
+        f"{inventory}: n1: preflight_overides={{'gpu': {{'count': 4}}}}: unknown variable (clusterctl reads "
+        "preflight_profile, preflight_overrides, preflight_version_pins); did you mean 'preflight_overrides'?"), err
