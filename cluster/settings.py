@@ -121,8 +121,10 @@ def version_pins(record: spec.HostVars) -> dict[str, str]:
 
 def node_settings(hostvars: Mapping[str, Any] | spec.HostVars, where: str = "-") -> NodeSettings:
     """Typed settings from one host's coerced variables (:func:`cluster.spec.coerce`, which raises
-    SpecError naming ``where`` for variables that do not coerce: validation reports those first)."""
-    r = hostvars if isinstance(hostvars, spec.HostVars) else spec.coerce(hostvars, where)
+    SpecError naming ``where`` for a value that is not of its variable's type; the rules are
+    validation's, which runs first)."""
+    # From a mapping: the settings alone (a node built by hand, a transport test, has no layout to coerce).
+    r = hostvars if isinstance(hostvars, spec.HostVars) else spec.coerce(hostvars, where, spec.SETTING_NAMES, rules=False)
     return NodeSettings(
         connection=Connection(
             kind=r.ansible_connection,

@@ -24,6 +24,7 @@ Variables of the layout are documented in :mod:`cluster.model`'s table; those of
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ PIN_VARS = {
     "fabric_manager": "nvidia_stack_driver_version",
     "nccl": "nvidia_stack_nccl_version",
 }
+# Linux interface names: 1..15 bytes (IFNAMSIZ-1), no '/', ':' or whitespace, not "." or "..".
+IFNAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,15}$")
+# RDMA device names (ibdev): IB_DEVICE_NAME_MAX is 64.
+IBDEV = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 # Prefixes of variables that only clusterctl's Python reads: an undeclared one is a misspelling (the
 # roles' prefixes are not here: a role's variables are the role's, checked by its argument spec).
 OWN_PREFIXES = ("preflight_",)
@@ -108,7 +113,8 @@ def integer(raw: Any) -> int | None:
         return None
 
 
-# -- coercers: raw value (as the inventory set it, null included) -> typed value, or Invalid ------------
+# -- types: raw value (as the inventory set it, null included) -> typed value, or Invalid when the value
+# cannot be of that type. Every reader gets them (cluster.model.build_node, node settings).
 
 def as_given(raw: Any) -> Any:
     return raw
@@ -123,10 +129,12 @@ def optional_str(raw: Any) -> str | None:
     return None if raw is None else str(raw)
 
 
-def nonempty_text(raw: Any) -> str:
-    if not isinstance(raw, str) or not raw.strip():
-        raise Invalid("must be a non-empty string")
-    return raw
+def string(message: str) -> Callable[[Any], str]:
+    def to_str(raw: Any) -> str:
+        if not isinstance(raw, str):
+            raise Invalid(message)
+        return raw
+    return to_str
 
 
 def secret_text(raw: Any) -> Any:
@@ -134,28 +142,15 @@ def secret_text(raw: Any) -> Any:
     return raw if isinstance(raw, Undecryptable) else text(raw)
 
 
-def tcp_port(raw: Any) -> int | None:
-    if raw is None:
-        return None
-    port = integer(raw)
-    if port is None or not 1 <= port <= 65535:
-        raise Invalid("not a TCP port number")
-    return port
-
-
-def gid_index(raw: Any) -> int:
-    index = integer(raw)
-    if index is None or index < 0:
-        raise Invalid("must be a GID table index (an integer >= 0)")
-    return index
-
-
-def one_of(*choices: str) -> Callable[[Any], str]:
-    def coerce_choice(raw: Any) -> str:
-        if str(raw) not in choices:
-            raise Invalid(f"must be {' or '.join(choices)}")
-        return str(raw)
-    return coerce_choice
+def whole(message: str, optional: bool = False) -> Callable[[Any], int | None]:
+    """An integer (``optional``: or null), else Invalid(message): the rule's message, so that a value
+    of the wrong type and one out of range read the same."""
+    def to_int(raw: Any) -> int | None:
+        number = None if optional and raw is None else integer(raw)
+        if number is None and not (optional and raw is None):
+            raise Invalid(message)
+        return number
+    return to_int
 
 
 def shell_words(raw: Any) -> tuple[str, ...]:
@@ -171,56 +166,156 @@ def shell_words(raw: Any) -> tuple[str, ...]:
 
 
 def version_pins(raw: Any) -> dict[str, str]:
-    """component -> version (null: no pins); an unknown component is named with its value."""
+    """component -> version (null: no pins)."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
         raise Invalid("must be a mapping")
-    unknown = [(f".{c}", raw[c], f"unknown component; expected one of {', '.join(COMPONENTS)}")
-               for c in raw if c not in COMPONENTS]
-    if unknown:
-        raise Invalid(parts=unknown)
     return {str(c): str(v) for c, v in raw.items() if v is not None}
 
 
-def var(default: Any = None, coerce: Callable[[Any], Any] = as_given, secret: bool = False) -> Any:
-    """One variable's declaration: its default (when not set) and its coercer (when set)."""
-    metadata = {"coerce": coerce, "secret": secret}
+# rdma_nics entry numbers and their least value (port numbers start at 1; NUMA nodes and GPUs at 0)
+_NIC_NUMBERS = (("port", 1), ("rate_gbps", 1), ("numa_node", 0), ("gpu", 0))
+
+
+def rdma_nics(raw: Any) -> tuple[dict[str, Any], ...]:
+    """The NIC entries with their defaults applied and numbers as ints (cluster.model.Nic's fields)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):  # a tuple: entries typed already (the record's)
+        raise Invalid("must be a list of {device, netdev, ...}")
+    parts: list[tuple[str, Any, str]] = []
+    nics = []
+    for i, nic in enumerate(raw):
+        if not isinstance(nic, dict) or "device" not in nic:
+            parts.append((f"[{i}]", nic, "must be a mapping with at least 'device'"))
+            continue
+        numbers = {}
+        for key, least in _NIC_NUMBERS:
+            given = nic.get(key, NIC_DEFAULTS.get(key))
+            numbers[key] = None if given is None else integer(given)
+            if given is not None and numbers[key] is None:
+                parts.append((f"[{i}].{key}", given, f"must be an integer >= {least}"))
+        nics.append({"device": str(nic["device"]), "netdev": optional_str(nic.get("netdev")),
+                     "link_layer": str(nic.get("link_layer", NIC_DEFAULTS["link_layer"])).lower(), **numbers})
+    if parts:
+        raise Invalid(parts=parts)
+    return tuple(nics)
+
+
+# -- rules: typed value -> None, or Invalid naming what the inventory must change. Validation applies
+# them (cluster.validate, the roles' filter plugin); a node built from validated variables need not.
+
+def at_least(least: int, message: str) -> Callable[[Any], None]:
+    def rule(number: int | None) -> None:
+        if number is not None and number < least:
+            raise Invalid(message)
+    return rule
+
+
+def in_range(low: int, high: int, message: str) -> Callable[[Any], None]:
+    def rule(number: int | None) -> None:
+        if number is not None and not low <= number <= high:
+            raise Invalid(message)
+    return rule
+
+
+def one_of(choices: tuple[Any, ...], message: str) -> Callable[[Any], None]:
+    def rule(value: Any) -> None:
+        if value not in choices:
+            raise Invalid(message)
+    return rule
+
+
+def nonempty(value: str) -> None:
+    if not value.strip():
+        raise Invalid("must be a non-empty string")
+
+
+def gpu_model_rule(value: Any) -> None:
+    if value is None:
+        raise Invalid(f"missing required variable (one of {', '.join(GPU_MODELS)})")
+    if value not in GPU_MODELS:
+        raise Invalid(f"unknown GPU model; expected one of {', '.join(GPU_MODELS)}")
+
+
+def ifname_rule(value: str | None) -> None:
+    if value is not None and not IFNAME.match(value):
+        raise Invalid("not a valid Linux interface name")
+
+
+def pin_components(pins: dict[str, str]) -> None:
+    unknown = [(f".{c}", v, f"unknown component; expected one of {', '.join(COMPONENTS)}")
+               for c, v in pins.items() if c not in COMPONENTS]
+    if unknown:
+        raise Invalid(parts=unknown)
+
+
+def nic_rules(nics: tuple[dict[str, Any], ...]) -> None:
+    parts: list[tuple[str, Any, str]] = []
+    for i, nic in enumerate(nics):
+        if not IBDEV.match(nic["device"]):
+            parts.append((f"[{i}].device", nic["device"], "not a valid RDMA device name"))
+        if nic["netdev"] is not None and not IFNAME.match(nic["netdev"]):
+            parts.append((f"[{i}].netdev", nic["netdev"],
+                          "not a valid Linux interface name (1-15 chars, no '/', ':' or spaces)"))
+        if nic["link_layer"] not in ("infiniband", "ethernet"):
+            parts.append((f"[{i}].link_layer", nic["link_layer"], "must be infiniband or ethernet"))
+        parts += [(f"[{i}].{key}", nic[key], f"must be an integer >= {least}") for key, least in _NIC_NUMBERS
+                  if nic[key] is not None and nic[key] < least]
+    if parts:
+        raise Invalid(parts=parts)
+
+
+def var(default: Any = None, coerce: Callable[[Any], Any] = as_given, rule: Callable[[Any], None] | None = None,
+        secret: bool = False, required: bool = False, layout: bool = False) -> Any:
+    """One variable's declaration: its default (when not set), its type (``coerce``, when set) and its
+    ``rule`` (a required variable's rule also sees an unset one, as null, and names it). ``layout``: one
+    of the model's (cluster.model's table), else a per-node setting (cluster.settings')."""
+    metadata = {"coerce": coerce, "rule": rule, "secret": secret, "required": required, "layout": layout}
     if isinstance(default, dict | list):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
+_POSITIVE = "must be a positive integer"
+_IU_SIZES = f"must be one of {'/'.join(map(str, VALID_IU_SIZES))}"
+_PORT = "not a TCP port number"
+_NONEMPTY = "must be a non-empty string"
+_GID = "must be a GID table index (an integer >= 0)"
+
+
 @dataclass(frozen=True)
 class HostVars:
-    """One host's variables, coerced. Layout variables as given (see the module docstring), settings typed."""
+    """One host's variables, coerced. Layout variables whose rules relate them to others are as given (see
+    the module docstring); the rest typed."""
 
-    # -- layout (cluster.model's table; rules in cluster.validate)
-    ansible_host: Any = var()
-    rack: Any = var()
-    gpu_model: Any = var()
-    gpu_count: Any = var(DEFAULT_GPU_COUNT)
-    iu_size: Any = var(DEFAULT_IU_SIZE)
-    iu_layout: Any = var()
-    gpu_numa_nodes: Any = var()
-    numa_node_count: Any = var(DEFAULT_NUMA_NODE_COUNT)
-    iu_port_base: Any = var(DEFAULT_IU_PORT_BASE)
-    iu_ports: Any = var()
-    rdma_nics: Any = var()
-    nccl_socket_ifname: Any = var()
-    cpu_cstates_redfish: Any = var()
+    # -- layout (cluster.model's table; the rules relating variables are cluster.validate's)
+    ansible_host: Any = var(layout=True)
+    rack: Any = var(layout=True)
+    gpu_model: str = var(None, optional_str, gpu_model_rule, required=True, layout=True)
+    gpu_count: int = var(DEFAULT_GPU_COUNT, whole(_POSITIVE), at_least(1, _POSITIVE), layout=True)
+    iu_size: int = var(DEFAULT_IU_SIZE, whole(_IU_SIZES), one_of(VALID_IU_SIZES, _IU_SIZES), layout=True)
+    iu_layout: Any = var(layout=True)  # against gpu_count and iu_size
+    gpu_numa_nodes: Any = var(layout=True)  # against gpu_count and the layout
+    numa_node_count: Any = var(DEFAULT_NUMA_NODE_COUNT, layout=True)
+    iu_port_base: Any = var(DEFAULT_IU_PORT_BASE, layout=True)  # checked where used: without iu_ports
+    iu_ports: Any = var(layout=True)  # against the number of IUs
+    rdma_nics: tuple[dict[str, Any], ...] = var((), rdma_nics, nic_rules, layout=True)
+    nccl_socket_ifname: str | None = var(None, optional_str, ifname_rule, layout=True)
+    cpu_cstates_redfish: Any = var(layout=True)  # with the BMC variables
     # -- connection (cluster.settings' table)
     ansible_connection: str = var("ssh", lambda raw: str(raw or "ssh"))
-    ansible_port: int | None = var(None, tcp_port)
+    ansible_port: int | None = var(None, whole(_PORT, optional=True), in_range(1, 65535, _PORT))
     ansible_user: str | None = var(None, text)
     ansible_ssh_private_key_file: str | None = var(None, text)
     ansible_private_key_file: str | None = var(None, text)
     ansible_ssh_common_args: tuple[str, ...] = var((), shell_words)
     ansible_ssh_extra_args: tuple[str, ...] = var((), shell_words)
     # -- Consul
-    consul_http_addr: str | None = var(None, nonempty_text)
-    consul_scheme: str = var("http", one_of("http", "https"))
-    consul_datacenter: str | None = var(None, nonempty_text)
+    consul_http_addr: str | None = var(None, string(_NONEMPTY), nonempty)
+    consul_scheme: str = var("http", str, one_of(("http", "https"), "must be http or https"))
+    consul_datacenter: str | None = var(None, string(_NONEMPTY), nonempty)
     # Secret: decrypted at load when the vault secrets can, else kept as Undecryptable, so a command that
     # never sends it (inventory show/validate) runs without the vault password, and one that does says
     # which variable it could not decrypt.
@@ -229,8 +324,8 @@ class HostVars:
     # -- preflight (preflight_overrides is validated against the profile schema by preflight.profiles)
     preflight_profile: str | None = var(None, text)
     preflight_overrides: Any = var()
-    preflight_version_pins: dict[str, str] = var({}, version_pins)
-    roce_gid_index: int = var(3, gid_index)
+    preflight_version_pins: dict[str, str] = var({}, version_pins, pin_components)
+    roce_gid_index: int = var(3, whole(_GID), at_least(0, _GID))
     # -- the nvidia_stack role's pins (PIN_VARS), read as preflight's pins too
     nvidia_stack_driver_version: str | None = var(None, optional_str)
     nvidia_stack_nccl_version: str | None = var(None, optional_str)
@@ -241,6 +336,8 @@ class HostVars:
 
 FIELDS = dataclasses.fields(HostVars)
 NAMES = tuple(f.name for f in FIELDS)
+LAYOUT_NAMES = tuple(f.name for f in FIELDS if f.metadata["layout"])
+SETTING_NAMES = tuple(f.name for f in FIELDS if not f.metadata["layout"])
 SECRETS = tuple(f.name for f in FIELDS if f.metadata["secret"])
 DEFAULTS: dict[str, Any] = {
     f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in FIELDS
@@ -254,33 +351,54 @@ def value(hostvars: Mapping[str, Any], name: str) -> Any:
     return hostvars.get(name, DEFAULTS[name])
 
 
-def coerce(hostvars: Mapping[str, Any], where: str) -> HostVars:
-    """One host's variables (``where``: the host, as problems name it) as the typed record; SpecError
-    listing every variable that does not coerce and every undeclared variable with a prefix of ours."""
+def _coerced(hostvars: Mapping[str, Any], where: str, names: tuple[str, ...],
+             rules: bool = True) -> tuple[dict[str, Any], list[Problem]]:
+    """The typed values of ``names`` that the host sets and the problems (``rules``: also each
+    variable's rule, and a required variable that is not set)."""
     values: dict[str, Any] = {}
     problems: list[Problem] = []
     for f in FIELDS:
-        if f.name not in hostvars:
+        if f.name not in names or (f.name not in hostvars and not (rules and f.metadata["required"])):
             continue  # the declared default
-        raw = hostvars[f.name]
+        raw = hostvars.get(f.name)
         try:
-            values[f.name] = f.metadata["coerce"](raw)
+            if f.name in hostvars:
+                values[f.name] = f.metadata["coerce"](raw)
+            if rules and f.metadata["rule"] is not None:
+                f.metadata["rule"](values.get(f.name))
         except Invalid as exc:
             parts = exc.parts or [("", raw, str(exc))]
             problems += [Problem(where, f.name + suffix, part, message) for suffix, part, message in parts]
+    return values, problems
+
+
+def unknown_own(hostvars: Mapping[str, Any], where: str) -> list[Problem]:
+    """Variables with a prefix only clusterctl reads that it does not declare (a misspelling)."""
     own = [name for name in NAMES if name.startswith(OWN_PREFIXES)]
-    problems += [Problem(where, str(name), hostvars[name], f"unknown variable (clusterctl reads {', '.join(own)})"
-                         + suggest(str(name), own))
-                 for name in hostvars if str(name).startswith(OWN_PREFIXES) and name not in NAMES]
+    return [Problem(where, str(name), hostvars[name], f"unknown variable (clusterctl reads {', '.join(own)})"
+                    + suggest(str(name), own))
+            for name in hostvars if str(name).startswith(OWN_PREFIXES) and name not in NAMES]
+
+
+def coerce(hostvars: Mapping[str, Any], where: str, names: tuple[str, ...] = NAMES, rules: bool = True) -> HostVars:
+    """One host's variables (``where``: the host, as problems name it) as the typed record; SpecError
+    listing every variable that is not of its type or breaks its rule and every undeclared variable
+    with a prefix of ours. ``names``: coerce only these (the others keep their defaults), e.g.
+    :data:`SETTING_NAMES` for settings built by hand without a layout. ``rules=False``: types only (a
+    node built from variables validation passed; tests build hostile ones to test quoting)."""
+    values, problems = _coerced(hostvars, where, names, rules)
+    if rules:
+        problems += unknown_own(hostvars, where)
     if problems:
         raise SpecError(problems)
     return HostVars(**values)
 
 
+# Two rules of cluster.validate.HOST_RULES: the layout variables' own first, the settings' last (the
+# rules relating layout variables to each other run between them).
+def check_layout_variables(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    return _coerced(hv, host, LAYOUT_NAMES)[1]
+
+
 def check_settings(host: str, hv: Mapping[str, Any]) -> list[Problem]:
-    """:func:`coerce`'s problems for one host (a rule of :data:`cluster.validate.HOST_RULES`)."""
-    try:
-        coerce(hv, host)
-    except SpecError as exc:
-        return exc.problems
-    return []
+    return _coerced(hv, host, SETTING_NAMES)[1] + unknown_own(hv, host)

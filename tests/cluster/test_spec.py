@@ -26,16 +26,18 @@ def test_every_variable_is_declared_once_with_its_default_and_coercer():
     assert all(callable(f.metadata["coerce"]) for f in fields)
     assert spec.SECRETS == ("consul_token",)
     assert set(spec.PIN_VARS.values()) <= set(spec.NAMES)
-    defaults = spec.coerce({}, "n1")
+    assert set(spec.LAYOUT_NAMES) | set(spec.SETTING_NAMES) == set(spec.NAMES)
+    assert not set(spec.LAYOUT_NAMES) & set(spec.SETTING_NAMES)
+    defaults = spec.coerce({"gpu_model": "h100-sxm"}, "n1")
     assert (defaults.gpu_count, defaults.iu_size, defaults.roce_gid_index, defaults.consul_scheme) == (8, 4, 3, "http")
     assert spec.DEFAULTS["ansible_ssh_common_args"] == () and defaults.preflight_version_pins == {}
 
 
 def test_coerce_types_what_is_set():
-    record = spec.coerce({"ansible_port": "2222", "ansible_ssh_extra_args": "-o 'ProxyJump=a b'",
+    record = spec.coerce({"gpu_model": "h200-sxm", "gpu_count": "8", "ansible_port": "2222", "ansible_ssh_extra_args": "-o 'ProxyJump=a b'",
                           "preflight_version_pins": {"cuda": 12.4, "nccl": None}, "roce_gid_index": "1",
                           "nvidia_stack_driver_version": 550}, "n1")
-    assert record.ansible_port == 2222 and record.roce_gid_index == 1
+    assert record.ansible_port == 2222 and record.roce_gid_index == 1 and record.gpu_count == 8
     assert record.ansible_ssh_extra_args == ("-o", "ProxyJump=a b")
     assert record.preflight_version_pins == {"cuda": "12.4"} and record.nvidia_stack_driver_version == "550"
     assert node_settings(record).version_pins == {"cuda": "12.4", "driver": "550", "fabric_manager": "550"}
@@ -43,9 +45,11 @@ def test_coerce_types_what_is_set():
 
 def test_coerce_reports_every_problem_at_once_one_line_each():
     with pytest.raises(spec.SpecError) as caught:
-        spec.coerce({"ansible_port": 0, "consul_scheme": "ftp", "ansible_ssh_common_args": ["-o"],
+        spec.coerce({"gpu_count": 0, "ansible_port": 0, "consul_scheme": "ftp", "ansible_ssh_common_args": ["-o"],
                      "preflight_version_pins": {"drivr": "550", "cud": "12"}}, "n1")
     assert str(caught.value).splitlines() == [
+        "n1: gpu_model=None: missing required variable (one of h100-sxm, h200-sxm, a100-sxm)",
+        "n1: gpu_count=0: must be a positive integer",
         "n1: ansible_port=0: not a TCP port number",
         "n1: ansible_ssh_common_args=['-o']: must be a string of ssh options",
         "n1: consul_scheme='ftp': must be http or https",
@@ -57,12 +61,14 @@ def test_coerce_reports_every_problem_at_once_one_line_each():
 
 
 def test_settings_of_variables_that_do_not_coerce_are_refused_not_defaulted():
-    """node_settings used to read an unusable ansible_port as "not set" (ssh's port 22) and a bad
-    roce_gid_index as 0; it builds from the coerced record now, so the problem is named instead."""
+    """node_settings used to read an ansible_port that is no number as "not set" (ssh's port 22) and such
+    a roce_gid_index as 0; it builds from the typed record now, so the value is named instead. (Rules,
+    such as a port's range, are validation's: a node built by hand may break them.)"""
     with pytest.raises(spec.SpecError, match="^n1: ansible_port='ssh': not a TCP port number$"):
         node_settings({"ansible_port": "ssh"}, "n1")
-    with pytest.raises(spec.SpecError, match="roce_gid_index=-1"):
-        node_settings({"roce_gid_index": -1}, "n1")
+    with pytest.raises(spec.SpecError, match="roce_gid_index='three'"):
+        node_settings({"roce_gid_index": "three"}, "n1")
+    assert node_settings({"ansible_port": 70000}).connection.port == 70000
 
 
 def test_a_misspelt_preflight_variable_is_named_with_its_near_miss(tmp_path, capsys):
@@ -75,3 +81,26 @@ def test_a_misspelt_preflight_variable_is_named_with_its_near_miss(tmp_path, cap
     assert err.splitlines()[0] == (
         f"{inventory}: n1: preflight_overides={{'gpu': {{'count': 4}}}}: unknown variable (clusterctl reads "
         "preflight_profile, preflight_overrides, preflight_version_pins); did you mean 'preflight_overrides'?"), err
+
+
+def test_nic_numbers_that_are_not_integers_are_named_not_a_crash(tmp_path, capsys):
+    """rdma_nics' port, rate_gbps, numa_node and gpu were converted with int() only when the node was
+    built, after validation: `port: x` crashed `inventory show` with an internal error (ValueError)."""
+    inventory = write_tree(tmp_path / "inventory", {"hosts.yml": HOSTS, "group_vars/all.yml":
+                                                    "gpu_model: h100-sxm\n"
+                                                    "rdma_nics: [{device: mlx5_0, port: x, numa_node: [1]}]\n"})
+    code, out, err = run_cli(capsys, "inventory", "show", "-i", str(inventory))
+    assert code == 2 and out == "" and "internal error" not in err
+    assert err.splitlines()[1:] == ["n1: rdma_nics[0].port='x': must be an integer >= 1",
+                                    "n1: rdma_nics[0].numa_node=[1]: must be an integer >= 0"], err
+    with pytest.raises(spec.SpecError, match=r"^n1: rdma_nics\[0\]\.gpu=-1: must be an integer >= 0$"):
+        spec.coerce({"gpu_model": "h100-sxm", "rdma_nics": [{"device": "mlx5_0", "gpu": -1}]}, "n1")
+
+
+def test_the_node_is_built_from_the_coerced_record():
+    from cluster.model import build_node
+
+    node = build_node("n1", {"gpu_model": "a100-sxm", "rack": "r1", "gpu_count": "8", "iu_size": "2",
+                             "rdma_nics": [{"device": "mlx5_0", "link_layer": "Ethernet", "rate_gbps": "200"}]})
+    assert (node.gpu_count, node.iu_size, len(node.ius)) == (8, 2, 4)
+    assert (node.nics[0].link_layer, node.nics[0].rate_gbps, node.nics[0].port) == ("ethernet", 200, 1)
