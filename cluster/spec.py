@@ -1,21 +1,23 @@
-"""Every host variable clusterctl's Python reads, declared once: its type, its default and its validation.
+"""Every host variable clusterctl's Python reads, declared once: its type, its default and its rule.
 
-:class:`HostVars` is the declaration: one field per variable, each made by :func:`var` with the default
-(used when the inventory does not set it) and the coercer that turns the raw value into the field's type
-or says, in one line, why it cannot. :func:`coerce` ``(hostvars, where) -> HostVars`` applies every
-declaration to one host's resolved variables and raises :class:`SpecError` listing every problem at once,
-each naming host, variable and value (the CLI prefixes the inventory path). A variable with a prefix only
-clusterctl reads (:data:`OWN_PREFIXES`: ``preflight_``) that is not declared is a problem too, with the
-near miss (``preflight_overides``: did you mean ``preflight_overrides``?): a misspelt setting would
-otherwise be silently ignored.
+:class:`HostVars` is the declaration: one field per variable, each made by :func:`var` with its default
+(used when the inventory does not set it), its type (a function turning the raw value into the field's
+type, or saying in one line why it cannot) and its rule (what a typed value must satisfy, in one line).
+:func:`coerce` ``(hostvars, where) -> HostVars`` applies them to one host's resolved variables and
+raises :class:`SpecError` listing every problem at once, each naming host, variable and value (the CLI
+prefixes the inventory path). A variable with a prefix only clusterctl reads (:data:`OWN_PREFIXES`:
+``preflight_``) that is not declared is a problem too, with the near miss (``preflight_overides``: did
+you mean ``preflight_overrides``?): a misspelt setting would otherwise be ignored without a word.
 
-The inventory loader (:mod:`cluster.ansible.inventory`) templates and decrypts exactly these variables
-(:data:`NAMES`) while the vault secrets are in effect; :func:`cluster.settings.node_settings` builds the
-typed per-node settings from the coerced record, never from raw variables. The layout variables
-(``gpu_count``, ``iu_layout``, ``rdma_nics``, ...) are declared here with their defaults and kept as given:
-their rules relate variables to each other (a layout against a GPU count, ports against IUs) and are
-:mod:`cluster.validate`'s, which reads defaults through :func:`value`; :func:`cluster.model.build_node`
-builds the layout after those rules passed. No other module applies a default.
+Who applies what: validation (:mod:`cluster.validate`, and through it the roles' ``cluster_node``
+filter) applies types and rules (:func:`check_layout_variables` first, :func:`check_settings` last) and
+adds the rules that relate variables to each other (an ``iu_layout`` against ``gpu_count``, ``iu_ports``
+against the IUs, rack groups, Redfish against the BMC variables), which is why ``iu_layout``,
+``gpu_numa_nodes``, ``iu_ports`` and ``iu_port_base`` are declared with their defaults but kept as given.
+:func:`cluster.model.build_node` and :func:`cluster.settings.node_settings` read the typed record
+(``rules=False``: they run on variables validation passed). The inventory loader
+(:mod:`cluster.ansible.inventory`) templates and decrypts exactly these variables (:data:`NAMES`) while
+the vault secrets are in effect. No other module applies a default.
 
 Variables of the layout are documented in :mod:`cluster.model`'s table; those of the per-node settings
 (connection, Consul, preflight, version pins, agent) in :mod:`cluster.settings`'.
@@ -190,6 +192,9 @@ def rdma_nics(raw: Any) -> tuple[dict[str, Any], ...]:
         if not isinstance(nic, dict) or "device" not in nic:
             parts.append((f"[{i}]", nic, "must be a mapping with at least 'device'"))
             continue
+        link_layer = str(nic.get("link_layer", NIC_DEFAULTS["link_layer"])).lower()
+        if link_layer not in ("infiniband", "ethernet"):
+            parts.append((f"[{i}].link_layer", nic.get("link_layer"), "must be infiniband or ethernet"))
         numbers = {}
         for key, least in _NIC_NUMBERS:
             given = nic.get(key, NIC_DEFAULTS.get(key))
@@ -197,7 +202,7 @@ def rdma_nics(raw: Any) -> tuple[dict[str, Any], ...]:
             if given is not None and numbers[key] is None:
                 parts.append((f"[{i}].{key}", given, f"must be an integer >= {least}"))
         nics.append({"device": str(nic["device"]), "netdev": optional_str(nic.get("netdev")),
-                     "link_layer": str(nic.get("link_layer", NIC_DEFAULTS["link_layer"])).lower(), **numbers})
+                     "link_layer": link_layer, **numbers})
     if parts:
         raise Invalid(parts=parts)
     return tuple(nics)
@@ -259,8 +264,6 @@ def nic_rules(nics: tuple[dict[str, Any], ...]) -> None:
         if nic["netdev"] is not None and not IFNAME.match(nic["netdev"]):
             parts.append((f"[{i}].netdev", nic["netdev"],
                           "not a valid Linux interface name (1-15 chars, no '/', ':' or spaces)"))
-        if nic["link_layer"] not in ("infiniband", "ethernet"):
-            parts.append((f"[{i}].link_layer", nic["link_layer"], "must be infiniband or ethernet"))
         parts += [(f"[{i}].{key}", nic[key], f"must be an integer >= {least}") for key, least in _NIC_NUMBERS
                   if nic[key] is not None and nic[key] < least]
     if parts:

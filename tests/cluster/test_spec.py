@@ -104,3 +104,15 @@ def test_the_node_is_built_from_the_coerced_record():
                              "rdma_nics": [{"device": "mlx5_0", "link_layer": "Ethernet", "rate_gbps": "200"}]})
     assert (node.gpu_count, node.iu_size, len(node.ius)) == (8, 2, 4)
     assert (node.nics[0].link_layer, node.nics[0].rate_gbps, node.nics[0].port) == ("ethernet", 200, 1)
+
+
+def test_a_problem_names_the_value_as_the_inventory_wrote_it():
+    with pytest.raises(spec.SpecError) as caught:
+        spec.coerce({"gpu_model": "h100-sxm", "iu_size": "three",
+                     "rdma_nics": [{"device": "mlx5 0", "link_layer": "RoCE"}]}, "n1")
+    assert str(caught.value).splitlines() == [
+        "n1: iu_size='three': must be one of 1/2/4/8",
+        "n1: rdma_nics[0].link_layer='RoCE': must be infiniband or ethernet",
+    ]  # the device name is a rule: checked once the entry is of its type
+    with pytest.raises(spec.SpecError, match=r"^n1: rdma_nics\[0\]\.device='mlx5 0': not a valid RDMA device name$"):
+        spec.coerce({"gpu_model": "h100-sxm", "rdma_nics": [{"device": "mlx5 0"}]}, "n1")
