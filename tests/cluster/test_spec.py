@@ -10,14 +10,7 @@ import pytest
 from cluster import spec
 from cluster.settings import node_settings
 from tests.helpers import run_cli, write_tree
-
-HOSTS = """
-all:
-  children:
-    rack_r1:
-      hosts:
-        n1: {ansible_host: 127.0.9.1}
-"""
+from tests.inventory.test_settings import HOSTS  # one host n1 in rack r1
 
 
 def test_every_variable_is_declared_once_with_its_default_and_coercer():
