@@ -23,7 +23,7 @@ import time
 
 from consul_io import layout
 from eas_agent.collectors.vllm import VllmCollector
-from eas_agent.publisher import Publisher, Quantizer
+from eas_agent.publisher import QUANTIZER_BASE, QUANTIZER_MIN_CHANGE, Publisher, Quantizer
 from eas_agent.score import IUInputs, Scorer
 from sim.memstore import MemoryStore
 from sim.vllm.exposition import model_metrics
@@ -73,7 +73,8 @@ def run(
     seed: int,
     *,
     hysteresis: float = 0.3,
-    min_write_interval_s: float = 0.5,
+    min_change: float = QUANTIZER_MIN_CHANGE["drain"],
+    min_write_interval_s: float = 1.0,
     heartbeat_s: float = 2.0,
     load_scale: float = 1.0,
 ) -> dict:
@@ -98,7 +99,7 @@ def run(
             cycle_s=INTERVAL_S,
             rng=random.Random(n),
         )
-        pub.quantizer = Quantizer(0.05, 1.25, hysteresis)
+        pub.quantizer = Quantizer(QUANTIZER_BASE["drain"], 1.25, hysteresis, min_change)
         publishers.append(pub)
     trace = Trace(rng, ius, load_scale)
     ages: list[float] = []
@@ -169,6 +170,8 @@ def main() -> None:
     )
     cases = [
         ("x1.0 trace: levels+hysteresis (default)", {}),
+        ("x1.0 trace: no min change", {"min_change": 0.0}),
+        ("x1.0 trace: 0.5 s, no min change", {"min_change": 0.0, "min_write_interval_s": 0.5}),
         ("x1.0 trace: levels, no hysteresis", {"hysteresis": 0.0}),
         ("x1.0 trace: no min write interval", {"min_write_interval_s": 0.0}),
         ("x1.4 trace (peaks over capacity)", {"load_scale": 1.4}),

@@ -11,7 +11,10 @@
    schedule first straight to the IUs, then through a real ``eas-edge`` process (routing with pick() on KV
    scores from a dev Consul), and measures time to first byte and each chunk's delay from its send time.
    Added latency = proxied - direct, per percentile. Edge CPU per request = the edge process's
-   utime+stime over the proxied run / requests answered.
+   utime+stime over the proxied run / requests answered. Where the time goes: the same schedule also runs
+   through a bare aiohttp pass-through proxy (no routing, view or metrics: the floor of any Python async
+   proxy on this host), so "edge own" = edge - bare is what the edge's code adds; the client's lag behind
+   its open-loop schedule shows when the load generator itself is starved of CPU.
 2. Push channel. 128 agents (``eas_agent.http.AgentHttpServer``, one per loopback address 127.0.201.N,
    one process) publish a 2-IU body every 200 ms; one edge process follows all of them (one blocking query
    per node). Measured over the window: the edge's CPU, its TCP connections, bodies applied per second;
@@ -93,6 +96,39 @@ async def main():
 asyncio.run(main())
 '''
 
+# The floor of any Python async proxy: the same aiohttp client/server hop with no routing, no Consul view, no
+# metrics. Added latency splits into this hop (aiohttp + the event loop + the host's scheduling) and what
+# is the edge's own (the rest).
+BARE_PROXY = r'''
+import asyncio, sys
+import aiohttp
+from aiohttp import web
+upstreams = sys.argv[1:]
+async def completions(request):
+    raw = await request.read()
+    url = upstreams[completions.n % len(upstreams)]
+    completions.n += 1
+    async with app["session"].post(url, data=raw, headers={"Content-Type": "application/json"}) as up:
+        response = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "")})
+        await response.prepare(request)
+        while chunk := await up.content.readany():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+completions.n = 0
+async def main():
+    app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+app = web.Application()
+app.router.add_post("/v1/completions", completions)
+asyncio.run(main())
+'''
+
 AGENTS = r'''
 import json, sys, threading, time
 from consul_io import layout
@@ -130,7 +166,7 @@ async def drive(urls: list[str], rate: float, duration: float, seed: int) -> dic
     import aiohttp
 
     rng = random.Random(seed)
-    ttfb, chunk_delay, errors = [], [], 0
+    ttfb, chunk_delay, late, errors = [], [], [], 0
     body = json.dumps({"prompt": "hello " * 20, "max_tokens": CHUNKS, "stream": True}).encode()
 
     async def one(url: str) -> None:
@@ -162,11 +198,12 @@ async def drive(urls: list[str], rate: float, duration: float, seed: int) -> dic
             delay = start + at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            late.append(max(0.0, time.monotonic() - (start + at)))  # the client's own lag behind its schedule
             tasks.append(asyncio.ensure_future(one(urls[len(tasks) % len(urls)])))
         await asyncio.gather(*tasks)
         wall = time.monotonic() - start
     return {"sent": len(tasks), "achieved_rate": len(tasks) / wall, "ttfb": ttfb, "chunk": chunk_delay,
-            "errors": errors}
+            "errors": errors, "late": late}
 
 
 class DevConsul:
@@ -203,19 +240,27 @@ def overhead(rates: list[float], duration: float, consul) -> list[dict]:
         for k in range(len(ports))})
     io.kv_cas_put(layout.score_key(layout.DEFAULT_DATACENTER, "bench"), body.dumps(), 0)
     edge, address = start_edge(consul.address, ["--no-push", "--max-inflight-per-iu", "4096"])
+    bare = subprocess.Popen([sys.executable, "-c", BARE_PROXY, *(f"http://127.0.0.1:{p}/v1/completions" for p in ports)],
+                            stdout=subprocess.PIPE, text=True)
+    bare_port = int(bare.stdout.readline())
     rows = []
     try:
         time.sleep(1.0)
         for rate in rates:
             direct = asyncio.run(drive([f"http://127.0.0.1:{p}/v1/completions" for p in ports], rate, duration, 1))
+            b0 = cpu_seconds(bare.pid)
+            hop = asyncio.run(drive([f"http://127.0.0.1:{bare_port}/v1/completions"], rate, duration, 1))
+            bare_cpu = cpu_seconds(bare.pid) - b0
             cpu0 = cpu_seconds(edge.pid)
             proxied = asyncio.run(drive([f"http://{address}/v1/completions"], rate, duration, 1))
             cpu = cpu_seconds(edge.pid) - cpu0
-            rows.append({"rate": rate, "direct": direct, "proxied": proxied, "edge_cpu_s": cpu})
+            rows.append({"rate": rate, "direct": direct, "bare": hop, "proxied": proxied, "edge_cpu_s": cpu,
+                         "bare_cpu_s": bare_cpu})
     finally:
-        edge.terminate()
-        upstream.terminate()
+        for process in (edge, bare, upstream):
+            process.terminate()
         edge.wait(30)
+        bare.wait(10)
         upstream.wait(10)
     return rows
 
@@ -264,22 +309,28 @@ def push_cost(nodes: int, window: float, consul) -> dict:
 
 
 def report_overhead(rows: list[dict]) -> list[str]:
-    lines = ["Proxy overhead, streamed completions (8 chunks, 5 ms apart), ms; added = through the edge - direct",
+    lines = ["Proxy overhead, streamed completions (8 chunks, 5 ms apart), ms; added = through the edge - direct;",
+             "bare = the same aiohttp hop with no routing (any Python proxy's floor on this host); edge's own =",
+             "edge - bare; client lag p99 = how late the open-loop client itself sent (its own CPU starvation)",
              f"{'req/s':>6} {'achieved':>8} {'path':>8} {'TTFB p50':>9} {'p99':>7} {'chunk p50':>10} {'p99':>7} "
-             f"{'errors':>6} {'edge CPU/req':>13}"]
+             f"{'errors':>6} {'CPU/req':>9} {'client lag p99':>15}"]
     verdicts = []
     for row in rows:
         stats = {}
-        for name in ("direct", "proxied"):
+        for name in ("direct", "bare", "proxied"):
             run = row[name]
             stats[name] = [1e3 * percentile(run[k], p) for k in ("ttfb", "chunk") for p in (50, 99)]
-            cpu = f"{1e3 * row['edge_cpu_s'] / max(1, len(run['ttfb'])):.2f} ms" if name == "proxied" else "-"
+            cpu_s = {"proxied": row["edge_cpu_s"], "bare": row["bare_cpu_s"]}.get(name)
+            cpu = f"{1e3 * cpu_s / max(1, len(run['ttfb'])):.2f} ms" if cpu_s is not None else "-"
             lines.append(f"{row['rate']:>6.0f} {run['achieved_rate']:>8.0f} {name:>8} "
                          + " ".join(f"{v:>{w}.2f}" for v, w in zip(stats[name], (9, 7, 10, 7), strict=True))
-                         + f" {run['errors']:>6} {cpu:>13}")
+                         + f" {run['errors']:>6} {cpu:>9} {1e3 * percentile(run['late'], 99):>15.2f}")
         added = [p - d for p, d in zip(stats["proxied"], stats["direct"], strict=True)]
         lines.append(f"{row['rate']:>6.0f} {'':>8} {'added':>8} "
                      + " ".join(f"{v:>{w}.2f}" for v, w in zip(added, (9, 7, 10, 7), strict=True)))
+        own = [p - b for p, b in zip(stats["proxied"], stats["bare"], strict=True)]
+        lines.append(f"{row['rate']:>6.0f} {'':>8} {'edge own':>8} "
+                     + " ".join(f"{v:>{w}.2f}" for v, w in zip(own, (9, 7, 10, 7), strict=True)))
         if row["rate"] == 200:
             met = added[1] <= TARGET_TTFB_P99_MS
             verdicts.append(f"target: added p99 to first byte at 200 req/s = {added[1]:.2f} ms "

@@ -5,7 +5,7 @@
     .venv/bin/python bench/route_sim.py                    # full: 50/80/95% load, 180 s traces (~10 min)
     .venv/bin/python bench/route_sim.py --seed 7 --json out.json --plot out.png
 
-Pool: 32 IUs (16 hosts × 2 IUs), each 4× H100 SXM5 with TP=4 serving Llama-3-70B in BF16 (routesim/model.py
+Pool: 32 IUs (16 hosts × 2 IUs), each 4× H100 SXM5 with TP=4 serving Llama-3-70B in BF16 (sim/vllm/roofline.py
 has every constant and its source). Service model, per engine step (vLLM V1 continuous batching):
   - prefill is compute-bound: 2 × 70.6e9 FLOPs per token + attention 4 × 80 layers × 8192 × context, at
     989 TFLOPS dense BF16 per GPU × 4 GPUs × MFU 0.45 ≈ 12,600 prompt tokens/s per IU;
@@ -55,7 +55,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rich.console import Console  # noqa: E402
 from routesim.capacity import saturated_rate  # noqa: E402
-from routesim.model import IUModel  # noqa: E402
 from routesim.report import as_json, plot, print_report, summarize  # noqa: E402
 from routesim.runner import (  # noqa: E402
     SHIPPED,
@@ -67,6 +66,8 @@ from routesim.runner import (  # noqa: E402
 )
 from routesim.sim import own_prefill_time, stable_seed  # noqa: E402
 from routesim.workload import mean_shape, poisson_trace  # noqa: E402
+
+from sim.vllm.roofline import IUModel  # noqa: E402
 
 QUICK = {"duration": 40.0, "warmup": 15.0, "loads": "0.8"}
 FULL = {"duration": 180.0, "warmup": 30.0, "loads": "0.5,0.8,0.95"}

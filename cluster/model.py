@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster import spec
 from cluster.settings import NodeSettings, node_settings
 from cluster.spec import (  # noqa: F401 - the model's constants, re-exported for its readers
     DEFAULT_GPU_COUNT,
@@ -174,20 +175,9 @@ def numa_map(hostvars: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def nics_of(hostvars: Mapping[str, Any]) -> tuple[Nic, ...]:
-    nics = []
-    for raw in hostvars.get("rdma_nics") or []:
-        nics.append(
-            Nic(
-                device=str(raw["device"]),
-                netdev=None if raw.get("netdev") is None else str(raw["netdev"]),
-                port=int(raw.get("port", NIC_DEFAULTS["port"])),
-                link_layer=str(raw.get("link_layer", NIC_DEFAULTS["link_layer"])).lower(),
-                rate_gbps=None if raw.get("rate_gbps") is None else int(raw["rate_gbps"]),
-                numa_node=None if raw.get("numa_node") is None else int(raw["numa_node"]),
-                gpu=None if raw.get("gpu") is None else int(raw["gpu"]),
-            )
-        )
-    return tuple(nics)
+    """The NICs of ``rdma_nics`` as :func:`cluster.spec.rdma_nics` coerces it (defaults applied, numbers
+    checked; it raises spec.Invalid for entries that are not, which validation reports first)."""
+    return tuple(Nic(**nic) for nic in spec.rdma_nics(hostvars.get("rdma_nics")))
 
 
 def iu_numa_node(gpus: list[int], gpu_numa: tuple[int, ...]) -> int | None:
@@ -210,11 +200,15 @@ def iu_ports(hostvars: Mapping[str, Any], count: int) -> list[int]:
 
 
 def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
-    """Build one node from its resolved variables. Call only after :mod:`cluster.validate` passed."""
-    layout = iu_layout(hostvars)
-    gpu_numa = numa_map(hostvars)
-    nics = nics_of(hostvars)
-    ports = iu_ports(hostvars, len(layout))
+    """Build one node from its resolved variables, through their typed record (:func:`cluster.spec.coerce`
+    raises SpecError for a value that is not of its variable's type). Call only after
+    :mod:`cluster.validate` passed: the rules are checked there."""
+    record = spec.coerce(hostvars, name, rules=False)
+    typed = {f.name: getattr(record, f.name) for f in spec.FIELDS}  # every variable, defaults applied
+    layout = iu_layout(typed)
+    gpu_numa = numa_map(typed)
+    nics = nics_of(typed)
+    ports = iu_ports(typed, len(layout))
     ius = []
     for index, gpus in enumerate(layout):
         numa = iu_numa_node(gpus, gpu_numa)
@@ -231,15 +225,15 @@ def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
         )
     return Node(
         name=name,
-        address=str(hostvars.get("ansible_host") or name),
+        address=str(record.ansible_host or name),
         rack=rack_of(hostvars),
-        gpu_model=str(hostvars["gpu_model"]),
-        gpu_count=int(value(hostvars, "gpu_count")),
-        iu_size=int(value(hostvars, "iu_size")),
+        gpu_model=record.gpu_model,
+        gpu_count=record.gpu_count,
+        iu_size=record.iu_size,
         gpu_numa_nodes=gpu_numa,
         nics=nics,
         ius=tuple(ius),
-        settings=node_settings(hostvars),
+        settings=node_settings(record),
     )
 
 

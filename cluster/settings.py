@@ -2,7 +2,8 @@
 
 Production code reads ``node.settings.<group>.<field>``, never raw host variables: the defaults are
 :mod:`cluster.spec`'s, the values were templated (and inline ``!vault`` values decrypted) by the loader
-while the vault secrets were in effect, and :func:`cluster.spec.check_settings` checked their types.
+while the vault secrets were in effect, and :func:`cluster.spec.coerce` typed and checked them once
+(each variable's type, default and rule are declared in :class:`cluster.spec.HostVars`).
 
 Host variables read here:
 
@@ -34,7 +35,6 @@ not a pin: a host not yet provisioned is not expected to be on it).
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,53 +106,46 @@ class NodeSettings:
     version_pins: Mapping[str, str] = field(default_factory=dict)  # component -> version
 
 
-def _text(raw: Any) -> str | None:
-    return None if raw is None or raw == "" else str(raw)
-
-
-def version_pins(hostvars: Mapping[str, Any]) -> dict[str, str]:
+def version_pins(record: spec.HostVars) -> dict[str, str]:
     """component -> pinned version: ``preflight_version_pins`` first, then the role variable
     (:data:`cluster.spec.PIN_VARS`) when the inventory sets it."""
-    explicit = hostvars.get("preflight_version_pins")
-    explicit = explicit if isinstance(explicit, Mapping) else {}
     pins = {}
     for component in spec.COMPONENTS:
-        pinned = explicit.get(component)
+        pinned = record.preflight_version_pins.get(component)
         if pinned is None and component in spec.PIN_VARS:
-            pinned = hostvars.get(spec.PIN_VARS[component])
+            pinned = getattr(record, spec.PIN_VARS[component])
         if pinned is not None:
-            pins[component] = str(pinned)
+            pins[component] = pinned
     return pins
 
 
-def node_settings(hostvars: Mapping[str, Any]) -> NodeSettings:
-    """Typed settings from one host's resolved variables (checked by :func:`cluster.spec.check_settings`)."""
-    def v(name: str) -> Any:
-        return spec.value(hostvars, name)
-
-    port = spec.integer(v("ansible_port"))
-    overrides = v("preflight_overrides")
+def node_settings(hostvars: Mapping[str, Any] | spec.HostVars, where: str = "-") -> NodeSettings:
+    """Typed settings from one host's coerced variables (:func:`cluster.spec.coerce`, which raises
+    SpecError naming ``where`` for a value that is not of its variable's type; the rules are
+    validation's, which runs first)."""
+    # From a mapping: the settings alone (a node built by hand, a transport test, has no layout to coerce).
+    r = hostvars if isinstance(hostvars, spec.HostVars) else spec.coerce(hostvars, where, spec.SETTING_NAMES, rules=False)
     return NodeSettings(
         connection=Connection(
-            kind=str(v("ansible_connection") or "ssh"),
-            port=port,
-            user=_text(v("ansible_user")),
-            key_file=_text(v("ansible_ssh_private_key_file")) or _text(v("ansible_private_key_file")),
-            ssh_common_args=tuple(shlex.split(str(v("ansible_ssh_common_args") or ""))),
-            ssh_extra_args=tuple(shlex.split(str(v("ansible_ssh_extra_args") or ""))),
+            kind=r.ansible_connection,
+            port=r.ansible_port,
+            user=r.ansible_user,
+            key_file=r.ansible_ssh_private_key_file or r.ansible_private_key_file,
+            ssh_common_args=r.ansible_ssh_common_args,
+            ssh_extra_args=r.ansible_ssh_extra_args,
         ),
         consul=Consul(
-            http_addr=_text(v("consul_http_addr")),
-            scheme=str(v("consul_scheme")),
-            dc=_text(v("consul_datacenter")),
-            token=v("consul_token") if isinstance(v("consul_token"), spec.Undecryptable) else _text(v("consul_token")),
-            token_file=_text(v("consul_token_file")),
+            http_addr=r.consul_http_addr or None,
+            scheme=r.consul_scheme,
+            dc=r.consul_datacenter or None,
+            token=r.consul_token,
+            token_file=r.consul_token_file,
         ),
         preflight=Preflight(
-            profile=str(v("preflight_profile") or v("gpu_model") or ""),
-            overrides=overrides,
-            roce_gid_index=spec.integer(v("roce_gid_index")) or 0,
+            profile=str(r.preflight_profile or r.gpu_model or ""),
+            overrides=r.preflight_overrides,
+            roce_gid_index=r.roce_gid_index,
         ),
-        agent=Agent(listen=_text(v("eas_agent_listen")), fake_gpu_file=_text(v("eas_agent_fake_gpu_file"))),
-        version_pins=version_pins(hostvars),
+        agent=Agent(listen=r.eas_agent_listen, fake_gpu_file=r.eas_agent_fake_gpu_file),
+        version_pins=version_pins(r),
     )

@@ -1,49 +1,33 @@
 """Inventory validation: every problem at once, each naming host, variable and value.
 
-Runs on resolved host variables before anything contacts a host. Rules are small functions
+Runs on resolved host variables before anything contacts a host. Each variable's own type and rule is
+declared in :class:`cluster.spec.HostVars` and applied by the first and last rules
+(:func:`cluster.spec.check_layout_variables`, :func:`cluster.spec.check_settings`); the rules here relate
+variables to each other (a layout against the GPU count, ports against the IUs, a host's rack groups,
+Redfish against the BMC variables). Rules are small functions
 ``check_<what>(host, hostvars) -> problems`` so that each can be read (and tested) on its own.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from cluster import model, spec
 from cluster.spec import Problem
 
-# Linux interface names: 1..15 bytes (IFNAMSIZ-1), no '/', ':' or whitespace, not "." or "..".
-_IFNAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,15}$")
-# RDMA device names (ibdev): IB_DEVICE_NAME_MAX is 64.
-_IBDEV = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
 BMC_VARS = ("bmc_address", "bmc_username", "bmc_password")
 
 
 _int = spec.integer
 
 
-def check_required(host: str, hv: Mapping[str, Any]) -> list[Problem]:
-    gpu_model = hv.get("gpu_model")
-    if gpu_model is None:
-        return [Problem(host, "gpu_model", None, f"missing required variable (one of {', '.join(model.GPU_MODELS)})")]
-    if gpu_model not in model.GPU_MODELS:
-        return [Problem(host, "gpu_model", gpu_model, f"unknown GPU model; expected one of {', '.join(model.GPU_MODELS)}")]
-    return []
-
-
 def check_gpu_layout(host: str, hv: Mapping[str, Any]) -> list[Problem]:
-    problems = []
+    problems: list[Problem] = []
     gpu_count = _int(spec.value(hv, "gpu_count"))
     iu_size = _int(spec.value(hv, "iu_size"))
-    if gpu_count is None or gpu_count <= 0:
-        problems.append(Problem(host, "gpu_count", hv.get("gpu_count"), "must be a positive integer"))
-    if iu_size not in model.VALID_IU_SIZES:
-        problems.append(
-            Problem(host, "iu_size", hv.get("iu_size"), f"must be one of {'/'.join(map(str, model.VALID_IU_SIZES))}")
-        )
-    if problems:
-        return problems
+    if gpu_count is None or gpu_count <= 0 or iu_size not in model.VALID_IU_SIZES:
+        return problems  # spec.check_layout_variables names them; nothing here can be related to them
     if gpu_count % iu_size:
         problems.append(
             Problem(host, "gpu_count", gpu_count, f"not divisible by iu_size={iu_size}: {gpu_count % iu_size} GPU(s) left over")
@@ -109,32 +93,6 @@ def check_ports(host: str, hv: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-def check_nics(host: str, hv: Mapping[str, Any]) -> list[Problem]:
-    nics = hv.get("rdma_nics")
-    if nics is None:
-        return []
-    if not isinstance(nics, list):
-        return [Problem(host, "rdma_nics", nics, "must be a list of {device, netdev, ...}")]
-    problems = []
-    for i, nic in enumerate(nics):
-        var = f"rdma_nics[{i}]"
-        if not isinstance(nic, dict) or "device" not in nic:
-            problems.append(Problem(host, var, nic, "must be a mapping with at least 'device'"))
-            continue
-        if not _IBDEV.match(str(nic["device"])):
-            problems.append(Problem(host, f"{var}.device", nic["device"], "not a valid RDMA device name"))
-        if nic.get("netdev") is not None and not _IFNAME.match(str(nic["netdev"])):
-            problems.append(
-                Problem(host, f"{var}.netdev", nic["netdev"], "not a valid Linux interface name (1-15 chars, no '/', ':' or spaces)")
-            )
-        if str(nic.get("link_layer", spec.NIC_DEFAULTS["link_layer"])).lower() not in ("infiniband", "ethernet"):
-            problems.append(Problem(host, f"{var}.link_layer", nic.get("link_layer"), "must be infiniband or ethernet"))
-    for var in ("nccl_socket_ifname",):
-        if hv.get(var) is not None and not _IFNAME.match(str(hv[var])):
-            problems.append(Problem(host, var, hv[var], "not a valid Linux interface name"))
-    return problems
-
-
 def check_redfish(host: str, hv: Mapping[str, Any]) -> list[Problem]:
     if not hv.get("cpu_cstates_redfish"):
         return []
@@ -159,11 +117,10 @@ def check_rack(host: str, hv: Mapping[str, Any]) -> list[Problem]:
 
 
 HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
-    check_required,
+    spec.check_layout_variables,
     check_rack,
     check_gpu_layout,
     check_ports,
-    check_nics,
     check_redfish,
     spec.check_settings,
 )

@@ -9,6 +9,7 @@
 - ``/v1/catalog/services|service/:service|nodes|node/:node|datacenters``;
   https://developer.hashicorp.com/consul/api-docs/catalog
 - ``/v1/status/leader|peers``; https://developer.hashicorp.com/consul/api-docs/status
+- ``/v1/operator/autopilot/health`` (one server: itself, healthy, FailureTolerance 0)
 ``?filter`` (:mod:`devconsul.bexpr`, Consul's filter language:
 https://developer.hashicorp.com/consul/api-docs/features/filtering) works on ``/v1/health/service/:service``
 and ``/v1/catalog/service/:service``, with the selectors those pages list (Node.*, Service.ID/Service/Tags/
@@ -20,6 +21,7 @@ implemented.
 from __future__ import annotations
 
 from devconsul import bexpr
+from devconsul.api_agent import CONSUL_API_VERSION
 from devconsul.authz import can, check_visible, filtered
 from devconsul.httpapi import ApiError, Request, Response, blocking_read
 from devconsul.watch import ANY_CATALOG, service
@@ -152,7 +154,7 @@ def handle_catalog(server, req: Request, rest: str) -> Response:
                                     len(shown) < len(services))
             return Response(payload=None)
 
-        return blocking_read(server, req, lambda: catalog.services_index, build_node, ANY_CATALOG)
+        return blocking_read(server, req, catalog.node_services_index, build_node, ANY_CATALOG)
     if kind == "datacenters" and not arg:
         return Response(payload=["dc1"])
     raise ApiError(404, "404 page not found")
@@ -165,6 +167,25 @@ def handle_status(server, req: Request, rest: str) -> Response:
     if rest == "peers":
         return Response(payload=[server.leader_address() or LEADER])
     raise ApiError(404, "404 page not found")
+
+
+def handle_operator(server, req: Request, rest: str) -> Response:
+    """``GET /v1/operator/autopilot/health`` (operator:read; https://developer.hashicorp.com/consul/api-docs/
+    operator/autopilot#read-health): what a rolling server restart checks before and after each server.
+    devconsul has one server, its own leader, so the answer is that server, healthy, and a failure
+    tolerance of 0 (a single-server cluster tolerates no server down)."""
+    _reads_only(req)
+    if rest != "autopilot/health":
+        raise ApiError(404, "404 page not found")
+    if not server.is_server:  # reached only through a server (client agents forward /v1/operator)
+        raise ApiError(500, "devconsul: operator reads go to a server")
+    node = server.catalog.node
+    with server.state.lock:
+        index = server.state.index
+    me = {"ID": node.node_id, "Name": node.name, "Address": server.leader_address(), "SerfStatus": "alive",
+          "Version": CONSUL_API_VERSION, "Leader": True, "LastContact": "0s", "LastTerm": 1, "LastIndex": index,
+          "Healthy": True, "Voter": True, "StableSince": server.started_at}
+    return Response(payload={"Healthy": True, "FailureTolerance": 0, "Servers": [me]})
 
 
 def _reads_only(req: Request, filterable: bool = False) -> None:

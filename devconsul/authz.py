@@ -86,6 +86,9 @@ def _require(server, req: Request) -> None:
             return
         check(req, "acl", "read" if reading else "write")
         return
+    if path.startswith("/v1/operator/"):
+        check(req, "operator", "read" if reading else "write")
+        return
     if path.startswith("/v1/agent/token/"):
         check(req, "acl", "write")
         return

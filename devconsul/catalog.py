@@ -296,6 +296,11 @@ class Catalog:
         """``maxIndexForService``: the per-service index, or the services table index for an unknown name."""
         return max(self.name_index.get(name) or self.services_index, 1)
 
+    def node_services_index(self) -> int:
+        """``NodeServices``' index: it reads the nodes and the services tables, so the larger of their
+        indexes (``maxIndexTxn(tx, "nodes", "services")``); a node registered without a service moves it."""
+        return max(self.nodes_index, self.services_index, 1)
+
     def node_checks(self) -> list[Check]:
         return sorted((c for c in self.checks.values() if not c.service_id), key=lambda c: c.check_id)
 

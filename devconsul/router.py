@@ -65,6 +65,8 @@ def route(server, req: Request) -> Response:
         return api_health.handle_catalog(server, req, path.removeprefix("/v1/catalog/"))
     if path.startswith("/v1/status/"):
         return api_health.handle_status(server, req, path.removeprefix("/v1/status/"))
+    if path.startswith("/v1/operator/"):
+        return api_health.handle_operator(server, req, path.removeprefix("/v1/operator/"))
     if path.startswith("/v1/acl/"):
         return api_acl.handle(server, req, path.removeprefix("/v1/acl/"))
     if path.startswith("/v1/internal/devconsul/"):

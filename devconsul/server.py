@@ -36,6 +36,7 @@ import logging
 import socket
 import threading
 import time
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -116,11 +117,13 @@ class DevConsulServer:
         self._rpc_httpd: _HTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
         self.address = ""
+        self.started_at = ""  # RFC 3339, autopilot's StableSince of this server
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> DevConsulServer:
         self._httpd = _HTTPServer(self._bind, _Handler, self)  # listens; served once the state is ready
         self.address = "{}:{}".format(*self._httpd.server_address[:2])
+        self.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
             snap = persist.load(self.data_dir) if self.data_dir and self.data_dir.exists() else None
             if snap is not None:

@@ -41,11 +41,11 @@ class ConsulConfig:
 
     @property
     def host(self) -> str:
-        return self.address.rsplit(":", 1)[0]
+        return split_hostport(self.address)[0]
 
     @property
     def port(self) -> int:
-        return int(self.address.rsplit(":", 1)[1])
+        return split_hostport(self.address)[1]
 
     def read_token(self, config_path: str | Path = "<config>") -> str | None:
         """The ACL token, read at start-up (never logged). A missing file means no ACLs; that is said once
@@ -95,7 +95,7 @@ class AgentConfig:
     # TTL of the per-IU Consul check; the agent refreshes at a third of it. Default 3 heartbeats.
     check_ttl_s: float | None = None
     # Smallest gap between two KV writes of this node (level changes inside it wait for the next slot).
-    min_write_interval_s: float = 0.5
+    min_write_interval_s: float = 1.0
     # Token counters still this long while requests run -> the IU's status is warning (hung engine).
     frozen_after_s: float = 10.0
     source: str = "<config>"  # the file it was loaded from, for error messages
@@ -110,11 +110,11 @@ class AgentConfig:
 
     @property
     def listen_host(self) -> str:
-        return self.listen.rsplit(":", 1)[0]
+        return split_hostport(self.listen)[0]
 
     @property
     def listen_port(self) -> int:
-        return int(self.listen.rsplit(":", 1)[1])
+        return split_hostport(self.listen)[1]
 
 
 class _Fields:
@@ -174,6 +174,13 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    """A HOST:PORT that ``_address`` accepted -> (host, port): the one reading of every address field (the
+    Consul block, the agent's and the edge's listen); an IPv6 literal loses its brackets, as bind() wants."""
+    host, _, port = value.rpartition(":")
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def _address(fields: _Fields, key: str, default: str) -> str:
@@ -297,7 +304,7 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         sysfs_root=f.get("sysfs_root", str, "/sys"),
         scrape_timeout_s=timeout,
         check_ttl_s=ttl,
-        min_write_interval_s=f.get("min_write_interval_s", float, 0.5),
+        min_write_interval_s=f.get("min_write_interval_s", float, 1.0),
         frozen_after_s=f.positive("frozen_after_s", 10.0),
         source=str(path),
     )

@@ -51,25 +51,42 @@ class ScoreStore(Protocol):
 
 
 class Quantizer:
-    """Geometric score levels (``ratio`` apart above ``base``) with hysteresis against flapping."""
+    """Geometric score levels (``ratio`` apart above ``base``) with hysteresis against flapping.
 
-    def __init__(self, base: float, ratio: float = 1.25, hysteresis: float = 0.3):
+    ``min_change``: a score within this much of the published level's value keeps that level, however
+    many levels apart it is. Near zero the geometric levels are 50 ms apart, and an idle-ish IU's drain
+    score flips every cycle between 0 and one short prompt's prefill in flight (~30-100 ms: vLLM V1 counts
+    a prompt's tokens only at its first token, so a cycle that lands mid-prefill sees it admitted, and a
+    900-token prompt takes ~70 ms); each flip was a write (bench/consul_load.py on the one engine model:
+    1.48 writes/node/s on its realistic trace, over the 1/s budget; 1.09 with 0.25 s). The drain profile
+    uses 0.25 s, with a 1 s min write interval (<= 1 write/node/s by construction). The Consul snapshot is
+    the fallback: fresh scores come pushed from the agent's /scores, unquantized."""
+
+    def __init__(self, base: float, ratio: float = 1.25, hysteresis: float = 0.3, min_change: float = 0.0):
         self.base, self.log_ratio, self.hysteresis = base, math.log(ratio), hysteresis
+        self.min_change = min_change
 
     def position(self, score: float) -> float:
         return math.log1p(max(score, 0.0) / self.base) / self.log_ratio
+
+    def value(self, level: int) -> float:
+        """The score at the centre of ``level`` (inverse of :meth:`position`)."""
+        return self.base * math.expm1(level * self.log_ratio)
 
     def level(self, previous: int | None, score: float | None) -> int | None:
         if score is None or not math.isfinite(score):
             return None
         position = self.position(score)
-        if previous is not None and abs(position - previous) <= 0.5 + self.hysteresis:
+        if previous is not None and (abs(position - previous) <= 0.5 + self.hysteresis
+                                     or abs(score - self.value(previous)) <= self.min_change):
             return previous
         return int(round(position))
 
 
 # Level base per profile: drain scores are seconds (50 ms resolution near zero); seed's are ~GB + s + MB/s.
 QUANTIZER_BASE = {"drain": 0.05, "seed": 1.0}
+# Smallest change that is written (Quantizer.min_change): drain seconds; seed's units have no such floor.
+QUANTIZER_MIN_CHANGE = {"drain": 0.25, "seed": 0.0}
 
 
 @dataclass
@@ -126,7 +143,7 @@ class Publisher:
         profile: str = "drain",
         heartbeat_s: float = 2.0,
         ttl_s: float = 6.0,
-        min_write_interval_s: float = 0.5,
+        min_write_interval_s: float = 1.0,
         cycle_s: float = 0.2,
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
@@ -137,7 +154,7 @@ class Publisher:
         self.profile, self.heartbeat_s, self.ttl_s = profile, heartbeat_s, ttl_s
         self.min_write_interval_s = min_write_interval_s
         self.cycle_s = cycle_s  # the heartbeat write happens on the last cycle before the age would pass it
-        self.quantizer = Quantizer(QUANTIZER_BASE[profile])
+        self.quantizer = Quantizer(QUANTIZER_BASE[profile], min_change=QUANTIZER_MIN_CHANGE[profile])
         self.backoff = backoff or Backoff()
         self.rng = rng or random.Random()
         self.clock_offset = clock_offset

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 # The agent config's field helpers and Consul block: one reading of these fields, not a copy.
-from eas_agent.config import ConfigError, ConsulConfig, _address, _Fields, _load_consul
+from eas_agent.config import ConfigError, ConsulConfig, _address, _Fields, _load_consul, split_hostport
 
 __all__ = ["ConfigError", "EdgeConfig", "PushConfig", "load_edge_config", "parse_edge_config"]
 
@@ -66,12 +66,8 @@ class EdgeConfig:
     source: str = "<flags>"
 
     @property
-    def listen_host(self) -> str:
-        return self.listen.rsplit(":", 1)[0]
-
-    @property
-    def listen_port(self) -> int:
-        return int(self.listen.rsplit(":", 1)[1])
+    def listen_hostport(self) -> tuple[str, int]:
+        return split_hostport(self.listen)
 
 
 def _count(f: _Fields, key: str, default: int, minimum: int) -> int:

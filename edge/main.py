@@ -103,7 +103,7 @@ class Edge:
         self.runner = web.AppRunner(make_app(self.state), access_log=None,
                                     shutdown_timeout=self.config.drain_timeout_s)
         await self.runner.setup()
-        self.site = web.TCPSite(self.runner, self.config.listen_host, self.config.listen_port)
+        self.site = web.TCPSite(self.runner, *self.config.listen_hostport)
         try:
             await self.site.start()
         except OSError as exc:

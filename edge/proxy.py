@@ -74,14 +74,16 @@ class EdgeState:
     def decide(self, prompt_tokens: int | None, exclude: set[str]) -> Decision:
         return self.router.choose(self.view.snapshot(), time.time(), prompt_tokens, exclude)
 
-    async def acquire(self, prompt_tokens: int | None, exclude: set[str]) -> Decision:
-        """An IU with a free slot for this request (recorded in the ledger), waiting in the queue if needed."""
+    async def acquire(self, prompt_tokens: int | None, exclude: set[str], handle=None) -> Decision:
+        """An IU with a free slot for this request (recorded in the ledger), waiting in the queue if needed.
+        ``handle``: a streamed request's token; the ledger awaits its first byte (:meth:`first_byte`). A
+        non-streamed answer's first byte comes at its end, so it is never awaited."""
         started = None
         while True:
             decision = self.decide(prompt_tokens, exclude)
             if decision.iu_id is not None:
                 now = time.time()
-                self.router.sent(decision.iu_id, now, decision.cost_s)
+                self.router.sent(decision.iu_id, now, decision.cost_s, handle, decision.expected_s)
                 if started is not None:
                     self.metrics.queued.observe(time.monotonic() - started)
                 self.metrics.picks.labels(decision.mode).inc()
@@ -116,8 +118,8 @@ class EdgeState:
                 except ValueError:
                     pass
 
-    def release(self, iu_id: str, failed: bool = False) -> None:
-        self.router.done(iu_id)
+    def release(self, iu_id: str, failed: bool = False, handle=None) -> None:
+        self.router.done(iu_id, handle)
         if failed:
             self.router.eject(iu_id, time.time())
         while self.waiters:  # a slot freed: the oldest waiter tries again
@@ -163,21 +165,22 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
     stream = bool(body.get("stream"))
     headers = {h: request.headers[h] for h in FORWARD_HEADERS if h in request.headers}
     tried: set[str] = set()
+    handle = object() if stream else None  # this request in the ledger's awaited first bytes
     for attempt in (1, 2):
         try:
-            decision = await state.acquire(prompt_tokens, tried)
+            decision = await state.acquire(prompt_tokens, tried, handle)
         except Unavailable as exc:
             return _unavailable(state, exc)
         iu_id, entry = decision.iu_id, decision.entry
         tried.add(iu_id)
         if entry is None or not entry.address or not entry.port:
-            state.release(iu_id, failed=True)
+            state.release(iu_id, failed=True, handle=handle)
             state.metrics.upstream_errors.labels(iu_id, "no_address").inc()
             continue
         try:
             upstream = await state.session.post(_upstream_url(entry, request.path), data=raw, headers=headers)
         except RETRYABLE as exc:
-            state.release(iu_id, failed=True)
+            state.release(iu_id, failed=True, handle=handle)
             state.metrics.upstream_errors.labels(iu_id, "connect").inc()
             log.warning("IU %s: %s before any byte was sent; %s", iu_id, type(exc).__name__,
                         "retrying on another IU" if attempt == 1 else "giving up")
@@ -185,14 +188,14 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
                 state.metrics.retries.inc()
             continue
         except aiohttp.ClientError as exc:  # the IU answered something that is not HTTP: not retried
-            state.release(iu_id, failed=True)
+            state.release(iu_id, failed=True, handle=handle)
             state.metrics.upstream_errors.labels(iu_id, "protocol").inc()
             return error_response(502, f"IU {iu_id} answered with a broken response: {type(exc).__name__}",
                                   "BadGatewayError")
         except BaseException:  # cancelled (shutdown cut the request): the slot must not leak
-            state.release(iu_id)
+            state.release(iu_id, handle=handle)
             raise
-        return await _relay(state, request, upstream, iu_id, arrived, stream)
+        return await _relay(state, request, upstream, iu_id, arrived, stream, handle)
     return error_response(502, "the IUs tried did not accept the connection (retried once)", "BadGatewayError")
 
 
@@ -203,7 +206,7 @@ def _unavailable(state: EdgeState, exc: Unavailable) -> web.Response:
 
 
 async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.ClientResponse, iu_id: str,
-                 arrived: float, stream: bool) -> web.StreamResponse:
+                 arrived: float, stream: bool, handle=None) -> web.StreamResponse:
     """Pass the IU's answer through as it arrives; the slot is released however it ends."""
     failed = False
     headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id}
@@ -234,6 +237,7 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
             await response.write(chunk)
             if first:
                 first = False
+                state.router.first_byte(iu_id, handle)  # no longer overdue, whatever the status
                 if upstream.status == 200:  # an error answer's first byte is not a first token
                     state.metrics.ttft.labels("true" if stream else "false").observe(time.monotonic() - arrived)
         await response.write_eof()
@@ -244,7 +248,7 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
             upstream.release()  # keep-alive to the IU
         else:
             upstream.close()  # unfinished (the client left): closing tells the engine to abort the request
-        state.release(iu_id, failed=failed)
+        state.release(iu_id, failed=failed, handle=handle)
     return response
 
 

@@ -7,7 +7,9 @@ rows measure is what ships.
 Per request: the IUs at this edge's per-IU concurrency cap, ejected (a failed connection or a stream that
 died, for ``eject_s``) or already tried for this request are removed from the snapshot's candidates; then
 ``pick()`` with the request's prompt size; the chosen IU's ledger entry is the request's prefill seconds on
-that IU (prompt tokens / its measured ``prefill_tps``). Outcomes:
+that IU (prompt tokens / its measured ``prefill_tps``). A streamed request is also awaited until its first
+byte (``sent(..., handle, expected_s)`` then ``first_byte``): while one is overdue past the TTFT pick
+predicted for it, its IU costs that much more (``EdgeLedger.overdue_s``). Outcomes:
 
 - an IU (``p2c``, ``single`` or ``fail_open``: pick's rules, fail-open = least in-flight of the routable);
 - ``saturated``: routable IUs exist but every one is at the cap or excluded: the caller queues;
@@ -29,6 +31,7 @@ class Decision:
     mode: str  # p2c | single | fail_open | saturated | none
     entry: IUEntry | None = None
     cost_s: float | None = None  # this request's prefill seconds on the chosen IU (None: unknown)
+    expected_s: float | None = None  # its predicted TTFT there (pick's cost; None: fail-open, no score)
 
 
 def _by_id(snapshot: Snapshot) -> dict[str, IUEntry]:
@@ -77,15 +80,21 @@ class Router:
         choice = pick(usable, self.ledger, now, self.rng, prompt_tokens=prompt_tokens)
         entry = _by_id(snapshot).get(choice.iu_id)
         cost = prefill_cost_s(entry, prompt_tokens) if prompt_tokens and entry is not None else None
-        return Decision(choice.iu_id, choice.mode, entry, cost)
+        return Decision(choice.iu_id, choice.mode, entry, cost, choice.expected_s)
 
-    def sent(self, iu_id: str, now: float, cost_s: float | None = None) -> None:
-        self.ledger.on_sent(iu_id, now, cost_s)
+    def sent(self, iu_id: str, now: float, cost_s: float | None = None, handle=None,
+             expected_s: float | None = None) -> None:
+        """``handle`` (any hashable naming the request) and ``expected_s`` (Decision.expected_s): the ledger
+        awaits its first byte (:meth:`first_byte`), so an overdue request marks its IU busier than scored."""
+        self.ledger.on_sent(iu_id, now, cost_s, handle, expected_s)
         if self.ledger.inflight[iu_id] >= self.cap:
             self.full.add(iu_id)
 
-    def done(self, iu_id: str) -> None:
-        self.ledger.on_done(iu_id)
+    def first_byte(self, iu_id: str, handle) -> None:
+        self.ledger.on_first_byte(iu_id, handle)
+
+    def done(self, iu_id: str, handle=None) -> None:
+        self.ledger.on_done(iu_id, handle)
         if self.ledger.inflight.get(iu_id, 0) < self.cap:
             self.full.discard(iu_id)
 

@@ -38,9 +38,9 @@ from eas_agent.score import DrainParams, Scorer
 from eas_agent.scorebody import ScoreBody
 from eas_agent.vllm_metrics import VllmMetrics
 from sim.memstore import MemoryStore
+from sim.vllm.engine import InferenceUnit
+from sim.vllm.eventloop import EventLoop
 
-from .iu import InferenceUnit
-from .loop import EventLoop
 from .scrape import direct_metrics, render_metrics
 
 PROMPT_BYTES_PER_TOKEN = 4

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import random
 
-from .iu import InferenceUnit, Seq
-from .loop import EventLoop
-from .model import IUModel
+from sim.vllm.engine import InferenceUnit, Seq
+from sim.vllm.eventloop import EventLoop
+from sim.vllm.roofline import IUModel
+
 from .workload import draw_request_shape
 
 

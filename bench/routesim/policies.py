@@ -1,7 +1,8 @@
 """Routing policies that need no published scores: round-robin, least-connections, the oracle.
 
-Each edge (router instance) owns one policy object; `pick(request, now)` returns an IU index and
-`finished(iu, now)` tells it one of its requests completed there. Ties are broken by the policy's own
+Each edge (router instance) owns one policy object; `pick(request, now)` returns an IU index,
+`first_token(iu, rid, now)` tells it one of its streams got its first byte and `finished(iu, now, rid)` that
+it completed there (these policies ignore the first byte). Ties are broken by the policy's own
 seeded RNG so runs are deterministic and no IU is favoured by its position.
 """
 
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from .iu import InferenceUnit
+from sim.vllm.engine import InferenceUnit
+
 from .workload import TraceRequest
 
 
@@ -23,7 +25,10 @@ class RoundRobin:
         self.next = (self.next + 1) % self.ius
         return chosen
 
-    def finished(self, iu: int, now: float) -> None:
+    def first_token(self, iu: int, rid: int, now: float) -> None:
+        pass
+
+    def finished(self, iu: int, now: float, rid: int | None = None) -> None:
         pass
 
 
@@ -41,7 +46,10 @@ class LeastConnections:
         self.inflight[chosen] += 1
         return chosen
 
-    def finished(self, iu: int, now: float) -> None:
+    def first_token(self, iu: int, rid: int, now: float) -> None:
+        pass
+
+    def finished(self, iu: int, now: float, rid: int | None = None) -> None:
         self.inflight[iu] -= 1
 
 
@@ -65,5 +73,8 @@ class Oracle:
                 best.append(unit.index)
         return best[0] if len(best) == 1 else best[self.rng.randrange(len(best))]
 
-    def finished(self, iu: int, now: float) -> None:
+    def first_token(self, iu: int, rid: int, now: float) -> None:
+        pass
+
+    def finished(self, iu: int, now: float, rid: int | None = None) -> None:
         pass

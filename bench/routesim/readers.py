@@ -27,9 +27,9 @@ from eas_agent.scheduler import PoolView, pick
 from edge.config import EdgeConfig, PushConfig
 from edge.feed import EdgeView
 from edge.routing import Router
+from sim.vllm.eventloop import EventLoop
 
 from .agents import DATACENTER, KV_PREFIX, AgentFleet, SimNodeAgent
-from .loop import EventLoop
 from .workload import TraceRequest
 
 
@@ -57,20 +57,23 @@ class ScoredEdge:
 
     def pick(self, request: TraceRequest, now: float) -> int:
         if self.mode == "argmin":
-            iu_id, mode, cost = self._argmin(now), "argmin", None
+            iu_id, mode, cost, expected = self._argmin(now), "argmin", None, None
         else:
             decision = self.router.choose(self.view.snapshot(), now, request.prompt)
-            iu_id, mode, cost = decision.iu_id, decision.mode, decision.cost_s
+            iu_id, mode, cost, expected = decision.iu_id, decision.mode, decision.cost_s, decision.expected_s
         if iu_id is None:  # nothing known yet (the first instants of a run), or every IU at the cap: any IU
             iu_id, mode = self.iu_ids[int(self.rng.random() * len(self.iu_ids))], mode if mode != "none" else "none"
         self.modes[mode] = self.modes.get(mode, 0) + 1
         entry = next((e for e in self.view.snapshot().entries if e.iu_id == iu_id), None)
         self.seen[request.rid] = (entry.score, now - entry.ts) if entry is not None else (None, 0.0)
-        self.router.sent(iu_id, now, cost)
+        self.router.sent(iu_id, now, cost, request.rid, expected)
         return self.index_of[iu_id]
 
-    def finished(self, iu: int, now: float) -> None:
-        self.router.done(self.iu_ids[iu])
+    def first_token(self, iu: int, rid: int, now: float) -> None:
+        self.router.first_byte(self.iu_ids[iu], rid)
+
+    def finished(self, iu: int, now: float, rid: int | None = None) -> None:
+        self.router.done(self.iu_ids[iu], rid)
 
 
 def new_view(loop: EventLoop) -> PoolView:

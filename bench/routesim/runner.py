@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from sim.vllm.roofline import IUModel
+
 from .agents import AgentFleet, direct_scrapes
-from .model import IUModel
 from .policies import LeastConnections, Oracle, RoundRobin
 from .readers import AgentPoll, AgentPush, ConsulKVWatch, HealthFeed, ScoredEdge, new_view
 from .sim import Pool, RunResult, measure, stable_seed

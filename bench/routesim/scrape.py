@@ -13,8 +13,7 @@ a lookup whose KV allocation then fails and is retried next step; the sim counts
 from __future__ import annotations
 
 from eas_agent.vllm_metrics import VllmMetrics
-
-from .iu import InferenceUnit
+from sim.vllm.engine import InferenceUnit
 
 MODEL_NAME = "meta-llama/Meta-Llama-3-70B-Instruct"
 _LABELS = f'{{engine="0",model_name="{MODEL_NAME}"}}'

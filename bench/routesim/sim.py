@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from consul_io import layout
+from sim.vllm.engine import InferenceUnit, Seq
+from sim.vllm.eventloop import EventLoop
+from sim.vllm.roofline import IUModel
 
-from .iu import InferenceUnit, Seq
-from .loop import EventLoop
-from .model import IUModel
 from .workload import TraceRequest
 
 
@@ -54,15 +54,20 @@ class Pool:
         self.model = model
         self.loop = EventLoop()
         self.units = [InferenceUnit(i, layout.iu_id(f"sim{i // ius_per_node:03d}", i % ius_per_node), model,
-                                    self.loop.schedule, self._finished) for i in range(ius)]
+                                    self.loop.schedule, self._finished, on_first_token=self._first_token)
+                      for i in range(ius)]
         self.ius_per_node = ius_per_node
         self.edges: list = []
         self.finished: list[Seq] = []
         self.true_wait: dict[int, float] | None = None  # rid -> the chosen IU's true estimated TTFT at pick
 
+    def _first_token(self, seq: Seq, now: float) -> None:
+        """The edge sees its stream's first byte (a LAN hop later, ignored)."""
+        self.edges[seq.edge].first_token(seq.iu_index, seq.rid, now)
+
     def _finished(self, seq: Seq, now: float) -> None:
         self.finished.append(seq)
-        self.edges[seq.edge].finished(seq.iu_index, now)
+        self.edges[seq.edge].finished(seq.iu_index, now, seq.rid)
         if len(self.finished) == self._expected:
             self.loop.halt()
 

@@ -2,7 +2,7 @@
 
 Deep idle states cost tens to hundreds of microseconds on wake-up, which shows up as decode jitter.
 ``gather`` runs ``cpupower idle-info`` (kind ``cpupower``), reads ``/proc/cmdline`` (kind ``cmdline``)
-and the PM QoS CPU latency target; ``evaluate`` (pure) passes when any of these holds: every idle state outside ``cstates.allowed_states`` is disabled
+and the PM QoS CPU latency target (kind ``pm-qos``); ``evaluate`` (pure) passes when any of these holds: every idle state outside ``cstates.allowed_states`` is disabled
 (``cpupower idle-info`` reads the cpuidle ``disable`` flags), or the kernel runs with ``idle=poll`` or
 ``intel_idle.max_cstate``/``processor.max_cstate`` <= 1 (``/proc/cmdline``), or a PM QoS request holds
 the CPU DMA latency below every enabled deep state's exit latency (``/dev/cpu_dma_latency``).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.model import Node
-from preflight.checks.base import Check, NodeContext
+from preflight.checks.base import Check, NodeContext, command_line, parse_output
 from preflight.parsers.cmdline import KernelCmdline
 from preflight.parsers.cpupower import CpuIdleInfo
 from preflight.result import CheckResult, Verdict
@@ -61,9 +61,9 @@ class Cstates(Check):
         # Read whether or not it will be needed: judging is evaluate's. Opening the device adds a
         # default (no-limit) request only while od holds it open, which changes no other request.
         qos = ctx.run(PM_QOS)
-        words = qos.stdout.split() if qos.ok else []
-        # od's one number, or nothing: a one-token format, read here rather than given a parser kind.
-        target = int(words[0]) if len(words) == 1 and words[0].isdigit() else None
+        # A device that cannot be read (none, no permission) is "no PM QoS hold", not an error; what od
+        # printed when it could read it must be od's one number (an ERROR otherwise, never "no hold").
+        target = parse_output("pm-qos", qos.stdout, command_line(PM_QOS)).latency_us if qos.ok else None
         return CstatesFacts(info, cmdline, target)
 
     def evaluate(self, facts: CstatesFacts, profile: dict[str, Any], node: Node) -> list[CheckResult]:

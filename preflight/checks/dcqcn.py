@@ -2,7 +2,7 @@
 
 ``gather`` reads, per RoCE netdev, the ECN notification point and reaction point switches of the
 lossless priority (``dcqcn.priority``; ``/sys/class/net/<if>/ecn/roce_np|roce_rp/enable/<prio>``, the
-mlx5 knobs) and ``mlnx_qos -i <if>`` (kind ``mlnx-qos``). ``evaluate`` (pure): both ECN switches ``1``,
+mlx5 knobs, kind ``ecn-switch``) and ``mlnx_qos -i <if>`` (kind ``mlnx-qos``). ``evaluate`` (pure): both ECN switches ``1``,
 trust state ``dscp`` and PFC enabled on that priority.
 
 Fault codes: ECN_NP_OFF, ECN_RP_OFF, TRUST_NOT_DSCP, PFC_OFF, DCQCN_IB_SKIP, DCQCN_OK.
@@ -21,7 +21,7 @@ from preflight.result import CheckResult, Verdict
 
 @dataclass(frozen=True)
 class PortQos:
-    roce_np: str  # the sysfs switch as read ("1" on, "0" off)
+    roce_np: str  # the sysfs switch ("1" on, "0" off: the ecn-switch parser admits nothing else)
     roce_rp: str
     qos: MlnxQos
 
@@ -46,9 +46,10 @@ class Dcqcn(Check):
         for nic in ctx.node.nics:
             if nic.link_layer != "ethernet" or not nic.netdev:
                 continue
-            np_on = ctx.output(["cat", ecn_path(nic.netdev, "roce_np", prio)]).strip()
-            rp_on = ctx.output(["cat", ecn_path(nic.netdev, "roce_rp", prio)]).strip()
-            ports[nic.netdev] = PortQos(np_on, rp_on, ctx.parsed("mlnx-qos", ["mlnx_qos", "-i", nic.netdev]))
+            np_on, rp_on = (ctx.parsed("ecn-switch", ["cat", ecn_path(nic.netdev, point, prio)]).enabled
+                            for point in ("roce_np", "roce_rp"))
+            ports[nic.netdev] = PortQos(str(int(np_on)), str(int(rp_on)),
+                                        ctx.parsed("mlnx-qos", ["mlnx_qos", "-i", nic.netdev]))
         return ports
 
     def evaluate(self, facts: dict[str, PortQos], profile: dict[str, Any], node: Node) -> list[CheckResult]:

@@ -3,7 +3,7 @@
 ``gather`` runs ``nvidia-smi -q`` (NVML's view, read on the host: NVML cannot be asked remotely; parsed
 by the one ``nvsmi-q`` parser), the kernel log of the last ``health.xid_window_hours`` (``journalctl
 -k``, falling back to ``dmesg``; kind ``kernel-xids``) and, on NVSwitch boards whose GPUs do not print
-their own fabric state, ``systemctl is-active nvidia-fabricmanager``. ``evaluate`` (pure) judges: Volatile uncorrectable ECC > 0, a pending or
+their own fabric state, ``systemctl is-active nvidia-fabricmanager`` (kind ``systemctl-is-active``). ``evaluate`` (pure) judges: Volatile uncorrectable ECC > 0, a pending or
 failed row remap, pending page retirement, a critical XID (the azurehpc-health-checks list) or an
 untrained NVSwitch fabric -> FAIL; any other XID -> WARN; persistence mode off where the profile
 requires it -> FAIL.
@@ -72,7 +72,16 @@ class GpuHealth(Check):
         fabric_unit = None
         if ctx.profile["gpu"]["nvswitch"] and not _fabric_of(report):
             unit = ctx.run(FABRIC_MANAGER)
-            fabric_unit = FabricUnit(unit.stdout.strip(), unit.last_line())
+            # Its exit status is 3 for every state but active, so stdout decides; no stdout at all (no
+            # systemd, no bus: the reason is on stderr) is "cannot tell", a stdout that is no state an ERROR.
+            state = ""
+            if unit.stdout.strip():
+                states = parse_output("systemctl-is-active", unit.stdout, command_line(FABRIC_MANAGER)).states
+                if len(states) != 1:
+                    raise GatherError(f"`{command_line(FABRIC_MANAGER)}` printed {len(states)} states for one unit",
+                                      command=command_line(FABRIC_MANAGER), output=excerpt(unit.stdout))
+                state = states[0]
+            fabric_unit = FabricUnit(state, unit.last_line())
         return GpuHealthFacts(report, xids, fabric_unit)
 
     def _kernel_log(self, ctx: NodeContext) -> KernelXids:

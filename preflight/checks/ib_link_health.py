@@ -4,7 +4,7 @@ A bracket check. ``gather`` (with the node checks, before ib_pairs runs) reads, 
 sysfs counters ``link_downed``, ``symbol_error``, ``port_rcv_errors`` and ``link_error_recovery`` of each
 inventory port; ``finish`` (after the rack checks) reads them again, the kernel log of the flap window
 (``journalctl -k -o short-iso``; the parser also reads BSD-syslog stamps, as pasted from
-/var/log/syslog on older hosts) and the host's clock, and with ``ib_health.mlxlink`` ``mlxlink -d <dev>
+/var/log/syslog on older hosts) and the host's clock (``date +%s``, kind ``date-epoch``), and with ``ib_health.mlxlink`` ``mlxlink -d <dev>
 -c`` per HCA.
 
 Judgement (``evaluate``, pure): counters grown by more than the profile's ``*_max`` -> FAIL
@@ -63,10 +63,7 @@ class IbLinkHealth(Check):
         cfg = ctx.profile["ib_health"]
         try:
             after = self._counters(ctx)
-            now_text = ctx.output(NOW, cache=False).strip()
-            if not now_text.isdigit():
-                raise GatherError(f"`date +%s` printed {now_text[:40]!r}, not seconds", command="date +%s")
-            now = float(now_text)
+            now = float(ctx.parsed("date-epoch", NOW, cache=False).seconds)
             argv = journal_argv(cfg["flap_window_hours"])
             text = ctx.output(argv)
             try:

@@ -2,7 +2,7 @@
 
 Per node (``gather``, with the node checks): the driver and CUDA versions from ``nvidia-smi -q`` (the
 cached run of gpu_health, read by the ``nvsmi-q`` parser), ``nv-fabricmanager --version`` on NVSwitch
-boards (kind ``fabricmanager-version``), ``dpkg-query`` for libnccl2 (else the version nccl-tests
+boards (kind ``fabricmanager-version``), ``dpkg-query`` for libnccl2 (kind ``dpkg-version``; else the version nccl-tests
 printed, read by :func:`preflight.parsers.nccl.library_version`) and ``ofed_info -s`` (kind
 ``ofed-info``). Per rack (``run_rack``, pure over the gathered facts): a version differing from the
 inventory pin (``preflight_version_pins`` or the nvidia_stack role variables of :data:`cluster.spec.PIN_VARS`,
@@ -18,13 +18,14 @@ from collections import Counter
 from typing import Any
 
 from cluster.spec import COMPONENTS
-from preflight.checks.base import Check, GatherError, NodeContext, RackContext
+from preflight.checks.base import Check, GatherError, NodeContext, RackContext, command_line, parse_output
 from preflight.checks.gpu_health import NVSMI_Q
 from preflight.parsers import nccl as nccl_parser
 from preflight.result import CheckResult, Verdict
 
 FABRIC_MANAGER = ["nv-fabricmanager", "--version"]
 OFED_INFO = ["ofed_info", "-s"]
+DPKG_NCCL = ["dpkg-query", "-W", "-f", "${Version}", "libnccl2"]
 
 
 def nccl_in_outputs(outputs: list[str]) -> str | None:
@@ -58,9 +59,9 @@ class Versions(Check):
         # with something unreadable is an ERROR naming the command, never a silently unknown version.
         if ctx.profile["gpu"]["nvswitch"] and ctx.run(FABRIC_MANAGER).ok:
             found["fabric_manager"] = ctx.parsed("fabricmanager-version", FABRIC_MANAGER).version
-        nccl = ctx.run(["dpkg-query", "-W", "-f", "${Version}", "libnccl2"])
-        if nccl.ok and nccl.stdout.strip():
-            found["nccl"] = nccl.stdout.strip()
+        nccl = ctx.run(DPKG_NCCL)
+        if nccl.ok and nccl.stdout.strip():  # empty: known to dpkg but not installed (config-files)
+            found["nccl"] = parse_output("dpkg-version", nccl.stdout, command_line(DPKG_NCCL)).version
         else:  # no dpkg (or NCCL from a tarball): the version nccl-tests printed, if the nccl check ran
             found["nccl"] = nccl_in_outputs(ctx.cached_outputs("all_reduce_perf"))
         ofed = ctx.run(OFED_INFO)

@@ -37,6 +37,7 @@ from preflight.parsers import (
     systemctl_show,
     topo,
     versions,
+    words,
 )
 from preflight.parsers.common import ParseError, paste_lines
 
@@ -67,6 +68,12 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "kernel-xids": kernel_log.parse_xids,
     "fabricmanager-version": versions.parse_fabricmanager,
     "ofed-info": versions.parse_ofed_info,
+    # one-word outputs that checks used to read by hand (cstates, ib_link_health, dcqcn, gpu_health, versions)
+    "pm-qos": words.parse_pm_qos,
+    "date-epoch": words.parse_epoch,
+    "ecn-switch": words.parse_ecn_switch,
+    "systemctl-is-active": words.parse_is_active,
+    "dpkg-version": words.parse_dpkg_version,
 }
 
 __all__ = ["PARSERS", "ParseError", "parse", "paste_warnings", "to_contract_json"]

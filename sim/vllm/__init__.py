@@ -1,2 +1,3 @@
-"""Simulated inference units: a vLLM-like load model, its /metrics exposition, an HTTP server per IU and the
+"""Simulated inference units: the one vLLM engine model (engine.py on roofline.py, shared with
+bench/route_sim.py) and its wall-clock driver (loadmodel.py), its /metrics exposition, an HTTP server per IU and the
 fake NVML file, so agents run unchanged on the virtual inventory and in CI."""

@@ -147,7 +147,7 @@ class VllmExposition:
                 registry=r,
             )
             info.labels(
-                str(model.p.block_size), "auto", "True", engine, "0.9", str(model.p.num_gpu_blocks), "None"
+                str(model.p.block_size), "auto", "True", engine, "0.9", str(model.num_gpu_blocks), "None"
             ).set(1)
         else:
             self.swapped = gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.")

@@ -1,54 +1,86 @@
-"""A small continuous-batching model of one vLLM instance, advanced in simulated time.
+"""One simulated vLLM instance advanced in wall-clock (or any monotonic) time: the engine of
+``sim.vllm.engine`` (the one engine model, shared with ``bench/route_sim.py``) plus Poisson arrivals, a hang
+fault and what the server's ``/metrics`` exposition reads.
 
-What it reproduces (the signals the agent scores on): Poisson arrivals; a chunked-prefill token budget per
-engine step shared with decode (vLLM V1 scheduler: running requests first, then waiting ones FCFS while
-slots, budget and KV blocks allow); paged KV blocks filled by prompt and generated tokens; preemption by
-recompute when a decode step finds no free block (the newest running request is evicted, as vLLM does);
-step time growing with batch size and prefill tokens.
+The engine is vLLM V1's continuous batching as the route simulator runs it: chunked prefill within
+max_num_batched_tokens shared with decode, FCFS admission while max_num_seqs and KV allow, preemption by
+recompute of the newest running request, step times from the roofline of Llama-3-70B on 4 x H100 (TP=4,
+``sim.vllm.roofline``: ~12,600 prompt tokens/s, ~17 ms per decode step, 447k KV tokens). Until issue 11
+this server had its own step-time coefficients and block accounting (two models of one engine that could
+drift apart); now the numbers the agent scores on here are the numbers route_sim routes on.
 
-Default sizes are those of Llama-3-70B (80 layers, 8 KV heads, head_dim 128: config.json of
-meta-llama/Meta-Llama-3-70B) in BF16 on 4 x H100-80GB with gpu_memory_utilization 0.9: KV bytes per token =
-2 x 80 x 8 x 128 x 2 = 320 KiB; 288 GB x 0.9 - 141 GB weights - ~8 GB activations ~ 110 GB of KV ->
-~360k tokens = 22,500 blocks of 16. Step-time coefficients are assumptions of the right order for that
-setup (tens of ms per decode step, ~10k prompt tokens/s); change them for other hardware.
+Differences from the engine alone, and why:
+- Poisson arrivals with a chat-like lognormal request shape (``ModelParams``), so an idle demo IU still
+  shows live metrics; explicit requests (``submit``: the demo's edge, the OpenAI API) join the same queue.
+- ``num_gpu_blocks``: a smaller KV cache than the roofline's (tests of KV pressure); KV is tracked in
+  tokens and reported in blocks of 16 (vLLM's default block size).
+- A hung engine core (``hung = True``): engine time stops (gauges and counters freeze at their last values,
+  so it can look idle) and requests submitted meanwhile stall in the API server, invisible to /metrics;
+  on recovery engine time resumes where it stopped. ``Request`` times are engine times, so their
+  differences (TTFT, e2e) exclude the hang.
+- Prefix-cache hits: this mix shares no prefixes with the route simulator's, but the demo's panel shows a
+  hit rate; hits are ``prefix_hit_fraction`` of the looked-up tokens.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import deque
 from dataclasses import dataclass, field
+
+from sim.vllm.engine import InferenceUnit, Seq
+from sim.vllm.eventloop import EventLoop
+from sim.vllm.roofline import IUModel
 
 
 @dataclass
 class ModelParams:
-    num_gpu_blocks: int = 22_500
+    num_gpu_blocks: int | None = None  # None: the roofline's KV capacity (447,700 tokens = 27,981 blocks)
     block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    step_base_s: float = 0.012  # fixed cost of one engine step (kernel launches, sampling, scheduling)
-    step_per_seq_s: float = 0.00012  # decode cost per running sequence
-    step_per_prefill_token_s: float = 0.00008  # ~12.5k prompt tokens/s when prefill-bound
-    prompt_mean_tokens: float = 900.0  # lognormal request lengths (chat-like traffic)
+    prompt_mean_tokens: float = 900.0  # lognormal request lengths of the Poisson arrivals (chat-like traffic)
     prompt_sigma: float = 0.9
     output_mean_tokens: float = 220.0
     output_sigma: float = 0.8
     max_model_len: int = 32_768
-    prefix_hit_fraction: float = 0.25  # share of prompt tokens served from the prefix cache
+    prefix_hit_fraction: float = 0.25  # share of looked-up prompt tokens served from the prefix cache
+    engine: IUModel = field(default_factory=IUModel)
 
 
-@dataclass
 class Request:
-    prompt: int
-    output: int
-    arrival: float
-    prefilled: int = 0
-    generated: int = 0
-    blocks: int = 0
-    scheduled_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
+    """A submitted request as the server sees it (times in engine seconds)."""
+
+    __slots__ = ("seq", "_model")
+
+    def __init__(self, seq: Seq, model: LoadModel):
+        self.seq, self._model = seq, model
+
+    @property
+    def prompt(self) -> int:
+        return self.seq.prompt
+
+    @property
+    def output(self) -> int:
+        return self.seq.output
+
+    @property
+    def arrival(self) -> float:
+        return self.seq.arrival
+
+    @property
+    def generated(self) -> int:
+        return self._model.unit.tokens_of(self.seq, self._model.engine_now)
+
+    @property
+    def scheduled_at(self) -> float | None:
+        return self.seq.scheduled
+
+    @property
+    def first_token_at(self) -> float | None:
+        return self.seq.first_token
+
+    @property
+    def finished_at(self) -> float | None:
+        return self.seq.done_at
 
 
 @dataclass
@@ -60,166 +92,157 @@ class Events:
     iteration_tokens: list[int] = field(default_factory=list)
 
 
+ITERATIONS_KEPT = 256  # per drain: the exposition reads the last 64; a long decode group must not grow this
+
+
 class LoadModel:
     def __init__(
         self, params: ModelParams | None = None, arrival_rate: float = 1.0, seed: int = 0, start: float = 0.0
     ):
         self.p = params or ModelParams()
+        capacity = None if self.p.num_gpu_blocks is None else self.p.num_gpu_blocks * self.p.block_size
+        self.loop = EventLoop()
+        self.loop.now = start
+        self.unit = InferenceUnit(0, "sim", self.p.engine, self.loop.schedule, self._finished,
+                                  kv_capacity_tokens=capacity, on_first_token=self._first_token,
+                                  on_steps=self._steps)
         self.rng = random.Random(seed)
         self.arrival_rate = arrival_rate  # requests/s
-        self.now = start
-        self.next_arrival = start + self._interarrival()
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.free_blocks = self.p.num_gpu_blocks
-        self.hung = False
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.preemptions_total = 0
-        self.success_total = 0
-        self.prefix_queries_total = 0
-        self.prefix_hits_total = 0
-        self.finished_prompt_sum = 0  # what vllm:request_prompt_tokens / _generation_tokens histograms sum
+        self.now = start  # the caller's clock
+        self.engine_now = start  # the engine's clock: behind `now` by the time spent hung
+        self._hung = False
+        self._stalled: list[tuple[int, int, Seq]] = []
+        self._arrivals = 0  # version of the scheduled Poisson arrival (a rate change supersedes it)
+        self._ids = 0
+        self._requests: dict[int, Request] = {}
         self.finished_generation_sum = 0
         self.events = Events()
+        self._schedule_arrival()
 
     # -- controls -----------------------------------------------------------------------------------
     def set_arrival_rate(self, rate: float) -> None:
         self.arrival_rate = rate
-        self.next_arrival = self.now + self._interarrival()
+        self._schedule_arrival()
 
     def submit(self, prompt: int, output: int) -> Request:
         """An explicit request (a routing benchmark or the demo's edge sends these instead of Poisson arrivals)."""
-        request = Request(prompt=prompt, output=output, arrival=self.now)
-        self.waiting.append(request)
+        if prompt < 1 or output < 1 or prompt + output > self.p.max_model_len:
+            # a sequence longer than max_model_len could be re-prefilled forever on a KV cache too small for it
+            raise ValueError(f"a request needs >= 1 prompt and output token and at most max_model_len "
+                             f"{self.p.max_model_len} in all, got {prompt} and {output}")
+        self._ids += 1
+        seq = Seq(self._ids, prompt, output, self.engine_now, 0.0, 0)
+        request = self._requests[seq.rid] = Request(seq, self)
+        if self._hung:
+            self._stalled.append(seq)
+        else:
+            self.unit.submit(seq, self.engine_now)
         return request
 
-    # -- gauges -------------------------------------------------------------------------------------
+    @property
+    def hung(self) -> bool:
+        return self._hung
+
+    @hung.setter
+    def hung(self, value: bool) -> None:
+        if self._hung and not value:
+            stalled, self._stalled = self._stalled, []
+            for seq in stalled:
+                seq.arrival = self.engine_now
+                self.unit.submit(seq, self.engine_now)
+        self._hung = bool(value)
+
+    # -- gauges and counters (what the exposition reads) ----------------------------------------------
+    @property
+    def waiting(self):
+        return self.unit.waiting
+
+    @property
+    def running(self):
+        return self.unit.running
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.unit.capacity // self.p.block_size
+
     @property
     def kv_usage(self) -> float:
-        return 1.0 - self.free_blocks / self.p.num_gpu_blocks
+        return min(1.0, (self.unit.kv_used + self.unit.decode_progress(self.engine_now)) / self.unit.capacity)
+
+    @property
+    def preemptions_total(self) -> int:
+        return self.unit.counters.preemptions
+
+    @property
+    def prompt_tokens_total(self) -> int:
+        return self.unit.counters.prompt_tokens
+
+    @property
+    def generation_tokens_total(self) -> int:
+        return self.unit.counters.generation_tokens + self.unit.decode_progress(self.engine_now)
+
+    @property
+    def success_total(self) -> int:
+        return self.unit.counters.requests_finished
+
+    @property
+    def finished_prompt_sum(self) -> int:
+        return self.unit.counters.finished_prompt_tokens
+
+    @property
+    def prefix_queries_total(self) -> int:
+        return self.unit.counters.prefix_cache_queries
+
+    @property
+    def prefix_hits_total(self) -> int:
+        return int(self.unit.counters.prefix_cache_queries * self.p.prefix_hit_fraction)
 
     def drain_events(self) -> Events:
         events, self.events = self.events, Events()
         return events
 
     # -- simulation ---------------------------------------------------------------------------------
-    def _interarrival(self) -> float:
-        return math.inf if self.arrival_rate <= 0 else self.rng.expovariate(self.arrival_rate)
+    def advance(self, t: float) -> None:
+        """Run the engine until the caller's time ``t`` (a hung engine's time stands still)."""
+        if t <= self.now:
+            return
+        if not self._hung:
+            self.engine_now += t - self.now
+            self.loop.run(until=self.engine_now)
+            self.loop.now = self.engine_now  # run() leaves it at the last event when the heap empties
+        self.now = t
+
+    def _schedule_arrival(self) -> None:
+        self._arrivals += 1
+        if self.arrival_rate > 0:
+            self.loop.schedule(self.engine_now + self.rng.expovariate(self.arrival_rate), self._arrive,
+                               self._arrivals)
+
+    def _arrive(self, version: int, when: float) -> None:
+        if version != self._arrivals:
+            return  # superseded by a rate change
+        prompt = self._lognormal(self.p.prompt_mean_tokens, self.p.prompt_sigma, self.p.max_model_len // 2)
+        output = self._lognormal(self.p.output_mean_tokens, self.p.output_sigma, self.p.max_model_len // 4)
+        self._ids += 1
+        seq = Seq(self._ids, prompt, output, when, 0.0, 0)
+        self._requests[seq.rid] = Request(seq, self)
+        self.unit.submit(seq, when)
+        self.loop.schedule(when + self.rng.expovariate(self.arrival_rate), self._arrive, version)
 
     def _lognormal(self, mean: float, sigma: float, cap: int) -> int:
         mu = math.log(mean) - sigma * sigma / 2
         return max(1, min(cap, int(self.rng.lognormvariate(mu, sigma))))
 
-    def _arrivals_until(self, t: float) -> None:
-        while self.next_arrival <= t:
-            prompt = self._lognormal(
-                self.p.prompt_mean_tokens, self.p.prompt_sigma, self.p.max_model_len // 2
-            )
-            output = self._lognormal(
-                self.p.output_mean_tokens, self.p.output_sigma, self.p.max_model_len // 4
-            )
-            self.waiting.append(Request(prompt=prompt, output=output, arrival=self.next_arrival))
-            self.next_arrival += self._interarrival()
+    def _first_token(self, seq: Seq, now: float) -> None:
+        self.events.first_tokens.append(now - seq.arrival)
 
-    def advance(self, t: float) -> None:
-        """Run engine steps until simulated time ``t``; an idle engine jumps to the next arrival."""
-        while self.now < t:
-            if self.hung:  # a hung engine core: stats stop updating (gauges and counters freeze at their last
-                # values, so it can look idle); new requests stall in the API server, invisible to /metrics
-                self.now = t
-                self.next_arrival = max(self.next_arrival, t)
-                return
-            self._arrivals_until(self.now)
-            if not self.running and not self.waiting:
-                self.now = min(t, self.next_arrival)
-                continue
-            self.now += self._step()
+    def _steps(self, tokens: int, steps: int) -> None:
+        kept = self.events.iteration_tokens
+        kept.extend([tokens] * min(steps, ITERATIONS_KEPT))
+        if len(kept) > ITERATIONS_KEPT:
+            del kept[:-ITERATIONS_KEPT]
 
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.p.block_size)
-
-    def _grow(self, request: Request, tokens: int) -> bool:
-        need = self._blocks_for(tokens) - request.blocks
-        if need > self.free_blocks:
-            return False
-        self.free_blocks -= need
-        request.blocks += need
-        return True
-
-    def _free(self, request: Request) -> None:
-        self.free_blocks += request.blocks
-        request.blocks = 0
-
-    def _step(self) -> float:
-        budget = self.p.max_num_batched_tokens
-        decoded = prefilled = 0
-        # 1. running requests: decode one token each (or continue a chunked prefill)
-        i = 0
-        while i < len(self.running):
-            request = self.running[i]
-            if request.prefilled < request.prompt:
-                chunk = min(budget, request.prompt - request.prefilled)
-                if chunk > 0 and self._grow(request, request.prefilled + chunk):
-                    request.prefilled += chunk
-                    prefilled += chunk
-                    budget -= chunk
-                i += 1
-                continue
-            if budget <= 0:
-                i += 1
-                continue
-            while not self._grow(request, request.prompt + request.generated + 1):
-                victim = self.running.pop()  # preempt the newest request (recompute later)
-                self._free(victim)
-                victim.prefilled = victim.generated = 0
-                self.waiting.appendleft(victim)
-                self.preemptions_total += 1
-                if victim is request:
-                    break
-            else:
-                request.generated += 1
-                decoded += 1
-                budget -= 1
-            i += 1
-        # 2. admit waiting requests FCFS while slots, budget and blocks allow
-        while self.waiting and budget > 0 and len(self.running) < self.p.max_num_seqs:
-            request = self.waiting[0]
-            chunk = min(budget, request.prompt)
-            if not self._grow(request, chunk):
-                break
-            self.waiting.popleft()
-            request.scheduled_at = self.now
-            request.prefilled = chunk
-            prefilled += chunk
-            budget -= chunk
-            self.running.append(request)
-            hits = int(chunk * self.p.prefix_hit_fraction)
-            self.prefix_queries_total += request.prompt
-            self.prefix_hits_total += hits
-        step_s = (
-            self.p.step_base_s
-            + self.p.step_per_seq_s * len(self.running)
-            + self.p.step_per_prefill_token_s * prefilled
-        )
-        end = self.now + step_s
-        # 3. first tokens and completions
-        still = []
-        for request in self.running:
-            if request.prefilled >= request.prompt and request.first_token_at is None:
-                request.first_token_at = end
-                self.events.first_tokens.append(end - request.arrival)
-            if request.generated >= request.output:
-                request.finished_at = end
-                self._free(request)
-                self.success_total += 1
-                self.finished_prompt_sum += request.prompt
-                self.finished_generation_sum += request.generated
-                self.events.finished.append((request, end))
-            else:
-                still.append(request)
-        self.running = still
-        self.prompt_tokens_total += prefilled
-        self.generation_tokens_total += decoded
-        self.events.iteration_tokens.append(prefilled + decoded)
-        return step_s
+    def _finished(self, seq: Seq, now: float) -> None:
+        request = self._requests.pop(seq.rid)
+        self.finished_generation_sum += seq.generated
+        self.events.finished.append((request, now))

@@ -14,6 +14,7 @@ import json
 import time
 
 from edge.tokens import estimate_prompt_tokens
+from sim.vllm.workload import MAX_MODEL_LEN
 
 MODEL_NAME = "meta-llama/Meta-Llama-3-70B-Instruct"
 
@@ -59,7 +60,11 @@ def parse_request(raw: bytes, chat: bool, served: str = MODEL_NAME) -> tuple[dic
     output = body.get("max_tokens", body.get("max_completion_tokens", 16))
     if not isinstance(output, int) or isinstance(output, bool) or output <= 0:
         raise ApiError(400, f"max_tokens must be a positive integer, got {output!r}")
-    return body, prompt_tokens_of(body, chat), output
+    prompt = prompt_tokens_of(body, chat)
+    if prompt + output > MAX_MODEL_LEN:  # vLLM's check; the engine could never hold such a sequence's KV
+        raise ApiError(400, f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
+                       f"requested {prompt + output} tokens ({prompt} in the messages, {output} in the completion).")
+    return body, prompt, output
 
 
 def models_body(served: str = MODEL_NAME) -> bytes:

@@ -13,75 +13,14 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from routesim.iu import InferenceUnit, Seq  # noqa: E402
-from routesim.loop import EventLoop  # noqa: E402
-from routesim.model import IUModel, decode_group_time, decode_steps_within  # noqa: E402
 from routesim.runner import main_scenarios  # noqa: E402
 from routesim.scrape import direct_metrics, render_metrics  # noqa: E402
 from routesim.workload import draw_request_shape, poisson_trace  # noqa: E402
 
 from eas_agent.vllm_metrics import parse_vllm_metrics  # noqa: E402
-
-
-def test_decode_group_closed_form_matches_step_by_step():
-    model = IUModel()
-    for batch, context in ((1, 300), (100, 250_000), (4000, 400_000)):  # memory-bound ... compute-bound
-        coeffs = model.decode_step_linear(batch, context)
-        overhead = model.engine.step_overhead_s
-        for k in (1, 7, 120):
-            brute = sum(max(coeffs[0] + coeffs[1] * i, coeffs[2] + coeffs[3] * i) + overhead for i in range(k))
-            assert decode_group_time(coeffs, overhead, k) == pytest.approx(brute, rel=1e-9)
-            assert decode_steps_within(coeffs, overhead, k, brute) == k
-            assert decode_steps_within(coeffs, overhead, k, brute * 0.999) == k - 1
-
-
-def test_roofline_numbers_are_the_documented_ones():
-    model = IUModel()
-    assert model.model.kv_bytes_per_token == 327_680
-    assert 440_000 < model.kv_capacity_tokens < 455_000
-    assert 12_000 < model.prefill_tokens_per_s < 13_000
-    single = model.step_time(1, 300, 300)  # one sequence decoding: weights over HBM + overhead
-    assert 0.015 < single < 0.019
-
-
-def _run_one_iu(requests, model=None):
-    loop = EventLoop()
-    done: list[Seq] = []
-    unit = InferenceUnit(0, "t-iu0", model or IUModel(), loop.schedule, lambda seq, now: done.append(seq))
-    for seq, at in requests:
-        loop.schedule(at, lambda s, now: unit.submit(s, now), seq)
-    peak = [0]
-
-    def watch(_arg, now):
-        peak[0] = max(peak[0], unit.kv_used)
-        if loop.pending():
-            loop.schedule(now + 0.05, watch)
-
-    loop.schedule(0.0, watch)
-    loop.run()
-    return unit, done, peak[0]
-
-
-def test_iu_serves_every_token_and_preempts_when_kv_runs_out():
-    rng = random.Random(3)
-    shapes = [draw_request_shape(rng)[1:] for _ in range(400)]
-    requests = [(Seq(i, p, o, 0.0, 0.0, 0), 0.0) for i, (p, o) in enumerate(shapes)]  # a burst: KV must run out
-    unit, done, peak = _run_one_iu(requests)
-    assert len(done) == len(requests)
-    assert all(s.first_token is not None and s.done_at >= s.first_token for s in done)
-    # every output token exactly once: a preempted request re-prefills what it had, it does not re-emit it
-    assert unit.counters.generation_tokens == sum(o for _, o in shapes)
-    assert unit.counters.preemptions > 0
-    assert peak <= unit.capacity
-    assert unit.kv_used == 0 and not unit.running and not unit.waiting
-
-
-def test_short_request_queues_behind_a_long_prefill():
-    long_first = [(Seq(0, 12_842, 10, 0.0, 0.0, 0), 0.0), (Seq(1, 327, 10, 0.001, 0.0, 0), 0.001)]
-    _, done, _ = _run_one_iu(long_first)
-    short = next(s for s in done if s.rid == 1)
-    alone = IUModel().step_time(327, 327 * 327 / 2, 327)
-    assert short.first_token - short.arrival > 10 * alone  # FCFS chunked prefill: it waits for the long one
+from sim.vllm.engine import InferenceUnit, Seq  # noqa: E402
+from sim.vllm.eventloop import EventLoop  # noqa: E402
+from sim.vllm.roofline import IUModel  # noqa: E402
 
 
 def test_direct_metrics_equal_what_the_agent_parses_from_the_text():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import consul
 
-from tests.devconsul.contract import eventually
+from tests.devconsul.contract import Api, eventually
 
 
 def _register(c, name: str, sid: str, status: str, tags: list[str] | None = None) -> None:
@@ -115,3 +115,44 @@ def test_deregister_critical_service_after_is_accepted(c, name, cleanup):
     cleanup.services.append(name)
     assert c.agent.service.register(name, check=consul.Check.ttl("10s") | {"DeregisterCriticalServiceAfter": "1m"})
     assert name in c.agent.services()
+
+
+def test_node_services_read_sees_a_node_registered_after_it(api, name):
+    """List Services for Node (/v1/catalog/node/:node) reads the nodes and the services tables, so its
+    index is the larger of the two (Consul's state store: NodeServices' ``maxIndexTxn(tx, "nodes",
+    "services")``): a node registered with no service moves it. The dev server used the services index
+    alone, so a ``null`` read before a client agent's node arrived was served again from the read cache (and
+    a blocking read at that index never woke) until some service changed -- the intermittent "node missing
+    20 s after its agent started" of test_agent_mode.py: under load the first read beat the first heartbeat,
+    and that test's only service sync was refused (403), so nothing ever moved the services index."""
+    node = f"{name}-node"
+    before = api.get(f"/v1/catalog/node/{node}")
+    assert before.status_code == 200 and before.json() is None
+    index = int(before.headers["X-Consul-Index"])
+    try:
+        assert api.put("/v1/catalog/register", json={"Node": node, "Address": "127.0.0.9"}).status_code == 200
+        assert api.get(f"/v1/catalog/node/{node}").json()["Node"]["Node"] == node
+        woken = api.get(f"/v1/catalog/node/{node}", params={"index": index, "wait": "5s"})
+        assert woken.json()["Node"]["Node"] == node and int(woken.headers["X-Consul-Index"]) > index
+        assert woken.elapsed.total_seconds() < 4, "the blocking read wakes on the node's registration"
+    finally:
+        api.put("/v1/catalog/deregister", json={"Node": node})
+
+
+def test_autopilot_health_names_the_servers_and_the_leader(api):
+    """Autopilot's Read Health: overall Healthy and FailureTolerance, and per server Name, Leader, Voter and
+    Healthy -- what the consul_agent role's server restart checks before and after each server."""
+    resp = api.get("/v1/operator/autopilot/health")
+    assert resp.status_code == 200, resp.text
+    health = resp.json()
+    assert health["Healthy"] is True and isinstance(health["FailureTolerance"], int)
+    leaders = [s for s in health["Servers"] if s["Leader"]]
+    assert len(leaders) == 1 and leaders[0]["Healthy"] and leaders[0]["Voter"] and leaders[0]["Name"]
+
+
+def test_autopilot_health_needs_operator_read(dev_server):
+    management = "0d7d8c9e-7a3b-4c59-9f0e-4a1b2c3d4e5f"
+    server = dev_server(acl_token=management)
+    denied = Api(server.address).get("/v1/operator/autopilot/health")
+    assert denied.status_code == 403 and "lacks permission 'operator:read'" in denied.text
+    assert Api(server.address, management).get("/v1/operator/autopilot/health").json()["Healthy"] is True

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 from eas_agent.publisher import Backoff, Publisher, Quantizer
 from eas_agent.score import ScoreResult
 from sim.memstore import MemoryStore
@@ -163,3 +165,21 @@ def test_restarted_agent_continues_the_sequence():
     _, again = make(store=store)
     again.step(5.0, results(1.0))
     assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["seq"] == 4
+
+
+def test_quantizer_min_change_keeps_a_level_near_zero():
+    # an idle-ish IU's drain flips between 0 and one short prefill in flight: 4 geometric levels apart at
+    # base 0.05, one write per flip before min_change
+    q = Quantizer(base=0.05, ratio=1.25, hysteresis=0.3, min_change=0.1)
+    level = q.level(None, 0.0)
+    assert q.level(level, 0.07) == level and q.level(level, 0.1) == level
+    assert q.level(level, 0.25) != level  # a real change is still written
+    assert q.value(q.level(None, 2.0)) == pytest.approx(2.0, rel=0.15)
+    assert Quantizer(base=0.05).level(0, 0.07) != 0  # without it: a new level
+
+
+def test_drain_publisher_ignores_flips_of_one_short_prefill():
+    store, pub = make()
+    assert pub.step(0.0, results(0.0)) is True
+    writes = [pub.step(0.6 * k, results(0.07 if k % 2 else 0.0)) for k in range(1, 4)]
+    assert writes == [False, False, False]

@@ -21,16 +21,22 @@ def run(model: LoadModel, seconds: float, step: float = 0.2):
 
 def test_light_load_runs_everything_with_no_queue():
     model = LoadModel(arrival_rate=1.0, seed=1)
-    result = run(model, 60)[-1]
+    results = run(model, 60)
     assert model.success_total > 40 and not model.waiting and model.preemptions_total == 0
-    assert result.score < 0.05 and result.components["queue_s"] == 0.0
+    # a snapshot taken while a prompt is mid-prefill scores its admitted-prefill seconds (the engine counts
+    # prompt tokens at the first token, as vLLM V1 does), so the typical snapshot is what must be ~0
+    scores = sorted(r.score for r in results[len(results) // 2:])
+    assert scores[len(scores) // 2] < 0.05 and results[-1].components["queue_s"] == 0.0
 
 
 def test_small_kv_pool_fills_and_preempts():
     params = ModelParams(num_gpu_blocks=3000, prompt_mean_tokens=3000, output_mean_tokens=600)
     model = LoadModel(params, arrival_rate=3.0, seed=2)
     results = run(model, 90)
-    assert model.preemptions_total > 0 and model.kv_usage > 0.85 and model.waiting
+    # KV swings when a long request finishes (the queue's head is admitted only when its chunk fits): the
+    # typical snapshot of the second half is the "full" one, not whichever instant the run ends on
+    kv = sorted(r.components["kv_usage"] for r in results[len(results) // 2:])
+    assert model.preemptions_total > 0 and kv[len(kv) // 2] > 0.85 and model.waiting
     assert max(r.components["preemptions_per_s"] for r in results) > 0
     assert max(r.components["kv_s"] for r in results) > 0  # KV above the preemption level costs time
     assert results[-1].components["queue_s"] > 1.0 and results[-1].score > 1.0

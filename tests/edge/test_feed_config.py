@@ -246,3 +246,37 @@ def test_ledger_sums_match_the_entries_as_they_age_out():
             assert ledger.sent_since("a", since) == len(kept)
             sent = [(t, c) for t, c in sent if t >= since]
     assert ledger.sent_cost_since("a", 1e9, 0.2) == 0.0 and ledger.sent_cost_since("b", 0.0, 0.2) == 0.0
+
+
+def test_every_address_field_is_read_by_one_hostport_helper():
+    # the edge's listen, the agent's listen and the Consul block: one split, IPv6 brackets dropped for bind()
+    # (before: three rsplit copies, and "[::1]:8080" bound the host "[::1]", which getaddrinfo rejects)
+    from eas_agent.config import ConsulConfig, split_hostport
+
+    config = load_edge_config(None, {"listen": "[::1]:8081", "consul.address": "[::1]:8500"})
+    assert config.listen_hostport == ("::1", 8081)
+    assert (config.consul.host, config.consul.port) == ("::1", 8500)
+    assert split_hostport("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert (ConsulConfig().host, ConsulConfig().port) == split_hostport(ConsulConfig().address)
+
+
+def test_an_overdue_stream_marks_its_iu_busier_than_its_score():
+    # both IUs score 0: the one holding this edge's stream past its predicted first byte is avoided until
+    # that byte arrives (before: the stale score alone, so a coin toss between a held IU and a free one)
+    view = healthy_view(lambda: 100.0, {"n0": "ab"})
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.0, "b": 0.0}, ts=100.0,
+                                                               prefill_tps=8000.0))}])
+    router = Router(random.Random(1))
+    first = router.choose(view.snapshot(), 100.0, prompt_tokens=800)
+    assert first.expected_s == pytest.approx(0.1)  # score 0 + its own 800 / 8000 tokens/s
+    held, other = first.iu_id, ({"a", "b"} - {first.iu_id}).pop()
+    router.sent(held, 100.0, first.cost_s, handle="r1", expected_s=first.expected_s)
+    assert router.ledger.overdue_s(held, 100.05) == 0.0 and router.ledger.overdue_s(held, 101.1) == pytest.approx(1.0)
+    # 1.1 s later its first byte is 1 s overdue: every request prefers the other IU, though both score 0
+    router.sent(other, 100.0, first.cost_s)  # same prefill sent to both since the score: only the overdue differs
+    picks = {router.choose(view.snapshot(), 101.1, prompt_tokens=10).iu_id for _ in range(20)}
+    assert picks == {other}
+    router.first_byte(held, "r1")
+    assert router.ledger.overdue_s(held, 101.1) == 0.0
+    router.done(held, "r1")
+    assert not router.ledger.awaiting[held]

@@ -10,7 +10,7 @@ import yaml
 from cluster import spec
 from cluster.model import build_node
 from preflight.result import Verdict
-from tests.preflight.test_checks_rack import version_transport, versions_run
+from tests.preflight.checks.test_versions import version_transport, versions_run
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "nvidia_stack"
 

@@ -5,6 +5,8 @@ repository serves is installed with dpkg, which is the same package.
 
 One cluster, the issue's machine tests in order (a bring-up costs minutes): every IU in the catalog and in
 maintenance; ACL denials; a second run releases nothing; an agent restart and a reload keep maintenance;
+rolling-restart.yml takes a released IU out of rotation and back while an operator's quarantine and another
+node's preflight hold stay untouched;
 preflight's release (preflight/release.py) makes a node's IUs routable in the edge's reader
 (eas_agent.scheduler's ConsulWatcher + PoolView, with the read-only edge token); killing the IUs' vLLM
 makes their checks critical within the check interval and the reader drops them; stopping the node's
@@ -103,6 +105,7 @@ def test_agents_join_the_server_and_every_iu_waits_in_maintenance(up_inventory, 
                            text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-4000:]
     assert all(in_maintenance().values())
+    _rolling_restart_keeps_an_operator_quarantine(inventory, tmp_path, server, operator, management)
     _released_iu_routes_then_dies(inventory, server, secrets["consul_edge_token"], in_maintenance)
     # stop a node's agent: leave_on_terminate is false, so the server fails it (serfHealth critical)
     assert run_on(inventory, "r02n01", "systemctl", "stop", "consul.service").returncode == 0
@@ -117,6 +120,77 @@ def test_agents_join_the_server_and_every_iu_waits_in_maintenance(up_inventory, 
     assert wait_until(lambda: serf_of("r02n01") == "critical", 15), serf_of("r02n01")
     assert time.monotonic() - started < 15
     assert serf_of("r01n01") == "passing"
+
+
+def _maintenance_notes(server: str, token: str, index: int = 0, wait: str = "") -> tuple[int, dict[str, str]]:
+    """(X-Consul-Index, IU -> its maintenance reason, "" when not in maintenance) from the server's health."""
+    query = f"?index={index}&wait={wait}" if index else ""
+    request = urllib.request.Request(f"http://{server}/v1/health/service/vllm-iu{query}",
+                                     headers={"X-Consul-Token": token})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        entries, got = json.loads(resp.read()), int(resp.headers["X-Consul-Index"])
+    return got, {e["Service"]["ID"]: next((c["Notes"] for c in e["Checks"]
+                                           if c["CheckID"].startswith("_service_maintenance:")), "")
+                 for e in entries}
+
+
+def _rolling_restart_keeps_an_operator_quarantine(inventory: Path, tmp_path: Path, server: str, operator: str,
+                                                  management: str) -> None:
+    """rolling-restart.yml over r01n01 and r01n02 with their agents live (review finding #13 on the
+    machines): r01n01 released by preflight, then one of its IUs quarantined by an operator (maintenance
+    with the operator's reason, through the node's agent); r01n02 still held for preflight. The run takes
+    r01n01's other IU out of rotation and puts it back, and leaves the quarantine and r01n02's preflight hold
+    exactly as they were. Every maintenance state the server saw during the run is recorded (blocking
+    queries), so "put into maintenance and released" is observed, not inferred from the end state. The IUs'
+    vLLM units are not restarted here: the virtual inventory runs the other roles render-only
+    (clusterctl_live_actions false), which skips the playbook's restart and /health waits."""
+    import threading
+
+    from cluster import load_cluster
+    from preflight.release import release_passed
+    from preflight.result import CheckResult, Verdict
+    from preflight.runner import RunOutcome
+
+    node = load_cluster(inventory).node("r01n01")
+    free, quarantined = (iu.id for iu in node.ius)
+    held = {f"r01n02-iu{n}" for n in (0, 1)}
+    passed = CheckResult(node.rack, node.name, None, "consul", Verdict.PASS, "stand-in for a passed run", {})
+    assert sorted(release_passed([node], RunOutcome([passed], 0.0, 0.0, None, ["consul"]))["r01n01"]) == [
+        free, quarantined]
+    reason = "operator quarantine: flaky HCA"
+    path = f"/v1/agent/service/maintenance/{quarantined}?enable=true&reason=operator%20quarantine%3A%20flaky%20HCA"
+    assert _status(f"{node.address}:8500", path, operator) == 200
+    assert wait_until(lambda: [_maintenance_notes(server, management)[1].get(i) for i in (free, quarantined)]
+                      == ["", reason], 10), _maintenance_notes(server, management)
+    index, before = _maintenance_notes(server, management)
+    assert all(before[i] for i in held), before
+    seen: set[tuple[str, str]] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        at = index
+        while not stop.is_set():
+            at, notes = _maintenance_notes(server, management, at, "2s")
+            seen.update(notes.items())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        done = subprocess.run([sys.executable, "-m", "cli.main", "provision", "-i", str(inventory), "--playbook",
+                               "rolling-restart.yml", "--limit", "r01n01,r01n02", "--run-dir",
+                               str(tmp_path / "rolling")], cwd=REPO, capture_output=True, text=True, timeout=600)
+        time.sleep(1)  # the last release's sync reaches the server and the watch
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert operator not in done.stdout and management not in done.stdout
+    assert (free, "clusterctl rolling restart") in seen, sorted(seen)
+    after = _maintenance_notes(server, management)[1]
+    assert after[free] == "" and after[quarantined] == reason, after
+    assert {i: after[i] for i in held} == {i: before[i] for i in held}, "the preflight hold stays"
+    assert {n for i, n in seen if i == quarantined} == {reason}, "the quarantine never touched"
+    assert {n for i, n in seen if i in held} == {before[i] for i in held}, "r01n02 never taken by the run"
 
 
 def _ssh(inventory: Path, host: str, *argv: str) -> list[str]:

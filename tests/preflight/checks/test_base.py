@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,16 @@ def test_evaluate_runs_nothing_and_parses_nothing(check):
         calls, names = _calls_and_names(function)
         assert not calls & FORBIDDEN_CALLS, f"{check.name}.{function.__name__} calls {sorted(calls & FORBIDDEN_CALLS)}"
         assert not names & FORBIDDEN_NAMES, f"{check.name}.{function.__name__} uses {sorted(names & FORBIDDEN_NAMES)}"
+
+
+CHECK_MODULES = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "preflight" / "checks").glob("*.py")
+                       if p.stem not in ("__init__", "base"))
+
+
+def test_one_test_module_per_check_module():
+    """tests/preflight/checks/ mirrors preflight/checks/: test_<check>.py for each <check>.py, nothing else
+    (base.py's contract is this file; builders shared by several are helpers.py)."""
+    here = Path(__file__).resolve().parent
+    tests = sorted(p.stem.removeprefix("test_") for p in here.glob("test_*.py") if p.name != "test_base.py")
+    assert tests == CHECK_MODULES
+    assert sorted(c.name for c in CHECKS) == CHECK_MODULES  # and every module registers its one check

@@ -9,9 +9,14 @@ re-prefills its prompt plus the tokens it had generated). KV is counted in token
 most 15 tokens per sequence is ignored).
 
 Cost: a step that only decodes changes nothing but the context length, so consecutive pure-decode steps
-run as one event whose duration has a closed form (see model.decode_group_time); the group ends at the
+run as one event whose duration has a closed form (see roofline.decode_group_time); the group ends at the
 next sequence completion or KV exhaustion, and an arrival cuts it at the next step boundary. Mixed steps
 (any prefill chunk) are one event each.
+
+This is the one engine model of the tree: ``bench/route_sim.py`` runs it on its event loop for a pool of
+IUs, and the simulated vLLM server (``sim.vllm.loadmodel.LoadModel``, behind ``/metrics`` and the OpenAI
+API) advances one in wall-clock time. Step times come from ``sim.vllm.roofline`` (H100 x 4, TP=4,
+Llama-3-70B, every constant cited there).
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
-from .model import IUModel, decode_group_time, decode_steps_within
+from sim.vllm.roofline import IUModel, decode_group_time, decode_steps_within
 
 
 class Seq:
     """A request as the engine tracks it."""
 
     __slots__ = ("rid", "prompt", "output", "target", "computed", "generated", "decode_start", "finish_step",
-                 "decoding", "first_token", "done_at", "arrival", "own_prefill", "edge", "iu_index")
+                 "decoding", "first_token", "done_at", "arrival", "own_prefill", "edge", "iu_index", "scheduled")
 
     def __init__(self, rid: int, prompt: int, output: int, arrival: float, own_prefill: float, edge: int):
         self.rid = rid
@@ -45,6 +50,7 @@ class Seq:
         self.own_prefill = own_prefill
         self.edge = edge
         self.iu_index = -1
+        self.scheduled: float | None = None  # first admission from the waiting queue (vLLM's queue time ends)
 
 
 @dataclass
@@ -62,12 +68,18 @@ class IUCounters:
 
 
 class InferenceUnit:
-    def __init__(self, index: int, iu_id: str, model: IUModel, schedule, on_finish):
-        """schedule(time, fn, arg) puts an event on the loop; on_finish(seq) tells the edges."""
+    def __init__(self, index: int, iu_id: str, model: IUModel, schedule, on_finish,
+                 kv_capacity_tokens: int | None = None, on_first_token=None, on_steps=None):
+        """schedule(time, fn, arg) puts an event on the loop; on_finish(seq, now) tells the edges.
+        kv_capacity_tokens: a smaller KV cache than the roofline's (tests of KV pressure); on_first_token(seq,
+        now) and on_steps(tokens_per_step, steps) feed the simulated server's histograms (None: not called)."""
         self.index = index
         self.iu_id = iu_id
         self.model = model
-        self.capacity = model.kv_capacity_tokens
+        self.capacity = kv_capacity_tokens if kv_capacity_tokens is not None else model.kv_capacity_tokens
+        if self.capacity <= 0:
+            raise ValueError(f"KV capacity must be > 0 tokens, got {self.capacity}")
+        self._on_first_token, self._on_steps = on_first_token, on_steps
         self.budget = model.engine.max_num_batched_tokens
         self.max_seqs = model.engine.max_num_seqs
         self.overhead = model.engine.step_overhead_s
@@ -167,6 +179,8 @@ class InferenceUnit:
             if chunk > free:
                 break  # vLLM stops admitting when the head of the queue cannot get its blocks
             self.waiting.popleft()
+            if seq.scheduled is None:
+                seq.scheduled = now
             self.waiting_tokens -= seq.target - seq.computed
             self.counters.prefix_cache_queries += seq.target
             self.running.append(seq)
@@ -225,6 +239,11 @@ class InferenceUnit:
             self.compute_in_window += self._step_compute * overlap / (self.step_end - self.step_start)
         self.step_no += steps
         grown = self.decode_count * steps
+        if self._on_steps is not None:
+            if self.step_chunks:
+                self._on_steps(grown + sum(chunk for _, chunk in self.step_chunks), 1)
+            else:
+                self._on_steps(self.decode_count, steps)
         self.decode_ctx += grown
         self.kv_used += grown
         self.counters.generation_tokens += grown
@@ -245,6 +264,8 @@ class InferenceUnit:
             if seq.first_token is None:
                 seq.first_token = now
                 self.counters.prompt_tokens += seq.prompt
+                if self._on_first_token is not None:
+                    self._on_first_token(seq, now)
             if seq.generated >= seq.output:
                 self.running.remove(seq)
                 self.kv_used -= seq.prompt + seq.generated
@@ -282,6 +303,14 @@ class InferenceUnit:
             done = decode_steps_within(self.group_coeffs, self.overhead, self.group_k, now - self.step_start)
             return done * self.decode_count
         return 0
+
+    def tokens_of(self, seq: Seq, now: float) -> int:
+        """Tokens `seq` has generated by `now`, counting the steps of a decode group in flight."""
+        generated = self.generated_of(seq)
+        if seq.decoding and self.busy and self.group_k and now > self.step_start:
+            done = decode_steps_within(self.group_coeffs, self.overhead, self.group_k, now - self.step_start)
+            generated = min(seq.output, generated + done)
+        return generated
 
     def busy_seconds(self, now: float) -> float:
         extra = min(now, self.step_end) - self.step_start if self.busy and now > self.step_start else 0.0

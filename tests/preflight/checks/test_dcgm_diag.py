@@ -1,0 +1,60 @@
+"""preflight/checks/dcgm_diag.py: ``evaluate`` fed parsed facts directly (PASS, each FAIL mode), and ``gather`` through a scripted
+transport (the commands it runs; unreadable output -> ERROR with an excerpt)."""
+
+from __future__ import annotations
+
+from preflight.checks import dcgm_diag, nvlink
+from preflight.result import Verdict
+from tests.preflight.checks.helpers import PROFILE, N, parsed, verdict
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text
+
+
+def dcgm(name, nvlinks="h100-sxm-driver550-18-links-26.562.txt"):
+    return {"diag": parsed("dcgm-diag", name), "level": 2, "depth": "standard",
+            "nvlinks": parsed("nvlink-status", nvlinks) if nvlinks else "not read"}
+
+
+def test_dcgm_pass_and_skips():
+    assert verdict(dcgm_diag.CHECK.evaluate(dcgm("dcgm3.3-h200-r3-pass.txt"), PROFILE, N)) == (Verdict.PASS, "DCGM_OK")
+    assert verdict(dcgm_diag.CHECK.evaluate(dcgm("dcgm3.3-t400-r3-skipped-dcgm-139.txt"), PROFILE, N))[0] is Verdict.PASS
+
+
+def test_dcgm_failing_test_fails_with_its_fr_code():
+    result = dcgm_diag.CHECK.evaluate(dcgm("dcgm3.3-h100-r2-memory-fail-gpu3.txt"), PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "DCGM_FR_FAULTY_MEMORY") and "GPU 3" in result.reason
+    v4 = dcgm_diag.CHECK.evaluate(dcgm("dcgm4.2-r2-pcie-width-fail-gpu5.txt"), PROFILE, N)[0]
+    assert (v4.verdict, v4.code) == (Verdict.FAIL, "DCGM_FR_PCIE_WIDTH")
+
+
+def test_dcgm_memory_alloc_logged_but_passed_is_a_false_pass():
+    result = dcgm_diag.CHECK.evaluate(dcgm("dcgm4.2-r2-memory-alloc-logged-but-pass-dcgm-284.txt"), PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "DCGM_FALSE_PASS") and "DCGM_FR_MEMORY_ALLOC" in result.reason
+
+
+def test_dcgm_pass_with_inactive_nvlinks_is_not_trusted():
+    facts = dcgm("dcgm3.3-h200-r3-pass.txt", nvlinks="h200-sxm-gpu6-two-links-inactive.txt")
+    result = dcgm_diag.CHECK.evaluate(facts, PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.WARN, "DCGM_CROSS_CHECK") and "2 inactive" in result.reason
+
+
+def test_dcgm_missing_host_engine_is_error_not_pass():
+    garbage = fixture_text("dcgm_diag", "garbage-hostengine-not-running.txt")
+    t = ScriptedTransport().on("n1", "dcgmi", reply=(255, garbage))
+    result = dcgm_diag.CHECK.run(context(t))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "DCGM_NO_HOSTENGINE")
+    assert "Host engine connection invalid" in result.evidence["output"]
+
+
+def test_dcgm_level_from_depth_or_option_and_json_judged_on_nonzero_exit():
+    t = ScriptedTransport().on("n1", "dcgmi", reply=(1, fixture_text("dcgm_diag", "dcgm3.3-h100-r2-memory-fail-gpu3.txt")))
+    t.on("n1", *nvlink.STATUS, reply=fixture_text("nvlink_status", "h100-sxm-driver550-18-links-26.562.txt"))
+    result = dcgm_diag.CHECK.run(context(t, depth="full"))[0]
+    assert result.code == "DCGM_FR_FAULTY_MEMORY" and result.evidence["level"] == 3
+    dcgm_diag.CHECK.run(context(t, depth="full", dcgm_level=1))
+    assert t.called("n1", "dcgmi") == [tuple(dcgm_diag.argv(3)), tuple(dcgm_diag.argv(1))]
+
+
+def test_dcgm_truncated_json_is_error_with_excerpt():
+    t = ScriptedTransport().on("n1", "dcgmi", reply=fixture_text("dcgm_diag", "truncated-json-cut-mid-results.txt"))
+    result = dcgm_diag.CHECK.run(context(t))[0]
+    assert result.verdict is Verdict.ERROR and "does not decode" in result.reason and result.evidence["output"]

@@ -1,0 +1,86 @@
+"""preflight/checks/pcie_link.py: ``evaluate`` fed parsed facts directly (PASS, each FAIL mode), and ``gather`` through a scripted
+transport (the commands it runs; unreadable output -> ERROR with an excerpt)."""
+
+from __future__ import annotations
+
+from preflight.checks import pcie_link
+from preflight.parsers.ib_health import PcieLinkState
+from preflight.profiles import profile_of
+from preflight.result import Verdict
+from preflight.transport import CommandResult
+from tests.preflight.checks.helpers import PROFILE, N, parsed, verdict
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
+
+
+def pcie_facts(idle="h100-sxm-driver550-pci-performance-busy-gen5.txt", loaded=None, hcas=None, error=None):
+    hcas = hcas if hcas is not None else {nic.device: PcieLinkState(5, 5, 16, 16) for nic in N.nics}
+    return pcie_link.PcieFacts(parsed("nvsmi-pci", idle), parsed("nvsmi-pci", loaded) if loaded else None, error, hcas)
+
+
+def test_pcie_healthy_gen5_x16_passes():
+    assert verdict(pcie_link.CHECK.evaluate(pcie_facts(), PROFILE, N)) == (Verdict.PASS, "PCIE_OK")
+
+
+def test_pcie_gpu_trained_x8_fails_width():
+    result = pcie_link.CHECK.evaluate(pcie_facts("h100-sxm-gpu3-x8-width-downtrained.txt"), PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PCIE_WIDTH") and "x8" in result.reason
+
+
+def test_pcie_gpu_gen4_under_load_fails_gen():
+    facts = pcie_facts("h200-sxm-gpu0-gen4-on-gen5-slot.txt")
+    result = pcie_link.CHECK.evaluate(facts, PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PCIE_GEN") and "Gen4" in result.reason
+
+
+def test_pcie_idle_gen1_is_judged_by_the_reading_under_load():
+    idle = "h100-sxm-driver550-idle-gen1-power-saving.txt"
+    passed = pcie_link.CHECK.evaluate(pcie_facts(idle, loaded="h100-sxm-driver550-pci-performance-busy-gen5.txt"),
+                                      PROFILE, N)
+    assert verdict(passed) == (Verdict.PASS, "PCIE_OK")
+    unverified = pcie_link.CHECK.evaluate(pcie_facts(idle, error="cannot start nvbandwidth"), PROFILE, N)
+    assert verdict(unverified) == (Verdict.WARN, "PCIE_GEN_UNVERIFIED")
+
+
+def test_pcie_hca_gen4_x8_and_missing_hca_fail():
+    hcas = {"mlx5_0": PcieLinkState(gen=4, gen_max=5, width=8, width_max=16), "mlx5_1": None}
+    result = pcie_link.CHECK.evaluate(pcie_facts(hcas=hcas), PROFILE, N)[0]
+    assert result.verdict is Verdict.FAIL
+    assert {p.split(":")[0] for p in result.evidence["problems"]} >= {"HCA mlx5_0 at x8, expected x16"}
+    assert any("mlx5_1" in p for p in result.evidence["problems"])
+
+
+def test_pcie_a100_profile_accepts_gen4():
+    a100 = node(gpu_model="a100-sxm")
+    facts = pcie_link.PcieFacts(parsed("nvsmi-pci", "a100-sxm4-driver535-gen4-x16.txt"), None, None, {})
+    assert verdict(pcie_link.CHECK.evaluate(facts, profile_of(a100), a100)) == (Verdict.PASS, "PCIE_OK")
+
+
+def test_pcie_gather_reads_under_load_only_when_idle_reads_low():
+    busy = fixture_text("nvsmi_pci", "h100-sxm-driver550-pci-performance-busy-gen5.txt")
+    idle = fixture_text("nvsmi_pci", "h100-sxm-driver550-idle-gen1-power-saving.txt")
+    readings = iter([idle, busy])
+    t = ScriptedTransport().on("n1", *pcie_link.NVSMI_PCI,
+                               reply=lambda argv: CommandResult(0, next(readings), "", 0.0, argv=argv))
+    t.on("n1", "grep", reply="".join(f"{p}:{v}\n" for nic in N.nics for p, v in
+                                     zip(pcie_link.hca_paths(nic.device), ["32.0 GT/s PCIe", "16", "32.0 GT/s PCIe", "16"],
+                                         strict=True)))
+    pcie_link.LOAD_SETTLE_S, settle = 0.0, pcie_link.LOAD_SETTLE_S
+    try:
+        results = pcie_link.CHECK.run(context(t))
+    finally:
+        pcie_link.LOAD_SETTLE_S = settle
+    assert verdict(results) == (Verdict.PASS, "PCIE_OK")
+    assert t.started == [("n1", tuple(pcie_link.LOAD))] and t.stopped == t.started
+    assert only(results).evidence["found"]["GPU0 (18:00.0)"]["read_under_load"] is True
+
+
+def test_pcie_missing_hca_sysfs_fails_but_a_missing_grep_is_an_error():
+    busy = fixture_text("nvsmi_pci", "h100-sxm-driver550-pci-performance-busy-gen5.txt")
+    gone = CommandResult(2, "", "grep: /sys/class/infiniband/mlx5_0/device/current_link_speed: No such file or "
+                                "directory", 0.0)
+    t = ScriptedTransport().on("n1", *pcie_link.NVSMI_PCI, reply=busy).on("n1", "grep", reply=gone)
+    result = pcie_link.CHECK.run(context(t))[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PCIE_MISSING")
+    t = ScriptedTransport().on("n1", *pcie_link.NVSMI_PCI, reply=busy)  # no grep: rc 127
+    result = pcie_link.CHECK.run(context(t))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER") and "exited 127" in result.reason
