@@ -51,7 +51,9 @@ def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefi
     policies = consul_acl.node_policies(node, datacenter, kv_prefix)
     links = {
         "agent": (f"consul-agent-{node}", f"consul agent token of {node}"),
-        "registration": ("vllm-iu-registration", f"config_file_service_registration token of {node}"),
+        # One secret for every node (a group variable): a node's name in its description would make each
+        # node's run rewrite it, so no rerun of two nodes reported changed=0.
+        "registration": ("vllm-iu-registration", "config_file_service_registration (every node)"),
         "operator": ("clusterctl-operator", "clusterctl operator (maintenance, preflight release)"),
         "eas_agent": (f"eas-agent-{node}", f"eas-agent of {node}"),
         "edge": ("clusterctl-edge", "edge (read-only)"),

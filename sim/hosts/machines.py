@@ -317,6 +317,11 @@ def nspawn_argv(image_root: Path, paths: HostPaths, cpu_dir: Path, node_dir: Pat
     ]
     for real, ours in SYS_OVERLAYS:
         argv.append(f"--overlay-ro={real}:{paths.root / 'sys' / ours}:{real}")
+    # The mlx5 ECN knobs are the one simulated sysfs that the node itself writes (roce-dcqcn's boot script,
+    # as root): bound writable over the read-only overlay (nspawn mounts parents first). What the script
+    # writes lands in the host's tree, where preflight's dcqcn check reads it back.
+    for ecn in sorted((paths.root / "sys" / "class" / "net").glob("*/ecn")):
+        argv.append(f"--bind={ecn}:/sys/class/net/{ecn.parent.name}/ecn")
     argv += [f"--bind-ro={path}" for path in controller_paths()]
     return [*argv, "--boot"]
 

@@ -67,6 +67,20 @@ def test_creating_again_changes_nothing_and_a_changed_rule_is_updated(server, to
     assert ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)[1]
 
 
+def test_a_token_every_node_shares_is_unchanged_by_the_next_node(server, tokens):
+    """The registration token is one secret for the whole cluster (one group variable): ensuring node n2's
+    tokens after n1's must not rewrite it (a node name in its description flipped it on every run: a rerun
+    of two nodes reported changed=1)."""
+    ensure = _module("consul_acl").ensure
+    n2 = {**tokens, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    acl = _filters()["consul_node_acl"]("n2", "dc1", n2)
+    created, updated = ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)
+    assert sorted(created) == ["policy consul-agent-n2", "policy eas-agent-n2",
+                               "token consul agent token of n2", "token eas-agent of n2"] and not updated
+    n1 = _filters()["consul_node_acl"]("n1", "dc1", tokens)
+    assert ensure(f"http://{server.address}", MANAGEMENT, n1["policies"], n1["tokens"], check=False) == ([], [])
+
+
 def test_agent_token_registers_its_node_but_cannot_set_maintenance(server, tokens):
     admin = _api(server, MANAGEMENT)
     assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"}).status_code == 200

@@ -125,6 +125,7 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
         "chmod 0755 /etc/eas-agent\n"                                               # directory mode
         "SYSTEMD_OFFLINE=1 systemctl disable eas-agent.service\n"                    # unit
         "usermod -s /bin/sh eas-agent\n"                                             # user
+        "systemctl stop roce-dcqcn.service\n"                                        # a stopped unit
     )
     assert drift.returncode == 0, drift.stderr
     repair = provisioned.provision("repair", "--batches", "100%", "--limit", host)
@@ -141,6 +142,8 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
     assert provisioned.stat(host, "/etc/eas-agent") == "750 root eas-agent"
     assert provisioned.exists(host, "/etc/systemd/system/multi-user.target.wants/eas-agent.service")
     assert provisioned.on_host(host, "getent", "passwd", "eas-agent").stdout.strip().endswith(":/usr/sbin/nologin")
+    # the boot unit's files were in place: only a start task that runs every run brings it back
+    assert provisioned.on_host(host, "systemctl", "is-active", "roce-dcqcn.service").stdout.strip() == "active"
     again = provisioned.provision("after-repair", "--batches", "100%", "--limit", host)
     assert again.returncode == 0, again.stdout[-3000:]
     assert stats_of(provisioned.run_dirs["after-repair"] / "events.jsonl")["changed"] == {}

@@ -213,6 +213,22 @@ def test_machines_share_nothing_writable_with_this_machine(up_inventory):
 
 
 @needs_root
+def test_root_on_a_roce_machine_sets_the_ecn_knobs_and_nothing_else_in_sys(up_inventory):
+    """roce-dcqcn's boot script writes /sys/class/net/<if>/ecn/roce_{np,rp}/enable/<prio> as root, as on an
+    mlx5 host: the write holds and lands in the host's simulated tree (where the dcqcn fault and preflight
+    read it); the rest of the simulated /sys/class stays read-only. Before, the write failed ('Read-only
+    file system') and the unit with it."""
+    directory = up_inventory(1, 1, fabric="roce", faults="none")
+    netdev = sorted((simulate.layout(directory).host("r01n01").root / "sys" / "class" / "net").glob("*/ecn"))[0].parent
+    knob = f"/sys/class/net/{netdev.name}/ecn/roce_np/enable/3"
+    result = run_on(directory, "r01n01", "sh", "-c", f"echo 0 > {knob} && cat {knob} && echo 1 > {knob} && cat {knob}")
+    assert (result.returncode, result.stdout) == (0, "0\n1\n"), result.stderr
+    assert (netdev / "ecn" / "roce_np" / "enable" / "3").read_text() == "1\n"
+    result = run_on(directory, "r01n01", "sh", "-c", f"echo 1500 > /sys/class/net/{netdev.name}/mtu")
+    assert result.returncode != 0 and "read-only file system" in result.stderr.lower(), result.stderr
+
+
+@needs_root
 def test_unreachable_machine_runs_without_sshd(up_inventory):
     directory = up_inventory(2, 1, faults="none", host_vars={"r01n02": "sim_faults: [{kind: unreachable}]\n"})
     result = run_on(directory, "r01n02", "true")
