@@ -22,7 +22,14 @@ REBOOT_TASK = "Reboot the host"
 
 def failure_reason(result: dict, limit: int = 300) -> str:
     """Why a task failed, never empty: its ``msg``; else exit status and stderr/stdout (a command module);
-    else, for a ``no_log`` task (Ansible keeps only ``censored``), that the reason is hidden and why."""
+    else, for a ``no_log`` task (Ansible keeps only ``censored``), that the reason is hidden and why. A loop
+    task's msg is only "One or more items failed": its first failed item is named, with that item's reason."""
+    failed_items = [r for r in result.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if failed_items:
+        first = failed_items[0]
+        label = first.get("_ansible_item_label", first.get("item"))
+        more = f" (and {plural(len(failed_items) - 1, 'more item')})" if len(failed_items) > 1 else ""
+        return " ".join(f"item {label}: {failure_reason(first, limit)}{more}".split())[:limit]
     text = str(result.get("msg") or "")
     if not text and result.get("rc") not in (None, 0):
         detail = str(result.get("stderr") or result.get("stdout") or "").strip()

@@ -2,21 +2,23 @@
 
 Steps, each the real command or library a cluster uses; only the hosts are simulated:
 
-1. ``virtual create`` + ``virtual up``: N simulated GPU nodes, one of them with a broken NVLink pair;
-2. the ``consul`` package on every machine: the stand-in from the local HashiCorp repository
-   (``sim/aptrepo``, the project's dev server behind Consul's CLI and ``consul.service``);
-3. ``clusterctl provision``: every role, in stop-on-failure batches; the consul_agent role runs for real
-   (``consul_agent_live_actions``): ``consul.service`` starts on every machine (the inventory's
-   ``consul_servers`` machine as the server, the others as client agents joined to it) with ACLs on
-   (default deny), the role creates the least-privilege tokens and keeps every new IU in maintenance;
-4. simulated vLLM servers for each IU; the catalog lists every IU, registered by its node's agent from the
-   ``/etc/consul.d`` files the role rendered, in maintenance;
-5. ``eas-agent run`` on every node with the config the eas_agent role rendered;
-6. ``clusterctl preflight --release``: the faulty node FAILs, healthy IUs leave maintenance;
-7. ``eas-edge`` (a process, the deployable router) in front of the IUs; the production request mix is sent
+1. ``virtual create`` + ``virtual up``: N simulated GPU nodes, one of them with a broken NVLink pair, and the
+   package sources they install from (the stand-in NVIDIA/HashiCorp apt repositories and package index);
+2. ``clusterctl provision``: every role for real, in stop-on-failure batches, as on a real host: packages
+   from those sources, ``consul.service`` on every machine (the inventory's ``consul_servers`` machine as
+   the server, the others as client agents joined to it) with ACLs on (default deny), the least-privilege
+   tokens, every new IU in maintenance, and the ``vllm-iu@N`` and ``eas-agent`` units started;
+3. the IUs answer ``/health`` (the stand-in vLLM the role installed, run by ``vllm-iu@N``); the catalog
+   lists every IU, registered by its node's agent from the ``/etc/consul.d`` files the role rendered, in
+   maintenance;
+4. every node's ``eas-agent.service`` publishes its scores;
+5. ``clusterctl preflight --release``: the faulty node FAILs, healthy IUs leave maintenance;
+6. ``eas-edge`` (a process, the deployable router) in front of the IUs; the production request mix is sent
    to it over HTTP for ``--duration`` seconds, with a live table of scores, latencies and the edge's metrics.
 
-Every process started is stopped by PID at the end (or on Ctrl-C); the temp dir is removed unless --keep.
+Nothing on the nodes is started by the demo: what serves is what provisioning started. Every process the
+demo starts itself (the edge) is stopped by PID at the end (or on Ctrl-C); the temp dir is removed unless
+--keep.
 """
 
 from __future__ import annotations
@@ -94,11 +96,10 @@ class Demo:
     def run(self, nodes: int, racks: int, duration: float, rate: float | None) -> None:
         cluster = self.make_cluster(nodes, racks)
         faulty = list(cluster.nodes())[-1]
-        self.install_consul(cluster)
         self.provision()
-        self.start_inference_units(cluster)
+        self.await_inference_units(cluster)
         self.await_agent_registrations(cluster)
-        self.start_agents(cluster)
+        self.await_agents(cluster)
         released = self.preflight(cluster, faulty)
         self.route_traffic(cluster, released, duration, rate)
 
@@ -107,7 +108,7 @@ class Demo:
         from sim.hosts import create as create_inventory
         from sim.hosts import simulate
 
-        self.step(f"1/7 virtual cluster: {nodes} nodes in {racks} racks")
+        self.step(f"1/6 virtual cluster: {nodes} nodes in {racks} racks")
         create_inventory.write(self.inventory, nodes, racks, fabric="mixed", faults="none")
         faulty = create_inventory.plan(nodes, racks, "mixed", "none")[-1].name
         (self.inventory / "host_vars").mkdir(exist_ok=True)
@@ -123,9 +124,8 @@ class Demo:
         return cluster
 
     def configure_consul(self, faulty: str) -> None:
-        """Inventory values only: every machine's agent listens on its own address (machines share this
-        network namespace), the consul_agent role acts for real while the other roles stay rendered only,
-        and the controller's tools read the operator token from a 0600 file (``consul_token_file``)."""
+        """Inventory values only: the controller's tools read the operator token from a 0600 file
+        (``consul_token_file``); every machine's agent listens on its own address (the inventory's)."""
         group_vars = self.inventory / "group_vars" / "all.yml"
         secrets = yaml.safe_load(group_vars.read_text())
         self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"]}
@@ -138,10 +138,8 @@ class Demo:
         self.consul_addr = f"{addresses[servers[0]]}:8500"
         token_file = self.write_secret("consul.token", self.tokens["operator"])
         with open(group_vars, "a") as vars_file:
-            vars_file.write("\n# The demo: a Consul agent on every machine (consul.service from the stand-in package),\n"
-                            "# the operator token for preflight and the playbooks in a 0600 file.\n"
-                            "consul_datacenter: dc1\n"
-                            f"consul_agent_live_actions: true\nconsul_token_file: {token_file}\n")
+            vars_file.write("\n# The demo: the operator token for preflight and the playbooks in a 0600 file.\n"
+                            f"consul_datacenter: dc1\nconsul_token_file: {token_file}\n")
 
     def write_secret(self, name: str, text: str) -> Path:
         path = self.workdir / name
@@ -150,39 +148,10 @@ class Demo:
             out.write(text + "\n")
         return path
 
-    # -- 2. Consul --------------------------------------------------------------------------------
-    def install_consul(self, cluster: Cluster) -> None:
-        """The consul package on every machine. Installs through apt belong to the packages work
-        (``clusterctl_manage_packages`` is off on the virtual inventory): the .deb the local HashiCorp
-        repository serves is installed with dpkg, which is the same package."""
-        import subprocess
-        from concurrent.futures import ThreadPoolExecutor
-
-        from sim.aptrepo import catalog
-        from sim.aptrepo.deb import build_deb
-        from sim.aptrepo.repo import consul_standin_files
-
-        self.step("2/7 the consul package on every machine (stand-in from the local HashiCorp repository)")
-        deb = build_deb(catalog.hashicorp_packages(consul_standin_files())[0], self.workdir).read_bytes()
-
-        def install(node: Node) -> str:
-            done = subprocess.run(self.on_node(node, "sh", "-c", "cat > /tmp/consul.deb && dpkg -i /tmp/consul.deb"
-                                               " >/dev/null && systemctl daemon-reload"),
-                                  input=deb, capture_output=True, timeout=120)
-            return "" if done.returncode == 0 else (
-                f"{node.name}: installing consul failed (exit {done.returncode}): "
-                f"{done.stderr.decode(errors='replace').strip()[-300:] or 'no output'}")
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            failed = [problem for problem in pool.map(install, cluster.nodes()) if problem]
-        if failed:
-            raise DemoError("\n".join(failed))
-        console.print(f"consul installed on {len(list(cluster.nodes()))} machines; server: {self.consul_addr}")
-
-    # -- 3. provisioning --------------------------------------------------------------------------
+    # -- 2. provisioning --------------------------------------------------------------------------
     def provision(self) -> None:
         # A canary host first, then the rest: the default 1,10%,50%,100% adds batches that 4 nodes don't need.
-        self.step("3/7 clusterctl provision (site.yml: a canary batch of 1, then 100%; consul.service started)")
+        self.step("2/6 clusterctl provision (site.yml for real: a canary batch of 1, then 100%)")
         self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%",
                         "--run-dir", str(self.workdir / "runs"),
                         expect=(0,), what="provisioning")
@@ -195,20 +164,12 @@ class Demo:
             raise DemoError(f"{what} exited {code} (expected {' or '.join(map(str, expect))})")
         return code
 
-    # -- 4. inference units and their Consul services ---------------------------------------------
-    def start_inference_units(self, cluster: Cluster) -> None:
-        self.step("4/7 simulated vLLM servers, one per IU (load model: continuous batching, paged KV)")
-        for node in cluster.nodes():
-            ius = [arg for iu in node.ius for arg in ("--iu", f"{node.address}:{iu.port}:0")]
-            gpu_file = node.settings.agent.fake_gpu_file or "/var/lib/eas-agent/fake_gpus.json"
-            self.processes.start(f"vllm-{node.name}", self.on_node(
-                node, "sh", "-c", 'mkdir -p "$(dirname "$1")" && shift && exec "$@"', "sh", gpu_file,
-                sys.executable, "-m", "sim.vllm", *ius, "--gpu-file", gpu_file,
-                "--gpus", str(node.gpu_count), "--warmup-s", "0",
-            ))
+    # -- 3. inference units and their Consul services ---------------------------------------------
+    def await_inference_units(self, cluster: Cluster) -> None:
+        self.step("3/6 the IUs that provisioning started (vllm-iu@N: the stand-in vLLM, continuous batching)")
         for node in cluster.nodes():
             for iu in node.ius:
-                self.wait_http(f"http://{node.address}:{iu.port}/health", f"simulated vLLM of {iu.id}")
+                self.wait_http(f"http://{node.address}:{iu.port}/health", f"vllm-iu@{iu.index} of {node.name}")
         console.print(f"{sum(len(n.ius) for n in cluster.nodes())} IU servers answering /health")
 
     def await_agent_registrations(self, cluster: Cluster) -> None:
@@ -238,21 +199,16 @@ class Demo:
 
         return ConsulIO(self.consul_addr, token=self.tokens["operator"], timeout_s=5.0)
 
-    # -- 5. agents --------------------------------------------------------------------------------
-    def start_agents(self, cluster: Cluster) -> None:
-        self.step("5/7 eas-agent on every node (config rendered by the eas_agent role)")
-        agent = str(Path(sys.executable).with_name("eas-agent"))
+    # -- 4. agents --------------------------------------------------------------------------------
+    def await_agents(self, cluster: Cluster) -> None:
+        self.step("4/6 eas-agent.service on every node (installed and configured by the eas_agent role)")
         for node in cluster.nodes():
-            self.processes.start(f"eas-agent-{node.name}",
-                                 self.on_node(node, agent, "run", "--config", "/etc/eas-agent/config.yml"))
-        for node in cluster.nodes():
-            listen = node.settings.agent.listen
-            self.wait_http(f"http://{listen}/scores", f"eas-agent on {node.name}")
+            self.wait_http(f"http://{node.settings.agent.listen}/scores", f"eas-agent.service on {node.name}")
         console.print(f"{len(list(cluster.nodes()))} agents publishing to Consul")
 
-    # -- 6. preflight -----------------------------------------------------------------------------
+    # -- 5. preflight -----------------------------------------------------------------------------
     def preflight(self, cluster: Cluster, faulty: Node) -> list[str]:
-        self.step("6/7 clusterctl preflight --release")
+        self.step("5/6 clusterctl preflight --release")
         report = self.workdir / "preflight.json"
         self.clusterctl("preflight", "-i", str(self.inventory), "--release", "--json", str(report),
                         "--state-dir", str(self.workdir / "preflight-state"), expect=(1,),
@@ -284,7 +240,7 @@ class Demo:
         console.print(Text(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation"))
         return released
 
-    # -- 7. traffic -------------------------------------------------------------------------------
+    # -- 6. traffic -------------------------------------------------------------------------------
     def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> None:
         from cli.commands.scores import rows
         from consul_io.client import ConsulIO
@@ -292,7 +248,7 @@ class Demo:
 
         rate = rate or 0.8 * len(released)
         edge_url = self.start_edge(cluster)
-        self.step(f"7/7 routing the production mix at {rate:.1f} req/s for {duration:.0f}s through eas-edge")
+        self.step(f"6/6 routing the production mix at {rate:.1f} req/s for {duration:.0f}s through eas-edge")
         view = PoolView()
         watcher = ConsulWatcher(view, ConsulIO(self.consul_addr, token=self.tokens["edge"]), wait_s=2.0).start()
         expected = {iu.id: (n.rack, n.name) for n in cluster.nodes() for iu in n.ius}
@@ -338,13 +294,6 @@ class Demo:
         return f"http://{listen}"
 
     # -- helpers ----------------------------------------------------------------------------------
-    def on_node(self, node: Node, *argv: str) -> list[str]:
-        """argv run as root on the node's machine over SSH (the controller's Python is bound into every
-        machine read-only at the same path, so sys.executable runs there as here)."""
-        from sim.hosts import simulate
-
-        return simulate.ssh_argv(self.inventory, node.name, *argv)
-
     def wait_http(self, url: str, what: str, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -59,10 +59,11 @@ ansible_ssh_common_args: "-o UserKnownHostsFile={{ inventory_dir }}/.sim/ssh/kno
 # differences) and the seconds every stub call takes (1.0 for the preflight fan-out benchmark).
 sim_hardware: {}
 sim_command_delay_s: 0.0
-# No NVML and no vLLM on a simulated host: the agent reads GPUs from a file that the simulated IUs
-# (python -m sim.vllm) write, and listens on the host's own loopback address.
+# No NVML on a simulated host: the agent reads its GPUs from the machine's stand-in of the NVML answers
+# (written from the host's hardware by `virtual up`: sim/hosts/machines.py), and listens on the host's own
+# loopback address.
 eas_agent_gpu_backend: fake
-eas_agent_fake_gpu_file: /var/lib/eas-agent/fake_gpus.json
+eas_agent_fake_gpu_file: /run/clusterctl-sim/nvml.json
 eas_agent_listen: "{{ ansible_host }}:9105"
 # Machines share this network namespace: each Consul agent listens on its machine's own address.
 consul_http_addr: "{{ ansible_host }}:8500"

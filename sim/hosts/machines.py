@@ -50,9 +50,11 @@ from sim.hosts import limits, stubs, sysfs
 from sim.hosts.hardware import Hardware
 from sim.hosts.stubs import peers
 from sim.hosts.stubs import systemctl as stub_systemctl
+from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
 
 STATE_DIR_NAME = ".sim"
 SIM_RUN_DIR = "/run/clusterctl-sim"  # where a machine sees its own state/ dir
+NVML_FILE = "nvml.json"  # in the state dir: SIM_RUN_DIR/nvml.json on the machine (the inventory's eas_agent_fake_gpu_file)
 PEERS_DIR = "/run/clusterctl-sim-peers"  # where it sees every host's (read-only)
 SIM_LIB = "/usr/local/lib/clusterctl-sim"  # the `sim` package, read-only, for the stub tools
 MACHINE_PYTHON = "/usr/bin/python3"
@@ -253,6 +255,9 @@ def prepare_host(paths: HostPaths, sim_host: SimHost, public_key: str) -> str:
     paths.calls_log.touch()
     paths.calls_log.chmod(0o666)  # stubs run as whichever user calls them (deploy, or root under sudo)
     sysfs.write_tree(paths.state / "proc", sysfs.proc_files(hw))
+    # What NVML would answer on this host (the eas-agent's `fake` GPU backend reads it, as the inventory
+    # says): its GPUs, loaded as a serving vLLM loads them.
+    write_fake_gpu_file(paths.state / NVML_FILE, fake_gpus(len(hw.gpus), utilization=60))
     for _, ours in SYS_OVERLAYS:
         (paths.root / "sys" / ours).mkdir(parents=True)
     sysfs.write_tree(paths.root / "sys" / "class", sysfs.class_tree(hw))

@@ -2,7 +2,7 @@
 
 `clusterctl virtual create` (3 nodes in 2 racks, the last rack RoCE) + `up` in a tmp dir; one host gets a
 different CPU topology so that CPU lists provably come from the host's sysfs. The eas-agent token is a
-vault-encrypted variable. site.yml runs once in --check --diff (must change nothing), then for real,
+vault-encrypted variable on r01n01. site.yml runs once in --check --diff (must change nothing), then for real,
 then again (must change nothing). `down` always runs in teardown.
 """
 
@@ -115,8 +115,11 @@ def _write_inventory(inventory: Path) -> None:
          "--stdin-name", "eas_agent_consul_token"],
         input=TOKEN, capture_output=True, text=True, check=True,
     ).stdout
-    with (inventory / "group_vars" / "all.yml").open("a") as f:
-        f.write("\n# The agent's Consul ACL token, vault-encrypted.\n" + encrypted)
+    # One host's: each node's eas-agent token is its own (its policy writes only that node's keys; one
+    # secret on three nodes would be re-pointed by each node's run), and the inventory's group_vars
+    # already derive the others'.
+    with (host_vars / "r01n01.yml").open("a") as f:
+        f.write("# The agent's Consul ACL token, vault-encrypted.\n" + encrypted)
 
 
 @pytest.fixture(scope="module")

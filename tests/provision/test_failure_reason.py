@@ -37,3 +37,17 @@ def test_a_failure_with_a_message_keeps_it(tmp_path):
 def test_a_failure_without_any_message_names_the_result_keys(tmp_path):
     notice = _failed(tmp_path, {"rc": 3, "stderr": "disk full"})
     assert notice == "r01n01: FAILED Write the agent configuration: exit 3: disk full", notice
+
+
+def test_a_loop_failure_names_the_item_and_its_reason(tmp_path):
+    """A loop task's own msg is only "One or more items failed": the item that failed and why come from its
+    results (Ansible's loop label first, as the live output shows it)."""
+    res = {"msg": "One or more items failed", "failed": True, "changed": False, "results": [
+        {"item": {"device": "mlx5_0"}, "_ansible_item_label": "mlx5_0", "failed": False, "changed": False},
+        {"item": {"device": "mlx5_1"}, "_ansible_item_label": "mlx5_1", "failed": True, "rc": 2,
+         "stderr": "-E- Failed to open device"},
+        {"item": "nccl", "failed": True, "msg": "No package matching 'nccl' is available"},
+    ]}
+    notice = _failed(tmp_path, res)
+    assert notice == ("r01n01: FAILED Write the agent configuration: item mlx5_1: exit 2: -E- Failed to open device "
+                      "(and 1 more item)"), notice

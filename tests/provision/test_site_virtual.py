@@ -273,6 +273,7 @@ def test_eas_agent_config_and_token(provisioned):
     cluster = load_cluster(provisioned.inventory)
     text = provisioned.read(IB_HOST, "/etc/eas-agent/config.yml")
     assert text == golden("eas-agent-config-r01n01.yml")
+    tokens = {}
     for host in provisioned.hosts:
         node = cluster.node(host)
         config = parse_config(yaml.safe_load(provisioned.read(host, "/etc/eas-agent/config.yml")), host)
@@ -282,7 +283,9 @@ def test_eas_agent_config_and_token(provisioned):
         ]
         assert config.consul.token_file == "/etc/eas-agent/consul.token"
         assert provisioned.stat(host, "/etc/eas-agent/consul.token") == "600 eas-agent eas-agent"
-        assert provisioned.read(host, "/etc/eas-agent/consul.token") == TOKEN + "\n"
+        tokens[host] = provisioned.read(host, "/etc/eas-agent/consul.token")
+    assert tokens[IB_HOST] == TOKEN + "\n"  # the vault value (the others' come from the inventory)
+    assert len(set(tokens.values())) == len(tokens) and all(t.strip() for t in tokens.values())
     unit = provisioned.read(IB_HOST, "/etc/systemd/system/eas-agent.service")
     assert unit == golden("eas-agent.service")
 
@@ -294,11 +297,8 @@ UNITS = ("cpu-dma-latency.service", "vllm-iu@0.service", "vllm-iu@1.service", "e
 
 def test_units_pass_systemd_analyze_verify(provisioned):
     """verify exits 0 on parse errors (it only warns): any stderr is a failure. It also needs the
-    ExecStart binaries, which the simulated hosts lack (no packages): stand-ins are linked first."""
+    ExecStart binaries: the first run installed them (vLLM's and the agent's venvs)."""
     host = IB_HOST
-    setup = provisioned.on_host(host, "sh", "-c", "mkdir -p /opt/vllm/venv/bin /opt/eas-agent/venv/bin && "
-                                "ln -sf /bin/true /opt/vllm/venv/bin/vllm && ln -sf /bin/true /opt/eas-agent/venv/bin/eas-agent")
-    assert setup.returncode == 0, setup.stderr
     try:
         for unit in UNITS:
             result = provisioned.on_host(host, "systemd-analyze", "verify", f"/etc/systemd/system/{unit}")
@@ -309,7 +309,42 @@ def test_units_pass_systemd_analyze_verify(provisioned):
                                      "systemd-analyze verify /etc/systemd/system/vllm-iu@9.service")
         assert broken.returncode == 0 and "NUMA" in broken.stderr
     finally:
-        provisioned.on_host(host, "rm", "-rf", "/opt/vllm", "/opt/eas-agent", "/etc/systemd/system/vllm-iu@9.service.d")
+        provisioned.on_host(host, "rm", "-rf", "/etc/systemd/system/vllm-iu@9.service.d")
+
+
+# ------------------------------------------------------------------- a changed template restarts
+
+SERVICES = ("chrony.service", "vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service", "consul.service",
+            "nvidia-fabricmanager.service", "nvidia-persistenced.service")
+
+
+def main_pids(provisioned, host: str) -> dict[str, int]:
+    result = provisioned.on_host(host, "systemctl", "show", "--property", "MainPID", "--value", *SERVICES)
+    assert result.returncode == 0, result.stderr
+    pids = dict(zip(SERVICES, map(int, result.stdout.split()), strict=True))
+    assert all(pids.values()), f"{host}: a unit is not running: {pids}"
+    return pids
+
+
+def test_a_changed_template_restarts_exactly_the_units_it_feeds(provisioned):
+    """chrony.conf and the IUs' env files change (two inventory values): chrony and both vllm-iu units get a
+    new MainPID, every other service keeps its process."""
+    host = IB_HOST
+    before = main_pids(provisioned, host)
+    host_vars = provisioned.inventory / "host_vars" / f"{host}.yml"
+    original = host_vars.read_text()
+    host_vars.write_text(original + "chrony_makestep_limit: 4\ninference_unit_max_num_seqs: 64\n")
+    try:
+        run = provisioned.provision("changed-template", "--batches", "100%", "--limit", host)
+    finally:
+        host_vars.write_text(original)
+    assert run.returncode == 0, run.stdout[-3000:]
+    after = main_pids(provisioned, host)
+    restarted = {unit for unit in SERVICES if after[unit] != before[unit]}
+    assert restarted == {"chrony.service", "vllm-iu@0.service", "vllm-iu@1.service"}, (before, after)
+    back = provisioned.provision("template-restored", "--batches", "100%", "--limit", host)
+    assert back.returncode == 0, back.stdout[-3000:]
+    assert provisioned.read(host, "/etc/chrony/chrony.conf") == golden("chrony.conf")
 
 
 # ----------------------------------------------------------------------------- plan, bad inputs
@@ -406,14 +441,17 @@ def test_rolling_restart_drains_one_node_at_a_time_through_consul(provisioned, c
             assert response.code == 200, response.body
     quarantined = cluster.node("r01n02").ius[1].id
     api.agent.service.maintenance(quarantined, True, reason="operator quarantine: flaky HCA")
-    group_vars = provisioned.inventory / "group_vars" / "all.yml"
-    original = group_vars.read_text()
-    # this dev Consul has no ACLs: no token, so the calls are logged (with a token they are no_log)
-    group_vars.write_text(original + f"\nconsul_http_addr: {consul_addr}\nconsul_token: ''\n")
+    # this dev Consul has no ACLs: no token, so the calls are logged (with a token they are no_log). Host
+    # vars, so they override the inventory's group_vars (the machines' own agents) without a duplicate key.
+    host_vars = [provisioned.inventory / "host_vars" / f"{host}.yml" for host in provisioned.hosts]
+    originals = {path: path.read_text() if path.exists() else None for path in host_vars}
+    for path in host_vars:
+        path.write_text((originals[path] or "") + f"\nconsul_http_addr: {consul_addr}\nconsul_token: ''\n")
     try:
         result = provisioned.provision("rolling", "--playbook", "rolling-restart.yml")
     finally:
-        group_vars.write_text(original)
+        for path, text in originals.items():
+            path.write_text(text) if text is not None else path.unlink()
     assert result.returncode == 0, result.stdout[-3000:]
     events = [json.loads(line) for line in (provisioned.run_dirs["rolling"] / "events.jsonl").read_text().splitlines()]
     batches = [e for e in events if e["event"] == "playbook_on_play_start"]

@@ -1,15 +1,15 @@
-"""Consul agents on the machines: the consul stand-in package installed on every machine, the consul_agent role
-run for real (live actions) over SSH, consul.service joined to the server with ACLs on (default deny), gossip
-key and TLS as rendered. Package installs through apt are the next issue's; here the .deb the local
-repository serves is installed with dpkg, which is the same package.
+"""Consul agents on the machines: the consul_agent, eas_agent and inference_unit roles run for real over SSH
+(consul from the stand-in HashiCorp repository through the role's apt path, the agent's and vLLM's venvs
+from the local package index, their units started), consul.service joined to the server with ACLs on
+(default deny), gossip key and TLS as rendered.
 
 One cluster, the issue's machine tests in order (a bring-up costs minutes): every IU in the catalog and in
 maintenance; ACL denials; a second run releases nothing; an agent restart and a reload keep maintenance;
 rolling-restart.yml takes a released IU out of rotation and back while an operator's quarantine and another
 node's preflight hold stay untouched;
 preflight's release (preflight/release.py) makes a node's IUs routable in the edge's reader
-(eas_agent.scheduler's ConsulWatcher + PoolView, with the read-only edge token); killing the IUs' vLLM
-makes their checks critical within the check interval and the reader drops them; stopping the node's
+(eas_agent.scheduler's ConsulWatcher + PoolView, with the read-only edge token); stopping the IUs' vLLM
+units makes their checks critical within the check interval and the reader drops them; stopping the node's
 consul.service makes the server fail the node (serfHealth) and its IUs leave the pool."""
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from pathlib import Path
 
 import yaml
 
-from sim.aptrepo import catalog
-from sim.aptrepo.deb import build_deb
-from sim.aptrepo.repo import consul_standin_files
 from tests.devconsul.contract import wait_until
 from tests.virtual.conftest import needs_root, run_on
 
@@ -51,27 +48,18 @@ def _status(address: str, path: str, token: str, method: str = "PUT") -> int:
 def test_agents_join_the_server_and_every_iu_waits_in_maintenance(up_inventory, tmp_path):
     inventory = up_inventory(3, 2, faults="none")
     group_vars = inventory / "group_vars" / "all.yml"
-    # every agent listens on its machine's own address (machines share this network namespace)
     secrets = yaml.safe_load(group_vars.read_text())
     management, operator = secrets["consul_agent_acl_management_token"], secrets["consul_token"]
     token_file = tmp_path / "consul.token"  # the token rule's file half, for preflight's release below
     token_file.write_text(operator + "\n")
     token_file.chmod(0o600)
-    # Only the consul_agent role acts (the eas_agent role renders its config and token file only).
     group_vars.write_text(group_vars.read_text().replace(f"consul_token: {operator}\n", "")
-                          + "\nconsul_http_addr: \"{{ ansible_host }}:8500\"\n"
-                          f"consul_agent_live_actions: true\nconsul_token_file: {token_file}\n")
-    deb = build_deb(catalog.hashicorp_packages(consul_standin_files())[0], tmp_path)
+                          + f"\nconsul_token_file: {token_file}\n")
     hosts = ["r01n01", "r01n02", "r02n01"]
-    for host in hosts:
-        copy = subprocess.run([*_ssh(inventory, host, "tee", "/tmp/consul.deb")], input=deb.read_bytes(),
-                              capture_output=True, timeout=60)
-        assert copy.returncode == 0, copy.stderr
-        installed = run_on(inventory, host, "sh", "-c", "dpkg -i /tmp/consul.deb && systemctl daemon-reload")
-        assert installed.returncode == 0, installed.stdout + installed.stderr
+    # The roles this test needs, not all of site.yml (each role costs its package installs).
     done = subprocess.run([sys.executable, "-m", "cli.main", "provision", "-i", str(inventory), "--tags",
-                           "consul_agent,eas_agent", "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+                           "consul_agent,eas_agent,inference_unit", "--run-dir", str(tmp_path / "run")], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:]
     assert management not in done.stdout and operator not in done.stdout
     server = "127.0.1.11:8500"
@@ -141,9 +129,8 @@ def _rolling_restart_keeps_an_operator_quarantine(inventory: Path, tmp_path: Pat
     with the operator's reason, through the node's agent); r01n02 still held for preflight. The run takes
     r01n01's other IU out of rotation and puts it back, and leaves the quarantine and r01n02's preflight hold
     exactly as they were. Every maintenance state the server saw during the run is recorded (blocking
-    queries), so "put into maintenance and released" is observed, not inferred from the end state. The IUs'
-    vLLM units are not restarted here: the virtual inventory runs the other roles render-only
-    (clusterctl_live_actions false), which skips the playbook's restart and /health waits."""
+    queries), so "put into maintenance and released" is observed, not inferred from the end state; the
+    playbook restarts the IUs' vllm-iu units and waits for their /health in between."""
     import threading
 
     from cluster import load_cluster
@@ -193,12 +180,6 @@ def _rolling_restart_keeps_an_operator_quarantine(inventory: Path, tmp_path: Pat
     assert {n for i, n in seen if i in held} == {before[i] for i in held}, "r01n02 never taken by the run"
 
 
-def _ssh(inventory: Path, host: str, *argv: str) -> list[str]:
-    from sim.hosts import simulate
-
-    return simulate.ssh_argv(inventory, host, *argv)
-
-
 def _released_iu_routes_then_dies(inventory: Path, server: str, edge_token: str, in_maintenance) -> None:
     from cluster import load_cluster
     from consul_io.client import ConsulIO
@@ -209,11 +190,7 @@ def _released_iu_routes_then_dies(inventory: Path, server: str, edge_token: str,
 
     node = load_cluster(inventory).node("r01n02")
     ius = sorted(iu.id for iu in node.ius)
-    vllm = _start_on(inventory, node, "vllm", sys.executable, "-m", "sim.vllm",
-                     *[a for iu in node.ius for a in ("--iu", f"{node.address}:{iu.port}:0")],
-                     "--gpu-file", "/var/lib/eas-agent/fake_gpus.json", "--gpus", str(node.gpu_count), "--warmup-s", "0")
-    agent = _start_on(inventory, node, "eas-agent", str(Path(sys.executable).with_name("eas-agent")), "run", "--config",
-                      "/etc/eas-agent/config.yml")
+    units = [f"vllm-iu@{iu.index}.service" for iu in node.ius]  # started by provisioning, as eas-agent.service
     view = PoolView()
     watcher = ConsulWatcher(view, ConsulIO(server, token=edge_token), wait_s=1.0).start()
     try:
@@ -226,18 +203,14 @@ def _released_iu_routes_then_dies(inventory: Path, server: str, edge_token: str,
             return sorted(e.iu_id for e in view.snapshot().healthy)
 
         assert wait_until(lambda: healthy() == ius, 40), (healthy(), view.health)
-        vllm.terminate()  # the IUs' vLLM dies: killed on the machine by its PID
-        _kill_on(inventory, node, "vllm")
+        assert run_on(inventory, node.name, "systemctl", "stop", *units).returncode == 0  # the IUs' vLLM stops
         died = time.monotonic()
         assert wait_until(lambda: healthy() == [], 20), healthy()
         # the check interval is 10 s, its timeout 2 s; the server sees the change at once (anti-entropy
         # pushes every change) and the watch returns on it
         assert time.monotonic() - died < 14, time.monotonic() - died
         assert {view.health[i][0] for i in ius} == {"critical"}, view.health
-        vllm = _start_on(inventory, node, "vllm", sys.executable, "-m", "sim.vllm",
-                         *[a for iu in node.ius for a in ("--iu", f"{node.address}:{iu.port}:0")],
-                         "--gpu-file", "/var/lib/eas-agent/fake_gpus.json", "--gpus", str(node.gpu_count),
-                         "--warmup-s", "0")
+        assert run_on(inventory, node.name, "systemctl", "start", *units).returncode == 0
         assert wait_until(lambda: healthy() == ius, 40), healthy()
         # the node's agent stops: leave_on_terminate is false, the server fails the node (serfHealth
         # critical, Consul's failure detection) and every IU of it leaves the pool with it
@@ -247,19 +220,3 @@ def _released_iu_routes_then_dies(inventory: Path, server: str, edge_token: str,
         assert time.monotonic() - stopped < 20
     finally:
         watcher.stop()
-        for process in (vllm, agent):
-            process.terminate()
-        for name in ("vllm", "eas-agent"):
-            _kill_on(inventory, node, name)
-
-
-def _start_on(inventory: Path, node, name: str, *argv: str) -> subprocess.Popen:
-    """argv as root on the machine; its PID in /run/clusterctl-test-<name>.pid (stopped by that PID)."""
-    script = f'mkdir -p /var/lib/eas-agent && echo $$ > /run/clusterctl-test-{name}.pid && exec "$@"'
-    return subprocess.Popen(_ssh(inventory, node.name, "sh", "-c", script, "sh", *argv), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _kill_on(inventory: Path, node, name: str) -> None:
-    pidfile = f"/run/clusterctl-test-{name}.pid"
-    run_on(inventory, node.name, "sh", "-c", f'[ -f {pidfile} ] && kill "$(cat {pidfile})" && rm -f {pidfile}; true')
