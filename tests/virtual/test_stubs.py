@@ -129,6 +129,11 @@ def test_mlnx_qos_and_dcqcn_sysfs(cluster):
     qos = mlnx_qos.parse(stub(cluster, "r02n01", "mlnx_qos", "-i", "enp26s0np0"))
     assert qos.trust == "dscp" and [p.priority for p in qos.pfc if p.enabled] == [3]
     assert run_on(cluster, "r01n01", "mlnx_qos", "-i", "ibp26s0").returncode == 1  # no DCB on IPoIB
+    # what roce-dcqcn's boot script sets is the simulated port's state: accepted; anything else is refused
+    script = "mlnx_qos -i enp26s0np0 --trust dscp --pfc 0,0,0,1,0,0,0,0 && mlnx_qos -i enp26s0np0 --dscp2prio set,26,3"
+    assert stub(cluster, "r02n01", "sh", "-c", script) == ""
+    other = run_on(cluster, "r02n01", "mlnx_qos", "-i", "enp26s0np0", "--pfc", "0,0,0,0,1,0,0,0")
+    assert other.returncode != 0 and "--pfc 0,0,0,0,1,0,0,0: only the provisioned QoS state" in other.stderr, other.stderr
     ecn = "cat /sys/class/net/enp26s0np0/ecn/roce_np/enable/3 /sys/class/net/enp26s0np0/ecn/roce_rp/enable/3"
     assert stub(cluster, "r02n01", "sh", "-c", ecn).split() == ["1", "1"]
     assert stub(cluster, "r02n02", "sh", "-c", ecn).split() == ["0", "0"]  # dcqcn_off

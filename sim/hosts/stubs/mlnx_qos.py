@@ -15,6 +15,24 @@ PRIO_TO_TC = [1, 0, 2, 3, 4, 5, 6, 7]  # mlx5 default
 ROCE_PRIORITY = 3
 
 
+CHANGE_OPTIONS = {"-f": "--pfc", "--pfc": "--pfc", "--trust": "--trust", "--dscp2prio": "--dscp2prio", "-p": "-p",
+                  "-s": "-s", "-t": "-t", "-r": "-r"}
+
+
+def _changes(args: list[str]) -> list[tuple[str, str]]:
+    """(long option, value) of every setting on the command line (``--pfc 0,0,0,1,0,0,0,0`` or ``--pfc=...``)."""
+    out = []
+    for i, arg in enumerate(args):
+        option, _, value = arg.partition("=")
+        if option in CHANGE_OPTIONS:
+            if not value:
+                if i + 1 >= len(args):
+                    raise StubUsageError(f"{arg}: needs a value")
+                value = args[i + 1]
+            out.append((CHANGE_OPTIONS[option], value))
+    return out
+
+
 def main(hw: Hardware, args: list[str]) -> int:
     netdev = None
     for i, arg in enumerate(args):
@@ -26,8 +44,7 @@ def main(hw: Hardware, args: list[str]) -> int:
         print("Interface name is required")
         print("Usage: mlnx_qos -i <interface> [options]")
         return 1
-    if any(a.startswith(("-f", "--pfc", "--trust", "-p", "-s", "-t", "-r", "--dscp2prio")) for a in args):
-        raise StubUsageError("changing QoS settings is not simulated (a live action)")
+    changes = _changes(args)
     hca = next((h for h in hw.hcas if h.netdev == netdev), None)
     if hca is None:
         print(f"[Errno 19] No such device: {netdev}")
@@ -35,6 +52,20 @@ def main(hw: Hardware, args: list[str]) -> int:
     if hca.link_layer != "ethernet":
         print("[Errno 95] Operation not supported")
         return 1
+    if changes:
+        # The simulated port is in the provisioned state (above): setting that state again is what
+        # roce-dcqcn's boot script does, and succeeds silently; any other setting cannot be kept here.
+        wanted = {"--trust": "dscp", "--pfc": ",".join("1" if p == ROCE_PRIORITY else "0" for p in range(8))}
+        for option, value in changes:
+            if option == "--dscp2prio":
+                action, dscp, prio = (value.split(",") + ["", "", ""])[:3]
+                if action == "set" and dscp.isdigit() and prio == str(ROCE_PRIORITY) and int(dscp) >> 3 == ROCE_PRIORITY:
+                    continue
+            elif wanted.get(option) == value:
+                continue
+            raise StubUsageError(f"{option} {value}: only the provisioned QoS state (trust dscp, PFC and DSCP "
+                                 f"{ROCE_PRIORITY * 8}-{ROCE_PRIORITY * 8 + 7} on priority {ROCE_PRIORITY}) is simulated")
+        return 0
     out = ["DCBX mode: OS controlled", "Priority trust state: dscp", "dscp2prio mapping:"]
     for prio in range(8):
         dscps = ",".join(f"{d:02d}" for d in range(prio * 8 + 7, prio * 8 - 1, -1)) + ","
