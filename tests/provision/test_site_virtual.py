@@ -149,6 +149,27 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
     assert stats_of(provisioned.run_dirs["after-repair"] / "events.jsonl")["changed"] == {}
 
 
+def test_a_failing_roce_boot_unit_fails_the_run_with_the_scripts_reason(provisioned):
+    """mlnx-tools gone from an OFED host: the boot unit fails. A rerun whose files did not change starts it
+    again and fails naming the script's reason (before: ok, the unit left failed); once the tool is back, the
+    next run starts it."""
+    host, port = ROCE_HOST, "enp26s0np0"
+    broken = provisioned.on_host(host, "sh", "-c", "mv /usr/bin/mlnx_qos /usr/bin/mlnx_qos.away && "
+                                 "systemctl restart roce-dcqcn.service; systemctl is-active roce-dcqcn.service")
+    assert broken.stdout.strip() == "failed", broken.stdout + broken.stderr
+    try:
+        run = provisioned.provision("roce-fails", "--limit", host, "--tags", "rdma_network")
+    finally:
+        provisioned.on_host(host, "mv", "/usr/bin/mlnx_qos.away", "/usr/bin/mlnx_qos")
+    assert run.returncode == 1, run.stdout[-3000:]
+    out = " ".join(run.stdout.split())
+    assert (f"roce-dcqcn.service failed: roce-dcqcn: {port}: MLNX_OFED ecn sysfs present but /usr/bin/mlnx_qos "
+            "missing") in out, out[-2000:]
+    again = provisioned.provision("roce-repaired", "--limit", host, "--tags", "rdma_network")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert provisioned.on_host(host, "systemctl", "is-active", "roce-dcqcn.service").stdout.strip() == "active"
+
+
 def test_check_diff_reports_changes_but_changes_nothing(provisioned):
     run = provisioned.runs["check"]
     assert run.returncode == 0, run.stdout[-3000:]
