@@ -348,23 +348,29 @@ def main_pids(provisioned, host: str) -> dict[str, int]:
 
 
 def test_a_changed_template_restarts_exactly_the_units_it_feeds(provisioned):
-    """chrony.conf and the IUs' env files change (two inventory values): chrony and both vllm-iu units get a
-    new MainPID, every other service keeps its process."""
+    """chrony.conf and the IUs' env files change (two inventory values): chrony gets a new MainPID, the
+    serving IUs keep theirs (they restart through rolling-restart.yml, which drains them first), every other
+    service keeps its process. Changed back with inference_unit_restart_on_change: now chrony and both
+    vllm-iu units restart, and nothing else."""
     host = IB_HOST
-    before = main_pids(provisioned, host)
     host_vars = provisioned.inventory / "host_vars" / f"{host}.yml"
     original = host_vars.read_text()
-    host_vars.write_text(original + "chrony_makestep_limit: 4\ninference_unit_max_num_seqs: 64\n")
-    try:
-        run = provisioned.provision("changed-template", "--batches", "100%", "--limit", host)
-    finally:
-        host_vars.write_text(original)
-    assert run.returncode == 0, run.stdout[-3000:]
-    after = main_pids(provisioned, host)
-    restarted = {unit for unit in SERVICES if after[unit] != before[unit]}
-    assert restarted == {"chrony.service", "vllm-iu@0.service", "vllm-iu@1.service"}, (before, after)
-    back = provisioned.provision("template-restored", "--batches", "100%", "--limit", host)
-    assert back.returncode == 0, back.stdout[-3000:]
+
+    def restarted_by(name: str, extra: str) -> set[str]:
+        before = main_pids(provisioned, host)
+        host_vars.write_text(original + extra)
+        try:
+            run = provisioned.provision(name, "--batches", "100%", "--limit", host)
+        finally:
+            host_vars.write_text(original)
+        assert run.returncode == 0, run.stdout[-3000:]
+        after = main_pids(provisioned, host)
+        return {unit for unit in SERVICES if after[unit] != before[unit]}
+
+    assert restarted_by("changed-template", "chrony_makestep_limit: 4\ninference_unit_max_num_seqs: 64\n") == {
+        "chrony.service"}
+    assert restarted_by("template-restored", "inference_unit_restart_on_change: true\n") == {
+        "chrony.service", "vllm-iu@0.service", "vllm-iu@1.service"}
     assert provisioned.read(host, "/etc/chrony/chrony.conf") == golden("chrony.conf")
 
 
