@@ -43,8 +43,9 @@ from pathlib import Path
 
 from cluster.errors import ClusterctlError
 
-ADDRESS = "127.0.255.1"
-PORT = 8080
+# CLUSTERCTL_REPO_ADDRESS moves the server (tests/virtual/test_repos.py runs its own beside a suite's).
+ADDRESS, _, _PORT = os.environ.get("CLUSTERCTL_REPO_ADDRESS", "127.0.255.1:8080").partition(":")
+PORT = int(_PORT)
 BASE_URL = f"http://{ADDRESS}:{PORT}"
 APT_URL = f"{BASE_URL}/apt"
 INDEX_URL = f"{BASE_URL}/pypi/simple"
