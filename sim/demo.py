@@ -49,22 +49,23 @@ from sim.processes import ProcessSet, tail
 FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
 # --debug: a bug in a step prints its traceback into the demo log instead of one line (CI keeps only the log)
 CLUSTERCTL = [sys.executable, "-m", "cli.main", "--debug"]
-console = Console()
 
 
 class DemoError(ClusterctlError):
     exit_code = 1
 
 
-def run(nodes: int, racks: int, duration: float, rate: float | None, keep: bool, seed: int) -> None:
-    """Run the whole scenario; ``clusterctl demo`` (cli/commands/demo.py) checks the options and calls this."""
+def run(console: Console, nodes: int, racks: int, duration: float, rate: float | None, keep: bool,
+        seed: int) -> None:
+    """Run the whole scenario on ``console`` (the CLI's, cli/app.py); ``clusterctl demo``
+    (cli/commands/demo.py) checks the options and calls this."""
     workdir = Path(tempfile.mkdtemp(prefix="clusterctl-demo-"))
     (workdir / "logs").mkdir()
     processes = ProcessSet(workdir / "logs")
     inventory = workdir / "inventory"
     started = time.monotonic()
     try:
-        Demo(inventory, workdir, processes, seed).run(nodes, racks, duration, rate)
+        Demo(inventory, workdir, processes, seed, console).run(nodes, racks, duration, rate)
         console.print(Rule(f"demo finished in {time.monotonic() - started:.0f}s"))
     finally:
         processes.stop()
@@ -85,13 +86,14 @@ def free_port() -> int:
 
 
 class Demo:
-    def __init__(self, inventory: Path, workdir: Path, processes: ProcessSet, seed: int):
+    def __init__(self, inventory: Path, workdir: Path, processes: ProcessSet, seed: int, console: Console):
         self.inventory, self.workdir, self.processes, self.seed = inventory, workdir, processes, seed
+        self.console = console
         self.consul_addr = ""  # the server machine's HTTP API, known once the inventory is written
         self.tokens: dict[str, str] = {}  # operator and edge tokens from the inventory's (throwaway) secrets
 
     def step(self, title: str) -> None:
-        console.print(Rule(f"[bold]{title}"))
+        self.console.print(Rule(f"[bold]{title}"))
 
     def run(self, nodes: int, racks: int, duration: float, rate: float | None) -> None:
         cluster = self.make_cluster(nodes, racks)
@@ -119,7 +121,7 @@ class Demo:
         self.configure_consul(faulty)
         cluster = load_cluster(self.inventory)
         result = simulate.up(str(self.inventory))
-        console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; "
+        self.console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; "
                       f"[red]{faulty}[/] has NVLink GPU2-GPU3 down and GPU 5 in HW thermal slowdown")
         return cluster
 
@@ -170,7 +172,7 @@ class Demo:
         for node in cluster.nodes():
             for iu in node.ius:
                 self.wait_http(f"http://{node.address}:{iu.port}/health", f"vllm-iu@{iu.index} of {node.name}")
-        console.print(f"{sum(len(n.ius) for n in cluster.nodes())} IU servers answering /health")
+        self.console.print(f"{sum(len(n.ius) for n in cluster.nodes())} IU servers answering /health")
 
     def await_agent_registrations(self, cluster: Cluster) -> None:
         """Each node's agent registered its IUs from /etc/consul.d and synced them to the server; the
@@ -190,7 +192,7 @@ class Demo:
             raise DemoError(f"the catalog at {self.consul_addr} lists {sorted(seen)} "
                             f"(in maintenance: {sorted(k for k, v in seen.items() if v)}); "
                             f"expected every IU {sorted(expected)}, all in maintenance")
-        console.print(f"{len(seen)} vllm-iu services registered by the nodes' agents from /etc/consul.d, "
+        self.console.print(f"{len(seen)} vllm-iu services registered by the nodes' agents from /etc/consul.d, "
                       "all in maintenance")
 
     def consul_io(self):
@@ -204,7 +206,7 @@ class Demo:
         self.step("4/6 eas-agent.service on every node (installed and configured by the eas_agent role)")
         for node in cluster.nodes():
             self.wait_http(f"http://{node.settings.agent.listen}/scores", f"eas-agent.service on {node.name}")
-        console.print(f"{len(list(cluster.nodes()))} agents publishing to Consul")
+        self.console.print(f"{len(list(cluster.nodes()))} agents publishing to Consul")
 
     # -- 5. preflight -----------------------------------------------------------------------------
     def preflight(self, cluster: Cluster, faulty: Node) -> list[str]:
@@ -236,8 +238,8 @@ class Demo:
         if released != expected:
             raise DemoError(f"released IUs {released}, expected {expected}")
         for result in caught:
-            console.print(Text.assemble(("FAIL", "red"), f" {faulty.name}: {result['check']}: {result['reason']}"))
-        console.print(Text(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation"))
+            self.console.print(Text.assemble(("FAIL", "red"), f" {faulty.name}: {result['check']}: {result['reason']}"))
+        self.console.print(Text(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation"))
         return released
 
     # -- 6. traffic -------------------------------------------------------------------------------
@@ -255,11 +257,11 @@ class Demo:
         edge = DemoEdge(edge_url, rate, seed=self.seed).start()
         end = time.monotonic() + duration
         try:
-            with Live(console=console, refresh_per_second=2, transient=False) as live:
+            with Live(console=self.console, refresh_per_second=2, transient=False) as live:
                 while time.monotonic() < end:
                     live.update(routing_panels(edge.summary(), edge_metrics(edge_url),
                                                rows(view, expected, time.time()), end - time.monotonic(),
-                                               console.width))
+                                               self.console.width))
                     dead = [c.name for c in self.processes.failed()]
                     if dead:
                         raise DemoError(f"{', '.join(dead)} exited early; see logs with --keep")
@@ -272,8 +274,8 @@ class Demo:
             for thread in watcher.threads:
                 thread.join(timeout=watcher.wait_s + 5)
         summary = edge.summary(window_s=duration)
-        console.print()
-        console.print(Panel(Text(latency_line(summary)), title="whole run"))
+        self.console.print()
+        self.console.print(Panel(Text(latency_line(summary)), title="whole run"))
         if summary["completed_total"] == 0:
             raise DemoError("no request completed")
         unreleased = set(summary["sent_to"]) - set(released)

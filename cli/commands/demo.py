@@ -21,6 +21,7 @@ def command(nodes: int, racks: int, duration: float, rate: float | None, keep: b
     if racks > nodes:
         raise click.BadParameter("cannot have more racks than nodes", param_hint="--racks")
     # The simulators are imported only when the demo runs (tests/test_import_lint.py).
+    from cli.app import current
     from sim import demo
 
-    demo.run(nodes, racks, duration, rate, keep, seed)
+    demo.run(current().console, nodes, racks, duration, rate, keep, seed)

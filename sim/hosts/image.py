@@ -116,7 +116,8 @@ def required_tools() -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path`` (created 0600, never through a symlink) for the block's duration."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -137,7 +138,7 @@ def ensure(progress: Callable[[str], None] = lambda line: None) -> Path:
     root = cache / sha / "root"
     if root.is_dir():
         return root
-    with _locked(cache / f"{sha}.lock"):
+    with locked(cache / f"{sha}.lock"):
         if root.is_dir():  # another process built it while we waited
             return root
         _build(cache, sha, progress)

@@ -29,7 +29,6 @@ a separate process (``python -m sim.hosts.repos``) because ``virtual up`` return
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -38,13 +37,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster.errors import ClusterctlError
+from sim.hosts import image
 
-ADDRESS = "127.0.255.1"
-PORT = 8080
+# CLUSTERCTL_REPO_ADDRESS moves the server (tests/virtual/test_repos.py runs its own beside a suite's).
+ADDRESS, _, _PORT = os.environ.get("CLUSTERCTL_REPO_ADDRESS", "127.0.255.1:8080").partition(":")
+PORT = int(_PORT)
 BASE_URL = f"http://{ADDRESS}:{PORT}"
 APT_URL = f"{BASE_URL}/apt"
 INDEX_URL = f"{BASE_URL}/pypi/simple"
@@ -77,15 +78,9 @@ def inventory_values() -> dict[str, object]:
     }
 
 
-@contextlib.contextmanager
-def _locked(cache: Path) -> Iterator[None]:
+def _locked(cache: Path) -> contextlib.AbstractContextManager[None]:
     cache.mkdir(parents=True, exist_ok=True)
-    fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return image.locked(cache / ".lock")
 
 
 def build(progress: Callable[[str], None] = lambda line: None) -> Path:

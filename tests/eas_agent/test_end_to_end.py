@@ -113,14 +113,25 @@ def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr)
         assert counts[worst] == 0, (counts, score)  # the highest score never wins a pair
         assert sum(counts[i] for i in light) > 4 * sum(counts[i] for i in heavy), (counts, score)
 
-        # the reader sees what the agent published; /scores serves the same body shape
-        # the view first: the publisher may write again in between, never the other way round (the reverse
-        # order raced on a loaded machine: a body written after last_body was read reached the view)
-        entry = view.snapshot().by_id()["r01n01-iu0"]
-        node0 = agents[0].publisher.last_body
-        assert entry.ts <= node0.ts and set(node0.ius) == {"r01n01-iu0", "r01n01-iu1"}
-        with urllib.request.urlopen(f"http://{agents[0].http.address}/scores", timeout=2) as response:
-            fresh = json.load(response)
+        # the reader sees what the agent published; /scores serves the same body shape. The two are read
+        # until they agree: a write reaches Consul (and the view) before the publisher records it as
+        # last_body, and the next heartbeat may land between the two reads (both orders raced on CI)
+        def view_and_publisher_agree():
+            entry, body = view.snapshot().by_id()["r01n01-iu0"], agents[0].publisher.last_body
+            if body is None or abs(entry.ts - body.ts) >= 1e-3 or not body.ius["r01n01-iu0"].components:
+                return None  # not the same body yet, or one written after a missed scrape (no components)
+            return entry, body
+
+        entry, node0 = wait_for(view_and_publisher_agree, 10, "the view to hold the publisher's last body")
+        assert entry.score == node0.ius["r01n01-iu0"].score, (entry, node0)
+        assert set(node0.ius) == {"r01n01-iu0", "r01n01-iu1"}
+
+        def scores_endpoint_body():  # the latest cycle, which may be one whose scrape missed (no components)
+            with urllib.request.urlopen(f"http://{agents[0].http.address}/scores", timeout=2) as response:
+                body = json.load(response)
+            return body if body["ius"]["r01n01-iu0"]["components"] else None
+
+        fresh = wait_for(scores_endpoint_body, 10, "a /scores body with components")
         assert set(fresh["ius"]) == set(node0.ius) and fresh["profile"] == "drain"
         assert fresh["ius"]["r01n01-iu0"]["components"].keys() == node0.ius["r01n01-iu0"].components.keys()
 

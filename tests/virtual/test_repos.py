@@ -54,6 +54,14 @@ def short_tmp():
 def test_served_for_a_user_until_the_last_user_releases_it(short_tmp, monkeypatch):
     tmp_path = short_tmp
     monkeypatch.setenv("CLUSTERCTL_REPO_CACHE", str(tmp_path / "cache"))
+    # Its own address too: the suite's machines (or a developer's) may be using the real server right now,
+    # which this test's cache does not know (it stopped with "taken by a process that is not the package
+    # server" in a full run). 127.0.254.254 is no machine's (machines are 127.0.R.11-250).
+    monkeypatch.setenv("CLUSTERCTL_REPO_ADDRESS", "127.0.254.254:8080")
+    monkeypatch.setattr(repos, "ADDRESS", "127.0.254.254")
+    monkeypatch.setattr(repos, "BASE_URL", "http://127.0.254.254:8080")
+    monkeypatch.setattr(repos, "APT_URL", "http://127.0.254.254:8080/apt")
+    monkeypatch.setattr(repos, "INDEX_URL", "http://127.0.254.254:8080/pypi/simple")
     first, second = tmp_path / "a" / ".sim", tmp_path / "b" / ".sim"
     for state in (first, second):
         (state / "machines").mkdir(parents=True)
