@@ -24,6 +24,9 @@ PYTHON = sys.executable
 VAULT_PASSWORD = "clusterctl-test-vault-password"
 TOKEN = "9f1c3e2a-test-token-eas-agent-6b7d"  # a value to look for: it must never be printed
 MACHINE_BOOKKEEPING = ("var/log/", "var/lib/systemd/", "var/lib/sudo/", "run/")
+# What the services provisioning started write while they run, whoever connects: Consul's data_dir (the
+# agent rewrites its state as it syncs), chrony's drift file, the tmp dirs.
+RUNNING_SERVICES_STATE = ("opt/consul/", "var/lib/chrony/", "tmp/", "var/tmp/")
 
 
 def clusterctl(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -79,12 +82,13 @@ class VirtualCluster:
 
     def upper_snapshot(self) -> dict[str, tuple]:
         """Every file the machines have written (overlay upper dirs): path -> (size, mtime), except the
-        machine's own bookkeeping that every SSH login or sudo changes (login records, systemd's state)."""
+        machine's own bookkeeping that every SSH login or sudo changes (login records, systemd's state) and
+        what the running services write on their own."""
         snap = {}
         for host in self.hosts:
             upper = self.upper(host)
             for path in upper.rglob("*"):
-                if str(path.relative_to(upper)).startswith(MACHINE_BOOKKEEPING):
+                if str(path.relative_to(upper)).startswith(MACHINE_BOOKKEEPING + RUNNING_SERVICES_STATE):
                     continue
                 if path.is_file() or path.is_symlink():
                     st = path.lstat()

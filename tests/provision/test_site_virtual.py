@@ -16,6 +16,7 @@ import yaml
 
 from cluster import load_cluster
 from eas_agent.config import parse_config
+from sim.aptrepo.catalog import DRIVER_BRANCH, DRIVER_VERSIONS
 from tests.provision.conftest import TOKEN, ansible_playbook, clusterctl, stats_of
 
 # The module's fixture provisions 3 simulated hosts three times (check, first run, rerun): ~3.5 CPU-minutes,
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.timeout(1800)
 
 GOLDEN = Path(__file__).parent / "golden"
 IB_HOST, OTHER_TOPOLOGY_HOST, ROCE_HOST = "r01n01", "r01n02", "r02n01"
+FM, OLD_FM = f"nvidia-fabricmanager-{DRIVER_BRANCH}", f"{DRIVER_VERSIONS[1]}-1"  # the stand-in repo's older FM
 
 
 def golden(name: str) -> str:
@@ -113,7 +115,8 @@ def test_second_run_changes_nothing(provisioned):
 
 def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provisioned):
     """The roles skip writes, users and units that clusterctl.infra.host_state finds in place: each kind of
-    drift below must still be found and repaired by the next run, and the run after that changes nothing."""
+    drift below (files, modes, owners, users, units, a package downgraded and a repository removed by hand)
+    must still be found and repaired by the next run, and the run after that changes nothing."""
     host, sh = ROCE_HOST, lambda script: provisioned.on_host(ROCE_HOST, "sh", "-ec", script)
     drift = sh(
         "echo NCCL_DEBUG=INFO >> /etc/nccl.conf\n"                                   # content
@@ -126,6 +129,8 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
         "SYSTEMD_OFFLINE=1 systemctl disable eas-agent.service\n"                    # unit
         "usermod -s /bin/sh eas-agent\n"                                             # user
         "systemctl stop roce-dcqcn.service\n"                                        # a stopped unit
+        f"apt-get install -y -qq --allow-downgrades {FM}={OLD_FM} >/dev/null\n"      # a downgraded package
+        "rm /etc/apt/sources.list.d/hashicorp.sources\n"                             # a removed repository
     )
     assert drift.returncode == 0, drift.stderr
     repair = provisioned.provision("repair", "--batches", "100%", "--limit", host)
@@ -144,6 +149,9 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
     assert provisioned.on_host(host, "getent", "passwd", "eas-agent").stdout.strip().endswith(":/usr/sbin/nologin")
     # the boot unit's files were in place: only a start task that runs every run brings it back
     assert provisioned.on_host(host, "systemctl", "is-active", "roce-dcqcn.service").stdout.strip() == "active"
+    fm_version = provisioned.on_host(host, "dpkg-query", "-W", "-f=${Version}", FM).stdout
+    assert fm_version == f"{DRIVER_VERSIONS[0]}-1", fm_version  # back at the pin, not left at the downgrade
+    assert "Types: deb" in provisioned.read(host, "/etc/apt/sources.list.d/hashicorp.sources")
     again = provisioned.provision("after-repair", "--batches", "100%", "--limit", host)
     assert again.returncode == 0, again.stdout[-3000:]
     assert stats_of(provisioned.run_dirs["after-repair"] / "events.jsonl")["changed"] == {}
@@ -385,7 +393,8 @@ def test_plan_touches_nothing(provisioned):
     assert "batches 1,50%" in result.stdout and "cpu_cstates -> numa_tuning" in result.stdout
     assert re.search(r"1\s+1\s+r01n01", result.stdout) and re.search(r"2\s+1\s+r01n02", result.stdout)
     assert not run_dir.exists()
-    assert provisioned.upper_snapshot() == before
+    after = provisioned.upper_snapshot()
+    assert after == before, sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))[:20]
 
 
 @pytest.mark.parametrize(
