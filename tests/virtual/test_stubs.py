@@ -9,6 +9,7 @@ import pytest
 
 from preflight.parsers import parse
 from sim.hosts import create, simulate
+from tests.helpers import wait_for
 from tests.virtual.conftest import calls_of, leftovers, needs_root, run_on
 
 pytestmark = needs_root
@@ -145,6 +146,14 @@ def test_kernel_log_has_xid_for_gpu_faults(cluster):
     journal = stub(cluster, "r01n02", "journalctl", "-k")
     assert " r01n02 kernel: NVRM: Xid (PCI:0000:ba:00): 63," in journal
     assert "Xid" not in stub(cluster, "r01n01", "dmesg")
+
+
+def test_journalctl_reads_the_machines_own_journal_beyond_the_kernel_log(cluster):
+    """Only -k is simulated: a unit's or a script's lines come from the machine's journald (rdma_network reads
+    a failed boot unit's reason there; the stub answered '-- No entries --' to every such call)."""
+    assert run_on(cluster, "r01n01", "logger", "-t", "clusterctl-stub-test", "the reason").returncode == 0
+    read = ("journalctl", "-t", "clusterctl-stub-test", "-o", "cat", "--no-pager")
+    wait_for(lambda: "the reason" in stub(cluster, "r01n01", *read), 10, "the logged line in the machine's journal")
 
 
 def test_systemctl_show_reads_unit_files_offline(cluster):

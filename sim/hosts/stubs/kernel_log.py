@@ -1,4 +1,4 @@
-"""Kernel log readers: ``dmesg`` and ``journalctl -k``, with the NVIDIA driver's XID lines for GPU faults.
+"""Kernel log readers: ``dmesg`` and ``journalctl -k`` (other journalctl calls go to the real one), with the NVIDIA driver's XID lines for GPU faults.
 
 XID lines are what the NVIDIA driver (NVRM) logs, e.g. ``NVRM: Xid (PCI:0000:18:00): 48, pid=..., name=...,
 An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer ...`` and XID 63
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from sim.hosts.hardware import Hardware
+from sim.hosts.stubs.main import hand_to_real
 
 _XID_TEXT = {
     48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, "
@@ -54,10 +55,14 @@ def dmesg(hw: Hardware, args: list[str]) -> int:
     return 0
 
 
+REAL_JOURNALCTL = ("/usr/bin/journalctl", "/bin/journalctl")
+
+
 def journalctl(hw: Hardware, args: list[str]) -> int:
+    """The kernel's messages are simulated (a machine shares the CI machine's kernel); everything else is the
+    machine's own journal: a unit's or a script's lines (roles read a failed unit's reason there)."""
     if not set(args) & {"-k", "--dmesg"}:
-        print("-- No entries --")
-        return 0
+        hand_to_real(REAL_JOURNALCTL, args)
     boot = time.time() - 7200
     out = []
     iso = "short-iso" in args  # -o short-iso: RFC 3339 stamps, 2024-06-10T08:16:17+0000

@@ -19,6 +19,15 @@ class StubUsageError(Exception):
     """Arguments the stub does not simulate; printed like the real tool's usage error (exit 1)."""
 
 
+def hand_to_real(candidates: tuple[str, ...], args: list[str]) -> None:
+    """Replace this process with the machine's own program (the first of ``candidates`` that exists) for a call
+    the stub does not simulate; StubUsageError when the machine has none."""
+    real = next((path for path in candidates if os.path.exists(path)), None)
+    if real is None:
+        raise StubUsageError(f"{os.path.basename(candidates[0])}: no real program to hand this call to")
+    os.execv(real, [real, *args])
+
+
 def load_hardware(run_dir: Path | None = None) -> Hardware:
     run_dir = run_dir or SIM_RUN_DIR
     return Hardware.from_json(json.loads((run_dir / "host.json").read_text())["hardware"])

@@ -11,11 +11,11 @@ sysctl call (reads) goes to the real program.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from sim.hosts.hardware import Hardware
+from sim.hosts.stubs.main import hand_to_real
 
 DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
 REAL = ("/usr/sbin/sysctl", "/sbin/sysctl")
@@ -32,10 +32,7 @@ def system_files() -> list[Path]:
 
 def sysctl(hw: Hardware, args: list[str]) -> int:
     if "--system" not in args:
-        real = next((p for p in REAL if os.path.exists(p)), None)
-        if real is None:
-            raise SystemExit("sysctl: no real sysctl to hand this call to")
-        os.execv(real, [real, *args])
+        hand_to_real(REAL, args)
     for path in system_files():
         print(f"* Applying {path} ...")
         for number, raw in enumerate(path.read_text().splitlines(), 1):
