@@ -162,6 +162,10 @@ def _rolling_restart_keeps_an_operator_quarantine(inventory: Path, tmp_path: Pat
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    # The stand-in vLLM's own arrivals never drain (no edge stops sending here): bound the wait per IU
+    # (120 s by default), as an inventory can.
+    group_vars = inventory / "group_vars" / "all.yml"
+    group_vars.write_text(group_vars.read_text() + "\nrolling_restart_drain_timeout_s: 10\n")
     try:
         done = subprocess.run([sys.executable, "-m", "cli.main", "provision", "-i", str(inventory), "--playbook",
                                "rolling-restart.yml", "--limit", "r01n01,r01n02", "--run-dir",
