@@ -141,7 +141,7 @@ def servers(tmp_path):
                            "consul_agent_http_addr": leaders.address(host)}
         inventory = tmp_path / "hosts.json"
         inventory.write_text(json.dumps({"all": {"hosts": hosts, "vars": {
-            "consul_agent_live_actions": True, "consul_agent_server": True, "consul_agent_acl_enabled": True,
+            "clusterctl_render_only": False, "consul_agent_server": True, "consul_agent_acl_enabled": True,
             "consul_agent_acl_management_token": MANAGEMENT,
             "consul_agent_restart_timeout_s": timeout_s}}}))
         playbook = tmp_path / "restart.yml"

@@ -316,10 +316,10 @@ def _reboot_play(tmp_path: Path, extra: dict) -> subprocess.CompletedProcess:
 
 
 def test_reboot_step_reports_pending_reasons_from_every_role(tmp_path):
-    # Live actions off: the reboot task must not run even with clusterctl_allow_reboot (this is the CI machine).
+    # Render-only: the reboot task must not run even with clusterctl_allow_reboot (this is the CI machine).
     done = _reboot_play(tmp_path, {"_nvidia_stack_reboot_reasons": ["NVIDIA driver 550.127.08 installed"],
                                    "_cpu_cstates_reboot_reasons": ["kernel arguments not active: x=1"],
-                                   "clusterctl_allow_reboot": True, "clusterctl_live_actions": False})
+                                   "clusterctl_allow_reboot": True, "clusterctl_render_only": True})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert ("reboot pending: kernel arguments not active: x=1; NVIDIA driver 550.127.08 installed"
             in done.stdout), done.stdout[-2000:]
@@ -329,6 +329,6 @@ def test_reboot_step_reports_pending_reasons_from_every_role(tmp_path):
 def test_reboot_step_is_quiet_without_reasons(tmp_path):
     if Path("/var/run/reboot-required").exists():
         pytest.skip("this machine itself has /var/run/reboot-required")
-    done = _reboot_play(tmp_path, {"clusterctl_live_actions": False})
+    done = _reboot_play(tmp_path, {"clusterctl_render_only": True})
     assert done.returncode == 0, done.stdout[-2000:]
     assert "reboot pending" not in done.stdout
