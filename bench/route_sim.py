@@ -1,9 +1,18 @@
 #!/usr/bin/env python3
 """Routing-quality benchmark: a deterministic discrete-event simulation of an IU pool routed by several policies.
 
-    .venv/bin/python bench/route_sim.py --quick            # < 60 s: every policy and sensitivity at 80% load
-    .venv/bin/python bench/route_sim.py                    # full: 50/80/95% load, 180 s traces (~10 min)
-    .venv/bin/python bench/route_sim.py --seed 7 --json out.json --plot out.png
+    .venv/bin/python bench/route_sim.py --quick --jobs 2   # seeds 1,2,3 at 80% load (~4 CPU-min per seed)
+    .venv/bin/python bench/route_sim.py                    # full: 50/80/95% load, 180 s traces, 3 seeds
+    .venv/bin/python bench/route_sim.py --seed 7 --json out.json --plot out.png   # one seed only
+
+Seeds and noise: one 40 s trace decides a p99 ratio to about +-0.06 (identical configurations with other
+tie-break seeds differ by 5%), so every run covers several seeds (`--seeds`, default 1,2,3), each with its
+own arrival traces and tie-break seeds. The tables show the mean over seeds of every number; the "P99
+TTFT per seed" table shows the spread behind them. Each target is computed per seed (both policies of a
+ratio on that seed's same trace) and the verdict is on the MEAN of the per-seed values, printed with every
+per-seed value, their sample standard deviation and the 95% Student-t interval of the mean; the line says
+whether that interval lies within the limit, beyond it, or straddles it (then the verdict is not sure:
+more seeds or longer traces would settle it).
 
 Pool: 32 IUs (16 hosts × 2 IUs), each 4× H100 SXM5 with TP=4 serving Llama-3-70B in BF16 (sim/vllm/roofline.py
 has every constant and its source). Service model, per engine step (vLLM V1 continuous batching):
@@ -49,13 +58,14 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rich.console import Console  # noqa: E402
 from routesim.capacity import saturated_rate  # noqa: E402
-from routesim.report import as_json, plot, print_report, summarize  # noqa: E402
+from routesim.report import SeedRows, as_json, mean_rows, plot, print_report, summarize  # noqa: E402
 from routesim.runner import (  # noqa: E402
     SHIPPED,
     before_scenarios,
@@ -75,7 +85,11 @@ FULL = {"duration": 180.0, "warmup": 30.0, "loads": "0.5,0.8,0.95"}
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--seed", type=int, default=1, help="seed of the traces and every tie-break (default 1)")
+    parser.add_argument("--seeds", default="1,2,3",
+                        help="seeds, each with its own traces and tie-breaks; tables show means, targets the mean "
+                             "of the per-seed ratios with its spread (default 1,2,3)")
+    parser.add_argument("--seed", type=int, help="one seed only (instead of --seeds)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
     parser.add_argument("--quick", action="store_true", help="80%% load only, short traces (< 60 s)")
     parser.add_argument("--ius", type=int, default=32, help="IUs in the pool (default 32)")
     parser.add_argument("--ius-per-node", type=int, default=2, help="IUs per host (default 2: 8 GPUs, TP=4)")
@@ -102,11 +116,59 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
+def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.seed is not None:
+        return (args.seed,)
+    seeds = _ints(args.seeds)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise SystemExit(f"route_sim: --seeds {args.seeds!r}: give distinct integers, e.g. 1,2,3")
+    return seeds
+
+
+def run_seed(args: argparse.Namespace, seed: int, loads: tuple[float, ...], duration: float, warmup: float,
+             capacity: float) -> SeedRows:
+    """Every table's rows for one seed: its own traces (one per load) and tie-break seeds."""
+    model = IUModel()
+    direct = args.scrape == "direct"
+    err = Console(stderr=True)
+    main_rows, edge_rows, stale_rows, before_rows = [], [], [], []
+    sens_load = 0.8 if 0.8 in loads else loads[0]
+    for load in loads:
+        trace = poisson_trace(load * capacity, duration, stable_seed(seed, f"trace at {load}", 0))
+        own = [own_prefill_time(model, r.prompt) for r in trace]
+
+        def run(scenario, load=load, trace=trace, own=own):
+            t0 = time.process_time()
+            result = run_scenario(scenario, trace, own, model, args.ius, args.ius_per_node, seed, warmup,
+                                  duration, direct=direct)
+            err.print(f"  seed {seed} {load:.0%} {scenario.label}: {len(result.records)} requests, "
+                      f"{time.process_time() - t0:.1f} s CPU", highlight=False)
+            return summarize(result, load)
+
+        err.print(f"seed {seed} load {load:.0%}: {len(trace)} requests at {load * capacity:.1f} req/s",
+                  highlight=False)
+        rows = [run(s) for s in main_scenarios(args.edges)]
+        main_rows += rows
+        if load != sens_load:
+            continue
+        for scenario in edge_scenarios(_ints(args.edge_counts)):
+            if scenario.edges == args.edges:  # the main table already ran exactly this
+                same = next(r for r in rows if r.label == SHIPPED)
+                edge_rows.append(type(same)(**{**same.__dict__, "label": scenario.label}))
+            else:
+                edge_rows.append(run(scenario))
+        stale_rows += [run(s) for s in staleness_scenarios(_ints(args.staleness_ms), args.edges)]
+        if not args.no_before:
+            before_rows += [run(s) for s in before_scenarios(args.edges)]
+    return SeedRows(seed, main_rows, edge_rows, stale_rows, before_rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     mode = QUICK if args.quick else FULL
     loads = tuple(float(x) for x in (args.loads or mode["loads"]).split(","))
     warmup = args.warmup if args.warmup is not None else mode["warmup"]
+    seeds = _seeds(args)
     direct = args.scrape == "direct"
     out, err = Console(width=max(150, Console().width)), Console(stderr=True)
     started = time.monotonic()
@@ -125,52 +187,35 @@ def main(argv: list[str] | None = None) -> int:
         f"max_num_seqs {model.engine.max_num_seqs}, max_num_batched_tokens {model.engine.max_num_batched_tokens}",
         f"mix: mean prompt {prompt_mean:,.0f} tokens, mean output {output_mean:,.0f} tokens; capacity "
         f"{per_iu:.2f} req/s per IU x {args.ius} IUs = {capacity:.1f} req/s",
-        f"seed {args.seed}; {duration:.0f} s of arrivals per load, first {warmup:.0f} s not measured; "
-        f"{args.edges} edges; agent scrapes: {'parsed values' if direct else '/metrics text'}",
+        f"seeds {','.join(map(str, seeds))} (each: its own traces and tie-breaks; tables are means over seeds, "
+        f"verdicts on the mean of the per-seed ratios); {duration:.0f} s of arrivals per load, first "
+        f"{warmup:.0f} s not measured; {args.edges} edges; agent scrapes: {'parsed values' if direct else '/metrics text'}",
     ]
 
-    main_rows, edge_rows, stale_rows, before_rows = [], [], [], []
-    sens_load = 0.8 if 0.8 in loads else loads[0]
-    for load in loads:
-        trace = poisson_trace(load * capacity, duration, stable_seed(args.seed, f"trace at {load}", 0))
-        own = [own_prefill_time(model, r.prompt) for r in trace]
+    jobs = max(1, min(args.jobs, len(seeds)))
+    if jobs == 1:
+        per_seed = [run_seed(args, seed, loads, duration, warmup, capacity) for seed in seeds]
+    else:  # each seed is independent and deterministic: a process per seed gives the same rows
+        with ProcessPoolExecutor(jobs) as pool:
+            per_seed = list(pool.map(run_seed, *zip(*[(args, seed, loads, duration, warmup, capacity)
+                                                       for seed in seeds], strict=True)))
 
-        def run(scenario, load=load, trace=trace, own=own):
-            t0 = time.process_time()
-            result = run_scenario(scenario, trace, own, model, args.ius, args.ius_per_node, args.seed, warmup,
-                                  duration, direct=direct)
-            err.print(f"  {load:.0%} {scenario.label}: {len(result.records)} requests, "
-                      f"{time.process_time() - t0:.1f} s CPU", highlight=False)
-            return summarize(result, load)
-
-        err.print(f"load {load:.0%}: {len(trace)} requests at {load * capacity:.1f} req/s", highlight=False)
-        rows = [run(s) for s in main_scenarios(args.edges)]
-        main_rows += rows
-        if load != sens_load:
-            continue
-        for scenario in edge_scenarios(_ints(args.edge_counts)):
-            if scenario.edges == args.edges:  # the main table already ran exactly this
-                same = next(r for r in rows if r.label == SHIPPED)
-                edge_rows.append(type(same)(**{**same.__dict__, "label": scenario.label}))
-            else:
-                edge_rows.append(run(scenario))
-        stale_rows += [run(s) for s in staleness_scenarios(_ints(args.staleness_ms), args.edges)]
-        if not args.no_before:
-            chosen = before_scenarios(args.edges)
-            before_rows += [run(s) for s in chosen]
-
-    checks = print_report(out, header, main_rows, edge_rows, stale_rows, before_rows)
+    checks = print_report(out, header, per_seed)
+    means = mean_rows(per_seed)
     if args.plot_path:
-        problem = plot(args.plot_path, main_rows, edge_rows, stale_rows)
+        problem = plot(args.plot_path, means.main, means.edges, means.staleness)
         err.print(problem or f"plot: {args.plot_path}", highlight=False)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({
-            "seed": args.seed, "capacity_req_s": round(capacity, 3), "duration_s": duration, "warmup_s": warmup,
-            "main": as_json(main_rows), "edges": as_json(edge_rows), "staleness": as_json(stale_rows),
-            "before": as_json(before_rows),
-            "targets": [{**c.__dict__, "met": c.met} for c in checks],
+            "seeds": list(seeds), "capacity_req_s": round(capacity, 3), "duration_s": duration, "warmup_s": warmup,
+            "main": as_json(means.main), "edges": as_json(means.edges), "staleness": as_json(means.staleness),
+            "before": as_json(means.before),
+            "per_seed": [{"seed": r.seed, "main": as_json(r.main), "edges": as_json(r.edges),
+                          "staleness": as_json(r.staleness), "before": as_json(r.before)} for r in per_seed],
+            "targets": [c.as_json() for c in checks],
         }, indent=1, default=str))
-    err.print(f"done in {time.monotonic() - started:.0f} s ({time.process_time():.0f} s CPU)", highlight=False)
+    err.print(f"done in {time.monotonic() - started:.0f} s ({time.process_time():.0f} s CPU in this process)",
+              highlight=False)
     if args.check_targets and any(c.met is False for c in checks):
         return 1
     return 0

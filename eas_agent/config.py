@@ -94,8 +94,14 @@ class AgentConfig:
     scrape_timeout_s: float = 0.15
     # TTL of the per-IU Consul check; the agent refreshes at a third of it. Default 3 heartbeats.
     check_ttl_s: float | None = None
-    # Smallest gap between two KV writes of this node (level changes inside it wait for the next slot).
+    # Smallest gap between two KV writes of this node (level changes inside it wait for the next slot;
+    # an urgent rise does not). eas_agent/publisher.py explains the three write settings.
     min_write_interval_s: float = 1.0
+    # Token bucket every KV write draws from: at most write_burst + 1 + write_rate_per_s x T writes in T s.
+    write_rate_per_s: float = 0.95
+    write_burst: float = 2.0
+    # A score this far above the one last written is written at once (None: the profile's default).
+    urgent_rise_s: float | None = None
     # Token counters still this long while requests run -> the IU's status is warning (hung engine).
     frozen_after_s: float = 10.0
     source: str = "<config>"  # the file it was loaded from, for error messages
@@ -253,6 +259,9 @@ TOP_LEVEL = {
     "scrape_timeout_s",
     "check_ttl_s",
     "min_write_interval_s",
+    "write_rate_per_s",
+    "write_burst",
+    "urgent_rise_s",
     "frozen_after_s",
 }
 
@@ -287,6 +296,9 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
     if ttl is not None and ttl < heartbeat:
         raise f.fail("check_ttl_s", f"must be >= heartbeat_s ({heartbeat}), got {ttl}")
     timeout = f.positive("scrape_timeout_s", 0.15)
+    burst = f.positive("write_burst", 2.0)
+    if burst < 1:
+        raise f.fail("write_burst", f"must be >= 1 (a write takes one token), got {burst}")
     if timeout >= interval * 5:
         raise f.fail("scrape_timeout_s", f"must be well under the cycle ({interval} s), got {timeout}")
     return AgentConfig(
@@ -305,6 +317,9 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         scrape_timeout_s=timeout,
         check_ttl_s=ttl,
         min_write_interval_s=f.get("min_write_interval_s", float, 1.0),
+        write_rate_per_s=f.positive("write_rate_per_s", 0.95),
+        write_burst=burst,
+        urgent_rise_s=None if data.get("urgent_rise_s") is None else f.positive("urgent_rise_s", 0.5),
         frozen_after_s=f.positive("frozen_after_s", 10.0),
         source=str(path),
     )

@@ -7,8 +7,18 @@ the node's sequence number, timestamp and clock offset. A write happens when
   must move 0.5 + ``hysteresis`` levels away from the published level), or its status / known-ness changes;
 - or the heartbeat (default 2 s) is due;
 
-and never more often than ``min_write_interval_s`` (a change inside it waits for the next slot). Writes use
-CAS on the key's last ModifyIndex, so two agents claiming one node cannot silently overwrite each other.
+and never more often than ``min_write_interval_s`` (a change inside it waits for the next slot), except an
+*urgent rise*: an IU whose score rose by ``urgent_rise_s`` or more above the score last written (drain: 0.5
+s, two min-changes; a long prompt just landed on an IU that looked free) is written at once. Edges that
+read only the KV route on it until the next write, so a rise unwritten for up to a second is what sends
+every edge's short requests behind that prompt (bench/route_sim.py's Consul-only rows: of the slowest 2%
+of requests, most went to an IU published at ~0 s whose true wait was ~2 s). Every write takes a token
+from a bucket refilled at ``write_rate_per_s`` (0.95/s) up to ``write_burst`` (2): a node writes at most
+``write_burst + 1 + write_rate_per_s x T`` times in any T seconds, so the rate stays under the budget of 1
+write/node/s however often scores rise. A level change that is not urgent also leaves one token for the
+next urgent rise (it waits while fewer than 2 are left; a status change needs one); the heartbeat is written even without a token (the key
+must not go stale) and leaves the bucket at most one token in debt. Writes use CAS on the key's last
+ModifyIndex, so two agents claiming one node cannot silently overwrite each other.
 
 Each IU also has a TTL check ``eas:<iu-id>`` (:func:`consul_io.layout.score_check_id`) whose status carries the meaning (Consul servers only see
 output-only updates every 5 minutes): updated on transitions and refreshed at a third of its TTL.
@@ -87,6 +97,10 @@ class Quantizer:
 QUANTIZER_BASE = {"drain": 0.05, "seed": 1.0}
 # Smallest change that is written (Quantizer.min_change): drain seconds; seed's units have no such floor.
 QUANTIZER_MIN_CHANGE = {"drain": 0.25, "seed": 0.0}
+# A rise this large is written inside min_write_interval_s (token permitting); seed's units: none.
+URGENT_RISE = {"drain": 0.5, "seed": None}
+WRITE_RATE_PER_S = 0.95  # the budget is 1 write per node per second; 5% for the burst
+WRITE_BURST = 2.0
 
 
 @dataclass
@@ -113,7 +127,7 @@ class Backoff:
 class PublisherStats:
     writes: int = 0
     skips: int = 0  # cycles with nothing worth writing
-    deferred: int = 0  # changes held back by min_write_interval_s
+    deferred: int = 0  # changes held back by min_write_interval_s or the token bucket
     cas_conflicts: int = 0
     errors: int = 0
     check_updates: int = 0
@@ -125,6 +139,7 @@ class PublisherStats:
 @dataclass
 class _Published:
     level: int | None = None
+    score: float | None = None  # the score last written (urgent rises are measured from it)
     status: str | None = None
     check_status: str | None = None
     check_note: str = ""
@@ -144,6 +159,9 @@ class Publisher:
         heartbeat_s: float = 2.0,
         ttl_s: float = 6.0,
         min_write_interval_s: float = 1.0,
+        write_rate_per_s: float = WRITE_RATE_PER_S,
+        write_burst: float = WRITE_BURST,
+        urgent_rise_s: float | None | str = "profile",
         cycle_s: float = 0.2,
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
@@ -153,6 +171,13 @@ class Publisher:
         self.iu_ids = list(iu_ids)
         self.profile, self.heartbeat_s, self.ttl_s = profile, heartbeat_s, ttl_s
         self.min_write_interval_s = min_write_interval_s
+        if write_rate_per_s <= 0 or write_burst < 1:
+            raise ValueError(f"write_rate_per_s must be > 0 and write_burst >= 1, got {write_rate_per_s}, {write_burst}")
+        self.write_rate_per_s, self.write_burst = write_rate_per_s, write_burst
+        self.urgent_rise_s = URGENT_RISE[profile] if urgent_rise_s == "profile" else urgent_rise_s
+        self.tokens, self.tokens_at = write_burst, None
+        # a change that is not urgent leaves this many tokens for the next urgent rise
+        self.reserve = min(1.0, write_burst - 1.0) if self.urgent_rise_s is not None else 0.0
         self.cycle_s = cycle_s  # the heartbeat write happens on the last cycle before the age would pass it
         self.quantizer = Quantizer(QUANTIZER_BASE[profile], min_change=QUANTIZER_MIN_CHANGE[profile])
         self.backoff = backoff or Backoff()
@@ -176,12 +201,18 @@ class Publisher:
     ) -> str | None:
         if self.stats.last_write is None or self.needs_setup:
             return "first"
+        reason = None
         for iu, result in results.items():
             published = self.published[iu]
             if result.status != published.status:
                 return "status"
             if levels[iu] != published.level:
-                return "level"
+                if (self.urgent_rise_s is not None and result.score is not None and published.score is not None
+                        and result.score - published.score >= self.urgent_rise_s):
+                    return "rise"
+                reason = "level"
+        if reason is not None:
+            return reason
         if now - self.stats.last_write + self.cycle_s > self.heartbeat_s + 1e-9:
             return "heartbeat"
         return None
@@ -244,14 +275,17 @@ class Publisher:
         if reason is None or self.stopped:
             self.stats.skips += 1
             return False
-        if (
-            reason in ("level", "status")
-            and self.stats.last_write is not None
-            and now - self.stats.last_write < self.min_write_interval_s
-        ):
-            self.stats.deferred += 1
-            return False
+        if self.tokens_at is not None:
+            self.tokens = min(self.write_burst, self.tokens + (now - self.tokens_at) * self.write_rate_per_s)
+        self.tokens_at = now
+        if reason in ("level", "status", "rise"):
+            inside = self.stats.last_write is not None and now - self.stats.last_write < self.min_write_interval_s
+            needed = 1.0 + self.reserve if reason == "level" else 1.0
+            if (inside and reason != "rise") or self.tokens < needed - 1e-9:
+                self.stats.deferred += 1
+                return False
         self._write(now, results, levels)
+        self.tokens = max(-1.0, self.tokens - 1.0)
         self.stats.write_reasons[reason] = self.stats.write_reasons.get(reason, 0) + 1
         return True
 
@@ -273,6 +307,7 @@ class Publisher:
         self.last_body = body
         for iu, result in results.items():
             self.published[iu].level, self.published[iu].status = levels[iu], result.status
+            self.published[iu].score = result.score
             self.levels[iu] = levels[iu]
         self.modify_index = None  # if this read fails, the next write re-reads before its CAS
         self.modify_index = self.store.kv_read(self.key)[0]

@@ -70,6 +70,49 @@ def as_json(summaries: list[Summary]) -> list[dict]:
     return [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(s).items()} for s in summaries]
 
 
+@dataclass(frozen=True)
+class SeedRows:
+    """Every table's rows of one seed (each seed: its own arrival traces and tie-break seeds)."""
+
+    seed: int
+    main: list[Summary]
+    edges: list[Summary]
+    staleness: list[Summary]
+    before: list[Summary]
+
+
+def _mean(values: list):
+    present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not present:
+        return values[0]
+    mean = sum(present) / len(present)
+    return round(mean) if all(isinstance(v, int) for v in present) else mean
+
+
+def mean_summary(rows: list[Summary]) -> Summary:
+    """One row whose every number is the mean over seeds of the same row (label and load must agree)."""
+    first = rows[0]
+    if any(r.label != first.label or r.load != first.load for r in rows):
+        raise ValueError(f"rows of different scenarios: {sorted({(r.label, r.load) for r in rows})}")
+    values = {}
+    for name, value in asdict(first).items():
+        if name in ("label", "load"):
+            values[name] = value
+        elif name == "misled":
+            dicts = [r.misled for r in rows if r.misled and r.misled.get("long_waits")]
+            values[name] = {k: _mean([d[k] for d in dicts]) for k in dicts[0]} if dicts else first.misled
+        else:
+            values[name] = _mean([getattr(r, name) for r in rows])
+    return Summary(**values)
+
+
+def mean_rows(per_seed: list[SeedRows]) -> SeedRows:
+    """The tables' rows averaged over seeds (every seed runs the same scenarios in the same order)."""
+    def rows(name: str) -> list[Summary]:
+        return [mean_summary(list(group)) for group in zip(*(getattr(r, name) for r in per_seed), strict=True)]
+    return SeedRows(-1, rows("main"), rows("edges"), rows("staleness"), rows("before"))
+
+
 def _fmt(value: float | None, digits: int = 0) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -158,31 +201,139 @@ def check_targets(main: list[Summary], edges: list[Summary], before: list[Summar
     return checks
 
 
-def print_report(console: Console, header: list[str], main: list[Summary], edges: list[Summary],
-                 staleness: list[Summary], before: list[Summary]) -> list[TargetCheck]:
+# Two-sided 95% Student t quantiles by degrees of freedom (n seeds - 1); 1.96 beyond the table.
+T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t_95(df: int) -> float:
+    known = [d for d in T_95 if d <= df]
+    return T_95[max(known)] if df <= 30 else 1.96
+
+
+@dataclass(frozen=True)
+class SeedCheck:
+    """A target or reference over seeds: the per-seed values (each a ratio on that seed's own traces, so the
+    two policies of a ratio saw the same arrivals), their mean, sample standard deviation and 95% t
+    interval of the mean. The verdict is on the mean; the interval says how sure it is."""
+
+    name: str
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+    limit: float | None
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    @property
+    def sd(self) -> float:
+        n = len(self.values)
+        if n < 2:
+            return math.nan
+        return math.sqrt(sum((v - self.mean) ** 2 for v in self.values) / (n - 1))
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        n = len(self.values)
+        if n < 2:
+            return (math.nan, math.nan)
+        half = t_95(n - 1) * self.sd / math.sqrt(n)
+        return (self.mean - half, self.mean + half)
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.limit is None else self.mean <= self.limit + 1e-12
+
+    @property
+    def sure(self) -> bool | None:
+        """True: the whole 95% interval is within the limit; False: entirely beyond; None: it straddles it
+        (or one seed: no interval)."""
+        low, high = self.ci95
+        if self.limit is None or math.isnan(high):
+            return None
+        if high <= self.limit:
+            return True
+        return False if low > self.limit else None
+
+    def line(self) -> str:
+        per_seed = " / ".join(f"{v:.3f}" for v in self.values)
+        if len(self.values) == 1:
+            text = f"{self.name} = {self.mean:.3f} (seed {self.seeds[0]} only: no spread)"
+        else:
+            low, high = self.ci95
+            text = (f"{self.name} = {self.mean:.3f} mean of seeds {','.join(map(str, self.seeds))} "
+                    f"({per_seed}; sd {self.sd:.3f}, 95% CI {low:.3f}-{high:.3f})")
+        if self.limit is None:
+            return f"reference: {text}"
+        sure = {True: "; CI within the limit", False: "; CI beyond the limit",
+                None: "; CI straddles the limit" if len(self.values) > 1 else ""}[self.sure]
+        verdict = "met" if self.met else "NOT met"
+        return f"target: {text} (target <= {self.limit:g}{sure}): {verdict}"
+
+    def as_json(self) -> dict:
+        low, high = self.ci95
+        return {"name": self.name, "seeds": list(self.seeds), "values": [round(v, 4) for v in self.values],
+                "mean": round(self.mean, 4), "sd": None if math.isnan(self.sd) else round(self.sd, 4),
+                "ci95": None if math.isnan(high) else [round(low, 4), round(high, 4)], "limit": self.limit,
+                "met": self.met}
+
+
+def over_seeds(per_seed: list[SeedRows]) -> list[SeedCheck]:
+    """check_targets on every seed's own rows, gathered by name (every seed yields the same checks)."""
+    seeds = tuple(r.seed for r in per_seed)
+    lists = [check_targets(r.main, r.edges, r.before) for r in per_seed]
+    names = [c.name for c in lists[0]]
+    if any([c.name for c in checks] != names for checks in lists):
+        raise ValueError("seeds produced different target lists")
+    return [SeedCheck(name, seeds, tuple(checks[i].value for checks in lists), lists[0][i].limit)
+            for i, name in enumerate(names)]
+
+
+def seed_table(per_seed: list[SeedRows], title: str) -> Table:
+    """P99 TTFT of every row on every seed: the spread the means hide."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("row", justify="left")
+    for r in per_seed:
+        table.add_column(f"seed {r.seed}", justify="right")
+    table.add_column("mean", justify="right")
+    table.add_column("sd", justify="right")
+    groups = [("main", "{load:.0%} {label}"), ("edges", "{label}"), ("staleness", "{label}"), ("before", "{label}")]
+    for name, fmt in groups:
+        for rows in zip(*(getattr(r, name) for r in per_seed), strict=True):
+            values = [row.ttft_p99_ms for row in rows]
+            mean = sum(values) / len(values)
+            sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+            table.add_row(fmt.format(load=rows[0].load, label=rows[0].label), *(_fmt(v) for v in values),
+                          _fmt(mean), _fmt(sd))
+    return table
+
+
+def print_report(console: Console, header: list[str], per_seed: list[SeedRows]) -> list[SeedCheck]:
     for line in header:
         console.print(line, highlight=False)
-    console.print(main_table(main, "Routing quality (times in ms unless noted; E2E in s)"))
+    means = mean_rows(per_seed)
+    main, edges, staleness, before = means.main, means.edges, means.staleness, means.before
+    n = len(per_seed)
+    of = f"mean of {n} seeds" if n > 1 else f"seed {per_seed[0].seed}"
+    console.print(main_table(main, f"Routing quality ({of}; times in ms unless noted; E2E in s)"))
     oracle80 = next((s for s in main if s.label == "oracle" and abs(s.load - 0.8) < 1e-9), None)
     if edges:
-        console.print(sensitivity_table(edges, oracle80, "Sensitivity of ours to the number of edges (80% load)"))
+        console.print(sensitivity_table(edges, oracle80, f"Sensitivity of ours to the number of edges (80% load, {of})"))
     if staleness:
-        console.print(sensitivity_table(staleness, oracle80, "Sensitivity of ours to score staleness (80% load)"))
+        console.print(sensitivity_table(staleness, oracle80, f"Sensitivity of ours to score staleness (80% load, {of})"))
     if before:
         console.print(sensitivity_table(before, oracle80, "Before/after: the same `ours` rows with drain as it was "
-                                                          "before its admitted-prefill term (prefill_s), 80% load"))
+                                                          f"before its admitted-prefill term (prefill_s), 80% load, {of}"))
+    if n > 1:
+        console.print(seed_table(per_seed, "P99 TTFT per seed (ms): the spread behind the means"))
     for s in main + before:
         if s.label.startswith(("ours", "before")) and abs(s.load - 0.8) < 1e-9 and s.misled \
                 and s.misled.get("long_waits"):
             console.print(why_line(s), highlight=False)
-    checks = check_targets(main, edges, before)
+    checks = over_seeds(per_seed)
     for check in checks:
-        if check.limit is None:
-            console.print(f"reference: {check.name} = {check.value:.3f}", highlight=False)
-        else:
-            verdict = "met" if check.met else "NOT met"
-            console.print(f"target: {check.name} = {check.value:.3f} (target <= {check.limit:g}): {verdict}",
-                          highlight=False)
+        console.print(check.line(), highlight=False)
     return checks
 
 

@@ -48,6 +48,20 @@ def test_documented_example_loads(tmp_path):
     assert config.consul.read_token() is None  # token file absent: no ACLs
 
 
+def test_write_budget_settings_default_and_reach_the_publisher(tmp_path):
+    from eas_agent.agent import Agent
+    from sim.memstore import MemoryStore
+
+    config = load_config(write(tmp_path, GOOD))
+    assert (config.write_rate_per_s, config.write_burst, config.urgent_rise_s) == (0.95, 2.0, None)
+    tuned = load_config(write(tmp_path, GOOD + "write_rate_per_s: 0.5\nwrite_burst: 3\nurgent_rise_s: 1.5\n"))
+    store = MemoryStore()
+    for cfg, rise in ((config, 0.5), (tuned, 1.5)):  # None: the drain profile's 0.5 s
+        publisher = Agent(cfg, store=store, stop_store=store, serve_http=False, gpu_backend=object()).publisher
+        assert publisher.urgent_rise_s == rise
+    assert (publisher.write_rate_per_s, publisher.write_burst) == (0.5, 3.0)
+
+
 def test_token_read_from_file(tmp_path):
     token = tmp_path / "consul.token"
     token.write_text("s3cr3t\n")
@@ -77,6 +91,9 @@ def test_token_read_from_file(tmp_path):
         ("sysfs_root: /sys", "sysfs_root: /sys\nintervall_s: 1", "intervall_s", "unknown field"),
         ("listen: 127.0.0.1:9105", "listen: localhost:9105", "listen", "IP address"),
         ("node: r01n01\n", "", "node", "required field is missing"),
+        ("sysfs_root: /sys", "sysfs_root: /sys\nwrite_burst: 0.5", "write_burst", "must be >= 1"),
+        ("sysfs_root: /sys", "sysfs_root: /sys\nwrite_rate_per_s: 0", "write_rate_per_s", "must be > 0"),
+        ("sysfs_root: /sys", "sysfs_root: /sys\nurgent_rise_s: -1", "urgent_rise_s", "must be > 0"),
     ],
 )
 def test_bad_field_is_named(tmp_path, old, new, field, words):

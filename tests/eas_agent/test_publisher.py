@@ -45,7 +45,7 @@ def test_quantizer_hysteresis():
 
 
 def test_heartbeat_and_level_changes_drive_writes():
-    store, pub = make()
+    store, pub = make(urgent_rise_s=None)  # every rise waits for the interval here (urgent rises: below)
     assert pub.step(0.0, results(1.0)) is True  # first write
     assert pub.step(0.2, results(1.02)) is False  # same level
     assert pub.step(1.0, results(3.0)) is True  # crossed levels
@@ -183,3 +183,44 @@ def test_drain_publisher_ignores_flips_of_one_short_prefill():
     assert pub.step(0.0, results(0.0)) is True
     writes = [pub.step(0.6 * k, results(0.07 if k % 2 else 0.0)) for k in range(1, 4)]
     assert writes == [False, False, False]
+
+
+def test_an_urgent_rise_is_written_inside_the_interval_a_small_change_waits():
+    store, pub = make(profile="drain", min_write_interval_s=1.0)
+    assert pub.urgent_rise_s == 0.5 and pub.step(0.0, results(0.0)) is True
+    assert pub.step(0.4, results(0.3)) is False  # a level, not urgent: waits for the interval
+    assert pub.step(0.6, results(1.2)) is True  # rose 1.2 s above the written 0.0: at once
+    assert pub.stats.write_reasons == {"first": 1, "rise": 1} and pub.stats.deferred == 1
+    assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["ius"]["n1-iu0"]["score"] == 1.2
+    assert pub.step(0.8, results(1.5)) is False  # measured from the written 1.2: not urgent, inside 1 s
+    assert pub.step(1.0, results(0.3)) is False  # a fall is never urgent
+    assert pub.step(1.6, results(0.3)) is False  # interval passed, but 1.52 tokens: one is kept for a rise
+    assert pub.step(2.2, results(0.3)) is True  # 2 tokens again
+
+
+def test_the_token_bucket_bounds_writes_however_often_scores_rise():
+    store, pub = make(profile="drain", min_write_interval_s=1.0)
+    written = []
+    for k in range(600):  # 120 s of 200 ms cycles, the score jumping 0 -> 3 s -> 0 ...: every other one urgent
+        if pub.step(0.2 * k, results(3.0 * (k % 2))):
+            written.append(0.2 * k)
+    assert len(written) <= pub.write_burst + 1 + 0.95 * 120  # the bucket's bound
+    assert 0.8 < len(written) / 120 <= 1.0  # within the budget, and most of it used
+    for start in range(0, 110, 5):  # any 10 s window
+        assert sum(start <= t < start + 10 for t in written) <= 2 + 1 + 0.95 * 10
+
+
+def test_a_level_change_leaves_a_token_for_the_next_urgent_rise():
+    store, pub = make(profile="drain", min_write_interval_s=0.2, write_rate_per_s=0.5)
+    assert pub.step(0.0, results(0.0)) is True  # tokens 2 -> 1
+    assert pub.step(0.4, results(0.3)) is False  # a level change: would leave none for a rise
+    assert pub.step(0.6, results(2.0)) is True  # the rise gets the kept token
+    assert pub.step(0.8, results(4.0)) is False  # urgent, but the bucket is empty (0.1 tokens)
+    assert pub.step(2.8, results(4.0)) is True  # 1.1 tokens: written
+    with pytest.raises(ValueError, match="write_burst"):
+        make(write_burst=0.5)
+
+
+def test_seed_profile_has_no_urgent_rises():
+    _store, pub = make(profile="seed")
+    assert pub.urgent_rise_s is None and pub.reserve == 0.0
