@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "of the per-seed ratios with its spread (default 1,2,3)")
     parser.add_argument("--seed", type=int, help="one seed only (instead of --seeds)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
-    parser.add_argument("--quick", action="store_true", help="80%% load only, short traces (< 60 s)")
+    parser.add_argument("--quick", action="store_true", help="80%% load only, 40 s traces")
     parser.add_argument("--ius", type=int, default=32, help="IUs in the pool (default 32)")
     parser.add_argument("--ius-per-node", type=int, default=2, help="IUs per host (default 2: 8 GPUs, TP=4)")
     parser.add_argument("--edges", type=int, default=4, help="edges (routers) for the main table (default 4)")

@@ -63,7 +63,8 @@ def test_quick_run_has_every_policy_row_and_is_deterministic(tmp_path):
     stdout = outputs[0][0]
     for scenario in main_scenarios(4):
         assert scenario.label in stdout
-    assert "oracle" in stdout and "edges (80% load)" in stdout and "staleness (80% load)" in stdout
+    assert "oracle" in stdout and "edges (80% load, mean of 2 seeds)" in stdout
+    assert "staleness (80% load, mean of 2 seeds)" in stdout
     a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
     assert a["per_seed"][1] == b["per_seed"][0] and b["main"] == b["per_seed"][0]["main"]
     rows = {row["label"]: row for row in a["main"]}
@@ -137,6 +138,7 @@ def test_seed_checks_decide_on_the_mean_and_print_the_spread():
     assert within.sure is True and within.line().endswith("CI within the limit): met")
     single = SeedCheck("w", (7,), (0.9,), 0.85)
     assert single.met is False and "seed 7 only" in single.line() and single.as_json()["ci95"] is None
+    assert "= 1.00030 mean" in SeedCheck("v", (1, 2), (0.9, 1.1006), 1.0).line()  # rounds to the limit: 5 digits
     reference = SeedCheck("r", (1, 2), (2.0, 2.2), None)
     assert reference.met is None and reference.line().startswith("reference:") and "met" not in reference.line()
 
