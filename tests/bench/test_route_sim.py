@@ -38,6 +38,26 @@ def test_direct_metrics_equal_what_the_agent_parses_from_the_text():
         assert parse_vllm_metrics(render_metrics(unit, at)) == direct_metrics(unit, at)
 
 
+def test_a_slow_machine_does_not_change_what_the_simulated_agent_scores():
+    """The agent waits for its scrape threads on the wall clock; a simulated scrape must never be late."""
+    import time
+
+    from routesim.agents import SimNodeAgent
+
+    from sim.memstore import MemoryStore
+
+    loop = EventLoop()
+    units = [InferenceUnit(k, f"sim000-iu{k}", IUModel(), loop.schedule, lambda seq, now: None) for k in (0, 1)]
+    agent = SimNodeAgent("sim000", "r00", units, profile="drain", interval_s=0.2, heartbeat_s=2.0,
+                         store=MemoryStore(), loop=loop, direct=False)
+    for pipeline in agent.agent.pipelines:  # a scrape thread that gets the CPU only after 0.3 s
+        fetch = pipeline.vllm.fetch
+        pipeline.vllm.fetch = lambda fetch=fetch: (time.sleep(0.3), fetch())[1]
+    agent.cycle(0.2)
+    results = agent.agent.cycle(0.4)
+    assert all(r.score is not None and "not finished" not in r.reason for r in results.values()), results
+
+
 def test_trace_is_the_same_whatever_the_edge_count():
     trace = poisson_trace(50.0, 20.0, seed=9)
     assert trace == poisson_trace(50.0, 20.0, seed=9)
