@@ -40,9 +40,9 @@ the view, plus the KV watch), "ours (Consul only)" the degraded mode (push off o
 through rate-limited blocking queries); oracle (true instantaneous state: least estimated TTFT). The
 score-based policies run the real eas_agent code:
 Agent.cycle (vLLM /metrics parsing, NVML and NIC collectors, Scorer) and Publisher.step (quantized levels,
-hysteresis, min write interval, 2 s heartbeat, CAS into sim.memstore.MemoryStore) for each simulated host
-every 200 ms of simulated time, and EdgeView/AnomalyDetector/Router/pick per edge (routesim/agents.py,
-routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
+hysteresis, min write interval, urgent rises, the 0.95/s write token bucket, 2 s heartbeat, CAS into
+sim.memstore.MemoryStore) for each simulated host every 200 ms of simulated time, and
+EdgeView/AnomalyDetector/Router/pick per edge (routesim/agents.py, routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
 
 Also printed: "before" rows, the `ours` rows with `drain` as it was before its admitted-prefill term
 (prefill_s = prompt tokens admitted but not yet prefilled / prefill rate; routesim.agents.BeforeScorer),
