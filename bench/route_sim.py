@@ -40,9 +40,9 @@ the view, plus the KV watch), "ours (Consul only)" the degraded mode (push off o
 through rate-limited blocking queries); oracle (true instantaneous state: least estimated TTFT). The
 score-based policies run the real eas_agent code:
 Agent.cycle (vLLM /metrics parsing, NVML and NIC collectors, Scorer) and Publisher.step (quantized levels,
-hysteresis, min write interval, 2 s heartbeat, CAS into sim.memstore.MemoryStore) for each simulated host
-every 200 ms of simulated time, and EdgeView/AnomalyDetector/Router/pick per edge (routesim/agents.py,
-routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
+hysteresis, min write interval, urgent rises, the 0.95/s write token bucket, 2 s heartbeat, CAS into
+sim.memstore.MemoryStore) for each simulated host every 200 ms of simulated time, and
+EdgeView/AnomalyDetector/Router/pick per edge (routesim/agents.py, routesim/readers.py). Measured: requests arriving after the warm-up; a run ends when all have finished.
 
 Also printed: "before" rows, the `ours` rows with `drain` as it was before its admitted-prefill term
 (prefill_s = prompt tokens admitted but not yet prefilled / prefill rate; routesim.agents.BeforeScorer),
@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "of the per-seed ratios with its spread (default 1,2,3)")
     parser.add_argument("--seed", type=int, help="one seed only (instead of --seeds)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (default 1)")
-    parser.add_argument("--quick", action="store_true", help="80%% load only, short traces (< 60 s)")
+    parser.add_argument("--quick", action="store_true", help="80%% load only, 40 s traces")
     parser.add_argument("--ius", type=int, default=32, help="IUs in the pool (default 32)")
     parser.add_argument("--ius-per-node", type=int, default=2, help="IUs per host (default 2: 8 GPUs, TP=4)")
     parser.add_argument("--edges", type=int, default=4, help="edges (routers) for the main table (default 4)")

@@ -98,6 +98,7 @@ class AgentConfig:
     # an urgent rise does not). eas_agent/publisher.py explains the three write settings.
     min_write_interval_s: float = 1.0
     # Token bucket every KV write draws from: at most write_burst + 1 + write_rate_per_s x T writes in T s.
+    # It binds before min_write_interval_s does when that is below 1 / write_rate_per_s: raise both.
     write_rate_per_s: float = 0.95
     write_burst: float = 2.0
     # A score this far above the one last written is written at once (None: the profile's default).

@@ -48,6 +48,7 @@ STREAM_BYTES_PER_TOKEN = 250
 H100_MEMORY_MIB = 81559.0
 GPU_MEMORY_UTILIZATION = 0.9
 KV_PREFIX = layout.EAS_PREFIX
+SIM_SCRAPE_TIMEOUT_S = 3600.0  # wall-clock seconds: never reached (see SimNodeAgent)
 DATACENTER = layout.DEFAULT_DATACENTER
 
 
@@ -134,9 +135,12 @@ class SimNodeAgent:
             IUConfig(id=unit.iu_id, gpus=tuple(range(k * gpus_per_iu, (k + 1) * gpus_per_iu)), numa_node=k,
                      metrics_url=f"http://127.0.0.1:{8000 + k}/metrics", netdevs=(f"sim{k}",), kv_cache_gb=kv_gb)
             for k, unit in enumerate(units))
+        # scrape_timeout_s: a simulated scrape takes no simulated time, but the agent waits for its scrape
+        # threads on the wall clock; with the shipped 0.15 s a loaded machine made scrapes "not finished"
+        # (score unknown for that cycle), so results depended on the machine's load, not only on the seed
         self.config = AgentConfig(node=node, rack=rack, datacenter=DATACENTER, ius=ius, interval_s=interval_s,
                                   heartbeat_s=heartbeat_s, profile=profile, gpu_backend="fake",
-                                  fake_gpu_file="(simulated)")
+                                  fake_gpu_file="(simulated)", scrape_timeout_s=SIM_SCRAPE_TIMEOUT_S)
         scrape = direct_metrics if direct else render_metrics
         pipelines = [IUPipeline(self.config, k, vllm=VllmCollector(lambda unit=unit: scrape(unit, loop.now)))
                      for k, unit in enumerate(units)]

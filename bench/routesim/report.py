@@ -258,12 +258,15 @@ class SeedCheck:
 
     def line(self) -> str:
         per_seed = " / ".join(f"{v:.3f}" for v in self.values)
+        # a mean that rounds to the limit gets the digits that show which side of it it is
+        digits = 3 if self.limit is None or f"{self.mean:.3f}" != f"{self.limit:.3f}" else 5
+        mean = f"{self.mean:.{digits}f}"
         if len(self.values) == 1:
-            text = f"{self.name} = {self.mean:.3f} (seed {self.seeds[0]} only: no spread)"
+            text = f"{self.name} = {mean} (seed {self.seeds[0]} only: no spread)"
         else:
             low, high = self.ci95
-            text = (f"{self.name} = {self.mean:.3f} mean of seeds {','.join(map(str, self.seeds))} "
-                    f"({per_seed}; sd {self.sd:.3f}, 95% CI {low:.3f}-{high:.3f})")
+            text = (f"{self.name} = {mean} mean of seeds {','.join(map(str, self.seeds))} "
+                    f"({per_seed}; sd {self.sd:.3f}, 95% CI {low:.3f} to {high:.3f})")
         if self.limit is None:
             return f"reference: {text}"
         sure = {True: "; CI within the limit", False: "; CI beyond the limit",
@@ -333,7 +336,7 @@ def print_report(console: Console, header: list[str], per_seed: list[SeedRows]) 
             console.print(why_line(s), highlight=False)
     checks = over_seeds(per_seed)
     for check in checks:
-        console.print(check.line(), highlight=False)
+        console.print(check.line(), highlight=False, soft_wrap=True)  # one line per target, for grep
     return checks
 
 

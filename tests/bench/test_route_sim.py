@@ -38,6 +38,26 @@ def test_direct_metrics_equal_what_the_agent_parses_from_the_text():
         assert parse_vllm_metrics(render_metrics(unit, at)) == direct_metrics(unit, at)
 
 
+def test_a_slow_machine_does_not_change_what_the_simulated_agent_scores():
+    """The agent waits for its scrape threads on the wall clock; a simulated scrape must never be late."""
+    import time
+
+    from routesim.agents import SimNodeAgent
+
+    from sim.memstore import MemoryStore
+
+    loop = EventLoop()
+    units = [InferenceUnit(k, f"sim000-iu{k}", IUModel(), loop.schedule, lambda seq, now: None) for k in (0, 1)]
+    agent = SimNodeAgent("sim000", "r00", units, profile="drain", interval_s=0.2, heartbeat_s=2.0,
+                         store=MemoryStore(), loop=loop, direct=False)
+    for pipeline in agent.agent.pipelines:  # a scrape thread that gets the CPU only after 0.3 s
+        fetch = pipeline.vllm.fetch
+        pipeline.vllm.fetch = lambda fetch=fetch: (time.sleep(0.3), fetch())[1]
+    agent.cycle(0.2)
+    results = agent.agent.cycle(0.4)
+    assert all(r.score is not None and "not finished" not in r.reason for r in results.values()), results
+
+
 def test_trace_is_the_same_whatever_the_edge_count():
     trace = poisson_trace(50.0, 20.0, seed=9)
     assert trace == poisson_trace(50.0, 20.0, seed=9)
@@ -63,7 +83,8 @@ def test_quick_run_has_every_policy_row_and_is_deterministic(tmp_path):
     stdout = outputs[0][0]
     for scenario in main_scenarios(4):
         assert scenario.label in stdout
-    assert "oracle" in stdout and "edges (80% load)" in stdout and "staleness (80% load)" in stdout
+    assert "oracle" in stdout and "edges (80% load, mean of 2 seeds)" in stdout
+    assert "staleness (80% load, mean of 2 seeds)" in stdout
     a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
     assert a["per_seed"][1] == b["per_seed"][0] and b["main"] == b["per_seed"][0]["main"]
     rows = {row["label"]: row for row in a["main"]}
@@ -137,6 +158,7 @@ def test_seed_checks_decide_on_the_mean_and_print_the_spread():
     assert within.sure is True and within.line().endswith("CI within the limit): met")
     single = SeedCheck("w", (7,), (0.9,), 0.85)
     assert single.met is False and "seed 7 only" in single.line() and single.as_json()["ci95"] is None
+    assert "= 1.00030 mean" in SeedCheck("v", (1, 2), (0.9, 1.1006), 1.0).line()  # rounds to the limit: 5 digits
     reference = SeedCheck("r", (1, 2), (2.0, 2.2), None)
     assert reference.met is None and reference.line().startswith("reference:") and "met" not in reference.line()
 

@@ -33,6 +33,7 @@ FAST = {
     "heartbeat_s": 0.5,
     "check_ttl_s": 1.5,
     "min_write_interval_s": 0.2,
+    "write_rate_per_s": 5.0,  # the shipped 0.95/s token bucket would space level writes ~1 s apart
     "scrape_timeout_s": 0.4,
     "frozen_after_s": 1.0,
 }
