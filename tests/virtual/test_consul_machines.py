@@ -207,8 +207,8 @@ def _released_iu_routes_then_dies(inventory: Path, server: str, edge_token: str,
         assert sorted(released["r01n02"]) == ius
         assert wait_until(lambda: not any(v for k, v in in_maintenance().items() if k in ius), 10), in_maintenance()
 
-        def healthy() -> list[str]:
-            return sorted(e.iu_id for e in view.snapshot().healthy)
+        def healthy() -> list[str]:  # this node's routable IUs (r01n01's free IU is routable since its release)
+            return sorted(e.iu_id for e in view.snapshot().healthy if e.iu_id in ius)
 
         assert wait_until(lambda: healthy() == ius, 40), (healthy(), view.health)
         assert run_on(inventory, node.name, "systemctl", "stop", *units).returncode == 0  # the IUs' vLLM stops
