@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ import yaml
 from cluster import load_cluster
 from eas_agent.config import parse_config
 from sim.aptrepo.catalog import DRIVER_BRANCH, DRIVER_VERSIONS
+from tests.devconsul.contract import wait_until
 from tests.provision.conftest import TOKEN, ansible_playbook, clusterctl, stats_of
 
 # The module's fixture provisions 3 simulated hosts three times (check, first run, rerun): ~3.5 CPU-minutes,
@@ -459,66 +463,6 @@ def test_a_failing_batch_stops_the_rollout(provisioned):
     assert ROCE_HOST not in stats["ok"] and stats["failures"] == {"r01n02": 1}
 
 
-# ------------------------------------------------------------------------------- rolling restart
-
-DRAIN_S = 10
-
-
-def test_rolling_restart_drains_one_node_at_a_time_through_consul(provisioned, consul_addr):
-    """The rendered service definitions register in a Consul API; rolling-restart.yml then puts each node's
-    IUs into maintenance and clears it again, one node per batch, through consul_http_addr. An IU an operator
-    quarantined before the run (`consul maint`) is neither touched nor released (review finding #13)."""
-    import consul as pyconsul
-
-    host, port = consul_addr.rsplit(":", 1)
-    api = pyconsul.Consul(host=host, port=int(port))
-    cluster = load_cluster(provisioned.inventory)
-    for node in cluster.nodes():
-        for iu in node.ius:
-            definition = json.loads(provisioned.read(node.name, f"/etc/consul.d/vllm-iu-{iu.id}.json"))["service"]
-            response = api.http.put(lambda r: r, "/v1/agent/service/register", data=json.dumps(definition))
-            assert response.code == 200, response.body
-    quarantined = cluster.node("r01n02").ius[1].id
-    api.agent.service.maintenance(quarantined, True, reason="operator quarantine: flaky HCA")
-    # this dev Consul has no ACLs: no token, so the calls are logged (with a token they are no_log). Host
-    # vars, so they override the inventory's group_vars (the machines' own agents) without a duplicate key.
-    host_vars = [provisioned.inventory / "host_vars" / f"{host}.yml" for host in provisioned.hosts]
-    originals = {path: path.read_text() if path.exists() else None for path in host_vars}
-    for path in host_vars:
-        # The stand-in vLLM's own arrivals (1 req/s) keep requests running: no edge stops sending to an IU in
-        # maintenance here, so every drain wait runs to its limit (120 s per IU by default). An inventory value
-        # bounds it, as an operator would for short requests (the play used to outrank inventory values).
-        path.write_text((originals[path] or "") + f"\nconsul_http_addr: {consul_addr}\nconsul_token: ''\n"
-                        f"rolling_restart_drain_timeout_s: {DRAIN_S}\n")
-    try:
-        result = provisioned.provision("rolling", "--playbook", "rolling-restart.yml")
-    finally:
-        for path, text in originals.items():
-            path.write_text(text) if text is not None else path.unlink()
-    assert result.returncode == 0, result.stdout[-3000:]
-    events = [json.loads(line) for line in (provisioned.run_dirs["rolling"] / "events.jsonl").read_text().splitlines()]
-    drains = [e["event_data"]["res"].get("attempts", 1) for e in events if e["event"] == "runner_item_on_ok"
-              and e["event_data"].get("task") == "Wait for in-flight requests to drain"]
-    assert drains and max(drains) <= DRAIN_S // 5 + 1, drains  # the inventory's limit, at 5 s polls
-    batches = [e for e in events if e["event"] == "playbook_on_play_start"]
-    assert len(batches) == 3  # serial: 1
-    calls = [
-        (e["event_data"]["host"], e["event_data"]["res"]["url"])
-        for e in events
-        if e["event"] == "runner_item_on_ok" and "/maintenance/" in str(e["event_data"]["res"].get("url", ""))
-    ]
-    enables = [c for c in calls if "enable=true" in c[1]]
-    clears = [c for c in calls if "enable=false" in c[1]]
-    assert len(enables) == len(clears) == sum(len(n.ius) for n in cluster.nodes()) - 1
-    assert not [c for c in calls if f"/maintenance/{quarantined}?" in c[1]]
-    # node by node: r01n01's maintenance is cleared before r01n02's starts
-    order = [(c[0], "on" if "enable=true" in c[1] else "off") for c in calls]
-    assert order.index(("r01n01", "off")) < order.index(("r01n02", "on"))
-    checks = api.agent.checks()
-    assert [c for c in checks if c.startswith("_service_maintenance:")] == [f"_service_maintenance:{quarantined}"]
-    assert checks[f"_service_maintenance:{quarantined}"]["Notes"] == "operator quarantine: flaky HCA"
-
-
 # ------------------------------------------------------------------------ SSH failures stop the batch
 
 @pytest.mark.parametrize("failure", ["host key changed", "key rejected"])
@@ -556,3 +500,203 @@ def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provision
     out = " ".join(result.stdout.split())
     assert "rollout stopped in batch 2/3" in out and "not started: r02n01" in out
     assert "r01n02: unreachable:" in out and reason in out, out[-2000:]
+
+
+# ------------------------------------------------- the machines' own Consul: agents, ACLs, rolling restart, release
+# Last in the module: it changes the token rule (consul_token_file), restarts agents and stops two of them. On the
+# cluster the module already provisioned (site.yml runs consul_agent, eas_agent and inference_unit): its own
+# bring-up and provisioning cost ~5 minutes of CI for machines identical to these.
+
+SERVER = "127.0.1.11:8500"  # r01n01 runs the server (the virtual inventory's consul_agent_server_hosts)
+DRAIN_S = 10  # the stand-in vLLM's own arrivals (1 req/s) never drain: bound each IU's wait, as an inventory can
+
+
+def _get(address: str, path: str, token: str):
+    request = urllib.request.Request(f"http://{address}{path}", headers={"X-Consul-Token": token})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def _status(address: str, path: str, token: str, method: str = "PUT") -> int:
+    request = urllib.request.Request(f"http://{address}{path}", method=method, headers={"X-Consul-Token": token})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _maintenance_notes(token: str, index: int = 0, wait: str = "") -> tuple[int, dict[str, str]]:
+    """(X-Consul-Index, IU -> its maintenance reason, "" when not in maintenance) from the server's health."""
+    query = f"?index={index}&wait={wait}" if index else ""
+    request = urllib.request.Request(f"http://{SERVER}/v1/health/service/vllm-iu{query}",
+                                     headers={"X-Consul-Token": token})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        entries, got = json.loads(resp.read()), int(resp.headers["X-Consul-Index"])
+    return got, {e["Service"]["ID"]: next((c["Notes"] for c in e["Checks"]
+                                           if c["CheckID"].startswith("_service_maintenance:")), "")
+                 for e in entries}
+
+
+def _release(node) -> list[str]:
+    """preflight's release (preflight/release.py) of a node, as after a passed run."""
+    from preflight.release import release_passed
+    from preflight.result import CheckResult, Verdict
+    from preflight.runner import RunOutcome
+
+    passed = CheckResult(node.rack, node.name, None, "consul", Verdict.PASS, "stand-in for a passed run", {})
+    return sorted(release_passed([node], RunOutcome([passed], 0.0, 0.0, None, ["consul"]))[node.name])
+
+
+def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_them(provisioned, tmp_path):
+    """The consul_agent, eas_agent and inference_unit roles ran for real over SSH (consul from the stand-in
+    HashiCorp repository, the venvs from the local package index, their units started), consul.service joined to
+    the server with ACLs on (default deny), gossip key and TLS as rendered. In order: every IU in the catalog and in
+    maintenance after every run of this module (no run released one); ACL denials; an agent restart and a reload
+    keep maintenance; rolling-restart.yml (one node per batch) takes every released IU out of rotation and back
+    while an operator's quarantine and another node's preflight hold stay untouched; preflight's release makes a
+    node's IUs routable in the edge's reader (ConsulWatcher + PoolView, the read-only edge token); stopping the IUs'
+    vLLM units makes their checks critical within the check interval and the reader drops them; stopping a node's
+    consul.service makes the server fail the node (serfHealth) and its IUs leave the pool."""
+    inventory = provisioned.inventory
+    group_vars = inventory / "group_vars" / "all.yml"
+    secrets = yaml.safe_load(group_vars.read_text())
+    management, operator = secrets["consul_agent_acl_management_token"], secrets["consul_token"]
+    # The token rule's file half (a 0600 file on the controller), read by rolling-restart.yml and preflight's release
+    token_file = tmp_path / "consul.token"
+    token_file.write_text(operator + "\n")
+    token_file.chmod(0o600)
+    group_vars.write_text(group_vars.read_text().replace(f"consul_token: {operator}\n", "")
+                          + f"\nconsul_token_file: {token_file}\nrolling_restart_drain_timeout_s: {DRAIN_S}\n")
+    cluster = load_cluster(inventory)
+
+    def in_maintenance() -> dict[str, bool]:
+        entries = _get(SERVER, "/v1/health/service/vllm-iu", management)
+        return {e["Service"]["ID"]: any(c["CheckID"].startswith("_service_maintenance:") for c in e["Checks"])
+                for e in entries}
+
+    wanted = {iu.id for node in cluster.nodes() for iu in node.ius}
+    assert wait_until(lambda: set(in_maintenance()) == wanted and all(in_maintenance().values()), 40), \
+        in_maintenance()
+    assert {n["Node"] for n in _get(SERVER, "/v1/catalog/nodes", management)} == set(provisioned.hosts)
+    # ACL denial: the node's agent token may not set maintenance; anonymous reads see nothing
+    agent_token = provisioned.on_host("r01n02", "sh", "-c", "grep -o 'agent = \"[^\"]*' /etc/consul.d/consul.hcl")
+    token = agent_token.stdout.strip().rsplit('"', 1)[-1]
+    assert token and _status("127.0.1.12:8500", "/v1/agent/service/maintenance/r01n02-iu0?enable=false", token) == 403
+    assert _get(SERVER, "/v1/health/service/vllm-iu", "") == []
+    # a token nobody created is refused outright, on the node's agent as on the server
+    assert _status("127.0.1.12:8500", "/v1/agent/services", "00000000-dead-4bad-8bad-000000000000", "GET") == 403
+    # restart and reload of an agent keep its IUs in maintenance (no reaping, maintenance persisted)
+    for action in ("restart", "reload"):
+        assert provisioned.on_host("r01n02", "systemctl", action, "consul.service").returncode == 0
+        time.sleep(2)
+        assert wait_until(lambda: set(in_maintenance()) == wanted, 30), in_maintenance()
+        assert all(in_maintenance().values()), (action, in_maintenance())
+    _rolling_restart_keeps_an_operator_quarantine(provisioned, cluster, operator, management)
+    _released_iu_routes_then_dies(provisioned, cluster.node("r01n02"), secrets["consul_edge_token"], in_maintenance)
+    # stop a node's agent: leave_on_terminate is false, so the server fails it (serfHealth critical)
+    assert provisioned.on_host("r02n01", "systemctl", "stop", "consul.service").returncode == 0
+    started = time.monotonic()
+
+    def serf_of(node: str) -> str:
+        for check in _get(SERVER, f"/v1/health/node/{node}", management):
+            if check["CheckID"] == "serfHealth":
+                return check["Status"]
+        return "missing"
+
+    assert wait_until(lambda: serf_of("r02n01") == "critical", 15), serf_of("r02n01")
+    assert time.monotonic() - started < 15
+    assert serf_of("r01n01") == "passing"
+
+
+def _rolling_restart_keeps_an_operator_quarantine(provisioned, cluster, operator: str, management: str) -> None:
+    """rolling-restart.yml over the three nodes with their agents live (review finding #13 on the machines):
+    r01n01 and r02n01 released by preflight, then one of r01n01's IUs quarantined by an operator (maintenance with
+    the operator's reason, through the node's agent); r01n02 still held for preflight. The run takes every other
+    released IU out of rotation and puts it back, node by node (serial: 1), and leaves the quarantine and r01n02's
+    preflight hold exactly as they were. Every maintenance state the server saw during the run is recorded in
+    order (blocking queries), so "put into maintenance and released, one node after the other" is observed, not
+    inferred from the end state; the playbook restarts the IUs' vllm-iu units and waits for their /health."""
+    import threading
+
+    first, other = cluster.node("r01n01"), cluster.node("r02n01")
+    free, quarantined = (iu.id for iu in first.ius)
+    assert _release(first) == [free, quarantined]
+    assert _release(other) == sorted(iu.id for iu in other.ius)
+    held = {iu.id for iu in cluster.node("r01n02").ius}
+    taken = {free} | {iu.id for iu in other.ius}
+    reason = "operator quarantine: flaky HCA"
+    path = f"/v1/agent/service/maintenance/{quarantined}?enable=true&reason=operator%20quarantine%3A%20flaky%20HCA"
+    assert _status(f"{first.address}:8500", path, operator) == 200
+    assert wait_until(lambda: [_maintenance_notes(management)[1].get(i) for i in sorted(taken) + [quarantined]]
+                      == [""] * len(taken) + [reason], 10), _maintenance_notes(management)
+    index, before = _maintenance_notes(management)
+    assert all(before[i] for i in held), before
+    seen: list[tuple[str, str]] = []  # (IU, reason) in the order the server's states came
+    stop = threading.Event()
+
+    def watch() -> None:
+        at = index
+        while not stop.is_set():
+            at, notes = _maintenance_notes(management, at, "2s")
+            seen.extend(sorted(notes.items()))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = provisioned.provision("rolling", "--playbook", "rolling-restart.yml")
+        time.sleep(1)  # the last release's sync reaches the server and the watch
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert operator not in result.stdout and management not in result.stdout
+    events = [json.loads(line) for line in (provisioned.run_dirs["rolling"] / "events.jsonl").read_text().splitlines()]
+    assert len([e for e in events if e["event"] == "playbook_on_play_start"]) == 3  # serial: 1
+    drains = [e["event_data"]["res"].get("attempts", 1) for e in events if e["event"] == "runner_item_on_ok"
+              and e["event_data"].get("task") == "Wait for in-flight requests to drain"]
+    assert drains and max(drains) <= DRAIN_S // 5 + 1, drains  # the inventory's limit, at 5 s polls
+    rolling = [i for i, n in seen if n == "clusterctl rolling restart"]
+    assert set(rolling) == taken, sorted(set(seen))
+    # node by node: r01n01's IU is back before r02n01's are taken
+    assert max(k for k, iu in enumerate(rolling) if iu == free) < min(k for k, iu in enumerate(rolling) if iu != free)
+    after = _maintenance_notes(management)[1]
+    assert [after[i] for i in sorted(taken)] == [""] * len(taken) and after[quarantined] == reason, after
+    assert {i: after[i] for i in held} == {i: before[i] for i in held}, "the preflight hold stays"
+    assert {n for i, n in seen if i == quarantined} == {reason}, "the quarantine never touched"
+    assert {n for i, n in seen if i in held} == {before[i] for i in held}, "r01n02 never taken by the run"
+
+
+def _released_iu_routes_then_dies(provisioned, node, edge_token: str, in_maintenance) -> None:
+    from consul_io.client import ConsulIO
+    from eas_agent.scheduler import ConsulWatcher, PoolView
+
+    ius = sorted(iu.id for iu in node.ius)
+    units = [f"vllm-iu@{iu.index}.service" for iu in node.ius]  # started by provisioning, as eas-agent.service
+    view = PoolView()
+    watcher = ConsulWatcher(view, ConsulIO(SERVER, token=edge_token), wait_s=1.0).start()
+    try:
+        assert _release(node) == ius
+        assert wait_until(lambda: not any(v for k, v in in_maintenance().items() if k in ius), 10), in_maintenance()
+
+        def healthy() -> list[str]:  # this node's routable IUs (the other nodes' released IUs are routable too)
+            return sorted(e.iu_id for e in view.snapshot().healthy if e.iu_id in ius)
+
+        assert wait_until(lambda: healthy() == ius, 40), (healthy(), view.health)
+        assert provisioned.on_host(node.name, "systemctl", "stop", *units).returncode == 0  # the IUs' vLLM stops
+        died = time.monotonic()
+        assert wait_until(lambda: healthy() == [], 20), healthy()
+        # the check interval is 10 s, its timeout 2 s; the server sees the change at once (anti-entropy
+        # pushes every change) and the watch returns on it
+        assert time.monotonic() - died < 14, time.monotonic() - died
+        assert {view.health[i][0] for i in ius} == {"critical"}, view.health
+        assert provisioned.on_host(node.name, "systemctl", "start", *units).returncode == 0
+        assert wait_until(lambda: healthy() == ius, 40), healthy()
+        # the node's agent stops: leave_on_terminate is false, the server fails the node (serfHealth
+        # critical, Consul's failure detection) and every IU of it leaves the pool with it
+        assert provisioned.on_host(node.name, "systemctl", "stop", "consul.service").returncode == 0
+        stopped = time.monotonic()
+        assert wait_until(lambda: healthy() == [], 20), healthy()
+        assert time.monotonic() - stopped < 20
+    finally:
+        watcher.stop()
