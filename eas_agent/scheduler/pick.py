@@ -8,7 +8,10 @@ Rules, in order:
    probability equal to its weight) and keep the lower ``score + sent_s (+ own_s)``, where ``sent_s`` is the
    work this edge sent to the IU since that score's timestamp, which the score cannot know about yet: each
    request's prefill seconds when the edge knew its prompt size (prompt tokens / the IU's measured
-   ``prefill_tps``), else the IU's ``request_cost_s`` (its mean request); ``own_s`` is this request's own
+   ``prefill_tps``), else the IU's ``request_cost_s`` (its mean request), and for scores newer than a long
+   prompt's send while that prompt is predicted still queued, what the score misses of it (a score counts
+   a waiting request at the mean request: ``EdgeLedger.on_sent``'s ``queued_as_s``; edge/README.md has
+   its measurement); ``own_s`` is this request's own
    prefill on that IU when ``prompt_tokens`` is given (IUs with different prefill rates differ there),
    plus ``overdue_s``: how far this edge's longest-overdue stream on that IU is past the first byte it was
    predicted to get (its chosen cost at send time). Between score updates that is the one first-hand
