@@ -308,3 +308,13 @@ def test_a_long_prompt_still_queued_is_counted_at_its_real_cost_by_scores_newer_
     other = ({"a", "b"} - {first.iu_id}).pop()
     picks = {router.choose(view.snapshot(), 100.2, prompt_tokens=10).iu_id for _ in range(20)}
     assert picks == {other}
+
+
+def test_the_queued_prompt_rule_applies_to_fresh_scores_only():
+    # a score 1 s old (Consul-only ages): its predicted queue wait is too rough to keep the excess on
+    view = healthy_view(lambda: 101.0, {"n0": "ab"})
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.1, "b": 0.1}, ts=100.0,
+                                                               prefill_tps=8000.0))}])
+    router = Router(random.Random(2))
+    assert router.choose(view.snapshot(), 101.0, prompt_tokens=12000).queued_as_s is None
+    assert router.choose(view.snapshot(), 100.2, prompt_tokens=12000).queued_as_s == pytest.approx(0.05)
