@@ -83,7 +83,8 @@ class EdgeState:
             decision = self.decide(prompt_tokens, exclude)
             if decision.iu_id is not None:
                 now = time.time()
-                self.router.sent(decision.iu_id, now, decision.cost_s, handle, decision.expected_s)
+                self.router.sent(decision.iu_id, now, decision.cost_s, handle, decision.expected_s,
+                                 decision.queued_as_s)
                 if started is not None:
                     self.metrics.queued.observe(time.monotonic() - started)
                 self.metrics.picks.labels(decision.mode).inc()

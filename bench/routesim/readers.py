@@ -57,16 +57,17 @@ class ScoredEdge:
 
     def pick(self, request: TraceRequest, now: float) -> int:
         if self.mode == "argmin":
-            iu_id, mode, cost, expected = self._argmin(now), "argmin", None, None
+            iu_id, mode, cost, expected, queued_as = self._argmin(now), "argmin", None, None, None
         else:
             decision = self.router.choose(self.view.snapshot(), now, request.prompt)
             iu_id, mode, cost, expected = decision.iu_id, decision.mode, decision.cost_s, decision.expected_s
+            queued_as = decision.queued_as_s
         if iu_id is None:  # nothing known yet (the first instants of a run), or every IU at the cap: any IU
             iu_id, mode = self.iu_ids[int(self.rng.random() * len(self.iu_ids))], mode if mode != "none" else "none"
         self.modes[mode] = self.modes.get(mode, 0) + 1
         entry = next((e for e in self.view.snapshot().entries if e.iu_id == iu_id), None)
         self.seen[request.rid] = (entry.score, now - entry.ts) if entry is not None else (None, 0.0)
-        self.router.sent(iu_id, now, cost, request.rid, expected)
+        self.router.sent(iu_id, now, cost, request.rid, expected, queued_as)
         return self.index_of[iu_id]
 
     def first_token(self, iu: int, rid: int, now: float) -> None:

@@ -8,7 +8,10 @@ Rules, in order:
    probability equal to its weight) and keep the lower ``score + sent_s (+ own_s)``, where ``sent_s`` is the
    work this edge sent to the IU since that score's timestamp, which the score cannot know about yet: each
    request's prefill seconds when the edge knew its prompt size (prompt tokens / the IU's measured
-   ``prefill_tps``), else the IU's ``request_cost_s`` (its mean request); ``own_s`` is this request's own
+   ``prefill_tps``), else the IU's ``request_cost_s`` (its mean request), and for scores newer than a long
+   prompt's send while that prompt is predicted still queued, what the score misses of it (a score counts
+   a waiting request at the mean request: ``EdgeLedger.on_sent``'s ``queued_as_s``; edge/README.md has
+   its measurement); ``own_s`` is this request's own
    prefill on that IU when ``prompt_tokens`` is given (IUs with different prefill rates differ there),
    plus ``overdue_s``: how far this edge's longest-overdue stream on that IU is past the first byte it was
    predicted to get (its chosen cost at send time). Between score updates that is the one first-hand
@@ -54,15 +57,27 @@ class EdgeLedger:
         self.inflight: dict[str, int] = {}
         self._sums: dict[str, list] = {}  # iu -> [sum of known costs, count of unknown costs] in ``sent``
         self.awaiting: dict[str, dict] = {}  # iu -> {handle: time its first byte is due} (first byte not seen)
+        self.queued: dict[str, deque] = {}  # iu -> (sent, admitted by, excess_s): see on_sent's queued_as_s
 
     def on_sent(self, iu_id: str, now: float, cost_s: float | None = None, handle=None,
-                expected_s: float | None = None) -> None:
+                expected_s: float | None = None, queued_as_s: float | None = None) -> None:
         """``cost_s``: the request's prefill seconds on that IU (:func:`prefill_cost_s`); None: unknown,
         counted at the IU's ``request_cost_s`` when the cost is read. ``handle`` and ``expected_s`` (its
         predicted TTFT): the request is awaited until :meth:`on_first_byte` or :meth:`on_done` with that
-        handle; while it is overdue the IU costs that much more (:meth:`overdue_s`)."""
+        handle; while it is overdue the IU costs that much more (:meth:`overdue_s`).
+
+        ``queued_as_s``: what the IU's score counts a request waiting in its queue as (its mean request,
+        ``request_cost_s``). A score taken after the send but while the request still waits to be admitted
+        (until ``expected_s - cost_s``, the queue pick predicted ahead of it) counts a long prompt at that
+        mean: vLLM's waiting gauge is a count, not tokens. The ledger keeps the difference for those scores
+        (:meth:`queued_excess`); once admitted, the score's admitted-prefill term counts its real tokens."""
         if handle is not None and expected_s is not None:
             self.awaiting.setdefault(iu_id, {})[handle] = now + expected_s
+        if queued_as_s is not None and cost_s is not None and expected_s is not None and cost_s > queued_as_s:
+            queued = self.queued.setdefault(iu_id, deque())
+            queued.append((now, now + max(0.0, expected_s - cost_s), cost_s - queued_as_s))
+            if len(queued) > 4096:  # bound memory, as for ``sent``
+                queued.popleft()
         times = self.sent.get(iu_id)
         if times is None:
             times = self.sent[iu_id] = deque()
@@ -120,10 +135,21 @@ class EdgeLedger:
 
     def sent_cost_since(self, iu_id: str, ts: float, default_cost_s: float) -> float:
         """Seconds of work sent to ``iu_id`` since ``ts`` (unknown costs at ``default_cost_s`` each)."""
+        excess = self.queued_excess(iu_id, ts) if self.queued else 0.0
         if not self._since(iu_id, ts):
-            return 0.0
+            return excess
         known, unknown = self._sums[iu_id]
-        return max(0.0, known) + unknown * default_cost_s
+        return max(0.0, known) + unknown * default_cost_s + excess
+
+    def queued_excess(self, iu_id: str, ts: float) -> float:
+        """Seconds a score taken at ``ts`` undercounts this edge's long prompts sent before ``ts`` and
+        predicted to be still queued at ``ts`` (:meth:`on_sent`'s ``queued_as_s``)."""
+        queued = self.queued.get(iu_id)
+        if not queued:
+            return 0.0
+        while queued and queued[0][1] < ts:
+            queued.popleft()
+        return sum(excess for sent, until, excess in queued if sent < ts <= until)
 
 
 def prefill_tps(entry: IUEntry) -> float | None:

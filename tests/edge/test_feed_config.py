@@ -280,3 +280,41 @@ def test_an_overdue_stream_marks_its_iu_busier_than_its_score():
     assert router.ledger.overdue_s(held, 101.1) == 0.0
     router.done(held, "r1")
     assert not router.ledger.awaiting[held]
+
+
+def test_a_long_prompt_still_queued_is_counted_at_its_real_cost_by_scores_newer_than_its_send():
+    # The IU's score counts a waiting request at its mean request (request_cost_s 0.2 s); this edge sent a
+    # 12,000-token prompt (1.5 s at 8,000 tokens/s) predicted to wait 0.5 s before its prefill. A score
+    # taken 0.1 s after the send counts it at 0.2 s: the ledger adds the 1.3 s the score misses until the
+    # prompt is predicted admitted (then the score's admitted-prefill term has its real tokens). Before:
+    # the ledger dropped it at the first newer score, so the IU looked 1.3 s emptier than it was.
+    router = Router(random.Random(1))
+    router.sent("a", 100.0, 1.5, handle="r1", expected_s=2.0, queued_as_s=0.2)
+    assert router.ledger.sent_cost_since("a", 99.9, default_cost_s=0.2) == pytest.approx(1.5)  # older score
+    assert router.ledger.sent_cost_since("a", 100.1, default_cost_s=0.2) == pytest.approx(1.3)
+    assert router.ledger.sent_cost_since("a", 100.5, default_cost_s=0.2) == pytest.approx(1.3)
+    assert router.ledger.sent_cost_since("a", 100.6, default_cost_s=0.2) == 0.0  # admitted: the score has it
+    router.sent("b", 100.0, 0.05, expected_s=0.1, queued_as_s=0.2)  # shorter than the mean: nothing kept
+    assert router.ledger.sent_cost_since("b", 100.01, default_cost_s=0.2) == 0.0
+
+    # through choose(): both IUs score 0.1 at ts 100.1; the one holding the queued long prompt is avoided
+    view = healthy_view(lambda: 100.2, {"n0": "ab"})
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.1, "b": 0.1}, ts=100.1,
+                                                               prefill_tps=8000.0))}])
+    router = Router(random.Random(2))
+    first = router.choose(view.snapshot(), 100.0, prompt_tokens=12000)
+    assert first.queued_as_s == view.snapshot().by_id()[first.iu_id].request_cost_s
+    router.sent(first.iu_id, 100.0, first.cost_s, "r1", first.expected_s + 0.5, first.queued_as_s)
+    other = ({"a", "b"} - {first.iu_id}).pop()
+    picks = {router.choose(view.snapshot(), 100.2, prompt_tokens=10).iu_id for _ in range(20)}
+    assert picks == {other}
+
+
+def test_the_queued_prompt_rule_applies_to_fresh_scores_only():
+    # a score 1 s old (Consul-only ages): its predicted queue wait is too rough to keep the excess on
+    view = healthy_view(lambda: 101.0, {"n0": "ab"})
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.1, "b": 0.1}, ts=100.0,
+                                                               prefill_tps=8000.0))}])
+    router = Router(random.Random(2))
+    assert router.choose(view.snapshot(), 101.0, prompt_tokens=12000).queued_as_s is None
+    assert router.choose(view.snapshot(), 100.2, prompt_tokens=12000).queued_as_s == pytest.approx(0.05)
