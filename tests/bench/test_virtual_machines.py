@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -27,20 +30,41 @@ def test_an_overlay_upper_dir_left_by_down_is_reported(tmp_path):
     assert machines.leftovers(state) == [f"overlay upper dir {state}/machines/r01n01/upper"]
 
 
-def test_a_process_naming_the_state_dir_is_reported_until_it_is_gone(tmp_path):
-    # e.g. a stub tool or sshd session that outlived its machine: found by its argv, wherever it runs
+@pytest.mark.skipif(os.geteuid() != 0 or not machines._cgroup_roots(), reason="needs root and a cgroup hierarchy")
+def test_a_process_left_in_a_machine_cgroup_is_reported_until_it_is_gone(tmp_path):
+    # e.g. a stub tool or sshd session that outlived its machine's PID 1: it stays in the machine's cgroup
     state = tmp_path / ".sim"
     state.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"{state}/hosts/r01n01/state"])
+    layout = machines.Layout(state)
+    cgroups = machines.machine_cgroups(layout.host("r01n01"))
+    for cgroup in cgroups:
+        cgroup.mkdir(parents=True)
+    proc = subprocess.Popen(["sleep", "60"])
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not machines.leftovers(state):
-            time.sleep(0.05)  # until the child has exec'd python (argv set)
-        assert machines.leftovers(state) == [f"process {proc.pid} ({Path(sys.executable).name[:15]})"]
+        for cgroup in cgroups:
+            (cgroup / "cgroup.procs").write_text(f"{proc.pid}\n")
+        found = machines.leftovers(state)
+        assert f"process {proc.pid} (sleep)" in found
+        assert [f for f in found if f.startswith("cgroup ")] == [f"cgroup {c}" for c in cgroups]
     finally:
         proc.kill()
         proc.wait()
+        for cgroup in cgroups:  # empty once its process is gone
+            cgroup.rmdir()
     assert machines.leftovers(state) == []
+
+
+def test_a_controller_process_naming_the_state_dir_is_not_a_leftover(tmp_path):
+    # Ansible's ControlPersist ssh master names the inventory's key under the state dir and outlives a run
+    state = tmp_path / ".sim"
+    state.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"{state}/ssh/id_ed25519"])
+    try:
+        time.sleep(0.3)
+        assert machines.leftovers(state) == []
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_the_table_names_what_was_left_and_the_load():
