@@ -8,7 +8,9 @@ process; ``virtual down`` always. Preflight reaches every machine through ``SshT
 connection per node for all its commands, host keys verified). Prints one table row per size: wall
 time, ratio to one node, the preflight process's peak RSS, its CPU time (the controller's: SSH included)
 per node, the CPU time the machines used (sshd and the stub tools: all machines share this machine's
-cores, real hosts would not), the CPU floor and x floor (target <= 1.1x).
+cores, real hosts would not), the CPU floor and x floor (target <= 1.1x), and the load average when the
+size finished. A second table is `bench/virtual_machines.py`'s for the same sizes (up/down time, CPU,
+memory, what `down` left behind: must be nothing, else the script exits 1), so one boot per size serves both.
 
 A 1-node run has no ib_pairs work (no peer in its rack); larger runs test their racks' rings.
 numa_pinning and consul are skipped (no vllm-iu units are written; no Consul needed).
@@ -29,6 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+import virtual_machines  # noqa: E402
+
 from sim.hosts import simulate  # noqa: E402
 
 TARGET_X_FLOOR = 1.1
@@ -50,10 +55,7 @@ with open(sys.argv[1], "w") as out:
 """
 
 
-def clusterctl(*args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"clusterctl {' '.join(args[:2])} exited {done.returncode}: {done.stderr[-1500:]}")
+clusterctl = virtual_machines.clusterctl
 
 
 def one_size(
@@ -78,7 +80,7 @@ def one_size(
             group_vars.read_text().replace("sim_command_delay_s: 0.0", f"sim_command_delay_s: {delay}")
         )
         assert f"sim_command_delay_s: {delay}" in group_vars.read_text()
-        clusterctl("virtual", "up", str(inventory))
+        machines_row = {"nodes": nodes, **virtual_machines.up_measured(inventory)}
         try:
             stats_file = Path(tmp) / "stats.json"
             document = Path(tmp) / "run.json"
@@ -111,13 +113,15 @@ def one_size(
                 stderr=subprocess.DEVNULL,
             )
             wall = time.monotonic() - started
+            load = virtual_machines.load_average()
             machines_cpu = simulate.machine_cpu_seconds(inventory) - machines_before
             stats = json.loads(stats_file.read_text())
             summary = json.loads(document.read_text())["summary"]
         finally:
-            clusterctl("virtual", "down", str(inventory))
+            machines_row.update(virtual_machines.down_measured(inventory))
+            machines_row["load"] = virtual_machines.load_average()
     return {"nodes": nodes, "racks": racks, "wall_s": wall, **stats, "cpu_machines_s": machines_cpu,
-            "verdicts": summary["verdicts"]}
+            "verdicts": summary["verdicts"], "load": load, "machines": machines_row}
 
 
 def table(rows: list[dict], parallel: int, delay: float, checks: str | None = None) -> str:
@@ -130,8 +134,8 @@ def table(rows: list[dict], parallel: int, delay: float, checks: str | None = No
         f"preflight fan-out over SSH, --parallel {parallel}, every stub command {delay:g} s, {cpus} CPUs, "
         f"checks: {checks or 'all but numa_pinning,consul'}",
         "| nodes | racks | wall s | x 1 node | peak RSS MiB | controller CPU s | per node | machines CPU s "
-        "| CPU floor s | x floor | target | exit | verdicts |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+        "| CPU floor s | x floor | target | exit | verdicts | load |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
     ]
     for r in rows:
         controller = r["cpu_self_s"] + r["cpu_children_s"]
@@ -142,7 +146,7 @@ def table(rows: list[dict], parallel: int, delay: float, checks: str | None = No
             f"| {r['nodes']} | {r['racks']} | {r['wall_s']:.1f} | {r['wall_s'] / base:.2f} | "
             f"{r['peak_rss_kib'] / 1024:.0f} | {controller:.1f} | {controller / r['nodes']:.3f} | "
             f"{r['cpu_machines_s']:.1f} | {floor:.1f} | {x_floor:.2f} | "
-            f"{'met' if x_floor <= TARGET_X_FLOOR else 'NOT met'} | {r['exit_code']} | {verdicts} |"
+            f"{'met' if x_floor <= TARGET_X_FLOOR else 'NOT met'} | {r['exit_code']} | {verdicts} | {r['load']} |"
         )
     return "\n".join(lines)
 
@@ -178,6 +182,10 @@ def main() -> None:
             Path(args.json_file).write_text(json.dumps(rows, indent=2))
     if rows:
         print(table(rows, args.parallel, args.delay, args.checks))
+        print()
+        print(virtual_machines.table([r["machines"] for r in rows]))
+    if any(r["machines"]["left"] for r in rows):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -362,9 +362,13 @@ def _cgroup_roots() -> list[Path]:
     return roots or ([v2] if (v2 / "cgroup.procs").exists() else [])
 
 
+def _cgroup_prefix(layout: Layout) -> str:
+    """What every machine cgroup of this state dir is named after (``<prefix>-<host>``)."""
+    return hashlib.sha256(str(layout.state_dir).encode()).hexdigest()[:12]
+
+
 def _cgroup_name(paths: HostPaths) -> str:
-    digest = hashlib.sha256(str(paths.layout.state_dir).encode()).hexdigest()[:12]
-    return f"{CGROUP_PARENT}/{digest}-{paths.host}"
+    return f"{CGROUP_PARENT}/{_cgroup_prefix(paths.layout)}-{paths.host}"
 
 
 def machine_cgroups(paths: HostPaths) -> list[Path]:
@@ -720,6 +724,35 @@ def _reap(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+def leftovers(state_dir: Path) -> list[str]:
+    """What ``down`` must not leave behind, one line each (empty: nothing): a process of this state dir's
+    machines (nspawn and supervisors, recorded or found by argv; PID 1s; anything still in the machines'
+    cgroups, where every process of a machine lives, reparented or not), a mount under the state dir or an
+    overlay whose layers name it, a machine cgroup, an overlay upper dir. Not any process whose argv names
+    the state dir: Ansible's ControlPersist ssh masters name its key and outlive a run by design (they
+    are the controller's, and exit when the machine's sshd is gone). Benchmarks and tests assert it is
+    empty after ``down`` at every size."""
+    layout = Layout(state_dir)
+    found = []
+    nspawns, leaders, supervisors = _our_processes(layout)
+    pids = set(nspawns + leaders + supervisors)
+    marker = str(state_dir).rstrip("/") + "/"
+    prefix = _cgroup_prefix(layout)
+    cgroups = [c for root in _cgroup_roots() for c in sorted((root / CGROUP_PARENT).glob(f"{prefix}-*"))]
+    for cgroup in cgroups:
+        pids.update(_cgroup_pids(cgroup))
+    found += [f"process {p} ({_comm(p) or 'gone'})" for p in sorted(pids) if _pid_alive(p)]
+    found += [f"mount {p}" for p in mounts_under(state_dir)]
+    with open("/proc/self/mountinfo") as f:
+        found += [f"overlay mount {line.split()[4]}" for line in f
+                  if " - overlay " in line and marker in line and not line.split()[4].startswith(marker)]
+    found += [f"cgroup {c}" for c in cgroups if c.is_dir()]
+    if layout.machines_dir.exists():
+        uppers = sorted(str(u) for u in layout.machines_dir.glob("*/upper"))
+        found += [f"overlay upper dir {u}" for u in uppers] or [f"dir {layout.machines_dir}"]
+    return found
 
 
 def _mount_points() -> list[str]:

@@ -22,6 +22,7 @@ from preflight.result import CheckResult, Verdict
 from preflight.runner import exit_code, run_preflight
 from preflight.transport import CommandResult, LocalTransport, RoutingTransport, SshTransport
 from tests.preflight.helpers import ScriptedTransport, context, node
+from tests.preflight.sshserver import client_transport, finish
 
 # ------------------------------------------------------------------------------ transports
 
@@ -85,9 +86,12 @@ def test_ssh_transport_quotes_every_argument(monkeypatch):
         def open(self):
             pass
 
-        def run(self, command, **kwargs):
-            seen["command"] = command
-            return type("R", (), {"exited": 0, "stdout": "ok\n", "stderr": ""})()
+    def answer(channel, command):
+        seen["command"] = command
+        channel.sendall(b"ok\n")
+        finish(channel, 0)
+
+    monkeypatch.setattr(FakeClient, "handler", staticmethod(answer))
 
     monkeypatch.setattr(fabric, "Connection", FakeConnection)
     n = node(
@@ -122,10 +126,19 @@ def test_ssh_connection_failure_is_unreachable(monkeypatch):
 
 
 class FakeClient:
-    """The paramiko client of a fake fabric Connection: records what the transport configures."""
+    """The paramiko client of a fake fabric Connection: records what the transport configures; its
+    transport is a real SSH connection to an in-process server running ``handler`` (default: exit 0)."""
+
+    handler = staticmethod(lambda channel, command: finish(channel, 0))
 
     def __init__(self):
         self.host_key_files, self.policy, self.system_keys = [], None, False
+        self.transport = None
+
+    def get_transport(self):
+        if self.transport is None:
+            self.transport = client_transport(self.handler)
+        return self.transport
 
     def load_system_host_keys(self, filename=None):
         self.system_keys = True
@@ -153,9 +166,6 @@ def test_ssh_transport_verifies_host_keys_with_the_inventorys_known_hosts_and_ke
 
         def open(self):
             pass
-
-        def run(self, command, **kwargs):
-            return type("R", (), {"exited": 0, "stdout": "", "stderr": ""})()
 
     known = tmp_path / "known_hosts"
     known.write_text("")
@@ -541,16 +551,20 @@ def test_ssh_background_server_is_bounded_and_quoted(monkeypatch):
     commands = []
 
     class FakeConnection:
+        is_connected = True  # the second command reuses the connection
+
         def __init__(self, **kwargs):
             self.client = FakeClient()
 
         def open(self):
             pass
 
-        def run(self, command, **kwargs):
-            commands.append(command)
-            return type("R", (), {"exited": 0, "stdout": "4242\n", "stderr": ""})()
+    def answer(channel, command):
+        commands.append(command)
+        channel.sendall(b"4242\n")
+        finish(channel, 0)
 
+    monkeypatch.setattr(FakeClient, "handler", staticmethod(answer))
     monkeypatch.setattr(fabric, "Connection", FakeConnection)
     n = node(rdma_nics=[{"device": "mlx5_0; reboot", "netdev": "ib0"}])
     server = SshTransport().start(n, ["ib_write_lat", "-d", n.nics[0].device, "-p", "18515"], limit=90)

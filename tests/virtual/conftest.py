@@ -24,15 +24,8 @@ needs_root = pytest.mark.skipif(
 
 
 def leftovers(inventory_dir: Path) -> list[str]:
-    """What a torn-down inventory must not have: mounts under its state dir, its nspawn processes, overlays."""
-    state_dir = machines.state_dir_of(inventory_dir)
-    layout = machines.Layout(state_dir)
-    found = [f"mount {p}" for p in machines.mounts_under(state_dir)]
-    nspawns, leaders, supervisors = machines._our_processes(layout)
-    found += [f"pid {p}" for p in nspawns + leaders + supervisors]
-    if layout.machines_dir.exists():
-        found.append(f"dir {layout.machines_dir}")
-    return found
+    """What a torn-down inventory must not have: its processes, mounts, overlays, cgroups (machines.leftovers)."""
+    return machines.leftovers(machines.state_dir_of(inventory_dir))
 
 
 def run_on(inventory_dir: Path, host: str, *argv: str, become: bool = True,

@@ -1,0 +1,125 @@
+"""preflight.transport.exec_on: one command on a paramiko channel, against a real SSH server in-process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from preflight.transport import exec_on
+from tests.preflight.sshserver import client_transport, finish
+
+BIG = 3 * 2**20  # more than paramiko's 2 MiB channel window: a reader of one stream only would stall
+
+
+def handler(channel, command):
+    if command == "both":
+        channel.sendall(b"out\n")
+        channel.sendall_stderr(b"err\n")
+        finish(channel, 3)
+    elif command == "status first":
+        channel.sendall(b"x")
+        finish(channel, 0, eof_first=False)
+    elif command == "big":  # all of stderr before any stdout
+        channel.sendall_stderr(b"e" * BIG)
+        channel.sendall(b"o" * BIG)
+        finish(channel, 0)
+    elif command == "hang":
+        channel.sendall(b"partial\n")
+        time.sleep(30)
+    elif command == "bad bytes":
+        channel.sendall(b"\xff\xfe ok\n")
+        finish(channel, 0)
+    elif command == "stdin":  # reached only once EOF came on its stdin (sshserver waits for it), as `cat`
+        channel.sendall(b"stdin closed\n")
+        finish(channel, 0)
+    elif command == "vanish":  # closed with no exit status (killed by a signal)
+        channel.sendall(b"half")
+        channel.close()
+
+
+@pytest.fixture(scope="module")
+def transport():
+    client = client_transport(handler)
+    yield client
+    client.close()
+
+
+def test_stdout_stderr_and_the_exit_status_come_back_apart(transport):
+    assert exec_on(transport, "both", 10) == (3, "out\n", "err\n", False)
+    assert exec_on(transport, "status first", 10) == (0, "x", "", False)
+
+
+def test_large_output_on_both_streams_does_not_stall(transport):
+    started = time.monotonic()
+    rc, out, err, timed_out = exec_on(transport, "big", 20)
+    assert (rc, len(out), len(err), timed_out) == (0, BIG, BIG, False)
+    assert time.monotonic() - started < 20
+
+
+def test_a_timeout_returns_what_came_so_far(transport):
+    started = time.monotonic()
+    assert exec_on(transport, "hang", 0.5) == (None, "partial\n", "", True)
+    assert time.monotonic() - started < 5
+
+
+def test_hostile_bytes_are_replaced_not_raised(transport):
+    assert exec_on(transport, "bad bytes", 10) == (0, "\ufffd\ufffd ok\n", "", False)
+
+
+def test_stdin_is_closed_at_once(transport):
+    assert exec_on(transport, "stdin", 5) == (0, "stdin closed\n", "", False)
+
+
+def test_a_channel_closed_without_a_status_is_status_minus_one(transport):
+    assert exec_on(transport, "vanish", 5) == (-1, "half", "", False)
+
+
+def test_many_commands_at_once_on_one_connection(transport):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda _: exec_on(transport, "both", 20), range(48)))
+    assert results == [(3, "out\n", "err\n", False)] * 48
+
+
+def test_a_dropped_connection_is_opened_again_for_the_next_command(monkeypatch):
+    """fabric's run() reconnected a connection that had dropped (sshd restarted); commands on paramiko
+    channels keep that: the next command opens it again instead of failing on the dead transport."""
+    import fabric
+
+    from preflight.transport import SshTransport
+    from tests.preflight.helpers import node
+
+    opened = []
+
+    class Dropping:
+        is_connected = False  # every command finds it dropped since the last one
+
+        def __init__(self, **kwargs):
+            self.client = _Client()
+
+        def open(self):
+            opened.append(1)
+            self.client.live = client_transport(lambda channel, command: finish(channel, 0))
+
+    class _Client:
+        live = None
+
+        def load_system_host_keys(self, filename=None):
+            pass
+
+        def load_host_keys(self, filename):
+            pass
+
+        def set_missing_host_key_policy(self, policy):
+            pass
+
+        def get_transport(self):
+            return self.live
+
+    monkeypatch.setattr(fabric, "Connection", Dropping)
+    transport = SshTransport()
+    assert transport.run(node(), ["true"], timeout=10).ok
+    assert transport.run(node(), ["true"], timeout=10).ok
+    assert len(opened) == 2
