@@ -16,6 +16,15 @@ the run (their CPU is read from /proc before and after). Machine CPU is what the
 it is spent on the nodes. Peak memory is the largest sum of RSS over the run's controller process tree
 (sampled every 0.1 s), also given per fork. Targets: rerun <= 0.5x the first run; controller
 CPU per host on a rerun <= 1.0 CPU-s. The machines are always torn down.
+
+`--cache preseeded,empty` also states what a local package cache saves, side by side in one run: for each
+size the first run is measured twice on freshly booted machines, once as the image comes (Debian's
+packages the roles install already in apt's archive cache and the lists kept: what a site's apt-cacher-ng or
+local mirror gives, at best: nothing to fetch from far away) and once with apt's cache and lists emptied on
+every machine first (`apt-get clean`, lists removed: a stock cloud image fetching everything from Debian's
+archive). "fetched" is what apt added to each machine's archive cache and lists during the run. NVIDIA's,
+HashiCorp's and the pip packages come from the stand-in repositories on loopback in both variants (a local
+mirror by construction), so the table measures the Debian part only.
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ class Measurement:
     changed: int
     failed: int
     rc: int
+    apt_cache: str = "preseeded"  # preseeded | empty: apt's cache on the machines before the run
+    fetched_mib: float = 0.0  # what apt added to the machines' archive cache and lists during the run
 
 
 def clusterctl(*args: str) -> subprocess.CompletedProcess:
@@ -106,6 +117,27 @@ def ssh_master_cpu() -> dict[int, float]:
     return out
 
 
+APT_CACHE_DIRS = ("/var/cache/apt/archives", "/var/lib/apt/lists")
+EMPTY_APT_CACHE = "apt-get clean && find /var/lib/apt/lists -mindepth 1 -maxdepth 1 ! -name lock ! -name partial -delete"
+
+
+def on_every_machine(inventory: Path, hosts: list[str], script: str) -> list[str]:
+    """stdout of ``script`` on every machine (as root, over SSH); SystemExit naming the host when it fails."""
+    out = []
+    for host in hosts:
+        done = simulate.run_on(inventory, host, "sh", "-ec", script)
+        if done.returncode:
+            raise SystemExit(f"{host}: {script!r} failed: {done.stderr.strip()[-300:]}")
+        out.append(done.stdout)
+    return out
+
+
+def apt_cache_bytes(inventory: Path, hosts: list[str]) -> int:
+    """Bytes in apt's archive cache and lists, summed over the machines."""
+    sizes = on_every_machine(inventory, hosts, f"du -sbc {' '.join(APT_CACHE_DIRS)} | tail -n1 | cut -f1")
+    return sum(int(size.strip()) for size in sizes)
+
+
 def provision_once(inventory: Path, forks: int, batches: str,
                    run_dir: Path) -> tuple[float, float, float, float, int, int, int]:
     argv = [sys.executable, "-m", "cli.main", "provision", "-i", str(inventory), "--forks", str(forks),
@@ -135,7 +167,7 @@ def provision_once(inventory: Path, forks: int, batches: str,
 
 
 def bench_size(hosts: int, forks_list: list[int], batches: str, workdir: Path, results: list[Measurement],
-               json_out: Path | None) -> None:
+               json_out: Path | None, caches: list[str]) -> None:
     inventory = workdir / f"inv-{hosts}"
     racks = max(2, hosts // 16)
     created = clusterctl("virtual", "create", str(inventory), "--nodes", str(hosts), "--racks", str(racks),
@@ -144,19 +176,27 @@ def bench_size(hosts: int, forks_list: list[int], batches: str, workdir: Path, r
         raise SystemExit(f"virtual create failed: {created.stderr}")
     # forks above the host count change nothing (one batch of `hosts` hosts): measure each effective value once
     effective = sorted({min(forks, hosts) for forks in forks_list})
+    # the cache comparison runs at the largest forks value: a first run only (a rerun installs nothing)
+    runs = [(forks, "preseeded", ("first", "rerun")) for forks in effective if "preseeded" in caches]
+    runs += [(effective[-1], cache, ("first",)) for cache in caches if cache != "preseeded"]
     try:
-        for forks in effective:
+        for forks, cache, kinds in runs:
             up = clusterctl("virtual", "up", str(inventory), "--reset")  # fresh overlays: a real first run
             if up.returncode:
                 raise SystemExit(f"virtual up failed: {up.stderr}")
-            for run in ("first", "rerun"):
-                run_dir = workdir / f"run-{hosts}-{forks}-{run}"
+            names = list(simulate.simulated_hosts(inventory))
+            if cache == "empty":
+                on_every_machine(inventory, names, EMPTY_APT_CACHE)
+            for run in kinds:
+                run_dir = workdir / f"run-{hosts}-{forks}-{cache}-{run}"
+                cached = apt_cache_bytes(inventory, names)
                 wall, cpu, host_cpu, peak, changed, failed, rc = provision_once(inventory, forks, batches, run_dir)
+                fetched = (apt_cache_bytes(inventory, names) - cached) / 2**20
                 m = Measurement(hosts, forks, run, round(wall, 1), round(cpu, 1), round(host_cpu, 1), round(peak, 1),
-                                changed, failed, rc)
-                print(f"  {hosts:>3} hosts, forks {forks:>2}, {run:<5}: {m.wall_s:7.1f} s wall, {m.cpu_s:7.1f} s CPU "
-                      f"(+{m.host_cpu_s:.1f} s in the machines), peak {m.peak_rss_mib:7.1f} MiB, changed={changed}, "
-                      f"failed={failed}", flush=True)
+                                changed, failed, rc, cache, round(fetched, 1))
+                print(f"  {hosts:>3} hosts, forks {forks:>2}, apt cache {cache}, {run:<5}: {m.wall_s:7.1f} s wall, "
+                      f"{m.cpu_s:7.1f} s CPU (+{m.host_cpu_s:.1f} s in the machines), peak {m.peak_rss_mib:7.1f} MiB, "
+                      f"changed={changed}, failed={failed}, apt fetched {m.fetched_mib} MiB", flush=True)
                 results.append(m)
                 if json_out:
                     json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
@@ -169,7 +209,7 @@ def table(results: list[Measurement]) -> str:
             "| controller CPU per host first / rerun (s) | machines' CPU first / rerun (s) "
             "| peak RSS first / rerun (MiB) | peak RSS per fork (MiB) | rerun changed |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    keyed = {(m.hosts, m.forks, m.run): m for m in results}
+    keyed = {(m.hosts, m.forks, m.run): m for m in results if m.apt_cache == "preseeded"}
     for hosts, forks in dict.fromkeys((m.hosts, m.forks) for m in results):
         first, rerun = keyed.get((hosts, forks, "first")), keyed.get((hosts, forks, "rerun"))
         if not (first and rerun):
@@ -183,9 +223,23 @@ def table(results: list[Measurement]) -> str:
     return "\n".join(rows)
 
 
+def cache_table(results: list[Measurement]) -> str:
+    """First runs with apt's cache pre-seeded vs. empty, side by side per size (empty when not measured)."""
+    firsts = {(m.hosts, m.apt_cache): m for m in results if m.run == "first"}
+    rows = ["| hosts | first run wall, apt cache empty / pre-seeded (s) | pre-seeded / empty "
+            "| apt fetched, empty / pre-seeded (MiB, all machines) | machines' CPU empty / pre-seeded (s) |",
+            "|---:|---:|---:|---:|---:|"]
+    for hosts in dict.fromkeys(m.hosts for m in results):
+        empty, seeded = firsts.get((hosts, "empty")), firsts.get((hosts, "preseeded"))
+        if empty and seeded:
+            rows.append(f"| {hosts} | {empty.wall_s} / {seeded.wall_s} | {seeded.wall_s / empty.wall_s:.2f} "
+                        f"| {empty.fetched_mib} / {seeded.fetched_mib} | {empty.host_cpu_s} / {seeded.host_cpu_s} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def summary(results: list[Measurement]) -> list[str]:
     """The targets, each "met" only when met, and how busy the 2 cores were (CPU-bound runs)."""
-    keyed = {(m.hosts, m.forks, m.run): m for m in results}
+    keyed = {(m.hosts, m.forks, m.run): m for m in results if m.apt_cache == "preseeded"}
     lines = []
     for m in results:
         if m.run != "rerun" or not (first := keyed.get((m.hosts, m.forks, "first"))):
@@ -199,7 +253,7 @@ def summary(results: list[Measurement]) -> list[str]:
     cores = os.cpu_count() or 1
     for m in results:
         busy = (m.cpu_s + m.host_cpu_s) / (m.wall_s * cores)
-        lines.append(f"{m.hosts} hosts {m.run}: controller {m.cpu_s:.0f} s + machines {m.host_cpu_s:.0f} s CPU over "
+        lines.append(f"{m.hosts} hosts {m.run} (apt cache {m.apt_cache}): controller {m.cpu_s:.0f} s + machines {m.host_cpu_s:.0f} s CPU over "
                      f"{m.wall_s:.0f} s wall on {cores} cores = {busy:.0%} busy")
     return lines
 
@@ -210,7 +264,12 @@ def main() -> None:
     parser.add_argument("--forks", default="16,64", help="forks values, comma-separated")
     parser.add_argument("--batches", default="100%", help="--batches for provision (100%%: one batch)")
     parser.add_argument("--json", type=Path, default=None, help="also write the measurements as JSON")
+    parser.add_argument("--cache", default="preseeded",
+                        help="apt cache variants, comma-separated: preseeded (the image's), empty (emptied first)")
     args = parser.parse_args()
+    caches = args.cache.split(",")
+    if unknown := set(caches) - {"preseeded", "empty"}:
+        parser.error(f"--cache: unknown variant(s) {', '.join(sorted(unknown))} (preseeded, empty)")
     sizes = [int(s) for s in args.sizes.split(",")]
     forks_list = [int(f) for f in args.forks.split(",")]
     print(f"provision_scale: sizes {sizes}, forks {forks_list}, batches {args.batches}, "
@@ -218,8 +277,10 @@ def main() -> None:
     results: list[Measurement] = []
     with tempfile.TemporaryDirectory(prefix="provision-bench-", dir="/tmp") as tmp:
         for hosts in sizes:
-            bench_size(hosts, forks_list, args.batches, Path(tmp), results, args.json)
+            bench_size(hosts, forks_list, args.batches, Path(tmp), results, args.json, caches)
     print(table(results))
+    if cached := cache_table(results):
+        print(cached)
     print("\n".join(summary(results)))
 
 

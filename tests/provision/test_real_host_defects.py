@@ -131,6 +131,25 @@ def test_installed_packages_are_read_from_dpkg_query():
     assert found == {"cuda-keyring": "1.1-1", "nvidia-kernel-common-550": "550.90.07-0ubuntu1"}
 
 
+def test_cuda_keyring_files_deleted_by_hand_are_reinstalled_with_force_confmiss():
+    """dpkg --verify's "missing" lines (in the dpkg-query run) name what to restore; nothing else does."""
+    lines = ["cuda-keyring\t1.1-1\tinstalled", "missing   c /etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list",
+             "??5??????   /usr/share/keyrings/cuda-archive-keyring.gpg"]
+    tasks = _role_tasks("nvidia_stack", "packages.yml")
+    restore = _task(tasks, "Restore the cuda-keyring files deleted by hand")
+    missing = _templar({"_nvidia_stack_dpkg": {"stdout_lines": lines}})(restore["vars"]["_nvidia_stack_keyring_missing"])
+    assert missing == ["/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list"]
+    assert _templar({"_nvidia_stack_dpkg": {"stdout_lines": lines[:1]}})(
+        restore["vars"]["_nvidia_stack_keyring_missing"]) == []
+    found = _templar({"_nvidia_stack_dpkg": {"stdout_lines": lines}})(
+        _task(tasks, "Work out what is installed")["ansible.builtin.set_fact"]["_nvidia_stack_installed"])
+    assert found == {"cuda-keyring": "1.1-1"}, "dpkg --verify's lines are not packages"
+    reinstall = restore["block"][-1]["ansible.builtin.command"]["argv"]
+    assert reinstall[:3] == ["dpkg", "--install", "--force-confmiss"]
+    refresh = _task(tasks, "Refresh the apt lists after the repository entry changed")
+    assert "_nvidia_stack_keyring_restored is changed" in refresh["when"]
+
+
 def test_nvidia_repository_comes_from_cuda_keyring_with_a_forced_refresh():
     tasks = _role_tasks("nvidia_stack", "packages.yml")
     assert not [t for t in tasks if "ansible.builtin.deb822_repository" in t], "no raw key + own .sources (#16)"

@@ -266,6 +266,27 @@ def test_redfish_patches_only_what_differs_with_each_vendors_rules(one_host, tls
         server.shutdown()
 
 
+def test_render_only_stages_no_bios_change_and_reports_what_differs(one_host, tls, tmp_path):
+    """Render-only touches nothing that applies at the next boot (playbooks/README.md, "Render only"): no PATCH,
+    the differing attributes reported as not staged and no "reboot pending" for them; a normal run stages them."""
+    fake = dell()
+    server = serve(fake, tls)
+    try:
+        rc, out = run_role(one_host, fake, tmp_path, clusterctl_render_only=True)
+        assert rc == 0, out[-3000:]
+        assert fake.patches == [], "render-only must not stage BIOS settings"
+        flat = " ".join(out.split())
+        staged = re.search(r"render only: BIOS C-state attributes (.*?) of \S+ differ; not staged", flat)
+        assert staged and set(staged.group(1).split(", ")) == {"SysProfile", "ProcCStates"}, flat[-3000:]
+        assert "reboot pending" not in out
+        rc2, out2 = run_role(one_host, fake, tmp_path)
+        assert rc2 == 0, out2[-3000:]
+        assert fake.patches == [VENDORS["dell"][1]]
+        assert "reboot pending: BIOS C-state attributes" in " ".join(out2.split())
+    finally:
+        server.shutdown()
+
+
 def test_attributes_the_bios_lacks_are_reported_not_patched(one_host, tls, tmp_path):
     fake = dell()
     del fake.current["ProcC1E"]  # an older BIOS without the C1E switch

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.timeout(1800)
 GOLDEN = Path(__file__).parent / "golden"
 IB_HOST, OTHER_TOPOLOGY_HOST, ROCE_HOST = "r01n01", "r01n02", "r02n01"
 FM, OLD_FM = f"nvidia-fabricmanager-{DRIVER_BRANCH}", f"{DRIVER_VERSIONS[1]}-1"  # the stand-in repo's older FM
+CUDA_LIST = "/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list"  # what the stand-in cuda-keyring ships, as NVIDIA's
 
 
 def golden(name: str) -> str:
@@ -135,6 +136,7 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
         "systemctl stop roce-dcqcn.service\n"                                        # a stopped unit
         f"apt-get install -y -qq --allow-downgrades {FM}={OLD_FM} >/dev/null\n"      # a downgraded package
         "rm /etc/apt/sources.list.d/hashicorp.sources\n"                             # a removed repository
+        f"rm {CUDA_LIST}\n"                                                          # a package's conffile
     )
     assert drift.returncode == 0, drift.stderr
     repair = provisioned.provision("repair", "--batches", "100%", "--limit", host)
@@ -156,6 +158,8 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
     fm_version = provisioned.on_host(host, "dpkg-query", "-W", "-f=${Version}", FM).stdout
     assert fm_version == f"{DRIVER_VERSIONS[0]}-1", fm_version  # back at the pin, not left at the downgrade
     assert "Types: deb" in provisioned.read(host, "/etc/apt/sources.list.d/hashicorp.sources")
+    # dpkg leaves a deleted conffile deleted on a plain reinstall: the role must ask for it back
+    assert "cuda-archive-keyring.gpg" in provisioned.read(host, CUDA_LIST)
     again = provisioned.provision("after-repair", "--batches", "100%", "--limit", host)
     assert again.returncode == 0, again.stdout[-3000:]
     assert stats_of(provisioned.run_dirs["after-repair"] / "events.jsonl")["changed"] == {}

@@ -19,10 +19,15 @@ class StubUsageError(Exception):
     """Arguments the stub does not simulate; printed like the real tool's usage error (exit 1)."""
 
 
+def real_program(candidates: tuple[str, ...]) -> str | None:
+    """The machine's own program behind a stub: the first of ``candidates`` that exists, None when it has none."""
+    return next((path for path in candidates if os.path.exists(path)), None)
+
+
 def hand_to_real(candidates: tuple[str, ...], args: list[str]) -> None:
     """Replace this process with the machine's own program (the first of ``candidates`` that exists) for a call
     the stub does not simulate; StubUsageError when the machine has none."""
-    real = next((path for path in candidates if os.path.exists(path)), None)
+    real = real_program(candidates)
     if real is None:
         raise StubUsageError(f"{os.path.basename(candidates[0])}: no real program to hand this call to")
     os.execv(real, [real, *args])

@@ -16,7 +16,6 @@ empty.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from sim.hosts.hardware import Hardware, cpulist
 from sim.hosts.stubs import REAL_SYSTEMCTL
-from sim.hosts.stubs.main import StubUsageError
+from sim.hosts.stubs.main import hand_to_real, real_program
 
 UNIT_DIRS = (Path("/etc/systemd/system"), Path("/run/systemd/system"), Path("/lib/systemd/system"),
              Path("/usr/lib/systemd/system"))
@@ -208,7 +207,7 @@ def _real_show(real: str, args: list[str], units: list[str]) -> int:
 
 def main(hw: Hardware, args: list[str]) -> int:
     command = next((a for a in args if not a.startswith("-")), None)
-    real = next((p for p in REAL_SYSTEMCTL if os.path.exists(p)), None)
+    real = real_program(REAL_SYSTEMCTL)
     if command in ("is-active", "show", "cat") and real is not None:
         units = [_unit_name(a) for a in args[args.index(command) + 1:] if not a.startswith("-")]
         if command == "show":  # -p VALUE is an option's argument, not a unit
@@ -217,7 +216,7 @@ def main(hw: Hardware, args: list[str]) -> int:
                      if not a.startswith("-") and (i == 0 or rest[i - 1] not in ("-p", "--property"))]
         if _loaded_by_systemd(real, units):
             if command != "show":
-                os.execv(real, [real, *args])
+                hand_to_real(REAL_SYSTEMCTL, args)
             return _real_show(real, args, units)
     if command == "is-active":
         return _is_active(args[args.index("is-active") + 1:])
@@ -225,7 +224,5 @@ def main(hw: Hardware, args: list[str]) -> int:
         return _show(args[args.index("show") + 1:] + [a for a in args[: args.index("show")] if a.startswith("-")])
     if command == "cat":
         return _cat(args[args.index("cat") + 1:])
-    if real is None:
-        raise StubUsageError("no real systemctl to hand this command to")
-    os.execv(real, [real, *args])
-    return 0  # not reached
+    hand_to_real(REAL_SYSTEMCTL, args)
+    return 0  # not reached: hand_to_real replaces this process or raises StubUsageError
