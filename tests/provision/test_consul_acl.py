@@ -182,3 +182,41 @@ def test_the_token_rule_vault_value_first_then_a_private_file(tmp_path):
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(AnsibleFilterError, match="not a text file"):
         token("", str(path))
+
+
+@pytest.mark.parametrize("raced", ["/v1/acl/policy", "/v1/acl/token"])
+def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(server, raced, monkeypatch):
+    """A batch ensures its nodes' ACLs in parallel forks, and every node ensures the shared policies and tokens:
+    n1 creates them between n2's read (not there) and n2's create, which Consul refuses ("already exists",
+    "SecretID is already in use"). n2's run must adopt what n1 made, not fail (r02n02's first run failed at
+    this task when four nodes provisioned at once)."""
+    module = _module("consul_acl")
+    shared = {kind: str(uuid.uuid4()) for kind in ("registration", "operator", "edge")}
+    n1 = {**shared, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    n2 = {**shared, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    acl1 = _filters()["consul_node_acl"]("n1", "dc1", n1)
+    acl2 = _filters()["consul_node_acl"]("n2", "dc1", n2)
+    url = f"http://{server.address}"
+    real_call, interleaved, started = module.call, [], []
+
+    shared_names = {"vllm-iu-registration", "clusterctl-operator", "clusterctl-edge"}
+
+    def call(url_, method, path, token, body=None, timeout=30):
+        # n2 has read a shared one as missing and is about to create it: n1 creates it first
+        if (method == "PUT" and path == raced and not started
+                and (body.get("Name") in shared_names or body.get("SecretID") in shared.values())):
+            started.append(path)  # n1's own calls come through here too
+            interleaved.append(module.ensure(url, MANAGEMENT, acl1["policies"], acl1["tokens"], check=False))
+        return real_call(url_, method, path, token, body, timeout)
+
+    monkeypatch.setattr(module, "call", call)
+    created, updated = module.ensure(url, MANAGEMENT, acl2["policies"], acl2["tokens"], check=False)
+    monkeypatch.setattr(module, "call", real_call)
+    assert interleaved and any(made.startswith(raced.rsplit("/", 1)[-1]) for made in interleaved[0][0])
+    # n2 made its own two policies and two tokens; nothing of n1's was rewritten
+    assert not updated and {"policy consul-agent-n2", "policy eas-agent-n2", "token consul agent token of n2",
+                            "token eas-agent of n2"} <= set(created)
+    assert module.ensure(url, MANAGEMENT, acl1["policies"], acl1["tokens"], check=False) == ([], [])
+    assert module.ensure(url, MANAGEMENT, acl2["policies"], acl2["tokens"], check=False) == ([], [])
+    for token in ("operator", "edge", "registration"):
+        assert _api(server, shared[token]).get("/v1/acl/token/self").status_code == 200

@@ -85,6 +85,26 @@ def _need(status: int, result, what: str):
     return result
 
 
+def _read_policy(url: str, name: str, management: str, timeout: int) -> dict | None:
+    """The policy named ``name``, None when there is none."""
+    status, found = call(url, "GET", f"/v1/acl/policy/name/{name}", management, timeout=timeout)
+    if status == 200 and isinstance(found, dict):
+        return found
+    if status not in (403, 404):
+        _need(status, found, f"read policy {name}")
+    return None
+
+
+def _read_token(url: str, secret: str, description: str, timeout: int) -> dict | None:
+    """The token whose SecretID is ``secret`` (read with itself), None when there is none (403)."""
+    status, found = call(url, "GET", "/v1/acl/token/self", secret, timeout=timeout)
+    if status == 200 and isinstance(found, dict):
+        return found
+    if status != 403:
+        _need(status, found, f"read token {description}")
+    return None
+
+
 def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], check: bool,
            timeout: int = 30) -> tuple[list[str], list[str]]:
     created: list[str] = []
@@ -99,44 +119,51 @@ def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], 
             if time.monotonic() > deadline:
                 raise
         time.sleep(1)
-    ids = {}
+    # Every node ensures the shared policies and tokens (registration, operator, edge), and a batch runs its
+    # nodes in parallel forks: another node can create one between this node's read and its create, which
+    # Consul refuses ("already exists", "SecretID is already in use"). A refused create is read again and,
+    # found, adopted as if it had been read first.
     for policy in policies:
         name, rules = str(policy["name"]), str(policy["rules"])
-        status, found = call(url, "GET", f"/v1/acl/policy/name/{name}", management, timeout=timeout)
-        if status == 200 and isinstance(found, dict):
-            ids[name] = found["ID"]
-            if found.get("Rules") != rules:
-                updated.append(f"policy {name}")
-                if not check:
-                    _need(*call(url, "PUT", f"/v1/acl/policy/{found['ID']}", management,
-                                {"Name": name, "Rules": rules}, timeout), f"update policy {name}")
-            continue
-        if status not in (403, 404):
-            _need(status, found, f"read policy {name}")
-        created.append(f"policy {name}")
-        if not check:
-            made = _need(*call(url, "PUT", "/v1/acl/policy", management, {"Name": name, "Rules": rules}, timeout),
-                         f"create policy {name}")
-            ids[name] = made["ID"]
+        found = _read_policy(url, name, management, timeout)
+        if found is None:
+            if check:
+                created.append(f"policy {name}")
+                continue
+            status, made = call(url, "PUT", "/v1/acl/policy", management, {"Name": name, "Rules": rules}, timeout)
+            if status == 200:
+                created.append(f"policy {name}")
+                continue
+            found = _read_policy(url, name, management, timeout)
+            if found is None:
+                _need(status, made, f"create policy {name}")
+        if found.get("Rules") != rules:
+            updated.append(f"policy {name}")
+            if not check:
+                _need(*call(url, "PUT", f"/v1/acl/policy/{found['ID']}", management,
+                            {"Name": name, "Rules": rules}, timeout), f"update policy {name}")
     for token in tokens:
         secret, description = str(token["secret"]), str(token.get("description") or "")
         wanted = sorted(str(p) for p in token.get("policies") or [])
         body = {"Description": description, "Policies": [{"Name": p} for p in wanted]}
-        status, found = call(url, "GET", "/v1/acl/token/self", secret, timeout=timeout)
-        if status == 200 and isinstance(found, dict):
-            have = sorted(p["Name"] for p in found.get("Policies") or [])
-            if have != wanted or found.get("Description") != description:
-                updated.append(f"token {description}")
-                if not check:
-                    _need(*call(url, "PUT", f"/v1/acl/token/{found['AccessorID']}", management, body, timeout),
-                          f"update token {description}")
-            continue
-        if status != 403:
-            _need(status, found, f"read token {description}")
-        created.append(f"token {description}")
-        if not check:
-            _need(*call(url, "PUT", "/v1/acl/token", management, {**body, "SecretID": secret}, timeout),
-                  f"create token {description}")
+        found = _read_token(url, secret, description, timeout)
+        if found is None:
+            if check:
+                created.append(f"token {description}")
+                continue
+            status, made = call(url, "PUT", "/v1/acl/token", management, {**body, "SecretID": secret}, timeout)
+            if status == 200:
+                created.append(f"token {description}")
+                continue
+            found = _read_token(url, secret, description, timeout)
+            if found is None:
+                _need(status, made, f"create token {description}")
+        have = sorted(p["Name"] for p in found.get("Policies") or [])
+        if have != wanted or found.get("Description") != description:
+            updated.append(f"token {description}")
+            if not check:
+                _need(*call(url, "PUT", f"/v1/acl/token/{found['AccessorID']}", management, body, timeout),
+                      f"update token {description}")
     return created, updated
 
 
