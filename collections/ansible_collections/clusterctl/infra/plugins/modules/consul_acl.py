@@ -56,6 +56,7 @@ import json  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
+from functools import partial  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
@@ -105,6 +106,22 @@ def _read_token(url: str, secret: str, description: str, timeout: int) -> dict |
     return None
 
 
+def _create_or_adopt(url: str, management: str, path: str, body: dict, check: bool, read, what: str,
+                     created: list[str], timeout: int) -> dict | None:
+    """Create what ``read`` found missing (``what`` appended to ``created``; None returned), or, when Consul
+    refuses the create because another node made it in between, what ``read`` finds now (to be compared and
+    updated as if it had been read first). Any other refusal fails with Consul's answer."""
+    if not check:
+        status, made = call(url, "PUT", path, management, body, timeout)
+        if status != 200:
+            found = read()
+            if found is None:
+                _need(status, made, f"create {what}")
+            return found
+    created.append(what)
+    return None
+
+
 def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], check: bool,
            timeout: int = 30) -> tuple[list[str], list[str]]:
     created: list[str] = []
@@ -127,16 +144,11 @@ def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], 
         name, rules = str(policy["name"]), str(policy["rules"])
         found = _read_policy(url, name, management, timeout)
         if found is None:
-            if check:
-                created.append(f"policy {name}")
-                continue
-            status, made = call(url, "PUT", "/v1/acl/policy", management, {"Name": name, "Rules": rules}, timeout)
-            if status == 200:
-                created.append(f"policy {name}")
-                continue
-            found = _read_policy(url, name, management, timeout)
+            found = _create_or_adopt(url, management, "/v1/acl/policy", {"Name": name, "Rules": rules}, check,
+                                     partial(_read_policy, url, name, management, timeout), f"policy {name}",
+                                     created, timeout)
             if found is None:
-                _need(status, made, f"create policy {name}")
+                continue
         if found.get("Rules") != rules:
             updated.append(f"policy {name}")
             if not check:
@@ -148,16 +160,11 @@ def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], 
         body = {"Description": description, "Policies": [{"Name": p} for p in wanted]}
         found = _read_token(url, secret, description, timeout)
         if found is None:
-            if check:
-                created.append(f"token {description}")
-                continue
-            status, made = call(url, "PUT", "/v1/acl/token", management, {**body, "SecretID": secret}, timeout)
-            if status == 200:
-                created.append(f"token {description}")
-                continue
-            found = _read_token(url, secret, description, timeout)
+            found = _create_or_adopt(url, management, "/v1/acl/token", {**body, "SecretID": secret}, check,
+                                     partial(_read_token, url, secret, description, timeout), f"token {description}",
+                                     created, timeout)
             if found is None:
-                _need(status, made, f"create token {description}")
+                continue
         have = sorted(p["Name"] for p in found.get("Policies") or [])
         if have != wanted or found.get("Description") != description:
             updated.append(f"token {description}")
