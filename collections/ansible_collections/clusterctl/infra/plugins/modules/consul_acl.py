@@ -106,13 +106,15 @@ def _read_token(url: str, secret: str, description: str, timeout: int) -> dict |
     return None
 
 
-def _create_or_adopt(url: str, management: str, path: str, body: dict, check: bool, read, what: str,
-                     created: list[str], timeout: int) -> dict | None:
-    """Create what ``read`` found missing (``what`` appended to ``created``; None returned), or, when Consul
-    refuses the create because another node made it in between, what ``read`` finds now (to be compared and
-    updated as if it had been read first). Any other refusal fails with Consul's answer."""
+def _find_or_create(read, create, check: bool, what: str, created: list[str]) -> dict | None:
+    """What ``read()`` finds, compared and updated by the caller; None when it was missing and ``create()``
+    made it (or, in check mode, would: ``what`` appended to ``created``). A create Consul refuses because
+    another node made it in between is read again and adopted; any other refusal fails with Consul's answer."""
+    found = read()
+    if found is not None:
+        return found
     if not check:
-        status, made = call(url, "PUT", path, management, body, timeout)
+        status, made = create()
         if status != 200:
             found = read()
             if found is None:
@@ -142,13 +144,11 @@ def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], 
     # found, adopted as if it had been read first.
     for policy in policies:
         name, rules = str(policy["name"]), str(policy["rules"])
-        found = _read_policy(url, name, management, timeout)
+        found = _find_or_create(partial(_read_policy, url, name, management, timeout),
+                                partial(call, url, "PUT", "/v1/acl/policy", management, {"Name": name, "Rules": rules},
+                                        timeout), check, f"policy {name}", created)
         if found is None:
-            found = _create_or_adopt(url, management, "/v1/acl/policy", {"Name": name, "Rules": rules}, check,
-                                     partial(_read_policy, url, name, management, timeout), f"policy {name}",
-                                     created, timeout)
-            if found is None:
-                continue
+            continue
         if found.get("Rules") != rules:
             updated.append(f"policy {name}")
             if not check:
@@ -158,13 +158,11 @@ def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], 
         secret, description = str(token["secret"]), str(token.get("description") or "")
         wanted = sorted(str(p) for p in token.get("policies") or [])
         body = {"Description": description, "Policies": [{"Name": p} for p in wanted]}
-        found = _read_token(url, secret, description, timeout)
+        found = _find_or_create(partial(_read_token, url, secret, description, timeout),
+                                partial(call, url, "PUT", "/v1/acl/token", management, {**body, "SecretID": secret},
+                                        timeout), check, f"token {description}", created)
         if found is None:
-            found = _create_or_adopt(url, management, "/v1/acl/token", {**body, "SecretID": secret}, check,
-                                     partial(_read_token, url, secret, description, timeout), f"token {description}",
-                                     created, timeout)
-            if found is None:
-                continue
+            continue
         have = sorted(p["Name"] for p in found.get("Policies") or [])
         if have != wanted or found.get("Description") != description:
             updated.append(f"token {description}")
