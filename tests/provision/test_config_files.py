@@ -121,11 +121,11 @@ def test_an_item_without_the_key_names_both():
 # ------------------------------------------------------------------------------ the module, for real
 
 
-def playbook(tmp_path: Path, task: dict, *flags: str) -> dict:
-    """Run one config_files task on localhost; the task's result (via a registered var printed as JSON)."""
+def playbook(tmp_path: Path, task: dict, *flags: str, module: str = "clusterctl.infra.config_files") -> dict:
+    """Run one ``module`` task on localhost; the task's result (via a registered var printed as JSON)."""
     book = tmp_path / "play.yml"
     book.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"name": "files", "clusterctl.infra.config_files": task, "register": "out", "ignore_errors": True},
+        {"name": "the task", module: task, "register": "out", "ignore_errors": True},
         {"name": "show", "ansible.builtin.debug": {"msg": "RESULT={{ out | to_json }}"}},
     ]}]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}

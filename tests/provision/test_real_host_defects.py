@@ -100,7 +100,7 @@ def test_every_driver_package_and_fm_is_asked_for_at_exactly_the_driver_version(
     assert specs == ["nvidia-headless-550-open=550.127.08-*", "nvidia-utils-550=550.127.08-*"] + (
         ["nvidia-fabricmanager-550=550.127.08-*"] if nvswitch else [])
     install = _task(_role_tasks("nvidia_stack", "packages.yml"),
-                    "Install the driver and Fabric Manager at the exact driver version")["ansible.builtin.apt"]
+                    "Install the driver and Fabric Manager at the exact driver version")["clusterctl.infra.apt_packages"]
     assert install["name"] == "{{ _nvidia_stack_driver_specs }}" and install["allow_downgrade"] is True
 
 

@@ -31,7 +31,8 @@ GUARD = re.compile(r"\bnot\s+clusterctl_render_only\b")
 # Modules that change packages, units, the kernel, firmware, Consul or the machine's power state.
 ACTING_MODULES = {
     "ansible.builtin.apt", "ansible.builtin.pip", "ansible.builtin.systemd_service", "ansible.builtin.reboot",
-    "ansible.builtin.unarchive", "clusterctl.infra.consul_acl", "clusterctl.infra.consul_restart",
+    "ansible.builtin.unarchive", "clusterctl.infra.apt_packages", "clusterctl.infra.consul_acl",
+    "clusterctl.infra.consul_restart",
 }
 # Acting tasks that render-only mode deliberately keeps (role, task name): none. cpu_cstates' Redfish PATCH of
 # the BIOS pending settings was one until it applied at any next reboot was judged a change to what runs
