@@ -5,13 +5,51 @@
 ``consul_addr``: an HTTP address of a Consul agent. When ``CONSUL_HTTP_ADDR`` is set the tests talk to
 that (real) Consul, so anyone with a Consul binary can check that the dev server and Consul agree;
 otherwise a fresh project dev server (``devconsul``) is started on a free loopback port per test.
+
+``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). The tests that boot
+simulated machines (MACHINE_TESTS) share what one machine has once: the 127.0.R.N addresses, the package
+server's 127.0.255.1:8080, the image cache. They form one xdist group, run one after another on one worker,
+and come first, so that the longest chain starts at once; everything else shares the other worker (and this
+one, once the machines are done). tests/test_xdist_groups.py keeps the list complete.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MACHINE_TESTS = (
+    "tests/virtual/",
+    "tests/provision/test_site_virtual.py",
+    "tests/provision/test_redfish.py",
+    "tests/provision/test_render_only.py",
+    "tests/provision/test_vault_option.py",
+    "tests/preflight/test_checks_virtual.py",
+    "tests/preflight/test_checks_depth_virtual.py",
+    "tests/preflight/test_e2e_virtual.py",
+    "tests/inventory/test_vault.py",
+    "tests/bench/test_virtual_machines.py",
+    "tests/test_demo.py",
+    "tests/test_fresh_clone.py",
+)
+
+
+def is_machine_test(relative_path: str) -> bool:
+    return relative_path.startswith(MACHINE_TESTS)
+
+
+def pytest_collection_modifyitems(config, items):
+    machines, others = [], []
+    for item in items:
+        if is_machine_test(item.path.relative_to(ROOT).as_posix()):
+            item.add_marker(pytest.mark.xdist_group("machines"))
+            machines.append(item)
+        else:
+            others.append(item)
+    items[:] = machines + others  # stable: each module's tests stay together and in order
 
 
 @pytest.fixture
@@ -37,3 +75,26 @@ def consul_addr():
 
     with DevConsulServer(addr="127.0.0.1:0") as server:
         yield server.address
+
+
+# The fault suite's tally (tests/faults/tally.py): a worker hands its counts to the controller, which prints them.
+def pytest_sessionfinish(session):
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:
+        from tests.faults import tally
+
+        worker_output["fault_tally"] = tally.counts()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from tests.faults import tally
+
+    tally.add(getattr(node, "workeroutput", {}).get("fault_tally", {}))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if getattr(terminalreporter.config, "workeroutput", None) is None:
+        from tests.faults import tally
+
+        tally.write_summary(terminalreporter)

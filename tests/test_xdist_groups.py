@@ -1,0 +1,35 @@
+"""Every test module that boots simulated machines is in the machines group (tests/conftest.py).
+
+Two such modules on two xdist workers at once would race for the same 127.0.R.N addresses and the package
+server's port: a test outside the group fails at random, on CI, later. A module counts as booting machines
+when its source (or its package's conftest) uses one of the ways the suite brings machines up.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import MACHINE_TESTS, ROOT, is_machine_test
+
+# `clusterctl virtual up` as argv or as simulate.up(), the preflight helper that boots a cluster, the
+# provisioned-cluster, one-machine and up-inventory fixtures, the machines module itself, the image build.
+BOOTS_MACHINES = re.compile(
+    r"""["']virtual["'],\s*["']up["']|VirtualInventory\(|\bdef\s+(?:provisioned|one_host)\b|"""
+    r"""\bdef\s+\w+\([^)]*\b(?:provisioned|one_host)\b|sim\.hosts\.machines\b|from sim\.hosts import [^\n]*\bmachines\b|"""
+    r"""image\.ensure\(|\bsimulate\.up\(|\bup_inventory\b""")
+
+
+def _modules() -> list[str]:
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")
+                  if p.name != "test_xdist_groups.py")  # this file spells the patterns out
+
+
+def test_every_module_that_boots_machines_is_in_the_group():
+    booting = [path for path in _modules() if BOOTS_MACHINES.search((ROOT / path).read_text())]
+    mocked = {"tests/cli/test_mistakes.py"}  # `virtual up` with simulate.up monkeypatched: nothing boots
+    assert [path for path in booting if not is_machine_test(path) and path not in mocked] == []
+    assert len(booting) >= 10  # the pattern still finds the suite's machine tests
+
+
+def test_every_group_entry_names_something_that_exists():
+    assert [entry for entry in MACHINE_TESTS if not (ROOT / entry).exists()] == []
