@@ -6,9 +6,9 @@
 that (real) Consul, so anyone with a Consul binary can check that the dev server and Consul agree;
 otherwise a fresh project dev server (``devconsul``) is started on a free loopback port per test.
 
-``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). The tests that boot
+``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadscope``). The tests that boot
 simulated machines (MACHINE_TESTS) share what one machine has once: the 127.0.R.N addresses, the package
-server's 127.0.255.1:8080, the image cache. They form one xdist group, run one after another on one worker,
+server's 127.0.255.1:8080, the image cache. They form one xdist scope, run one after another on one worker,
 and come first, so that the longest chain starts at once; everything else shares the other worker (and this
 one, once the machines are done). tests/test_xdist_groups.py keeps the list complete.
 """
@@ -41,15 +41,32 @@ def is_machine_test(relative_path: str) -> bool:
     return relative_path.startswith(MACHINE_TESTS)
 
 
+def scope_of(nodeid: str) -> str:
+    """The xdist work unit of a test: "machines" for every machine test, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return "machines" if is_machine_test(module) else module
+
+
 def pytest_collection_modifyitems(config, items):
-    machines, others = [], []
-    for item in items:
-        if is_machine_test(item.path.relative_to(ROOT).as_posix()):
-            item.add_marker(pytest.mark.xdist_group("machines"))
-            machines.append(item)
-        else:
-            others.append(item)
-    items[:] = machines + others  # stable: each module's tests stay together and in order
+    # Machine tests first (stable: each module's tests stay together and in order), so that the scheduler
+    # below hands the machines' scope out first.
+    items[:] = sorted(items, key=lambda item: not is_machine_test(item.path.relative_to(ROOT).as_posix()))
+
+
+# xdist's own `--dist loadgroup` cannot be used: on pytest 9.2 its xdist_group suffix on the node id no longer
+# takes effect (pytest-dev/pytest-xdist#1386, open), and the tests are spread as if unmarked. With
+# `--dist loadscope` this scheduler makes every machine test one scope and every other module its own.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class MachineTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return MachineTestsTogether(config, log)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import MACHINE_TESTS, ROOT, is_machine_test
+from tests.conftest import MACHINE_TESTS, ROOT, is_machine_test, scope_of
 
 # `clusterctl virtual up` as argv or as simulate.up(), the preflight helper that boots a cluster, the
 # provisioned-cluster, one-machine and up-inventory fixtures, the machines module itself, the image build.
@@ -33,3 +33,11 @@ def test_every_module_that_boots_machines_is_in_the_group():
 
 def test_every_group_entry_names_something_that_exists():
     assert [entry for entry in MACHINE_TESTS if not (ROOT / entry).exists()] == []
+
+
+def test_the_machine_tests_are_one_work_unit_and_make_test_uses_the_scheduler_that_knows_it():
+    assert {scope_of("tests/virtual/test_machines.py::test_up"), scope_of("tests/test_demo.py::test_demo[x::y]"),
+            scope_of("tests/provision/test_site_virtual.py::test_a[b]")} == {"machines"}
+    assert scope_of("tests/provision/test_filters.py::test_a[b]") == "tests/provision/test_filters.py"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-n 2 --dist loadscope" in makefile  # the scheduler in tests/conftest.py takes over loadscope only

@@ -14,67 +14,66 @@ list of strings, ``[]`` when nothing was ignored), as ``docs/contracts/parse-jso
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from preflight.parsers import (
-    chrony,
-    cmdline,
-    cpulist,
-    cpupower,
-    dcgm_diag,
-    ib_health,
-    ibping,
-    ibstat,
-    kernel_log,
-    mlnx_qos,
-    nccl,
-    nvbandwidth,
-    nvlink,
-    nvsmi_q,
-    nvsmi_sections,
-    perftest,
-    systemctl_show,
-    topo,
-    versions,
-    words,
-)
 from preflight.parsers.common import ParseError, paste_lines
 
-PARSERS: dict[str, Callable[[str], Any]] = {
-    "topo": topo.parse,
-    "ibstat": ibstat.parse,
-    "ibping": ibping.parse,
-    "perftest": perftest.parse,
-    "nccl": nccl.parse,
-    "chrony": chrony.parse,
-    "cpupower": cpupower.parse,
-    "nvsmi-q": nvsmi_q.parse,
+# kind -> (module of this package, function). Imported on first use: importing every parser costs ~0.15 s,
+# paid by each process that needs one of them (a stub tool on a simulated machine, importing
+# preflight.parsers.cpulist, runs dozens of times per preflight node).
+_KINDS: dict[str, tuple[str, str]] = {
+    "topo": ("topo", "parse"),
+    "ibstat": ("ibstat", "parse"),
+    "ibping": ("ibping", "parse"),
+    "perftest": ("perftest", "parse"),
+    "nccl": ("nccl", "parse"),
+    "chrony": ("chrony", "parse"),
+    "cpupower": ("cpupower", "parse"),
+    "nvsmi-q": ("nvsmi_q", "parse"),
     # preflight depth: PCIe, GPU bandwidth, NVLink, clock events, DCGM diag, IB link health
-    "nvsmi-pci": nvsmi_sections.parse_pci,
-    "nvsmi-perf": nvsmi_sections.parse_perf,
-    "nvlink-status": nvlink.parse_status,
-    "nvlink-errors": nvlink.parse_errors,
-    "nvbandwidth": nvbandwidth.parse,
-    "dcgm-diag": dcgm_diag.parse,
-    "sysfs": ib_health.parse_sysfs,
-    "mlxlink": ib_health.parse_mlxlink,
-    "kernel-links": ib_health.parse_kernel_links,
+    "nvsmi-pci": ("nvsmi_sections", "parse_pci"),
+    "nvsmi-perf": ("nvsmi_sections", "parse_perf"),
+    "nvlink-status": ("nvlink", "parse_status"),
+    "nvlink-errors": ("nvlink", "parse_errors"),
+    "nvbandwidth": ("nvbandwidth", "parse"),
+    "dcgm-diag": ("dcgm_diag", "parse"),
+    "sysfs": ("ib_health", "parse_sysfs"),
+    "mlxlink": ("ib_health", "parse_mlxlink"),
+    "kernel-links": ("ib_health", "parse_kernel_links"),
     # parsing that used to live inside checks (dcqcn, numa_pinning, cstates, gpu_health, versions)
-    "mlnx-qos": mlnx_qos.parse,
-    "systemctl-show": systemctl_show.parse,
-    "cpulist": cpulist.parse,
-    "cmdline": cmdline.parse,
-    "kernel-xids": kernel_log.parse_xids,
-    "fabricmanager-version": versions.parse_fabricmanager,
-    "ofed-info": versions.parse_ofed_info,
+    "mlnx-qos": ("mlnx_qos", "parse"),
+    "systemctl-show": ("systemctl_show", "parse"),
+    "cpulist": ("cpulist", "parse"),
+    "cmdline": ("cmdline", "parse"),
+    "kernel-xids": ("kernel_log", "parse_xids"),
+    "fabricmanager-version": ("versions", "parse_fabricmanager"),
+    "ofed-info": ("versions", "parse_ofed_info"),
     # one-word outputs that checks used to read by hand (cstates, ib_link_health, dcqcn, gpu_health, versions)
-    "pm-qos": words.parse_pm_qos,
-    "date-epoch": words.parse_epoch,
-    "ecn-switch": words.parse_ecn_switch,
-    "systemctl-is-active": words.parse_is_active,
-    "dpkg-version": words.parse_dpkg_version,
+    "pm-qos": ("words", "parse_pm_qos"),
+    "date-epoch": ("words", "parse_epoch"),
+    "ecn-switch": ("words", "parse_ecn_switch"),
+    "systemctl-is-active": ("words", "parse_is_active"),
+    "dpkg-version": ("words", "parse_dpkg_version"),
 }
+
+
+class _Parsers(Mapping[str, Callable[[str], Any]]):
+    """``PARSERS``: a read-only mapping kind -> parse function that imports each parser module on first use."""
+
+    def __getitem__(self, kind: str) -> Callable[[str], Any]:
+        module, function = _KINDS[kind]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), function)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_KINDS)
+
+    def __len__(self) -> int:
+        return len(_KINDS)
+
+
+PARSERS: Mapping[str, Callable[[str], Any]] = _Parsers()
 
 __all__ = ["PARSERS", "ParseError", "parse", "paste_warnings", "to_contract_json"]
 
