@@ -5,7 +5,7 @@
     <root>/hashicorp/                                      dists/<suite>/main/binary-amd64/Packages(.gz),
         dists/<suite>/{Release,Release.gpg,InRelease}, pool/main/c/consul/*.deb, gpg (armored key, HashiCorp's URL)
 
-One throwaway ed25519 key signs both (its GNUPGHOME stays in ``<root>/.gnupg``, 0700, never served). A build is
+One throwaway ed25519 key signs both (its GNUPGHOME is a short-lived 0700 temp dir, deleted after the build). A build is
 keyed by its recipe (the catalog, the consul stand-in's sources and the URL baked into cuda-keyring): an
 unchanged recipe reuses the tree, a changed one rebuilds it; concurrent builders serialize on a lock file.
 """
@@ -109,13 +109,15 @@ def build_repositories(dest: Path, base_url: str) -> Repositories:
 
 
 def _build(root: Path, base_url: str) -> str:
-    gnupg = root / ".gnupg"
-    gnupg.mkdir(mode=0o700)
+    # Not under root: gpg-agent puts its socket in the homedir, and a Unix socket path has at most 107 bytes;
+    # a deep build directory (a test's tmp_path under an xdist worker) left the agent unable to start.
+    gnupg = Path(tempfile.mkdtemp(prefix="clusterctl-gpg-"))
     try:
         return _build_signed(root, gnupg, base_url)
     finally:
         # gpg starts an agent for the secret key; stop it so no process or socket outlives the build.
         subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], capture_output=True)
+        shutil.rmtree(gnupg, ignore_errors=True)
 
 
 def _build_signed(root: Path, gnupg: Path, base_url: str) -> str:

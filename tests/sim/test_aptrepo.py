@@ -137,13 +137,16 @@ def test_packages_carry_the_vendor_unit_files(served, tmp_path):
 
 
 def test_an_unchanged_recipe_reuses_the_build_and_a_changed_one_rebuilds(served, tmp_path):
-    first = build_repositories(tmp_path / "r", "http://127.0.9.254:1")
+    # Deeper than a Unix socket path may be (107 bytes): gpg-agent's socket must not live in the build tree.
+    root = tmp_path / ("d" * 100) / "r"
+    first = build_repositories(root, "http://127.0.9.254:1")
     marker = first.root / "hashicorp/gpg"
     stamp = marker.stat().st_mtime_ns
-    again = build_repositories(tmp_path / "r", "http://127.0.9.254:1")
+    again = build_repositories(root, "http://127.0.9.254:1")
     assert again.fingerprint == first.fingerprint and marker.stat().st_mtime_ns == stamp
-    moved = build_repositories(tmp_path / "r", "http://127.0.9.254:2")
+    moved = build_repositories(root, "http://127.0.9.254:2")
     assert moved.fingerprint != first.fingerprint
+    assert not (root / ".gnupg").exists()  # the throwaway secret key is gone with the build
 
 
 def test_the_server_hides_dot_paths_and_listings_and_refuses_other_addresses(served):
