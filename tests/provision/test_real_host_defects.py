@@ -351,3 +351,16 @@ def test_reboot_step_is_quiet_without_reasons(tmp_path):
     done = _reboot_play(tmp_path, {"clusterctl_render_only": True})
     assert done.returncode == 0, done.stdout[-2000:]
     assert "reboot pending" not in done.stdout
+
+
+@pytest.mark.parametrize(("deb", "installed", "runs"), [
+    ("cuda-keyring_1.1-1_all.deb", {"cuda-keyring": "1.1-1"}, False),   # converged: no fetch, no apt cache
+    ("cuda-keyring_1.1-1_all.deb", {"cuda-keyring": "1.0-1"}, True),    # another version: install the deb
+    ("cuda-keyring_1.1-1_all.deb", {}, True),                           # fresh host
+    ("keyring-latest.deb", {"cuda-keyring": "1.1-1"}, True),             # no version in the name: always apt
+])
+def test_the_cuda_keyring_deb_is_skipped_only_when_dpkg_has_its_version(deb, installed, runs):
+    keyring = _task(_role_tasks("nvidia_stack", "packages.yml"), "Install cuda-keyring (NVIDIA's repository entry and signing key)")
+    variables = {"nvidia_stack_keyring_deb": deb, "_nvidia_stack_installed": installed}
+    variables.update({k: _templar(variables)(v) for k, v in keyring["vars"].items()})
+    assert _templar(variables)("{{ " + keyring["when"] + " }}") is runs
