@@ -19,8 +19,9 @@ def _host_key():
 
 
 class _Server(paramiko.ServerInterface):
-    def __init__(self, handler: Callable[[paramiko.Channel, str], None]):
+    def __init__(self, handler: Callable[[paramiko.Channel, str], None], refuse_sessions: int = 0):
         self.handler = handler
+        self.refuse_sessions = refuse_sessions  # the first N session requests are refused, as sshd's MaxSessions
 
     def get_allowed_auths(self, username):
         return "none"
@@ -29,6 +30,9 @@ class _Server(paramiko.ServerInterface):
         return paramiko.AUTH_SUCCESSFUL
 
     def check_channel_request(self, kind, chanid):
+        if kind == "session" and self.refuse_sessions > 0:
+            self.refuse_sessions -= 1
+            return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
         return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_exec_request(self, channel, command):
@@ -43,13 +47,14 @@ class _Server(paramiko.ServerInterface):
         self.handler(channel, command)
 
 
-def client_transport(handler: Callable[[paramiko.Channel, str], None]) -> paramiko.Transport:
+def client_transport(handler: Callable[[paramiko.Channel, str], None], refuse_sessions: int = 0) -> paramiko.Transport:
     """An authenticated client transport whose every exec request runs ``handler(channel, command)`` on a
-    server thread. Close it when done (the server side ends with it)."""
+    server thread; the server refuses the first ``refuse_sessions`` channels. Close it when done (the server
+    side ends with it)."""
     ours, theirs = socket.socketpair()
     server = paramiko.Transport(theirs)
     server.add_server_key(_host_key())
-    started = threading.Thread(target=server.start_server, kwargs={"server": _Server(handler)}, daemon=True)
+    started = threading.Thread(target=server.start_server, kwargs={"server": _Server(handler, refuse_sessions)}, daemon=True)
     started.start()
     client = paramiko.Transport(ours)
     client.start_client(timeout=30)

@@ -83,6 +83,21 @@ def test_many_commands_at_once_on_one_connection(transport):
     assert results == [(3, "out\n", "err\n", False)] * 48
 
 
+@pytest.mark.parametrize(("refused", "answers"), [(1, True), (2, False)])
+def test_a_channel_refused_once_on_a_live_connection_is_asked_for_again(refused, answers):
+    import paramiko
+
+    client = client_transport(handler, refuse_sessions=refused)
+    try:
+        if answers:
+            assert exec_on(client, "both", timeout=10) == (3, "out\n", "err\n", False)
+        else:  # refused twice: the caller gets paramiko's error (SshTransport.run reports it with its reason)
+            with pytest.raises(paramiko.ChannelException, match="prohibited"):
+                exec_on(client, "both", timeout=10)
+    finally:
+        client.close()
+
+
 def test_a_dropped_connection_is_opened_again_for_the_next_command(monkeypatch):
     """fabric's run() reconnected a connection that had dropped (sshd restarted); commands on paramiko
     channels keep that: the next command opens it again instead of failing on the dead transport."""
@@ -123,3 +138,59 @@ def test_a_dropped_connection_is_opened_again_for_the_next_command(monkeypatch):
     assert transport.run(node(), ["true"], timeout=10).ok
     assert transport.run(node(), ["true"], timeout=10).ok
     assert len(opened) == 2
+
+
+def test_a_connection_that_dies_under_a_command_is_opened_again_for_one_more_try(monkeypatch):
+    """A connection that looked up when the command began and died under it: paramiko raises the EOFError that
+    ended the transport (no message; preflight reported `ssh: ` and an unreachable host, seen in the 18-machine
+    fault matrix under load). The command runs again on a new connection."""
+    import fabric
+
+    from preflight.transport import SshTransport
+    from tests.preflight.helpers import node
+
+    opened = []
+
+    class DiesOnUse:  # up when looked at, gone when a channel is asked of it
+        dead = False
+
+        def open_session(self, timeout=None):
+            self.dead = True
+            raise EOFError()
+
+        def is_active(self):
+            return not self.dead
+
+    class Conn:
+        def __init__(self, **kwargs):
+            self.client = _Client()
+
+        @property
+        def is_connected(self):
+            return self.client.live is not None and not getattr(self.client.live, "dead", False)
+
+        def open(self):
+            opened.append(1)
+            self.client.live = client_transport(lambda channel, command: finish(channel, 0))
+
+    class _Client:
+        live = None
+
+        def load_system_host_keys(self, filename=None):
+            pass
+
+        def load_host_keys(self, filename):
+            pass
+
+        def set_missing_host_key_policy(self, policy):
+            pass
+
+        def get_transport(self):
+            return self.live
+
+    monkeypatch.setattr(fabric, "Connection", Conn)
+    transport, host = SshTransport(), node()
+    assert transport.run(host, ["true"], timeout=10).ok
+    transport._connections[host.name].client.live = DiesOnUse()
+    result = transport.run(host, ["true"], timeout=10)
+    assert result.ok and not result.unreachable and len(opened) == 2, result
