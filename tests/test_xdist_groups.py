@@ -41,3 +41,16 @@ def test_the_machine_tests_are_one_work_unit_and_make_test_uses_the_scheduler_th
     assert scope_of("tests/provision/test_filters.py::test_a[b]") == "tests/provision/test_filters.py"
     makefile = (ROOT / "Makefile").read_text()
     assert "-n 2 --dist loadscope" in makefile  # the scheduler in tests/conftest.py takes over loadscope only
+
+
+def test_the_machine_tests_run_in_the_listed_order_before_the_others():
+    import subprocess
+    import sys
+
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "tests/provision/test_site_virtual.py", "tests/test_demo.py", "tests/provision/test_filters.py",
+                             "tests/virtual/test_create.py"], cwd=ROOT, capture_output=True, text=True).stdout
+    modules = [line.split("::", 1)[0] for line in listed.splitlines() if "::" in line]
+    order = list(dict.fromkeys(modules))
+    assert order == ["tests/test_demo.py", "tests/virtual/test_create.py", "tests/provision/test_site_virtual.py",
+                     "tests/provision/test_filters.py"], order
