@@ -185,7 +185,7 @@ def _unreachable_reason(exc: BaseException, address: str) -> str:
 
 
 READ_CHUNK = 65536
-SESSION_RETRY_S = 0.5  # before asking a server that refused a channel once more
+SESSION_RETRY_S = 0.5  # before the one more try of a command whose connection failed under it
 
 
 def exec_on(transport: Any, command: str, timeout: float) -> tuple[int | None, str, str, bool]:
@@ -202,7 +202,7 @@ def exec_on(transport: Any, command: str, timeout: float) -> tuple[int | None, s
     On timeout the channel is closed (as fabric did) and what came so far is returned.
     """
     deadline = time.monotonic() + timeout
-    channel = _open_session(transport, timeout)
+    channel = transport.open_session(timeout=max(0.1, timeout))
     out: list[bytes] = []
     err: list[bytes] = []
     try:
@@ -226,24 +226,6 @@ def exec_on(transport: Any, command: str, timeout: float) -> tuple[int | None, s
         return channel.exit_status, _text(out), _text(err), False
     finally:
         channel.close()
-
-
-def _open_session(transport: Any, timeout: float) -> Any:
-    """A session channel; one that the server refuses on a live connection is asked for once more.
-
-    sshd refuses a channel it cannot take now (its MaxSessions, 10 by default, counts channels still closing
-    on a loaded host) with "administratively prohibited" while the connection stays up: that is not an
-    unreachable host. Seen once in the 18-machine fault matrix under load: an ib_pairs client reported as
-    unreachable. A refusal on a dead connection, or a second one, is raised (the caller reports it).
-    """
-    _, paramiko, _ = _ssh_libraries()
-    try:
-        return transport.open_session(timeout=max(0.1, timeout))
-    except paramiko.SSHException:
-        if not transport.is_active():
-            raise
-        time.sleep(SESSION_RETRY_S)
-        return transport.open_session(timeout=max(0.1, timeout))
 
 
 def _text(chunks: list[bytes]) -> str:
@@ -300,15 +282,18 @@ class SshTransport:
         command = shlex.join(str(a) for a in argv)
         started = time.monotonic()
         for attempt in (1, 2):
-            connected_before = host.name in self._connections
             try:
                 rc, out, err, timed_out = exec_on(self._connection(host).client.get_transport(), command, timeout)
                 break
             except (paramiko.SSHException, OSError, EOFError) as exc:  # OSError covers socket timeouts
-                # A connection that was up and died under this command (paramiko raises the EOFError that ended
-                # the transport, with no message) is opened again for one more try, as for the next command; a
+                # A failure after the host connected gets one more try, on the connection opened again if it
+                # died: sshd refusing a channel on a live connection ("administratively prohibited": its
+                # MaxSessions counts channels still closing on a loaded host), or a connection that died under
+                # the command (paramiko raises the EOFError that ended the transport, with no message). Both
+                # were seen once in the 18-machine fault matrix under load, as an unreachable ib_pairs client. A
                 # host that never connected, or fails twice, is unreachable.
-                if attempt == 1 and connected_before:
+                if attempt == 1 and host.name in self._connections:
+                    time.sleep(SESSION_RETRY_S)
                     continue
                 reason = _unreachable_reason(exc, host.address)
                 return CommandResult(None, "", reason, time.monotonic() - started, unreachable=True, argv=tuple(argv))

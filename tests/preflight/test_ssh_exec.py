@@ -33,6 +33,8 @@ def handler(channel, command):
     elif command == "stdin":  # reached only once EOF came on its stdin (sshserver waits for it), as `cat`
         channel.sendall(b"stdin closed\n")
         finish(channel, 0)
+    elif command == "true":
+        finish(channel, 0)
     elif command == "vanish":  # closed with no exit status (killed by a signal)
         channel.sendall(b"half")
         channel.close()
@@ -83,57 +85,66 @@ def test_many_commands_at_once_on_one_connection(transport):
     assert results == [(3, "out\n", "err\n", False)] * 48
 
 
-@pytest.mark.parametrize(("refused", "answers"), [(1, True), (2, False)])
-def test_a_channel_refused_once_on_a_live_connection_is_asked_for_again(refused, answers):
-    import paramiko
+class _FakeClient:  # the parts of paramiko's SSHClient that SshTransport uses
+    live = None
 
-    client = client_transport(handler, refuse_sessions=refused)
-    try:
-        if answers:
-            assert exec_on(client, "both", timeout=10) == (3, "out\n", "err\n", False)
-        else:  # refused twice: the caller gets paramiko's error (SshTransport.run reports it with its reason)
-            with pytest.raises(paramiko.ChannelException, match="prohibited"):
-                exec_on(client, "both", timeout=10)
-    finally:
-        client.close()
+    def load_system_host_keys(self, filename=None):
+        pass
+
+    def load_host_keys(self, filename):
+        pass
+
+    def set_missing_host_key_policy(self, policy):
+        pass
+
+    def get_transport(self):
+        return self.live
+
+
+def _fake_fabric(monkeypatch, refuse_sessions: int = 0, always_dropped: bool = False) -> list[int]:
+    """fabric.Connection replaced by one whose open() connects to the in-process server (refusing its first
+    ``refuse_sessions`` channels); connected while its transport is active, or never (``always_dropped``: every
+    command finds it dropped since the last one). Returns the list that each open() appends to."""
+    import fabric
+
+    opened: list[int] = []
+
+    class Connection:
+        def __init__(self, **kwargs):
+            self.client = _FakeClient()
+
+        @property
+        def is_connected(self):
+            return not always_dropped and self.client.live is not None and self.client.live.is_active()
+
+        def open(self):
+            opened.append(1)
+            self.client.live = client_transport(handler, refuse_sessions)
+
+    monkeypatch.setattr(fabric, "Connection", Connection)
+    return opened
+
+
+@pytest.mark.parametrize(("refused", "answers"), [(1, True), (2, False)])
+def test_a_channel_refused_once_on_a_live_connection_is_asked_for_again(monkeypatch, refused, answers):
+    from preflight.transport import SshTransport
+    from tests.preflight.helpers import node
+
+    _fake_fabric(monkeypatch, refuse_sessions=refused)
+    result = SshTransport().run(node(), ["both"], timeout=10)
+    if answers:
+        assert (result.rc, result.stdout, result.stderr, result.timed_out) == (3, "out\n", "err\n", False)
+    else:  # refused twice: unreachable, with paramiko's reason
+        assert result.unreachable and "prohibited" in result.stderr, result
 
 
 def test_a_dropped_connection_is_opened_again_for_the_next_command(monkeypatch):
     """fabric's run() reconnected a connection that had dropped (sshd restarted); commands on paramiko
     channels keep that: the next command opens it again instead of failing on the dead transport."""
-    import fabric
-
     from preflight.transport import SshTransport
     from tests.preflight.helpers import node
 
-    opened = []
-
-    class Dropping:
-        is_connected = False  # every command finds it dropped since the last one
-
-        def __init__(self, **kwargs):
-            self.client = _Client()
-
-        def open(self):
-            opened.append(1)
-            self.client.live = client_transport(lambda channel, command: finish(channel, 0))
-
-    class _Client:
-        live = None
-
-        def load_system_host_keys(self, filename=None):
-            pass
-
-        def load_host_keys(self, filename):
-            pass
-
-        def set_missing_host_key_policy(self, policy):
-            pass
-
-        def get_transport(self):
-            return self.live
-
-    monkeypatch.setattr(fabric, "Connection", Dropping)
+    opened = _fake_fabric(monkeypatch, always_dropped=True)
     transport = SshTransport()
     assert transport.run(node(), ["true"], timeout=10).ok
     assert transport.run(node(), ["true"], timeout=10).ok
@@ -144,12 +155,8 @@ def test_a_connection_that_dies_under_a_command_is_opened_again_for_one_more_try
     """A connection that looked up when the command began and died under it: paramiko raises the EOFError that
     ended the transport (no message; preflight reported `ssh: ` and an unreachable host, seen in the 18-machine
     fault matrix under load). The command runs again on a new connection."""
-    import fabric
-
     from preflight.transport import SshTransport
     from tests.preflight.helpers import node
-
-    opened = []
 
     class DiesOnUse:  # up when looked at, gone when a channel is asked of it
         dead = False
@@ -161,34 +168,7 @@ def test_a_connection_that_dies_under_a_command_is_opened_again_for_one_more_try
         def is_active(self):
             return not self.dead
 
-    class Conn:
-        def __init__(self, **kwargs):
-            self.client = _Client()
-
-        @property
-        def is_connected(self):
-            return self.client.live is not None and not getattr(self.client.live, "dead", False)
-
-        def open(self):
-            opened.append(1)
-            self.client.live = client_transport(lambda channel, command: finish(channel, 0))
-
-    class _Client:
-        live = None
-
-        def load_system_host_keys(self, filename=None):
-            pass
-
-        def load_host_keys(self, filename):
-            pass
-
-        def set_missing_host_key_policy(self, policy):
-            pass
-
-        def get_transport(self):
-            return self.live
-
-    monkeypatch.setattr(fabric, "Connection", Conn)
+    opened = _fake_fabric(monkeypatch)
     transport, host = SshTransport(), node()
     assert transport.run(host, ["true"], timeout=10).ok
     transport._connections[host.name].client.live = DiesOnUse()
