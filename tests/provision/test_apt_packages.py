@@ -6,25 +6,15 @@ test_site_virtual.py; here are the pure rules and the action on this machine's o
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.provision.test_config_files import playbook
+from tests.provision.test_config_files import load_action, playbook
 
-ACTION = Path(__file__).resolve().parents[2] / "collections/ansible_collections/clusterctl/infra/plugins/action/apt_packages.py"
-
-
-def _load_action():
-    spec = importlib.util.spec_from_file_location("clusterctl_apt_packages_action", ACTION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-action = _load_action()
+action = load_action(Path(__file__).resolve().parents[2]
+                     / "collections/ansible_collections/clusterctl/infra/plugins/action/apt_packages.py")
 DPKG_QUERY = ("chrony\tii \t4.3-2+deb12u1\n"
               "consul\thi \t1.20.1-1\n"            # held: still installed
               "rdma-core\trc \t44.0-2\n"           # removed, config files left

@@ -25,14 +25,15 @@ REPO = Path(__file__).resolve().parents[2]
 ACTION = REPO / "collections/ansible_collections/clusterctl/infra/plugins/action/config_files.py"
 
 
-def _load_action():
-    spec = importlib.util.spec_from_file_location("clusterctl_config_files_action", ACTION)
+def load_action(path: Path):
+    """An action plugin of the collection as a plain module (its pure parts are tested without Ansible)."""
+    spec = importlib.util.spec_from_file_location(f"clusterctl_{path.stem}_action", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-action = _load_action()
+action = load_action(ACTION)
 USER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name
 

@@ -3,8 +3,8 @@
 
 ``ansible.builtin.apt`` opens python-apt's cache on every run, also when there is nothing to do: on a Debian 12
 host with the main archive's lists that is ~0.9 s of CPU (one Python object per package, ~63,000 of them) and
-~2.5 s per task and host in all; site.yml has seven such tasks, the largest single share of a converged host's
-rerun (bench/README.md, "apt_packages"). This action asks dpkg first, one ``dpkg-query -W`` over the
+~2.5 s per task and host in all; site.yml has eight such tasks, the largest single share of a converged host's
+rerun (measured in this collection's README.md). This action asks dpkg first, one ``dpkg-query -W`` over the
 connection (~10 ms, no module sent), and runs the apt module with the task's arguments unchanged only when a
 package is not fully installed, or is at another version than an exact ``name=version`` asks for.
 
