@@ -128,6 +128,9 @@ class AgentFeed:
             self.connected[node] = True
             if new_index == index:
                 continue  # the wait ran out without a new cycle (a stalled agent): ask again
+            if new_index == 0:  # the agent's first cycle has not ended ("{}"): wait for it, nothing to parse
+                index = 0
+                continue
             index = new_index
             typed = self.view.parse(body, f"/scores of {node} ({agent})")
             if typed is None:

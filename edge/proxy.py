@@ -138,11 +138,14 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     endpoint = request.path
     arrived = time.monotonic()
-    state.active += 1
-    try:
-        response = await _proxy_completion(state, request, arrived)
-    finally:
-        state.active -= 1
+    if state.draining:  # decided before the first await: a request started before the drain is served
+        response = _unavailable(state, Unavailable("draining", "this edge is shutting down"))
+    else:
+        state.active += 1
+        try:
+            response = await _proxy_completion(state, request, arrived)
+        finally:
+            state.active -= 1
     state.metrics.requests.labels(endpoint, str(response.status)).inc()
     return response
 
@@ -160,8 +163,6 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
     if not isinstance(body, dict):
         return error_response(400, f"invalid JSON body: expected an object, got {type(body).__name__}",
                               "BadRequestError")
-    if state.draining:
-        return _unavailable(state, Unavailable("draining", "this edge is shutting down"))
     prompt_tokens = estimate_prompt_tokens(body, chat)
     stream = bool(body.get("stream"))
     headers = {h: request.headers[h] for h in FORWARD_HEADERS if h in request.headers}

@@ -108,6 +108,22 @@ def test_pushed_scores_reach_the_view_and_nonsense_from_an_agent_is_counted(cons
         pool.stop()
 
 
+def test_an_agent_before_its_first_cycle_is_waited_for_not_counted_as_a_bad_body(consul_addr):
+    """An agent serves ``{}`` at index 0 until its first cycle; that is "no scores yet", not a malformed body
+    (it was counted and logged as "ius is NoneType" on every edge at every agent start)."""
+    pool = Pool(consul_addr, nodes=1)
+    try:
+        with running_edge(pool) as edge:
+            wait_for(lambda: metric(edge, "eas_edge_push_connected") == 1, 5, "the agent connected")
+            time.sleep(0.3)
+            assert edge.state.view.rejected_bodies == 0, list(edge.state.view.problems)
+            pool.push("n0", {"n0-iu0": 0.25})  # the first cycle answers the waiting query
+            wait_for(lambda: {e.iu_id: e.score for e in edge.state.view.snapshot().entries}.get("n0-iu0") == 0.25,
+                     5, "the first cycle's score in the view")
+    finally:
+        pool.stop()
+
+
 def test_router_prices_its_ledger_in_prefill_seconds_and_tells_saturated_from_none():
     view = healthy_view(lambda: 100.0, {"n0": "ab"})
     view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.0, "b": 0.0}, ts=100.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -159,6 +160,29 @@ def test_graceful_shutdown_drains_in_flight_streams(pool):
         drain.join(30)
         status, _, lines = result["out"]
         assert status == 200 and lines[-1][1] == b"data: [DONE]"
+
+
+def test_a_request_started_before_the_drain_is_served_even_if_its_body_comes_after(pool):
+    """The race CI hit: the handler had started (counted in flight) but not yet read the body when the drain
+    began; that request was answered 503 "draining". Here the body is held back until the drain has begun."""
+    with running_edge(pool) as edge:
+        body = json.dumps({**completion(tokens=5), "stream": True}).encode()
+        host, port = edge.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {edge.address}\r\nContent-Type: "
+                         f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode() + body[:10])
+            wait_for(lambda: edge.state.active == 1, 5, "the handler started")
+            drain = threading.Thread(target=edge.drain)
+            drain.start()
+            wait_for(lambda: edge.state.draining, 5, "draining")
+            conn.sendall(body[10:])
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        drain.join(30)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert b"data: [DONE]" in answer
 
 
 def test_consul_lost_later_keeps_routing_then_fails_open(consul_addr):
