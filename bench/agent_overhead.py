@@ -51,7 +51,7 @@ def parts(node: SimulatedNode, rounds: int = 300) -> list[tuple[str, float]]:
     scorers = [Scorer("drain") for _ in node.ius]
     timings: dict[str, list[float]] = {
         "HTTP GET /metrics (incl. sim render)": [],
-        "parse (prometheus_client)": [],
+        "parse (eas_agent.vllm_metrics)": [],
         "GPU read (fake backend, 8 GPUs)": [],
         "rates + drain score": [],
     }

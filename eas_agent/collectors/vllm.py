@@ -83,6 +83,11 @@ class HttpFetcher:
                 self.conn.sock.settimeout(left)
             chunk = response.read1(65536)
             if not chunk:
+                # read1 at the end of a Content-Length body returns b"" without closing the response, and
+                # http.client then refuses the next request on this connection (ResponseNotReady): every
+                # scrape sent a second request on a new connection (vLLM rendered /metrics twice). Closing
+                # the response keeps the kept-alive connection usable.
+                response.close()
                 return b"".join(chunks)
             total += len(chunk)
             if total > self.max_body:

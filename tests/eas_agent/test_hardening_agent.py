@@ -3,6 +3,7 @@ its score, never the agent, the node's other IUs, the publisher or the heartbeat
 
 from __future__ import annotations
 
+import http.server
 import json
 import logging
 import socket
@@ -203,6 +204,41 @@ def test_scrape_timeout_is_a_deadline_not_a_per_read_timeout():
         assert time.monotonic() - started < 0.5
     finally:
         server.close()
+
+
+def test_scrapes_reuse_one_kept_alive_connection_with_one_request_each():
+    """Before the fix every scrape after the first failed on the kept-alive connection (ResponseNotReady),
+    then asked again on a new one: two requests and a connection per scrape, /metrics rendered twice."""
+    seen = {"connections": 0, "requests": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self):
+            seen["connections"] += 1
+            super().setup()
+
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            seen["requests"] += 1
+            body = GOOD.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fetch = HttpFetcher(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout_s=1.0)
+        for _ in range(5):
+            assert parse_vllm_metrics(fetch()).num_requests_running == 237.0
+        assert seen == {"connections": 1, "requests": 5}
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_scrape_body_is_capped():

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
+from eas_agent import vllm_metrics
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
 from tests.helpers import run_cli
 
@@ -125,3 +127,62 @@ def test_cli_json_follows_the_contract(capsys):
 def test_cli_unparseable_exit_1_one_line(capsys):
     code, out, err = run_cli(capsys, "agent", "parse-metrics", str(FIXTURES / "garbage_html.txt"), "--json")
     assert code == 1 and out == "" and err.count("\n") == 1 and "line 1" in err and "Traceback" not in err
+
+
+def _outcome(text: str):
+    try:
+        return parse_vllm_metrics(text).to_json()
+    except MetricsParseError as exc:
+        return f"error: {exc}"
+
+
+ODD_LINES = [
+    'vllm:num_requests_running{engine="0",model_name="a\\"b\\\\c\\nd"} 3',
+    'vllm:num_requests_running{engine="0",} 3',
+    'vllm:num_requests_running{} 3',
+    'vllm:num_requests_running 3 1700000000000',
+    'vllm:num_requests_running{engine="0"}\t3\t-5',
+    'vllm:num_requests_running{engine="0"} 1_0',
+    'vllm:num_requests_running{engine="0"} 0x10',
+    'vllm:num_requests_running{engine="0"} +Inf',
+    'vllm:num_requests_running{engine="0"} nan',
+    'vllm:num_requests_running{engine=0} 3',
+    'vllm:num_requests_running{engine="0" , model_name="m"} 3',
+    'vllm:num_requests_running{engine="0"model_name="m"} 3',
+    'vllm:num_requests_running{engine="0}"} 3',
+    'vllm:num_requests_running{engine="\\q"} 3',
+    'vllm:num_requests_running{0engine="0"} 3',
+    'vllm:num_requests_running{engine="0"} 3 x',
+]
+
+
+@pytest.mark.parametrize("line", ODD_LINES)
+def test_the_fast_sample_path_reads_what_prometheus_client_reads(line, monkeypatch):
+    """The common-shape fast path (eas_agent.vllm_metrics._fast_samples) must never read a line otherwise than
+    prometheus_client's parser, which decides every line outside that shape: same values, same errors."""
+    text = FIXTURES.joinpath("v1_single_engine.txt").read_text().replace(
+        next(ln for ln in FIXTURES.joinpath("v1_single_engine.txt").read_text().splitlines()
+             if ln.startswith("vllm:num_requests_running")), line)
+    fast = _outcome(text)
+    monkeypatch.setattr(vllm_metrics, "_fast_samples", lambda kept: None)
+    assert _outcome(text) == fast
+
+
+def test_the_fast_sample_path_agrees_with_prometheus_client_on_every_fixture_and_hostile_scrape(monkeypatch):
+    from tests.faults.test_inputs import hostile_scrape
+
+    rng = random.Random(2202)
+    texts = [p.read_text() for p in sorted(FIXTURES.glob("*.txt"))] + [hostile_scrape(rng) for _ in range(1000)]
+    fast = [_outcome(t) for t in texts]
+    monkeypatch.setattr(vllm_metrics, "_fast_samples", lambda kept: None)
+    assert [_outcome(t) for t in texts] == fast
+    assert sum(not isinstance(o, str) for o in fast) > 100  # most still parse: the comparison is not vacuous
+
+
+def test_real_scrapes_take_the_fast_path(monkeypatch):
+    calls = []
+    real = vllm_metrics._library_samples
+    monkeypatch.setattr(vllm_metrics, "_library_samples", lambda *a: calls.append(a) or real(*a))
+    for name in ("v1_single_engine.txt", "v1_two_engines.txt", "v0_single_model.txt"):
+        parse(name)
+    assert calls == []
