@@ -13,9 +13,10 @@ Shared: ``vllm:num_requests_running``/``waiting`` (gauges), ``vllm:num_preemptio
 ``vllm:request_prompt_tokens`` (histogram). Running, waiting and counters are summed over engines and
 models, KV usage is the max (the fullest engine is the one that blocks), as the parse-json contract says.
 
-Only the samples listed in :data:`WANTED_SAMPLES` are handed to prometheus_client's parser (a real scrape
-also carries histogram buckets and python_gc_*, process_*, http_* families, several times the text);
-every other line is still checked for shape so garbage is reported with its line number. Example::
+Only the samples listed in :data:`WANTED_SAMPLES` are read (a real scrape also carries histogram buckets and
+python_gc_*, process_*, http_* families, several times the text); every other line is still checked for shape
+so garbage is reported with its line number. The samples read are parsed here when they have the common shape
+of vLLM's exposition, else by prometheus_client's parser (see :func:`_fast_samples`). Example::
 
     >>> m = parse_vllm_metrics(open("tests/fixtures/vllm/v1_single_engine.txt").read())
     >>> m.schema, m.num_requests_running, m.kv_cache_usage
@@ -62,8 +63,8 @@ WANTED = frozenset(
         GENERATION_HISTOGRAM,
     ]
 )
-# Only these samples reach the parser: histogram buckets and _created samples are most of a scrape's text
-# and the score needs none of them (parsing labels is the expensive part: ~10 us per sample).
+# Only these samples are parsed: histogram buckets and _created samples are most of a scrape's text and the
+# score needs none of them (parsing labels is the expensive part).
 WANTED_SAMPLES = frozenset(
     [
         *GAUGES,
@@ -74,8 +75,9 @@ WANTED_SAMPLES = frozenset(
         *(h + suffix for h in (PROMPT_HISTOGRAM, GENERATION_HISTOGRAM) for suffix in ("_sum", "_count")),
     ]
 )
+_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 # group 1: the sample's name (it ends where its labels or the value's blank begin)
-_SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?[ \t]+[^ \t]+([ \t]+-?[0-9]+)?[ \t]*$")
+_SAMPLE_LINE = re.compile(rf"^({_METRIC_NAME})(\{{.*\}})?[ \t]+[^ \t]+([ \t]+-?[0-9]+)?[ \t]*$")
 
 
 class MetricsParseError(ValueError):
@@ -200,13 +202,15 @@ def _parse_one(lines: list[str], offset: int) -> VllmMetrics:
 # samples, other spellings, quoted names, __name__ labels) goes to prometheus_client, which decides.
 _TYPES = {**dict.fromkeys([*GAUGES, KV_V1, KV_V0, PREFIX_HIT_RATE_V0], "gauge"), **dict.fromkeys(COUNTERS, "counter"),
           PROMPT_HISTOGRAM: "histogram", GENERATION_HISTOGRAM: "histogram"}
-_COMMENT = re.compile(r"# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*)(?: (.*))?")
-_LABEL_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
+_COMMENT = re.compile(rf"# (HELP|TYPE) ({_METRIC_NAME})(?: (.*))?")
+_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_LABEL_VALUE = r'(?:[^"\\\n]|\\.)*'  # escapes kept as written: _unescape undoes them
+_LABEL_PAIR = rf'{_LABEL_NAME}="{_LABEL_VALUE}"'
 _VALUE = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?Inf|NaN"
 _FAST_SAMPLE = re.compile(
-    rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL_PAIR})(?:,{_LABEL_PAIR})*)?\}})? ({_VALUE})(?: -?[0-9]+)?"
+    rf"({_METRIC_NAME})(?:\{{((?:{_LABEL_PAIR})(?:,{_LABEL_PAIR})*)?\}})? ({_VALUE})(?: -?[0-9]+)?"
 )
-_LABEL_PAIRS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
+_LABEL_PAIRS = re.compile(rf'({_LABEL_NAME})="({_LABEL_VALUE})"')
 _ESCAPE = re.compile(r'\\([\\n"])')
 
 
