@@ -46,6 +46,10 @@ from cluster.model import Cluster, Node
 from sim.demo_traffic import DemoEdge, edge_metrics
 from sim.processes import ProcessSet, tail
 
+# The demo's machines live on 127.42.R.N, not the default 127.0.R.N of `clusterctl virtual create`: a demo then
+# runs beside a virtual inventory that is up (a developer's, or the test suite's machine tests) instead of
+# failing on its addresses being taken.
+DEMO_NET = 42
 FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
 # --debug: a bug in a step prints its traceback into the demo log instead of one line (CI keeps only the log)
 CLUSTERCTL = [sys.executable, "-m", "cli.main", "--debug"]
@@ -111,8 +115,8 @@ class Demo:
         from sim.hosts import simulate
 
         self.step(f"1/6 virtual cluster: {nodes} nodes in {racks} racks")
-        create_inventory.write(self.inventory, nodes, racks, fabric="mixed", faults="none")
-        faulty = create_inventory.plan(nodes, racks, "mixed", "none")[-1].name
+        create_inventory.write(self.inventory, nodes, racks, fabric="mixed", faults="none", net=DEMO_NET)
+        faulty = create_inventory.plan(nodes, racks, "mixed", "none", DEMO_NET)[-1].name
         (self.inventory / "host_vars").mkdir(exist_ok=True)
         (self.inventory / "host_vars" / f"{faulty}.yml").write_text(
             "# Injected by clusterctl demo: an NVLink pair down and a GPU in thermal slowdown; preflight must catch both.\n"

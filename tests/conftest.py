@@ -7,10 +7,13 @@ that (real) Consul, so anyone with a Consul binary can check that the dev server
 otherwise a fresh project dev server (``devconsul``) is started on a free loopback port per test.
 
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadscope``). The tests that boot
-simulated machines (MACHINE_TESTS) share what one machine has once: the 127.0.R.N addresses, the package
-server's 127.0.255.1:8080, the image cache. They form one xdist scope, run one after another on one worker,
-and come first, so that the longest chain starts at once; everything else shares the other worker (and this
-one, once the machines are done). tests/test_xdist_groups.py keeps the list complete.
+simulated machines on the default addresses (MACHINE_TESTS) share what one machine has once: the 127.0.R.N
+addresses. They form one xdist scope, run one after another on one worker, and come first, so that the
+longest chain starts at once. The demo's machines live on their own net (127.42.R.N, ``sim.demo.DEMO_NET``)
+and share only what is made to be shared (the package server, refcounted by ``sim.hosts.repos``; the image
+cache, built under a lock), so ``test_demo`` is its own scope, next in line: it runs on the other worker
+beside the machines' first, one-core part, before that worker's unit tests. tests/test_xdist_groups.py
+keeps the lists complete.
 """
 
 from __future__ import annotations
@@ -21,13 +24,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# In run order. First the tests that keep about one core busy (one machine provisioned at a time: the demo's
-# canary batches, the Redfish and render-only runs; the small machine tests), while the unit tests on the other
-# worker use the other core; last the ones that take both cores (the fault matrix's 18 machines, site.yml on
-# 3), once the unit tests are done. Served with the unit tests alongside, site.yml's first run on 3 machines
-# took 260 s instead of ~190.
+# In run order. First the tests that keep about one core busy (one machine provisioned at a time: the Redfish
+# and render-only runs; the small machine tests), while the demo and then the unit tests on the other worker
+# use the other core; last the ones that take both cores (the fault matrix's 18 machines, site.yml on 3), by
+# when most of the other worker's tests are done. Served with the unit tests alongside, site.yml's first run
+# on 3 machines took 260 s instead of ~190.
 MACHINE_TESTS = (
-    "tests/test_demo.py",
     "tests/provision/test_redfish.py",
     "tests/provision/test_render_only.py",
     "tests/provision/test_vault_option.py",
@@ -40,6 +42,11 @@ MACHINE_TESTS = (
     "tests/provision/test_site_virtual.py",
     "tests/test_fresh_clone.py",
 )
+
+
+# Tests that boot machines on a net of their own (not 127.0.R.N): each its own scope, scheduled right after the
+# machines' (so on the other worker, first).
+OWN_NET_MACHINE_TESTS = ("tests/test_demo.py",)
 
 
 def machine_order(relative_path: str) -> int | None:
@@ -61,20 +68,28 @@ def pytest_collection_modifyitems(config, items):
     # Machine tests first, in MACHINE_TESTS order (stable: each module's tests stay together and in order), so
     # that the scheduler below hands the machines' unit out first.
     def key(item) -> tuple[int, int]:
-        order = machine_order(item.path.relative_to(ROOT).as_posix())
-        return (1, 0) if order is None else (0, order)
+        path = item.path.relative_to(ROOT).as_posix()
+        order = machine_order(path)
+        if order is not None:
+            return (0, order)
+        own_net = next((i for i, entry in enumerate(OWN_NET_MACHINE_TESTS) if path.startswith(entry)), None)
+        return (1, own_net) if own_net is not None else (2, 0)
 
     items[:] = sorted(items, key=key)
 
 
 # xdist's own `--dist loadgroup` cannot be used: on pytest 9.2 its xdist_group suffix on the node id no longer
 # takes effect (pytest-dev/pytest-xdist#1386, open), and the tests are spread as if unmarked. With
-# `--dist loadscope` this scheduler makes every machine test one scope and every other module its own.
+# `--dist loadscope` this scheduler makes every machine test one scope and every other module its own, and
+# hands the scopes out in collection order (the order above; xdist would sort them by test count, which put
+# the one-test demo last, beside site.yml's two-core part).
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class MachineTestsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

@@ -1,15 +1,16 @@
 """Every test module that boots simulated machines is in the machines group (tests/conftest.py).
 
-Two such modules on two xdist workers at once would race for the same 127.0.R.N addresses and the package
-server's port: a test outside the group fails at random, on CI, later. A module counts as booting machines
-when its source (or its package's conftest) uses one of the ways the suite brings machines up.
+Two such modules on two xdist workers at once would race for the same 127.0.R.N addresses: a test outside
+the group fails at random, on CI, later. A module counts as booting machines when its source (or its
+package's conftest) uses one of the ways the suite brings machines up. The demo (``make demo``) boots its
+machines on its own net (127.42.R.N) and is its own scope (OWN_NET_MACHINE_TESTS), run beside the group.
 """
 
 from __future__ import annotations
 
 import re
 
-from tests.conftest import MACHINE_TESTS, ROOT, is_machine_test, scope_of
+from tests.conftest import MACHINE_TESTS, OWN_NET_MACHINE_TESTS, ROOT, is_machine_test, scope_of
 
 # `clusterctl virtual up` as argv or as simulate.up(), the preflight helper that boots a cluster, the
 # provisioned-cluster, one-machine and up-inventory fixtures, the machines module itself, the image build.
@@ -32,12 +33,24 @@ def test_every_module_that_boots_machines_is_in_the_group():
 
 
 def test_every_group_entry_names_something_that_exists():
-    assert [entry for entry in MACHINE_TESTS if not (ROOT / entry).exists()] == []
+    assert [entry for entry in MACHINE_TESTS + OWN_NET_MACHINE_TESTS if not (ROOT / entry).exists()] == []
+
+
+def test_the_demo_that_runs_beside_the_group_boots_its_machines_on_its_own_net():
+    from sim import demo
+    from sim.hosts import create
+
+    assert demo.DEMO_NET != 0
+    assert "net=DEMO_NET" in (ROOT / "sim/demo.py").read_text()  # what make_cluster passes to create.write
+    default = {h.address for h in create.plan(16, 8, "mixed", "none")}
+    own = {h.address for h in create.plan(16, 8, "mixed", "none", demo.DEMO_NET)}
+    assert not default & own
 
 
 def test_the_machine_tests_are_one_work_unit_and_make_test_uses_the_scheduler_that_knows_it():
-    assert {scope_of("tests/virtual/test_machines.py::test_up"), scope_of("tests/test_demo.py::test_demo[x::y]"),
+    assert {scope_of("tests/virtual/test_machines.py::test_up"),
             scope_of("tests/provision/test_site_virtual.py::test_a[b]")} == {"machines"}
+    assert scope_of("tests/test_demo.py::test_demo[x::y]") == "tests/test_demo.py"
     assert scope_of("tests/provision/test_filters.py::test_a[b]") == "tests/provision/test_filters.py"
     makefile = (ROOT / "Makefile").read_text()
     assert "-n 2 --dist loadscope" in makefile  # the scheduler in tests/conftest.py takes over loadscope only
@@ -52,5 +65,5 @@ def test_the_machine_tests_run_in_the_listed_order_before_the_others():
                              "tests/virtual/test_create.py"], cwd=ROOT, capture_output=True, text=True).stdout
     modules = [line.split("::", 1)[0] for line in listed.splitlines() if "::" in line]
     order = list(dict.fromkeys(modules))
-    assert order == ["tests/test_demo.py", "tests/virtual/test_create.py", "tests/provision/test_site_virtual.py",
+    assert order == ["tests/virtual/test_create.py", "tests/provision/test_site_virtual.py", "tests/test_demo.py",
                      "tests/provision/test_filters.py"], order

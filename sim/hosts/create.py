@@ -1,7 +1,9 @@
 """Write a virtual inventory: ``clusterctl virtual create DIR --nodes N --racks R``.
 
 Hosts are named ``r<RR>n<NN>`` and spread over the racks in order (rack_rRR groups); addresses are
-loopback (127.0.R.10+N) so simulated services never leave the machine. ``group_vars/all.yml`` holds the
+loopback (127.0.R.10+N) so simulated services never leave the machine; ``net`` moves a whole inventory to
+127.<net>.R.10+N, so two virtual clusters can be up at once (``clusterctl demo`` uses its own, beside any
+inventory on the default addresses). ``group_vars/all.yml`` holds the
 board (GPU model, NICs) and the simulated-host switches; ``host_vars/<host>.yml`` the per-host faults
 and, on RoCE racks, the Ethernet NICs. ``inventory/virtual`` itself is this module's output for
 ``--nodes 4 --racks 2 --fabric mixed`` (a test keeps them identical).
@@ -108,18 +110,20 @@ def nics(gpu_model: str, roce: bool) -> list[dict]:
     return out
 
 
-def plan(nodes: int, racks: int, fabric: str, faults: str) -> list[PlannedHost]:
+def plan(nodes: int, racks: int, fabric: str, faults: str, net: int = 0) -> list[PlannedHost]:
     if nodes < 1 or racks < 1 or racks > nodes:
         raise ValueError(f"need 1 <= racks ({racks}) <= nodes ({nodes})")
     if racks > 254 or math.ceil(nodes / racks) > 240:
         raise ValueError("at most 254 racks of 240 nodes (loopback addresses 127.0.R.10-249)")
+    if not 0 <= net <= 254:
+        raise ValueError(f"net {net}: the second octet of 127.<net>.R.N must be 0-254")
     per_rack = math.ceil(nodes / racks)
     hosts = []
     for index in range(nodes):
         rack, slot = divmod(index, per_rack)
         roce = fabric == "roce" or (fabric == "mixed" and rack == racks - 1 and racks > 1)
         hosts.append(PlannedHost(f"r{rack + 1:02d}n{slot + 1:02d}", f"r{rack + 1:02d}",
-                                 f"127.0.{rack + 1}.{11 + slot}", roce, None))
+                                 f"127.{net}.{rack + 1}.{11 + slot}", roce, None))
     if faults == "default" and nodes > 1:
         faulty = min(len(FAULT_SCENARIOS), max(3, nodes // 4), nodes - 1)
         step = (nodes - 1) / faulty
@@ -135,13 +139,13 @@ def _flow(value) -> str:
 
 
 def render(nodes: int, racks: int, gpu_model: str = "h100-sxm", fabric: str = "ib",
-           faults: str = "default") -> dict[str, str]:
+           faults: str = "default", net: int = 0) -> dict[str, str]:
     """{relative path: text} of the inventory."""
     if gpu_model not in GPU_MODELS:
         raise ValueError(f"unknown GPU model {gpu_model!r} (one of {', '.join(GPU_MODELS)})")
     if fabric not in FABRICS:
         raise ValueError(f"unknown fabric {fabric!r} (one of {', '.join(FABRICS)})")
-    hosts = plan(nodes, racks, fabric, faults)
+    hosts = plan(nodes, racks, fabric, faults, net)
     lines = [
         f"# A virtual inventory: {racks} rack(s) x {nodes} node(s) of 8x {gpu_model} "
         f"({'InfiniBand' if fabric == 'ib' else 'RoCE' if fabric == 'roce' else 'InfiniBand, last rack RoCE'}).",
@@ -188,9 +192,9 @@ def _nic_yaml(nic_list: list[dict]) -> str:
 
 
 def write(directory: Path, nodes: int, racks: int, gpu_model: str = "h100-sxm", fabric: str = "ib",
-          faults: str = "default", force: bool = False) -> list[Path]:
+          faults: str = "default", force: bool = False, net: int = 0) -> list[Path]:
     """Write the inventory under ``directory``; an existing inventory there is replaced only with force."""
-    files = render(nodes, racks, gpu_model, fabric, faults)
+    files = render(nodes, racks, gpu_model, fabric, faults, net)
     if (directory / "hosts.yml").exists():
         if not force:
             raise FileExistsError(f"{directory / 'hosts.yml'} exists (use --force to replace the inventory)")

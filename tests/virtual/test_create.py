@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from cluster import load_inventory
@@ -117,3 +118,19 @@ def _unsecret(text: str) -> str:
     text = re.sub(r"(?m)^(consul_agent_gossip_key|consul_agent_acl_management_token|consul_virtual_token_seed|"
                   r"consul_agent_acl_registration_token|consul_token|consul_edge_token): \S+$", r"\1: <secret>", text)
     return re.sub(r"(?s)-----BEGIN ([A-Z ]+)-----.*?-----END \1-----", r"<\1 PEM>", text)
+
+
+def test_an_inventory_on_another_net_has_only_that_nets_addresses(tmp_path):
+    """``net`` moves every machine to 127.<net>.R.N (the demo's 42), so two virtual clusters can be up at once;
+    the inventory validates and nothing else in it names an address of the default net."""
+    directory = tmp_path / "other"
+    create.write(directory, 4, 2, fabric="mixed", faults="none", net=42)
+    hosts = load_inventory(directory).everyone
+    assert sorted(h["ansible_host"] for h in hosts.values()) == ["127.42.1.11", "127.42.1.12", "127.42.2.11",
+                                                                "127.42.2.12"]
+    default = {h.address for h in create.plan(4, 2, "mixed", "none")}
+    text = "".join(p.read_text() for p in directory.rglob("*.yml"))
+    assert not any(address in text for address in default)
+    for bad in (-1, 255):
+        with pytest.raises(ValueError, match=f"net {bad}: the second octet"):
+            create.plan(4, 2, "mixed", "none", bad)
