@@ -33,7 +33,7 @@ import yaml
 
 from tests.provision.conftest import ansible_playbook, clusterctl
 
-pytestmark = pytest.mark.timeout(1200)  # site.yml (cpu_cstates only) runs on one simulated host, twice per vendor
+pytestmark = pytest.mark.timeout(1200)  # site.yml (cpu_cstates only) on four simulated hosts, one BMC vendor each
 
 USER, PASSWORD = "root", "bmc-Pa55-word-for-test"
 REPO = Path(__file__).resolve().parents[2]
@@ -204,13 +204,15 @@ VENDORS = {
 
 
 @pytest.fixture(scope="module")
-def one_host(tmp_path_factory):
+def hosts(tmp_path_factory):
+    """Four machines: the vendor test gives each its own BMC (one site.yml run for all four vendors, as a
+    mixed fleet is provisioned); the other tests run on the first with ``--limit``."""
     inventory = tmp_path_factory.mktemp("redfish") / "inventory"
-    assert clusterctl("virtual", "create", str(inventory), "--nodes", "1", "--racks", "1", "--faults", "none").returncode == 0
+    assert clusterctl("virtual", "create", str(inventory), "--nodes", "4", "--racks", "1", "--faults", "none").returncode == 0
     up = clusterctl("virtual", "up", str(inventory))
     assert up.returncode == 0, up.stderr
     try:
-        yield inventory
+        yield inventory, ("r01n01", "r01n02", "r01n03", "r01n04")
     finally:
         clusterctl("virtual", "down", str(inventory))
 
@@ -234,52 +236,79 @@ def serve(fake: FakeBmc, tls) -> ThreadingHTTPServer:
     return server
 
 
-def run_role(inventory: Path, fake: FakeBmc, tmp_path: Path, **extra) -> tuple[int, str]:
+def run_role(hosts, fake: FakeBmc, tmp_path: Path, **extra) -> tuple[int, str]:
+    """site.yml's cpu_cstates on the first machine, its BMC ``fake``."""
+    inventory, names = hosts
     path = tmp_path / "bmc-vars.json"
     path.write_text(json.dumps({"cpu_cstates_redfish": True, "bmc_address": fake.address, "bmc_username": USER,
                                 "bmc_password": PASSWORD, "bmc_validate_certs": False, **extra}))
-    done = ansible_playbook(inventory, "playbooks/site.yml", "--tags", "cpu_cstates", "-e", f"@{path}")
+    done = ansible_playbook(inventory, "playbooks/site.yml", "--tags", "cpu_cstates", "--limit", names[0],
+                            "-e", f"@{path}")
     return done.returncode, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("vendor", sorted(VENDORS))
-def test_redfish_patches_only_what_differs_with_each_vendors_rules(one_host, tls, tmp_path, vendor):
-    make, expected_patch = VENDORS[vendor]
-    fake = make()
-    server = serve(fake, tls)
-    try:
-        rc, out = run_role(one_host, fake, tmp_path)
-        assert rc == 0, out[-3000:]
-        assert fake.rejected == [], fake.rejected
-        assert fake.patches == [expected_patch]
-        assert "reboot pending: BIOS C-state attributes" in " ".join(out.split())
-        assert fake.unauthorized == 0
-        # Every request came from the controller, none from the node (a simulated host has its own mount ns).
-        assert fake.clients_mount_ns == {os.readlink("/proc/self/ns/mnt")}, fake.clients_mount_ns
+def recap(out: str) -> dict[str, str]:
+    """host -> its PLAY RECAP line."""
+    return {m.group(1): m.group(0) for m in re.finditer(r"^(\S+)\s+: ok=.*$", out, re.MULTILINE)}
 
-        rc2, out2 = run_role(one_host, fake, tmp_path)
-        assert rc2 == 0, out2[-3000:]
-        assert len(fake.patches) == 1, "second run must not PATCH again"
-        assert "reboot pending" in out2 and "changed=0" in out2
+
+def test_redfish_patches_only_what_differs_with_each_vendors_rules(hosts, tls):
+    """One run over four hosts, each BMC a different vendor's (its address and credentials in host_vars, as
+    an inventory gives them): each gets exactly its vendor's one correct PATCH; the second run sends none."""
+    inventory, names = hosts
+    host_of = dict(zip(sorted(VENDORS), names, strict=True))
+    fakes = {vendor: VENDORS[vendor][0]() for vendor in host_of}
+    servers = [serve(fake, tls) for fake in fakes.values()]
+    host_vars = inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    try:
+        for vendor, host in host_of.items():
+            (host_vars / f"{host}.yml").write_text(yaml.safe_dump({
+                "cpu_cstates_redfish": True, "bmc_address": fakes[vendor].address, "bmc_username": USER,
+                "bmc_password": PASSWORD, "bmc_validate_certs": False}))
+        first = ansible_playbook(inventory, "playbooks/site.yml", "--tags", "cpu_cstates")
+        out = first.stdout + first.stderr
+        assert first.returncode == 0, out[-3000:]
+        flat = " ".join(out.split())
+        for vendor, host in host_of.items():
+            fake = fakes[vendor]
+            assert fake.rejected == [], (vendor, fake.rejected)
+            assert fake.patches == [VENDORS[vendor][1]], (vendor, fake.patches)
+            assert f"apply at the next reboot of {host}" in flat, (vendor, flat[-3000:])
+            assert fake.unauthorized == 0, vendor
+            # Every request came from the controller, none from the node (a simulated host has its own mount ns).
+            assert fake.clients_mount_ns == {os.readlink("/proc/self/ns/mnt")}, (vendor, fake.clients_mount_ns)
+
+        second = ansible_playbook(inventory, "playbooks/site.yml", "--tags", "cpu_cstates")
+        out2 = second.stdout + second.stderr
+        assert second.returncode == 0, out2[-3000:]
+        lines = recap(out2)
+        for vendor, host in host_of.items():
+            assert len(fakes[vendor].patches) == 1, f"{vendor}: the second run must not PATCH again"
+            assert "changed=0" in lines[host], (vendor, lines)
+            assert f"apply at the next reboot of {host}" in " ".join(out2.split()), vendor  # still pending
         assert PASSWORD not in out + out2
     finally:
-        server.shutdown()
+        for host in names:
+            (host_vars / f"{host}.yml").unlink(missing_ok=True)
+        for server in servers:
+            server.shutdown()
 
 
-def test_render_only_stages_no_bios_change_and_reports_what_differs(one_host, tls, tmp_path):
+def test_render_only_stages_no_bios_change_and_reports_what_differs(hosts, tls, tmp_path):
     """Render-only touches nothing that applies at the next boot (playbooks/README.md, "Render only"): no PATCH,
     the differing attributes reported as not staged and no "reboot pending" for them; a normal run stages them."""
     fake = dell()
     server = serve(fake, tls)
     try:
-        rc, out = run_role(one_host, fake, tmp_path, clusterctl_render_only=True)
+        rc, out = run_role(hosts, fake, tmp_path, clusterctl_render_only=True)
         assert rc == 0, out[-3000:]
         assert fake.patches == [], "render-only must not stage BIOS settings"
         flat = " ".join(out.split())
         staged = re.search(r"render only: BIOS C-state attributes (.*?) of \S+ differ; not staged", flat)
         assert staged and set(staged.group(1).split(", ")) == {"SysProfile", "ProcCStates"}, flat[-3000:]
         assert "reboot pending" not in out
-        rc2, out2 = run_role(one_host, fake, tmp_path)
+        rc2, out2 = run_role(hosts, fake, tmp_path)
         assert rc2 == 0, out2[-3000:]
         assert fake.patches == [VENDORS["dell"][1]]
         assert "reboot pending: BIOS C-state attributes" in " ".join(out2.split())
@@ -287,14 +316,14 @@ def test_render_only_stages_no_bios_change_and_reports_what_differs(one_host, tl
         server.shutdown()
 
 
-def test_attributes_the_bios_lacks_are_reported_not_patched(one_host, tls, tmp_path):
+def test_attributes_the_bios_lacks_are_reported_not_patched(hosts, tls, tmp_path):
     fake = dell()
     del fake.current["ProcC1E"]  # an older BIOS without the C1E switch
     fake.current["ProcCStates"] = "Disabled"
     fake.current["SysProfile"] = "Custom"
     server = serve(fake, tls)
     try:
-        rc, out = run_role(one_host, fake, tmp_path)
+        rc, out = run_role(hosts, fake, tmp_path)
         assert rc == 0, out[-3000:]
         assert fake.patches == [], "nothing differs among the attributes this BIOS has"
         assert "has no attribute ProcC1E: not set" in " ".join(out.split())
@@ -302,12 +331,12 @@ def test_attributes_the_bios_lacks_are_reported_not_patched(one_host, tls, tmp_p
         server.shutdown()
 
 
-def test_an_unknown_vendor_stops_the_host_naming_it(one_host, tls, tmp_path):
+def test_an_unknown_vendor_stops_the_host_naming_it(hosts, tls, tmp_path):
     fake = dell()
     fake.manufacturer = "NVIDIA"
     server = serve(fake, tls)
     try:
-        rc, out = run_role(one_host, fake, tmp_path)
+        rc, out = run_role(hosts, fake, tmp_path)
         assert rc != 0
         assert fake.patches == []
         assert "reports Manufacturer 'NVIDIA', which has no BIOS attribute map" in " ".join(out.split())
