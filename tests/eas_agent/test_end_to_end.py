@@ -98,18 +98,34 @@ def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr)
         agents = [stack.enter_context(running_agent(node.write_config(**FAST))) for node in nodes]
         view = stack.enter_context(reader(consul_addr))
         wait_for(lambda: scored(view, 8), 15, "8 passing IUs with scores")
+        ids = [f"r01n{n // 2 + 1:02d}-iu{n % 2}" for n in range(8)]
+        light, heavy = ids[:2], ids[-2:]  # 0.3 and 1 req/s; 11 and 14 req/s, past one IU's capacity
+
+        def window_means():
+            """Each IU's mean score over 1 s of snapshots, and the last of them. One snapshot is a moment: a
+            fresh-clone run caught the 1 req/s IU with one prefill in flight (0.27 s) while an 11 req/s IU's
+            queue had just drained (0.14 s); the overloaded IUs' queues grow, so over a window they score far
+            above."""
+            sums, count, last, end = Counter(), 0, None, time.monotonic() + 1.0
+            while time.monotonic() < end or (last is None and time.monotonic() < end + 5.0):
+                snapshot = scored(view, 8)
+                if snapshot is not None:
+                    for iu_id, entry in snapshot.by_id().items():
+                        sums[iu_id] += entry.score
+                    count, last = count + 1, snapshot
+                time.sleep(0.05)
+            if last is None:
+                return None
+            mean = {iu_id: sums[iu_id] / count for iu_id in ids}
+            return (mean, last) if max(mean[i] for i in light) < min(mean[i] for i in heavy) else None
+
         time.sleep(1.0)  # a few heartbeats so measured rates settle
-        by_id = wait_for(lambda: scored(view, 8), 15, "8 scored IUs once the rates settled").by_id()
-        score = {
-            f"r01n{n // 2 + 1:02d}-iu{n % 2}": by_id[f"r01n{n // 2 + 1:02d}-iu{n % 2}"].score
-            for n in range(8)
-        }
-        light, heavy = list(score)[:2], list(score)[-2:]
-        assert max(score[i] for i in light) < min(score[i] for i in heavy), score
+        mean, snapshot = wait_for(window_means, 15, "the overloaded IUs' mean score above the light ones'")
+        score = {iu_id: snapshot.by_id()[iu_id].score for iu_id in ids}
 
         rng, ledger = random.Random(7), EdgeLedger()
         now = time.time()
-        counts = Counter(pick(view.snapshot(), ledger, now, rng).iu_id for _ in range(4000))
+        counts = Counter(pick(snapshot, ledger, now, rng).iu_id for _ in range(4000))  # the scores read
         worst = max(score, key=score.get)
         assert counts[worst] == 0, (counts, score)  # the highest score never wins a pair
         assert sum(counts[i] for i in light) > 4 * sum(counts[i] for i in heavy), (counts, score)
