@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import MACHINE_TESTS, OWN_NET_MACHINE_TESTS, ROOT, is_machine_test, scope_of
+from tests.conftest import (
+    EARLY_UNIT_TESTS,
+    MACHINE_TESTS,
+    OWN_NET_MACHINE_TESTS,
+    ROOT,
+    is_machine_test,
+    scope_of,
+)
 
 # `clusterctl virtual up` as argv or as simulate.up(), the preflight helper that boots a cluster, the
 # provisioned-cluster, one-machine and up-inventory fixtures, the machines module itself, the image build.
@@ -33,7 +40,8 @@ def test_every_module_that_boots_machines_is_in_the_group():
 
 
 def test_every_group_entry_names_something_that_exists():
-    assert [entry for entry in MACHINE_TESTS + OWN_NET_MACHINE_TESTS if not (ROOT / entry).exists()] == []
+    entries = MACHINE_TESTS + OWN_NET_MACHINE_TESTS + EARLY_UNIT_TESTS
+    assert [entry for entry in entries if not (ROOT / entry).exists()] == []
 
 
 def test_the_demo_that_runs_beside_the_group_boots_its_machines_on_its_own_net():
@@ -62,8 +70,9 @@ def test_the_machine_tests_run_in_the_listed_order_before_the_others():
 
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                              "tests/provision/test_site_virtual.py", "tests/test_demo.py", "tests/provision/test_filters.py",
-                             "tests/virtual/test_create.py"], cwd=ROOT, capture_output=True, text=True).stdout
+                             "tests/virtual/test_create.py", "tests/eas_agent/test_end_to_end.py"], cwd=ROOT,
+                            capture_output=True, text=True).stdout
     modules = [line.split("::", 1)[0] for line in listed.splitlines() if "::" in line]
     order = list(dict.fromkeys(modules))
-    assert order == ["tests/virtual/test_create.py", "tests/provision/test_site_virtual.py", "tests/test_demo.py",
-                     "tests/provision/test_filters.py"], order
+    assert order == ["tests/virtual/test_create.py", "tests/provision/test_site_virtual.py",
+                     "tests/eas_agent/test_end_to_end.py", "tests/test_demo.py", "tests/provision/test_filters.py"], order
