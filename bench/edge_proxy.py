@@ -5,7 +5,7 @@
     .venv/bin/python bench/edge_proxy.py --rates 200 --duration 5 --push-nodes 16   # quick
 
 1. Overhead. Two stand-in IUs (one process, aiohttp) answer ``POST /v1/completions`` with ``stream: true``
-   like a simulated IU but with fixed timing, so the only difference between the two paths is the proxy:
+   like a simulated IU but with fixed timing, so the only difference between the paths is the proxy:
    8 SSE chunks 5 ms apart, each carrying the upstream's CLOCK_MONOTONIC send time (system-wide on Linux,
    so comparable across processes). An open-loop Poisson client (this process, aiohttp) sends the same
    schedule straight to the IUs and through a real ``eas-edge`` process (routing with pick() on KV scores
@@ -266,7 +266,8 @@ def overhead(rates: list[float], duration: float, rounds: int, consul) -> list[d
             runs = {name: [] for name in paths}
             cpu = {name: 0.0 for name in measured_pid}
             for r in range(rounds):
-                order = list(paths)[r % 3:] + list(paths)[:r % 3]
+                names = list(paths)
+                order = names[r % len(names):] + names[:r % len(names)]
                 for name in order:
                     c0 = cpu_seconds(measured_pid[name]) if name in measured_pid else 0.0
                     runs[name].append(asyncio.run(drive(paths[name], rate, duration / rounds, r + 1)))

@@ -13,8 +13,7 @@ longest chain starts at once. The demo's machines live on their own net (127.42.
 and share only what is made to be shared (the package server, refcounted by ``sim.hosts.repos``; the image
 cache, built under a lock), so ``test_demo`` is its own scope: it runs on the other worker beside the
 machines' first, one-core part (after the few load-sensitive EARLY_UNIT_TESTS), before that worker's other
-unit tests. tests/test_xdist_groups.py
-keeps the lists complete.
+unit tests. tests/test_xdist_groups.py keeps the lists complete.
 """
 
 from __future__ import annotations
@@ -55,9 +54,14 @@ OWN_NET_MACHINE_TESTS = ("tests/test_demo.py",)
 EARLY_UNIT_TESTS = ("tests/eas_agent/test_end_to_end.py",)
 
 
+def _position(relative_path: str, entries: tuple[str, ...]) -> int | None:
+    """The index of the first of ``entries`` (a file, or a directory ending in /) the path is under, else None."""
+    return next((i for i, entry in enumerate(entries) if relative_path.startswith(entry)), None)
+
+
 def machine_order(relative_path: str) -> int | None:
     """The position of a machine test's entry in MACHINE_TESTS (its run order), None for other tests."""
-    return next((i for i, entry in enumerate(MACHINE_TESTS) if relative_path.startswith(entry)), None)
+    return _position(relative_path, MACHINE_TESTS)
 
 
 def is_machine_test(relative_path: str) -> bool:
@@ -75,11 +79,8 @@ def pytest_collection_modifyitems(config, items):
     # that the scheduler below hands the machines' unit out first.
     def key(item) -> tuple[int, int]:
         path = item.path.relative_to(ROOT).as_posix()
-        order = machine_order(path)
-        if order is not None:
-            return (0, order)
-        for rank, entries in ((1, EARLY_UNIT_TESTS), (2, OWN_NET_MACHINE_TESTS)):
-            position = next((i for i, entry in enumerate(entries) if path.startswith(entry)), None)
+        for rank, entries in enumerate((MACHINE_TESTS, EARLY_UNIT_TESTS, OWN_NET_MACHINE_TESTS)):
+            position = _position(path, entries)
             if position is not None:
                 return (rank, position)
         return (3, 0)

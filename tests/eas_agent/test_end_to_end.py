@@ -102,7 +102,8 @@ def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr)
         light, heavy = ids[:2], ids[-2:]  # 0.3 and 1 req/s; 11 and 14 req/s, past one IU's capacity
 
         def window_means():
-            """Each IU's mean score over 1 s of snapshots, and the last of them. One snapshot is a moment: a
+            """The last of 1 s of snapshots, once each IU's mean score over them ranks the light IUs below the
+            overloaded ones (else None). One snapshot is a moment: a
             fresh-clone run caught the 1 req/s IU with one prefill in flight (0.27 s) while an 11 req/s IU's
             queue had just drained (0.14 s); the overloaded IUs' queues grow, so over a window they score far
             above."""
@@ -117,10 +118,10 @@ def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr)
             if last is None:
                 return None
             mean = {iu_id: sums[iu_id] / count for iu_id in ids}
-            return (mean, last) if max(mean[i] for i in light) < min(mean[i] for i in heavy) else None
+            return last if max(mean[i] for i in light) < min(mean[i] for i in heavy) else None
 
         time.sleep(1.0)  # a few heartbeats so measured rates settle
-        mean, snapshot = wait_for(window_means, 15, "the overloaded IUs' mean score above the light ones'")
+        snapshot = wait_for(window_means, 15, "the overloaded IUs' mean score above the light ones'")
         score = {iu_id: snapshot.by_id()[iu_id].score for iu_id in ids}
 
         rng, ledger = random.Random(7), EdgeLedger()
