@@ -229,9 +229,42 @@ def _source_error(path: Path, exc: BaseException, warnings: _Warnings) -> Invent
                               "create a virtual one with clusterctl virtual create -i DIR)")
     for source in sources:
         if message := warnings.plugin_failure(source):
-            kind = "YAML" if source.suffix in YAML_SUFFIXES else "INI"
-            return InventoryError(f"{source}: {kind}: {message}")
+            if source.suffix in YAML_SUFFIXES:
+                return InventoryError(f"{source}: YAML: {message}")
+            line = _ini_error_line(source)
+            return InventoryError(f"{source}{f':{line}' if line else ''}: INI: {message}")
     return _error(path, exc, "cannot parse inventory: ")
+
+
+def _ini_error_line(source: Path) -> int | None:
+    """The line Ansible's ini plugin stopped at, or None. Its error names only the file: the plugin counts
+    lines in its ``_origin`` but resets the count before raising (ansible-core 2.19), so parse the file
+    again with ``_parse`` watched and read the count there."""
+    try:
+        from ansible.inventory.data import InventoryData
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.plugins.loader import inventory_loader
+
+        plugin = inventory_loader.get("ini")
+        seen: dict[str, int | None] = {}
+        parse_lines = plugin._parse
+
+        def watched(lines):
+            try:
+                return parse_lines(lines)
+            except Exception:
+                seen["line"] = plugin._origin.line_num
+                raise
+
+        plugin._parse = watched
+        try:
+            plugin.parse(InventoryData(), DataLoader(), str(source.resolve()))
+        except Exception:  # noqa: BLE001 -- the failure itself is already known; only its line is wanted
+            pass
+        line = seen.get("line")
+        return line if isinstance(line, int) and line > 0 else None
+    except Exception:  # noqa: BLE001 -- a changed private API: the message keeps the file alone
+        return None
 
 
 def has_template(value: Any) -> bool:
