@@ -185,3 +185,12 @@ def test_nccl_rows_fit_at_every_width(width):
     text = rendered_tables("nccl", FIXTURES / "nccl" / "a100-sxm4-8rank-all_gather-mpirun-tag-output.txt", width)
     assert fits(text, width) and "oop_algbw_gbps" in text and "ip_busbw_gbps" in text
     assert "nccl rows (columns 1-" in text  # 13 columns are ~190 wide: split even at 160
+
+
+def test_an_empty_file_says_it_is_empty(capsys, tmp_path):
+    # was: "cannot parse as nccl: line 0: no nccl-tests output (no '# nThread' header, table or Avg line): ''"
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["preflight", "parse", "nccl", str(tmp_path / "empty.txt")])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'empty.txt'}: empty: no nccl output to parse\n"

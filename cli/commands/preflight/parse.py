@@ -33,6 +33,8 @@ def command(kind: str, file: Any, as_json: bool) -> None:
         result = parse(kind, text)
     except ParseError as exc:
         name = "<stdin>" if file.name == "<stdin>" else file.name
+        if not text.strip():  # "line 0: ...: ''" said the same less plainly
+            raise ClusterctlError(f"{name}: empty: no {kind} output to parse", ExitCode.FAILED) from exc
         raise ClusterctlError(f"{name}: cannot parse as {kind}: {_one_line(str(exc))}", ExitCode.FAILED) from exc
     data = to_contract_json(kind, result, paste_warnings(text))
     if as_json:
