@@ -38,7 +38,7 @@ COMMANDS: dict[str, Lazy] = {
 
 
 EPILOG = examples(
-    "clusterctl virtual create mycluster --nodes 4 --racks 2",
+    "clusterctl virtual create -i mycluster --nodes 4 --racks 2",
     "clusterctl inventory validate -i inventory/prod",
     "clusterctl provision -i inventory/prod --limit rack_r12 --plan",
     "clusterctl preflight -i inventory/prod --limit rack_r12",

@@ -59,10 +59,12 @@ def _check_explicit_layout(host: str, layout: Any, gpu_count: int, iu_size: int)
             problems.append(Problem(host, "iu_layout", gpus, f"IU {index} has {len(gpus)} GPUs, iu_size is {iu_size}"))
         for gpu in gpus:
             g = _int(gpu)
+            # the whole layout as the value: "iu_layout=3" read as if the variable were 3
             if g is None or not 0 <= g < gpu_count:
-                problems.append(Problem(host, "iu_layout", gpu, f"IU {index}: GPU index out of range 0..{gpu_count - 1}"))
+                problems.append(Problem(host, "iu_layout", layout,
+                                        f"IU {index}: GPU {gpu!r} is out of range 0..{gpu_count - 1}"))
             elif g in seen:
-                problems.append(Problem(host, "iu_layout", gpu, f"IU {index}: GPU {g} is already in another IU"))
+                problems.append(Problem(host, "iu_layout", layout, f"IU {index}: GPU {g} is already in another IU"))
             else:
                 seen.add(g)
     return problems

@@ -181,6 +181,11 @@ def _unreachable_reason(exc: BaseException, address: str) -> str:
                 f"{exc.key.get_fingerprint().hex()}, known_hosts has {exc.expected_key.get_fingerprint().hex()}")
     if isinstance(exc, paramiko.AuthenticationException):
         return f"ssh: key rejected by {address}: {exc}"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        # paramiko's own text is "[Errno None] Unable to connect to port 1 on 127.0.0.1"
+        (host, port, *_), _ = next(iter(exc.errors.items()))
+        why = sorted({(e.strerror or str(e) or type(e).__name__).lower() for e in exc.errors.values()})
+        return f"ssh: cannot connect to {host} port {port}: {'; '.join(why)}"
     return f"ssh: {exc or type(exc).__name__}"  # EOFError() and TimeoutError() have no message
 
 

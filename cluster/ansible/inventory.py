@@ -229,9 +229,42 @@ def _source_error(path: Path, exc: BaseException, warnings: _Warnings) -> Invent
                               "create a virtual one with clusterctl virtual create -i DIR)")
     for source in sources:
         if message := warnings.plugin_failure(source):
-            kind = "YAML" if source.suffix in YAML_SUFFIXES else "INI"
-            return InventoryError(f"{source}: {kind}: {message}")
+            if source.suffix in YAML_SUFFIXES:
+                return InventoryError(f"{source}: YAML: {message}")
+            line = _ini_error_line(source)
+            return InventoryError(f"{source}{f':{line}' if line else ''}: INI: {message}")
     return _error(path, exc, "cannot parse inventory: ")
+
+
+def _ini_error_line(source: Path) -> int | None:
+    """The line Ansible's ini plugin stopped at, or None. Its error names only the file: the plugin counts
+    lines in its ``_origin`` but resets the count before raising (ansible-core 2.19), so parse the file
+    again with ``_parse`` watched and read the count there."""
+    try:
+        from ansible.inventory.data import InventoryData
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.plugins.loader import inventory_loader
+
+        plugin = inventory_loader.get("ini")
+        seen: dict[str, int | None] = {}
+        parse_lines = plugin._parse
+
+        def watched(lines):
+            try:
+                return parse_lines(lines)
+            except Exception:
+                seen["line"] = plugin._origin.line_num
+                raise
+
+        plugin._parse = watched
+        try:
+            plugin.parse(InventoryData(), DataLoader(), str(source.resolve()))
+        except Exception:  # noqa: BLE001 -- the failure itself is already known; only its line is wanted
+            pass
+        line = seen.get("line")
+        return line if isinstance(line, int) and line > 0 else None
+    except Exception:  # noqa: BLE001 -- a changed private API: the message keeps the file alone
+        return None
 
 
 def has_template(value: Any) -> bool:
@@ -297,16 +330,29 @@ def load_inventory(
                 hostvars = variables.get_vars(host=host, include_hostvars=False)
                 everyone[host.name] = _resolve(path, host.name, loader, hostvars)
             selected_names = [h.name for h in inventory.get_hosts(limit)] if limit else list(everyone)
+            unmatched = _unmatched_terms(inventory, limit) if limit and selected_names else []
         except AnsibleError as exc:
             raise _error(path, exc) from None
         if check_vault:
             undecryptable = vault.undecryptable({n: everyone[n] for n in selected_names})
     warnings.summarize(path)
-    if limit and not selected_names:
+    if limit and (unmatched or not selected_names):
         groups = sorted(g for g in inventory.groups if g not in ("all", "ungrouped"))
-        raise InventoryError(f"--limit {limit!r} matches no host in {path} (groups: {', '.join(groups) or '-'}; "
+        # A part that matches nothing (a typo among several hosts) is the same mistake as a whole limit that
+        # does: Ansible would only warn, and the run would go ahead on fewer hosts than meant.
+        what = f"--limit {limit!r}: {', '.join(map(repr, unmatched))}" if unmatched else f"--limit {limit!r}"
+        raise InventoryError(f"{what} matches no host in {path} (groups: {', '.join(groups) or '-'}; "
                              f"hosts: {_first(list(everyone))})")
     return LoadedInventory(path, {n: everyone[n] for n in selected_names}, everyone, undecryptable)
+
+
+def _unmatched_terms(inventory, limit: str) -> list[str]:
+    """The parts of a host pattern (``a,b`` / ``a:b``) that select nothing; exclusions (``!x``) and
+    intersections (``&x``) are left out, an empty one of those is no mistake."""
+    from ansible.inventory.manager import split_host_pattern
+
+    return [term for term in split_host_pattern(limit)
+            if term and term[0] not in "!&" and not inventory.get_hosts(term)]
 
 
 def _first(names: list[str], limit: int = 8) -> str:

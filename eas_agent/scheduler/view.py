@@ -367,6 +367,8 @@ class ConsulWatcher:
                     apply(entries)
                     self.updates += 1
             except Exception as exc:  # Consul down or any bug/garbage: back off and retry, never exit
+                if self.stopping.is_set():  # a query cut off by the shutdown (Consul stopped after us)
+                    break
                 failures += 1
                 self.errors += 1
                 if failures == 1 or failures % 100 == 0:
@@ -457,6 +459,8 @@ class ScoresPoller:
                 self.poll_once()
                 failures = 0
             except Exception as exc:  # never let one bad answer or bug end polling
+                if self.stopping.is_set():  # stop() closed the fetchers under this poll
+                    break
                 failures += 1
                 self.errors += 1
                 if failures == 1 or failures % 100 == 0:

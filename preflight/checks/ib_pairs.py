@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.model import Nic
+from cluster.text import plural
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext, command_line, parse_output
 from preflight.checks.ib_ports import IBSTAT, find_port
 from preflight.result import CheckResult, Verdict
@@ -340,7 +341,7 @@ class IbPairs(Check):
             if not own:
                 elsewhere = sorted(bad_peers[name])
                 good = sum(1 for m in mine if not m.problems)
-                reason = f"{good} of {len(mine)} tests with {len(peers[name])} peers OK"
+                reason = f"{good} of {plural(len(mine), 'test')} with {plural(len(peers[name]), 'peer')} OK"
                 if elsewhere:
                     reason += f"; the bad links to {', '.join(elsewhere)} are theirs"
                 results.append(self.result(nctx.node, Verdict.PASS, "IB_PAIRS_OK", reason, **evidence))

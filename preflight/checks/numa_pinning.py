@@ -87,7 +87,10 @@ class NumaPinning(Check):
         found = {"LoadState": props.load_state, "CPUAffinity": format_cpus(affinity),
                  "NUMAPolicy": props.get("NUMAPolicy"), "NUMAMask": format_cpus(mask)}
         problems: list[tuple[Verdict, str, str]] = []
-        if props.load_state != "loaded":
+        if props.load_state == "not-found":  # systemd's word for "no such unit file"
+            problems.append((Verdict.FAIL, "UNIT_MISSING",
+                             f"{unit} not installed (is the node provisioned? run clusterctl provision)"))
+        elif props.load_state != "loaded":
             problems.append((Verdict.FAIL, "UNIT_MISSING", f"{unit} is {props.load_state}"))
         else:
             if affinity != node_cpus:

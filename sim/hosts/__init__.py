@@ -2,11 +2,12 @@
 
 How to use::
 
-    clusterctl virtual create DIR --nodes 32 --racks 4 [--gpu h200-sxm] [--fabric ib|roce|mixed] [--faults none]
-    clusterctl virtual up DIR        # boots a machine per host; runs `down` first; builds the image once;
+    clusterctl virtual create -i DIR --nodes 32 --racks 4 [--gpu h200-sxm] [--fabric ib|roce|mixed] [--faults none]
+    clusterctl virtual up -i DIR     # boots a machine per host; runs `down` first (refused on provisioned
+                                     # machines unless --reset); builds the image once;
                                      # serves the package sources on 127.0.255.1:8080 (sim.hosts.repos)
-    clusterctl virtual status DIR    # each machine's systemd state, address and faults
-    clusterctl virtual down DIR      # stops every machine, removes their overlays (also after kill -9 of up)
+    clusterctl virtual status -i DIR # each machine's systemd state, address and faults
+    clusterctl virtual down -i DIR   # stops every machine, removes their overlays (also after kill -9 of up)
 
 Design (see :mod:`sim.hosts.machines` and :mod:`sim.hosts.image`): each host is a systemd-nspawn
 machine booting a cached Debian 12 image (systemd, sshd, python3, sudo) through its own overlay, sharing

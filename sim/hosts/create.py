@@ -1,4 +1,4 @@
-"""Write a virtual inventory: ``clusterctl virtual create DIR --nodes N --racks R``.
+"""Write a virtual inventory: ``clusterctl virtual create -i DIR --nodes N --racks R``.
 
 Hosts are named ``r<RR>n<NN>`` and spread over the racks in order (rack_rRR groups); addresses are
 loopback (127.0.R.10+N) so simulated services never leave the machine; ``net`` moves a whole inventory to
@@ -150,7 +150,7 @@ def render(nodes: int, racks: int, gpu_model: str = "h100-sxm", fabric: str = "i
         f"# A virtual inventory: {racks} rack(s) x {nodes} node(s) of 8x {gpu_model} "
         f"({'InfiniBand' if fabric == 'ib' else 'RoCE' if fabric == 'roce' else 'InfiniBand, last rack RoCE'}).",
         "# Written by `clusterctl virtual create`; addresses are loopback (127.0.0.0/8) so simulated services",
-        "# never leave this machine. `clusterctl virtual up DIR` creates the simulated hosts.",
+        "# never leave this machine. `clusterctl virtual up -i DIR` creates the simulated hosts.",
         "all:",
         "  children:",
     ]

@@ -38,7 +38,7 @@ def results() -> list[CheckResult]:
     out += [r("r01", "r01n02", c, "PASS", "OK", "ok") for c in ("ib_ports", "nccl", "numa_pinning", "time_sync")]
     for c in CHECKS:  # an unreachable host: one row, not eight
         out.append(r("r02", "r02n02", c, "UNREACHABLE", "HOST_UNREACHABLE",
-                     "host unreachable: ssh: Unable to connect to port 1 on 127.0.0.1"))
+                     "host unreachable: ssh: cannot connect to 127.0.0.1 port 1: connection refused"))
     out.append(r("r02", "r02n03", "gpu_topology", "ERROR", "TIMEOUT", "`nvidia-smi topo -m` timed out after 1s"))
     for c in CHECKS[1:]:
         out.append(r("r02", "r02n03", c, "ERROR", "NOT_RUN", "not run: `nvidia-smi topo -m` timed out earlier on this host"))

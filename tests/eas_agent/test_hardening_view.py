@@ -189,3 +189,34 @@ def test_scores_poller_is_not_held_by_a_dripping_agent():
         poller.stop()
         drip.close()
         good.stop()
+
+
+def test_a_query_that_fails_after_stop_is_not_reported(caplog):
+    """The demo's last line was "consul watch failed: GET health/service/vllm-iu: ChunkedEncodingError ..."
+    in 2 of 2 runs (operator review M3): a blocking query still open when Consul was stopped after the
+    watcher's stop(). A failure once stop() was called is the shutdown, not news."""
+    import logging
+
+    in_query, release = threading.Event(), threading.Event()
+
+    class ShutdownIO:
+        def kv_list(self, prefix, index=None, wait_s=None):
+            if index is None:
+                return 1, []
+            in_query.set()
+            release.wait(5)
+            raise ConsulUnavailable("GET kv: Connection broken: IncompleteRead(0 bytes read)")
+
+        def health_service(self, index=None, wait_s=None):
+            return self.kv_list("", index, wait_s)
+
+    view = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
+    watcher = ConsulWatcher(view, ShutdownIO(), min_interval_s=0.01).start()
+    assert in_query.wait(5)
+    with caplog.at_level(logging.WARNING, logger="eas_agent.scheduler"):
+        watcher.stop()
+        release.set()  # Consul goes away under the open queries
+        for thread in watcher.threads:
+            thread.join(5)
+    assert not any(t.is_alive() for t in watcher.threads)
+    assert "consul watch failed" not in caplog.text

@@ -47,7 +47,12 @@ CASES = {
     "unknown_gpu_model": ({"n2": "gpu_model: b200\n"}, ["n2: gpu_model='b200'", "unknown GPU model"]),
     "layout_gpu_twice": (
         {"n1": "iu_layout: [[0, 1, 2, 3], [3, 4, 5, 6]]\n"},
-        ["n1: iu_layout=3", "GPU 3 is already in another IU"],
+        # the layout, not the GPU index alone ("iu_layout=3": operator review L9)
+        ["n1: iu_layout=[[0, 1, 2, 3], [3, 4, 5, 6]]: IU 1: GPU 3 is already in another IU"],
+    ),
+    "layout_gpu_out_of_range": (
+        {"n1": "iu_layout: [[0, 1, 2, 3], [4, 5, 6, 9]]\n"},
+        ["n1: iu_layout=[[0, 1, 2, 3], [4, 5, 6, 9]]: IU 1: GPU 9 is out of range 0..7"],
     ),
 }
 

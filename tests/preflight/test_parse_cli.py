@@ -141,3 +141,56 @@ def test_table_prints_bus_ids_and_brackets_literally(capsys, monkeypatch):
     assert "00000000:AB:00.0" in out and "00000000:BA:00.0" in out
     main(["preflight", "parse", "nccl", str(FIXTURES / "nccl" / "h100-2node-all_reduce-crashed-ib-retry-exceeded.txt")])
     assert "[3] transport/net_ib.cc:1696 NCCL WARN" in capsys.readouterr().out
+
+
+def rendered_tables(kind: str, path: Path, width: int | None) -> str:
+    import io
+
+    from rich.console import Console
+
+    from cli.commands.preflight.parse import render_tables
+    from preflight import parsers
+    from preflight.parsers import paste_warnings, to_contract_json
+
+    text = path.read_text(errors="replace")
+    data = to_contract_json(kind, parsers.parse(kind, text), paste_warnings(text))
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=False, color_system=None)
+    for table in render_tables(kind, data, console.width):
+        console.print(table)
+    return out.getvalue()
+
+
+def fits(text: str, width: int | None) -> bool:
+    return "…" not in text and all(len(line) <= (width or 80) for line in text.splitlines())
+
+
+def test_tables_fit_80_columns_and_cut_nothing():
+    """`preflight parse nccl` at 80 columns cut all 13 columns to `10…`/`fl…` (operator review L10): a
+    table wider than the terminal is split into column groups, the first column (the row's key) in each.
+    Two samples of every kind (all of them take ~15 s)."""
+    from preflight import parsers
+
+    for kind in sorted(parsers.PARSERS):
+        for path in samples(kind)[:2]:
+            try:
+                assert fits(rendered_tables(kind, path, 80), 80), (kind, path.name)
+            except parsers.ParseError:
+                continue
+
+
+@pytest.mark.parametrize("width", [80, 100, 160, None], ids=["80", "100", "160", "piped"])
+def test_nccl_rows_fit_at_every_width(width):
+    # even at 160 the header read `oop_algbw_g…`
+    text = rendered_tables("nccl", FIXTURES / "nccl" / "a100-sxm4-8rank-all_gather-mpirun-tag-output.txt", width)
+    assert fits(text, width) and "oop_algbw_gbps" in text and "ip_busbw_gbps" in text
+    assert "nccl rows (columns 1-" in text  # 13 columns are ~190 wide: split even at 160
+
+
+def test_an_empty_file_says_it_is_empty(capsys, tmp_path):
+    # was: "cannot parse as nccl: line 0: no nccl-tests output (no '# nThread' header, table or Avg line): ''"
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["preflight", "parse", "nccl", str(tmp_path / "empty.txt")])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'empty.txt'}: empty: no nccl output to parse\n"

@@ -174,3 +174,23 @@ def test_a_connection_that_dies_under_a_command_is_opened_again_for_one_more_try
     transport._connections[host.name].client.live = DiesOnUse()
     result = transport.run(host, ["true"], timeout=10)
     assert result.ok and not result.unreachable and len(opened) == 2, result
+
+
+def test_a_refused_connection_reads_plainly_without_errno_none():
+    # paramiko says "[Errno None] Unable to connect to port 1 on 127.0.0.1" (operator review L6); every
+    # check row of an unreachable host carried it
+    import socket
+
+    from preflight.transport import SshTransport
+    from tests.preflight.helpers import node
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    transport = SshTransport()
+    try:
+        result = transport.run(node(ansible_host="127.0.0.1", ansible_port=port), ["true"], timeout=5)
+    finally:
+        transport.close()
+    assert result.unreachable
+    assert result.stderr == f"ssh: cannot connect to 127.0.0.1 port {port}: connection refused", result.stderr

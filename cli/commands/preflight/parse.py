@@ -33,6 +33,8 @@ def command(kind: str, file: Any, as_json: bool) -> None:
         result = parse(kind, text)
     except ParseError as exc:
         name = "<stdin>" if file.name == "<stdin>" else file.name
+        if not text.strip():  # "line 0: ...: ''" said the same less plainly
+            raise ClusterctlError(f"{name}: empty: no {kind} output to parse", ExitCode.FAILED) from exc
         raise ClusterctlError(f"{name}: cannot parse as {kind}: {_one_line(str(exc))}", ExitCode.FAILED) from exc
     data = to_contract_json(kind, result, paste_warnings(text))
     if as_json:
@@ -40,7 +42,7 @@ def command(kind: str, file: Any, as_json: bool) -> None:
         return
     # Its own console: a parsed value such as ":warning:" or "[1]" is data, never an emoji or highlighted.
     console = Console(emoji=False, highlight=False)
-    for table in render_tables(kind, data):
+    for table in render_tables(kind, data, console.width):
         console.print(table)
 
 
@@ -48,9 +50,11 @@ def _one_line(text: str) -> str:
     return " ".join(text.split("\n"))
 
 
-def render_tables(kind: str, data: dict) -> list[Table]:
+def render_tables(kind: str, data: dict, width: int | None = None) -> list[Table]:
     """Tables for any contract object: scalars as key/value, lists of records as rows (nested lists of
-    records flattened under their parent's scalars), and a dict of dicts (topo links) as a matrix."""
+    records flattened under their parent's scalars), and a dict of dicts (topo links) as a matrix. A table
+    of rows wider than ``width`` columns is split into column groups that fit, each repeating the first
+    column, so that no header or value is cut to "…"."""
     tables: list[Table] = []
     scalars = {key: value for key, value in data.items() if not isinstance(value, list | dict)}
     if scalars:
@@ -62,7 +66,7 @@ def render_tables(kind: str, data: dict) -> list[Table]:
         tables.append(summary)
     for key, value in data.items():
         if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
-            tables.append(_records_table(f"{kind} {key}", _flatten(value)))
+            tables += _records_tables(f"{kind} {key}", _flatten(value), width)
         elif isinstance(value, list):
             table = Table(title=f"{kind} {key}")
             table.add_column(key)
@@ -70,7 +74,7 @@ def render_tables(kind: str, data: dict) -> list[Table]:
                 table.add_row(_cell(item))
             tables.append(table)
         elif isinstance(value, dict) and value and all(isinstance(row, dict) for row in value.values()):
-            tables.append(_matrix_table(f"{kind} {key}", value))
+            tables += _matrix_tables(f"{kind} {key}", value, width)
     return tables
 
 
@@ -87,25 +91,48 @@ def _flatten(records: list[dict]) -> list[dict]:
     return rows
 
 
-def _records_table(title: str, records: list[dict]) -> Table:
-    table = Table(title=title)
+def _records_tables(title: str, records: list[dict], width: int | None) -> list[Table]:
     columns = list(dict.fromkeys(key for record in records for key in record))
-    for column in columns:
-        table.add_column(column)
-    for record in records:
-        table.add_row(*(_cell(record.get(column)) for column in columns))
-    return table
+    cells = [[_cell(record.get(column)) for record in records] for column in columns]
+    return _split_tables(title, [Text(c) for c in columns], cells, width)
 
 
-def _matrix_table(title: str, matrix: dict[str, dict[str, Any]]) -> Table:
-    table = Table(title=title)
+def _matrix_tables(title: str, matrix: dict[str, dict[str, Any]], width: int | None) -> list[Table]:
     columns = list(dict.fromkeys(col for row in matrix.values() for col in row))
-    table.add_column("")
-    for column in columns:
-        table.add_column(column)
-    for label, row in matrix.items():
-        table.add_row(Text(label), *(_cell(row.get(column)) for column in columns))
-    return table
+    cells = [[Text(label) for label in matrix]] + [[_cell(row.get(column)) for row in matrix.values()]
+                                                   for column in columns]
+    return _split_tables(title, [Text(""), *(Text(c) for c in columns)], cells, width)
+
+
+def _split_tables(title: str, headers: list[Text], columns: list[list[Text]], width: int | None) -> list[Table]:
+    """One table of ``headers``/``columns`` (cells column by column), or, when wider than ``width``, several
+    that fit: the first column in each, the others in order. A single column too wide for the terminal
+    still gets a table of its own and wraps there (rich folds a long cell rather than cutting it)."""
+
+    def natural(index: int) -> int:  # the column's width with its padding and its border on the right
+        return max(cell.cell_len for cell in (headers[index], *columns[index])) + 3
+
+    groups = [list(range(1, len(headers)))]
+    if width and sum(natural(i) for i in range(len(headers))) + 1 > width:
+        budget = width - 1 - natural(0)
+        groups, used = [[]], 0
+        for index in range(1, len(headers)):
+            if groups[-1] and used + natural(index) > budget:
+                groups.append([])
+                used = 0
+            groups[-1].append(index)
+            used += natural(index)
+    tables = []
+    for number, group in enumerate(groups):
+        first = 1 if number == 0 else group[0] + 1  # the key column is column 1, repeated in every group
+        label = title if len(groups) == 1 else f"{title} (columns {first}-{group[-1] + 1} of {len(headers)})"
+        table = Table(title=label)
+        for index in (0, *group):
+            table.add_column(headers[index], overflow="fold")
+        for row in range(len(columns[0])):
+            table.add_row(*(columns[index][row] for index in (0, *group)))
+        tables.append(table)
+    return tables
 
 
 def _cell(value: Any) -> Text:

@@ -158,3 +158,16 @@ def test_a_provision_run_is_recorded_for_virtual_up(clusterctl, virtual_inventor
     assert run_state.provisioned_since_up(virtual_inventory) is None  # a dry run changes nothing
     provision(clusterctl, virtual_inventory, tmp_path)
     assert run_state.provisioned_since_up(virtual_inventory) is not None
+
+
+def test_a_limit_part_matching_nothing_is_an_error_too(clusterctl, virtual_inventory, tmp_path, replay):
+    # `--limit r01n01,r0n02` ran on r01n01 alone and said nothing of the typo (Ansible's own warning is off)
+    code, out, err = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r01n01,r0n02")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith(f"error: --limit 'r01n01,r0n02': 'r0n02' matches no host in {virtual_inventory} (groups: ")
+    assert not replay.calls  # nothing ran
+    # exclusions, intersections and patterns that match keep working
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "rack_r01:!r01n02:&all", "--plan")
+    assert code == 0 and "on 1 host" in out
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r0*n01,rack_r02", "--plan")
+    assert code == 0 and "on 3 hosts" in out

@@ -180,3 +180,11 @@ def test_node_without_ibstat_is_an_error_and_the_rest_still_test():
     results = rack_run(names, t, facts=facts)
     assert only(results, node="c").verdict is Verdict.ERROR
     assert {r.verdict for r in results if r.node != "c"} == {Verdict.PASS}
+
+
+def test_a_pair_rack_says_one_peer():
+    # the review saw "8 of 8 tests with 1 peers OK" on a two-node rack
+    names = ["a", "b"]
+    results = rack_run(names, Fabric(names))
+    assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS]
+    assert re.fullmatch(r"\d+ of \d+ tests with 1 peer OK", only(results, node="a").reason)

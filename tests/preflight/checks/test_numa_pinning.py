@@ -75,3 +75,14 @@ def test_cpu_lists_in_both_spellings():
     line = Line(1, "")
     assert cpulist.cpus_of("0-2,8", line) == cpulist.cpus_of("0 1 2 8", line) == {0, 1, 2, 8}
     assert cpulist.format_cpus({0, 1, 2, 8, 9}) == "0-2,8-9"
+
+
+def test_a_unit_that_is_not_installed_says_so_and_names_the_fix():
+    # The operator review (M5): after `virtual up` discarded a provisioned cluster, every node failed with
+    # "vllm-iu@0.service is not-found", systemd's own word, which does not say what to do.
+    results = pinning({0: GOOD[0], 1: "LoadState=not-found\nCPUAffinity=\nNUMAPolicy=\nNUMAMask=\n"})
+    bad = only(results, iu="n1-iu1")
+    assert (bad.verdict, bad.code) == (Verdict.FAIL, "UNIT_MISSING")
+    assert bad.reason == "vllm-iu@1.service not installed (is the node provisioned? run clusterctl provision)"
+    masked = pinning({0: GOOD[0], 1: "LoadState=masked\nCPUAffinity=\nNUMAPolicy=\nNUMAMask=\n"})
+    assert only(masked, iu="n1-iu1").reason == "vllm-iu@1.service is masked"  # other states as systemd says them

@@ -62,7 +62,7 @@ def test_closing_block_is_greppable_with_codes_counts_and_exit_meaning():
         "FAIL r01n02 iu0 gpu_topology NVLINK_MISSING: GPU2-GPU3 is NODE, not NVLink; suggested iu_layout: "
         "[[4, 5, 6, 7]] (GPUs [0, 1, 2, 3] unusable) (+1 more)"
     ) in lines  # whole, even at 80 columns
-    assert "UNREACHABLE r02n02 - * HOST_UNREACHABLE: host unreachable: ssh: Unable to connect to port 1 on 127.0.0.1" in lines
+    assert "UNREACHABLE r02n02 - * HOST_UNREACHABLE: host unreachable: ssh: cannot connect to 127.0.0.1 port 1: connection refused" in lines
     assert lines[-1] == "exit code 1: a check failed"
 
 
