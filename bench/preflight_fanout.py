@@ -67,6 +67,7 @@ def one_size(
         clusterctl(
             "virtual",
             "create",
+            "-i",
             str(inventory),
             "--nodes",
             str(nodes),

@@ -170,7 +170,7 @@ def bench_size(hosts: int, forks_list: list[int], batches: str, workdir: Path, r
                json_out: Path | None, caches: list[str]) -> None:
     inventory = workdir / f"inv-{hosts}"
     racks = max(2, hosts // 16)
-    created = clusterctl("virtual", "create", str(inventory), "--nodes", str(hosts), "--racks", str(racks),
+    created = clusterctl("virtual", "create", "-i", str(inventory), "--nodes", str(hosts), "--racks", str(racks),
                          "--fabric", "mixed", "--faults", "none")
     if created.returncode:
         raise SystemExit(f"virtual create failed: {created.stderr}")
@@ -181,7 +181,7 @@ def bench_size(hosts: int, forks_list: list[int], batches: str, workdir: Path, r
     runs += [(effective[-1], cache, ("first",)) for cache in caches if cache != "preseeded"]
     try:
         for forks, cache, kinds in runs:
-            up = clusterctl("virtual", "up", str(inventory), "--reset")  # fresh overlays: a real first run
+            up = clusterctl("virtual", "up", "-i", str(inventory), "--reset")  # fresh overlays: a real first run
             if up.returncode:
                 raise SystemExit(f"virtual up failed: {up.stderr}")
             names = list(simulate.simulated_hosts(inventory))
@@ -201,7 +201,7 @@ def bench_size(hosts: int, forks_list: list[int], batches: str, workdir: Path, r
                 if json_out:
                     json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
     finally:
-        clusterctl("virtual", "down", str(inventory))
+        clusterctl("virtual", "down", "-i", str(inventory))
 
 
 def table(results: list[Measurement]) -> str:

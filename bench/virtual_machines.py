@@ -84,7 +84,7 @@ def machines_memory(inventory: Path) -> tuple[int, int, int]:
 
 def up_measured(inventory: Path) -> dict:
     available = mem_available()
-    up_s, up_cpu = clusterctl("virtual", "up", str(inventory))
+    up_s, up_cpu = clusterctl("virtual", "up", "-i", str(inventory))
     dropped = available - mem_available()
     rss, pss, processes = machines_memory(inventory)
     running = len(machines._our_processes(simulate.layout(inventory))[0])
@@ -93,14 +93,14 @@ def up_measured(inventory: Path) -> dict:
 
 
 def down_measured(inventory: Path) -> dict:
-    down_s, down_cpu = clusterctl("virtual", "down", str(inventory))
+    down_s, down_cpu = clusterctl("virtual", "down", "-i", str(inventory))
     left = machines.leftovers(machines.state_dir_of(inventory))
     return {"down_s": down_s, "down_cpu_s": down_cpu, "left": left}
 
 
 def one_size(nodes: int, tmp: Path) -> dict:
     inventory = tmp / f"inv-{nodes}"
-    clusterctl("virtual", "create", str(inventory), "--nodes", str(nodes), "--racks",
+    clusterctl("virtual", "create", "-i", str(inventory), "--nodes", str(nodes), "--racks",
                str(max(1, math.ceil(nodes / 16))), "--faults", "none")
     row: dict = {"nodes": nodes}
     try:

@@ -43,6 +43,7 @@ from rich.text import Text
 from cli.errors import ClusterctlError
 from cluster import load_cluster
 from cluster.model import Cluster, Node
+from cluster.text import plural
 from sim.demo_traffic import DemoEdge, edge_metrics
 from sim.processes import ProcessSet, tail
 
@@ -114,7 +115,7 @@ class Demo:
         from sim.hosts import create as create_inventory
         from sim.hosts import simulate
 
-        self.step(f"1/6 virtual cluster: {nodes} nodes in {racks} racks")
+        self.step(f"1/6 virtual cluster: {plural(nodes, 'node')} in {plural(racks, 'rack')}")
         create_inventory.write(self.inventory, nodes, racks, fabric="mixed", faults="none", net=DEMO_NET)
         faulty = create_inventory.plan(nodes, racks, "mixed", "none", DEMO_NET)[-1].name
         (self.inventory / "host_vars").mkdir(exist_ok=True)

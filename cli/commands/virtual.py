@@ -143,6 +143,11 @@ def down(inventory: str | None, positional: str | None) -> None:
 
     given, inventory = inventory, _resolve_inventory(inventory, positional)
     start = time.monotonic()
+    if not simulate.state_dir(inventory).exists():  # idempotent, but say why nothing happened
+        click.echo(f"{inventory}: no simulated machines here (nothing was brought up with "
+                   f"`clusterctl virtual up -i {inventory}`); nothing to stop")
+        _deprecated_form(given, positional)
+        return
     stopped = simulate.down(inventory)
     click.echo(f"{inventory}: {plural(stopped, 'machine')} stopped in {time.monotonic() - start:.2f}s")
     _deprecated_form(given, positional)

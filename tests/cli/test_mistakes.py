@@ -284,3 +284,10 @@ def test_no_help_example_uses_the_deprecated_positional_inventory():
 
 def test_the_written_inventory_names_the_dash_i_form(virtual_inventory):
     assert "`clusterctl virtual up -i DIR` creates the simulated hosts." in (virtual_inventory / "hosts.yml").read_text()
+
+
+def test_virtual_down_where_nothing_was_brought_up_says_so(clusterctl, tmp_path):
+    code, out, err = clusterctl("virtual", "down", "-i", str(tmp_path))
+    assert code == 0 and err == ""  # idempotent: nothing up is not an error
+    assert one_line(out) == (f"{tmp_path}: no simulated machines here (nothing was brought up with "
+                             f"`clusterctl virtual up -i {tmp_path}`); nothing to stop")
