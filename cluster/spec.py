@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.text import suggest
+from consul_io import layout
 
 GPU_MODELS = ("h100-sxm", "h200-sxm", "a100-sxm")
 VALID_IU_SIZES = (1, 2, 4, 8)
@@ -46,8 +47,8 @@ NIC_DEFAULTS = {"port": 1, "link_layer": "infiniband"}
 # Consul's own defaults (the agent's HTTP port on loopback, datacenter dc1): used where the inventory
 # sets neither, so readers can still tell "set" from "defaulted" (``clusterctl scores`` ranks the
 # inventory above CONSUL_HTTP_ADDR).
-DEFAULT_CONSUL_HTTP_ADDR = "127.0.0.1:8500"
-DEFAULT_CONSUL_DATACENTER = "dc1"
+DEFAULT_CONSUL_HTTP_ADDR = layout.DEFAULT_HTTP_ADDR
+DEFAULT_CONSUL_DATACENTER = layout.DEFAULT_DATACENTER
 
 # Version pins: component -> the nvidia_stack role variable that installs it (roles/nvidia_stack/defaults).
 # The versions check reads the same variables, so a pin set for the role is the pin preflight checks
