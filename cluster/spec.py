@@ -42,6 +42,10 @@ DEFAULT_GPU_COUNT = 8
 DEFAULT_IU_SIZE = 4
 DEFAULT_NUMA_NODE_COUNT = 2
 DEFAULT_IU_PORT_BASE = 8000
+# NCCL_SOCKET_IFNAME when the inventory sets no nccl_socket_ifname: NCCL's own exclusion pattern (every
+# interface but loopback and docker*), not an interface name, so it is only a default and never an
+# inventory value (the rule reads set values).
+DEFAULT_NCCL_SOCKET_IFNAME = "^lo,docker"
 # An rdma_nics entry's defaults: port 1 of an InfiniBand HCA.
 NIC_DEFAULTS = {"port": 1, "link_layer": "infiniband"}
 # Consul's own defaults (the agent's HTTP port on loopback, datacenter dc1): used where the inventory
@@ -306,7 +310,7 @@ class HostVars:
     iu_port_base: Any = var(DEFAULT_IU_PORT_BASE, layout=True)  # checked where used: without iu_ports
     iu_ports: Any = var(layout=True)  # against the number of IUs
     rdma_nics: tuple[dict[str, Any], ...] = var((), rdma_nics, nic_rules, layout=True)
-    nccl_socket_ifname: str | None = var(None, optional_str, ifname_rule, layout=True)
+    nccl_socket_ifname: str | None = var(DEFAULT_NCCL_SOCKET_IFNAME, optional_str, ifname_rule, layout=True)
     cpu_cstates_redfish: Any = var(layout=True)  # with the BMC variables
     # -- connection (cluster.settings' table)
     ansible_connection: str = var("ssh", lambda raw: str(raw or "ssh"))
