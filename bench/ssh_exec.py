@@ -6,7 +6,7 @@ Starts a private sshd (this machine's /usr/sbin/sshd, its own config, key and ho
 listening on 127.0.250.1:2222 only; needs root) and opens one connection per simulated node to it, as
 preflight does. Then, side by side on the same connections, every node runs ``--commands`` commands
 ``sh -c 'sleep S; echo done'`` one after another, all nodes at once: first through fabric's
-``Connection.run`` (what preflight used until issue 12's scale work), then through
+``Connection.run`` (what preflight used before ``exec_on``), then through
 ``preflight.transport.exec_on``. The table gives this process's CPU (user + system, all threads) per
 command and the ratio. Wall time is mostly the remote side (sshd forks a session and a shell per command,
 on the same 2 cores) and is printed for reference only. Target: exec_on <= 0.5x fabric's CPU per command.

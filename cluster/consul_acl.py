@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, marker_key  # noqa: F401 (marker_key: the filter's)
+from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, acl_policy, marker_key  # noqa: F401 (marker_key: the filter's)
 from consul_io.layout import SERVICE_NAME as SERVICE
 
 
@@ -59,14 +59,16 @@ def edge_policy(kv_prefix: str = EAS_PREFIX) -> str:
 
 
 def node_policies(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> dict[str, str]:
-    """Policy name -> rules that the tokens of ``node`` link to (the shared ones included)."""
-    return {
-        f"consul-agent-{node}": agent_policy(node),
-        "vllm-iu-registration": registration_policy(),
-        "clusterctl-operator": operator_policy(),
-        f"eas-agent-{node}": eas_agent_policy(node, datacenter, kv_prefix),
-        "clusterctl-edge": edge_policy(kv_prefix),
+    """Policy name -> rules that the tokens of ``node`` link to (the shared ones included); the names are
+    :func:`consul_io.layout.acl_policy`'s."""
+    rules = {
+        "agent": agent_policy(node),
+        "registration": registration_policy(),
+        "operator": operator_policy(),
+        "eas_agent": eas_agent_policy(node, datacenter, kv_prefix),
+        "edge": edge_policy(kv_prefix),
     }
+    return {acl_policy(kind, node): text for kind, text in rules.items()}
 
 
 class TokenFileError(ValueError):

@@ -15,6 +15,7 @@ Host variables read here (group_vars / host_vars / inline, resolved the way Ansi
 ``iu_port_base``       first IU's vLLM port (default 8000); IU N listens on base + N
 ``rdma_nics``          list of ``{device, netdev, port, link_layer, rate_gbps, numa_node, gpu}``;
                        an IU uses the NICs paired with its GPUs (``gpu``), else those on its NUMA node
+``nccl_socket_ifname`` NCCL's bootstrap/socket interface (default ``^lo,docker``: all but loopback and docker)
 =====================  ========================================================================
 
 Defaults and the list of variables are :mod:`cluster.spec`'s; the node's other settings (connection,
@@ -101,6 +102,7 @@ class Node:
     nics: tuple[Nic, ...]
     ius: tuple[IU, ...]
     settings: NodeSettings = field(default_factory=NodeSettings, compare=False, repr=False)
+    nccl_socket_ifname: str | None = spec.DEFAULT_NCCL_SOCKET_IFNAME
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -233,6 +235,7 @@ def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
         gpu_numa_nodes=gpu_numa,
         nics=nics,
         ius=tuple(ius),
+        nccl_socket_ifname=record.nccl_socket_ifname,
         settings=node_settings(record),
     )
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.text import suggest
+from consul_io import layout
 
 GPU_MODELS = ("h100-sxm", "h200-sxm", "a100-sxm")
 VALID_IU_SIZES = (1, 2, 4, 8)
@@ -41,13 +42,17 @@ DEFAULT_GPU_COUNT = 8
 DEFAULT_IU_SIZE = 4
 DEFAULT_NUMA_NODE_COUNT = 2
 DEFAULT_IU_PORT_BASE = 8000
+# NCCL_SOCKET_IFNAME when the inventory sets no nccl_socket_ifname: NCCL's own exclusion pattern (every
+# interface but loopback and docker*), not an interface name, so it is only a default and never an
+# inventory value (the rule reads set values).
+DEFAULT_NCCL_SOCKET_IFNAME = "^lo,docker"
 # An rdma_nics entry's defaults: port 1 of an InfiniBand HCA.
 NIC_DEFAULTS = {"port": 1, "link_layer": "infiniband"}
 # Consul's own defaults (the agent's HTTP port on loopback, datacenter dc1): used where the inventory
 # sets neither, so readers can still tell "set" from "defaulted" (``clusterctl scores`` ranks the
 # inventory above CONSUL_HTTP_ADDR).
-DEFAULT_CONSUL_HTTP_ADDR = "127.0.0.1:8500"
-DEFAULT_CONSUL_DATACENTER = "dc1"
+DEFAULT_CONSUL_HTTP_ADDR = layout.DEFAULT_HTTP_ADDR
+DEFAULT_CONSUL_DATACENTER = layout.DEFAULT_DATACENTER
 
 # Version pins: component -> the nvidia_stack role variable that installs it (roles/nvidia_stack/defaults).
 # The versions check reads the same variables, so a pin set for the role is the pin preflight checks
@@ -305,7 +310,7 @@ class HostVars:
     iu_port_base: Any = var(DEFAULT_IU_PORT_BASE, layout=True)  # checked where used: without iu_ports
     iu_ports: Any = var(layout=True)  # against the number of IUs
     rdma_nics: tuple[dict[str, Any], ...] = var((), rdma_nics, nic_rules, layout=True)
-    nccl_socket_ifname: str | None = var(None, optional_str, ifname_rule, layout=True)
+    nccl_socket_ifname: str | None = var(DEFAULT_NCCL_SOCKET_IFNAME, optional_str, ifname_rule, layout=True)
     cpu_cstates_redfish: Any = var(layout=True)  # with the BMC variables
     # -- connection (cluster.settings' table)
     ansible_connection: str = var("ssh", lambda raw: str(raw or "ssh"))

@@ -29,6 +29,17 @@ PREFLIGHT_PREFIX = "clusterctl/preflight"  # release markers: <prefix>/<dc>/<iu 
 DEFAULT_DATACENTER = "dc1"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8500"
 
+# -- ACL policies -----------------------------------------------------------------------------------------
+# One policy per job (cluster/consul_acl.py holds their rules; the consul_agent role creates them and links
+# each token to its policy through the consul_node_acl filter). "{node}" is the node's name.
+ACL_POLICIES = {
+    "agent": "consul-agent-{node}",
+    "registration": "vllm-iu-registration",
+    "operator": "clusterctl-operator",
+    "eas_agent": "eas-agent-{node}",
+    "edge": "clusterctl-edge",
+}
+
 
 def iu_id(node: str, index: int) -> str:
     return f"{node}{IU_ID_INFIX}{index}"
@@ -69,6 +80,11 @@ def score_prefix(datacenter: str, kv_prefix: str = EAS_PREFIX) -> str:
 
 def score_key(datacenter: str, node: str, kv_prefix: str = EAS_PREFIX) -> str:
     return f"{score_prefix(datacenter, kv_prefix)}{node}"
+
+
+def acl_policy(kind: str, node: str) -> str:
+    """The name of the ACL policy of job ``kind`` (a key of :data:`ACL_POLICIES`) for ``node``."""
+    return ACL_POLICIES[kind].format(node=node)
 
 
 def marker_key(datacenter: str, iu: str) -> str:

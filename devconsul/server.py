@@ -9,7 +9,7 @@ daemon thread per connection (HTTP/1.1 keep-alive); blocking queries park on the
 ``start`` returns once the socket listens; ``stop`` wakes parked queries, closes open connections,
 stops the check runner and the persister, and joins their threads.
 
-Limits (each one a finding of the security review, shared/reviews/security-and-faults.md M1-M3, L1):
+Limits (each one a finding of the security review, M1-M3 and L1 in tests/faults/README.md, with their tests):
 
 - a request body is bounded before it is read: a ``Content-Length`` that is not a non-negative integer is a
   400, one over :data:`MAX_BODY` a 413, a chunked body is cut at :data:`MAX_BODY` in total, and a request

@@ -305,7 +305,7 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
     return AgentConfig(
         node=node,
         rack=f.get("rack", str, required=True),
-        datacenter=f.get("datacenter", str, "dc1"),
+        datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
         ius=ius,
         interval_s=interval,
         heartbeat_s=heartbeat,

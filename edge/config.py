@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 # The agent config's field helpers and Consul block: one reading of these fields, not a copy.
+from consul_io import layout
 from eas_agent.config import ConfigError, ConsulConfig, _address, _Fields, _load_consul, split_hostport
 
 __all__ = ["ConfigError", "EdgeConfig", "PushConfig", "load_edge_config", "parse_edge_config"]
@@ -51,7 +52,7 @@ class PushConfig:
 @dataclass(frozen=True)
 class EdgeConfig:
     listen: str = "127.0.0.1:8080"
-    datacenter: str = "dc1"
+    datacenter: str = layout.DEFAULT_DATACENTER
     consul: ConsulConfig = field(default_factory=ConsulConfig)
     push: PushConfig = field(default_factory=PushConfig)
     max_inflight_per_iu: int = 64
@@ -101,7 +102,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed"})
     return EdgeConfig(
         listen=_address(f, "listen", "127.0.0.1:8080"),
-        datacenter=f.get("datacenter", str, "dc1"),
+        datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
         consul=_load_consul(path, f.data.get("consul")),
         push=_load_push(path, f.data.get("push")),
         max_inflight_per_iu=_count(f, "max_inflight_per_iu", 64, 1),

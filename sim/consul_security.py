@@ -15,6 +15,8 @@ import datetime
 import os
 import uuid
 
+from consul_io import layout
+
 
 def _pem_pair(datacenter: str) -> tuple[str, str, str]:
     from cryptography import x509
@@ -46,7 +48,7 @@ def _block(text: str) -> str:
     return "|\n" + "".join(f"  {line}\n" for line in text.strip().splitlines())
 
 
-def render(datacenter: str = "dc1") -> str:
+def render(datacenter: str = layout.DEFAULT_DATACENTER) -> str:
     ca, cert, key = _pem_pair(datacenter)
     seed = uuid.uuid4()
     return (

@@ -55,3 +55,8 @@ def module_imports(tree: ast.AST) -> Iterator[tuple[str, int, bool]]:
             yield from visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
 
     return visit(tree, False)
+
+
+def python_packages(repo: Path) -> set[str]:
+    """The repository's top-level folders that hold Python code (the import lints say where each one stands)."""
+    return {d.name for d in repo.iterdir() if d.is_dir() and not d.name.startswith(".") and any(d.rglob("*.py"))}

@@ -3,7 +3,8 @@ would ship inside the deployables and could stand in for hardware on a real node
 
 Allowed: an import inside a function of the CLI's ``virtual`` and ``demo`` commands (and the demo's traffic), which exist to run
 the simulators and import them only when run (``clusterctl virtual up``, ``clusterctl demo``). Everything
-else in ``cluster``, ``provision``, ``preflight``, ``eas_agent`` and ``cli`` fails this test, at module level or not.
+else in the production packages (``PRODUCTION``: the controller's, the agent's, the edge's and the roles'
+plugins) fails this test, at module level or not; every other top-level package is named in ``NOT_PRODUCTION``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import module_imports
+from tests.helpers import module_imports, python_packages
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCTION = ("cluster", "provision", "preflight", "eas_agent", "cli", "consul_io")
+PRODUCTION = ("cluster", "provision", "preflight", "eas_agent", "edge", "cli", "consul_io", "playbooks", "collections")
+# The simulators themselves, what runs them (the benchmarks, the dev Consul server) and the tests.
+NOT_PRODUCTION = {"sim", "bench", "devconsul", "tests"}
 LAZY_ALLOWED = {"cli/commands/virtual.py", "cli/commands/demo.py"}
 
 
@@ -38,6 +41,11 @@ def test_production_modules_never_import_sim():
             if not (in_function and rel in LAZY_ALLOWED):
                 problems.append(f"{rel}:{line}: imports sim" + ("" if in_function else " at module level"))
     assert problems == []
+
+
+def test_every_python_package_is_production_or_named_as_not():
+    """A package added to the repository (or left out of PRODUCTION) fails here until it is placed."""
+    assert python_packages(REPO) == set(PRODUCTION) | NOT_PRODUCTION
 
 
 @pytest.mark.parametrize(("source", "expected"), [

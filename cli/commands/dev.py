@@ -19,6 +19,7 @@ import click
 
 from cli.errors import ClusterctlError, UsageError
 from cli.help import examples
+from consul_io import layout
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error")
 
@@ -34,7 +35,7 @@ def command() -> None:
                     "CONSUL_HTTP_ADDR=127.0.0.1:8500 clusterctl scores"),
     short_help="A development server speaking Consul's HTTP API (not Consul).",
 )
-@click.option("--addr", default="127.0.0.1:8500", show_default=True, help="HOST:PORT to listen on.")
+@click.option("--addr", default=layout.DEFAULT_HTTP_ADDR, show_default=True, help="HOST:PORT to listen on.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Persist state here (crash-safe); in memory when omitted.")
 @click.option("--acl-token-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),

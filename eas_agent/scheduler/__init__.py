@@ -1,6 +1,6 @@
 """Reader library for the edge scheduler (and ``clusterctl scores``).
 
-    view = PoolView(dc="dc1")                      # state: KV scores + Consul health + anomaly verdicts
+    view = PoolView(dc=datacenter)                 # state: KV scores + Consul health + anomaly verdicts
     watcher = ConsulWatcher(view, ConsulIO(addr))  # rate-limited blocking queries keep it fresh
     watcher.start()
     ledger = EdgeLedger()

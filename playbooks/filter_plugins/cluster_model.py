@@ -18,7 +18,14 @@ Usage in a role::
      "nics": [{"device": "mlx5_0", "netdev": "ibp24s0", "port": 1, "link_layer": "infiniband", ...}],
      "ius": [{"id": "r01n01-iu0", "index": 0, "gpus": [0, 1, 2, 3], "cuda_visible_devices": "0,1,2,3",
               "numa_node": 0, "port": 8000, "nics": ["mlx5_0", "mlx5_1"],
-              "netdevs": ["ibp24s0", "ibp41s0"]}, ...]}
+              "netdevs": ["ibp24s0", "ibp41s0"]}, ...],
+     "nccl_socket_ifname": "^lo,docker"}
+
+A role default that needs one of the model's variables (``gpu_model``, ``nccl_socket_ifname``, ...) reads it
+from here too, not from the raw host variable: a default is templated before the role's first task (by its
+argument-spec check), so it calls the filter itself::
+
+    nvidia_stack_nvswitch: "{{ (inventory_hostname | cluster_node(hostvars[inventory_hostname])).gpu_model ... }}"
 
 ``eas_agent_config`` returns the agent config's ``ius`` list and ``consul_iu_services(interval, timeout)``
 IU id -> Consul service definition (:mod:`cluster.services`). There is no second implementation of the
@@ -78,6 +85,7 @@ def cluster_node(hostname: str, hostvars: Any) -> dict[str, Any]:
         "numa_nodes": sorted({iu.numa_node for iu in node.ius if iu.numa_node is not None}),
         "nics": [nic.to_json() for nic in node.nics],
         "ius": ius,
+        "nccl_socket_ifname": node.nccl_socket_ifname,
     }
 
 

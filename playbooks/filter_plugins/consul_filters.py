@@ -26,6 +26,7 @@ try:
 except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from cluster import consul_acl
+from consul_io import layout  # noqa: E402 (found through the same path as cluster)
 
 _TEMPLATE = re.compile(r"^\{\{.*\}\}$")
 
@@ -49,17 +50,18 @@ def consul_bind_ip(value: Any) -> str:
 def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefix: str = consul_acl.EAS_PREFIX) -> dict:
     """``{"policies": [{name, rules}], "tokens": [{secret, description, policies}]}`` for ``node``."""
     policies = consul_acl.node_policies(node, datacenter, kv_prefix)
-    links = {
-        "agent": (f"consul-agent-{node}", f"consul agent token of {node}"),
+    descriptions = {
+        "agent": f"consul agent token of {node}",
         # One secret for every node (a group variable): a node's name in its description would make each
         # node's run rewrite it, so no rerun of two nodes reported changed=0.
-        "registration": ("vllm-iu-registration", "config_file_service_registration (every node)"),
-        "operator": ("clusterctl-operator", "clusterctl operator (maintenance, preflight release)"),
-        "eas_agent": (f"eas-agent-{node}", f"eas-agent of {node}"),
-        "edge": ("clusterctl-edge", "edge (read-only)"),
+        "registration": "config_file_service_registration (every node)",
+        "operator": "clusterctl operator (maintenance, preflight release)",
+        "eas_agent": f"eas-agent of {node}",
+        "edge": "edge (read-only)",
     }
     out_tokens, used, seen = [], set(), {}
-    for kind, (policy, description) in links.items():
+    for kind, description in descriptions.items():
+        policy = layout.acl_policy(kind, node)
         secret = str(tokens.get(kind) or "")
         if secret in seen:  # one secret is one token: two jobs on it would leave it with only one policy
             raise AnsibleFilterError(f"{node}: the {seen[secret]} and {kind} Consul tokens are the same secret; "

@@ -4,9 +4,9 @@
 it reads every output with a registered parser (``ctx.parsed``: :mod:`preflight.parsers`, the kinds of
 ``clusterctl preflight parse``). ``evaluate`` is pure: it gets the facts, the node's profile and the node,
 runs nothing, parses nothing, and returns the results; its tests build the facts directly. Rack checks
-gather per node and judge per rack in ``run_rack`` from the gathered facts (ib_pairs' rack part runs the
-pair tests there: its "facts" are measurements between hosts); bracket checks take a second reading in
-``finish`` and hand both to ``evaluate``.
+gather per node; their ``run_rack`` hands the rack's facts to ``evaluate`` once per node (versions: what
+each node's gather read; ib_pairs: the pair tests between hosts, run first by its ``gather_rack``); bracket
+checks take a second reading in ``finish`` and hand both to ``evaluate``.
 
 A check never lets an exception escape: a command that fails, times out or prints something the parser
 rejects becomes an ERROR result with an excerpt of what came back; a host that stops answering becomes

@@ -14,6 +14,12 @@ from one peer, so bandwidth tests never share a port. Per round and rail (same H
 Servers are started through the transport, given a life limit on the host, and always stopped in a
 ``finally`` (also when the client fails or the run is interrupted).
 
+Measuring and judging are apart: ``gather`` (per node, with the node checks) reads ``ibstat`` for the
+peers' GUIDs/LIDs; ``gather_rack`` runs the pair tests and returns :class:`RackFacts` (one :class:`Link`
+per rail and direction: readings, and the tests that gave none); the pure ``evaluate(facts, profile,
+node)`` judges every link against its client's profile, flags the rack outliers and gives the node its
+result. ``run_rack`` is ``gather_rack`` then ``evaluate`` for each node tested.
+
 A bad measurement implicates both ends. A node FAILs when bad measurements involve it with two or more
 peers; a node whose only bad link leads to such a peer PASSes (the fault is the peer's). A single bad
 link between two otherwise good nodes (and any bad link in a two-node rack) FAILs both ends, saying
@@ -30,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.model import Nic
+from cluster.model import Nic, Node
 from cluster.text import plural
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext, command_line, parse_output
 from preflight.checks.ib_ports import IBSTAT, find_port
@@ -50,10 +56,46 @@ SEVERITY = {
 
 
 @dataclass
-class Measurement:
+class Link:
+    """What ``gather_rack`` measured on one rail from a client to a server, without a verdict: the readings,
+    and each test that gave none (``failures``: test, code, text, in the order they ran)."""
+
     client: str
     server: str
     device: str  # the client's HCA; the server uses the HCA with the same index (rail)
+    peer_device: str
+    rates_gbps: tuple[float | None, float | None] = (None, None)  # the client's and the server's port rate
+    ping_loss_pct: float | None = None
+    ping_received: int | None = None
+    latency_us: float | None = None
+    bw_gbps: float | None = None
+    measured: list[str] = field(default_factory=list)  # the tests ("ping", "lat", "bw") that gave a reading
+    failures: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def unreachable(self) -> bool:
+        """No GUID/LID to ping, or no ibping reply: the perftests are not run."""
+        return self.ping_received == 0 or any(code == "IB_UNREACHABLE" for _, code, _ in self.failures)
+
+
+@dataclass
+class RackFacts:
+    """A rack's ib_pairs facts: the nodes tested (RDMA NICs, ibstat read; inventory order), each one's
+    profile (a link is judged by its client's limits) and every link measured between them."""
+
+    rack: str
+    nodes: list[Node]
+    profiles: dict[str, dict[str, Any]]
+    links: list[Link] = field(default_factory=list)
+
+
+@dataclass
+class Measurement:
+    """A link as judged by ``evaluate``: its readings and the problems found (code, text)."""
+
+    client: str
+    server: str
+    device: str
     peer_device: str
     ping_loss_pct: float | None = None
     latency_us: float | None = None
@@ -108,55 +150,47 @@ class IbPairs(Check):
         )
 
     def run_rack(self, ctx: RackContext) -> list[CheckResult]:
+        """gather_rack (the pair tests), then the pure evaluate for each node tested."""
         # A node whose ibstat could not be read is an ERROR here; the others still test among themselves.
-        failed = [c for c in ctx.nodes if isinstance(ctx.facts.get(c.node.name), GatherError)]
-        results = [self.error(c.node, ctx.facts[c.node.name]) for c in failed]
-        nodes = [c for c in ctx.nodes if c.node.nics and all(c is not f for f in failed)]
-        if len(nodes) < 2:
-            return results + [
-                self.result(c.node, Verdict.SKIP, "IB_NO_PEERS", "no peer in the rack to test against")
-                for c in nodes
-            ]
-        measurements: list[Measurement] = []
-        for edges in rounds(len(nodes), ctx.options.ib_matrix):
-            measurements += self._round(ctx, [(nodes[a], nodes[b]) for a, b in edges])
-        self._flag_outliers(ctx, nodes, measurements)
-        return results + self._attribute(nodes, measurements)
+        results = [self.error(c.node, ctx.facts[c.node.name]) for c in ctx.nodes
+                   if isinstance(ctx.facts.get(c.node.name), GatherError)]
+        facts = self.gather_rack(ctx)
+        return results + [r for n in facts.nodes for r in self.evaluate(facts, facts.profiles[n.name], n)]
 
-    # ---------------------------------------------------------------- one round: ping, lat, bw
-    def _round(self, ctx: RackContext, edges: list[tuple[NodeContext, NodeContext]]) -> list[Measurement]:
+    # ---------------------------------------------------------------- gather: the pair tests, by round
+    def gather_rack(self, ctx: RackContext) -> RackFacts:
+        """Run the pair tests between the rack's nodes that have RDMA NICs and whose ibstat was read (the
+        only part of ib_pairs that runs commands besides ``gather``); readings only, nothing judged."""
+        nodes = [c for c in ctx.nodes if c.node.nics and not isinstance(ctx.facts.get(c.node.name), GatherError)]
+        facts = RackFacts(ctx.rack, [c.node for c in nodes], {c.node.name: c.profile for c in nodes})
+        if len(nodes) < 2:
+            return facts
+        for edges in rounds(len(nodes), ctx.options.ib_matrix):
+            facts.links += self._round(ctx, [(nodes[a], nodes[b]) for a, b in edges])
+        return facts
+
+    def _round(self, ctx: RackContext, edges: list[tuple[NodeContext, NodeContext]]) -> list[Link]:
         jobs = []
         for client, server in edges:
             for rail, (cnic, snic) in enumerate(zip(client.node.nics, server.node.nics, strict=False)):
-                m = Measurement(
-                    client.node.name,
-                    server.node.name,
-                    cnic.device,
-                    snic.device,
-                    rate_gbps=min(
-                        r
-                        for r in (cnic.rate_gbps, snic.rate_gbps, client.profile["ib"]["port_rate_gbps"])
-                        if r
-                    ),
-                )
-                jobs.append((client, server, rail, cnic, snic, m))
-        self._stage(ctx, jobs, self._ping)
-        self._stage(ctx, jobs, self._latency)
-        self._stage(ctx, jobs, self._bandwidth)
+                link = Link(client.node.name, server.node.name, cnic.device, snic.device,
+                            rates_gbps=(cnic.rate_gbps, snic.rate_gbps))
+                jobs.append((client, server, rail, cnic, snic, link))
+        self._stage(ctx, jobs, "ping", self._ping)
+        self._stage(ctx, jobs, "lat", self._latency)
+        self._stage(ctx, jobs, "bw", self._bandwidth)
         return [job[-1] for job in jobs]
 
-    def _stage(self, ctx: RackContext, jobs, test) -> None:
+    def _stage(self, ctx: RackContext, jobs, test_name: str, test) -> None:
         def guarded(job) -> None:
             try:
                 test(ctx, *job)
             except Exception as exc:  # one broken test must not stop the rest of the rack
-                job[-1].problems.append(("IB_TEST_FAILED", f"{type(exc).__name__}: {exc}"))
+                job[-1].failures.append((test_name, "IB_TEST_FAILED", f"{type(exc).__name__}: {exc}"))
 
         ctx.map(guarded, jobs)
 
-    def _ping(
-        self, ctx, client: NodeContext, server: NodeContext, rail: int, cnic: Nic, snic: Nic, m: Measurement
-    ):
+    def _ping(self, ctx, client: NodeContext, server: NodeContext, rail: int, cnic: Nic, snic: Nic, link: Link):
         if cnic.link_layer != "infiniband" or snic.link_layer != "infiniband":
             return  # ibping speaks IB management datagrams; RoCE has no LIDs
         port = find_port(ctx.facts.get(server.node.name), snic.device, snic.port)
@@ -166,36 +200,23 @@ class IbPairs(Check):
         elif port is not None and port.base_lid:
             destination = ["-L", str(port.base_lid)]
         else:
-            m.problems.append(
-                ("IB_UNREACHABLE", f"{server.node.name} {snic.device} has no GUID/LID (port down?)")
+            link.failures.append(
+                ("ping", "IB_UNREACHABLE", f"{server.node.name} {snic.device} has no GUID/LID (port down?)")
             )
             return
         count = client.profile["ib"]["ping_count"]
         server_argv = ["ibping", "-S", "-C", snic.device, "-P", str(snic.port)]
         client_argv = ["ibping", "-C", cnic.device, "-P", str(cnic.port), "-c", str(count), *destination]
-        out = self._with_server(ctx, client, server, server_argv, client_argv, m)
+        out = self._with_server(ctx, client, server, server_argv, client_argv, link, "ping")
         if out is None:
             return
         try:
             ping = parse_output("ibping", out, command_line(client_argv))
         except GatherError as exc:
-            m.problems.append(("IB_TEST_FAILED", exc.reason))
+            link.failures.append(("ping", "IB_TEST_FAILED", exc.reason))
             return
-        m.ping_loss_pct = ping.loss_pct
-        if ping.received == 0:
-            m.problems.append(
-                (
-                    "IB_UNREACHABLE",
-                    f"ibping {client.node.name} {cnic.device} -> {server.node.name} {snic.device}: no reply",
-                )
-            )
-        elif ping.loss_pct > client.profile["ib"]["ping_max_loss_pct"]:
-            m.problems.append(
-                (
-                    "IB_PING_LOSS",
-                    f"ibping {client.node.name} {cnic.device} -> {server.node.name}: {ping.loss_pct:g}% loss",
-                )
-            )
+        link.ping_loss_pct, link.ping_received = ping.loss_pct, ping.received
+        link.measured.append("ping")
 
     def _perftest_argv(
         self, program: str, node: NodeContext, nic: Nic, rail: int, extra: list[str]
@@ -215,56 +236,39 @@ class IbPairs(Check):
             argv += ["-x", str(node.node.settings.preflight.roce_gid_index)]
         return argv
 
-    def _latency(self, ctx, client, server, rail, cnic, snic, m: Measurement):
-        if any(code == "IB_UNREACHABLE" for code, _ in m.problems):
+    def _latency(self, ctx, client, server, rail, cnic, snic, link: Link):
+        if link.unreachable:
             return
         server_argv = self._perftest_argv("ib_write_lat", server, snic, rail, [])
         client_argv = self._perftest_argv("ib_write_lat", client, cnic, rail, [server.node.address])
-        out = self._with_server(ctx, client, server, server_argv, client_argv, m)
-        row = self._last_row(out, client_argv, m)
+        out = self._with_server(ctx, client, server, server_argv, client_argv, link, "lat")
+        row = self._last_row(out, client_argv, link, "lat")
         if row is None:
             return
-        m.latency_us = row.t_typical_us
-        limit = client.profile["ib"]["write_lat_max_us"]
-        if row.t_typical_us is None or row.t_typical_us > limit:
-            m.problems.append(
-                (
-                    "IB_LATENCY",
-                    f"ib_write_lat {client.node.name} {cnic.device} -> {server.node.name}: "
-                    f"{row.t_typical_us} us > {limit:g} us",
-                )
-            )
+        link.latency_us = row.t_typical_us
+        link.measured.append("lat")
 
-    def _bandwidth(self, ctx, client, server, rail, cnic, snic, m: Measurement):
-        if any(code == "IB_UNREACHABLE" for code, _ in m.problems):
+    def _bandwidth(self, ctx, client, server, rail, cnic, snic, link: Link):
+        if link.unreachable:
             return
         server_argv = self._perftest_argv("ib_write_bw", server, snic, rail, ["--report_gbits"])
         client_argv = self._perftest_argv(
             "ib_write_bw", client, cnic, rail, ["--report_gbits", server.node.address]
         )
-        out = self._with_server(ctx, client, server, server_argv, client_argv, m)
-        row = self._last_row(out, client_argv, m)
+        out = self._with_server(ctx, client, server, server_argv, client_argv, link, "bw")
+        row = self._last_row(out, client_argv, link, "bw")
         if row is None:
             return
-        m.bw_gbps = round(gbps(row), 2)
-        floor = client.profile["ib"]["write_bw_min_fraction"] * m.rate_gbps
-        if m.bw_gbps < floor:
-            m.problems.append(
-                (
-                    "IB_BANDWIDTH",
-                    f"ib_write_bw {client.node.name} {cnic.device} -> {server.node.name}: {m.bw_gbps:g} Gb/s "
-                    f"< {floor:g} ({client.profile['ib']['write_bw_min_fraction']:.0%} "
-                    f"of {m.rate_gbps:g})",
-                )
-            )
+        link.bw_gbps = round(gbps(row), 2)
+        link.measured.append("bw")
 
-    def _last_row(self, out: str | None, argv: list[str], m: Measurement):
+    def _last_row(self, out: str | None, argv: list[str], link: Link, test_name: str):
         if out is None:
             return None
         try:
             rows = parse_output("perftest", out, command_line(argv)).rows
         except GatherError as exc:
-            m.problems.append(("IB_TEST_FAILED", exc.reason))
+            link.failures.append((test_name, "IB_TEST_FAILED", exc.reason))
             return None
         return rows[-1]
 
@@ -275,7 +279,8 @@ class IbPairs(Check):
         server: NodeContext,
         server_argv,
         client_argv,
-        m: Measurement,
+        link: Link,
+        test_name: str,
     ) -> str | None:
         """Run a client against a server started just for it; the server is stopped whatever happens."""
         limit = ctx.options.timeout * 2 + 30
@@ -290,34 +295,27 @@ class IbPairs(Check):
             background.stop()
         if not result.ok:
             why = "timed out" if result.timed_out else f"exited {result.rc}: {result.last_line()}"
-            m.problems.append(
-                ("IB_TEST_FAILED", f"`{command_line(client_argv)}` on {client.node.name} {why}")
+            link.failures.append(
+                (test_name, "IB_TEST_FAILED", f"`{command_line(client_argv)}` on {client.node.name} {why}")
             )
             return None
         return result.stdout
 
-    # ---------------------------------------------------------------- rack median and attribution
-    def _flag_outliers(
-        self, ctx: RackContext, nodes: list[NodeContext], measurements: list[Measurement]
-    ) -> None:
-        values = [m.bw_gbps for m in measurements if m.bw_gbps is not None]
-        if len(values) < 3:
-            return  # a median of two says nothing about which one is the outlier
-        median = statistics.median(values)
-        fraction = nodes[0].profile["ib"]["rack_outlier_fraction"]
-        for m in measurements:
-            if m.bw_gbps is not None and not m.problems and m.bw_gbps < fraction * median:
-                m.problems.append(
-                    (
-                        "IB_OUTLIER",
-                        f"ib_write_bw {m.device} {m.client} -> {m.server}: {m.bw_gbps:g} Gb/s "
-                        f"< {fraction:.0%} of rack median {median:g}",
-                    )
-                )
+    # ---------------------------------------------------------------- evaluate: limits, rack median, attribution
+    def evaluate(self, facts: RackFacts, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        """This node's result from the rack's links (pure): each link judged by its client's limits, the
+        rack median, then which end a bad link is blamed on."""
+        if len(facts.nodes) < 2:
+            return [self.result(node, Verdict.SKIP, "IB_NO_PEERS", "no peer in the rack to test against")]
+        measurements = [judge_link(link, facts.profiles[link.client]["ib"]) for link in facts.links]
+        flag_outliers(measurements, facts.profiles[facts.nodes[0].name]["ib"]["rack_outlier_fraction"])
+        return [self._attribute(node, profile, [n.name for n in facts.nodes], measurements)]
 
-    def _attribute(self, nodes: list[NodeContext], measurements: list[Measurement]) -> list[CheckResult]:
-        peers: dict[str, set[str]] = {c.node.name: set() for c in nodes}
-        bad_peers: dict[str, set[str]] = {c.node.name: set() for c in nodes}
+    def _attribute(
+        self, node: Node, profile: dict[str, Any], names: list[str], measurements: list[Measurement]
+    ) -> CheckResult:
+        peers: dict[str, set[str]] = {name: set() for name in names}
+        bad_peers: dict[str, set[str]] = {name: set() for name in names}
         for m in measurements:
             peers[m.client].add(m.server)
             peers[m.server].add(m.client)
@@ -328,52 +326,102 @@ class IbPairs(Check):
         def culprit(name: str) -> bool:  # bad with two or more peers: the common end is the fault
             return len(bad_peers[name]) >= 2
 
-        results = []
-        for nctx in nodes:
-            name = nctx.node.name
-            mine = [m for m in measurements if name in (m.client, m.server)]
-            evidence = {"expected": self._expected(nctx), "found": [m.to_json() for m in mine]}
-            own = [
-                m
-                for m in mine
-                if m.problems and (culprit(name) or not culprit(m.server if m.client == name else m.client))
-            ]
-            if not own:
-                elsewhere = sorted(bad_peers[name])
-                good = sum(1 for m in mine if not m.problems)
-                reason = f"{good} of {plural(len(mine), 'test')} with {plural(len(peers[name]), 'peer')} OK"
-                if elsewhere:
-                    reason += f"; the bad links to {', '.join(elsewhere)} are theirs"
-                results.append(self.result(nctx.node, Verdict.PASS, "IB_PAIRS_OK", reason, **evidence))
-                continue
-            code, text = max(
-                ((c, t) for m in own for c, t in m.problems), key=lambda p: SEVERITY.get(p[0], 0)
+        name = node.name
+        mine = [m for m in measurements if name in (m.client, m.server)]
+        evidence = {"expected": expected(profile), "found": [m.to_json() for m in mine]}
+        own = [
+            m
+            for m in mine
+            if m.problems and (culprit(name) or not culprit(m.server if m.client == name else m.client))
+        ]
+        if not own:
+            elsewhere = sorted(bad_peers[name])
+            good = sum(1 for m in mine if not m.problems)
+            reason = f"{good} of {plural(len(mine), 'test')} with {plural(len(peers[name]), 'peer')} OK"
+            if elsewhere:
+                reason += f"; the bad links to {', '.join(elsewhere)} are theirs"
+            return self.result(node, Verdict.PASS, "IB_PAIRS_OK", reason, **evidence)
+        code, text = max(
+            ((c, t) for m in own for c, t in m.problems), key=lambda p: SEVERITY.get(p[0], 0)
+        )
+        verdict = (
+            Verdict.WARN if all(c == "IB_OUTLIER" for m in own for c, _ in m.problems) else Verdict.FAIL
+        )
+        count = sum(len(m.problems) for m in own)
+        if not culprit(name):
+            text += " (cannot tell which end of this link is at fault)"
+        return self.result(
+            node,
+            verdict,
+            code,
+            text + (f" (+{count - 1} more)" if count > 1 else ""),
+            **evidence,
+        )
+
+
+def judge_link(link: Link, ib: dict[str, Any]) -> Measurement:
+    """One link against its client's ``ib`` limits; the problems in the order the tests ran, a test that
+    gave no reading as its failure."""
+    rate = min(r for r in (*link.rates_gbps, ib["port_rate_gbps"]) if r)
+    m = Measurement(link.client, link.server, link.device, link.peer_device, link.ping_loss_pct,
+                    link.latency_us, link.bw_gbps, rate)
+    for test in ("ping", "lat", "bw"):
+        m.problems += [(code, text) for name, code, text in link.failures if name == test]
+        if test not in link.measured:
+            continue
+        if test == "ping" and link.ping_received == 0:
+            m.problems.append(
+                ("IB_UNREACHABLE", f"ibping {link.client} {link.device} -> {link.server} {link.peer_device}: no reply")
             )
-            verdict = (
-                Verdict.WARN if all(c == "IB_OUTLIER" for m in own for c, _ in m.problems) else Verdict.FAIL
+        elif test == "ping" and link.ping_loss_pct > ib["ping_max_loss_pct"]:
+            m.problems.append(
+                ("IB_PING_LOSS", f"ibping {link.client} {link.device} -> {link.server}: {link.ping_loss_pct:g}% loss")
             )
-            count = sum(len(m.problems) for m in own)
-            if not culprit(name):
-                text += " (cannot tell which end of this link is at fault)"
-            results.append(
-                self.result(
-                    nctx.node,
-                    verdict,
-                    code,
-                    text + (f" (+{count - 1} more)" if count > 1 else ""),
-                    **evidence,
+        elif test == "lat" and (link.latency_us is None or link.latency_us > ib["write_lat_max_us"]):
+            m.problems.append(
+                (
+                    "IB_LATENCY",
+                    f"ib_write_lat {link.client} {link.device} -> {link.server}: "
+                    f"{link.latency_us} us > {ib['write_lat_max_us']:g} us",
                 )
             )
-        return results
+        elif test == "bw" and link.bw_gbps < ib["write_bw_min_fraction"] * rate:
+            floor = ib["write_bw_min_fraction"] * rate
+            m.problems.append(
+                (
+                    "IB_BANDWIDTH",
+                    f"ib_write_bw {link.client} {link.device} -> {link.server}: {link.bw_gbps:g} Gb/s "
+                    f"< {floor:g} ({ib['write_bw_min_fraction']:.0%} of {rate:g})",
+                )
+            )
+    return m
 
-    def _expected(self, nctx: NodeContext) -> dict[str, Any]:
-        ib = nctx.profile["ib"]
-        return {
-            "ping_max_loss_pct": ib["ping_max_loss_pct"],
-            "write_lat_max_us": ib["write_lat_max_us"],
-            "write_bw_min_fraction": ib["write_bw_min_fraction"],
-            "rack_outlier_fraction": ib["rack_outlier_fraction"],
-        }
+
+def flag_outliers(measurements: list[Measurement], fraction: float) -> None:
+    """IB_OUTLIER on a link with no other problem far below the rack's median bandwidth."""
+    values = [m.bw_gbps for m in measurements if m.bw_gbps is not None]
+    if len(values) < 3:
+        return  # a median of two says nothing about which one is the outlier
+    median = statistics.median(values)
+    for m in measurements:
+        if m.bw_gbps is not None and not m.problems and m.bw_gbps < fraction * median:
+            m.problems.append(
+                (
+                    "IB_OUTLIER",
+                    f"ib_write_bw {m.device} {m.client} -> {m.server}: {m.bw_gbps:g} Gb/s "
+                    f"< {fraction:.0%} of rack median {median:g}",
+                )
+            )
+
+
+def expected(profile: dict[str, Any]) -> dict[str, Any]:
+    ib = profile["ib"]
+    return {
+        "ping_max_loss_pct": ib["ping_max_loss_pct"],
+        "write_lat_max_us": ib["write_lat_max_us"],
+        "write_bw_min_fraction": ib["write_bw_min_fraction"],
+        "rack_outlier_fraction": ib["rack_outlier_fraction"],
+    }
 
 
 CHECK = IbPairs()

@@ -4,7 +4,8 @@ Per node (``gather``, with the node checks): the driver and CUDA versions from `
 cached run of gpu_health, read by the ``nvsmi-q`` parser), ``nv-fabricmanager --version`` on NVSwitch
 boards (kind ``fabricmanager-version``), ``dpkg-query`` for libnccl2 (kind ``dpkg-version``; else the version nccl-tests
 printed, read by :func:`preflight.parsers.nccl.library_version`) and ``ofed_info -s`` (kind
-``ofed-info``). Per rack (``run_rack``, pure over the gathered facts): a version differing from the
+``ofed-info``). Per rack (``run_rack``: the pure ``evaluate`` per node over the rack's gathered facts,
+:class:`RackVersions`): a version differing from the
 inventory pin (``preflight_version_pins`` or the nvidia_stack role variables of :data:`cluster.spec.PIN_VARS`,
 resolved into ``node.settings.version_pins``) -> FAIL; without a pin, one differing from the rack's
 most common value -> FAIL. A component a host cannot report is shown as unknown, not guessed.
@@ -15,8 +16,10 @@ Fault codes: VERSION_PIN, VERSION_DRIFT, VERSION_UNKNOWN, VERSIONS_OK.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
+from cluster.model import Node
 from cluster.spec import COMPONENTS
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext, command_line, parse_output
 from preflight.checks.gpu_health import NVSMI_Q
@@ -40,6 +43,14 @@ def matches_pin(found: str, pin: str) -> bool:
 
 def pins_of(node) -> dict[str, str]:
     return dict(node.settings.version_pins)
+
+
+@dataclass
+class RackVersions:
+    """What gather read on each node of a rack (a GatherError where it could not), in inventory order."""
+
+    rack: str
+    found: dict[str, dict[str, Any] | GatherError]
 
 
 class Versions(Check):
@@ -70,8 +81,13 @@ class Versions(Check):
         return found
 
     def run_rack(self, ctx: RackContext) -> list[CheckResult]:
-        results = []
-        gathered = {c.node.name: ctx.facts.get(c.node.name) for c in ctx.nodes}
+        """The pure evaluate for each node, over what gather read on every node of the rack."""
+        facts = RackVersions(ctx.rack, {c.node.name: ctx.facts.get(c.node.name) for c in ctx.nodes})
+        return [r for c in ctx.nodes for r in self.evaluate(facts, c.profile, c.node)]
+
+    def evaluate(self, facts: RackVersions, profile: dict[str, Any], node: Node) -> list[CheckResult]:
+        """This node's versions against its pins, else against the rack's most common value (pure)."""
+        gathered = facts.found
         usable = {name: v for name, v in gathered.items() if isinstance(v, dict)}
         common: dict[str, tuple[str | None, int]] = {}
         for component in COMPONENTS:
@@ -79,52 +95,39 @@ class Versions(Check):
             ranked = counts.most_common()
             tie = len(ranked) > 1 and ranked[0][1] == ranked[1][1]
             common[component] = (None if not ranked or tie else ranked[0][0], len(ranked))
-        for nctx in ctx.nodes:
-            node = nctx.node
-            found = gathered[node.name]
-            if isinstance(found, GatherError):
-                results.append(self.error(node, found))
-                continue
-            pins = pins_of(node)
-            problems: list[tuple[Verdict, str, str]] = []
-            for component in COMPONENTS:
-                value, pin = found[component], pins.get(component)
-                majority, distinct = common[component]
-                if pin is not None and value is None:
-                    problems.append((Verdict.WARN, "VERSION_UNKNOWN", f"{component} unknown (pinned {pin})"))
-                elif pin is not None and not matches_pin(value, pin):
-                    problems.append((Verdict.FAIL, "VERSION_PIN", f"{component} {value}, pinned {pin}"))
-                elif pin is None and value is not None and distinct > 1 and value != majority:
-                    others = sorted(
-                        {v[component] for n, v in usable.items() if v[component] not in (None, value)}
-                    )
-                    problems.append(
-                        (
-                            Verdict.FAIL,
-                            "VERSION_DRIFT",
-                            f"{component} {value}, rest of rack {ctx.rack} on {', '.join(others)}",
-                        )
-                    )
-            evidence = {
-                "expected": {"pins": pins, "rack": {c: common[c][0] for c in COMPONENTS}},
-                "found": found,
-            }
-            if not problems:
-                known = ", ".join(f"{c} {found[c]}" for c in ("driver", "cuda", "nccl") if found[c])
-                results.append(
-                    self.result(
-                        node, Verdict.PASS, "VERSIONS_OK", known or "no versions readable", **evidence
+        found = gathered[node.name]
+        if isinstance(found, GatherError):
+            return [self.error(node, found)]
+        pins = pins_of(node)
+        problems: list[tuple[Verdict, str, str]] = []
+        for component in COMPONENTS:
+            value, pin = found[component], pins.get(component)
+            majority, distinct = common[component]
+            if pin is not None and value is None:
+                problems.append((Verdict.WARN, "VERSION_UNKNOWN", f"{component} unknown (pinned {pin})"))
+            elif pin is not None and not matches_pin(value, pin):
+                problems.append((Verdict.FAIL, "VERSION_PIN", f"{component} {value}, pinned {pin}"))
+            elif pin is None and value is not None and distinct > 1 and value != majority:
+                others = sorted(
+                    {v[component] for n, v in usable.items() if v[component] not in (None, value)}
+                )
+                problems.append(
+                    (
+                        Verdict.FAIL,
+                        "VERSION_DRIFT",
+                        f"{component} {value}, rest of rack {facts.rack} on {', '.join(others)}",
                     )
                 )
-                continue
-            worst = next(p for v in (Verdict.FAIL, Verdict.WARN) for p in problems if p[0] is v)
-            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-            results.append(
-                self.result(
-                    node, worst[0], worst[1], worst[2] + more, problems=[p[2] for p in problems], **evidence
-                )
-            )
-        return results
+        evidence = {
+            "expected": {"pins": pins, "rack": {c: common[c][0] for c in COMPONENTS}},
+            "found": found,
+        }
+        if not problems:
+            known = ", ".join(f"{c} {found[c]}" for c in ("driver", "cuda", "nccl") if found[c])
+            return [self.result(node, Verdict.PASS, "VERSIONS_OK", known or "no versions readable", **evidence)]
+        worst = next(p for v in (Verdict.FAIL, Verdict.WARN) for p in problems if p[0] is v)
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        return [self.result(node, worst[0], worst[1], worst[2] + more, problems=[p[2] for p in problems], **evidence)]
 
 
 CHECK = Versions()

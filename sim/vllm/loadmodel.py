@@ -5,9 +5,9 @@ fault and what the server's ``/metrics`` exposition reads.
 The engine is vLLM V1's continuous batching as the route simulator runs it: chunked prefill within
 max_num_batched_tokens shared with decode, FCFS admission while max_num_seqs and KV allow, preemption by
 recompute of the newest running request, step times from the roofline of Llama-3-70B on 4 x H100 (TP=4,
-``sim.vllm.roofline``: ~12,600 prompt tokens/s, ~17 ms per decode step, 447k KV tokens). Until issue 11
-this server had its own step-time coefficients and block accounting (two models of one engine that could
-drift apart); now the numbers the agent scores on here are the numbers route_sim routes on.
+``sim.vllm.roofline``: ~12,600 prompt tokens/s, ~17 ms per decode step, 447k KV tokens). Until the route
+simulator's engine moved to ``sim.vllm``, this server had its own step-time coefficients and block
+accounting (two models of one engine that could drift apart); now the numbers the agent scores on here are the numbers route_sim routes on.
 
 Differences from the engine alone, and why:
 - Poisson arrivals with a chat-like lognormal request shape (``ModelParams``), so an idle demo IU still

@@ -56,7 +56,7 @@ class SimulatedNode:
         data = {
             "node": self.name,
             "rack": self.rack,
-            "datacenter": "dc1",
+            "datacenter": layout.DEFAULT_DATACENTER,
             "interval_s": 0.2,
             "heartbeat_s": 2.0,
             "profile": "drain",

@@ -1,9 +1,9 @@
 """The production request mix and its Poisson arrival trace.
 
-Mix (design article /work/shared/seeds/002, §4.5 "测试场景设计"): A short-text summaries 65% at ~327
-prompt tokens, B long documents 30% at ~4,218, C very long papers 5% at ~12,842. The article gives means
-only; prompts here are lognormal around those means (sigma 0.35, so most prompts sit within ×0.5-×2 of
-the mean) and clipped to the deployment's max_model_len 32,768.
+Mix (the project's design article, §4.5 "测试场景设计", not kept in this repository; its mix and mean
+prompt lengths are these): A short-text summaries 65% at ~327 prompt tokens, B long documents 30% at
+~4,218, C very long papers 5% at ~12,842. The article gives means only; prompts here are lognormal
+around those means (sigma 0.35, so most prompts sit within ×0.5-×2 of the mean) and clipped to the deployment's max_model_len 32,768.
 Output lengths are ours (the article gives none): lognormal with medians 128 (A, summaries), 256 (B,
 contract review findings) and 512 (C, paper reading notes), sigma 0.6 (a long right tail: P95 ≈ 2.7×
 the median), clipped to [1, 4,096]. Means: 153 / 307 / 614 tokens.

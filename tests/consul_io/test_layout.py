@@ -13,7 +13,8 @@ from consul_io import layout
 REPO = Path(__file__).resolve().parents[2]
 # Client-side code: it names Consul things only through consul_io.layout (devconsul is the server side and
 # keeps Consul's own names; tests build fixtures by hand on purpose).
-CLIENT_PACKAGES = ("consul_io", "eas_agent", "edge", "preflight", "cli", "cluster", "bench", "sim")
+CLIENT_PACKAGES = ("consul_io", "eas_agent", "edge", "preflight", "cli", "cluster", "provision", "bench", "sim",
+                   "playbooks", "collections")
 # Literal spellings that must not appear in client code outside layout.py.
 SPELLINGS = {
     "service name": re.compile(r"""["']vllm-iu["']"""),
@@ -22,12 +23,21 @@ SPELLINGS = {
     "preflight KV prefix": re.compile(r"""["']clusterctl/preflight"""),
     "score check id": re.compile(r"""f["']eas:\{"""),
     "IU id format": re.compile(r"""-iu\{"""),
+    "ACL policy name": re.compile(r"""["'](vllm-iu-registration|clusterctl-operator|clusterctl-edge)["']"""
+                                  r"""|f["'](consul-agent|eas-agent)-\{"""),
+    "default datacenter": re.compile(r"""["']dc1["']"""),
+    "default agent address": re.compile(r"""["']127\.0\.0\.1:8500["']"""),
 }
+
+
+# Consul's own side, like devconsul: the stand-in `consul` program keeps the Consul CLI's default address (and
+# runs inside the machines with only devconsul beside it).
+SERVER_SIDE = {"sim/aptrepo/consul_standin.py"}
 
 
 def client_files() -> list[Path]:
     return sorted(p for package in CLIENT_PACKAGES for p in (REPO / package).rglob("*.py")
-                  if p != REPO / "consul_io" / "layout.py")
+                  if p != REPO / "consul_io" / "layout.py" and p.relative_to(REPO).as_posix() not in SERVER_SIDE)
 
 
 def test_client_code_spells_consul_names_only_through_layout():
@@ -79,6 +89,9 @@ def test_key_and_id_formats():
     assert layout.score_check_id("n1-iu0") == "eas:n1-iu0"
     assert layout.maintenance_check("n1-iu0") == "_service_maintenance:n1-iu0"
     assert layout.service_definition_file("n1-iu0") == "vllm-iu-n1-iu0.json"
+    assert layout.acl_policy("agent", "n1") == "consul-agent-n1"
+    assert layout.acl_policy("eas_agent", "n1") == "eas-agent-n1"
+    assert layout.acl_policy("registration", "n1") == "vllm-iu-registration"
 
 
 @pytest.mark.parametrize(("check_id", "expected"), [

@@ -14,10 +14,7 @@ import uuid
 import consul
 import pytest
 
-from tests.devconsul.contract import Api, TinyHTTP, _client
-
-REAL_CONSUL = bool(os.environ.get("CONSUL_HTTP_ADDR"))
-needs_dev_server = pytest.mark.skipif(REAL_CONSUL, reason="configures or restarts the dev server itself")
+from tests.devconsul.contract import REAL_CONSUL, Api, TinyHTTP, _client
 
 
 @pytest.fixture

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import consul
+import pytest
 import requests
+
+REAL_CONSUL = bool(os.environ.get("CONSUL_HTTP_ADDR"))
+needs_dev_server = pytest.mark.skipif(REAL_CONSUL, reason="configures or restarts the dev server itself")
 
 
 class Api:

@@ -17,8 +17,7 @@ import pytest
 from devconsul.agent import load_file_services
 from devconsul.agentconfig import AgentSettings
 from devconsul.server import DevConsulServer
-from tests.devconsul.conftest import needs_dev_server
-from tests.devconsul.contract import Api, wait_until
+from tests.devconsul.contract import Api, needs_dev_server, wait_until
 
 pytestmark = needs_dev_server
 MANAGEMENT = "0d7d8c9e-7a3b-4c59-9f0e-4a1b2c3d4e5f"

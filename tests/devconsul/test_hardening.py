@@ -1,4 +1,4 @@
-"""Review M1, M2, M3, L1, L2 (shared/reviews/security-and-faults.md): the dev server bounds what a client
+"""Review M1, M2, M3, L1, L2 (the security review's findings, tests/faults/README.md): the dev server bounds what a client
 can make it read, hold and keep, and never applies a write it could not make durable."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Review H1, M4, L11 (shared/reviews/security-and-faults.md): hostile vLLM metrics and endpoints cost one IU
+"""Review H1, M4, L11 (the security review's findings, tests/faults/README.md): hostile vLLM metrics and endpoints cost one IU
 its score, never the agent, the node's other IUs, the publisher or the heartbeats."""
 
 from __future__ import annotations

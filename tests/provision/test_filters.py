@@ -12,6 +12,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
+from cluster import spec
 from cluster.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +44,21 @@ def test_consul_iu_services_is_the_golden_definition(r01n01):
     assert sorted(definitions) == ["r01n01-iu0", "r01n01-iu1"]
     assert definitions["r01n01-iu0"] == json.loads((GOLDEN / "consul-vllm-iu-r01n01-iu0.json").read_text())
     assert definitions["r01n01-iu1"]["service"]["checks"][0]["http"] == "http://127.0.1.11:8001/health"
+
+
+@pytest.mark.parametrize(("given", "expected"), [({}, "^lo,docker"), ({"nccl_socket_ifname": "bond0"}, "bond0")])
+def test_cluster_node_gives_the_nccl_socket_interface_with_the_spec_default(r01n01, given, expected):
+    """nvidia_stack's NCCL_SOCKET_IFNAME is this value; unset, cluster/spec.py's default, which the golden
+    nccl.conf files hold."""
+    assert "nccl_socket_ifname" not in r01n01
+    assert FILTERS["cluster_node"]("r01n01", {**r01n01, **given})["nccl_socket_ifname"] == expected
+    for name in ("nccl-ib.conf", "nccl-roce.conf"):
+        assert f"\nNCCL_SOCKET_IFNAME={spec.DEFAULT_NCCL_SOCKET_IFNAME}\n" in (GOLDEN / name).read_text()
+
+
+def test_cluster_node_gives_the_gpu_model(r01n01):
+    """nvidia_stack_nvswitch (Fabric Manager on *-sxm boards) reads it from here."""
+    assert FILTERS["cluster_node"]("r01n01", r01n01)["gpu_model"] == r01n01["gpu_model"] == "h100-sxm"
 
 
 @pytest.mark.parametrize(("bad", "lines"), [

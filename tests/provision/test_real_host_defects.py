@@ -1,5 +1,5 @@
 """The roles-on-real-hosts review's defects, tested without a real host: each test fails on the code before the
-fix (see ../shared/reviews/roles-on-real-hosts.md for the numbers).
+fix (#N: the defect's number in that review, which this repository does not keep; each item says what it was).
 
 - #4 DeviceAllow against /proc/devices of R550 and R535 drivers (tests/fixtures/proc_devices);
 - #6 the driver/FM version expressions of nvidia_stack evaluated by Ansible's own templar on the role's text;

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.provision.conftest import ansible_playbook, clusterctl
+from tests.provision.helpers import ansible_playbook, clusterctl
 
 pytestmark = pytest.mark.timeout(1200)  # site.yml (cpu_cstates only) on four simulated hosts, one BMC vendor each
 

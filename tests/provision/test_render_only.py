@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from sim.hosts import create, simulate
-from tests.provision.conftest import clusterctl, stats_of
-from tests.virtual.conftest import leftovers, needs_root
+from tests.provision.helpers import clusterctl, stats_of
+from tests.virtual.helpers import leftovers, needs_root
 
 REPO = Path(__file__).resolve().parents[2]
 SWITCH = "clusterctl_render_only"

@@ -21,7 +21,7 @@ from cluster import load_cluster
 from eas_agent.config import parse_config
 from sim.aptrepo.catalog import DRIVER_BRANCH, DRIVER_VERSIONS
 from tests.devconsul.contract import wait_until
-from tests.provision.conftest import TOKEN, ansible_playbook, clusterctl, stats_of
+from tests.provision.helpers import TOKEN, ansible_playbook, clusterctl, stats_of
 
 # The module's fixture provisions 3 simulated hosts three times (check, first run, rerun): ~3.5 CPU-minutes,
 # far more wall time when other work shares the 2 cores.

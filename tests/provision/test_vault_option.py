@@ -15,7 +15,7 @@ import pytest
 
 from cluster import vault
 from tests.helpers import run_cli
-from tests.provision.conftest import PYTHON, clusterctl
+from tests.provision.helpers import PYTHON, clusterctl
 
 PASSWORD = "vault-option-test-password-5e1d"  # must never be printed or logged
 TOKEN = "c0ffee42-vault-option-token-eas-agent"  # the decrypted value, written only to the host's token file

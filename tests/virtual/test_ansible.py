@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from sim.hosts import simulate
-from tests.virtual.conftest import needs_root
+from tests.virtual.helpers import needs_root
 
 pytestmark = needs_root
 ANSIBLE = str(Path(sys.executable).with_name("ansible"))

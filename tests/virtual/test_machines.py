@@ -14,7 +14,7 @@ import pytest
 
 from sim.hosts import machines, simulate
 from tests.helpers import run_cli
-from tests.virtual.conftest import leftovers, needs_root, run_on
+from tests.virtual.helpers import leftovers, needs_root, run_on
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.virtual.conftest import leftovers, needs_root
+from tests.virtual.helpers import leftovers, needs_root
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "### Your own virtual cluster: a green preflight in three commands"

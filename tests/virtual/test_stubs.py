@@ -10,7 +10,7 @@ import pytest
 from preflight.parsers import parse
 from sim.hosts import create, simulate
 from tests.helpers import wait_for
-from tests.virtual.conftest import calls_of, leftovers, needs_root, run_on
+from tests.virtual.helpers import calls_of, leftovers, needs_root, run_on
 
 pytestmark = needs_root
 

@@ -33,6 +33,11 @@ def test_run_is_the_base_gather_then_evaluate(check):
     assert type(check).run is Check.run, f"{check.name} overrides run(): split it into gather and evaluate"
 
 
+def test_every_check_has_its_own_evaluate():
+    """Rack checks too (ib_pairs, versions): ``run_rack`` gathers, then judges through ``evaluate``."""
+    assert [c.name for c in CHECKS if type(c).evaluate is Check.evaluate] == []
+
+
 @pytest.mark.parametrize("check", [c for c in CHECKS if c.scope != "rack" or type(c).evaluate is not Check.evaluate],
                          ids=lambda c: c.name)
 def test_evaluate_runs_nothing_and_parses_nothing(check):

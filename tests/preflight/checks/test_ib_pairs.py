@@ -10,6 +10,7 @@ import pytest
 
 from preflight.checks import ib_pairs
 from preflight.checks.base import GatherError, RackContext, RunOptions
+from preflight.profiles import profile_of
 from preflight.result import Verdict
 from preflight.transport import CommandResult
 from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
@@ -188,3 +189,85 @@ def test_a_pair_rack_says_one_peer():
     results = rack_run(names, Fabric(names))
     assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS]
     assert re.fullmatch(r"\d+ of \d+ tests with 1 peer OK", only(results, node="a").reason)
+
+
+# ----------------------------------------------------------------------------- evaluate, fed facts directly
+def link(client, server, rail=0, **readings):
+    """A healthy rail from client to server (the readings of the perftest fixtures), changed by ``readings``."""
+    values = {"ping_loss_pct": 0.0, "ping_received": 10, "latency_us": 1.02, "bw_gbps": 392.41,
+              "measured": ["ping", "lat", "bw"], **readings}
+    return ib_pairs.Link(client, server, f"mlx5_{rail}", f"mlx5_{rail}", (400, 400), **values)
+
+
+def rack_facts(names, links, overrides=None):
+    nodes = [node(n, rdma_nics=NICS, preflight_overrides=overrides) for n in names]
+    return ib_pairs.RackFacts("r01", nodes, {n.name: profile_of(n) for n in nodes}, links)
+
+
+def evaluate_all(facts):
+    return [r for n in facts.nodes for r in ib_pairs.CHECK.evaluate(facts, facts.profiles[n.name], n)]
+
+
+def ring(names, bad=lambda client, server: {}):
+    return [link(a, b, **bad(a, b)) for a, b in zip(names, names[1:] + names[:1], strict=True)]
+
+
+def test_evaluate_blames_the_node_two_slow_links_share():
+    names = ["a", "b", "c", "d"]
+    results = evaluate_all(rack_facts(names, ring(names, lambda c, s: {"latency_us": 25.0} if "b" in (c, s) else {})))
+    blamed = only(results, node="b")
+    assert (blamed.verdict, blamed.code, blamed.reason) == (
+        Verdict.FAIL, "IB_LATENCY", "ib_write_lat a mlx5_0 -> b: 25.0 us > 2.5 us (+1 more)")
+    assert only(results, node="a").reason == "1 of 2 tests with 2 peers OK; the bad links to b are theirs"
+    assert [r.verdict for r in results if r.node != "b"] == [Verdict.PASS] * 3
+    assert only(results, node="a").evidence["found"][0] == {
+        "client": "a", "server": "b", "device": "mlx5_0", "peer_device": "mlx5_0", "ping_loss_pct": 0.0,
+        "latency_us": 25.0, "bw_gbps": 392.41, "problems": ["ib_write_lat a mlx5_0 -> b: 25.0 us > 2.5 us"]}
+
+
+@pytest.mark.parametrize(("readings", "code", "reason"), [
+    ({"ping_loss_pct": 20.0}, "IB_PING_LOSS", "ibping a mlx5_0 -> b: 20% loss"),
+    ({"ping_received": 0, "ping_loss_pct": 100.0, "measured": ["ping"]}, "IB_UNREACHABLE",
+     "ibping a mlx5_0 -> b mlx5_0: no reply"),
+    ({"latency_us": None}, "IB_LATENCY", "ib_write_lat a mlx5_0 -> b: None us > 2.5 us"),
+    ({"bw_gbps": 95.0}, "IB_BANDWIDTH", "ib_write_bw a mlx5_0 -> b: 95 Gb/s < 360 (90% of 400)"),
+    ({"bw_gbps": None, "measured": ["ping", "lat"], "failures": [("bw", "IB_TEST_FAILED", "`ib_write_bw` exited 1")]},
+     "IB_TEST_FAILED", "`ib_write_bw` exited 1"),
+])
+def test_evaluate_judges_each_reading_against_the_clients_limits(readings, code, reason):
+    """A two-node rack: one bad link fails both ends, saying that it cannot tell which."""
+    results = evaluate_all(rack_facts(["a", "b"], [link("a", "b", **readings), link("b", "a")]))
+    assert [(r.node, r.verdict, r.code, r.reason) for r in results] == [
+        (n, Verdict.FAIL, code, reason + " (cannot tell which end of this link is at fault)") for n in ("a", "b")]
+
+
+def test_evaluate_warns_on_a_link_far_below_the_rack_median():
+    names = ["a", "b", "c", "d"]
+    facts = rack_facts(names, ring(names, lambda c, s: {"bw_gbps": 365.0} if (c, s) == ("b", "c") else {}),
+                       overrides={"ib": {"rack_outlier_fraction": 0.95}})
+    results = evaluate_all(facts)
+    assert {r.node: (r.verdict, r.code) for r in results if r.verdict is not Verdict.PASS} == {
+        "b": (Verdict.WARN, "IB_OUTLIER"), "c": (Verdict.WARN, "IB_OUTLIER")}
+    assert facts.links[1].failures == []  # judging adds nothing to the facts
+
+
+def test_evaluate_skips_a_node_without_peers():
+    facts = rack_facts(["a"], [])
+    assert [(r.verdict, r.code) for r in evaluate_all(facts)] == [(Verdict.SKIP, "IB_NO_PEERS")]
+
+
+# ----------------------------------------------------------------------------- gather_rack, scripted fabric
+def test_gather_rack_measures_every_rail_and_judges_nothing():
+    names = ["a", "b", "c"]
+    t = Fabric(names, lambda client, server, device, test: 25.0 if test == "lat" and client == "b" else None)
+    contexts = [context(t, node(n, rdma_nics=NICS, ansible_host=t.address[n])) for n in names]
+    facts = {c.node.name: ib_pairs.CHECK.gather(c) for c in contexts}
+    with ThreadPoolExecutor(8) as pool:
+        gathered = ib_pairs.CHECK.gather_rack(RackContext("r01", contexts, facts, pool, RunOptions(timeout=5)))
+    assert [n.name for n in gathered.nodes] == names and sorted(gathered.profiles) == names
+    assert [(x.client, x.server, x.device) for x in gathered.links] == [
+        (a, b, f"mlx5_{i}") for a, b in (("a", "b"), ("b", "c"), ("c", "a")) for i in range(4)]
+    for x in gathered.links:
+        assert (x.measured, x.failures, x.ping_received, x.bw_gbps) == (["ping", "lat", "bw"], [], 10, 392.41)
+        assert x.latency_us == (25.0 if x.client == "b" else 1.02)  # a reading, not yet a problem
+    assert len(t.started) == len(t.stopped) == 3 * 4 * 3

@@ -10,6 +10,7 @@ import pytest
 from preflight.checks import versions
 from preflight.checks.base import GatherError, RackContext, RunOptions
 from preflight.parsers import nccl as nccl_parser
+from preflight.profiles import profile_of
 from preflight.result import Verdict
 from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node, only
 
@@ -56,6 +57,27 @@ def test_the_node_that_drifted_from_its_rack_fails():
     assert (only(results, node="b").verdict, only(results, node="b").code) == (Verdict.FAIL, "VERSION_DRIFT")
     assert "rest of rack r01 on 535.161.08" in only(results, node="b").reason
     assert only(results, node="a").verdict is only(results, node="c").verdict is Verdict.PASS
+
+
+def test_evaluate_judges_one_node_against_its_pins_and_its_rack():
+    """Fed facts directly: a pin decides over the rack; without one, the rack's most common value does; a
+    node whose reporters could not be read is its ERROR."""
+    found = {"driver": "535.161.08", "cuda": "12.2", "fabric_manager": "535.161.08", "nccl": "2.21.5-1+cuda12.4",
+             "ofed": None}
+    facts = versions.RackVersions("r07", {"a": dict(found), "b": dict(found, cuda="12.4"), "c": dict(found),
+                                          "d": GatherError("`nvidia-smi -q` exited 9: no devices")})
+    pinned = node("a", preflight_version_pins={"driver": "535.104"})
+    [a] = versions.CHECK.evaluate(facts, profile_of(pinned), pinned)
+    assert (a.verdict, a.code, a.reason) == (Verdict.FAIL, "VERSION_PIN", "driver 535.161.08, pinned 535.104")
+    assert a.evidence["expected"] == {"pins": {"driver": "535.104"}, "rack": {
+        "driver": "535.161.08", "cuda": "12.2", "fabric_manager": "535.161.08", "nccl": "2.21.5-1+cuda12.4",
+        "ofed": None}}
+    [b] = versions.CHECK.evaluate(facts, profile_of(node("b")), node("b"))
+    assert (b.verdict, b.code, b.reason) == (Verdict.FAIL, "VERSION_DRIFT", "cuda 12.4, rest of rack r07 on 12.2")
+    [c] = versions.CHECK.evaluate(facts, profile_of(node("c")), node("c"))
+    assert (c.verdict, c.code, c.reason) == (Verdict.PASS, "VERSIONS_OK", "driver 535.161.08, cuda 12.2, nccl 2.21.5-1+cuda12.4")
+    [d] = versions.CHECK.evaluate(facts, profile_of(node("d")), node("d"))
+    assert (d.verdict, d.reason) == (Verdict.ERROR, "`nvidia-smi -q` exited 9: no devices")
 
 
 def test_inventory_pins_decide_and_prefix_match_package_versions():
