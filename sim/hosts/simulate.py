@@ -44,6 +44,7 @@ def simulated_hosts(inventory: str | Path, limit: str | None = None,
     hosts = {}
     pinned_lids: dict[str, int | None] = {}
     problems = []
+    not_loopback = []
     for node in cluster.nodes():
         try:
             machines.check_hostname(node.name)
@@ -55,8 +56,7 @@ def simulated_hosts(inventory: str | Path, limit: str | None = None,
             loopback = False
         if not loopback:
             # Machines share this machine's network: an address outside 127.0.0.0/8 would be a real network.
-            problems.append(f"{node.name}: ansible_host={node.address!r}: a simulated machine needs a loopback "
-                            "address (127.0.0.0/8)")
+            not_loopback.append(f"{node.name}: ansible_host={node.address!r}")
             continue
         hostvars = loaded.selected[node.name]
         fault_list = list(hostvars.get("sim_faults") or [])
@@ -67,10 +67,22 @@ def simulated_hosts(inventory: str | Path, limit: str | None = None,
             pinned_lids[node.name] = ((hostvars.get("sim_hardware") or {}).get("hca") or {}).get("lid_base")
         except (faults.FaultError, KeyError, TypeError, ValueError) as exc:
             problems.append(f"{node.name}: sim_hardware/sim_faults: {exc}")
+    problems += _loopback_problems(not_loopback, sum(1 for _ in cluster.nodes()))
     if problems:
         raise ClusterctlError("\n".join(problems), exit_code=2)
     _assign_lids(hosts, pinned_lids)
     return hosts
+
+
+def _loopback_problems(not_loopback: list[str], hosts: int) -> list[str]:
+    """One line per host outside 127.0.0.0/8 when there are a few; one line in all when there are many (a real
+    inventory given to `virtual up` by mistake would otherwise print a line for each of its hosts)."""
+    need = "a simulated machine needs a loopback address (127.0.0.0/8)"
+    if len(not_loopback) <= 3:
+        return [f"{where}: {need}" for where in not_loopback]
+    what = ("none of its hosts is on loopback: this is not a virtual inventory"
+            if len(not_loopback) == hosts else f"{len(not_loopback)} of {hosts} hosts are not on loopback")
+    return [f"{what} ({'; '.join(not_loopback[:3])}; +{len(not_loopback) - 3} more): {need}"]
 
 
 def _default_model_path() -> str:

@@ -4,6 +4,7 @@ production, nothing writable shared with this machine, hostile state dirs and ho
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.errors import ClusterctlError
 from sim.hosts import machines, simulate
 from tests.helpers import run_cli
 from tests.virtual.helpers import leftovers, needs_root, run_on
@@ -303,3 +305,20 @@ def test_a_non_loopback_address_is_refused(tmp_path):
                                         "        r01n01: {ansible_host: gpu-node-1.example, gpu_model: h100-sxm}\n")
     with pytest.raises(Exception, match=r"r01n01: ansible_host='gpu-node-1\.example': a simulated machine needs a loopback"):
         simulate.simulated_hosts(tmp_path)
+
+
+def test_a_real_inventory_is_one_line_not_one_per_host(tmp_path):
+    """`virtual up` given a production inventory by mistake: one line saying so, not one per host."""
+    from sim.hosts import create
+
+    directory = tmp_path / "prod"
+    create.write(directory, 8, 2)
+    hosts = directory / "hosts.yml"
+    hosts.write_text(re.sub(r"ansible_host: 127\.0\.(\d+)\.(\d+)", r"ansible_host: gpu-\1-\2.example", hosts.read_text()))
+    with pytest.raises(ClusterctlError) as raised:
+        simulate.simulated_hosts(directory)
+    lines = str(raised.value).splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("none of its hosts is on loopback: this is not a virtual inventory (r01n01: "
+                               "ansible_host='gpu-1-11.example'; ")
+    assert lines[0].endswith("; +5 more): a simulated machine needs a loopback address (127.0.0.0/8)")
