@@ -364,8 +364,10 @@ def print_report(console: Console, outcome: RunOutcome, strict: bool = False, sh
             console.print(hidden)
     elif outcome.results:  # nothing to list: no empty table, just what passed
         nodes = sorted({r.node for r in outcome.results})
+        # No table, so no title naming the depth: this line says which depth ran.
         console.print(Text(f"every check passed on {plural(len(nodes), 'node')}: {_names(nodes)} "
-                           f"({plural(len(outcome.results), 'PASS/SKIP row')}; --show-pass lists them)"))
+                           f"(depth: {depth_of(outcome)}; {plural(len(outcome.results), 'PASS/SKIP row')}; "
+                           "--show-pass lists them)"), soft_wrap=True)  # one physical line, as the fault lines
     s = summary(outcome, strict)
     lines = failure_lines(outcome.results, strict)
     if lines:

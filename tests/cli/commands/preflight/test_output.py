@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -183,8 +184,20 @@ def test_a_green_run_is_a_line_not_an_empty_table():
     out = io.StringIO()
     report.print_report(Console(file=out, width=100, color_system=None), outcome)
     lines = out.getvalue().splitlines()
-    assert lines[0] == "every check passed on 2 nodes: r01n01, r02n01 (16 PASS/SKIP rows; --show-pass lists them)"
+    assert lines[0] == ("every check passed on 2 nodes: r01n01, r02n01 (depth: per profile; 16 PASS/SKIP rows; "
+                        "--show-pass lists them)")
     assert "┏" not in out.getvalue() and lines[-1] == "exit code 0: every check passed"
+
+
+def test_a_green_run_says_which_depth_ran():
+    """Issue 17: the report says which depth ran; a green run prints no table (whose title names it), so
+    its one line does."""
+    outcome = samples.outcome()
+    outcome.results[:] = [r for r in outcome.results if r.node == "r01n01"]
+    outcome.options = replace(outcome.options, depth="quick")
+    out = io.StringIO()
+    report.print_report(Console(file=out, width=200, color_system=None), outcome)
+    assert out.getvalue().splitlines()[0].startswith("every check passed on 1 node: r01n01 (depth: quick; ")
 
 
 def test_progress_names_the_nodes_it_waits_on():
