@@ -119,8 +119,20 @@ def test_profiles_carry_depth_durations_and_reject_bad_depth_sections():
 def test_known_wrong_values_are_not_in_the_profiles():
     """The issue's list: DCGM's H200 memory-bandwidth floor in the wrong unit (2333 in an MB/s field) is
     not copied (no memory-bandwidth floor of ours); the flap window is azurehpc's 6 h, not a guess."""
+    def leaves(value, path=""):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield from leaves(item, f"{path}.{key}")
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                yield from leaves(item, f"{path}[{index}]")
+        else:
+            yield path, value
+
     for model in ("h100-sxm", "h200-sxm", "a100-sxm"):
         profile = profile_for("n1", {"gpu_model": model})
-        assert 2333 not in [v for section in profile.values() if isinstance(section, dict) for v in section.values()]
+        values = list(leaves(profile))
+        assert [p for p, v in values if v in (2333, 2333.0, "2333")] == []  # at any depth of the profile
+        assert [p for p, _ in values if "mem" in p.lower() and "bandwidth" in p.lower()] == []
         assert profile["ib_health"]["flap_window_hours"] == 6
         assert "hw_thermal_slowdown" in profile["throttle"]["fail_reasons"]
