@@ -9,7 +9,7 @@ import pytest
 from cluster.model import Cluster, Rack
 from preflight import report
 from preflight.checks.base import Check, RunOptions
-from preflight.profiles import ProfileError, profile_for
+from preflight.profiles import ProfileError, profile_for, run_depth
 from preflight.result import Verdict
 from preflight.runner import Progress, run_preflight
 from preflight.transport import CommandResult
@@ -98,6 +98,14 @@ def test_report_names_the_depth_in_json_junit_and_table():
         == "preflight (depth: full)"
     unnamed = run_preflight(cluster, [Load()], {"n1": {}}, t, RunOptions(timeout=5.0))
     assert report.to_json(unnamed)["summary"]["depth"] == "per profile"
+
+
+def test_the_depth_a_run_names_without_depth_is_the_profiles_default_when_they_agree():
+    h100 = profile_for("n1", {"gpu_model": "h100-sxm"})
+    quick = profile_for("n2", {"gpu_model": "h200-sxm", "preflight_overrides": {"depth": {"default": "quick"}}})
+    assert run_depth({"n1": h100, "n2": profile_for("n2", {"gpu_model": "a100-sxm"})}) == "standard"
+    assert run_depth({"n1": h100, "n2": quick}) is None  # mixed: the report says "per profile"
+    assert run_depth({"n1": h100, "n2": quick}, "full") == "full"  # --depth names itself
 
 
 def test_profiles_carry_depth_durations_and_reject_bad_depth_sections():
