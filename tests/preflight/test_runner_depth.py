@@ -144,3 +144,16 @@ def test_known_wrong_values_are_not_in_the_profiles():
         assert [p for p, _ in values if "mem" in p.lower() and "bandwidth" in p.lower()] == []
         assert profile["ib_health"]["flap_window_hours"] == 6
         assert "hw_thermal_slowdown" in profile["throttle"]["fail_reasons"]
+
+
+def test_the_registry_takes_every_before_reading_ahead_of_the_checks_that_load_gpus_and_links():
+    """nvlink's, gpu_throttle's and ib_link_health's "before" readings are taken where they stand in
+    preflight.checks.CHECKS, so the registry must list them ahead of every load test; their "after" readings
+    come after the rack checks (test above)."""
+    from preflight.checks import CHECKS
+
+    order = [c.name for c in CHECKS]
+    bracket = [c.name for c in CHECKS if c.scope == "bracket"]
+    assert bracket == ["nvlink", "gpu_throttle", "ib_link_health"]
+    loads = ("gpu_bandwidth", "dcgm_diag", "nccl", "ib_pairs")
+    assert max(order.index(b) for b in bracket) < min(order.index(load) for load in loads)
