@@ -125,15 +125,15 @@ def one_size(
             "verdicts": summary["verdicts"], "load": load, "machines": machines_row}
 
 
-def table(rows: list[dict], parallel: int, delay: float, checks: str | None = None) -> str:
+def table(rows: list[dict], parallel: int, delay: float, checks: str | None = None, depth: str = "standard") -> str:
     """One row per size. ``CPU floor`` is all CPU time spent (preflight + the machines) divided by this
     machine's cores: no scheduler can finish faster, and on real hosts the machines' share would be spent
     on the hosts themselves. ``x floor`` = wall / max(1-node wall, CPU floor); target <= 1.1."""
     cpus = os.cpu_count() or 1
     base = rows[0]["wall_s"]
     lines = [
-        f"preflight fan-out over SSH, --parallel {parallel}, every stub command {delay:g} s, {cpus} CPUs, "
-        f"checks: {checks or 'all but numa_pinning,consul'}",
+        f"preflight fan-out over SSH, --parallel {parallel}, depth {depth}, every stub command {delay:g} s, "
+        f"{cpus} CPUs, checks: {checks or 'all but numa_pinning,consul'}",
         "| nodes | racks | wall s | x 1 node | peak RSS MiB | controller CPU s | per node | machines CPU s "
         "| CPU floor s | x floor | target | exit | verdicts | load |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
@@ -182,7 +182,7 @@ def main() -> None:
         if args.json_file:
             Path(args.json_file).write_text(json.dumps(rows, indent=2))
     if rows:
-        print(table(rows, args.parallel, args.delay, args.checks))
+        print(table(rows, args.parallel, args.delay, args.checks, args.depth))
         print()
         print(virtual_machines.table([r["machines"] for r in rows]))
     if any(r["machines"]["left"] for r in rows):

@@ -2,7 +2,8 @@
 
 Steps, each the real command or library a cluster uses; only the hosts are simulated:
 
-1. ``virtual create`` + ``virtual up``: N simulated GPU nodes, one of them with a broken NVLink pair, and the
+1. ``virtual create`` + ``virtual up``: N simulated GPU nodes, one of them with a broken NVLink pair (``topo -m``
+   and ``nvidia-smi nvlink -s`` show it) and a GPU in thermal slowdown, and the
    package sources they install from (the stand-in NVIDIA/HashiCorp apt repositories and package index);
 2. ``clusterctl provision``: every role for real, in stop-on-failure batches, as on a real host: packages
    from those sources, ``consul.service`` on every machine (the inventory's ``consul_servers`` machine as
@@ -51,6 +52,9 @@ from sim.processes import ProcessSet, tail
 # runs beside a virtual inventory that is up (a developer's, or the test suite's machine tests) instead of
 # failing on its addresses being taken.
 DEMO_NET = 42
+# The faulty node's faults: nvlink_down FAILs gpu_topology (the pair's IU), nccl, gpu_bandwidth (D2D) and nvlink
+# (NVLINK_INACTIVE: GPU2's and GPU3's links <inactive> in nvidia-smi nvlink -s), and dcgm_diag WARNs its
+# DCGM#198 cross-check; gpu_throttle FAILs gpu_throttle (THROTTLE_ACTIVE). Step 5 prints every FAIL.
 FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
 # --debug: a bug in a step prints its traceback into the demo log instead of one line (CI keeps only the log)
 CLUSTERCTL = [sys.executable, "-m", "cli.main", "--debug"]
@@ -126,8 +130,8 @@ class Demo:
         self.configure_consul(faulty)
         cluster = load_cluster(self.inventory)
         result = simulate.up(str(self.inventory))
-        self.console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; "
-                      f"[red]{faulty}[/] has NVLink GPU2-GPU3 down and GPU 5 in HW thermal slowdown")
+        self.console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; [red]{faulty}[/] has NVLink "
+                           "GPU2-GPU3 down (their links inactive) and GPU 5 in HW thermal slowdown")
         return cluster
 
     def configure_consul(self, faulty: str) -> None:

@@ -43,6 +43,7 @@ def test_demo_runs_and_cleans_up():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     out = done.stdout
     assert "FAIL" in out and "gpu_topology" in out  # the injected NVLink fault was caught
+    assert "nvlink: GPU2: 0 of 18 NVLinks active" in out  # and shows in nvidia-smi nvlink -s (NVLINK_INACTIVE)
     assert "gpu_throttle" in out and "hw_thermal_slowdown" in out  # and the thermal slowdown (gpu_throttle)
     assert "released from maintenance" in out
     assert "whole run" in out and "0 errors" in out

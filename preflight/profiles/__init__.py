@@ -255,3 +255,13 @@ def profile_for(host: str, hostvars: Mapping[str, Any], profile_dir: Path = PROF
     if problems:
         raise ProfileError("invalid preflight_overrides:\n  " + "\n  ".join(problems))
     return _normalise(_merge(profile, overrides))
+
+
+def run_depth(profiles: Mapping[str, Mapping[str, Any]], requested: str | None = None) -> str | None:
+    """The depth a run names in its report: ``--depth`` when given; else every node runs its profile's
+    ``depth.default``, and when they all agree that one is named; ``None`` when they differ (the report then
+    says "per profile" and each deep check's evidence carries its node's depth)."""
+    if requested:
+        return requested
+    defaults = {p["depth"]["default"] for p in profiles.values()}
+    return defaults.pop() if len(defaults) == 1 else None

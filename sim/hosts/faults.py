@@ -7,7 +7,9 @@ broken node would show it (e.g. ``ib_port_down`` in sysfs ``state``, ``ibstat`` 
 =====================  ==========================================  ===================================
 kind                   parameters (defaults)                       what changes
 =====================  ==========================================  ===================================
-nvlink_down            gpus: [a, b] (0, 1); links: remaining (0)   ``topo -m`` shows a PCIe path
+nvlink_down            gpus: [a, b] (0, 1); links: remaining (0)   ``topo -m`` shows a PCIe path;
+                                                                   ``nvlink -s``: both GPUs' links from
+                                                                   ``links`` on inactive, ``-e`` N/A
 gpu_wrong_numa         gpu (0); numa_node (the other socket)       sysfs numa_node, ``topo -m`` affinity
 ib_port_down           device (first HCA)                          state Down / phys Disabled
 ib_port_rate           device (first HCA); rate_gbps (200)         sysfs rate, ``ibstat`` Rate
@@ -34,6 +36,12 @@ ib_link_flaps          device (first HCA); count (3)               kernel log lo
 
 The last six (the deeper checks') each change one tool's output only, so each FAILs exactly its preflight check
 (on real hardware a downtrained link would also lower nvbandwidth's numbers).
+
+``nvlink_down`` shows where a real node with a GPU pair's NVLink down shows it: ``topo -m`` (NODE/SYS instead of
+NV18), NCCL and nvbandwidth's device-to-device read of the pair over PCIe, and ``nvidia-smi nvlink -s`` with the
+two GPUs' links ``<inactive>`` (``nvlink -e`` prints N/A counters for them). So it FAILs gpu_topology, nccl,
+gpu_bandwidth and nvlink (``NVLINK_INACTIVE``); dcgm_diag WARNs ``DCGM_CROSS_CHECK``, the simulated DCGM passing
+with links down as real DCGM level 2 does (NVIDIA/DCGM#198). Which links go inactive: see :func:`nvlink_down`.
 """
 
 from __future__ import annotations
@@ -69,12 +77,27 @@ def _gpu_index(hw: Hardware, fault: Mapping[str, Any], key: str = "gpu") -> int:
 
 
 def nvlink_down(hw: Hardware, f: Mapping[str, Any]) -> None:
+    from sim.hosts.stubs.gpu_depth import nvlink_count
+
     a, b = (int(g) for g in f.get("gpus", [0, 1]))
     for g in (a, b):
         _gpu_index(hw, {"kind": f["kind"], "gpu": g})
     if a == b:
         raise FaultError("nvlink_down: gpus must name two different GPUs")
-    hw.nvlink[pair_key(a, b)] = int(f.get("links", 0))
+    total, links = nvlink_count(hw), int(f.get("links", 0))
+    if not 0 <= links <= total:
+        raise FaultError(f"nvlink_down: links {links} out of range 0..{total}")
+    hw.nvlink[pair_key(a, b)] = links
+    # Which links go inactive (``nvidia-smi nvlink -s`` prints ``<inactive>``, ``-e`` N/A counters): on HGX
+    # H100/H200 (and A100) boards every one of a GPU's 18 (12) NVLinks goes to an NVSwitch, none to a peer
+    # GPU, so no link belongs to the pair; a real pair reading NODE/SYS in ``topo -m`` is a GPU whose own
+    # links are down. Decision: the pair's fault is modelled as the named GPUs' links inactive, each of the
+    # two GPUs with its links ``links``..total-1 down (Link 0..links-1 stay up, so ``links: 12`` leaves 12 of 18
+    # active). Simplification kept: ``topo -m``, NCCL and nvbandwidth change for the named pair only (a real
+    # GPU with dead links would lose NVLink to every peer), so gpu_topology still FAILs that pair's IU only.
+    for g in (a, b):
+        gpu = hw.gpus[g]
+        gpu.nvlink_inactive = sorted(set(gpu.nvlink_inactive) | set(range(links, total)))
 
 
 def gpu_wrong_numa(hw: Hardware, f: Mapping[str, Any]) -> None:

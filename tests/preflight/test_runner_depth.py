@@ -9,7 +9,7 @@ import pytest
 from cluster.model import Cluster, Rack
 from preflight import report
 from preflight.checks.base import Check, RunOptions
-from preflight.profiles import ProfileError, profile_for
+from preflight.profiles import ProfileError, profile_for, run_depth
 from preflight.result import Verdict
 from preflight.runner import Progress, run_preflight
 from preflight.transport import CommandResult
@@ -100,6 +100,14 @@ def test_report_names_the_depth_in_json_junit_and_table():
     assert report.to_json(unnamed)["summary"]["depth"] == "per profile"
 
 
+def test_the_depth_a_run_names_without_depth_is_the_profiles_default_when_they_agree():
+    h100 = profile_for("n1", {"gpu_model": "h100-sxm"})
+    quick = profile_for("n2", {"gpu_model": "h200-sxm", "preflight_overrides": {"depth": {"default": "quick"}}})
+    assert run_depth({"n1": h100, "n2": profile_for("n2", {"gpu_model": "a100-sxm"})}) == "standard"
+    assert run_depth({"n1": h100, "n2": quick}) is None  # mixed: the report says "per profile"
+    assert run_depth({"n1": h100, "n2": quick}, "full") == "full"  # --depth names itself
+
+
 def test_profiles_carry_depth_durations_and_reject_bad_depth_sections():
     profile = profile_for("n1", {"gpu_model": "h200-sxm"})
     assert profile["depth"]["default"] == "standard"
@@ -119,8 +127,33 @@ def test_profiles_carry_depth_durations_and_reject_bad_depth_sections():
 def test_known_wrong_values_are_not_in_the_profiles():
     """The issue's list: DCGM's H200 memory-bandwidth floor in the wrong unit (2333 in an MB/s field) is
     not copied (no memory-bandwidth floor of ours); the flap window is azurehpc's 6 h, not a guess."""
+    def leaves(value, path=""):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield from leaves(item, f"{path}.{key}")
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                yield from leaves(item, f"{path}[{index}]")
+        else:
+            yield path, value
+
     for model in ("h100-sxm", "h200-sxm", "a100-sxm"):
         profile = profile_for("n1", {"gpu_model": model})
-        assert 2333 not in [v for section in profile.values() if isinstance(section, dict) for v in section.values()]
+        values = list(leaves(profile))
+        assert [p for p, v in values if v in (2333, 2333.0, "2333")] == []  # at any depth of the profile
+        assert [p for p, _ in values if "mem" in p.lower() and "bandwidth" in p.lower()] == []
         assert profile["ib_health"]["flap_window_hours"] == 6
         assert "hw_thermal_slowdown" in profile["throttle"]["fail_reasons"]
+
+
+def test_the_registry_takes_every_before_reading_ahead_of_the_checks_that_load_gpus_and_links():
+    """nvlink's, gpu_throttle's and ib_link_health's "before" readings are taken where they stand in
+    preflight.checks.CHECKS, so the registry must list them ahead of every load test; their "after" readings
+    come after the rack checks (test above)."""
+    from preflight.checks import CHECKS
+
+    order = [c.name for c in CHECKS]
+    bracket = [c.name for c in CHECKS if c.scope == "bracket"]
+    assert bracket == ["nvlink", "gpu_throttle", "ib_link_health"]
+    loads = ("gpu_bandwidth", "dcgm_diag", "nccl", "ib_pairs")
+    assert max(order.index(b) for b in bracket) < min(order.index(load) for load in loads)

@@ -20,7 +20,9 @@ from sim.hosts.stubs import peers
 from tests.helpers import run_cli
 
 EXPECTED_CHANGES = {
-    "nvlink_down": {"nvidia-smi topo -m", "all_reduce_perf", "nvbandwidth"},  # D2D of the pair over PCIe
+    # D2D of the pair over PCIe; the two GPUs' links <inactive> in nvlink -s (their -e counters N/A)
+    "nvlink_down": {"nvidia-smi topo -m", "all_reduce_perf", "nvbandwidth", "nvidia-smi nvlink -s",
+                    "nvidia-smi nvlink -e"},
     "gpu_wrong_numa": {"nvidia-smi topo -m", "nvidia-smi topo -mp", "sys/pci"},
     "ib_port_down": {"ibstat", "ibping", "ib_write_lat", "ib_write_bw", "sys/class"},
     "ib_port_rate": {"ibstat", "ib_write_bw", "sys/class"},
@@ -140,6 +142,8 @@ def test_fault_parameters_are_applied():
         {"kind": "version_drift", "component": "nccl", "version": "2.18.1"},
     ])
     assert broken.nvlinks(5, 6) == 12 and broken.nvlinks(2, 3) == 18
+    # each GPU of the pair shows its links above the 12 left as <inactive> in nvlink -s; the other GPUs none
+    assert [broken.gpus[g].nvlink_inactive for g in (4, 5, 6)] == [[], list(range(12, 18)), list(range(12, 18))]
     assert [h.rate_gbps for h in broken.hcas] == [400, 400, 400, 100]
     assert broken.versions["nccl"] == "2.18.1"
     assert hw.nvlinks(5, 6) == 18  # apply() copies; the healthy description is untouched

@@ -136,7 +136,7 @@ def run_preflight_command(
     from preflight import checks as registry
     from preflight import history, report
     from preflight.checks.base import RunOptions
-    from preflight.profiles import profile_of
+    from preflight.profiles import profile_of, run_depth
     from preflight.runner import run_preflight
     from preflight.transport import RoutingTransport
 
@@ -163,9 +163,7 @@ def run_preflight_command(
         raise UsageError(f"{inventory}: no hosts match --limit {limit!r}")
     profiles = {node.name: profile_of(node) for node in nodes}
 
-    # Without --depth every node runs its profile's default; when they agree the report names it.
-    defaults = {p["depth"]["default"] for p in profiles.values()}
-    depth = depth or (defaults.pop() if len(defaults) == 1 else None)
+    depth = run_depth(profiles, depth)  # without --depth: the profiles' default when they agree
     options = RunOptions(
         timeout=timeout, probe_timeout=min(timeout, 15.0), ib_matrix=ib_matrix, depth=depth, dcgm_level=dcgm_level
     )

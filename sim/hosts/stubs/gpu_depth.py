@@ -49,7 +49,9 @@ def _grown(rate_per_s: float) -> int:
 
 
 def nvlink_count(hw: Hardware) -> int:
-    return max(hw.nvlink.values(), default=0)
+    """NVLinks per GPU: the most any pair has (a pair down reads fewer), or past the highest inactive link."""
+    inactive = [max(gpu.nvlink_inactive) + 1 for gpu in hw.gpus if gpu.nvlink_inactive]
+    return max([*hw.nvlink.values(), *inactive], default=0)
 
 
 # --------------------------------------------------------------------------------- nvidia-smi nvlink

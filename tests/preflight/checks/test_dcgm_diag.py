@@ -3,8 +3,10 @@ transport (the commands it runs; unreadable output -> ERROR with an excerpt)."""
 
 from __future__ import annotations
 
-from preflight.checks import dcgm_diag, nvlink
+from cluster.errors import ExitCode
+from preflight.checks import dcgm_diag, gpu_health, nvlink
 from preflight.result import Verdict
+from preflight.runner import exit_code, node_passed
 from tests.preflight.checks.helpers import PROFILE, N, parsed, verdict
 from tests.preflight.helpers import ScriptedTransport, context, fixture_text
 
@@ -58,3 +60,24 @@ def test_dcgm_truncated_json_is_error_with_excerpt():
     t = ScriptedTransport().on("n1", "dcgmi", reply=fixture_text("dcgm_diag", "truncated-json-cut-mid-results.txt"))
     result = dcgm_diag.CHECK.run(context(t))[0]
     assert result.verdict is Verdict.ERROR and "does not decode" in result.reason and result.evidence["output"]
+
+
+def test_a_dcgm_pass_never_overrides_the_nvlink_fail_on_the_node():
+    """NVIDIA/DCGM#198 (level 2 passes with every NVLink down): with DCGM passing and nvidia-smi showing
+    inactive links, the node still fails preflight: nvlink's FAIL stands and DCGM's pass is only a WARN."""
+    inactive = "h200-sxm-gpu6-two-links-inactive.txt"
+    zero = parsed("nvlink-errors", "h100-sxm-driver550-all-zero.txt")
+    links = nvlink.CHECK.evaluate({"status": parsed("nvlink-status", inactive), "before": zero, "after": zero,
+                                   "elapsed_s": 60.0}, PROFILE, N)
+    diag = dcgm_diag.CHECK.evaluate(dcgm("dcgm3.3-h200-r3-pass.txt", nvlinks=inactive), PROFILE, N)
+    results = links + diag
+    assert [(r.check, r.verdict) for r in results] == [("nvlink", Verdict.FAIL), ("dcgm_diag", Verdict.WARN)]
+    assert not node_passed(results) and exit_code(results) == ExitCode.FAILED
+    # and a DCGM pass beside a gpu_health memory FAIL (uncorrectable DRAM ECC, remap pending) leaves it standing
+    t = ScriptedTransport().on("n1", "nvidia-smi", "-q", reply=fixture_text(
+        "nvsmi_q", "h100-sxm-driver550-dram-uncorrectable-remap-pending.txt")).on("n1", "journalctl", reply="")
+    t.on("n1", "systemctl", "is-active", "nvidia-fabricmanager", reply="active\n")
+    memory = gpu_health.CHECK.run(context(t))
+    passed = dcgm_diag.CHECK.evaluate(dcgm("dcgm3.3-h200-r3-pass.txt"), PROFILE, N)
+    assert [r.verdict for r in memory + passed] == [Verdict.FAIL, Verdict.PASS]
+    assert not node_passed(memory + passed) and exit_code(memory + passed) == ExitCode.FAILED

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from preflight.checks import gpu_throttle
+from preflight.checks.base import GatherError
 from preflight.result import Verdict
+from preflight.transport import CommandResult
 from tests.preflight.checks.helpers import PROFILE, N, parsed, verdict
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text
 
 
 def perf(name):
@@ -44,3 +49,40 @@ def test_throttle_counter_growth_during_load_fails_even_when_the_flag_cleared():
     facts = {"before": idle, "after": replace(idle, gpus=[hot, *idle.gpus[1:]])}
     result = gpu_throttle.CHECK.evaluate(facts, PROFILE, N)[0]
     assert (result.verdict, result.code) == (Verdict.FAIL, "THROTTLE_DURING_LOAD") and "2.5 s" in result.reason
+
+
+def test_throttle_sw_thermal_slowdown_fails():
+    hot = perf("h200-sxm-gpu5-sw-thermal-slowdown.txt")
+    result = gpu_throttle.CHECK.evaluate({"before": hot, "after": hot}, PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "THROTTLE_ACTIVE")
+    assert result.reason.startswith("GPU5 ") and "sw_thermal_slowdown active after load" in result.reason
+
+
+def test_throttle_applications_clocks_idle_sync_boost_and_display_are_not_faults():
+    idle = perf("h100-sxm-driver550-idle-with-counters.txt")
+    told = {"idle": True, "applications_clocks_setting": True, "sw_power_cap": True, "sync_boost": True,
+            "display_clock_setting": True}
+    busy = replace(idle, gpus=[replace(g, reasons={**g.reasons, **{k: v for k, v in told.items() if k in g.reasons}})
+                               for g in idle.gpus])
+    assert {k for k in told if k in busy.gpus[0].reasons} >= {"idle", "applications_clocks_setting", "sw_power_cap"}
+    assert verdict(gpu_throttle.CHECK.evaluate({"before": idle, "after": busy}, PROFILE, N)) == (Verdict.PASS,
+                                                                                                "THROTTLE_OK")
+
+
+def test_throttle_unreadable_reading_before_or_after_is_error_with_excerpt():
+    healthy = fixture_text("nvsmi_perf", "h100-sxm-driver550-idle-with-counters.txt")
+    garbage = fixture_text("nvsmi_perf", "garbage-nvml-driver-mismatch.txt")
+    t = ScriptedTransport().on("n1", *gpu_throttle.PERFORMANCE, reply=garbage)
+    with pytest.raises(GatherError) as info:
+        gpu_throttle.CHECK.gather(context(t))
+    result = gpu_throttle.CHECK.finish(context(t), info.value)[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "Driver/library version mismatch" in result.evidence["output"]
+    # a second reading cut short (the host went away mid-print) is an ERROR too, never a PASS on the first alone
+    readings = iter([healthy, fixture_text("nvsmi_perf", "truncated-inside-gpu-4.txt")])
+    t = ScriptedTransport().on("n1", *gpu_throttle.PERFORMANCE,
+                               reply=lambda argv: CommandResult(0, next(readings), "", 0.0, argv=argv))
+    ctx = context(t)
+    result = gpu_throttle.CHECK.finish(ctx, gpu_throttle.CHECK.gather(ctx))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER") and "cannot parse" in result.reason
+    assert result.evidence["output"] and len(t.called("n1", "PERFORMANCE")) == 2  # read twice, not cached

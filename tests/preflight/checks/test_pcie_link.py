@@ -84,3 +84,21 @@ def test_pcie_missing_hca_sysfs_fails_but_a_missing_grep_is_an_error():
     t = ScriptedTransport().on("n1", *pcie_link.NVSMI_PCI, reply=busy)  # no grep: rc 127
     result = pcie_link.CHECK.run(context(t))[0]
     assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER") and "exited 127" in result.reason
+
+
+def test_pcie_gen4_host_slot_under_a_gen5_profile_fails_slot():
+    """An A100 board's readings (Host Max 4) judged by the H100 profile: the slot cannot do Gen5."""
+    facts = pcie_link.PcieFacts(parsed("nvsmi-pci", "a100-sxm4-driver535-gen4-x16.txt"), None, None, {})
+    result = pcie_link.CHECK.evaluate(facts, PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PCIE_SLOT")
+    assert "slot (host side) max Gen4 < Gen5" in result.reason
+
+
+def test_pcie_garbage_or_truncated_nvidia_smi_is_error_with_excerpt():
+    for name, shown in (("garbage-no-devices-found.txt", "No devices were found"),
+                        ("truncated-after-2-of-8-gpus.txt", "GPU 00000000")):
+        text = fixture_text("nvsmi_pci", name)
+        t = ScriptedTransport().on("n1", *pcie_link.NVSMI_PCI, reply=text)
+        result = pcie_link.CHECK.run(context(t))[0]
+        assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER"), name
+        assert "cannot parse" in result.reason and shown in result.evidence["output"], name

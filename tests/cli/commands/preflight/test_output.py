@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -183,8 +184,20 @@ def test_a_green_run_is_a_line_not_an_empty_table():
     out = io.StringIO()
     report.print_report(Console(file=out, width=100, color_system=None), outcome)
     lines = out.getvalue().splitlines()
-    assert lines[0] == "every check passed on 2 nodes: r01n01, r02n01 (16 PASS/SKIP rows; --show-pass lists them)"
+    assert lines[0] == ("every check passed on 2 nodes: r01n01, r02n01 (depth: per profile; 16 PASS/SKIP rows; "
+                        "--show-pass lists them)")
     assert "┏" not in out.getvalue() and lines[-1] == "exit code 0: every check passed"
+
+
+def test_a_green_run_says_which_depth_ran():
+    """Issue 17: the report says which depth ran; a green run prints no table (whose title names it), so
+    its one line does."""
+    outcome = samples.outcome()
+    outcome.results[:] = [r for r in outcome.results if r.node == "r01n01"]
+    outcome.options = replace(outcome.options, depth="quick")
+    out = io.StringIO()
+    report.print_report(Console(file=out, width=200, color_system=None), outcome)
+    assert out.getvalue().splitlines()[0].startswith("every check passed on 1 node: r01n01 (depth: quick; ")
 
 
 def test_progress_names_the_nodes_it_waits_on():
@@ -202,3 +215,32 @@ def test_history_table_shows_saved_text_as_it_is(clusterctl, tmp_path):
                  started=1_800_000_000)
     code, out, _ = clusterctl("preflight", "history", "--state-dir", str(tmp_path), columns=160)
     assert code == 0 and "inv[/]x" in out and "[bold]r1" in out  # before: MarkupError, exit 1
+
+
+def test_progress_shows_each_running_nodes_check_and_how_long_it_has_run():
+    """Issue 17: while long tests run (dcgm_diag -r 3 is ~15 min) the live line says, per node, which check
+    it is in and for how long, not only the step some node started last."""
+    now = [100.0]
+    progress = report.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r01n03", "r02n01", "r02n02"],
+                                   clock=lambda: now[0])
+    with progress:
+        progress.start(5)
+        for node in ("r01n01", "r01n02", "r01n03", "r02n01"):
+            progress.node_step(node, "dcgm_diag")
+        now[0] += 5
+        progress.node_step("r02n02", "gpu_bandwidth")
+        now[0] += 130
+        assert progress.running_text() == "dcgm_diag 2m15s: r01n01, r01n02, r01n03 (+1); gpu_bandwidth 2m10s: r02n02"
+        progress.node_step("r01n01", "nccl")
+        progress.node_done("r01n02", [])
+        assert progress.running_text() == "dcgm_diag 2m15s: r01n03, r02n01; gpu_bandwidth 2m10s: r02n02; nccl 0s: r01n01"
+        # the live line's last column draws that text at each refresh, the runner's phase once nothing runs
+        column = next(c for c in progress._bar.columns if isinstance(c, report._PhaseColumn))
+        task = progress._bar.tasks[0]
+        now[0] += 60
+        assert column.render(task).plain.startswith("dcgm_diag 3m15s: r01n03, r02n01")
+        for node in ("r01n01", "r01n03", "r02n01", "r02n02"):
+            progress.node_done(node, [])
+        assert progress.running_text() == ""
+        progress.phase("rack checks: ib_pairs, nccl")
+        assert column.render(task).plain == "rack checks: ib_pairs, nccl"
