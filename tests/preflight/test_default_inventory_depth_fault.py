@@ -1,4 +1,4 @@
-"""Issue 17: the virtual cluster's default inventory (inventory/virtual, `virtual create --nodes 4 --racks 2
+"""The virtual cluster's default inventory (inventory/virtual, `virtual create --nodes 4 --racks 2
 --fabric mixed`) carries one of the deeper checks' faults, and the simulated tool shows it so that exactly
 that host FAILs gpu_throttle. In-process: the stub nvidia-smi is called as a function of the host's hardware
 description (as tests/virtual/test_faults.py does), no machine is booted. The demo's own inventory

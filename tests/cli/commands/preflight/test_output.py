@@ -190,7 +190,7 @@ def test_a_green_run_is_a_line_not_an_empty_table():
 
 
 def test_a_green_run_says_which_depth_ran():
-    """Issue 17: the report says which depth ran; a green run prints no table (whose title names it), so
+    """The report says which depth ran; a green run prints no table (whose title names it), so
     its one line does."""
     outcome = samples.outcome()
     outcome.results[:] = [r for r in outcome.results if r.node == "r01n01"]
@@ -218,7 +218,7 @@ def test_history_table_shows_saved_text_as_it_is(clusterctl, tmp_path):
 
 
 def test_progress_shows_each_running_nodes_check_and_how_long_it_has_run():
-    """Issue 17: while long tests run (dcgm_diag -r 3 is ~15 min) the live line says, per node, which check
+    """While long tests run (dcgm_diag -r 3 is ~15 min) the live line says, per node, which check
     it is in and for how long, not only the step some node started last."""
     now = [100.0]
     progress = report.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r01n03", "r02n01", "r02n02"],
