@@ -98,7 +98,7 @@ class LocalTransport:
             timed_out = False
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            out, err = proc.communicate()
+            out, err = _output_after_kill(proc)
             timed_out = True
         rc = None if timed_out else proc.returncode
         return CommandResult(rc, out, err, time.monotonic() - started, timed_out, False, tuple(argv))
@@ -113,6 +113,27 @@ def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _output_after_kill(proc: subprocess.Popen) -> tuple[str, str]:
+    """What a killed group wrote. A descendant that left the group (``setsid``, a daemon) still holds the
+    pipes open, and ``communicate()`` would wait for it as long as it lives (security review L7): wait up to
+    ``KILL_GRACE_S`` for the end of output, then close the pipes and keep what came."""
+    try:
+        return proc.communicate(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired as exc:
+        out, err = exc.output, exc.stderr
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    proc.wait()
+
+    def text(data: bytes | str | None) -> str:
+        if isinstance(data, bytes):
+            return data.decode("utf-8", errors="replace")
+        return data or ""
+
+    return text(out), text(err)
 
 
 class LocalBackground:
@@ -133,7 +154,7 @@ class LocalBackground:
                 out, err = self.proc.communicate(timeout=KILL_GRACE_S)
             except subprocess.TimeoutExpired:
                 _kill_group(self.proc)
-                out, err = self.proc.communicate()
+                out, err = _output_after_kill(self.proc)
         else:
             out, err = self.proc.communicate()
         return CommandResult(self.proc.returncode, out, err, time.monotonic() - self.started, argv=self.argv)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from preflight.profiles import ProfileError, load_file, profile_for, profile_of
 from preflight.release import release_passed
 from preflight.result import CheckResult, Verdict
 from preflight.runner import exit_code, run_preflight
-from preflight.transport import CommandResult, LocalTransport, RoutingTransport, SshTransport
+from preflight.transport import KILL_GRACE_S, CommandResult, LocalTransport, RoutingTransport, SshTransport
 from tests.preflight.helpers import ScriptedTransport, context, node
 from tests.preflight.sshserver import client_transport, finish
 
@@ -48,6 +49,22 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     assert result.timed_out and result.rc is None and time.monotonic() - started < 5
     child = int(pid_file.read_text())
     assert _gone(child)
+
+
+def test_a_descendant_that_left_the_group_does_not_hold_the_run(tmp_path):
+    """Review L7: after a timeout kills the group, a descendant in its own session (setsid, a daemon) still
+    holds stdout/stderr open; the run returns within the kill grace with what came, instead of waiting on it."""
+    pid_file = tmp_path / "escaped.pid"
+    script = f"echo before; setsid sh -c 'echo $$ > {pid_file}; exec sleep 20' & sleep 30"
+    started = time.monotonic()
+    try:
+        result = LocalTransport().run(node(), ["sh", "-c", script], timeout=0.5)
+        assert result.timed_out and result.rc is None
+        assert time.monotonic() - started < 0.5 + KILL_GRACE_S + 2
+        assert result.stdout == "before\n"
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def _gone(pid: int) -> bool:
