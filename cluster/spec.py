@@ -60,9 +60,11 @@ PIN_VARS = {
     "nccl": "nvidia_stack_nccl_version",
 }
 # Linux interface names: 1..15 bytes (IFNAMSIZ-1), no '/', ':' or whitespace, not "." or "..".
-IFNAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,15}$")
+# Matched with fullmatch: `$` also matches before a trailing newline, and 'eth0\n' reached the templates
+# (security review L5).
+IFNAME = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9_.-]{1,15}")
 # RDMA device names (ibdev): IB_DEVICE_NAME_MAX is 64.
-IBDEV = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+IBDEV = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 # Prefixes of variables that only clusterctl's Python reads: an undeclared one is a misspelling (the
 # roles' prefixes are not here: a role's variables are the role's, checked by its argument spec).
 OWN_PREFIXES = ("preflight_",)
@@ -245,7 +247,7 @@ def gpu_model_rule(value: Any) -> None:
 
 
 def ifname_rule(value: str | None) -> None:
-    if value is not None and not IFNAME.match(value):
+    if value is not None and not IFNAME.fullmatch(value):
         raise Invalid("not a valid Linux interface name")
 
 
@@ -259,9 +261,9 @@ def pin_components(pins: dict[str, str]) -> None:
 def nic_rules(nics: tuple[dict[str, Any], ...]) -> None:
     parts: list[tuple[str, Any, str]] = []
     for i, nic in enumerate(nics):
-        if not IBDEV.match(nic["device"]):
+        if not IBDEV.fullmatch(nic["device"]):
             parts.append((f"[{i}].device", nic["device"], "not a valid RDMA device name"))
-        if nic["netdev"] is not None and not IFNAME.match(nic["netdev"]):
+        if nic["netdev"] is not None and not IFNAME.fullmatch(nic["netdev"]):
             parts.append((f"[{i}].netdev", nic["netdev"],
                           "not a valid Linux interface name (1-15 chars, no '/', ':' or spaces)"))
         parts += [(f"[{i}].{key}", nic[key], f"must be an integer >= {least}") for key, least in _NIC_NUMBERS

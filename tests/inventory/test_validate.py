@@ -40,6 +40,17 @@ CASES = {
         ["n1: rdma_nics[0].netdev='enp0s31f6averylongname'"],
     ),
     "bad_rdma_device": ({"n2": "rdma_nics: [{device: 'mlx5 0'}]\n"}, ["n2: rdma_nics[0].device='mlx5 0'"]),
+    # Review L5: a pattern ending in `$` also matches before a trailing newline, which then reaches templates.
+    "netdev_trailing_newline": (
+        {"n1": 'rdma_nics: [{device: mlx5_0, netdev: "eth0\\n"}]\n'},
+        ["n1: rdma_nics[0].netdev='eth0\\n'", "not a valid Linux interface name"],
+    ),
+    "rdma_device_trailing_newline": (
+        {"n2": 'rdma_nics: [{device: "mlx5_0\\n"}]\n'}, ["n2: rdma_nics[0].device='mlx5_0\\n'"],
+    ),
+    "nccl_ifname_trailing_newline": (
+        {"n1": 'nccl_socket_ifname: "eth0\\n"\n'}, ["n1: nccl_socket_ifname='eth0\\n'", "not a valid Linux interface"],
+    ),
     "redfish_without_bmc": (
         {"n1": "cpu_cstates_redfish: true\nbmc_address: 192.0.2.101\n"},
         ["n1: bmc_username=None", "n1: bmc_password=None", "cpu_cstates_redfish is on"],
