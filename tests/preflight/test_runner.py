@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -443,6 +444,18 @@ def test_table_groups_rack_node_check():
     report.print_report(console, sample_outcome())
     text = console.export_text()
     assert "r01" in text and "FAIL" in text and "UNREACHABLE" in text and "exit code 1" in text
+
+
+def test_history_files_are_private(tmp_path):
+    """A saved run carries host output (reasons, evidence: stderr lines); like provision's events.jsonl
+    (security review L4, issue 15 item 3) it is 0600 in a 0700 directory whatever the umask."""
+    old = os.umask(0o022)
+    try:
+        saved = history.save(tmp_path / "state" / "preflight", {"results": []}, {}, started=1_800_000_000)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(saved.path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(saved.path.parent).st_mode) == 0o700
 
 
 def test_history_saves_lists_loads_and_diffs(tmp_path):
