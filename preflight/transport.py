@@ -1,7 +1,8 @@
 """Running commands on a node: over SSH (fabric), or locally when preflight runs on the node itself.
 
 Commands are always argv lists. Locally they go straight to ``subprocess`` (never a shell); over SSH the
-remote shell gets ``shlex.join(argv)``, so a value from the inventory is always one quoted word.
+remote shell gets ``shlex.join(argv)``, so a value from the inventory is always one quoted word, under
+coreutils ``timeout`` so that a hung command does not outlive its limit on the host (:func:`remote_command`).
 
 Which transport a node gets is decided by inventory variables only (see :class:`RoutingTransport`):
 ``ansible_connection: local`` -> :class:`LocalTransport` (preflight running on the node it checks, as
@@ -15,6 +16,7 @@ StrictHostKeyChecking=yes`` would.
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import shlex
@@ -207,6 +209,17 @@ def _unreachable_reason(exc: BaseException, address: str) -> str:
 
 READ_CHUNK = 65536
 SESSION_RETRY_S = 0.5  # before the one more try of a command whose connection failed under it
+# A command's own limit on the host (security review L7): closing the channel on our timeout leaves a hung
+# nvidia-smi running there, one more with every run. coreutils `timeout` ends it (its process group: TERM,
+# then KILL after REMOTE_KILL_S) REMOTE_GRACE_S after our deadline, so our timeout still decides the verdict.
+REMOTE_GRACE_S = 5
+REMOTE_KILL_S = 5
+
+
+def remote_command(argv: Sequence[str], timeout: float) -> str:
+    """The shell line run on the host: ``argv`` as one quoted word each, under ``timeout``."""
+    limit = math.ceil(timeout) + REMOTE_GRACE_S
+    return shlex.join(["timeout", "-k", str(REMOTE_KILL_S), str(limit), *(str(a) for a in argv)])
 
 
 def exec_on(transport: Any, command: str, timeout: float) -> tuple[int | None, str, str, bool]:
@@ -300,7 +313,7 @@ class SshTransport:
 
     def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult:
         _, paramiko, _ = _ssh_libraries()
-        command = shlex.join(str(a) for a in argv)
+        command = remote_command(argv, timeout)
         started = time.monotonic()
         for attempt in (1, 2):
             try:

@@ -124,7 +124,7 @@ def test_ssh_transport_quotes_every_argument(monkeypatch):
         "host": "127.0.9.7",
         "user": "ops",
         "port": 2222,
-        "command": "ibping -C 'mlx5_0; reboot' '$(id)'",
+        "command": "timeout -k 5 10 ibping -C 'mlx5_0; reboot' '$(id)'",  # the host's own limit: 5 s + 5
     }
 
 
@@ -600,11 +600,11 @@ def test_ssh_background_server_is_bounded_and_quoted(monkeypatch):
     server = SshTransport().start(n, ["ib_write_lat", "-d", n.nics[0].device, "-p", "18515"], limit=90)
     server.stop()
     launch, kill = commands
-    outer = shlex.split(launch)  # what the remote login shell hands to `sh -c`
-    assert outer[:2] == ["sh", "-c"]
-    inner = shlex.split(outer[2].removesuffix(" & echo $!").removesuffix(" >/dev/null 2>&1 </dev/null"))
+    outer = shlex.split(launch)  # what the remote login shell runs: `sh -c` under the command's own limit
+    assert outer[:6] == ["timeout", "-k", "5", "35", "sh", "-c"]
+    inner = shlex.split(outer[6].removesuffix(" & echo $!").removesuffix(" >/dev/null 2>&1 </dev/null"))
     assert inner == ["nohup", "timeout", "90", "ib_write_lat", "-d", "mlx5_0; reboot", "-p", "18515"]
-    assert kill == "kill 4242"
+    assert kill == "timeout -k 5 35 kill 4242"
 
 
 def test_the_ssh_libraries_load_safely_from_many_threads_at_once(tmp_path):

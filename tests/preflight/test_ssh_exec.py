@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import time
 
 import pytest
@@ -12,7 +14,12 @@ from tests.preflight.sshserver import client_transport, finish
 BIG = 3 * 2**20  # more than paramiko's 2 MiB channel window: a reader of one stream only would stall
 
 
+SEEN: list[str] = []  # every command line the server got
+
+
 def handler(channel, command):
+    SEEN.append(command)
+    command = re.sub(r"^timeout -k \d+ \d+ ", "", command)  # SshTransport's remote limit (remote_command)
     if command == "both":
         channel.sendall(b"out\n")
         channel.sendall_stderr(b"err\n")
@@ -174,3 +181,17 @@ def test_a_connection_that_dies_under_a_command_is_opened_again_for_one_more_try
     transport._connections[host.name].client.live = DiesOnUse()
     result = transport.run(host, ["true"], timeout=10)
     assert result.ok and not result.unreachable and len(opened) == 2, result
+
+
+def test_the_command_has_its_own_limit_on_the_host(monkeypatch):
+    """Review L7: closing the channel on our timeout left a hung command running on the host, one more per run.
+    The host's coreutils `timeout` ends it (TERM, then KILL) a grace after our own deadline, which still decides."""
+    from preflight.transport import REMOTE_GRACE_S, REMOTE_KILL_S, SshTransport
+    from tests.preflight.helpers import node
+
+    _fake_fabric(monkeypatch)
+    SEEN.clear()
+    result = SshTransport().run(node(), ["both"], timeout=7.2)
+    assert result.rc == 3
+    assert SEEN == [shlex.join(["timeout", "-k", str(REMOTE_KILL_S), str(8 + REMOTE_GRACE_S), "both"])]
+    assert shlex.split(SEEN[0])[4:] == ["both"]  # the argv itself still one quoted word each
