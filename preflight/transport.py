@@ -196,8 +196,13 @@ def _ssh_libraries() -> tuple[Any, Any, Any]:
     return fabric, paramiko, invoke.exceptions
 
 
-def _unreachable_reason(exc: BaseException, address: str) -> str:
+def _unreachable_reason(exc: BaseException, address: str, connect_timeout: float | None = None) -> str:
     _, paramiko, _ = _ssh_libraries()
+    if isinstance(exc, paramiko.SSHException) and str(exc) == "No existing session":
+        # paramiko's words when the handshake never finished within the connect timeout (an sshd that took
+        # the TCP connection and never answered, or something that is not SSH on that port)
+        within = f" within {connect_timeout:g} s" if connect_timeout is not None else ""
+        return f"ssh: {address} took the connection but no SSH handshake came{within} (sshd hung, or not SSH)"
 
     if isinstance(exc, paramiko.BadHostKeyException):
         return (f"ssh: host key for {address} changed: got {exc.key.get_name()} "
@@ -329,7 +334,7 @@ class SshTransport:
                 if attempt == 1 and host.name in self._connections:
                     time.sleep(SESSION_RETRY_S)
                     continue
-                reason = _unreachable_reason(exc, host.address)
+                reason = _unreachable_reason(exc, host.address, self.connect_timeout)
                 return CommandResult(None, "", reason, time.monotonic() - started, unreachable=True, argv=tuple(argv))
         return CommandResult(
             rc,
