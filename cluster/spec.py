@@ -65,6 +65,16 @@ PIN_VARS = {
 IFNAME = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9_.-]{1,15}")
 # RDMA device names (ibdev): IB_DEVICE_NAME_MAX is 64.
 IBDEV = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+# Inventory host names: DNS labels (letters, digits, '-' inside), '.'-separated, at most 253 characters (an
+# IPv4 address is one too). A host name becomes IU ids, Consul node and service names and file names on the
+# node and under a simulated machine's state dir, so nothing else ('..', '/', a leading dot or dash,
+# whitespace) may reach a path (security review H3). Simulated machines also cap it at 64 (nspawn).
+HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
+MAX_HOSTNAME = 253
+
+
+def is_host_name(name: str) -> bool:
+    return len(name) <= MAX_HOSTNAME and HOSTNAME.fullmatch(name) is not None
 # Prefixes of variables that only clusterctl's Python reads: an undeclared one is a misspelling (the
 # roles' prefixes are not here: a role's variables are the role's, checked by its argument spec).
 OWN_PREFIXES = ("preflight_",)
