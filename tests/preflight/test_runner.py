@@ -22,7 +22,14 @@ from preflight.profiles import ProfileError, load_file, profile_for, profile_of
 from preflight.release import release_passed
 from preflight.result import CheckResult, Verdict
 from preflight.runner import exit_code, run_preflight
-from preflight.transport import KILL_GRACE_S, CommandResult, LocalTransport, RoutingTransport, SshTransport
+from preflight.transport import (
+    KILL_GRACE_S,
+    OUTPUT_CAP_BYTES,
+    CommandResult,
+    LocalTransport,
+    RoutingTransport,
+    SshTransport,
+)
 from tests.preflight.helpers import ScriptedTransport, context, node
 from tests.preflight.sshserver import client_transport, finish
 
@@ -66,6 +73,29 @@ def test_a_descendant_that_left_the_group_does_not_hold_the_run(tmp_path):
     finally:
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_local_output_over_the_cap_is_truncated_and_the_command_killed(tmp_path):
+    """Review M4 (preflight): stdout was read whole (`communicate`). Reading stops at the cap, the result says
+    truncated (rc None: we ended it), and the command's group is killed instead of left writing: here it would
+    sleep 30 s after its output, so the run returning at once shows it did not wait for it."""
+    pid_file = tmp_path / "flood.pid"
+    script = f"echo $$ > {pid_file}; head -c {OUTPUT_CAP_BYTES + 2**20} /dev/zero; exec sleep 30"
+    started = time.monotonic()
+    result = LocalTransport().run(node(), ["sh", "-c", script], timeout=20)
+    assert result.truncated and not result.timed_out and result.rc is None and not result.ok
+    assert len(result.stdout) == OUTPUT_CAP_BYTES and result.stderr == ""
+    assert time.monotonic() - started < 10
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_local_output_under_the_cap_is_read_as_before():
+    """A chatty but legal output (under the cap, on both streams) comes back whole, newlines as text mode
+    gave them (CRLF -> LF), with its exit status."""
+    script = "head -c 3000000 /dev/zero; printf 'a\\r\\nb\\n'; printf 'err\\n' >&2; exit 3"
+    result = LocalTransport().run(node(), ["sh", "-c", script], timeout=20)
+    assert (result.rc, result.truncated, result.timed_out) == (3, False, False)
+    assert result.stdout == "\0" * 3000000 + "a\nb\n" and result.stderr == "err\n"
 
 
 def _gone(pid: int) -> bool:
