@@ -26,6 +26,18 @@ PASTED = {
 }
 
 
+# Kinds added after the issue: one pasted fixture per damage, each made from the original fixture (SOURCES.md of
+# the kind says how). kind: (original, {pasted fixture: (warnings expected, what the elision removed or None)}).
+# What an elision removed is missing from the result, and only that: (key of the list, key of its items, values).
+PASTED_EACH: dict[str, tuple[str, dict[str, tuple[int, tuple[str, str, tuple] | None]]]] = {
+    "nvlink-status": ("h200-sxm-gpu6-two-links-inactive.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-gpus-1-2.txt": (1, ("gpus", "index", (1, 2))),
+        "pasted-tabs.txt": (0, None),
+    }),
+}
+
+
 def read(kind: str, name: str) -> str:
     return (FIXTURES / kind.replace("-", "_") / name).read_text()
 
@@ -39,6 +51,23 @@ def test_pasted_output_parses_to_the_same_values_with_warnings(kind):
     if kind == "nccl":  # three rows were elided in the paste: exactly those are missing
         want["rows"] = [r for r in want["rows"] if r["size_bytes"] not in (16, 32, 64)]
     assert got == want
+    warnings = paste_warnings(text)
+    assert len(warnings) == n_warnings, warnings
+    assert all(w.startswith("line ") for w in warnings)
+
+
+@pytest.mark.parametrize("kind, pasted", [(k, p) for k in sorted(PASTED_EACH) for p in sorted(PASTED_EACH[k][1])])
+def test_each_paste_damage_gives_the_real_values_and_a_warning_per_thing_ignored(kind, pasted):
+    """An annotated paste (with its prompt line), an elided one and a tab-damaged one, each on its own: the same
+    values as the tool's own output (minus exactly what was elided), one warning per annotation or elision."""
+    original, cases = PASTED_EACH[kind]
+    n_warnings, elided = cases[pasted]
+    want = to_contract_json(kind, parse(kind, read(kind, original)))
+    if elided is not None:
+        key, item_key, gone = elided
+        want[key] = [item for item in want[key] if item[item_key] not in gone]
+    text = read(kind, pasted)
+    assert to_contract_json(kind, parse(kind, text)) == want
     warnings = paste_warnings(text)
     assert len(warnings) == n_warnings, warnings
     assert all(w.startswith("line ") for w in warnings)
