@@ -35,6 +35,11 @@ PASTED_EACH: dict[str, tuple[str, dict[str, tuple[int, tuple[str, str, tuple] | 
         "pasted-elided-gpus-1-2.txt": (1, ("gpus", "index", (1, 2))),
         "pasted-tabs.txt": (0, None),
     }),
+    "mlxlink": ("cx7-ndr-effective-ber-3E-10.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-sections.txt": (1, None),  # Supported and Troubleshooting Info: no value of the contract
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
 }
 
 
