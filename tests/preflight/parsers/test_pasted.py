@@ -40,6 +40,11 @@ PASTED_EACH: dict[str, tuple[str, dict[str, tuple[int, tuple[str, str, tuple] | 
         "pasted-elided-sections.txt": (1, None),  # Supported and Troubleshooting Info: no value of the contract
         "pasted-tabs-collapsed.txt": (0, None),
     }),
+    "nvbandwidth": ("h200-sxm-gpu2-h2d-21gbps.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-devices.txt": (1, None),  # Device 2-6 lines: the device list is no value of the contract
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
 }
 
 
