@@ -53,6 +53,11 @@ PASTED_EACH: dict[str, tuple[str, dict[str, tuple[int, Any]]]] = {
         "pasted-elided-gpus-4-6.txt": (2, lambda want: _without_results(want, "memory", (4, 5, 6))),
         "pasted-tabs-collapsed.txt": (0, None),
     }),
+    "nvsmi-pci": ("h100-sxm-gpu3-x8-width-downtrained.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-gpus-2a-3a.txt": (1, ("gpus", "bus_id", ("00000000:2A:00.0", "00000000:3A:00.0"))),
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
 }
 
 
