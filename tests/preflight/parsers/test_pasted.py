@@ -58,6 +58,11 @@ PASTED_EACH: dict[str, tuple[str, dict[str, tuple[int, Any]]]] = {
         "pasted-elided-gpus-2a-3a.txt": (1, ("gpus", "bus_id", ("00000000:2A:00.0", "00000000:3A:00.0"))),
         "pasted-tabs-collapsed.txt": (0, None),
     }),
+    "nvsmi-perf": ("h100-sxm-gpu0-hw-thermal-slowdown.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-gpus-2a-3a.txt": (1, ("gpus", "bus_id", ("00000000:2A:00.0", "00000000:3A:00.0"))),
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
 }
 
 
