@@ -75,7 +75,7 @@ def measure(connections: list, commands: int, command: str, how: str) -> tuple[f
                 result = conn.run(command, hide=True, warn=True, timeout=120, in_stream=False)
                 rc, out = result.exited, result.stdout
             else:
-                rc, out, _, _ = exec_on(conn.client.get_transport(), command, 120)
+                rc, out, _, _, _ = exec_on(conn.client.get_transport(), command, 120)
             if rc != 0 or out != "done\n":
                 raise SystemExit(f"{how}: `{command}` gave rc {rc}, stdout {out[-200:]!r}")
 

@@ -65,9 +65,21 @@ PIN_VARS = {
     "nccl": "nvidia_stack_nccl_version",
 }
 # Linux interface names: 1..15 bytes (IFNAMSIZ-1), no '/', ':' or whitespace, not "." or "..".
-IFNAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.-]{1,15}$")
+# Matched with fullmatch: `$` also matches before a trailing newline, and 'eth0\n' reached the templates
+# (security review L5).
+IFNAME = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9_.-]{1,15}")
 # RDMA device names (ibdev): IB_DEVICE_NAME_MAX is 64.
-IBDEV = re.compile(r"^[A-Za-z0-9_.-]{1,63}$")
+IBDEV = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+# Inventory host names: DNS labels (letters, digits, '-' inside), '.'-separated, at most 253 characters (an
+# IPv4 address is one too). A host name becomes IU ids, Consul node and service names and file names on the
+# node and under a simulated machine's state dir, so nothing else ('..', '/', a leading dot or dash,
+# whitespace) may reach a path (security review H3). Simulated machines also cap it at 64 (nspawn).
+HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
+MAX_HOSTNAME = 253
+
+
+def is_host_name(name: str) -> bool:
+    return len(name) <= MAX_HOSTNAME and HOSTNAME.fullmatch(name) is not None
 # Prefixes of variables that only clusterctl's Python reads: an undeclared one is a misspelling (the
 # roles' prefixes are not here: a role's variables are the role's, checked by its argument spec).
 OWN_PREFIXES = ("preflight_",)
@@ -250,7 +262,7 @@ def gpu_model_rule(value: Any) -> None:
 
 
 def ifname_rule(value: str | None) -> None:
-    if value is not None and not IFNAME.match(value):
+    if value is not None and not IFNAME.fullmatch(value):
         raise Invalid("not a valid Linux interface name")
 
 
@@ -264,9 +276,9 @@ def pin_components(pins: dict[str, str]) -> None:
 def nic_rules(nics: tuple[dict[str, Any], ...]) -> None:
     parts: list[tuple[str, Any, str]] = []
     for i, nic in enumerate(nics):
-        if not IBDEV.match(nic["device"]):
+        if not IBDEV.fullmatch(nic["device"]):
             parts.append((f"[{i}].device", nic["device"], "not a valid RDMA device name"))
-        if nic["netdev"] is not None and not IFNAME.match(nic["netdev"]):
+        if nic["netdev"] is not None and not IFNAME.fullmatch(nic["netdev"]):
             parts.append((f"[{i}].netdev", nic["netdev"],
                           "not a valid Linux interface name (1-15 chars, no '/', ':' or spaces)"))
         parts += [(f"[{i}].{key}", nic[key], f"must be an integer >= {least}") for key, least in _NIC_NUMBERS

@@ -118,7 +118,16 @@ def check_rack(host: str, hv: Mapping[str, Any]) -> list[Problem]:
     return []
 
 
+def check_host_name(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    if spec.is_host_name(host):
+        return []
+    return [Problem(host, "inventory_hostname", host,
+                    "not a valid host name (letters, digits and '-' in '.'-separated labels of at most 63, "
+                    f"{spec.MAX_HOSTNAME} in all): it becomes IU ids, Consul names and file names on the node")]
+
+
 HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
+    check_host_name,
     spec.check_layout_variables,
     check_rack,
     check_gpu_layout,

@@ -36,7 +36,8 @@ class SavedRun:
 
 
 def save(state_dir: Path, document: dict[str, Any], meta: dict[str, Any], started: float) -> SavedRun:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    # A run carries host output (reasons, evidence): private, like provision's events.jsonl (issue 15 item 3).
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     base = datetime.fromtimestamp(started, UTC).strftime("%Y%m%dT%H%M%SZ")
     data = {**document, "run": {**meta, "id": None}}
     for n in range(1000):
@@ -44,7 +45,7 @@ def save(state_dir: Path, document: dict[str, Any], meta: dict[str, Any], starte
         path = state_dir / f"{run_id}.json"
         data["run"]["id"] = run_id
         try:  # O_EXCL: two runs starting in the same second never overwrite each other
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             continue
         with os.fdopen(fd, "w") as out:

@@ -1,7 +1,13 @@
 """Running commands on a node: over SSH (fabric), or locally when preflight runs on the node itself.
 
 Commands are always argv lists. Locally they go straight to ``subprocess`` (never a shell); over SSH the
-remote shell gets ``shlex.join(argv)``, so a value from the inventory is always one quoted word.
+remote shell gets ``shlex.join(argv)``, so a value from the inventory is always one quoted word, under
+coreutils ``timeout`` so that a hung command does not outlive its limit on the host (:func:`remote_command`).
+
+Both transports read at most ``OUTPUT_CAP_BYTES`` of each stream of a command (security review M4): past
+that, reading stops, the command is ended (locally its process group is killed; over SSH the channel is
+closed) and the result says ``truncated``. A truncated output is never judged (``NodeContext.run`` makes it
+the check's ERROR), so events past the cap cannot silently vanish.
 
 Which transport a node gets is decided by inventory variables only (see :class:`RoutingTransport`):
 ``ansible_connection: local`` -> :class:`LocalTransport` (preflight running on the node it checks, as
@@ -15,8 +21,10 @@ StrictHostKeyChecking=yes`` would.
 
 from __future__ import annotations
 
+import math
 import os
 import select
+import selectors
 import shlex
 import signal
 import subprocess
@@ -33,6 +41,13 @@ SSH_UNREACHABLE_RC = 255  # what ssh(1) exits with when it could not connect
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 KILL_GRACE_S = 2.0
 _SSH_IMPORT_LOCK = threading.Lock()
+READ_CHUNK = 65536
+# Per stream of one command. The largest output preflight reads is `nvidia-smi -q` on 8 GPUs: 24.9 KB
+# (tests/fixtures/preflight/nvsmi_q/h100-sxm-driver535-full-q-clean.txt, the largest of the preflight
+# fixtures; the kernel log is filtered on the host to the lines a check counts). 4 MiB is ~170 times that,
+# and bounds the controller at 64 nodes x 2 streams x 4 MiB = 512 MiB in the worst case, where an unfiltered
+# kernel log in an XID storm was hundreds of MB per node.
+OUTPUT_CAP_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -44,10 +59,11 @@ class CommandResult:
     timed_out: bool = False
     unreachable: bool = False  # the host itself did not answer (connection failed)
     argv: tuple[str, ...] = ()
+    truncated: bool = False  # a stream went over OUTPUT_CAP_BYTES: reading stopped, the command was ended
 
     @property
     def ok(self) -> bool:
-        return self.rc == 0 and not self.timed_out and not self.unreachable
+        return self.rc == 0 and not self.timed_out and not self.unreachable and not self.truncated
 
     def last_line(self) -> str:
         """The last non-empty line of stderr (else stdout): the usual place for the reason of a failure."""
@@ -70,16 +86,17 @@ class Transport(Protocol):
         ...
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen:
-    """A child in its own session (a timeout kills its whole group), text output, no stdin."""
+def _spawn(argv: list[str], text: bool = True) -> subprocess.Popen:
+    """A child in its own session (a timeout kills its whole group), no stdin; text output, or bytes for
+    :func:`_read_capped`."""
     return subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        text=True,
-        errors="replace",
+        text=text,
+        errors="replace" if text else None,
     )
 
 
@@ -90,18 +107,13 @@ class LocalTransport:
         full = [str(a) for a in argv]
         started = time.monotonic()
         try:
-            proc = _spawn(full)
+            proc = _spawn(full, text=False)
         except OSError as exc:  # the program itself is missing: a failed command, not an unreachable host
             return CommandResult(None, "", str(exc), time.monotonic() - started, argv=tuple(argv))
-        try:
-            out, err = proc.communicate(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            timed_out = True
-        rc = None if timed_out else proc.returncode
-        return CommandResult(rc, out, err, time.monotonic() - started, timed_out, False, tuple(argv))
+        out, err, timed_out, truncated = _read_capped(proc, started + timeout, OUTPUT_CAP_BYTES)
+        rc = None if timed_out or truncated else proc.returncode
+        return CommandResult(rc, _local_text(out), _local_text(err), time.monotonic() - started, timed_out, False,
+                             tuple(argv), truncated)
 
     def start(self, host: Node, argv: Sequence[str], limit: float) -> LocalBackground:
         proc = _spawn([str(a) for a in argv])
@@ -113,6 +125,86 @@ def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _read_capped(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
+    """(stdout, stderr, timed out, truncated) of a child spawned with bytes pipes, both drained as they come.
+
+    A stream over ``cap`` bytes stops the read (security review M4): it keeps its first ``cap`` bytes and the
+    group is killed. On the deadline the group is killed too. After a kill, what the pipes still hold is read
+    for at most ``KILL_GRACE_S`` (a descendant that left the group may keep them open, review L7), then they
+    are closed."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    data = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    timed_out = truncated = False
+    with selectors.DefaultSelector() as selector:
+        for pipe in (proc.stdout, proc.stderr):
+            selector.register(pipe, selectors.EVENT_READ)
+
+        def read_ready(wait: float) -> bool:
+            """Read what is ready within ``wait`` s; True once a stream went over the cap."""
+            over = False
+            for key, _ in selector.select(wait):
+                chunk = os.read(key.fd, READ_CHUNK)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffer = data[key.fd]
+                buffer += chunk[: max(0, cap - len(buffer) + 1)]
+                if len(buffer) > cap:
+                    del buffer[cap:]
+                    over = True
+            return over
+
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            if read_ready(left):
+                truncated = True
+                break
+        if not timed_out and not truncated:
+            try:  # both streams ended: the status, within what is left of the limit
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        if timed_out or truncated:
+            _kill_group(proc)
+            grace = time.monotonic() + KILL_GRACE_S
+            while selector.get_map() and (left := grace - time.monotonic()) > 0:
+                truncated = read_ready(left) or truncated
+    for pipe in (proc.stdout, proc.stderr):
+        pipe.close()
+    proc.wait()
+    return bytes(out), bytes(err), timed_out, truncated
+
+
+def _local_text(data: bytes) -> str:
+    """As text-mode pipes decoded it: UTF-8 with replacement, universal newlines (CRLF and CR -> LF)."""
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _output_after_kill(proc: subprocess.Popen) -> tuple[str, str]:
+    """What a killed group wrote. A descendant that left the group (``setsid``, a daemon) still holds the
+    pipes open, and ``communicate()`` would wait for it as long as it lives (security review L7): wait up to
+    ``KILL_GRACE_S`` for the end of output, then close the pipes and keep what came."""
+    try:
+        return proc.communicate(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired as exc:
+        out, err = exc.output, exc.stderr
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    proc.wait()
+
+    def text(data: bytes | str | None) -> str:
+        if isinstance(data, bytes):
+            return data.decode("utf-8", errors="replace")
+        return data or ""
+
+    return text(out), text(err)
 
 
 class LocalBackground:
@@ -133,7 +225,7 @@ class LocalBackground:
                 out, err = self.proc.communicate(timeout=KILL_GRACE_S)
             except subprocess.TimeoutExpired:
                 _kill_group(self.proc)
-                out, err = self.proc.communicate()
+                out, err = _output_after_kill(self.proc)
         else:
             out, err = self.proc.communicate()
         return CommandResult(self.proc.returncode, out, err, time.monotonic() - self.started, argv=self.argv)
@@ -173,8 +265,13 @@ def _ssh_libraries() -> tuple[Any, Any, Any]:
     return fabric, paramiko, invoke.exceptions
 
 
-def _unreachable_reason(exc: BaseException, address: str) -> str:
+def _unreachable_reason(exc: BaseException, address: str, connect_timeout: float | None = None) -> str:
     _, paramiko, _ = _ssh_libraries()
+    if isinstance(exc, paramiko.SSHException) and str(exc) == "No existing session":
+        # paramiko's words when the handshake never finished within the connect timeout (an sshd that took
+        # the TCP connection and never answered, or something that is not SSH on that port)
+        within = f" within {connect_timeout:g} s" if connect_timeout is not None else ""
+        return f"ssh: {address} took the connection but no SSH handshake came{within} (sshd hung, or not SSH)"
 
     if isinstance(exc, paramiko.BadHostKeyException):
         return (f"ssh: host key for {address} changed: got {exc.key.get_name()} "
@@ -189,13 +286,25 @@ def _unreachable_reason(exc: BaseException, address: str) -> str:
     return f"ssh: {exc or type(exc).__name__}"  # EOFError() and TimeoutError() have no message
 
 
-READ_CHUNK = 65536
 SESSION_RETRY_S = 0.5  # before the one more try of a command whose connection failed under it
+# A command's own limit on the host (security review L7): closing the channel on our timeout leaves a hung
+# nvidia-smi running there, one more with every run. coreutils `timeout` ends it (its process group: TERM,
+# then KILL after REMOTE_KILL_S) REMOTE_GRACE_S after our deadline, so our timeout still decides the verdict.
+REMOTE_GRACE_S = 5
+REMOTE_KILL_S = 5
 
 
-def exec_on(transport: Any, command: str, timeout: float) -> tuple[int | None, str, str, bool]:
+def remote_command(argv: Sequence[str], timeout: float) -> str:
+    """The shell line run on the host: ``argv`` as one quoted word each, under ``timeout``."""
+    limit = math.ceil(timeout) + REMOTE_GRACE_S
+    return shlex.join(["timeout", "-k", str(REMOTE_KILL_S), str(limit), *(str(a) for a in argv)])
+
+
+def exec_on(transport: Any, command: str, timeout: float,
+            cap: int = OUTPUT_CAP_BYTES) -> tuple[int | None, str, str, bool, bool]:
     """Run ``command`` in a new session channel of an open paramiko ``transport``; returns (exit status or
-    None on timeout, stdout, stderr, timed out). stdin is closed at once (as ``</dev/null``).
+    None on timeout or truncation, stdout, stderr, timed out, truncated). stdin is closed at once (as
+    ``</dev/null``).
 
     Why not fabric's ``Connection.run``: invoke's runner starts three threads per command, builds its config
     and polls every 10 ms until the command ends. That cost ~17.5 ms of controller CPU per command against
@@ -204,12 +313,16 @@ def exec_on(transport: Any, command: str, timeout: float) -> tuple[int | None, s
     in select() on the channel's pipe, which paramiko sets when stdout or stderr data arrives or the
     channel gets EOF/closes; both streams are drained as they come, so neither can fill the channel's
     window and stall the other. Output is decoded as UTF-8 with replacement (hostile bytes never raise).
-    On timeout the channel is closed (as fabric did) and what came so far is returned.
+    On timeout the channel is closed (as fabric did) and what came so far is returned. A stream over
+    ``cap`` bytes (security review M4) stops the read the same way, keeping its first ``cap`` bytes: the
+    channel is closed, so sshd closes the command's pipes and its next write ends it (SIGPIPE), and the
+    host's ``timeout`` wrapper (:func:`remote_command`) bounds it in any case.
     """
     deadline = time.monotonic() + timeout
     channel = transport.open_session(timeout=max(0.1, timeout))
     out: list[bytes] = []
     err: list[bytes] = []
+    sizes = [0, 0]
     try:
         channel.exec_command(command)
         channel.shutdown_write()
@@ -217,24 +330,28 @@ def exec_on(transport: Any, command: str, timeout: float) -> tuple[int | None, s
         while True:
             if channel.recv_ready():
                 out.append(channel.recv(READ_CHUNK))
+                sizes[0] += len(out[-1])
             elif channel.recv_stderr_ready():
                 err.append(channel.recv_stderr(READ_CHUNK))
+                sizes[1] += len(err[-1])
             elif channel.eof_received or channel.closed:  # one EOF ends both streams (RFC 4254 5.3)
                 break
             else:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not select.select([waker], [], [], remaining)[0]:
-                    return None, _text(out), _text(err), True
+                    return None, _text(out), _text(err), True, False
+            if max(sizes) > cap:
+                return None, _text(out, cap), _text(err, cap), False, True
         # The exit status follows the EOF (OpenSSH sends EOF, exit-status, close).
         if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
-            return None, _text(out), _text(err), True
-        return channel.exit_status, _text(out), _text(err), False
+            return None, _text(out), _text(err), True, False
+        return channel.exit_status, _text(out), _text(err), False, False
     finally:
         channel.close()
 
 
-def _text(chunks: list[bytes]) -> str:
-    return b"".join(chunks).decode("utf-8", errors="replace")
+def _text(chunks: list[bytes], cap: int | None = None) -> str:
+    return b"".join(chunks)[:cap].decode("utf-8", errors="replace")
 
 
 class SshTransport:
@@ -284,11 +401,12 @@ class SshTransport:
 
     def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult:
         _, paramiko, _ = _ssh_libraries()
-        command = shlex.join(str(a) for a in argv)
+        command = remote_command(argv, timeout)
         started = time.monotonic()
         for attempt in (1, 2):
             try:
-                rc, out, err, timed_out = exec_on(self._connection(host).client.get_transport(), command, timeout)
+                rc, out, err, timed_out, truncated = exec_on(
+                    self._connection(host).client.get_transport(), command, timeout)
                 break
             except (paramiko.SSHException, OSError, EOFError) as exc:  # OSError covers socket timeouts
                 # A failure after the host connected gets one more try, on the connection opened again if it
@@ -300,7 +418,7 @@ class SshTransport:
                 if attempt == 1 and host.name in self._connections:
                     time.sleep(SESSION_RETRY_S)
                     continue
-                reason = _unreachable_reason(exc, host.address)
+                reason = _unreachable_reason(exc, host.address, self.connect_timeout)
                 return CommandResult(None, "", reason, time.monotonic() - started, unreachable=True, argv=tuple(argv))
         return CommandResult(
             rc,
@@ -310,6 +428,7 @@ class SshTransport:
             timed_out=timed_out,
             unreachable=rc == SSH_UNREACHABLE_RC and not out,
             argv=tuple(argv),
+            truncated=truncated,
         )
 
     def start(self, host: Node, argv: Sequence[str], limit: float) -> SshBackground:

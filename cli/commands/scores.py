@@ -195,8 +195,8 @@ def publishing(data: list[dict]) -> int:
     help="Ansible inventory: Consul address/datacenter and the IUs expected.",
 )
 @click.option("--consul", "consul_addr", default=None,
-              help="Consul HTTP address HOST:PORT (default: the inventory's consul_http_addr, else "
-                   "CONSUL_HTTP_ADDR, else 127.0.0.1:8500).")
+              help="Consul HTTP address HOST:PORT, or https://HOST:PORT for TLS with the system CAs (default: "
+                   "the inventory's consul_http_addr, else CONSUL_HTTP_ADDR, else 127.0.0.1:8500).")
 @click.option("--dc", "datacenter", default=None, help="Datacenter of the score keys (default dc1).")
 @click.option(
     "--token-file",
@@ -215,7 +215,9 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     if inventory:
         inv_addr, inv_dc, inv_token, expected = _inventory_settings(inventory, vault_password_file)
     addr = str(consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", layout.DEFAULT_HTTP_ADDR))
-    addr = addr.removeprefix("http://")
+    # https:// is kept as the scheme (it was dropped, and the token went out in cleartext: review L9)
+    scheme = "https" if addr.startswith("https://") else "http"
+    addr = addr.removeprefix("http://").removeprefix("https://")
     dc = str(datacenter or inv_dc or layout.DEFAULT_DATACENTER)
     try:
         if token_file:
@@ -228,7 +230,7 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
         where = "--token-file" if token_file else str(inventory)
         raise ClusterctlError(f"{where}: {exc}", 2) from None
     view = PoolView()
-    watcher = ConsulWatcher(view, ConsulIO(addr, token=token, timeout_s=3.0), dc=dc)
+    watcher = ConsulWatcher(view, ConsulIO(addr, token=token, scheme=scheme, timeout_s=3.0), dc=dc)
     try:
         watcher.refresh_once()
     except ConsulUnavailable as exc:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from cluster.model import Node
 from preflight.result import CheckResult, Verdict
-from preflight.transport import CommandResult, Transport
+from preflight.transport import OUTPUT_CAP_BYTES, CommandResult, Transport
 
 EXCERPT_CHARS = 400
 
@@ -76,7 +76,7 @@ class NodeContext:
             with self._lock:
                 hit = self._cache.get(key)
             if hit is not None:
-                return hit
+                return _whole(hit, key)
         if self.hung_on is not None:
             # A host that let one command hang would make every later one wait for its timeout too.
             raise GatherError(
@@ -90,7 +90,7 @@ class NodeContext:
         if cache:
             with self._lock:
                 self._cache[key] = result
-        return result
+        return _whole(result, key)
 
     def cached_outputs(self, program: str) -> list[str]:
         """stdout of the commands already run here whose argv contains ``program``."""
@@ -123,6 +123,19 @@ class NodeContext:
 
     def parsed(self, kind: str, argv: Sequence[str], timeout: float | None = None, cache: bool = True) -> Any:
         return parse_output(kind, self.output(argv, timeout, cache), command_line(argv))
+
+
+def _whole(result: CommandResult, argv: Sequence[str]) -> CommandResult:
+    """``result``, unless the transport truncated it at its cap (security review M4): partial output is never
+    judged (an XID past the cap would vanish silently), the check is an ERROR naming the command and the cap."""
+    if result.truncated:
+        cap = f"{OUTPUT_CAP_BYTES / 2**20:g} MiB"
+        raise GatherError(
+            f"`{command_line(argv)}` output over {cap}, truncated: not judged on partial output",
+            command=command_line(argv),
+            partial_output=excerpt(result.stdout),
+        )
+    return result
 
 
 def parse_output(kind: str, text: str, command: str) -> Any:

@@ -2,7 +2,7 @@
 
 ``gather`` runs ``nvidia-smi -q`` (NVML's view, read on the host: NVML cannot be asked remotely; parsed
 by the one ``nvsmi-q`` parser), the kernel log of the last ``health.xid_window_hours`` (``journalctl
--k``, falling back to ``dmesg``; kind ``kernel-xids``) and, on NVSwitch boards whose GPUs do not print
+-k --grep 'NVRM: Xid'``: only the XID lines leave the host; falling back to ``dmesg``; kind ``kernel-xids``) and, on NVSwitch boards whose GPUs do not print
 their own fabric state, ``systemctl is-active nvidia-fabricmanager`` (kind ``systemctl-is-active``). ``evaluate`` (pure) judges: Volatile uncorrectable ECC > 0, a pending or
 failed row remap, pending page retirement, a critical XID (the azurehpc-health-checks list) or an
 untrained NVSwitch fabric -> FAIL; any other XID -> WARN; persistence mode off where the profile
@@ -43,8 +43,15 @@ class GpuHealthFacts:
     fabric_unit: FabricUnit | None  # asked only on NVSwitch boards whose GPUs print no Fabric state
 
 
+XID_PATTERN = "NVRM: Xid"  # what kernel_log's _XID needs in a line; journalctl matches it case-sensitively
+JOURNAL_NO_MATCH_RC = 1  # `journalctl --grep` exits 1 when nothing matched, as grep(1) does (systemd journalctl.c)
+
+
 def kernel_log_argv(hours: float) -> list[str]:
-    return ["journalctl", "-k", "--no-pager", "-q", "--since", f"-{hours:g}h"]
+    """The window's kernel log, filtered on the host to the driver's XID lines (security review M4: an XID or
+    error storm made the whole log hundreds of MB per node): the kernel-xids parser counts only those
+    lines, and journalctl's stamps on them are unchanged."""
+    return ["journalctl", "-k", "--no-pager", "-q", "--since", f"-{hours:g}h", "--grep", XID_PATTERN]
 
 
 class GpuHealth(Check):
@@ -87,6 +94,8 @@ class GpuHealth(Check):
     def _kernel_log(self, ctx: NodeContext) -> KernelXids:
         argv = kernel_log_argv(ctx.profile["health"]["xid_window_hours"])
         result = ctx.run(argv)
+        if result.rc == JOURNAL_NO_MATCH_RC and not result.stdout.strip() and not result.stderr.strip():
+            return KernelXids([], 0)  # --grep matched nothing in the window (-q: no "-- No entries --")
         if not result.ok:
             argv = ["dmesg"]  # no journal (or no permission): the ring buffer, i.e. this boot
         text = result.stdout if result.ok else ctx.output(argv)

@@ -108,13 +108,15 @@ def parse(text: str) -> DcgmDiag:
     if start is None:
         first = first_nonblank(all_lines)
         raise ParseError(first.no, first.text, "no dcgmi diag -j output (a JSON object)")
-    body = "\n".join(line.text for line in all_lines[start.no - 1:])
+    # By position, not by line number: a pasted elision marker ("[snip]", "...") is dropped from all_lines but
+    # keeps its number, so numbers and positions differ after one.
+    json_lines = all_lines[all_lines.index(start):]
+    body = "\n".join(line.text for line in json_lines)
     try:
         data = json.loads(body)
     except json.JSONDecodeError as exc:
-        line_no = start.no + exc.lineno - 1
-        shown = all_lines[min(line_no, len(all_lines)) - 1]
-        raise ParseError(line_no, shown.text, f"dcgmi diag JSON does not decode ({exc.msg})") from None
+        shown = json_lines[min(exc.lineno, len(json_lines)) - 1]
+        raise ParseError(shown.no, shown.text, f"dcgmi diag JSON does not decode ({exc.msg})") from None
     key = next((k for k in _KEYS if isinstance(data, dict) and k in data), None)
     diag = data.get(key) if key else None
     if not isinstance(diag, dict) or not isinstance(diag.get("test_categories"), list):

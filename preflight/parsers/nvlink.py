@@ -47,8 +47,9 @@ from preflight.parsers.common import (
 )
 
 _GPU = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: (GPU-[0-9a-fA-F-]+)\))?\s*$")
-_STATUS = re.compile(r"^Link (\d+): (?:<inactive>|([0-9.]+) GB/s)\s*$")
-_ERRORS = re.compile(r"^Link (\d+): ([A-Za-z ]+?) Errors: (\S+)\s*$")
+# Whitespace between the words is any run of spaces or tabs: a pasted table often has tabs or collapsed spaces.
+_STATUS = re.compile(r"^Link\s+(\d+)\s*:\s*(?:<inactive>|([0-9.]+)\s*GB/s)\s*$")
+_ERRORS = re.compile(r"^Link\s+(\d+)\s*:\s*([A-Za-z ]+?)\s+Errors\s*:\s*(\S+)\s*$")
 
 
 @dataclass(frozen=True)

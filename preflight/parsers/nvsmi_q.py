@@ -145,6 +145,7 @@ class RawRun:
     attached: tuple[int, Line] | None
     gpus: list[Block]
     end: Line  # the last non-blank line, where a cut output is reported
+    elided: bool = False  # a pasted elision marker was dropped inside this output (lines may be missing)
 
 
 def read(text: str, what: str) -> list[list[Line]]:
@@ -159,13 +160,35 @@ def read(text: str, what: str) -> list[list[Line]]:
     return split_runs(all_lines, lambda t: bool(starts.match(t.strip())))
 
 
+def _tab_width(run: list[Line]) -> int:
+    """How wide a tab is in this (pasted) output: 4 or 8 columns, the first that gives nvidia-smi's own shape.
+
+    nvidia-smi indents by spaces, 4 a level; a paste may have tabs for 4 spaces (an editor) or for 8 (``unexpand``,
+    a terminal). With the wrong width the levels shift and values land under the wrong path (a null for a value
+    that is there), so the width is the one under which every section line (a key without a value) has the
+    next line deeper, and no line is more than one level deeper than the line before it."""
+    if not any("\t" in line.text for line in run):
+        return 4
+    content = [line.text for line in run if line.text.strip() and not _LOG_HEADER.match(line.text.strip())]
+    for width in (4, 8):
+        shape = []
+        for text in content:
+            expanded = text.expandtabs(width)
+            stripped = expanded.strip()
+            shape.append((len(expanded) - len(expanded.lstrip()), ":" not in stripped and not _GPU.match(stripped)))
+        if all(nxt[0] - cur[0] <= 4 and (not cur[1] or nxt[0] > cur[0]) for cur, nxt in zip(shape, shape[1:], strict=False)):
+            return width
+    return 4
+
+
 def read_run(run: list[Line]) -> RawRun:
     header: dict[str, str] = {}
     attached: tuple[int, Line] | None = None
     gpus: list[Block] = []
     stack: list[tuple[int, str]] = []
+    tab = _tab_width(run)
     for line in run:
-        expanded = line.text.expandtabs(4)
+        expanded = line.text.expandtabs(tab)
         stripped = expanded.strip()
         if not stripped or _LOG_HEADER.match(stripped):
             continue
@@ -191,7 +214,8 @@ def read_run(run: list[Line]) -> RawRun:
             continue
         path = tuple(name for _, name in stack) + (key,)
         gpus[-1][1][path] = (value.strip(), line)
-    return RawRun(header, attached, gpus, last_nonblank(run))
+    elided = any(b.no - a.no > 1 for a, b in zip(run, run[1:], strict=False))  # lines() keeps numbers, drops elision lines
+    return RawRun(header, attached, gpus, last_nonblank(run), elided)
 
 
 def parse(text: str) -> NvsmiReport:

@@ -93,7 +93,9 @@ def _checked_blocks(run: list[Line]) -> list[Block]:
     blocks, end = raw.gpus, raw.end
     if not blocks:
         raise ParseError(end.no, end.text, "no GPU block in this nvidia-smi -q output")
-    if raw.attached is not None and len(blocks) < raw.attached[0]:
+    # Fewer blocks than attached is a cut output, unless a person elided GPUs in a paste (the elision marker
+    # is reported as a warning saying lines may be missing there): the blocks shown are still whole.
+    if raw.attached is not None and len(blocks) < raw.attached[0] and not raw.elided:
         raise ParseError(end.no, end.text, f"output ends after {len(blocks)} of {raw.attached[0]} attached GPUs")
     first_keys = set(blocks[0][1])
     for gpu_line, values in blocks[1:]:

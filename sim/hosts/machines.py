@@ -35,7 +35,6 @@ import concurrent.futures
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sim
+from cluster import spec
 from sim.aptrepo.catalog import SIM_TOOL
 from sim.hosts import limits, stubs, sysfs
 from sim.hosts.hardware import Hardware
@@ -67,9 +67,10 @@ BOOT_PARALLEL = 8  # boots at a time: 16 on 2 busy cores timed out units (journa
 # reboot module, a driver change) brings the same machine, overlay and address back. Any other exit ends it.
 SUPERVISOR = ('while :; do "$@"; rc=$?; [ "$rc" -eq 133 ] || exit "$rc"; '
               'echo "clusterctl-sim: the machine rebooted (nspawn exit 133); starting it again"; done')
-# A DNS label, or dotted labels: a host name becomes a directory name and a machine name, so nothing
-# else ('..', '/', a leading dot or dash) may reach a path. nspawn's machine names stop at 64 characters.
-HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
+# A DNS label, or dotted labels (the inventory's rule, cluster.spec.HOSTNAME): a host name becomes a directory
+# name and a machine name, so nothing else ('..', '/', a leading dot or dash) may reach a path. nspawn's
+# machine names stop at 64 characters.
+HOSTNAME = spec.HOSTNAME
 MAX_HOSTNAME = 64
 SYS_OVERLAYS = (("/sys/class", "class"), ("/sys/bus/pci/devices", "pci"), ("/sys/devices/virtual", "virtual"))
 PROC_FILES = ("cpuinfo", "meminfo", "cmdline")

@@ -126,3 +126,19 @@ def test_a_value_that_is_not_json_is_an_error_with_an_excerpt(serve):
     io = ConsulIO(serve(_Garbage))
     with pytest.raises(ConsulUnavailable, match=r"GET kv/k: the value is not JSON .*'not json'"):
         io.kv_get_json("k")
+
+
+def test_the_environment_never_overrides_the_given_token_or_tls_verification(monkeypatch):
+    """Security review L9: py-consul sets its default token from CONSUL_HTTP_TOKEN ahead of the constructor's and
+    reads CONSUL_HTTP_SSL_VERIFY; ConsulIO passes its own token on every call and verify explicitly, so the
+    operator's environment does not change which token preflight, the edge or the agent send."""
+    from devconsul.server import DevConsulServer
+
+    monkeypatch.setenv("CONSUL_HTTP_TOKEN", "the-operators-env-token")
+    monkeypatch.setenv("CONSUL_HTTP_SSL_VERIFY", "false")
+    with DevConsulServer(addr="127.0.0.1:0", node_name="n1", acl_token="the-configured-token") as server:
+        io = ConsulIO(server.address, token="the-configured-token")
+        assert io.kv_put("clusterctl/l9", "x") and io.kv_read("clusterctl/l9")[1] == "x"
+        with pytest.raises(ConsulUnavailable):  # a token the server does not know is refused, env or not
+            ConsulIO(server.address, token="not-this-one").kv_put("clusterctl/l9", "y")
+    assert ConsulIO("127.0.0.1:8500", scheme="https").client.http.verify is True

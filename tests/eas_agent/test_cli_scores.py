@@ -101,3 +101,23 @@ def test_scores_refuses_a_token_file_others_can_read(capsys, tmp_path):
     code, out, err = run_cli(capsys, "scores", "--consul", "127.0.0.1:1", "--token-file", str(token))
     assert code == 2 and err.count("\n") == 1, err
     assert f"--token-file: {token}: readable by group/others (mode 0644); chmod 600" in err and SECRET not in err
+
+
+def test_an_https_address_is_spoken_to_over_https(consul_addr, capsys, monkeypatch):
+    """Security review L9: `--consul https://HOST:PORT` had its scheme dropped and the token went to it in
+    cleartext over HTTP. Now it is HTTPS (system CAs): against this plain-HTTP Consul the TLS handshake fails,
+    so the command reports it unreachable instead of reading the scores in cleartext."""
+    import cli.commands.scores as scores
+
+    schemes = []
+
+    def recording(*args, **kwargs):
+        schemes.append(kwargs.get("scheme", "http"))
+        return ConsulIO(*args, **kwargs)
+
+    monkeypatch.setattr(scores, "ConsulIO", recording)
+    code, _, err = run_cli(capsys, "scores", "--consul", f"https://{consul_addr}", "--json")
+    assert schemes == ["https"]
+    assert code == 3 and f"cannot reach Consul at {consul_addr}" in err
+    code, _, _ = run_cli(capsys, "scores", "--consul", f"http://{consul_addr}", "--json")
+    assert code == 0 and schemes == ["https", "http"]

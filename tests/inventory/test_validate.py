@@ -1,5 +1,7 @@
 """Every validation rule has its own bad inventory: exit 2, and the message names host, variable, value."""
 
+import json
+
 import pytest
 
 from tests.helpers import run_cli, write_tree
@@ -40,6 +42,17 @@ CASES = {
         ["n1: rdma_nics[0].netdev='enp0s31f6averylongname'"],
     ),
     "bad_rdma_device": ({"n2": "rdma_nics: [{device: 'mlx5 0'}]\n"}, ["n2: rdma_nics[0].device='mlx5 0'"]),
+    # Review L5: a pattern ending in `$` also matches before a trailing newline, which then reaches templates.
+    "netdev_trailing_newline": (
+        {"n1": 'rdma_nics: [{device: mlx5_0, netdev: "eth0\\n"}]\n'},
+        ["n1: rdma_nics[0].netdev='eth0\\n'", "not a valid Linux interface name"],
+    ),
+    "rdma_device_trailing_newline": (
+        {"n2": 'rdma_nics: [{device: "mlx5_0\\n"}]\n'}, ["n2: rdma_nics[0].device='mlx5_0\\n'"],
+    ),
+    "nccl_ifname_trailing_newline": (
+        {"n1": 'nccl_socket_ifname: "eth0\\n"\n'}, ["n1: nccl_socket_ifname='eth0\\n'", "not a valid Linux interface"],
+    ),
     "redfish_without_bmc": (
         {"n1": "cpu_cstates_redfish: true\nbmc_address: 192.0.2.101\n"},
         ["n1: bmc_username=None", "n1: bmc_password=None", "cpu_cstates_redfish is on"],
@@ -112,3 +125,20 @@ def test_all_problems_are_reported_at_once(tmp_path, capsys):
 def test_valid_inventory_passes(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK))
     assert code == 0 and "OK (2 hosts)" in out
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", ".hidden", "-rf", "a..b", "n1 x", "n1\n", "x" * 64 + ".y" * 95])
+def test_a_host_name_that_is_not_a_host_name_is_refused(tmp_path, capsys, name):
+    """Review H3 (the real-inventory half): host names become IU ids, Consul service and node names and file
+    names on the node (/etc/consul.d/vllm-iu-<node>-iu<i>.json), so only DNS names get that far."""
+    hosts = ONE_RACK.replace("n2: {ansible_host: 192.0.2.2}", f"{json.dumps(name)}: {{ansible_host: 192.0.2.2}}")
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
+    assert code == 2, err
+    assert f"inventory_hostname={name!r}" in err and "not a valid host name" in err
+
+
+@pytest.mark.parametrize("name", ["r01n01", "gpu-node-7.dc1.example.com", "192.0.2.9", "N1"])
+def test_dns_host_names_and_addresses_are_accepted(tmp_path, capsys, name):
+    hosts = ONE_RACK.replace("n2: {ansible_host: 192.0.2.2}", f"{name}: {{ansible_host: 192.0.2.2}}")
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
+    assert code == 0, err

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import stat
 import sys
 import threading
 import time
@@ -20,7 +22,14 @@ from preflight.profiles import ProfileError, load_file, profile_for, profile_of
 from preflight.release import release_passed
 from preflight.result import CheckResult, Verdict
 from preflight.runner import exit_code, run_preflight
-from preflight.transport import CommandResult, LocalTransport, RoutingTransport, SshTransport
+from preflight.transport import (
+    KILL_GRACE_S,
+    OUTPUT_CAP_BYTES,
+    CommandResult,
+    LocalTransport,
+    RoutingTransport,
+    SshTransport,
+)
 from tests.preflight.helpers import ScriptedTransport, context, node
 from tests.preflight.sshserver import client_transport, finish
 
@@ -48,6 +57,45 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     assert result.timed_out and result.rc is None and time.monotonic() - started < 5
     child = int(pid_file.read_text())
     assert _gone(child)
+
+
+def test_a_descendant_that_left_the_group_does_not_hold_the_run(tmp_path):
+    """Review L7: after a timeout kills the group, a descendant in its own session (setsid, a daemon) still
+    holds stdout/stderr open; the run returns within the kill grace with what came, instead of waiting on it."""
+    pid_file = tmp_path / "escaped.pid"
+    script = f"echo before; setsid sh -c 'echo $$ > {pid_file}; exec sleep 20' & sleep 30"
+    started = time.monotonic()
+    try:
+        result = LocalTransport().run(node(), ["sh", "-c", script], timeout=0.5)
+        assert result.timed_out and result.rc is None
+        assert time.monotonic() - started < 0.5 + KILL_GRACE_S + 2
+        assert result.stdout == "before\n"
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_local_output_over_the_cap_is_truncated_and_the_command_killed(tmp_path):
+    """Review M4 (preflight): stdout was read whole (`communicate`). Reading stops at the cap, the result says
+    truncated (rc None: we ended it), and the command's group is killed instead of left writing: here it would
+    sleep 30 s after its output, so the run returning at once shows it did not wait for it."""
+    pid_file = tmp_path / "flood.pid"
+    script = f"echo $$ > {pid_file}; head -c {OUTPUT_CAP_BYTES + 2**20} /dev/zero; exec sleep 30"
+    started = time.monotonic()
+    result = LocalTransport().run(node(), ["sh", "-c", script], timeout=20)
+    assert result.truncated and not result.timed_out and result.rc is None and not result.ok
+    assert len(result.stdout) == OUTPUT_CAP_BYTES and result.stderr == ""
+    assert time.monotonic() - started < 10
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_local_output_under_the_cap_is_read_as_before():
+    """A chatty but legal output (under the cap, on both streams) comes back whole, newlines as text mode
+    gave them (CRLF -> LF), with its exit status."""
+    script = "head -c 3000000 /dev/zero; printf 'a\\r\\nb\\n'; printf 'err\\n' >&2; exit 3"
+    result = LocalTransport().run(node(), ["sh", "-c", script], timeout=20)
+    assert (result.rc, result.truncated, result.timed_out) == (3, False, False)
+    assert result.stdout == "\0" * 3000000 + "a\nb\n" and result.stderr == "err\n"
 
 
 def _gone(pid: int) -> bool:
@@ -106,7 +154,7 @@ def test_ssh_transport_quotes_every_argument(monkeypatch):
         "host": "127.0.9.7",
         "user": "ops",
         "port": 2222,
-        "command": "ibping -C 'mlx5_0; reboot' '$(id)'",
+        "command": "timeout -k 5 10 ibping -C 'mlx5_0; reboot' '$(id)'",  # the host's own limit: 5 s + 5
     }
 
 
@@ -428,6 +476,18 @@ def test_table_groups_rack_node_check():
     assert "r01" in text and "FAIL" in text and "UNREACHABLE" in text and "exit code 1" in text
 
 
+def test_history_files_are_private(tmp_path):
+    """A saved run carries host output (reasons, evidence: stderr lines); like provision's events.jsonl
+    (security review L4, issue 15 item 3) it is 0600 in a 0700 directory whatever the umask."""
+    old = os.umask(0o022)
+    try:
+        saved = history.save(tmp_path / "state" / "preflight", {"results": []}, {}, started=1_800_000_000)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(saved.path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(saved.path.parent).st_mode) == 0o700
+
+
 def test_history_saves_lists_loads_and_diffs(tmp_path):
     first, second = sample_outcome(), sample_outcome()
     a = history.save(tmp_path, report.to_json(first), {"inventory": "inv"}, started=1_800_000_000)
@@ -570,11 +630,11 @@ def test_ssh_background_server_is_bounded_and_quoted(monkeypatch):
     server = SshTransport().start(n, ["ib_write_lat", "-d", n.nics[0].device, "-p", "18515"], limit=90)
     server.stop()
     launch, kill = commands
-    outer = shlex.split(launch)  # what the remote login shell hands to `sh -c`
-    assert outer[:2] == ["sh", "-c"]
-    inner = shlex.split(outer[2].removesuffix(" & echo $!").removesuffix(" >/dev/null 2>&1 </dev/null"))
+    outer = shlex.split(launch)  # what the remote login shell runs: `sh -c` under the command's own limit
+    assert outer[:6] == ["timeout", "-k", "5", "35", "sh", "-c"]
+    inner = shlex.split(outer[6].removesuffix(" & echo $!").removesuffix(" >/dev/null 2>&1 </dev/null"))
     assert inner == ["nohup", "timeout", "90", "ib_write_lat", "-d", "mlx5_0; reboot", "-p", "18515"]
-    assert kill == "kill 4242"
+    assert kill == "timeout -k 5 35 kill 4242"
 
 
 def test_the_ssh_libraries_load_safely_from_many_threads_at_once(tmp_path):

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import re
+import shlex
+import threading
 import time
 
 import pytest
 
-from preflight.transport import exec_on
+from preflight.transport import OUTPUT_CAP_BYTES, exec_on
 from tests.preflight.sshserver import client_transport, finish
 
 BIG = 3 * 2**20  # more than paramiko's 2 MiB channel window: a reader of one stream only would stall
 
 
+SEEN: list[str] = []  # every command line the server got
+FLOOD_STOPPED = threading.Event()  # set when the "flood" command could write no more (its channel closed)
+
+
 def handler(channel, command):
+    SEEN.append(command)
+    command = re.sub(r"^timeout -k \d+ \d+ ", "", command)  # SshTransport's remote limit (remote_command)
     if command == "both":
         channel.sendall(b"out\n")
         channel.sendall_stderr(b"err\n")
@@ -35,6 +44,12 @@ def handler(channel, command):
         finish(channel, 0)
     elif command == "true":
         finish(channel, 0)
+    elif command == "flood":  # an XID storm: output without end, until the channel is gone
+        try:
+            while True:
+                channel.sendall(b"x" * 65536)
+        except OSError:
+            FLOOD_STOPPED.set()
     elif command == "vanish":  # closed with no exit status (killed by a signal)
         channel.sendall(b"half")
         channel.close()
@@ -48,33 +63,45 @@ def transport():
 
 
 def test_stdout_stderr_and_the_exit_status_come_back_apart(transport):
-    assert exec_on(transport, "both", 10) == (3, "out\n", "err\n", False)
-    assert exec_on(transport, "status first", 10) == (0, "x", "", False)
+    assert exec_on(transport, "both", 10) == (3, "out\n", "err\n", False, False)
+    assert exec_on(transport, "status first", 10) == (0, "x", "", False, False)
 
 
 def test_large_output_on_both_streams_does_not_stall(transport):
     started = time.monotonic()
-    rc, out, err, timed_out = exec_on(transport, "big", 20)
-    assert (rc, len(out), len(err), timed_out) == (0, BIG, BIG, False)
+    rc, out, err, timed_out, truncated = exec_on(transport, "big", 20)
+    assert (rc, len(out), len(err), timed_out, truncated) == (0, BIG, BIG, False, False)
     assert time.monotonic() - started < 20
 
 
 def test_a_timeout_returns_what_came_so_far(transport):
     started = time.monotonic()
-    assert exec_on(transport, "hang", 0.5) == (None, "partial\n", "", True)
+    assert exec_on(transport, "hang", 0.5) == (None, "partial\n", "", True, False)
     assert time.monotonic() - started < 5
 
 
+def test_output_over_the_cap_stops_the_read_and_closes_the_channel(transport):
+    """Review M4 (preflight): a command that prints without end (an XID storm in `journalctl -k`) was read
+    whole into the controller's memory. Reading stops at the cap, the result says truncated, and the channel
+    is closed, so the command on the host can write no more (over sshd: SIGPIPE on its next write)."""
+    FLOOD_STOPPED.clear()
+    started = time.monotonic()
+    rc, out, err, timed_out, truncated = exec_on(transport, "flood", 60)
+    assert (rc, len(out), err, timed_out, truncated) == (None, OUTPUT_CAP_BYTES, "", False, True)
+    assert time.monotonic() - started < 30
+    assert FLOOD_STOPPED.wait(10), "the command kept writing into a channel nobody reads"
+
+
 def test_hostile_bytes_are_replaced_not_raised(transport):
-    assert exec_on(transport, "bad bytes", 10) == (0, "\ufffd\ufffd ok\n", "", False)
+    assert exec_on(transport, "bad bytes", 10) == (0, "\ufffd\ufffd ok\n", "", False, False)
 
 
 def test_stdin_is_closed_at_once(transport):
-    assert exec_on(transport, "stdin", 5) == (0, "stdin closed\n", "", False)
+    assert exec_on(transport, "stdin", 5) == (0, "stdin closed\n", "", False, False)
 
 
 def test_a_channel_closed_without_a_status_is_status_minus_one(transport):
-    assert exec_on(transport, "vanish", 5) == (-1, "half", "", False)
+    assert exec_on(transport, "vanish", 5) == (-1, "half", "", False, False)
 
 
 def test_many_commands_at_once_on_one_connection(transport):
@@ -82,7 +109,7 @@ def test_many_commands_at_once_on_one_connection(transport):
 
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda _: exec_on(transport, "both", 20), range(48)))
-    assert results == [(3, "out\n", "err\n", False)] * 48
+    assert results == [(3, "out\n", "err\n", False, False)] * 48
 
 
 class _FakeClient:  # the parts of paramiko's SSHClient that SshTransport uses
@@ -194,3 +221,17 @@ def test_a_refused_connection_reads_plainly_without_errno_none():
         transport.close()
     assert result.unreachable
     assert result.stderr == f"ssh: cannot connect to 127.0.0.1 port {port}: connection refused", result.stderr
+
+
+def test_the_command_has_its_own_limit_on_the_host(monkeypatch):
+    """Review L7: closing the channel on our timeout left a hung command running on the host, one more per run.
+    The host's coreutils `timeout` ends it (TERM, then KILL) a grace after our own deadline, which still decides."""
+    from preflight.transport import REMOTE_GRACE_S, REMOTE_KILL_S, SshTransport
+    from tests.preflight.helpers import node
+
+    _fake_fabric(monkeypatch)
+    SEEN.clear()
+    result = SshTransport().run(node(), ["both"], timeout=7.2)
+    assert result.rc == 3
+    assert SEEN == [shlex.join(["timeout", "-k", str(REMOTE_KILL_S), str(8 + REMOTE_GRACE_S), "both"])]
+    assert shlex.split(SEEN[0])[4:] == ["both"]  # the argv itself still one quoted word each

@@ -30,3 +30,21 @@ def test_host_keys_are_checked_and_this_checkout_is_on_the_path():
     root = Path(__file__).resolve().parents[2]
     assert env["ANSIBLE_CONFIG"] == str(root / "ansible.cfg")
     assert env["PYTHONPATH"].split(":")[0] == str(root)
+
+
+def test_module_arguments_are_not_logged_to_the_hosts_syslog():
+    """Security review L4: every module logs 'Invoked with <arguments>' to the target's journal unless
+    no_target_syslog is set; config_files' arguments are the rendered files (an env file's HF_TOKEN=...).
+    ansible.cfg sets it, and Ansible reads it from there (asked through ansible-config)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    dump = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-config")), "dump", "--only-changed"],
+        env={**os.environ, "ANSIBLE_CONFIG": str(root / "ansible.cfg")},
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    assert "DEFAULT_NO_TARGET_SYSLOG(" in dump and "DEFAULT_NO_TARGET_SYSLOG(default)" not in dump
+    assert [line for line in dump.splitlines() if line.startswith("DEFAULT_NO_TARGET_SYSLOG(")][0].endswith("= True")

@@ -3,11 +3,14 @@
 XID lines are what the NVIDIA driver (NVRM) logs, e.g. ``NVRM: Xid (PCI:0000:18:00): 48, pid=..., name=...,
 An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer ...`` and XID 63
 ``Row Remapper: New row ... marked for remapping, reset gpu to activate.`` (NVIDIA "XID Errors" document,
-r555). dmesg prints ``[seconds.micros] text``; journalctl -k prints ``Mon DD HH:MM:SS host kernel: text``.
+r555). dmesg prints ``[seconds.micros] text``; journalctl -k prints ``Mon DD HH:MM:SS host kernel: text``;
+``--grep``/``-g PATTERN`` keeps the messages the pattern matches (case-sensitive unless all lower case, as
+journalctl's) and exits 1 when none does.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 from sim.hosts.hardware import Hardware
@@ -66,9 +69,29 @@ def journalctl(hw: Hardware, args: list[str]) -> int:
     boot = time.time() - 7200
     out = []
     iso = "short-iso" in args  # -o short-iso: RFC 3339 stamps, 2024-06-10T08:16:17+0000
+    pattern = _grep_pattern(args)
     for t, text in kernel_messages(hw):
+        if pattern is not None and not pattern.search(text):
+            continue
         when = time.localtime(boot + t)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z" if iso else "%b %d %H:%M:%S", when)
         out.append(f"{stamp} {hw.host} kernel: {text}")
+    if pattern is not None and not out:
+        return 1  # journalctl --grep with no match: exit 1, as grep(1) (-q: nothing printed)
     print("\n".join(out))
     return 0
+
+
+def _grep_pattern(args: list[str]) -> re.Pattern | None:
+    """The ``-g``/``--grep`` pattern of a journalctl call (``-g P``, ``-gP``, ``--grep P``, ``--grep=P``)."""
+    for i, arg in enumerate(args):
+        if arg in ("-g", "--grep") and i + 1 < len(args):
+            text = args[i + 1]
+        elif arg.startswith("--grep="):
+            text = arg.split("=", 1)[1]
+        elif arg.startswith("-g") and len(arg) > 2:
+            text = arg[2:]
+        else:
+            continue
+        return re.compile(text, 0 if any(c.isupper() for c in text) else re.IGNORECASE)
+    return None

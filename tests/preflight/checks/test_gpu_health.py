@@ -89,6 +89,40 @@ def test_kernel_log_falls_back_to_dmesg_without_a_journal():
     assert t.called("n1", "dmesg")
 
 
+def test_the_kernel_log_is_filtered_on_the_host_to_the_xid_lines():
+    """Review M4 (preflight): the whole `journalctl -k` window came to the controller; journalctl's own
+    `--grep` keeps the driver's XID lines only (what the kernel-xids parser counts), stamps as before."""
+    t = health_transport(clean_q())
+    [result] = gpu_health.CHECK.run(context(t))
+    assert result.verdict is Verdict.PASS
+    assert t.called("n1", "journalctl") == [
+        ("journalctl", "-k", "--no-pager", "-q", "--since", "-24h", "--grep", "NVRM: Xid")]
+
+
+def test_no_xid_in_the_window_is_journalctls_no_match_not_a_missing_journal():
+    """`journalctl --grep` exits 1 when nothing matched (as grep does); with -q it prints nothing: an empty
+    window, not a reason to read this boot's whole ring buffer with dmesg."""
+    t = health_transport(clean_q()).on("n1", "journalctl", reply=(1, ""))
+    [result] = gpu_health.CHECK.run(context(t))
+    assert (result.verdict, result.code) == (Verdict.PASS, "GPU_HEALTH_OK")
+    assert not t.called("n1", "dmesg")
+
+
+def test_a_truncated_kernel_log_is_an_error_naming_the_command_and_the_cap():
+    """Output over the transport's cap is never judged: XIDs past the cap would vanish silently."""
+    from preflight.transport import OUTPUT_CAP_BYTES, CommandResult
+
+    line = "Nov 29 07:12:01 n1 kernel: NVRM: Xid (PCI:0000:1b:00): 13, pid=1, Graphics Exception\n"
+    partial = CommandResult(None, line * 10, "", 0.0, truncated=True)
+    t = health_transport(clean_q()).on("n1", "journalctl", reply=partial)
+    [result] = gpu_health.CHECK.run(context(t))
+    assert result.verdict is Verdict.ERROR
+    assert result.reason.startswith(
+        f"`journalctl -k --no-pager -q --since -24h --grep 'NVRM: Xid'` output over {OUTPUT_CAP_BYTES // 2**20} MiB, "
+        "truncated: ")
+    assert not t.called("n1", "dmesg")
+
+
 def test_persistence_mode_off_fails():
     report = with_gpus(parsers.parse("nvsmi-q", clean_q()), persistence_mode="Disabled", first_only=True)
     [result] = judge_health(health_facts(report))

@@ -13,7 +13,7 @@ import pytest
 from preflight.parsers import PARSERS, ParseError, parse, to_contract_json
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "preflight"
-ROUNDS = 40  # per fixture: 8 kinds x ~11 fixtures x 40 = ~3,500 inputs, a few seconds
+ROUNDS = 40  # per fixture: every kind (29 kinds, 271 fixtures) x 40 = 10,840 inputs
 TOKENS = ["NaN", "-1", "1e400", "", "x", "nGpus", "N/A", "Yes", "<===", "# c", "...", "\t", ":", "(", "]", "-", "0x"]
 
 

@@ -6,6 +6,7 @@ warning per thing ignored, and never to null where the value is in the text."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,52 @@ PASTED = {
 }
 
 
+# Kinds added after the issue: one pasted fixture per damage, each made from the original fixture (SOURCES.md of
+# the kind says how). kind: (original, {pasted fixture: (warnings expected, what the elision removed or None)}).
+# What an elision removed is missing from the result, and only that: (key of the list, key of its items, values).
+# (Or a function of the original's result giving the expected one.)
+PASTED_EACH: dict[str, tuple[str, dict[str, tuple[int, Any]]]] = {
+    "nvlink-status": ("h200-sxm-gpu6-two-links-inactive.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-gpus-1-2.txt": (1, ("gpus", "index", (1, 2))),
+        "pasted-tabs.txt": (0, None),
+    }),
+    "mlxlink": ("cx7-ndr-effective-ber-3E-10.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-sections.txt": (1, None),  # Supported and Troubleshooting Info: no value of the contract
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
+    "nvbandwidth": ("h200-sxm-gpu2-h2d-21gbps.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-devices.txt": (1, None),  # Device 2-6 lines: the device list is no value of the contract
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
+    "dcgm-diag": ("dcgm3.3-h100-r2-memory-fail-gpu3.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        # a [snip] between the prompt and the JSON, and the memory test's GPUs 4-6 as "..."
+        "pasted-elided-gpus-4-6.txt": (2, lambda want: _without_results(want, "memory", (4, 5, 6))),
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
+    "nvsmi-pci": ("h100-sxm-gpu3-x8-width-downtrained.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-gpus-2a-3a.txt": (1, ("gpus", "bus_id", ("00000000:2A:00.0", "00000000:3A:00.0"))),
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
+    "nvsmi-perf": ("h100-sxm-gpu0-hw-thermal-slowdown.txt", {
+        "pasted-annotated-prompt.txt": (3, None),
+        "pasted-elided-gpus-2a-3a.txt": (1, ("gpus", "bus_id", ("00000000:2A:00.0", "00000000:3A:00.0"))),
+        "pasted-tabs-collapsed.txt": (0, None),
+    }),
+}
+
+
+def _without_results(want: dict, test: str, gpus: tuple[int, ...]) -> dict:
+    for entry in want["tests"]:
+        if entry["name"] == test:
+            entry["results"] = [r for r in entry["results"] if r["gpu"] not in gpus]
+    return want
+
+
 def read(kind: str, name: str) -> str:
     return (FIXTURES / kind.replace("-", "_") / name).read_text()
 
@@ -39,6 +86,25 @@ def test_pasted_output_parses_to_the_same_values_with_warnings(kind):
     if kind == "nccl":  # three rows were elided in the paste: exactly those are missing
         want["rows"] = [r for r in want["rows"] if r["size_bytes"] not in (16, 32, 64)]
     assert got == want
+    warnings = paste_warnings(text)
+    assert len(warnings) == n_warnings, warnings
+    assert all(w.startswith("line ") for w in warnings)
+
+
+@pytest.mark.parametrize("kind, pasted", [(k, p) for k in sorted(PASTED_EACH) for p in sorted(PASTED_EACH[k][1])])
+def test_each_paste_damage_gives_the_real_values_and_a_warning_per_thing_ignored(kind, pasted):
+    """An annotated paste (with its prompt line), an elided one and a tab-damaged one, each on its own: the same
+    values as the tool's own output (minus exactly what was elided), one warning per annotation or elision."""
+    original, cases = PASTED_EACH[kind]
+    n_warnings, elided = cases[pasted]
+    want = to_contract_json(kind, parse(kind, read(kind, original)))
+    if callable(elided):
+        want = elided(want)
+    elif elided is not None:
+        key, item_key, gone = elided
+        want[key] = [item for item in want[key] if item[item_key] not in gone]
+    text = read(kind, pasted)
+    assert to_contract_json(kind, parse(kind, text)) == want
     warnings = paste_warnings(text)
     assert len(warnings) == n_warnings, warnings
     assert all(w.startswith("line ") for w in warnings)
