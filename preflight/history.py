@@ -36,7 +36,7 @@ class SavedRun:
 
 
 def save(state_dir: Path, document: dict[str, Any], meta: dict[str, Any], started: float) -> SavedRun:
-    # A run carries host output (reasons, evidence): private, like provision's events.jsonl (issue 15 item 3).
+    # A run carries host output (reasons, evidence): private, like provision's events.jsonl (the hardening work: run files 0600).
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     base = datetime.fromtimestamp(started, UTC).strftime("%Y%m%dT%H%M%SZ")
     data = {**document, "run": {**meta, "id": None}}
