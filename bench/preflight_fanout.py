@@ -117,12 +117,21 @@ def one_size(
             load = virtual_machines.load_average()
             machines_cpu = simulate.machine_cpu_seconds(inventory) - machines_before
             stats = json.loads(stats_file.read_text())
-            summary = json.loads(document.read_text())["summary"]
+            run = json.loads(document.read_text())
+            summary = run["summary"]
         finally:
             machines_row.update(virtual_machines.down_measured(inventory))
             machines_row["load"] = virtual_machines.load_average()
     return {"nodes": nodes, "racks": racks, "wall_s": wall, **stats, "cpu_machines_s": machines_cpu,
-            "verdicts": summary["verdicts"], "load": load, "machines": machines_row}
+            "verdicts": summary["verdicts"], "problems": problems_of(run), "load": load, "machines": machines_row}
+
+
+def problems_of(run: dict) -> list[str]:
+    """Every result that is not PASS or SKIP, one line each: on healthy machines each one needs a cause, so
+    the bench keeps them (the run's JSON goes with its temp dir)."""
+    return [f"{r['verdict']} {r['node']} {r.get('iu') or '-'} {r['check']} "
+            f"{(r.get('evidence') or {}).get('code', '-')}: {r.get('reason', '')}"
+            for r in run.get("results", []) if r["verdict"] not in ("PASS", "SKIP")]
 
 
 def table(rows: list[dict], parallel: int, delay: float, checks: str | None = None, depth: str = "standard") -> str:
@@ -149,6 +158,8 @@ def table(rows: list[dict], parallel: int, delay: float, checks: str | None = No
             f"{r['cpu_machines_s']:.1f} | {floor:.1f} | {x_floor:.2f} | "
             f"{'met' if x_floor <= TARGET_X_FLOOR else 'NOT met'} | {r['exit_code']} | {verdicts} | {r['load']} |"
         )
+    for r in rows:
+        lines += [f"{r['nodes']} nodes: {p}" for p in r.get("problems", [])]
     return "\n".join(lines)
 
 
