@@ -14,8 +14,10 @@ unreachable and every planned host ran.
 Output: on a terminal a live view (each host's state as it changes, batch and run time); anywhere else
 (CI logs, ``| tee``, ``> log``), or with ``--plain``, one line per event instead: a batch started or
 finished, a host failed, was unreachable or is done. ``--diff`` prints each changed file's diff per
-host after the recap (lines naming a password/token/secret/key show ``********``; ``no_log`` tasks
-send no diff at all). ``--check`` ends with what would change, never "rollout complete".
+host after the recap (lines naming a password/token/secret/key show ``********``; a ``no_log`` task
+sends no diff at all and is listed as ``diff hidden: no_log``, any other change without a diff as ``no
+diff reported``; a mode/owner change shows the attribute). ``--check`` ends with what would change,
+never "rollout complete".
 
 ``--vault-password-file`` is checked first (exists; a plain file must be 0600, an executable one is a
 vault password script), then decrypts vault content while the inventory loads and goes to
@@ -141,10 +143,14 @@ def print_diffs(console: Console, rollout: Rollout, check: bool) -> None:
     """Each host's file diffs, like ``ansible-playbook --diff`` prints them, after the recap."""
     verb = "would change" if check else "changed"
     if not rollout.diffs:
-        console.print(Text(f"diff: no file {verb}"))
+        changes = sum(rollout.changes().values())
+        console.print(Text(f"diff: no file {verb}" if not changes else (
+            f"diff: {plural(changes, 'change')} {'would be' if check else 'was' if changes == 1 else 'were'} made, "
+            "none of them reported a diff (events.jsonl has each task's result)")))
         return
     for d in rollout.diffs[:MAX_DIFFS]:
-        console.print(Text(f"== {d.host}: {d.task} ({verb})", style="bold"), soft_wrap=True)
+        console.print(Text(f"== {d.host}: {d.task} ({verb}{f'; {d.hidden}' if d.hidden else ''})", style="bold"),
+                      soft_wrap=True)
         for line in d.text.splitlines():
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
             console.print(Text(line, style=style), soft_wrap=True, highlight=False)

@@ -126,6 +126,46 @@ def test_check_says_nothing_changed_and_what_would(clusterctl, virtual_inventory
     assert "== r01n01: Write chrony.conf (would change)" in out
 
 
+def test_diff_names_changes_that_carry_no_diff_instead_of_saying_nothing_changed(
+        clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+    """A no_log task (Ansible sends only ``censored``) and a mode-only change used to print "diff: no file would
+    change" right above "2 changes would be made"."""
+    monkeypatch.chdir(tmp_path)
+    censored = "the output has been hidden due to the fact that 'no_log: true' was specified for this result"
+    mode_only = {"before": {"path": "/etc/consul.d", "mode": "0755"}, "after": {"path": "/etc/consul.d", "mode": "0750"}}
+    replay.rc = 0
+    replay.events = [
+        ev("playbook_on_play_start"),
+        ev("runner_on_ok", host="r01n01", task="Write consul.hcl", res={"changed": True, "censored": censored}),
+        ev("runner_on_ok", host="r01n01", task="Consul config directory", res={"changed": True, "diff": mode_only}),
+        ev("runner_on_ok", host="r01n01", task="Read the Consul version", res={"changed": False}),
+        ev("playbook_on_play_start"),
+        ev("playbook_on_stats", ok={h: 1 for h in HOSTS}, changed={"r01n01": 2}),
+    ]
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--check", "--diff")
+    assert code == 0
+    assert "no file would change" not in out
+    assert "== r01n01: Write consul.hcl (would change; diff hidden: no_log)" in out
+    assert "== r01n01: Consul config directory (would change)\n-mode: 0755\n+mode: 0750\n" in out
+    assert "Read the Consul version" not in out
+    assert "check mode: nothing was changed; 2 changes would be made on 1 host (r01n01)" in out
+
+
+def test_diff_with_changes_but_no_task_results_does_not_say_nothing_changed(
+        clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    replay.rc = 0
+    replay.events = [ev("playbook_on_play_start"), ev("playbook_on_play_start"),
+                     ev("playbook_on_stats", ok={h: 1 for h in HOSTS}, changed={"r01n02": 1})]
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--check", "--diff")
+    assert code == 0 and "no file would change" not in out
+    assert "diff: 1 change would be made, none of them reported a diff (events.jsonl has each task's result)" in out
+    replay.events = [ev("playbook_on_play_start"), ev("playbook_on_play_start"),
+                     ev("playbook_on_stats", ok={h: 1 for h in HOSTS})]
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--check", "--diff")
+    assert "diff: no file would change" in out
+
+
 def test_unknown_tag_is_an_error_listing_the_tags(clusterctl, virtual_inventory, tmp_path, replay):
     code, out, err = provision(clusterctl, virtual_inventory, tmp_path, "--tags", "chrny")
     assert (code, out) == (2, "")
