@@ -444,6 +444,10 @@ def print_report(console: Console, outcome: RunOutcome, strict: bool = False, sh
         console.print(Text(f"released from maintenance on {node}: {', '.join(ids) or 'nothing in maintenance'}"))
     if saved:
         console.print(Text(f"every detail and the evidence: {saved}", style="dim"), soft_wrap=True)
-    code = s["exit_code"]
-    console.print(Text(f"exit code {code}: {EXIT_MEANING.get(code, '?')}"
-                       + (" (WARN counts as failure: --strict)" if strict and code == ExitCode.FAILED else "")))
+    code, warned = s["exit_code"], s["verdicts"].get(Verdict.WARN.value, 0)
+    if code == ExitCode.OK and warned:  # not "every check passed": a WARN did not pass, it is tolerated
+        meaning = f"no check failed ({warned} WARN; --strict fails them)"
+    else:
+        meaning = EXIT_MEANING.get(code, "?") + (" (WARN counts as failure: --strict)"
+                                                 if strict and code == ExitCode.FAILED else "")
+    console.print(Text(f"exit code {code}: {meaning}"))

@@ -67,6 +67,22 @@ def test_closing_block_is_greppable_with_codes_counts_and_exit_meaning():
     assert lines[-1] == "exit code 1: a check failed"
 
 
+def test_exit_line_with_only_warnings_does_not_say_every_check_passed():
+    warned = [r for r in samples.results() if r.node in ("r01n01", "r02n01")]
+    warned += [samples.r("r01", "r01n03", "cstates", "WARN", "CSTATE_DEEP", "deep idle states enabled: C6 (290 us)"),
+               samples.r("r01", "r01n03", "time_sync", "WARN", "CLOCK_OFFSET", "offset 40 ms")]
+    only_warn = replace(samples.outcome(), results=warned)
+    for strict, last in ((False, "exit code 0: no check failed (2 WARN; --strict fails them)"),
+                         (True, "exit code 1: a check failed (WARN counts as failure: --strict)")):
+        out = io.StringIO()
+        report.print_report(Console(file=out, width=100, force_terminal=False, color_system=None), only_warn, strict)
+        assert out.getvalue().splitlines()[-1] == last
+    clean = replace(samples.outcome(), results=[r for r in warned if r.verdict.value == "PASS"])
+    out = io.StringIO()
+    report.print_report(Console(file=out, width=100, force_terminal=False, color_system=None), clean)
+    assert out.getvalue().splitlines()[-1] == "exit code 0: every check passed"
+
+
 def test_evidence_codes_and_top_details_are_in_the_table():
     text = render(160)
     assert "│ NVLINK_MISSING " in text and "│ IB_LATENCY " in text
