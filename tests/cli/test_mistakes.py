@@ -190,7 +190,7 @@ def test_virtual_takes_dash_i_and_the_positional_form_still_works(clusterctl, tm
     assert code == 2 and "missing -i/--inventory DIR" in err
 
 
-def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, virtual_inventory, tmp_path, monkeypatch):
+def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, brought_up_inventory, tmp_path, monkeypatch):
     from cluster import run_state
     from sim.hosts import simulate
     from sim.hosts.machines import MachineState
@@ -199,15 +199,15 @@ def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, virtual
     ups = []
     monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
     monkeypatch.setattr(simulate, "up", lambda inv, limit, secrets: ups.append(inv) or simulate.UpResult(["r01n01"], [], 0.1))
-    assert clusterctl("virtual", "up", "-i", str(virtual_inventory))[0] == 0  # never provisioned: fine
-    run_state.note(virtual_inventory, "provisioned")
-    code, _, err = clusterctl("virtual", "up", "-i", str(virtual_inventory))
+    assert clusterctl("virtual", "up", "-i", str(brought_up_inventory))[0] == 0  # never provisioned: fine
+    run_state.note(brought_up_inventory, "provisioned")
+    code, _, err = clusterctl("virtual", "up", "-i", str(brought_up_inventory))
     assert code == 2 and len(ups) == 1
     line = one_line(err)
     assert "1 machine up and provisioned at" in line and "add --reset" in line
-    code, out, _ = clusterctl("virtual", "up", "-i", str(virtual_inventory), "--reset")
+    code, out, _ = clusterctl("virtual", "up", "-i", str(brought_up_inventory), "--reset")
     assert code == 0 and len(ups) == 2 and "next: clusterctl provision" in out
-    assert run_state.provisioned_since_up(virtual_inventory) is None  # fresh hosts: nothing to lose again
+    assert run_state.provisioned_since_up(brought_up_inventory) is None  # fresh hosts: nothing to lose again
 
 
 def test_ansible_warnings_are_summarized_once_each(clusterctl, broken):

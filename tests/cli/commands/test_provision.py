@@ -189,15 +189,57 @@ def test_mask_secrets_keeps_the_key_and_hides_the_value():
         "+consul_token = ********", "-  password: ********", "+pool x iburst", '+  "api_key": ********']
 
 
-def test_a_provision_run_is_recorded_for_virtual_up(clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+def test_a_provision_run_is_recorded_for_virtual_up(clusterctl, brought_up_inventory, tmp_path, replay,
+                                                     monkeypatch):
     from cluster import run_state
 
     monkeypatch.chdir(tmp_path)
     replay.events, replay.rc = GOOD_EVENTS, 0
-    provision(clusterctl, virtual_inventory, tmp_path, "--check")
-    assert run_state.provisioned_since_up(virtual_inventory) is None  # a dry run changes nothing
-    provision(clusterctl, virtual_inventory, tmp_path)
-    assert run_state.provisioned_since_up(virtual_inventory) is not None
+    provision(clusterctl, brought_up_inventory, tmp_path, "--check")
+    assert run_state.provisioned_since_up(brought_up_inventory) is None  # a dry run changes nothing
+    provision(clusterctl, brought_up_inventory, tmp_path)
+    assert run_state.provisioned_since_up(brought_up_inventory) is not None
+
+
+def test_the_provisioned_record_is_the_inventorys_from_any_directory(clusterctl, brought_up_inventory, tmp_path,
+                                                                      replay, monkeypatch):
+    """Provisioning from one directory and `virtual up` from another wiped the cluster without a word: the
+    record was kept under the current directory (./.state/inventories)."""
+    from cluster import run_state
+    from sim.hosts import simulate
+    from sim.hosts.machines import MachineState
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    replay.events, replay.rc = GOOD_EVENTS, 0
+    monkeypatch.chdir(here)
+    assert provision(clusterctl, brought_up_inventory, tmp_path)[0] == 0
+    monkeypatch.chdir(there)
+    assert run_state.provisioned_since_up(brought_up_inventory) is not None
+    monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
+    monkeypatch.setattr(simulate, "up", lambda *args: pytest.fail("the provisioned machines were replaced"))
+    code, _, err = clusterctl("virtual", "up", "-i", str(brought_up_inventory))
+    assert code == 2 and "up and provisioned at" in err
+    assert not (here / ".state").exists() and not (there / ".state").exists()  # nothing left in either
+
+
+def test_provisioning_an_inventory_without_machines_writes_no_record(clusterctl, virtual_inventory, tmp_path,
+                                                                     replay, monkeypatch):
+    from cluster import run_state
+
+    monkeypatch.chdir(tmp_path)
+    replay.events, replay.rc = GOOD_EVENTS, 0
+    assert provision(clusterctl, virtual_inventory, tmp_path)[0] == 0
+    assert run_state.provisioned_since_up(virtual_inventory) is None
+    assert not run_state.record_path(virtual_inventory).parent.exists()  # never created for the record
+    assert not (tmp_path / ".state" / "inventories").exists()
+
+
+def test_the_record_is_in_the_simulators_state_dir():
+    from cluster import run_state
+    from sim.hosts import machines
+
+    assert run_state.VIRTUAL_STATE_DIR == machines.STATE_DIR_NAME
 
 
 def test_a_limit_part_matching_nothing_is_an_error_too(clusterctl, virtual_inventory, tmp_path, replay):
