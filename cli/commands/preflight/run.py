@@ -12,6 +12,7 @@ nothing failed.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -206,7 +207,9 @@ def run_preflight_command(
             {"inventory": str(inventory), "limit": limit, "checks": [c.name for c in selected]},
             outcome.started,
         )
-        saved_as = f"run {saved.id} ({saved.path}; clusterctl preflight diff previous {saved.id})"
+        # the comparison command as it must be typed: the same state dir, where it is not the default
+        where = f" --state-dir {shlex.quote(str(state_dir))}" if state_dir and state_dir != history.DEFAULT_STATE_DIR else ""
+        saved_as = f"run {saved.id} ({saved.path}; clusterctl preflight diff previous {saved.id}{where})"
     except OSError as exc:  # the verdicts stand; only the history entry is missing
         click.echo(f"warning: run not saved to history: {exc}", err=True)
     report.print_report(console, outcome, strict, show_pass=show_pass, saved=saved_as)

@@ -128,6 +128,18 @@ def test_result_files_are_written_before_the_table(clusterctl, virtual_inventory
     assert len(history.runs(tmp_path / "state")) == 1
 
 
+def test_the_suggested_diff_command_names_a_non_default_state_dir(clusterctl, virtual_inventory, fake_run,
+                                                                 monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    state = tmp_path / "my state"
+    code, out, _ = clusterctl("preflight", "-i", str(virtual_inventory), "--state-dir", str(state), columns=300)
+    run_id = history.runs(state)[0].id
+    assert f"clusterctl preflight diff previous {run_id} --state-dir '{state}')" in out
+    code, out, _ = clusterctl("preflight", "-i", str(virtual_inventory), columns=300)
+    run_id = history.runs(history.DEFAULT_STATE_DIR)[0].id
+    assert f"clusterctl preflight diff previous {run_id})" in out
+
+
 def test_json_dash_is_stdout_and_the_table_goes_to_stderr(clusterctl, virtual_inventory, fake_run, tmp_path):
     code, out, err = clusterctl("preflight", "-i", str(virtual_inventory), "--json", "-", "--state-dir",
                                 str(tmp_path / "state"))
