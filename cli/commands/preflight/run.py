@@ -138,6 +138,7 @@ def run_preflight_command(
     from preflight import history, report
     from preflight.checks.base import RunOptions
     from preflight.profiles import profile_of, run_depth
+    from preflight.progress import LiveProgress, PlainProgress
     from preflight.runner import run_preflight
     from preflight.transport import RoutingTransport
 
@@ -172,7 +173,10 @@ def run_preflight_command(
     console = app.current().report_console(document_on_stdout="-" in (json_file, junit_file))
     transport = RoutingTransport()
     try:
-        with report.LiveProgress(app.current().err_console, [node.name for node in nodes]) as progress:
+        err = app.current().err_console
+        # a live line draws nothing where stderr is not a terminal (CI, `2> log`): lines there instead
+        shown_as = LiveProgress if err.is_terminal else PlainProgress
+        with shown_as(err, [node.name for node in nodes]) as progress:
             outcome = run_preflight(
                 cluster,
                 selected,

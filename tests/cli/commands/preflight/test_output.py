@@ -14,6 +14,7 @@ from rich.console import Console
 
 from cluster.errors import ExitCode
 from preflight import history, report
+from preflight import progress as progress_view
 from tests.cli import samples
 from tests.cli.helpers import check_snapshot
 
@@ -229,7 +230,7 @@ def test_a_green_run_says_which_depth_ran():
 
 
 def test_progress_names_the_nodes_it_waits_on():
-    progress = report.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r02n01", "r02n02", "r02n03"])
+    progress = progress_view.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r02n01", "r02n02", "r02n03"])
     with progress:
         progress.start(5)
         assert progress.waiting_text() == "waiting on r01n01, r01n02, r02n01 (+2)"
@@ -249,7 +250,7 @@ def test_progress_shows_each_running_nodes_check_and_how_long_it_has_run():
     """While long tests run (dcgm_diag -r 3 is ~15 min) the live line says, per node, which check
     it is in and for how long, not only the step some node started last."""
     now = [100.0]
-    progress = report.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r01n03", "r02n01", "r02n02"],
+    progress = progress_view.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r01n03", "r02n01", "r02n02"],
                                    clock=lambda: now[0])
     with progress:
         progress.start(5)
@@ -263,7 +264,7 @@ def test_progress_shows_each_running_nodes_check_and_how_long_it_has_run():
         progress.node_done("r01n02", [])
         assert progress.running_text() == "dcgm_diag 2m15s: r01n03, r02n01; gpu_bandwidth 2m10s: r02n02; nccl 0s: r01n01"
         # the live line's last column draws that text at each refresh, the runner's phase once nothing runs
-        column = next(c for c in progress._bar.columns if isinstance(c, report._PhaseColumn))
+        column = next(c for c in progress._bar.columns if isinstance(c, progress_view._PhaseColumn))
         task = progress._bar.tasks[0]
         now[0] += 60
         assert column.render(task).plain.startswith("dcgm_diag 3m15s: r01n03, r02n01")
