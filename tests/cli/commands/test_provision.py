@@ -12,6 +12,7 @@ import pytest
 
 from provision.plan import make_plan
 from provision.rollout import Rollout, mask_secrets
+from tests.cli.helpers import one_line
 
 HOSTS = ("r01n01", "r01n02", "r02n01", "r02n02")  # the virtual_inventory fixture's, in play order
 
@@ -174,6 +175,14 @@ def test_unknown_tag_is_an_error_listing_the_tags(clusterctl, virtual_inventory,
     assert not replay.calls  # nothing ran
     code, _, err = provision(clusterctl, virtual_inventory, tmp_path, "--tags", "nosuchtag", "--plan")
     assert code == 2 and "unknown tag 'nosuchtag'" in err
+
+
+def test_a_tag_of_a_playbook_without_tags_says_it_has_none(clusterctl, virtual_inventory, tmp_path, replay):
+    code, out, err = provision(clusterctl, virtual_inventory, tmp_path, "--playbook", "rolling-restart.yml",
+                               "--tags", "chrony", "--plan")
+    assert (code, out) == (2, "")
+    assert one_line(err) == ("error: --tags: unknown tag 'chrony': rolling-restart.yml declares no tags "
+                             "(run it without --tags)")
 
 
 def test_limit_matching_nothing_names_the_groups(clusterctl, virtual_inventory, tmp_path, replay):
