@@ -298,7 +298,7 @@ task without a diff included (with why it has none).
         if not self.reboot_pending:
             return None
         hosts = "; ".join(f"{host} ({why})" for host, why in sorted(self.reboot_pending.items()))
-        return f"reboot pending on {len(self.reboot_pending)} host(s) (rerun with --allow-reboot): {hosts}"
+        return f"reboot pending on {plural(len(self.reboot_pending), 'host')} (rerun with --allow-reboot): {hosts}"
 
 
     def changes(self) -> dict[str, int]:
