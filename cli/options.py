@@ -5,6 +5,7 @@ from pathlib import Path
 import click
 
 from cluster import vault
+from cluster.text import suggest
 
 inventory_option = click.option(
     "-i", "--inventory", "inventory", required=True, type=click.Path(path_type=str),
@@ -25,3 +26,16 @@ vault_password_file_option = click.option(
     # The long explanation is in one place: `clusterctl --help` (cli/main.py EPILOG) and the README.
     help="Vault password file (mode 0600) or script for ansible-vault values; see `clusterctl --help`.",
 )
+
+
+class SuggestingChoice(click.Choice):
+    """A choice whose error names the nearest valid value before the list of them (which can be long):
+    ``'ncl' is unknown; did you mean 'nccl'? (one of: chrony, ...)``."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            choices = [str(c) for c in self.choices]
+            self.fail(f"{value!r} is unknown{suggest(str(value), choices)} (one of: {', '.join(choices)})",
+                      param, ctx)

@@ -15,6 +15,7 @@ from typing import Any
 
 from cluster import model, spec
 from cluster.spec import Problem
+from cluster.text import plural
 
 BMC_VARS = ("bmc_address", "bmc_username", "bmc_password")
 
@@ -30,7 +31,7 @@ def check_gpu_layout(host: str, hv: Mapping[str, Any]) -> list[Problem]:
         return problems  # spec.check_layout_variables names them; nothing here can be related to them
     if gpu_count % iu_size:
         problems.append(
-            Problem(host, "gpu_count", gpu_count, f"not divisible by iu_size={iu_size}: {gpu_count % iu_size} GPU(s) left over")
+            Problem(host, "gpu_count", gpu_count, f"not divisible by iu_size={iu_size}: {plural(gpu_count % iu_size, 'GPU')} left over")
         )
     layout = hv.get("iu_layout")
     if layout is not None:

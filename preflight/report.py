@@ -1,4 +1,5 @@
-"""Output of a preflight run: live progress, the on-call table, JSON and JUnit XML.
+"""Output of a preflight run: the on-call table, JSON and JUnit XML (the progress while it runs is
+:mod:`preflight.progress`).
 
 The table is for the person on call: failures first (FAIL, UNREACHABLE, ERROR, then WARN), PASS and SKIP
 rows collapsed into one line per node unless ``show_pass``, a host whose checks all ended the same way
@@ -14,32 +15,20 @@ as rich markup: a ``[/]`` in a command's stderr must not crash the report or res
 from __future__ import annotations
 
 import json
-import threading
-import time
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
 from cluster.errors import ExitCode
 from cluster.text import plural
 from preflight.result import CheckResult, Verdict
-from preflight.runner import Progress as RunnerProgress
 from preflight.runner import RunOutcome, exit_code
 
 COLOURS = {
@@ -50,110 +39,6 @@ COLOURS = {
     Verdict.SKIP: "dim",
     Verdict.UNREACHABLE: "bold magenta",
 }
-BAD = (Verdict.FAIL, Verdict.ERROR, Verdict.UNREACHABLE)
-
-
-class _PhaseColumn(ProgressColumn):
-    """The live line's last column, drawn at every refresh (so the time each running check has taken
-    keeps counting): each node's current check while node checks run, else the runner's phase."""
-
-    def __init__(self, live: LiveProgress):
-        super().__init__()
-        self._live = live
-
-    def render(self, task: Any) -> Text:
-        return Text(self._live.running_text() or task.fields.get("phase", ""))
-
-
-class LiveProgress(RunnerProgress):
-    """nodes done/total, failures so far and what the nodes are doing, redrawn in place while the runner
-    works: each running node's current check and for how long (``dcgm_diag 2m15s: r01n01, r01n02``), and
-    ``waiting on r02n02`` when one hung node holds up the run."""
-
-    def __init__(self, console: Console, nodes: list[str] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.console = console
-        self.failures = 0
-        self.pending = list(nodes or [])
-        self._clock = clock
-        self._running: dict[str, tuple[str, float]] = {}  # node -> (check, since); runner threads write it
-        self._lock = threading.Lock()
-        self._bar = Progress(
-            TextColumn("[bold]preflight[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("nodes"),
-            TextColumn("{task.fields[failures]}"),
-            _PhaseColumn(self),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
-        self._task = None
-
-    def __enter__(self) -> LiveProgress:
-        self._bar.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._bar.stop()
-
-    def start(self, nodes: int) -> None:
-        self._task = self._bar.add_task(
-            "nodes", total=nodes, failures=self._failures_text(), phase="node checks"
-        )
-
-    def node_done(self, node: str, results: list[CheckResult]) -> None:
-        self.failures += sum(1 for r in results if r.verdict in BAD)
-        with self._lock:
-            self._running.pop(node, None)
-        if node in self.pending:
-            self.pending.remove(node)
-        self._bar.update(self._task, advance=1, failures=self._failures_text(), phase=self.waiting_text())
-
-    def phase(self, text: str) -> None:
-        self._bar.update(self._task, phase=text)
-
-    def node_step(self, node: str, check: str) -> None:
-        with self._lock:
-            self._running[node] = (check, self._clock())
-
-    def running_text(self, most: int = 3) -> str:
-        """Each running check with the time since its first node started it and up to ``most`` node names."""
-        with self._lock:
-            running = list(self._running.items())
-        groups: dict[str, list[tuple[str, float]]] = {}
-        for node, (check, since) in running:
-            groups.setdefault(check, []).append((node, since))
-        now = self._clock()
-        parts = []
-        for check, members in sorted(groups.items(), key=lambda item: min(s for _, s in item[1])):
-            names = [n for n, _ in members]
-            shown = ", ".join(names[:most]) + (f" (+{len(names) - most})" if len(names) > most else "")
-            parts.append(f"{check} {_elapsed(now - min(s for _, s in members))}: {shown}")
-        return "; ".join(parts)
-
-    def waiting_text(self, most: int = 3) -> str:
-        if not self.pending:
-            return "node checks"
-        names = ", ".join(self.pending[:most]) + (f" (+{len(self.pending) - most})" if len(self.pending) > most else "")
-        return f"waiting on {names}"  # drawn as plain Text by _PhaseColumn: no markup to escape
-
-    def _failures_text(self) -> str:
-        text = plural(self.failures, "failure")
-        return f"[red]{text}[/]" if self.failures else f"[green]{text}[/]"
-
-
-def _elapsed(seconds: float) -> str:
-    """``45s``, ``2m15s``, ``1h02m``: how long a running check has taken, for the live line."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def summary(outcome: RunOutcome, strict: bool = False) -> dict[str, Any]:
     counts = Counter(r.verdict.value for r in outcome.results)
     by_node: dict[str, list[CheckResult]] = {}
@@ -444,6 +329,10 @@ def print_report(console: Console, outcome: RunOutcome, strict: bool = False, sh
         console.print(Text(f"released from maintenance on {node}: {', '.join(ids) or 'nothing in maintenance'}"))
     if saved:
         console.print(Text(f"every detail and the evidence: {saved}", style="dim"), soft_wrap=True)
-    code = s["exit_code"]
-    console.print(Text(f"exit code {code}: {EXIT_MEANING.get(code, '?')}"
-                       + (" (WARN counts as failure: --strict)" if strict and code == ExitCode.FAILED else "")))
+    code, warned = s["exit_code"], s["verdicts"].get(Verdict.WARN.value, 0)
+    if code == ExitCode.OK and warned:  # not "every check passed": a WARN did not pass, it is tolerated
+        meaning = f"no check failed ({warned} WARN; --strict fails them)"
+    else:
+        meaning = EXIT_MEANING.get(code, "?") + (" (WARN counts as failure: --strict)"
+                                                 if strict and code == ExitCode.FAILED else "")
+    console.print(Text(f"exit code {code}: {meaning}"))

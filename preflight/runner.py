@@ -229,7 +229,7 @@ class Runner:
     def _unreachable(self, node: Node, checks: Sequence[Check], why: str) -> list[CheckResult]:
         return [
             c.result(
-                node, Verdict.UNREACHABLE, "UNREACHABLE", f"host unreachable: {why}", address=node.address
+                node, Verdict.UNREACHABLE, "HOST_UNREACHABLE", f"host unreachable: {why}", address=node.address
             )
             for c in checks
         ]

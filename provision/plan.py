@@ -139,6 +139,9 @@ def check_tags(playbook: Path, tags: Sequence[str]) -> None:
     for tag in tags:
         if tag not in known:
             listed = ", ".join(t for t in known if t not in SPECIAL_TAGS)
+            if not listed:
+                raise InventoryError(f"--tags: unknown tag {tag!r}: {playbook.name} declares no tags "
+                                     "(run it without --tags)")
             raise InventoryError(f"--tags: unknown tag {tag!r}{suggest(tag, known)} (known: {listed})")
 
 

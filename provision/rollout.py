@@ -74,6 +74,13 @@ def _diff_text(entry: Mapping[str, Any]) -> str:
     if entry.get("prepared"):
         return mask_secrets(str(entry["prepared"]).rstrip("\n"))
     before, after = entry.get("before"), entry.get("after")
+    if isinstance(before, Mapping) and isinstance(after, Mapping):  # file/user modules: attributes (mode, owner)
+        lines = []
+        for key in sorted(set(before) | set(after), key=str):
+            if before.get(key) != after.get(key):
+                lines += [f"-{key}: {before[key]}"] if key in before else []
+                lines += [f"+{key}: {after[key]}"] if key in after else []
+        return mask_secrets("\n".join(lines))
     if not isinstance(before, str) or not isinstance(after, str) or before == after:
         return ""
     lines = difflib.unified_diff(
@@ -115,6 +122,13 @@ class Diff:
     host: str
     task: str
     text: str
+    # A change that carries no diff, and why: Ansible hid the result (no_log), or the module sends none
+    # (a service restart, a command); listed so that the diffs shown account for every change counted.
+    hidden: str = ""
+
+
+NO_LOG_DIFF = "diff hidden: no_log"
+NO_DIFF = "no diff reported"
 
 
 @dataclass
@@ -124,7 +138,8 @@ class Rollout:
     A host's status changes as it happens: running at its first task, failed/unreachable at the failing
     result, ok when the next batch starts (Ansible moves on only once every host of a batch is done) or at
     the recap. ``notices`` gets one line per such change (batch started/finished, host failed, host done):
-    the plain, line-per-event output for logs; ``diffs`` the changes a ``--diff`` run reported.
+    the plain, line-per-event output for logs; ``diffs`` the changes a ``--diff`` run reported, a changed
+task without a diff included (with why it has none).
     """
 
     plan: Plan
@@ -216,8 +231,12 @@ class Rollout:
         if kind == "runner_on_ok":
             progress.ok += 1
             progress.changed += 1 if result.get("changed") else 0
-            for text in result_diffs(result) if isinstance(result, Mapping) else []:
+            texts = result_diffs(result) if isinstance(result, Mapping) else []
+            for text in texts:
                 self.diffs.append(Diff(progress.name, str(data.get("task", "")), text))
+            if result.get("changed") and not texts:
+                hidden = NO_LOG_DIFF if "censored" in result else NO_DIFF
+                self.diffs.append(Diff(progress.name, str(data.get("task", "")), "", hidden))
             if str(data.get("task", "")) == REBOOT_PENDING_TASK:
                 self.reboot_pending[progress.name] = str(result.get("msg", "")).removeprefix("reboot pending: ")[:500]
             elif str(data.get("task", "")) == REBOOT_TASK and result.get("changed"):
@@ -279,7 +298,7 @@ class Rollout:
         if not self.reboot_pending:
             return None
         hosts = "; ".join(f"{host} ({why})" for host, why in sorted(self.reboot_pending.items()))
-        return f"reboot pending on {len(self.reboot_pending)} host(s) (rerun with --allow-reboot): {hosts}"
+        return f"reboot pending on {plural(len(self.reboot_pending), 'host')} (rerun with --allow-reboot): {hosts}"
 
 
     def changes(self) -> dict[str, int]:

@@ -253,7 +253,7 @@ class Demo:
 
     # -- 6. traffic -------------------------------------------------------------------------------
     def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> None:
-        from cli.commands.scores import rows
+        from cli.views.scores import rows
         from consul_io.client import ConsulIO
         from eas_agent.scheduler import ConsulWatcher, PoolView
 
@@ -321,7 +321,7 @@ def routing_panels(summary: dict, metrics_line: str, score_rows: list[dict], lef
     """Step 7's live view: the clients' latencies through eas-edge and the edge's own /metrics first (the
     point of the step, never pushed off a short terminal by the table), then the scores laid out for the
     terminal's width."""
-    from cli.commands.scores import table
+    from cli.views.scores import table
 
     return Group(
         Panel(Text(latency_line(summary) + "\n" + metrics_line), title=f"edge ({max(0, left_s):.0f}s left)",

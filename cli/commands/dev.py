@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from cli.errors import ClusterctlError, UsageError
+from cli.errors import ClusterctlError, ExitCode, UsageError
 from cli.help import examples
 from consul_io import layout
 
@@ -77,12 +77,14 @@ def consul(addr: str, data_dir: Path | None, acl_token_file: Path | None, log_le
     server = DevConsulServer(addr=addr, data_dir=data_dir, acl_token=token,
                              check_update_interval=update_interval, max_kv_bytes=max_kv_bytes,
                              max_kv_keys=max_kv_keys)
+    # Exit 2, not 1 (a verdict): the address or the data dir given cannot be used, as with a bad argument.
     try:
         server.start()
     except OSError as exc:
-        raise ClusterctlError(f"cannot start on {addr}: {exc.strerror or exc}") from exc
+        raise ClusterctlError(f"cannot start on {addr}: {exc.strerror or exc}", ExitCode.USAGE) from exc
     except (ValueError, KeyError, TypeError) as exc:
-        raise ClusterctlError(f"{data_dir}: unreadable state file ({exc}); move it away to start empty") from exc
+        raise ClusterctlError(f"{data_dir}: unreadable state file ({exc}); move it away to start empty",
+                              ExitCode.USAGE) from exc
     click.echo(f"devconsul (a development server, not Consul) listening on http://{server.address}"
                f"{' (all interfaces)' if host in ('0.0.0.0', '::') else ''}", err=True)
     stop = threading.Event()

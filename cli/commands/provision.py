@@ -14,8 +14,10 @@ unreachable and every planned host ran.
 Output: on a terminal a live view (each host's state as it changes, batch and run time); anywhere else
 (CI logs, ``| tee``, ``> log``), or with ``--plain``, one line per event instead: a batch started or
 finished, a host failed, was unreachable or is done. ``--diff`` prints each changed file's diff per
-host after the recap (lines naming a password/token/secret/key show ``********``; ``no_log`` tasks
-send no diff at all). ``--check`` ends with what would change, never "rollout complete".
+host after the recap (lines naming a password/token/secret/key show ``********``; a ``no_log`` task
+sends no diff at all and is listed as ``diff hidden: no_log``, any other change without a diff as ``no
+diff reported``; a mode/owner change shows the attribute). ``--check`` ends with what would change,
+never "rollout complete".
 
 ``--vault-password-file`` is checked first (exists; a plain file must be 0600, an executable one is a
 vault password script), then decrypts vault content while the inventory loads and goes to
@@ -30,8 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import click
-from rich.console import Console, Group
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -139,10 +143,14 @@ def print_diffs(console: Console, rollout: Rollout, check: bool) -> None:
     """Each host's file diffs, like ``ansible-playbook --diff`` prints them, after the recap."""
     verb = "would change" if check else "changed"
     if not rollout.diffs:
-        console.print(Text(f"diff: no file {verb}"))
+        changes = sum(rollout.changes().values())
+        console.print(Text(f"diff: no file {verb}" if not changes else (
+            f"diff: {plural(changes, 'change')} {'would be' if check else 'was' if changes == 1 else 'were'} made, "
+            "none of them reported a diff (events.jsonl has each task's result)")))
         return
     for d in rollout.diffs[:MAX_DIFFS]:
-        console.print(Text(f"== {d.host}: {d.task} ({verb})", style="bold"), soft_wrap=True)
+        console.print(Text(f"== {d.host}: {d.task} ({verb}{f'; {d.hidden}' if d.hidden else ''})", style="bold"),
+                      soft_wrap=True)
         for line in d.text.splitlines():
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
             console.print(Text(line, style=style), soft_wrap=True, highlight=False)
@@ -175,37 +183,85 @@ def run_playbook(
     return result.rollout, result.rc
 
 
-def live_view(rollout: Rollout) -> Group:
-    total = len(rollout.plan.batches)
-    header = Text.assemble(
-        (rollout.plan.playbook.name, "bold"),
-        f": batch {max(rollout.batches_started, 1)}/{total} ({rollout.batch_elapsed():.0f}s), "
-        f"run {rollout.elapsed():.0f}s",
-    )
-    table = Table(box=None, pad_edge=False)
-    for column in ("host", "batch", "status", "task", "ok", "changed", "failed"):
-        table.add_column(column, justify="right" if column in ("ok", "changed", "failed", "batch") else "left",
-                         no_wrap=True, overflow="ellipsis" if column == "task" else "fold",
-                         ratio=1 if column == "task" else None)
-    for p in rollout.hosts.values():
-        if p.status == "waiting" and (p.batch or 0) >= max(rollout.batches_started, 1) + 1:
-            continue  # hosts of later batches: keep the view short on large fleets
-        table.add_row(
-            Text(p.name), _batch(p.batch), Text(p.status, style=STATUS_STYLE.get(p.status, "")), Text(p.task),
-            str(p.ok), str(p.changed), str(p.failed),
+def live_view(rollout: Rollout) -> LiveView:
+    return LiveView(rollout)
+
+
+class LiveView:
+    """The batch, each host's status, current task and counts, sized when drawn (a terminal can be resized):
+    host, batch, status and the counts keep their full width, header included; the task gets the columns
+    left and only it is cut, with an ellipsis (role task names run to ~100 characters)."""
+
+    COLUMNS = ("host", "batch", "status", "task", "ok", "changed", "failed")
+    RIGHT = ("batch", "ok", "changed", "failed")
+    GAP = 2  # between two columns: the table's padding of 1 on each side, no outer edge
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        rollout = self.rollout
+        yield Text.assemble(
+            (rollout.plan.playbook.name, "bold"),
+            f": batch {max(rollout.batches_started, 1)}/{len(rollout.plan.batches)} "
+            f"({rollout.batch_elapsed():.0f}s), run {rollout.elapsed():.0f}s",
         )
-    return Group(header, table)
+        shown = [p for p in rollout.hosts.values()
+                 # hosts of later batches: keep the view short on large fleets
+                 if not (p.status == "waiting" and (p.batch or 0) >= max(rollout.batches_started, 1) + 1)]
+        cells = [{"host": p.name, "batch": _batch(p.batch), "status": p.status, "task": p.task,
+                  "ok": str(p.ok), "changed": str(p.changed), "failed": str(p.failed)} for p in shown]
+        widths = {c: max([cell_len(c), *(cell_len(row[c]) for row in cells)]) for c in self.COLUMNS}
+        fixed = sum(w for c, w in widths.items() if c != "task") + self.GAP * (len(self.COLUMNS) - 1)
+        widths["task"] = max(options.max_width - fixed, cell_len("task"))
+        table = Table(box=None, pad_edge=False)
+        for column in self.COLUMNS:
+            table.add_column(column, justify="right" if column in self.RIGHT else "left", width=widths[column],
+                             no_wrap=True, overflow="ellipsis" if column == "task" else "crop")
+        for p, row in zip(shown, cells, strict=True):
+            task = Text(row["task"])
+            task.truncate(widths["task"], overflow="ellipsis")
+            table.add_row(Text(row["host"]), row["batch"], Text(row["status"], style=STATUS_STYLE.get(p.status, "")),
+                          task, row["ok"], row["changed"], row["failed"])
+        yield table
 
 
-def recap_table(rollout: Rollout) -> Table:
-    table = Table(title="provision recap")
-    for column in ("host", "batch", "status", "ok", "changed", "failed", "skipped", "unreachable"):
-        table.add_column(column, justify="left" if column in ("host", "status") else "right")
-    stats = rollout.stats or {}
-    for name, p in rollout.hosts.items():
-        counts = [str((stats.get(key) or {}).get(name, 0)) for key in ("ok", "changed", "failures", "skipped", "dark")]
-        table.add_row(Text(name), _batch(p.batch), Text(p.label, style=STATUS_STYLE.get(p.label, "")), *counts)
-    return table
+def recap_table(rollout: Rollout) -> RecapTable:
+    return RecapTable(rollout)
+
+
+class RecapTable:
+    """Each host's batch, final status and counts: a table where it fits, else one line per host, so that
+    no header, host name, status or count is ever cut (CI logs are often 80 columns, host names long)."""
+
+    COLUMNS = ("host", "batch", "status", "ok", "changed", "failed", "skipped", "unreachable")
+    COUNTS = ("ok", "changed", "failures", "skipped", "dark")  # playbook_on_stats' keys, in COLUMNS' order
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    def rows(self) -> list[tuple[str, str, str, list[str]]]:
+        stats = self.rollout.stats or {}
+        return [(name, _batch(p.batch), p.label, [str((stats.get(key) or {}).get(name, 0)) for key in self.COUNTS])
+                for name, p in self.rollout.hosts.items()]
+
+    def table(self) -> Table:
+        table = Table(title="provision recap")
+        for column in self.COLUMNS:
+            table.add_column(column, justify="left" if column in ("host", "status") else "right", no_wrap=True)
+        for name, batch, label, counts in self.rows():
+            table.add_row(Text(name), batch, Text(label, style=STATUS_STYLE.get(label, "")), *counts)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = self.table()
+        if Measurement.get(console, options.update_width(10_000), table).maximum <= options.max_width:
+            yield table
+            return
+        yield Text("provision recap")
+        for name, batch, label, counts in self.rows():
+            yield Text.assemble(f"{name}  batch {batch}  ", (label, STATUS_STYLE.get(label, "")), "  ", " ".join(
+                f"{column}={count}" for column, count in zip(self.COLUMNS[3:], counts, strict=True)))
 
 
 def plan_view(plan: Plan) -> Group:

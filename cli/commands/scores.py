@@ -4,10 +4,11 @@ Uses the reader library (``eas_agent.scheduler``): the same view, health folding
 verdicts the edge routes on. With an inventory, the Consul address and datacenter come from its
 ``consul_http_addr`` / ``consul_datacenter`` variables and IUs that publish nothing are listed too.
 
-The table explains each score: the terms it is the sum of (drain: ``queue_s + kv_s + step_s +
-prefill_s``; the kv profile's ``kv_cache_gb``, ``kv_cache_age_s``, ``net_mb_per_s``), the inputs behind
-them when the terminal is wide enough, and for an anomaly flag why it was raised. Everything an agent
-sent is shown as plain text, never as rich markup. Every component is in ``--json``.
+The table explains each score (drawn by :mod:`cli.views.scores`): the terms it is the sum of, each with
+what it adds (drain: ``queue_s + kv_s + step_s + prefill_s``; seed: ``0.3 x kv_cache_gb + 0.5 x
+kv_cache_age_s + 0.2 x net_mb_per_s``, shown as ``kv_cache_gb 6 (0.3 x 20)``), the inputs behind them
+when the terminal is wide enough, and for an anomaly flag why it was raised. Everything an agent sent is
+shown as plain text, never as rich markup. Every component is in ``--json``.
 
 Exit codes: 0 at least one IU publishes a score (or none is expected), 1 IUs are expected (from the
 inventory) and none publishes, 2 the ACL token cannot be used (a token file others can read, ...), 3 Consul
@@ -25,25 +26,19 @@ from typing import Any
 
 import click
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from cli import app, neterr
 from cli.errors import ClusterctlError
 from cli.help import examples
 from cli.options import vault_password_file_option
+from cli.views.scores import publishing, rows, table
 from cluster.errors import ExitCode
 from cluster.text import plural
 from consul_io import layout
 from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
-from eas_agent.scheduler import ConsulWatcher, IUEntry, PoolView
+from eas_agent.scheduler import ConsulWatcher, PoolView
 
-HEALTH_STYLE = {"passing": "green", "warning": "yellow", "critical": "red", "maintenance": "magenta"}
-# The terms each profile's score is the sum of (eas_agent/score.py), shown first and always.
-TERMS = ("queue_s", "kv_s", "step_s", "prefill_s", "kv_cache_gb", "kv_cache_age_s", "net_mb_per_s")
-# What the terms are computed from, shown when the terminal is wide (all of it is in --json).
-INPUTS = ("waiting", "running", "kv_usage", "admitted_prefill_tokens", "prefill_tps", "decode_tps")
-WIDE = 140  # columns from which the inputs, rack and node get their own columns
 CONSUL_HINT = "set --consul HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR"
 
 
@@ -63,121 +58,6 @@ def _inventory_settings(
         for iu in node.ius:
             expected[iu.id] = (node.rack, node.name)
     return addr, dc, token, expected
-
-
-def entry_json(entry: IUEntry, now: float) -> dict:
-    return {
-        "iu": entry.iu_id,
-        "rack": entry.rack,
-        "node": entry.node,
-        "score": entry.score,
-        "status": entry.status,
-        "reason": entry.reason,
-        "health": entry.health,
-        "age_s": round(now - entry.ts, 3) if entry.ts else None,
-        "stale": now > entry.stale_after,
-        "anomaly": entry.anomaly,
-        "weight": entry.weight,
-        "components": entry.components,
-    }
-
-
-def rows(view: PoolView, expected: dict[str, tuple[str, str]], now: float) -> list[dict]:
-    out = [entry_json(e, now) for e in view.snapshot().entries]
-    seen = {r["iu"] for r in out}
-    for iu_id, (rack, node) in sorted(expected.items()):
-        if iu_id not in seen:
-            out.append(
-                {
-                    "iu": iu_id,
-                    "rack": rack,
-                    "node": node,
-                    "score": None,
-                    "status": None,
-                    "reason": "not registered in Consul",
-                    "health": "unknown",
-                    "age_s": None,
-                    "stale": True,
-                    "anomaly": None,
-                    "weight": None,
-                    "components": {},
-                }
-            )
-    return sorted(out, key=lambda r: (r["rack"], r["node"], r["iu"]))
-
-
-def _num(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def terms_text(components: dict) -> str:
-    """``prefill_s 1.95 + step_s 0.0011``: the terms the score is the sum of, largest first; terms that
-    are 0 are left out (``0`` when all are), so what is shown adds up to the score."""
-    terms = [(k, components[k]) for k in TERMS if isinstance(components.get(k), int | float)]
-    shown = sorted(((k, v) for k, v in terms if v), key=lambda kv: -abs(kv[1]))
-    if not terms:
-        return ""
-    return " + ".join(f"{k} {_num(v)}" for k, v in shown) or "0"
-
-
-def inputs_text(components: dict) -> str:
-    """What the terms come from (requests, KV use, admitted prefill), in a few words."""
-    parts = [f"{k} {_num(components[k])}" for k in ("waiting", "running") if components.get(k) is not None]
-    if isinstance(components.get("kv_usage"), int | float):
-        parts.append(f"kv {components['kv_usage'] * 100:.0f}%")
-    if components.get("admitted_prefill_tokens"):
-        parts.append(f"admitted {_num(components['admitted_prefill_tokens'])} tok")
-    return ", ".join(parts)
-
-
-def flag_why(row: dict, data: list[dict]) -> str:
-    """Why the reader flagged this IU, in the detector's own terms (eas_agent/scheduler/anomaly.py)."""
-    from eas_agent.scheduler.anomaly import AnomalyDetector
-
-    flag, detector = row["anomaly"], AnomalyDetector()
-    if not flag:
-        return ""
-    if flag == "high_outlier":
-        scores = sorted(r["score"] for r in data if r["score"] is not None)
-        median = f" vs pool median {scores[len(scores) // 2]:.3g}" if scores else ""
-        score = f" {row['score']:.3g}" if row["score"] is not None else ""
-        return f"high_outlier:{score}{median}; gated (weight 0)"
-    if flag == "frozen":
-        pending = (row["components"].get("running") or 0) + (row["components"].get("waiting") or 0)
-        return (f"frozen: no new tokens for {detector.frozen_s:g}s, {_num(pending)} requests pending; "
-                f"weight {_num(row['weight'])}")
-    if flag == "ramp":
-        return f"ramp: new or back in rotation; weight rises to 1 in {detector.ramp_s:g}s"
-    return flag
-
-
-def table(data: list[dict], title: str, width: int = 160) -> Table:
-    """The scores table laid out for ``width`` columns: narrow terminals get the IU, score, its terms,
-    health and flag; wide ones the rack, node and the inputs too. Cells fold, never cut to "..."."""
-    wide = width >= WIDE
-    t = Table(title=title, title_justify="left", caption_justify="left",
-              caption="score = the sum of its terms (terms that are 0 are left out); every component: --json")
-    columns = ["IU"] + (["rack", "node"] if wide else []) + ["score", "= terms"]
-    columns += (["inputs"] if wide else []) + ["age", "health", "flag"]
-    for column in columns:
-        t.add_column(column, justify="right" if column in ("score", "age") else "left",
-                     overflow="fold", no_wrap=column in ("IU", "rack", "node", "score", "age"))
-    for r in data:
-        age = "-" if r["age_s"] is None else f"{r['age_s']:.1f}s" + (" stale" if r["stale"] else "")
-        score = "-" if r["score"] is None else f"{r['score']:.4g}"
-        health = Text(r["health"], style=HEALTH_STYLE.get(r["health"], "dim"))
-        if r["reason"]:
-            health.append(f" ({r['reason']})")
-        cells = [Text(r["iu"])] + ([Text(r["rack"]), Text(r["node"])] if wide else [])
-        cells += [score, Text(terms_text(r["components"]))]
-        cells += ([Text(inputs_text(r["components"]))] if wide else [])
-        cells += [age, health, Text(flag_why(r, data), style="yellow")]
-        t.add_row(*cells)
-    return t
-
-
-def publishing(data: list[dict]) -> int:
-    return sum(1 for r in data if r["score"] is not None)
 
 
 @click.command("scores", epilog=examples(
@@ -228,7 +108,7 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
             token = os.environ.get("CONSUL_HTTP_TOKEN") or None
     except TokenError as exc:
         where = "--token-file" if token_file else str(inventory)
-        raise ClusterctlError(f"{where}: {exc}", 2) from None
+        raise ClusterctlError(f"{where}: {exc}", ExitCode.USAGE) from None
     view = PoolView()
     watcher = ConsulWatcher(view, ConsulIO(addr, token=token, scheme=scheme, timeout_s=3.0), dc=dc)
     try:

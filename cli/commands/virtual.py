@@ -111,10 +111,12 @@ def create(inventory: str | None, positional: str | None, nodes: int, racks: int
 @vault_password_file_option
 def up(inventory: str | None, positional: str | None, limit: str | None, reset: bool,
        vault_password_file: Path | None) -> None:
-    """Boot one machine per host of the inventory (tears down any previous ones first; builds the machine
-    image first when it is not cached, printing its progress), and serve the machines' package sources on
-    127.0.255.1:8080: the stand-in NVIDIA/HashiCorp apt repositories and the local package index that the
-    inventory's repository URLs name (sim/hosts/repos.py; the last `virtual down` stops the server)."""
+    """Boot one machine per host of the inventory, and serve the machines' package sources on 127.0.255.1:8080:
+    the stand-in NVIDIA/HashiCorp apt repositories and the local package index that the inventory's
+    repository URLs name (sim/hosts/repos.py; the last `virtual down` stops the server). Machines already
+    up are replaced, fresh; if they were provisioned since they came up it refuses (that would discard
+    what provisioning did) unless --reset. Builds the machine image first when it is not cached, printing
+    its progress."""
     from sim.hosts import simulate
 
     given, inventory = inventory, _resolve_inventory(inventory, positional)

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from cluster.model import GPU_MODELS
+from cluster.text import plural
 from sim import consul_security
 
 FABRICS = ("ib", "roce", "mixed")
@@ -147,7 +148,7 @@ def render(nodes: int, racks: int, gpu_model: str = "h100-sxm", fabric: str = "i
         raise ValueError(f"unknown fabric {fabric!r} (one of {', '.join(FABRICS)})")
     hosts = plan(nodes, racks, fabric, faults, net)
     lines = [
-        f"# A virtual inventory: {racks} rack(s) x {nodes} node(s) of 8x {gpu_model} "
+        f"# A virtual inventory: {plural(nodes, 'node')} of 8x {gpu_model} in {plural(racks, 'rack')} "
         f"({'InfiniBand' if fabric == 'ib' else 'RoCE' if fabric == 'roce' else 'InfiniBand, last rack RoCE'}).",
         "# Written by `clusterctl virtual create`; addresses are loopback (127.0.0.0/8) so simulated services",
         "# never leave this machine. `clusterctl virtual up -i DIR` creates the simulated hosts.",

@@ -13,3 +13,15 @@ def virtual_inventory(tmp_path_factory):
     path = tmp_path_factory.mktemp("inv") / "mycluster"
     create.write(path, 4, 2, faults="none")
     return path
+
+
+@pytest.fixture
+def brought_up_inventory(tmp_path):
+    """A virtual inventory of its own (4 nodes, 2 racks) with the machines' state directory that `virtual up`
+    creates (no machine is booted): where `provision` and `virtual up` keep their run-state record."""
+    from sim.hosts import create, machines
+
+    path = tmp_path / "brought-up"
+    create.write(path, 4, 2, faults="none")
+    (path / machines.STATE_DIR_NAME).mkdir(mode=0o700)
+    return path

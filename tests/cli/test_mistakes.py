@@ -90,7 +90,28 @@ def test_valid_values_are_listed_in_help(clusterctl):
 def test_bad_parse_kind_names_kind(clusterctl, tmp_path):
     (tmp_path / "x").write_text("x")
     code, _, err = clusterctl("preflight", "parse", "ncl", str(tmp_path / "x"))
-    assert code == 2 and "Invalid value for 'KIND': 'ncl' is not one of" in err
+    assert code == 2 and "Invalid value for 'KIND': 'ncl' is unknown; did you mean 'nccl'? (one of: chrony," in err
+    code, _, err = clusterctl("preflight", "parse", "zzz", str(tmp_path / "x"))
+    assert code == 2 and "Invalid value for 'KIND': 'zzz' is unknown (one of: chrony, cmdline," in err
+
+
+def test_dev_consul_that_cannot_start_is_exit_2_in_one_line(clusterctl, tmp_path, monkeypatch):
+    import logging
+    import socket
+
+    # the command configures the root logger (to this test's captured stderr): put it back afterwards
+    monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        code, _, err = clusterctl("dev", "consul", "--addr", addr)
+    assert code == 2 and one_line(err) == f"error: cannot start on {addr}: Address already in use"
+    (tmp_path / "state.json").write_text("{not json")
+    code, _, err = clusterctl("dev", "consul", "--addr", "127.0.0.1:0", "--data-dir", str(tmp_path))
+    assert code == 2 and one_line(err).startswith(f"error: {tmp_path}: unreadable state file (")
 
 
 def test_completion_script_completes_check_names(monkeypatch, capsys):
@@ -185,12 +206,14 @@ def test_virtual_takes_dash_i_and_the_positional_form_still_works(clusterctl, tm
                                 f"next: clusterctl virtual up -i {tmp_path / 'a'}"]
     code, out, err = clusterctl("virtual", "create", str(tmp_path / "b"), "--nodes", "1", "--racks", "1")
     assert code == 0 and "1 node in 1 rack" in out
+    assert (tmp_path / "b" / "hosts.yml").read_text().startswith(
+        "# A virtual inventory: 1 node of 8x h100-sxm in 1 rack (InfiniBand).\n")  # not "1 rack(s) x 1 node(s)"
     assert err.strip() == f"note: the positional inventory is deprecated; use -i {tmp_path / 'b'}"
     code, _, err = clusterctl("virtual", "status")
     assert code == 2 and "missing -i/--inventory DIR" in err
 
 
-def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, virtual_inventory, tmp_path, monkeypatch):
+def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, brought_up_inventory, tmp_path, monkeypatch):
     from cluster import run_state
     from sim.hosts import simulate
     from sim.hosts.machines import MachineState
@@ -199,15 +222,15 @@ def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, virtual
     ups = []
     monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
     monkeypatch.setattr(simulate, "up", lambda inv, limit, secrets: ups.append(inv) or simulate.UpResult(["r01n01"], [], 0.1))
-    assert clusterctl("virtual", "up", "-i", str(virtual_inventory))[0] == 0  # never provisioned: fine
-    run_state.note(virtual_inventory, "provisioned")
-    code, _, err = clusterctl("virtual", "up", "-i", str(virtual_inventory))
+    assert clusterctl("virtual", "up", "-i", str(brought_up_inventory))[0] == 0  # never provisioned: fine
+    run_state.note(brought_up_inventory, "provisioned")
+    code, _, err = clusterctl("virtual", "up", "-i", str(brought_up_inventory))
     assert code == 2 and len(ups) == 1
     line = one_line(err)
     assert "1 machine up and provisioned at" in line and "add --reset" in line
-    code, out, _ = clusterctl("virtual", "up", "-i", str(virtual_inventory), "--reset")
+    code, out, _ = clusterctl("virtual", "up", "-i", str(brought_up_inventory), "--reset")
     assert code == 0 and len(ups) == 2 and "next: clusterctl provision" in out
-    assert run_state.provisioned_since_up(virtual_inventory) is None  # fresh hosts: nothing to lose again
+    assert run_state.provisioned_since_up(brought_up_inventory) is None  # fresh hosts: nothing to lose again
 
 
 def test_ansible_warnings_are_summarized_once_each(clusterctl, broken):

@@ -323,6 +323,8 @@ def test_unreachable_and_hanging_hosts_do_not_stop_the_others():
     assert verdicts["hung"] == (Verdict.UNREACHABLE, "host unreachable: no answer within 1s")
     assert verdicts["slow"] == (Verdict.ERROR, "`check-me` timed out after 2s")
     assert exit_code(outcome.results) == 3
+    # the code the README's example and the report samples show
+    assert {r.code for r in outcome.results if r.verdict == Verdict.UNREACHABLE} == {"HOST_UNREACHABLE"}
 
 
 def test_nodes_run_in_parallel_bounded_by_parallel():
@@ -593,7 +595,7 @@ def test_every_fault_code_a_check_can_emit_is_declared():
 
     from preflight.checks import CHECKS
 
-    common = {"GATHER", "INTERNAL", "UNREACHABLE"}
+    common = {"GATHER", "INTERNAL", "HOST_UNREACHABLE"}
     for check in CHECKS:
         source = inspect.getsource(inspect.getmodule(type(check)))
         emitted = set(re.findall(r'"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"', source)) - common

@@ -65,7 +65,7 @@ def test_cluster_node_gives_the_gpu_model(r01n01):
     ({"iu_size": 3}, ["r01n01: iu_size=3: must be one of 1/2/4/8"]),
     ({"gpu_model": "b300"}, ["r01n01: gpu_model='b300': unknown GPU model; expected one of h100-sxm, h200-sxm, a100-sxm"]),
     ({"gpu_count": 6, "roce_gid_index": -1},
-     ["r01n01: gpu_count=6: not divisible by iu_size=4: 2 GPU(s) left over",
+     ["r01n01: gpu_count=6: not divisible by iu_size=4: 2 GPUs left over",
       "r01n01: roce_gid_index=-1: must be a GID table index (an integer >= 0)"]),
 ])
 @pytest.mark.parametrize("name", ["cluster_node", "eas_agent_config"])

@@ -308,7 +308,7 @@ def test_recap_lists_reboot_pending_hosts_and_rebooted_ones():
     plan = Plan.__new__(Plan)
     rollout = Rollout.__new__(Rollout)
     rollout.__dict__.update(plan=plan, hosts={}, batches_started=0, stats=None, messages=[], reboot_pending={},
-                            rebooted=[])
+                            rebooted=[], diffs=[])
     for host, task, res in [
         ("n1", "Reboot pending", {"msg": "reboot pending: NVIDIA driver 550.127.08 installed (was none)"}),
         ("n2", "Reboot the host", {"changed": True, "rebooted": True}),
@@ -317,7 +317,7 @@ def test_recap_lists_reboot_pending_hosts_and_rebooted_ones():
         rollout.handle({"event": "runner_on_ok", "event_data": {"host": host, "task": task, "res": res}})
     assert rollout.reboot_pending == {"n1": "NVIDIA driver 550.127.08 installed (was none)"}
     assert rollout.rebooted == ["n2"]
-    assert rollout.reboot_line() == ("reboot pending on 1 host(s) (rerun with --allow-reboot): "
+    assert rollout.reboot_line() == ("reboot pending on 1 host (rerun with --allow-reboot): "
                                      "n1 (NVIDIA driver 550.127.08 installed (was none))")
 
 

@@ -17,11 +17,12 @@ from rich.text import Text
 
 from cli.errors import ClusterctlError, ExitCode
 from cli.help import examples
+from cli.options import SuggestingChoice
 from preflight.parsers import PARSERS, ParseError, parse, paste_warnings, to_contract_json
 
 
 @click.command("parse", epilog=examples("clusterctl preflight parse nccl all_reduce_perf.txt", "nvidia-smi topo -m | clusterctl preflight parse topo - --json", note="KIND is one of: " + ", ".join(sorted(PARSERS)) + "."))
-@click.argument("kind", type=click.Choice(sorted(PARSERS)), metavar="KIND")
+@click.argument("kind", type=SuggestingChoice(sorted(PARSERS)), metavar="KIND")
 @click.argument("file", type=click.File("rb"))
 @click.option("--json", "as_json", is_flag=True, help="Print the contract JSON instead of a table.")
 def command(kind: str, file: Any, as_json: bool) -> None:

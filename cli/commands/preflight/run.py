@@ -12,6 +12,7 @@ nothing failed.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -137,6 +138,7 @@ def run_preflight_command(
     from preflight import history, report
     from preflight.checks.base import RunOptions
     from preflight.profiles import profile_of, run_depth
+    from preflight.progress import LiveProgress, PlainProgress
     from preflight.runner import run_preflight
     from preflight.transport import RoutingTransport
 
@@ -171,7 +173,10 @@ def run_preflight_command(
     console = app.current().report_console(document_on_stdout="-" in (json_file, junit_file))
     transport = RoutingTransport()
     try:
-        with report.LiveProgress(app.current().err_console, [node.name for node in nodes]) as progress:
+        err = app.current().err_console
+        # a live line draws nothing where stderr is not a terminal (CI, `2> log`): lines there instead
+        shown_as = LiveProgress if err.is_terminal else PlainProgress
+        with shown_as(err, [node.name for node in nodes]) as progress:
             outcome = run_preflight(
                 cluster,
                 selected,
@@ -206,7 +211,9 @@ def run_preflight_command(
             {"inventory": str(inventory), "limit": limit, "checks": [c.name for c in selected]},
             outcome.started,
         )
-        saved_as = f"run {saved.id} ({saved.path}; clusterctl preflight diff previous {saved.id})"
+        # the comparison command as it must be typed: the same state dir, where it is not the default
+        where = f" --state-dir {shlex.quote(str(state_dir))}" if state_dir and state_dir != history.DEFAULT_STATE_DIR else ""
+        saved_as = f"run {saved.id} ({saved.path}; clusterctl preflight diff previous {saved.id}{where})"
     except OSError as exc:  # the verdicts stand; only the history entry is missing
         click.echo(f"warning: run not saved to history: {exc}", err=True)
     report.print_report(console, outcome, strict, show_pass=show_pass, saved=saved_as)

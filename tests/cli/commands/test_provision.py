@@ -12,6 +12,7 @@ import pytest
 
 from provision.plan import make_plan
 from provision.rollout import Rollout, mask_secrets
+from tests.cli.helpers import one_line
 
 HOSTS = ("r01n01", "r01n02", "r02n01", "r02n02")  # the virtual_inventory fixture's, in play order
 
@@ -126,6 +127,46 @@ def test_check_says_nothing_changed_and_what_would(clusterctl, virtual_inventory
     assert "== r01n01: Write chrony.conf (would change)" in out
 
 
+def test_diff_names_changes_that_carry_no_diff_instead_of_saying_nothing_changed(
+        clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+    """A no_log task (Ansible sends only ``censored``) and a mode-only change used to print "diff: no file would
+    change" right above "2 changes would be made"."""
+    monkeypatch.chdir(tmp_path)
+    censored = "the output has been hidden due to the fact that 'no_log: true' was specified for this result"
+    mode_only = {"before": {"path": "/etc/consul.d", "mode": "0755"}, "after": {"path": "/etc/consul.d", "mode": "0750"}}
+    replay.rc = 0
+    replay.events = [
+        ev("playbook_on_play_start"),
+        ev("runner_on_ok", host="r01n01", task="Write consul.hcl", res={"changed": True, "censored": censored}),
+        ev("runner_on_ok", host="r01n01", task="Consul config directory", res={"changed": True, "diff": mode_only}),
+        ev("runner_on_ok", host="r01n01", task="Read the Consul version", res={"changed": False}),
+        ev("playbook_on_play_start"),
+        ev("playbook_on_stats", ok={h: 1 for h in HOSTS}, changed={"r01n01": 2}),
+    ]
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--check", "--diff")
+    assert code == 0
+    assert "no file would change" not in out
+    assert "== r01n01: Write consul.hcl (would change; diff hidden: no_log)" in out
+    assert "== r01n01: Consul config directory (would change)\n-mode: 0755\n+mode: 0750\n" in out
+    assert "Read the Consul version" not in out
+    assert "check mode: nothing was changed; 2 changes would be made on 1 host (r01n01)" in out
+
+
+def test_diff_with_changes_but_no_task_results_does_not_say_nothing_changed(
+        clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    replay.rc = 0
+    replay.events = [ev("playbook_on_play_start"), ev("playbook_on_play_start"),
+                     ev("playbook_on_stats", ok={h: 1 for h in HOSTS}, changed={"r01n02": 1})]
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--check", "--diff")
+    assert code == 0 and "no file would change" not in out
+    assert "diff: 1 change would be made, none of them reported a diff (events.jsonl has each task's result)" in out
+    replay.events = [ev("playbook_on_play_start"), ev("playbook_on_play_start"),
+                     ev("playbook_on_stats", ok={h: 1 for h in HOSTS})]
+    code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--check", "--diff")
+    assert "diff: no file would change" in out
+
+
 def test_unknown_tag_is_an_error_listing_the_tags(clusterctl, virtual_inventory, tmp_path, replay):
     code, out, err = provision(clusterctl, virtual_inventory, tmp_path, "--tags", "chrny")
     assert (code, out) == (2, "")
@@ -134,6 +175,14 @@ def test_unknown_tag_is_an_error_listing_the_tags(clusterctl, virtual_inventory,
     assert not replay.calls  # nothing ran
     code, _, err = provision(clusterctl, virtual_inventory, tmp_path, "--tags", "nosuchtag", "--plan")
     assert code == 2 and "unknown tag 'nosuchtag'" in err
+
+
+def test_a_tag_of_a_playbook_without_tags_says_it_has_none(clusterctl, virtual_inventory, tmp_path, replay):
+    code, out, err = provision(clusterctl, virtual_inventory, tmp_path, "--playbook", "rolling-restart.yml",
+                               "--tags", "chrony", "--plan")
+    assert (code, out) == (2, "")
+    assert one_line(err) == ("error: --tags: unknown tag 'chrony': rolling-restart.yml declares no tags "
+                             "(run it without --tags)")
 
 
 def test_limit_matching_nothing_names_the_groups(clusterctl, virtual_inventory, tmp_path, replay):
@@ -149,15 +198,57 @@ def test_mask_secrets_keeps_the_key_and_hides_the_value():
         "+consul_token = ********", "-  password: ********", "+pool x iburst", '+  "api_key": ********']
 
 
-def test_a_provision_run_is_recorded_for_virtual_up(clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+def test_a_provision_run_is_recorded_for_virtual_up(clusterctl, brought_up_inventory, tmp_path, replay,
+                                                     monkeypatch):
     from cluster import run_state
 
     monkeypatch.chdir(tmp_path)
     replay.events, replay.rc = GOOD_EVENTS, 0
-    provision(clusterctl, virtual_inventory, tmp_path, "--check")
-    assert run_state.provisioned_since_up(virtual_inventory) is None  # a dry run changes nothing
-    provision(clusterctl, virtual_inventory, tmp_path)
-    assert run_state.provisioned_since_up(virtual_inventory) is not None
+    provision(clusterctl, brought_up_inventory, tmp_path, "--check")
+    assert run_state.provisioned_since_up(brought_up_inventory) is None  # a dry run changes nothing
+    provision(clusterctl, brought_up_inventory, tmp_path)
+    assert run_state.provisioned_since_up(brought_up_inventory) is not None
+
+
+def test_the_provisioned_record_is_the_inventorys_from_any_directory(clusterctl, brought_up_inventory, tmp_path,
+                                                                      replay, monkeypatch):
+    """Provisioning from one directory and `virtual up` from another wiped the cluster without a word: the
+    record was kept under the current directory (./.state/inventories)."""
+    from cluster import run_state
+    from sim.hosts import simulate
+    from sim.hosts.machines import MachineState
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    replay.events, replay.rc = GOOD_EVENTS, 0
+    monkeypatch.chdir(here)
+    assert provision(clusterctl, brought_up_inventory, tmp_path)[0] == 0
+    monkeypatch.chdir(there)
+    assert run_state.provisioned_since_up(brought_up_inventory) is not None
+    monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
+    monkeypatch.setattr(simulate, "up", lambda *args: pytest.fail("the provisioned machines were replaced"))
+    code, _, err = clusterctl("virtual", "up", "-i", str(brought_up_inventory))
+    assert code == 2 and "up and provisioned at" in err
+    assert not (here / ".state").exists() and not (there / ".state").exists()  # nothing left in either
+
+
+def test_provisioning_an_inventory_without_machines_writes_no_record(clusterctl, virtual_inventory, tmp_path,
+                                                                     replay, monkeypatch):
+    from cluster import run_state
+
+    monkeypatch.chdir(tmp_path)
+    replay.events, replay.rc = GOOD_EVENTS, 0
+    assert provision(clusterctl, virtual_inventory, tmp_path)[0] == 0
+    assert run_state.provisioned_since_up(virtual_inventory) is None
+    assert not run_state.record_path(virtual_inventory).parent.exists()  # never created for the record
+    assert not (tmp_path / ".state" / "inventories").exists()
+
+
+def test_the_record_is_in_the_simulators_state_dir():
+    from cluster import run_state
+    from sim.hosts import machines
+
+    assert run_state.VIRTUAL_STATE_DIR == machines.STATE_DIR_NAME
 
 
 def test_a_limit_part_matching_nothing_is_an_error_too(clusterctl, virtual_inventory, tmp_path, replay):

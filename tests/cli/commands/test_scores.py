@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.commands import scores
+from cli.views import scores
 from tests.cli import score_samples
 from tests.cli.helpers import check_snapshot, render_at
 
@@ -43,6 +43,24 @@ def test_terms_add_up_to_the_score():
         text = scores.terms_text(row["components"])
         total = sum(float(part.split()[1]) for part in text.split(" + ")) if text != "0" else 0.0
         assert abs(total - row["score"]) < 1e-3, (row["iu"], text)
+    seed = next(row for row in score_samples.rows() if "kv_cache_gb" in row["components"])
+    assert scores.terms_text(seed["components"]) == "kv_cache_gb 6 (0.3 x 20) + kv_cache_age_s 1.25 (0.5 x 2.5)"
+
+
+def test_a_seed_score_from_the_agent_reads_as_its_weighted_terms():
+    """The weights come from eas_agent.score itself: a score it computes adds up from the terms shown."""
+    from eas_agent.collectors.network import NetReading
+    from eas_agent.collectors.vllm import VllmReading
+    from eas_agent.score import IUInputs, seed_score
+    from eas_agent.vllm_metrics import VllmMetrics
+
+    metrics = VllmMetrics(schema="v1", num_requests_running=6.0, num_requests_waiting=1.0, kv_cache_usage=0.5)
+    inputs = IUInputs("r01n01-iu0", VllmReading(metrics, completions_per_s=1.5), net=NetReading(12e6, None),
+                      kv_cache_gb=40.0)
+    result = seed_score(inputs, now=0.0)
+    text = scores.terms_text(result.components)
+    assert text == "kv_cache_gb 6 (0.3 x 20) + net_mb_per_s 2.4 (0.2 x 12) + kv_cache_age_s 1 (0.5 x 2)"
+    assert abs(sum(float(part.split()[1]) for part in text.split(" + ")) - result.score) < 1e-9
 
 
 def test_flag_reasons_for_every_flag():

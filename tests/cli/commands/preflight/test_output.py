@@ -14,6 +14,7 @@ from rich.console import Console
 
 from cluster.errors import ExitCode
 from preflight import history, report
+from preflight import progress as progress_view
 from tests.cli import samples
 from tests.cli.helpers import check_snapshot
 
@@ -67,6 +68,22 @@ def test_closing_block_is_greppable_with_codes_counts_and_exit_meaning():
     assert lines[-1] == "exit code 1: a check failed"
 
 
+def test_exit_line_with_only_warnings_does_not_say_every_check_passed():
+    warned = [r for r in samples.results() if r.node in ("r01n01", "r02n01")]
+    warned += [samples.r("r01", "r01n03", "cstates", "WARN", "CSTATE_DEEP", "deep idle states enabled: C6 (290 us)"),
+               samples.r("r01", "r01n03", "time_sync", "WARN", "CLOCK_OFFSET", "offset 40 ms")]
+    only_warn = replace(samples.outcome(), results=warned)
+    for strict, last in ((False, "exit code 0: no check failed (2 WARN; --strict fails them)"),
+                         (True, "exit code 1: a check failed (WARN counts as failure: --strict)")):
+        out = io.StringIO()
+        report.print_report(Console(file=out, width=100, force_terminal=False, color_system=None), only_warn, strict)
+        assert out.getvalue().splitlines()[-1] == last
+    clean = replace(samples.outcome(), results=[r for r in warned if r.verdict.value == "PASS"])
+    out = io.StringIO()
+    report.print_report(Console(file=out, width=100, force_terminal=False, color_system=None), clean)
+    assert out.getvalue().splitlines()[-1] == "exit code 0: every check passed"
+
+
 def test_evidence_codes_and_top_details_are_in_the_table():
     text = render(160)
     assert "│ NVLINK_MISSING " in text and "│ IB_LATENCY " in text
@@ -110,6 +127,18 @@ def test_result_files_are_written_before_the_table(clusterctl, virtual_inventory
     assert json.loads(json_file.read_text())["summary"]["exit_code"] == 1
     assert "NVLINK_MISSING" in junit_file.read_text()
     assert len(history.runs(tmp_path / "state")) == 1
+
+
+def test_the_suggested_diff_command_names_a_non_default_state_dir(clusterctl, virtual_inventory, fake_run,
+                                                                 monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    state = tmp_path / "my state"
+    code, out, _ = clusterctl("preflight", "-i", str(virtual_inventory), "--state-dir", str(state), columns=300)
+    run_id = history.runs(state)[0].id
+    assert f"clusterctl preflight diff previous {run_id} --state-dir '{state}')" in out
+    code, out, _ = clusterctl("preflight", "-i", str(virtual_inventory), columns=300)
+    run_id = history.runs(history.DEFAULT_STATE_DIR)[0].id
+    assert f"clusterctl preflight diff previous {run_id})" in out
 
 
 def test_json_dash_is_stdout_and_the_table_goes_to_stderr(clusterctl, virtual_inventory, fake_run, tmp_path):
@@ -201,7 +230,7 @@ def test_a_green_run_says_which_depth_ran():
 
 
 def test_progress_names_the_nodes_it_waits_on():
-    progress = report.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r02n01", "r02n02", "r02n03"])
+    progress = progress_view.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r02n01", "r02n02", "r02n03"])
     with progress:
         progress.start(5)
         assert progress.waiting_text() == "waiting on r01n01, r01n02, r02n01 (+2)"
@@ -221,7 +250,7 @@ def test_progress_shows_each_running_nodes_check_and_how_long_it_has_run():
     """While long tests run (dcgm_diag -r 3 is ~15 min) the live line says, per node, which check
     it is in and for how long, not only the step some node started last."""
     now = [100.0]
-    progress = report.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r01n03", "r02n01", "r02n02"],
+    progress = progress_view.LiveProgress(Console(file=io.StringIO()), ["r01n01", "r01n02", "r01n03", "r02n01", "r02n02"],
                                    clock=lambda: now[0])
     with progress:
         progress.start(5)
@@ -235,7 +264,7 @@ def test_progress_shows_each_running_nodes_check_and_how_long_it_has_run():
         progress.node_done("r01n02", [])
         assert progress.running_text() == "dcgm_diag 2m15s: r01n03, r02n01; gpu_bandwidth 2m10s: r02n02; nccl 0s: r01n01"
         # the live line's last column draws that text at each refresh, the runner's phase once nothing runs
-        column = next(c for c in progress._bar.columns if isinstance(c, report._PhaseColumn))
+        column = next(c for c in progress._bar.columns if isinstance(c, progress_view._PhaseColumn))
         task = progress._bar.tasks[0]
         now[0] += 60
         assert column.render(task).plain.startswith("dcgm_diag 3m15s: r01n03, r02n01")

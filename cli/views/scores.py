@@ -1,0 +1,179 @@
+"""How ``clusterctl scores`` and the demo's routing view draw the pool: rows from the reader's view, each
+score as the sum of its (weighted) terms, the inputs behind them, and why an anomaly flag was raised.
+
+Rendering only, apart from the command: :mod:`sim.demo` draws the same table, and a simulator may import
+this module but never a command module (which may import the simulators).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from rich.table import Table
+from rich.text import Text
+
+from eas_agent.scheduler import IUEntry, PoolView
+
+HEALTH_STYLE = {"passing": "green", "warning": "yellow", "critical": "red", "maintenance": "magenta"}
+WIDE = 140  # columns from which the inputs, rack and node get their own columns
+
+
+def entry_json(entry: IUEntry, now: float) -> dict:
+    return {
+        "iu": entry.iu_id,
+        "rack": entry.rack,
+        "node": entry.node,
+        "score": entry.score,
+        "status": entry.status,
+        "reason": entry.reason,
+        "health": entry.health,
+        "age_s": round(now - entry.ts, 3) if entry.ts else None,
+        "stale": now > entry.stale_after,
+        "anomaly": entry.anomaly,
+        "weight": entry.weight,
+        "components": entry.components,
+    }
+
+
+def rows(view: PoolView, expected: dict[str, tuple[str, str]], now: float) -> list[dict]:
+    out = [entry_json(e, now) for e in view.snapshot().entries]
+    seen = {r["iu"] for r in out}
+    for iu_id, (rack, node) in sorted(expected.items()):
+        if iu_id not in seen:
+            out.append(
+                {
+                    "iu": iu_id,
+                    "rack": rack,
+                    "node": node,
+                    "score": None,
+                    "status": None,
+                    "reason": "not registered in Consul",
+                    "health": "unknown",
+                    "age_s": None,
+                    "stale": True,
+                    "anomaly": None,
+                    "weight": None,
+                    "components": {},
+                }
+            )
+    return sorted(out, key=lambda r: (r["rack"], r["node"], r["iu"]))
+
+
+def _num(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+@functools.cache
+def profile_weights() -> dict[str, dict[str, float]]:
+    """profile -> {term: weight}: the score is the sum of weight x term (eas_agent/score.py).
+
+    drain is the plain sum of its four terms (score.py's docstring: ``drain = queue_s + kv_s + step_s +
+    prefill_s``). seed weighs its terms inside ``seed_score`` and score.py has no public table of them, so
+    they are read off ``seed_score`` itself: one reading per term in which only that term is non-zero."""
+    from eas_agent.collectors.network import NetReading
+    from eas_agent.collectors.vllm import VllmReading
+    from eas_agent.score import IUInputs, seed_score
+    from eas_agent.vllm_metrics import VllmMetrics
+
+    def seed_weight(term: str, kv_usage: float = 0.0, running: float = 0.0, net_bytes_per_s: float = 0.0) -> float:
+        metrics = VllmMetrics(schema="v1", num_requests_running=running, num_requests_waiting=0.0,
+                              kv_cache_usage=kv_usage)
+        # Little's law in kv_age_s: running / completions per s / 2 = 1 s of age per running request
+        reading = VllmReading(metrics, completions_per_s=running / 2 if running else None)
+        result = seed_score(IUInputs("weight-probe", reading, net=NetReading(net_bytes_per_s, None), kv_cache_gb=1.0),
+                            now=0.0)
+        terms = {k: result.components.get(k) for k in ("kv_cache_gb", "kv_cache_age_s", "net_mb_per_s")}
+        if result.score is None or terms[term] != 1 or any(v for k, v in terms.items() if k != term):
+            raise RuntimeError(f"eas_agent.score.seed_score no longer reads as {term} alone: {result}")
+        return result.score
+
+    return {
+        "drain": dict.fromkeys(("queue_s", "kv_s", "step_s", "prefill_s"), 1.0),
+        "seed": {"kv_cache_gb": seed_weight("kv_cache_gb", kv_usage=1.0),
+                 "kv_cache_age_s": seed_weight("kv_cache_age_s", running=1.0),
+                 "net_mb_per_s": seed_weight("net_mb_per_s", net_bytes_per_s=1e6)},
+    }
+
+
+def weighted_terms(components: dict) -> list[tuple[str, float, float]]:
+    """(term, weight, value) of the profile whose terms ``components`` carries (an agent publishes one
+    profile's); [] when it carries none (an IU with no score)."""
+    for weights in profile_weights().values():
+        terms = [(k, w, components[k]) for k, w in weights.items() if isinstance(components.get(k), int | float)]
+        if terms:
+            return terms
+    return []
+
+
+def terms_text(components: dict) -> str:
+    """``prefill_s 1.95 + step_s 0.0011``, or with weights ``kv_cache_gb 6 (0.3 x 20) + kv_cache_age_s 1.25
+    (0.5 x 2.5)``: what each term adds to the score, largest first; terms that are 0 are left out (``0``
+    when all are), so the numbers shown add up to the score."""
+    terms = weighted_terms(components)
+    if not terms:
+        return ""
+    shown = sorted(((k, w, v) for k, w, v in terms if v), key=lambda t: -abs(t[1] * t[2]))
+    return " + ".join(
+        f"{k} {_num(v)}" if w == 1 else f"{k} {_num(round(w * v, 6))} ({w:g} x {_num(v)})" for k, w, v in shown
+    ) or "0"
+
+
+def inputs_text(components: dict) -> str:
+    """What the terms come from (requests, KV use, admitted prefill), in a few words."""
+    parts = [f"{k} {_num(components[k])}" for k in ("waiting", "running") if components.get(k) is not None]
+    if isinstance(components.get("kv_usage"), int | float):
+        parts.append(f"kv {components['kv_usage'] * 100:.0f}%")
+    if components.get("admitted_prefill_tokens"):
+        parts.append(f"admitted {_num(components['admitted_prefill_tokens'])} tok")
+    return ", ".join(parts)
+
+
+def flag_why(row: dict, data: list[dict]) -> str:
+    """Why the reader flagged this IU, in the detector's own terms (eas_agent/scheduler/anomaly.py)."""
+    from eas_agent.scheduler.anomaly import AnomalyDetector
+
+    flag, detector = row["anomaly"], AnomalyDetector()
+    if not flag:
+        return ""
+    if flag == "high_outlier":
+        scores = sorted(r["score"] for r in data if r["score"] is not None)
+        median = f" vs pool median {scores[len(scores) // 2]:.3g}" if scores else ""
+        score = f" {row['score']:.3g}" if row["score"] is not None else ""
+        return f"high_outlier:{score}{median}; gated (weight 0)"
+    if flag == "frozen":
+        pending = (row["components"].get("running") or 0) + (row["components"].get("waiting") or 0)
+        return (f"frozen: no new tokens for {detector.frozen_s:g}s, {_num(pending)} requests pending; "
+                f"weight {_num(row['weight'])}")
+    if flag == "ramp":
+        return f"ramp: new or back in rotation; weight rises to 1 in {detector.ramp_s:g}s"
+    return flag
+
+
+def table(data: list[dict], title: str, width: int = 160) -> Table:
+    """The scores table laid out for ``width`` columns: narrow terminals get the IU, score, its terms,
+    health and flag; wide ones the rack, node and the inputs too. Cells fold, never cut to "..."."""
+    wide = width >= WIDE
+    t = Table(title=title, title_justify="left", caption_justify="left",
+              caption="score = the sum of its terms (weighted ones: weight x value; zeros left out); "
+                      "every component: --json")
+    columns = ["IU"] + (["rack", "node"] if wide else []) + ["score", "= terms"]
+    columns += (["inputs"] if wide else []) + ["age", "health", "flag"]
+    for column in columns:
+        t.add_column(column, justify="right" if column in ("score", "age") else "left",
+                     overflow="fold", no_wrap=column in ("IU", "rack", "node", "score", "age"))
+    for r in data:
+        age = "-" if r["age_s"] is None else f"{r['age_s']:.1f}s" + (" stale" if r["stale"] else "")
+        score = "-" if r["score"] is None else f"{r['score']:.4g}"
+        health = Text(r["health"], style=HEALTH_STYLE.get(r["health"], "dim"))
+        if r["reason"]:
+            health.append(f" ({r['reason']})")
+        cells = [Text(r["iu"])] + ([Text(r["rack"]), Text(r["node"])] if wide else [])
+        cells += [score, Text(terms_text(r["components"]))]
+        cells += ([Text(inputs_text(r["components"]))] if wide else [])
+        cells += [age, health, Text(flag_why(r, data), style="yellow")]
+        t.add_row(*cells)
+    return t
+
+
+def publishing(data: list[dict]) -> int:
+    return sum(1 for r in data if r["score"] is not None)
