@@ -19,7 +19,8 @@ the link state changes of InfiniBand/RoCE netdevs, read by :func:`preflight.pars
 is a ParseError).
 
 Events: ``<netdev>: lost carrier`` (IPoIB, what azurehpc-health-checks counts), ``mlx5_core <bdf>
-<netdev>: Link down`` / ``Link up`` (mlx5e), ``<netdev>: link becomes ready`` (up)::
+<netdev>: Link down`` / ``Link up`` (mlx5e), ``<netdev>: link becomes ready`` (up), in any case (azurehpc
+greps them with ``-i``)::
 
     {"events": [{"time": "2024-06-10T08:16:17+00:00", "epoch": 1718007377.0, "device": "ibp26s0",
       "bdf": null, "state": "down", "line": 12}]}
@@ -180,8 +181,9 @@ def parse_mlxlink(text: str) -> MlxlinkBer:
 # ----------------------------------------------------------------------------------- kernel log
 
 _MLX5 = re.compile(r"mlx5_core (\S+) (\S+): Link (up|down)\b", re.IGNORECASE)
-_CARRIER = re.compile(r"\b(\S+): lost carrier\b")
-_READY = re.compile(r"\b(\S+): link becomes ready\b")
+# Either case: azurehpc-health-checks counts them with grep -i (the words are the same event).
+_CARRIER = re.compile(r"\b(\S+): lost carrier\b", re.IGNORECASE)
+_READY = re.compile(r"\b(\S+): link becomes ready\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

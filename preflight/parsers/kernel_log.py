@@ -26,7 +26,14 @@ Usage::
     for event in kernel_log.parse_xids(text).xids:
         event.bus, event.xid                      # ('1b', 79)
 
-``-- No entries --`` alone is an empty window (no lines, no events): journalctl printing that is real.
+``-- No entries --`` alone is an empty window (no lines, no events): journalctl printing that is real, as
+long as journalctl read the whole journal. :func:`journal_gap` reads its stderr for the words that say it
+did not (systemd's journal-util.c, ``journal_access_check_and_warn``): a user outside the
+``systemd-journal`` group and the journal ACL's groups (``adm`` on Ubuntu) reads only its own user journal
+and gets ``Hint: You are currently not seeing messages from other users and the system.`` (a notice, exit
+0, silenced by ``-q``); no journal readable at all is ``No journal files were opened due to insufficient
+permissions.`` (exit 1); no journal at all ``No journal files were found.`` (exit 0). The kernel's messages
+are in the system journal only, so each of these means the window was not read.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ _DMESG = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 _DMESG_T = re.compile(r"^\[[A-Z][a-z]{2} ([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}:\d{2}:\d{2}) (\d{4})\]\s?(.*)$")
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
+# journalctl's words when it did not read the system journal (journal-util.c; see journal_gap()).
+_JOURNAL_GAP = re.compile(r"not seeing messages from|No journal files were|insufficient permissions")
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}(?:\.\d)?)?)\): (\d+)")
 
 
@@ -86,6 +95,14 @@ def read(text: str, now: float | None = None) -> list[LogLine]:
         first = first_nonblank(all_lines)
         raise ParseError(first.no, first.text, "no kernel log lines")
     return read_lines
+
+
+def journal_gap(stderr: str) -> str | None:
+    """The line of journalctl's ``stderr`` saying it did not read the system journal, or None when it did."""
+    for line in lines(stderr):
+        if _JOURNAL_GAP.search(line.text):
+            return line.text.strip()
+    return None
 
 
 def _rfc3339(m: re.Match) -> float:
