@@ -8,10 +8,11 @@ import time
 import pytest
 
 from preflight.checks import ib_link_health
+from preflight.checks.base import GatherError
 from preflight.result import Verdict
 from preflight.transport import CommandResult
 from tests.preflight.checks.helpers import PROFILE, N, parsed, verdict
-from tests.preflight.helpers import H100_NICS, ScriptedTransport, context, node
+from tests.preflight.helpers import H100_NICS, ScriptedTransport, context, fixture_text, node
 
 
 def counters(**bumps):
@@ -128,3 +129,48 @@ def test_flaps_of_a_nic_without_a_netdev_are_unverifiable_not_a_pass():
     quiet = finish_with_journal(CommandResult(0, f"{stamp} r01n01 kernel: Linux version 6.5\n", "", 0.0), n)
     assert (quiet.verdict, quiet.code) == (Verdict.PASS, "IB_HEALTH_OK")
 
+
+
+def quiet_host(sysfs=None, mlxlink=None, n=None):
+    """A scripted host with quiet counters (or ``sysfs`` for the second counter read), an empty journal window
+    and, where given, ``mlxlink`` output; profile with mlxlink on when it is given."""
+    readings = iter([None, sysfs])
+
+    def counters_reply(argv):
+        text = next(readings, None)
+        return CommandResult(0, text if text is not None else "".join(f"{p}:0\n" for p in argv[3:]), "", 0.0,
+                             argv=argv)
+
+    t = ScriptedTransport().on("n1", "grep", reply=counters_reply)
+    t.on("n1", "date", reply=f"{int(time.time())}\n")
+    t.on("n1", "journalctl", reply="-- No entries --\n")
+    if mlxlink is not None:
+        t.on("n1", "mlxlink", reply=mlxlink)
+    ctx = context(t, n)
+    if mlxlink is not None:
+        ctx.profile = {**ctx.profile, "ib_health": {**ctx.profile["ib_health"], "mlxlink": True}}
+    return ctx
+
+
+def test_sysfs_counters_cut_short_are_an_error_with_excerpt():
+    """grep -H of the counters cut inside a path (before, or after the load tests): ERROR naming the command with
+    what came back; never a counter read as 0 or a port dropped from the comparison."""
+    cut = fixture_text("sysfs", "truncated-path-without-value.txt")
+    ctx = quiet_host(sysfs=cut)
+    result = ib_link_health.CHECK.finish(ctx, ib_link_health.CHECK.gather(ctx))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "cannot parse `grep -H ." in result.reason and "/sys/class/infiniband/" in result.evidence["output"]
+    t = ScriptedTransport().on("n1", "grep", reply=cut)
+    with pytest.raises(GatherError) as before:
+        ib_link_health.CHECK.gather(context(t))
+    result = ib_link_health.CHECK.finish(context(t), before.value)[0]
+    assert result.verdict is Verdict.ERROR and "current_link_width:16" in result.evidence["output"]
+
+
+def test_mlxlink_cut_before_the_effective_ber_is_an_error_with_excerpt():
+    cut = fixture_text("mlxlink", "truncated-before-effective-ber.txt")
+    ctx = quiet_host(mlxlink=cut)
+    result = ib_link_health.CHECK.finish(ctx, ib_link_health.CHECK.gather(ctx))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "mlxlink -d mlx5_0 -c" in result.reason and "ends before 'Effective Physical BER'" in result.reason
+    assert result.evidence["output"].startswith("Operational Info")  # the excerpt of what came back

@@ -101,3 +101,19 @@ def test_a_gpu_missing_from_the_error_counters_fails_naming_it():
     fewer = replace(status, gpus=status.gpus[:6])
     result = nvlink.CHECK.evaluate({**nvl(), "status": fewer}, PROFILE, N)[0]
     assert "6 of 8 GPUs" in result.reason and "GPU6, GPU7" in result.reason
+
+
+def test_nvlink_error_counters_cut_short_after_the_load_are_an_error_with_excerpt():
+    """The "after" reading of `nvidia-smi nvlink -e` cut mid-link: its GPUs' growth cannot be judged, ERROR with
+    the excerpt, never a pass on the counters that did come back."""
+    zero = fixture_text("nvlink_errors", "h100-sxm-driver550-all-zero.txt")
+    cut = fixture_text("nvlink_errors", "truncated-mid-link.txt")
+    readings = iter([zero, cut])
+    t = ScriptedTransport().on("n1", *nvlink.STATUS, reply=fixture_text("nvlink_status",
+                                                                        "h100-sxm-driver550-18-links-26.562.txt"))
+    t.on("n1", *nvlink.ERRORS, reply=lambda argv: CommandResult(0, next(readings), "", 0.0, argv=argv))
+    ctx = context(t)
+    result = nvlink.CHECK.finish(ctx, nvlink.CHECK.gather(ctx))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "nvidia-smi nvlink -e" in result.reason and "cut mid-link" in result.reason
+    assert "Link 1: Replay Errors: 0" in result.evidence["output"]
