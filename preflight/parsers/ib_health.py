@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from preflight.parsers import kernel_log
-from preflight.parsers.common import Line, ParseError, first_nonblank, last_nonblank, lines, to_number
+from preflight.parsers.common import (
+    Line,
+    ParseError,
+    first_nonblank,
+    last_nonblank,
+    lines,
+    shell_prompt,
+    to_number,
+)
 
 # ------------------------------------------------------------------------------------------ sysfs
 
@@ -58,7 +66,7 @@ def parse_sysfs(text: str) -> SysfsValues:
     all_lines = lines(text)
     values: dict[str, str] = {}
     for line in all_lines:
-        if not line.text.strip():
+        if not line.text.strip() or shell_prompt(line.text):
             continue
         match = _GREP.match(line.text.strip())
         if not match:
@@ -180,10 +188,11 @@ def parse_mlxlink(text: str) -> MlxlinkBer:
 
 # ----------------------------------------------------------------------------------- kernel log
 
-_MLX5 = re.compile(r"mlx5_core (\S+) (\S+): Link (up|down)\b", re.IGNORECASE)
-# Either case: azurehpc-health-checks counts them with grep -i (the words are the same event).
-_CARRIER = re.compile(r"\b(\S+): lost carrier\b", re.IGNORECASE)
-_READY = re.compile(r"\b(\S+): link becomes ready\b", re.IGNORECASE)
+# Either case: azurehpc-health-checks counts them with grep -i (the words are the same event); any spaces or
+# tabs between the words (a pasted log).
+_MLX5 = re.compile(r"mlx5_core\s+(\S+)\s+(\S+):\s+Link\s+(up|down)\b", re.IGNORECASE)
+_CARRIER = re.compile(r"\b(\S+):\s+lost\s+carrier\b", re.IGNORECASE)
+_READY = re.compile(r"\b(\S+):\s+link\s+becomes\s+ready\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

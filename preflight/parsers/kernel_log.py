@@ -43,18 +43,19 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 
-from preflight.parsers.common import Line, ParseError, first_nonblank, lines
+from preflight.parsers.common import Line, ParseError, first_nonblank, lines, shell_prompt
 
+# Between the fields of a stamp any run of spaces or tabs (a pasted log often has a tab for a space).
 _RFC3339 = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})\s+(\S+)\s+(.*)$")
-_BSD = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}:\d{2}:\d{2})\s+(\S+)\s+(.*)$")
+    r"^(\d{4}-\d{2}-\d{2})(?:T|\s+)(\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})\s+(\S+)\s+(.*)$")
+_BSD = re.compile(r"^([A-Z][a-z]{2})\s+(\d{1,2})\s+(\d{2}:\d{2}:\d{2})\s+(\S+)\s+(.*)$")
 _DMESG = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
-_DMESG_T = re.compile(r"^\[[A-Z][a-z]{2} ([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}:\d{2}:\d{2}) (\d{4})\]\s?(.*)$")
+_DMESG_T = re.compile(r"^\[[A-Z][a-z]{2}\s+([A-Z][a-z]{2})\s+(\d{1,2})\s+(\d{2}:\d{2}:\d{2})\s+(\d{4})\]\s?(.*)$")
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
 # journalctl's words when it did not read the system journal (journal-util.c; see journal_gap()).
 _JOURNAL_GAP = re.compile(r"not seeing messages from|No journal files were|insufficient permissions")
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}(?:\.\d)?)?)\): (\d+)")
+_XID = re.compile(r"NVRM:\s+Xid\s+\((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}(?:\.\d)?)?)\):\s+(\d+)")
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def read(text: str, now: float | None = None) -> list[LogLine]:
     marker = None
     for line in all_lines:
         stripped = line.text.strip()
-        if not stripped:
+        if not stripped or shell_prompt(stripped):  # a pasted prompt line: reported by paste_warnings
             continue
         if stripped.startswith("-- ") and stripped.endswith("--"):
             marker = marker or line
@@ -186,7 +187,6 @@ def parse_xids(text: str, now: float | None = None) -> KernelXids:
     events = []
     for entry in read_lines:
         if match := _XID.search(entry.message):
-            start = entry.message.index("NVRM: Xid")
             events.append(XidEvent(int(match.group(2)), match.group(1), entry.epoch, entry.no,
-                                   entry.message[start:start + 200].strip()))
+                                   entry.message[match.start():match.start() + 200].strip()))
     return KernelXids(events, len(read_lines))
