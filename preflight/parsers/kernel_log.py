@@ -98,6 +98,12 @@ def read(text: str, now: float | None = None) -> list[LogLine]:
     return read_lines
 
 
+def no_entries(text: str) -> bool:
+    """journalctl's answer when nothing in the window matched: nothing at all (``-q``) or ``-- No entries --``."""
+    content = [line.text.strip() for line in lines(text) if line.text.strip()]
+    return content in ([], ["-- No entries --"])
+
+
 def journal_gap(stderr: str) -> str | None:
     """The line of journalctl's ``stderr`` saying it did not read the system journal, or None when it did."""
     for line in lines(stderr):
