@@ -106,6 +106,11 @@ class NodeContext:
         """stdout of a command that must succeed; anything else is a GatherError naming the command.
 
         ``cache=False`` for readings taken twice (counters before and after the load tests)."""
+        return self.completed(argv, timeout, cache).stdout
+
+    def completed(self, argv: Sequence[str], timeout: float | None = None, cache: bool = True) -> CommandResult:
+        """The whole result (stderr too) of a command that must succeed, as :meth:`output` requires it: for a
+        tool that says on stderr, exit 0, that it did not see everything (journalctl's permission hint)."""
         result = self.run(argv, timeout, cache=cache)
         if result.timed_out:
             raise GatherError(
@@ -119,7 +124,7 @@ class NodeContext:
                 command=command_line(argv),
                 stderr=excerpt(result.stderr),
             )
-        return result.stdout
+        return result
 
     def parsed(self, kind: str, argv: Sequence[str], timeout: float | None = None, cache: bool = True) -> Any:
         return parse_output(kind, self.output(argv, timeout, cache), command_line(argv))

@@ -14,10 +14,15 @@ Judgement (``evaluate``, pure):
   (NVIDIA/DCGM#198: level 2 passes with every NVLink down) -> WARN ``DCGM_CROSS_CHECK`` pointing at the
   nvlink check, whose FAIL stands: a DCGM pass never overrides another check's FAIL;
 - no host engine (``nv-hostengine`` not running / not reachable) or no ``dcgmi`` -> ERROR
-  ``DCGM_NO_HOSTENGINE`` / ``GATHER``, never PASS.
+  ``DCGM_NO_HOSTENGINE`` / ``GATHER``, never PASS;
+- a run that tested nothing is not a pass: no test with status Pass, Fail or Warn (empty
+  ``test_categories``, or every test skipped) -> ERROR ``DCGM_NOTHING_RUN``; at level 2 and above, a
+  Hardware, Integration or Stress test that did not run (Skip: NVIDIA/DCGM#139 skips PCIe, memory,
+  diagnostic and stress at ``-r 3`` and still reports the deployment tests passed) -> WARN
+  ``DCGM_SKIPPED`` naming them, FAIL at depth full (the onboarding gate relies on them).
 
 Fault codes: DCGM_FR_* (DCGM's own), DCGM_TEST_FAILED, DCGM_WARN, DCGM_FALSE_PASS, DCGM_CROSS_CHECK,
-DCGM_NO_HOSTENGINE, DCGM_OK.
+DCGM_NO_HOSTENGINE, DCGM_NOTHING_RUN, DCGM_SKIPPED, DCGM_OK.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from preflight.result import CheckResult, Verdict
 # dcgmi diag reference: level 1 seconds, level 2 ~2 min, level 3 ~15 min, level 4 longer: x2-x4 headroom.
 LEVEL_TIMEOUT_S = {1: 120.0, 2: 600.0, 3: 2400.0, 4: 10800.0}
 _NO_ENGINE = ("host engine", "hostengine", "Unable to establish a connection")
+RAN = ("Pass", "Fail", "Warn")  # a test with any other status (Skip, Not Run) tested nothing
+# DCGM's test categories that exercise the GPUs (Deployment checks the software stack only).
+EXERCISING = ("hardware", "integration", "stress")
 
 
 def argv(level: int) -> list[str]:
@@ -47,6 +55,8 @@ class DcgmDiagCheck(Check):
         "DCGM_FALSE_PASS": "a DCGM result passed while logging an error (DCGM#284)",
         "DCGM_CROSS_CHECK": "DCGM passed while nvidia-smi shows inactive NVLinks (DCGM#198); see nvlink",
         "DCGM_NO_HOSTENGINE": "dcgmi could not reach nv-hostengine",
+        "DCGM_NOTHING_RUN": "dcgmi diag ran no test (none listed, or every one skipped): ERROR",
+        "DCGM_SKIPPED": "at level >= 2, DCGM skipped a hardware, integration or stress test (WARN; FAIL at depth full)",
     }
 
     def gather(self, ctx: NodeContext) -> dict[str, Any]:
@@ -74,7 +84,22 @@ class DcgmDiagCheck(Check):
 
     def evaluate(self, facts: dict[str, Any], profile: dict[str, Any], node: Node) -> list[CheckResult]:
         diag: DcgmDiag = facts["diag"]
+        level = facts["level"]
+        counts = {s: sum(1 for t in diag.tests if t.status == s) for s in ("Pass", "Fail", "Warn", "Skip")}
+        evidence = {"level": level, "depth": facts["depth"], "version": diag.version,
+                    "found": {"tests": {t.name: t.status for t in diag.tests}}}
+        if not any(t.status in RAN for t in diag.tests):
+            return [self.result(node, Verdict.ERROR, "DCGM_NOTHING_RUN",
+                                f"dcgmi diag -r {level} ran no test ({len(diag.tests)} listed, "
+                                f"{counts['Skip']} skipped): nothing was verified", **evidence)]
         problems: list[tuple[Verdict, str, str]] = []
+        skipped = [t.name for t in diag.tests if t.status not in RAN and t.category.lower() in EXERCISING]
+        if level >= 2 and skipped:
+            # Only the deployment (software) tests ran: the GPUs themselves were not exercised.
+            strict = facts["depth"] == "full"
+            problems.append((Verdict.FAIL if strict else Verdict.WARN, "DCGM_SKIPPED",
+                             f"DCGM skipped {', '.join(skipped)} at level {level}: not tested"
+                             + (" (depth full needs them)" if strict else "")))
         for test in diag.tests:
             failing = [r for r in test.results if r.status == "Fail"]
             if test.status == "Fail" or failing:
@@ -99,11 +124,9 @@ class DcgmDiagCheck(Check):
                 problems.append((Verdict.WARN, "DCGM_CROSS_CHECK",
                                  f"DCGM passed while nvidia-smi shows {inactive} inactive NVLinks "
                                  "(NVIDIA/DCGM#198); the nvlink check's verdict stands"))
-        counts = {s: sum(1 for t in diag.tests if t.status == s) for s in ("Pass", "Fail", "Warn", "Skip")}
-        ok = f"dcgmi diag -r {facts['level']}: {counts['Pass']} tests passed ({counts['Skip']} skipped)"
-        return [self.outcome(node, problems, "DCGM_OK", ok, level=facts["level"], depth=facts["depth"],
-                             version=diag.version, found={"tests": {t.name: t.status for t in diag.tests},
-                                                          "inactive_nvlinks": inactive},
+        ok = f"dcgmi diag -r {level}: {counts['Pass']} tests passed ({counts['Skip']} skipped)"
+        evidence["found"]["inactive_nvlinks"] = inactive
+        return [self.outcome(node, problems, "DCGM_OK", ok, **evidence,
                              cross_check=nvlinks if isinstance(nvlinks, str) else "nvidia-smi nvlink -s")]
 
 

@@ -2,7 +2,8 @@
 
 ``gather`` runs ``nvidia-smi -q`` (NVML's view, read on the host: NVML cannot be asked remotely; parsed
 by the one ``nvsmi-q`` parser), the kernel log of the last ``health.xid_window_hours`` (``journalctl
--k --grep 'NVRM: Xid'``: only the XID lines leave the host; falling back to ``dmesg``; kind ``kernel-xids``) and, on NVSwitch boards whose GPUs do not print
+-k --grep 'NVRM: Xid'``: only the XID lines leave the host; falling back to ``dmesg`` when journalctl cannot
+read the system journal, as when the connecting user is in neither systemd-journal nor adm; kind ``kernel-xids``) and, on NVSwitch boards whose GPUs do not print
 their own fabric state, ``systemctl is-active nvidia-fabricmanager`` (kind ``systemctl-is-active``). ``evaluate`` (pure) judges: Volatile uncorrectable ECC > 0, a pending or
 failed row remap, pending page retirement, a critical XID (the azurehpc-health-checks list) or an
 untrained NVSwitch fabric -> FAIL; any other XID -> WARN; persistence mode off where the profile
@@ -19,7 +20,7 @@ from typing import Any
 
 from cluster.model import Node
 from preflight.checks.base import Check, GatherError, NodeContext, command_line, excerpt, parse_output
-from preflight.parsers.kernel_log import KernelXids, short_bus
+from preflight.parsers.kernel_log import KernelXids, journal_gap, no_entries, short_bus
 from preflight.parsers.nvsmi_q import NvsmiReport
 from preflight.result import CheckResult, Verdict
 
@@ -50,8 +51,9 @@ JOURNAL_NO_MATCH_RC = 1  # `journalctl --grep` exits 1 when nothing matched, as 
 def kernel_log_argv(hours: float) -> list[str]:
     """The window's kernel log, filtered on the host to the driver's XID lines (security review M4: an XID or
     error storm made the whole log hundreds of MB per node): the kernel-xids parser counts only those
-    lines, and journalctl's stamps on them are unchanged."""
-    return ["journalctl", "-k", "--no-pager", "-q", "--since", f"-{hours:g}h", "--grep", XID_PATTERN]
+    lines, and journalctl's stamps on them are unchanged. Not ``-q``: that silences journalctl's hint that
+    the user cannot see the system's messages, and an unreadable journal read as no XID."""
+    return ["journalctl", "-k", "--no-pager", "--since", f"-{hours:g}h", "--grep", XID_PATTERN]
 
 
 class GpuHealth(Check):
@@ -94,13 +96,22 @@ class GpuHealth(Check):
     def _kernel_log(self, ctx: NodeContext) -> KernelXids:
         argv = kernel_log_argv(ctx.profile["health"]["xid_window_hours"])
         result = ctx.run(argv)
-        if result.rc == JOURNAL_NO_MATCH_RC and not result.stdout.strip() and not result.stderr.strip():
-            return KernelXids([], 0)  # --grep matched nothing in the window (-q: no "-- No entries --")
-        if not result.ok:
-            argv = ["dmesg"]  # no journal (or no permission): the ring buffer, i.e. this boot
-        text = result.stdout if result.ok else ctx.output(argv)
-        if not text.strip():
-            return KernelXids([], 0)  # `journalctl -q` prints nothing at all for an empty window
+        gap = journal_gap(result.stderr)  # the connecting user does not see the system journal, or there is none
+        # --grep matched nothing: exit 1, as grep(1), with only `-- No entries --` on stdout
+        no_match = result.rc == JOURNAL_NO_MATCH_RC and not result.stderr.strip() and no_entries(result.stdout)
+        if gap or not (result.ok or no_match):
+            # no journal we can read: the ring buffer, i.e. this boot
+            journal, argv = argv, ["dmesg"]
+            try:
+                text = ctx.output(argv)
+            except GatherError as exc:
+                why = gap or result.last_line()
+                raise GatherError(f"kernel log unreadable: `{command_line(journal)}`: {why}; {exc.reason}",
+                                  **exc.evidence) from None
+        else:
+            text = result.stdout
+        if no_entries(text):
+            return KernelXids([], 0)
         return parse_output("kernel-xids", text, command_line(argv))
 
     def evaluate(self, facts: GpuHealthFacts, profile: dict[str, Any], node: Node) -> list[CheckResult]:

@@ -13,11 +13,15 @@ cap, sync boost and display clock reasons are a GPU doing what it was told, not 
 check_gpu_clock_throttling only warns; an on-call gate that lets a thermally throttling GPU through
 takes a slow node into service, so here it fails.
 
-Fault codes: THROTTLE_ACTIVE, THROTTLE_DURING_LOAD, THROTTLE_OK.
+A reading that lists fewer GPUs than the node has, or a GPU of the first reading missing from the second
+-> FAIL ``THROTTLE_GPU_MISSING`` naming them (a GPU nobody read is not a GPU that did not throttle).
+
+Fault codes: THROTTLE_ACTIVE, THROTTLE_DURING_LOAD, THROTTLE_GPU_MISSING, THROTTLE_OK.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from cluster.model import Node
@@ -33,6 +37,15 @@ def gpu_label(index: int, bus_id: str) -> str:
     """``GPU5 (AB:00.0)``: nvidia-smi lists GPUs in PCI bus order, which is also its index order. The
     bus id without its ``00000000:`` domain, which next to ``:AB:`` would read as an emoji code to rich."""
     return f"GPU{index} ({bus_id.split(':', 1)[-1]})"
+
+
+def missing_gpus(listed: Iterable[int], gpu_count: int) -> str:
+    """``GPU6, GPU7``: the node's GPU indices not among ``listed`` (for the outputs that list GPUs in index
+    order without printing it, ``range(len(gpus))``: nvidia-smi numbers the GPUs it sees)."""
+    seen = set(listed)
+    return ", ".join(f"GPU{i}" for i in range(gpu_count) if i not in seen)
+
+
 # flag -> the counter that accumulates its time (hw_slowdown is the sum of its two sub-reasons).
 COUNTER_OF = {"hw_thermal_slowdown": "hw_thermal_slowdown", "hw_power_brake_slowdown": "hw_power_braking",
               "sw_thermal_slowdown": "sw_thermal_slowdown", "sw_power_cap": "sw_power_capping",
@@ -45,6 +58,7 @@ class GpuThrottle(Check):
     codes = {
         "THROTTLE_ACTIVE": "a protective clock event reason is active after the load tests",
         "THROTTLE_DURING_LOAD": "a protective clock event reason accumulated time during the load tests",
+        "THROTTLE_GPU_MISSING": "a reading lists fewer GPUs than the node has, or a GPU left between the readings",
     }
 
     def gather(self, ctx: NodeContext) -> ClockEventsReport:
@@ -89,6 +103,16 @@ class GpuThrottle(Check):
                 if counter and grown.get(counter):
                     problems.append((Verdict.FAIL, "THROTTLE_DURING_LOAD",
                                      f"{label}: {reason} for {grown[counter] / 1e6:.3g} s during the load tests"))
+        for when, reading in (("before", before), ("after", after)):
+            if len(reading.gpus) < node.gpu_count:
+                problems.append((Verdict.FAIL, "THROTTLE_GPU_MISSING",
+                                 f"nvidia-smi -q -d PERFORMANCE {when} the load tests lists {len(reading.gpus)} of "
+                                 f"{node.gpu_count} GPUs (missing: {missing_gpus(range(len(reading.gpus)), node.gpu_count)})"))
+        listed_after = {g.bus_id for g in after.gpus}
+        for index, gpu in enumerate(before.gpus):
+            if gpu.bus_id not in listed_after:
+                problems.append((Verdict.FAIL, "THROTTLE_GPU_MISSING",
+                                 f"{gpu_label(index, gpu.bus_id)} gone from nvidia-smi after the load tests"))
         how = "during and after the load tests" if counted else "after the load tests (driver prints no counters)"
         return [self.outcome(node, problems, "THROTTLE_OK", f"{len(after.gpus)} GPUs: no protective clock events {how}",
                              expected={"not_active": fail_reasons}, found=found, counters=counted)]

@@ -11,7 +11,6 @@ Fault codes: GPU_COUNT, NVLINK_MISSING, NVLINK_DEGRADED, GPU_NUMA, NIC_FAR, NIC_
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any
 
 from cluster.model import Node
@@ -22,16 +21,10 @@ from preflight.result import CheckResult, Verdict
 TOPO = ["nvidia-smi", "topo", "-m"]
 # PCIe distance tokens of `nvidia-smi topo -m`, nearest first (SOC is the pre-R384 name of SYS).
 DISTANCE_ORDER = ("X", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC")
-_NVLINK = re.compile(r"^NV(\d+)$")
 
 
 def link(topology: Any, a: str, b: str) -> str | None:
     return topology.links.get(a, {}).get(b)
-
-
-def nvlinks(token: str | None) -> int:
-    match = _NVLINK.match(token or "")
-    return int(match.group(1)) if match else 0
 
 
 def gpu_numa(topology: Any) -> dict[int, int | None]:
@@ -55,7 +48,7 @@ def nvlink_cliques(topology: Any, numa: dict[int, int | None], size: int, minimu
             if not all(g in free for g in group):
                 continue
             if all(
-                nvlinks(link(topology, f"GPU{a}", f"GPU{b}")) >= minimum
+                topology.nvlinks(f"GPU{a}", f"GPU{b}") >= minimum
                 for a, b in itertools.combinations(group, 2)
             ):
                 chosen.append(list(group))
@@ -151,7 +144,7 @@ class GpuTopology(Check):
         problems: list[tuple[Verdict, str, str]] = []
         for a, b in itertools.combinations(iu.gpus, 2):
             token = link(topology, f"GPU{a}", f"GPU{b}")
-            links = nvlinks(token)
+            links = topology.nvlinks(f"GPU{a}", f"GPU{b}")
             if links == 0:
                 problems.append((Verdict.FAIL, "NVLINK_MISSING", f"GPU{a}-GPU{b} is {token}, not NVLink"))
             elif links < gpu_cfg["nvlink_min"]:

@@ -10,9 +10,13 @@ inventory port; ``finish`` (after the rack checks) reads them again, the kernel 
 Judgement (``evaluate``, pure): counters grown by more than the profile's ``*_max`` -> FAIL
 ``IB_COUNTER``; more than ``flap_max`` link-down events of one inventory netdev within
 ``flap_window_hours`` of the host's now -> FAIL ``IB_LINK_FLAP``; mlxlink effective (post-FEC) BER above
-``effective_ber_max`` -> FAIL ``IB_BER``.
+``effective_ber_max`` -> FAIL ``IB_BER``. The log names interfaces: an inventory NIC without ``netdev``
+while the window holds link-down events of interfaces no NIC names -> WARN ``IB_FLAPS_UNVERIFIED``
+(they may be its flaps). A journal that was not read whole (journalctl's stderr says the user cannot
+see the system's messages, or that there is no journal: ``kernel_log.journal_gap``) is an ERROR, never
+zero flaps: preflight runs its commands as the inventory's ``ansible_user``, without sudo.
 
-Fault codes: IB_COUNTER, IB_LINK_FLAP, IB_BER, NO_NICS, IB_HEALTH_OK.
+Fault codes: IB_COUNTER, IB_LINK_FLAP, IB_BER, IB_FLAPS_UNVERIFIED, NO_NICS, IB_HEALTH_OK.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.model import Node
-from preflight.checks.base import Check, GatherError, NodeContext
+from preflight.checks.base import Check, GatherError, NodeContext, command_line, excerpt
 from preflight.parsers.ib_health import LinkEvents, MlxlinkBer, counter_values, parse_kernel_links
+from preflight.parsers.kernel_log import journal_gap
 from preflight.result import CheckResult, Verdict
 
 COUNTERS = {"link_downed": "link_downed_max", "symbol_error": "symbol_error_max",
@@ -45,6 +50,8 @@ class IbLinkHealth(Check):
         "IB_LINK_FLAP": "a port went down more often than the profile allows within the flap window",
         "IB_BER": "mlxlink effective BER above the profile's limit",
         "NO_NICS": "inventory lists no rdma_nics",
+        "IB_FLAPS_UNVERIFIED": "a NIC without a netdev in the inventory, and link-down events of interfaces no "
+                               "inventory NIC names: its flaps cannot be counted (WARN)",
     }
 
     def _counters(self, ctx: NodeContext) -> dict[str, int | None]:
@@ -65,7 +72,13 @@ class IbLinkHealth(Check):
             after = self._counters(ctx)
             now = float(ctx.parsed("date-epoch", NOW, cache=False).seconds)
             argv = journal_argv(cfg["flap_window_hours"])
-            text = ctx.output(argv)
+            journal = ctx.completed(argv)
+            text = journal.stdout
+            if gap := journal_gap(journal.stderr):
+                # `-- No entries --` from a journal the SSH user cannot read is no evidence of zero flaps
+                raise GatherError(f"`{command_line(argv)}` did not read the kernel's messages: {gap} (the "
+                                  "connecting user needs the systemd-journal or adm group)",
+                                  command=command_line(argv), stderr=excerpt(journal.stderr))
             try:
                 events = parse_kernel_links(text, now=now)
             except ValueError as exc:  # ParseError: unreadable log is an ERROR, never zero flaps
@@ -102,13 +115,23 @@ class IbLinkHealth(Check):
         window_start = facts["now"] - cfg["flap_window_hours"] * 3600
         netdevs = {nic.netdev: f"{nic.device}:{nic.port}" for nic in node.nics if nic.netdev}
         flaps: dict[str, int] = {}
+        unclaimed: dict[str, int] = {}  # link-down events of interfaces no inventory NIC names
         for event in events.events:
-            if event.state == "down" and event.device in netdevs and window_start <= event.epoch <= facts["now"] + 60:
-                flaps[event.device] = flaps.get(event.device, 0) + 1
+            if event.state == "down" and window_start <= event.epoch <= facts["now"] + 60:
+                counts = flaps if event.device in netdevs else unclaimed
+                counts[event.device] = counts.get(event.device, 0) + 1
         for netdev, count in flaps.items():
             if count > cfg["flap_max"]:
                 problems.append((Verdict.FAIL, "IB_LINK_FLAP", f"{netdevs[netdev]} ({netdev}) went down {count} times "
                                                                f"in {cfg['flap_window_hours']:g} h"))
+        unnamed = [f"{nic.device}:{nic.port}" for nic in node.nics if not nic.netdev]
+        if unnamed and unclaimed:
+            # The log names interfaces, and these NICs have none in the inventory: the events may be theirs.
+            seen = ", ".join(f"{dev} x{n}" for dev, n in sorted(unclaimed.items()))
+            problems.append((Verdict.WARN, "IB_FLAPS_UNVERIFIED",
+                             f"{', '.join(unnamed)}: no netdev in the inventory, so link-down events in "
+                             f"{cfg['flap_window_hours']:g} h ({seen}) cannot be counted against "
+                             f"{'it' if len(unnamed) == 1 else 'them'} (set rdma_nics netdev)"))
         for device, reading in ber.items():
             if reading.effective_ber is not None and reading.effective_ber > cfg["effective_ber_max"]:
                 problems.append((Verdict.FAIL, "IB_BER", f"{device}: effective BER {reading.effective_ber:.1e} > "
@@ -117,7 +140,8 @@ class IbLinkHealth(Check):
               f"in {cfg['flap_window_hours']:g} h")
         return [self.outcome(node, problems, "IB_HEALTH_OK", ok,
                              expected={k: cfg[k] for k in (*COUNTERS.values(), "flap_max", "flap_window_hours")},
-                             found={"counters_grown": grown, "flaps": flaps, "log_lines": events.lines_read,
+                             found={"counters_grown": grown, "flaps": flaps, "unclaimed_flaps": unclaimed,
+                                    "log_lines": events.lines_read,
                                     "effective_ber": {d: r.effective_ber for d, r in ber.items()}})]
 
 

@@ -9,9 +9,12 @@ Judgement (``evaluate``, pure): fewer active links than ``gpu.nvlink_min`` -> FA
 (azurehpc check_nvlink_status: any inactive link fails); an active link slower than ``nvlink.speed_gbps``
 -> FAIL ``NVLINK_SPEED``; replay / recovery errors grown by more than ``nvlink.replay_max`` /
 ``recovery_max`` -> FAIL ``NVLINK_REPLAY`` / ``NVLINK_RECOVERY``; CRC errors (``crc``, or ``data_crc`` +
-``flit_crc`` on older drivers) growing faster than ``nvlink.crc_max_per_s`` -> FAIL ``NVLINK_CRC``.
+``flit_crc`` on older drivers) growing faster than ``nvlink.crc_max_per_s`` -> FAIL ``NVLINK_CRC``; a
+``-e`` reading that lists fewer GPUs than the node has -> FAIL ``NVLINK_COUNTERS_MISSING`` naming them
+(``-s`` listing fewer: ``NVLINK_INACTIVE``).
 
-Fault codes: NVLINK_INACTIVE, NVLINK_SPEED, NVLINK_REPLAY, NVLINK_RECOVERY, NVLINK_CRC, NVLINK_OK.
+Fault codes: NVLINK_INACTIVE, NVLINK_SPEED, NVLINK_REPLAY, NVLINK_RECOVERY, NVLINK_CRC, NVLINK_COUNTERS_MISSING,
+NVLINK_OK.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from cluster.model import Node
 from preflight.checks.base import Check, GatherError, NodeContext
+from preflight.checks.gpu_throttle import missing_gpus
 from preflight.parsers.nvlink import NvLinkReport
 from preflight.result import CheckResult, Verdict
 
@@ -55,6 +59,7 @@ class NvLinkCheck(Check):
         "NVLINK_REPLAY": "replay errors grew on a link during the load tests",
         "NVLINK_RECOVERY": "recovery errors grew on a link during the load tests",
         "NVLINK_CRC": "CRC errors grew faster than the profile allows during the load tests",
+        "NVLINK_COUNTERS_MISSING": "nvidia-smi nvlink -e lists fewer GPUs than the node has (their errors unread)",
     }
 
     def gather(self, ctx: NodeContext) -> dict[str, Any]:
@@ -91,7 +96,15 @@ class NvLinkCheck(Check):
                                  (f" (+{len(slow) - 1} links)" if len(slow) > 1 else "")))
         if len(status.gpus) < node.gpu_count:
             problems.append((Verdict.FAIL, "NVLINK_INACTIVE",
-                             f"nvidia-smi nvlink -s lists {len(status.gpus)} of {node.gpu_count} GPUs"))
+                             f"nvidia-smi nvlink -s lists {len(status.gpus)} of {node.gpu_count} GPUs "
+                             f"(missing: {missing_gpus((g.index for g in status.gpus), node.gpu_count)})"))
+        for when in ("before", "after"):
+            counters: NvLinkReport = facts[when]
+            if len(counters.gpus) < node.gpu_count:
+                problems.append((Verdict.FAIL, "NVLINK_COUNTERS_MISSING",
+                                 f"nvidia-smi nvlink -e {when} the load tests lists {len(counters.gpus)} of "
+                                 f"{node.gpu_count} GPUs (missing: "
+                                 f"{missing_gpus((g.index for g in counters.gpus), node.gpu_count)})"))
         grown = {}
         for (gpu, link), deltas in counter_deltas(facts["before"], facts["after"]).items():
             crc = sum(deltas.get(name, 0) for name in _CRC)

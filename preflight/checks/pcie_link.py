@@ -9,8 +9,9 @@ in the background for ``LOAD_SETTLE_S`` and the PCI display is read while it cop
 can FAIL the generation; when no load could be started the verdict is WARN ``PCIE_GEN_UNVERIFIED``.
 
 Judgement (``evaluate``, pure): width below the profile's (or below the device's own max) -> FAIL
-``PCIE_WIDTH``; generation (under load) below the profile's -> FAIL ``PCIE_GEN``; a slot whose host side
-cannot do the profile's generation (``Host Max``) -> FAIL ``PCIE_SLOT``.
+``PCIE_WIDTH``; generation (under load) below the profile's (or below the link's own ``Max``) -> FAIL
+``PCIE_GEN``; a slot whose host side cannot do the profile's generation (``Host Max``) -> FAIL
+``PCIE_SLOT``; nvidia-smi listing fewer GPUs than the node has -> FAIL ``PCIE_MISSING`` naming them.
 
 Fault codes: PCIE_WIDTH, PCIE_GEN, PCIE_SLOT, PCIE_GEN_UNVERIFIED, PCIE_MISSING, PCIE_OK.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from cluster.model import Node
 from preflight.checks.base import Check, GatherError, NodeContext, command_line, parse_output
-from preflight.checks.gpu_throttle import gpu_label
+from preflight.checks.gpu_throttle import gpu_label, missing_gpus
 from preflight.parsers.ib_health import PCIE_LINK_FILES, PcieLinkState, SysfsValues, pcie_link
 from preflight.parsers.nvsmi_sections import PcieReport
 from preflight.result import CheckResult, Verdict
@@ -42,6 +43,12 @@ class PcieFacts:
     hcas: dict[str, PcieLinkState | None]  # device -> its link, typed from sysfs (None: no attribute read)
 
 
+def gen_floor(profile_gen: int, own_max: int | None) -> int:
+    """The generation a link must train at: the profile's, or the device's own maximum when that is higher
+    (as for the width; a slot that cannot do the profile's is PCIE_SLOT)."""
+    return max(profile_gen, own_max or 0)
+
+
 def hca_dir(device: str) -> str:
     return f"/sys/class/infiniband/{device}/device"
 
@@ -57,14 +64,14 @@ class PcieLink(Check):
         "PCIE_GEN": "a GPU (under load) or HCA link below the profile's PCIe generation",
         "PCIE_SLOT": "the host side of the slot cannot run the profile's generation",
         "PCIE_GEN_UNVERIFIED": "an idle GPU read low and no load could be started to re-read it (WARN)",
-        "PCIE_MISSING": "an inventory HCA has no PCIe attributes in sysfs",
+        "PCIE_MISSING": "an inventory HCA has no PCIe attributes in sysfs, or nvidia-smi lists fewer GPUs than the node",
     }
 
     def gather(self, ctx: NodeContext) -> PcieFacts:
         idle = ctx.parsed("nvsmi-pci", NVSMI_PCI)
         expected = ctx.profile["pcie"]["gpu_gen"]
         loaded, load_error = None, None
-        if any(g.gen_current is not None and g.gen_current < expected for g in idle.gpus):
+        if any(g.gen_current is not None and g.gen_current < gen_floor(expected, g.gen_max) for g in idle.gpus):
             loaded, load_error = self._under_load(ctx)
         hcas: dict[str, PcieLinkState | None] = {}
         if ctx.node.nics:
@@ -114,14 +121,20 @@ class PcieLink(Check):
             if gpu.gen_host_max is not None and gpu.gen_host_max < cfg["gpu_gen"]:
                 problems.append((Verdict.FAIL, "PCIE_SLOT",
                                  f"{name}: slot (host side) max Gen{gpu.gen_host_max} < Gen{cfg['gpu_gen']}"))
-            elif reading.gen_current is not None and reading.gen_current < cfg["gpu_gen"]:
+            elif reading.gen_current is not None and reading.gen_current < gen_floor(cfg["gpu_gen"], gpu.gen_max):
+                floor = gen_floor(cfg["gpu_gen"], gpu.gen_max)
                 if under_load is None and gpu.idle is not False:  # idle or unknown: not a loaded reading
                     problems.append((Verdict.WARN, "PCIE_GEN_UNVERIFIED",
                                      f"{name} at Gen{gpu.gen_current} while idle and not re-read under load: "
                                      f"{facts.load_error or 'no loaded reading'}"))
                 else:
+                    own = f" (its max; profile Gen{cfg['gpu_gen']})" if floor > cfg["gpu_gen"] else ""
                     problems.append((Verdict.FAIL, "PCIE_GEN", f"{name} at Gen{reading.gen_current} under load, "
-                                                               f"expected Gen{cfg['gpu_gen']}"))
+                                                               f"expected Gen{floor}{own}"))
+        if len(facts.idle.gpus) < node.gpu_count:
+            problems.append((Verdict.FAIL, "PCIE_MISSING",
+                             f"nvidia-smi -q -d PCI lists {len(facts.idle.gpus)} of {node.gpu_count} GPUs "
+                             f"(missing: {missing_gpus(range(len(facts.idle.gpus)), node.gpu_count)})"))
         for device, hca in facts.hcas.items():
             if hca is None:
                 problems.append((Verdict.FAIL, "PCIE_MISSING", f"HCA {device}: no PCIe link attributes in sysfs"))
@@ -131,9 +144,9 @@ class PcieLink(Check):
             width_floor = max(cfg["hca_width"], width_max or 0)
             if width is not None and width < width_floor:
                 problems.append((Verdict.FAIL, "PCIE_WIDTH", f"HCA {device} at x{width}, expected x{width_floor}"))
-            gen_floor = max(cfg["hca_gen"], gen_max or 0)
-            if gen is not None and gen < gen_floor:
-                problems.append((Verdict.FAIL, "PCIE_GEN", f"HCA {device} at Gen{gen}, expected Gen{gen_floor}"))
+            floor = gen_floor(cfg["hca_gen"], gen_max)
+            if gen is not None and gen < floor:
+                problems.append((Verdict.FAIL, "PCIE_GEN", f"HCA {device} at Gen{gen}, expected Gen{floor}"))
         expected = {"gpu": f"Gen{cfg['gpu_gen']} x{cfg['gpu_width']}", "hca": f"Gen{cfg['hca_gen']} x{cfg['hca_width']}"}
         ok = f"{len(facts.idle.gpus)} GPUs and {len(facts.hcas)} HCAs at Gen{cfg['gpu_gen']}/x{cfg['gpu_width']} or better"
         return [self.outcome(node, problems, "PCIE_OK", ok, expected=expected, found=found)]

@@ -6,8 +6,9 @@ shape of ``docs/contracts/parse-json.md``. Every parser raises ``ParseError`` (l
 message) on input it cannot read, never another exception.
 
 Pasted outputs (from tickets and runbooks) are read through :func:`common.paste_lines`: hand annotations
-after a value (``Yes   <===``, ``none  # comment``, ``(this one)``), elision lines (``...``, ``[snip]``)
-and shell prompt lines are removed and each removal is reported. ``paste_warnings(text)`` returns those
+after a value (``Yes   <===``, ``none  # comment``, ``(this one)``) and elision lines (``...``, ``[snip]``)
+are removed, shell prompt lines (``$ cmd``, ``user@host:~$ cmd``, ``[root@host ~]# cmd``) are skipped by the
+parsers, and each is reported. ``paste_warnings(text)`` returns those
 reports; ``to_contract_json(kind, result, warnings)`` puts them under a top-level ``"warnings"`` key (a
 list of strings, ``[]`` when nothing was ignored), as ``docs/contracts/parse-json.md`` specifies.
 """

@@ -44,6 +44,10 @@ _ELISION = re.compile(
 # before its tool's first line, and the nccl parser reads the test name from the command line. Parsers that
 # reject every line they cannot read (systemctl-show, mlnx-qos) skip the lines is_prompt() recognises.
 _PROMPT = re.compile(r"^\s*(?:\[[^\]\s]+@[^\]]+\]\s?[#$]|[\w.-]+@[\w.-]+:\S*\s?[#$]|[#$])\s+\S")
+# The prompts no tool output can be: all of the above but a bare "# " (a root prompt, and also the start of
+# nccl-tests' own header lines and of comments). These are reported as paste warnings and skipped by the
+# parsers that accept nothing but their tool's lines (sysfs, kernel logs, cpulist, cmdline, nvlink).
+_SHELL_PROMPT = re.compile(r"^\s*(?:\[[^\]\s]+@[^\]]+\]\s?[#$]|[\w.-]+@[\w.-]+:\S*\s?[#$]|\$)\s+\S")
 
 
 class ParseError(ValueError):
@@ -83,7 +87,8 @@ def paste_lines(text: str) -> tuple[list[Line], list[str]]:
     """Normalised, numbered lines with what a paste adds removed, and one warning per removal.
 
     Elision lines are dropped (the others keep their original numbers), trailing annotations are cut off
-    the value they follow."""
+    the value they follow, shell prompt lines (:func:`shell_prompt`) are kept (the nccl parser reads its
+    test's name there) and reported."""
     text = text.replace("\r\n", "\n")
     kept: list[Line] = []
     warnings: list[str] = []
@@ -91,6 +96,10 @@ def paste_lines(text: str) -> tuple[list[Line], list[str]]:
         line = clean_line(raw)
         if _ELISION.match(line):
             warnings.append(f"line {no}: ignored an elision marker {line.strip()[:40]!r} (lines may be missing there)")
+            continue
+        if shell_prompt(line):
+            warnings.append(f"line {no}: a shell prompt line, not the tool's output: {line.strip()[:60]!r}")
+            kept.append(Line(no, line))
             continue
         value, note = _strip_annotation(line)
         if note:
@@ -103,6 +112,12 @@ def is_prompt(text: str) -> bool:
     """A shell prompt line with its command: ``$ mlnx_qos -i eth0``, ``[root@gpu01 ~]# systemctl show ..``,
     ``user@host:~$ cat /proc/cmdline``."""
     return bool(_PROMPT.match(text))
+
+
+def shell_prompt(text: str) -> bool:
+    """A prompt line no tool prints: ``$ cat /proc/cmdline``, ``user@host:~$ ...``, ``root@host:~# ...``,
+    ``[root@gpu01 ~]# ...`` (not a bare ``# ...``, which a tool's own output can start with)."""
+    return bool(_SHELL_PROMPT.match(text))
 
 
 def clean_line(raw: str) -> str:
@@ -133,10 +148,10 @@ def last_nonblank(all_lines: Sequence[Line]) -> Line:
 
 
 def only_line(text: str, what: str, example: str) -> Line:
-    """The one non-blank line of a one-line file (``/proc/cmdline``, a sysfs list); ParseError naming the
-    first line when there is none (``no <what> (a line such as <example>)``) and the second when there
-    are more."""
-    content = [line for line in lines(text) if line.text.strip()]
+    """The one non-blank line of a one-line file (``/proc/cmdline``, a sysfs list), a pasted prompt line
+    before it skipped; ParseError naming the first line when there is none (``no <what> (a line such as
+    <example>)``) and the second when there are more."""
+    content = [line for line in lines(text) if line.text.strip() and not shell_prompt(line.text)]
     if not content:
         first = first_nonblank(lines(text))
         raise ParseError(first.no, first.text, f"no {what} (a line such as {example!r})")

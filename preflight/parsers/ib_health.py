@@ -19,7 +19,8 @@ the link state changes of InfiniBand/RoCE netdevs, read by :func:`preflight.pars
 is a ParseError).
 
 Events: ``<netdev>: lost carrier`` (IPoIB, what azurehpc-health-checks counts), ``mlx5_core <bdf>
-<netdev>: Link down`` / ``Link up`` (mlx5e), ``<netdev>: link becomes ready`` (up)::
+<netdev>: Link down`` / ``Link up`` (mlx5e), ``<netdev>: link becomes ready`` (up), in any case (azurehpc
+greps them with ``-i``)::
 
     {"events": [{"time": "2024-06-10T08:16:17+00:00", "epoch": 1718007377.0, "device": "ibp26s0",
       "bdf": null, "state": "down", "line": 12}]}
@@ -35,7 +36,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from preflight.parsers import kernel_log
-from preflight.parsers.common import Line, ParseError, first_nonblank, last_nonblank, lines, to_number
+from preflight.parsers.common import (
+    Line,
+    ParseError,
+    first_nonblank,
+    last_nonblank,
+    lines,
+    shell_prompt,
+    to_number,
+)
 
 # ------------------------------------------------------------------------------------------ sysfs
 
@@ -57,7 +66,7 @@ def parse_sysfs(text: str) -> SysfsValues:
     all_lines = lines(text)
     values: dict[str, str] = {}
     for line in all_lines:
-        if not line.text.strip():
+        if not line.text.strip() or shell_prompt(line.text):
             continue
         match = _GREP.match(line.text.strip())
         if not match:
@@ -179,9 +188,11 @@ def parse_mlxlink(text: str) -> MlxlinkBer:
 
 # ----------------------------------------------------------------------------------- kernel log
 
-_MLX5 = re.compile(r"mlx5_core (\S+) (\S+): Link (up|down)\b", re.IGNORECASE)
-_CARRIER = re.compile(r"\b(\S+): lost carrier\b")
-_READY = re.compile(r"\b(\S+): link becomes ready\b")
+# Either case: azurehpc-health-checks counts them with grep -i (the words are the same event); any spaces or
+# tabs between the words (a pasted log).
+_MLX5 = re.compile(r"mlx5_core\s+(\S+)\s+(\S+):\s+Link\s+(up|down)\b", re.IGNORECASE)
+_CARRIER = re.compile(r"\b(\S+):\s+lost\s+carrier\b", re.IGNORECASE)
+_READY = re.compile(r"\b(\S+):\s+link\s+becomes\s+ready\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,14 @@ Usage::
     for event in kernel_log.parse_xids(text).xids:
         event.bus, event.xid                      # ('1b', 79)
 
-``-- No entries --`` alone is an empty window (no lines, no events): journalctl printing that is real.
+``-- No entries --`` alone is an empty window (no lines, no events): journalctl printing that is real, as
+long as journalctl read the whole journal. :func:`journal_gap` reads its stderr for the words that say it
+did not (systemd's journal-util.c, ``journal_access_check_and_warn``): a user outside the
+``systemd-journal`` group and the journal ACL's groups (``adm`` on Ubuntu) reads only its own user journal
+and gets ``Hint: You are currently not seeing messages from other users and the system.`` (a notice, exit
+0, silenced by ``-q``); no journal readable at all is ``No journal files were opened due to insufficient
+permissions.`` (exit 1); no journal at all ``No journal files were found.`` (exit 0). The kernel's messages
+are in the system journal only, so each of these means the window was not read.
 """
 
 from __future__ import annotations
@@ -36,16 +43,19 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 
-from preflight.parsers.common import Line, ParseError, first_nonblank, lines
+from preflight.parsers.common import Line, ParseError, first_nonblank, lines, shell_prompt
 
+# Between the fields of a stamp any run of spaces or tabs (a pasted log often has a tab for a space).
 _RFC3339 = re.compile(
-    r"^(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})\s+(\S+)\s+(.*)$")
-_BSD = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}:\d{2}:\d{2})\s+(\S+)\s+(.*)$")
+    r"^(\d{4}-\d{2}-\d{2})(?:T|\s+)(\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})\s+(\S+)\s+(.*)$")
+_BSD = re.compile(r"^([A-Z][a-z]{2})\s+(\d{1,2})\s+(\d{2}:\d{2}:\d{2})\s+(\S+)\s+(.*)$")
 _DMESG = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
-_DMESG_T = re.compile(r"^\[[A-Z][a-z]{2} ([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}:\d{2}:\d{2}) (\d{4})\]\s?(.*)$")
+_DMESG_T = re.compile(r"^\[[A-Z][a-z]{2}\s+([A-Z][a-z]{2})\s+(\d{1,2})\s+(\d{2}:\d{2}:\d{2})\s+(\d{4})\]\s?(.*)$")
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}(?:\.\d)?)?)\): (\d+)")
+# journalctl's words when it did not read the system journal (journal-util.c; see journal_gap()).
+_JOURNAL_GAP = re.compile(r"not seeing messages from|No journal files were|insufficient permissions")
+_XID = re.compile(r"NVRM:\s+Xid\s+\((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}(?:\.\d)?)?)\):\s+(\d+)")
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,7 @@ def read(text: str, now: float | None = None) -> list[LogLine]:
     marker = None
     for line in all_lines:
         stripped = line.text.strip()
-        if not stripped:
+        if not stripped or shell_prompt(stripped):  # a pasted prompt line: reported by paste_warnings
             continue
         if stripped.startswith("-- ") and stripped.endswith("--"):
             marker = marker or line
@@ -86,6 +96,20 @@ def read(text: str, now: float | None = None) -> list[LogLine]:
         first = first_nonblank(all_lines)
         raise ParseError(first.no, first.text, "no kernel log lines")
     return read_lines
+
+
+def no_entries(text: str) -> bool:
+    """journalctl's answer when nothing in the window matched: nothing at all (``-q``) or ``-- No entries --``."""
+    content = [line.text.strip() for line in lines(text) if line.text.strip()]
+    return content in ([], ["-- No entries --"])
+
+
+def journal_gap(stderr: str) -> str | None:
+    """The line of journalctl's ``stderr`` saying it did not read the system journal, or None when it did."""
+    for line in lines(stderr):
+        if _JOURNAL_GAP.search(line.text):
+            return line.text.strip()
+    return None
 
 
 def _rfc3339(m: re.Match) -> float:
@@ -169,7 +193,6 @@ def parse_xids(text: str, now: float | None = None) -> KernelXids:
     events = []
     for entry in read_lines:
         if match := _XID.search(entry.message):
-            start = entry.message.index("NVRM: Xid")
             events.append(XidEvent(int(match.group(2)), match.group(1), entry.epoch, entry.no,
-                                   entry.message[start:start + 200].strip()))
+                                   entry.message[match.start():match.start() + 200].strip()))
     return KernelXids(events, len(read_lines))

@@ -28,7 +28,10 @@ are kept as printed, lower-cased with ``_``: ``data_crc``, ``flit_crc``). Counte
 link that is down (None).
 
 Errors: no ``GPU N:`` line; a GPU header with no link lines after it (output cut after the header); in
-``-e``, a link with fewer counters than the first link printed (cut mid-link); a line that is neither.
+``-e``, a link with fewer counters than the first link printed (cut mid-link); a line that is neither,
+including one before the first header (only a pasted shell prompt may be there, reported as a paste
+warning): a header spelled in a way the parser did not take would otherwise drop that GPU and its links.
+Headers are read with any spaces or tabs around the index (``GPU  0:``, ``GPU\t0:``, ``GPU 0:\t``).
 """
 
 from __future__ import annotations
@@ -43,10 +46,12 @@ from preflight.parsers.common import (
     last_nonblank,
     lines,
     optional,
+    shell_prompt,
     to_number,
 )
 
-_GPU = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: (GPU-[0-9a-fA-F-]+)\))?\s*$")
+# Any spaces or tabs around the index and after the colon (`GPU  0:`, `GPU\t0:`, `GPU 0:\t` in a paste).
+_GPU = re.compile(r"^GPU\s+(\d+)\s*:\s*(.*?)(?:\s*\(UUID:\s*(GPU-[0-9a-fA-F-]+)\))?\s*$")
 # Whitespace between the words is any run of spaces or tabs: a pasted table often has tabs or collapsed spaces.
 _STATUS = re.compile(r"^Link\s+(\d+)\s*:\s*(?:<inactive>|([0-9.]+)\s*GB/s)\s*$")
 _ERRORS = re.compile(r"^Link\s+(\d+)\s*:\s*([A-Za-z ]+?)\s+Errors\s*:\s*(\S+)\s*$")
@@ -89,6 +94,7 @@ class NvLinkReport:
 def _gpus(text: str, what: str, link_line: re.Pattern) -> tuple[list[tuple[Line, list[tuple[Line, re.Match]]]], Line]:
     all_lines = lines(text)
     gpus: list[tuple[Line, list[tuple[Line, re.Match]]]] = []
+    before_first: list[Line] = []  # lines ahead of the first GPU header (only a pasted prompt may be there)
     for line in all_lines:
         stripped = line.text.strip()
         if not stripped:
@@ -101,13 +107,20 @@ def _gpus(text: str, what: str, link_line: re.Pattern) -> tuple[list[tuple[Line,
             gpus[-1][1].append((line, match))
         elif gpus:
             raise ParseError(line.no, line.text, f"not a line of nvidia-smi nvlink {what}")
+        elif not shell_prompt(stripped):
+            before_first.append(line)
     if not gpus:
         first = first_nonblank(all_lines)
         raise ParseError(first.no, first.text, f"no nvidia-smi nvlink {what} output (a 'GPU 0: ...' line)")
+    if before_first:
+        # A GPU header the pattern did not take would lose that GPU and its links without a word.
+        stray = before_first[0]
+        raise ParseError(stray.no, stray.text, f"not a line of nvidia-smi nvlink {what} (before the first "
+                                               "'GPU N:' header)")
     end = last_nonblank(all_lines)
     for gpu_line, links in gpus:
         if not links:
-            raise ParseError(end.no, end.text, f"output ends without the links of {gpu_line.text.split(':')[0].strip()}")
+            raise ParseError(end.no, end.text, f"output ends without the links of GPU {_header(gpu_line)[0]}")
     return gpus, end
 
 
@@ -143,7 +156,7 @@ def parse_errors(text: str) -> NvLinkReport:
         for link, counters in by_link.items():
             expected = expected or set(counters)
             if set(counters) != expected:
-                gpu = gpu_line.text.split(":")[0].strip()
+                gpu = f"GPU {_header(gpu_line)[0]}"
                 raise ParseError(end.no, end.text, f"{gpu} link {link} has counters {sorted(counters)}, "
                                                    f"expected {sorted(expected)} (output cut mid-link?)")
         out.append(NvLinkGpu(*_header(gpu_line), [NvLink(n, counters=c) for n, c in sorted(by_link.items())]))

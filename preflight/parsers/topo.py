@@ -5,13 +5,19 @@ Usage::
     from preflight.parsers import topo
     topology = topo.parse(text)
     topology.link("GPU0", "GPU1")        # 'NV18'
+    topology.nvlinks("GPU0", "GPU1")     # 18 (0 where the path is PCIe: PIX, NODE, SYS, ...)
+    topology.link_kind("GPU0", "NIC0")   # 'pcie' ('nvlink', 'self' for X)
     topology.gpus[0].numa_affinity       # '0' (None on drivers that do not print the column)
 
 Schema (``Topology.to_json()``, the contract's ``topo`` shape)::
 
     {"gpus":  [{"name": "GPU0", "cpu_affinity": "0-47,96-143", "numa_affinity": "0", "gpu_numa_id": "N/A"}],
      "nics":  [{"name": "NIC0", "device": "mlx5_0"}],
-     "links": {"GPU0": {"GPU0": "X", "GPU1": "NV18", "NIC0": "PIX"}, "NIC0": {...}}}
+     "links": {"GPU0": {"GPU0": "X", "GPU1": "NV18", "NIC0": "PIX"}, "NIC0": {...}},
+     "nvlinks": {"GPU0": {"GPU1": 18}, "GPU1": {"GPU0": 18}}}
+
+``nvlinks`` (added after the first contract): for each GPU, the NVLink count to every other GPU (0 for a
+PCIe-only path), read from the ``NV#`` tokens of ``links``.
 
 Formats seen across drivers (fixtures in tests/fixtures/preflight/topo/):
 
@@ -51,6 +57,7 @@ AFFINITY_COLUMNS = {"CPU Affinity": "cpu_affinity", "NUMA Affinity": "numa_affin
 _DEVICE_LABEL = re.compile(r"^(GPU\d+|NIC\d+|mlx\d+_\d+|mlx\d+_bond_\d+|[a-z][a-z0-9]*_\d+)$")
 _LEGEND_ENTRY = re.compile(r"^\s*(NIC\d+):\s*(\S+)\s*$")
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
+_NVLINK = re.compile(r"^NV(\d+)$")  # a bonded set of N NVLinks
 
 
 def _is_header(text: str) -> bool:
@@ -99,6 +106,21 @@ class Topology:
         """The token printed at ``row``/``column`` (labels as printed: GPU0, NIC0, mlx5_0)."""
         return self.links[row][column]
 
+    def link_kind(self, row: str, column: str) -> str | None:
+        """``self`` (X), ``nvlink`` (NV#) or ``pcie`` (PIX, PXB, PHB, NODE, SYS, SOC); None for labels the
+        matrix does not have."""
+        token = self.links.get(row, {}).get(column)
+        return None if token is None else _kind(token)
+
+    def nvlinks(self, row: str, column: str) -> int:
+        """The number of NVLinks between two devices (``NV18`` -> 18); 0 for a PCIe path or unknown labels."""
+        return _nvlink_count(self.links.get(row, {}).get(column))
+
+    def nvlink_matrix(self) -> dict[str, dict[str, int]]:
+        """GPU -> other GPU -> NVLinks between them (0: PCIe only), for every pair of the matrix's GPUs."""
+        names = [gpu.name for gpu in self.gpus]
+        return {a: {b: self.nvlinks(a, b) for b in names if b != a} for a in names}
+
     def gpu(self, name: str) -> TopoGpu | None:
         return next((gpu for gpu in self.gpus if gpu.name == name), None)
 
@@ -107,7 +129,16 @@ class Topology:
 
     def to_json(self) -> dict:
         return {"gpus": [gpu.to_json() for gpu in self.gpus], "nics": [nic.to_json() for nic in self.nics],
-                "links": {row: dict(cols) for row, cols in self.links.items()}}
+                "links": {row: dict(cols) for row, cols in self.links.items()}, "nvlinks": self.nvlink_matrix()}
+
+
+def _nvlink_count(token: str | None) -> int:
+    match = _NVLINK.match(token or "")
+    return int(match.group(1)) if match else 0
+
+
+def _kind(token: str) -> str:
+    return "self" if token == "X" else "nvlink" if _NVLINK.match(token) else "pcie"
 
 
 def parse(text: str) -> Topology:

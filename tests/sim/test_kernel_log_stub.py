@@ -8,8 +8,8 @@ from sim.hosts.hardware import resolve
 from sim.hosts.stubs import kernel_log
 
 
-def _journal(capsys, hw, *args: str) -> tuple[int, list[str]]:
-    rc = kernel_log.journalctl(hw, ["-k", "--no-pager", "-q", "--since", "-24h", *args])
+def _journal(capsys, hw, *args: str, quiet: bool = True) -> tuple[int, list[str]]:
+    rc = kernel_log.journalctl(hw, ["-k", "--no-pager", *(["-q"] if quiet else []), "--since", "-24h", *args])
     return rc, capsys.readouterr().out.splitlines()
 
 
@@ -27,3 +27,8 @@ def test_grep_keeps_only_the_matching_kernel_lines(capsys):
 
 def test_grep_without_a_match_exits_1_and_prints_nothing(capsys):
     assert _journal(capsys, resolve("n1", {}), "--grep", "NVRM: Xid") == (1, [])
+
+
+def test_without_q_an_empty_window_says_no_entries_as_journalctl_does(capsys):
+    """gpu_health reads without -q (so journalctl's permission hint reaches it): the marker comes on stdout."""
+    assert _journal(capsys, resolve("n1", {}), "--grep", "NVRM: Xid", quiet=False) == (1, ["-- No entries --"])

@@ -5,7 +5,7 @@ An uncorrectable double bit error (DBE) has been detected on GPU in the framebuf
 ``Row Remapper: New row ... marked for remapping, reset gpu to activate.`` (NVIDIA "XID Errors" document,
 r555). dmesg prints ``[seconds.micros] text``; journalctl -k prints ``Mon DD HH:MM:SS host kernel: text``;
 ``--grep``/``-g PATTERN`` keeps the messages the pattern matches (case-sensitive unless all lower case, as
-journalctl's) and exits 1 when none does.
+journalctl's) and exits 1 when none does; nothing shown prints ``-- No entries --`` unless ``-q``.
 """
 
 from __future__ import annotations
@@ -76,9 +76,12 @@ def journalctl(hw: Hardware, args: list[str]) -> int:
         when = time.localtime(boot + t)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z" if iso else "%b %d %H:%M:%S", when)
         out.append(f"{stamp} {hw.host} kernel: {text}")
+    if not out and not set(args) & {"-q", "--quiet"}:
+        print("-- No entries --")  # journalctl's line for an empty window, unless -q
     if pattern is not None and not out:
-        return 1  # journalctl --grep with no match: exit 1, as grep(1) (-q: nothing printed)
-    print("\n".join(out))
+        return 1  # journalctl --grep with no match: exit 1, as grep(1)
+    if out:
+        print("\n".join(out))
     return 0
 
 

@@ -5,7 +5,9 @@ runs a command, talks to Consul or parses tool output."""
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import re
 import textwrap
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from preflight.checks.base import Check
 
 # What running or parsing looks like in a check module: the context's command methods, the transport,
 # the parser entry points and Consul.
-FORBIDDEN_CALLS = {"run", "output", "parsed", "start", "parse_output", "parse", "cached_outputs"}
+FORBIDDEN_CALLS = {"run", "output", "completed", "parsed", "start", "parse_output", "parse", "cached_outputs"}
 FORBIDDEN_NAMES = {"ctx", "transport", "consul_io", "parsers", "re"}
 
 
@@ -45,21 +47,37 @@ def test_evaluate_runs_nothing_and_parses_nothing(check):
     assert evaluate is not Check.evaluate, f"{check.name} has no evaluate()"
     assert list(inspect.signature(evaluate).parameters) == ["self", "facts", "profile", "node"]
     module = inspect.getmodule(type(check))
-    # evaluate and the methods/functions of its own module it reaches by name (one level is what they use)
-    functions = [evaluate]
-    calls, names = _calls_and_names(evaluate)
-    for name in calls:
-        helper = getattr(type(check), name, None) or getattr(module, name, None)
-        if inspect.isfunction(helper) and inspect.getmodule(helper) is module and helper is not evaluate:
-            functions.append(helper)
+    # evaluate and every method/function of its own module it reaches by name, however deep (a helper of a
+    # helper: gpu_topology's evaluate -> _iu_problems -> nvlinks read NVLink counts with a regex)
+    functions, todo = [], [evaluate]
+    while todo:
+        function = todo.pop()
+        functions.append(function)
+        calls, _ = _calls_and_names(function)
+        for name in calls:
+            helper = getattr(type(check), name, None) or getattr(module, name, None)
+            if inspect.isfunction(helper) and inspect.getmodule(helper) is module and helper not in functions + todo:
+                todo.append(helper)
     for function in functions:
         calls, names = _calls_and_names(function)
+        patterns = {n for n in names if isinstance(getattr(module, n, None), re.Pattern)}
         assert not calls & FORBIDDEN_CALLS, f"{check.name}.{function.__name__} calls {sorted(calls & FORBIDDEN_CALLS)}"
         assert not names & FORBIDDEN_NAMES, f"{check.name}.{function.__name__} uses {sorted(names & FORBIDDEN_NAMES)}"
+        assert not patterns, f"{check.name}.{function.__name__} matches tool output with {sorted(patterns)}"
 
 
 CHECK_MODULES = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "preflight" / "checks").glob("*.py")
                        if p.stem not in ("__init__", "base"))
+
+
+@pytest.mark.parametrize("name", CHECK_MODULES + ["base"])
+def test_no_check_module_holds_a_regex(name):
+    """Parsing is the parsers' (preflight/parsers/): a check that imports ``re`` or keeps a compiled pattern in a
+    module constant reads tool output itself, whichever function uses it (gather included)."""
+    module = importlib.import_module(f"preflight.checks.{name}")
+    assert [n for n, value in vars(module).items() if isinstance(value, re.Pattern)] == []
+    assert "re" not in {alias.name for node in ast.walk(ast.parse(inspect.getsource(module)))
+                        if isinstance(node, ast.Import) for alias in node.names}
 
 
 def test_one_test_module_per_check_module():

@@ -3,7 +3,10 @@ transport (the commands it runs; unreadable output -> ERROR with an excerpt)."""
 
 from __future__ import annotations
 
+import json
+
 from cluster.errors import ExitCode
+from preflight import parsers
 from preflight.checks import dcgm_diag, gpu_health, nvlink
 from preflight.result import Verdict
 from preflight.runner import exit_code, node_passed
@@ -17,8 +20,33 @@ def dcgm(name, nvlinks="h100-sxm-driver550-18-links-26.562.txt"):
 
 
 def test_dcgm_pass_and_skips():
+    """A run whose hardware, integration and stress tests all reported Skip (NVIDIA/DCGM#139: PCIe, GPU Memory,
+    Diagnostic and Targeted Stress skipped at -r 3) tested the deployment only. It used to PASS as "3 tests
+    passed (4 skipped)"; at level 2 and above a skipped test of those categories is a WARN naming them, and a
+    FAIL at depth full, where the onboarding gate relies on them having run."""
     assert verdict(dcgm_diag.CHECK.evaluate(dcgm("dcgm3.3-h200-r3-pass.txt"), PROFILE, N)) == (Verdict.PASS, "DCGM_OK")
-    assert verdict(dcgm_diag.CHECK.evaluate(dcgm("dcgm3.3-t400-r3-skipped-dcgm-139.txt"), PROFILE, N))[0] is Verdict.PASS
+    skipped = dcgm_diag.CHECK.evaluate(dcgm("dcgm3.3-t400-r3-skipped-dcgm-139.txt"), PROFILE, N)[0]
+    assert (skipped.verdict, skipped.code) == (Verdict.WARN, "DCGM_SKIPPED")
+    assert all(name in skipped.reason for name in ("PCIe", "GPU Memory", "Diagnostic", "Targeted Stress"))
+    full = dcgm_diag.CHECK.evaluate({**dcgm("dcgm3.3-t400-r3-skipped-dcgm-139.txt"), "level": 3, "depth": "full"},
+                                    PROFILE, N)[0]
+    assert (full.verdict, full.code) == (Verdict.FAIL, "DCGM_SKIPPED")
+    # level 1 runs the deployment tests only: nothing else is expected to have run
+    quick = dcgm_diag.CHECK.evaluate({**dcgm("dcgm3.3-t400-r3-skipped-dcgm-139.txt"), "level": 1, "depth": "quick"},
+                                     PROFILE, N)[0]
+    assert (quick.verdict, quick.code) == (Verdict.PASS, "DCGM_OK")
+
+
+def test_a_dcgm_run_that_ran_no_test_is_an_error_not_a_pass():
+    """JSON with empty test_categories passed as "0 tests passed"; every test skipped passed as well."""
+    empty = parsers.parse("dcgm-diag", json.dumps({"DCGM GPU Diagnostic": {"test_categories": []}, "version": "3.3.5"}))
+    result = dcgm_diag.CHECK.evaluate({**dcgm("dcgm3.3-h200-r3-pass.txt"), "diag": empty}, PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "DCGM_NOTHING_RUN")
+    every = parsers.parse("dcgm-diag", json.dumps({"DCGM GPU Diagnostic": {"test_categories": [
+        {"category": "Deployment", "tests": [{"name": "software", "results": [{"status": "Skip"}]}]},
+        {"category": "Hardware", "tests": [{"name": "memory", "results": [{"gpu_id": "0", "status": "Skip"}]}]}]}}))
+    result = dcgm_diag.CHECK.evaluate({**dcgm("dcgm3.3-h200-r3-pass.txt"), "diag": every}, PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "DCGM_NOTHING_RUN") and "2 skipped" in result.reason
 
 
 def test_dcgm_failing_test_fails_with_its_fr_code():

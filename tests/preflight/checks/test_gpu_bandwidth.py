@@ -48,3 +48,14 @@ def test_bandwidth_quick_depth_runs_one_sample():
     result = gpu_bandwidth.CHECK.run(context(t, depth="quick"))[0]
     assert result.verdict is Verdict.PASS and result.evidence["depth"] == "quick"
     assert t.called("n1", "nvbandwidth") == [tuple(gpu_bandwidth.argv(1))]
+
+
+def test_bandwidth_output_cut_short_is_error_with_excerpt():
+    """nvbandwidth cut inside device_to_host_memcpy_ce (a killed run, a dropped connection): the testcases it did
+    print are not judged alone, the check is an ERROR naming the command, with what came back."""
+    cut = fixture_text("nvbandwidth", "truncated-inside-device_to_host.txt")
+    t = ScriptedTransport().on("n1", "nvbandwidth", reply=cut)
+    result = gpu_bandwidth.CHECK.run(context(t))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "cannot parse `nvbandwidth" in result.reason and result.evidence["output"]
+    assert result.evidence["output"].removesuffix(" ...") in cut  # the head of what came back; the reason names the cut

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import pytest
+
 from preflight import parsers
 from preflight.checks import (
     gpu_health,
@@ -14,6 +16,7 @@ from preflight.checks import (
 from preflight.parsers.kernel_log import KernelXids, XidEvent
 from preflight.profiles import profile_of
 from preflight.result import Verdict
+from preflight.transport import CommandResult
 from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node
 
 
@@ -96,16 +99,38 @@ def test_the_kernel_log_is_filtered_on_the_host_to_the_xid_lines():
     [result] = gpu_health.CHECK.run(context(t))
     assert result.verdict is Verdict.PASS
     assert t.called("n1", "journalctl") == [
-        ("journalctl", "-k", "--no-pager", "-q", "--since", "-24h", "--grep", "NVRM: Xid")]
+        ("journalctl", "-k", "--no-pager", "--since", "-24h", "--grep", "NVRM: Xid")]
 
 
-def test_no_xid_in_the_window_is_journalctls_no_match_not_a_missing_journal():
-    """`journalctl --grep` exits 1 when nothing matched (as grep does); with -q it prints nothing: an empty
-    window, not a reason to read this boot's whole ring buffer with dmesg."""
-    t = health_transport(clean_q()).on("n1", "journalctl", reply=(1, ""))
+@pytest.mark.parametrize("stdout", ["-- No entries --\n", ""])
+def test_no_xid_in_the_window_is_journalctls_no_match_not_a_missing_journal(stdout):
+    """`journalctl --grep` exits 1 when nothing matched (as grep does) and prints `-- No entries --` (nothing
+    with -q): an empty window, not a reason to read this boot's whole ring buffer with dmesg."""
+    t = health_transport(clean_q()).on("n1", "journalctl", reply=(1, stdout))
     [result] = gpu_health.CHECK.run(context(t))
     assert (result.verdict, result.code) == (Verdict.PASS, "GPU_HEALTH_OK")
     assert not t.called("n1", "dmesg")
+
+
+HINT = ("Hint: You are currently not seeing messages from other users and the system.\n"
+        "      Users in groups 'adm', 'systemd-journal' can see all messages.\n"
+        "      Pass -q to turn off this notice.\n")
+
+
+def test_a_journal_the_user_cannot_see_is_not_an_empty_window():
+    """Preflight connects as the inventory's ansible_user, without sudo; outside systemd-journal and adm,
+    journalctl reads that user's own journal, which has no kernel message. With -q it said nothing and exited 1
+    (no match): no XID, a PASS that read no log. Without -q its hint comes back, and the XIDs are read from
+    this boot's ring buffer instead; where dmesg is restricted too, an ERROR naming both."""
+    journal = CommandResult(1, "-- No entries --\n", HINT, 0.0)
+    t = health_transport(clean_q()).on("n1", "journalctl", reply=journal)
+    t.on("n1", "dmesg", reply="[ 12.3] NVRM: Xid (PCI:0000:1b:00): 48, pid=1, DBE\n")
+    [result] = gpu_health.CHECK.run(context(t))
+    assert result.code == "XID_CRITICAL" and t.called("n1", "dmesg")
+    t.on("n1", "dmesg", reply=(1, "dmesg: read kernel buffer failed: Operation not permitted\n"))
+    [result] = gpu_health.CHECK.run(context(t))
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "not seeing messages" in result.reason and "dmesg" in result.reason
 
 
 def test_a_truncated_kernel_log_is_an_error_naming_the_command_and_the_cap():
@@ -118,7 +143,7 @@ def test_a_truncated_kernel_log_is_an_error_naming_the_command_and_the_cap():
     [result] = gpu_health.CHECK.run(context(t))
     assert result.verdict is Verdict.ERROR
     assert result.reason.startswith(
-        f"`journalctl -k --no-pager -q --since -24h --grep 'NVRM: Xid'` output over {OUTPUT_CAP_BYTES // 2**20} MiB, "
+        f"`journalctl -k --no-pager --since -24h --grep 'NVRM: Xid'` output over {OUTPUT_CAP_BYTES // 2**20} MiB, "
         "truncated: ")
     assert not t.called("n1", "dmesg")
 

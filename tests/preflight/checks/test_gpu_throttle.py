@@ -12,7 +12,7 @@ from preflight.checks.base import GatherError
 from preflight.result import Verdict
 from preflight.transport import CommandResult
 from tests.preflight.checks.helpers import PROFILE, N, parsed, verdict
-from tests.preflight.helpers import ScriptedTransport, context, fixture_text
+from tests.preflight.helpers import ScriptedTransport, context, fixture_text, node
 
 
 def perf(name):
@@ -24,15 +24,16 @@ def test_throttle_idle_passes_and_sw_power_cap_is_not_a_fault():
     assert verdict(gpu_throttle.CHECK.evaluate({"before": idle, "after": idle}, PROFILE, N)) == (Verdict.PASS, "THROTTLE_OK")
     capped = perf("a100-sxm4-driver470-throttle-reasons-no-counters.txt")
     v100 = perf("v100-driver418-idle-legacy-names.txt")
-    result = gpu_throttle.CHECK.evaluate({"before": v100, "after": v100}, PROFILE, N)[0]
+    two = node(gpu_count=2, iu_size=2, rdma_nics=[])  # both captures are of 2 GPUs
+    result = gpu_throttle.CHECK.evaluate({"before": v100, "after": v100}, PROFILE, two)[0]
     assert result.verdict is Verdict.PASS and result.evidence["counters"] is False
-    problems = gpu_throttle.CHECK.evaluate({"before": capped, "after": capped}, PROFILE, N)[0].evidence["problems"]
+    problems = gpu_throttle.CHECK.evaluate({"before": capped, "after": capped}, PROFILE, two)[0].evidence["problems"]
     # SW power cap on GPU0 is not a fault; HW Slowdown is named by its cause, the power brake.
     assert problems == ["GPU1 (0F:00.0): hw_power_brake_slowdown active after load"]
     alone = replace(capped, gpus=[replace(g, reasons={**g.reasons, "hw_power_brake_slowdown": False})
                                   for g in capped.gpus])
     facts = {"before": alone, "after": alone}
-    problems = [p for p in [gpu_throttle.CHECK.evaluate(facts, PROFILE, N)[0].reason]]
+    problems = [p for p in [gpu_throttle.CHECK.evaluate(facts, PROFILE, two)[0].reason]]
     assert problems == ["GPU1 (0F:00.0): hw_slowdown active after load"]
 
 
@@ -86,3 +87,17 @@ def test_throttle_unreadable_reading_before_or_after_is_error_with_excerpt():
     result = gpu_throttle.CHECK.finish(ctx, gpu_throttle.CHECK.gather(ctx))[0]
     assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER") and "cannot parse" in result.reason
     assert result.evidence["output"] and len(t.called("n1", "PERFORMANCE")) == 2  # read twice, not cached
+
+
+def test_a_gpu_missing_from_a_reading_fails_naming_it():
+    """With 7 of 8 GPUs in the reading after the load tests the eighth was judged by nothing: a GPU that left
+    during the load (fallen off the bus) passed. Named by bus id when the reading before had it."""
+    idle = perf("h100-sxm-driver550-idle-with-counters.txt")
+    after = replace(idle, gpus=idle.gpus[:3] + idle.gpus[4:])
+    result = gpu_throttle.CHECK.evaluate({"before": idle, "after": after}, PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "THROTTLE_GPU_MISSING")
+    assert any("7 of 8 GPUs" in p for p in result.evidence["problems"])
+    assert any(f"GPU3 ({idle.gpus[3].bus_id.split(':', 1)[-1]})" in p for p in result.evidence["problems"])
+    short = replace(idle, gpus=idle.gpus[:7])
+    both = gpu_throttle.CHECK.evaluate({"before": short, "after": short}, PROFILE, N)[0]
+    assert (both.verdict, both.code) == (Verdict.FAIL, "THROTTLE_GPU_MISSING") and "GPU7" in both.reason

@@ -8,10 +8,11 @@ import time
 import pytest
 
 from preflight.checks import ib_link_health
+from preflight.checks.base import GatherError
 from preflight.result import Verdict
 from preflight.transport import CommandResult
 from tests.preflight.checks.helpers import PROFILE, N, parsed, verdict
-from tests.preflight.helpers import ScriptedTransport, context
+from tests.preflight.helpers import H100_NICS, ScriptedTransport, context, fixture_text, node
 
 
 def counters(**bumps):
@@ -78,3 +79,98 @@ def test_ib_health_clock_that_is_no_date_epoch_is_an_error(now):
     ctx = context(t)
     result = ib_link_health.CHECK.finish(ctx, ib_link_health.CHECK.gather(ctx))[0]
     assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER") and "date +%s" in result.reason
+
+
+def finish_with_journal(journal: CommandResult, n=None):
+    """finish() of a quiet node (counters unchanged, clock now) whose `journalctl -k` answers ``journal``."""
+    t = ScriptedTransport().on("n1", "grep", reply=lambda argv: CommandResult(
+        0, "".join(f"{p}:0\n" for p in argv[3:]), "", 0.0, argv=argv))
+    t.on("n1", "date", reply=f"{int(time.time())}\n")
+    t.on("n1", "journalctl", reply=journal)
+    ctx = context(t, n)
+    return ib_link_health.CHECK.finish(ctx, ib_link_health.CHECK.gather(ctx))[0]
+
+
+HINT = ("Hint: You are currently not seeing messages from other users and the system.\n"
+        "      Users in groups 'adm', 'systemd-journal' can see all messages.\n"
+        "      Pass -q to turn off this notice.\n")
+
+
+@pytest.mark.parametrize("rc, stderr", [
+    (0, HINT),  # the SSH user reads only its own journal: the kernel's messages are not in it
+    (0, "No journal files were found.\n"),  # no journal at all (Storage=none): nothing was read
+    (1, "No journal files were opened due to insufficient permissions.\n"),
+])
+def test_a_journal_the_user_cannot_read_is_an_error_never_zero_flaps(rc, stderr):
+    """journalctl run by a user outside adm/systemd-journal prints `-- No entries --` on stdout and its hint on
+    stderr, exit 0: preflight connects as the inventory's ansible_user without sudo, so that read as 0 link-down
+    events, a PASS that saw no log. It is an ERROR naming the command and journalctl's own words."""
+    result = finish_with_journal(CommandResult(rc, "-- No entries --\n", stderr, 0.0))
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "journalctl" in result.reason and stderr.splitlines()[0] in result.reason + str(result.evidence)
+
+
+def test_a_root_journal_with_no_entries_in_the_window_passes():
+    result = finish_with_journal(CommandResult(0, "-- No entries --\n", "", 0.0))
+    assert (result.verdict, result.code) == (Verdict.PASS, "IB_HEALTH_OK")
+
+
+def test_flaps_of_a_nic_without_a_netdev_are_unverifiable_not_a_pass():
+    """Flaps are counted per netdev; an inventory NIC without one cannot be matched to the log's events. Three
+    `lost carrier` lines of an interface no inventory NIC names used to pass as 0 flaps: WARN, naming the NIC."""
+    nics = [dict(nic, netdev=None) if nic["device"] == "mlx5_1" else nic for nic in H100_NICS]
+    n = node(rdma_nics=nics)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime(time.time() - 600))
+    log = "".join(f"{stamp} r01n01 kernel: ibp60s0: lost carrier\n" for _ in range(3))
+    result = finish_with_journal(CommandResult(0, log, "", 0.0), n)
+    assert (result.verdict, result.code) == (Verdict.WARN, "IB_FLAPS_UNVERIFIED")
+    assert "mlx5_1" in result.reason and "ibp60s0" in result.reason
+    # with no link event at all in the window, no NIC can have flapped: that is verified
+    quiet = finish_with_journal(CommandResult(0, f"{stamp} r01n01 kernel: Linux version 6.5\n", "", 0.0), n)
+    assert (quiet.verdict, quiet.code) == (Verdict.PASS, "IB_HEALTH_OK")
+
+
+
+def quiet_host(sysfs=None, mlxlink=None, n=None):
+    """A scripted host with quiet counters (or ``sysfs`` for the second counter read), an empty journal window
+    and, where given, ``mlxlink`` output; profile with mlxlink on when it is given."""
+    readings = iter([None, sysfs])
+
+    def counters_reply(argv):
+        text = next(readings, None)
+        return CommandResult(0, text if text is not None else "".join(f"{p}:0\n" for p in argv[3:]), "", 0.0,
+                             argv=argv)
+
+    t = ScriptedTransport().on("n1", "grep", reply=counters_reply)
+    t.on("n1", "date", reply=f"{int(time.time())}\n")
+    t.on("n1", "journalctl", reply="-- No entries --\n")
+    if mlxlink is not None:
+        t.on("n1", "mlxlink", reply=mlxlink)
+    ctx = context(t, n)
+    if mlxlink is not None:
+        ctx.profile = {**ctx.profile, "ib_health": {**ctx.profile["ib_health"], "mlxlink": True}}
+    return ctx
+
+
+def test_sysfs_counters_cut_short_are_an_error_with_excerpt():
+    """grep -H of the counters cut inside a path (before, or after the load tests): ERROR naming the command with
+    what came back; never a counter read as 0 or a port dropped from the comparison."""
+    cut = fixture_text("sysfs", "truncated-path-without-value.txt")
+    ctx = quiet_host(sysfs=cut)
+    result = ib_link_health.CHECK.finish(ctx, ib_link_health.CHECK.gather(ctx))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "cannot parse `grep -H ." in result.reason and "/sys/class/infiniband/" in result.evidence["output"]
+    t = ScriptedTransport().on("n1", "grep", reply=cut)
+    with pytest.raises(GatherError) as before:
+        ib_link_health.CHECK.gather(context(t))
+    result = ib_link_health.CHECK.finish(context(t), before.value)[0]
+    assert result.verdict is Verdict.ERROR and "current_link_width:16" in result.evidence["output"]
+
+
+def test_mlxlink_cut_before_the_effective_ber_is_an_error_with_excerpt():
+    cut = fixture_text("mlxlink", "truncated-before-effective-ber.txt")
+    ctx = quiet_host(mlxlink=cut)
+    result = ib_link_health.CHECK.finish(ctx, ib_link_health.CHECK.gather(ctx))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "mlxlink -d mlx5_0 -c" in result.reason and "ends before 'Effective Physical BER'" in result.reason
+    assert result.evidence["output"].startswith("Operational Info")  # the excerpt of what came back

@@ -85,3 +85,35 @@ def test_nvlink_garbage_before_is_error():
         nvlink.CHECK.gather(context(t))
     result = nvlink.CHECK.finish(context(t), info.value)[0]
     assert result.verdict is Verdict.ERROR and "all links are inActive" in result.evidence["output"]
+
+
+def test_a_gpu_missing_from_the_error_counters_fails_naming_it():
+    """`nvidia-smi nvlink -e` listing 7 of 8 GPUs, before or after the load tests: the missing GPU's counters
+    were compared with nothing and passed."""
+    zero = parsed("nvlink-errors", "h100-sxm-driver550-all-zero.txt")
+    short = replace(zero, gpus=[g for g in zero.gpus if g.index != 5])
+    for reading in ("before", "after"):
+        facts = {**nvl(), reading: short}
+        result = nvlink.CHECK.evaluate(facts, PROFILE, N)[0]
+        assert (result.verdict, result.code) == (Verdict.FAIL, "NVLINK_COUNTERS_MISSING")
+        assert "7 of 8 GPUs" in result.reason and "GPU5" in result.reason and reading in result.reason
+    status = parsed("nvlink-status", "h100-sxm-driver550-18-links-26.562.txt")
+    fewer = replace(status, gpus=status.gpus[:6])
+    result = nvlink.CHECK.evaluate({**nvl(), "status": fewer}, PROFILE, N)[0]
+    assert "6 of 8 GPUs" in result.reason and "GPU6, GPU7" in result.reason
+
+
+def test_nvlink_error_counters_cut_short_after_the_load_are_an_error_with_excerpt():
+    """The "after" reading of `nvidia-smi nvlink -e` cut mid-link: its GPUs' growth cannot be judged, ERROR with
+    the excerpt, never a pass on the counters that did come back."""
+    zero = fixture_text("nvlink_errors", "h100-sxm-driver550-all-zero.txt")
+    cut = fixture_text("nvlink_errors", "truncated-mid-link.txt")
+    readings = iter([zero, cut])
+    t = ScriptedTransport().on("n1", *nvlink.STATUS, reply=fixture_text("nvlink_status",
+                                                                        "h100-sxm-driver550-18-links-26.562.txt"))
+    t.on("n1", *nvlink.ERRORS, reply=lambda argv: CommandResult(0, next(readings), "", 0.0, argv=argv))
+    ctx = context(t)
+    result = nvlink.CHECK.finish(ctx, nvlink.CHECK.gather(ctx))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER")
+    assert "nvidia-smi nvlink -e" in result.reason and "cut mid-link" in result.reason
+    assert "Link 1: Replay Errors: 0" in result.evidence["output"]

@@ -3,6 +3,8 @@ transport (the commands it runs; unreadable output -> ERROR with an excerpt)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from preflight.checks import pcie_link
 from preflight.parsers.ib_health import PcieLinkState
 from preflight.profiles import profile_of
@@ -102,3 +104,23 @@ def test_pcie_garbage_or_truncated_nvidia_smi_is_error_with_excerpt():
         result = pcie_link.CHECK.run(context(t))[0]
         assert (result.verdict, result.code) == (Verdict.ERROR, "GATHER"), name
         assert "cannot parse" in result.reason and shown in result.evidence["output"], name
+
+
+def test_a_gpu_missing_from_nvidia_smi_fails_naming_it():
+    """nvidia-smi listing 7 of the node's 8 GPUs (one fallen off the bus) passed as "7 GPUs ... at Gen5"."""
+    facts = pcie_facts()
+    short = pcie_link.PcieFacts(replace(facts.idle, gpus=facts.idle.gpus[:7]), None, None, facts.hcas)
+    result = pcie_link.CHECK.evaluate(short, PROFILE, N)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PCIE_MISSING")
+    assert "7 of 8 GPUs" in result.reason and "GPU7" in result.reason
+
+
+def test_a_gpu_below_its_own_maximum_generation_fails_under_a_lower_profile():
+    """The profile's generation is a floor, not the judgement: a GPU whose link can run Gen5 (its Max) and
+    trained Gen4 under load passed on a Gen4 profile. As the width already was, it is judged against its own
+    maximum too."""
+    a100 = node(gpu_model="a100-sxm")
+    facts = pcie_link.PcieFacts(parsed("nvsmi-pci", "h200-sxm-gpu0-gen4-on-gen5-slot.txt"), None, None, {})
+    result = pcie_link.CHECK.evaluate(facts, profile_of(a100), a100)[0]
+    assert (result.verdict, result.code) == (Verdict.FAIL, "PCIE_GEN") and "GPU0" in result.reason
+    assert "Gen4" in result.reason and "Gen5" in result.reason

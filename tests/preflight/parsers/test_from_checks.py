@@ -134,6 +134,26 @@ def test_kernel_links_refuses_dmesg_lines_it_cannot_place_in_the_flap_window():
         ib_health.parse_kernel_links("[ 5029.881102] ibp60s0: lost carrier\n", now=NOW)
 
 
+def test_link_events_are_matched_whatever_their_case():
+    """azurehpc-health-checks greps the log with -i; `Lost carrier` is the same event."""
+    log = "".join(f"2025-11-30T23:50:00+00:00 r01n01 kernel: ibp60s0: {words}\n"
+                  for words in ("Lost carrier", "LOST CARRIER", "lost carrier", "Link becomes ready"))
+    events = ib_health.parse_kernel_links(log, now=NOW).events
+    assert [(e.device, e.state) for e in events] == [("ibp60s0", "down")] * 3 + [("ibp60s0", "up")]
+
+
+@pytest.mark.parametrize("stderr, gap", [
+    (fixture := text("kernel_links", "garbage-journal-permission.txt"), fixture.splitlines()[0]),
+    ("No journal files were found.\n", "No journal files were found."),
+    ("No journal files were opened due to insufficient permissions.\n",
+     "No journal files were opened due to insufficient permissions."),
+    ("", None),
+    ("Journal file /var/log/journal/x/system@0.journal~ corrupted, ignoring file.\n", None),
+])
+def test_journal_gap_is_journalctls_own_word_that_it_did_not_read_the_system_journal(stderr, gap):
+    assert kernel_log.journal_gap(stderr) == gap
+
+
 def test_pcie_link_attributes_typed_from_sysfs():
     base = "/sys/class/infiniband/mlx5_0/device"
     values = ib_health.SysfsValues({f"{base}/current_link_speed": "16.0 GT/s PCIe", f"{base}/current_link_width": "8",

@@ -91,7 +91,20 @@ def test_row_with_missing_cells_is_an_error():
 def test_single_gpu_matrix():
     t = topo.parse("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-15\t0\n")
     assert t.to_json() == {"gpus": [{"name": "GPU0", "cpu_affinity": "0-15", "numa_affinity": "0",
-                                     "gpu_numa_id": None}], "nics": [], "links": {"GPU0": {"GPU0": "X"}}}
+                                     "gpu_numa_id": None}], "nics": [], "links": {"GPU0": {"GPU0": "X"}},
+                         "nvlinks": {"GPU0": {}}}
+
+
+def test_nvlink_counts_and_link_kinds_come_from_the_parser():
+    """The NV# tokens are read here, not in the gpu_topology check: counts per GPU pair (0 over PCIe) and
+    each link's kind."""
+    t = load("v100-sxm2-dgx1-driver418-tabs-cpu-affinity-only.txt")
+    assert t.nvlinks("GPU0", "GPU3") == 2 and t.nvlinks("GPU0", "GPU5") == 0 and t.nvlinks("GPU0", "GPU99") == 0
+    assert [t.link_kind("GPU0", c) for c in ("GPU0", "GPU3", "GPU5", "mlx5_0", "GPU99")] == [
+        "self", "nvlink", "pcie", "pcie", None]
+    matrix = t.to_json()["nvlinks"]
+    assert matrix["GPU0"]["GPU3"] == 2 and matrix["GPU3"]["GPU0"] == 2 and "GPU0" not in matrix["GPU0"]
+    assert set(matrix) == {g.name for g in t.gpus} and "mlx5_0" not in matrix["GPU0"]
 
 
 def test_nic_without_legend_has_no_device():

@@ -1,234 +1,24 @@
-"""Running commands on a node: over SSH (fabric), or locally when preflight runs on the node itself.
-
-Commands are always argv lists. Locally they go straight to ``subprocess`` (never a shell); over SSH the
-remote shell gets ``shlex.join(argv)``, so a value from the inventory is always one quoted word, under
-coreutils ``timeout`` so that a hung command does not outlive its limit on the host (:func:`remote_command`).
-
-Both transports read at most ``OUTPUT_CAP_BYTES`` of each stream of a command (security review M4): past
-that, reading stops, the command is ended (locally its process group is killed; over SSH the channel is
-closed) and the result says ``truncated``. A truncated output is never judged (``NodeContext.run`` makes it
-the check's ERROR), so events past the cap cannot silently vanish.
-
-Which transport a node gets is decided by inventory variables only (see :class:`RoutingTransport`):
-``ansible_connection: local`` -> :class:`LocalTransport` (preflight running on the node it checks, as
-Ansible's local connection does); otherwise :class:`SshTransport` to ``ansible_host`` with Ansible's
-connection settings: ``ansible_user``, ``ansible_port``, ``ansible_ssh_private_key_file`` and the
-``UserKnownHostsFile`` of ``ansible_ssh_common_args``/``ansible_ssh_extra_args``. Host keys are always
-verified (security review M5): the system and user known_hosts files plus that file are loaded and an
-unknown or changed host key makes the node UNREACHABLE with the reason, as ``ssh -o
-StrictHostKeyChecking=yes`` would.
-"""
+"""Running argv on a node over SSH (fabric to connect, paramiko channels to run): ``shlex.join(argv)``
+under the host's coreutils ``timeout``, host keys verified against known_hosts, one connection per host."""
 
 from __future__ import annotations
 
 import math
 import os
 import select
-import selectors
 import shlex
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from cluster.model import Node
+from preflight.transport.command import OUTPUT_CAP_BYTES, READ_CHUNK, CommandResult
 
 SSH_UNREACHABLE_RC = 255  # what ssh(1) exits with when it could not connect
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-KILL_GRACE_S = 2.0
 _SSH_IMPORT_LOCK = threading.Lock()
-READ_CHUNK = 65536
-# Per stream of one command. The largest output preflight reads is `nvidia-smi -q` on 8 GPUs: 24.9 KB
-# (tests/fixtures/preflight/nvsmi_q/h100-sxm-driver535-full-q-clean.txt, the largest of the preflight
-# fixtures; the kernel log is filtered on the host to the lines a check counts). 4 MiB is ~170 times that,
-# and bounds the controller at 64 nodes x 2 streams x 4 MiB = 512 MiB in the worst case, where an unfiltered
-# kernel log in an XID storm was hundreds of MB per node.
-OUTPUT_CAP_BYTES = 4 * 2**20
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    rc: int | None  # None when the process was killed on timeout or never started
-    stdout: str
-    stderr: str
-    duration: float
-    timed_out: bool = False
-    unreachable: bool = False  # the host itself did not answer (connection failed)
-    argv: tuple[str, ...] = ()
-    truncated: bool = False  # a stream went over OUTPUT_CAP_BYTES: reading stopped, the command was ended
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0 and not self.timed_out and not self.unreachable and not self.truncated
-
-    def last_line(self) -> str:
-        """The last non-empty line of stderr (else stdout): the usual place for the reason of a failure."""
-        for text in (self.stderr, self.stdout):
-            lines = [line.strip() for line in text.splitlines() if line.strip()]
-            if lines:
-                return lines[-1][:300]
-        return ""
-
-
-class Background(Protocol):
-    def stop(self) -> CommandResult: ...
-
-
-class Transport(Protocol):
-    def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult: ...
-
-    def start(self, host: Node, argv: Sequence[str], limit: float) -> Background:
-        """Start a long-running command (a perftest server); it dies by itself after ``limit`` s."""
-        ...
-
-
-def _spawn(argv: list[str], text: bool = True) -> subprocess.Popen:
-    """A child in its own session (a timeout kills its whole group), no stdin; text output, or bytes for
-    :func:`_read_capped`."""
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        text=text,
-        errors="replace" if text else None,
-    )
-
-
-class LocalTransport:
-    """Runs argv on this machine (the node itself); on timeout the whole process group dies."""
-
-    def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult:
-        full = [str(a) for a in argv]
-        started = time.monotonic()
-        try:
-            proc = _spawn(full, text=False)
-        except OSError as exc:  # the program itself is missing: a failed command, not an unreachable host
-            return CommandResult(None, "", str(exc), time.monotonic() - started, argv=tuple(argv))
-        out, err, timed_out, truncated = _read_capped(proc, started + timeout, OUTPUT_CAP_BYTES)
-        rc = None if timed_out or truncated else proc.returncode
-        return CommandResult(rc, _local_text(out), _local_text(err), time.monotonic() - started, timed_out, False,
-                             tuple(argv), truncated)
-
-    def start(self, host: Node, argv: Sequence[str], limit: float) -> LocalBackground:
-        proc = _spawn([str(a) for a in argv])
-        return LocalBackground(proc, tuple(argv), limit)
-
-
-def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _read_capped(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
-    """(stdout, stderr, timed out, truncated) of a child spawned with bytes pipes, both drained as they come.
-
-    A stream over ``cap`` bytes stops the read (security review M4): it keeps its first ``cap`` bytes and the
-    group is killed. On the deadline the group is killed too. After a kill, what the pipes still hold is read
-    for at most ``KILL_GRACE_S`` (a descendant that left the group may keep them open, review L7), then they
-    are closed."""
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = bytearray(), bytearray()
-    data = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-    timed_out = truncated = False
-    with selectors.DefaultSelector() as selector:
-        for pipe in (proc.stdout, proc.stderr):
-            selector.register(pipe, selectors.EVENT_READ)
-
-        def read_ready(wait: float) -> bool:
-            """Read what is ready within ``wait`` s; True once a stream went over the cap."""
-            over = False
-            for key, _ in selector.select(wait):
-                chunk = os.read(key.fd, READ_CHUNK)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                    continue
-                buffer = data[key.fd]
-                buffer += chunk[: max(0, cap - len(buffer) + 1)]
-                if len(buffer) > cap:
-                    del buffer[cap:]
-                    over = True
-            return over
-
-        while selector.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            if read_ready(left):
-                truncated = True
-                break
-        if not timed_out and not truncated:
-            try:  # both streams ended: the status, within what is left of the limit
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-        if timed_out or truncated:
-            _kill_group(proc)
-            grace = time.monotonic() + KILL_GRACE_S
-            while selector.get_map() and (left := grace - time.monotonic()) > 0:
-                truncated = read_ready(left) or truncated
-    for pipe in (proc.stdout, proc.stderr):
-        pipe.close()
-    proc.wait()
-    return bytes(out), bytes(err), timed_out, truncated
-
-
-def _local_text(data: bytes) -> str:
-    """As text-mode pipes decoded it: UTF-8 with replacement, universal newlines (CRLF and CR -> LF)."""
-    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _output_after_kill(proc: subprocess.Popen) -> tuple[str, str]:
-    """What a killed group wrote. A descendant that left the group (``setsid``, a daemon) still holds the
-    pipes open, and ``communicate()`` would wait for it as long as it lives (security review L7): wait up to
-    ``KILL_GRACE_S`` for the end of output, then close the pipes and keep what came."""
-    try:
-        return proc.communicate(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired as exc:
-        out, err = exc.output, exc.stderr
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
-    proc.wait()
-
-    def text(data: bytes | str | None) -> str:
-        if isinstance(data, bytes):
-            return data.decode("utf-8", errors="replace")
-        return data or ""
-
-    return text(out), text(err)
-
-
-class LocalBackground:
-    def __init__(self, proc: subprocess.Popen, argv: tuple[str, ...], limit: float):
-        self.proc = proc
-        self.argv = argv
-        self.started = time.monotonic()
-        # Even if stop() is never reached (the run is interrupted), the server does not outlive its limit.
-        self._timer = threading.Timer(limit, _kill_group, (proc,))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def stop(self) -> CommandResult:
-        self._timer.cancel()
-        if self.proc.poll() is None:
-            _kill_group(self.proc, signal.SIGTERM)
-            try:
-                out, err = self.proc.communicate(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _kill_group(self.proc)
-                out, err = _output_after_kill(self.proc)
-        else:
-            out, err = self.proc.communicate()
-        return CommandResult(self.proc.returncode, out, err, time.monotonic() - self.started, argv=self.argv)
 
 
 def known_hosts_files(host: Node) -> list[Path]:
@@ -457,26 +247,3 @@ class SshBackground:
             return self.launched
         # Kill the `timeout` wrapper; it forwards the signal to the server.
         return self.transport.run(self.host, ["kill", self.pid], timeout=30)
-
-
-class RoutingTransport:
-    """Picks the transport per node from ``ansible_connection``, as Ansible does (no 'is this virtual?')."""
-
-    def __init__(self) -> None:
-        # No injection points: tests script whole transports (tests/preflight/helpers.py) instead.
-        self.local: Transport = LocalTransport()
-        self.ssh: Transport = SshTransport()
-
-    def for_host(self, host: Node) -> Transport:
-        return self.local if host.settings.connection.kind == "local" else self.ssh
-
-    def run(self, host: Node, argv: Sequence[str], timeout: float) -> CommandResult:
-        return self.for_host(host).run(host, argv, timeout)
-
-    def start(self, host: Node, argv: Sequence[str], limit: float) -> Background:
-        return self.for_host(host).start(host, argv, limit)
-
-    def close(self) -> None:
-        close = getattr(self.ssh, "close", None)
-        if close:
-            close()
