@@ -218,6 +218,14 @@ def test_grub_dropin_and_pm_qos_unit(provisioned):
         assert provisioned.exists(host, "/etc/systemd/system/sysinit.target.wants/cpu-dma-latency.service")
 
 
+def test_the_connecting_user_reads_the_kernel_log(provisioned):
+    """preflight reads journalctl -k as the inventory's user, without sudo: it must be in systemd-journal."""
+    for host in provisioned.hosts:
+        groups = {line.split(":")[0]: line.rstrip("\n").split(":")[3].split(",")
+                  for line in provisioned.read(host, "/etc/group").splitlines() if line.count(":") == 3}
+        assert "deploy" in groups["systemd-journal"], (host, groups["systemd-journal"])
+
+
 def test_sysctl_dropin(provisioned):
     text = provisioned.read(IB_HOST, "/etc/sysctl.d/60-clusterctl-numa.conf")
     assert "kernel.numa_balancing = 0\n" in text and "vm.swappiness = 1\n" in text
