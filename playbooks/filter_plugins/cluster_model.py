@@ -1,5 +1,5 @@
 """The roles' one Python surface onto the cluster model: ``cluster_node``, ``eas_agent_config``,
-``consul_iu_services``.
+``consul_iu_services``, ``kernel_args``.
 
 Each takes the host's name and its hostvars and builds the node with the same code as clusterctl
 (:func:`cluster.model.build_node`), after the same per-host validation (:mod:`cluster.validate`): a
@@ -29,7 +29,8 @@ argument-spec check), so it calls the filter itself::
 
 ``eas_agent_config`` returns the agent config's ``ius`` list and ``consul_iu_services(interval, timeout)``
 IU id -> Consul service definition (:mod:`cluster.services`). There is no second implementation of the
-layout here.
+layout here. ``cpu_cstates_extra_kernel_args | kernel_args(inventory_hostname)`` is the list itself once
+:mod:`cluster.spec`'s rule passed it (a role that needs no other variable of the model).
 """
 
 from __future__ import annotations
@@ -58,10 +59,13 @@ def _model_vars(hostvars: Any) -> dict[str, Any]:
 def node_of(hostname: Any, hostvars: Any) -> model.Node:
     """The validated model node, or AnsibleFilterError with one line per problem."""
     name, variables = str(hostname), _model_vars(hostvars)
-    problems = [p for rule in validate.HOST_RULES for p in rule(name, variables)]
+    _stop_on([p for rule in validate.HOST_RULES for p in rule(name, variables)])
+    return model.build_node(name, variables)
+
+
+def _stop_on(problems: list[spec.Problem]) -> None:
     if problems:
         raise AnsibleFilterError(f"inventory: {len(problems)} problem(s):\n{validate.format_problems(problems)}")
-    return model.build_node(name, variables)
 
 
 def cluster_node(hostname: str, hostvars: Any) -> dict[str, Any]:
@@ -97,7 +101,14 @@ def consul_iu_services(hostname: str, hostvars: Any, interval: str, timeout: str
     return services.iu_service_definitions(node_of(hostname, hostvars), interval, timeout)
 
 
+def kernel_args(value: Any, hostname: str) -> list[str]:
+    """``cpu_cstates_extra_kernel_args`` when :mod:`cluster.spec`'s rule passes it, else AnsibleFilterError
+    naming host, variable and value (update-grub sources the drop-in it goes into as shell)."""
+    _stop_on(spec.check_settings(str(hostname), {"cpu_cstates_extra_kernel_args": value}))
+    return list(value or [])
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"cluster_node": cluster_node, "eas_agent_config": eas_agent_config,
-                "consul_iu_services": consul_iu_services}
+                "consul_iu_services": consul_iu_services, "kernel_args": kernel_args}

@@ -82,6 +82,9 @@ def test_a_key_file_falls_back_to_ansible_private_key_file():
      "n1: preflight_version_pins.drivr='550': unknown component; expected one of driver, cuda, fabric_manager, nccl, ofed"),
     ("ansible_ssh_extra_args: \"-o 'ProxyJump=a\"",
      "n1: ansible_ssh_extra_args=\"-o 'ProxyJump=a\": not shell words: No closing quotation"),
+    ("cpu_cstates_extra_kernel_args: ['$(reboot)']", "n1: cpu_cstates_extra_kernel_args[0]='$(reboot)': not a kernel "
+     "argument: one word of letters, digits and _ . , = : / + - (no spaces, quotes, '$' or newlines: update-grub "
+     "sources it as shell)"),
 ])
 def test_a_bad_setting_is_one_line_naming_host_variable_value(tmp_path, capsys, line, expected):
     inventory = write_tree(tmp_path / "inventory", {"hosts.yml": HOSTS, "group_vars/all.yml": f"gpu_model: h100-sxm\n{line}\n"})

@@ -86,3 +86,14 @@ def test_the_filters_read_no_other_variable(r01n01):
             return super().__getitem__(key)
 
     FILTERS["cluster_node"]("r01n01", Watching(r01n01, consul_agent_acl_management_token="secret"))
+
+
+@pytest.mark.parametrize("hostile", ["$(reboot)", "quiet'", "quiet\nGRUB_TIMEOUT=0"])
+def test_kernel_args_stops_the_cpu_cstates_role_on_a_non_kernel_word(hostile):
+    """cpu_cstates writes these into a drop-in update-grub sources as shell, as root."""
+    assert FILTERS["kernel_args"](["iommu=pt"], "r01n01") == ["iommu=pt"]
+    assert FILTERS["kernel_args"]([], "r01n01") == []
+    with pytest.raises(AnsibleFilterError) as error:
+        FILTERS["kernel_args"](["iommu=pt", hostile], "r01n01")
+    assert str(error.value).splitlines()[1].startswith(
+        f"r01n01: cpu_cstates_extra_kernel_args[1]={hostile!r}: not a kernel argument")
