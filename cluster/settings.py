@@ -62,17 +62,18 @@ class Consul:
     token_file: str | None = None
 
     def operator_token(self) -> str | None:
-        """The token rule (roles/consul_agent/README.md): ``consul_token`` when set, else the 0600
-        ``consul_token_file``'s, else none. Raises consul_io.client.TokenError naming the variable."""
-        from cluster.consul_acl import TokenFileError, token_from
-        from consul_io.client import TokenError
+        """The operator token by the one token rule (:func:`consul_io.client.resolve_token`): ``consul_token``
+        when set, else the 0600 ``consul_token_file``'s, else none. Raises consul_io.client.TokenError naming
+        the variable."""
+        from consul_io.client import TokenError, resolve_token
 
         if isinstance(self.token, spec.Undecryptable):
             raise TokenError(str(self.token))
         try:
-            return token_from(self.token, self.token_file) or None
-        except TokenFileError as exc:
-            raise TokenError(str(exc)) from None
+            return resolve_token(self.token, self.token_file)
+        except TokenError as exc:
+            # the value is used when set, so a refused value is consul_token's, else the file is consul_token_file's
+            raise TokenError(f"consul_token: {exc}" if self.token else f"consul_token_file {exc}") from None
 
     @property
     def address(self) -> str:

@@ -7,7 +7,8 @@
 - ``consul_marker_key``: the preflight release marker of an IU.
 - ``consul_token``: the token rule (roles/consul_agent/README.md): ``consul_token | consul_token(consul_token_file)``
   is the vault value when set, else the token read from the 0600 file on the controller; a bad file fails
-  naming it.
+  naming it. The same function as every Python reader's (cluster.settings.Consul.operator_token).
+
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from cluster import consul_acl
+    from cluster import consul_acl, settings
 except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from cluster import consul_acl
+    from cluster import consul_acl, settings
 from consul_io import layout  # noqa: E402 (found through the same path as cluster)
+from consul_io.client import TokenError  # noqa: E402
 
 _TEMPLATE = re.compile(r"^\{\{.*\}\}$")
 
@@ -74,13 +76,13 @@ def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefi
 
 
 def consul_marker_key(iu_id: str, datacenter: str) -> str:
-    return consul_acl.marker_key(datacenter, iu_id)
+    return layout.marker_key(datacenter, iu_id)
 
 
 def consul_token(value: Any, path: Any = "") -> str:
     try:
-        return consul_acl.token_from(value, path)
-    except consul_acl.TokenFileError as exc:
+        return settings.Consul(token=value, token_file=str(path or "") or None).operator_token() or ""
+    except TokenError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
 

@@ -22,10 +22,12 @@ def token_file(tmp_path, text: str, mode: int = 0o600):
     return path
 
 
-def test_a_token_is_the_value_itself_or_a_0600_file(tmp_path):
+def test_a_token_is_the_value_itself_else_a_0600_file_else_none(tmp_path):
+    path = token_file(tmp_path, "b1d2e3f4-0000-4000-8000-000000000000\n")
     assert resolve_token(TOKEN) == TOKEN
-    assert resolve_token(None) is None and resolve_token("") is None
-    assert resolve_token(str(token_file(tmp_path, TOKEN + "\n"))) == TOKEN
+    assert resolve_token(TOKEN, str(path)) == TOKEN  # the value wins over the file
+    assert resolve_token(None, str(path)) == resolve_token("", path) == "b1d2e3f4-0000-4000-8000-000000000000"
+    assert resolve_token(None, None) is None and resolve_token("", "") is None
 
 
 @pytest.mark.parametrize(("text", "mode", "message"), [
@@ -37,12 +39,15 @@ def test_a_token_is_the_value_itself_or_a_0600_file(tmp_path):
 def test_unusable_token_files_are_refused_naming_the_file(tmp_path, text, mode, message):
     path = token_file(tmp_path, text, mode)
     with pytest.raises(TokenError) as info:
-        resolve_token(str(path))
+        resolve_token(token_file=str(path))
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
     assert TOKEN not in str(info.value)  # a secret never goes into a message
 
 
-def test_a_missing_token_file_is_one_line(tmp_path):
+def test_a_configured_token_file_that_is_missing_is_an_error_not_no_token(tmp_path):
+    """Every reader's rule (the agent's too): no token would only turn into 403s on every call later."""
+    with pytest.raises(TokenError, match=r"consul.token: cannot read the Consul token file: No such file"):
+        resolve_token(token_file=tmp_path / "consul.token")
     with pytest.raises(TokenError, match=r"consul.token: cannot read the Consul token file: No such file"):
         read_token_file(tmp_path / "consul.token")
 

@@ -184,6 +184,22 @@ def test_the_token_rule_vault_value_first_then_a_private_file(tmp_path):
         token("", str(path))
 
 
+def test_the_filter_is_the_python_readers_token_rule(tmp_path):
+    """One function for the roles and clusterctl (cluster.settings.Consul.operator_token): a vault value of
+    two words went out as the header before, where preflight refused it."""
+    from ansible.errors import AnsibleFilterError
+
+    from cluster.settings import node_settings
+    from consul_io.client import TokenError
+
+    with pytest.raises(AnsibleFilterError) as filtered:
+        _filters()["consul_token"]("s3cr3t s3cr3t", "")
+    with pytest.raises(TokenError) as read:
+        node_settings({"consul_token": "s3cr3t s3cr3t"}).consul.operator_token()
+    assert str(filtered.value) == str(read.value) == (
+        "consul_token: the Consul ACL token holds whitespace (a vault value of one line is expected)")
+
+
 @pytest.mark.parametrize("raced", ["/v1/acl/policy", "/v1/acl/token"])
 def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(server, raced, monkeypatch):
     """A batch ensures its nodes' ACLs in parallel forks, and every node ensures the shared policies and tokens:
