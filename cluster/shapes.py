@@ -54,6 +54,19 @@ def shell_words(raw: Any) -> tuple[str, ...]:
         raise Invalid(f"not shell words: {exc}") from None
 
 
+def consul_address(raw: Any) -> str:
+    """``HOST:PORT`` of a Consul agent's HTTP API, without a scheme (the scheme is ``consul_scheme``'s)."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise Invalid("must be a non-empty string")
+    if "://" in raw:
+        raise Invalid("HOST:PORT without a scheme: write the scheme as consul_scheme (consul_scheme: https), "
+                      "not in the address")
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise Invalid("expected HOST:PORT (the Consul agent's HTTP API, e.g. 127.0.0.1:8500)")
+    return raw
+
+
 def kernel_args(raw: Any) -> tuple[str, ...]:
     """A list of kernel arguments, one argument per entry (the role compares each with a word of
     /proc/cmdline, so "a=1 b=2" in one entry would never count as active)."""

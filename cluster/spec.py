@@ -22,6 +22,11 @@ the vault secrets are in effect. No other module applies a default.
 Variables of the layout are documented in :mod:`cluster.model`'s table; those of the per-node settings
 (connection, Consul, preflight, version pins, agent) in :mod:`cluster.settings`'.
 
+Consul's address and scheme are two variables: ``consul_http_addr`` is ``HOST:PORT`` and ``consul_scheme``
+is ``http`` or ``https``. A scheme inside the address (``https://h:8501``) is refused by its type (so even a
+node built without validation cannot have one) with a line saying to set ``consul_scheme``: the roles
+template the address into the agent's ``client_addr`` and ``ports.http``, and a prefix that was dropped sent
+the operator token over plain HTTP. :class:`cluster.settings.Consul` is the one reading of the pair.
 ``cpu_cstates_extra_kernel_args`` is declared for its rule only (the cpu_cstates role's ``kernel_args``
 filter applies it too): update-grub sources it as shell, as root.
 """
@@ -40,6 +45,7 @@ from cluster.shapes import (  # noqa: F401
     IFNAME,
     MAX_HOSTNAME,
     Invalid,
+    consul_address,
     ifname_rule,
     is_host_name,
     kernel_args,
@@ -304,7 +310,7 @@ class HostVars:
     ansible_ssh_common_args: tuple[str, ...] = var((), shell_words)
     ansible_ssh_extra_args: tuple[str, ...] = var((), shell_words)
     # -- Consul
-    consul_http_addr: str | None = var(None, string(_NONEMPTY), nonempty)
+    consul_http_addr: str | None = var(None, consul_address)  # no scheme: the module docstring says why
     consul_scheme: str = var("http", str, one_of(("http", "https"), "must be http or https"))
     consul_datacenter: str | None = var(None, string(_NONEMPTY), nonempty)
     # Secret: decrypted at load when the vault secrets can, else kept as Undecryptable, so a command that

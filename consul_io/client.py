@@ -15,6 +15,10 @@ through :meth:`cluster.settings.Consul.operator_token`, which names the variable
 the edge ``consul.token_file`` of their config (docs/contracts/agent-config.md; the roles write the vault
 value there). ACL tokens are passed explicitly on every call (py-consul sends none on some endpoints).
 
+One address rule (:func:`endpoint`): ``[SCHEME://]HOST:PORT``. A scheme written in the address (the
+``CONSUL_HTTP_ADDR`` spelling of Consul's CLI) is kept, and one that contradicts the ``scheme`` a caller
+passes is an error, never a silent downgrade to plain HTTP. The inventory has no scheme in its address
+(``cluster/spec.py``): its scheme is ``consul_scheme``.
 """
 
 from __future__ import annotations
@@ -80,13 +84,21 @@ def go_duration(seconds: float) -> str:
     return f"{int(round(seconds * 1000))}ms"
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """``[http://]HOST:PORT`` -> (host, port); raises ConsulUnavailable naming a bad address."""
-    bare = address.removeprefix("http://").removeprefix("https://")
+SCHEMES = ("http", "https")
+
+
+def endpoint(address: str, scheme: str | None = None) -> tuple[str, str, int]:
+    """``[SCHEME://]HOST:PORT`` -> (scheme, host, port): the scheme written in the address, else ``scheme``,
+    else http. Raises ConsulUnavailable naming a bad address, or one whose scheme contradicts ``scheme``."""
+    written, sep, bare = address.rpartition("://")
+    if sep and written not in SCHEMES:
+        raise ConsulUnavailable(f"Consul address {address!r}: the scheme must be http or https")
+    if sep and scheme and written != scheme:
+        raise ConsulUnavailable(f"Consul address {address!r} says {written} but the scheme given is {scheme}")
     host, _, port = bare.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConsulUnavailable(f"Consul address {address!r} is not HOST:PORT")
-    return host, int(port)
+    return written or scheme or "http", host, int(port)
 
 
 class ConsulIO:
@@ -95,13 +107,16 @@ class ConsulIO:
         address: str = layout.DEFAULT_HTTP_ADDR,
         *,
         token: str | None = None,
-        scheme: str = "http",
+        scheme: str | None = None,
         ca_file: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         dc: str | None = None,
     ):
-        host, port = split_address(address)
+        """``address``: ``[SCHEME://]HOST:PORT``; ``scheme``: http or https (:func:`endpoint`: the address's
+        scheme, else this, else http; the two must agree)."""
+        scheme, host, port = endpoint(address, scheme)
         self.address = f"{host}:{port}"
+        self.scheme = scheme
         self.token = token
         self.timeout_s = timeout_s
         self.client = consul.Consul(

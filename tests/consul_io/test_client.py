@@ -63,6 +63,26 @@ def test_bad_addresses_are_named():
         ConsulIO("nonsense")
     with pytest.raises(ConsulUnavailable, match=r"is not HOST:PORT"):
         ConsulIO("127.0.0.1:99999")
+    with pytest.raises(ConsulUnavailable, match=r"'ftp://127.0.0.1:8500': the scheme must be http or https"):
+        ConsulIO("ftp://127.0.0.1:8500")
+
+
+@pytest.mark.parametrize(("address", "scheme", "expected"), [
+    ("127.0.0.1:8501", None, "http"), ("127.0.0.1:8501", "https", "https"),
+    ("https://127.0.0.1:8501", None, "https"), ("https://127.0.0.1:8501", "https", "https"),
+    ("http://127.0.0.1:8500", "http", "http")])
+def test_the_scheme_is_the_addresss_or_the_one_given(address, scheme, expected):
+    """An https:// address was read as plain http before: the token went out in cleartext."""
+    io = ConsulIO(address, scheme=scheme)
+    assert io.scheme == expected and io.client.http.base_uri == f"{expected}://127.0.0.1:{address[-4:]}"
+    assert io.address == f"127.0.0.1:{address[-4:]}"
+
+
+def test_an_address_that_contradicts_the_scheme_is_refused():
+    with pytest.raises(ConsulUnavailable, match=r"'https://127.0.0.1:8501' says https but the scheme given is http"):
+        ConsulIO("https://127.0.0.1:8501", scheme="http")
+    with pytest.raises(ConsulUnavailable, match=r"'http://127.0.0.1:8500' says http but the scheme given is https"):
+        ConsulIO("http://127.0.0.1:8500", scheme="https")
 
 
 def free_port() -> int:

@@ -67,6 +67,19 @@ def test_a_configured_token_file_that_is_missing_stops_the_agent(tmp_path):
                                "No such file or directory")
 
 
+def test_an_https_address_with_the_scheme_left_at_http_stops_the_agent(tmp_path):
+    """It was read as plain http (the token in cleartext); now the config is named, field and both schemes."""
+    from eas_agent.agent import open_store
+
+    path = write(tmp_path, GOOD.replace("address: 127.0.0.1:8500", "address: https://127.0.0.1:8501").replace(
+        "  token_file: /etc/eas-agent/consul.token\n", ""))
+    with pytest.raises(ConfigError) as info:
+        open_store(load_config(path), timeout_s=1.0)
+    assert info.value.field == "consul.address" and "says https but the scheme given is http" in str(info.value)
+    https = load_config(write(tmp_path, path.read_text().replace("scheme: http", "scheme: https")))
+    assert open_store(https, timeout_s=1.0).client.http.base_uri == "https://127.0.0.1:8501"
+
+
 def test_write_budget_settings_default_and_reach_the_publisher(tmp_path):
     from eas_agent.agent import Agent
     from sim.memstore import MemoryStore

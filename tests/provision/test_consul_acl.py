@@ -200,6 +200,15 @@ def test_the_filter_is_the_python_readers_token_rule(tmp_path):
         "consul_token: the Consul ACL token holds whitespace (a vault value of one line is expected)")
 
 
+def test_the_maintenance_filter_reads_which_services_consul_holds_in_maintenance():
+    checks = {"_service_maintenance:n1-iu0": {"CheckID": "_service_maintenance:n1-iu0", "Notes": "clusterctl rolling restart"},
+              "_service_maintenance:n1-iu1": {"CheckID": "_service_maintenance:n1-iu1"},
+              "_node_maintenance": {"Notes": "node"}, "eas:n1-iu0": {"Notes": "score"},
+              "vllm-iu:n1-iu0:health": {}}
+    assert _filters()["consul_maintenance"](checks) == {"n1-iu0": "clusterctl rolling restart", "n1-iu1": None}
+    assert _filters()["consul_maintenance"]({}) == {}
+
+
 @pytest.mark.parametrize("raced", ["/v1/acl/policy", "/v1/acl/token"])
 def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(server, raced, monkeypatch):
     """A batch ensures its nodes' ACLs in parallel forks, and every node ensures the shared policies and tokens:
