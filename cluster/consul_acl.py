@@ -1,4 +1,4 @@
-"""The cluster's Consul ACL policies (least privilege, one per job) and the preflight release marker.
+"""The cluster's Consul ACL policies (least privilege, one per job).
 
 Rules use Consul's rule language (https://developer.hashicorp.com/consul/docs/secure/acl/rule). Each token
 from the vault is linked to exactly the policy below; ``roles/consul_agent`` creates policies and tokens
@@ -20,9 +20,7 @@ services, which is what confines the eas-agent to its node in practice. That lim
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, acl_policy, marker_key  # noqa: F401 (marker_key: the filter's)
+from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, acl_policy
 from consul_io.layout import SERVICE_NAME as SERVICE
 
 
@@ -69,28 +67,3 @@ def node_policies(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> di
         "edge": edge_policy(kv_prefix),
     }
     return {acl_policy(kind, node): text for kind, text in rules.items()}
-
-
-class TokenFileError(ValueError):
-    pass
-
-
-def read_token_file(path: str | Path) -> str:
-    """The token rule's file half (roles/consul_agent/README.md, "The Consul token"): a file holding only
-    the token, not readable by group or others. One implementation for every reader:
-    :func:`consul_io.client.read_token_file`; here its refusal names the variable."""
-    from consul_io.client import TokenError
-    from consul_io.client import read_token_file as read
-
-    try:
-        return read(path)
-    except TokenError as exc:
-        raise TokenFileError(f"consul_token_file {exc}") from None
-
-
-def token_from(value: object, path: object) -> str:
-    """``consul_token`` (a vault value) when set, else the token in ``consul_token_file``, else ''."""
-    text = str(value or "").strip()
-    if text:
-        return text
-    return read_token_file(str(path)) if path else ""

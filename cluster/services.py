@@ -4,6 +4,9 @@
   the eas_agent role through the ``eas_agent_config`` filter.
 - :func:`iu_service_definitions`: one Consul service definition per IU (the ``vllm-iu`` service, its
   ``/health`` check), rendered by the consul_agent role through the ``consul_iu_services`` filter.
+- :func:`iu_registration`: one IU's instance (name, ID, address, port, tags, meta) without its checks:
+  the definitions above hold it, and the simulators register it through the API
+  (``sim/vllm/registration.py``), so a simulated IU is tagged exactly as a provisioned one.
 
 Pure functions of a :class:`cluster.model.Node`: the filters in ``playbooks/filter_plugins`` build the
 node with :func:`cluster.model.build_node` and call these, so no template rebuilds the shape by hand.
@@ -11,6 +14,7 @@ node with :func:`cluster.model.build_node` and call these, so no template rebuil
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from cluster.model import Node
@@ -35,6 +39,30 @@ def agent_ius(node: Node) -> list[dict[str, Any]]:
     ]
 
 
+def health_url(address: str, port: int) -> str:
+    """The IU's vLLM ``/health``, which its Consul check calls."""
+    return f"http://{address}:{port}/health"
+
+
+def iu_registration(iu: str, node: str, rack: str, address: str, port: int, gpus: Sequence[int],
+                    numa_node: int | None) -> dict[str, Any]:
+    """One IU's ``vllm-iu`` instance: name, ID (the IU id), address, port, tags and meta (Consul meta values
+    are strings; an IU without one NUMA node has ``numa_node`` "")."""
+    return {
+        "name": IU_SERVICE_NAME,
+        "id": iu,
+        "address": address,
+        "port": port,
+        "tags": [layout.rack_tag(rack), layout.node_tag(node)],
+        "meta": {
+            "gpus": ",".join(str(g) for g in gpus),
+            "numa_node": "" if numa_node is None else str(numa_node),
+            "node": node,
+            "rack": rack,
+        },
+    }
+
+
 def iu_service_definitions(node: Node, interval: str, timeout: str) -> dict[str, dict[str, Any]]:
     """IU id -> its Consul service definition file's content (``{"service": {...}}``).
 
@@ -42,21 +70,11 @@ def iu_service_definitions(node: Node, interval: str, timeout: str) -> dict[str,
     """
     return {
         iu.id: {"service": {
-            "name": IU_SERVICE_NAME,
-            "id": iu.id,
-            "address": node.address,
-            "port": iu.port,
-            "tags": [f"rack:{node.rack}", f"node:{node.name}"],
-            "meta": {
-                "gpus": ",".join(str(g) for g in iu.gpus),
-                "numa_node": str(iu.numa_node),
-                "node": node.name,
-                "rack": node.rack,
-            },
+            **iu_registration(iu.id, node.name, node.rack, node.address, iu.port, iu.gpus, iu.numa_node),
             "checks": [{
-                "id": f"{IU_SERVICE_NAME}:{iu.id}:health",
+                "id": layout.health_check_id(iu.id),
                 "name": f"vLLM /health of {iu.id}",
-                "http": f"http://{node.address}:{iu.port}/health",
+                "http": health_url(node.address, iu.port),
                 "interval": str(interval),
                 "timeout": str(timeout),
             }],

@@ -13,8 +13,8 @@ Host variables read here:
 ``ansible_ssh_private_key_file``    key file (``ansible_private_key_file`` as a fallback, as in Ansible)
 ``ansible_ssh_common_args``,        ssh options; their ``UserKnownHostsFile`` files verify host keys
 ``ansible_ssh_extra_args``
-``consul_http_addr``                the node's Consul agent, ``HOST:PORT`` (default ``127.0.0.1:8500``)
-``consul_scheme``                   ``http`` (default) or ``https``
+``consul_http_addr``                the node's Consul agent, ``HOST:PORT`` without a scheme (default ``127.0.0.1:8500``)
+``consul_scheme``                   ``http`` (default) or ``https``: the scheme of every call to that agent
 ``consul_datacenter``               default ``dc1``
 ``consul_token``                    the operator's Consul token (maintenance, release markers), a vault value; else
 ``consul_token_file``               a 0600 file on the controller holding it (roles/consul_agent/README.md)
@@ -62,22 +62,29 @@ class Consul:
     token_file: str | None = None
 
     def operator_token(self) -> str | None:
-        """The token rule (roles/consul_agent/README.md): ``consul_token`` when set, else the 0600
-        ``consul_token_file``'s, else none. Raises consul_io.client.TokenError naming the variable."""
-        from cluster.consul_acl import TokenFileError, token_from
-        from consul_io.client import TokenError
+        """The operator token by the one token rule (:func:`consul_io.client.resolve_token`): ``consul_token``
+        when set, else the 0600 ``consul_token_file``'s, else none. Raises consul_io.client.TokenError naming
+        the variable."""
+        from consul_io.client import TokenError, resolve_token
 
         if isinstance(self.token, spec.Undecryptable):
             raise TokenError(str(self.token))
         try:
-            return token_from(self.token, self.token_file) or None
-        except TokenFileError as exc:
-            raise TokenError(str(exc)) from None
+            return resolve_token(self.token, self.token_file)
+        except TokenError as exc:
+            # the value is used when set, so a refused value is consul_token's, else the file is consul_token_file's
+            raise TokenError(f"consul_token: {exc}" if self.token else f"consul_token_file {exc}") from None
 
     @property
     def address(self) -> str:
-        """``HOST:PORT`` without a scheme prefix (an inventory may write ``http://HOST:PORT``)."""
-        return (self.http_addr or spec.DEFAULT_CONSUL_HTTP_ADDR).removeprefix("http://").removeprefix("https://")
+        """``HOST:PORT`` (never with a scheme: its type refuses one, cluster/spec.py says why)."""
+        return self.http_addr or spec.DEFAULT_CONSUL_HTTP_ADDR
+
+    @property
+    def url(self) -> str:
+        """The agent's HTTP API as every caller reaches it, ``<consul_scheme>://<HOST:PORT>`` (the roles get it
+        from the ``cluster_node`` filter, ``clusterctl scores`` from here when the inventory sets the address)."""
+        return f"{self.scheme}://{self.address}"
 
     @property
     def datacenter(self) -> str:

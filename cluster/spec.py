@@ -21,17 +21,36 @@ the vault secrets are in effect. No other module applies a default.
 
 Variables of the layout are documented in :mod:`cluster.model`'s table; those of the per-node settings
 (connection, Consul, preflight, version pins, agent) in :mod:`cluster.settings`'.
+
+Consul's address and scheme are two variables: ``consul_http_addr`` is ``HOST:PORT`` and ``consul_scheme``
+is ``http`` or ``https``. A scheme inside the address (``https://h:8501``) is refused by its type (so even a
+node built without validation cannot have one) with a line saying to set ``consul_scheme``: the roles
+template the address into the agent's ``client_addr`` and ``ports.http``, and a prefix that was dropped sent
+the operator token over plain HTTP. :class:`cluster.settings.Consul` is the one reading of the pair.
+``cpu_cstates_extra_kernel_args`` is declared for its rule only (the cpu_cstates role's ``kernel_args``
+filter applies it too): update-grub sources it as shell, as root.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The string types and rules (and Invalid, what every type raises); HOSTNAME etc. re-exported for their readers.
+from cluster.shapes import (  # noqa: F401
+    HOSTNAME,
+    IBDEV,
+    IFNAME,
+    MAX_HOSTNAME,
+    Invalid,
+    consul_address,
+    ifname_rule,
+    is_host_name,
+    kernel_args,
+    shell_words,
+)
 from cluster.text import suggest
 from consul_io import layout
 
@@ -64,22 +83,6 @@ PIN_VARS = {
     "fabric_manager": "nvidia_stack_driver_version",
     "nccl": "nvidia_stack_nccl_version",
 }
-# Linux interface names: 1..15 bytes (IFNAMSIZ-1), no '/', ':' or whitespace, not "." or "..".
-# Matched with fullmatch: `$` also matches before a trailing newline, and 'eth0\n' reached the templates
-# (security review L5).
-IFNAME = re.compile(r"(?!\.{1,2}\Z)[A-Za-z0-9_.-]{1,15}")
-# RDMA device names (ibdev): IB_DEVICE_NAME_MAX is 64.
-IBDEV = re.compile(r"[A-Za-z0-9_.-]{1,63}")
-# Inventory host names: DNS labels (letters, digits, '-' inside), '.'-separated, at most 253 characters (an
-# IPv4 address is one too). A host name becomes IU ids, Consul node and service names and file names on the
-# node and under a simulated machine's state dir, so nothing else ('..', '/', a leading dot or dash,
-# whitespace) may reach a path (security review H3). Simulated machines also cap it at 64 (nspawn).
-HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
-MAX_HOSTNAME = 253
-
-
-def is_host_name(name: str) -> bool:
-    return len(name) <= MAX_HOSTNAME and HOSTNAME.fullmatch(name) is not None
 # Prefixes of variables that only clusterctl's Python reads: an undeclared one is a misspelling (the
 # roles' prefixes are not here: a role's variables are the role's, checked by its argument spec).
 OWN_PREFIXES = ("preflight_",)
@@ -94,15 +97,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.host}: {self.variable}={self.value!r}: {self.message}"
-
-
-class Invalid(ValueError):
-    """What a coercer raises: the message, or ``parts`` ``(suffix, value, message)`` naming parts of the
-    variable (``preflight_version_pins.drivr``)."""
-
-    def __init__(self, message: str = "", parts: list[tuple[str, Any, str]] | None = None):
-        super().__init__(message)
-        self.parts = parts
 
 
 class SpecError(ValueError):
@@ -170,18 +164,6 @@ def whole(message: str, optional: bool = False) -> Callable[[Any], int | None]:
             raise Invalid(message)
         return number
     return to_int
-
-
-def shell_words(raw: Any) -> tuple[str, ...]:
-    """ssh options as one string of shell words (Ansible's ``ansible_ssh_*_args``); null is none."""
-    if raw is None or raw == "":
-        return ()
-    if not isinstance(raw, str):
-        raise Invalid("must be a string of ssh options")
-    try:
-        return tuple(shlex.split(raw))
-    except ValueError as exc:
-        raise Invalid(f"not shell words: {exc}") from None
 
 
 def version_pins(raw: Any) -> dict[str, str]:
@@ -261,11 +243,6 @@ def gpu_model_rule(value: Any) -> None:
         raise Invalid(f"unknown GPU model; expected one of {', '.join(GPU_MODELS)}")
 
 
-def ifname_rule(value: str | None) -> None:
-    if value is not None and not IFNAME.fullmatch(value):
-        raise Invalid("not a valid Linux interface name")
-
-
 def pin_components(pins: dict[str, str]) -> None:
     unknown = [(f".{c}", v, f"unknown component; expected one of {', '.join(COMPONENTS)}")
                for c, v in pins.items() if c not in COMPONENTS]
@@ -333,7 +310,7 @@ class HostVars:
     ansible_ssh_common_args: tuple[str, ...] = var((), shell_words)
     ansible_ssh_extra_args: tuple[str, ...] = var((), shell_words)
     # -- Consul
-    consul_http_addr: str | None = var(None, string(_NONEMPTY), nonempty)
+    consul_http_addr: str | None = var(None, consul_address)  # no scheme: the module docstring says why
     consul_scheme: str = var("http", str, one_of(("http", "https"), "must be http or https"))
     consul_datacenter: str | None = var(None, string(_NONEMPTY), nonempty)
     # Secret: decrypted at load when the vault secrets can, else kept as Undecryptable, so a command that
@@ -352,6 +329,8 @@ class HostVars:
     # -- the agent
     eas_agent_listen: str | None = var(None, text)
     eas_agent_fake_gpu_file: str | None = var(None, text)
+    # -- checked for a role, never read by Python (the module docstring says why)
+    cpu_cstates_extra_kernel_args: tuple[str, ...] = var((), kernel_args)
 
 
 FIELDS = dataclasses.fields(HostVars)

@@ -5,12 +5,20 @@ as :class:`ConsulUnavailable`, whose message is one line naming the call and wha
 Every call has a timeout (``timeout_s``, py-consul's ``connections_timeout``); blocking queries get
 theirs from Consul's ``wait`` plus that timeout.
 
-One token rule (:func:`resolve_token`): a token is given as the secret itself (an ansible-vault value in the
-inventory) or as the absolute path of a file holding it, which must not be readable by group or others
-(mode 0600). The agent and the edge read theirs from ``consul.token_file`` in their config (the roles write
-the vault value there); the controller's readers (``clusterctl preflight``, ``clusterctl scores``) take the
-inventory's ``consul_token`` / ``consul_token_file`` (roles/consul_agent/README.md). ACL tokens are passed explicitly on
-every call (py-consul sends none on some endpoints).
+One token rule, :func:`resolve_token` ``(token, token_file)``, called by every reader: the token is the secret
+itself when given (an ansible-vault value), else the one in ``token_file``, which must exist, hold one token
+and not be readable by group or others (mode 0600), else there is none. A file that is configured but
+missing is an error naming it, for the daemons too: running without a token against a Consul with ACLs on
+only fails later, on every call. Who passes what: the controller (``clusterctl preflight``, the roles'
+``consul_token`` filter, ``clusterctl scores``) the inventory's ``consul_token`` / ``consul_token_file``,
+through :meth:`cluster.settings.Consul.operator_token`, which names the variable in its error; the agent and
+the edge ``consul.token_file`` of their config (docs/contracts/agent-config.md; the roles write the vault
+value there). ACL tokens are passed explicitly on every call (py-consul sends none on some endpoints).
+
+One address rule (:func:`endpoint`): ``[SCHEME://]HOST:PORT``. A scheme written in the address (the
+``CONSUL_HTTP_ADDR`` spelling of Consul's CLI) is kept, and one that contradicts the ``scheme`` a caller
+passes is an error, never a silent downgrade to plain HTTP. The inventory has no scheme in its address
+(``cluster/spec.py``): its scheme is ``consul_scheme``.
 """
 
 from __future__ import annotations
@@ -55,19 +63,20 @@ def read_token_file(path: str | Path) -> str:
     return token
 
 
-def resolve_token(value: object) -> str | None:
-    """The one token rule: None/"" -> no token; an absolute path -> the file's token; else the value itself.
+def resolve_token(token: object = None, token_file: object = None) -> str | None:
+    """The one token rule: ``token`` when set (the secret itself), else the token in ``token_file``
+    (:func:`read_token_file`: it must exist, hold one token, mode 0600), else None (no token).
 
-    A Consul ACL token is a UUID, never an absolute path, so the two forms cannot be mistaken for each other.
+    Raises :class:`TokenError`, never echoing a secret.
     """
-    if value is None or value == "":
+    text = "" if token is None else str(token).strip()
+    if text:
+        if any(c.isspace() for c in text):
+            raise TokenError("the Consul ACL token holds whitespace (a vault value of one line is expected)")
+        return text
+    if token_file is None or str(token_file) == "":
         return None
-    text = str(value).strip()
-    if text.startswith("/"):
-        return read_token_file(text)
-    if any(c.isspace() for c in text):
-        raise TokenError("the Consul ACL token holds whitespace (a vault value of one line is expected)")
-    return text
+    return read_token_file(str(token_file))
 
 
 def go_duration(seconds: float) -> str:
@@ -75,13 +84,21 @@ def go_duration(seconds: float) -> str:
     return f"{int(round(seconds * 1000))}ms"
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """``[http://]HOST:PORT`` -> (host, port); raises ConsulUnavailable naming a bad address."""
-    bare = address.removeprefix("http://").removeprefix("https://")
+SCHEMES = ("http", "https")
+
+
+def endpoint(address: str, scheme: str | None = None) -> tuple[str, str, int]:
+    """``[SCHEME://]HOST:PORT`` -> (scheme, host, port): the scheme written in the address, else ``scheme``,
+    else http. Raises ConsulUnavailable naming a bad address, or one whose scheme contradicts ``scheme``."""
+    written, sep, bare = address.rpartition("://")
+    if sep and written not in SCHEMES:
+        raise ConsulUnavailable(f"Consul address {address!r}: the scheme must be http or https")
+    if sep and scheme and written != scheme:
+        raise ConsulUnavailable(f"Consul address {address!r} says {written} but the scheme given is {scheme}")
     host, _, port = bare.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConsulUnavailable(f"Consul address {address!r} is not HOST:PORT")
-    return host, int(port)
+    return written or scheme or "http", host, int(port)
 
 
 class ConsulIO:
@@ -90,13 +107,16 @@ class ConsulIO:
         address: str = layout.DEFAULT_HTTP_ADDR,
         *,
         token: str | None = None,
-        scheme: str = "http",
+        scheme: str | None = None,
         ca_file: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         dc: str | None = None,
     ):
-        host, port = split_address(address)
+        """``address``: ``[SCHEME://]HOST:PORT``; ``scheme``: http or https (:func:`endpoint`: the address's
+        scheme, else this, else http; the two must agree)."""
+        scheme, host, port = endpoint(address, scheme)
         self.address = f"{host}:{port}"
+        self.scheme = scheme
         self.token = token
         self.timeout_s = timeout_s
         self.client = consul.Consul(

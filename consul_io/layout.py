@@ -1,10 +1,11 @@
 """Every Consul name and key format the project uses, in one place (docs/contracts/consul-layout.md).
 
 The client side (agent, edge, preflight, ``clusterctl scores``, the demo, the benchmarks, the ACL policies in
-``cluster/consul_acl.py``) spells these names only through this module. ``devconsul/`` is a Consul server and
-keeps Consul's own names (``_service_maintenance:``) where it implements them; the roles' templates name the
-service in their own files (``roles/consul_agent``), and ``tests/consul_io/test_layout.py`` holds them to this
-module.
+``cluster/consul_acl.py``, the IU service definitions in ``cluster/services.py``) spells these names only
+through this module, and so do the roles and playbooks: through the filters in ``playbooks/filter_plugins``
+(``consul_marker_key``, ``consul_maintenance``, ``cluster_node``'s ``consul`` block). ``devconsul/`` is a
+Consul server and keeps Consul's own names (``_service_maintenance:``) where it implements them.
+``tests/consul_io/test_layout.py`` fails on a hand-written copy in Python or in the roles' and playbooks' YAML.
 
 No imports beyond the standard library: the agent wheel, the roles' filter plugins and the reader library
 all load it.
@@ -22,6 +23,9 @@ NODE_MAINT_CHECK = "_node_maintenance"
 SERF_HEALTH_CHECK = "serfHealth"  # Consul's gossip health check of every node
 SCORE_CHECK_PREFIX = "eas:"  # the agent's TTL check on each IU: "eas:<iu id>"
 SERVICE_DEFINITION_GLOB = "vllm-iu-*.json"  # the consul_agent role's definition files in the config dir
+# Every IU instance carries these two tags (the edge reads the node from the tag when Meta has none).
+RACK_TAG_PREFIX = "rack:"
+NODE_TAG_PREFIX = "node:"
 
 # -- KV -------------------------------------------------------------------------------------------------
 EAS_PREFIX = "clusterctl/eas"  # score bodies: <prefix>/<dc>/<node> (docs/contracts/score-body.md)
@@ -65,8 +69,31 @@ def is_maintenance_check(check_id: str) -> bool:
     return check_id.startswith(SERVICE_MAINT_PREFIX) or check_id == NODE_MAINT_CHECK
 
 
+def maintained_service(check_id: str) -> str | None:
+    """The service ID a service maintenance check holds in maintenance; None for any other check."""
+    return check_id.removeprefix(SERVICE_MAINT_PREFIX) if check_id.startswith(SERVICE_MAINT_PREFIX) else None
+
+
 def score_check_id(iu: str) -> str:
     return f"{SCORE_CHECK_PREFIX}{iu}"
+
+
+def health_check_id(iu: str) -> str:
+    """The id of the HTTP check on the IU's vLLM ``/health`` in its service definition."""
+    return f"{SERVICE_NAME}:{iu}:health"
+
+
+def rack_tag(rack: str) -> str:
+    return f"{RACK_TAG_PREFIX}{rack}"
+
+
+def node_tag(node: str) -> str:
+    return f"{NODE_TAG_PREFIX}{node}"
+
+
+def tagged_node(tag: str) -> str | None:
+    """The node a ``node:<node>`` tag names; None for any other tag."""
+    return tag.removeprefix(NODE_TAG_PREFIX) if tag.startswith(NODE_TAG_PREFIX) else None
 
 
 def service_definition_file(iu: str) -> str:

@@ -21,11 +21,11 @@ from dataclasses import replace
 
 import psutil
 
-from consul_io.client import ConsulIO
+from consul_io.client import ConsulIO, ConsulUnavailable
 from eas_agent.collectors.gpu import GpuBackend, open_backend
 from eas_agent.collectors.network import NetworkCollector
 from eas_agent.collectors.vllm import VllmCollector, VllmReading
-from eas_agent.config import AgentConfig
+from eas_agent.config import AgentConfig, ConfigError
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.publisher import Backoff, Publisher, ScoreStore
 from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult
@@ -121,9 +121,11 @@ class IUPipeline:
 
 def open_store(config: AgentConfig, timeout_s: float) -> ConsulIO:
     c = config.consul
-    return ConsulIO(
-        c.address, token=c.read_token(config.source), scheme=c.scheme, ca_file=c.ca_file, timeout_s=timeout_s
-    )
+    token = c.read_token(config.source)
+    try:
+        return ConsulIO(c.address, token=token, scheme=c.scheme, ca_file=c.ca_file, timeout_s=timeout_s)
+    except ConsulUnavailable as exc:  # nothing is contacted here: the address contradicts the scheme
+        raise ConfigError(config.source, "consul.address", str(exc)) from None
 
 
 class Agent:

@@ -1,13 +1,12 @@
 """Load and validate the agent config file (``/etc/eas-agent/config.yml``, rendered by the eas_agent role).
 
 Every problem names the file and the field (``ius[1].gpus``) so the operator can fix it without reading code.
-The schema is the one agreed in the helpers' shared interfaces; optional tuning fields have defaults here.
+The schema is the contract in docs/contracts/agent-config.md; optional tuning fields have defaults here.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from urllib.parse import urlparse
 import yaml
 
 from consul_io import layout
-from consul_io.client import TokenError, read_token_file
+from consul_io.client import TokenError, resolve_token
 
 PROFILES = ("drain", "seed")
 GPU_BACKENDS = ("nvml", "fake")
@@ -48,18 +47,11 @@ class ConsulConfig:
         return split_hostport(self.address)[1]
 
     def read_token(self, config_path: str | Path = "<config>") -> str | None:
-        """The ACL token, read at start-up (never logged). A missing file means no ACLs; that is said once
-        in the log, since against a Consul with ACLs on it turns into 403s on every write (review L9)."""
-        if not self.token_file:
-            return None
-        path = Path(self.token_file)
-        if not path.exists():
-            logging.getLogger("eas_agent").warning(
-                "consul.token_file %s does not exist: talking to Consul without a token", path
-            )
-            return None
-        try:  # the one token rule (consul_io.client): a 0600 file holding one token
-            return read_token_file(path)
+        """The ACL token by the one token rule (consul_io.client.resolve_token), read at start-up and never
+        logged; no ``token_file``, no token. A configured file that is missing is an error like any unusable
+        one: running without a token against a Consul with ACLs on would only fail later, on every write."""
+        try:
+            return resolve_token(token_file=self.token_file)
         except TokenError as exc:
             raise ConfigError(config_path, "consul.token_file", str(exc)) from None
 

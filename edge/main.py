@@ -80,7 +80,11 @@ class Edge:
 
     def connect_consul(self) -> None:
         c = self.config.consul
-        io = ConsulIO(c.address, token=c.read_token(self.config.source), scheme=c.scheme, ca_file=c.ca_file)
+        token = c.read_token(self.config.source)
+        try:
+            io = ConsulIO(c.address, token=token, scheme=c.scheme, ca_file=c.ca_file)
+        except ConsulUnavailable as exc:  # nothing is contacted here: the address contradicts the scheme
+            raise ConfigError(self.config.source, "consul.address", str(exc)) from None
         watcher = ConsulWatcher(self.state.view, io, kv_prefix=c.kv_prefix, dc=self.config.datacenter)
         try:
             watcher.refresh_once()

@@ -303,8 +303,8 @@ def _owner(entry: dict, service: dict) -> str:
         return meta["node"]
     tags = service.get("Tags")
     for tag in tags if isinstance(tags, list) else ():
-        if isinstance(tag, str) and tag.startswith("node:"):
-            return tag[5:]
+        if isinstance(tag, str) and (owner := layout.tagged_node(tag)) is not None:
+            return owner
     node = entry.get("Node")
     if isinstance(node, dict) and isinstance(node.get("Node"), str):
         return node["Node"]

@@ -1,5 +1,5 @@
-"""The roles' one Python surface onto the cluster model: ``cluster_node``, ``eas_agent_config``,
-``consul_iu_services``.
+"""The roles' one Python surface onto the cluster model: ``cluster_node``, ``cluster_consul``,
+``eas_agent_config``, ``consul_iu_services``, ``kernel_args``.
 
 Each takes the host's name and its hostvars and builds the node with the same code as clusterctl
 (:func:`cluster.model.build_node`), after the same per-host validation (:mod:`cluster.validate`): a
@@ -19,7 +19,16 @@ Usage in a role::
      "ius": [{"id": "r01n01-iu0", "index": 0, "gpus": [0, 1, 2, 3], "cuda_visible_devices": "0,1,2,3",
               "numa_node": 0, "port": 8000, "nics": ["mlx5_0", "mlx5_1"],
               "netdevs": ["ibp24s0", "ibp41s0"]}, ...],
-     "nccl_socket_ifname": "^lo,docker"}
+     "nccl_socket_ifname": "^lo,docker",
+     "consul": {"address": "127.0.1.11:8500", "scheme": "http", "url": "http://127.0.1.11:8500",
+                "datacenter": <consul_datacenter>, "kv_prefix": <consul_io.layout.EAS_PREFIX>}}
+
+``consul`` is the node's Consul agent as every caller reaches it (:class:`cluster.settings.Consul`:
+``consul_http_addr``, ``consul_scheme``, ``consul_datacenter`` with the spec's defaults) and the score KV
+prefix (``consul_io.layout``): the roles build their Consul URLs from ``url``, never ``http://`` by hand.
+``host | cluster_consul(hostvars[host])`` is the same block from those three variables alone, validated
+alike: for a role default (templated on every use) and for a host that need not be a GPU node (the Consul
+server the ACL tasks talk to).
 
 A role default that needs one of the model's variables (``gpu_model``, ``nccl_socket_ifname``, ...) reads it
 from here too, not from the raw host variable: a default is templated before the role's first task (by its
@@ -29,7 +38,8 @@ argument-spec check), so it calls the filter itself::
 
 ``eas_agent_config`` returns the agent config's ``ius`` list and ``consul_iu_services(interval, timeout)``
 IU id -> Consul service definition (:mod:`cluster.services`). There is no second implementation of the
-layout here.
+layout here. ``cpu_cstates_extra_kernel_args | kernel_args(inventory_hostname)`` is the list itself once
+:mod:`cluster.spec`'s rule passed it (a role that needs no other variable of the model).
 """
 
 from __future__ import annotations
@@ -41,10 +51,11 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from cluster import model, services, spec, validate
+    from cluster import model, services, settings, spec, validate
 except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from cluster import model, services, spec, validate
+    from cluster import model, services, settings, spec, validate
+from consul_io import layout  # noqa: E402 (found through the same path as cluster)
 
 
 def _model_vars(hostvars: Any) -> dict[str, Any]:
@@ -58,10 +69,13 @@ def _model_vars(hostvars: Any) -> dict[str, Any]:
 def node_of(hostname: Any, hostvars: Any) -> model.Node:
     """The validated model node, or AnsibleFilterError with one line per problem."""
     name, variables = str(hostname), _model_vars(hostvars)
-    problems = [p for rule in validate.HOST_RULES for p in rule(name, variables)]
+    _stop_on([p for rule in validate.HOST_RULES for p in rule(name, variables)])
+    return model.build_node(name, variables)
+
+
+def _stop_on(problems: list[spec.Problem]) -> None:
     if problems:
         raise AnsibleFilterError(f"inventory: {len(problems)} problem(s):\n{validate.format_problems(problems)}")
-    return model.build_node(name, variables)
 
 
 def cluster_node(hostname: str, hostvars: Any) -> dict[str, Any]:
@@ -86,7 +100,23 @@ def cluster_node(hostname: str, hostvars: Any) -> dict[str, Any]:
         "nics": [nic.to_json() for nic in node.nics],
         "ius": ius,
         "nccl_socket_ifname": node.nccl_socket_ifname,
+        "consul": _consul_block(node.settings.consul),
     }
+
+
+# The Consul settings (cluster.settings.Consul) without the token: a URL never needs the secret.
+CONSUL_VARS = ("consul_http_addr", "consul_scheme", "consul_datacenter")
+
+
+def cluster_consul(hostname: str, hostvars: Any) -> dict[str, str]:
+    name, variables = str(hostname), {key: hostvars[key] for key in CONSUL_VARS if key in hostvars}
+    _stop_on(spec.check_settings(name, variables))
+    return _consul_block(settings.node_settings(variables, name).consul)
+
+
+def _consul_block(consul: settings.Consul) -> dict[str, str]:
+    return {"address": consul.address, "scheme": consul.scheme, "url": consul.url, "datacenter": consul.datacenter,
+            "kv_prefix": layout.EAS_PREFIX}
 
 
 def eas_agent_config(hostname: str, hostvars: Any) -> list[dict[str, Any]]:
@@ -97,7 +127,14 @@ def consul_iu_services(hostname: str, hostvars: Any, interval: str, timeout: str
     return services.iu_service_definitions(node_of(hostname, hostvars), interval, timeout)
 
 
+def kernel_args(value: Any, hostname: str) -> list[str]:
+    """``cpu_cstates_extra_kernel_args`` when :mod:`cluster.spec`'s rule passes it, else AnsibleFilterError
+    naming host, variable and value (update-grub sources the drop-in it goes into as shell)."""
+    _stop_on(spec.check_settings(str(hostname), {"cpu_cstates_extra_kernel_args": value}))
+    return list(value or [])
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"cluster_node": cluster_node, "eas_agent_config": eas_agent_config,
-                "consul_iu_services": consul_iu_services}
+        return {"cluster_node": cluster_node, "cluster_consul": cluster_consul, "eas_agent_config": eas_agent_config,
+                "consul_iu_services": consul_iu_services, "kernel_args": kernel_args}

@@ -5,9 +5,15 @@
 - ``consul_node_acl``: the policies and tokens of one node (``cluster.consul_acl``), for the
   ``clusterctl.infra.consul_acl`` module; tokens whose vault value is empty are left out.
 - ``consul_marker_key``: the preflight release marker of an IU.
+- ``consul_maintenance``: the agent's checks (``GET /v1/agent/checks``) -> service ID -> the reason (Notes)
+  of each service that Consul holds in maintenance.
 - ``consul_token``: the token rule (roles/consul_agent/README.md): ``consul_token | consul_token(consul_token_file)``
   is the vault value when set, else the token read from the 0600 file on the controller; a bad file fails
-  naming it.
+  naming it. The same function as every Python reader's (cluster.settings.Consul.operator_token).
+
+Consul names come from ``consul_io/layout.py`` only (``tests/consul_io/test_layout.py`` scans the roles'
+and playbooks' YAML for hand-written ones); the agent's address, scheme and datacenter from the
+``cluster_node`` filter's ``consul`` block.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from cluster import consul_acl
+    from cluster import consul_acl, settings
 except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from cluster import consul_acl
+    from cluster import consul_acl, settings
 from consul_io import layout  # noqa: E402 (found through the same path as cluster)
+from consul_io.client import TokenError  # noqa: E402
 
 _TEMPLATE = re.compile(r"^\{\{.*\}\}$")
 
@@ -74,17 +81,26 @@ def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefi
 
 
 def consul_marker_key(iu_id: str, datacenter: str) -> str:
-    return consul_acl.marker_key(datacenter, iu_id)
+    return layout.marker_key(datacenter, iu_id)
+
+
+def consul_maintenance(checks: Any) -> dict[str, Any]:
+    """``{service ID: Notes}`` of the services in maintenance among an agent's checks (a mapping by check ID)."""
+    if not isinstance(checks, dict):
+        raise AnsibleFilterError(f"consul_maintenance: expected the agent's checks (a mapping), got {type(checks).__name__}")
+    return {service: check.get("Notes") if isinstance(check, dict) else None for check_id, check in checks.items()
+            if (service := layout.maintained_service(str(check_id))) is not None}
 
 
 def consul_token(value: Any, path: Any = "") -> str:
     try:
-        return consul_acl.token_from(value, path)
-    except consul_acl.TokenFileError as exc:
+        return settings.Consul(token=value, token_file=str(path or "") or None).operator_token() or ""
+    except TokenError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"consul_bind_ip": consul_bind_ip, "consul_node_acl": consul_node_acl,
-                "consul_marker_key": consul_marker_key, "consul_token": consul_token}
+                "consul_marker_key": consul_marker_key, "consul_maintenance": consul_maintenance,
+                "consul_token": consul_token}

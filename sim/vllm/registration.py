@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cluster import services
 from consul_io.client import ConsulIO
 
 
@@ -26,17 +27,15 @@ class IUService:
 
 
 def register_iu_service(io: ConsulIO, service: IUService, http_check: bool = True) -> None:
-    """The same tags and meta as the role's definition file; a 1 s HTTP check on /health unless told not to."""
+    """The instance the role's definition file holds (``cluster.services.iu_registration``, the one shape);
+    a 1 s HTTP check on /health unless told not to."""
+    registration = services.iu_registration(service.iu_id, service.node, service.rack, service.address,
+                                            service.port, service.gpus, service.numa_node)
     io.register_service(
-        service.iu_id,
-        service.address,
-        service.port,
-        tags=[f"rack:{service.rack}", f"node:{service.node}"],
-        meta={
-            "gpus": ",".join(str(g) for g in service.gpus),
-            "numa_node": "" if service.numa_node is None else str(service.numa_node),
-            "node": service.node,
-            "rack": service.rack,
-        },
-        http_check=f"http://{service.address}:{service.port}/health" if http_check else None,
+        registration["id"],
+        registration["address"],
+        registration["port"],
+        tags=registration["tags"],
+        meta=registration["meta"],
+        http_check=services.health_url(service.address, service.port) if http_check else None,
     )

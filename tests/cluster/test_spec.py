@@ -53,6 +53,27 @@ def test_coerce_reports_every_problem_at_once_one_line_each():
     ]
 
 
+KERNEL_ARG_PROBLEM = ("not a kernel argument: one word of letters, digits and _ . , = : / + - (no spaces, quotes, "
+                      "'$' or newlines: update-grub sources it as shell)")
+
+
+@pytest.mark.parametrize("hostile", ["$(reboot)", 'iommu=pt"', "iommu=pt\nGRUB_TIMEOUT=0", "a=1 b=2", "`id`", "x;y"])
+def test_extra_kernel_args_that_are_not_one_kernel_word_are_refused(hostile):
+    """They go unquoted into a grub drop-in that update-grub sources as shell, as root (security review L5)."""
+    with pytest.raises(spec.SpecError) as caught:
+        spec.coerce({"gpu_model": "h100-sxm", "cpu_cstates_extra_kernel_args": ["iommu=pt", hostile]}, "n1")
+    assert str(caught.value) == f"n1: cpu_cstates_extra_kernel_args[1]={hostile!r}: {KERNEL_ARG_PROBLEM}"
+
+
+def test_extra_kernel_args_of_kernel_shape_pass():
+    args = ["iommu=pt", "intel_iommu=on", "isolcpus=1-3,5", "console=ttyS0,115200n8", "rd.driver.blacklist=nouveau",
+            "root=/dev/mapper/vg-root", "nohz_full=+1"]
+    assert spec.coerce({"gpu_model": "h100-sxm", "cpu_cstates_extra_kernel_args": args}, "n1"
+                       ).cpu_cstates_extra_kernel_args == tuple(args)
+    with pytest.raises(spec.SpecError, match=r"cpu_cstates_extra_kernel_args='iommu=pt': must be a list"):
+        spec.coerce({"gpu_model": "h100-sxm", "cpu_cstates_extra_kernel_args": "iommu=pt"}, "n1")
+
+
 def test_settings_of_variables_that_do_not_coerce_are_refused_not_defaulted():
     """node_settings used to read an ansible_port that is no number as "not set" (ssh's port 22) and such
     a roce_gid_index as 0; it builds from the typed record now, so the value is named instead. (Rules,

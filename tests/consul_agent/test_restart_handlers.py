@@ -138,7 +138,8 @@ def servers(tmp_path):
             wrapper.write_text(INTERPRETER.format(host=host, bin=bin_dir, python=sys.executable))
             wrapper.chmod(0o755)
             hosts[host] = {"ansible_connection": "local", "ansible_python_interpreter": str(wrapper),
-                           "consul_agent_http_addr": leaders.address(host)}
+                           # the URL the role's first task sets from the cluster model (consul_scheme)
+                           "_consul_agent_url": f"http://{leaders.address(host)}"}
         inventory = tmp_path / "hosts.json"
         inventory.write_text(json.dumps({"all": {"hosts": hosts, "vars": {
             "clusterctl_render_only": False, "consul_agent_server": True, "consul_agent_acl_enabled": True,

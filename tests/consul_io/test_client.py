@@ -22,10 +22,12 @@ def token_file(tmp_path, text: str, mode: int = 0o600):
     return path
 
 
-def test_a_token_is_the_value_itself_or_a_0600_file(tmp_path):
+def test_a_token_is_the_value_itself_else_a_0600_file_else_none(tmp_path):
+    path = token_file(tmp_path, "b1d2e3f4-0000-4000-8000-000000000000\n")
     assert resolve_token(TOKEN) == TOKEN
-    assert resolve_token(None) is None and resolve_token("") is None
-    assert resolve_token(str(token_file(tmp_path, TOKEN + "\n"))) == TOKEN
+    assert resolve_token(TOKEN, str(path)) == TOKEN  # the value wins over the file
+    assert resolve_token(None, str(path)) == resolve_token("", path) == "b1d2e3f4-0000-4000-8000-000000000000"
+    assert resolve_token(None, None) is None and resolve_token("", "") is None
 
 
 @pytest.mark.parametrize(("text", "mode", "message"), [
@@ -37,12 +39,15 @@ def test_a_token_is_the_value_itself_or_a_0600_file(tmp_path):
 def test_unusable_token_files_are_refused_naming_the_file(tmp_path, text, mode, message):
     path = token_file(tmp_path, text, mode)
     with pytest.raises(TokenError) as info:
-        resolve_token(str(path))
+        resolve_token(token_file=str(path))
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
     assert TOKEN not in str(info.value)  # a secret never goes into a message
 
 
-def test_a_missing_token_file_is_one_line(tmp_path):
+def test_a_configured_token_file_that_is_missing_is_an_error_not_no_token(tmp_path):
+    """Every reader's rule (the agent's too): no token would only turn into 403s on every call later."""
+    with pytest.raises(TokenError, match=r"consul.token: cannot read the Consul token file: No such file"):
+        resolve_token(token_file=tmp_path / "consul.token")
     with pytest.raises(TokenError, match=r"consul.token: cannot read the Consul token file: No such file"):
         read_token_file(tmp_path / "consul.token")
 
@@ -58,6 +63,26 @@ def test_bad_addresses_are_named():
         ConsulIO("nonsense")
     with pytest.raises(ConsulUnavailable, match=r"is not HOST:PORT"):
         ConsulIO("127.0.0.1:99999")
+    with pytest.raises(ConsulUnavailable, match=r"'ftp://127.0.0.1:8500': the scheme must be http or https"):
+        ConsulIO("ftp://127.0.0.1:8500")
+
+
+@pytest.mark.parametrize(("address", "scheme", "expected"), [
+    ("127.0.0.1:8501", None, "http"), ("127.0.0.1:8501", "https", "https"),
+    ("https://127.0.0.1:8501", None, "https"), ("https://127.0.0.1:8501", "https", "https"),
+    ("http://127.0.0.1:8500", "http", "http")])
+def test_the_scheme_is_the_addresss_or_the_one_given(address, scheme, expected):
+    """An https:// address was read as plain http before: the token went out in cleartext."""
+    io = ConsulIO(address, scheme=scheme)
+    assert io.scheme == expected and io.client.http.base_uri == f"{expected}://127.0.0.1:{address[-4:]}"
+    assert io.address == f"127.0.0.1:{address[-4:]}"
+
+
+def test_an_address_that_contradicts_the_scheme_is_refused():
+    with pytest.raises(ConsulUnavailable, match=r"'https://127.0.0.1:8501' says https but the scheme given is http"):
+        ConsulIO("https://127.0.0.1:8501", scheme="http")
+    with pytest.raises(ConsulUnavailable, match=r"'http://127.0.0.1:8500' says http but the scheme given is https"):
+        ConsulIO("http://127.0.0.1:8500", scheme="https")
 
 
 def free_port() -> int:

@@ -27,6 +27,24 @@ SPELLINGS = {
                                   r"""|f["'](consul-agent|eas-agent)-\{"""),
     "default datacenter": re.compile(r"""["']dc1["']"""),
     "default agent address": re.compile(r"""["']127\.0\.0\.1:8500["']"""),
+    "IU service tag": re.compile(r"""f?["'](rack|node):(\{|["'])"""),
+    "IU health check id": re.compile(r""":health["']"""),
+}
+# The same names in the roles' and playbooks' YAML and templates (full-line comments are prose, not names):
+# they get them from the filters (consul_marker_key, consul_maintenance, cluster_node's consul block).
+YAML_SPELLINGS = {
+    "service name": re.compile(r"""["']vllm-iu["']"""),
+    "maintenance prefix": re.compile(r"_service_maintenance"),
+    "score KV prefix": re.compile(r"clusterctl/eas"),
+    "preflight KV prefix": re.compile(r"clusterctl/preflight"),
+    "default datacenter": re.compile(r"\bdc1\b"),
+    "default agent address": re.compile(r"127\.0\.0\.1:8500"),
+    "IU service tag": re.compile(r"\b(rack|node):\{\{"),
+    "IU health check id": re.compile(r":health\b"),
+    # a Consul API URL whose scheme is written by hand: consul_scheme would not reach it
+    "Consul URL scheme": re.compile(r"https?://[^\n]*?/v1/(agent|kv|health|catalog|acl|status|operator)/"),
+    # the node's Consul settings read raw, with a default of the role's own, instead of cluster_node's consul
+    "raw Consul setting": re.compile(r"\{\{[^}]*\bconsul_(http_addr|scheme|datacenter)\b"),
 }
 
 
@@ -49,6 +67,50 @@ def test_client_code_spells_consul_names_only_through_layout():
                 line = text.count("\n", 0, match.start()) + 1
                 problems.append(f"{path.relative_to(REPO)}:{line}: the {what} spelled by hand")
     assert problems == []
+
+
+def yaml_files() -> list[Path]:
+    return sorted(p for top in ("roles", "playbooks") for p in (REPO / top).rglob("*")
+                  if p.suffix in (".yml", ".yaml", ".j2") and p.is_file())
+
+
+def hand_written_names(name: str, text: str) -> list[str]:
+    problems = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.lstrip().startswith("#"):
+            problems += [f"{name}:{number}: the {what} spelled by hand"
+                         for what, pattern in YAML_SPELLINGS.items() if pattern.search(line)]
+    return problems
+
+
+def test_roles_and_playbooks_spell_consul_names_only_through_the_filters():
+    files = yaml_files()
+    assert files and [p for path in files for p in hand_written_names(str(path.relative_to(REPO)), path.read_text())] == []
+
+
+@pytest.mark.parametrize(("line", "what"), [
+    ("      | select('match', '^_service_maintenance:') | list }}", "maintenance prefix"),
+    ("eas_agent_kv_prefix: clusterctl/eas", "score KV prefix"),
+    ("x: \"{{ consul_datacenter | default('dc1') }}\"", "default datacenter"),
+    ("x: \"{{ consul_http_addr | default('127.0.0.1:8500') }}\"", "default agent address"),
+    ("    url: \"http://{{ consul_agent_http_addr }}/v1/agent/checks\"", "Consul URL scheme"),
+    ("    url: \"http://{{ addr }}/v1/kv/{{ key }}?keys\"", "Consul URL scheme"),
+    ("x: \"{{ consul_scheme }}://{{ a }}\"", "raw Consul setting"),
+    ("tags: [\"rack:{{ rack }}\"]", "IU service tag"),
+    ("id: \"vllm-iu:{{ iu }}:health\"", "IU health check id"),
+])
+def test_the_yaml_scan_sees_each_form(line, what):
+    found = hand_written_names("x.yml", f"---\n# {line} (a comment: prose, not a name)\n{line}\n")
+    assert f"x.yml:3: the {what} spelled by hand" in found and not any(p.startswith("x.yml:2:") for p in found)
+
+
+def test_the_yaml_scan_lets_other_names_through():
+    """Unit names (vllm-iu@N.service), Redfish's /redfish/v1/, vLLM's /health and a URL from the model."""
+    text = ('name: "vllm-iu@{{ item.index }}.service"\n'
+            'url: "https://{{ bmc }}/redfish/v1/Systems"\n'
+            'url: "http://{{ node.address }}:{{ item.port }}/health"\n'
+            'url: "{{ _rolling_restart_consul_url }}/v1/agent/checks"\n')
+    assert hand_written_names("x.yml", text) == []
 
 
 def test_only_the_client_imports_py_consul():
@@ -92,6 +154,12 @@ def test_key_and_id_formats():
     assert layout.acl_policy("agent", "n1") == "consul-agent-n1"
     assert layout.acl_policy("eas_agent", "n1") == "eas-agent-n1"
     assert layout.acl_policy("registration", "n1") == "vllm-iu-registration"
+    assert layout.health_check_id("n1-iu0") == "vllm-iu:n1-iu0:health"
+    assert (layout.rack_tag("r01"), layout.node_tag("n1")) == ("rack:r01", "node:n1")
+    assert (layout.tagged_node("node:n1"), layout.tagged_node("node:"), layout.tagged_node("rack:r01")) == (
+        "n1", "", None)
+    assert layout.maintained_service("_service_maintenance:n1-iu0") == "n1-iu0"
+    assert layout.maintained_service("_node_maintenance") is None and layout.maintained_service("eas:n1-iu0") is None
 
 
 @pytest.mark.parametrize(("check_id", "expected"), [

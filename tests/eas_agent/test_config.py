@@ -45,7 +45,39 @@ def test_documented_example_loads(tmp_path):
     config = load_config(write(tmp_path, GOOD))
     assert config.node == "r01n01" and config.ius[0].gpus == (0, 1, 2, 3)
     assert config.kv_key == "clusterctl/eas/dc1/r01n01" and config.ttl_s == 6.0
-    assert config.consul.read_token() is None  # token file absent: no ACLs
+    assert config.consul.token_file == "/etc/eas-agent/consul.token"
+
+
+def test_no_token_file_is_no_token(tmp_path):
+    config = load_config(write(tmp_path, GOOD.replace("  token_file: /etc/eas-agent/consul.token\n", "")))
+    assert config.consul.token_file is None and config.consul.read_token() is None
+
+
+def test_a_configured_token_file_that_is_missing_stops_the_agent(tmp_path):
+    """It used to mean "no token" with a warning: against a Consul with ACLs on, 403 on every write later.
+    Now the one token rule's error, naming the config, the field and the file (a ConfigError: exit 2)."""
+    from eas_agent.agent import open_store
+
+    missing = tmp_path / "consul.token"
+    path = write(tmp_path, GOOD.replace("/etc/eas-agent/consul.token", str(missing)))
+    with pytest.raises(ConfigError) as info:
+        open_store(load_config(path), timeout_s=1.0)
+    assert info.value.field == "consul.token_file"
+    assert str(info.value) == (f"{path}: consul.token_file: {missing}: cannot read the Consul token file: "
+                               "No such file or directory")
+
+
+def test_an_https_address_with_the_scheme_left_at_http_stops_the_agent(tmp_path):
+    """It was read as plain http (the token in cleartext); now the config is named, field and both schemes."""
+    from eas_agent.agent import open_store
+
+    path = write(tmp_path, GOOD.replace("address: 127.0.0.1:8500", "address: https://127.0.0.1:8501").replace(
+        "  token_file: /etc/eas-agent/consul.token\n", ""))
+    with pytest.raises(ConfigError) as info:
+        open_store(load_config(path), timeout_s=1.0)
+    assert info.value.field == "consul.address" and "says https but the scheme given is http" in str(info.value)
+    https = load_config(write(tmp_path, path.read_text().replace("scheme: http", "scheme: https")))
+    assert open_store(https, timeout_s=1.0).client.http.base_uri == "https://127.0.0.1:8501"
 
 
 def test_write_budget_settings_default_and_reach_the_publisher(tmp_path):

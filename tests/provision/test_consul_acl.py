@@ -184,6 +184,31 @@ def test_the_token_rule_vault_value_first_then_a_private_file(tmp_path):
         token("", str(path))
 
 
+def test_the_filter_is_the_python_readers_token_rule(tmp_path):
+    """One function for the roles and clusterctl (cluster.settings.Consul.operator_token): a vault value of
+    two words went out as the header before, where preflight refused it."""
+    from ansible.errors import AnsibleFilterError
+
+    from cluster.settings import node_settings
+    from consul_io.client import TokenError
+
+    with pytest.raises(AnsibleFilterError) as filtered:
+        _filters()["consul_token"]("s3cr3t s3cr3t", "")
+    with pytest.raises(TokenError) as read:
+        node_settings({"consul_token": "s3cr3t s3cr3t"}).consul.operator_token()
+    assert str(filtered.value) == str(read.value) == (
+        "consul_token: the Consul ACL token holds whitespace (a vault value of one line is expected)")
+
+
+def test_the_maintenance_filter_reads_which_services_consul_holds_in_maintenance():
+    checks = {"_service_maintenance:n1-iu0": {"CheckID": "_service_maintenance:n1-iu0", "Notes": "clusterctl rolling restart"},
+              "_service_maintenance:n1-iu1": {"CheckID": "_service_maintenance:n1-iu1"},
+              "_node_maintenance": {"Notes": "node"}, "eas:n1-iu0": {"Notes": "score"},
+              "vllm-iu:n1-iu0:health": {}}
+    assert _filters()["consul_maintenance"](checks) == {"n1-iu0": "clusterctl rolling restart", "n1-iu1": None}
+    assert _filters()["consul_maintenance"]({}) == {}
+
+
 @pytest.mark.parametrize("raced", ["/v1/acl/policy", "/v1/acl/token"])
 def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(server, raced, monkeypatch):
     """A batch ensures its nodes' ACLs in parallel forks, and every node ensures the shared policies and tokens:

@@ -86,3 +86,42 @@ def test_the_filters_read_no_other_variable(r01n01):
             return super().__getitem__(key)
 
     FILTERS["cluster_node"]("r01n01", Watching(r01n01, consul_agent_acl_management_token="secret"))
+
+
+@pytest.mark.parametrize(("given", "url"), [
+    ({}, "http://127.0.1.11:8500"),
+    ({"consul_scheme": "https", "consul_http_addr": "127.0.1.11:8501"}, "https://127.0.1.11:8501")])
+def test_cluster_node_gives_the_consul_agent_with_its_scheme(r01n01, given, url):
+    """The roles build every Consul URL from this (they wrote http:// by hand, whatever consul_scheme said)."""
+    consul = FILTERS["cluster_node"]("r01n01", {**r01n01, **given})["consul"]
+    assert consul["url"] == url and f"{consul['scheme']}://{consul['address']}" == url
+    assert (consul["datacenter"], consul["kv_prefix"]) == ("dc1", "clusterctl/eas")
+
+
+def test_cluster_node_stops_on_a_scheme_inside_the_consul_address(r01n01):
+    with pytest.raises(AnsibleFilterError) as error:
+        FILTERS["cluster_node"]("r01n01", {**r01n01, "consul_http_addr": "https://127.0.1.11:8501"})
+    assert str(error.value).splitlines()[1] == (
+        "r01n01: consul_http_addr='https://127.0.1.11:8501': HOST:PORT without a scheme: write the scheme as "
+        "consul_scheme (consul_scheme: https), not in the address")
+
+
+@pytest.mark.parametrize("hostile", ["$(reboot)", "quiet'", "quiet\nGRUB_TIMEOUT=0"])
+def test_kernel_args_stops_the_cpu_cstates_role_on_a_non_kernel_word(hostile):
+    """cpu_cstates writes these into a drop-in update-grub sources as shell, as root."""
+    assert FILTERS["kernel_args"](["iommu=pt"], "r01n01") == ["iommu=pt"]
+    assert FILTERS["kernel_args"]([], "r01n01") == []
+    with pytest.raises(AnsibleFilterError) as error:
+        FILTERS["kernel_args"](["iommu=pt", hostile], "r01n01")
+    assert str(error.value).splitlines()[1].startswith(
+        f"r01n01: cpu_cstates_extra_kernel_args[1]={hostile!r}: not a kernel argument")
+
+
+def test_cluster_consul_is_the_same_block_from_the_consul_settings_alone(r01n01):
+    """For role defaults and the Consul server the ACL tasks call, which need not be a GPU node."""
+    given = {"consul_scheme": "https", "consul_http_addr": "127.0.1.11:8501", "consul_datacenter": "lab"}
+    assert FILTERS["cluster_consul"]("srv", given) == FILTERS["cluster_node"]("r01n01", {**r01n01, **given})["consul"]
+    assert FILTERS["cluster_consul"]("srv", {})["url"] == "http://127.0.0.1:8500"
+    with pytest.raises(AnsibleFilterError) as error:
+        FILTERS["cluster_consul"]("srv", {"consul_scheme": "ftp"})
+    assert str(error.value).splitlines()[1:] == ["srv: consul_scheme='ftp': must be http or https"]
