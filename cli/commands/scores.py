@@ -52,7 +52,8 @@ def _inventory_settings(
     cluster = load_cluster(inventory, vault_secrets=vault.secrets_for(vault_password_file))
     expected, addr, dc, token = {}, None, None, None
     for node in cluster.nodes():
-        addr = addr or node.settings.consul.http_addr
+        # its URL, so consul_scheme (https) is kept, as every other reader of the inventory does
+        addr = addr or (node.settings.consul.url if node.settings.consul.http_addr else None)
         dc = dc or node.settings.consul.dc
         token = token or node.settings.consul
         for iu in node.ius:

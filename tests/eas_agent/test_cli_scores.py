@@ -121,3 +121,30 @@ def test_an_https_address_is_spoken_to_over_https(consul_addr, capsys, monkeypat
     assert code == 3 and f"cannot reach Consul at {consul_addr}" in err
     code, _, _ = run_cli(capsys, "scores", "--consul", f"http://{consul_addr}", "--json")
     assert code == 0 and schemes == ["https", "http"]
+
+
+def test_an_inventorys_consul_scheme_is_kept(consul_addr, capsys, monkeypatch, tmp_path):
+    """consul_scheme: https in the inventory reaches Consul over HTTPS, as preflight and the roles do (scores
+    read the bare consul_http_addr and spoke plain HTTP to it, token included)."""
+    import shutil
+    from pathlib import Path
+
+    import cli.commands.scores as scores
+
+    inventory = tmp_path / "inv"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "inventory" / "virtual", inventory)
+    group_vars = inventory / "group_vars" / "all.yml"
+    text = group_vars.read_text().replace('consul_http_addr: "{{ ansible_host }}:8500"',
+                                          f"consul_http_addr: {consul_addr}\nconsul_scheme: https")
+    assert "consul_scheme: https" in text
+    group_vars.write_text(text)
+    schemes = []
+
+    def recording(*args, **kwargs):
+        schemes.append(kwargs.get("scheme", "http"))
+        return ConsulIO(*args, **kwargs)
+
+    monkeypatch.setattr(scores, "ConsulIO", recording)
+    code, _, err = run_cli(capsys, "scores", "-i", str(inventory), "--json")
+    assert schemes == ["https"], err
+    assert code == 3 and f"cannot reach Consul at {consul_addr}" in err
