@@ -96,7 +96,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.host}: {self.variable}={self.value!r}: {self.message}"
+        # a variable that is not set has no value to show ("rack=None" read as a rack named None)
+        shown = self.variable if self.value is None else f"{self.variable}={self.value!r}"
+        return f"{self.host}: {shown}: {self.message}"
 
 
 class SpecError(ValueError):

@@ -162,6 +162,12 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
     return problems
 
 
+def _named(variable: str, value_repr: str) -> str:
+    """``variable=value``, or the bare name for a variable that is not set ("rack=None" read as a rack named
+    None)."""
+    return variable if value_repr == "None" else f"{variable}={value_repr}"
+
+
 def problem_lines(problems: Iterable[Problem], hosts_shown: int = 3) -> list[str]:
     """One line per distinct problem: the same variable, value and message on several hosts (a group_vars
     mistake seen by every host of the group) is one line naming the hosts and how many, not one per host."""
@@ -175,7 +181,7 @@ def problem_lines(problems: Iterable[Problem], hosts_shown: int = 3) -> list[str
         else:
             names = ", ".join(hosts[:hosts_shown]) + (f", ... (+{len(hosts) - hosts_shown})" if len(hosts) > hosts_shown else "")
             who = f"{names} ({len(hosts)} hosts)"
-        lines.append(f"{who}: {variable}={value}: {message}")
+        lines.append(f"{who}: {_named(variable, value)}: {message}")
     return lines
 
 
@@ -234,5 +240,5 @@ def security_warnings(selected: Mapping[str, Mapping[str, Any]]) -> list[str]:
     lines = []
     for (variable, value, message), hosts in grouped.items():
         shown = ", ".join(hosts[:8]) + (f", ... (+{len(hosts) - 8})" if len(hosts) > 8 else "")
-        lines.append(f"{variable}={value}: {message} (hosts: {shown})")
+        lines.append(f"{_named(variable, value)}: {message} (hosts: {shown})")
     return lines

@@ -41,7 +41,7 @@ def test_coerce_reports_every_problem_at_once_one_line_each():
         spec.coerce({"gpu_count": 0, "ansible_port": 0, "consul_scheme": "ftp", "ansible_ssh_common_args": ["-o"],
                      "preflight_version_pins": {"drivr": "550", "cud": "12"}}, "n1")
     assert str(caught.value).splitlines() == [
-        "n1: gpu_model=None: missing required variable (one of h100-sxm, h200-sxm, a100-sxm)",
+        "n1: gpu_model: missing required variable (one of h100-sxm, h200-sxm, a100-sxm)",
         "n1: gpu_count=0: must be a positive integer",
         "n1: ansible_port=0: not a TCP port number",
         "n1: ansible_ssh_common_args=['-o']: must be a string of ssh options",

@@ -50,19 +50,19 @@ def test_missing_secrets_are_named_and_the_plan_shows_them(tmp_path, capsys):
     assert code == 0
     for var in ("consul_agent_gossip_key", "consul_agent_acl_management_token", "consul_agent_acl_agent_token",
                 "consul_agent_acl_registration_token", "consul_token", "consul_agent_tls_ca_pem"):
-        assert f"warning: {var}=None: " in err, var
+        assert f"warning: {var}: " in err, var
     assert "the consul_agent role will stop on this host" in err
     code, out, _ = run_cli(capsys, "provision", "-i", inv, "--plan")
     assert code == 0
     flat = " ".join(out.split())
-    assert "warning: consul_agent_gossip_key=None" in flat and "consul_agent_tls_ca_pem=None" in flat
+    assert "warning: consul_agent_gossip_key:" in flat and "warning: consul_agent_tls_ca_pem:" in flat
 
 
 def test_a_token_file_counts_as_the_operator_token(tmp_path, capsys):
     # The token rule (roles/consul_agent/README.md): consul_token OR consul_token_file, never both required.
     without = SECURE.replace("consul_token: ", "unused_token: ")
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", _inventory(tmp_path / "a", without))
-    assert code == 0 and "warning: consul_token=None" in err
+    assert code == 0 and "warning: consul_token:" in err
     code, _, err = run_cli(capsys, "inventory", "validate", "-i",
                            _inventory(tmp_path / "b", without + "consul_token_file: /etc/clusterctl/consul.token\n"))
-    assert code == 0 and "consul_token=None" not in err, err
+    assert code == 0 and "warning: consul_token:" not in err, err
