@@ -33,7 +33,7 @@ MACHINE_TESTS = (
     "tests/provision/test_redfish.py",
     "tests/provision/test_render_only.py",
     "tests/provision/test_vault_option.py",
-    "tests/inventory/test_vault.py",
+    "tests/cluster/test_vault.py",
     "tests/virtual/",
     "tests/bench/test_virtual_machines.py",
     "tests/preflight/test_e2e_virtual.py",

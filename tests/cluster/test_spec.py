@@ -9,8 +9,8 @@ import pytest
 
 from cluster import spec
 from cluster.settings import node_settings
+from tests.cluster.test_settings import HOSTS  # one host n1 in rack r1
 from tests.helpers import run_cli, write_tree
-from tests.inventory.test_settings import HOSTS  # one host n1 in rack r1
 
 
 def test_every_variable_is_declared_once_with_its_default_and_coercer():

@@ -8,8 +8,8 @@ import pytest
 from cluster import load_cluster, vault
 from cluster.model import Node, build_node
 from cluster.settings import node_settings
+from tests.cluster.helpers import inline, password_file
 from tests.helpers import run_cli, write_tree
-from tests.inventory.test_vault import inline, no_ambient_vault, password_file  # noqa: F401 - fixture
 
 HOSTS = """
 all:

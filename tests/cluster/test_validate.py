@@ -21,8 +21,8 @@ all:
   children:
     rack_r1:
       hosts:
-        n1: {ansible_host: 192.0.2.1}
-        n2: {ansible_host: 192.0.2.2}
+        n1: {ansible_host: 127.0.77.1}
+        n2: {ansible_host: 127.0.77.2}
 """
 
 CASES = {
@@ -54,7 +54,7 @@ CASES = {
         {"n1": 'nccl_socket_ifname: "eth0\\n"\n'}, ["n1: nccl_socket_ifname='eth0\\n'", "not a valid Linux interface"],
     ),
     "redfish_without_bmc": (
-        {"n1": "cpu_cstates_redfish: true\nbmc_address: 192.0.2.101\n"},
+        {"n1": "cpu_cstates_redfish: true\nbmc_address: 127.0.77.101\n"},
         ["n1: bmc_username: ", "n1: bmc_password: ", "cpu_cstates_redfish is on"],
     ),
     "unknown_gpu_model": ({"n2": "gpu_model: b200\n"}, ["n2: gpu_model='b200'", "unknown GPU model"]),
@@ -92,11 +92,11 @@ def test_missing_required_variable(tmp_path, capsys):
 
 
 def test_duplicate_addresses_name_both_hosts(tmp_path, capsys):
-    hosts = ONE_RACK.replace("192.0.2.2", "192.0.2.1")
+    hosts = ONE_RACK.replace("127.0.77.2", "127.0.77.1")
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
     assert code == 2
-    assert "n1: ansible_host='192.0.2.1': address also used by n2" in err
-    assert "n2: ansible_host='192.0.2.1': address also used by n1" in err
+    assert "n1: ansible_host='127.0.77.1': address also used by n2" in err
+    assert "n2: ansible_host='127.0.77.1': address also used by n1" in err
 
 
 def test_host_in_no_rack_and_in_two_racks(tmp_path, capsys):
@@ -106,7 +106,7 @@ def test_host_in_no_rack_and_in_two_racks(tmp_path, capsys):
         n2:
     spare:
       hosts:
-        n3: {ansible_host: 192.0.2.3}
+        n3: {ansible_host: 127.0.77.3}
 """
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
     assert code == 2
@@ -132,14 +132,14 @@ def test_valid_inventory_passes(tmp_path, capsys):
 def test_a_host_name_that_is_not_a_host_name_is_refused(tmp_path, capsys, name):
     """Review H3 (the real-inventory half): host names become IU ids, Consul service and node names and file
     names on the node (/etc/consul.d/vllm-iu-<node>-iu<i>.json), so only DNS names get that far."""
-    hosts = ONE_RACK.replace("n2: {ansible_host: 192.0.2.2}", f"{json.dumps(name)}: {{ansible_host: 192.0.2.2}}")
+    hosts = ONE_RACK.replace("n2: {ansible_host: 127.0.77.2}", f"{json.dumps(name)}: {{ansible_host: 127.0.77.2}}")
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
     assert code == 2, err
     assert f"inventory_hostname={name!r}" in err and "not a valid host name" in err
 
 
-@pytest.mark.parametrize("name", ["r01n01", "gpu-node-7.dc1.example.com", "192.0.2.9", "N1"])
+@pytest.mark.parametrize("name", ["r01n01", "gpu-node-7.dc1.example.com", "127.0.77.9", "N1"])
 def test_dns_host_names_and_addresses_are_accepted(tmp_path, capsys, name):
-    hosts = ONE_RACK.replace("n2: {ansible_host: 192.0.2.2}", f"{name}: {{ansible_host: 192.0.2.2}}")
+    hosts = ONE_RACK.replace("n2: {ansible_host: 127.0.77.2}", f"{name}: {{ansible_host: 127.0.77.2}}")
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
     assert code == 0, err

@@ -18,49 +18,10 @@ from pathlib import Path
 import pytest
 
 from cluster import InventoryError, load_cluster, vault
+from tests.cluster.helpers import HOSTS, PASSWORD, encrypt, inline, password_file
 from tests.helpers import run_cli, write_tree
 
 REPO = Path(__file__).resolve().parents[2]
-PASSWORD = "inventory-vault-test-password-31f0"
-
-HOSTS = """
-all:
-  children:
-    rack_r1:
-      hosts:
-        n1: {ansible_host: 192.0.2.1}
-        n2: {ansible_host: 192.0.2.2}
-"""
-
-
-def encrypt(text: str, password: str = PASSWORD) -> str:
-    from ansible.parsing.vault import VaultLib, VaultSecret
-
-    return VaultLib([("default", VaultSecret(password.encode()))]).encrypt(text).decode()
-
-
-def inline(name: str, value: str) -> str:
-    """``name: !vault |`` followed by the encrypted value, as ``ansible-vault encrypt_string`` writes it."""
-    body = "".join(f"  {line}\n" for line in encrypt(value).splitlines())
-    return f"{name}: !vault |\n{body}"
-
-
-def password_file(directory: Path, text: str = PASSWORD, mode: int = 0o600) -> Path:
-    path = directory / "vault-password"
-    path.write_text(text + "\n")
-    path.chmod(mode)
-    return path
-
-
-@pytest.fixture(autouse=True)
-def no_ambient_vault(monkeypatch):
-    """In-process runs use only what a test passes, whatever the developer's environment configures."""
-    import ansible.constants as C
-
-    monkeypatch.setattr(C, "DEFAULT_VAULT_PASSWORD_FILE", None)
-    monkeypatch.setattr(C, "DEFAULT_VAULT_IDENTITY_LIST", [])
-
-
 @pytest.fixture
 def vaulted(tmp_path) -> tuple[Path, Path]:
     """group_vars/all/vault.yml encrypted as a whole (gpu_model), plus an inline !vault BMC password."""
@@ -118,7 +79,7 @@ def test_a_wrong_password_names_the_file(vaulted, tmp_path, capsys):
 def test_an_inline_vault_model_variable_names_host_variable_and_line(tmp_path, capsys):
     inventory = write_tree(tmp_path / "inventory", {"hosts.yml": HOSTS, "group_vars/all.yml": "gpu_model: h100-sxm\n"})
     (inventory / "host_vars").mkdir()
-    (inventory / "host_vars" / "n2.yml").write_text("gpu_count: 4\n" + inline("ansible_host", "192.0.2.99"))
+    (inventory / "host_vars" / "n2.yml").write_text("gpu_count: 4\n" + inline("ansible_host", "127.0.77.99"))
     with pytest.raises(InventoryError) as error:
         load_cluster(inventory)
     assert str(error.value) == (
@@ -127,7 +88,7 @@ def test_an_inline_vault_model_variable_names_host_variable_and_line(tmp_path, c
     )
     assert error.value.exit_code == 2
     cluster = load_cluster(inventory, vault_secrets=vault.load_vault_secrets(password_file(tmp_path)))
-    assert cluster.node("n2").address == "192.0.2.99"  # decrypted, as the model needs it
+    assert cluster.node("n2").address == "127.0.77.99"  # decrypted, as the model needs it
 
 
 def test_a_template_using_a_vault_value_names_host_variable_and_line(tmp_path):

@@ -10,11 +10,11 @@ from tests.helpers import run_cli, write_tree
 INI = {
     "hosts.ini": """
         [rack_a]
-        a1 ansible_host=192.0.2.11
-        a2 ansible_host=192.0.2.12 iu_size=2
+        a1 ansible_host=127.0.77.11
+        a2 ansible_host=127.0.77.12 iu_size=2
 
         [rack_b]
-        b1 ansible_host=192.0.2.21
+        b1 ansible_host=127.0.77.21
 
         [gpu:children]
         rack_a
@@ -44,8 +44,8 @@ YAML = {
           children:
             gpu_nodes:
               hosts:
-                n1: {rack: r7, ansible_host: 198.51.100.1}
-                n2: {rack: r7, ansible_host: 198.51.100.2, iu_port_base: "{{ base }}"}
+                n1: {rack: r7, ansible_host: 127.0.78.1}
+                n2: {rack: r7, ansible_host: 127.0.78.2, iu_port_base: "{{ base }}"}
     """,
     "host_vars/n2.yml": """
         gpu_count: 4
@@ -58,7 +58,7 @@ def test_ini_with_group_and_host_vars(tmp_path):
     cluster = load_cluster(write_tree(tmp_path, INI))
     assert [r.name for r in cluster.racks] == ["a", "b"]
     a2 = cluster.node("a2")
-    assert a2.address == "192.0.2.12"
+    assert a2.address == "127.0.77.12"
     assert [iu.gpus for iu in a2.ius] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert [iu.port for iu in a2.ius] == [8000, 8001, 8002, 8003]
     b1 = cluster.node("b1")
