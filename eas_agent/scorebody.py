@@ -6,6 +6,7 @@ One typed shape for both sides. The publisher builds a :class:`ScoreBody` and wr
 the edge reader turns whatever it finds under the prefix back into one with :meth:`ScoreBody.from_json`,
 which checks every field. The reader's rules (why each exists):
 
+- A number is finite when a float holds it: an integer beyond float's range (JSON has no limit) is not.
 - The body must be an object with a ``node`` (a hostname-shaped string), a finite ``ts`` and an ``ius``
   object; anything else rejects the whole body (there is nothing of it to trust).
 - ``heartbeat_s`` is clamped to [:data:`MIN_HEARTBEAT_S`, :data:`MAX_HEARTBEAT_S`] and ``clock_offset_s``
@@ -53,7 +54,7 @@ def score_problem(score) -> str | None:
         return None
     if isinstance(score, bool) or not isinstance(score, (int, float)):
         return "score_not_a_number"
-    if math.isnan(score) or math.isinf(score):
+    if not _finite(score):
         return "score_not_finite"
     if score < 0:
         return "score_negative"
@@ -61,7 +62,14 @@ def score_problem(score) -> str | None:
 
 
 def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A JSON number a float holds. JSON reads ``1`` followed by 400 zeros as an int that no float holds
+    (``math.isfinite`` raises OverflowError on it): that is not finite here, like ``1e400``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)

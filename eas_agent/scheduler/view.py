@@ -137,6 +137,10 @@ class PoolView:
             self._last_log = now
             log.warning("ignoring score %s: %s", what, problem)
 
+    def _reader_error(self, where: str, exc: Exception) -> None:
+        self.ignored["reader_error"] += 1
+        self._reject("body", f"{where}: reader error {type(exc).__name__}: {str(exc)[:200]}")
+
     def parse(self, raw, where: str) -> ScoreBody | None:
         """The typed body of ``raw`` (decoded JSON), None when it is unusable (counted and remembered)."""
         if isinstance(raw, ScoreBody):
@@ -146,6 +150,9 @@ class PoolView:
         except BodyError as exc:
             self.ignored[exc.reason] += 1
             self._reject("body", f"{where}: {exc}")
+            return None
+        except Exception as exc:  # a body the checks cannot handle (a reader bug) is that body's problem only
+            self._reader_error(where, exc)
             return None
         for problem in problems:
             self._reject("iu", f"{where}: {problem}")
@@ -162,42 +169,53 @@ class PoolView:
 
     # -- inputs -------------------------------------------------------------------------------------
     def apply_kv(self, entries: list[dict]) -> None:
-        """The whole KV prefix listing (replaces what Consul said before)."""
+        """The whole KV prefix listing (replaces what Consul said before). Each entry is checked on its own:
+        whatever one entry holds costs that entry, never the others (any node can write any key)."""
         received = self.clock()
         bodies: dict[str, _Seen] = {}
         for entry in entries if isinstance(entries, list) else ():
-            if not isinstance(entry, dict):
-                self._reject("body", f"KV listing entry is {type(entry).__name__}, not an object")
-                continue
-            key = str(entry.get("Key", ""))
-            value = entry.get("Value")
-            if not value:
-                continue
-            if len(value) > MAX_BODY_BYTES:
-                self.ignored["body_too_large"] += 1
-                self._reject("body", f"key {key}: {len(value)} bytes (more than {MAX_BODY_BYTES})")
-                continue
             try:
-                raw = json.loads(value)
-            except (ValueError, TypeError, RecursionError):  # RecursionError: "[[[[..." nested too deep
-                self.ignored["body_unparseable"] += 1
-                self._reject("body", f"key {key}: not JSON")
+                checked = self._kv_body(entry, received)
+            except Exception as exc:  # e.g. a Value that is no string: that entry only (see the docstring)
+                self._reader_error(f"key {str(entry.get('Key'))[:200]}", exc)  # _kv_body took non-dicts
                 continue
-            seen = self._validated(raw, f"key {key}", self.bodies, received)
-            if seen is None:
-                continue
-            key_node = key.rsplit("/", 1)[-1]
-            if seen.body.node != key_node:
-                self._reject("body", f"key {key}: body names node {seen.body.node!r}, the key {key_node!r}")
-                continue
-            bodies[key_node] = seen
+            if checked is not None:
+                bodies[checked[0]] = checked[1]
         with self.lock:
             self.bodies = bodies
         self._rebuild()
 
+    def _kv_body(self, entry, received: float) -> tuple[str, _Seen] | None:
+        """(node, body) of one KV listing entry, None when it holds no usable body (counted)."""
+        if not isinstance(entry, dict):
+            self._reject("body", f"KV listing entry is {type(entry).__name__}, not an object")
+            return None
+        key = str(entry.get("Key", ""))
+        value = entry.get("Value")
+        if not value:
+            return None
+        if len(value) > MAX_BODY_BYTES:
+            self.ignored["body_too_large"] += 1
+            self._reject("body", f"key {key}: {len(value)} bytes (more than {MAX_BODY_BYTES})")
+            return None
+        try:
+            raw = json.loads(value)
+        except (ValueError, TypeError, RecursionError):  # RecursionError: "[[[[..." nested too deep
+            self.ignored["body_unparseable"] += 1
+            self._reject("body", f"key {key}: not JSON")
+            return None
+        seen = self._validated(raw, f"key {key}", self.bodies, received)
+        if seen is None:
+            return None
+        key_node = key.rsplit("/", 1)[-1]
+        if seen.body.node != key_node:
+            self._reject("body", f"key {key}: body names node {seen.body.node!r}, the key {key_node!r}")
+            return None
+        return key_node, seen
+
     def apply_polled(self, bodies: list) -> None:
         """Bodies from agents' ``GET /scores`` (decoded JSON in the KV's shape, or already a
-        :class:`ScoreBody`): used where newer than the KV's."""
+        :class:`ScoreBody`): used where newer than the KV's. Each is checked on its own (:meth:`parse`)."""
         received = self.clock()
         valid = [s for s in (self._validated(b, "/scores", self.polled, received) for b in bodies) if s]
         with self.lock:
@@ -424,8 +442,6 @@ class ScoresPoller:
         return json.loads(fetch())
 
     def poll_once(self) -> None:
-        from eas_agent.collectors.vllm import FetchError
-
         if self.executor is None:
             self.executor = ThreadPoolExecutor(len(self.fetchers) + 1, thread_name_prefix="eas-scores")
         started = {}
@@ -447,8 +463,8 @@ class ScoresPoller:
                 continue
             try:
                 bodies.append(future.result())
-            except (FetchError, ValueError, RecursionError, OSError):
-                self.errors += 1  # that agent's node falls back to its KV body
+            except Exception:  # whatever one agent answered (or a bug fetching it) costs that agent's node
+                self.errors += 1  # its poll, never the round: that node falls back to its KV body
         self.view.apply_polled(bodies)
 
     def _loop(self) -> None:
