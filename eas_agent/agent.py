@@ -187,7 +187,8 @@ class Agent:
         self.log = RateLimitedLog(log)
 
     def _scrape_all(self, now: float) -> dict[str, VllmReading]:
-        """Every IU's vLLM reading, concurrently, within the scrape deadline (one IU: on this thread)."""
+        """Every IU's vLLM reading, concurrently, within the scrape deadline. One IU is scraped on this thread
+        (no hand-off per cycle): its fetcher ends every read of the GET by the deadline itself."""
         if len(self.pipelines) == 1:
             p = self.pipelines[0]
             return {p.iu.id: p.scrape(now)}
