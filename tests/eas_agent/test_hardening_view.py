@@ -13,7 +13,8 @@ import pytest
 
 from consul_io.client import ConsulUnavailable
 from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
-from eas_agent.scheduler.view import TS_TOLERANCE_S, ConsulWatcher
+from eas_agent.scheduler.view import TS_TOLERANCE_S
+from eas_agent.scheduler.watch import ConsulWatcher
 from eas_agent.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
 
 from .test_pick import Clock, health_entry, kv_entry
