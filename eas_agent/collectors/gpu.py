@@ -28,6 +28,20 @@ class GpuReading:
     error: str | None = None
 
 
+class GpuReadings(tuple):
+    """One IU's GPUs as read in one cycle (a :class:`GpuReading` each); ``error`` names the first GPU that
+    could not be read."""
+
+    __slots__ = ()
+
+    @property
+    def error(self) -> str | None:
+        for gpu in self:
+            if gpu.error:
+                return f"GPU {gpu.index}: {gpu.error}"
+        return None
+
+
 class GpuBackendError(RuntimeError):
     """The backend cannot start (no NVIDIA driver / libnvidia-ml, unreadable fake file path)."""
 
@@ -36,6 +50,21 @@ class GpuBackend(Protocol):
     def read(self, indices: tuple[int, ...]) -> list[GpuReading]: ...
 
     def close(self) -> None: ...
+
+
+class GpuCollector:
+    """One IU's GPUs through the node's backend (one backend, opened once, for every IU)."""
+
+    name = "gpu"
+
+    def __init__(self, backend: GpuBackend, indices: tuple[int, ...]):
+        self.backend, self.indices = backend, indices
+
+    def collect(self, now: float) -> GpuReadings:
+        return GpuReadings(self.backend.read(self.indices))
+
+    def failed(self, now: float, error: str) -> GpuReadings:
+        return GpuReadings(GpuReading(index=i, error=error) for i in self.indices)
 
 
 class NvmlBackend:

@@ -176,6 +176,8 @@ class VllmReading:
 
 
 class VllmCollector:
+    name = "vllm"
+
     def __init__(self, fetch: Callable[[], str], window_s: float = 5.0):
         self.fetch = fetch
         self.prompt = WindowRate(window_s)

@@ -10,7 +10,7 @@ import pytest
 
 from eas_agent.collectors import gpu as gpu_module
 from eas_agent.collectors.gpu import FakeGpuBackend, NvmlBackend
-from eas_agent.collectors.network import NetworkCollector
+from eas_agent.collectors.network import NetworkCollector, NodeNicCounters
 from eas_agent.collectors.rates import WindowRate
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.scorebody import IUScore, ScoreBody
@@ -38,15 +38,22 @@ def test_network_rdma_counters_are_4_byte_units(tmp_path):
         }
 
     write_tree(tmp_path, counters(1000, 2000))
-    net = NetworkCollector(("ibp24s0",), ("mlx5_0",), 1, tmp_path, window_s=5)
-    first = net.collect(0.0, {"ibp24s0": NicCounters(0, 0)})
-    assert first.mb_per_s is None  # one sample: no rate yet
+    box = {"ibp24s0": NicCounters(0, 0)}
+    nics = NodeNicCounters(lambda: box)
+    net = NetworkCollector(("ibp24s0",), ("mlx5_0",), nics, 1, tmp_path, window_s=5)
+    nics.refresh()
+    first = net.collect(0.0)
+    assert first.mb_per_s is None and first.error is None  # one sample: no rate yet
     write_tree(tmp_path, counters(1000 + 250_000, 2000 + 500_000))
-    reading = net.collect(1.0, {"ibp24s0": NicCounters(100_000, 100_000)})
+    box = {"ibp24s0": NicCounters(100_000, 100_000)}
+    nics.refresh()
+    reading = net.collect(1.0)
     assert reading.rdma_bytes_per_s == 3_000_000  # 750k units x 4 bytes per second
     assert reading.netdev_bytes_per_s == 200_000 and reading.mb_per_s == 3.0  # max of the two views
-    missing = net.collect(2.0, {})
-    assert missing.mb_per_s is None and missing.missing == ("ibp24s0",)
+    box = {}
+    nics.refresh()
+    missing = net.collect(2.0)
+    assert missing.mb_per_s is None and missing.missing == ("ibp24s0",) and missing.error == "cannot read ibp24s0"
 
 
 def test_fake_gpu_backend_rereads_on_change(tmp_path):

@@ -85,7 +85,8 @@ def hostile_body(rng: random.Random):
     base = {"node": "n2", "rack": "r1", "ts": 100.0, "heartbeat_s": 2.0, "seq": 3, "clock_offset_s": None,
             "ius": {"n2-iu0": {"score": 1.0, "status": "passing", "reason": "", "components": {"request_cost_s": 0.1}}}}
     # 10**400 and -10**400: ints JSON reads but no float holds (math.isfinite raises OverflowError on them)
-    junk_values = [None, "x", -1, 1e308, float("nan"), [], {}, True, 10**30, 10**400, -(10**400), "0.1", {"a": 1}]
+    junk_values = [None, "x", -1, 1e308, float("nan"), [], {}, True, 10**30, 10**400, -(10**400), "0.1", {"a": 1},
+                   {"vllm": {"ok": True, "duration_s": 10**400, "error": None}}]
 
     class Junk:  # a fresh value each time (one shared {} could end up inside itself)
         @staticmethod
@@ -102,7 +103,7 @@ def hostile_body(rng: random.Random):
         elif where == "iu" and isinstance(body.get("ius"), dict) and body["ius"]:
             entry = body["ius"].setdefault("n2-iu0", {})
             if isinstance(entry, dict):
-                entry[rng.choice(["score", "status", "reason", "components", "level"])] = Junk.pick()
+                entry[rng.choice(["score", "status", "reason", "components", "level", "collectors"])] = Junk.pick()
             else:
                 body["ius"]["n2-iu0"] = Junk.pick()
         elif where == "comp":
