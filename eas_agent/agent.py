@@ -41,7 +41,11 @@ log = logging.getLogger("eas_agent")
 RATE_WINDOW_S = 5.0
 LOG_EVERY_S = 60.0
 ABORT_GRACE_S = 0.05  # after aborting a late scrape, how long to wait for its thread to notice
-Scraped = tuple[VllmReading, CollectorRun]
+Scraped = tuple[VllmReading, CollectorRun]  # an IU's vLLM reading and how its collector ran
+
+
+def _not_scraped(error: str, waited_s: float) -> Scraped:
+    return VllmReading(metrics=None, error=error), CollectorRun(False, waited_s, error)
 
 
 class RateLimitedLog:
@@ -120,10 +124,6 @@ class IUPipeline:
                     metrics.collector_errors.labels(name, self.iu.id).inc()
         inputs = IUInputs(self.iu.id, reading, gpus, net, self.iu.kv_cache_gb, RATE_WINDOW_S)
         return self.scorer.score(inputs, now).with_collectors(runs)
-
-
-def _not_scraped(error: str, waited_s: float) -> Scraped:
-    return VllmReading(metrics=None, error=error), CollectorRun(False, waited_s, error)
 
 
 def open_store(config: AgentConfig, timeout_s: float) -> ConsulIO:
