@@ -22,7 +22,7 @@ import psutil
 
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from eas_agent.collectors.gpu import FakeGpuBackend
+from eas_agent.collectors.gpu import FileGpuBackend
 from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
 from eas_agent.score import IUInputs, Scorer
 from eas_agent.vllm_metrics import parse_vllm_metrics
@@ -47,7 +47,7 @@ def parts(node: SimulatedNode, rounds: int = 300) -> list[tuple[str, float]]:
     """Median microseconds of each part of one cycle, for the node's IUs together."""
     fetchers = [HttpFetcher(iu.metrics_url, 1.0) for iu in node.ius]
     collectors = [VllmCollector(f) for f in fetchers]
-    backend = FakeGpuBackend(node.gpu_file)
+    backend = FileGpuBackend(node.gpu_file)
     scorers = [Scorer("drain") for _ in node.ius]
     timings: dict[str, list[float]] = {
         "HTTP GET /metrics (incl. sim render)": [],

@@ -8,6 +8,11 @@ running then is aborted), so one slow or dripping endpoint costs its own IU a cy
 scores or the heartbeats. Whatever one IU's inputs do (NaN, negative gauges, a collector bug), that IU ends
 up ``warning`` with no score, a counted error and a log line at most once a minute; the others are scored
 and published as usual.
+
+Every collector (vLLM, GPU, network) is run the same way (:func:`eas_agent.collectors.base.timed`); each IU's
+result carries how each run went (ok, duration, error excerpt), which the score body publishes as
+``ius.*.collectors`` and which counts ``eas_agent_collector_errors{collector, iu}``. A GPU that cannot be read
+(the backend raised included) keeps the IU's score with status ``warning``, as a GPU NVML cannot read does.
 """
 
 from __future__ import annotations
@@ -22,18 +27,25 @@ from dataclasses import replace
 import psutil
 
 from consul_io.client import ConsulIO, ConsulUnavailable
-from eas_agent.collectors.gpu import GpuBackend, open_backend
-from eas_agent.collectors.network import NetworkCollector
+from eas_agent.collectors.base import timed
+from eas_agent.collectors.gpu import GpuBackend, GpuCollector, open_backend
+from eas_agent.collectors.network import NetworkCollector, NodeNicCounters
 from eas_agent.collectors.vllm import VllmCollector, VllmReading
 from eas_agent.config import AgentConfig, ConfigError
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.publisher import Backoff, Publisher, ScoreStore
 from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult
+from eas_agent.scorebody import CollectorRun
 
 log = logging.getLogger("eas_agent")
 RATE_WINDOW_S = 5.0
 LOG_EVERY_S = 60.0
 ABORT_GRACE_S = 0.05  # after aborting a late scrape, how long to wait for its thread to notice
+Scraped = tuple[VllmReading, CollectorRun]  # an IU's vLLM reading and how its collector ran
+
+
+def _not_scraped(error: str, waited_s: float) -> Scraped:
+    return VllmReading(metrics=None, error=error), CollectorRun(False, waited_s, error)
 
 
 class RateLimitedLog:
@@ -45,7 +57,7 @@ class RateLimitedLog:
         self.suppressed: dict[str, int] = {}
         self.lock = threading.Lock()
 
-    def __call__(self, key: str, level: int, msg: str, *args, exc_info: bool = False) -> bool:
+    def __call__(self, key: str, level: int, msg: str, *args, exc_info: bool | BaseException = False) -> bool:
         now = self.clock()
         with self.lock:
             last = self.last.get(key)
@@ -61,62 +73,57 @@ class RateLimitedLog:
 
 
 class IUPipeline:
-    """Collectors and scorer of one IU."""
+    """Collectors and scorer of one IU. The collectors that read node-wide sources (the GPU backend, the
+    node's NIC counters) are built by :meth:`attach`, which the agent calls with its own sources."""
 
     def __init__(self, config: AgentConfig, index: int, vllm: VllmCollector | None = None):
         iu = config.ius[index]
-        self.iu = iu
+        self.iu, self.config = iu, config
         self.vllm = vllm or VllmCollector.over_http(iu.metrics_url, config.scrape_timeout_s)
-        self.network = NetworkCollector(
-            iu.netdevs, iu.rdma_devices, iu.rdma_port, config.sysfs_root, RATE_WINDOW_S
-        )
+        self.gpu: GpuCollector | None = None
+        self.network: NetworkCollector | None = None
         self.scorer = Scorer(config.profile, DrainParams(frozen_after_s=config.frozen_after_s))
         self.log = RateLimitedLog(log)
 
-    def scrape(self, now: float) -> VllmReading:
-        """The vLLM part of a cycle (the agent runs it on a worker thread, concurrently with other IUs')."""
-        try:
-            return self.vllm.collect(now)
-        except Exception as exc:  # a collector bug: this IU's reading is an error, never the cycle's end
-            self.log(f"{self.iu.id}:scrape", logging.ERROR, "IU %s: scrape failed", self.iu.id, exc_info=True)
-            return VllmReading(metrics=None, error=f"agent error: {type(exc).__name__}: {exc}")
+    def attach(self, gpu_backend: GpuBackend, nics: NodeNicCounters) -> None:
+        iu = self.iu
+        self.gpu = GpuCollector(gpu_backend, iu.gpus)
+        if iu.netdevs or iu.rdma_devices:
+            self.network = NetworkCollector(
+                iu.netdevs, iu.rdma_devices, nics, iu.rdma_port, self.config.sysfs_root, RATE_WINDOW_S
+            )
 
-    def run(
-        self,
-        now: float,
-        gpu_backend: GpuBackend,
-        pernic,
-        metrics: AgentMetrics | None,
-        reading: VllmReading | None = None,
-    ) -> ScoreResult:
+    def _crashed(self, name: str, exc: Exception) -> None:
+        self.log(f"{self.iu.id}:{name}", logging.ERROR, "IU %s: %s collector failed", self.iu.id, name, exc_info=exc)
+
+    def scrape(self, now: float) -> Scraped:
+        """The vLLM part of a cycle (the agent runs it on a worker thread, concurrently with other IUs')."""
+        return timed(self.vllm, now, self._crashed)
+
+    def run(self, now: float, metrics: AgentMetrics | None, scraped: Scraped | None = None) -> ScoreResult:
         try:
-            return self._run(now, gpu_backend, pernic, metrics, reading)
-        except Exception as exc:  # a collector bug must cost one IU one cycle, never the agent
+            return self._run(now, metrics, scraped)
+        except Exception as exc:  # a bug must cost one IU one cycle, never the agent
             self.log(f"{self.iu.id}:cycle", logging.ERROR, "IU %s: cycle failed", self.iu.id, exc_info=True)
             if metrics:
                 metrics.collector_errors.labels("internal", self.iu.id).inc()
             return ScoreResult(None, WARNING, f"agent error: {type(exc).__name__}: {exc}")
 
-    def _run(
-        self,
-        now: float,
-        gpu_backend: GpuBackend,
-        pernic,
-        metrics: AgentMetrics | None,
-        reading: VllmReading | None,
-    ) -> ScoreResult:
-        if reading is None:
-            reading = self.scrape(now)
+    def _run(self, now: float, metrics: AgentMetrics | None, scraped: Scraped | None) -> ScoreResult:
+        reading, vllm_run = scraped if scraped is not None else self.scrape(now)
+        gpus, gpu_run = timed(self.gpu, now, self._crashed)
+        runs = {"vllm": vllm_run, "gpu": gpu_run}
+        net = None
+        if self.network is not None:
+            net, runs["network"] = timed(self.network, now, self._crashed)
         if reading.error:
-            if metrics:
-                metrics.collector_errors.labels("vllm", self.iu.id).inc()
             self.log(f"{self.iu.id}:vllm", logging.WARNING, "IU %s: %s", self.iu.id, reading.error)
-        gpus = tuple(gpu_backend.read(self.iu.gpus))
-        if metrics and any(g.error for g in gpus):
-            metrics.collector_errors.labels("gpu", self.iu.id).inc()
-        net = self.network.collect(now, pernic) if (self.iu.netdevs or self.iu.rdma_devices) else None
+        if metrics:
+            for name, run in runs.items():
+                if not run.ok:
+                    metrics.collector_errors.labels(name, self.iu.id).inc()
         inputs = IUInputs(self.iu.id, reading, gpus, net, self.iu.kv_cache_gb, RATE_WINDOW_S)
-        return self.scorer.score(inputs, now)
+        return self.scorer.score(inputs, now).with_collectors(runs)
 
 
 def open_store(config: AgentConfig, timeout_s: float) -> ConsulIO:
@@ -146,8 +153,10 @@ class Agent:
         self.config, self.clock = config, clock
         self.gpu_backend = gpu_backend or open_backend(config.gpu_backend, config.fake_gpu_file)
         self.pipelines = pipelines or [IUPipeline(config, i) for i in range(len(config.ius))]
-        self.pernic = pernic or (lambda: psutil.net_io_counters(pernic=True))
+        self.nics = NodeNicCounters(pernic or (lambda: psutil.net_io_counters(pernic=True)))
         self.needs_pernic = any(iu.netdevs for iu in config.ius)
+        for pipeline in self.pipelines:
+            pipeline.attach(self.gpu_backend, self.nics)
         self.store = (
             store if store is not None else open_store(config, timeout_s=max(1.0, config.heartbeat_s / 2))
         )
@@ -188,23 +197,25 @@ class Agent:
         self.executor: ThreadPoolExecutor | None = None
         self.log = RateLimitedLog(log)
 
-    def _scrape_all(self, now: float) -> dict[str, VllmReading]:
-        """Every IU's vLLM reading, concurrently, within the scrape deadline (one IU: on this thread)."""
+    def _scrape_all(self, now: float) -> dict[str, Scraped]:
+        """Every IU's vLLM reading, concurrently, within the scrape deadline. One IU is scraped on this thread
+        (no hand-off per cycle): its fetcher ends every read of the GET by the deadline itself."""
         if len(self.pipelines) == 1:
             p = self.pipelines[0]
             return {p.iu.id: p.scrape(now)}
         if self.executor is None:
             # +1 worker: an IU whose scrape is stuck past its abort holds a thread until it returns
             self.executor = ThreadPoolExecutor(len(self.pipelines) + 1, thread_name_prefix="eas-scrape")
-        readings: dict[str, VllmReading] = {}
+        scraped: dict[str, Scraped] = {}
         started: dict[str, Future] = {}
         for p in self.pipelines:
             previous = self.scrapes.get(p.iu.id)
             if previous is not None and not previous.done():
-                readings[p.iu.id] = VllmReading(metrics=None, error="previous scrape still running")
+                scraped[p.iu.id] = _not_scraped("previous scrape still running", 0.0)
                 continue
             started[p.iu.id] = self.scrapes[p.iu.id] = self.executor.submit(p.scrape, now)
-        _, late = wait_futures(started.values(), timeout=self.scrape_timeout_s + ABORT_GRACE_S)
+        waited = self.scrape_timeout_s + ABORT_GRACE_S
+        _, late = wait_futures(started.values(), timeout=waited)
         if late:
             by_id = {p.iu.id: p for p in self.pipelines}
             for iu_id, future in started.items():
@@ -213,26 +224,22 @@ class Agent:
             wait_futures(late, timeout=ABORT_GRACE_S)
         for iu_id, future in started.items():
             if future.done():
-                readings[iu_id] = future.result()  # scrape() never raises
+                scraped[iu_id] = future.result()  # scrape() never raises
             else:
-                readings[iu_id] = VllmReading(
-                    metrics=None, error=f"scrape not finished within {self.scrape_timeout_s:g} s"
+                scraped[iu_id] = _not_scraped(
+                    f"scrape not finished within {self.scrape_timeout_s:g} s", waited + ABORT_GRACE_S
                 )
-        return readings
+        return scraped
 
     # -- one cycle (no Consul) ------------------------------------------------------------------------
     def cycle(self, now: float) -> dict[str, ScoreResult]:
         started = time.perf_counter()
-        try:
-            pernic = self.pernic() if self.needs_pernic else {}
-        except OSError as exc:
-            log.warning("reading NIC counters failed: %s", exc)
-            pernic = {}
-        readings = self._scrape_all(now)
-        results = {
-            p.iu.id: p.run(now, self.gpu_backend, pernic, self.metrics, readings.get(p.iu.id))
-            for p in self.pipelines
-        }
+        if self.needs_pernic:
+            self.nics.refresh()
+            if self.nics.error:
+                self.log("nics", logging.WARNING, "%s", self.nics.error)
+        scraped = self._scrape_all(now)
+        results = {p.iu.id: p.run(now, self.metrics, scraped.get(p.iu.id)) for p in self.pipelines}
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         self.metrics.observe_scores(self.config.profile, results)
         if self.http:

@@ -240,6 +240,7 @@ class Publisher:
                     status=r.status,
                     reason=r.reason,
                     components={k: _finite_or_none(v) for k, v in r.components.items()},
+                    collectors=r.collectors,
                 )
                 for iu, r in results.items()
             },

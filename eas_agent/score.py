@@ -52,11 +52,13 @@ GPU or volatile uncorrectable ECC errors make the IU ``critical``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.network import NetReading
 from eas_agent.collectors.vllm import VllmReading
+from eas_agent.scorebody import CollectorRun, no_collectors
 from eas_agent.vllm_metrics import VllmMetrics
 
 PASSING, WARNING, CRITICAL = "passing", "warning", "critical"
@@ -82,6 +84,10 @@ class ScoreResult:
     status: str
     reason: str
     components: dict[str, float | None] = field(default_factory=dict)
+    collectors: Mapping[str, CollectorRun] = field(default_factory=no_collectors)  # how each collector's run went
+
+    def with_collectors(self, collectors: Mapping[str, CollectorRun]) -> ScoreResult:
+        return ScoreResult(self.score, self.status, self.reason, self.components, collectors)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ One typed shape for both sides. The publisher builds a :class:`ScoreBody` and wr
 the edge reader turns whatever it finds under the prefix back into one with :meth:`ScoreBody.from_json`,
 which checks every field. The reader's rules (why each exists):
 
+- A number is finite when a float holds it: an integer beyond float's range (JSON has no limit) is not.
 - The body must be an object with a ``node`` (a hostname-shaped string), a finite ``ts`` and an ``ius``
   object; anything else rejects the whole body (there is nothing of it to trust).
 - ``heartbeat_s`` is clamped to [:data:`MIN_HEARTBEAT_S`, :data:`MAX_HEARTBEAT_S`] and ``clock_offset_s``
@@ -13,8 +14,11 @@ which checks every field. The reader's rules (why each exists):
   would keep a body fresh forever.
 - Each IU entry is checked on its own: ``score`` null or a finite number >= 0, ``status`` one of
   passing/warning/critical, ``level`` null or an integer, ``reason`` a string (cut to 500 characters),
-  ``components`` an object of which only finite numbers and nulls are kept. A bad entry is dropped with a
-  reason naming the node, the IU and the field; the body's other IUs are kept.
+  ``components`` an object of which only finite numbers and nulls are kept, ``collectors`` (optional: older
+  agents do not write it) at most :data:`MAX_COLLECTORS` collector names, each ``{"ok": bool, "duration_s":
+  number in [0, MAX_COLLECTOR_DURATION_S], "error": null or string}`` (the error cut to
+  :data:`MAX_COLLECTOR_ERROR` characters). A bad entry is dropped with a reason naming the node, the IU and
+  the field; the body's other IUs are kept.
 
 Every node's agent currently shares one Consul token, so any node can write any node's key; the reader's
 further checks (the key names the body's node, each IU belongs to that node in Consul's catalog, ``ts``
@@ -27,7 +31,9 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 STATUSES = ("passing", "warning", "critical")
 MIN_HEARTBEAT_S = 0.1
@@ -36,6 +42,10 @@ MAX_CLOCK_OFFSET_S = 3600.0
 MAX_IUS = 256  # a node has at most 8-16 GPUs; more entries than this is not an agent's body
 MAX_REASON = 500
 _NODE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})")
+MAX_COLLECTORS = 16  # an agent runs three per IU (vllm, gpu, network)
+MAX_COLLECTOR_ERROR = 200
+MAX_COLLECTOR_DURATION_S = 3600.0
+_COLLECTOR_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 class BodyError(ValueError):
@@ -53,7 +63,7 @@ def score_problem(score) -> str | None:
         return None
     if isinstance(score, bool) or not isinstance(score, (int, float)):
         return "score_not_a_number"
-    if math.isnan(score) or math.isinf(score):
+    if not _finite(score):
         return "score_not_finite"
     if score < 0:
         return "score_negative"
@@ -61,7 +71,66 @@ def score_problem(score) -> str | None:
 
 
 def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A JSON number a float holds. JSON reads ``1`` followed by 400 zeros as an int that no float holds
+    (``math.isfinite`` raises OverflowError on it): that is not finite here, like ``1e400``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorRun:
+    """How one collector's run went in the cycle that computed an IU's entry (``ius.*.collectors.<name>``)."""
+
+    ok: bool
+    duration_s: float
+    error: str | None = None  # what went wrong, at most MAX_COLLECTOR_ERROR characters
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "duration_s": self.duration_s, "error": self.error}
+
+    @classmethod
+    def from_json(cls, name: str, obj) -> CollectorRun:
+        """Raises :class:`BodyError` (``collectors_invalid``) naming the collector and the field."""
+        if not isinstance(obj, dict):
+            raise BodyError(f"collectors.{name} is {type(obj).__name__}, not an object", "collectors_invalid")
+        ok, duration, error = obj.get("ok"), obj.get("duration_s"), obj.get("error")
+        if not isinstance(ok, bool):
+            raise BodyError(f"collectors.{name}.ok {str(ok)[:40]!r} is not true or false", "collectors_invalid")
+        if not (_finite(duration) and 0 <= duration <= MAX_COLLECTOR_DURATION_S):
+            raise BodyError(f"collectors.{name}.duration_s {str(duration)[:40]!r} is not a number of seconds in "
+                            f"[0, {MAX_COLLECTOR_DURATION_S:g}]", "collectors_invalid")
+        if error is not None and not isinstance(error, str):
+            raise BodyError(f"collectors.{name}.error {str(error)[:40]!r} is not null or a string",
+                            "collectors_invalid")
+        return cls(ok, float(duration), None if error is None else error[:MAX_COLLECTOR_ERROR])
+
+
+NO_COLLECTORS: Mapping[str, CollectorRun] = MappingProxyType({})
+
+
+def no_collectors() -> Mapping[str, CollectorRun]:
+    return NO_COLLECTORS  # shared and read-only: an entry without collectors allocates nothing for them
+
+
+def collectors_from_json(obj) -> Mapping[str, CollectorRun]:
+    """An IU entry's ``collectors`` (absent or null: an older agent, none). Raises :class:`BodyError`."""
+    if obj is None:
+        return NO_COLLECTORS
+    if not isinstance(obj, dict):
+        raise BodyError(f"collectors {str(obj)[:80]!r} is not an object", "collectors_invalid")
+    if len(obj) > MAX_COLLECTORS:
+        raise BodyError(f"collectors has {len(obj)} entries (more than {MAX_COLLECTORS})", "collectors_invalid")
+    runs = {}
+    for name, run in obj.items():
+        if not _COLLECTOR_NAME.fullmatch(name):
+            raise BodyError(f"collectors key {name[:40]!r} is not a collector name ([a-z][a-z0-9_]{{0,31}})",
+                            "collectors_invalid")
+        runs[name] = CollectorRun.from_json(name, run)
+    return runs
 
 
 @dataclass(frozen=True)
@@ -71,15 +140,19 @@ class IUScore:
     reason: str = ""
     level: int | None = None
     components: dict = field(default_factory=dict)
+    collectors: Mapping[str, CollectorRun] = field(default_factory=no_collectors)
 
     def to_json(self) -> dict:
-        return {
+        entry = {
             "score": self.score,
             "level": self.level,
             "status": self.status,
             "reason": self.reason,
             "components": self.components,
         }
+        if self.collectors:  # optional: a body without them reads as before
+            entry["collectors"] = {name: run.to_json() for name, run in self.collectors.items()}
+        return entry
 
     @classmethod
     def from_json(cls, obj, blank_bad_score: bool = False) -> IUScore:
@@ -109,7 +182,8 @@ class IUScore:
         if not isinstance(components, dict):
             raise BodyError(f"components {str(components)[:80]!r} is not an object", "components_invalid")
         kept = {str(k): v for k, v in components.items() if v is None or _finite(v)}
-        return cls(float(score) if score is not None else None, status, reason[:MAX_REASON], level, kept)
+        collectors = collectors_from_json(obj.get("collectors"))
+        return cls(float(score) if score is not None else None, status, reason[:MAX_REASON], level, kept, collectors)
 
 
 @dataclass(frozen=True)

@@ -85,14 +85,20 @@ class AgentFeed:
 
     async def _reconcile_loop(self) -> None:
         while not self.stopping:
-            self.reconcile()
+            try:
+                self.reconcile()
+            except Exception:  # a bug here must not end the feed: the next round tries again
+                log.exception("reconciling the agent feed failed")
             await asyncio.sleep(self.reconcile_s)
 
     def reconcile(self) -> None:
-        """One task per node Consul lists (with its current address); tasks of nodes gone are cancelled."""
+        """One running task per node Consul lists (with its current address): tasks of nodes gone are
+        cancelled, a task that ended (it never should: :meth:`_follow` survives any answer) is replaced."""
         wanted = {node: f"{address}:{self.agent_port}" for node, address in self.view.node_addresses().items()}
         for node, (agent, task) in list(self.tasks.items()):
-            if wanted.get(node) != agent:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("agent feed of %s ended: %r; restarting it", node, task.exception())
+            if wanted.get(node) != agent or task.done():
                 task.cancel()
                 del self.tasks[node]
                 self.connected.pop(node, None)
@@ -102,45 +108,51 @@ class AgentFeed:
                 self.tasks[node] = (agent, loop.create_task(self._follow(node, agent), name=f"feed-{node}"))
 
     async def _follow(self, node: str, agent: str) -> None:
+        """Follow one agent until stopped: any failure (unreachable, a hostile answer, a bug) backs off and
+        asks again without an index."""
         index, failures = None, 0
         url = f"http://{agent}/scores"
         timeout = aiohttp.ClientTimeout(total=self.wait_s + 5.0, sock_connect=1.0)
         while not self.stopping:
-            params = {} if index is None else {"index": str(index), "wait_s": str(self.wait_s)}
             try:
-                async with self.session.get(url, params=params, timeout=timeout) as answer:
-                    if answer.status != 200:
-                        raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
-                    new_index = int(answer.headers.get("X-Eas-Index", "0"))
-                    body = await answer.json(content_type=None)
+                index = await self._next(node, agent, url, timeout, index)
             except asyncio.CancelledError:
                 raise
-            except (TimeoutError, aiohttp.ClientError, ValueError, OSError) as exc:
+            except Exception as exc:  # e.g. JSON nested too deep for the decoder (RecursionError)
                 failures += 1
                 self.errors[node] += 1
                 self.connected[node] = False
                 if failures == 1:
                     log.warning("agent %s (%s): %s; using its Consul snapshot", node, agent, type(exc).__name__)
                 index = None
-                await asyncio.sleep(self.rng.uniform(0.5, 1.0) * min(self.max_backoff_s, 0.2 * 2**failures))
+                await asyncio.sleep(self.rng.uniform(0.5, 1.0) * min(self.max_backoff_s, 0.2 * 2**min(failures, 10)))
                 continue
             failures = 0
-            self.connected[node] = True
-            if new_index == index:
-                continue  # the wait ran out without a new cycle (a stalled agent): ask again
-            if new_index == 0:  # the agent's first cycle has not ended ("{}"): wait for it, nothing to parse
-                index = 0
-                continue
-            index = new_index
-            typed = self.view.parse(body, f"/scores of {node} ({agent})")
-            if typed is None:
-                continue
-            if typed.node != node:  # a mis-addressed agent must not overwrite another node's scores
-                self.view.ignored["node_mismatch"] += 1
-                continue
-            self.pending[node] = typed
-            self.last_push[node] = time.monotonic()
-            self._schedule_flush()
+
+    async def _next(self, node: str, agent: str, url: str, timeout: aiohttp.ClientTimeout, index: int | None
+                    ) -> int | None:
+        """One blocking query; the body it answers (when new) goes to the view. Returns the index to ask next."""
+        params = {} if index is None else {"index": str(index), "wait_s": str(self.wait_s)}
+        async with self.session.get(url, params=params, timeout=timeout) as answer:
+            if answer.status != 200:
+                raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
+            new_index = int(answer.headers.get("X-Eas-Index", "0"))
+            body = await answer.json(content_type=None)
+        self.connected[node] = True
+        if new_index == index:
+            return index  # the wait ran out without a new cycle (a stalled agent): ask again
+        if new_index == 0:  # the agent's first cycle has not ended ("{}"): wait for it, nothing to parse
+            return 0
+        typed = self.view.parse(body, f"/scores of {node} ({agent})")
+        if typed is None:
+            return new_index
+        if typed.node != node:  # a mis-addressed agent must not overwrite another node's scores
+            self.view.ignored["node_mismatch"] += 1
+            return new_index
+        self.pending[node] = typed
+        self.last_push[node] = time.monotonic()
+        self._schedule_flush()
+        return new_index
 
     def _schedule_flush(self) -> None:
         if not self.flush_scheduled:

@@ -1,4 +1,4 @@
-"""GPU collector: per-GPU memory, utilization and volatile uncorrectable ECC through NVML, or a fake file.
+"""GPU collector: per-GPU memory, utilization and volatile uncorrectable ECC through NVML, or from a file.
 
 Only cheap NVML calls run at cycle rate (nvmlDeviceGetMemoryInfo, nvmlDeviceGetUtilizationRates,
 nvmlDeviceGetTotalEccErrors): no per-process queries (nvmlDeviceGetComputeRunningProcesses takes
@@ -28,6 +28,20 @@ class GpuReading:
     error: str | None = None
 
 
+class GpuReadings(tuple):
+    """One IU's GPUs as read in one cycle (a :class:`GpuReading` each); ``error`` names the first GPU that
+    could not be read."""
+
+    __slots__ = ()
+
+    @property
+    def error(self) -> str | None:
+        for gpu in self:
+            if gpu.error:
+                return f"GPU {gpu.index}: {gpu.error}"
+        return None
+
+
 class GpuBackendError(RuntimeError):
     """The backend cannot start (no NVIDIA driver / libnvidia-ml, unreadable fake file path)."""
 
@@ -36,6 +50,21 @@ class GpuBackend(Protocol):
     def read(self, indices: tuple[int, ...]) -> list[GpuReading]: ...
 
     def close(self) -> None: ...
+
+
+class GpuCollector:
+    """One IU's GPUs through the node's backend (one backend, opened once, for every IU)."""
+
+    name = "gpu"
+
+    def __init__(self, backend: GpuBackend, indices: tuple[int, ...]):
+        self.backend, self.indices = backend, indices
+
+    def collect(self, now: float) -> GpuReadings:
+        return GpuReadings(self.backend.read(self.indices))
+
+    def failed(self, now: float, error: str) -> GpuReadings:
+        return GpuReadings(GpuReading(index=i, error=error) for i in self.indices)
 
 
 class NvmlBackend:
@@ -97,8 +126,18 @@ class NvmlBackend:
             pass
 
 
-class FakeGpuBackend:
-    """Reads the fake NVML file (see :mod:`sim.vllm.fake_gpu`); re-parsed only when its mtime changes."""
+class FileGpuBackend:
+    """GPU readings from a file another process keeps current (``gpu_backend: fake``, ``fake_gpu_file``):
+    how a host without NVIDIA GPUs runs the real agent. The virtual cluster's machines run the agent's wheel
+    (no simulator inside it) this way, against the file the machine's simulated hardware writes
+    (``sim.vllm.fake_gpu``); the tests and benchmarks do the same. Re-parsed only when the file's mtime
+    changes. Shape (JSON or YAML)::
+
+        {"gpus": [{"index": 0, "memory_total_mib": 81559, "memory_used_mib": 74120,
+                   "utilization_gpu_pct": 93, "ecc_volatile_uncorrectable": 0, "lost": false}]}
+
+    A GPU the file does not list is ``lost``; a file that cannot be read or parsed is every GPU's ``error``.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -110,7 +149,7 @@ class FakeGpuBackend:
         try:
             mtime = os.stat(self.path).st_mtime_ns
         except OSError as exc:
-            self.error, self.gpus, self.mtime = f"fake GPU file {self.path}: {exc.strerror}", {}, None
+            self.error, self.gpus, self.mtime = f"GPU file {self.path}: {exc.strerror}", {}, None
             return
         if mtime == self.mtime:
             return
@@ -120,7 +159,7 @@ class FakeGpuBackend:
             self.gpus = {int(g["index"]): g for g in data["gpus"]}
             self.error, self.mtime = None, mtime
         except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
-            self.error, self.gpus = f"fake GPU file {self.path}: {exc}", {}
+            self.error, self.gpus = f"GPU file {self.path}: {exc}", {}
 
     def read(self, indices: tuple[int, ...]) -> list[GpuReading]:
         self._refresh()
@@ -155,10 +194,11 @@ class FakeGpuBackend:
 
 
 def open_backend(kind: str, fake_file: str | None = None) -> GpuBackend:
+    """The config's ``gpu_backend``: ``nvml`` (GPU nodes), or ``fake``: readings from ``fake_gpu_file``."""
     if kind == "fake":
         if not fake_file:
             raise ValueError("gpu_backend fake needs fake_gpu_file")
-        return FakeGpuBackend(fake_file)
+        return FileGpuBackend(fake_file)
     return NvmlBackend()
 
 

@@ -8,7 +8,7 @@ point it at a fake tree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,13 @@ class NetReading:
     netdev_bytes_per_s: float | None
     rdma_bytes_per_s: float | None
     missing: tuple[str, ...] = ()  # devices that could not be read
+    failure: str | None = None  # the node's NIC counters could not be read at all (or the collector failed)
+
+    @property
+    def error(self) -> str | None:
+        if self.failure:
+            return self.failure
+        return f"cannot read {', '.join(self.missing)}" if self.missing else None
 
     @property
     def mb_per_s(self) -> float | None:
@@ -48,23 +55,48 @@ def read_rdma_port(sysfs_root: str | Path, device: str, port: int) -> tuple[int,
     return rx * RDMA_COUNTER_UNIT_BYTES, tx * RDMA_COUNTER_UNIT_BYTES
 
 
+class NodeNicCounters:
+    """The node's per-NIC byte counters (``psutil.net_io_counters(pernic=True)``): read once per cycle by the
+    agent (:meth:`refresh`), shared by every IU's :class:`NetworkCollector`."""
+
+    def __init__(self, read: Callable[[], Mapping[str, object]]):
+        self.read = read
+        self.current: Mapping[str, object] = {}
+        self.error: str | None = None
+
+    def refresh(self) -> None:
+        try:
+            self.current, self.error = self.read(), None
+        except OSError as exc:
+            self.current, self.error = {}, f"reading the NIC counters failed: {exc}"
+
+
 class NetworkCollector:
-    """One IU's NICs. ``pernic`` is psutil.net_io_counters(pernic=True), read once per cycle for the node."""
+    """One IU's NICs: its netdevs in the node's counters, its RDMA ports in sysfs."""
+
+    name = "network"
 
     def __init__(
         self,
         netdevs: tuple[str, ...],
         rdma_devices: tuple[str, ...],
+        nics: NodeNicCounters,
         rdma_port: int = 1,
         sysfs_root: str | Path = "/sys",
         window_s: float = 5.0,
     ):
         self.netdevs, self.rdma_devices, self.rdma_port = netdevs, rdma_devices, rdma_port
-        self.sysfs_root = sysfs_root
+        self.nics, self.sysfs_root = nics, sysfs_root
         self.netdev_rate = WindowRate(window_s)
         self.rdma_rate = WindowRate(window_s)
 
-    def collect(self, now: float, pernic: Mapping[str, object]) -> NetReading:
+    def failed(self, now: float, error: str) -> NetReading:
+        self.netdev_rate.update(now, None)
+        self.rdma_rate.update(now, None)
+        return NetReading(None, None, self.netdevs + self.rdma_devices, error)
+
+    def collect(self, now: float) -> NetReading:
+        pernic = self.nics.current
         missing: list[str] = []
         netdev_total = 0
         for name in self.netdevs:
@@ -86,4 +118,5 @@ class NetworkCollector:
             netdev_bytes_per_s=self.netdev_rate.update(now, netdev_total if netdev_ok else None),
             rdma_bytes_per_s=self.rdma_rate.update(now, rdma_total if rdma_ok else None),
             missing=tuple(missing),
+            failure=self.nics.error if self.netdevs else None,
         )

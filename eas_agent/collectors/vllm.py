@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import http.client
+import io
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -20,14 +22,62 @@ class FetchError(Exception):
 MAX_BODY = 8 * 2**20  # a real vLLM scrape is 20-200 KB; more is not a vLLM exporter
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The socket as the response reads it: every read waits at most until the GET's deadline, so a server
+    dripping its status line and headers a byte at a time is cut off there (a per-read timeout is not)."""
+
+    def __init__(self, sock: socket.socket, deadline: float, clock: Callable[[], float]):
+        super().__init__()
+        self.sock, self.deadline, self.clock = sock, deadline, clock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - self.clock()
+        if left <= 0:
+            raise TimeoutError("the deadline passed")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
+class _DeadlineSocket:
+    """What :class:`http.client.HTTPResponse` is given instead of the socket: it only calls ``makefile``."""
+
+    def __init__(self, sock: socket.socket, deadline: float, clock: Callable[[], float]):
+        self.sock, self.deadline, self.clock = sock, deadline, clock
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self.sock, self.deadline, self.clock))
+
+
+class _DeadlineConnection:
+    """Mixed into http.client's connections: responses read against ``deadline`` (set per GET)."""
+
+    deadline = math.inf
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
+    def response_class(self, sock, *args, **kwargs) -> http.client.HTTPResponse:
+        return http.client.HTTPResponse(_DeadlineSocket(sock, self.deadline, self.clock), *args, **kwargs)
+
+
+class _HTTPConnection(_DeadlineConnection, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    pass
+
+
 class HttpFetcher:
     """GET one URL over a kept-alive connection (a new TCP connection per 200 ms cycle costs more CPU).
 
     ``timeout_s`` is a deadline for the whole GET (connect, headers, body), not a per-read socket timeout: a
-    server dripping one byte per read would otherwise hold the scrape for as long as it likes. The body is read
-    in chunks against the deadline and a byte cap; headers are bounded by the socket timeout per read and, for
-    a server dripping header lines, by :meth:`abort`, which the agent calls on a scrape still running at its
-    deadline (it shuts the socket down, so the blocked read fails at once).
+    server dripping one byte per read would otherwise hold the scrape for as long as it likes. Every read of
+    the answer (status line, headers, body) waits at most until the deadline, so the GET ends by then on the
+    caller's own thread (the agent scrapes a node's only IU that way); the body is also capped in bytes.
+    :meth:`abort` (the agent calls it on a scrape still running at its deadline) shuts the socket down, so a
+    read blocked anyway fails at once.
     """
 
     def __init__(self, url: str, timeout_s: float, max_body: int = MAX_BODY, clock=time.monotonic):
@@ -39,8 +89,10 @@ class HttpFetcher:
         self.conn: http.client.HTTPConnection | None = None
 
     def _connect(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        return cls(self.host, self.port, timeout=self.timeout_s)
+        cls = _HTTPSConnection if self.https else _HTTPConnection
+        conn = cls(self.host, self.port, timeout=self.timeout_s)
+        conn.clock = self.clock
+        return conn
 
     def _where(self) -> str:
         return f"GET {self.host}:{self.port}{self.path}"
@@ -50,6 +102,9 @@ class HttpFetcher:
         for attempt in (1, 2):  # a kept-alive connection the server closed fails once; retry on a fresh one
             if self.conn is None:
                 self.conn = self._connect()
+            self.conn.deadline = deadline
+            if self.conn.sock is None:  # connecting (a retry's too) ends by the deadline as well
+                self.conn.timeout = max(0.001, deadline - self.clock())
             try:
                 self.conn.request("GET", self.path)
                 response = self.conn.getresponse()
@@ -76,12 +131,9 @@ class HttpFetcher:
             raise FetchError(f"{self._where()}: body of {length} bytes is over the {self.max_body} byte cap")
         chunks, total = [], 0
         while True:
-            left = deadline - self.clock()
-            if left <= 0:
+            if self.clock() >= deadline:
                 raise FetchError(f"{self._where()}: no complete answer within {self.timeout_s:g} s")
-            if self.conn is not None and self.conn.sock is not None:
-                self.conn.sock.settimeout(left)
-            chunk = response.read1(65536)
+            chunk = response.read1(65536)  # waits at most until the deadline (_DeadlineReader)
             if not chunk:
                 # read1 at the end of a Content-Length body returns b"" without closing the response, and
                 # http.client then refuses the next request on this connection (ResponseNotReady): every
@@ -124,6 +176,8 @@ class VllmReading:
 
 
 class VllmCollector:
+    name = "vllm"
+
     def __init__(self, fetch: Callable[[], str], window_s: float = 5.0):
         self.fetch = fetch
         self.prompt = WindowRate(window_s)

@@ -13,7 +13,8 @@ simulated clock.
 
 from eas_agent.scheduler.anomaly import AnomalyDetector, Verdict
 from eas_agent.scheduler.pick import Choice, EdgeLedger, pick
-from eas_agent.scheduler.view import ConsulWatcher, IUEntry, PoolView, ScoresPoller, Snapshot
+from eas_agent.scheduler.view import IUEntry, PoolView, Snapshot
+from eas_agent.scheduler.watch import ConsulWatcher, ScoresPoller
 
 __all__ = [
     "AnomalyDetector",

@@ -1,20 +1,18 @@
 """The edge's local view of the pool: per-node KV score bodies + Consul health, folded into a snapshot.
 
-:class:`PoolView` is pure state (``apply_kv`` / ``apply_health`` take the decoded Consul answers, ``snapshot``
-builds the immutable :class:`Snapshot` that ``pick`` reads). :class:`ConsulWatcher` keeps it fresh with
-blocking queries on the KV prefix and on ``health/service/vllm-iu``, each loop waiting at least
-``min_interval_s`` between queries so a busy index cannot turn the watch into a busy loop.
-
-:class:`ScoresPoller` optionally overlays bodies polled from the agents' ``GET /scores`` (fresher: every
-cycle instead of level changes and heartbeats); per node the newer of the two is used.
+:class:`PoolView` is pure state (``apply_kv`` / ``apply_health`` take the decoded Consul answers,
+``apply_polled`` the bodies of agents' ``GET /scores``, ``snapshot`` builds the immutable :class:`Snapshot`
+that ``pick`` reads); per node the newer of the KV and the polled body is used. What keeps it fresh
+(:class:`~eas_agent.scheduler.watch.ConsulWatcher`, :class:`~eas_agent.scheduler.watch.ScoresPoller`, the
+edge's push feed) lives elsewhere and only calls those methods.
 
 Nothing read from the KV or from ``/scores`` is trusted (every node's agent shares one token, so any node
 can write any node's key): each body is checked against :class:`~eas_agent.scorebody.ScoreBody`'s schema, a
 body must name the node its key names, each IU must belong to that node in Consul's catalog
 (``Service.Meta.node``, else a ``node:`` tag, else the catalog node), and a body's timestamp counts as at most
 :data:`TS_TOLERANCE_S` after the moment this reader first saw it. Bad bodies and IU entries are skipped and
-counted (``rejected_bodies``, ``rejected_ius``, the last reasons in ``problems``), never fatal; the watch and
-poll loops survive any exception with a jittered backoff.
+counted (``rejected_bodies``, ``rejected_ius``, the last reasons in ``problems``), each on its own: whatever
+one entry holds never stops the others.
 
 Health is read without ``?passing``: that filter would also hide IUs in ``warning`` (score unknown), which
 the fail-open path must still see; the view derives passing / warning / critical / maintenance itself.
@@ -24,16 +22,12 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 
 from consul_io import layout
-from consul_io.client import ConsulIO
 from eas_agent.scheduler.anomaly import AnomalyDetector
 from eas_agent.scorebody import BodyError, ScoreBody
 
@@ -137,6 +131,10 @@ class PoolView:
             self._last_log = now
             log.warning("ignoring score %s: %s", what, problem)
 
+    def _reader_error(self, where: str, exc: Exception) -> None:
+        self.ignored["reader_error"] += 1
+        self._reject("body", f"{where}: reader error {type(exc).__name__}: {str(exc)[:200]}")
+
     def parse(self, raw, where: str) -> ScoreBody | None:
         """The typed body of ``raw`` (decoded JSON), None when it is unusable (counted and remembered)."""
         if isinstance(raw, ScoreBody):
@@ -146,6 +144,9 @@ class PoolView:
         except BodyError as exc:
             self.ignored[exc.reason] += 1
             self._reject("body", f"{where}: {exc}")
+            return None
+        except Exception as exc:  # a body the checks cannot handle (a reader bug) is that body's problem only
+            self._reader_error(where, exc)
             return None
         for problem in problems:
             self._reject("iu", f"{where}: {problem}")
@@ -162,42 +163,53 @@ class PoolView:
 
     # -- inputs -------------------------------------------------------------------------------------
     def apply_kv(self, entries: list[dict]) -> None:
-        """The whole KV prefix listing (replaces what Consul said before)."""
+        """The whole KV prefix listing (replaces what Consul said before). Each entry is checked on its own:
+        whatever one entry holds costs that entry, never the others (any node can write any key)."""
         received = self.clock()
         bodies: dict[str, _Seen] = {}
         for entry in entries if isinstance(entries, list) else ():
-            if not isinstance(entry, dict):
-                self._reject("body", f"KV listing entry is {type(entry).__name__}, not an object")
-                continue
-            key = str(entry.get("Key", ""))
-            value = entry.get("Value")
-            if not value:
-                continue
-            if len(value) > MAX_BODY_BYTES:
-                self.ignored["body_too_large"] += 1
-                self._reject("body", f"key {key}: {len(value)} bytes (more than {MAX_BODY_BYTES})")
-                continue
             try:
-                raw = json.loads(value)
-            except (ValueError, TypeError, RecursionError):  # RecursionError: "[[[[..." nested too deep
-                self.ignored["body_unparseable"] += 1
-                self._reject("body", f"key {key}: not JSON")
+                checked = self._kv_body(entry, received)
+            except Exception as exc:  # e.g. a Value that is no string: that entry only (see the docstring)
+                self._reader_error(f"key {str(entry.get('Key'))[:200]}", exc)  # _kv_body took non-dicts
                 continue
-            seen = self._validated(raw, f"key {key}", self.bodies, received)
-            if seen is None:
-                continue
-            key_node = key.rsplit("/", 1)[-1]
-            if seen.body.node != key_node:
-                self._reject("body", f"key {key}: body names node {seen.body.node!r}, the key {key_node!r}")
-                continue
-            bodies[key_node] = seen
+            if checked is not None:
+                bodies[checked[0]] = checked[1]
         with self.lock:
             self.bodies = bodies
         self._rebuild()
 
+    def _kv_body(self, entry, received: float) -> tuple[str, _Seen] | None:
+        """(node, body) of one KV listing entry, None when it holds no usable body (counted)."""
+        if not isinstance(entry, dict):
+            self._reject("body", f"KV listing entry is {type(entry).__name__}, not an object")
+            return None
+        key = str(entry.get("Key", ""))
+        value = entry.get("Value")
+        if not value:
+            return None
+        if len(value) > MAX_BODY_BYTES:
+            self.ignored["body_too_large"] += 1
+            self._reject("body", f"key {key}: {len(value)} bytes (more than {MAX_BODY_BYTES})")
+            return None
+        try:
+            raw = json.loads(value)
+        except (ValueError, TypeError, RecursionError):  # RecursionError: "[[[[..." nested too deep
+            self.ignored["body_unparseable"] += 1
+            self._reject("body", f"key {key}: not JSON")
+            return None
+        seen = self._validated(raw, f"key {key}", self.bodies, received)
+        if seen is None:
+            return None
+        key_node = key.rsplit("/", 1)[-1]
+        if seen.body.node != key_node:
+            self._reject("body", f"key {key}: body names node {seen.body.node!r}, the key {key_node!r}")
+            return None
+        return key_node, seen
+
     def apply_polled(self, bodies: list) -> None:
         """Bodies from agents' ``GET /scores`` (decoded JSON in the KV's shape, or already a
-        :class:`ScoreBody`): used where newer than the KV's."""
+        :class:`ScoreBody`): used where newer than the KV's. Each is checked on its own (:meth:`parse`)."""
         received = self.clock()
         valid = [s for s in (self._validated(b, "/scores", self.polled, received) for b in bodies) if s]
         with self.lock:
@@ -323,157 +335,3 @@ def _port(service: dict) -> int | None:
 
 def _with_verdict(entry: IUEntry, verdict) -> IUEntry:
     return replace(entry, weight=verdict.weight, ramp_start=verdict.ramp_start, anomaly=verdict.flag)
-
-
-class ConsulWatcher:
-    """Two threads of rate-limited blocking queries feeding a :class:`PoolView`."""
-
-    def __init__(
-        self,
-        view: PoolView,
-        io: ConsulIO,
-        *,
-        kv_prefix: str = layout.EAS_PREFIX,
-        dc: str = layout.DEFAULT_DATACENTER,
-        wait_s: float = 5.0,
-        min_interval_s: float = 0.1,
-        max_backoff_s: float = 5.0,
-    ):
-        self.view, self.io = view, io
-        self.prefix = layout.score_prefix(dc, kv_prefix)
-        self.wait_s, self.min_interval_s, self.max_backoff_s = wait_s, min_interval_s, max_backoff_s
-        self.stopping = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.errors = 0
-        self.updates = 0
-
-    def refresh_once(self) -> None:
-        """One non-blocking read of both (the CLI's one-shot table). Raises ConsulUnavailable."""
-        _, kv = self.io.kv_list(self.prefix)
-        _, health = self.io.health_service()
-        self.view.apply_health(health)
-        self.view.apply_kv(kv)
-
-    def _loop(self, fetch, apply) -> None:
-        index, failures, rng = None, 0, random.Random()
-        while not self.stopping.is_set():
-            started = time.monotonic()
-            try:
-                new_index, entries = fetch(index)
-                if not isinstance(new_index, int) or new_index < (index or 0):
-                    # Consul's index went backwards (server restore), or is not a number: start over
-                    new_index = 0
-                if new_index != index:
-                    apply(entries)
-                    self.updates += 1
-            except Exception as exc:  # Consul down or any bug/garbage: back off and retry, never exit
-                if self.stopping.is_set():  # a query cut off by the shutdown (Consul stopped after us)
-                    break
-                failures += 1
-                self.errors += 1
-                if failures == 1 or failures % 100 == 0:
-                    log.warning(
-                        "consul watch failed (%d in a row): %s: %s", failures, type(exc).__name__, exc
-                    )
-                index = None
-                self.stopping.wait(
-                    rng.uniform(0.5, 1.0) * min(self.max_backoff_s, 0.2 * 2 ** min(failures, 10))
-                )
-                continue
-            failures = 0
-            index = new_index or None
-            self.stopping.wait(max(0.0, self.min_interval_s - (time.monotonic() - started)))
-
-    def start(self) -> ConsulWatcher:
-        loops = [
-            (lambda i: self.io.kv_list(self.prefix, index=i, wait_s=self.wait_s), self.view.apply_kv),
-            (lambda i: self.io.health_service(index=i, wait_s=self.wait_s), self.view.apply_health),
-        ]
-        for n, (fetch, apply) in enumerate(loops):
-            thread = threading.Thread(
-                target=self._loop, args=(fetch, apply), name=f"eas-watch-{n}", daemon=True
-            )
-            thread.start()
-            self.threads.append(thread)
-        return self
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-
-class ScoresPoller:
-    """Polls agents' ``GET /scores`` (for edges that want 200 ms freshness; Consul stays the discovery and
-    health source). Same numbers as the KV, computed by the same code, just not held back by hysteresis.
-
-    The agents are polled concurrently, each GET within ``timeout_s`` in total (the vLLM collector's
-    fetcher: a deadline and a byte cap, aborted when late), so one slow or dripping agent costs only its own
-    node's freshness (that node falls back to its KV body)."""
-
-    def __init__(self, view: PoolView, agents: list[str], interval_s: float = 0.2, timeout_s: float = 0.15):
-        from eas_agent.collectors.vllm import HttpFetcher
-
-        self.view, self.agents = view, list(agents)
-        self.interval_s, self.timeout_s = interval_s, timeout_s
-        self.stopping = threading.Event()
-        self.errors = 0
-        self.fetchers = [HttpFetcher(f"http://{a}/scores", timeout_s, max_body=MAX_BODY_BYTES) for a in self.agents]
-        self.executor: ThreadPoolExecutor | None = None
-        self.pending: dict[int, Future] = {}
-
-    def _get(self, fetch) -> object:
-        return json.loads(fetch())
-
-    def poll_once(self) -> None:
-        from eas_agent.collectors.vllm import FetchError
-
-        if self.executor is None:
-            self.executor = ThreadPoolExecutor(len(self.fetchers) + 1, thread_name_prefix="eas-scores")
-        started = {}
-        for n, fetch in enumerate(self.fetchers):
-            previous = self.pending.get(n)
-            if previous is not None and not previous.done():
-                self.errors += 1  # still stuck from an earlier round
-                continue
-            started[n] = self.pending[n] = self.executor.submit(self._get, fetch)
-        _, late = wait_futures(started.values(), timeout=self.timeout_s + 0.05)
-        for n, future in started.items():
-            if future in late:
-                self.fetchers[n].abort()
-        wait_futures(late, timeout=0.05)
-        bodies = []
-        for future in started.values():
-            if not future.done():
-                self.errors += 1
-                continue
-            try:
-                bodies.append(future.result())
-            except (FetchError, ValueError, RecursionError, OSError):
-                self.errors += 1  # that agent's node falls back to its KV body
-        self.view.apply_polled(bodies)
-
-    def _loop(self) -> None:
-        failures = 0
-        while not self.stopping.is_set():
-            started = time.monotonic()
-            try:
-                self.poll_once()
-                failures = 0
-            except Exception as exc:  # never let one bad answer or bug end polling
-                if self.stopping.is_set():  # stop() closed the fetchers under this poll
-                    break
-                failures += 1
-                self.errors += 1
-                if failures == 1 or failures % 100 == 0:
-                    log.warning("scores poll failed (%d in a row): %s: %s", failures, type(exc).__name__, exc)
-                self.stopping.wait(min(5.0, 0.2 * 2 ** min(failures, 10)))
-                continue
-            self.stopping.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
-
-    def start(self) -> ScoresPoller:
-        threading.Thread(target=self._loop, name="eas-scores-poller", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for fetch in self.fetchers:
-            fetch.close()

@@ -3,15 +3,19 @@ fields both ways, and the examples on the page are accepted by the code."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
 
 import yaml
 
 from eas_agent import config
+from eas_agent.scorebody import CollectorRun, IUScore, ScoreBody
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_CONFIG = REPO / "docs" / "contracts" / "agent-config.md"
+SCORE_BODY = REPO / "docs" / "contracts" / "score-body.md"
 
 
 def table_fields(markdown: str, heading: str) -> set[str]:
@@ -54,3 +58,35 @@ def test_agent_config_example_parses():
 def test_the_table_reader_sees_a_missing_row():
     page = AGENT_CONFIG.read_text().replace("| `frozen_after_s` |", "| frozen |")
     assert "frozen_after_s" not in table_fields(page, "Top level")
+
+
+def score_body_rows(markdown: str) -> set[str]:
+    """The backticked first cells of the score body page's field table (``ius.*.score`` and the like)."""
+    section = markdown.split("\n## Shape\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z_.*]+)` \|", section, re.MULTILINE))
+
+
+def score_body_fields() -> set[str]:
+    """Every field the typed body has, named as on the page: the body's, each IU entry's, each collector run's."""
+    names = {f.name for f in dataclasses.fields(ScoreBody)}
+    names |= {f"ius.*.{f.name}" for f in dataclasses.fields(IUScore)}
+    return names | {f"ius.*.collectors.*.{f.name}" for f in dataclasses.fields(CollectorRun)}
+
+
+def test_score_body_page_lists_exactly_the_bodys_fields():
+    """A field added to ScoreBody, IUScore or CollectorRun fails here until docs/contracts/score-body.md
+    has its row (and a row for a field that is gone fails too)."""
+    assert score_body_rows(SCORE_BODY.read_text()) == score_body_fields()
+
+
+def test_score_body_page_example_is_read_back_whole():
+    page = SCORE_BODY.read_text()
+    block = page.split("\n## Shape\n", 1)[1].split("\n| Field", 1)[0]
+    example = json.loads("\n".join(line[4:] for line in block.splitlines() if line.startswith("    ")))
+    body, problems = ScoreBody.from_json(example)
+    assert not problems and json.loads(body.dumps()) == example
+
+
+def test_the_score_body_row_reader_sees_a_missing_row():
+    page = SCORE_BODY.read_text().replace("| `ius.*.collectors.*.duration_s` |", "| duration |")
+    assert "ius.*.collectors.*.duration_s" in score_body_fields() - score_body_rows(page)

@@ -9,8 +9,8 @@ from collections import namedtuple
 import pytest
 
 from eas_agent.collectors import gpu as gpu_module
-from eas_agent.collectors.gpu import FakeGpuBackend, NvmlBackend
-from eas_agent.collectors.network import NetworkCollector
+from eas_agent.collectors.gpu import FileGpuBackend, NvmlBackend
+from eas_agent.collectors.network import NetworkCollector, NodeNicCounters
 from eas_agent.collectors.rates import WindowRate
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.scorebody import IUScore, ScoreBody
@@ -38,21 +38,28 @@ def test_network_rdma_counters_are_4_byte_units(tmp_path):
         }
 
     write_tree(tmp_path, counters(1000, 2000))
-    net = NetworkCollector(("ibp24s0",), ("mlx5_0",), 1, tmp_path, window_s=5)
-    first = net.collect(0.0, {"ibp24s0": NicCounters(0, 0)})
-    assert first.mb_per_s is None  # one sample: no rate yet
+    box = {"ibp24s0": NicCounters(0, 0)}
+    nics = NodeNicCounters(lambda: box)
+    net = NetworkCollector(("ibp24s0",), ("mlx5_0",), nics, 1, tmp_path, window_s=5)
+    nics.refresh()
+    first = net.collect(0.0)
+    assert first.mb_per_s is None and first.error is None  # one sample: no rate yet
     write_tree(tmp_path, counters(1000 + 250_000, 2000 + 500_000))
-    reading = net.collect(1.0, {"ibp24s0": NicCounters(100_000, 100_000)})
+    box = {"ibp24s0": NicCounters(100_000, 100_000)}
+    nics.refresh()
+    reading = net.collect(1.0)
     assert reading.rdma_bytes_per_s == 3_000_000  # 750k units x 4 bytes per second
     assert reading.netdev_bytes_per_s == 200_000 and reading.mb_per_s == 3.0  # max of the two views
-    missing = net.collect(2.0, {})
-    assert missing.mb_per_s is None and missing.missing == ("ibp24s0",)
+    box = {}
+    nics.refresh()
+    missing = net.collect(2.0)
+    assert missing.mb_per_s is None and missing.missing == ("ibp24s0",) and missing.error == "cannot read ibp24s0"
 
 
-def test_fake_gpu_backend_rereads_on_change(tmp_path):
+def test_file_gpu_backend_rereads_on_change(tmp_path):
     path = tmp_path / "gpus.json"
     write_fake_gpu_file(path, fake_gpus(4, utilization=70))
-    backend = FakeGpuBackend(path)
+    backend = FileGpuBackend(path)
     readings = backend.read((0, 1, 2, 3))
     assert [r.utilization_pct for r in readings] == [70] * 4 and readings[0].memory_total_mib == 81559
     gpus = fake_gpus(4)
@@ -67,8 +74,20 @@ def test_fake_gpu_backend_rereads_on_change(tmp_path):
     assert backend.read((9,))[0].lost  # a GPU the file does not list is gone
 
 
-def test_fake_gpu_backend_unreadable_file_is_an_error_not_lost(tmp_path):
-    reading = FakeGpuBackend(tmp_path / "absent.json").read((0,))[0]
+def test_the_backend_gpu_backend_fake_selects_ships_in_the_agents_wheel(tmp_path):
+    """The virtual cluster's machines run the agent's wheel (eas_agent + consul_io, no simulator) with
+    ``gpu_backend: fake``: the file reader is production code, the file's writer stays in sim/."""
+    from cluster.agent_wheel import PACKAGES
+
+    path = tmp_path / "nvml.json"
+    write_fake_gpu_file(path, fake_gpus(2, utilization=40))
+    backend = gpu_module.open_backend("fake", str(path))
+    assert type(backend).__module__.split(".")[0] in PACKAGES
+    assert [r.utilization_pct for r in backend.read((0, 1))] == [40, 40]
+
+
+def test_file_gpu_backend_unreadable_file_is_an_error_not_lost(tmp_path):
+    reading = FileGpuBackend(tmp_path / "absent.json").read((0,))[0]
     assert reading.error and not reading.lost
 
 

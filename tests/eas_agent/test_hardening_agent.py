@@ -282,6 +282,38 @@ def test_one_dripping_endpoint_does_not_stall_the_node():
         server.close()
 
 
+def test_one_iu_dripping_its_headers_is_cut_at_the_deadline():
+    """A node with one IU scrapes it on the cycle's own thread (no executor, no abort): the fetcher itself
+    must hold the deadline while reading the headers. Before: one cycle took the whole drip (4.2 s)."""
+    server = DripServer(header_drip=True)
+    try:
+        cfg = config(1)
+        slow = HttpFetcher(f"http://127.0.0.1:{server.port}/metrics", timeout_s=cfg.scrape_timeout_s)
+        agent, store = agent_with([slow], cfg=cfg, serve_http=False)
+        for t in range(3):
+            started = time.monotonic()
+            results = agent.cycle(1000.0 + t * 0.2)
+            assert time.monotonic() - started < cfg.scrape_timeout_s + 0.2
+            agent.publisher.step(1000.0 + t * 0.2, results)
+        assert results["n1-iu0"].score is None and results["n1-iu0"].status == "warning"
+        assert f"within {cfg.scrape_timeout_s:g} s" in results["n1-iu0"].reason
+        assert store.checks["n1-iu0"][0] == "warning"  # the heartbeat went on
+    finally:
+        server.close()
+
+
+def test_dripped_headers_are_cut_at_the_deadline_without_an_abort():
+    server = DripServer(header_drip=True)
+    try:
+        fetch = HttpFetcher(f"http://127.0.0.1:{server.port}/metrics", timeout_s=0.15)
+        started = time.monotonic()
+        with pytest.raises(FetchError, match="within 0.15 s"):
+            fetch()
+        assert time.monotonic() - started < 0.4
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize(
     "text", ["System time     : . seconds fast of NTP time", "System time : 1.2.3 seconds slow of NTP time"]
 )

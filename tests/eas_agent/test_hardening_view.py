@@ -13,7 +13,8 @@ import pytest
 
 from consul_io.client import ConsulUnavailable
 from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
-from eas_agent.scheduler.view import TS_TOLERANCE_S, ConsulWatcher
+from eas_agent.scheduler.view import TS_TOLERANCE_S
+from eas_agent.scheduler.watch import ConsulWatcher
 from eas_agent.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
 
 from .test_pick import Clock, health_entry, kv_entry
@@ -220,3 +221,123 @@ def test_a_query_that_fails_after_stop_is_not_reported(caplog):
             thread.join(5)
     assert not any(t.is_alive() for t in watcher.threads)
     assert "consul watch failed" not in caplog.text
+
+
+# JSON reads "1" followed by 400 zeros as a Python int that no float can hold: math.isfinite(), float() and
+# comparisons with floats raise OverflowError on it. Any node can write it (every agent shares one token).
+HUGE = 10**400
+HUGE_PLACES = {
+    "ts": lambda body: body.update(ts=HUGE),
+    "heartbeat_s": lambda body: body.update(heartbeat_s=HUGE),
+    "clock_offset_s": lambda body: body.update(clock_offset_s=HUGE),
+    "score": lambda body: body["ius"]["n2-iu0"].update(score=HUGE),
+    "component": lambda body: body["ius"]["n2-iu0"]["components"].update(request_cost_s=HUGE),
+    "negative score": lambda body: body["ius"]["n2-iu0"].update(score=-HUGE),
+}
+
+
+def huge_body(place: str) -> dict:
+    body = good_body("n2", ts=100.0)
+    HUGE_PLACES[place](body)
+    return body
+
+
+@pytest.mark.parametrize(("place", "reason"), [("ts", "ts_invalid"), ("heartbeat_s", "heartbeat_invalid"),
+                                             ("clock_offset_s", "clock_offset_invalid")])
+def test_a_number_no_float_holds_rejects_the_body(place, reason):
+    with pytest.raises(BodyError, match=place) as info:  # before: OverflowError out of from_json
+        ScoreBody.from_json(json.loads(json.dumps(huge_body(place))))
+    assert info.value.reason == reason
+
+
+@pytest.mark.parametrize("place", ["score", "negative score"])
+def test_a_score_no_float_holds_is_not_finite(place):
+    counts: Counter = Counter()
+    body, problems = ScoreBody.from_json(json.loads(json.dumps(huge_body(place))), counts=counts)
+    assert "n2-iu0" not in body.ius and counts == Counter(score_not_finite=1) and "n2-iu0" in problems[0]
+    body, problems = ScoreBody.from_json(json.loads(json.dumps(huge_body(place))), blank_bad_scores=True)
+    assert body.ius["n2-iu0"].score is None and "score_not_finite" in body.ius["n2-iu0"].reason and not problems
+
+
+def test_a_component_no_float_holds_is_dropped():
+    body, problems = ScoreBody.from_json(json.loads(json.dumps(huge_body("component"))))
+    assert not problems and "request_cost_s" not in body.ius["n2-iu0"].components
+    assert body.ius["n2-iu0"].score == 1.0
+
+
+@pytest.mark.parametrize("place", sorted(HUGE_PLACES))
+def test_a_good_body_next_to_a_huge_number_still_updates(place):
+    view = fresh_view()
+    view.apply_kv([kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
+    # before: OverflowError out of apply_kv, the view kept n1's old score for as long as n2's body stayed
+    view.apply_kv([kv_entry("n1", {"n1-iu0": (2.0, "passing", 1.0, 1)}, 100.0), raw_entry("n2", huge_body(place))])
+    by_id = view.snapshot().by_id()
+    assert by_id["n1-iu0"].score == 2.0
+    n2 = by_id.get("n2-iu0")
+    if place == "component":  # the one number is dropped, the rest of the body is fine
+        assert n2.score == 1.0 and "request_cost_s" not in n2.components
+    else:
+        assert n2 is None or n2.score is None  # the body (or its IU) rejected: registered, never scored
+        assert view.rejected_bodies + view.rejected_ius == 1 and view.problems
+
+
+def test_one_body_the_reader_cannot_check_never_stops_the_others(monkeypatch):
+    """Whatever checking one body raises (a bug in the schema included), that body is skipped and counted."""
+    real = ScoreBody.from_json.__func__
+
+    def from_json(cls, obj, **kwargs):
+        if isinstance(obj, dict) and obj.get("node") == "n2":
+            raise ArithmeticError("a bug in the reader")
+        return real(cls, obj, **kwargs)
+
+    monkeypatch.setattr(ScoreBody, "from_json", classmethod(from_json))
+    view = fresh_view()
+    view.apply_kv([raw_entry("n2", good_body("n2")), kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
+    assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # before: ArithmeticError out of apply_kv
+    assert view.rejected_bodies == 1 and view.ignored["reader_error"] == 1 and "a bug in the reader" in view.problems[-1]
+    view.apply_polled([good_body("n2"), good_body("n1", ts=101.0, iu="n1-iu0", score=3.0)])
+    assert view.snapshot().by_id()["n1-iu0"].score == 3.0 and view.rejected_bodies == 2
+
+
+class CannedAgent:
+    """A ScoresPoller fetcher answering one canned text (or raising)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def __call__(self):
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+    def abort(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_one_agents_answer_never_costs_the_others_the_poll_round():
+    from eas_agent.scheduler import ScoresPoller
+
+    view = fresh_view(("n1-iu0", "n2-iu0", "n3-iu0"))
+    poller = ScoresPoller(view, ["a", "b", "c", "d"], timeout_s=1.0)
+    poller.fetchers = [
+        CannedAgent(json.dumps(huge_body("ts"))),
+        CannedAgent(json.dumps(good_body("n1", iu="n1-iu0", score=0.5))),
+        CannedAgent(RuntimeError("a bug in the fetcher")),
+        CannedAgent("[" * 100_000 + "]" * 100_000),
+    ]
+    try:
+        poller.poll_once()  # before: OverflowError (or the RuntimeError) out of poll_once, n1's body lost
+        assert {e.iu_id: e.score for e in view.snapshot().scored} == {"n1-iu0": 0.5}
+        assert poller.errors == 2 and view.rejected_bodies == 1
+    finally:
+        poller.stop()
+
+
+def test_a_kv_value_that_is_no_string_is_skipped():
+    view = fresh_view()
+    view.apply_kv([{"Key": "clusterctl/eas/dc1/n2", "Value": 5}, kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
+    assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # before: TypeError (len of an int) out of apply_kv
+    assert view.rejected_bodies == 1 and view.ignored["reader_error"] == 1

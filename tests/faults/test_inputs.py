@@ -10,6 +10,7 @@ import random
 import socket
 from pathlib import Path
 
+import pytest
 import requests
 
 from devconsul.server import DevConsulServer
@@ -17,6 +18,7 @@ from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import parse_config
 from eas_agent.scheduler import AnomalyDetector, PoolView
+from edge.feed import EdgeView
 from preflight.parsers import PARSERS, ParseError, parse, to_contract_json
 from sim.memstore import MemoryStore
 from tests.preflight.parsers.test_fuzz import fixtures, mutate
@@ -82,7 +84,9 @@ def test_malformed_metrics_never_stop_the_agent(tally):
 def hostile_body(rng: random.Random):
     base = {"node": "n2", "rack": "r1", "ts": 100.0, "heartbeat_s": 2.0, "seq": 3, "clock_offset_s": None,
             "ius": {"n2-iu0": {"score": 1.0, "status": "passing", "reason": "", "components": {"request_cost_s": 0.1}}}}
-    junk_values = [None, "x", -1, 1e308, float("nan"), [], {}, True, 10**30, "0.1", {"a": 1}]
+    # 10**400 and -10**400: ints JSON reads but no float holds (math.isfinite raises OverflowError on them)
+    junk_values = [None, "x", -1, 1e308, float("nan"), [], {}, True, 10**30, 10**400, -(10**400), "0.1", {"a": 1},
+                   {"vllm": {"ok": True, "duration_s": 10**400, "error": None}}]
 
     class Junk:  # a fresh value each time (one shared {} could end up inside itself)
         @staticmethod
@@ -91,7 +95,7 @@ def hostile_body(rng: random.Random):
 
     body = json.loads(json.dumps(base))
     for _ in range(rng.randint(1, 3)):
-        where = rng.choice(["top", "iu", "comp", "whole", "raw"])
+        where = rng.choice(["top", "iu", "comp", "whole", "raw", "deep"])
         if not isinstance(body, dict):
             break
         if where == "top":
@@ -99,22 +103,28 @@ def hostile_body(rng: random.Random):
         elif where == "iu" and isinstance(body.get("ius"), dict) and body["ius"]:
             entry = body["ius"].setdefault("n2-iu0", {})
             if isinstance(entry, dict):
-                entry[rng.choice(["score", "status", "reason", "components", "level"])] = Junk.pick()
+                entry[rng.choice(["score", "status", "reason", "components", "level", "collectors"])] = Junk.pick()
             else:
                 body["ius"]["n2-iu0"] = Junk.pick()
         elif where == "comp":
             body["ius"] = {"n2-iu0": {"score": 0.5, "status": "passing", "components": Junk.pick()}}
         elif where == "whole":
             body = Junk.pick()
+        elif where == "deep":  # nested past the decoder's recursion limit (RecursionError), here or in a value
+            depth = rng.choice([100_000, 5_000])
+            nested = "[" * depth + "]" * depth
+            text = json.dumps(body, allow_nan=True)
+            return (nested if rng.random() < 0.5 else text.replace('"ius"', f'"x": {nested}, "ius"', 1)).encode()
         else:
             return "".join(chr(rng.randrange(1, 0x7F)) for _ in range(rng.randrange(0, 80))).encode()
     text = json.dumps(body, allow_nan=True)
     return text.encode() if rng.random() < 0.9 else text.encode()[: rng.randrange(len(text) + 1)]
 
 
-def test_malformed_score_bodies_never_break_the_reader(tally):
+@pytest.mark.parametrize("reader", [PoolView, EdgeView])
+def test_malformed_score_bodies_never_break_the_reader(tally, reader):
     rng = random.Random(1502)
-    view = PoolView(detector=AnomalyDetector(), clock=lambda: 100.0)
+    view = reader(detector=AnomalyDetector(), clock=lambda: 100.0)
     health = [{"Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": iu.split("-")[0]}},
                "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}]} for iu in ("n1-iu0", "n2-iu0")]
     view.apply_health(health)
@@ -123,13 +133,14 @@ def test_malformed_score_bodies_never_break_the_reader(tally):
          "ius": {"n1-iu0": {"score": 1.0, "status": "passing", "components": {}}}}).encode()}
     n = 3000
     for _ in range(n):
-        view.apply_kv([good, {"Key": "clusterctl/eas/dc1/n2", "Value": hostile_body(rng)}])
+        hostile = hostile_body(rng)
+        view.apply_kv([good, {"Key": "clusterctl/eas/dc1/n2", "Value": hostile}])
         scored = {e.iu_id for e in view.snapshot().scored}
         assert "n1-iu0" in scored
         for e in view.snapshot().entries:
             assert e.score is None or (math.isfinite(e.score) and e.score >= 0)
             assert e.stale_after <= 100.0 + 2.0 + 3 * 60.0
-    tally.inputs("score bodies under the KV prefix", n)
+    tally.inputs(f"score bodies under the KV prefix ({reader.__name__})", n)
 
 
 def test_malformed_pastes_only_ever_give_a_parse_error(tally):
