@@ -62,6 +62,13 @@ from eas_agent.scorebody import CollectorRun, no_collectors
 from eas_agent.vllm_metrics import VllmMetrics
 
 PASSING, WARNING, CRITICAL = "passing", "warning", "critical"
+# Each profile's score is the sum of weight x term over these components (the body carries the terms
+# unweighted; `clusterctl scores` shows what each adds). drain's terms are seconds and add as they are;
+# seed's follow the design article's weighting of KV occupancy, KV age and network rate.
+SCORE_TERMS: dict[str, dict[str, float]] = {
+    "drain": {"queue_s": 1.0, "kv_s": 1.0, "step_s": 1.0, "prefill_s": 1.0},
+    "seed": {"kv_cache_gb": 0.3, "kv_cache_age_s": 0.5, "net_mb_per_s": 0.2},
+}
 KV_SHARE_OF_USED_MEMORY = 0.42
 # vLLM leaves (1 - gpu_memory_utilization) of each GPU free (10% by default); much less than that free means
 # another process is using the IU's GPUs and vLLM may hit CUDA OOM.
@@ -256,7 +263,7 @@ def drain_score(
     step_s = running / decode_tps
     admitted_tokens = admitted.update(m) if admitted is not None else 0.0
     prefill_s = admitted_tokens / prefill_tps
-    score = queue_s + kv_s + step_s + prefill_s
+    score = _weighted("drain", {"queue_s": queue_s, "kv_s": kv_s, "step_s": step_s, "prefill_s": prefill_s})
     if _out_of_range(score):
         return _out_of_range(score)
     components = {
@@ -297,6 +304,10 @@ def kv_pool_gb(inputs: IUInputs) -> float | None:
     return sum(used) * 2**20 / 1e9 * KV_SHARE_OF_USED_MEMORY
 
 
+def _weighted(profile: str, terms: dict[str, float]) -> float:
+    return sum(weight * terms[name] for name, weight in SCORE_TERMS[profile].items())
+
+
 def seed_score(
     inputs: IUInputs, now: float, frozen_after_s: float = DrainParams.frozen_after_s
 ) -> ScoreResult:
@@ -319,7 +330,7 @@ def seed_score(
         return _unknown("missing " + ", ".join(missing) + extra)
     kv_gb = m.kv_cache_usage * pool
     age = kv_age_s(m.num_requests_running, inputs.vllm.completions_per_s, inputs.window_s)
-    score = 0.3 * kv_gb + 0.5 * age + 0.2 * net
+    score = _weighted("seed", {"kv_cache_gb": kv_gb, "kv_cache_age_s": age, "net_mb_per_s": net})
     if _out_of_range(score):
         return _out_of_range(score)
     components = {

@@ -7,8 +7,6 @@ this module but never a command module (which may import the simulators).
 
 from __future__ import annotations
 
-import functools
-
 from rich.table import Table
 from rich.text import Text
 
@@ -63,36 +61,11 @@ def _num(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-@functools.cache
 def profile_weights() -> dict[str, dict[str, float]]:
-    """profile -> {term: weight}: the score is the sum of weight x term (eas_agent/score.py).
+    """profile -> {term: weight}: the score is the sum of weight x term (``eas_agent.score.SCORE_TERMS``)."""
+    from eas_agent.score import SCORE_TERMS
 
-    drain is the plain sum of its four terms (score.py's docstring: ``drain = queue_s + kv_s + step_s +
-    prefill_s``). seed weighs its terms inside ``seed_score`` and score.py has no public table of them, so
-    they are read off ``seed_score`` itself: one reading per term in which only that term is non-zero."""
-    from eas_agent.collectors.network import NetReading
-    from eas_agent.collectors.vllm import VllmReading
-    from eas_agent.score import IUInputs, seed_score
-    from eas_agent.vllm_metrics import VllmMetrics
-
-    def seed_weight(term: str, kv_usage: float = 0.0, running: float = 0.0, net_bytes_per_s: float = 0.0) -> float:
-        metrics = VllmMetrics(schema="v1", num_requests_running=running, num_requests_waiting=0.0,
-                              kv_cache_usage=kv_usage)
-        # Little's law in kv_age_s: running / completions per s / 2 = 1 s of age per running request
-        reading = VllmReading(metrics, completions_per_s=running / 2 if running else None)
-        result = seed_score(IUInputs("weight-probe", reading, net=NetReading(net_bytes_per_s, None), kv_cache_gb=1.0),
-                            now=0.0)
-        terms = {k: result.components.get(k) for k in ("kv_cache_gb", "kv_cache_age_s", "net_mb_per_s")}
-        if result.score is None or terms[term] != 1 or any(v for k, v in terms.items() if k != term):
-            raise RuntimeError(f"eas_agent.score.seed_score no longer reads as {term} alone: {result}")
-        return result.score
-
-    return {
-        "drain": dict.fromkeys(("queue_s", "kv_s", "step_s", "prefill_s"), 1.0),
-        "seed": {"kv_cache_gb": seed_weight("kv_cache_gb", kv_usage=1.0),
-                 "kv_cache_age_s": seed_weight("kv_cache_age_s", running=1.0),
-                 "net_mb_per_s": seed_weight("net_mb_per_s", net_bytes_per_s=1e6)},
-    }
+    return SCORE_TERMS
 
 
 def weighted_terms(components: dict) -> list[tuple[str, float, float]]:
