@@ -64,7 +64,7 @@ def test_scores_consul_unreachable_is_one_line(capsys):
 def test_scores_lists_inventory_ius_that_publish_nothing(consul_addr, capsys):
     from pathlib import Path
 
-    inventory = Path(__file__).resolve().parents[2] / "inventory" / "virtual"
+    inventory = Path(__file__).resolve().parents[3] / "inventory" / "virtual"
     code, out, err = run_cli(capsys, "scores", "-i", str(inventory), "--consul", consul_addr, "--json")
     assert code == 1, err  # IUs expected and none publishing: usable from a script
     rows = json.loads(out)
@@ -132,7 +132,7 @@ def test_an_inventorys_consul_scheme_is_kept(consul_addr, capsys, monkeypatch, t
     import cli.commands.scores as scores
 
     inventory = tmp_path / "inv"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "inventory" / "virtual", inventory)
+    shutil.copytree(Path(__file__).resolve().parents[3] / "inventory" / "virtual", inventory)
     group_vars = inventory / "group_vars" / "all.yml"
     text = group_vars.read_text().replace('consul_http_addr: "{{ ansible_host }}:8500"',
                                           f"consul_http_addr: {consul_addr}\nconsul_scheme: https")
