@@ -331,7 +331,9 @@ class _HTTPServer(ThreadingHTTPServer):
         if not self._slots.acquire(blocking=False):  # a cap on threads: slowloris cannot exhaust them
             try:
                 request.settimeout(1.0)
+                policy = self.dev.default_acl_policy().encode()  # on every response, as Consul
                 request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 20\r\n"
+                                b"X-Consul-Default-Acl-Policy: " + policy + b"\r\n"
                                 b"Connection: close\r\n\r\ntoo many connections")
             except OSError:
                 pass

@@ -161,3 +161,22 @@ def test_matches_uses_re2_syntax(api, three, pattern, want):
     resp = api.get(f"/v1/health/service/{three}", params={"filter": expr})
     assert _ids(resp, lambda e: e["Service"]["ID"][-1]) == want
 
+
+def test_node_selectors(api, three):
+    """The health page lists Node.* selectors (Node, Address, Datacenter, ID, Meta, TaggedAddresses)."""
+    node = api.get(f"/v1/health/service/{three}").json()[0]["Node"]
+    every = ["a", "b", "c"]
+    cases = [
+        (f'Node.Node == "{node["Node"]}"', every),
+        (f'Node.Node != "{node["Node"]}"', []),
+        (f'Node.Address == "{node["Address"]}"', every),
+        (f'Node.Datacenter == "{node["Datacenter"]}" and Node.ID is not empty', every),
+        (f'Node.TaggedAddresses.lan == "{node["TaggedAddresses"]["lan"]}"', every),
+        ('Node.Meta["no-such-key"] is empty', every),
+        ('"no-such-key" in Node.Meta', []),
+        (f'Node.Node matches "^{node["Node"][:1]}" and Service.Meta.node == "n2"', ["b"]),
+    ]
+    for expr, want in cases:
+        resp = api.get(f"/v1/health/service/{three}", params={"filter": expr})
+        assert _ids(resp, lambda e: e["Service"]["ID"][-1]) == want, expr
+    assert api.get(f"/v1/health/service/{three}", params={"filter": "Node.Nope == 1"}).status_code == 400

@@ -101,6 +101,8 @@ def test_connections_are_capped():
             time.sleep(0.2)
             status, data, _ = raw(server.address, b"GET /v1/status/leader HTTP/1.1\r\nHost: x\r\n\r\n")
             assert status == 503 and b"too many connections" in data
+            # "All API responses ... will include ... X-Consul-Default-ACL-Policy" (api-structure page)
+            assert b"\r\nx-consul-default-acl-policy: allow\r\n" in data.lower()
         finally:
             for sock in held:
                 sock.close()
