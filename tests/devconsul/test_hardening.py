@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from devconsul import persist
-from devconsul.server import MAX_BODY, DevConsulServer
+from devconsul.http_server import MAX_BODY
+from devconsul.server import DevConsulServer
 
 TOKEN = "c0ffee00-0000-4000-8000-000000000001"
 
