@@ -5,9 +5,11 @@ answer written with Consul's headers); the endpoints are :mod:`devconsul.router`
 Limits (findings M1 and M2 of the security review, tests/faults/README.md; tests in
 tests/devconsul/test_hardening.py):
 
-- a request body is bounded before it is read: a ``Content-Length`` that is not a non-negative integer is a
-  400, one over :data:`MAX_BODY` a 413, a chunked body is cut at :data:`MAX_BODY` in total, and a request
-  with both is a 400 (request smuggling); after any of these the connection is closed;
+- a request body is bounded before it is read: a ``Content-Length`` that is not 1 to 10 ASCII digits is a
+  400 (so are two that differ), one over :data:`MAX_BODY` a 413, a chunked body is cut at :data:`MAX_BODY`
+  in total, a request with both is a 400 and a Transfer-Encoding other than one ``chunked`` a 501, as Go's
+  net/http answers (request smuggling); a request answered before its body was read to the end (any of
+  these, a 403, an error while reading) has its connection closed, so nothing after it is read as a request;
 - the ACL decision is made from the headers, before the body is read;
 - every connection has a socket timeout (:data:`CONNECTION_TIMEOUT_S`: headers, body and keep-alive
   idle), and at most ``max_connections`` are open at once (the next is answered 503 and closed).
@@ -21,7 +23,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from devconsul.httpapi import ApiError, Request, Response
+from devconsul.httpapi import ApiError, Request, Response, ascii_uint
 from devconsul.router import authorize, forwarded, route
 
 log = logging.getLogger("devconsul")
@@ -130,24 +132,36 @@ class Handler(BaseHTTPRequestHandler):
 
     do_PUT = do_DELETE = do_POST = do_HEAD = do_PATCH = do_GET
 
-    def _read_body(self) -> bytes:
-        """The body, bounded before it is read (review M1); any error here closes the connection, since
-        the unread rest of the body would otherwise be parsed as the next request."""
-        chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
-        length_text = self.headers.get("Content-Length")
-        if chunked and length_text is not None:
+    def _framing(self) -> tuple[bool, int | None]:
+        """``(chunked, content_length)`` from the headers, as strictly as Go's net/http reads them: one
+        Transfer-Encoding, ``chunked`` (any other is a 501), a Content-Length of ASCII digits (two that
+        differ, or one with the chunked encoding, a 400). A request refused here has its connection closed:
+        where its body ends is unknown, and what follows must not be read as the next request."""
+        encodings = self.headers.get_all("Transfer-Encoding") or []
+        if encodings and (len(encodings) > 1 or encodings[0].strip().lower() != "chunked"):
+            raise ApiError(501, "Unsupported transfer encoding")
+        lengths = {text.strip() for text in self.headers.get_all("Content-Length") or []}
+        if len(lengths) > 1:
+            raise ApiError(400, f"multiple Content-Length headers: {sorted(lengths)!r:.80}")
+        if encodings and lengths:
             raise ApiError(400, "Content-Length and chunked Transfer-Encoding together")
+        if not lengths:
+            return bool(encodings), None
+        length_text = lengths.pop()
+        length = ascii_uint(length_text, max_digits=10)  # not isdigit: it takes "\u00b2", int() does not
+        if length is None:  # negative, empty, signed or not a number: rfile.read(-1) reads to EOF
+            raise ApiError(400, f"Invalid Content-Length {length_text[:40]!r}")
+        return False, length
+
+    def _read_body(self, chunked: bool, length: int | None) -> bytes:
+        """The body, bounded before it is read (review M1)."""
         if chunked:
             return self._read_chunked()
-        if length_text is None:
+        if not length:
             return b""
-        length_text = length_text.strip()
-        if not length_text.isdigit():  # negative, empty, signed or not a number: rfile.read(-1) reads to EOF
-            raise ApiError(400, f"Invalid Content-Length {length_text[:40]!r}")
-        length = int(length_text)
         if length > MAX_BODY:
             raise ApiError(413, f"Request body({length} bytes) too large, max size: {MAX_BODY} bytes")
-        body = self.rfile.read(length) if length else b""
+        body = self.rfile.read(length)
         if len(body) < length:
             raise ApiError(400, f"Request body cut short ({len(body)} of {length} bytes)")
         return body
@@ -178,16 +192,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         dev = self.server.dev
+        unread = True  # a body may still be on the stream: the connection must not be reused
         try:
+            chunked, length = self._framing()
+            unread = chunked or bool(length)
             headers = {k.lower(): v for k, v in self.headers.items()}
             req = Request.parse(self.command, self.path, headers, b"")
             req.client = self.client_address[0] if self.client_address else ""
             authorize(dev, req)  # from the headers: an anonymous or bad token never gets its body read
-            try:
-                req.body = self._read_body()
-            except ApiError:
-                self.close_connection = True
-                raise
+            req.body = self._read_body(chunked, length)
+            unread = False
             if req.method not in ("GET", "HEAD") and not forwarded(dev, req):  # forwarded: the server's store
                 dev.refuse_if_not_durable()
             resp = route(dev, req)
@@ -200,6 +214,8 @@ class Handler(BaseHTTPRequestHandler):
         except Exception:
             log.exception("internal error serving %s %s", self.command, self.path.split("?", 1)[0])
             resp, pretty = Response(500, raw=b"internal error", content_type="text/plain; charset=utf-8"), False
+        if unread:  # refused before or while its body was read: where the body ends is unknown
+            self.close_connection = True
         self._send(resp, pretty)
 
     def _send(self, resp: Response, pretty: bool) -> None:
