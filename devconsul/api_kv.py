@@ -105,7 +105,7 @@ def _put(server, req: Request, key: str) -> Response:
         finally:
             server.kv.end_undo()
     if ok:
-        server.finish_write([("kv", key)], undo)
+        server.finish_write([("kv", key)], server.kv.undoer(undo))
     return Response(payload=ok)
 
 
@@ -118,7 +118,7 @@ def _delete(server, req: Request, key: str) -> Response:
             deleted, ok = _apply_delete(server, req, key, cas)
         finally:
             server.kv.end_undo()
-    server.finish_write([("kv", k) for k in deleted], undo)
+    server.finish_write([("kv", k) for k in deleted], server.kv.undoer(undo))
     return Response(payload=ok)
 
 

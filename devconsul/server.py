@@ -16,10 +16,10 @@ Limits (each one a finding of the security review, M1-M3 and L1 in tests/faults/
 - at most ``max_blocking_per_client`` blocking queries per client address are parked (the next is a
   429), and an anonymous query under ACLs never parks (it is answered at once, filtered to nothing);
 - the KV store holds at most ``max_kv_bytes`` / ``max_kv_keys`` (a 413 beyond);
-- a KV write whose state could not be written to the data directory is rolled back and answered 500
-  "not applied"; while the data directory stays unwritable every write is refused (500, not applied)
-  before it is applied. (A catalog write that fails the same way is answered 500 "not durable": it stays
-  applied in memory; the agent that made it re-registers on its own anti-entropy schedule.)
+- a KV or catalog write whose state could not be written to the data directory is rolled back and
+  answered 500 "not applied"; while the data directory stays unwritable every write is refused (500, not
+  applied) before it is applied. (The server's own membership events are answered "not durable" and stay
+  applied: the next heartbeat repeats them.)
 
 The timing knobs default to Consul's values; tests shorten them: ``check_update_interval`` (5 min, how
 long an output-only check change waits before reaching the catalog), ``check_reap_interval`` (30 s)
@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from devconsul.httpapi import ApiError, ReadCache
 from devconsul.kvstore import DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, KVStore
 from devconsul.remote import FAILURE_TIMEOUT_S, Membership, RemoteCatalog
 from devconsul.state import State
+from devconsul.watch import Topic
 
 log = logging.getLogger("devconsul")
 MAX_BLOCKING_PER_CLIENT = 512
@@ -188,20 +190,30 @@ class DevConsulServer:
         if problem:
             raise ApiError(500, f"state cannot be written to the data directory ({problem}); the write was not applied")
 
-    def finish_write(self, topics, undo=None) -> None:
-        """Publish a write to blocking queries, and return only once it is durable. A KV write (``undo``,
-        from ``KVStore.begin_undo``) that cannot be made durable is rolled back and reported not applied."""
+    def finish_write(self, topics, rollback: Callable[[], list[Topic]] | None = None) -> None:
+        """Publish a write to blocking queries, and return only once it is durable. A write that cannot be
+        made durable is undone by ``rollback`` (called with the lock held; returns the topics it changed)
+        and reported not applied. Without one (the server's own membership events, which the next
+        heartbeat repeats) it is reported not durable."""
         topics = list(topics)
         version = self.state.commit(topics)
         if self.state.wait_durable(version):
             return
-        if undo is None:
+        if rollback is None:
             raise ApiError(500, "state could not be written to the data directory; the change is not durable")
         with self.state.lock:
-            restored = self.kv.rollback(undo)
+            restored = rollback()
             self.state.touch()
-        self.state.commit([("kv", k) for k in restored])
+        self.state.commit(restored)
         raise ApiError(500, "state could not be written to the data directory; the write was not applied")
+
+    def catalog_write(self, apply: Callable[[], list[Topic]]) -> None:
+        """Apply a write to this node's services and checks and make it durable, or undo it (500)."""
+        with self.state.lock:  # an RLock: the catalog's own locking nests
+            undo = self.catalog.begin_undo()
+            topics = apply()
+            self.catalog.end_undo(undo)
+        self.finish_write(topics, lambda: self.catalog.rollback(undo))
 
     def blocking_slot(self, client: str):
         """Context manager: a parked blocking query of ``client``; 429 past ``max_blocking_per_client``."""
