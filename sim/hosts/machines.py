@@ -52,7 +52,7 @@ from sim.hosts.nspawn import _our_processes as _our_processes
 from sim.hosts.nspawn import current_leader as current_leader
 from sim.hosts.nspawn import leftovers as leftovers
 from sim.hosts.nspawn import status as status
-from sim.hosts.state_dir import SIM_RUN_DIR, HostPaths, Layout, _real_dir, _remove_tree
+from sim.hosts.state_dir import SIM_RUN_DIR, HostPaths, Layout, _real_dir, _remove_tree, check_state_dir
 from sim.hosts.state_dir import MachineError as MachineError
 from sim.hosts.state_dir import check_hostname as check_hostname
 from sim.hosts.state_dir import state_dir_of as state_dir_of
@@ -335,6 +335,7 @@ def up(state_dir: Path, image_root: Path, hosts: dict[str, SimHost],
     """(Re)create a machine per host in ``hosts`` and boot them (``down`` first)."""
     for name in hosts:
         check_hostname(name)
+    check_state_dir(state_dir)  # what is wrong with the state dir is said before "need root"
     if os.geteuid() != 0:
         raise MachineError("simulated machines need root (systemd-nspawn)")
     down(state_dir)

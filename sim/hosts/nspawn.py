@@ -23,7 +23,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.hosts.state_dir import HOSTNAME, SIM_RUN_DIR, HostPaths, Layout, MachineError, _remove_tree
+from sim.hosts.state_dir import (
+    HOSTNAME,
+    SIM_RUN_DIR,
+    HostPaths,
+    Layout,
+    MachineError,
+    _remove_tree,
+    check_state_dir,
+)
 
 # nspawn exits 133 when the machine's systemd reboots (systemd-nspawn(1)); systemd-nspawn@.service restarts it
 # on that status (RestartForceExitStatus=133) and so does this loop: `reboot` inside a machine (Ansible's
@@ -233,6 +241,7 @@ def down(state_dir: Path) -> int:
         raise MachineError(f"{state_dir}: is a symlink; refusing to use it as a simulation state dir")
     if not state_dir.is_dir():
         return 0
+    check_state_dir(state_dir)
     layout = Layout(state_dir)
     nspawns, leaders, supervisors = _our_processes(layout)
     running = len(nspawns)

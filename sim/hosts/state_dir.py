@@ -13,7 +13,8 @@ Layout under ``<inventory_dir>/.sim/`` (the state dir; a plain directory, never 
 
 Every path is built from a checked host name (:func:`check_hostname`: a DNS label or dotted labels, so
 nothing like '..' or '/' reaches a path), and the state dir and the directories in it are used only when
-they are real directories of our own (:func:`_real_dir`; security review H3: root deletes and writes
+they are real directories of our own that nobody else may write, as is the inventory dir that holds
+the state dir (:func:`_real_dir`, :func:`check_state_dir`; security review H3: root deletes and writes
 under them).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,20 +126,39 @@ def state_dir_of(inventory_dir: Path) -> Path:
 
 def _real_dir(path: Path, mode: int = 0o755) -> Path:
     """``path`` as a directory of our own: created if missing, refused if it is a symlink or not a directory
-    (a symlinked state dir would make root delete and write through it; security review H3)."""
+    (a symlinked state dir would make root delete and write through it; security review H3), or if it is
+    someone else's or others may write it (:func:`_check_own_dir`)."""
     try:
-        st = os.lstat(path)
+        os.lstat(path)
     except FileNotFoundError:
         os.mkdir(path, mode)
-        st = os.lstat(path)
-    if os.path.islink(path):
-        raise MachineError(f"{path}: is a symlink; refusing to use it as a simulation state dir "
+    _check_own_dir(path)
+    return path
+
+
+def check_state_dir(state_dir: Path) -> None:
+    """Before anything is done with ``state_dir`` (``up``, ``down``): the inventory dir above it, and the
+    state dir when it exists, are directories of our own that nobody else may write. Checking the state
+    dir's path once and then using it by path leaves a window in which whoever may write the directory
+    holding it could put a symlink in its place; no one but us may, so the window is closed."""
+    _check_own_dir(state_dir.parent, "inventory dir")
+    if os.path.lexists(state_dir):
+        _check_own_dir(state_dir)
+
+
+def _check_own_dir(path: Path, what: str = "simulation state dir") -> None:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise MachineError(f"{path}: is a symlink; refusing to use it as a {what} "
                            "(remove it: `virtual up` creates a real directory)")
-    if not os.path.isdir(path):
-        raise MachineError(f"{path}: exists and is not a directory; refusing to use it as a simulation state dir")
+    if not stat.S_ISDIR(st.st_mode):
+        raise MachineError(f"{path}: exists and is not a directory; refusing to use it as a {what}")
     if st.st_uid != os.geteuid():
         raise MachineError(f"{path}: owned by uid {st.st_uid}, not by us (uid {os.geteuid()}); refusing to use it")
-    return path
+    if st.st_mode & 0o022:
+        who = "its group" if st.st_mode & 0o020 else "others"
+        raise MachineError(f"{path}: writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}); refusing to use "
+                           f"it as a {what}: another user could swap what is in it (chmod go-w {path})")
 
 
 def _remove_tree(path: Path) -> None:
