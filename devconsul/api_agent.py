@@ -7,6 +7,8 @@ Writes are PUT only (405 otherwise). ``pass``/``warn``/``fail`` take the output 
 
 from __future__ import annotations
 
+import functools
+
 from devconsul.authz import can, check_visible, filtered
 from devconsul.catalog import NotFound
 from devconsul.definitions import STATUSES, DefinitionError, canonical, parse_check, parse_service
@@ -23,8 +25,9 @@ def _require(req: Request, method: str) -> None:
         raise ApiError(405, f"method {req.method} not allowed", {"Allow": method})
 
 
-def _write(server, topics) -> Response:
-    server.finish_write(topics)
+def _write(server, apply) -> Response:
+    """A write to this node's services and checks: durable, or undone and answered 500 "not applied"."""
+    server.catalog_write(apply)
     return Response(raw=b"")
 
 
@@ -89,31 +92,33 @@ def handle(server, req: Request, rest: str) -> Response:
             defn = parse_service(req.json_body())
             defn.token = defn.token or req.token()  # anti-entropy syncs it with the token it came with
             replace = req.has("replace-existing-checks") and req.get("replace-existing-checks") in ("", "true")
-            return _write(server, catalog.register_service(defn, replace))
+            return _write(server, lambda: catalog.register_service(defn, replace))
         if rest.startswith("service/deregister/"):
             _require(req, "PUT")
-            return _write(server, catalog.deregister_service(rest.removeprefix("service/deregister/")))
+            return _write(server, lambda: catalog.deregister_service(rest.removeprefix("service/deregister/")))
         if rest.startswith("service/maintenance/"):
             _require(req, "PUT")
             service_id = rest.removeprefix("service/maintenance/")
             if not service_id:
                 raise ApiError(400, "Missing service ID")
             enable = _parse_enable(req)
-            return _write(server, catalog.service_maintenance(service_id, enable, req.get("reason")))
+            return _write(server, lambda: catalog.service_maintenance(service_id, enable, req.get("reason")))
         if rest == "maintenance":
             _require(req, "PUT")
-            return _write(server, catalog.node_maintenance(_parse_enable(req), req.get("reason")))
+            enable = _parse_enable(req)
+            return _write(server, lambda: catalog.node_maintenance(enable, req.get("reason")))
         if rest == "check/register":
             _require(req, "PUT")
-            return _write(server, catalog.register_check(parse_check(req.json_body())))
+            check_defn = parse_check(req.json_body())
+            return _write(server, lambda: catalog.register_check(check_defn))
         if rest.startswith("check/deregister/"):
             _require(req, "PUT")
-            return _write(server, catalog.deregister_check(rest.removeprefix("check/deregister/")))
+            return _write(server, lambda: catalog.deregister_check(rest.removeprefix("check/deregister/")))
         for verb, status in (("pass", "passing"), ("warn", "warning"), ("fail", "critical")):
             if rest.startswith(f"check/{verb}/"):
                 _require(req, "PUT")
                 check_id = rest.removeprefix(f"check/{verb}/")
-                return _write(server, catalog.update_ttl(check_id, status, req.get("note")))
+                return _write(server, functools.partial(catalog.update_ttl, check_id, status, req.get("note")))
         if rest.startswith("check/update/"):
             _require(req, "PUT")
             update = canonical(req.json_body(), ("Status", "Output"))
@@ -121,7 +126,7 @@ def handle(server, req: Request, rest: str) -> Response:
             if status not in STATUSES:
                 raise ApiError(400, f"Invalid check status: '{status}'")
             check_id = rest.removeprefix("check/update/")
-            return _write(server, catalog.update_ttl(check_id, status, str(update.get("Output") or "")))
+            return _write(server, lambda: catalog.update_ttl(check_id, status, str(update.get("Output") or "")))
     except NotFound as exc:
         raise ApiError(404, str(exc)) from None
     except DefinitionError as exc:

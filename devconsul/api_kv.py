@@ -11,7 +11,7 @@ returned unwrapped there).
 from __future__ import annotations
 
 from devconsul.authz import can, filtered
-from devconsul.httpapi import ApiError, Request, Response, blocking_read
+from devconsul.httpapi import ApiError, Request, Response, ascii_uint, blocking_read
 from devconsul.kvstore import MAX_VALUE_SIZE, StoreFull
 from devconsul.watch import kv_key, kv_prefix
 
@@ -22,9 +22,10 @@ def _uint(req: Request, name: str) -> int | None:
     if not req.has(name):
         return None
     text = req.get(name)
-    if not text.isdigit() or int(text) >= 2**64:
+    value = ascii_uint(text)
+    if value is None or value >= 2**64:
         raise ApiError(500, f'strconv.ParseUint: parsing "{text}": invalid syntax')
-    return int(text)
+    return value
 
 
 def _conflicting(req: Request, *flags: str) -> None:
@@ -104,7 +105,7 @@ def _put(server, req: Request, key: str) -> Response:
         finally:
             server.kv.end_undo()
     if ok:
-        server.finish_write([("kv", key)], undo)
+        server.finish_write([("kv", key)], server.kv.undoer(undo))
     return Response(payload=ok)
 
 
@@ -117,7 +118,7 @@ def _delete(server, req: Request, key: str) -> Response:
             deleted, ok = _apply_delete(server, req, key, cas)
         finally:
             server.kv.end_undo()
-    server.finish_write([("kv", k) for k in deleted], undo)
+    server.finish_write([("kv", k) for k in deleted], server.kv.undoer(undo))
     return Response(payload=ok)
 
 

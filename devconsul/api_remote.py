@@ -34,16 +34,20 @@ def handle_catalog_write(server, req: Request, rest: str) -> Response:
     if not server.is_server:
         raise ApiError(500, "devconsul: catalog writes go to a server")
     body = req.json_body()
+    remote = server.remote
     try:
         if rest == "register":
             _vet_register(server, req, canonical(body, NODE_FIELDS))
-            topics = server.remote.register(body)
         else:
             _vet_deregister(server, req, canonical(body, DEREGISTER_FIELDS))
-            topics = server.remote.deregister(body)
+        name = str(canonical(body, ("Node",)).get("Node") or "")
+        with server.state.lock:  # the node's entry before and after, to undo a write that is not durable
+            before = remote.copy_node(name)
+            topics = remote.register(body) if rest == "register" else remote.deregister(body)
+            after = remote.copy_node(name)
     except DefinitionError as exc:
         raise ApiError(exc.status, str(exc)) from None
-    server.finish_write(topics)
+    server.finish_write(topics, lambda: remote.rollback(name, before, after))
     return Response(payload=True)
 
 

@@ -75,7 +75,7 @@ def handle(server, req: Request) -> Response:
             state.index = saved_index
             return Response(409, {"Results": None, "Errors": errors})
     if touched:
-        server.finish_write([("kv", k) for k in touched], undo)
+        server.finish_write([("kv", k) for k in touched], kv.undoer(undo))
     return Response(payload={"Results": results or None, "Errors": None})
 
 

@@ -16,14 +16,20 @@ values, and ``==``/``matches`` are true when any value matches (``!=``/``not mat
 ``is empty`` is true for a missing map key, an empty string, list or map. Numbers compare with a bare or
 quoted value by their text (``Service.Port == "8000"``). A selector naming a field the endpoint does not
 have is a 400 ``Selector "X" is not valid``, as in Consul; so is a syntax error.
+
+``matches`` patterns are Go regexp (RE2) patterns in Consul, searched in linear time; here too
+(:mod:`devconsul.linear_regex`): a pattern RE2 refuses (backreference, lookaround) is a 400, and no
+pattern can make a search backtrack, so ``Service.ID matches "^(.*)*z$"`` cannot stall the server (the
+filter runs under the state lock, while the answer is built).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from devconsul.httpapi import ApiError
+from devconsul.linear_regex import Pattern, RegexError, compile_pattern
 
 MAX_FILTER = 4096  # characters; a longer expression is refused (it is a query string, not a program)
 _TOKEN = re.compile(
@@ -41,6 +47,7 @@ class Match:
     selector: tuple[str, ...]
     op: str  # == != empty notempty in notin matches notmatches
     value: str = ""
+    pattern: Pattern | None = field(default=None, compare=False)  # matches / not matches
 
 
 @dataclass(frozen=True)
@@ -200,12 +207,12 @@ class _Parser:
             return Match(sel, "notin" if negate else "in", self.value())
         if self.word() == "matches":
             self.take()
-            pattern = self.value()
+            text = self.value()
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                pattern = compile_pattern(text)
+            except RegexError as exc:
                 raise FilterError(f"Failed to create boolean expression evaluator: invalid regex: {exc}") from None
-            return Match(sel, "notmatches" if negate else "matches", pattern)
+            return Match(sel, "notmatches" if negate else "matches", text, pattern)
         self.fail("a matching operator")
 
 
@@ -288,7 +295,7 @@ def evaluate(tree, obj) -> bool:
     if op in ("==", "!="):
         found = any(_text(v) == tree.value for v in values)
         return found if op == "==" else not found
-    found = any(re.search(tree.value, _text(v)) is not None for v in values)
+    found = any(tree.pattern.search(_text(v)) for v in values)
     return found if op == "matches" else not found
 
 

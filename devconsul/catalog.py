@@ -13,10 +13,11 @@ Index rules for the health/catalog reads are in ``Catalog.service_index``.
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from devconsul.definitions import CheckDefinition, DefinitionError, ServiceDefinition
@@ -57,6 +58,20 @@ class _NoHooks:
     def check_removed(self, check_id: str) -> None: ...
     def ttl_reset(self, check: Check) -> None: ...
     def sync_deferred(self, check: Check) -> None: ...
+
+
+@dataclass
+class CatalogUndo:
+    """The node's services and checks before a write and after it (shallow copies: records change only by
+    attribute assignment). Taken under the lock around the write; a few dozen records on a node."""
+
+    services: dict[str, Service]
+    checks: dict[str, Check]
+    after: tuple[dict[str, Service], dict[str, Check]] = field(default_factory=lambda: ({}, {}))
+
+
+def _copies(records: dict) -> dict:
+    return {key: copy.copy(record) for key, record in records.items()}
 
 
 class Catalog:
@@ -315,6 +330,49 @@ class Catalog:
             if svc.name == name and all(t in have for t in wanted):
                 found.append(svc)
         return found
+
+    # -- undo (a write that could not be made durable) -------------------------------------------
+    def begin_undo(self) -> CatalogUndo:
+        """Before a write; lock held until :meth:`end_undo`."""
+        return CatalogUndo(_copies(self.services), _copies(self.checks))
+
+    def end_undo(self, undo: CatalogUndo) -> None:
+        undo.after = (_copies(self.services), _copies(self.checks))
+
+    def rollback(self, undo: CatalogUndo) -> list[Topic]:
+        """Put back each record the write changed, except where a later write changed it since (that write
+        stands), as the KV store's undo does; the restored records move the index like any write. Lock held."""
+        names: set[str] = set()
+        node_level = services_changed = checks_changed = False
+        for live, before, after in ((self.services, undo.services, undo.after[0]),
+                                    (self.checks, undo.checks, undo.after[1])):
+            for key in before.keys() | after.keys():
+                old, new = before.get(key), after.get(key)
+                if old == new or live.get(key) != new:
+                    continue
+                is_check = live is self.checks
+                if is_check:
+                    self.hooks.check_removed(key)
+                if old is None:
+                    del live[key]
+                else:
+                    live[key] = restored = copy.copy(old)
+                    if is_check:
+                        self.hooks.check_added(restored)
+                for record in (old, new):
+                    if record is None:
+                        continue
+                    if not is_check:
+                        names.add(record.name)
+                    elif record.service_id:
+                        names.add(record.service_name)
+                    else:
+                        node_level = True
+                checks_changed |= is_check
+                services_changed |= not is_check
+        if not (names or node_level):
+            return []
+        return self._bump(names, node_level, services_changed, checks_changed)[1]
 
     # -- persistence ----------------------------------------------------------------------------
     def snapshot(self) -> dict:

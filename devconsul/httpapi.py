@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote
@@ -24,6 +25,13 @@ from devconsul.watch import Filter
 DEFAULT_WAIT = 300.0
 MAX_WAIT = 600.0
 ANONYMOUS_ACCESSOR = "00000000-0000-0000-0000-000000000002"
+
+
+def ascii_uint(text: str, max_digits: int = 20) -> int | None:
+    """``text`` as a decimal of 1 to ``max_digits`` ASCII digits, else None. Not ``str.isdigit``: it also
+    takes "\u00b2" (superscript two, which ``int`` then refuses) and "\u0661" (which ``int`` reads as 1);
+    Go's strconv, which Consul parses numbers with, takes ASCII digits only."""
+    return int(text) if re.fullmatch(rf"[0-9]{{1,{max_digits}}}", text) else None
 
 
 class ApiError(Exception):
@@ -131,10 +139,9 @@ def parse_blocking(req: Request) -> tuple[int, float]:
             raise ApiError(400, "Invalid wait time") from None
     min_index = 0
     if req.get("index"):
-        text = req.get("index")
-        if not text.isdigit() or int(text) >= 2**64:
+        min_index = ascii_uint(req.get("index"))
+        if min_index is None or min_index >= 2**64:
             raise ApiError(400, "Invalid index")
-        min_index = int(text)
     # blockingquery: a wait of zero or less means the default, and it is capped at 10 minutes
     wait = min(wait if wait > 0 else DEFAULT_WAIT, MAX_WAIT)
     return min_index, wait + random.uniform(0, wait / 16)

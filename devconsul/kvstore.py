@@ -56,7 +56,8 @@ class KVEntry:
         }
 
     def to_record(self) -> dict:
-        return {**self.to_api(), "Value": base64.b64encode(self.value).decode() if self.value else None}
+        """The persisted form: the API form with its value (each value encoded once, under the lock)."""
+        return self.to_api()
 
     @classmethod
     def from_record(cls, rec: dict) -> KVEntry:
@@ -197,6 +198,10 @@ class KVStore:
 
     def end_undo(self) -> None:
         self._undo = None
+
+    def undoer(self, log: list[UndoRecord]):
+        """For ``finish_write``: undo ``log`` (lock held) and return the topics restored."""
+        return lambda: [("kv", key) for key in self.rollback(log)]
 
     def rollback(self, log: list[UndoRecord]) -> list[str]:
         """Undo the recorded writes, newest first, except where a later writer changed the key since (its

@@ -16,6 +16,7 @@ node failed within about 5 s in a small cluster, which is the default here.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -155,6 +156,27 @@ class RemoteCatalog:
             del self.nodes[name]
             names = {s.name for s in entry.services.values()}
             return self._bump(None, names, True, True, True)[1]
+
+    # -- undo (a client agent's write that could not be made durable) ------------------------------
+    def copy_node(self, name: str) -> RemoteNode | None:
+        """A copy of ``name``'s entry (None: no such node), taken before and after a write; lock held."""
+        entry = self.nodes.get(name)
+        if entry is None:
+            return None
+        return RemoteNode(copy.copy(entry.node), {k: copy.copy(v) for k, v in entry.services.items()},
+                          {k: copy.copy(v) for k, v in entry.checks.items()})
+
+    def rollback(self, name: str, before: RemoteNode | None, after: RemoteNode | None) -> list:
+        """Put ``name``'s entry back as it was before the write, unless a later write changed it since
+        (that write stands); lock held."""
+        if before == after or self.nodes.get(name) != after:
+            return []
+        if before is None:
+            del self.nodes[name]
+        else:
+            self.nodes[name] = before
+        names = {s.name for entry in (before, after) if entry is not None for s in entry.services.values()}
+        return self._bump(None, names, True, True, True)[1]
 
     def set_serf(self, name: str, status: str, output: str) -> list:
         with self.catalog.state.lock:

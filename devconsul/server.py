@@ -11,19 +11,15 @@ stops the check runner and the persister, and joins their threads.
 
 Limits (each one a finding of the security review, M1-M3 and L1 in tests/faults/README.md, with their tests):
 
-- a request body is bounded before it is read: a ``Content-Length`` that is not a non-negative integer is a
-  400, one over :data:`MAX_BODY` a 413, a chunked body is cut at :data:`MAX_BODY` in total, and a request
-  with both is a 400 (request smuggling); after any of these the connection is closed;
-- the ACL decision is made from the headers, before the body is read;
-- every connection has a socket timeout (:data:`CONNECTION_TIMEOUT_S`: headers, body and keep-alive
-  idle), at most ``max_connections`` are open at once (the next is answered 503 and closed), at most
-  ``max_blocking_per_client`` blocking queries per client address are parked (the next is a 429), and
-  an anonymous query under ACLs never parks (it is answered at once, filtered to nothing);
+- HTTP framing: request bodies bounded before they are read, the ACL decision made from the headers,
+  socket timeouts and at most ``max_connections`` connections: :mod:`devconsul.http_server`;
+- at most ``max_blocking_per_client`` blocking queries per client address are parked (the next is a
+  429), and an anonymous query under ACLs never parks (it is answered at once, filtered to nothing);
 - the KV store holds at most ``max_kv_bytes`` / ``max_kv_keys`` (a 413 beyond);
-- a KV write whose state could not be written to the data directory is rolled back and answered 500
-  "not applied"; while the data directory stays unwritable every write is refused (500, not applied)
-  before it is applied. (A catalog write that fails the same way is answered 500 "not durable": it stays
-  applied in memory; the agent that made it re-registers on its own anti-entropy schedule.)
+- a KV or catalog write whose state could not be written to the data directory is rolled back and
+  answered 500 "not applied"; while the data directory stays unwritable every write is refused (500, not
+  applied) before it is applied. (The server's own membership events are answered "not durable" and stay
+  applied: the next heartbeat repeats them.)
 
 The timing knobs default to Consul's values; tests shorten them: ``check_update_interval`` (5 min, how
 long an output-only check change waits before reaching the catalog), ``check_reap_interval`` (30 s)
@@ -35,9 +31,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
+from collections.abc import Callable
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from devconsul import persist
@@ -47,16 +42,14 @@ from devconsul.agentconfig import AgentSettings
 from devconsul.agentlink import AgentLink
 from devconsul.catalog import Catalog
 from devconsul.checks import CheckRunner
-from devconsul.httpapi import ApiError, ReadCache, Request, Response
+from devconsul.http_server import CONNECTION_TIMEOUT_S, MAX_CONNECTIONS, Handler, HTTPServer
+from devconsul.httpapi import ApiError, ReadCache
 from devconsul.kvstore import DEFAULT_MAX_BYTES, DEFAULT_MAX_KEYS, KVStore
 from devconsul.remote import FAILURE_TIMEOUT_S, Membership, RemoteCatalog
-from devconsul.router import authorize, forwarded, route
 from devconsul.state import State
+from devconsul.watch import Topic
 
 log = logging.getLogger("devconsul")
-MAX_BODY = 8 * 1024 * 1024
-CONNECTION_TIMEOUT_S = 30.0
-MAX_CONNECTIONS = 1024
 MAX_BLOCKING_PER_CLIENT = 512
 
 
@@ -113,15 +106,15 @@ class DevConsulServer:
         self.on_leave = None
         self.read_cache = ReadCache()
         self._persister: persist.Persister | None = None
-        self._httpd: _HTTPServer | None = None
-        self._rpc_httpd: _HTTPServer | None = None
+        self._httpd: HTTPServer | None = None
+        self._rpc_httpd: HTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
         self.address = ""
         self.started_at = ""  # RFC 3339, autopilot's StableSince of this server
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> DevConsulServer:
-        self._httpd = _HTTPServer(self._bind, _Handler, self)  # listens; served once the state is ready
+        self._httpd = HTTPServer(self._bind, Handler, self)  # listens; served once the state is ready
         self.address = "{}:{}".format(*self._httpd.server_address[:2])
         self.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
@@ -148,7 +141,7 @@ class DevConsulServer:
         self._serve_thread.start()
         if self._rpc_bind is not None and self._rpc_bind != self._bind:
             # The server port (8300 on bind_addr) that client agents reach: the same API, standing in for RPC.
-            self._rpc_httpd = _HTTPServer(self._rpc_bind, _Handler, self)
+            self._rpc_httpd = HTTPServer(self._rpc_bind, Handler, self)
             threading.Thread(target=self._rpc_httpd.serve_forever, kwargs={"poll_interval": 0.05},
                              name="devconsul-rpc", daemon=True).start()
         if self.members is not None:
@@ -197,20 +190,30 @@ class DevConsulServer:
         if problem:
             raise ApiError(500, f"state cannot be written to the data directory ({problem}); the write was not applied")
 
-    def finish_write(self, topics, undo=None) -> None:
-        """Publish a write to blocking queries, and return only once it is durable. A KV write (``undo``,
-        from ``KVStore.begin_undo``) that cannot be made durable is rolled back and reported not applied."""
+    def finish_write(self, topics, rollback: Callable[[], list[Topic]] | None = None) -> None:
+        """Publish a write to blocking queries, and return only once it is durable. A write that cannot be
+        made durable is undone by ``rollback`` (called with the lock held; returns the topics it changed)
+        and reported not applied. Without one (the server's own membership events, which the next
+        heartbeat repeats) it is reported not durable."""
         topics = list(topics)
         version = self.state.commit(topics)
         if self.state.wait_durable(version):
             return
-        if undo is None:
+        if rollback is None:
             raise ApiError(500, "state could not be written to the data directory; the change is not durable")
         with self.state.lock:
-            restored = self.kv.rollback(undo)
+            restored = rollback()
             self.state.touch()
-        self.state.commit([("kv", k) for k in restored])
+        self.state.commit(restored)
         raise ApiError(500, "state could not be written to the data directory; the write was not applied")
+
+    def catalog_write(self, apply: Callable[[], list[Topic]]) -> None:
+        """Apply a write to this node's services and checks and make it durable, or undo it (500)."""
+        with self.state.lock:  # an RLock: the catalog's own locking nests
+            undo = self.catalog.begin_undo()
+            topics = apply()
+            self.catalog.end_undo(undo)
+        self.finish_write(topics, lambda: self.catalog.rollback(undo))
 
     def blocking_slot(self, client: str):
         """Context manager: a parked blocking query of ``client``; 429 past ``max_blocking_per_client``."""
@@ -308,192 +311,3 @@ class _BlockingSlot:
                 dev._blocking[self.client] = left
             else:
                 dev._blocking.pop(self.client, None)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # socketserver never joins daemon threads; close_connections/join_threads do
-    allow_reuse_address = True
-    request_queue_size = 1024  # listen backlog; the default 5 drops bursts of new connections
-
-    def __init__(self, bind, handler, dev: DevConsulServer):
-        self.dev = dev
-        self._connections: set[socket.socket] = set()
-        self._conn_lock = threading.Lock()
-        self._closing = False
-        self._conn_threads: list[threading.Thread] = []
-        self._slots = threading.BoundedSemaphore(dev.max_connections)
-        if ":" in bind[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(bind, handler)
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):  # a cap on threads: slowloris cannot exhaust them
-            try:
-                request.settimeout(1.0)
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 20\r\n"
-                                b"Connection: close\r\n\r\ntoo many connections")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        thread = threading.Thread(target=self._process_and_release, args=(request, client_address),
-                                  name="devconsul-conn", daemon=True)
-        with self._conn_lock:
-            self._conn_threads = [t for t in self._conn_threads if t.is_alive()]
-            self._conn_threads.append(thread)
-        thread.start()
-
-    def _process_and_release(self, request, client_address) -> None:
-        try:
-            self.process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def join_threads(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self._conn_lock:
-            threads = list(self._conn_threads)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-
-    def track(self, conn: socket.socket, open_: bool) -> None:
-        with self._conn_lock:
-            (self._connections.add if open_ else self._connections.discard)(conn)
-            late = open_ and self._closing  # accepted just before shutdown: close it too
-        if late:
-            _shut(conn)
-
-    def close_connections(self) -> None:
-        with self._conn_lock:
-            self._closing = True
-            conns = list(self._connections)
-        for conn in conns:
-            _shut(conn)
-
-    def handle_error(self, request, client_address) -> None:
-        log.debug("connection from %s ended with an error", client_address, exc_info=True)
-
-
-def _shut(conn: socket.socket) -> None:
-    try:
-        conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out in separate writes
-    server_version = "devconsul"
-    sys_version = ""
-
-    def setup(self) -> None:
-        self.timeout = self.server.dev.connection_timeout_s  # socket timeout: headers, body, idle keep-alive
-        super().setup()
-        self.server.track(self.connection, True)
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.track(self.connection, False)
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
-        # The request line may carry ?token=; log the method and path only.
-        log.debug("%s %s", self.command, (self.path or "").split("?", 1)[0])
-
-    def do_GET(self) -> None:
-        self._serve()
-
-    do_PUT = do_DELETE = do_POST = do_HEAD = do_PATCH = do_GET
-
-    def _read_body(self) -> bytes:
-        """The body, bounded before it is read (review M1); any error here closes the connection, since
-        the unread rest of the body would otherwise be parsed as the next request."""
-        chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
-        length_text = self.headers.get("Content-Length")
-        if chunked and length_text is not None:
-            raise ApiError(400, "Content-Length and chunked Transfer-Encoding together")
-        if chunked:
-            return self._read_chunked()
-        if length_text is None:
-            return b""
-        length_text = length_text.strip()
-        if not length_text.isdigit():  # negative, empty, signed or not a number: rfile.read(-1) reads to EOF
-            raise ApiError(400, f"Invalid Content-Length {length_text[:40]!r}")
-        length = int(length_text)
-        if length > MAX_BODY:
-            raise ApiError(413, f"Request body({length} bytes) too large, max size: {MAX_BODY} bytes")
-        body = self.rfile.read(length) if length else b""
-        if len(body) < length:
-            raise ApiError(400, f"Request body cut short ({len(body)} of {length} bytes)")
-        return body
-
-    def _read_chunked(self) -> bytes:
-        chunks, total = [], 0
-        while True:
-            line = self.rfile.readline(1024)
-            size_text = line.split(b";")[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ApiError(400, f"Invalid chunk size {size_text[:40]!r}") from None
-            if size < 0 or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
-                raise ApiError(400, f"Invalid chunk size {size_text[:40]!r}")
-            if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return b"".join(chunks)
-            total += size
-            if total > MAX_BODY:
-                raise ApiError(413, f"Request body too large, max size: {MAX_BODY} bytes")
-            chunk = self.rfile.read(size)
-            if len(chunk) < size:
-                raise ApiError(400, "Request body cut short")
-            chunks.append(chunk)
-            self.rfile.readline(1024)
-
-    def _serve(self) -> None:
-        dev = self.server.dev
-        try:
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            req = Request.parse(self.command, self.path, headers, b"")
-            req.client = self.client_address[0] if self.client_address else ""
-            authorize(dev, req)  # from the headers: an anonymous or bad token never gets its body read
-            try:
-                req.body = self._read_body()
-            except ApiError:
-                self.close_connection = True
-                raise
-            if req.method not in ("GET", "HEAD") and not forwarded(dev, req):  # forwarded: the server's store
-                dev.refuse_if_not_durable()
-            resp = route(dev, req)
-            pretty = req.has("pretty")
-        except ApiError as exc:
-            resp, pretty = Response(exc.status, raw=exc.reason.encode(), content_type="text/plain; charset=utf-8",
-                                    headers=exc.headers), False
-            if exc.status in (400, 403, 413) and self.command not in ("GET", "HEAD"):
-                self.close_connection = True  # a body may be left unread on the stream
-        except Exception:
-            log.exception("internal error serving %s %s", self.command, self.path.split("?", 1)[0])
-            resp, pretty = Response(500, raw=b"internal error", content_type="text/plain; charset=utf-8"), False
-        self._send(resp, pretty)
-
-    def _send(self, resp: Response, pretty: bool) -> None:
-        data = resp.encode(pretty)
-        try:
-            self.send_response(resp.status)
-            self.send_header("Content-Type", resp.content_type)
-            self.send_header("Vary", "Accept-Encoding")
-            for name, value in resp.headers.items():
-                self.send_header(name, value)
-            self.send_header("X-Consul-Default-Acl-Policy", self.server.dev.default_acl_policy())
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-        except OSError:
-            self.close_connection = True

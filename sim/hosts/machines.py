@@ -5,16 +5,7 @@ a copy-on-write overlay of its own, and shares this machine's network namespace:
 host's ``ansible_host`` (127.0.R.N) and nowhere else. nspawn runs with ``--register=no --keep-unit``
 because this machine's PID 1 is not systemd, so there is no machined to register with.
 
-Layout under ``<inventory_dir>/.sim/`` (the state dir; a plain directory, never a symlink)::
-
-    ssh/id_ed25519[.pub]   the inventory's key pair (0600), kept across up/down
-    ssh/known_hosts        every machine's host key at its address (rewritten by every ``up``)
-    hosts/peers.json       addresses, LIDs and GUIDs of every host (two-host stubs read it)
-    hosts/<host>/state/    host.json (hardware + faults), calls.log; /run/clusterctl-sim inside
-    hosts/<host>/sys/      simulated /sys subtrees (class, pci, virtual), overlaid on the real ones
-    cache/                 /sys/devices/system/{cpu,node} trees, shared by hosts with identical CPUs
-    machines/<host>/upper  the machine's overlay upper dir (everything it writes lands here)
-    machines/<host>/nspawn.pid, leader.pid, console.log
+The state dir's layout and its path checks: :mod:`sim.hosts.state_dir`.
 
 What is bound into a machine, and nothing else of this machine is visible: its own state dir (read-write,
 the stubs' call log), every host's state (read-only, for the two-host stubs), the ``sim`` package
@@ -23,20 +14,18 @@ the stubs' call log), every host's state (read-only, for the two-host stubs), th
 it cannot set the clock. /proc/{cpuinfo,meminfo,cmdline} are bind-mounted over by a unit inside the
 machine at boot (nspawn cannot bind onto /proc from outside).
 
-``down`` works from the recorded PIDs and, after a ``kill -9`` of whatever ran ``up``, from a scan of
-/proc for nspawn processes naming this state dir: SIGTERM halts a machine cleanly, SIGKILL to nspawn
-and the machine's PID 1 follows after a grace period. nspawn's mounts live in its own mount namespace,
-so none is left here when it exits.
+Finding, stopping and reporting the running machines (``down``, ``leftovers``, ``status``):
+:mod:`sim.hosts.nspawn`.
+
+What callers reach through this module (simulate, the CLI, tests, benchmarks) is imported here under its
+own name (``from sim.hosts.nspawn import down as down``): ``machines.down``, ``machines.Layout``, ...
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -44,47 +33,43 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sim
-from cluster import spec
 from sim.aptrepo.catalog import SIM_TOOL
 from sim.hosts import limits, stubs, sysfs
 from sim.hosts.hardware import Hardware
+from sim.hosts.nspawn import (
+    SUPERVISOR,
+    _comm,
+    _is_our_leader,
+    _leader_of,
+    _nsenter,
+    _nspawn_of,
+    down,
+    machine_cgroups,
+)
+from sim.hosts.nspawn import MachineState as MachineState
+from sim.hosts.nspawn import _cgroup_roots as _cgroup_roots
+from sim.hosts.nspawn import _our_processes as _our_processes
+from sim.hosts.nspawn import current_leader as current_leader
+from sim.hosts.nspawn import leftovers as leftovers
+from sim.hosts.nspawn import status as status
+from sim.hosts.state_dir import SIM_RUN_DIR, HostPaths, Layout, _real_dir, _remove_tree, check_state_dir
+from sim.hosts.state_dir import MachineError as MachineError
+from sim.hosts.state_dir import check_hostname as check_hostname
+from sim.hosts.state_dir import state_dir_of as state_dir_of
 from sim.hosts.stubs import peers
 from sim.hosts.stubs import systemctl as stub_systemctl
 from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
 
-STATE_DIR_NAME = ".sim"
-SIM_RUN_DIR = "/run/clusterctl-sim"  # where a machine sees its own state/ dir
 NVML_FILE = "nvml.json"  # in the state dir: SIM_RUN_DIR/nvml.json on the machine (the inventory's eas_agent_fake_gpu_file)
 PEERS_DIR = "/run/clusterctl-sim-peers"  # where it sees every host's (read-only)
 SIM_LIB = "/usr/local/lib/clusterctl-sim"  # the `sim` package, read-only, for the stub tools
 MACHINE_PYTHON = "/usr/bin/python3"
 SSH_USER = "deploy"
 BOOT_TIMEOUT_S = float(os.environ.get("CLUSTERCTL_BOOT_TIMEOUT_S", "120"))
-HALT_GRACE_S = 20.0
 BOOT_PARALLEL = 8  # boots at a time: 16 on 2 busy cores timed out units (journal flush)
-# nspawn exits 133 when the machine's systemd reboots (systemd-nspawn(1)); systemd-nspawn@.service restarts it
-# on that status (RestartForceExitStatus=133) and so does this loop: `reboot` inside a machine (Ansible's
-# reboot module, a driver change) brings the same machine, overlay and address back. Any other exit ends it.
-SUPERVISOR = ('while :; do "$@"; rc=$?; [ "$rc" -eq 133 ] || exit "$rc"; '
-              'echo "clusterctl-sim: the machine rebooted (nspawn exit 133); starting it again"; done')
-# A DNS label, or dotted labels (the inventory's rule, cluster.spec.HOSTNAME): a host name becomes a directory
-# name and a machine name, so nothing else ('..', '/', a leading dot or dash) may reach a path. nspawn's
-# machine names stop at 64 characters.
-HOSTNAME = spec.HOSTNAME
-MAX_HOSTNAME = 64
 SYS_OVERLAYS = (("/sys/class", "class"), ("/sys/bus/pci/devices", "pci"), ("/sys/devices/virtual", "virtual"))
 PROC_FILES = ("cpuinfo", "meminfo", "cmdline")
-# The cgroup hierarchies a machine's systemd manages. nspawn --keep-unit uses the cgroup it starts in, and
-# this machine's PID 1 is not systemd, so without a cgroup of its own every machine would share the root
-# one (nspawn's payload/ and supervisor/ subgroups included) and their systemds would start units in each
-# other's cgroups: units failed at random with status 219/CGROUP when machines booted side by side.
-CGROUP_ROOTS = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
-CGROUP_PARENT = "clusterctl-sim"
 PROC_UNIT = "clusterctl-sim-proc.service"
-
-
-class MachineError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -97,114 +82,6 @@ class SimHost:
     # Where the node's local NVMe holds the model weights (the inventory's inference_unit_model_path): a
     # stand-in model directory (config.json only) is put there, as a real node has its weights before vLLM.
     model_path: str | None = None
-
-
-def check_hostname(name: str) -> str:
-    if len(name) > MAX_HOSTNAME or not HOSTNAME.fullmatch(name):
-        raise MachineError(f"host {name!r}: not a valid host name for a simulated machine (letters, digits, "
-                           f"'-' and '.'-separated labels, at most {MAX_HOSTNAME} characters)")
-    return name
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where an inventory's machines keep their files (all absolute)."""
-
-    state_dir: Path
-
-    @property
-    def ssh_dir(self) -> Path:
-        return self.state_dir / "ssh"
-
-    @property
-    def key(self) -> Path:
-        return self.ssh_dir / "id_ed25519"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.ssh_dir / "known_hosts"
-
-    @property
-    def hosts_dir(self) -> Path:
-        return self.state_dir / "hosts"
-
-    @property
-    def machines_dir(self) -> Path:
-        return self.state_dir / "machines"
-
-    @property
-    def cache(self) -> Path:
-        return self.state_dir / "cache"
-
-    def host(self, name: str) -> HostPaths:
-        return HostPaths(self, check_hostname(name))
-
-
-@dataclass(frozen=True)
-class HostPaths:
-    layout: Layout
-    host: str
-
-    @property
-    def root(self) -> Path:
-        return self.layout.hosts_dir / self.host
-
-    @property
-    def state(self) -> Path:
-        return self.root / "state"
-
-    @property
-    def calls_log(self) -> Path:
-        return self.state / "calls.log"
-
-    @property
-    def machine(self) -> Path:
-        return self.layout.machines_dir / self.host
-
-    @property
-    def upper(self) -> Path:
-        return self.machine / "upper"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.machine / "nspawn.pid"
-
-    @property
-    def leader_file(self) -> Path:
-        return self.machine / "leader.pid"
-
-    @property
-    def console_log(self) -> Path:
-        return self.machine / "console.log"
-
-
-def state_dir_of(inventory_dir: Path) -> Path:
-    return inventory_dir.resolve() / STATE_DIR_NAME
-
-
-def _real_dir(path: Path, mode: int = 0o755) -> Path:
-    """``path`` as a directory of our own: created if missing, refused if it is a symlink or not a directory
-    (a symlinked state dir would make root delete and write through it; security review H3)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        os.mkdir(path, mode)
-        st = os.lstat(path)
-    if os.path.islink(path):
-        raise MachineError(f"{path}: is a symlink; refusing to use it as a simulation state dir "
-                           "(remove it: `virtual up` creates a real directory)")
-    if not os.path.isdir(path):
-        raise MachineError(f"{path}: exists and is not a directory; refusing to use it as a simulation state dir")
-    if st.st_uid != os.geteuid():
-        raise MachineError(f"{path}: owned by uid {st.st_uid}, not by us (uid {os.geteuid()}); refusing to use it")
-    return path
-
-
-def _remove_tree(path: Path) -> None:
-    if os.path.islink(path):
-        raise MachineError(f"{path}: is a symlink; refusing to delete through it")
-    if path.exists():
-        shutil.rmtree(path)
 
 
 # ----------------------------------------------------------------------------------------- ssh keys
@@ -353,152 +230,6 @@ def _is_system_dir(path: Path) -> bool:
     return any(path == Path(top) or Path(top) in path.parents for top in ("/usr", "/etc", "/var", "/bin", "/lib"))
 
 
-# ------------------------------------------------------------------------------------------- cgroups
-
-
-def _cgroup_roots() -> list[Path]:
-    """The mounted hierarchies: v1 name=systemd and the hybrid unified one, or the one of a pure v2 host."""
-    systemd, unified, v2 = CGROUP_ROOTS
-    roots = [root for root in (systemd, unified) if (root / "cgroup.procs").exists()]
-    return roots or ([v2] if (v2 / "cgroup.procs").exists() else [])
-
-
-def _cgroup_prefix(layout: Layout) -> str:
-    """What every machine cgroup of this state dir is named after (``<prefix>-<host>``)."""
-    return hashlib.sha256(str(layout.state_dir).encode()).hexdigest()[:12]
-
-
-def _cgroup_name(paths: HostPaths) -> str:
-    return f"{CGROUP_PARENT}/{_cgroup_prefix(paths.layout)}-{paths.host}"
-
-
-def machine_cgroups(paths: HostPaths) -> list[Path]:
-    return [root / _cgroup_name(paths) for root in _cgroup_roots()]
-
-
-def _cgroup_pids(cgroup: Path) -> list[int]:
-    pids = []
-    for procs in [cgroup / "cgroup.procs", *cgroup.rglob("cgroup.procs")]:
-        try:
-            pids += [int(p) for p in procs.read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return sorted(set(pids))
-
-
-def _remove_cgroup(cgroup: Path) -> None:
-    """rmdir the (empty) cgroup and every group the machine's systemd made below it, deepest first."""
-    if not cgroup.is_dir():
-        return
-    for sub in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        try:
-            sub.rmdir()
-        except OSError:
-            pass
-    try:
-        cgroup.rmdir()
-    except OSError:
-        pass
-
-
-# ------------------------------------------------------------------------------------------ running
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def _is_our_nspawn(pid: int, paths: HostPaths) -> bool:
-    argv = _cmdline(pid)
-    return bool(argv) and argv[0].endswith("systemd-nspawn") and f"--bind={paths.state}:{SIM_RUN_DIR}" in argv
-
-
-def _is_our_supervisor(pid: int, paths: HostPaths) -> bool:
-    """The shell that runs (and on a reboot re-runs) this host's nspawn: nspawn's argv is its "$@"."""
-    argv = _cmdline(pid)
-    return (bool(argv) and argv[0] == "sh" and any(SUPERVISOR in a for a in argv[:3])
-            and f"--bind={paths.state}:{SIM_RUN_DIR}" in argv)
-
-
-def _nspawn_of(supervisor: int) -> int | None:
-    return next((c for c in _children(supervisor) if _comm(c) == "systemd-nspawn"), None)
-
-
-def current_leader(paths: HostPaths) -> int | None:
-    """PID 1 of the host's machine now: the recorded one, or after a reboot the new one (recorded again)."""
-    leader = _read_pid(paths.leader_file)
-    if leader and _is_our_leader(leader, paths):
-        return leader
-    supervisor = _read_pid(paths.pid_file)
-    nspawn = _nspawn_of(supervisor) if supervisor and _is_our_supervisor(supervisor, paths) else None
-    leader = _leader_of(nspawn) if nspawn else None
-    if leader and _comm(leader) == "systemd" and _is_our_leader(leader, paths):
-        paths.leader_file.write_text(f"{leader}\n")
-        return leader
-    return None
-
-
-def _is_our_leader(pid: int, paths: HostPaths) -> bool:
-    """PID 1 of this host's machine: it sees our host.json (the same file) as its /run/clusterctl-sim."""
-    try:
-        ours = os.stat(paths.state / "host.json")
-        theirs = os.stat(f"/proc/{pid}/root{SIM_RUN_DIR}/host.json")
-    except OSError:
-        return False
-    return (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _leader_of(nspawn_pid: int) -> int | None:
-    children = _children(nspawn_pid)
-    inits = [c for c in children if _comm(c) == "systemd"]
-    return inits[0] if inits else (children[-1] if children else None)
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _nsenter(leader: int, *argv: str, timeout: float = 10) -> subprocess.CompletedProcess:
-    """argv inside the machine; a command that runs past ``timeout`` is an empty answer with the reason on
-    stderr (so a diagnosis of a slow machine reports, instead of raising in place of the real error)."""
-    command = ["nsenter", f"--target={leader}", "--mount", "--uts", "--ipc", "--pid", "--", *argv]
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(command, 124, "", f"{argv[0]}: no answer within {timeout:.0f}s")
-
-
 def _address_free(address: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # As sshd binds (SO_REUSEADDR): connections of a machine just stopped, still in TIME_WAIT, do not
@@ -596,7 +327,7 @@ def _tail(path: Path, lines: int = 15) -> str:
         return f"({exc})"
 
 
-# ---------------------------------------------------------------------------------------- up / down
+# ---------------------------------------------------------------------------------------------- up
 
 
 def up(state_dir: Path, image_root: Path, hosts: dict[str, SimHost],
@@ -604,6 +335,7 @@ def up(state_dir: Path, image_root: Path, hosts: dict[str, SimHost],
     """(Re)create a machine per host in ``hosts`` and boot them (``down`` first)."""
     for name in hosts:
         check_hostname(name)
+    check_state_dir(state_dir)  # what is wrong with the state dir is said before "need root"
     if os.geteuid() != 0:
         raise MachineError("simulated machines need root (systemd-nspawn)")
     down(state_dir)
@@ -638,160 +370,3 @@ def up(state_dir: Path, image_root: Path, hosts: dict[str, SimHost],
         raise
 
 
-def _machine_names(layout: Layout) -> list[str]:
-    if os.path.islink(layout.machines_dir) or not layout.machines_dir.is_dir():
-        return []
-    return sorted(p.name for p in layout.machines_dir.iterdir() if HOSTNAME.fullmatch(p.name))
-
-
-def _our_processes(layout: Layout) -> tuple[list[int], list[int], list[int]]:
-    """(nspawn PIDs, machine PID 1s, supervisor shells) of this state dir: recorded ones, checked, plus any
-    nspawn or supervisor naming it."""
-    nspawns, leaders = set(), set()
-    if not layout.machines_dir.is_dir():
-        return [], [], []
-    all_paths = [layout.host(name) for name in _machine_names(layout)]
-    supervisors = set()
-    for paths in all_paths:
-        pid = _read_pid(paths.pid_file)
-        if pid and _is_our_supervisor(pid, paths):
-            supervisors.add(pid)
-            nspawn = _nspawn_of(pid)
-            leader = _leader_of(nspawn) if nspawn else None
-            if nspawn:
-                nspawns.add(nspawn)
-            if leader and _is_our_leader(leader, paths):
-                leaders.add(leader)
-        leader = _read_pid(paths.leader_file)
-        if leader and _is_our_leader(leader, paths):
-            leaders.add(leader)
-    marker = str(layout.hosts_dir)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in nspawns | supervisors:
-            argv = _cmdline(int(entry))
-            if argv and argv[0].endswith("systemd-nspawn") and any(marker in a for a in argv):
-                nspawns.add(int(entry))
-            elif argv and argv[0] == "sh" and any(SUPERVISOR in a for a in argv[:3]) and any(marker in a for a in argv):
-                supervisors.add(int(entry))
-    return sorted(nspawns), sorted(leaders), sorted(supervisors)
-
-
-def down(state_dir: Path) -> int:
-    """Stop every machine of this state dir and remove their overlays and host files; returns how many
-    machines were running. Safe after a killed ``up`` or ``down``."""
-    if os.path.islink(state_dir):
-        raise MachineError(f"{state_dir}: is a symlink; refusing to use it as a simulation state dir")
-    if not state_dir.is_dir():
-        return 0
-    layout = Layout(state_dir)
-    nspawns, leaders, supervisors = _our_processes(layout)
-    running = len(nspawns)
-    # Supervisors first: signalled before their nspawn exits, none of them can start a machine again.
-    for pid in supervisors + nspawns:
-        _signal(pid, signal.SIGTERM)
-    nspawns = supervisors + nspawns
-    deadline = time.monotonic() + HALT_GRACE_S
-    while any(_pid_alive(p) for p in nspawns + leaders) and time.monotonic() < deadline:
-        _reap(nspawns)
-        time.sleep(0.1)
-    cgroups = [c for name in _machine_names(layout) for c in machine_cgroups(layout.host(name))]
-    stragglers = [p for c in cgroups for p in _cgroup_pids(c)]  # e.g. after a kill -9 of nspawn itself
-    for pid in nspawns + leaders + stragglers:  # SIGKILL to a machine's PID 1 ends every process in it
-        if _pid_alive(pid):
-            _signal(pid, signal.SIGKILL)
-    while any(_pid_alive(p) for p in nspawns + leaders + stragglers) and time.monotonic() < deadline + 5:
-        _reap(nspawns)
-        time.sleep(0.05)
-    for cgroup in cgroups:
-        _remove_cgroup(cgroup)
-    for point in reversed(mounts_under(state_dir)):  # only a layout older than machines mounted here
-        subprocess.run(["umount", "-l", point], capture_output=True)
-    for directory in (layout.machines_dir, layout.hosts_dir, layout.cache):
-        _remove_tree(directory)
-    return running
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _reap(pids: list[int]) -> None:
-    """Collect our own exited children (nspawn started by this process), so they stop counting as alive."""
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
-
-def leftovers(state_dir: Path) -> list[str]:
-    """What ``down`` must not leave behind, one line each (empty: nothing): a process of this state dir's
-    machines (nspawn and supervisors, recorded or found by argv; PID 1s; anything still in the machines'
-    cgroups, where every process of a machine lives, reparented or not), a mount under the state dir or an
-    overlay whose layers name it, a machine cgroup, an overlay upper dir. Not any process whose argv names
-    the state dir: Ansible's ControlPersist ssh masters name its key and outlive a run by design (they
-    are the controller's, and exit when the machine's sshd is gone). Benchmarks and tests assert it is
-    empty after ``down`` at every size."""
-    layout = Layout(state_dir)
-    found = []
-    nspawns, leaders, supervisors = _our_processes(layout)
-    pids = set(nspawns + leaders + supervisors)
-    marker = str(state_dir).rstrip("/") + "/"
-    prefix = _cgroup_prefix(layout)
-    cgroups = [c for root in _cgroup_roots() for c in sorted((root / CGROUP_PARENT).glob(f"{prefix}-*"))]
-    for cgroup in cgroups:
-        pids.update(_cgroup_pids(cgroup))
-    found += [f"process {p} ({_comm(p) or 'gone'})" for p in sorted(pids) if _pid_alive(p)]
-    found += [f"mount {p}" for p in mounts_under(state_dir)]
-    with open("/proc/self/mountinfo") as f:
-        found += [f"overlay mount {line.split()[4]}" for line in f
-                  if " - overlay " in line and marker in line and not line.split()[4].startswith(marker)]
-    found += [f"cgroup {c}" for c in cgroups if c.is_dir()]
-    if layout.machines_dir.exists():
-        uppers = sorted(str(u) for u in layout.machines_dir.glob("*/upper"))
-        found += [f"overlay upper dir {u}" for u in uppers] or [f"dir {layout.machines_dir}"]
-    return found
-
-
-def _mount_points() -> list[str]:
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            points.append(line.split()[4].encode().decode("unicode_escape"))
-    return points
-
-
-def mounts_under(path: Path) -> list[str]:
-    prefix = str(path).rstrip("/")
-    return [p for p in _mount_points() if p == prefix or p.startswith(prefix + "/")]
-
-
-@dataclass(frozen=True)
-class MachineState:
-    name: str
-    state: str  # systemd's is-system-running inside, or "stopped"
-    faults: list
-    address: str
-
-
-def status(state_dir: Path) -> list[MachineState]:
-    layout = Layout(state_dir)
-    out = []
-    if os.path.islink(state_dir) or not layout.hosts_dir.is_dir():
-        return out
-    for host_dir in sorted(layout.hosts_dir.iterdir()):
-        if not HOSTNAME.fullmatch(host_dir.name) or not (host_dir / "state" / "host.json").is_file():
-            continue
-        paths = layout.host(host_dir.name)
-        data = json.loads((paths.state / "host.json").read_text())
-        leader = current_leader(paths)
-        state = "stopped"
-        if leader:
-            state = _nsenter(leader, "systemctl", "is-system-running").stdout.strip() or "unknown"
-            if data["hardware"].get("unreachable"):
-                state += ", sshd off (unreachable fault)"
-        out.append(MachineState(host_dir.name, state, data.get("faults") or [], data.get("address", "")))
-    return out

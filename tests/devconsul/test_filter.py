@@ -112,3 +112,71 @@ def test_filter_parser_never_raises_anything_but_a_400():
         except bexpr.FilterError:
             continue
         bexpr.evaluate(tree, {"Service": {"Port": 8000, "Tags": ["x"], "Meta": {}}, "Checks": [{"Status": "x"}]})
+
+
+def test_backtracking_pattern_answers_at_once_and_others_are_served(api, name, cleanup):
+    """Consul's ``matches`` is Go's regexp (RE2): linear time for every pattern. Before: Python's ``re``
+    took 21 s for ``^(.*)*z$`` on a 28-character ID, holding the state lock (and the GIL) meanwhile, so
+    every other client waited too."""
+    import threading
+    import time
+
+    import requests
+
+    sid = f"{name}-abcdefgh"  # 28 characters
+    cleanup.services.append(sid)
+    assert api.put("/v1/agent/service/register", json={"Name": name, "ID": sid}).status_code == 200
+    headers = {"X-Consul-Token": api.token} if api.token else {}
+    answered: dict = {}
+
+    def filtered():
+        started = time.monotonic()
+        resp = requests.get(f"{api.base}/v1/health/service/{name}", headers=headers, timeout=60,
+                            params={"filter": 'Service.ID matches "^(.*)*z$"'})
+        answered["filter"] = (resp, time.monotonic() - started)
+
+    worker = threading.Thread(target=filtered, daemon=True)
+    sent = time.monotonic()
+    worker.start()
+    time.sleep(0.3)  # the filter is being evaluated (before the fix: for 21 s)
+    leader = requests.get(f"{api.base}/v1/status/leader", headers=headers, timeout=5)
+    # measured from the filter's start: against the in-process dev server a stalled GIL stalls this
+    # thread's clock-reading too, so only the total shows the wait
+    assert leader.status_code == 200 and time.monotonic() - sent < 1.5, "another client waited on the filter"
+    worker.join(60)
+    resp, took = answered["filter"]
+    assert resp.status_code == 200 and resp.json() == [] and took < 1.0
+
+
+@pytest.mark.parametrize("pattern", [r"(a)\1", "(?=a)", "(?<!a)b", "(?P<x>a)(?P=x)"])
+def test_pattern_re2_refuses_is_a_400(api, three, pattern):
+    """Go's regexp has no backreferences and no lookaround; Consul refuses such a filter."""
+    expr = "Service.ID matches `" + pattern + "`"
+    assert api.get(f"/v1/health/service/{three}", params={"filter": expr}).status_code == 400
+
+
+@pytest.mark.parametrize("pattern, want", [("(?i)-A$", ["a"]), (r"-[a-b]\z", ["a", "b"]), (r"\bc$", ["c"]), (r"\Bc$", [])])
+def test_matches_uses_re2_syntax(api, three, pattern, want):
+    expr = "Service.ID matches `" + pattern + "`"
+    resp = api.get(f"/v1/health/service/{three}", params={"filter": expr})
+    assert _ids(resp, lambda e: e["Service"]["ID"][-1]) == want
+
+
+def test_node_selectors(api, three):
+    """The health page lists Node.* selectors (Node, Address, Datacenter, ID, Meta, TaggedAddresses)."""
+    node = api.get(f"/v1/health/service/{three}").json()[0]["Node"]
+    every = ["a", "b", "c"]
+    cases = [
+        (f'Node.Node == "{node["Node"]}"', every),
+        (f'Node.Node != "{node["Node"]}"', []),
+        (f'Node.Address == "{node["Address"]}"', every),
+        (f'Node.Datacenter == "{node["Datacenter"]}" and Node.ID is not empty', every),
+        (f'Node.TaggedAddresses.lan == "{node["TaggedAddresses"]["lan"]}"', every),
+        ('Node.Meta["no-such-key"] is empty', every),
+        ('"no-such-key" in Node.Meta', []),
+        (f'Node.Node matches "^{node["Node"][:1]}" and Service.Meta.node == "n2"', ["b"]),
+    ]
+    for expr, want in cases:
+        resp = api.get(f"/v1/health/service/{three}", params={"filter": expr})
+        assert _ids(resp, lambda e: e["Service"]["ID"][-1]) == want, expr
+    assert api.get(f"/v1/health/service/{three}", params={"filter": "Node.Nope == 1"}).status_code == 400

@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from devconsul import persist
-from devconsul.server import MAX_BODY, DevConsulServer
+from devconsul.http_server import MAX_BODY
+from devconsul.server import DevConsulServer
 
 TOKEN = "c0ffee00-0000-4000-8000-000000000001"
 
@@ -101,6 +102,8 @@ def test_connections_are_capped():
             time.sleep(0.2)
             status, data, _ = raw(server.address, b"GET /v1/status/leader HTTP/1.1\r\nHost: x\r\n\r\n")
             assert status == 503 and b"too many connections" in data
+            # "All API responses ... will include ... X-Consul-Default-ACL-Policy" (api-structure page)
+            assert b"\r\nx-consul-default-acl-policy: allow\r\n" in data.lower()
         finally:
             for sock in held:
                 sock.close()
@@ -216,6 +219,56 @@ def test_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch)
     # stop() with the disk still full: one log line, no exception out of stop
 
 
+def _recovered(base: str, full: dict) -> None:
+    """Free the disk and wait until the persister has written the state again (it retries every second)."""
+    full["on"] = False
+    deadline = time.monotonic() + 5
+    while requests.put(f"{base}/v1/kv/probe", data=b"1", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the persister never recovered"
+        time.sleep(0.2)
+
+
+def test_catalog_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch):
+    """Before: a catalog write on a full disk was answered 500 "not durable" and stayed applied in memory
+    (served to readers, and written out once the disk had room), so a client could not tell what held."""
+    full = switchable_disk(monkeypatch)
+    with DevConsulServer(addr="127.0.0.1:0", data_dir=tmp_path / "data", node_name="n1") as server:
+        base = f"http://{server.address}"
+
+        def put(path, body=None):
+            return requests.put(f"{base}{path}", data=json.dumps(body) if body is not None else None, timeout=15)
+
+        web1 = {"Name": "web", "ID": "web1", "Port": 8001, "Check": {"TTL": "60s", "Status": "passing"}}
+        assert put("/v1/agent/service/register", web1).status_code == 200
+        full["on"] = True
+        resp = put("/v1/agent/service/register", {"Name": "web", "ID": "web2", "Port": 8002})
+        assert resp.status_code == 500 and "not applied" in resp.text
+        assert requests.get(f"{base}/v1/agent/service/web2", timeout=5).status_code == 404
+        assert [e["ServiceID"] for e in requests.get(f"{base}/v1/catalog/service/web", timeout=5).json()] == ["web1"]
+
+        _recovered(base, full)
+        full["on"] = True  # a change to what exists, and a check update: both undone
+        resp = put("/v1/agent/service/register", {**web1, "Port": 9001, "Check": {"TTL": "60s"}})
+        assert resp.status_code == 500 and "not applied" in resp.text
+        assert requests.get(f"{base}/v1/agent/service/web1", timeout=5).json()["Port"] == 8001
+        _recovered(base, full)
+        full["on"] = True
+        resp = put("/v1/agent/check/fail/service:web1")
+        assert resp.status_code == 500 and "not applied" in resp.text
+        health = requests.get(f"{base}/v1/health/service/web?passing", timeout=5).json()
+        assert [e["Service"]["ID"] for e in health] == ["web1"]
+
+        _recovered(base, full)
+        full["on"] = True  # a client agent's sync, through the server's catalog endpoint
+        resp = put("/v1/catalog/register", {"Node": "n2", "Address": "127.0.0.2",
+                                            "Service": {"Name": "web", "ID": "web3", "Port": 8003}})
+        assert resp.status_code == 500 and "not applied" in resp.text
+        assert requests.get(f"{base}/v1/catalog/node/n2", timeout=5).json() is None
+        _recovered(base, full)
+    on_disk = json.loads((tmp_path / "data" / "state.json").read_text())
+    assert [s["id"] for s in on_disk["catalog"]["services"] if s["name"] == "web"] == ["web1"]
+
+
 @pytest.mark.parametrize("url", ["file:///etc/hostname", "data:text/plain,hello", "ftp://127.0.0.1/x"])
 def test_http_check_accepts_only_http_and_https(dev, url):
     base = f"http://{dev.address}"
@@ -261,3 +314,26 @@ def test_allow_remote_requires_acls():
 
     result = CliRunner().invoke(command, ["consul", "--addr", "0.0.0.0:8500", "--allow-remote"])
     assert isinstance(result.exception, UsageError) and "--acl-token-file" in str(result.exception)
+
+
+def test_kv_snapshot_encodes_each_value_once(monkeypatch):
+    """The persister snapshots the store under the state lock; to_record base64-encoded every value
+    twice (once in to_api, again over it). Same records, half the work."""
+    import base64
+
+    from devconsul import kvstore
+    from devconsul.state import State
+
+    store = kvstore.KVStore(State())
+    for n, value in enumerate((b"one", b"", b"\x00\xff" * 100)):
+        store.set(f"k/{n}", value, flags=n)
+    encoded = []
+    real = base64.b64encode
+    monkeypatch.setattr(kvstore.base64, "b64encode", lambda data: encoded.append(data) or real(data))
+    snap = store.snapshot()
+    assert len(encoded) == 2  # the two non-empty values, once each (before: 4)
+    assert [(r["Key"], r["Value"], r["Flags"]) for r in snap["entries"]] == [
+        ("k/0", "b25l", 0), ("k/1", None, 1), ("k/2", base64.b64encode(b"\x00\xff" * 100).decode(), 2)]
+    again = kvstore.KVStore(State())
+    again.restore(snap)
+    assert [again.get(f"k/{n}")[1].value for n in range(3)] == [b"one", None, b"\x00\xff" * 100]

@@ -284,6 +284,47 @@ def test_a_symlinked_host_dir_inside_the_state_dir_is_refused(make_inventory, tm
     assert (victim / "file").read_text() == "keep me\n"
 
 
+def test_a_symlinked_state_dir_is_refused_before_the_need_for_root(make_inventory, tmp_path, monkeypatch):
+    """The refusal is about the state dir, so it comes first: not hidden behind "need root" for a user
+    who runs `virtual up` without it (before: that user was told only to become root)."""
+    directory = make_inventory(1, 1, faults="none")
+    (directory / ".sim").symlink_to(tmp_path)
+    if os.geteuid() == 0:  # run as someone who is not root, whose inventory this is
+        os.chown(directory, 4321, 4321)
+        monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    with pytest.raises(machines.MachineError, match="is a symlink"):
+        machines.up(machines.state_dir_of(directory), tmp_path, {})
+
+
+@pytest.mark.parametrize("which", ["state dir", "inventory dir"])
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777, 0o722])
+def test_a_dir_others_may_write_is_refused(make_inventory, tmp_path, which, mode):
+    """Root deletes and writes by path under the state dir; whoever else may write the state dir or the
+    inventory dir above it could swap an entry for a symlink between our check and our use."""
+    directory = make_inventory(1, 1, faults="none")
+    state_dir = machines.state_dir_of(directory)
+    state_dir.mkdir(mode=0o700)
+    loose = state_dir if which == "state dir" else directory
+    loose.chmod(mode)
+    for call in (lambda: machines.up(state_dir, tmp_path, {}), lambda: machines.down(state_dir)):
+        with pytest.raises(machines.MachineError, match=rf"^{re.escape(str(loose))}: writable by (its group|others)"):
+            call()
+    assert not (state_dir / "ssh").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
+@pytest.mark.parametrize("which", ["state dir", "inventory dir"])
+def test_a_dir_owned_by_someone_else_is_refused(make_inventory, tmp_path, which):
+    directory = make_inventory(1, 1, faults="none")
+    state_dir = machines.state_dir_of(directory)
+    state_dir.mkdir(mode=0o700)
+    foreign = state_dir if which == "state dir" else directory
+    os.chown(foreign, 4321, 4321)
+    for call in (lambda: machines.up(state_dir, tmp_path, {}), lambda: machines.down(state_dir)):
+        with pytest.raises(machines.MachineError, match=rf"^{re.escape(str(foreign))}: owned by uid 4321"):
+            call()
+
+
 @pytest.mark.parametrize("name", ["../../escaped", "a/b", ".hidden", "-rf", "a..b", "x" * 65, ""])
 def test_host_names_that_are_not_host_names_are_refused_before_any_path(name, tmp_path):
     with pytest.raises(machines.MachineError, match="not a valid host name"):
