@@ -33,6 +33,11 @@ class _DeadlineReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def close(self) -> None:
+        if not self.closed:
+            self.sock.close()
+        super().close()
+
     def readinto(self, buffer) -> int:
         left = self.deadline - self.clock()
         if left <= 0:
@@ -48,7 +53,9 @@ class _DeadlineSocket:
         self.sock, self.deadline, self.clock = sock, deadline, clock
 
     def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(_DeadlineReader(self.sock, self.deadline, self.clock))
+        # its own descriptor, as socket.makefile keeps the socket open for its file: http.client closes the
+        # connection's socket as soon as an answer says "Connection: close", before its body is read
+        return io.BufferedReader(_DeadlineReader(self.sock.dup(), self.deadline, self.clock))
 
 
 class _DeadlineConnection:
@@ -127,7 +134,9 @@ class HttpFetcher:
 
     def _read_body(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
         length = response.getheader("Content-Length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
+        # ASCII digits only: str.isdigit() also takes '²', which int() then refuses (http.client itself reads
+        # such a length as absent, and so does this; the byte cap below still holds)
+        if length is not None and length.isascii() and length.isdigit() and int(length) > self.max_body:
             raise FetchError(f"{self._where()}: body of {length} bytes is over the {self.max_body} byte cap")
         chunks, total = [], 0
         while True:

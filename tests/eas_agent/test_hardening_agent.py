@@ -252,6 +252,36 @@ def test_scrapes_reuse_one_kept_alive_connection_with_one_request_each():
         server.server_close()
 
 
+@pytest.mark.parametrize("length", ["\u00b2", None, "exact"])
+def test_an_answer_that_closes_the_connection_is_read_whole(length):
+    """An answer with "Connection: close" (an HTTP/1.0 exporter or a proxy in front of vLLM): http.client
+    closes the connection's socket before the body is read, and the deadline reader read from that closed
+    descriptor (EBADF: every scrape failed). A Content-Length of '²' passes str.isdigit() and int() refuses
+    it: read as absent, as http.client reads it."""
+    body = GOOD.encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            self.send_response(200)
+            if length is not None:
+                self.send_header("Content-Length", str(len(body)) if length == "exact" else length)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fetch = HttpFetcher(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout_s=1.0)
+        assert parse_vllm_metrics(fetch()).num_requests_running == 237.0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_scrape_body_is_capped():
     server = DripServer(every_s=0.0, body_bytes=10)
     try:
