@@ -14,7 +14,7 @@ import uuid
 import consul
 import pytest
 
-from tests.devconsul.contract import REAL_CONSUL, Api, TinyHTTP, _client
+from tests.devconsul.contract import REAL_CONSUL, Api, Cleanup, TinyHTTP, _client
 
 
 @pytest.fixture
@@ -31,14 +31,6 @@ def api(consul_addr) -> Api:
 def name() -> str:
     """A name unique to this test run, for keys and services."""
     return f"contract-{uuid.uuid4().hex[:10]}"
-
-
-class Cleanup:
-    """Service IDs and KV prefixes a test creates; removed at teardown (matters on a real Consul)."""
-
-    def __init__(self) -> None:
-        self.services: list[str] = []
-        self.prefixes: list[str] = []
 
 
 @pytest.fixture

@@ -105,3 +105,11 @@ def eventually(fetch: Callable[[], object], accept: Callable[[object], bool], ti
         if accept(value) or time.monotonic() > deadline:
             return value
         time.sleep(0.05)
+
+
+class Cleanup:
+    """Service IDs and KV prefixes a test creates; removed at teardown (matters on a real Consul)."""
+
+    def __init__(self) -> None:
+        self.services: list[str] = []
+        self.prefixes: list[str] = []
