@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-# The simulated machines' state directory under a virtual inventory: sim/hosts/machines.py's STATE_DIR_NAME
+# The simulated machines' state directory under a virtual inventory: sim/hosts/state_dir.py's STATE_DIR_NAME
 # (production code never imports the simulators; a test keeps the two equal).
 VIRTUAL_STATE_DIR = ".sim"
 RECORD_NAME = "run-state.json"

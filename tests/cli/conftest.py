@@ -19,9 +19,9 @@ def virtual_inventory(tmp_path_factory):
 def brought_up_inventory(tmp_path):
     """A virtual inventory of its own (4 nodes, 2 racks) with the machines' state directory that `virtual up`
     creates (no machine is booted): where `provision` and `virtual up` keep their run-state record."""
-    from sim.hosts import create, machines
+    from sim.hosts import create, state_dir
 
     path = tmp_path / "brought-up"
     create.write(path, 4, 2, faults="none")
-    (path / machines.STATE_DIR_NAME).mkdir(mode=0o700)
+    (path / state_dir.STATE_DIR_NAME).mkdir(mode=0o700)
     return path

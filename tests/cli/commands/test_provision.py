@@ -246,9 +246,9 @@ def test_provisioning_an_inventory_without_machines_writes_no_record(clusterctl,
 
 def test_the_record_is_in_the_simulators_state_dir():
     from cluster import run_state
-    from sim.hosts import machines
+    from sim.hosts import state_dir
 
-    assert run_state.VIRTUAL_STATE_DIR == machines.STATE_DIR_NAME
+    assert run_state.VIRTUAL_STATE_DIR == state_dir.STATE_DIR_NAME
 
 
 def test_a_limit_part_matching_nothing_is_an_error_too(clusterctl, virtual_inventory, tmp_path, replay):
