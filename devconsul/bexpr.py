@@ -17,12 +17,10 @@ values, and ``==``/``matches`` are true when any value matches (``!=``/``not mat
 quoted value by their text (``Service.Port == "8000"``). A selector naming a field the endpoint does not
 have is a 400 ``Selector "X" is not valid``, as in Consul; so is a syntax error.
 
-``matches`` patterns are Go regexp (RE2) patterns in Consul (https://pkg.go.dev/regexp/syntax), searched
-in time linear in the text. Here they are RE2's own, through the google-re2 binding: a pattern RE2 refuses
-(backreference, lookaround, a repeat count over 1000) is a 400, and no pattern can make a search backtrack,
-so ``Service.ID matches "^(.*)*z$"`` cannot stall the server (the filter runs under the state lock, while
-the answer is built; Python's ``re`` took 21 s on a 28-character ID there, holding the GIL). RE2's memory
-budget (8 MiB per pattern) bounds the rest: a larger program is refused as too large, as Go refuses one.
+``matches`` patterns are Go regexp (RE2) patterns in Consul, searched in linear time; here too
+(:mod:`devconsul.linear_regex`): a pattern RE2 refuses (backreference, lookaround) is a 400, and no
+pattern can make a search backtrack, so ``Service.ID matches "^(.*)*z$"`` cannot stall the server (the
+filter runs under the state lock, while the answer is built).
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import re2
-
 from devconsul.httpapi import ApiError
+from devconsul.linear_regex import Pattern, RegexError, compile_pattern
 
 MAX_FILTER = 4096  # characters; a longer expression is refused (it is a query string, not a program)
 _TOKEN = re.compile(
@@ -45,27 +42,12 @@ class FilterError(ApiError):
         super().__init__(400, reason)
 
 
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False  # the 400 says why; RE2 would also print each refusal on stderr
-
-
-def compile_pattern(text: str) -> re2._Regexp:
-    """``text`` as RE2 (Go's syntax, Perl classes, ``$`` the end of the text); a FilterError when RE2
-    refuses it."""
-    try:
-        return re2.compile(text, options=_RE2_OPTIONS)
-    except re2.error as exc:
-        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise FilterError(f"Failed to create boolean expression evaluator: invalid regex: {why}") from None
-
-
-
 @dataclass(frozen=True)
 class Match:
     selector: tuple[str, ...]
     op: str  # == != empty notempty in notin matches notmatches
     value: str = ""
-    pattern: re2._Regexp | None = field(default=None, compare=False)  # matches / not matches
+    pattern: Pattern | None = field(default=None, compare=False)  # matches / not matches
 
 
 @dataclass(frozen=True)
@@ -226,7 +208,11 @@ class _Parser:
         if self.word() == "matches":
             self.take()
             text = self.value()
-            return Match(sel, "notmatches" if negate else "matches", text, compile_pattern(text))
+            try:
+                pattern = compile_pattern(text)
+            except RegexError as exc:
+                raise FilterError(f"Failed to create boolean expression evaluator: invalid regex: {exc}") from None
+            return Match(sel, "notmatches" if negate else "matches", text, pattern)
         self.fail("a matching operator")
 
 
@@ -309,7 +295,7 @@ def evaluate(tree, obj) -> bool:
     if op in ("==", "!="):
         found = any(_text(v) == tree.value for v in values)
         return found if op == "==" else not found
-    found = any(tree.pattern.search(_text(v)) is not None for v in values)
+    found = any(tree.pattern.search(_text(v)) for v in values)
     return found if op == "matches" else not found
 
 
