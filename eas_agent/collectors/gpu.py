@@ -68,15 +68,19 @@ class GpuCollector:
 
 
 class NvmlBackend:
-    """nvidia-ml-py. Handles are looked up once; a GPU that cannot be reached is reported ``lost``."""
+    """nvidia-ml-py. Handles are looked up once; a GPU that cannot be reached is reported ``lost``.
 
-    def __init__(self):
-        import pynvml
+    ``nvml``: the bindings module, by default ``import pynvml``; an agent run inside a simulator's process is
+    handed its own instance of the stand-in (sim.nvml_standin.nvml_backend), so that every call below runs."""
 
-        self.nvml = pynvml
+    def __init__(self, nvml=None):
+        if nvml is None:
+            import pynvml as nvml
+
+        self.nvml = nvml
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
             raise GpuBackendError(f"NVML: cannot initialise ({exc}); is the NVIDIA driver loaded?") from exc
         self.handles: dict[int, object] = {}
 

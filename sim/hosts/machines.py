@@ -52,7 +52,15 @@ from sim.hosts.nspawn import _our_processes as _our_processes
 from sim.hosts.nspawn import current_leader as current_leader
 from sim.hosts.nspawn import leftovers as leftovers
 from sim.hosts.nspawn import status as status
-from sim.hosts.state_dir import SIM_RUN_DIR, HostPaths, Layout, _real_dir, _remove_tree, check_state_dir
+from sim.hosts.state_dir import (
+    NVML_FILE,
+    SIM_RUN_DIR,
+    HostPaths,
+    Layout,
+    _real_dir,
+    _remove_tree,
+    check_state_dir,
+)
 from sim.hosts.state_dir import MachineError as MachineError
 from sim.hosts.state_dir import check_hostname as check_hostname
 from sim.hosts.state_dir import state_dir_of as state_dir_of
@@ -60,7 +68,6 @@ from sim.hosts.stubs import peers
 from sim.hosts.stubs import systemctl as stub_systemctl
 from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
 
-NVML_FILE = "nvml.json"  # in the state dir: SIM_RUN_DIR/nvml.json on the machine (the inventory's eas_agent_fake_gpu_file)
 PEERS_DIR = "/run/clusterctl-sim-peers"  # where it sees every host's (read-only)
 SIM_LIB = "/usr/local/lib/clusterctl-sim"  # the `sim` package, read-only, for the stub tools
 MACHINE_PYTHON = "/usr/bin/python3"
