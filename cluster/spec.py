@@ -330,7 +330,6 @@ class HostVars:
     nvidia_stack_nccl_version: str | None = var(None, optional_str)
     # -- the agent
     eas_agent_listen: str | None = var(None, text)
-    eas_agent_fake_gpu_file: str | None = var(None, text)
     # -- checked for a role, never read by Python (the module docstring says why)
     cpu_cstates_extra_kernel_args: tuple[str, ...] = var((), kernel_args)
 

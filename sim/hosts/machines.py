@@ -140,8 +140,8 @@ def prepare_host(paths: HostPaths, sim_host: SimHost, public_key: str) -> str:
     paths.calls_log.touch()
     paths.calls_log.chmod(0o666)  # stubs run as whichever user calls them (deploy, or root under sudo)
     sysfs.write_tree(paths.state / "proc", sysfs.proc_files(hw))
-    # What NVML would answer on this host (the eas-agent's `fake` GPU backend reads it, as the inventory
-    # says): its GPUs, loaded as a serving vLLM loads them.
+    # What NVML would answer on this host (the agent's NVML calls read it through the stand-in nvidia-ml-py the
+    # package index serves: sim/nvml_standin): its GPUs, loaded as a serving vLLM loads them.
     write_fake_gpu_file(paths.state / NVML_FILE, fake_gpus(len(hw.gpus), utilization=60))
     for _, ours in SYS_OVERLAYS:
         (paths.root / "sys" / ours).mkdir(parents=True)
