@@ -1,7 +1,7 @@
 """Agent CPU per cycle: 2 IUs x 4 GPUs at 200 ms (target < 2% of one core).
 
-Runs the real ``eas-agent run`` in a subprocess (fake GPU backend, 2 simulated vLLM IUs under load, the dev
-Consul) and reads its CPU time from /proc (psutil) over a measurement window, next to the agent's own
+Runs the real ``eas-agent run`` in a subprocess (NVML through the stand-in nvidia-ml-py, 2 simulated vLLM IUs
+under load, the dev Consul) and reads its CPU time from /proc (psutil) over a measurement window, next to the agent's own
 ``/metrics`` (cycles, KV writes). A second table splits one cycle into its parts, timed in-process.
 
     .venv/bin/python bench/agent_overhead.py [--seconds 30]
@@ -22,7 +22,6 @@ import psutil
 
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from eas_agent.collectors.gpu import FileGpuBackend
 from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
 from eas_agent.score import IUInputs, Scorer
 from eas_agent.vllm_metrics import parse_vllm_metrics
@@ -47,12 +46,12 @@ def parts(node: SimulatedNode, rounds: int = 300) -> list[tuple[str, float]]:
     """Median microseconds of each part of one cycle, for the node's IUs together."""
     fetchers = [HttpFetcher(iu.metrics_url, 1.0) for iu in node.ius]
     collectors = [VllmCollector(f) for f in fetchers]
-    backend = FileGpuBackend(node.gpu_file)
+    backend = node.gpu_backend()
     scorers = [Scorer("drain") for _ in node.ius]
     timings: dict[str, list[float]] = {
         "HTTP GET /metrics (incl. sim render)": [],
         "parse (eas_agent.vllm_metrics)": [],
-        "GPU read (fake backend, 8 GPUs)": [],
+        "GPU read (NVML stand-in, 8 GPUs)": [],
         "rates + drain score": [],
     }
     for k in range(rounds):
@@ -99,7 +98,8 @@ def main() -> None:
                 str(node.config_path),
                 "--log-level",
                 "WARNING",
-            ]
+            ],
+            env=node.agent_env(),
         )
         try:
             time.sleep(3.0)  # imports, first cycles, capacity estimates
@@ -120,7 +120,7 @@ def main() -> None:
         cpu = cpu1 - cpu0
         wall = wall1 - wall0
         print(
-            f"eas-agent, 2 IUs x 4 GPUs (fake NVML), 2 simulated vLLM IUs at 4 and 7 req/s, dev Consul, "
+            f"eas-agent, 2 IUs x 4 GPUs (stand-in NVML), 2 simulated vLLM IUs at 4 and 7 req/s, dev Consul, "
             f"{wall:.0f} s window\n"
         )
         print("| metric                              |     value |")

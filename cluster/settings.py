@@ -25,7 +25,6 @@ Host variables read here:
 ``nvidia_stack_nccl_version``       the libnccl2 pin, as the nvidia_stack role has it
 ``roce_gid_index``                  RoCEv2 GID index for perftest on ethernet ports (default 3)
 ``eas_agent_listen``                the agent's ``IP:PORT``
-``eas_agent_fake_gpu_file``         the fake GPU backend's file on the host
 ==================================  =====================================================================
 
 Version pins come from one mapping, :data:`cluster.spec.PIN_VARS`: the role installs what its variables
@@ -101,7 +100,6 @@ class Preflight:
 @dataclass(frozen=True)
 class Agent:
     listen: str | None = None
-    fake_gpu_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +151,6 @@ def node_settings(hostvars: Mapping[str, Any] | spec.HostVars, where: str = "-")
             overrides=r.preflight_overrides,
             roce_gid_index=r.roce_gid_index,
         ),
-        agent=Agent(listen=r.eas_agent_listen, fake_gpu_file=r.eas_agent_fake_gpu_file),
+        agent=Agent(listen=r.eas_agent_listen),
         version_pins=version_pins(r),
     )

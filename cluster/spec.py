@@ -8,6 +8,7 @@ raises :class:`SpecError` listing every problem at once, each naming host, varia
 prefixes the inventory path). A variable with a prefix only clusterctl reads (:data:`OWN_PREFIXES`:
 ``preflight_``) that is not declared is a problem too, with the near miss (``preflight_overides``: did
 you mean ``preflight_overrides``?): a misspelt setting would otherwise be ignored without a word.
+So is a variable clusterctl no longer reads (:data:`RETIRED`), named with what to do instead.
 
 Who applies what: validation (:mod:`cluster.validate`, and through it the roles' ``cluster_node``
 filter) applies types and rules (:func:`check_layout_variables` first, :func:`check_settings` last) and
@@ -86,6 +87,13 @@ PIN_VARS = {
 # Prefixes of variables that only clusterctl's Python reads: an undeclared one is a misspelling (the
 # roles' prefixes are not here: a role's variables are the role's, checked by its argument spec).
 OWN_PREFIXES = ("preflight_",)
+# Variables clusterctl read once and no longer reads, with what to do instead. A role ignores a variable its
+# argument spec does not declare, so one left in an inventory would otherwise be dropped without a word.
+RETIRED = {
+    "eas_agent_fake_gpu_file": "no longer read: the agent reads its GPUs through NVML only (the virtual "
+                               "cluster's machines install a stand-in nvidia-ml-py from their package index); "
+                               "remove it",
+}
 
 
 @dataclass(frozen=True)
@@ -330,7 +338,6 @@ class HostVars:
     nvidia_stack_nccl_version: str | None = var(None, optional_str)
     # -- the agent
     eas_agent_listen: str | None = var(None, text)
-    eas_agent_fake_gpu_file: str | None = var(None, text)
     # -- checked for a role, never read by Python (the module docstring says why)
     cpu_cstates_extra_kernel_args: tuple[str, ...] = var((), kernel_args)
 
@@ -374,11 +381,13 @@ def _coerced(hostvars: Mapping[str, Any], where: str, names: tuple[str, ...],
 
 
 def unknown_own(hostvars: Mapping[str, Any], where: str) -> list[Problem]:
-    """Variables with a prefix only clusterctl reads that it does not declare (a misspelling)."""
+    """Variables with a prefix only clusterctl reads that it does not declare (a misspelling), and
+    :data:`RETIRED` ones."""
     own = [name for name in NAMES if name.startswith(OWN_PREFIXES)]
     return [Problem(where, str(name), hostvars[name], f"unknown variable (clusterctl reads {', '.join(own)})"
                     + suggest(str(name), own))
-            for name in hostvars if str(name).startswith(OWN_PREFIXES) and name not in NAMES]
+            for name in hostvars if str(name).startswith(OWN_PREFIXES) and name not in NAMES] + [
+        Problem(where, str(name), hostvars[name], RETIRED[name]) for name in hostvars if name in RETIRED]
 
 
 def coerce(hostvars: Mapping[str, Any], where: str, names: tuple[str, ...] = NAMES, rules: bool = True) -> HostVars:

@@ -151,7 +151,7 @@ class Agent:
         backoff: Backoff | None = None,
     ):
         self.config, self.clock = config, clock
-        self.gpu_backend = gpu_backend or open_backend(config.gpu_backend, config.fake_gpu_file)
+        self.gpu_backend = gpu_backend or open_backend(config.gpu_backend)
         self.pipelines = pipelines or [IUPipeline(config, i) for i in range(len(config.ius))]
         self.nics = NodeNicCounters(pernic or (lambda: psutil.net_io_counters(pernic=True)))
         self.needs_pernic = any(iu.netdevs for iu in config.ius)

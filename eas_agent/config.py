@@ -18,7 +18,7 @@ from consul_io import layout
 from consul_io.client import TokenError, resolve_token
 
 PROFILES = ("drain", "seed")
-GPU_BACKENDS = ("nvml", "fake")
+GPU_BACKENDS = ("nvml",)
 
 
 class ConfigError(Exception):
@@ -81,7 +81,6 @@ class AgentConfig:
     listen: str = "127.0.0.1:9105"
     consul: ConsulConfig = field(default_factory=ConsulConfig)
     gpu_backend: str = "nvml"
-    fake_gpu_file: str | None = None
     sysfs_root: str = "/sys"
     scrape_timeout_s: float = 0.15
     # TTL of the per-IU Consul check; the agent refreshes at a third of it. Default 3 heartbeats.
@@ -246,7 +245,6 @@ TOP_LEVEL = {
     "listen",
     "consul",
     "gpu_backend",
-    "fake_gpu_file",
     "sysfs_root",
     "ius",
     "scrape_timeout_s",
@@ -268,9 +266,6 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
     if heartbeat < interval:
         raise f.fail("heartbeat_s", f"must be >= interval_s ({interval}), got {heartbeat}")
     backend = f.choice("gpu_backend", GPU_BACKENDS, "nvml")
-    fake_file = f.get("fake_gpu_file", str, None)
-    if backend == "fake" and not fake_file:
-        raise f.fail("fake_gpu_file", "required when gpu_backend is 'fake'")
     listen = _address(f, "listen", "127.0.0.1:9105")
     try:
         ipaddress.ip_address(listen.rsplit(":", 1)[0])
@@ -305,7 +300,6 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         listen=listen,
         consul=_load_consul(path, data.get("consul")),
         gpu_backend=backend,
-        fake_gpu_file=fake_file,
         sysfs_root=f.get("sysfs_root", str, "/sys"),
         scrape_timeout_s=timeout,
         check_ttl_s=ttl,

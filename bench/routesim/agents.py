@@ -139,8 +139,8 @@ class SimNodeAgent:
         # threads on the wall clock; with the shipped 0.15 s a loaded machine made scrapes "not finished"
         # (score unknown for that cycle), so results depended on the machine's load, not only on the seed
         self.config = AgentConfig(node=node, rack=rack, datacenter=DATACENTER, ius=ius, interval_s=interval_s,
-                                  heartbeat_s=heartbeat_s, profile=profile, gpu_backend="fake",
-                                  fake_gpu_file="(simulated)", scrape_timeout_s=SIM_SCRAPE_TIMEOUT_S)
+                                  heartbeat_s=heartbeat_s, profile=profile,
+                                  scrape_timeout_s=SIM_SCRAPE_TIMEOUT_S)
         scrape = direct_metrics if direct else render_metrics
         pipelines = [IUPipeline(self.config, k, vllm=VllmCollector(lambda unit=unit: scrape(unit, loop.now)))
                      for k, unit in enumerate(units)]

@@ -1,20 +1,20 @@
-"""GPU collector: per-GPU memory, utilization and volatile uncorrectable ECC through NVML, or from a file.
+"""GPU collector: per-GPU memory, utilization and volatile uncorrectable ECC through NVML (nvidia-ml-py).
 
 Only cheap NVML calls run at cycle rate (nvmlDeviceGetMemoryInfo, nvmlDeviceGetUtilizationRates,
 nvmlDeviceGetTotalEccErrors): no per-process queries (nvmlDeviceGetComputeRunningProcesses takes
 milliseconds and holds the driver lock). vLLM preallocates GPU memory, so free memory is a health signal
 (another process on the IU's GPUs), not a load signal; the score never reads it.
+
+NVML is the only source, on GPU nodes and on the virtual cluster's machines alike: those install a stand-in
+``nvidia-ml-py`` from the virtual cluster's package index (sim/nvml_standin), which this module cannot tell
+from the real one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
-
-import yaml
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class GpuReadings(tuple):
 
 
 class GpuBackendError(RuntimeError):
-    """The backend cannot start (no NVIDIA driver / libnvidia-ml, unreadable fake file path)."""
+    """The backend cannot start (no NVIDIA driver / libnvidia-ml)."""
 
 
 class GpuBackend(Protocol):
@@ -68,15 +68,19 @@ class GpuCollector:
 
 
 class NvmlBackend:
-    """nvidia-ml-py. Handles are looked up once; a GPU that cannot be reached is reported ``lost``."""
+    """nvidia-ml-py. Handles are looked up once; a GPU that cannot be reached is reported ``lost``.
 
-    def __init__(self):
-        import pynvml
+    ``nvml``: the bindings module, by default ``import pynvml``; an agent run inside a simulator's process is
+    handed its own instance of the stand-in (sim.nvml_standin.nvml_backend), so that every call below runs."""
 
-        self.nvml = pynvml
+    def __init__(self, nvml=None):
+        if nvml is None:
+            import pynvml as nvml
+
+        self.nvml = nvml
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
             raise GpuBackendError(f"NVML: cannot initialise ({exc}); is the NVIDIA driver loaded?") from exc
         self.handles: dict[int, object] = {}
 
@@ -126,79 +130,11 @@ class NvmlBackend:
             pass
 
 
-class FileGpuBackend:
-    """GPU readings from a file another process keeps current (``gpu_backend: fake``, ``fake_gpu_file``):
-    how a host without NVIDIA GPUs runs the real agent. The virtual cluster's machines run the agent's wheel
-    (no simulator inside it) this way, against the file the machine's simulated hardware writes
-    (``sim.vllm.fake_gpu``); the tests and benchmarks do the same. Re-parsed only when the file's mtime
-    changes. Shape (JSON or YAML)::
-
-        {"gpus": [{"index": 0, "memory_total_mib": 81559, "memory_used_mib": 74120,
-                   "utilization_gpu_pct": 93, "ecc_volatile_uncorrectable": 0, "lost": false}]}
-
-    A GPU the file does not list is ``lost``; a file that cannot be read or parsed is every GPU's ``error``.
-    """
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.mtime: float | None = None
-        self.gpus: dict[int, dict] = {}
-        self.error: str | None = None
-
-    def _refresh(self) -> None:
-        try:
-            mtime = os.stat(self.path).st_mtime_ns
-        except OSError as exc:
-            self.error, self.gpus, self.mtime = f"GPU file {self.path}: {exc.strerror}", {}, None
-            return
-        if mtime == self.mtime:
-            return
-        try:
-            text = self.path.read_text()
-            data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-            self.gpus = {int(g["index"]): g for g in data["gpus"]}
-            self.error, self.mtime = None, mtime
-        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
-            self.error, self.gpus = f"GPU file {self.path}: {exc}", {}
-
-    def read(self, indices: tuple[int, ...]) -> list[GpuReading]:
-        self._refresh()
-        readings = []
-        for index in indices:
-            gpu = self.gpus.get(index)
-            if gpu is None:
-                readings.append(
-                    GpuReading(
-                        index=index,
-                        lost=self.error is None,
-                        error=self.error or f"GPU {index} not in {self.path}",
-                    )
-                )
-                continue
-            lost = bool(gpu.get("lost", False))
-            readings.append(
-                GpuReading(
-                    index=index,
-                    memory_used_mib=None if lost else gpu.get("memory_used_mib"),
-                    memory_total_mib=None if lost else gpu.get("memory_total_mib"),
-                    utilization_pct=None if lost else gpu.get("utilization_gpu_pct"),
-                    ecc_volatile_uncorrectable=gpu.get("ecc_volatile_uncorrectable"),
-                    lost=lost,
-                    error="GPU is lost" if lost else None,
-                )
-            )
-        return readings
-
-    def close(self) -> None:
-        pass
-
-
-def open_backend(kind: str, fake_file: str | None = None) -> GpuBackend:
-    """The config's ``gpu_backend``: ``nvml`` (GPU nodes), or ``fake``: readings from ``fake_gpu_file``."""
-    if kind == "fake":
-        if not fake_file:
-            raise ValueError("gpu_backend fake needs fake_gpu_file")
-        return FileGpuBackend(fake_file)
+def open_backend(kind: str) -> GpuBackend:
+    """The config's ``gpu_backend``: ``nvml``, the only one (a host without NVIDIA GPUs gets a stand-in
+    nvidia-ml-py, never another backend)."""
+    if kind != "nvml":
+        raise ValueError(f"unknown gpu_backend {kind!r}")
     return NvmlBackend()
 
 

@@ -62,11 +62,9 @@ ansible_ssh_common_args: "-o UserKnownHostsFile={{ inventory_dir }}/.sim/ssh/kno
 # differences) and the seconds every stub call takes (1.0 for the preflight fan-out benchmark).
 sim_hardware: {}
 sim_command_delay_s: 0.0
-# No NVML on a simulated host: the agent reads its GPUs from the machine's stand-in of the NVML answers
-# (written from the host's hardware by `virtual up`: sim/hosts/machines.py), and listens on the host's own
-# loopback address.
-eas_agent_gpu_backend: fake
-eas_agent_fake_gpu_file: /run/clusterctl-sim/nvml.json
+# The agent listens on the host's own loopback address. It reads its GPUs through NVML as on a GPU node: the
+# package index's nvidia-ml-py is a stand-in answering from the file `virtual up` writes from the host's
+# hardware (sim/nvml_standin).
 eas_agent_listen: "{{ ansible_host }}:9105"
 # Machines share this network namespace: each Consul agent listens on its machine's own address.
 consul_http_addr: "{{ ansible_host }}:8500"

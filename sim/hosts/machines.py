@@ -52,7 +52,15 @@ from sim.hosts.nspawn import _our_processes as _our_processes
 from sim.hosts.nspawn import current_leader as current_leader
 from sim.hosts.nspawn import leftovers as leftovers
 from sim.hosts.nspawn import status as status
-from sim.hosts.state_dir import SIM_RUN_DIR, HostPaths, Layout, _real_dir, _remove_tree, check_state_dir
+from sim.hosts.state_dir import (
+    NVML_FILE,
+    SIM_RUN_DIR,
+    HostPaths,
+    Layout,
+    _real_dir,
+    _remove_tree,
+    check_state_dir,
+)
 from sim.hosts.state_dir import MachineError as MachineError
 from sim.hosts.state_dir import check_hostname as check_hostname
 from sim.hosts.state_dir import state_dir_of as state_dir_of
@@ -60,7 +68,6 @@ from sim.hosts.stubs import peers
 from sim.hosts.stubs import systemctl as stub_systemctl
 from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
 
-NVML_FILE = "nvml.json"  # in the state dir: SIM_RUN_DIR/nvml.json on the machine (the inventory's eas_agent_fake_gpu_file)
 PEERS_DIR = "/run/clusterctl-sim-peers"  # where it sees every host's (read-only)
 SIM_LIB = "/usr/local/lib/clusterctl-sim"  # the `sim` package, read-only, for the stub tools
 MACHINE_PYTHON = "/usr/bin/python3"
@@ -133,8 +140,8 @@ def prepare_host(paths: HostPaths, sim_host: SimHost, public_key: str) -> str:
     paths.calls_log.touch()
     paths.calls_log.chmod(0o666)  # stubs run as whichever user calls them (deploy, or root under sudo)
     sysfs.write_tree(paths.state / "proc", sysfs.proc_files(hw))
-    # What NVML would answer on this host (the eas-agent's `fake` GPU backend reads it, as the inventory
-    # says): its GPUs, loaded as a serving vLLM loads them.
+    # What NVML would answer on this host (the agent's NVML calls read it through the stand-in nvidia-ml-py the
+    # package index serves: sim/nvml_standin): its GPUs, loaded as a serving vLLM loads them.
     write_fake_gpu_file(paths.state / NVML_FILE, fake_gpus(len(hw.gpus), utilization=60))
     for _, ours in SYS_OVERLAYS:
         (paths.root / "sys" / ours).mkdir(parents=True)

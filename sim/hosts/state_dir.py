@@ -5,7 +5,7 @@ Layout under ``<inventory_dir>/.sim/`` (the state dir; a plain directory, never 
     ssh/id_ed25519[.pub]   the inventory's key pair (0600), kept across up/down
     ssh/known_hosts        every machine's host key at its address (rewritten by every ``up``)
     hosts/peers.json       addresses, LIDs and GUIDs of every host (two-host stubs read it)
-    hosts/<host>/state/    host.json (hardware + faults), calls.log; /run/clusterctl-sim inside
+    hosts/<host>/state/    host.json (hardware + faults), nvml.json (its GPUs), calls.log; /run/clusterctl-sim inside
     hosts/<host>/sys/      simulated /sys subtrees (class, pci, virtual), overlaid on the real ones
     cache/                 /sys/devices/system/{cpu,node} trees, shared by hosts with identical CPUs
     machines/<host>/upper  the machine's overlay upper dir (everything it writes lands here)
@@ -30,6 +30,7 @@ from cluster import spec
 
 STATE_DIR_NAME = ".sim"
 SIM_RUN_DIR = "/run/clusterctl-sim"  # where a machine sees its own state/ dir
+NVML_FILE = "nvml.json"  # in state/: what NVML answers there, through the stand-in pynvml (its DEFAULT_FILE)
 # A DNS label, or dotted labels (the inventory's rule, cluster.spec.HOSTNAME): a host name becomes a directory
 # name and a machine name, so nothing else ('..', '/', a leading dot or dash) may reach a path. nspawn's
 # machine names stop at 64 characters.

@@ -8,7 +8,10 @@ It holds:
 - ``vllm`` 0.6.6.post1 (the version inference_unit pins): a stand-in whose ``vllm serve`` checks its environment
   and runs the simulated vLLM server (sim/pypi/vllm_cli.py; sim.vllm vendored as ``vllm._sim.vllm`` so the wheel
   needs nothing of this checkout at run time);
-- the wheels both depend on, at the versions this controller runs (the same as the constraints file the role
+- ``nvidia-ml-py``: a stand-in (sim/nvml_standin/pynvml.py) answering the agent's NVML calls from the machine's
+  GPU file, at the version of the real one this controller runs (whose signatures it is tested against) with a
+  local label saying what it is; the real one, which needs libnvidia-ml and a driver, is not in the index;
+- the other wheels both depend on, at the versions this controller runs (the same as the constraints file the role
   gets), fetched once with ``pip download`` from the index pip is configured with and cached outside the
   checkout. On a real site that is the site's mirror; here it is PyPI.
 
@@ -28,11 +31,15 @@ import sys
 import zipfile
 from pathlib import Path
 
-from cluster.agent_wheel import REPO_ROOT, build_agent_wheel, normalize, write_wheel
+from cluster.agent_wheel import REPO_ROOT, REQUIRES_PYTHON, build_agent_wheel, normalize, write_wheel
+from sim.nvml_standin import MODULE_FILE as NVML_STANDIN
 
 VLLM_VERSION = "0.6.6.post1"
-# Distributions the two wheels need on the node, with their own dependencies (requests' closure).
-AGENT_CLOSURE = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "nvidia-ml-py", "requests",
+NVML_DIST = "nvidia-ml-py"
+NVML_STANDIN_VERSION = f"{importlib.metadata.version(NVML_DIST)}+clusterctl.standin"
+# Distributions the two wheels need on the node, with their own dependencies (requests' closure), less the
+# stand-in's (NVML_DIST).
+AGENT_CLOSURE = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "requests",
                  "certifi", "charset-normalizer", "idna", "urllib3")
 VLLM_CLOSURE = ("prometheus-client",)
 
@@ -94,6 +101,12 @@ def build_vllm_standin(out_dir: Path) -> Path:
                        console_scripts={"vllm": "vllm.cli:main"})
 
 
+def build_nvml_standin(out_dir: Path) -> Path:
+    return write_wheel(out_dir, NVML_DIST, NVML_STANDIN_VERSION, {"pynvml.py": NVML_STANDIN.read_bytes()},
+                       summary="clusterctl stand-in for nvidia-ml-py: pynvml answering from the machine's GPU file",
+                       requires_python=REQUIRES_PYTHON)
+
+
 def download(cache: Path, requirements: list[str]) -> list[Path]:
     """Binary wheels for ``requirements`` (no resolution: the closure is listed) into ``cache``, once."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -122,11 +135,13 @@ def _requires_python(wheel: Path) -> str:
 
 
 def build_index(root: Path, cache: Path) -> dict[str, Path]:
-    """Lay out the index under ``root`` (rebuilt each time: seconds). Returns project -> wheel of the two wheels."""
+    """Lay out the index under ``root`` (rebuilt each time: seconds). Returns project -> wheel of the wheels built
+    here (the agent's and the two stand-ins)."""
     if root.exists():
         shutil.rmtree(root)
     files = root / "files"
-    own = {"clusterctl-eas-agent": build_agent_wheel(files), "vllm": build_vllm_standin(files)}
+    own = {"clusterctl-eas-agent": build_agent_wheel(files), "vllm": build_vllm_standin(files),
+           NVML_DIST: build_nvml_standin(files)}
     for wheel in download(cache, sorted(set(pins(AGENT_CLOSURE) + pins(VLLM_CLOSURE)))):
         shutil.copy2(wheel, files / wheel.name)
     projects: dict[str, list[Path]] = {}

@@ -3,8 +3,8 @@
     python -m sim.vllm --iu 127.0.1.11:8000:4.0 --iu 127.0.1.11:8001:1.5 --schema v1 \\
         --gpu-file /etc/eas-agent/fake_gpus.json --gpus 8
 
-``--iu ADDRESS:PORT:RATE`` (requests/s) may repeat; ``--gpu-file`` writes the fake NVML file the agent's
-``gpu_backend: fake`` reads (GPU utilization follows the IUs' load roughly).
+``--iu ADDRESS:PORT:RATE`` (requests/s) may repeat; ``--gpu-file`` writes the file the stand-in
+nvidia-ml-py answers the agent's NVML calls from (sim/nvml_standin).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The fake NVML file that ``gpu_backend: fake`` reads (simulated hosts, tests, benchmarks); the reader and
-the shape it accepts: ``eas_agent.collectors.gpu.FileGpuBackend``. What this writes::
+"""The file the stand-in nvidia-ml-py answers NVML calls from (simulated hosts, tests, benchmarks); the
+reader and the shape it accepts: sim/nvml_standin/pynvml.py. What this writes::
 
     {"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
                "memory_used_mib": 74120, "utilization_gpu_pct": 93, "utilization_memory_pct": 61,

@@ -1,10 +1,13 @@
-"""A simulated node: its IUs' HTTP servers, its fake NVML file and the agent config that points at them.
+"""A simulated node: its IUs' HTTP servers, the file its stand-in NVML answers from and the agent config that
+points at them.
 
-Used by the virtual inventory's demo, the end-to-end tests and the benchmarks::
+Used by the end-to-end tests and the benchmarks::
 
     with SimulatedNode("r01n01", "r01", workdir, rates=[2.0, 8.0], consul_addr=addr) as node:
         node.register_services(ConsulIO(addr))   # what provisioning's service definitions do
         config = node.write_config(interval_s=0.1, heartbeat_s=0.5)
+        Agent(config, gpu_backend=node.gpu_backend())              # in-process, or as a subprocess:
+        subprocess.Popen(["eas-agent", "run", "--config", node.config_path], env=node.agent_env())
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from cluster.model import Node, build_node
 from cluster.services import agent_ius
 from consul_io import layout
 from consul_io.client import ConsulIO
+from eas_agent.collectors.gpu import NvmlBackend
 from eas_agent.config import AgentConfig, load_config
+from sim import nvml_standin
 from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
 from sim.vllm.registration import IUService, register_iu_service
 from sim.vllm.server import SimulatedIU
@@ -62,8 +67,7 @@ class SimulatedNode:
             "profile": "drain",
             "listen": "127.0.0.1:0",
             "consul": {"address": self.consul_addr, "scheme": "http", "kv_prefix": layout.EAS_PREFIX},
-            "gpu_backend": "fake",
-            "fake_gpu_file": str(self.gpu_file),
+            "gpu_backend": "nvml",
             "sysfs_root": str(self.workdir / "sys"),
             "ius": agent_ius(self.model_node()),
         }
@@ -89,6 +93,15 @@ class SimulatedNode:
     @property
     def config_path(self) -> Path:
         return self.workdir / "config.yml"
+
+    def gpu_backend(self) -> NvmlBackend:
+        """The agent's NVML backend over a stand-in nvidia-ml-py reading this node's GPU file (in-process)."""
+        return nvml_standin.nvml_backend(self.gpu_file)
+
+    def agent_env(self) -> dict[str, str]:
+        """The environment of an ``eas-agent run`` subprocess for this node: its ``import pynvml`` is the
+        stand-in, reading this node's GPU file."""
+        return nvml_standin.agent_env(self.gpu_file)
 
     def register_services(self, io: ConsulIO, http_check: bool = False) -> None:
         for i, iu in enumerate(self.ius):

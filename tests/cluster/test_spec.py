@@ -97,6 +97,20 @@ def test_a_misspelt_preflight_variable_is_named_with_its_near_miss(tmp_path, cap
         "preflight_profile, preflight_overrides, preflight_version_pins); did you mean 'preflight_overrides'?"), err
 
 
+@pytest.mark.parametrize("retired", ["eas_agent_fake_gpu_file"])
+def test_a_retired_variable_is_named_with_what_replaced_it(tmp_path, capsys, retired):
+    """A variable clusterctl no longer reads, left in an inventory: the role no longer declares it either, so
+    without this it would be ignored without a word (a virtual inventory written before the agent read its
+    GPUs through the stand-in nvidia-ml-py still sets the file-reading backend's file)."""
+    inventory = write_tree(tmp_path / "inventory", {"hosts.yml": HOSTS, "group_vars/all.yml":
+                                                    f"gpu_model: h100-sxm\n{retired}: /run/clusterctl-sim/nvml.json\n"})
+    code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(inventory))
+    assert code == 2 and out == ""
+    assert err.splitlines()[0] == (
+        f"{inventory}: n1: {retired}='/run/clusterctl-sim/nvml.json': {spec.RETIRED[retired]}"), err
+    assert "no longer read" in spec.RETIRED[retired] and "remove it" in spec.RETIRED[retired]
+
+
 def test_nic_numbers_that_are_not_integers_are_named_not_a_crash(tmp_path, capsys):
     """rdma_nics' port, rate_gbps, numa_node and gpu were converted with int() only when the node was
     built, after validation: `port: x` crashed `inventory show` with an internal error (ValueError)."""

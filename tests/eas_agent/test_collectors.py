@@ -1,4 +1,5 @@
-"""Collectors: windowed rates, RDMA sysfs counters, fake and real (mocked) NVML, vLLM over HTTP from a sim."""
+"""Collectors: windowed rates, RDMA sysfs counters, NVML (mocked here; through the stand-in nvidia-ml-py in
+tests/sim/test_nvml_standin.py), vLLM over HTTP from a sim."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ from collections import namedtuple
 import pytest
 
 from eas_agent.collectors import gpu as gpu_module
-from eas_agent.collectors.gpu import FileGpuBackend, NvmlBackend
+from eas_agent.collectors.gpu import NvmlBackend
 from eas_agent.collectors.network import NetworkCollector, NodeNicCounters
 from eas_agent.collectors.rates import WindowRate
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.scorebody import IUScore, ScoreBody
-from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
 from sim.vllm.server import SimulatedIU
 from tests.helpers import write_tree
 
@@ -54,41 +54,6 @@ def test_network_rdma_counters_are_4_byte_units(tmp_path):
     nics.refresh()
     missing = net.collect(2.0)
     assert missing.mb_per_s is None and missing.missing == ("ibp24s0",) and missing.error == "cannot read ibp24s0"
-
-
-def test_file_gpu_backend_rereads_on_change(tmp_path):
-    path = tmp_path / "gpus.json"
-    write_fake_gpu_file(path, fake_gpus(4, utilization=70))
-    backend = FileGpuBackend(path)
-    readings = backend.read((0, 1, 2, 3))
-    assert [r.utilization_pct for r in readings] == [70] * 4 and readings[0].memory_total_mib == 81559
-    gpus = fake_gpus(4)
-    gpus[2]["lost"] = True
-    gpus[1]["ecc_volatile_uncorrectable"] = 2
-    write_fake_gpu_file(path, gpus)
-    import os
-
-    os.utime(path, ns=(1, 10**18))  # make sure the mtime differs even on coarse clocks
-    readings = backend.read((0, 1, 2, 3))
-    assert readings[2].lost and readings[1].ecc_volatile_uncorrectable == 2
-    assert backend.read((9,))[0].lost  # a GPU the file does not list is gone
-
-
-def test_the_backend_gpu_backend_fake_selects_ships_in_the_agents_wheel(tmp_path):
-    """The virtual cluster's machines run the agent's wheel (eas_agent + consul_io, no simulator) with
-    ``gpu_backend: fake``: the file reader is production code, the file's writer stays in sim/."""
-    from cluster.agent_wheel import PACKAGES
-
-    path = tmp_path / "nvml.json"
-    write_fake_gpu_file(path, fake_gpus(2, utilization=40))
-    backend = gpu_module.open_backend("fake", str(path))
-    assert type(backend).__module__.split(".")[0] in PACKAGES
-    assert [r.utilization_pct for r in backend.read((0, 1))] == [40, 40]
-
-
-def test_file_gpu_backend_unreadable_file_is_an_error_not_lost(tmp_path):
-    reading = FileGpuBackend(tmp_path / "absent.json").read((0,))[0]
-    assert reading.error and not reading.lost
 
 
 def test_nvml_backend_uses_only_cheap_calls(monkeypatch):

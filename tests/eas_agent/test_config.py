@@ -23,7 +23,6 @@ consul:
   ca_file: null
   kv_prefix: clusterctl/eas
 gpu_backend: nvml
-fake_gpu_file: null
 sysfs_root: /sys
 ius:
   - id: r01n01-iu0
@@ -119,7 +118,9 @@ def test_token_read_from_file(tmp_path):
         ),
         ("id: r01n01-iu0", "id: r02n01-iu0", "ius[0].id", "<node>-iu<N>"),
         ("address: 127.0.0.1:8500", "address: consul", "consul.address", "HOST:PORT"),
-        ("gpu_backend: nvml", "gpu_backend: fake", "fake_gpu_file", "required when gpu_backend is 'fake'"),
+        # a config still written for the removed file-reading backend is refused at start, naming the field
+        ("gpu_backend: nvml", "gpu_backend: fake", "gpu_backend", "must be one of nvml; got 'fake'"),
+        ("sysfs_root: /sys", "sysfs_root: /sys\nfake_gpu_file: /run/x.json", "fake_gpu_file", "unknown field"),
         ("sysfs_root: /sys", "sysfs_root: /sys\nintervall_s: 1", "intervall_s", "unknown field"),
         ("listen: 127.0.0.1:9105", "listen: localhost:9105", "listen", "IP address"),
         ("node: r01n01\n", "", "node", "required field is missing"),

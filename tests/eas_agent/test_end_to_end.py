@@ -17,7 +17,6 @@ import time
 import urllib.request
 from collections import Counter
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
 import pytest
 
@@ -44,8 +43,9 @@ RATES = [0.3, 1.0, 2.0, 4.0, 6.0, 8.0, 11.0, 14.0]
 
 
 @contextmanager
-def running_agent(config):
-    agent = Agent(config, backoff=Backoff(base_s=0.1, cap_s=0.5))
+def running_agent(node: SimulatedNode, config):
+    """The agent in a thread, reading the node's GPUs through NVML (the stand-in nvidia-ml-py on its file)."""
+    agent = Agent(config, gpu_backend=node.gpu_backend(), backoff=Backoff(base_s=0.1, cap_s=0.5))
     thread = threading.Thread(target=agent.run, name=f"agent-{config.node}", daemon=True)
     thread.start()
     try:
@@ -95,7 +95,7 @@ def scored(view, count):
 def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr):
     with ExitStack() as stack:
         nodes = nodes_for(tmp_path, consul_addr, RATES, stack)
-        agents = [stack.enter_context(running_agent(node.write_config(**FAST))) for node in nodes]
+        agents = [stack.enter_context(running_agent(node, node.write_config(**FAST))) for node in nodes]
         view = stack.enter_context(reader(consul_addr))
         wait_for(lambda: scored(view, 8), 15, "8 passing IUs with scores")
         ids = [f"r01n{n // 2 + 1:02d}-iu{n % 2}" for n in range(8)]
@@ -180,7 +180,7 @@ def test_consul_down_for_3_s_agents_recover_without_losing_anything(tmp_path):
     try:
         with ExitStack() as stack:
             nodes = nodes_for(tmp_path, addr, [1.0, 6.0, 3.0, 9.0], stack)
-            agents = [stack.enter_context(running_agent(node.write_config(**FAST))) for node in nodes]
+            agents = [stack.enter_context(running_agent(node, node.write_config(**FAST))) for node in nodes]
             io = ConsulIO(addr)
             wait_for(lambda: all(a.publisher.stats.writes >= 2 for a in agents), 10, "first writes")
             seq_before = [a.publisher.seq for a in agents]
@@ -213,18 +213,19 @@ def test_consul_down_for_3_s_agents_recover_without_losing_anything(tmp_path):
         server.stop()
 
 
-def _spawn_agent(config_path: Path) -> subprocess.Popen:
+def _spawn_agent(node: SimulatedNode) -> subprocess.Popen:
+    """``eas-agent run`` as the unit runs it; its ``import pynvml`` is the stand-in reading the node's file."""
     argv = [
         sys.executable,
         "-m",
         "eas_agent.main",
         "run",
         "--config",
-        str(config_path),
+        str(node.config_path),
         "--log-level",
         "INFO",
     ]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=node.agent_env())
 
 
 def test_killed_agent_goes_critical_at_ttl_and_sigterm_marks_stopping(tmp_path, consul_addr):
@@ -232,9 +233,9 @@ def test_killed_agent_goes_critical_at_ttl_and_sigterm_marks_stopping(tmp_path, 
         nodes = nodes_for(tmp_path, consul_addr, [2.0, 2.0, 2.0, 2.0, 2.0, 2.0], stack)
         for node in nodes:
             node.write_config(**FAST)
-        killed, stopped = _spawn_agent(nodes[0].config_path), _spawn_agent(nodes[1].config_path)
+        killed, stopped = _spawn_agent(nodes[0]), _spawn_agent(nodes[1])
         stack.callback(lambda: [p.kill() for p in (killed, stopped) if p.poll() is None])
-        stack.enter_context(running_agent(nodes[2].write_config(**FAST)))
+        stack.enter_context(running_agent(nodes[2], nodes[2].write_config(**FAST)))
         view = stack.enter_context(reader(consul_addr))
         wait_for(lambda: scored(view, 6), 40, "6 passing IUs (two agents in subprocesses)")
 
@@ -274,7 +275,7 @@ def test_polling_agents_scores_gives_fresher_same_shape_view(tmp_path, consul_ad
     with ExitStack() as stack:
         node = nodes_for(tmp_path, consul_addr, [3.0, 8.0], stack)[0]
         agent = stack.enter_context(
-            running_agent(node.write_config(**{**FAST, "heartbeat_s": 2.0, "check_ttl_s": 6.0}))
+            running_agent(node, node.write_config(**{**FAST, "heartbeat_s": 2.0, "check_ttl_s": 6.0}))
         )
         view = stack.enter_context(reader(consul_addr))
         wait_for(lambda: scored(view, 2), 10, "2 passing IUs")

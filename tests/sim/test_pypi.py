@@ -1,5 +1,6 @@
 """The local package index (sim/pypi) and what the roles install from it: the stand-in vLLM (environment checks,
-the simulated server) and the EAS agent's own wheel (only its dependencies, Requires-Python for Ubuntu 22.04/24.04).
+the simulated server), the EAS agent's own wheel (only its dependencies, Requires-Python for Ubuntu 22.04/24.04)
+and, as its nvidia-ml-py, the stand-in that answers NVML calls from the machine's GPU file.
 
 pip itself installs from the index served on loopback, with pip's own configuration switched off, so a package
 that would come from anywhere else fails the install."""
@@ -7,7 +8,9 @@ that would come from anywhere else fails the install."""
 from __future__ import annotations
 
 import ast
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,12 +21,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from cluster.agent_wheel import DIST_NAME, build_agent_wheel
+from cluster.agent_wheel import DIST_NAME, agent_requirements, build_agent_wheel
+from sim import nvml_standin
 from sim.aptrepo import serve
 from sim.pypi import build_index, constraints
-from sim.pypi.build import VLLM_VERSION
+from sim.pypi.build import NVML_DIST, VLLM_VERSION
+from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
 
 pytestmark = pytest.mark.timeout(600)
 CACHE = Path.home() / ".cache" / "clusterctl" / "pypi-wheels"
@@ -31,10 +37,14 @@ HOST = "127.0.9.253"
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory):
+def built(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("pypi") / "index"
-    build_index(root, CACHE)
-    with serve(root, HOST) as url:
+    return root, build_index(root, CACHE)
+
+
+@pytest.fixture(scope="module")
+def index(built):
+    with serve(built[0], HOST) as url:
         yield f"{url}/simple"
 
 
@@ -154,6 +164,28 @@ def test_agent_installs_from_the_index_with_only_its_dependencies(index, tmp_pat
     helped = subprocess.run([str(venv / "bin/eas-agent"), "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0, helped.stderr
     assert "run" in helped.stdout
+    # Its NVML is the stand-in (the real bindings would find no driver): the agent's own GPU read answers from
+    # the file, as on a machine, where the file is at the stand-in's default path.
+    gpu_file = tmp_path / "nvml.json"
+    write_fake_gpu_file(gpu_file, fake_gpus(2, utilization=35))
+    read = subprocess.run([str(venv / "bin/python"), "-m", "eas_agent.collectors.gpu"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path, env={"PATH": "/usr/bin:/bin",
+                                                                    nvml_standin.FILE_ENV: str(gpu_file)})
+    assert read.returncode == 0, read.stderr
+    assert [g["utilization_pct"] for g in json.loads(read.stdout)["gpus"]] == [35, 35]
+
+
+def test_the_index_serves_the_nvml_standin_as_nvidia_ml_py_and_not_the_real_one(built):
+    root, own = built
+    listed = re.findall(r'href="[^"]*/([^"/#]+\.whl)#', (root / "simple" / NVML_DIST / "index.html").read_text())
+    assert listed == [own[NVML_DIST].name], listed
+    with zipfile.ZipFile(own[NVML_DIST]) as wheel:
+        assert wheel.read("pynvml.py") == nvml_standin.MODULE_FILE.read_bytes()
+        assert [n for n in wheel.namelist() if not n.startswith("nvidia_ml_py-")] == ["pynvml.py"]
+        fields = dict(metadata(own[NVML_DIST]))
+    pin = next(Requirement(r) for r in agent_requirements() if Requirement(r).name == NVML_DIST)
+    assert fields["Name"] == NVML_DIST and pin.specifier.contains(fields["Version"]), (pin, fields["Version"])
+    assert fields["Version"].endswith("+clusterctl.standin")
 
 
 # ------------------------------------------------------------------- the agent wheel's metadata
