@@ -13,11 +13,11 @@ Schema (``Topology.to_json()``, the contract's ``topo`` shape)::
 
     {"gpus":  [{"name": "GPU0", "cpu_affinity": "0-47,96-143", "numa_affinity": "0", "gpu_numa_id": "N/A"}],
      "nics":  [{"name": "NIC0", "device": "mlx5_0"}],
-     "links": {"GPU0": {"GPU0": "X", "GPU1": "NV18", "NIC0": "PIX"}, "NIC0": {...}},
-     "nvlinks": {"GPU0": {"GPU1": 18}, "GPU1": {"GPU0": 18}}}
+     "links": {"GPU0": {"GPU0": "X", "GPU1": "NV18", "NIC0": "PIX"}, "NIC0": {...}}}
 
-``nvlinks`` (added after the first contract): for each GPU, the NVLink count to every other GPU (0 for a
-PCIe-only path), read from the ``NV#`` tokens of ``links``.
+The JSON is the contract's shape, key for key (scripts outside the project read it); the NVLink counts the
+gpu_topology check needs (``nvlinks``, ``nvlink_matrix``: the ``NV#`` tokens of ``links`` as numbers, 0 for a
+PCIe-only path) are methods of the typed result, not keys of the JSON.
 
 Formats seen across drivers (fixtures in tests/fixtures/preflight/topo/):
 
@@ -129,7 +129,7 @@ class Topology:
 
     def to_json(self) -> dict:
         return {"gpus": [gpu.to_json() for gpu in self.gpus], "nics": [nic.to_json() for nic in self.nics],
-                "links": {row: dict(cols) for row, cols in self.links.items()}, "nvlinks": self.nvlink_matrix()}
+                "links": {row: dict(cols) for row, cols in self.links.items()}}
 
 
 def _nvlink_count(token: str | None) -> int:

@@ -91,8 +91,7 @@ def test_row_with_missing_cells_is_an_error():
 def test_single_gpu_matrix():
     t = topo.parse("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-15\t0\n")
     assert t.to_json() == {"gpus": [{"name": "GPU0", "cpu_affinity": "0-15", "numa_affinity": "0",
-                                     "gpu_numa_id": None}], "nics": [], "links": {"GPU0": {"GPU0": "X"}},
-                         "nvlinks": {"GPU0": {}}}
+                                     "gpu_numa_id": None}], "nics": [], "links": {"GPU0": {"GPU0": "X"}}}
 
 
 def test_nvlink_counts_and_link_kinds_come_from_the_parser():
@@ -102,7 +101,7 @@ def test_nvlink_counts_and_link_kinds_come_from_the_parser():
     assert t.nvlinks("GPU0", "GPU3") == 2 and t.nvlinks("GPU0", "GPU5") == 0 and t.nvlinks("GPU0", "GPU99") == 0
     assert [t.link_kind("GPU0", c) for c in ("GPU0", "GPU3", "GPU5", "mlx5_0", "GPU99")] == [
         "self", "nvlink", "pcie", "pcie", None]
-    matrix = t.to_json()["nvlinks"]
+    matrix = t.nvlink_matrix()
     assert matrix["GPU0"]["GPU3"] == 2 and matrix["GPU3"]["GPU0"] == 2 and "GPU0" not in matrix["GPU0"]
     assert set(matrix) == {g.name for g in t.gpus} and "mlx5_0" not in matrix["GPU0"]
 
