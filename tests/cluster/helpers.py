@@ -1,5 +1,5 @@
-"""What the cluster tests share: an encrypted inventory's pieces (Ansible's VaultLib, in-process) and a
-two-host rack."""
+"""What the cluster tests share: a two-host rack (``HOSTS``) and an encrypted inventory's pieces (Ansible's
+VaultLib, in-process)."""
 
 from __future__ import annotations
 

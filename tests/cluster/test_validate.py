@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tests.cluster.helpers import HOSTS
 from tests.helpers import run_cli, write_tree
 
 GOOD_GROUP_VARS = "gpu_model: h100-sxm\n"
@@ -16,14 +17,7 @@ def inventory(tmp_path, hosts_yml: str, all_vars: str = GOOD_GROUP_VARS, host_va
     return str(write_tree(tmp_path, files))
 
 
-ONE_RACK = """
-all:
-  children:
-    rack_r1:
-      hosts:
-        n1: {ansible_host: 127.0.77.1}
-        n2: {ansible_host: 127.0.77.2}
-"""
+ONE_RACK = HOSTS  # rack r1: n1 (127.0.77.1), n2 (127.0.77.2)
 
 CASES = {
     "gpu_count_not_divisible": ({"n1": "gpu_count: 6\n"}, ["n1: gpu_count=6", "not divisible by iu_size=4"]),

@@ -9,6 +9,8 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -217,6 +219,18 @@ def test_scrape_timeout_is_a_deadline_not_a_per_read_timeout():
         server.close()
 
 
+@contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
+    """An HTTP server on a loopback port with ``handler``, for as long as the block runs: yields the port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_scrapes_reuse_one_kept_alive_connection_with_one_request_each():
     """Before the fix every scrape after the first failed on the kept-alive connection (ResponseNotReady),
     then asked again on a new one: two requests and a connection per scrape, /metrics rendered twice."""
@@ -240,16 +254,11 @@ def test_scrapes_reuse_one_kept_alive_connection_with_one_request_each():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        fetch = HttpFetcher(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout_s=1.0)
+    with serving(Handler) as port:
+        fetch = HttpFetcher(f"http://127.0.0.1:{port}/metrics", timeout_s=1.0)
         for _ in range(5):
             assert parse_vllm_metrics(fetch()).num_requests_running == 237.0
         assert seen == {"connections": 1, "requests": 5}
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("length", ["\u00b2", None, "exact"])
@@ -272,14 +281,9 @@ def test_an_answer_that_closes_the_connection_is_read_whole(length):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        fetch = HttpFetcher(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout_s=1.0)
+    with serving(Handler) as port:
+        fetch = HttpFetcher(f"http://127.0.0.1:{port}/metrics", timeout_s=1.0)
         assert parse_vllm_metrics(fetch()).num_requests_running == 237.0
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_scrape_body_is_capped():
