@@ -94,6 +94,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def step_heading(title: str, width: int) -> Rule | Group:
+    """A step's heading: the title inside a rule when it fits the width, else a plain rule over the title on
+    its own (wrapped) lines; a rule cuts a longer title to "…" (an 80-column CI log lost half of two titles)."""
+    heading = Text(title, style="bold")
+    if len(title) + 6 <= width:  # rich's rule keeps "─ " and " ─" around the title
+        return Rule(heading)
+    return Group(Rule(), heading)
+
+
 class Demo:
     def __init__(self, inventory: Path, workdir: Path, processes: ProcessSet, seed: int, console: Console):
         self.inventory, self.workdir, self.processes, self.seed = inventory, workdir, processes, seed
@@ -102,7 +111,7 @@ class Demo:
         self.tokens: dict[str, str] = {}  # operator and edge tokens from the inventory's (throwaway) secrets
 
     def step(self, title: str) -> None:
-        self.console.print(Rule(f"[bold]{title}"))
+        self.console.print(step_heading(title, self.console.width))
 
     def run(self, nodes: int, racks: int, duration: float, rate: float | None) -> None:
         cluster = self.make_cluster(nodes, racks)
