@@ -29,11 +29,20 @@ def release_passed(nodes: Iterable[Node], outcome: RunOutcome, strict: bool = Fa
         try:
             released[node.name] = consul_io.release(node)
         except consul_io.ConsulUnavailable as exc:
-            failed.append(CheckResult(node.rack, node.name, None, "consul", Verdict.ERROR,
-                                      f"--release failed: {exc}", {"code": "RELEASE_FAILED"}))
+            failed.append(_release_failed(node, str(exc)))
+        # Anything else (a token file that cannot be read, a bug) is this node's failure too: the other nodes
+        # are still released, and the run's files are still written after this (the command writes them next).
+        except Exception as exc:  # noqa: BLE001 - reported as the node's ERROR, never lost
+            failed.append(_release_failed(node, f"{type(exc).__name__}: {exc}"))
     if failed:
         order = {name: i for i, name in enumerate(outcome.checks)}
         outcome.results = sorted(outcome.results + failed,
                                  key=lambda r: (r.rack, r.node, order.get(r.check, 99), r.iu or ""))
     outcome.released = released
     return released
+
+
+def _release_failed(node: Node, why: str) -> CheckResult:
+    first = (why.splitlines() or [""])[0][:300]
+    return CheckResult(node.rack, node.name, None, "consul", Verdict.ERROR, f"--release failed: {first}",
+                       {"code": "RELEASE_FAILED"})

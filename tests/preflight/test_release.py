@@ -43,6 +43,26 @@ def test_release_skips_failed_nodes_and_reports_an_unreachable_agent(monkeypatch
     assert release_passed([warn], _outcome({"warn": Verdict.WARN})) == {"warn": ["warn-iu0"]}
 
 
+def test_a_node_whose_release_raises_anything_is_its_error_and_the_others_are_released(monkeypatch, tmp_path):
+    """Only ConsulUnavailable was caught: a token file that cannot be read (TokenError) ended --release at
+    that node, the nodes after it stayed in maintenance, and the command wrote no JSON, JUnit or history."""
+    from consul_io.client import TokenError
+
+    first, second, third = node("first"), node("second"), node("third")
+
+    def release(n):
+        if n.name == "second":
+            raise TokenError(f"consul_token_file: {tmp_path}/consul.token: cannot read the token file")
+        return [f"{n.name}-iu0"]
+
+    monkeypatch.setattr(consul_io, "release", release)
+    outcome = _outcome({"first": Verdict.PASS, "second": Verdict.PASS, "third": Verdict.PASS})
+    assert release_passed([first, second, third], outcome) == {"first": ["first-iu0"], "third": ["third-iu0"]}
+    [error] = [r for r in outcome.results if r.verdict is Verdict.ERROR]
+    assert (error.node, error.code) == ("second", "RELEASE_FAILED")
+    assert error.reason == f"--release failed: TokenError: consul_token_file: {tmp_path}/consul.token: cannot read the token file"
+
+
 def test_the_agent_check_sends_the_token_under_default_deny(tmp_path):
     # py-consul's agent.self() sends no token: with ACLs on, preflight's consul check read every agent as
     # down ("lacks permission 'agent:read'") although the inventory had consul_token_file.
