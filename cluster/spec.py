@@ -103,10 +103,14 @@ class Problem:
     value: Any
     message: str
 
+    @property
+    def subject(self) -> str:
+        """``variable=value``, or the bare name for a variable that is not set ("rack=None" read as a rack
+        named None)."""
+        return self.variable if self.value is None else f"{self.variable}={self.value!r}"
+
     def __str__(self) -> str:
-        # a variable that is not set has no value to show ("rack=None" read as a rack named None)
-        shown = self.variable if self.value is None else f"{self.variable}={self.value!r}"
-        return f"{self.host}: {shown}: {self.message}"
+        return f"{self.host}: {self.subject}: {self.message}"
 
 
 class SpecError(ValueError):

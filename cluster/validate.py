@@ -162,26 +162,20 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
     return problems
 
 
-def _named(variable: str, value_repr: str) -> str:
-    """``variable=value``, or the bare name for a variable that is not set ("rack=None" read as a rack named
-    None)."""
-    return variable if value_repr == "None" else f"{variable}={value_repr}"
-
-
 def problem_lines(problems: Iterable[Problem], hosts_shown: int = 3) -> list[str]:
     """One line per distinct problem: the same variable, value and message on several hosts (a group_vars
     mistake seen by every host of the group) is one line naming the hosts and how many, not one per host."""
-    groups: dict[tuple[str, str, str], list[str]] = {}
+    groups: dict[tuple[str, str], list[str]] = {}
     for p in problems:
-        groups.setdefault((p.variable, repr(p.value), p.message), []).append(p.host)
+        groups.setdefault((p.subject, p.message), []).append(p.host)
     lines = []
-    for (variable, value, message), hosts in groups.items():
+    for (subject, message), hosts in groups.items():
         if len(hosts) == 1:
             who = hosts[0]
         else:
             names = ", ".join(hosts[:hosts_shown]) + (f", ... (+{len(hosts) - hosts_shown})" if len(hosts) > hosts_shown else "")
             who = f"{names} ({len(hosts)} hosts)"
-        lines.append(f"{who}: {_named(variable, value)}: {message}")
+        lines.append(f"{who}: {subject}: {message}")
     return lines
 
 
@@ -233,12 +227,12 @@ def check_consul_security(host: str, hv: Mapping[str, Any]) -> list[Problem]:
 
 def security_warnings(selected: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Consul security warnings, one line per (variable, value, message) with the hosts it concerns."""
-    grouped: dict[tuple[str, str, str], list[str]] = {}
+    grouped: dict[tuple[str, str], list[str]] = {}
     for name in sorted(selected):
         for p in check_consul_security(name, selected[name]):
-            grouped.setdefault((p.variable, repr(p.value), p.message), []).append(name)
+            grouped.setdefault((p.subject, p.message), []).append(name)
     lines = []
-    for (variable, value, message), hosts in grouped.items():
+    for (subject, message), hosts in grouped.items():
         shown = ", ".join(hosts[:8]) + (f", ... (+{len(hosts) - 8})" if len(hosts) > 8 else "")
-        lines.append(f"{_named(variable, value)}: {message} (hosts: {shown})")
+        lines.append(f"{subject}: {message} (hosts: {shown})")
     return lines
