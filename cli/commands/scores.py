@@ -96,9 +96,7 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     if inventory:
         inv_addr, inv_dc, inv_token, expected = _inventory_settings(inventory, vault_password_file)
     addr = str(consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", layout.DEFAULT_HTTP_ADDR))
-    # https:// is kept as the scheme (it was dropped, and the token went out in cleartext: review L9)
-    scheme = "https" if addr.startswith("https://") else "http"
-    addr = addr.removeprefix("http://").removeprefix("https://")
+    source = "--consul" if consul_addr else str(inventory) if inv_addr else "CONSUL_HTTP_ADDR"
     dc = str(datacenter or inv_dc or layout.DEFAULT_DATACENTER)
     try:
         if token_file:
@@ -110,8 +108,15 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     except TokenError as exc:
         where = "--token-file" if token_file else str(inventory)
         raise ClusterctlError(f"{where}: {exc}", ExitCode.USAGE) from None
+    try:
+        # consul_io's address rule: an https:// address is spoken to over HTTPS (review L9: the scheme was
+        # dropped and the token went out in cleartext), http:// or none over HTTP
+        io = ConsulIO(addr, token=token, timeout_s=3.0)
+    except ConsulUnavailable as exc:  # nothing was contacted: the address itself is not one
+        raise ClusterctlError(f"{source}: {exc}", ExitCode.USAGE) from None
+    addr = io.address
     view = PoolView()
-    watcher = ConsulWatcher(view, ConsulIO(addr, token=token, scheme=scheme, timeout_s=3.0), dc=dc)
+    watcher = ConsulWatcher(view, io, dc=dc)
     try:
         watcher.refresh_once()
     except ConsulUnavailable as exc:

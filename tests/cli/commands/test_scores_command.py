@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from consul_io.client import ConsulIO
 from sim.vllm.registration import IUService, register_iu_service
 from tests.helpers import run_cli
@@ -112,8 +114,9 @@ def test_an_https_address_is_spoken_to_over_https(consul_addr, capsys, monkeypat
     schemes = []
 
     def recording(*args, **kwargs):
-        schemes.append(kwargs.get("scheme", "http"))
-        return ConsulIO(*args, **kwargs)
+        io = ConsulIO(*args, **kwargs)
+        schemes.append(io.scheme)
+        return io
 
     monkeypatch.setattr(scores, "ConsulIO", recording)
     code, _, err = run_cli(capsys, "scores", "--consul", f"https://{consul_addr}", "--json")
@@ -141,10 +144,21 @@ def test_an_inventorys_consul_scheme_is_kept(consul_addr, capsys, monkeypatch, t
     schemes = []
 
     def recording(*args, **kwargs):
-        schemes.append(kwargs.get("scheme", "http"))
-        return ConsulIO(*args, **kwargs)
+        io = ConsulIO(*args, **kwargs)
+        schemes.append(io.scheme)
+        return io
 
     monkeypatch.setattr(scores, "ConsulIO", recording)
     code, _, err = run_cli(capsys, "scores", "-i", str(inventory), "--json")
     assert schemes == ["https"], err
     assert code == 3 and f"cannot reach Consul at {consul_addr}" in err
+
+
+@pytest.mark.parametrize(("given", "problem"), [("nonsense", "is not HOST:PORT"),
+                                                ("ftp://127.0.0.1:1", "the scheme must be http or https")])
+def test_an_address_that_is_not_one_is_a_usage_error_naming_where_it_came_from(capsys, given, problem):
+    """It was an 'internal error (a bug in clusterctl)': the client refused the address outside the command's
+    error handling."""
+    code, _, err = run_cli(capsys, "scores", "--consul", given, "--json")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: --consul: Consul address {given!r}") and problem in err
