@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from eas_agent.scheduler import IUEntry, PoolView
+from eas_agent.score import SCORE_TERMS
 
 HEALTH_STYLE = {"passing": "green", "warning": "yellow", "critical": "red", "maintenance": "magenta"}
 WIDE = 140  # columns from which the inputs, rack and node get their own columns
@@ -61,17 +62,11 @@ def _num(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def profile_weights() -> dict[str, dict[str, float]]:
-    """profile -> {term: weight}: the score is the sum of weight x term (``eas_agent.score.SCORE_TERMS``)."""
-    from eas_agent.score import SCORE_TERMS
-
-    return SCORE_TERMS
-
-
 def weighted_terms(components: dict) -> list[tuple[str, float, float]]:
     """(term, weight, value) of the profile whose terms ``components`` carries (an agent publishes one
-    profile's); [] when it carries none (an IU with no score)."""
-    for weights in profile_weights().values():
+    profile's: its weights are the agent's own, ``eas_agent.score.SCORE_TERMS``); [] when it carries none
+    (an IU with no score)."""
+    for weights in SCORE_TERMS.values():
         terms = [(k, w, components[k]) for k, w in weights.items() if isinstance(components.get(k), int | float)]
         if terms:
             return terms
