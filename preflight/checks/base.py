@@ -60,6 +60,17 @@ def command_line(argv: Sequence[str]) -> str:
     return shlex.join(str(a) for a in argv)
 
 
+def gpus_short(what: str, listed: Sequence[int], gpu_count: int) -> str | None:
+    """``<what> lists 6 of 8 GPUs (missing: GPU6, GPU7)`` when an output lists fewer GPUs than the node has,
+    else None. ``listed``: the indices it shows (``range(len(gpus))`` for the outputs that list GPUs in index
+    order without printing it: nvidia-smi numbers the GPUs it sees). A GPU nobody read is not a healthy GPU."""
+    if len(listed) >= gpu_count:
+        return None
+    seen = set(listed)
+    missing = ", ".join(f"GPU{i}" for i in range(gpu_count) if i not in seen)
+    return f"{what} lists {len(listed)} of {gpu_count} GPUs (missing: {missing})"
+
+
 @dataclass
 class NodeContext:
     node: Node

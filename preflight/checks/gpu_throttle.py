@@ -21,11 +21,10 @@ Fault codes: THROTTLE_ACTIVE, THROTTLE_DURING_LOAD, THROTTLE_GPU_MISSING, THROTT
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from cluster.model import Node
-from preflight.checks.base import Check, GatherError, NodeContext
+from preflight.checks.base import Check, GatherError, NodeContext, gpus_short
 from preflight.parsers.nvsmi_sections import ClockEventsReport
 from preflight.result import CheckResult, Verdict
 
@@ -37,13 +36,6 @@ def gpu_label(index: int, bus_id: str) -> str:
     """``GPU5 (AB:00.0)``: nvidia-smi lists GPUs in PCI bus order, which is also its index order. The
     bus id without its ``00000000:`` domain, which next to ``:AB:`` would read as an emoji code to rich."""
     return f"GPU{index} ({bus_id.split(':', 1)[-1]})"
-
-
-def missing_gpus(listed: Iterable[int], gpu_count: int) -> str:
-    """``GPU6, GPU7``: the node's GPU indices not among ``listed`` (for the outputs that list GPUs in index
-    order without printing it, ``range(len(gpus))``: nvidia-smi numbers the GPUs it sees)."""
-    seen = set(listed)
-    return ", ".join(f"GPU{i}" for i in range(gpu_count) if i not in seen)
 
 
 # flag -> the counter that accumulates its time (hw_slowdown is the sum of its two sub-reasons).
@@ -104,10 +96,9 @@ class GpuThrottle(Check):
                     problems.append((Verdict.FAIL, "THROTTLE_DURING_LOAD",
                                      f"{label}: {reason} for {grown[counter] / 1e6:.3g} s during the load tests"))
         for when, reading in (("before", before), ("after", after)):
-            if len(reading.gpus) < node.gpu_count:
-                problems.append((Verdict.FAIL, "THROTTLE_GPU_MISSING",
-                                 f"nvidia-smi -q -d PERFORMANCE {when} the load tests lists {len(reading.gpus)} of "
-                                 f"{node.gpu_count} GPUs (missing: {missing_gpus(range(len(reading.gpus)), node.gpu_count)})"))
+            if short := gpus_short(f"nvidia-smi -q -d PERFORMANCE {when} the load tests", range(len(reading.gpus)),
+                                   node.gpu_count):
+                problems.append((Verdict.FAIL, "THROTTLE_GPU_MISSING", short))
         listed_after = {g.bus_id for g in after.gpus}
         for index, gpu in enumerate(before.gpus):
             if gpu.bus_id not in listed_after:

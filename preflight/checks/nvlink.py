@@ -23,8 +23,7 @@ import time
 from typing import Any
 
 from cluster.model import Node
-from preflight.checks.base import Check, GatherError, NodeContext
-from preflight.checks.gpu_throttle import missing_gpus
+from preflight.checks.base import Check, GatherError, NodeContext, gpus_short
 from preflight.parsers.nvlink import NvLinkReport
 from preflight.result import CheckResult, Verdict
 
@@ -94,17 +93,13 @@ class NvLinkCheck(Check):
                 problems.append((Verdict.FAIL, "NVLINK_SPEED", f"GPU{gpu.index} link {slow[0].link} at "
                                  f"{slow[0].speed_gbps:g} GB/s < {cfg['speed_gbps']:g}" +
                                  (f" (+{len(slow) - 1} links)" if len(slow) > 1 else "")))
-        if len(status.gpus) < node.gpu_count:
-            problems.append((Verdict.FAIL, "NVLINK_INACTIVE",
-                             f"nvidia-smi nvlink -s lists {len(status.gpus)} of {node.gpu_count} GPUs "
-                             f"(missing: {missing_gpus((g.index for g in status.gpus), node.gpu_count)})"))
+        if short := gpus_short("nvidia-smi nvlink -s", [g.index for g in status.gpus], node.gpu_count):
+            problems.append((Verdict.FAIL, "NVLINK_INACTIVE", short))
         for when in ("before", "after"):
             counters: NvLinkReport = facts[when]
-            if len(counters.gpus) < node.gpu_count:
-                problems.append((Verdict.FAIL, "NVLINK_COUNTERS_MISSING",
-                                 f"nvidia-smi nvlink -e {when} the load tests lists {len(counters.gpus)} of "
-                                 f"{node.gpu_count} GPUs (missing: "
-                                 f"{missing_gpus((g.index for g in counters.gpus), node.gpu_count)})"))
+            if short := gpus_short(f"nvidia-smi nvlink -e {when} the load tests", [g.index for g in counters.gpus],
+                                   node.gpu_count):
+                problems.append((Verdict.FAIL, "NVLINK_COUNTERS_MISSING", short))
         grown = {}
         for (gpu, link), deltas in counter_deltas(facts["before"], facts["after"]).items():
             crc = sum(deltas.get(name, 0) for name in _CRC)

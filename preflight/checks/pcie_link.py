@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.model import Node
-from preflight.checks.base import Check, GatherError, NodeContext, command_line, parse_output
-from preflight.checks.gpu_throttle import gpu_label, missing_gpus
+from preflight.checks.base import Check, GatherError, NodeContext, command_line, gpus_short, parse_output
+from preflight.checks.gpu_throttle import gpu_label
 from preflight.parsers.ib_health import PCIE_LINK_FILES, PcieLinkState, SysfsValues, pcie_link
 from preflight.parsers.nvsmi_sections import PcieReport
 from preflight.result import CheckResult, Verdict
@@ -121,8 +121,8 @@ class PcieLink(Check):
             if gpu.gen_host_max is not None and gpu.gen_host_max < cfg["gpu_gen"]:
                 problems.append((Verdict.FAIL, "PCIE_SLOT",
                                  f"{name}: slot (host side) max Gen{gpu.gen_host_max} < Gen{cfg['gpu_gen']}"))
-            elif reading.gen_current is not None and reading.gen_current < gen_floor(cfg["gpu_gen"], gpu.gen_max):
-                floor = gen_floor(cfg["gpu_gen"], gpu.gen_max)
+            elif (reading.gen_current is not None
+                  and reading.gen_current < (floor := gen_floor(cfg["gpu_gen"], gpu.gen_max))):
                 if under_load is None and gpu.idle is not False:  # idle or unknown: not a loaded reading
                     problems.append((Verdict.WARN, "PCIE_GEN_UNVERIFIED",
                                      f"{name} at Gen{gpu.gen_current} while idle and not re-read under load: "
@@ -131,10 +131,8 @@ class PcieLink(Check):
                     own = f" (its max; profile Gen{cfg['gpu_gen']})" if floor > cfg["gpu_gen"] else ""
                     problems.append((Verdict.FAIL, "PCIE_GEN", f"{name} at Gen{reading.gen_current} under load, "
                                                                f"expected Gen{floor}{own}"))
-        if len(facts.idle.gpus) < node.gpu_count:
-            problems.append((Verdict.FAIL, "PCIE_MISSING",
-                             f"nvidia-smi -q -d PCI lists {len(facts.idle.gpus)} of {node.gpu_count} GPUs "
-                             f"(missing: {missing_gpus(range(len(facts.idle.gpus)), node.gpu_count)})"))
+        if short := gpus_short("nvidia-smi -q -d PCI", range(len(facts.idle.gpus)), node.gpu_count):
+            problems.append((Verdict.FAIL, "PCIE_MISSING", short))
         for device, hca in facts.hcas.items():
             if hca is None:
                 problems.append((Verdict.FAIL, "PCIE_MISSING", f"HCA {device}: no PCIe link attributes in sysfs"))

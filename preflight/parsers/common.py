@@ -43,11 +43,13 @@ _ELISION = re.compile(
 # Shell prompt lines ("$ nvidia-smi -q", "[root@gpu01 ~]# ibstat") are kept: each parser skips what comes
 # before its tool's first line, and the nccl parser reads the test name from the command line. Parsers that
 # reject every line they cannot read (systemctl-show, mlnx-qos) skip the lines is_prompt() recognises.
-_PROMPT = re.compile(r"^\s*(?:\[[^\]\s]+@[^\]]+\]\s?[#$]|[\w.-]+@[\w.-]+:\S*\s?[#$]|[#$])\s+\S")
+# user@host prompts: "[root@gpu01 ~]# ", "ubuntu@gpu01:~$ "
+_USER_AT_HOST = r"\[[^\]\s]+@[^\]]+\]\s?[#$]|[\w.-]+@[\w.-]+:\S*\s?[#$]"
+_PROMPT = re.compile(rf"^\s*(?:{_USER_AT_HOST}|[#$])\s+\S")
 # The prompts no tool output can be: all of the above but a bare "# " (a root prompt, and also the start of
 # nccl-tests' own header lines and of comments). These are reported as paste warnings and skipped by the
 # parsers that accept nothing but their tool's lines (sysfs, kernel logs, cpulist, cmdline, nvlink).
-_SHELL_PROMPT = re.compile(r"^\s*(?:\[[^\]\s]+@[^\]]+\]\s?[#$]|[\w.-]+@[\w.-]+:\S*\s?[#$]|\$)\s+\S")
+_SHELL_PROMPT = re.compile(rf"^\s*(?:{_USER_AT_HOST}|\$)\s+\S")
 
 
 class ParseError(ValueError):

@@ -94,7 +94,7 @@ class NvLinkReport:
 def _gpus(text: str, what: str, link_line: re.Pattern) -> tuple[list[tuple[Line, list[tuple[Line, re.Match]]]], Line]:
     all_lines = lines(text)
     gpus: list[tuple[Line, list[tuple[Line, re.Match]]]] = []
-    before_first: list[Line] = []  # lines ahead of the first GPU header (only a pasted prompt may be there)
+    stray: Line | None = None  # the first line ahead of the first GPU header (only a pasted prompt may be there)
     for line in all_lines:
         stripped = line.text.strip()
         if not stripped:
@@ -107,14 +107,13 @@ def _gpus(text: str, what: str, link_line: re.Pattern) -> tuple[list[tuple[Line,
             gpus[-1][1].append((line, match))
         elif gpus:
             raise ParseError(line.no, line.text, f"not a line of nvidia-smi nvlink {what}")
-        elif not shell_prompt(stripped):
-            before_first.append(line)
+        elif stray is None and not shell_prompt(stripped):
+            stray = line
     if not gpus:
         first = first_nonblank(all_lines)
         raise ParseError(first.no, first.text, f"no nvidia-smi nvlink {what} output (a 'GPU 0: ...' line)")
-    if before_first:
+    if stray is not None:
         # A GPU header the pattern did not take would lose that GPU and its links without a word.
-        stray = before_first[0]
         raise ParseError(stray.no, stray.text, f"not a line of nvidia-smi nvlink {what} (before the first "
                                                "'GPU N:' header)")
     end = last_nonblank(all_lines)
