@@ -1,18 +1,21 @@
 """Run the selected checks on every node in parallel, then the rack-wide checks per rack.
 
 Phase 1 (a pool of ``parallel`` workers, one task per node): a probe command decides whether the host
-answers (UNREACHABLE for every check if not), then the node checks run one after another and the rack
-and bracket checks gather their per-node part. Phase 2: per rack (racks concurrently), the rack checks
+answers (UNREACHABLE for every check if not), then the node checks run and the rack and bracket checks
+gather their per-node part, in the stages of :func:`node_stages`: first every reading, up to
+``READINGS_AT_ONCE`` side by side over the node's one connection; then the checks that load the hardware,
+one at a time; then the readings of their outputs. Phase 2: per rack (racks concurrently), the rack checks
 run on the nodes that answered. Phase 3 (per node again): the bracket checks take their second reading
-(counters after the load tests of phases 1 and 2) and judge. A host that hangs costs one command timeout: later commands on it are not started.
-Nothing a check raises escapes: it becomes an ERROR result naming the check.
+(counters after the load tests of phases 1 and 2), side by side, and judge. A host that hangs costs one
+command timeout: later commands on it are not started. Nothing a check raises escapes: it becomes an ERROR
+result naming the check.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +29,33 @@ from preflight.transport import Transport
 
 PROBE = ["uname", "-r"]
 PASSING = (Verdict.PASS, Verdict.SKIP)
+# A node's readings (nvidia-smi, sysfs, chronyc, ...) are independent and mostly wait on their tools, so they
+# run side by side as channels of the node's one SSH connection: 4 stays well under OpenSSH's default
+# MaxSessions (10 per connection) and leaves the host's tools room.
+READINGS_AT_ONCE = 4
+
+
+@dataclass(frozen=True)
+class Stage:
+    checks: tuple[Check, ...]
+    at_once: int
+
+    @property
+    def label(self) -> str:
+        """What the progress shows running on a node: the check, or how many run side by side."""
+        return self.checks[0].name if len(self.checks) == 1 else f"{len(self.checks)} readings"
+
+
+def node_stages(checks: Sequence[Check]) -> list[Stage]:
+    """The order phase 1 runs ``checks`` on a node in: the readings (bracket checks' first reading included)
+    side by side; then each check that loads the hardware alone, in registry order; then the checks that
+    read a load test's output. Empty stages are left out; the report keeps the registry order."""
+    loads = tuple(c for c in checks if c.loads_hardware)
+    load_names = {c.name for c in loads}
+    after = tuple(c for c in checks if not c.loads_hardware and load_names & set(c.reads_outputs_of))
+    readings = tuple(c for c in checks if not c.loads_hardware and c not in after)
+    stages = [Stage(readings, READINGS_AT_ONCE), *(Stage((c,), 1) for c in loads), Stage(after, READINGS_AT_ONCE)]
+    return [s for s in stages if s.checks]
 
 
 class Progress:
@@ -155,47 +185,83 @@ class Runner:
             self.progress.node_done(node.name, results)
             return node.name, results, False
         results: list[CheckResult] = []
-        for position, check in enumerate(self.checks):
-            self.progress.node_step(node.name, check.name)
-            try:
-                if check.scope == "node":
-                    results += check.run(ctx)
-                else:
-                    self._store_fact(check, node, self._gather(check, ctx))
-            except HostUnreachable as exc:
-                results += self._unreachable(node, self.checks[position:], f"stopped answering: {exc}")
+        stages = node_stages(self.checks)
+        for position, stage in enumerate(stages):
+            self.progress.node_step(node.name, stage.label)
+            outcomes, stopped = self._side_by_side(ctx, stage.checks, stage.at_once,
+                                                   lambda check: self._phase_one(check, ctx))
+            results += [r for done in outcomes if done is not None for r in done]
+            if stopped is not None:
+                left = [c for c, done in zip(stage.checks, outcomes, strict=True) if done is None]
+                left += [c for later in stages[position + 1:] for c in later.checks]
+                results += self._unreachable(node, left, f"stopped answering: {stopped}")
                 self.progress.node_done(node.name, results)
                 return node.name, results, False
-            except GatherError as exc:
-                results.append(check.error(node, exc))
-            except Exception as exc:  # a bug in one check must not cost the other checks or nodes
-                results.append(
-                    check.result(
-                        node,
-                        Verdict.ERROR,
-                        "INTERNAL",
-                        f"internal error in {check.name}: {type(exc).__name__}: {exc}",
-                    )
-                )
         self.progress.node_done(node.name, results)
         return node.name, results, True
 
-    def _finish(self, ctx: NodeContext, checks: list[Check]) -> list[CheckResult]:
-        results: list[CheckResult] = []
-        for position, check in enumerate(checks):
-            before = self._facts[check.name].get(ctx.node.name)
-            if before is None and ctx.node.name not in self._facts[check.name]:
-                continue  # the node stopped answering before this check's first reading
+    @staticmethod
+    def _side_by_side(
+        ctx: NodeContext, checks: Sequence[Check], at_once: int, one: Callable[[Check], list[CheckResult]]
+    ) -> tuple[list[list[CheckResult] | None], str | None]:
+        """``one(check)`` for each of ``checks``, up to ``at_once`` at a time: each check's results (None
+        where the host stopped answering during it, or before it started: it is then not started), and why
+        the host stopped answering, if it did."""
+        stopped: list[str] = []
+
+        def guarded(check: Check) -> list[CheckResult] | None:
+            if stopped:
+                return None
             try:
-                results += check.finish(ctx, before)
+                return one(check)
             except HostUnreachable as exc:
-                return results + self._unreachable(ctx.node, checks[position:], f"stopped answering: {exc}")
-            except GatherError as exc:
-                results.append(check.error(ctx.node, exc))
-            except Exception as exc:
-                results.append(check.result(ctx.node, Verdict.ERROR, "INTERNAL",
-                                            f"internal error in {check.name}: {type(exc).__name__}: {exc}"))
+                stopped.append(str(exc))
+                return None
+
+        if at_once == 1 or len(checks) == 1:
+            outcomes = [guarded(c) for c in checks]
+        else:
+            with ThreadPoolExecutor(at_once, thread_name_prefix=f"preflight-{ctx.node.name}") as pool:
+                outcomes = list(pool.map(guarded, checks))
+        return outcomes, (stopped[0] if stopped else None)
+
+    def _phase_one(self, check: Check, ctx: NodeContext) -> list[CheckResult]:
+        """A node check's results, or a rack/bracket check's per-node part stored (no results yet)."""
+        node = ctx.node
+        try:
+            if check.scope == "node":
+                return check.run(ctx)
+            self._store_fact(check, node, self._gather(check, ctx))
+            return []
+        except HostUnreachable:
+            raise  # _side_by_side's: the host is gone, not this check
+        except GatherError as exc:
+            return [check.error(node, exc)]
+        except Exception as exc:  # a bug in one check must not cost the other checks or nodes
+            return [check.result(node, Verdict.ERROR, "INTERNAL",
+                                 f"internal error in {check.name}: {type(exc).__name__}: {exc}")]
+
+    def _finish(self, ctx: NodeContext, checks: list[Check]) -> list[CheckResult]:
+        # a node that stopped answering before a check's first reading gets no second one
+        read = [c for c in checks if ctx.node.name in self._facts[c.name]]
+        outcomes, stopped = self._side_by_side(ctx, read, READINGS_AT_ONCE, lambda check: self._second(check, ctx))
+        results = [r for done in outcomes if done is not None for r in done]
+        if stopped is not None:
+            left = [c for c, done in zip(read, outcomes, strict=True) if done is None]
+            results += self._unreachable(ctx.node, left, f"stopped answering: {stopped}")
         return results
+
+    def _second(self, check: Check, ctx: NodeContext) -> list[CheckResult]:
+        """A bracket check's second reading, judged with its first."""
+        try:
+            return check.finish(ctx, self._facts[check.name][ctx.node.name])
+        except HostUnreachable:
+            raise
+        except GatherError as exc:
+            return [check.error(ctx.node, exc)]
+        except Exception as exc:
+            return [check.result(ctx.node, Verdict.ERROR, "INTERNAL",
+                                 f"internal error in {check.name}: {type(exc).__name__}: {exc}")]
 
     def _gather(self, check: Check, ctx: NodeContext) -> Any:
         try:

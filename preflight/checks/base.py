@@ -10,7 +10,8 @@ checks take a second reading in ``finish`` and hand both to ``evaluate``.
 
 A check never lets an exception escape: a command that fails, times out or prints something the parser
 rejects becomes an ERROR result with an excerpt of what came back; a host that stops answering becomes
-UNREACHABLE. Commands are cached per node by argv, so two checks reading ``ibstat`` run it once.
+UNREACHABLE. Commands are cached per node by argv, so two checks reading ``ibstat`` run it once, also
+when they ask at the same moment (the runner runs a node's readings side by side).
 """
 
 from __future__ import annotations
@@ -78,16 +79,35 @@ class NodeContext:
     transport: Transport
     options: RunOptions
     _cache: dict[tuple[str, ...], CommandResult] = field(default_factory=dict, repr=False)
+    _running: dict[tuple[str, ...], threading.Event] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     hung_on: str | None = None  # the command that timed out; later commands on this host are not started
 
     def run(self, argv: Sequence[str], timeout: float | None = None, cache: bool = True) -> CommandResult:
         key = tuple(str(a) for a in argv)
-        if cache:
+        if not cache:
+            return self._run(key, timeout, store=False)
+        while True:
             with self._lock:
                 hit = self._cache.get(key)
+                running = self._running.get(key) if hit is None else None
+                if hit is None and running is None:
+                    self._running[key] = mine = threading.Event()
+                    break
             if hit is not None:
                 return _whole(hit, key)
+            # Another check started this command: wait for its result instead of running it twice (its
+            # run ends, at the latest, with the command's timeout; if it stored nothing, try again).
+            running.wait()
+        try:
+            return self._run(key, timeout, store=True)
+        finally:
+            with self._lock:
+                del self._running[key]
+            mine.set()
+
+    def _run(self, key: tuple[str, ...], timeout: float | None, store: bool) -> CommandResult:
+        """Run ``key`` on the host; ``store``: keep the result for later callers (under :meth:`run`'s claim)."""
         if self.hung_on is not None:
             # A host that let one command hang would make every later one wait for its timeout too.
             raise GatherError(
@@ -98,7 +118,7 @@ class NodeContext:
             raise HostUnreachable(result.last_line() or "connection failed")
         if result.timed_out:
             self.hung_on = command_line(key)
-        if cache:
+        if store:
             with self._lock:
                 self._cache[key] = result
         return _whole(result, key)
@@ -186,6 +206,13 @@ class Check:
     # the node checks ("before"), then finish() per node after the rack checks ("after" the load tests).
     scope: ClassVar[str] = "node"
     codes: ClassVar[dict[str, str]] = {}  # stable fault code -> what it means
+    # A check that loads the GPUs or links (a bandwidth test, DCGM's diagnostic, NCCL) runs alone on its node,
+    # after every reading: a reading taken during another check's load would judge that load (a throttle
+    # counter, an idle link's generation), and two loads side by side would halve each other's bandwidth.
+    loads_hardware: ClassVar[bool] = False
+    # The checks whose cached outputs this one reads (``ctx.cached_outputs``, a cached argv): it runs after
+    # them where they load the hardware; readings share a command's one run anyway.
+    reads_outputs_of: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: NodeContext) -> list[CheckResult]:  # scope "node"
         """gather (the only place that runs commands), then the pure evaluate; a GatherError is ERROR."""

@@ -49,6 +49,7 @@ def argv(level: int) -> list[str]:
 
 class DcgmDiagCheck(Check):
     name = "dcgm_diag"
+    loads_hardware = True
     codes = {
         "DCGM_TEST_FAILED": "a DCGM test failed without a DCGM_FR_* code (DCGM_FR_* codes are used as printed)",
         "DCGM_WARN": "a DCGM test warned",

@@ -38,6 +38,7 @@ def argv(samples: int) -> list[str]:
 
 class GpuBandwidth(Check):
     name = "gpu_bandwidth"
+    loads_hardware = True
     codes = {
         "GPU_BW_H2D": "host-to-device copy bandwidth of a GPU below the floor",
         "GPU_BW_D2H": "device-to-host copy bandwidth of a GPU below the floor",

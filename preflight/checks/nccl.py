@@ -58,6 +58,7 @@ class NcclRun:
 
 class Nccl(Check):
     name = "nccl"
+    loads_hardware = True
     codes = {
         "NCCL_BUSBW": "out-of-place busbw at the largest size below the profile's floor",
         "NCCL_WRONG": "#wrong or out-of-bounds values (data corruption)",

@@ -59,6 +59,7 @@ def hca_paths(device: str) -> list[str]:
 
 class PcieLink(Check):
     name = "pcie_link"
+    loads_hardware = True  # reads the generation under an nvbandwidth copy
     codes = {
         "PCIE_WIDTH": "a GPU or HCA link trained narrower than the profile or its own maximum",
         "PCIE_GEN": "a GPU (under load) or HCA link below the profile's PCIe generation",

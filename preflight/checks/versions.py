@@ -56,6 +56,7 @@ class RackVersions:
 class Versions(Check):
     name = "versions"
     scope = "rack"
+    reads_outputs_of = ("gpu_health", "nccl")  # nvidia-smi -q; the NCCL version all_reduce_perf printed
     codes = {
         "VERSION_PIN": "a component differs from the inventory pin",
         "VERSION_DRIFT": "a component differs from the rest of the rack",

@@ -20,6 +20,7 @@ ORDER: list[str] = []
 
 class Load(Check):
     name = "load"
+    loads_hardware = True
 
     def run(self, ctx):
         ORDER.append(f"load {ctx.node.name}")
@@ -73,8 +74,8 @@ def test_bracket_checks_read_before_the_load_and_after_the_rack_checks():
     assert ORDER == ["before n1", "load n1", "before n2", "load n2", "pairs n1,n2", "after n1 (before)",
                      "after n2 (before)"]
     assert [r.check for r in outcome.results if r.node == "n1"] == ["counters", "load", "pairs"]
-    assert steps.steps == [("n1", "counters"), ("n1", "load"), ("n1", "pairs"),
-                           ("n2", "counters"), ("n2", "load"), ("n2", "pairs")]
+    # the readings (the bracket's first, the rack check's per-node part) side by side, then the load alone
+    assert steps.steps == [("n1", "2 readings"), ("n1", "load"), ("n2", "2 readings"), ("n2", "load")]
 
 
 def test_a_host_that_stops_answering_gets_no_second_reading():
@@ -146,14 +147,105 @@ def test_known_wrong_values_are_not_in_the_profiles():
         assert "hw_thermal_slowdown" in profile["throttle"]["fail_reasons"]
 
 
-def test_the_registry_takes_every_before_reading_ahead_of_the_checks_that_load_gpus_and_links():
-    """nvlink's, gpu_throttle's and ib_link_health's "before" readings are taken where they stand in
-    preflight.checks.CHECKS, so the registry must list them ahead of every load test; their "after" readings
-    come after the rack checks (test above)."""
+def test_every_before_reading_is_taken_ahead_of_the_checks_that_load_gpus_and_links():
+    """nvlink's, gpu_throttle's and ib_link_health's "before" readings run in the first stage of a node, the
+    load tests each alone after it (ib_pairs loads the links in phase 2, after phase 1); their "after"
+    readings come after the rack checks (test above). versions reads the NCCL version nccl printed: after it."""
     from preflight.checks import CHECKS
+    from preflight.runner import READINGS_AT_ONCE, node_stages
 
-    order = [c.name for c in CHECKS]
-    bracket = [c.name for c in CHECKS if c.scope == "bracket"]
-    assert bracket == ["nvlink", "gpu_throttle", "ib_link_health"]
-    loads = ("gpu_bandwidth", "dcgm_diag", "nccl", "ib_pairs")
-    assert max(order.index(b) for b in bracket) < min(order.index(load) for load in loads)
+    stages = node_stages(CHECKS)
+    readings = [c.name for c in stages[0].checks]
+    assert stages[0].at_once == READINGS_AT_ONCE > 1
+    assert [c.name for c in CHECKS if c.scope == "bracket"] == ["nvlink", "gpu_throttle", "ib_link_health"]
+    assert {"nvlink", "gpu_throttle", "ib_link_health", "ib_pairs"} <= set(readings)
+    assert [(s.at_once, [c.name for c in s.checks]) for s in stages[1:]] == [
+        (1, ["pcie_link"]), (1, ["gpu_bandwidth"]), (1, ["dcgm_diag"]), (1, ["nccl"]), (READINGS_AT_ONCE, ["versions"])]
+    # every check runs exactly once
+    assert sorted(c.name for s in stages for c in s.checks) == sorted(c.name for c in CHECKS)
+    # without the check whose output it reads, versions is a reading like the others
+    assert "versions" in [c.name for c in node_stages([c for c in CHECKS if c.name != "nccl"])[0].checks]
+
+
+class Reading(Check):
+    """A reading that runs one command, ``read <name>``."""
+
+    scope = "node"
+
+    def __init__(self, name: str, command: str | None = None):
+        self.name = name  # type: ignore[misc]
+        self.command = command or name
+
+    def run(self, ctx):
+        ctx.output(["read", self.command])
+        return [self.result(ctx.node, Verdict.PASS, "OK", "read")]
+
+
+class Busy:
+    """A transport reply that takes ``seconds`` and records which commands ran at the same time."""
+
+    def __init__(self, seconds: float):
+        import threading
+
+        self.seconds, self.active, self.overlaps, self.lock = seconds, [], [], threading.Lock()
+
+    def __call__(self, argv):
+        import time
+
+        with self.lock:
+            self.active.append(argv[-1])
+            self.overlaps.append(tuple(sorted(self.active)))
+        time.sleep(self.seconds)
+        with self.lock:
+            self.active.remove(argv[-1])
+        return CommandResult(0, "ok\n", "", self.seconds)
+
+
+def test_a_nodes_readings_run_side_by_side_and_a_load_test_alone():
+    import time
+
+    from preflight.runner import READINGS_AT_ONCE
+
+    busy = Busy(0.3)
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply=busy).on("*", "load", reply=busy)
+
+    class Loading(Reading):
+        loads_hardware = True
+
+        def run(self, ctx):
+            ctx.output(["load", self.name])
+            return [self.result(ctx.node, Verdict.PASS, "OK", "loaded")]
+
+    checks = [Reading(f"r{i}") for i in range(READINGS_AT_ONCE)] + [Loading("burn"), Reading("late")]
+    started = time.monotonic()
+    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    took = time.monotonic() - started
+    assert [r.check for r in outcome.results] == [c.name for c in checks]  # reported in registry order
+    assert {r.verdict for r in outcome.results} == {Verdict.PASS}
+    # one after another: 6 x 0.3 s; side by side: the readings (5, 4 at once) in 2 rounds, the load alone
+    assert took < 1.3
+    assert max(len(o) for o in busy.overlaps) == READINGS_AT_ONCE
+    assert [o for o in busy.overlaps if "burn" in o] == [("burn",)]  # nothing ran beside the load test
+
+
+def test_two_checks_asking_for_one_command_at_once_share_its_one_run():
+    busy = Busy(0.3)
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply=busy)
+    checks = [Reading("a", "ibstat"), Reading("b", "ibstat"), Reading("c", "ibstat")]
+    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    assert [r.verdict for r in outcome.results] == [Verdict.PASS] * 3
+    assert [argv for _, argv in t.calls if argv[0] == "read"] == [("read", "ibstat")]
+
+
+def test_a_host_lost_during_its_readings_is_unreachable_for_every_check_not_finished():
+    gone = CommandResult(None, "", "ssh: connect to host: Connection reset", 0.0, unreachable=True)
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply="ok\n")
+    t.on("n1", "read", "r1", reply=gone)
+    checks = [Reading("r0"), Reading("r1")] + [Reading(f"later{i}") for i in range(6)]
+    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    verdicts = {r.check: r.verdict for r in outcome.results}
+    assert len(outcome.results) == len(checks) and set(verdicts) == {c.name for c in checks}  # each once
+    assert verdicts["r1"] == Verdict.UNREACHABLE
+    # the readings started with r1 may have finished; none started after the host was lost
+    started_after = [argv for _, argv in t.calls if argv[:2] == ("read", "later5")]
+    assert started_after == [] and verdicts["later5"] == Verdict.UNREACHABLE
