@@ -100,6 +100,20 @@ def runner_env() -> dict[str, str]:
     }
 
 
+def run_dir_problem(run_dir: Path, inventory: Path) -> str | None:
+    """Why ``run_dir`` cannot hold this run's files, or None. Ansible reads every file under an inventory
+    directory as inventory, except names starting with a dot (and group_vars, host_vars): a run dir inside it
+    would have the next run parse the runner's artifacts (its env and command files) as inventory sources."""
+    inventory, run_dir = Path(inventory).resolve(), Path(run_dir).resolve()
+    if not inventory.is_dir() or not run_dir.is_relative_to(inventory):
+        return None
+    inside = run_dir.relative_to(inventory).parts
+    if any(part.startswith(".") or part in ("group_vars", "host_vars") for part in inside):
+        return None
+    return (f"--run-dir {run_dir} is inside the inventory directory {inventory}: Ansible would read the run's "
+            f"files as inventory; choose a directory outside it, or one whose name starts with a dot")
+
+
 # events.jsonl and the runner's artifacts carry task results (a rendered env file, a diff): private to the
 # operator, as ansible-runner keeps its own event files.
 def prepare_run_dir(run_dir: Path) -> Path:

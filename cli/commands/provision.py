@@ -44,6 +44,7 @@ from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import run_state, vault
 from cluster.errors import ExitCode
+from cluster.inventory import InventoryError
 from cluster.text import plural
 from provision import run
 from provision.plan import (
@@ -116,6 +117,8 @@ def command(
         console.print(plan_view(plan))
         return
     run_dir = run_dir or Path(".state") / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    if problem := run.run_dir_problem(run_dir, plan.inventory):
+        raise InventoryError(problem)
     live = not plain and console.is_terminal
     rollout, rc = run_playbook(
         plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,

@@ -262,3 +262,20 @@ def test_a_limit_part_matching_nothing_is_an_error_too(clusterctl, virtual_inven
     assert code == 0 and "on 1 host" in out
     code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r0*n01,rack_r02", "--plan")
     assert code == 0 and "on 3 hosts" in out
+
+
+def test_a_run_dir_inside_the_inventory_directory_is_refused_before_anything_runs(
+        clusterctl, virtual_inventory, replay):
+    """Ansible reads every file under an inventory directory (names starting with a dot aside): the run's
+    artifacts there would be parsed as inventory by the next run."""
+    inside = virtual_inventory / "runs" / "today"
+    code, out, err = clusterctl("provision", "-i", str(virtual_inventory), "--run-dir", str(inside))
+    assert (code, out) == (2, "")
+    assert one_line(err) == (f"error: --run-dir {inside.resolve()} is inside the inventory directory "
+                             f"{virtual_inventory.resolve()}: Ansible would read the run's files as inventory; "
+                             "choose a directory outside it, or one whose name starts with a dot")
+    assert not replay.calls and not inside.exists()
+    # a hidden directory inside it is what the default (.state/runs) is, run from the inventory directory
+    replay.events, replay.rc = GOOD_EVENTS, 0
+    code, _, _ = clusterctl("provision", "-i", str(virtual_inventory), "--run-dir", str(virtual_inventory / ".state" / "r"))
+    assert code == 0 and replay.calls
