@@ -13,10 +13,21 @@ Shared: ``vllm:num_requests_running``/``waiting`` (gauges), ``vllm:num_preemptio
 ``vllm:request_prompt_tokens`` (histogram). Running, waiting and counters are summed over engines and
 models, KV usage is the max (the fullest engine is the one that blocks), as the parse-json contract says.
 
-Only the samples listed in :data:`WANTED_SAMPLES` are read (a real scrape also carries histogram buckets and
-python_gc_*, process_*, http_* families, several times the text); every other line is still checked for shape
-so garbage is reported with its line number. The samples read are parsed here when they have the common shape
-of vLLM's exposition, else by prometheus_client's parser (see :func:`_fast_samples`). Example::
+Only the families the agent reads are parsed: the sample lines named in :data:`WANTED_SAMPLES` and the
+``# HELP``/``# TYPE`` lines of :data:`WANTED`. One regular expression finds them in the text (:data:`_READ_LINE`),
+so the rest of a scrape (histogram buckets, ``_created`` samples, python_gc_*, process_*, http_*: most of its
+text) costs no Python work per line; the agent parses every IU's scrape every cycle. The rules:
+
+- a line whose metric name is one read (after any leading blanks) must be a well-formed sample line, else the
+  scrape is refused naming that line (so is a bad value, a non-finite or negative one, a truncated scrape);
+- a line of any other family is not looked at: nothing is scored from it, and one odd line there (a newer
+  exporter's syntax, such as Prometheus 3's quoted names, or corruption) must not blind the IU's score. A name
+  cut short (``vllm:num_requests_runn``) is another family's name;
+- a scrape without any sample line of a family read is checked line by line (:func:`_parse_checked_whole`):
+  an HTML error page is refused naming its first line, and other exporters' well-formed text reads as unknowns.
+
+The samples read are parsed here when they have the common shape of vLLM's exposition, else by
+prometheus_client's parser (see :func:`_fast_samples`). Example::
 
     >>> m = parse_vllm_metrics(open("tests/fixtures/vllm/v1_single_engine.txt").read())
     >>> m.schema, m.num_requests_running, m.kv_cache_usage
@@ -26,6 +37,7 @@ of vLLM's exposition, else by prometheus_client's parser (see :func:`_fast_sampl
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import asdict, dataclass
 
@@ -146,6 +158,10 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
     """Parse one scrape (or the last complete one of several). Raises :class:`MetricsParseError`."""
     if not text.strip():
         raise MetricsParseError(None, "", "empty scrape")
+    if text.endswith("\n"):
+        help_names = _HELP_NAME.findall("\n" + text)
+        if len(set(help_names)) == len(help_names):  # one complete scrape: the agent's every cycle
+            return _parse_scrape(text, 0)
     lines = text.split("\n")
     truncated = not text.endswith("\n")
     if truncated:
@@ -160,14 +176,59 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
         try:
             if chunk_truncated:
                 raise MetricsParseError(offset + len(chunk), chunk[-1], "truncated scrape (no final newline)")
-            return _parse_one(chunk, offset)
+            return _parse_scrape("\n".join(chunk) + "\n", offset)
         except MetricsParseError as exc:
             last_error = last_error or exc
     assert last_error is not None
     raise last_error
 
 
-def _parse_one(lines: list[str], offset: int) -> VllmMetrics:
+def _alternatives(words) -> str:
+    """A regular expression matching exactly ``words``, their common prefixes factored out: at a line start the
+    engine follows one branch of the names instead of trying each name in turn."""
+    words = sorted(set(words))
+    prefix = os.path.commonprefix(words)
+    if prefix or len(words) == 1:
+        rest = [word[len(prefix):] for word in words]
+        return re.escape(prefix) + (_alternatives(rest) if len(rest) > 1 else "")
+    branches: dict[str, list[str]] = {}
+    for word in words:
+        if word:
+            branches.setdefault(word[0], []).append(word[1:])
+    parts = "|".join(re.escape(first) + _alternatives(rest) for first, rest in branches.items())
+    return f"(?:{parts})" + ("?" if words[0] == "" else "")
+
+
+_BLANKS = r"[^\S\n]"  # whitespace within a line (str.strip() strips the same characters)
+# The lines read: after a newline and any blanks, a sample named in WANTED_SAMPLES (the name ends there), or a
+# comment whose second and third words are HELP/TYPE and a family in WANTED (what the line walk keeps).
+_READ_LINE = re.compile(
+    rf"\n{_BLANKS}*+(?:{_alternatives(WANTED_SAMPLES)}(?![a-zA-Z0-9_:])"
+    rf"|#\S*+{_BLANKS}++(?:HELP|TYPE){_BLANKS}++{_alternatives(WANTED)}(?!\S))[^\n]*+"
+)
+_HELP_NAME = re.compile(r"\n# HELP ([^ \n]*)")  # split_scrapes' rule: the name ends at a space
+
+
+def _parse_scrape(text: str, offset: int) -> VllmMetrics:
+    """One complete scrape (``text`` ends with a newline; its first line is line ``offset + 1``)."""
+    padded = "\n" + text
+    found = list(_READ_LINE.finditer(padded))
+    kept = [m.group().strip() for m in found]
+    if all(line.startswith("#") for line in kept):
+        return _parse_checked_whole(text.split("\n")[:-1], offset)
+    samples = _fast_samples(kept)
+    if samples is None:  # some kept line is outside the common shape: prometheus_client decides
+        numbers = [offset + padded.count("\n", 0, m.start() + 1) for m in found]
+        for line, number, match in zip(kept, numbers, found, strict=True):
+            if not line.startswith("#") and _SAMPLE_LINE.match(line) is None:
+                raise MetricsParseError(number, match.group()[1:], "not a Prometheus sample line")
+        samples = _library_samples(kept, numbers)
+    return _fold(samples)
+
+
+def _parse_checked_whole(lines: list[str], offset: int) -> VllmMetrics:
+    """Every line checked for shape, the first that is not Prometheus text refused; for a scrape that has no
+    family read (what it has is then no vLLM scrape or a broken one, and the error says where)."""
     kept: list[str] = []
     kept_line_numbers: list[int] = []
     for i, line in enumerate(lines):
@@ -187,7 +248,7 @@ def _parse_one(lines: list[str], offset: int) -> VllmMetrics:
             kept.append(stripped)
             kept_line_numbers.append(offset + i + 1)
     samples = _fast_samples(kept)
-    if samples is None:  # some kept line is outside the common shape: prometheus_client decides
+    if samples is None:
         samples = _library_samples(kept, kept_line_numbers)
     return _fold(samples)
 

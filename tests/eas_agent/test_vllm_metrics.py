@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,97 @@ def test_real_scrapes_take_the_fast_path(monkeypatch):
     for name in ("v1_single_engine.txt", "v1_two_engines.txt", "v0_single_model.txt"):
         parse(name)
     assert calls == []
+
+
+GOOD_LINES = FIXTURES.joinpath("v1_single_engine.txt").read_text().split("\n")
+RUNNING_LINE = next(i for i, ln in enumerate(GOOD_LINES) if ln.startswith("vllm:num_requests_running{"))
+
+
+def _replaced(index: int, line: str) -> str:
+    return "\n".join([*GOOD_LINES[:index], line, *GOOD_LINES[index + 1 :]])
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'python_gc_objects_collected_total{generation="0" 21873.0',  # labels never closed
+        '{"process.cpu.seconds"} 18294.37',  # a quoted UTF-8 name (Prometheus 3's text format)
+        "<<garbage \x01\x7f>>",
+        "vllm:num_requests_runnin",  # a name cut short is another family's name
+    ],
+)
+def test_a_malformed_line_of_a_family_not_read_leaves_the_scrape_readable(line):
+    """Only the families the agent reads are parsed (vllm_metrics' docstring): a line of another family that is
+    not Prometheus text (a newer exporter's syntax, corruption) is not looked at; the numbers are the same."""
+    assert not GOOD_LINES[2].startswith("vllm:")
+    assert parse_vllm_metrics(_replaced(2, line)) == parse("v1_single_engine.txt")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:num_requests_running{engine="0",model_name="m" 3',  # labels never closed
+        "vllm:num_requests_running",  # no value
+        'vllm:num_requests_running{engine="0"}3',
+        '  vllm:num_requests_running{engine="0"} 3 4 5',  # indented: still the family's line
+        'vllm:num_requests_running{engine="0"} 3\r trailing',
+    ],
+)
+def test_a_malformed_line_of_a_family_read_is_refused_naming_it(line):
+    with pytest.raises(MetricsParseError, match="not a Prometheus sample line") as info:
+        parse_vllm_metrics(_replaced(RUNNING_LINE, line))
+    assert info.value.line_no == RUNNING_LINE + 1
+
+
+def test_a_scrape_without_any_family_read_is_checked_whole():
+    """Nothing to score from: the error names the first line that is not Prometheus text (an HTML page, an
+    exporter that is not vLLM's), and a well-formed scrape of other families parses to unknowns."""
+    others = GOOD_LINES[:RUNNING_LINE - 2]
+    assert parse_vllm_metrics("\n".join(others) + "\n").schema is None
+    broken = [*others[:4], "python_gc_objects_collected_total{generation=", *others[5:]]
+    with pytest.raises(MetricsParseError, match="not a Prometheus sample line") as info:
+        parse_vllm_metrics("\n".join(broken) + "\n")
+    assert info.value.line_no == 5
+
+
+def _read_family_line(line: str) -> bool:
+    name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line.strip())
+    return name is not None and name.group() in vllm_metrics.WANTED_SAMPLES
+
+
+def _scrape_outcome(parse_one, *args):
+    try:
+        return parse_one(*args).to_json()
+    except MetricsParseError as exc:
+        return exc
+
+
+def test_reading_only_the_families_read_differs_from_reading_every_line_only_where_another_family_is_malformed():
+    """Each complete scrape of the fixtures and of 1000 hostile texts, read as parse_vllm_metrics reads it and by
+    the walk over every line (what a scrape without any family read still gets): the outcome is the same, except
+    where that walk refused a line of a family that is not read."""
+    from tests.faults.test_inputs import hostile_scrape
+
+    rng = random.Random(2203)
+    texts = [p.read_text() for p in sorted(FIXTURES.glob("*.txt"))] + [hostile_scrape(rng) for _ in range(1000)]
+    compared = differ = 0
+    for text in texts:
+        lines = text.split("\n")
+        for offset, chunk in vllm_metrics.split_scrapes(lines[:-1]):
+            if not chunk:
+                continue
+            compared += 1
+            read = _scrape_outcome(vllm_metrics._parse_scrape, "\n".join(chunk) + "\n", offset)
+            walked = _scrape_outcome(vllm_metrics._parse_checked_whole, chunk, offset)
+            if not isinstance(walked, MetricsParseError):
+                assert read == walked, text
+            elif not isinstance(read, MetricsParseError) or str(read) != str(walked):
+                assert walked.line_no and not _read_family_line(lines[walked.line_no - 1]), (str(walked), read)
+                differ += 1
+    assert compared > 1000 and differ > 50  # other families' lines do break: the comparison is not vacuous
+
+
+def test_a_scrape_with_the_families_read_is_not_walked_line_by_line(monkeypatch):
+    monkeypatch.setattr(vllm_metrics, "_parse_checked_whole", lambda *a: pytest.fail("walked every line"))
+    for name in ("v1_single_engine.txt", "v1_two_engines.txt", "v0_single_model.txt", "v1_two_scrapes_appended.txt"):
+        parse(name)
