@@ -101,6 +101,21 @@ def endpoint(address: str, scheme: str | None = None) -> tuple[str, str, int]:
     return written or scheme or "http", host, int(port)
 
 
+def _read_environment_once(http) -> None:
+    """What requests reads from the environment on every call (the proxy variables, twice, ``~/.netrc``, the CA
+    bundle variables: a third of a call's CPU, and the agent calls several times a second), read once for this
+    client's one address and set on its session. A process's environment does not change under it: the calls go
+    where they went (through ``HTTP(S)_PROXY`` unless ``NO_PROXY`` names the address, verified with
+    ``REQUESTS_CA_BUNDLE`` when no CA file is given)."""
+    session = http.session
+    settings = session.merge_environment_settings(http.base_uri, {}, None, http.verify, None)
+    session.proxies.update(settings["proxies"])
+    http.verify = settings["verify"]
+    if session.auth is None:
+        session.auth = requests.utils.get_netrc_auth(http.base_uri)
+    session.trust_env = False
+
+
 class ConsulIO:
     def __init__(
         self,
@@ -128,6 +143,7 @@ class ConsulIO:
             dc=dc,
             connections_timeout=timeout_s,
         )
+        _read_environment_once(self.client.http)
 
     def _call(self, what: str, fn, *args, with_token: bool = True, **kwargs):
         """``fn(*args, token=..., **kwargs)``; ``with_token=False`` for the few py-consul calls without a token
