@@ -3,9 +3,9 @@
 Collection never waits on Consul: the publisher thread takes the latest cycle's results (older ones are
 superseded, never queued), so a slow or absent Consul cannot stall scoring or ``/scores``.
 
-The IUs' vLLM endpoints are scraped concurrently, each within ``scrape_timeout_s`` (a deadline: a scrape still
-running then is aborted), so one slow or dripping endpoint costs its own IU a cycle, never the node's other
-scores or the heartbeats. Whatever one IU's inputs do (NaN, negative gauges, a collector bug), that IU ends
+The IUs' vLLM endpoints are scraped concurrently, each within ``scrape_timeout_s`` (a deadline: the first IU's
+scrape, on the cycle's own thread, ends by it; another's still running then is aborted), so one slow or dripping
+endpoint costs its own IU a cycle, never the node's other scores or the heartbeats. Whatever one IU's inputs do (NaN, negative gauges, a collector bug), that IU ends
 up ``warning`` with no score, a counted error and a log line at most once a minute; the others are scored
 and published as usual.
 
@@ -198,24 +198,27 @@ class Agent:
         self.log = RateLimitedLog(log)
 
     def _scrape_all(self, now: float) -> dict[str, Scraped]:
-        """Every IU's vLLM reading, concurrently, within the scrape deadline. One IU is scraped on this thread
-        (no hand-off per cycle): its fetcher ends every read of the GET by the deadline itself."""
-        if len(self.pipelines) == 1:
-            p = self.pipelines[0]
-            return {p.iu.id: p.scrape(now)}
+        """Every IU's vLLM reading, concurrently, within the scrape deadline. The first IU is scraped on this
+        thread (its fetcher ends every read of the GET by the deadline itself), the others on worker threads:
+        a hand-off costs two thread wake-ups, a good part of a cycle's CPU."""
+        own, *others = self.pipelines
+        if not others:
+            return {own.iu.id: own.scrape(now)}
         if self.executor is None:
             # +1 worker: an IU whose scrape is stuck past its abort holds a thread until it returns
-            self.executor = ThreadPoolExecutor(len(self.pipelines) + 1, thread_name_prefix="eas-scrape")
+            self.executor = ThreadPoolExecutor(len(others) + 1, thread_name_prefix="eas-scrape")
         scraped: dict[str, Scraped] = {}
         started: dict[str, Future] = {}
-        for p in self.pipelines:
+        waited = self.scrape_timeout_s + ABORT_GRACE_S
+        wait_until = time.monotonic() + waited
+        for p in others:
             previous = self.scrapes.get(p.iu.id)
             if previous is not None and not previous.done():
                 scraped[p.iu.id] = _not_scraped("previous scrape still running", 0.0)
                 continue
             started[p.iu.id] = self.scrapes[p.iu.id] = self.executor.submit(p.scrape, now)
-        waited = self.scrape_timeout_s + ABORT_GRACE_S
-        _, late = wait_futures(started.values(), timeout=waited)
+        scraped[own.iu.id] = own.scrape(now)
+        _, late = wait_futures(started.values(), timeout=max(0.0, wait_until - time.monotonic()))
         if late:
             by_id = {p.iu.id: p for p in self.pipelines}
             for iu_id, future in started.items():
