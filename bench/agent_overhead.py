@@ -27,6 +27,8 @@ from eas_agent.score import IUInputs, Scorer
 from eas_agent.vllm_metrics import parse_vllm_metrics
 from sim.vllm.node import SimulatedNode
 
+TARGET_PERCENT = 2.0  # of one core, all the agent's threads
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -138,6 +140,9 @@ def main() -> None:
         print("|-------------------------------------|---------|")
         for name, micros in parts(node):
             print(f"| {name:35} | {micros:7.0f} |")
+        percent = 100 * cpu / wall
+        print(f"\ntarget: agent CPU {percent:.2f}% of one core (< {TARGET_PERCENT:g}%): "
+              f"{'met' if percent < TARGET_PERCENT else 'NOT met'}")
 
 
 if __name__ == "__main__":
