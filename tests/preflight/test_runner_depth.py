@@ -206,7 +206,7 @@ def test_a_nodes_readings_run_side_by_side_and_a_load_test_alone():
 
     from preflight.runner import READINGS_AT_ONCE
 
-    busy = Busy(0.3)
+    busy = Busy(0.5)
     t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply=busy).on("*", "load", reply=busy)
 
     class Loading(Reading):
@@ -216,14 +216,15 @@ def test_a_nodes_readings_run_side_by_side_and_a_load_test_alone():
             ctx.output(["load", self.name])
             return [self.result(ctx.node, Verdict.PASS, "OK", "loaded")]
 
-    checks = [Reading(f"r{i}") for i in range(READINGS_AT_ONCE)] + [Loading("burn"), Reading("late")]
+    checks = [Reading(f"r{i}") for i in range(2 * READINGS_AT_ONCE)] + [Loading("burn"), Reading("late")]
     started = time.monotonic()
     outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
     took = time.monotonic() - started
     assert [r.check for r in outcome.results] == [c.name for c in checks]  # reported in registry order
     assert {r.verdict for r in outcome.results} == {Verdict.PASS}
-    # one after another: 6 x 0.3 s; side by side: the readings (5, 4 at once) in 2 rounds, the load alone
-    assert took < 1.3
+    # one after another: (2 x at_once + 2) x 0.5 s; side by side: the readings (2 x at_once + 1) in 3 rounds,
+    # then the load alone: 4 x 0.5 s
+    assert took < (2 * READINGS_AT_ONCE + 2) * 0.5 - 0.4
     assert max(len(o) for o in busy.overlaps) == READINGS_AT_ONCE
     assert [o for o in busy.overlaps if "burn" in o] == [("burn",)]  # nothing ran beside the load test
 
