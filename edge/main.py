@@ -144,14 +144,15 @@ class Edge:
 async def serve(config: EdgeConfig, ready=None) -> None:
     edge = Edge(config)
     address = await edge.start()
-    log.info("eas-edge listening on http://%s (push %s)", address, "on" if config.push.enabled else "off")
-    print(f"eas-edge listening on http://{address}", flush=True)
-    if ready is not None:
-        ready(edge, address)
+    # handlers before the announcement: a SIGTERM right after "listening" drains instead of killing
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    log.info("eas-edge listening on http://%s (push %s)", address, "on" if config.push.enabled else "off")
+    print(f"eas-edge listening on http://{address}", flush=True)
+    if ready is not None:
+        ready(edge, address)
     await stop.wait()
     log.info("draining (up to %.0f s)", config.drain_timeout_s)
     await edge.drain()
