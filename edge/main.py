@@ -97,9 +97,10 @@ class Edge:
         self.connect_consul()
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s,
                                         sock_connect=self.config.connect_timeout_s)
-        # no per-host limit: the per-IU cap is the edge's own (max_inflight_per_iu), enforced before connecting
+        # no per-host limit: the per-IU cap is the edge's own (max_inflight_per_iu), enforced before connecting;
+        # no cookie jar: a proxy must not keep one client's Set-Cookie and send it on other clients' requests
         self.state.session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
-                                                   auto_decompress=False)
+                                                   auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
         if self.config.push.enabled:
             push = self.config.push
             self.state.feed = AgentFeed(self.state.view, self.state.session, push.agent_port, wait_s=push.wait_s,
