@@ -21,6 +21,7 @@
     eject_s: 5                    # an IU that failed a connection or died mid-stream is skipped this long
     drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
     seed: null                    # RNG of pick()'s sampling (null: from the OS)
+    event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it): bench/README.md
 
 Every field is optional. Errors name the file and the field (``edge.yml: push.agent_port: ...``); the field
 helpers are the agent config's, so both files read and fail alike.
@@ -38,7 +39,8 @@ import yaml
 from consul_io import layout
 from eas_agent.config import ConfigError, ConsulConfig, _address, _Fields, _load_consul, split_hostport
 
-__all__ = ["ConfigError", "EdgeConfig", "PushConfig", "load_edge_config", "parse_edge_config"]
+EVENT_LOOPS = ("asyncio", "uvloop")  # the edge's event loop (edge.main.loop_factory)
+__all__ = ["ConfigError", "EVENT_LOOPS", "EdgeConfig", "PushConfig", "load_edge_config", "parse_edge_config"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class EdgeConfig:
     eject_s: float = 5.0
     drain_timeout_s: float = 30.0
     seed: int | None = None
+    event_loop: str = "asyncio"
     source: str = "<flags>"
 
     @property
@@ -99,7 +102,8 @@ def _load_push(path: str | Path, data: Any) -> PushConfig:
 def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f = _Fields(path, data if data is not None else {}, "")
     f.unknown({"listen", "datacenter", "consul", "push", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
-               "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed"})
+               "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
+               "event_loop"})
     return EdgeConfig(
         listen=_address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
@@ -114,6 +118,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         eject_s=f.positive("eject_s", 5.0),
         drain_timeout_s=f.positive("drain_timeout_s", 30.0),
         seed=f.get("seed", int, None),
+        event_loop=f.choice("event_loop", EVENT_LOOPS, "asyncio"),
         source=str(path),
     )
 

@@ -87,7 +87,7 @@ class EdgeState:
                                  decision.queued_as_s)
                 if started is not None:
                     self.metrics.queued.observe(time.monotonic() - started)
-                self.metrics.picks.labels(decision.mode).inc()
+                self.metrics.picks_of[decision.mode].inc()
                 if decision.entry is not None and decision.entry.score is not None:
                     self.metrics.score_age.observe(max(0.0, now - decision.entry.ts))
                 return decision
@@ -146,7 +146,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             response = await _proxy_completion(state, request, arrived)
         finally:
             state.active -= 1
-    state.metrics.requests.labels(endpoint, str(response.status)).inc()
+    state.metrics.requests_of[endpoint, str(response.status)].inc()
     return response
 
 
@@ -177,13 +177,13 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
         tried.add(iu_id)
         if entry is None or not entry.address or not entry.port:
             state.release(iu_id, failed=True, handle=handle)
-            state.metrics.upstream_errors.labels(iu_id, "no_address").inc()
+            state.metrics.upstream_errors_of[iu_id, "no_address"].inc()
             continue
         try:
             upstream = await state.session.post(_upstream_url(entry, request.path), data=raw, headers=headers)
         except RETRYABLE as exc:
             state.release(iu_id, failed=True, handle=handle)
-            state.metrics.upstream_errors.labels(iu_id, "connect").inc()
+            state.metrics.upstream_errors_of[iu_id, "connect"].inc()
             log.warning("IU %s: %s before any byte was sent; %s", iu_id, type(exc).__name__,
                         "retrying on another IU" if attempt == 1 else "giving up")
             if attempt == 1:
@@ -191,7 +191,7 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
             continue
         except aiohttp.ClientError as exc:  # the IU answered something that is not HTTP: not retried
             state.release(iu_id, failed=True, handle=handle)
-            state.metrics.upstream_errors.labels(iu_id, "protocol").inc()
+            state.metrics.upstream_errors_of[iu_id, "protocol"].inc()
             return error_response(502, f"IU {iu_id} answered with a broken response: {type(exc).__name__}",
                                   "BadGatewayError")
         except BaseException:  # cancelled (shutdown cut the request): the slot must not leak
@@ -202,7 +202,7 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
 
 
 def _unavailable(state: EdgeState, exc: Unavailable) -> web.Response:
-    state.metrics.rejected.labels(exc.reason).inc()
+    state.metrics.rejected_of[exc.reason].inc()
     retry_after = str(max(1, round(state.config.retry_after_s)))
     return error_response(503, str(exc), "ServiceUnavailableError", {"Retry-After": retry_after})
 
@@ -224,7 +224,7 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
                 chunk = await upstream.content.readany()  # whatever arrived: no buffering beyond one read
             except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                 failed = True
-                state.metrics.upstream_errors.labels(iu_id, "mid_stream").inc()
+                state.metrics.upstream_errors_of[iu_id, "mid_stream"].inc()
                 log.warning("IU %s failed mid-answer: %s", iu_id, type(exc).__name__)
                 if not sse:  # a plain answer cannot carry an error after its status: cut it, never "complete"
                     if request.transport is not None:
@@ -241,7 +241,7 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
                 first = False
                 state.router.first_byte(iu_id, handle)  # no longer overdue, whatever the status
                 if upstream.status == 200:  # an error answer's first byte is not a first token
-                    state.metrics.ttft.labels("true" if stream else "false").observe(time.monotonic() - arrived)
+                    state.metrics.ttft_of["true" if stream else "false"].observe(time.monotonic() - arrived)
         await response.write_eof()
     except ConnectionResetError:
         pass  # the client went away (our write failed); the IU is fine
@@ -263,7 +263,7 @@ async def _models(request: web.Request) -> web.Response:
                 return web.Response(body=await answer.read(), status=answer.status,
                                     content_type=answer.content_type)
         except RETRYABLE:
-            state.metrics.upstream_errors.labels(entry.iu_id, "connect").inc()
+            state.metrics.upstream_errors_of[entry.iu_id, "connect"].inc()
     return _unavailable(state, Unavailable("no_healthy_iu", "no healthy IU answered /v1/models"))
 
 

@@ -205,31 +205,37 @@ def test_consul_lost_later_keeps_routing_then_fails_open(consul_addr):
             pool.stop()
 
 
-def test_an_iu_answering_garbage_is_a_502_naming_it_not_a_crash(consul_addr):
-    import socket
-
+def canned_iu(pool: Pool, iu_id: str, host: str, address: str, answer: bytes) -> tuple[socket.socket, list[bytes]]:
+    """The pool's only routable IU becomes ``iu_id`` at ``host`` (its Consul address), a loopback listener
+    on ``address`` that reads one request per connection, keeps it, sends ``answer`` and closes."""
     from sim.vllm.registration import IUService, register_iu_service
 
-    pool = Pool(consul_addr, nodes=1, agents=False)
     listener = socket.socket()
-    listener.bind(("127.0.200.9", 0))
+    listener.bind((address, 0))
     listener.listen(8)
+    seen: list[bytes] = []
 
-    def garbage():
+    def serve():
         while True:
             try:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            conn.recv(65536)
-            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            seen.append(conn.recv(65536))
+            conn.sendall(answer)
             conn.close()
 
-    threading.Thread(target=garbage, daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
     pool.ius["n0-iu0"].stop()
-    pool.io.service_maintenance("n0-iu0", True, "only the broken IU")
-    register_iu_service(pool.io, IUService("bad-iu0", "bad", "r1", "127.0.200.9", listener.getsockname()[1], (0,), 0),
-                                http_check=False)
+    pool.io.service_maintenance("n0-iu0", True, f"only {iu_id}")
+    register_iu_service(pool.io, IUService(iu_id, iu_id.split("-")[0], "r1", host, listener.getsockname()[1], (0,), 0),
+                        http_check=False)
+    return listener, seen
+
+
+def test_an_iu_answering_garbage_is_a_502_naming_it_not_a_crash(consul_addr):
+    pool = Pool(consul_addr, nodes=1, agents=False)
+    listener, _seen = canned_iu(pool, "bad-iu0", "127.0.200.9", "127.0.200.9", b"NOT HTTP AT ALL\r\n\r\n")
     try:
         with running_edge(pool, push=None) as edge:
             wait_for(lambda: [e.iu_id for e in edge.state.view.snapshot().healthy] == ["bad-iu0"], 5, "the view")
@@ -237,6 +243,23 @@ def test_an_iu_answering_garbage_is_a_502_naming_it_not_a_crash(consul_addr):
             assert status == 502 and b"IU bad-iu0 answered with a broken response" in body
             assert metric(edge, "eas_edge_upstream_errors_total", 'iu="bad-iu0",kind="protocol"') == 1
             assert edge.state.router.inflight("bad-iu0") == 0  # the slot was released
+    finally:
+        listener.close()
+        pool.stop()
+
+
+def test_a_cookie_one_answer_set_is_never_sent_on_anothers_request(consul_addr):
+    """The edge is a proxy, not a browser: a Set-Cookie from an IU (addressed by name in Consul) must not be
+    stored and replayed on later requests, which come from other clients."""
+    pool = Pool(consul_addr, nodes=1, agents=False)
+    listener, seen = canned_iu(pool, "named-iu0", "localhost", "127.0.0.1",
+                               b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nSet-Cookie: session=client-a; "
+                               b"Path=/\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+    try:
+        with running_edge(pool, push=None) as edge:
+            wait_for(lambda: [e.iu_id for e in edge.state.view.snapshot().healthy] == ["named-iu0"], 5, "the view")
+            assert [post(edge.url("/v1/completions"), completion(tokens=1))[0] for _ in range(2)] == [200, 200]
+        assert len(seen) == 2 and not any(b"\r\ncookie:" in request.lower() for request in seen), seen
     finally:
         listener.close()
         pool.stop()
