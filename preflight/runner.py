@@ -189,11 +189,10 @@ class Runner:
         stages = node_stages(self.checks)
         for position, stage in enumerate(stages):
             self.progress.node_step(node.name, stage.label)
-            outcomes, stopped = self._side_by_side(ctx, stage.checks, stage.at_once,
-                                                   lambda check: self._phase_one(check, ctx))
-            results += [r for done in outcomes if done is not None for r in done]
+            done, left, stopped = self._side_by_side(ctx, stage.checks, stage.at_once,
+                                                     lambda check: self._phase_one(check, ctx))
+            results += done
             if stopped is not None:
-                left = [c for c, done in zip(stage.checks, outcomes, strict=True) if done is None]
                 left += [c for later in stages[position + 1:] for c in later.checks]
                 results += self._unreachable(node, left, f"stopped answering: {stopped}")
                 self.progress.node_done(node.name, results)
@@ -204,10 +203,11 @@ class Runner:
     @staticmethod
     def _side_by_side(
         ctx: NodeContext, checks: Sequence[Check], at_once: int, one: Callable[[Check], list[CheckResult]]
-    ) -> tuple[list[list[CheckResult] | None], str | None]:
-        """``one(check)`` for each of ``checks``, up to ``at_once`` at a time: each check's results (None
-        where the host stopped answering during it, or before it started: it is then not started), and why
-        the host stopped answering, if it did."""
+    ) -> tuple[list[CheckResult], list[Check], str | None]:
+        """``one(check)`` for each of ``checks``, up to ``at_once`` at a time, nothing escaping: a GatherError
+        is the check's ERROR, any other exception (a bug in one check) its INTERNAL ERROR. Returns the results,
+        the checks not finished because the host stopped answering (during them, or before they started: they
+        are then not started), and why it stopped, if it did."""
         stopped: list[str] = []
 
         def guarded(check: Check) -> list[CheckResult] | None:
@@ -218,51 +218,36 @@ class Runner:
             except HostUnreachable as exc:
                 stopped.append(str(exc))
                 return None
+            except GatherError as exc:
+                return [check.error(ctx.node, exc)]
+            except Exception as exc:  # a bug in one check must not cost the other checks or nodes
+                return [internal_error(check, ctx.node, exc)]
 
         if at_once == 1 or len(checks) == 1:
             outcomes = [guarded(c) for c in checks]
         else:
             with ThreadPoolExecutor(at_once, thread_name_prefix=f"preflight-{ctx.node.name}") as pool:
                 outcomes = list(pool.map(guarded, checks))
-        return outcomes, (stopped[0] if stopped else None)
+        done = [r for results in outcomes if results is not None for r in results]
+        left = [c for c, results in zip(checks, outcomes, strict=True) if results is None]
+        return done, left, (stopped[0] if stopped else None)
 
     def _phase_one(self, check: Check, ctx: NodeContext) -> list[CheckResult]:
         """A node check's results, or a rack/bracket check's per-node part stored (no results yet)."""
-        node = ctx.node
-        try:
-            if check.scope == "node":
-                return check.run(ctx)
-            self._store_fact(check, node, self._gather(check, ctx))
-            return []
-        except HostUnreachable:
-            raise  # _side_by_side's: the host is gone, not this check
-        except GatherError as exc:
-            return [check.error(node, exc)]
-        except Exception as exc:  # a bug in one check must not cost the other checks or nodes
-            return [check.result(node, Verdict.ERROR, "INTERNAL",
-                                 f"internal error in {check.name}: {type(exc).__name__}: {exc}")]
+        if check.scope == "node":
+            return check.run(ctx)
+        self._store_fact(check, ctx.node, self._gather(check, ctx))
+        return []
 
     def _finish(self, ctx: NodeContext, checks: list[Check]) -> list[CheckResult]:
+        """The bracket checks' second readings, judged with their first."""
         # a node that stopped answering before a check's first reading gets no second one
         read = [c for c in checks if ctx.node.name in self._facts[c.name]]
-        outcomes, stopped = self._side_by_side(ctx, read, READINGS_AT_ONCE, lambda check: self._second(check, ctx))
-        results = [r for done in outcomes if done is not None for r in done]
+        results, left, stopped = self._side_by_side(
+            ctx, read, READINGS_AT_ONCE, lambda check: check.finish(ctx, self._facts[check.name][ctx.node.name]))
         if stopped is not None:
-            left = [c for c, done in zip(read, outcomes, strict=True) if done is None]
             results += self._unreachable(ctx.node, left, f"stopped answering: {stopped}")
         return results
-
-    def _second(self, check: Check, ctx: NodeContext) -> list[CheckResult]:
-        """A bracket check's second reading, judged with its first."""
-        try:
-            return check.finish(ctx, self._facts[check.name][ctx.node.name])
-        except HostUnreachable:
-            raise
-        except GatherError as exc:
-            return [check.error(ctx.node, exc)]
-        except Exception as exc:
-            return [check.result(ctx.node, Verdict.ERROR, "INTERNAL",
-                                 f"internal error in {check.name}: {type(exc).__name__}: {exc}")]
 
     def _gather(self, check: Check, ctx: NodeContext) -> Any:
         try:
@@ -283,15 +268,7 @@ class Runner:
         try:
             return check.run_rack(ctx)
         except Exception as exc:
-            return [
-                check.result(
-                    c.node,
-                    Verdict.ERROR,
-                    "INTERNAL",
-                    f"internal error in {check.name}: {type(exc).__name__}: {exc}",
-                )
-                for c in contexts
-            ]
+            return [internal_error(check, c.node, exc) for c in contexts]
 
     def _unreachable(self, node: Node, checks: Sequence[Check], why: str) -> list[CheckResult]:
         return [
@@ -304,6 +281,11 @@ class Runner:
     def _ordered(self, results: list[CheckResult]) -> list[CheckResult]:
         order = {c.name: i for i, c in enumerate(self.checks)}
         return sorted(results, key=lambda r: (r.rack, r.node, order.get(r.check, 99), r.iu or ""))
+
+
+def internal_error(check: Check, node: Node, exc: Exception) -> CheckResult:
+    """ERROR ``INTERNAL`` for ``node``: ``check`` raised what no check should (a bug), named with the check."""
+    return check.result(node, Verdict.ERROR, "INTERNAL", f"internal error in {check.name}: {type(exc).__name__}: {exc}")
 
 
 def run_preflight(
