@@ -159,7 +159,7 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
     if not text.strip():
         raise MetricsParseError(None, "", "empty scrape")
     if text.endswith("\n"):
-        help_names = _HELP_NAME.findall("\n" + text)
+        help_names = _HELP_NAME.findall(text)
         if len(set(help_names)) == len(help_names):  # one complete scrape: the agent's every cycle
             return _parse_scrape(text, 0)
     lines = text.split("\n")
@@ -206,7 +206,7 @@ _READ_LINE = re.compile(
     rf"\n{_BLANKS}*+(?:{_alternatives(WANTED_SAMPLES)}(?![a-zA-Z0-9_:])"
     rf"|#\S*+{_BLANKS}++(?:HELP|TYPE){_BLANKS}++{_alternatives(WANTED)}(?!\S))[^\n]*+"
 )
-_HELP_NAME = re.compile(r"\n# HELP ([^ \n]*)")  # split_scrapes' rule: the name ends at a space
+_HELP_NAME = re.compile(r"^# HELP ([^ \n]*)", re.MULTILINE)  # split_scrapes' rule: the name ends at a space
 
 
 def _parse_scrape(text: str, offset: int) -> VllmMetrics:
