@@ -151,7 +151,7 @@ class NodeContext:
             )
         if result.rc != 0:
             raise GatherError(
-                f"`{command_line(argv)}` exited {result.rc}: {result.last_line()}",
+                f"`{command_line(argv)}` {result.ended()}: {result.last_line()}",
                 command=command_line(argv),
                 stderr=excerpt(result.stderr),
             )

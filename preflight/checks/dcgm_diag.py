@@ -73,7 +73,7 @@ class DcgmDiagCheck(Check):
             if any(marker in text for marker in _NO_ENGINE):
                 raise GatherError(f"dcgmi cannot reach nv-hostengine: {result.last_line()}",
                                   code="DCGM_NO_HOSTENGINE", command=command_line(command), output=excerpt(text))
-            raise GatherError(f"`{command_line(command)}` exited {result.rc}: {result.last_line()}",
+            raise GatherError(f"`{command_line(command)}` {result.ended()}: {result.last_line()}",
                               command=command_line(command), output=excerpt(text))
         # dcgmi exits non-zero when a test fails and still prints the JSON: judge the JSON.
         diag = parse_output("dcgm-diag", result.stdout, command_line(command))

@@ -294,7 +294,7 @@ class IbPairs(Check):
         finally:
             background.stop()
         if not result.ok:
-            why = "timed out" if result.timed_out else f"exited {result.rc}: {result.last_line()}"
+            why = "timed out" if result.timed_out else f"{result.ended()}: {result.last_line()}"
             link.failures.append(
                 (test_name, "IB_TEST_FAILED", f"`{command_line(client_argv)}` on {client.node.name} {why}")
             )

@@ -20,6 +20,7 @@ from cluster.model import Node
 from preflight.checks.base import Check, GatherError, NodeContext, command_line, excerpt, parse_output
 from preflight.parsers.nccl import NcclResult
 from preflight.result import CheckResult, Verdict
+from preflight.transport import how_it_ended
 
 
 def all_reduce_argv(gpus: tuple[int, ...], nccl_cfg: dict) -> list[str]:
@@ -103,7 +104,7 @@ class Nccl(Check):
         if run.parsed is None:
             if run.error is not None and run.rc not in (0, None):  # crashed before printing anything parseable
                 return self.result(node, Verdict.FAIL, "NCCL_INCOMPLETE",
-                                   f"all_reduce_perf -g {len(gpus)} exited {run.rc}: {run.last_line}",
+                                   f"all_reduce_perf -g {len(gpus)} {how_it_ended(run.rc)}: {run.last_line}",
                                    iu=iu, command=command, output=run.output)
             return self.error(node, run.error or GatherError("no nccl result was read"), iu=iu)
         parsed = run.parsed

@@ -83,7 +83,7 @@ class PcieLink(Check):
             # failure (no grep, a timeout) says nothing about the HCAs and is an ERROR.
             missing_only = result.rc == 2 and "No such file" in result.stderr
             if result.timed_out or (result.rc != 0 and not missing_only):
-                raise GatherError(f"`grep -H . <HCA link files>` exited {result.rc}: {result.last_line()}",
+                raise GatherError(f"`grep -H . <HCA link files>` {result.ended()}: {result.last_line()}",
                                   command=command_line(argv), stderr=result.stderr[:400])
             values = parse_output("sysfs", result.stdout, "grep -H . <hca link files>") if result.stdout.strip() else None
             for nic in ctx.node.nics:

@@ -25,7 +25,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cluster.model import Node
-from preflight.transport.command import OUTPUT_CAP_BYTES, READ_CHUNK, Background, CommandResult, Transport
+from preflight.transport.command import (
+    OUTPUT_CAP_BYTES,
+    READ_CHUNK,
+    Background,
+    CommandResult,
+    Transport,
+    how_it_ended,
+)
 from preflight.transport.local import KILL_GRACE_S, LocalBackground, LocalTransport
 from preflight.transport.ssh import (
     REMOTE_GRACE_S,
@@ -45,7 +52,7 @@ __all__ = [
     "KILL_GRACE_S", "OUTPUT_CAP_BYTES", "READ_CHUNK", "REMOTE_GRACE_S", "REMOTE_KILL_S", "SESSION_RETRY_S",
     "SSH_UNREACHABLE_RC", "SYSTEM_KNOWN_HOSTS", "Background", "CommandResult", "LocalBackground", "LocalTransport",
     "RoutingTransport", "SshBackground", "SshTransport", "Transport", "_ssh_libraries", "exec_on",
-    "known_hosts_files", "remote_command",
+    "how_it_ended", "known_hosts_files", "remote_command",
 ]
 
 

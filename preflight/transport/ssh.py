@@ -85,9 +85,16 @@ REMOTE_KILL_S = 5
 
 
 def remote_command(argv: Sequence[str], timeout: float) -> str:
-    """The shell line run on the host: ``argv`` as one quoted word each, under ``timeout``."""
+    """The shell line run on the host: ``argv`` as one quoted word each, under ``timeout``, then ``exit $?``.
+
+    Why the ``exit $?``: sshd runs the line with the user's shell, which execs a lone command in its own place;
+    a command killed by a signal then ends the session with an SSH exit-signal, which paramiko does not read
+    (its exit status stays -1: "no status"). With a second command in the line the shell stays the session's
+    process, waits, and exits with the status it saw, 128 + the signal's number for a kill; so "no exit status"
+    is left to a channel that really closed first (sshd or the connection gone).
+    """
     limit = math.ceil(timeout) + REMOTE_GRACE_S
-    return shlex.join(["timeout", "-k", str(REMOTE_KILL_S), str(limit), *(str(a) for a in argv)])
+    return shlex.join(["timeout", "-k", str(REMOTE_KILL_S), str(limit), *(str(a) for a in argv)]) + "; exit $?"
 
 
 def exec_on(transport: Any, command: str, timeout: float,
@@ -211,7 +218,7 @@ class SshTransport:
                 reason = _unreachable_reason(exc, host.address, self.connect_timeout)
                 return CommandResult(None, "", reason, time.monotonic() - started, unreachable=True, argv=tuple(argv))
         return CommandResult(
-            rc,
+            None if rc == -1 else rc,  # paramiko's -1: the channel closed with no exit status
             out,
             err,
             time.monotonic() - started,
@@ -219,6 +226,7 @@ class SshTransport:
             unreachable=rc == SSH_UNREACHABLE_RC and not out,
             argv=tuple(argv),
             truncated=truncated,
+            no_exit_status=rc == -1,
         )
 
     def start(self, host: Node, argv: Sequence[str], limit: float) -> SshBackground:
