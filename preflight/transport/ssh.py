@@ -85,16 +85,19 @@ REMOTE_KILL_S = 5
 
 
 def remote_command(argv: Sequence[str], timeout: float) -> str:
-    """The shell line run on the host: ``argv`` as one quoted word each, under ``timeout``, then ``exit $?``.
+    """The line run on the host: ``sh -c 'timeout -k K L "$@"; exit $?' sh ARGV...``, each word quoted once.
 
-    Why the ``exit $?``: sshd runs the line with the user's shell, which execs a lone command in its own place;
-    a command killed by a signal then ends the session with an SSH exit-signal, which paramiko does not read
-    (its exit status stays -1: "no status"). With a second command in the line the shell stays the session's
-    process, waits, and exits with the status it saw, 128 + the signal's number for a kill; so "no exit status"
-    is left to a channel that really closed first (sshd or the connection gone).
+    ``timeout``: the command's own limit on the host (above). ``sh -c`` with the argv as its positional
+    parameters: the login shell (whatever it is: bash for deploy, as on Ubuntu; fish or csh elsewhere) only
+    splits quoted words, as Ansible's own ``/bin/sh -c`` lines rely on, and the script is a constant. ``; exit
+    $?``: a shell execs a lone command in its own place, so a command killed by a signal ended the session
+    with an SSH exit-signal, which paramiko does not read (its exit status stays -1); with a second command
+    the shell stays, waits and exits with the status it saw, 128 + the signal's number for a kill, so "no
+    exit status" is left to a channel that really closed first (sshd or the connection gone).
     """
     limit = math.ceil(timeout) + REMOTE_GRACE_S
-    return shlex.join(["timeout", "-k", str(REMOTE_KILL_S), str(limit), *(str(a) for a in argv)]) + "; exit $?"
+    script = f'timeout -k {REMOTE_KILL_S} {limit} "$@"; exit $?'
+    return shlex.join(["sh", "-c", script, "sh", *(str(a) for a in argv)])
 
 
 def exec_on(transport: Any, command: str, timeout: float,

@@ -154,8 +154,8 @@ def test_ssh_transport_quotes_every_argument(monkeypatch):
         "host": "127.0.9.7",
         "user": "ops",
         "port": 2222,
-        # the host's own limit (5 s + 5), and the shell's status of it (remote_command)
-        "command": "timeout -k 5 10 ibping -C 'mlx5_0; reboot' '$(id)'; exit $?",
+        # under the host's own limit (5 s + 5), the argv as sh's positional parameters (remote_command)
+        "command": """sh -c 'timeout -k 5 10 "$@"; exit $?' sh ibping -C 'mlx5_0; reboot' '$(id)'""",
     }
 
 
@@ -633,13 +633,13 @@ def test_ssh_background_server_is_bounded_and_quoted(monkeypatch):
     server = SshTransport().start(n, ["ib_write_lat", "-d", n.nics[0].device, "-p", "18515"], limit=90)
     server.stop()
     launch, kill = commands
-    # what the remote login shell runs: `sh -c` under the command's own limit, then its status (remote_command)
-    outer = shlex.split(launch.removesuffix("; exit $?"))
-    assert outer[:6] == ["timeout", "-k", "5", "35", "sh", "-c"]
+    # what the remote login shell runs (remote_command): sh -c 'timeout -k 5 35 "$@"; exit $?' sh ARGV, where
+    # ARGV is the launcher, itself `sh -c` with the server's command line
+    outer = shlex.split(launch)
+    assert outer[:6] == ["sh", "-c", 'timeout -k 5 35 "$@"; exit $?', "sh", "sh", "-c"]
     inner = shlex.split(outer[6].removesuffix(" & echo $!").removesuffix(" >/dev/null 2>&1 </dev/null"))
     assert inner == ["nohup", "timeout", "90", "ib_write_lat", "-d", "mlx5_0; reboot", "-p", "18515"]
-    assert launch.endswith("; exit $?")
-    assert kill == "timeout -k 5 35 kill 4242; exit $?"
+    assert shlex.split(kill) == ["sh", "-c", 'timeout -k 5 35 "$@"; exit $?', "sh", "kill", "4242"]
 
 
 def test_the_ssh_libraries_load_safely_from_many_threads_at_once(tmp_path):

@@ -21,7 +21,9 @@ FLOOD_STOPPED = threading.Event()  # set when the "flood" command could write no
 
 def handler(channel, command):
     SEEN.append(command)
-    command = re.sub(r"^timeout -k \d+ \d+ (.*); exit \$\?$", r"\1", command)  # SshTransport's (remote_command)
+    words = shlex.split(command)  # SshTransport's line: sh -c 'timeout -k K L "$@"; exit $?' sh ARGV (remote_command)
+    if words[:2] == ["sh", "-c"] and re.fullmatch(r'timeout -k \d+ \d+ "\$@"; exit \$\?', words[2]):
+        command = " ".join(words[4:])
     if command == "both":
         channel.sendall(b"out\n")
         channel.sendall_stderr(b"err\n")
@@ -233,12 +235,14 @@ def test_the_command_has_its_own_limit_on_the_host(monkeypatch):
     SEEN.clear()
     result = SshTransport().run(node(), ["both"], timeout=7.2)
     assert result.rc == 3
-    assert SEEN == [shlex.join(["timeout", "-k", str(REMOTE_KILL_S), str(8 + REMOTE_GRACE_S), "both"]) + "; exit $?"]
-    assert shlex.split(SEEN[0])[4:] == ["both;", "exit", "$?"]  # the argv itself still one quoted word each
+    assert SEEN == [shlex.join(["sh", "-c", f'timeout -k {REMOTE_KILL_S} {8 + REMOTE_GRACE_S} "$@"; exit $?', "sh",
+                                "both"])]
+    assert shlex.split(SEEN[0])[4:] == ["both"]  # the argv itself still one quoted word each
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash"])
 def test_a_command_killed_by_a_signal_on_the_host_reports_128_plus_its_number(shell):
+    # the login shell runs the line as sshd has it do: `$SHELL -c LINE`
     """sshd runs the line with the user's shell. A lone command was exec'd in the shell's place, so its death by
     a signal ended the session with an SSH exit-signal, which paramiko does not read (status -1, which preflight
     printed as "exited -1"); the line keeps the shell waiting, and it exits 128 + the signal's number."""
@@ -250,6 +254,9 @@ def test_a_command_killed_by_a_signal_on_the_host_reports_128_plus_its_number(sh
     assert killed.returncode == 137
     exited = subprocess.run([shell, "-c", remote_command(["sh", "-c", "exit 3"], 5)], capture_output=True)
     assert exited.returncode == 3
+    words = subprocess.run([shell, "-c", remote_command(["printf", "%s|", "a b", "$(id)", "'; reboot"], 5)],
+                           capture_output=True, text=True)
+    assert (words.returncode, words.stdout) == (0, "a b|$(id)|'; reboot|")  # each argv word arrives as it was
 
 
 def test_a_channel_closed_without_a_status_says_so_instead_of_exited_minus_one(monkeypatch):
