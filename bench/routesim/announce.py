@@ -13,7 +13,10 @@ The `ours` rows are what eas-edge ships; the `design: push + announce` rows are 
   (:class:`AnnouncedPrompts`); waiting requests no announcement names yet count at the mean prompt as before;
 - every pushed body carries, per edge, the last sequence number it counts (``announced``); the edge's ledger
   (:class:`AnnounceLedger`) then counts only its requests the body counts neither by its scrape time (sent
-  before ``ts``) nor by announcement (sequence <= the acknowledged one).
+  before ``ts``) nor by announcement (sequence <= the acknowledged one);
+- each IU entry says how much of its score announcements added (component ``announced_s``): the edge's
+  anomaly detector judges the scrape's score (score - announced_s), so known work is no "high outlier"
+  (:class:`ScrapeScoreDetector`; judging the announced scores measured worse, edge/README.md).
 
 Everything else is the shipped code: the agent's Agent/Scorer/Publisher (the scorer wrapped), the edge's
 EdgeView/Router/pick (the view and ledger subclassed). Announced bodies reach the view as typed ScoreBody
@@ -26,6 +29,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, fields, replace
 
+from eas_agent.scheduler.anomaly import AnomalyDetector
 from eas_agent.scheduler.pick import EdgeLedger
 from eas_agent.score import DrainParams, IUInputs, Scorer, ScoreResult
 from eas_agent.scorebody import ScoreBody
@@ -146,8 +150,12 @@ class NodeAnnouncements:
         ius = {}
         for iu_id, entry in base.ius.items():
             added = self.prompts[iu_id].added_s
-            ius[iu_id] = entry if entry.score is None or not added else replace(
-                entry, score=round(max(0.0, entry.score + added), 4))
+            if entry.score is None or not added:
+                ius[iu_id] = entry
+                continue
+            score = round(max(0.0, entry.score + added), 4)
+            ius[iu_id] = replace(entry, score=score,
+                                 components={**entry.components, "announced_s": round(score - entry.score, 4)})
         kept = {f.name: getattr(base, f.name) for f in fields(ScoreBody) if f.name != "ius"}
         return AnnouncedBody(**kept, ius=ius, announced=dict(self.acked))
 
@@ -226,12 +234,21 @@ class AnnouncePush(AgentPush):
             self.loop.schedule(now + self.latency_s, self._arrive, (node.node, body))
 
 
+class ScrapeScoreDetector(AnomalyDetector):
+    """The edge's anomaly detector over the scrape's scores: what announcements added is known work."""
+
+    def observe(self, entries, now: float):
+        scraped = [e if e.score is None or not e.components.get("announced_s") else
+                   replace(e, score=max(0.0, e.score - e.components["announced_s"])) for e in entries]
+        return super().observe(scraped, now)
+
+
 class AnnounceView(EdgeView):
     """EdgeView that keeps, per node, the acknowledgements of the body its snapshot uses. A pushed body wins
     a tie on ``ts`` with the KV's (the KV body of the same cycle has no announcements in it)."""
 
     def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(detector=ScrapeScoreDetector(), **kwargs)
         self.announced: dict[str, dict[int, int]] = {}
 
     def _bodies(self):

@@ -19,6 +19,7 @@ from routesim.announce import (  # noqa: E402
     AnnounceLedger,
     AnnounceNodes,
     AnnounceScorer,
+    ScrapeScoreDetector,
     announce_edges,
 )
 from routesim.readers import PUSH_LATENCY_S, ConsulKVWatch, HealthFeed  # noqa: E402
@@ -27,6 +28,7 @@ from routesim.sim import Pool  # noqa: E402
 from routesim.workload import TraceRequest  # noqa: E402
 
 from eas_agent.collectors.vllm import VllmReading  # noqa: E402
+from eas_agent.scheduler import AnomalyDetector, IUEntry  # noqa: E402
 from eas_agent.score import DrainParams, IUInputs, Scorer  # noqa: E402
 from eas_agent.vllm_metrics import VllmMetrics  # noqa: E402
 from edge.config import PushConfig  # noqa: E402
@@ -182,3 +184,13 @@ def test_design_rows_are_labelled_as_such_and_the_shipped_rows_stay_as_they_are(
                                              "ours (push + Consul), 16 edges"]
     shipped = [s for s in main_scenarios(4) + edge_scenarios((1, 4, 16)) if s.label.startswith("ours")]
     assert {s.feed for s in shipped} == {"push", "consul"}
+
+
+def test_the_anomaly_detector_judges_the_scrape_score_not_what_announcements_added():
+    def entries(announced_s: float) -> list[IUEntry]:
+        return [IUEntry(f"n1-iu{k}", "n1", "r1", score, "passing", "", 10.0, 2.0, "passing",
+                        components={"announced_s": announced_s} if k == 3 else {})
+                for k, score in enumerate((0.1, 0.1, 0.1, 2.0))]
+    assert AnomalyDetector().observe(entries(1.9), 10.0)["n1-iu3"].flag == "high_outlier"  # as the edge ships
+    assert ScrapeScoreDetector().observe(entries(1.9), 10.0)["n1-iu3"].flag is None  # 0.1 scraped + 1.9 announced
+    assert ScrapeScoreDetector().observe(entries(0.0), 10.0)["n1-iu3"].flag == "high_outlier"  # scraped so
