@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from sim.vllm.roofline import IUModel
 
 from .agents import AgentFleet, direct_scrapes
+from .announce import AnnounceNodes, announce_edges
 from .policies import LeastConnections, Oracle, RoundRobin
 from .readers import AgentPoll, AgentPush, ConsulKVWatch, HealthFeed, ScoredEdge, new_view
 from .sim import Pool, RunResult, measure, stable_seed
@@ -22,13 +23,15 @@ class Scenario:
     label: str
     policy: str  # round-robin | least-conn | seed | ours | oracle
     feed: str = "consul"  # seed / ours: "push" (agents' blocking queries + the KV, as eas-edge ships),
-    #                       "consul" (the KV only: eas-edge with push off or no agent reachable), "poll"
+    #                       "consul" (the KV only: eas-edge with push off or no agent reachable), "poll",
+    #                       "announce" (push + the announce channel: a design, not shipped; routesim.announce)
     edges: int = 4
     interval_s: float = 0.2  # the agent's collection cycle
     poll_s: float = 0.05
     heartbeat_s: float = 2.0
     before: bool = False  # drain without its admitted-prefill term (routesim.agents.BeforeScorer)
     rng_label: str | None = None  # tie-break seeds of this row (default: label); "before" rows pair with `ours`
+    waiting_sizes: bool = True  # feed "announce": scrapes give vLLM's waiting count the announced sizes
 
     @property
     def uses_agents(self) -> bool:
@@ -60,6 +63,20 @@ def staleness_scenarios(ages_ms: tuple[int, ...], edges: int) -> list[Scenario]:
     the shipped agent cycles every 200 ms."""
     return [Scenario(f"push, agent cycle {ms} ms", "ours", feed="push", edges=edges, interval_s=ms / 1000,
                      heartbeat_s=max(2.0, ms / 1000)) for ms in ages_ms]
+
+
+DESIGN_ANNOUNCE = "design: push + announce"  # not shipped: routesim.announce
+
+
+def announce_scenarios(counts: tuple[int, ...], waiting_sizes: bool = True) -> list[Scenario]:
+    """The shipped push path plus the announce channel (a design that does not ship) at each edge count, with
+    the tie-break seeds of route_sim's shipped row of the same edge count: a paired comparison.
+    ``waiting_sizes`` False: the ablation without the waiting requests' announced sizes."""
+    def shipped_label(n: int) -> str:  # route_sim's 4-edge row is the main table's
+        return SHIPPED if n == 4 else f"{SHIPPED}, {n} edge{'s' if n > 1 else ''}"
+    design = DESIGN_ANNOUNCE if waiting_sizes else f"{DESIGN_ANNOUNCE} without waiting sizes"
+    return [Scenario(f"{design}, {n} edge{'s' if n > 1 else ''}", "ours", feed="announce", edges=n,
+                     rng_label=shipped_label(n), waiting_sizes=waiting_sizes) for n in counts]
 
 
 def misled_share(pool: Pool, edges: list[ScoredEdge], warmup_s: float, end_s: float,
@@ -107,7 +124,9 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
         fleet = AgentFleet(pool.units, ius_per_node, NODES_PER_RACK, profile=profile, interval_s=scenario.interval_s,
                            heartbeat_s=scenario.heartbeat_s, loop=pool.loop, rng=rngs[-1], direct=direct,
                            before=scenario.before)
-        views = [new_view(pool.loop) for _ in range(scenario.edges)]
+        design = (AnnounceNodes(fleet, pool.loop, waiting_sizes=scenario.waiting_sizes)
+                  if scenario.feed == "announce" else None)
+        views = [design.view(pool.loop) if design else new_view(pool.loop) for _ in range(scenario.edges)]
         HealthFeed(fleet, views, pool.loop, CONSUL_LATENCY_S)
         for i, view in enumerate(views):
             if scenario.feed == "poll":
@@ -118,7 +137,10 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
                     AgentPush(fleet, view, pool.loop)
         mode = "p2c" if scenario.policy == "ours" else "argmin"
         iu_ids = [u.iu_id for u in pool.units]
-        edges = [ScoredEdge(view, rngs[i], iu_ids, mode) for i, view in enumerate(views)]
+        if design:  # push through the announce channel's bodies instead of the plain cycle bodies
+            edges = announce_edges(fleet, views, pool.loop, rngs, iu_ids, design)
+        else:
+            edges = [ScoredEdge(view, rngs[i], iu_ids, mode) for i, view in enumerate(views)]
     else:
         raise ValueError(f"unknown policy {scenario.policy!r}")
     if fleet is not None:
@@ -137,5 +159,9 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
                 modes[mode] = modes.get(mode, 0) + count
         extra["pick_modes"] = modes
         extra["misled"] = misled_share(pool, edges, warmup_s, end_s)
+        if design:
+            extra["announce"] = {"requests": len(trace), "batches": design.batches,
+                                 "announcements": design.announcements,
+                                 "announce_pushes": sum(p.announce_pushes for p in design.pushers)}
     writes = writes_at["end"] - writes_at["start"] if fleet is not None else None
     return measure(scenario.label, pool, trace, warmup_s, end_s, writes, extra)
