@@ -252,7 +252,7 @@ def drain_score(
     prefill_tps = prefill.update(now, reading.prompt_tps)
     decode_tps = decode.update(now, reading.generation_tps)
     mean_prompt = reading.mean_prompt_tokens or params.mean_prompt_tokens_prior
-    prefill_eff = max(params.min_prefill_share * prefill_tps, prefill_tps - preempt * mean_prompt)
+    prefill_eff = effective_prefill_tps(params, prefill_tps, preempt, mean_prompt)
     backlog = waiting * mean_prompt
     queue_s = backlog / prefill_eff
     if reading.completions_per_s:
@@ -284,6 +284,13 @@ def drain_score(
         "tokens_total": m.prompt_tokens_total + m.generation_tokens_total,
     }
     return _finish(inputs, score, components, now, params.frozen_after_s)
+
+
+def effective_prefill_tps(params: DrainParams, prefill_tps: float, preemptions_per_s: float,
+                          mean_prompt: float) -> float:
+    """The prefill rate left for queued work: preempted requests are prefilled again (at the mean prompt each),
+    never below ``min_prefill_share`` of the measured rate."""
+    return max(params.min_prefill_share * prefill_tps, prefill_tps - preemptions_per_s * mean_prompt)
 
 
 def kv_age_s(running: float, completions_per_s: float | None, window_s: float) -> float:

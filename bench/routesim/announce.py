@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from eas_agent.scheduler.anomaly import AnomalyDetector
 from eas_agent.scheduler.pick import EdgeLedger
-from eas_agent.score import DrainParams, IUInputs, Scorer, ScoreResult
+from eas_agent.score import SCORE_TERMS, DrainParams, IUInputs, Scorer, ScoreResult, effective_prefill_tps
 from eas_agent.scorebody import ScoreBody
 from edge.feed import EdgeView
 from sim.vllm.eventloop import EventLoop
@@ -112,15 +112,13 @@ class AnnounceScorer(Scorer):
             return result
         prefill_tps = self.prefill.value  # drain_score updated it for this reading
         mean = reading.mean_prompt_tokens or self.params.mean_prompt_tokens_prior
-        # drain_score's prefill_eff, from the same inputs
-        prefill_eff = max(self.params.min_prefill_share * prefill_tps,
-                          prefill_tps - (reading.preemptions_per_s or 0.0) * mean)
+        prefill_eff = effective_prefill_tps(self.params, prefill_tps, reading.preemptions_per_s or 0.0, mean)
         waiting = int(m.num_requests_waiting)
         tokens, unattributed = self.prompts.reconcile(waiting, now, prefill_tps, mean / prefill_eff)
         if not self.prompts.sizes:
             return result
         backlog = tokens + unattributed * mean
-        score = max(0.0, result.score + (backlog - waiting * mean) / prefill_eff)
+        score = max(0.0, result.score + SCORE_TERMS["drain"]["queue_s"] * (backlog - waiting * mean) / prefill_eff)
         components = {**result.components, "backlog_tokens": round(backlog), "queue_s": round(backlog / prefill_eff, 4)}
         return replace(result, score=round(score, 4), components=components)
 
