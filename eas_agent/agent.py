@@ -27,6 +27,7 @@ from dataclasses import replace
 import psutil
 
 from consul_io.client import ConsulIO, ConsulUnavailable
+from eas_agent.announce import NodeAnnouncements
 from eas_agent.collectors.base import timed
 from eas_agent.collectors.gpu import GpuBackend, GpuCollector, open_backend
 from eas_agent.collectors.network import NetworkCollector, NodeNicCounters
@@ -35,7 +36,7 @@ from eas_agent.config import AgentConfig, ConfigError
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.publisher import Backoff, Publisher, ScoreStore
 from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult
-from eas_agent.scorebody import CollectorRun
+from eas_agent.scorebody import CollectorRun, ScoreBody
 
 log = logging.getLogger("eas_agent")
 RATE_WINDOW_S = 5.0
@@ -155,8 +156,13 @@ class Agent:
         self.pipelines = pipelines or [IUPipeline(config, i) for i in range(len(config.ius))]
         self.nics = NodeNicCounters(pernic or (lambda: psutil.net_io_counters(pernic=True)))
         self.needs_pernic = any(iu.netdevs for iu in config.ius)
+        # the announce channel's per-IU state (eas_agent/announce.py); the scorers give waiting requests the
+        # sizes edges announced (none announced: each scorer's own score, unchanged)
+        self.announcements = NodeAnnouncements([iu.id for iu in config.ius])
+        self.scores_base: ScoreBody | None = None  # the last cycle's /scores body, before announcements
         for pipeline in self.pipelines:
             pipeline.attach(self.gpu_backend, self.nics)
+            pipeline.scorer = self.announcements.scorer(pipeline.iu.id, pipeline.scorer)
         self.store = (
             store if store is not None else open_store(config, timeout_s=max(1.0, config.heartbeat_s / 2))
         )
@@ -248,7 +254,8 @@ class Agent:
         if self.http:
             try:
                 body = self.publisher.body(now, results, self.publisher.levels_for(results))
-                self.http.set_scores(replace(body, published_seq=self.publisher.seq))
+                self.scores_base = replace(body, published_seq=self.publisher.seq)
+                self.http.set_scores(self.announcements.body(self.scores_base))
             except Exception:  # /scores keeps its last body; collection and publishing go on
                 self.log("scores", logging.ERROR, "building the /scores body failed", exc_info=True)
         self.cycles += 1

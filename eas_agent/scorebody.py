@@ -46,6 +46,11 @@ MAX_COLLECTORS = 16  # an agent runs three per IU (vllm, gpu, network)
 MAX_COLLECTOR_ERROR = 200
 MAX_COLLECTOR_DURATION_S = 3600.0
 _COLLECTOR_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# An edge's announce id: its name and a per-start nonce (eas_agent/announce.py); bounded so that a body's
+# acknowledgements stay small whatever edges come and go.
+EDGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,79}")
+MAX_ANNOUNCED_EDGES = 64
+MAX_SEQ = (1 << 53) - 1  # an integer every JSON reader holds exactly
 
 
 class BodyError(ValueError):
@@ -197,6 +202,9 @@ class ScoreBody:
     clock_offset_s: float | None = None
     heartbeat_s: float = 2.0
     published_seq: int | None = None  # /scores only: the seq of the body last written to the KV
+    # /scores only: edge id -> the last of its announce sequence numbers this body's scores count
+    # (eas_agent/announce.py); None: the agent has no announce channel (or this is the KV's body)
+    announced: Mapping[str, int] | None = None
 
     def to_json(self) -> dict:
         body = {
@@ -211,6 +219,8 @@ class ScoreBody:
         }
         if self.published_seq is not None:
             body["published_seq"] = self.published_seq
+        if self.announced is not None:
+            body["announced"] = dict(self.announced)
         return body
 
     def dumps(self) -> str:
@@ -261,7 +271,16 @@ class ScoreBody:
             if problem:
                 counts[problem] += 1
         published = obj.get("published_seq")
+        announced = obj.get("announced")
+        if announced is not None:
+            try:
+                announced = announced_from_json(announced)
+            except BodyError as exc:  # the scores stay usable: without acknowledgements, read as from the KV
+                counts[exc.reason] += 1
+                problems.append(f"node {node}: {exc}")
+                announced = None
         body = cls(
+            announced=announced,
             published_seq=published if isinstance(published, int) and not isinstance(published, bool) else None,
             node=node,
             ts=float(ts),
@@ -273,6 +292,22 @@ class ScoreBody:
             heartbeat_s=min(MAX_HEARTBEAT_S, max(MIN_HEARTBEAT_S, float(heartbeat))),
         )
         return body, problems
+
+
+def announced_from_json(obj) -> dict[str, int]:
+    """A body's ``announced``: at most :data:`MAX_ANNOUNCED_EDGES` edge ids -> sequence numbers in
+    [0, 2**53). Raises :class:`BodyError` (``announced_invalid``) naming the first bad entry."""
+    if not isinstance(obj, dict):
+        raise BodyError(f"announced {str(obj)[:80]!r} is not an object", "announced_invalid")
+    if len(obj) > MAX_ANNOUNCED_EDGES:
+        raise BodyError(f"announced has {len(obj)} entries (more than {MAX_ANNOUNCED_EDGES})", "announced_invalid")
+    for edge, seq in obj.items():
+        if not EDGE_ID.fullmatch(edge):
+            raise BodyError(f"announced key {edge[:80]!r} is not an edge id", "announced_invalid")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= MAX_SEQ:
+            raise BodyError(f"announced.{edge} {str(seq)[:40]!r} is not an integer in [0, 2**53)",
+                            "announced_invalid")
+    return dict(obj)
 
 
 def dumps(obj, **kwargs) -> str:

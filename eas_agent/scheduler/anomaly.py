@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,11 @@ class AnomalyDetector:
         self.baseline_done = False  # IUs routable in the first observation with any score do not ramp
 
     def observe(self, entries, now: float) -> dict[str, Verdict]:
+        # Judged on the scrape's score: what the edges announced since (``announced_s``, eas_agent/announce.py)
+        # is known work, not an outlier (judging the announced score gated IUs a long prompt had just
+        # raised: edge/README.md, "The announce channel").
+        entries = [e if e.score is None or not e.components.get("announced_s") else
+                   replace(e, score=max(0.0, e.score - e.components["announced_s"])) for e in entries]
         scores = [e.score for e in entries if e.score is not None and e.routable and now <= e.stale_after]
         baseline = not self.baseline_done and bool(scores)
         self.baseline_done = self.baseline_done or baseline

@@ -50,17 +50,26 @@ class EdgeLedger:
     """Requests this edge sent (times and, when known, their prefill seconds) and has in flight, per IU.
 
     Per IU the known costs are kept as a running sum and the unknown ones as a count, so reading the work
-    sent since a score is O(1) plus the entries that just aged out, whatever the request rate."""
+    sent since a score is O(1) plus the entries that just aged out, whatever the request rate.
 
-    def __init__(self):
-        self.sent: dict[str, deque] = {}  # iu -> (time, cost_s or None) of each request sent
+    With ``announcing`` (the edge announces each request to the IU's node agent, eas_agent/announce.py) each
+    request gets the next sequence number; a score whose body acknowledges sequence ``acked`` counts this
+    edge's requests up to it (the agent added them), so :meth:`sent_cost_since` leaves those out, except the
+    ones whose announcement never arrived (:meth:`unannounce`). Without an acknowledgement (a KV body, an
+    agent without the channel) the work is counted by time alone, as without announcing: never twice."""
+
+    def __init__(self, announcing: bool = False):
+        self.sent: dict[str, deque] = {}  # iu -> (time, cost_s or None, seq) of each request sent
         self.inflight: dict[str, int] = {}
         self._sums: dict[str, list] = {}  # iu -> [sum of known costs, count of unknown costs] in ``sent``
         self.awaiting: dict[str, dict] = {}  # iu -> {handle: time its first byte is due} (first byte not seen)
-        self.queued: dict[str, deque] = {}  # iu -> (sent, admitted by, excess_s): see on_sent's queued_as_s
+        self.queued: dict[str, deque] = {}  # iu -> (sent, admitted by, excess_s, seq): see on_sent's queued_as_s
+        self.announcing = announcing
+        self.seq = 0  # the last sequence number given (announcing only; 0 = never announced)
+        self.unannounced: dict[int, None] = {}  # seqs whose announcement was dropped, oldest first
 
     def on_sent(self, iu_id: str, now: float, cost_s: float | None = None, handle=None,
-                expected_s: float | None = None, queued_as_s: float | None = None) -> None:
+                expected_s: float | None = None, queued_as_s: float | None = None) -> int:
         """``cost_s``: the request's prefill seconds on that IU (:func:`prefill_cost_s`); None: unknown,
         counted at the IU's ``request_cost_s`` when the cost is read. ``handle`` and ``expected_s`` (its
         predicted TTFT): the request is awaited until :meth:`on_first_byte` or :meth:`on_done` with that
@@ -70,19 +79,24 @@ class EdgeLedger:
         ``request_cost_s``). A score taken after the send but while the request still waits to be admitted
         (until ``expected_s - cost_s``, the queue pick predicted ahead of it) counts a long prompt at that
         mean: vLLM's waiting gauge is a count, not tokens. The ledger keeps the difference for those scores
-        (:meth:`queued_excess`); once admitted, the score's admitted-prefill term counts its real tokens."""
+        (:meth:`queued_excess`); once admitted, the score's admitted-prefill term counts its real tokens.
+
+        Returns the request's announce sequence number (0 when not ``announcing``)."""
+        seq = 0
+        if self.announcing:
+            self.seq = seq = self.seq + 1
         if handle is not None and expected_s is not None:
             self.awaiting.setdefault(iu_id, {})[handle] = now + expected_s
         if queued_as_s is not None and cost_s is not None and expected_s is not None and cost_s > queued_as_s:
             queued = self.queued.setdefault(iu_id, deque())
-            queued.append((now, now + max(0.0, expected_s - cost_s), cost_s - queued_as_s))
+            queued.append((now, now + max(0.0, expected_s - cost_s), cost_s - queued_as_s, seq))
             if len(queued) > 4096:  # bound memory, as for ``sent``
                 queued.popleft()
         times = self.sent.get(iu_id)
         if times is None:
             times = self.sent[iu_id] = deque()
             self._sums[iu_id] = [0.0, 0]
-        times.append((now, cost_s))
+        times.append((now, cost_s, seq))
         sums = self._sums[iu_id]
         if cost_s is None:
             sums[1] += 1
@@ -91,6 +105,18 @@ class EdgeLedger:
         if len(times) > 4096:  # bound memory for an IU whose score never advances
             self._drop(times, sums)
         self.inflight[iu_id] = self.inflight.get(iu_id, 0) + 1
+        return seq
+
+    def unannounce(self, seqs) -> None:
+        """These requests' announcements were dropped (the agent could not be reached): a later
+        acknowledgement of a higher number does not cover them."""
+        for seq in seqs:
+            self.unannounced[seq] = None
+        while len(self.unannounced) > 65536:  # older entries aged out of ``sent`` long ago
+            del self.unannounced[next(iter(self.unannounced))]
+
+    def _announced(self, seq: int, acked: int) -> bool:
+        return 0 < seq <= acked and seq not in self.unannounced
 
     def on_first_byte(self, iu_id: str, handle) -> None:
         awaited = self.awaiting.get(iu_id)
@@ -114,7 +140,7 @@ class EdgeLedger:
 
     @staticmethod
     def _drop(times: deque, sums: list) -> None:
-        _, cost = times.popleft()
+        cost = times.popleft()[1]
         if cost is None:
             sums[1] -= 1
         else:
@@ -133,23 +159,42 @@ class EdgeLedger:
     def sent_since(self, iu_id: str, ts: float) -> int:
         return len(self._since(iu_id, ts) or ())
 
-    def sent_cost_since(self, iu_id: str, ts: float, default_cost_s: float) -> float:
-        """Seconds of work sent to ``iu_id`` since ``ts`` (unknown costs at ``default_cost_s`` each)."""
-        excess = self.queued_excess(iu_id, ts) if self.queued else 0.0
-        if not self._since(iu_id, ts):
+    def sent_cost_since(self, iu_id: str, ts: float, default_cost_s: float, acked: int = 0) -> float:
+        """Seconds of work sent to ``iu_id`` since ``ts`` (unknown costs at ``default_cost_s`` each) that a
+        score taken at ``ts`` and counting this edge's announcements up to ``acked`` does not count."""
+        excess = self.queued_excess(iu_id, ts, acked) if self.queued else 0.0
+        times = self._since(iu_id, ts)
+        if not times:
             return excess
         known, unknown = self._sums[iu_id]
+        if acked:
+            counted_all = True
+            for _sent, cost, seq in times:  # oldest first; seqs grow with send time
+                if seq > acked:
+                    counted_all = False
+                    break
+                if not self._announced(seq, acked):
+                    counted_all = False
+                    continue
+                if cost is None:
+                    unknown -= 1
+                else:
+                    known -= cost
+            if counted_all:  # every one of them: no float residue of the subtractions
+                return excess
         return max(0.0, known) + unknown * default_cost_s + excess
 
-    def queued_excess(self, iu_id: str, ts: float) -> float:
+    def queued_excess(self, iu_id: str, ts: float, acked: int = 0) -> float:
         """Seconds a score taken at ``ts`` undercounts this edge's long prompts sent before ``ts`` and
-        predicted to be still queued at ``ts`` (:meth:`on_sent`'s ``queued_as_s``)."""
+        predicted to be still queued at ``ts`` (:meth:`on_sent`'s ``queued_as_s``); a prompt the score
+        counts through its announcement (sequence <= ``acked``) has its real size there."""
         queued = self.queued.get(iu_id)
         if not queued:
             return 0.0
         while queued and queued[0][1] < ts:
             queued.popleft()
-        return sum(excess for sent, until, excess in queued if sent < ts <= until)
+        return sum(excess for sent, until, excess, seq in queued
+                   if sent < ts <= until and not (acked and self._announced(seq, acked)))
 
 
 def prefill_tps(entry: IUEntry) -> float | None:
@@ -192,7 +237,7 @@ def _sample(
 
 
 def _cost(entry: IUEntry, ledger: EdgeLedger, prompt_tokens: int | None, now: float) -> float:
-    cost = entry.score + ledger.sent_cost_since(entry.iu_id, entry.ts, entry.request_cost_s)
+    cost = entry.score + ledger.sent_cost_since(entry.iu_id, entry.ts, entry.request_cost_s, entry.acked)
     cost += ledger.overdue_s(entry.iu_id, now)
     if prompt_tokens is not None:
         cost += prefill_cost_s(entry, prompt_tokens)

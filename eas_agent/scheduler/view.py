@@ -58,6 +58,8 @@ class IUEntry:
     weight: float = 1.0  # anomaly de-weighting: 0 = gated, (0, 1) = sampled less often
     ramp_start: float | None = None  # new/recovered IU: weight ramps up from here
     anomaly: str | None = None
+    # the last of this edge's announce sequence numbers the score counts (the body's ``announced``; 0: none)
+    acked: int = field(default=0, compare=False)
 
     @property
     def stale_after(self) -> float:
@@ -117,6 +119,7 @@ class PoolView:
         self.rejected_ius = 0
         self.problems: deque[str] = deque(maxlen=50)
         self._last_log = -float("inf")
+        self.edge_id: str | None = None  # the reading edge's announce id: entries carry the body's ack of it
 
     def _reject(self, what: str, problem: str) -> None:
         """Count and remember a skipped body or IU entry; log at most once a minute (a writer can repeat it
@@ -220,7 +223,8 @@ class PoolView:
     def _bodies(self) -> dict[str, _Seen]:
         merged = dict(self.bodies)
         for node, seen in self.polled.items():
-            if node not in merged or seen.body.ts > merged[node].body.ts:
+            # a pushed body wins a tie: the KV body of the same cycle has no announcements in it
+            if node not in merged or seen.body.ts >= merged[node].body.ts:
                 merged[node] = seen
         return merged
 
@@ -250,6 +254,7 @@ class PoolView:
             for node, seen in self._bodies().items():
                 body = seen.body
                 ts = min(body.ts - (body.clock_offset_s or 0.0), seen.received + TS_TOLERANCE_S)
+                acked = body.announced.get(self.edge_id, 0) if self.edge_id and body.announced else 0
                 for iu_id, iu in body.ius.items():
                     health, service, owner = self.health.get(iu_id, ("unknown", {}, ""))
                     if owner and owner != node:
@@ -269,6 +274,7 @@ class PoolView:
                             components=iu.components,
                             address=_address(service),
                             port=_port(service),
+                            acked=acked,
                         )
                     )
             known = {e.iu_id for e in entries}

@@ -1,0 +1,258 @@
+"""The announce channel, agent side: edges tell a node's agent what they just sent to its IUs.
+
+Why: a score is computed from a vLLM scrape every 200 ms. Between two scrapes an edge knows only its own
+requests (its ledger); the work other edges sent since the score, and the real size of long prompts that
+vLLM's waiting gauge counts as one request each, are invisible to it. In ``bench/route_sim.py`` that is
+what keeps 4 and 16 edges short of the oracle (edge/README.md, "The announce channel"). With the channel
+every edge sees every edge's work within ~20-30 ms.
+
+The protocol (``POST /announce`` on the agent's HTTP server, eas_agent/http.py; the edge's sender is
+edge/announce.py)::
+
+    Authorization: Bearer <the announce token>
+    {"edge": "edge-a.3f9c2b1d", "announcements": [{"iu": "r01n01-iu0", "tokens": 1834, "seq": 17,
+                                                   "sent": 1764780000.123}, ...]}
+
+- ``edge``: the edge's name and a nonce drawn at its start (``EDGE_ID``), so a restarted edge never
+  matches an acknowledgement of its previous life;
+- ``seq``: per edge, +1 per request sent (to any IU); an edge sends each node's batches one at a time and
+  in order, so "the node has everything up to ``seq``" is one number;
+- ``sent``: the edge's clock when it sent the request to vLLM; the agent compares it with its scrape time
+  (both NTP-disciplined, as the score's ``ts`` already assumes).
+
+What the agent does with a batch (:class:`NodeAnnouncements`): each prompt's prefill seconds (tokens / the
+IU's measured ``prefill_tps``) are added to the IU's score until the next scrape (the scrape then sees the
+request itself), the body served on ``/scores`` is rebuilt at once (so the edges' blocking queries answer
+within a round trip) with ``announced`` (edge -> last sequence number counted) and
+``ius.*.components.announced_s`` (what announcements added: the edge's anomaly detector judges the scrape's
+score). At each scrape vLLM's waiting count W gets sizes: the W most recent announced prompts not yet seen
+admitted wait (vLLM admits first come, first served), older ones were admitted (:class:`AnnouncedPrompts`,
+:class:`AnnounceScorer`).
+
+What a forged or broken sender can do: only an edge holding the token is heard; each announcement's tokens
+are capped at ``max_prompt_tokens`` (the model's context), its send time must be within
+:data:`SENT_TOLERANCE_S` of the agent's clock, each edge is held to ``rate_per_s`` announcements a second
+(a token bucket), and at most :data:`~eas_agent.scorebody.MAX_ANNOUNCED_EDGES` edges are remembered. What an
+announcement adds ends at the next scrape by construction; a FIFO entry lasts at most until vLLM reports
+fewer waiting requests. The KV body never carries announcements (``Publisher`` writes the scrape's body).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter, OrderedDict, deque
+from collections.abc import Container, Iterable
+from dataclasses import dataclass, replace
+
+from eas_agent.score import SCORE_TERMS, IUInputs, Scorer, ScoreResult, effective_prefill_tps
+from eas_agent.scorebody import EDGE_ID, MAX_ANNOUNCED_EDGES, MAX_SEQ, ScoreBody
+
+ANNOUNCE_PATH = "/announce"
+MAX_BATCH_ITEMS = 512  # an edge batches 10 ms of one node's requests: a few at most
+MAX_BATCH_BYTES = 64 * 1024
+SENT_TOLERANCE_S = 5.0  # chrony keeps nodes within ~1 ms; 5 s is a broken clock or a replay, not skew
+MAX_PENDING = 4096  # per IU: vLLM's waiting queue of one engine is a few hundred requests at most
+DEFAULT_MAX_PROMPT_TOKENS = 131_072  # Llama 3.1's context; the agent config sets the served model's
+DEFAULT_RATE_PER_S = 2_000.0  # per edge; one edge sends a pool of 128 nodes ~1,000 requests/s at most
+DEFAULT_BURST = 4_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    iu: str
+    tokens: int
+    seq: int
+    sent: float
+
+
+class AnnounceError(ValueError):
+    """The batch as a whole is unusable (nothing of it is counted); the message names the field."""
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_batch(obj, ius: Container[str], now: float, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+                ) -> tuple[str, list[Announcement], Counter]:
+    """(edge id, the usable announcements in order, ignored ones by reason). Raises :class:`AnnounceError`
+    when the batch itself is malformed. One bad announcement is ignored and counted, the others kept;
+    tokens above ``max_prompt_tokens`` are capped (counted ``tokens_capped``), not refused."""
+    if not isinstance(obj, dict):
+        raise AnnounceError(f"body is {type(obj).__name__}, not an object")
+    edge = obj.get("edge")
+    if not isinstance(edge, str) or not EDGE_ID.fullmatch(edge):
+        raise AnnounceError(f"edge {str(edge)[:80]!r} is not an edge id ({EDGE_ID.pattern})")
+    items = obj.get("announcements")
+    if not isinstance(items, list):
+        raise AnnounceError(f"announcements is {type(items).__name__}, not a list")
+    if len(items) > MAX_BATCH_ITEMS:
+        raise AnnounceError(f"announcements has {len(items)} entries (more than {MAX_BATCH_ITEMS})")
+    ignored: Counter[str] = Counter()
+    kept: list[Announcement] = []
+    last_seq = 0
+    for item in items:
+        if not isinstance(item, dict):
+            ignored["malformed"] += 1
+            continue
+        iu, tokens, seq, sent = item.get("iu"), item.get("tokens"), item.get("seq"), item.get("sent")
+        if not isinstance(iu, str) or iu not in ius:
+            ignored["unknown_iu"] += 1
+        elif not _int(tokens) or tokens < 1:
+            ignored["tokens_invalid"] += 1
+        elif not _int(seq) or not last_seq < seq <= MAX_SEQ:
+            ignored["seq_invalid"] += 1  # not an integer, or not increasing within the batch
+        elif isinstance(sent, bool) or not isinstance(sent, (int, float)) or not math.isfinite(sent) \
+                or abs(sent - now) > SENT_TOLERANCE_S:
+            ignored["sent_out_of_range"] += 1
+        else:
+            if tokens > max_prompt_tokens:
+                ignored["tokens_capped"] += 1  # kept, at the cap
+                tokens = max_prompt_tokens
+            kept.append(Announcement(iu, tokens, seq, float(sent)))
+            last_seq = seq
+    return edge, kept, ignored
+
+
+class AnnouncedPrompts:
+    """One IU's announced prompts the agent has not seen admitted (oldest first) and what announcements added
+    to its score since the last scrape. Called from the agent's cycle (``reconcile``) and its HTTP threads
+    (``announce``), hence the lock. ``sizes`` False is an ablation (bench/announce_sim.py): an announcement
+    the last scrape already counted adds nothing."""
+
+    def __init__(self, sizes: bool = True):
+        self.sizes = sizes
+        self.lock = threading.Lock()
+        self.pending: deque[int] = deque(maxlen=MAX_PENDING)
+        self.unattributed = 0  # waiting requests of the last scrape that no announcement named
+        self.scraped_at = -math.inf
+        self.prefill_tps: float | None = None
+        self.request_cost_s = 0.0
+        self.added_s = 0.0
+
+    def reconcile(self, waiting: int, now: float, prefill_tps: float, request_cost_s: float) -> tuple[int, int]:
+        """At a scrape finding ``waiting`` requests waiting: (tokens of the announced ones among them, how many
+        no announcement names). FIFO: the most recent ``waiting`` pending prompts wait, the older were admitted."""
+        with self.lock:
+            while len(self.pending) > waiting:
+                self.pending.popleft()
+            self.unattributed = waiting - len(self.pending)
+            self.scraped_at, self.prefill_tps, self.request_cost_s, self.added_s = now, prefill_tps, request_cost_s, 0.0
+            return sum(self.pending), self.unattributed
+
+    def announce(self, prompt: int, sent: float) -> None:
+        with self.lock:
+            if self.prefill_tps is None:  # no scrape yet: the first one will count it
+                self.pending.append(prompt)
+            elif sent >= self.scraped_at:  # the last scrape did not see it: its prefill on top of the score
+                self.pending.append(prompt)
+                self.added_s += prompt / self.prefill_tps
+            elif self.sizes and self.unattributed > 0:  # the scrape counted it waiting at the mean: its real size
+                self.unattributed -= 1
+                self.pending.append(prompt)
+                self.added_s += prompt / self.prefill_tps - self.request_cost_s
+            # else the last scrape found it admitted already (the admitted-prefill term counts its real
+            # tokens) or, without sizes, counted it waiting at the mean prompt (the edge keeps the excess)
+
+
+class AnnounceScorer:
+    """An IU's scorer (``inner``) with vLLM's waiting count at the announced prompts' real sizes; the seed
+    profile and a scrape without a waiting count are scored as ``inner`` scores them."""
+
+    def __init__(self, inner: Scorer, prompts: AnnouncedPrompts):
+        self.inner, self.prompts = inner, prompts
+
+    def score(self, inputs: IUInputs, now: float) -> ScoreResult:
+        inner = self.inner
+        result = inner.score(inputs, now)
+        reading = inputs.vllm
+        m = reading.metrics if reading is not None else None
+        if inner.profile != "drain" or result.score is None or m is None or m.num_requests_waiting is None:
+            return result
+        params = inner.params
+        prefill_tps = inner.prefill.value  # drain_score updated it for this reading
+        mean = reading.mean_prompt_tokens or params.mean_prompt_tokens_prior
+        prefill_eff = effective_prefill_tps(params, prefill_tps, reading.preemptions_per_s or 0.0, mean)
+        waiting = int(m.num_requests_waiting)
+        tokens, unattributed = self.prompts.reconcile(waiting, now, prefill_tps, mean / prefill_eff)
+        if not self.prompts.sizes or unattributed == waiting:  # no announced prompt waits: drain's own terms
+            return result
+        backlog = tokens + unattributed * mean
+        score = max(0.0, result.score + SCORE_TERMS["drain"]["queue_s"] * (backlog - waiting * mean) / prefill_eff)
+        components = {**result.components, "backlog_tokens": round(backlog), "queue_s": round(backlog / prefill_eff, 4)}
+        return replace(result, score=round(score, 4), components=components)
+
+
+class NodeAnnouncements:
+    """One node agent's side of the channel: its IUs' announced prompts, the last sequence number per edge,
+    each edge's rate bound, and the ``/scores`` body with what announcements added."""
+
+    def __init__(self, iu_ids: Iterable[str], *, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+                 rate_per_s: float = DEFAULT_RATE_PER_S, burst: float = DEFAULT_BURST, sizes: bool = True):
+        self.prompts = {iu: AnnouncedPrompts(sizes) for iu in iu_ids}
+        self.max_prompt_tokens, self.rate_per_s, self.burst = max_prompt_tokens, rate_per_s, burst
+        self.lock = threading.Lock()
+        self.acked: OrderedDict[str, int] = OrderedDict()  # edge -> last seq counted; least recently heard first
+        self.buckets: dict[str, list[float]] = {}  # edge -> [tokens left, when refilled]
+        self.counts: Counter[str] = Counter()  # accepted, and ignored ones by reason (the agent's metrics)
+
+    def scorer(self, iu_id: str, inner: Scorer) -> AnnounceScorer:
+        """``inner`` (the IU's scorer) with the waiting prompts' announced sizes."""
+        return AnnounceScorer(inner, self.prompts[iu_id])
+
+    def receive_json(self, obj, now: float) -> tuple[int, Counter]:
+        """Parse and count one batch (:func:`parse_batch`); (accepted, ignored by reason)."""
+        edge, batch, ignored = parse_batch(obj, self.prompts, now, self.max_prompt_tokens)
+        accepted = self.receive(edge, batch, now, ignored)
+        return accepted, ignored
+
+    def receive(self, edge: str, batch: list[Announcement], now: float, ignored: Counter | None = None) -> int:
+        ignored = ignored if ignored is not None else Counter()
+        accepted = []
+        with self.lock:
+            acked = self.acked.get(edge, 0)
+            bucket = self.buckets.get(edge)
+            if bucket is None:
+                bucket = [self.burst, now]
+            bucket[0] = min(self.burst, bucket[0] + max(0.0, now - bucket[1]) * self.rate_per_s)
+            bucket[1] = now
+            for a in batch:
+                if a.seq <= acked:
+                    ignored["replayed"] += 1
+                elif bucket[0] < 1.0:
+                    ignored["rate_limited"] += 1
+                else:
+                    bucket[0] -= 1.0
+                    accepted.append(a)
+                    acked = a.seq
+            if accepted or edge in self.acked:
+                self.acked[edge] = acked
+                self.acked.move_to_end(edge)
+                self.buckets[edge] = bucket
+            while len(self.acked) > MAX_ANNOUNCED_EDGES:  # a forgotten edge reads bodies as if from the KV
+                gone, _ = self.acked.popitem(last=False)
+                self.buckets.pop(gone, None)
+            for a in accepted:  # under the lock: a body never acknowledges what its scores do not hold yet
+                self.prompts[a.iu].announce(a.tokens, a.sent)
+            self.counts["accepted"] += len(accepted)
+            self.counts.update(ignored)
+        return len(accepted)
+
+    def body(self, base: ScoreBody) -> ScoreBody:
+        """``base`` (the last cycle's body) with what announcements added since its scrape and the edges'
+        acknowledgements, both read under the lock :meth:`receive` holds: what a body acknowledges, its
+        scores hold."""
+        with self.lock:
+            announced = dict(self.acked)
+            added = {iu_id: prompts.added_s for iu_id, prompts in self.prompts.items()}
+        ius = {}
+        for iu_id, entry in base.ius.items():
+            extra = added.get(iu_id, 0.0)
+            if entry.score is None or not extra:
+                ius[iu_id] = entry
+                continue
+            score = round(max(0.0, entry.score + extra), 4)
+            ius[iu_id] = replace(entry, score=score,
+                                 components={**entry.components, "announced_s": round(score - entry.score, 4)})
+        return replace(base, ius=ius, announced=announced)
