@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""The announce channel (a design that does NOT ship) against the shipped push path, in route_sim's simulation.
+"""The announce channel against the push path without it, in route_sim's simulation, over several seeds.
 
     .venv/bin/python bench/announce_sim.py --quick --jobs 2      # seeds 1,2,3, 80% load, 40 s traces
 
-Per seed, on that seed's one trace (route_sim's: same arrivals, same tie-break seeds for the rows route_sim
-also runs, so its shipped rows give route_sim's numbers): least-conn and the oracle at 4 edges, the shipped
-push path (`ours (push + Consul)`) and `design: push + announce` (bench/routesim/announce.py) at each edge
-count. The design rows use the tie-break seeds of the shipped row with the same edge count. Printed: p99 TTFT
-per seed and its mean, the 4-edge rows' ratios to the oracle and to least-conn, 16 edges / 1 edge, each per
-seed with its mean and 95% t interval, and what the channel cost (announce batches and pushes per request).
+Both rows are what eas-edge ships (bench/routesim/announce.py drives the shipped agent and edge classes):
+`ours (push + announce + Consul)`, the default when edges and agents hold an announce token, and
+`ours (push + Consul)`, without a token. Per seed, on that seed's one trace (route_sim's: same arrivals, and
+at 4 edges the same tie-break seeds as route_sim's main table): least-conn and the oracle at 4 edges and
+both modes at each edge count. Printed: p99 TTFT per seed and its mean, the 4-edge rows' ratios to the
+oracle and to least-conn, most edges / one edge, each per seed with its mean and 95% t interval, and what
+the channel cost (announce batches and pushes per request).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from routesim.capacity import saturated_rate  # noqa: E402
 from routesim.report import SeedCheck, summarize  # noqa: E402
-from routesim.runner import SHIPPED, Scenario, announce_scenarios, edge_scenarios, run_scenario  # noqa: E402
+from routesim.runner import SHIPPED, SHIPPED_PUSH, Scenario, edge_scenarios, run_scenario  # noqa: E402
 from routesim.sim import own_prefill_time, stable_seed  # noqa: E402
 from routesim.workload import poisson_trace  # noqa: E402
 
@@ -33,17 +34,15 @@ from sim.vllm.roofline import IUModel  # noqa: E402
 REFERENCE_EDGES = 4  # route_sim's main table: least-conn, oracle and the shipped row at 4 edges
 
 
-FAMILIES = ("shipped", "design", "design-without-sizes")
+FAMILIES = ("announce", "push")
+SHIPPED_OF = {"announce": SHIPPED, "push": SHIPPED_PUSH}
 
 
 def scenarios(counts: tuple[int, ...], families: tuple[str, ...]) -> list[tuple[str, Scenario]]:
     """(family, scenario); route_sim's labels (its tie-break seeds) for every row it also runs."""
     rows = [("least-conn", Scenario("least-conn", "least-conn", edges=REFERENCE_EDGES)),
             ("oracle", Scenario("oracle", "oracle", edges=REFERENCE_EDGES))]
-    by_family = {"shipped": [Scenario(SHIPPED, "ours", feed="push", edges=n) if n == REFERENCE_EDGES else s
-                             for n, s in zip(counts, edge_scenarios(counts), strict=True)],
-                 "design": announce_scenarios(counts),
-                 "design-without-sizes": announce_scenarios(counts, waiting_sizes=False)}
+    by_family = {family: edge_scenarios(counts, SHIPPED_OF[family]) for family in families}
     for i in range(len(counts)):
         rows += [(family, by_family[family][i]) for family in families]
     return rows
@@ -98,7 +97,7 @@ def report(per_seed: list[dict], counts: tuple[int, ...], families: tuple[str, .
     lines.append("announce channel cost (whole run, per request sent):")
     for key in keys:
         cost = per_seed[0]["rows"][key]["announce"]
-        if key.startswith("design") and cost:
+        if key.startswith("announce") and cost:
             sums = {k: sum(r["rows"][key]["announce"][k] for r in per_seed) for k in cost}
             lines.append(f"  {key}: {sums['batches'] / sums['requests']:.3f} announce messages "
                          f"(batches), {sums['announce_pushes'] / sums['requests']:.2f} extra pushed bodies "
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, help="seconds not measured (quick 15, else 30)")
     parser.add_argument("--load", type=float, default=0.8)
     parser.add_argument("--edge-counts", default="1,4,16")
-    parser.add_argument("--families", default="shipped,design",
+    parser.add_argument("--families", default="announce,push",
                         help=f"row families, of {','.join(FAMILIES)} (least-conn and the oracle always run)")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         per_seed = [run_seed(*w) for w in work]
     lines, checks = report(per_seed, counts, families)
     print(f"{args.load:.0%} load, {duration:.0f} s of arrivals, first {warmup:.0f} s not measured, seeds "
-          f"{','.join(map(str, seeds))}; 'design:' rows do not ship")
+          f"{','.join(map(str, seeds))}")
     print("\n".join(lines))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"per_seed": per_seed, "checks": checks}, indent=1))

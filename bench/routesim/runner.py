@@ -24,59 +24,48 @@ class Scenario:
     policy: str  # round-robin | least-conn | seed | ours | oracle
     feed: str = "consul"  # seed / ours: "push" (agents' blocking queries + the KV, as eas-edge ships),
     #                       "consul" (the KV only: eas-edge with push off or no agent reachable), "poll",
-    #                       "announce" (push + the announce channel: a design, not shipped; routesim.announce)
+    #                       "announce" (push + the announce channel, eas-edge's default: routesim.announce)
     edges: int = 4
     interval_s: float = 0.2  # the agent's collection cycle
     poll_s: float = 0.05
     heartbeat_s: float = 2.0
     before: bool = False  # drain without its admitted-prefill term (routesim.agents.BeforeScorer)
     rng_label: str | None = None  # tie-break seeds of this row (default: label); "before" rows pair with `ours`
-    waiting_sizes: bool = True  # feed "announce": scrapes give vLLM's waiting count the announced sizes
 
     @property
     def uses_agents(self) -> bool:
         return self.policy in ("seed", "ours")
 
 
-SHIPPED = "ours (push + Consul)"  # eas-edge's default: agents' scores pushed, Consul's KV as the fallback
+SHIPPED = "ours (push + announce + Consul)"  # eas-edge's default with an announce token on edges and agents
+SHIPPED_PUSH = "ours (push + Consul)"  # no announce token configured (or agents without the channel)
 SHIPPED_CONSUL_ONLY = "ours (Consul only)"  # eas-edge --no-push, or every agent unreachable
+FEED_OF = {SHIPPED: "announce", SHIPPED_PUSH: "push", SHIPPED_CONSUL_ONLY: "consul"}
 
 
 def main_scenarios(edges: int) -> list[Scenario]:
-    """Rows whose label starts with "ours" are exactly what eas-edge ships (edge.routing.Router)."""
+    """Rows whose label starts with "ours" are exactly what eas-edge ships (edge.routing.Router), in its three
+    modes: with the announce channel (the default when a token is configured), push only, Consul only."""
     return [
         Scenario("round-robin", "round-robin", edges=edges),
         Scenario("least-conn", "least-conn", edges=edges),
         Scenario("seed (argmin)", "seed", edges=edges),
-        Scenario(SHIPPED, "ours", feed="push", edges=edges),
-        Scenario(SHIPPED_CONSUL_ONLY, "ours", feed="consul", edges=edges),
+        *(Scenario(label, "ours", feed=feed, edges=edges) for label, feed in FEED_OF.items()),
         Scenario("oracle", "oracle", edges=edges),
     ]
 
 
-def edge_scenarios(counts: tuple[int, ...]) -> list[Scenario]:
-    return [Scenario(f"{SHIPPED}, {n} edge{'s' if n > 1 else ''}", "ours", feed="push", edges=n) for n in counts]
+def edge_scenarios(counts: tuple[int, ...], shipped: str = SHIPPED) -> list[Scenario]:
+    """``shipped`` (one of the `ours` modes) at each edge count; the main table's row at its edge count."""
+    return [Scenario(f"{shipped}, {n} edge{'s' if n > 1 else ''}", "ours", feed=FEED_OF[shipped], edges=n,
+                     rng_label=shipped if n == 4 else None) for n in counts]
 
 
 def staleness_scenarios(ages_ms: tuple[int, ...], edges: int) -> list[Scenario]:
-    """Score age: agents cycle every S and push each cycle's body (a score is 0-S old when used, plus ~21 ms);
-    the shipped agent cycles every 200 ms."""
+    """Score age without the announce channel: agents cycle every S and push each cycle's body (a score is
+    0-S old when used, plus ~21 ms); the shipped agent cycles every 200 ms."""
     return [Scenario(f"push, agent cycle {ms} ms", "ours", feed="push", edges=edges, interval_s=ms / 1000,
                      heartbeat_s=max(2.0, ms / 1000)) for ms in ages_ms]
-
-
-DESIGN_ANNOUNCE = "design: push + announce"  # not shipped: routesim.announce
-
-
-def announce_scenarios(counts: tuple[int, ...], waiting_sizes: bool = True) -> list[Scenario]:
-    """The shipped push path plus the announce channel (a design that does not ship) at each edge count, with
-    the tie-break seeds of route_sim's shipped row of the same edge count: a paired comparison.
-    ``waiting_sizes`` False: the ablation without the waiting requests' announced sizes."""
-    def shipped_label(n: int) -> str:  # route_sim's 4-edge row is the main table's
-        return SHIPPED if n == 4 else f"{SHIPPED}, {n} edge{'s' if n > 1 else ''}"
-    design = DESIGN_ANNOUNCE if waiting_sizes else f"{DESIGN_ANNOUNCE} without waiting sizes"
-    return [Scenario(f"{design}, {n} edge{'s' if n > 1 else ''}", "ours", feed="announce", edges=n,
-                     rng_label=shipped_label(n), waiting_sizes=waiting_sizes) for n in counts]
 
 
 def misled_share(pool: Pool, edges: list[ScoredEdge], warmup_s: float, end_s: float,
@@ -101,7 +90,7 @@ def misled_share(pool: Pool, edges: list[ScoredEdge], warmup_s: float, end_s: fl
 def before_scenarios(edges: int) -> list[Scenario]:
     """The `ours` rows with the drain score as it was before the admitted-prefill term: before/after in one run."""
     return [
-        Scenario("before (push + Consul)", "ours", feed="push", edges=edges, before=True, rng_label=SHIPPED),
+        Scenario("before (push + Consul)", "ours", feed="push", edges=edges, before=True, rng_label=SHIPPED_PUSH),
         Scenario("before (Consul only)", "ours", edges=edges, before=True, rng_label=SHIPPED_CONSUL_ONLY),
     ]
 
@@ -124,20 +113,19 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
         fleet = AgentFleet(pool.units, ius_per_node, NODES_PER_RACK, profile=profile, interval_s=scenario.interval_s,
                            heartbeat_s=scenario.heartbeat_s, loop=pool.loop, rng=rngs[-1], direct=direct,
                            before=scenario.before)
-        design = (AnnounceNodes(fleet, pool.loop, waiting_sizes=scenario.waiting_sizes)
-                  if scenario.feed == "announce" else None)
-        views = [design.view(pool.loop) if design else new_view(pool.loop) for _ in range(scenario.edges)]
+        design = AnnounceNodes(fleet, pool.loop) if scenario.feed == "announce" else None
+        views = [new_view(pool.loop) for _ in range(scenario.edges)]
         HealthFeed(fleet, views, pool.loop, CONSUL_LATENCY_S)
         for i, view in enumerate(views):
             if scenario.feed == "poll":
                 AgentPoll(fleet, view, pool.loop, scenario.poll_s, rngs[i])
             else:
                 ConsulKVWatch(fleet, view, pool.loop, CONSUL_LATENCY_S)
-                if scenario.feed == "push":
+                if scenario.feed == "push":  # "announce" pushes through routesim.announce.AnnouncePush
                     AgentPush(fleet, view, pool.loop)
         mode = "p2c" if scenario.policy == "ours" else "argmin"
         iu_ids = [u.iu_id for u in pool.units]
-        if design:  # push through the announce channel's bodies instead of the plain cycle bodies
+        if design:  # push the announce channel's bodies (cycle bodies plus announcements) and announce
             edges = announce_edges(fleet, views, pool.loop, rngs, iu_ids, design)
         else:
             edges = [ScoredEdge(view, rngs[i], iu_ids, mode) for i, view in enumerate(views)]
