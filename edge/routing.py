@@ -93,14 +93,15 @@ class Router:
         return Decision(choice.iu_id, choice.mode, entry, cost, choice.expected_s, queued_as)
 
     def sent(self, iu_id: str, now: float, cost_s: float | None = None, handle=None,
-             expected_s: float | None = None, queued_as_s: float | None = None) -> None:
-        """``handle`` (any hashable naming the request) and ``expected_s`` (Decision.expected_s): the ledger
+             expected_s: float | None = None, queued_as_s: float | None = None) -> int:
+        """Returns the request's announce sequence number (0: this edge does not announce). ``handle`` (any hashable naming the request) and ``expected_s`` (Decision.expected_s): the ledger
         awaits its first byte (:meth:`first_byte`), so an overdue request marks its IU busier than scored.
         ``queued_as_s`` (Decision.queued_as_s): while the request is predicted to wait in the IU's queue,
         scores newer than its send still undercount a long prompt (EdgeLedger.on_sent)."""
-        self.ledger.on_sent(iu_id, now, cost_s, handle, expected_s, queued_as_s)
+        seq = self.ledger.on_sent(iu_id, now, cost_s, handle, expected_s, queued_as_s)
         if self.ledger.inflight[iu_id] >= self.cap:
             self.full.add(iu_id)
+        return seq
 
     def first_byte(self, iu_id: str, handle) -> None:
         self.ledger.on_first_byte(iu_id, handle)
