@@ -64,6 +64,8 @@ def render(datacenter: str = layout.DEFAULT_DATACENTER) -> str:
         " | to_uuid }}\"\n"
         f"consul_token: {uuid.uuid4()}\n"
         f"consul_edge_token: {uuid.uuid4()}\n"
+        "# The announce channel's shared secret: edges (announce.token_file) and every eas-agent (role eas_agent).\n"
+        f"eas_announce_token: {os.urandom(32).hex()}\n"
         f"consul_agent_tls_ca_pem: {_block(ca)}"
         f"consul_agent_tls_server_cert_pem: {_block(cert)}"
         f"consul_agent_tls_server_key_pem: {_block(key)}"
