@@ -44,22 +44,26 @@ class TokenError(ValueError):
     """A token given as a file that cannot be used; the message names the file and the problem."""
 
 
-def read_token_file(path: str | Path) -> str:
-    """The token in ``path``: refused when the file is missing, readable by group/others, empty or not one word."""
+def read_token_file(path: str | Path, kind: str = "Consul") -> str:
+    """The token in ``path``: refused when the file is missing, readable by group/others, empty or not one word.
+
+    ``kind`` names the token in the errors: ``"Consul"`` (the default) the Consul ACL token; another word,
+    e.g. ``"announce"`` (the edges' and agents' announce channel), "the announce token file"."""
     path = Path(path)
+    secret = "Consul ACL token" if kind == "Consul" else f"{kind} token"
     try:
         mode = path.stat().st_mode
         text = path.read_text()
     except OSError as exc:
-        raise TokenError(f"{path}: cannot read the Consul token file: {exc.strerror or exc}") from None
+        raise TokenError(f"{path}: cannot read the {kind} token file: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise TokenError(f"{path}: not a text file (a Consul token file holds one token)") from None
+        raise TokenError(f"{path}: not a text file (a {kind} token file holds one token)") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise TokenError(f"{path}: readable by group/others (mode {stat.S_IMODE(mode):04o}); chmod 600 it "
-                         "(it holds the Consul ACL token)")
+                         f"(it holds the {secret})")
     token = text.strip()
     if not token or any(c.isspace() for c in token):
-        raise TokenError(f"{path}: must hold one Consul ACL token (found {'nothing' if not token else 'whitespace'})")
+        raise TokenError(f"{path}: must hold one {secret} (found {'nothing' if not token else 'whitespace'})")
     return token
 
 

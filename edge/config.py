@@ -12,6 +12,11 @@
       agent_port: 9105            # eas_agent_listen's port; the agent must listen on the node's address
       wait_s: 10                  # how long one blocking query may wait for the next cycle
       apply_interval_s: 0.02      # pushed bodies are folded into the view at most this often
+    announce:                     # tell each request to its IU's node agent (edge/announce.py); needs push
+      token_file: null            # the announce token (0600, one word; the agents' eas_agent_announce_token);
+                                  # null: announcing off
+      batch_ms: 10                # a node's announcements leave at the edge's next tick of this (1-1000)
+      edge_name: null             # this edge's id is <edge_name>.<8 hex drawn at each start> (null: host name)
     max_inflight_per_iu: 64       # this edge's requests in flight per IU; more wait in the queue
     max_queue: 512                # requests waiting for a slot; beyond: 503 + Retry-After
     queue_timeout_s: 5
@@ -37,10 +42,12 @@ import yaml
 
 # The agent config's field helpers and Consul block: one reading of these fields, not a copy.
 from consul_io import layout
+from consul_io.client import TokenError, read_token_file
 from eas_agent.config import ConfigError, ConsulConfig, _address, _Fields, _load_consul, split_hostport
 
 EVENT_LOOPS = ("asyncio", "uvloop")  # the edge's event loop (edge.main.loop_factory)
-__all__ = ["ConfigError", "EVENT_LOOPS", "EdgeConfig", "PushConfig", "load_edge_config", "parse_edge_config"]
+__all__ = ["AnnounceConfig", "ConfigError", "EVENT_LOOPS", "EdgeConfig", "PushConfig", "load_edge_config",
+           "parse_edge_config"]
 
 
 @dataclass(frozen=True)
@@ -52,11 +59,31 @@ class PushConfig:
 
 
 @dataclass(frozen=True)
+class AnnounceConfig:
+    token_file: str | None = None  # None: announcing off
+    batch_ms: float = 10.0
+    edge_name: str | None = None  # None: the host name
+
+    @property
+    def enabled(self) -> bool:
+        return self.token_file is not None
+
+    def read_token(self, config_path: str | Path = "<config>") -> str:
+        """The announce token, read at start-up by the token file rules (consul_io.client.read_token_file:
+        0600, one word) and never logged."""
+        try:
+            return read_token_file(self.token_file, kind="announce")
+        except TokenError as exc:
+            raise ConfigError(config_path, "announce.token_file", str(exc)) from None
+
+
+@dataclass(frozen=True)
 class EdgeConfig:
     listen: str = "127.0.0.1:8080"
     datacenter: str = layout.DEFAULT_DATACENTER
     consul: ConsulConfig = field(default_factory=ConsulConfig)
     push: PushConfig = field(default_factory=PushConfig)
+    announce: AnnounceConfig = field(default_factory=AnnounceConfig)
     max_inflight_per_iu: int = 64
     max_queue: int = 512
     queue_timeout_s: float = 5.0
@@ -99,16 +126,34 @@ def _load_push(path: str | Path, data: Any) -> PushConfig:
     )
 
 
+def _load_announce(path: str | Path, data: Any) -> AnnounceConfig:
+    f = _Fields(path, data if data is not None else {}, "announce")
+    f.unknown({"token_file", "batch_ms", "edge_name"})
+    token_file = f.get("token_file", str, None)
+    if token_file == "":
+        raise f.fail("token_file", "empty path (null turns announcing off)")
+    batch_ms = f.get("batch_ms", float, 10.0)
+    if not 1.0 <= batch_ms <= 1000.0:
+        raise f.fail("batch_ms", f"must be 1-1000 (milliseconds), got {batch_ms:g}")
+    return AnnounceConfig(token_file=token_file, batch_ms=batch_ms, edge_name=f.get("edge_name", str, None))
+
+
 def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f = _Fields(path, data if data is not None else {}, "")
-    f.unknown({"listen", "datacenter", "consul", "push", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
+    f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop"})
+    push = _load_push(path, f.data.get("push"))
+    announce = _load_announce(path, f.data.get("announce"))
+    if announce.enabled and not push.enabled:  # acknowledgements come in pushed bodies only
+        raise ConfigError(path, "announce.token_file", "announcing needs the push feed (push.enabled: true): "
+                          "the agents acknowledge announcements in their pushed bodies only")
     return EdgeConfig(
         listen=_address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
         consul=_load_consul(path, f.data.get("consul")),
-        push=_load_push(path, f.data.get("push")),
+        push=push,
+        announce=announce,
         max_inflight_per_iu=_count(f, "max_inflight_per_iu", 64, 1),
         max_queue=_count(f, "max_queue", 512, 0),
         queue_timeout_s=f.positive("queue_timeout_s", 5.0),

@@ -2,12 +2,15 @@
 
     eas-edge --config /etc/eas-edge/edge.yml
     eas-edge --listen 127.0.0.1:8080 --consul 127.0.0.1:8500 --agent-port 9105
+    eas-edge --config /etc/eas-edge/edge.yml --announce-token-file /etc/eas-edge/announce.token
 
 Flags override the file's fields. Start-up reads Consul once: if it cannot be reached the edge exits 2
-with one line naming the address (an edge that starts blind would only answer 503). Later Consul outages
+with one line naming the address (an edge that starts blind would only answer 503); an unusable announce
+token file is one line naming ``announce.token_file`` and exit 2 too. Later Consul outages
 keep the last view (and pushed scores) and fail open once scores are stale. Shutdown: the listener closes
 (``/healthz`` says draining first, so a load balancer stops sending), in-flight requests and streams get
-``drain_timeout_s`` to finish, then the rest is cut.
+``drain_timeout_s`` to finish, then the rest is cut; the announcements still queued are sent (waiting at
+most a second) before the connections close.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from aiohttp import web
 
 from consul_io.client import ConsulIO, ConsulUnavailable
 from eas_agent.scheduler import ConsulWatcher
+from edge.announce import AnnounceSender, edge_id
 from edge.config import EVENT_LOOPS, ConfigError, EdgeConfig, load_edge_config
 from edge.feed import AgentFeed, EdgeView
 from edge.metrics import EdgeMetrics
@@ -49,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--datacenter", help="Consul datacenter of the score keys (default dc1)")
     parser.add_argument("--agent-port", type=int, help="port of eas-agent's /scores on every node (9105)")
     parser.add_argument("--no-push", action="store_true", help="scores from Consul only (no agent feeds)")
+    parser.add_argument("--announce-token-file", metavar="PATH",
+                        help="announce each request to its node agent with the token in PATH (0600; needs push)")
     parser.add_argument("--max-inflight-per-iu", type=int)
     parser.add_argument("--max-queue", type=int)
     parser.add_argument("--drain-timeout-s", type=float)
@@ -61,6 +67,7 @@ def config_from(args: argparse.Namespace) -> EdgeConfig:
     return load_edge_config(args.config, {
         "listen": args.listen, "consul.address": args.consul_address, "datacenter": args.datacenter,
         "push.agent_port": args.agent_port, "push.enabled": False if args.no_push else None,
+        "announce.token_file": args.announce_token_file,
         "max_inflight_per_iu": args.max_inflight_per_iu, "max_queue": args.max_queue,
         "drain_timeout_s": args.drain_timeout_s, "event_loop": args.event_loop,
     })
@@ -73,7 +80,8 @@ class Edge:
         self.config = config
         view = EdgeView()
         rng = random.Random(config.seed)
-        self.state = EdgeState(config, view, Router(rng, config.max_inflight_per_iu, config.eject_s), EdgeMetrics())
+        router = Router(rng, config.max_inflight_per_iu, config.eject_s, announcing=config.announce.enabled)
+        self.state = EdgeState(config, view, router, EdgeMetrics())
         self.state.metrics.watch(self.state)
         self.runner: web.AppRunner | None = None
         self.site: web.TCPSite | None = None
@@ -95,6 +103,13 @@ class Edge:
 
     async def start(self) -> str:
         """Connect, start feeds and listen; returns the listening HOST:PORT."""
+        announce = self.config.announce
+        token = None
+        if announce.enabled:
+            if not self.config.push.enabled:  # parse_edge_config refuses it; a config built in code too
+                raise ConfigError(self.config.source, "announce.token_file", "announcing needs the push feed "
+                                  "(push.enabled: true): the agents acknowledge announcements in pushed bodies only")
+            token = announce.read_token(self.config.source)
         self.connect_consul()
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s,
                                         sock_connect=self.config.connect_timeout_s)
@@ -106,6 +121,11 @@ class Edge:
             push = self.config.push
             self.state.feed = AgentFeed(self.state.view, self.state.session, push.agent_port, wait_s=push.wait_s,
                                         apply_interval_s=push.apply_interval_s).start()
+        if token is not None:  # a new id per start: a restarted edge never matches an old acknowledgement
+            self.state.view.edge_id = edge_id(announce.edge_name)
+            self.state.announcer = AnnounceSender(self.state.session, self.state.router.ledger,
+                                                  self.state.view.edge_id, token, batch_s=announce.batch_ms / 1000,
+                                                  rtt=self.state.metrics.announce_rtt.observe)
         self.runner = web.AppRunner(make_app(self.state), access_log=None,
                                     shutdown_timeout=self.config.drain_timeout_s)
         await self.runner.setup()
@@ -134,6 +154,8 @@ class Edge:
     async def close(self) -> None:
         if self.state.feed is not None:
             await self.state.feed.stop()
+        if self.state.announcer is not None:  # before the session closes: its queued batches use it
+            await self.state.announcer.close()
         if self.state.watcher is not None:
             self.state.watcher.stop()
         if self.runner is not None:
@@ -151,8 +173,9 @@ async def serve(config: EdgeConfig, ready=None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("eas-edge listening on http://%s (push %s, event loop %s)", address,
-             "on" if config.push.enabled else "off", type(loop).__module__.split(".")[0])
+    announcing = f", announcing as {edge.state.view.edge_id}" if edge.state.announcer is not None else ""
+    log.info("eas-edge listening on http://%s (push %s%s, event loop %s)", address,
+             "on" if config.push.enabled else "off", announcing, type(loop).__module__.split(".")[0])
     print(f"eas-edge listening on http://{address}", flush=True)
     if ready is not None:
         ready(edge, address)

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RTT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 AGE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -51,6 +52,9 @@ class EdgeMetrics:
                                 ["reason"], registry=r)
         self.queued = Histogram("eas_edge_queue_wait_seconds", "Time requests waited for a free IU slot.",
                                 buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0), registry=r)
+        self.announce_rtt = Histogram("eas_edge_announce_rtt_seconds",
+                                      "Round trip of one announce batch POST to a node agent (200 answers).",
+                                      buckets=RTT_BUCKETS, registry=r)
         # the request path's children: requests_of[endpoint, code], ttft_of[stream], picks_of[mode],
         # upstream_errors_of[iu, kind], rejected_of[reason]
         self.requests_of, self.ttft_of, self.picks_of = (LabelCache(m) for m in (self.requests, self.ttft, self.picks))
@@ -95,3 +99,16 @@ class _StateCollector:
         yield connected
         yield CounterMetricFamily("eas_edge_push_errors", "Failed blocking queries to agents.",
                                   value=sum(feed.errors.values()) if feed else 0)
+        sender = s.announcer
+        batches = CounterMetricFamily("eas_edge_announce_batches", "Announce batches to node agents: sent (200), "
+                                      "failed (no answer, a timeout, any other status), dropped (queued behind a "
+                                      "failed batch or at shutdown, never sent).", labels=["result"])
+        for result in ("sent", "failed", "dropped"):
+            batches.add_metric([result], sender.batches[result] if sender else 0)
+        yield batches
+        announcements = CounterMetricFamily("eas_edge_announcements", "Requests announced to node agents: sent "
+                                            "(accepted), dropped (failed, refused, during an agent's backoff, "
+                                            "over a batch's cap: counted by time).", labels=["result"])
+        for result in ("sent", "dropped"):
+            announcements.add_metric([result], sender.announcements[result] if sender else 0)
+        yield announcements

@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from edge.announce import AnnounceSender
 from edge.config import EdgeConfig
 from edge.feed import AgentFeed, EdgeView
 from edge.metrics import EdgeMetrics
@@ -65,6 +66,7 @@ class EdgeState:
     metrics: EdgeMetrics
     watcher: object | None = None  # eas_agent.scheduler.ConsulWatcher (threads)
     feed: AgentFeed | None = None
+    announcer: AnnounceSender | None = None  # announce.token_file set: each request told to its node agent
     session: aiohttp.ClientSession | None = None
     waiters: deque = field(default_factory=deque)
     active: int = 0  # requests being handled (graceful shutdown waits for 0)
@@ -83,8 +85,10 @@ class EdgeState:
             decision = self.decide(prompt_tokens, exclude)
             if decision.iu_id is not None:
                 now = time.time()
-                self.router.sent(decision.iu_id, now, decision.cost_s, handle, decision.expected_s,
-                                 decision.queued_as_s)
+                seq = self.router.sent(decision.iu_id, now, decision.cost_s, handle, decision.expected_s,
+                                       decision.queued_as_s)
+                if seq:
+                    self.announce(decision, prompt_tokens, seq, now)
                 if started is not None:
                     self.metrics.queued.observe(time.monotonic() - started)
                 self.metrics.picks_of[decision.mode].inc()
@@ -118,6 +122,24 @@ class EdgeState:
                     self.waiters.remove(waiter)
                 except ValueError:
                     pass
+
+    def announce(self, decision: Decision, prompt_tokens: int | None, seq: int, now: float) -> None:
+        """Queue request ``seq``'s announcement for its IU's node agent (the push feed's agent address for that
+        node, else the IU's service address at the push port). A request whose prompt size is unknown, or
+        whose IU has no node or address, is not announced: the ledger counts it by time."""
+        entry, sender = decision.entry, self.announcer
+        if sender is None or entry is None or not entry.node or not prompt_tokens or prompt_tokens < 1:
+            self.router.ledger.unannounce((seq,))
+            return
+        followed = self.feed.tasks.get(entry.node) if self.feed is not None else None
+        if followed is not None:
+            agent = followed[0]
+        elif entry.address:
+            agent = f"{entry.address}:{self.config.push.agent_port}"
+        else:
+            sender.skip(seq)
+            return
+        sender.announce(entry.node, agent, decision.iu_id, prompt_tokens, seq, now)
 
     def release(self, iu_id: str, failed: bool = False, handle=None) -> None:
         self.router.done(iu_id, handle)

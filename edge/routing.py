@@ -55,9 +55,12 @@ def without(snapshot: Snapshot, blocked: set[str]) -> Snapshot:
 
 
 class Router:
-    def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 5.0):
+    def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 5.0,
+                 announcing: bool = False):
+        """``announcing``: this edge announces its requests to the node agents (edge/announce.py): the ledger
+        numbers them and leaves the ones a score acknowledges out of their IU's cost."""
         self.rng, self.cap, self.eject_s = rng, max_inflight_per_iu, eject_s
-        self.ledger = EdgeLedger()
+        self.ledger = EdgeLedger(announcing)
         self.ejected: dict[str, float] = {}  # iu -> until
         self.full: set[str] = set()  # IUs at the cap (kept on sent/done: no scan of every IU per request)
 
@@ -94,7 +97,9 @@ class Router:
 
     def sent(self, iu_id: str, now: float, cost_s: float | None = None, handle=None,
              expected_s: float | None = None, queued_as_s: float | None = None) -> int:
-        """Returns the request's announce sequence number (0: this edge does not announce). ``handle`` (any hashable naming the request) and ``expected_s`` (Decision.expected_s): the ledger
+        """Record a request sent to ``iu_id``; returns its announce sequence number (0 when not announcing).
+
+        ``handle`` (any hashable naming the request) and ``expected_s`` (Decision.expected_s): the ledger
         awaits its first byte (:meth:`first_byte`), so an overdue request marks its IU busier than scored.
         ``queued_as_s`` (Decision.queued_as_s): while the request is predicted to wait in the IU's queue,
         scores newer than its send still undercount a long prompt (EdgeLedger.on_sent)."""

@@ -138,7 +138,8 @@ class DemoEdge:
 
 
 def edge_metrics(edge_url: str) -> str:
-    """One line of the edge's own /metrics: picks by mode, in flight, queue, 503s, retries, pushed agents."""
+    """One line of the edge's own /metrics: picks by mode, in flight, queue, 503s, retries, pushed agents and,
+    announcing, its announcements and batches by result."""
     try:
         with urllib.request.urlopen(f"{edge_url}/metrics", timeout=1) as answer:
             text = answer.read().decode()
@@ -155,4 +156,8 @@ def edge_metrics(edge_url: str) -> str:
                 values[sample.name.removeprefix("eas_edge_").removesuffix("_total")] += sample.value
             elif sample.name == "eas_edge_ttft_seconds_count":
                 values["ttft observed"] += sample.value
+            elif sample.name in ("eas_edge_announcements_total", "eas_edge_announce_batches_total") and sample.value:
+                # only an edge with the announce channel on has any: the others' line stays as it was
+                kind = "announced" if sample.name == "eas_edge_announcements_total" else "announce batches"
+                values[f"{kind} {sample.labels['result']}"] += sample.value
     return "edge /metrics: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(values.items()))
