@@ -14,8 +14,10 @@ Steps, each the real command or library a cluster uses; only the hosts are simul
    maintenance;
 4. every node's ``eas-agent.service`` publishes its scores;
 5. ``clusterctl preflight --release``: the faulty node FAILs, healthy IUs leave maintenance;
-6. ``eas-edge`` (a process, the deployable router) in front of the IUs; the production request mix is sent
-   to it over HTTP for ``--duration`` seconds, with a live table of scores, latencies and the edge's metrics.
+6. ``eas-edge`` (a process, the deployable router) in front of the IUs, following every agent's pushed
+   scores and announcing each request it routes to that IU's node agent (the announce channel); the
+   production request mix is sent to it over HTTP for ``--duration`` seconds, with a live table of scores,
+   latencies and the edge's metrics.
 
 Nothing on the nodes is started by the demo: what serves is what provisioning started. Every process the
 demo starts itself (the edge) is stopped by PID at the end (or on Ctrl-C); the temp dir is removed unless
@@ -148,7 +150,8 @@ class Demo:
         (``consul_token_file``); every machine's agent listens on its own address (the inventory's)."""
         group_vars = self.inventory / "group_vars" / "all.yml"
         secrets = yaml.safe_load(group_vars.read_text())
-        self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"]}
+        self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"],
+                       "announce": secrets["eas_announce_token"]}
         hosts = yaml.safe_load((self.inventory / "hosts.yml").read_text())
         servers = list(hosts["all"]["children"]["consul_servers"]["hosts"])
         addresses = {name: spec["ansible_host"] for group in hosts["all"]["children"].values()
@@ -305,9 +308,14 @@ class Demo:
         listen = f"127.0.0.1:{free_port()}"
         agent_port = str(next(iter(cluster.nodes())).settings.agent.listen).rsplit(":", 1)[1]
         edge = str(Path(sys.executable).with_name("eas-edge"))
-        config = self.workdir / "edge.yml"  # the edge's read-only token goes in a file, never on a command line
-        config.write_text(yaml.safe_dump({"consul": {"address": self.consul_addr, "token_file": str(
-            self.write_secret("edge.token", self.tokens["edge"]))}}))
+        config = self.workdir / "edge.yml"  # the edge's tokens go in files, never on a command line
+        config.write_text(yaml.safe_dump({
+            "consul": {"address": self.consul_addr,
+                       "token_file": str(self.write_secret("edge.token", self.tokens["edge"]))},
+            # the agents hold the same token (role eas_agent, eas_agent_announce_token): each request routed is
+            # announced to its node's agent, whose pushed scores then count it for every edge
+            "announce": {"token_file": str(self.write_secret("announce.token", self.tokens["announce"]))},
+        }))
         self.processes.start("eas-edge", [edge, "--config", str(config), "--listen", listen,
                                           "--agent-port", agent_port, "--log-level", "warning"])
         self.wait_http(f"http://{listen}/healthz", "eas-edge (a routable IU)")  # 503 until an IU is routable
