@@ -44,22 +44,25 @@ class TokenError(ValueError):
     """A token given as a file that cannot be used; the message names the file and the problem."""
 
 
-def read_token_file(path: str | Path) -> str:
-    """The token in ``path``: refused when the file is missing, readable by group/others, empty or not one word."""
+def read_token_file(path: str | Path, *, file_label: str = "Consul token file",
+                    token_label: str = "Consul ACL token") -> str:
+    """The token in ``path``: refused when the file is missing, readable by group/others, empty or not one word.
+    The one rule for every token file (the Consul ACL token's, the agent's announce token's); the labels name
+    the token in the messages, which never hold the token itself."""
     path = Path(path)
     try:
         mode = path.stat().st_mode
         text = path.read_text()
     except OSError as exc:
-        raise TokenError(f"{path}: cannot read the Consul token file: {exc.strerror or exc}") from None
+        raise TokenError(f"{path}: cannot read the {file_label}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise TokenError(f"{path}: not a text file (a Consul token file holds one token)") from None
+        raise TokenError(f"{path}: not a text file (a {file_label} holds one token)") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise TokenError(f"{path}: readable by group/others (mode {stat.S_IMODE(mode):04o}); chmod 600 it "
-                         "(it holds the Consul ACL token)")
+                         f"(it holds the {token_label})")
     token = text.strip()
     if not token or any(c.isspace() for c in token):
-        raise TokenError(f"{path}: must hold one Consul ACL token (found {'nothing' if not token else 'whitespace'})")
+        raise TokenError(f"{path}: must hold one {token_label} (found {'nothing' if not token else 'whitespace'})")
     return token
 
 
