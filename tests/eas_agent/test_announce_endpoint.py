@@ -203,6 +203,7 @@ def test_two_posts_on_one_keep_alive_connection_are_both_answered(agent):
     conn = connect(agent)
     first = post(conn, good_batch(1))
     sock = conn.sock
+    assert sock is not None and first[2].getheader("Connection") is None  # http.client keeps it open
     second = post(conn, good_batch(2, 3))
     assert conn.sock is sock  # the same connection carried both
     assert (first[0], first[1]["accepted"], second[0], second[1]["accepted"]) == (200, 1, 200, 2)
