@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import replace
@@ -157,9 +158,19 @@ class Agent:
         self.nics = NodeNicCounters(pernic or (lambda: psutil.net_io_counters(pernic=True)))
         self.needs_pernic = any(iu.netdevs for iu in config.ius)
         # the announce channel's per-IU state (eas_agent/announce.py); the scorers give waiting requests the
-        # sizes edges announced (none announced: each scorer's own score, unchanged)
-        self.announcements = NodeAnnouncements([iu.id for iu in config.ius])
+        # sizes edges announced (none announced: each scorer's own score, unchanged). Its token is read here,
+        # at start-up, like the Consul token (None: POST /announce answers 404).
+        announce_token = config.read_announce_token()
+        rate = config.announce_rate_per_s
+        self.announcements = NodeAnnouncements(
+            [iu.id for iu in config.ius], max_prompt_tokens=config.announce_max_prompt_tokens,
+            rate_per_s=rate, burst=2 * rate,  # the bucket holds 2 s of the rate (announce.DEFAULT_BURST's ratio)
+        )
         self.scores_base: ScoreBody | None = None  # the last cycle's /scores body, before announcements
+        # Held by the cycle from its first reconcile (scoring) to its new body, and by announce() around
+        # "read scores_base, serve a body from it": a batch's body is never built from a base older than
+        # the announced prompts' state, nor served after a newer cycle's body.
+        self.scores_lock = threading.Lock()
         for pipeline in self.pipelines:
             pipeline.attach(self.gpu_backend, self.nics)
             pipeline.scorer = self.announcements.scorer(pipeline.iu.id, pipeline.scorer)
@@ -190,7 +201,10 @@ class Agent:
         )
         self.metrics = AgentMetrics()
         self.http = (
-            AgentHttpServer(config.listen_host, config.listen_port, self.metrics) if serve_http else None
+            AgentHttpServer(config.listen_host, config.listen_port, self.metrics,
+                            announce=lambda obj: self.announce(obj, self.clock()), announce_token=announce_token)
+            if serve_http
+            else None
         )
         self.stopping = threading.Event()
         self.latest: tuple[float, dict[str, ScoreResult]] | None = None
@@ -248,18 +262,37 @@ class Agent:
             if self.nics.error:
                 self.log("nics", logging.WARNING, "%s", self.nics.error)
         scraped = self._scrape_all(now)
-        results = {p.iu.id: p.run(now, self.metrics, scraped.get(p.iu.id)) for p in self.pipelines}
-        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        # Scoring ends what announcements added to the previous scrape's scores (AnnouncedPrompts.reconcile):
+        # from there until this cycle's body is served, a body built on the previous base would lack it.
+        with self.scores_lock:
+            results = {p.iu.id: p.run(now, self.metrics, scraped.get(p.iu.id)) for p in self.pipelines}
+            scored = time.perf_counter()
+            if self.http:
+                try:
+                    body = self.publisher.body(now, results, self.publisher.levels_for(results))
+                    self.scores_base = replace(body, published_seq=self.publisher.seq)
+                    self.http.set_scores(self.announcements.body(self.scores_base))
+                except Exception:  # /scores keeps its last body; collection and publishing go on
+                    self.log("scores", logging.ERROR, "building the /scores body failed", exc_info=True)
+        self.metrics.cycle_seconds.observe(scored - started)
         self.metrics.observe_scores(self.config.profile, results)
-        if self.http:
-            try:
-                body = self.publisher.body(now, results, self.publisher.levels_for(results))
-                self.scores_base = replace(body, published_seq=self.publisher.seq)
-                self.http.set_scores(self.announcements.body(self.scores_base))
-            except Exception:  # /scores keeps its last body; collection and publishing go on
-                self.log("scores", logging.ERROR, "building the /scores body failed", exc_info=True)
         self.cycles += 1
         return results
+
+    def announce(self, obj, now: float) -> tuple[int, Counter]:
+        """One ``POST /announce`` batch (an HTTP handler thread; ``now`` is the agent's clock): counted
+        (:meth:`NodeAnnouncements.receive_json`, which raises AnnounceError for a malformed batch), then, when
+        it added something and a cycle has served a body, a new ``/scores`` body at once, which answers the
+        edges' waiting blocking queries. (accepted, ignored by reason)."""
+        accepted, ignored = self.announcements.receive_json(obj, now)
+        if accepted and self.http:
+            with self.scores_lock:
+                if self.scores_base is not None:
+                    try:
+                        self.http.set_scores(self.announcements.body(self.scores_base))
+                    except Exception:  # counted already; /scores keeps its body until the next cycle's
+                        self.log("announce", logging.ERROR, "building the /scores body failed", exc_info=True)
+        return accepted, ignored
 
     # -- publishing thread ----------------------------------------------------------------------------
     def _publish_loop(self) -> None:

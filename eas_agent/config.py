@@ -7,6 +7,7 @@ The schema is the contract in docs/contracts/agent-config.md; optional tuning fi
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ from urllib.parse import urlparse
 import yaml
 
 from consul_io import layout
-from consul_io.client import TokenError, resolve_token
+from consul_io.client import TokenError, read_token_file, resolve_token
+from eas_agent.announce import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RATE_PER_S
 
 PROFILES = ("drain", "seed")
 GPU_BACKENDS = ("nvml",)
@@ -96,11 +98,27 @@ class AgentConfig:
     urgent_rise_s: float | None = None
     # Token counters still this long while requests run -> the IU's status is warning (hung engine).
     frozen_after_s: float = 10.0
+    # The announce channel (eas_agent/announce.py, POST /announce): the file holding the token edges must
+    # present (None: the channel is off), each announced prompt's token cap (the served model's context)
+    # and each edge's announcements per second.
+    announce_token_file: str | None = None
+    announce_max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    announce_rate_per_s: float = DEFAULT_RATE_PER_S
     source: str = "<config>"  # the file it was loaded from, for error messages
 
     @property
     def kv_key(self) -> str:
         return layout.score_key(self.datacenter, self.node, self.consul.kv_prefix)
+
+    def read_announce_token(self) -> str | None:
+        """The announce token, read once at start-up by the token file rule (consul_io.client.read_token_file:
+        one word, mode 0600) and never logged; no ``announce_token_file``, no token (the channel is off)."""
+        if self.announce_token_file is None:
+            return None
+        try:
+            return read_token_file(self.announce_token_file, kind="announce")
+        except TokenError as exc:
+            raise ConfigError(self.source, "announce_token_file", str(exc)) from None
 
     @property
     def ttl_s(self) -> float:
@@ -254,7 +272,24 @@ TOP_LEVEL = {
     "write_burst",
     "urgent_rise_s",
     "frozen_after_s",
+    "announce_token_file",
+    "announce_max_prompt_tokens",
+    "announce_rate_per_s",
 }
+
+
+def _announce_fields(f: _Fields) -> dict[str, Any]:
+    token_file = f.get("announce_token_file", str, None)
+    if token_file is not None and not token_file.strip():
+        raise f.fail("announce_token_file", f"expected a file path or null, got {token_file!r}")
+    max_tokens = f.get("announce_max_prompt_tokens", int, DEFAULT_MAX_PROMPT_TOKENS)
+    if max_tokens < 1:
+        raise f.fail("announce_max_prompt_tokens", f"must be >= 1, got {max_tokens}")
+    rate = f.positive("announce_rate_per_s", DEFAULT_RATE_PER_S)
+    if not math.isfinite(rate):
+        raise f.fail("announce_rate_per_s", f"must be a finite number > 0, got {rate}")
+    return {"announce_token_file": token_file, "announce_max_prompt_tokens": max_tokens,
+            "announce_rate_per_s": rate}
 
 
 def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
@@ -308,6 +343,7 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         write_burst=burst,
         urgent_rise_s=None if data.get("urgent_rise_s") is None else f.positive("urgent_rise_s", 0.5),
         frozen_after_s=f.positive("frozen_after_s", 10.0),
+        **_announce_fields(f),
         source=str(path),
     )
 

@@ -1,4 +1,5 @@
-"""The agent's own HTTP endpoint: ``/metrics`` (prometheus_client) and ``GET /scores`` (JSON).
+"""The agent's own HTTP endpoint: ``/metrics`` (prometheus_client), ``GET /scores`` (JSON) and
+``POST /announce`` (the announce channel, eas_agent/announce.py).
 
 ``/scores`` serves the latest cycle in the same body shape the KV key holds, computed by the same code, so
 an edge polling agents directly at 200 ms and one reading Consul see the same numbers.
@@ -8,22 +9,38 @@ cycle's body gets the next index (header ``X-Eas-Index``); when ``N`` is the cur
 up to ``S`` seconds (at most 30) for the next cycle, so one edge holds one connection per agent and hears of
 each new score within a network round trip, without polling and without writing anything to Consul. An
 ``index`` other than the current one (older, or from before an agent restart) answers at once.
+
+``POST /announce`` (only with ``announce_token_file`` configured; 404 otherwise): ``Authorization: Bearer
+<token>`` (compared in constant time; a wrong or missing one is 401 and nothing is counted), a JSON body of
+at most :data:`~eas_agent.announce.MAX_BATCH_BYTES` with a Content-Length (411 without one, 413 above it,
+unread), 400 for a body that is not JSON or not a batch (:class:`~eas_agent.announce.AnnounceError`), else
+200 ``{"accepted": N, "ignored": {reason: count}}``. The agent then serves a new ``/scores`` body at once,
+which answers the edges' waiting blocking queries. Answers always carry a Content-Length; one whose request
+body was left unread also closes the connection (``Connection: close``), the others keep it alive for the
+edge's next batch.
 """
 
 from __future__ import annotations
 
+import hmac
+import json
 import math
 import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from eas_agent.announce import ANNOUNCE_PATH, MAX_BATCH_BYTES, AnnounceError
 from eas_agent.scorebody import STATUSES, ScoreBody
 
 CONNECTION_TIMEOUT_S = 10.0  # headers, body and keep-alive idle; an edge poller asks every 200 ms
-MAX_CONNECTIONS = 64  # a node's agent is polled by a few edges and one Prometheus
+# Each edge holds two connections to each agent (its /scores long poll and its /announce sender): 16 edges
+# are 32, and a restarted edge's old ones linger until their wait or CONNECTION_TIMEOUT_S ends (up to 64),
+# plus Prometheus and an operator's `clusterctl scores`. A connection is one mostly idle thread.
+MAX_CONNECTIONS = 128
 
 
 class QuietHTTPServer(ThreadingHTTPServer):
@@ -109,6 +126,15 @@ class AgentMetrics:
         self.status = Gauge(
             "eas_agent_iu_status", "1 for the IU's current check status.", ["iu", "status"], registry=r
         )
+        self.announcements = Counter(
+            "eas_agent_announcements",
+            "Announcements received on POST /announce: accepted, or the reason one was ignored.",
+            ["result"],
+            registry=r,
+        )
+        self.announce_batches = Counter(
+            "eas_agent_announce_batches", "POST /announce requests by HTTP status.", ["code"], registry=r
+        )
 
         # per IU: (its score gauge, its status gauges, the status they show); labels() is looked up once
         # per IU instead of four times a cycle (it was the cycle's largest cost outside scraping and parsing)
@@ -142,9 +168,28 @@ def blocking_args(query: str) -> tuple[int | None, float]:
     return (index, wait_s) if math.isfinite(wait_s) else (None, 0.0)
 
 
+Announce = Callable[[object], tuple[int, dict]]  # a parsed batch -> (accepted, ignored by reason)
+
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """``Authorization: Bearer <token>`` holds ``token`` (compared in constant time)."""
+    scheme, _, given = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), token.encode())
+
+
+def _error(message: str) -> bytes:
+    return json.dumps({"error": message}).encode() + b"\n"
+
+
 class AgentHttpServer:
-    def __init__(self, host: str, port: int, metrics: AgentMetrics):
+    def __init__(self, host: str, port: int, metrics: AgentMetrics, *, announce: Announce | None = None,
+                 announce_token: str | None = None):
+        """``announce`` (the agent's :meth:`~eas_agent.agent.Agent.announce` at its clock) serves ``POST
+        /announce`` when ``announce_token`` is set; without a token the channel is off (404)."""
         self.metrics = metrics
+        self.announce, self.announce_token = announce, announce_token
         self.scores_json = b"{}"  # the latest ScoreBody, serialized once when set
         self.index = 0  # of scores_json; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
@@ -194,6 +239,55 @@ class AgentHttpServer:
                     index, body = owner.scores_after(*blocking_args(urlsplit(self.path).query))
                     return self._send(200, body, "application/json", {"X-Eas-Index": str(index)})
                 return self._send(404, b"not found\n", "text/plain")
+
+            def do_POST(self):  # noqa: N802
+                code, body, read = self._announce()
+                owner.metrics.announce_batches.labels(str(code)).inc()
+                headers = {}
+                if not read:  # the request body is still on the socket: this connection cannot carry another
+                    self.close_connection = True
+                    headers["Connection"] = "close"
+                if code == 401:
+                    headers["WWW-Authenticate"] = "Bearer"
+                return self._send(code, body, "application/json", headers)
+
+            def _announce(self) -> tuple[int, bytes, bool]:
+                """(status, JSON answer, whether the request body was read)."""
+                if urlsplit(self.path).path != ANNOUNCE_PATH:
+                    return 404, _error(f"not found (POST serves {ANNOUNCE_PATH} only)"), False
+                if owner.announce_token is None or owner.announce is None:
+                    return 404, _error("the announce channel is off (the agent config sets no "
+                                       "announce_token_file)"), False
+                if not bearer_matches(self.headers.get("Authorization"), owner.announce_token):
+                    return 401, _error("missing or wrong Authorization: Bearer token"), False
+                raw = self.headers.get("Content-Length")
+                if raw is None:
+                    return 411, _error("Content-Length required"), False
+                raw = raw.strip()
+                if not (raw.isascii() and raw.isdigit()):
+                    return 400, _error(f"Content-Length {raw[:40]!r} is not a byte count"), False
+                length = int(raw)
+                if length > MAX_BATCH_BYTES:
+                    return 413, _error(f"body of {length} bytes (at most {MAX_BATCH_BYTES})"), False
+                data = self.rfile.read(length)
+                if len(data) < length:
+                    return 400, _error(f"body ended after {len(data)} of {length} bytes"), False
+                try:
+                    obj = json.loads(data)
+                except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError included
+                    return 400, _error(f"body is not JSON: {str(exc)[:200]}"), True
+                try:
+                    accepted, ignored = owner.announce(obj)
+                except AnnounceError as exc:
+                    return 400, _error(str(exc)), True
+                except Exception as exc:  # a bug: this batch is lost, the connection and the agent go on
+                    return 500, _error(f"agent error: {type(exc).__name__}"), True
+                counter = owner.metrics.announcements
+                if accepted:
+                    counter.labels("accepted").inc(accepted)
+                for reason, n in ignored.items():
+                    counter.labels(reason).inc(n)
+                return 200, json.dumps({"accepted": accepted, "ignored": dict(ignored)}).encode() + b"\n", True
 
         return Handler
 
