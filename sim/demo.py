@@ -151,7 +151,7 @@ class Demo:
         group_vars = self.inventory / "group_vars" / "all.yml"
         secrets = yaml.safe_load(group_vars.read_text())
         self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"],
-                       "announce": secrets["eas_announce_token"]}
+                       "announce": secrets["eas_agent_announce_token"]}
         hosts = yaml.safe_load((self.inventory / "hosts.yml").read_text())
         servers = list(hosts["all"]["children"]["consul_servers"]["hosts"])
         addresses = {name: spec["ansible_host"] for group in hosts["all"]["children"].values()

@@ -330,6 +330,8 @@ def test_eas_agent_config_and_token(provisioned):
     cluster = load_cluster(provisioned.inventory)
     text = provisioned.read(IB_HOST, "/etc/eas-agent/config.yml")
     assert text == golden("eas-agent-config-r01n01.yml")
+    announce_token = yaml.safe_load((Path(provisioned.inventory) / "group_vars" / "all.yml").read_text())[
+        "eas_agent_announce_token"]
     tokens = {}
     for host in provisioned.hosts:
         node = cluster.node(host)
@@ -341,6 +343,10 @@ def test_eas_agent_config_and_token(provisioned):
         assert config.consul.token_file == "/etc/eas-agent/consul.token"
         assert provisioned.stat(host, "/etc/eas-agent/consul.token") == "600 eas-agent eas-agent"
         tokens[host] = provisioned.read(host, "/etc/eas-agent/consul.token")
+        # the announce channel's token: one shared secret, the inventory's, in a 0600 file the config names
+        assert config.announce_token_file == "/etc/eas-agent/announce.token"
+        assert provisioned.stat(host, "/etc/eas-agent/announce.token") == "600 eas-agent eas-agent"
+        assert provisioned.read(host, "/etc/eas-agent/announce.token") == announce_token + "\n"
     assert tokens[IB_HOST] == TOKEN + "\n"  # the vault value (the others' come from the inventory)
     assert len(set(tokens.values())) == len(tokens) and all(t.strip() for t in tokens.values())
     unit = provisioned.read(IB_HOST, "/etc/systemd/system/eas-agent.service")
