@@ -279,12 +279,12 @@ class Agent:
         self.cycles += 1
         return results
 
-    def announce(self, obj, now: float) -> tuple[int, Counter]:
+    def announce(self, obj, now: float) -> tuple[int, Counter, list[int]]:
         """One ``POST /announce`` batch (an HTTP handler thread; ``now`` is the agent's clock): counted
         (:meth:`NodeAnnouncements.receive_json`, which raises AnnounceError for a malformed batch), then, when
         it added something and a cycle has served a body, a new ``/scores`` body at once, which answers the
-        edges' waiting blocking queries. (accepted, ignored by reason)."""
-        accepted, ignored = self.announcements.receive_json(obj, now)
+        edges' waiting blocking queries. (accepted, ignored by reason, the ignored ones' sequence numbers)."""
+        accepted, ignored, ignored_seqs = self.announcements.receive_batch(obj, now)
         if accepted and self.http:
             with self.scores_lock:
                 if self.scores_base is not None:
@@ -292,7 +292,7 @@ class Agent:
                         self.http.set_scores(self.announcements.body(self.scores_base))
                     except Exception:  # counted already; /scores keeps its body until the next cycle's
                         self.log("announce", logging.ERROR, "building the /scores body failed", exc_info=True)
-        return accepted, ignored
+        return accepted, ignored, ignored_seqs
 
     # -- publishing thread ----------------------------------------------------------------------------
     def _publish_loop(self) -> None:

@@ -203,11 +203,24 @@ class NodeAnnouncements:
 
     def receive_json(self, obj, now: float) -> tuple[int, Counter]:
         """Parse and count one batch (:func:`parse_batch`); (accepted, ignored by reason)."""
-        edge, batch, ignored = parse_batch(obj, self.prompts, now, self.max_prompt_tokens)
-        accepted = self.receive(edge, batch, now, ignored)
+        accepted, ignored, _ignored_seqs = self.receive_batch(obj, now)
         return accepted, ignored
 
+    def receive_batch(self, obj, now: float) -> tuple[int, Counter, list[int]]:
+        """:meth:`receive_json` plus the sequence numbers of the announcements it did not count (those
+        that have one): this node's acknowledgement (the last counted) may pass over them, so the edge must
+        count them by time (``EdgeLedger.unannounce``); the answer to ``POST /announce`` lists them."""
+        edge, batch, ignored = parse_batch(obj, self.prompts, now, self.max_prompt_tokens)
+        counted = set(self._receive(edge, batch, now, ignored))
+        items = obj["announcements"]  # parse_batch checked it is a list of at most MAX_BATCH_ITEMS
+        seqs = (item.get("seq") for item in items if isinstance(item, dict))
+        return len(counted), ignored, [seq for seq in seqs if _int(seq) and seq not in counted]
+
     def receive(self, edge: str, batch: list[Announcement], now: float, ignored: Counter | None = None) -> int:
+        return len(self._receive(edge, batch, now, ignored))
+
+    def _receive(self, edge: str, batch: list[Announcement], now: float, ignored: Counter | None) -> list[int]:
+        """The sequence numbers counted."""
         ignored = ignored if ignored is not None else Counter()
         accepted = []
         with self.lock:
@@ -237,7 +250,7 @@ class NodeAnnouncements:
                 self.prompts[a.iu].announce(a.tokens, a.sent)
             self.counts["accepted"] += len(accepted)
             self.counts.update(ignored)
-        return len(accepted)
+        return [a.seq for a in accepted]
 
     def body(self, base: ScoreBody) -> ScoreBody:
         """``base`` (the last cycle's body) with what announcements added since its scrape and the edges'

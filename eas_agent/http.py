@@ -14,7 +14,9 @@ each new score within a network round trip, without polling and without writing 
 <token>`` (compared in constant time; a wrong or missing one is 401 and nothing is counted), a JSON body of
 at most :data:`~eas_agent.announce.MAX_BATCH_BYTES` with a Content-Length (411 without one, 413 above it,
 unread), 400 for a body that is not JSON or not a batch (:class:`~eas_agent.announce.AnnounceError`), else
-200 ``{"accepted": N, "ignored": {reason: count}}``. The agent then serves a new ``/scores`` body at once,
+200 ``{"accepted": N, "ignored": {reason: count}, "ignored_seqs": [S, ...]}`` (the sequence numbers of the
+announcements not counted: the edge counts those requests by time, since the node's acknowledgement, its
+last counted number, may pass over them). The agent then serves a new ``/scores`` body at once,
 which answers the edges' waiting blocking queries. Answers always carry a Content-Length; one whose request
 body was left unread also closes the connection (``Connection: close``), the others keep it alive for the
 edge's next batch.
@@ -168,7 +170,8 @@ def blocking_args(query: str) -> tuple[int | None, float]:
     return (index, wait_s) if math.isfinite(wait_s) else (None, 0.0)
 
 
-Announce = Callable[[object], tuple[int, dict]]  # a parsed batch -> (accepted, ignored by reason)
+# a parsed batch -> (accepted, ignored by reason, the ignored ones' sequence numbers)
+Announce = Callable[[object], tuple[int, dict, list]]
 
 
 def bearer_matches(header: str | None, token: str) -> bool:
@@ -277,7 +280,7 @@ class AgentHttpServer:
                 except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError included
                     return 400, _error(f"body is not JSON: {str(exc)[:200]}"), True
                 try:
-                    accepted, ignored = owner.announce(obj)
+                    accepted, ignored, ignored_seqs = owner.announce(obj)
                 except AnnounceError as exc:
                     return 400, _error(str(exc)), True
                 except Exception as exc:  # a bug: this batch is lost, the connection and the agent go on
@@ -287,7 +290,8 @@ class AgentHttpServer:
                     counter.labels("accepted").inc(accepted)
                 for reason, n in ignored.items():
                     counter.labels(reason).inc(n)
-                return 200, json.dumps({"accepted": accepted, "ignored": dict(ignored)}).encode() + b"\n", True
+                answer = {"accepted": accepted, "ignored": dict(ignored), "ignored_seqs": ignored_seqs}
+                return 200, json.dumps(answer).encode() + b"\n", True
 
         return Handler
 

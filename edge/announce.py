@@ -14,10 +14,10 @@ edge's event loop and its one ``aiohttp.ClientSession``.
   higher number does not cover it, so the edge counts that request by time, as without the channel.
   Dropped: a POST that failed (no connection, no answer within :data:`TIMEOUT_S`, any status but 200),
   everything queued for a node while its agent is failing (a backoff of ~:data:`BACKOFF_S`, jittered, after
-  each failure: no queue builds up behind an unreachable agent), a batch's overflow, and a 200 that
-  accepted fewer than the batch held (the agent's answer counts what it ignored by reason, not which;
-  its acknowledgement may pass over the ignored ones, so the whole batch is counted by time: a score
-  briefly counts the accepted ones twice, never one not at all).
+  each failure: no queue builds up behind an unreachable agent), a batch's overflow, and what a 200 says
+  the agent did not count (``ignored_seqs``: its acknowledgement, the last number counted, may pass over
+  them). An answer that accepted fewer than the batch held without naming exactly which has the whole
+  batch counted by time: a score briefly counts the accepted ones twice, never one not at all.
 - 401 (not the agent's token), 404 (the channel is off at that agent), 400/413 (the agent refused the
   batch's shape) back off like a failure. Each node's state changes (working, failing, unauthorized, off,
   refused) are logged once per change, at most one line per :data:`LOG_INTERVAL_S` per node, without the
@@ -167,7 +167,7 @@ class AnnounceSender:
                 raw = await answer.read()
                 status = answer.status
             if status == 200:
-                accepted = _accepted(raw, len(batch))
+                accepted, ignored_seqs = _accepted(raw, seqs)
             else:
                 failure = REFUSALS.get(status, ("failing", f"HTTP {status}"))
         except asyncio.CancelledError:  # close() gave up on it
@@ -181,8 +181,8 @@ class AnnounceSender:
         if failure is None:
             self.batches["sent"] += 1
             self.announcements["sent"] += accepted
-            if accepted < len(batch):  # which ones were ignored is not said: the whole batch is counted by time
-                self.ledger.unannounce(seqs)
+            if accepted < len(batch):  # those the agent did not count (all of them when it does not say which)
+                self.ledger.unannounce(ignored_seqs)
                 self.announcements["dropped"] += len(batch) - accepted
             if self.rtt is not None:
                 self.rtt(loop.time() - started)
@@ -255,12 +255,20 @@ class AnnounceSender:
             await asyncio.gather(*left, return_exceptions=True)
 
 
-def _accepted(raw: bytes, sent: int) -> int:
-    """How many of ``sent`` announcements a 200 answer says it accepted (all when it does not say)."""
+def _accepted(raw: bytes, seqs: list[int]) -> tuple[int, list[int]]:
+    """(how many of the batch's announcements a 200 answer says it counted, the sequence numbers of those it
+    did not). An answer that does not say which (an older agent) or says something inconsistent: every
+    announcement of the batch is taken as not counted, so the ledger counts them by time (counted twice for
+    a moment, never missed)."""
     try:
-        accepted = json.loads(raw).get("accepted")
+        answer = json.loads(raw)
+        accepted, ignored = answer.get("accepted"), answer.get("ignored_seqs")
     except (ValueError, AttributeError):
-        return sent
-    if isinstance(accepted, int) and not isinstance(accepted, bool) and 0 <= accepted <= sent:
-        return accepted
-    return sent
+        return len(seqs), []
+    if not (isinstance(accepted, int) and not isinstance(accepted, bool) and 0 <= accepted <= len(seqs)):
+        return len(seqs), []
+    if accepted == len(seqs):
+        return accepted, []
+    if isinstance(ignored, list) and len(ignored) == len(seqs) - accepted and set(ignored) <= set(seqs):
+        return accepted, ignored
+    return accepted, list(seqs)

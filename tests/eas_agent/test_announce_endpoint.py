@@ -148,7 +148,7 @@ def test_a_good_batch_raises_that_ius_score_by_its_prefill_and_acknowledges_it(a
     assert "announced" in before and before["announced"] == {}
     conn = connect(agent)
     status, answer, _ = post(conn, good_batch(1, 2, tokens=16_000))
-    assert (status, answer) == (200, {"accepted": 2, "ignored": {}})
+    assert (status, answer) == (200, {"accepted": 2, "ignored": {}, "ignored_seqs": []})
     new_index, after = scores(agent)
     assert new_index == index + 1  # served at once, not at the next cycle
     assert after["announced"] == {EDGE: 2}
@@ -170,13 +170,15 @@ def test_ignored_announcements_are_counted_by_reason_and_serve_no_new_body(agent
                                              announcement(3, sent=T0 + 60)]}
     status, answer, _ = post(connect(agent), batch)
     assert (status, answer) == (200, {"accepted": 0,
-                                      "ignored": {"unknown_iu": 1, "tokens_invalid": 1, "sent_out_of_range": 1}})
+                                      "ignored": {"unknown_iu": 1, "tokens_invalid": 1, "sent_out_of_range": 1},
+                                      "ignored_seqs": [1, 2, 3]})
     assert scores(agent)[0] == index  # nothing changed: the edges' waiting queries keep waiting
     assert metric(agent, "eas_agent_announcements_total", result="unknown_iu") == 1
     status, answer, _ = post(connect(agent), good_batch(4, 4, tokens=10**9))
-    assert answer == {"accepted": 1, "ignored": {"tokens_capped": 1, "seq_invalid": 1}}
+    # the second 4 is not counted, but its number is the first's: the edge cannot tell them apart
+    assert answer == {"accepted": 1, "ignored": {"tokens_capped": 1, "seq_invalid": 1}, "ignored_seqs": []}
     status, answer, _ = post(connect(agent), good_batch(4))
-    assert answer == {"accepted": 0, "ignored": {"replayed": 1}}
+    assert answer == {"accepted": 0, "ignored": {"replayed": 1}, "ignored_seqs": [4]}
 
 
 def test_a_waiting_blocking_query_is_answered_within_100ms_of_the_post(agent):
@@ -209,14 +211,14 @@ def test_two_posts_on_one_keep_alive_connection_are_both_answered(agent):
     assert (first[0], first[1]["accepted"], second[0], second[1]["accepted"]) == (200, 1, 200, 2)
     # a 400 whose body was read keeps the connection too
     assert post(conn, b"{not json")[0] == 400 and conn.sock is sock
-    assert post(conn, good_batch(4))[1] == {"accepted": 1, "ignored": {}} and conn.sock is sock
+    assert post(conn, good_batch(4))[1] == {"accepted": 1, "ignored": {}, "ignored_seqs": []} and conn.sock is sock
     assert scores(agent)[1]["announced"] == {EDGE: 4}
 
 
 def test_a_batch_before_the_first_cycle_is_counted_and_served_by_the_first_body(tmp_path, make_agent):
     agent = make_agent(token_file(tmp_path))
     agent.clock.t = T0
-    assert post(connect(agent), good_batch(1, sent=T0))[1] == {"accepted": 1, "ignored": {}}
+    assert post(connect(agent), good_batch(1, sent=T0))[1] == {"accepted": 1, "ignored": {}, "ignored_seqs": []}
     assert agent.http.index == 0  # no body to build on yet
     agent.cycle(T0 + 0.01)
     assert scores(agent)[1]["announced"] == {EDGE: 1}
@@ -250,7 +252,7 @@ def test_a_batch_during_a_cycle_never_replaces_its_body_with_an_older_base(agent
     release.set()
     cycler.join(5)
     poster.join(5)
-    assert posted[0][1] == {"accepted": 1, "ignored": {}}
+    assert posted[0][1] == {"accepted": 1, "ignored": {}, "ignored_seqs": []}
     # the batch waited for the cycle's body, then served its own on that base (before the fix: a body on
     # the previous scrape's base, whose additions the cycle had just ended, served in the middle of it)
     assert [ts for ts, _ in served] == [T0 + 0.2, T0 + 0.2]

@@ -38,6 +38,7 @@ class FakeAgent:
         self.answered: list[float] = []  # when each POST's answer left (monotonic)
         self.concurrent = self.max_concurrent = 0
         self.accepted: int | None = None  # what a 200 says it accepted (None: the whole batch)
+        self.ignored_seqs: list[int] | None = None  # what a 200 says it did not count (None: not said)
         self.acked: dict[str, int] = {}
         self.index = 1
         self.changed: asyncio.Event | None = None
@@ -65,7 +66,10 @@ class FakeAgent:
                 self.index += 1
                 self.changed.set()
             accepted = len(items) if self.accepted is None else self.accepted
-            return web.json_response({"accepted": accepted, "ignored": {}})
+            answer = {"accepted": accepted, "ignored": {}}
+            if self.ignored_seqs is not None:
+                answer["ignored_seqs"] = self.ignored_seqs
+            return web.json_response(answer)
         finally:
             self.concurrent -= 1
             self.answered.append(time.monotonic())
@@ -319,6 +323,37 @@ def test_an_agent_that_accepts_part_of_a_batch_has_the_whole_batch_counted_by_ti
             sender.announce("n0", agent.address, "n0-iu0", 10, 2, time.time())
             await until(lambda: sender.batches["sent"] == 1, what="the answer")
             assert ledger.unannounced == [1, 2] and sender.announcements == {"sent": 1, "dropped": 1}
+        finally:
+            await agent.stop()
+
+    run(test)
+
+
+def test_an_agent_that_names_what_it_did_not_count_has_only_those_counted_by_time():
+    async def test(sender, ledger, _session):
+        agent = await FakeAgent("n0").start()
+        agent.accepted, agent.ignored_seqs = 2, [2]  # e.g. the second rate-limited
+        try:
+            for seq in (1, 2, 3):
+                sender.announce("n0", agent.address, "n0-iu0", 10, seq, time.time())
+            await until(lambda: sender.batches["sent"] == 1, what="the answer")
+            assert ledger.unannounced == [2] and sender.announcements == {"sent": 2, "dropped": 1}
+        finally:
+            await agent.stop()
+
+    run(test)
+
+
+@pytest.mark.parametrize("ignored", [[], [7], [2, 3], "2"])
+def test_an_answer_naming_the_wrong_ones_has_the_whole_batch_counted_by_time(ignored):
+    async def test(sender, ledger, _session):
+        agent = await FakeAgent("n0").start()
+        agent.accepted, agent.ignored_seqs = 2, ignored  # one not counted, but not said which (or nonsense)
+        try:
+            for seq in (1, 2, 3):
+                sender.announce("n0", agent.address, "n0-iu0", 10, seq, time.time())
+            await until(lambda: sender.batches["sent"] == 1, what="the answer")
+            assert ledger.unannounced == [1, 2, 3]
         finally:
             await agent.stop()
 
