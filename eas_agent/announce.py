@@ -118,11 +118,9 @@ def parse_batch(obj, ius: Container[str], now: float, max_prompt_tokens: int = D
 class AnnouncedPrompts:
     """One IU's announced prompts the agent has not seen admitted (oldest first) and what announcements added
     to its score since the last scrape. Called from the agent's cycle (``reconcile``) and its HTTP threads
-    (``announce``), hence the lock. ``sizes`` False is an ablation (bench/announce_sim.py): an announcement
-    the last scrape already counted adds nothing."""
+    (``announce``), hence the lock."""
 
-    def __init__(self, sizes: bool = True):
-        self.sizes = sizes
+    def __init__(self):
         self.lock = threading.Lock()
         self.pending: deque[int] = deque(maxlen=MAX_PENDING)
         self.unattributed = 0  # waiting requests of the last scrape that no announcement named
@@ -148,12 +146,11 @@ class AnnouncedPrompts:
             elif sent >= self.scraped_at:  # the last scrape did not see it: its prefill on top of the score
                 self.pending.append(prompt)
                 self.added_s += prompt / self.prefill_tps
-            elif self.sizes and self.unattributed > 0:  # the scrape counted it waiting at the mean: its real size
+            elif self.unattributed > 0:  # the scrape counted it waiting at the mean: its real size
                 self.unattributed -= 1
                 self.pending.append(prompt)
                 self.added_s += prompt / self.prefill_tps - self.request_cost_s
-            # else the last scrape found it admitted already (the admitted-prefill term counts its real
-            # tokens) or, without sizes, counted it waiting at the mean prompt (the edge keeps the excess)
+            # else the last scrape found it admitted already (the admitted-prefill term counts its real tokens)
 
 
 class AnnounceScorer:
@@ -176,7 +173,7 @@ class AnnounceScorer:
         prefill_eff = effective_prefill_tps(params, prefill_tps, reading.preemptions_per_s or 0.0, mean)
         waiting = int(m.num_requests_waiting)
         tokens, unattributed = self.prompts.reconcile(waiting, now, prefill_tps, mean / prefill_eff)
-        if not self.prompts.sizes or unattributed == waiting:  # no announced prompt waits: drain's own terms
+        if unattributed == waiting:  # no announced prompt waits: drain's own terms
             return result
         backlog = tokens + unattributed * mean
         score = max(0.0, result.score + SCORE_TERMS["drain"]["queue_s"] * (backlog - waiting * mean) / prefill_eff)
@@ -189,8 +186,8 @@ class NodeAnnouncements:
     each edge's rate bound, and the ``/scores`` body with what announcements added."""
 
     def __init__(self, iu_ids: Iterable[str], *, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-                 rate_per_s: float = DEFAULT_RATE_PER_S, burst: float = DEFAULT_BURST, sizes: bool = True):
-        self.prompts = {iu: AnnouncedPrompts(sizes) for iu in iu_ids}
+                 rate_per_s: float = DEFAULT_RATE_PER_S, burst: float = DEFAULT_BURST):
+        self.prompts = {iu: AnnouncedPrompts() for iu in iu_ids}
         self.max_prompt_tokens, self.rate_per_s, self.burst = max_prompt_tokens, rate_per_s, burst
         self.lock = threading.Lock()
         self.acked: OrderedDict[str, int] = OrderedDict()  # edge -> last seq counted; least recently heard first
