@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -47,6 +48,14 @@ def test_demo_runs_and_cleans_up():
     assert "gpu_throttle" in out and "hw_thermal_slowdown" in out  # and the thermal slowdown (gpu_throttle)
     assert "released from maintenance" in out
     assert "whole run" in out and "0 errors" in out
+    # The announce channel end to end: the edge announced its requests to the agents in the machines (their
+    # 0600 announce.token from the role, POST /announce on the nodes' addresses) and they counted them. The
+    # panel may wrap a line inside a phrase, hence the border-tolerant gaps.
+    gap = r"[\s\u2502]+"
+    announced = [int(n) for n in re.findall(rf"announced{gap}sent{gap}(\d+)", out)]
+    failed = [int(n) for n in re.findall(rf"announce{gap}batches{gap}failed{gap}(\d+)", out)]
+    assert announced and announced[-1] > 0, out[-3000:]
+    assert (failed or [0])[-1] <= max(1, announced[-1] // 10), out[-3000:]  # CI's load may time one out, not more
     # A clean end: the last line is the demo's own, and nothing after it reports a failure (the review
     # saw "consul watch failed: ..." from the reader's watch threads as the last line in 2 of 2 runs).
     assert "demo finished in" in out.strip().splitlines()[-1], out[-2000:]
