@@ -298,7 +298,7 @@ class PoolView:
                         )
                     )
             verdicts = self.detector.observe(entries, now)
-            entries = [e if e.iu_id not in verdicts else _with_verdict(e, verdicts[e.iu_id]) for e in entries]
+            entries = [_with_verdict(e, verdicts.get(e.iu_id)) for e in entries]
             entries.sort(key=lambda e: e.iu_id)
             scored = tuple(e for e in entries if e.routable and e.score is not None and e.weight > 0)
             healthy = tuple(e for e in entries if e.routable)
@@ -340,4 +340,9 @@ def _port(service: dict) -> int | None:
 
 
 def _with_verdict(entry: IUEntry, verdict) -> IUEntry:
+    """``entry`` with the detector's verdict; itself when the verdict is the entry's default (no flag, full
+    weight, no ramp: most IUs most of the time), which spares a dataclass copy per IU per rebuild (7% of an
+    edge's event loop at 128 nodes with the announce channel, py-spy)."""
+    if verdict is None or (verdict.flag is None and verdict.weight == 1.0 and verdict.ramp_start is None):
+        return entry
     return replace(entry, weight=verdict.weight, ramp_start=verdict.ramp_start, anomaly=verdict.flag)
