@@ -96,6 +96,14 @@ class EdgeConfig:
     event_loop: str = "asyncio"
     source: str = "<flags>"
 
+    def __post_init__(self):
+        # One check for every way a config is made (a file, flags, code): acknowledgements come in pushed
+        # bodies only, so announcing without the push feed would only double count.
+        if self.announce.enabled and not self.push.enabled:
+            raise ConfigError(self.source, "announce.token_file", "announcing needs the push feed "
+                              "(push.enabled: true): the agents acknowledge announcements in their pushed "
+                              "bodies only")
+
     @property
     def listen_hostport(self) -> tuple[str, int]:
         return split_hostport(self.listen)
@@ -143,17 +151,12 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop"})
-    push = _load_push(path, f.data.get("push"))
-    announce = _load_announce(path, f.data.get("announce"))
-    if announce.enabled and not push.enabled:  # acknowledgements come in pushed bodies only
-        raise ConfigError(path, "announce.token_file", "announcing needs the push feed (push.enabled: true): "
-                          "the agents acknowledge announcements in their pushed bodies only")
     return EdgeConfig(
         listen=_address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
         consul=_load_consul(path, f.data.get("consul")),
-        push=push,
-        announce=announce,
+        push=_load_push(path, f.data.get("push")),
+        announce=_load_announce(path, f.data.get("announce")),
         max_inflight_per_iu=_count(f, "max_inflight_per_iu", 64, 1),
         max_queue=_count(f, "max_queue", 512, 0),
         queue_timeout_s=f.positive("queue_timeout_s", 5.0),

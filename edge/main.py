@@ -104,12 +104,7 @@ class Edge:
     async def start(self) -> str:
         """Connect, start feeds and listen; returns the listening HOST:PORT."""
         announce = self.config.announce
-        token = None
-        if announce.enabled:
-            if not self.config.push.enabled:  # parse_edge_config refuses it; a config built in code too
-                raise ConfigError(self.config.source, "announce.token_file", "announcing needs the push feed "
-                                  "(push.enabled: true): the agents acknowledge announcements in pushed bodies only")
-            token = announce.read_token(self.config.source)
+        token = announce.read_token(self.config.source) if announce.enabled else None
         self.connect_consul()
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s,
                                         sock_connect=self.config.connect_timeout_s)
