@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from edge_proxy import (  # noqa: E402
     CHUNK_GAP_S,
     CHUNKS,
+    STREAMED_COMPLETION,
     DevConsul,
     cpu_seconds,
     drive,
@@ -99,22 +100,8 @@ while True:
     time.sleep(0.2)
 '''
 
-IUS = r'''
-import asyncio, json, sys, time
-from aiohttp import web
-nodes, net, chunks, gap = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-async def completions(request):
-    await request.read()
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    for i in range(chunks):
-        if i:
-            await asyncio.sleep(gap)
-        event = {"choices": [{"index": 0, "text": "tok ", "finish_reason": None}], "sent": time.monotonic()}
-        await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
+IUS = STREAMED_COMPLETION + r'''
+nodes, net, CHUNKS, GAP = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 async def main():
     app = web.Application()
     app.router.add_post("/v1/completions", completions)

@@ -90,10 +90,11 @@ def run_on(loop_name, main):
 
 RUN_ON = inspect.getsource(run_on)
 
-UPSTREAM = RUN_ON + r'''
+# A stand-in IU's streamed completion (the source of a child process's handler): CHUNKS SSE events GAP s
+# apart, each carrying its CLOCK_MONOTONIC send time. Also bench/announce_cost.py's stand-in IUs.
+STREAMED_COMPLETION = r'''
 import asyncio, json, sys, time
 from aiohttp import web
-CHUNKS, GAP, LOOP = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 async def completions(request):
     await request.read()
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -106,6 +107,10 @@ async def completions(request):
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+'''
+
+UPSTREAM = RUN_ON + STREAMED_COMPLETION + r'''
+CHUNKS, GAP, LOOP = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 async def main():
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
