@@ -208,16 +208,15 @@ class NodeAnnouncements:
         that have one): this node's acknowledgement (the last counted) may pass over them, so the edge must
         count them by time (``EdgeLedger.unannounce``); the answer to ``POST /announce`` lists them."""
         edge, batch, ignored = parse_batch(obj, self.prompts, now, self.max_prompt_tokens)
-        counted = set(self._receive(edge, batch, now, ignored))
+        counted = set(self.receive(edge, batch, now, ignored))
         items = obj["announcements"]  # parse_batch checked it is a list of at most MAX_BATCH_ITEMS
         seqs = (item.get("seq") for item in items if isinstance(item, dict))
         return len(counted), ignored, [seq for seq in seqs if _int(seq) and seq not in counted]
 
-    def receive(self, edge: str, batch: list[Announcement], now: float, ignored: Counter | None = None) -> int:
-        return len(self._receive(edge, batch, now, ignored))
-
-    def _receive(self, edge: str, batch: list[Announcement], now: float, ignored: Counter | None) -> list[int]:
-        """The sequence numbers counted."""
+    def receive(self, edge: str, batch: list[Announcement], now: float, ignored: Counter | None = None
+                ) -> list[int]:
+        """Count ``batch`` (parsed) from ``edge``; the sequence numbers counted. ``ignored`` gets the
+        reasons of those not counted."""
         ignored = ignored if ignored is not None else Counter()
         accepted = []
         with self.lock:

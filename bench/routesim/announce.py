@@ -128,9 +128,8 @@ class AnnounceEdge(ScoredEdge):
 
     def __init__(self, view: EdgeView, rng, iu_ids: list[str], sender: AnnounceSender):
         view.edge_id = sender.edge
-        super().__init__(view, rng, iu_ids, "p2c")
+        super().__init__(view, rng, iu_ids, "p2c", announcing=True)
         self.sender = sender
-        self.ledger.announcing = True
 
     def pick(self, request: TraceRequest, now: float) -> int:
         chosen = super().pick(request, now)

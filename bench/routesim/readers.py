@@ -36,10 +36,10 @@ from .workload import TraceRequest
 class ScoredEdge:
     """`mode` "p2c": the reader library's pick(); "argmin": the design's EAS rule (lowest score wins)."""
 
-    def __init__(self, view: PoolView, rng: random.Random, iu_ids: list[str], mode: str):
+    def __init__(self, view: PoolView, rng: random.Random, iu_ids: list[str], mode: str, announcing: bool = False):
         self.view, self.rng, self.mode = view, rng, mode
         defaults = EdgeConfig()
-        self.router = Router(rng, defaults.max_inflight_per_iu, defaults.eject_s)
+        self.router = Router(rng, defaults.max_inflight_per_iu, defaults.eject_s, announcing=announcing)
         self.ledger = self.router.ledger
         self.iu_ids = iu_ids
         self.index_of = {iu: i for i, iu in enumerate(iu_ids)}
