@@ -10,6 +10,15 @@ up to ``S`` seconds (at most 30) for the next cycle, so one edge holds one conne
 each new score within a network round trip, without polling and without writing anything to Consul. An
 ``index`` other than the current one (older, or from before an agent restart) answers at once.
 
+``GET /scores?stream=1`` is the same feed as one long answer (``Content-Type: application/x-ndjson``, ended by
+closing the connection): the current body as soon as a cycle has made one, then every new body, one JSON
+object per line, and an empty line after :data:`STREAM_HEARTBEAT_S` without one (a silent stream is a
+dead one to its reader). Each body costs one write per stream, where a blocking query costs an HTTP request
+to parse, a thread to wake and an answer to frame per follower per body: with 16 edges and the announce
+channel's extra bodies that was most of the agent's CPU (bench/push_fanout.py). A stream follower that
+falls behind gets the latest body, not every one in between; a stream ends after :data:`MAX_STREAM_S` (the
+reader reconnects), when the agent stops, or when a write stalls for the connection timeout.
+
 ``POST /announce`` (only with ``announce_token_file`` configured; 404 otherwise): ``Authorization: Bearer
 <token>`` (compared in constant time; a wrong or missing one is 401 and nothing is counted), a JSON body of
 at most :data:`~eas_agent.announce.MAX_BATCH_BYTES` with a Content-Length (411 without one, 413 above it,
@@ -29,6 +38,7 @@ import json
 import math
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -79,6 +89,9 @@ class BoundedHTTPServer(QuietHTTPServer):
     """
 
     max_connections = MAX_CONNECTIONS
+    # socketserver's default listen backlog is 5: 16 edges reconnecting at once (an agent restart) overflowed
+    # it, and the connections it dropped waited out a SYN retransmission (1 s, the edges' connect timeout)
+    request_queue_size = MAX_CONNECTIONS
 
     def __init__(self, *args, **kwargs):
         self._slots = threading.BoundedSemaphore(self.max_connections)
@@ -157,6 +170,15 @@ class AgentMetrics:
 
 
 MAX_WAIT_S = 30.0
+STREAM_HEARTBEAT_S = 5.0  # an empty line after this long without a body
+# A stream is closed after this long and the reader reconnects: a follower that vanished without a FIN (its
+# host died) holds a thread at most this long even while its socket buffer still takes the heartbeats.
+MAX_STREAM_S = 300.0
+STREAM_CONTENT_TYPE = "application/x-ndjson"
+
+
+def wants_stream(query: str) -> bool:
+    return parse_qs(query).get("stream", [""])[-1] in ("1", "true")
 
 
 def blocking_args(query: str) -> tuple[int | None, float]:
@@ -197,6 +219,7 @@ class AgentHttpServer:
         self.index = 0  # of scores_json; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
+        self.closing = False  # stop(): streams end
         self.server = BoundedHTTPServer((host, port), self._handler())
         self.thread = threading.Thread(
             target=self.server.serve_forever,
@@ -216,6 +239,24 @@ class AgentHttpServer:
             self.scores_json = encoded
             self.index += 1
             self.changed.notify_all()
+
+    def stream_bodies(self, write, heartbeat_s: float = STREAM_HEARTBEAT_S, max_s: float = MAX_STREAM_S) -> None:
+        """Write each new body as one line to ``write`` (the first as soon as a cycle has made one; an empty
+        line after ``heartbeat_s`` without one) until ``max_s`` has passed, the server stops, or ``write``
+        raises (the reader went away or stalled: the handler's socket timeout)."""
+        deadline = time.monotonic() + max_s
+        index = 0  # the index before the first cycle's body: wait for a body, never stream "{}"
+        while True:
+            with self.lock:
+                self.changed.wait_for(lambda seen=index: self.index != seen or self.closing,
+                                      timeout=max(0.0, min(heartbeat_s, deadline - time.monotonic())))
+                if self.closing:
+                    return
+                fresh = self.index != index
+                index, body = self.index, self.scores_json
+            write(body + b"\n" if fresh else b"\n")
+            if time.monotonic() >= deadline:
+                return
 
     def scores_after(self, index: int | None, wait_s: float) -> tuple[int, bytes]:
         """(index, JSON body) of the latest cycle, waiting up to ``wait_s`` while ``index`` is the current."""
@@ -239,9 +280,21 @@ class AgentHttpServer:
                         200, generate_latest(owner.metrics.registry), "text/plain; version=0.0.4"
                     )
                 if self.path.startswith("/scores"):
-                    index, body = owner.scores_after(*blocking_args(urlsplit(self.path).query))
+                    query = urlsplit(self.path).query
+                    if wants_stream(query):
+                        return self._stream()
+                    index, body = owner.scores_after(*blocking_args(query))
                     return self._send(200, body, "application/json", {"X-Eas-Index": str(index)})
                 return self._send(404, b"not found\n", "text/plain")
+
+            def _stream(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", STREAM_CONTENT_TYPE)
+                self.send_header("Cache-Control", "no-store")
+                self.send_header("Connection", "close")  # the body ends where the connection does
+                self.end_headers()
+                self.close_connection = True
+                owner.stream_bodies(self.wfile.write)
 
             def do_POST(self):  # noqa: N802
                 code, body, read = self._announce()
@@ -299,5 +352,8 @@ class AgentHttpServer:
         self.thread.start()
 
     def stop(self) -> None:
+        with self.lock:
+            self.closing = True
+            self.changed.notify_all()
         self.server.shutdown()
         self.server.server_close()

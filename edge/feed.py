@@ -4,14 +4,16 @@ Consul stays the source of truth for membership, health and maintenance, and for
 snapshot (the agents' KV writes, <= 1 per node per second steady): ``ConsulWatcher`` (rate-limited blocking
 queries, its own threads) feeds an :class:`EdgeView`.
 
-Freshness: :class:`AgentFeed` holds one blocking query per node open to that node's agent,
-``GET http://<node address>:<agent_port>/scores?index=N&wait_s=W`` (eas_agent/http.py): the agent answers
-as soon as its next cycle's body exists (every 200 ms), so each score reaches the edge a round trip after
-it was computed, unquantized and without a Consul write. Node addresses come from the IUs' Consul services
-(vLLM runs on the node; the agent listens there on ``agent_port``). Bodies are folded into the view at most
-every ``apply_interval_s`` (one rebuild for many nodes). Per node the newer body (KV or pushed) wins, so
-when an agent cannot be reached its pushed body ages and the KV snapshot takes over; when both are older
-than 3 heartbeats ``pick()`` fails open to least-in-flight.
+Freshness: :class:`AgentFeed` holds one stream open to each node's agent, ``GET http://<node
+address>:<agent_port>/scores?stream=1`` (eas_agent/http.py): the agent writes each cycle's body (every 200
+ms) and each body the announce channel adds as one line as soon as it exists, so each score reaches the edge
+a one-way trip after it was computed, unquantized and without a Consul write. An agent from before streams
+answers that request with one plain body: the feed then follows it with blocking queries
+(``/scores?index=N&wait_s=W``, one request per body) instead. Node addresses come from the IUs' Consul
+services (vLLM runs on the node; the agent listens there on ``agent_port``). Bodies are folded into the view
+at most every ``apply_interval_s`` (one rebuild for many nodes). Per node the newer body (KV or pushed)
+wins, so when an agent cannot be reached its pushed body ages and the KV snapshot takes over; when both are
+older than 3 heartbeats ``pick()`` fails open to least-in-flight.
 
 Nonsense from an agent (a negative, NaN or non-numeric score, a body that is not the score shape) is
 ignored and counted by reason (``eas_edge_scores_ignored_total``): the IU's score counts as unknown, which
@@ -21,6 +23,7 @@ keeps it out of the power-of-two choice but lets the fail-open path still use a 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -28,6 +31,7 @@ from collections import Counter
 
 import aiohttp
 
+from eas_agent.http import STREAM_CONTENT_TYPE, STREAM_HEARTBEAT_S
 from eas_agent.scheduler import PoolView
 from eas_agent.scorebody import ScoreBody
 
@@ -54,11 +58,16 @@ class EdgeView(PoolView):
 
 
 class AgentFeed:
-    """One long-poll task per node's agent; pushed bodies are applied to the view in batches."""
+    """One task per node's agent following its stream of bodies; bodies are applied to the view in batches.
+
+    ``wait_s``: how long a blocking query waits (agents without streams); a stream silent (not even a
+    heartbeat) for ``wait_s`` + the agent's heartbeat interval is reopened. ``stream=False`` follows every
+    agent with blocking queries, as for agents from before streams (bench/push_fanout.py compares the two)."""
 
     def __init__(self, view: EdgeView, session: aiohttp.ClientSession, agent_port: int, *, wait_s: float = 10.0,
-                 apply_interval_s: float = 0.02, reconcile_s: float = 1.0, max_backoff_s: float = 5.0):
-        self.view, self.session, self.agent_port = view, session, agent_port
+                 apply_interval_s: float = 0.02, reconcile_s: float = 1.0, max_backoff_s: float = 5.0,
+                 stream: bool = True):
+        self.view, self.session, self.agent_port, self.stream = view, session, agent_port, stream
         self.wait_s, self.apply_interval_s, self.reconcile_s = wait_s, apply_interval_s, reconcile_s
         self.max_backoff_s = max_backoff_s
         self.tasks: dict[str, tuple[str, asyncio.Task]] = {}  # node -> (agent address, task)
@@ -109,13 +118,20 @@ class AgentFeed:
 
     async def _follow(self, node: str, agent: str) -> None:
         """Follow one agent until stopped: any failure (unreachable, a hostile answer, a bug) backs off and
-        asks again without an index."""
-        index, failures = None, 0
+        starts over; so does a stream that ended without a body (an agent closing streams at once must not
+        turn this into a busy loop). An agent that answers the stream request with a plain body is followed
+        with blocking queries from then on."""
+        index, failures, stream = None, 0, self.stream
         url = f"http://{agent}/scores"
         timeout = aiohttp.ClientTimeout(total=self.wait_s + 5.0, sock_connect=1.0)
         while not self.stopping:
             try:
-                index = await self._next(node, agent, url, timeout, index)
+                if stream:
+                    bodies, stream, index = await self._read_stream(node, agent, url)
+                    if stream and not bodies:
+                        raise ConnectionResetError("the stream ended without a body")
+                else:
+                    index = await self._next(node, agent, url, timeout, index)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # e.g. JSON nested too deep for the decoder (RecursionError)
@@ -128,6 +144,30 @@ class AgentFeed:
                 await asyncio.sleep(self.rng.uniform(0.5, 1.0) * min(self.max_backoff_s, 0.2 * 2**min(failures, 10)))
                 continue
             failures = 0
+
+    async def _read_stream(self, node: str, agent: str, url: str) -> tuple[int, bool, int | None]:
+        """Read one stream until the agent ends it: (bodies read, still streaming, index). Not streaming: the
+        agent answered with one plain body (from before streams), which was used; ``index`` is its
+        ``X-Eas-Index`` for the blocking query that follows."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=self.wait_s + STREAM_HEARTBEAT_S)
+        async with self.session.get(url, params={"stream": "1"}, timeout=timeout) as answer:
+            if answer.status != 200:
+                raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
+            if answer.content_type != STREAM_CONTENT_TYPE:
+                index = int(answer.headers.get("X-Eas-Index", "0"))
+                body = await answer.json(content_type=None)
+                self.connected[node] = True
+                if index:  # 0: the agent's first cycle has not ended ("{}")
+                    self._received(node, agent, body)
+                return 1, False, index
+            self.connected[node] = True
+            bodies = 0
+            # a line longer than aiohttp's buffer limit (~128 KiB; a body is 1-4 KB) raises: a failure
+            while line := await answer.content.readline():
+                if line.strip():  # an empty line is the agent's heartbeat
+                    bodies += 1
+                    self._received(node, agent, json.loads(line))
+            return bodies, True, None
 
     async def _next(self, node: str, agent: str, url: str, timeout: aiohttp.ClientTimeout, index: int | None
                     ) -> int | None:
@@ -143,16 +183,20 @@ class AgentFeed:
             return index  # the wait ran out without a new cycle (a stalled agent): ask again
         if new_index == 0:  # the agent's first cycle has not ended ("{}"): wait for it, nothing to parse
             return 0
+        self._received(node, agent, body)
+        return new_index
+
+    def _received(self, node: str, agent: str, body) -> None:
+        """One decoded body from ``node``'s agent: checked, then queued for the next flush."""
         typed = self.view.parse(body, f"/scores of {node} ({agent})")
         if typed is None:
-            return new_index
+            return
         if typed.node != node:  # a mis-addressed agent must not overwrite another node's scores
             self.view.ignored["node_mismatch"] += 1
-            return new_index
+            return
         self.pending[node] = typed
         self.last_push[node] = time.monotonic()
         self._schedule_flush()
-        return new_index
 
     def _schedule_flush(self) -> None:
         if not self.flush_scheduled:

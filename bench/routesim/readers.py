@@ -9,9 +9,9 @@ edge's seeded RNG. How the view is fed:
   returns `consul_latency_s` after a write that changes the index (Raft commit plus the wake-up of the
   blocked HTTP request; a few ms on a LAN), the view applies the whole prefix, and the next query starts no
   sooner than `min_interval_s` (0.1 s, the watcher's default) after the previous one started.
-- AgentPush: `edge.feed.AgentFeed`'s timing in simulated time: each agent answers the edge's waiting
-  blocking query on `/scores` as soon as its cycle's body exists; the body reaches the edge `latency_s`
-  later (a LAN round trip and the JSON of a 2-IU body, ~1 ms) and is folded into the view with the other
+- AgentPush: `edge.feed.AgentFeed`'s timing in simulated time: each agent writes its cycle's body to the
+  edge's stream on `/scores?stream=1` as soon as it exists; the body reaches the edge `latency_s` later
+  (a LAN one-way trip and the JSON of a 2-IU body, ~1 ms) and is folded into the view with the other
   nodes' bodies that arrived within `apply_interval_s` (the shipped default, 20 ms). The edge watches the KV
   too (ConsulKVWatch): per node the newer body wins, as in the edge.
 - AgentPoll (not shipped; kept for comparisons): GET every agent's `/scores` every `period_s`.
@@ -81,11 +81,11 @@ def new_view(loop: EventLoop) -> PoolView:
     return EdgeView(clock=lambda: loop.now)
 
 
-PUSH_LATENCY_S = 0.001  # the agent's answer to a waiting query: a LAN round trip + JSON of a 2-IU body
+PUSH_LATENCY_S = 0.001  # a body on the agent's stream: a LAN one-way trip + JSON of a 2-IU body
 
 
 class AgentPush:
-    """One edge's blocking queries on every agent's /scores (edge.feed.AgentFeed), simulated."""
+    """One edge's streams from every agent's /scores (edge.feed.AgentFeed), simulated."""
 
     def __init__(self, fleet: AgentFleet, view: PoolView, loop: EventLoop, latency_s: float = PUSH_LATENCY_S,
                  apply_interval_s: float = PushConfig().apply_interval_s):
