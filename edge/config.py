@@ -7,10 +7,11 @@
       scheme: http                # or https with ca_file
       token_file: /etc/eas-edge/consul.token   # 0600; the token never goes on a command line
       kv_prefix: clusterctl/eas
-    push:                         # fresh scores: one blocking query per node to the agent's /scores
+    push:                         # fresh scores: one stream per node from the agent's /scores?stream=1
       enabled: true
       agent_port: 9105            # eas_agent_listen's port; the agent must listen on the node's address
-      wait_s: 10                  # how long one blocking query may wait for the next cycle
+      wait_s: 10                  # a stream silent this long past the agent's 5 s heartbeat is reopened;
+                                  # agents without streams: how long one blocking query waits
       apply_interval_s: 0.02      # pushed bodies are folded into the view at most this often
     announce:                     # tell each request to its IU's node agent (edge/announce.py); needs push
       token_file: null            # the announce token (0600, one word; the agents' eas_agent_announce_token);
