@@ -5,7 +5,12 @@ single pick() calls with perf_counter_ns, in the loop an edge runs: pick, then r
 all fresh (the common path), some stale (the freshness filter runs), a third de-weighted (rejection
 sampling), and no fresh score (fail-open scan).
 
-    .venv/bin/python bench/pick_latency.py [--ius 256] [--calls 100000]
+Then what feeds those picks: the view folding in pushed bodies (``apply_polled``, the edge's flush every
+20 ms), timed side by side for a flush that carries a new body from a tenth of the nodes (what an edge of
+128 nodes at 5 bodies/s per node folds per 20 ms) and one that carries every node's (a full rebuild).
+Reference numbers, no target: the edge's CPU is what they move (edge/README.md, "What it costs").
+
+    .venv/bin/python bench/pick_latency.py [--ius 256] [--calls 100000] [--flushes 400]
 """
 
 from __future__ import annotations
@@ -72,6 +77,33 @@ def time_picks(view, now: float, calls: int, rng: random.Random, deweight: float
     return samples
 
 
+def time_flushes(ius: int, flushes: int, changed_fraction: float, rng: random.Random) -> list[int]:
+    """ns per ``apply_polled`` of a new body from ``changed_fraction`` of the nodes, the clock 20 ms on each."""
+    clock = [1_000_000.0]
+    view = PoolView(detector=AnomalyDetector(), clock=lambda: clock[0])
+    nodes = [f"r{n // 8:02d}n{n % 8:02d}" for n in range(ius // 4)]
+    view.apply_health([{"Service": {"ID": layout.iu_id(node, i), "Address": "127.0.0.1", "Port": 8000 + i},
+                        "Checks": [{"CheckID": layout.score_check_id(layout.iu_id(node, i)), "Status": "passing"}]}
+                       for node in nodes for i in range(4)])
+
+    def body(node: str, seq: int) -> ScoreBody:
+        return ScoreBody(node=node, rack=node[:3], ts=clock[0], heartbeat_s=2.0, seq=seq, ius={
+            layout.iu_id(node, i): IUScore(score=round(rng.lognormvariate(-1.0, 1.0), 4), status="passing",
+                                           components={"request_cost_s": 0.08, "tokens_total": 1e3 * seq, "running": 10})
+            for i in range(4)})
+
+    view.apply_polled([body(node, 1) for node in nodes])
+    per_flush = max(1, round(changed_fraction * len(nodes)))
+    samples = []
+    for seq in range(2, flushes + 2):
+        clock[0] += 0.02
+        bodies = [body(node, seq) for node in rng.sample(nodes, per_flush)]
+        start = time.perf_counter_ns()
+        view.apply_polled(bodies)
+        samples.append(time.perf_counter_ns() - start)
+    return samples
+
+
 def row(name: str, samples: list[int]) -> str:
     samples = sorted(samples)
     p = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))] / 1000  # noqa: E731
@@ -83,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ius", type=int, default=256)
     parser.add_argument("--calls", type=int, default=100_000)
+    parser.add_argument("--flushes", type=int, default=400)
     args = parser.parse_args()
     rng = random.Random(1)
     now = 1_000_000.0
@@ -98,6 +131,15 @@ def main() -> None:
     print(row("10% of nodes stale (filter runs)", time_picks(stale, now, args.calls, rng)))
     none = build_view(args.ius, now, rng, no_scores=True)
     print(row("no fresh score (fail-open scan)", time_picks(none, now, args.calls // 10, rng)))
+    print(f"\nthe view folding in pushed bodies, {args.ius} IUs ({args.ius // 4} nodes), {args.flushes} flushes per case "
+          "(microseconds)\n")
+    print("| case                                 |  median |     p90 |     p99 |    mean |")
+    print("|--------------------------------------|---------|---------|---------|---------|")
+    tenth = time_flushes(args.ius, args.flushes, 0.1, rng)
+    every = time_flushes(args.ius, args.flushes, 1.0, rng)
+    print(row("a tenth of the nodes' bodies new", tenth))
+    print(row("every node's body new", every))
+    print(f"\na tenth / every node, median: {statistics.median(tenth) / statistics.median(every):.2f}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,18 @@ class Verdict:
     ramp_start: float | None = None
 
 
+NO_FLAG = Verdict(None, 1.0, None)  # most IUs most of the time: one shared object, not one per IU per rebuild
+
+
 @dataclass
 class _History:
     readings: deque  # (ts, score, tokens_total, low)
     ramp_start: float | None = None
     routable: bool = False
+    # (the entry, len(readings), first ts, last ts) the memoized frozen verdict was computed on, and it: an
+    # edge observes every IU up to 50 times a second while each IU's readings change ~5 times a second
+    frozen_key: tuple | None = None
+    frozen: bool = False
 
 
 def robust_center_spread(values: list[float], floor: float) -> tuple[float, float]:
@@ -68,64 +75,75 @@ class AnomalyDetector:
         # Judged on the scrape's score: what the edges announced since (``announced_s``, eas_agent/announce.py)
         # is known work, not an outlier (judging the announced score gated IUs a long prompt had just
         # raised: edge/README.md, "The announce channel").
-        entries = [e if e.score is None or not e.components.get("announced_s") else
-                   replace(e, score=max(0.0, e.score - e.components["announced_s"])) for e in entries]
-        scores = [e.score for e in entries if e.score is not None and e.routable and now <= e.stale_after]
+        judged = []  # (entry, its judged score, routable now)
+        for entry in entries:
+            score = entry.score
+            if score is not None:
+                announced = entry.components.get("announced_s")
+                if announced:
+                    score = max(0.0, score - announced)
+            judged.append((entry, score, entry.routable and now <= entry.stale_after))
+        scores = [score for _entry, score, routable in judged if score is not None and routable]
         baseline = not self.baseline_done and bool(scores)
         self.baseline_done = self.baseline_done or baseline
         center, spread = robust_center_spread(scores, self.spread_floor) if len(scores) >= 3 else (None, None)
         verdicts: dict[str, Verdict] = {}
-        for entry in entries:
+        for entry, score, routable in judged:
             history = self.history.get(entry.iu_id)
             # a momentary unknown score (one failed scrape) is a gap, not a recovery: only critical,
             # maintenance or a stale key count as being away
-            routable = entry.routable and now <= entry.stale_after
             if history is None:
                 history = self.history[entry.iu_id] = _History(deque())
+            readings = history.readings
             if routable and not history.routable:  # new or recovered: ramp up (except the baseline)
                 history.ramp_start = None if baseline else now
-                history.readings.clear()
+                readings.clear()
             history.routable = routable
-            if (
-                routable
-                and entry.score is not None
-                and (not history.readings or history.readings[-1][0] != entry.ts)
-            ):
-                low = center is not None and entry.score < center - self.low_k * spread
-                history.readings.append((entry.ts, entry.score, entry.components.get("tokens_total"), low))
-            while history.readings and history.readings[0][0] < now - self.window_s:
-                history.readings.popleft()
+            if routable and score is not None and (not readings or readings[-1][0] != entry.ts):
+                low = center is not None and score < center - self.low_k * spread
+                readings.append((entry.ts, score, entry.components.get("tokens_total"), low))
+            while readings and readings[0][0] < now - self.window_s:
+                readings.popleft()
             if history.ramp_start is not None and now - history.ramp_start >= self.ramp_s:
                 history.ramp_start = None
-            verdicts[entry.iu_id] = self._verdict(entry, history, center, spread)
+            verdicts[entry.iu_id] = self._verdict(entry, score, history, center, spread)
         return verdicts
 
     def _frozen(self, entry, history: _History) -> bool:
+        readings = history.readings
+        key = (entry, len(readings), readings[0][0], readings[-1][0]) if readings else (entry, 0, None, None)
+        if history.frozen_key is not None and history.frozen_key[0] is entry and history.frozen_key[1:] == key[1:]:
+            return history.frozen
+        history.frozen_key, history.frozen = key, self._frozen_now(entry, readings)
+        return history.frozen
+
+    def _frozen_now(self, entry, readings: deque) -> bool:
         pending = (entry.components.get("running") or 0) + (entry.components.get("waiting") or 0)
-        if pending <= 0 or len(history.readings) < 2:
+        if pending <= 0 or len(readings) < 2:
             return False
-        latest_tokens = history.readings[-1][2]
+        latest_tokens = readings[-1][2]
         if latest_tokens is None:
             return False
-        since = history.readings[-1][0]
-        for ts, _score, tokens, _low in reversed(history.readings):
+        since = readings[-1][0]
+        for ts, _score, tokens, _low in reversed(readings):
             if tokens != latest_tokens:
                 break
             since = ts
-        return history.readings[-1][0] - since >= self.frozen_s
+        return readings[-1][0] - since >= self.frozen_s
 
-    def _verdict(self, entry, history: _History, center, spread) -> Verdict:
+    def _verdict(self, entry, score: float | None, history: _History, center, spread) -> Verdict:
+        """``score``: the entry's judged score (the scrape's, without what edges announced since)."""
         if self._frozen(entry, history):
             lows = sum(1 for r in history.readings if r[3])
             weight = self.hung_weight if lows >= self.min_low_readings else self.frozen_weight
             return Verdict("frozen", weight, history.ramp_start)
         if (
             center is not None
-            and entry.score is not None
-            and entry.score > center + self.high_k * spread
-            and entry.score > 2 * center
+            and score is not None
+            and score > center + self.high_k * spread
+            and score > 2 * center
         ):
             return Verdict("high_outlier", 0.0, history.ramp_start)
         if history.ramp_start is not None:
             return Verdict("ramp", 1.0, history.ramp_start)
-        return Verdict(None, 1.0, None)
+        return NO_FLAG

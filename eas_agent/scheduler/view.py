@@ -120,6 +120,9 @@ class PoolView:
         self.problems: deque[str] = deque(maxlen=50)
         self._last_log = -float("inf")
         self.edge_id: str | None = None  # the reading edge's announce id: entries carry the body's ack of it
+        # node -> (the body, the health map and the edge id its entries were built from, those entries): a
+        # rebuild builds entries only for nodes whose body (or Consul's health) changed since the last one
+        self._built: dict[str, tuple[_Seen, dict, str | None, list[IUEntry]]] = {}
 
     def _reject(self, what: str, problem: str) -> None:
         """Count and remember a skipped body or IU entry; log at most once a minute (a writer can repeat it
@@ -247,36 +250,51 @@ class PoolView:
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
+    def _entries_of(self, node: str, seen: _Seen) -> list[IUEntry]:
+        """The IU entries of one node's body (under the lock): pure given the body, the health map and the
+        edge id, which is what lets :meth:`_rebuild` keep them while those are the same objects."""
+        body = seen.body
+        ts = min(body.ts - (body.clock_offset_s or 0.0), seen.received + TS_TOLERANCE_S)
+        acked = body.announced.get(self.edge_id, 0) if self.edge_id and body.announced else 0
+        entries = []
+        for iu_id, iu in body.ius.items():
+            health, service, owner = self.health.get(iu_id, ("unknown", {}, ""))
+            if owner and owner != node:
+                self._reject("iu", f"node {node}: IU {iu_id} belongs to node {owner} in Consul")
+                continue
+            entries.append(
+                IUEntry(
+                    iu_id=iu_id,
+                    node=node,
+                    rack=body.rack,
+                    score=iu.score,
+                    status=iu.status,
+                    reason=iu.reason,
+                    ts=ts,
+                    heartbeat_s=body.heartbeat_s,
+                    health=health,
+                    components=iu.components,
+                    address=_address(service),
+                    port=_port(service),
+                    acked=acked,
+                )
+            )
+        return entries
+
     def _rebuild(self) -> None:
         now = self.clock()
         with self.lock:
             entries = []
+            built: dict[str, tuple[_Seen, dict, str | None, list[IUEntry]]] = {}
             for node, seen in self._bodies().items():
-                body = seen.body
-                ts = min(body.ts - (body.clock_offset_s or 0.0), seen.received + TS_TOLERANCE_S)
-                acked = body.announced.get(self.edge_id, 0) if self.edge_id and body.announced else 0
-                for iu_id, iu in body.ius.items():
-                    health, service, owner = self.health.get(iu_id, ("unknown", {}, ""))
-                    if owner and owner != node:
-                        self._reject("iu", f"node {node}: IU {iu_id} belongs to node {owner} in Consul")
-                        continue
-                    entries.append(
-                        IUEntry(
-                            iu_id=iu_id,
-                            node=node,
-                            rack=body.rack,
-                            score=iu.score,
-                            status=iu.status,
-                            reason=iu.reason,
-                            ts=ts,
-                            heartbeat_s=body.heartbeat_s,
-                            health=health,
-                            components=iu.components,
-                            address=_address(service),
-                            port=_port(service),
-                            acked=acked,
-                        )
-                    )
+                previous = self._built.get(node)
+                if previous is not None and previous[0] is seen and previous[1] is self.health \
+                        and previous[2] == self.edge_id:
+                    built[node] = previous
+                else:
+                    built[node] = (seen, self.health, self.edge_id, self._entries_of(node, seen))
+                entries.extend(built[node][3])
+            self._built = built
             known = {e.iu_id for e in entries}
             for iu_id, (health, service, owner) in self.health.items():  # registered but never scored
                 if iu_id not in known:
