@@ -76,6 +76,7 @@ class AgentFeed:
         self.updates = 0
         self.errors: Counter[str] = Counter()  # node -> failed queries
         self.connected: dict[str, bool] = {}
+        self.streaming: dict[str, bool] = {}  # node -> followed over a stream (False: blocking queries)
         self.last_push: dict[str, float] = {}  # node -> monotonic time of its last pushed body
         self.stopping = False
         self.rng = random.Random()
@@ -111,6 +112,7 @@ class AgentFeed:
                 task.cancel()
                 del self.tasks[node]
                 self.connected.pop(node, None)
+                self.streaming.pop(node, None)
         loop = asyncio.get_running_loop()
         for node, agent in wanted.items():
             if node not in self.tasks:
@@ -156,11 +158,11 @@ class AgentFeed:
             if answer.content_type != STREAM_CONTENT_TYPE:
                 index = int(answer.headers.get("X-Eas-Index", "0"))
                 body = await answer.json(content_type=None)
-                self.connected[node] = True
+                self.connected[node], self.streaming[node] = True, False
                 if index:  # 0: the agent's first cycle has not ended ("{}")
                     self._received(node, agent, body)
                 return 1, False, index
-            self.connected[node] = True
+            self.connected[node], self.streaming[node] = True, True
             bodies = 0
             # a line longer than aiohttp's buffer limit (~128 KiB; a body is 1-4 KB) raises: a failure
             while line := await answer.content.readline():

@@ -94,10 +94,16 @@ class _StateCollector:
         feed = s.feed
         yield CounterMetricFamily("eas_edge_push_batches", "Batches of agent-pushed scores applied.",
                                   value=feed.updates if feed else 0)
-        connected = GaugeMetricFamily("eas_edge_push_connected", "Agents whose blocking query last succeeded.")
+        connected = GaugeMetricFamily("eas_edge_push_connected",
+                                      "Agents whose stream is open or whose blocking query last succeeded.")
         connected.add_metric([], sum(1 for ok in (feed.connected.values() if feed else ()) if ok))
         yield connected
-        yield CounterMetricFamily("eas_edge_push_errors", "Failed blocking queries to agents.",
+        streams = GaugeMetricFamily("eas_edge_push_streams", "Connected agents followed over a stream (the others "
+                                    "answer blocking queries: agents from before streams).")
+        streams.add_metric([], sum(1 for node, on in (feed.streaming.items() if feed else ())
+                                   if on and feed.connected.get(node)))
+        yield streams
+        yield CounterMetricFamily("eas_edge_push_errors", "Failed streams and blocking queries to agents.",
                                   value=sum(feed.errors.values()) if feed else 0)
         sender = s.announcer
         batches = CounterMetricFamily("eas_edge_announce_batches", "Announce batches to node agents: sent (200), "

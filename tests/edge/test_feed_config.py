@@ -97,9 +97,10 @@ def test_pushed_scores_reach_the_view_and_nonsense_from_an_agent_is_counted(cons
             wait_for(lambda: metric(edge, "eas_edge_scores_ignored_total", 'reason="score_negative"') >= 1, 5,
                      "the negative score counted")
             assert {e.iu_id for e in view.snapshot().scored} == {"n0-iu0"}
-            assert metric(edge, "eas_edge_push_connected") == 2
+            assert metric(edge, "eas_edge_push_connected") == 2 and metric(edge, "eas_edge_push_streams") == 2
             # an agent that goes away: its node falls back to the (newer) Consul snapshot
             pool.agents["n0"].stop()
+            wait_for(lambda: metric(edge, "eas_edge_push_streams") == 1, 5, "the stopped agent's stream counted gone")
             pool.publish_kv("n0", {"n0-iu0": 0.777})
             wait_for(lambda: {e.iu_id: e.score for e in view.snapshot().entries}.get("n0-iu0") == 0.777, 5,
                      "the KV score taking over")
