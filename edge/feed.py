@@ -122,7 +122,8 @@ class AgentFeed:
         """Follow one agent until stopped: any failure (unreachable, a hostile answer, a bug) backs off and
         starts over; so does a stream that ended without a body (an agent closing streams at once must not
         turn this into a busy loop). An agent that answers the stream request with a plain body is followed
-        with blocking queries from then on."""
+        with blocking queries until a query fails (the agent restarted: perhaps upgraded), then asked for a
+        stream again."""
         index, failures, stream = None, 0, self.stream
         url = f"http://{agent}/scores"
         timeout = aiohttp.ClientTimeout(total=self.wait_s + 5.0, sock_connect=1.0)
@@ -142,7 +143,7 @@ class AgentFeed:
                 self.connected[node] = False
                 if failures == 1:
                     log.warning("agent %s (%s): %s; using its Consul snapshot", node, agent, type(exc).__name__)
-                index = None
+                index, stream = None, self.stream  # an agent upgraded in between streams from its restart on
                 await asyncio.sleep(self.rng.uniform(0.5, 1.0) * min(self.max_backoff_s, 0.2 * 2**min(failures, 10)))
                 continue
             failures = 0

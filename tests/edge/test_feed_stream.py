@@ -169,3 +169,32 @@ def test_an_agent_that_ends_each_stream_at_once_is_backed_off_not_busy_looped():
         assert feed.errors["n0"] == len(asked) or feed.errors["n0"] == len(asked) - 1
 
     asyncio.run(run())
+
+
+def test_an_agent_upgraded_to_streams_is_streamed_from_after_its_restart():
+    """Plain answers (an agent from before streams), one failed query (its restart), then a streaming agent:
+    the feed asks for a stream again (before: it stayed on blocking queries until the edge restarted)."""
+    async def run() -> None:
+        asked: list[dict] = []
+
+        async def upgraded(request: web.Request) -> web.StreamResponse:
+            asked.append(dict(request.query))
+            if len(asked) <= 2:  # before the upgrade: plain bodies
+                if "index" in request.query:
+                    return web.Response(status=503)  # going down for the upgrade
+                return web.json_response(body_of("n0", {"n0-iu0": 0.1}), headers={"X-Eas-Index": "1"})
+            answer = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
+            await answer.prepare(request)
+            await answer.write(json.dumps(body_of("n0", {"n0-iu0": 0.3})).encode() + b"\n")
+            await asyncio.sleep(5)
+            return answer
+
+        runner, port = await serve(upgraded)
+        try:
+            feed, view = await following(port, lambda v: score_of(v) == 0.3, max_backoff_s=0.05)
+        finally:
+            await runner.cleanup()
+        assert score_of(view) == 0.3 and feed.streaming["n0"] is True
+        assert asked[0] == {"stream": "1"} and "index" in asked[1] and asked[2] == {"stream": "1"}
+
+    asyncio.run(run())
