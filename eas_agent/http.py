@@ -4,20 +4,22 @@
 ``/scores`` serves the latest cycle in the same body shape the KV key holds, computed by the same code, so
 an edge polling agents directly at 200 ms and one reading Consul see the same numbers.
 
-``GET /scores?index=N&wait_s=S`` is a blocking query in Consul's style, the edge's push channel: every
-cycle's body gets the next index (header ``X-Eas-Index``); when ``N`` is the current index the answer waits
-up to ``S`` seconds (at most 30) for the next cycle, so one edge holds one connection per agent and hears of
-each new score within a network round trip, without polling and without writing anything to Consul. An
-``index`` other than the current one (older, or from before an agent restart) answers at once.
+``GET /scores?index=N&wait_s=S`` is a blocking query in Consul's style (how edges followed agents before
+streams, and still follow an agent without them): every cycle's body gets the next index (header
+``X-Eas-Index``); when ``N`` is the current index the answer waits up to ``S`` seconds (at most 30) for the
+next cycle, so a follower hears of each new score within a network round trip, without polling and without
+writing anything to Consul. An ``index`` other than the current one (older, or from before an agent
+restart) answers at once.
 
-``GET /scores?stream=1`` is the same feed as one long answer (``Content-Type: application/x-ndjson``, ended by
-closing the connection): the current body as soon as a cycle has made one, then every new body, one JSON
-object per line, and an empty line after :data:`STREAM_HEARTBEAT_S` without one (a silent stream is a
-dead one to its reader). Each body costs one write per stream, where a blocking query costs an HTTP request
-to parse, a thread to wake and an answer to frame per follower per body: with 16 edges and the announce
-channel's extra bodies that was most of the agent's CPU (bench/push_fanout.py). A stream follower that
-falls behind gets the latest body, not every one in between; a stream ends after :data:`MAX_STREAM_S` (the
-reader reconnects), when the agent stops, or when a write stalls for the connection timeout.
+``GET /scores?stream=1``, the edge's push channel, is the same feed as one long answer (``Content-Type:
+application/x-ndjson``, ended by closing the connection): the current body as soon as a cycle has made one,
+then every new body, one JSON object per line, and an empty line after :data:`STREAM_HEARTBEAT_S` without
+one (a silent stream is a dead one to its reader). Each body costs one write per stream, where a blocking
+query costs an HTTP request to parse, a thread to wake and an answer to frame per follower per body: with
+16 edges and the announce channel's extra bodies that was most of the agent's CPU (bench/push_fanout.py). A
+stream follower that falls behind gets the latest body, not every one in between; a stream ends after
+:data:`MAX_STREAM_S` (the reader reconnects), when the agent stops, or when a write stalls for the
+connection timeout.
 
 ``POST /announce`` (only with ``announce_token_file`` configured; 404 otherwise): ``Authorization: Bearer
 <token>`` (compared in constant time; a wrong or missing one is 401 and nothing is counted), a JSON body of
