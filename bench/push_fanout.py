@@ -41,13 +41,14 @@ TARGET_RATIO = 0.5  # stream / blocking queries, the agent's push CPU at the lar
 
 AGENT = r'''
 import sys, time
+from consul_io import layout
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.scorebody import IUScore, ScoreBody
 host, rate = sys.argv[1], float(sys.argv[2])
 http = AgentHttpServer(host, 0, AgentMetrics())
 http.start()
 print(http.server.server_address[1], flush=True)
-ius = ("node000-iu0", "node000-iu1")
+ius = (layout.iu_id("node000", 0), layout.iu_id("node000", 1))
 seq, interval, due = 0, 1.0 / rate, time.monotonic()
 while True:
     seq += 1
@@ -62,15 +63,16 @@ while True:
 EDGES = r'''
 import asyncio, json, sys, time
 import aiohttp
+from consul_io import layout
 from eas_agent.scheduler import AnomalyDetector
 from edge.feed import AgentFeed, EdgeView
 host, port, edges, stream = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "stream"
 settle, window = float(sys.argv[5]), float(sys.argv[6])
 counting, ages, delivered = False, [], [0] * edges
 
-def follower(k):
+def follower():
     view = EdgeView(detector=AnomalyDetector())
-    view.apply_health([{"Service": {"ID": f"node000-iu{i}", "Address": host, "Port": 8000 + i,
+    view.apply_health([{"Service": {"ID": layout.iu_id("node000", i), "Address": host, "Port": 8000 + i,
                                     "Meta": {"node": "node000"}},
                         "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]} for i in (0, 1)])
     return view
@@ -80,7 +82,7 @@ async def main():
     sessions, feeds = [], []
     for k in range(edges):
         session = aiohttp.ClientSession()
-        feed = AgentFeed(follower(k), session, port, reconcile_s=3600.0, stream=stream)
+        feed = AgentFeed(follower(), session, port, reconcile_s=3600.0, stream=stream)
         received = feed._received
         def counted(node, agent, body, k=k, received=received):
             if counting:
