@@ -140,6 +140,13 @@ class AnnounceSender:
         self.ledger.unannounce(seqs)
         self.announcements["dropped"] += len(seqs)
 
+    def _drop_pending(self, n: _Node) -> None:
+        """Drop what is queued for ``n`` (one dropped batch), never sent."""
+        if n.pending:
+            self.batches["dropped"] += 1
+            self._drop([seq for _iu, _tokens, seq, _sent in n.pending])
+            n.pending = []
+
     def _schedule(self, n: _Node, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
         n.timer = loop.call_at(now if self.closing else now + self.batch_s - (now - self.phase) % self.batch_s,
@@ -192,10 +199,7 @@ class AnnounceSender:
             self.batches["failed"] += 1
             self._drop(seqs)
             n.down_until = loop.time() + self.backoff_s * self.rng.uniform(0.75, 1.25)
-            if n.pending:  # queued behind the failed batch: the agent is failing, they go too
-                self.batches["dropped"] += 1
-                self._drop([seq for _iu, _tokens, seq, _sent in n.pending])
-                n.pending = []
+            self._drop_pending(n)  # queued behind the failed batch: the agent is failing, they go too
             self._set_state(n, *failure)
         if n.pending and n.timer is None:
             self._schedule(n, loop)
@@ -217,15 +221,19 @@ class AnnounceSender:
                         "(its requests counted by time)%s", n.name, n.agent, detail, self.backoff_s, hidden)
 
     # -- shutdown -----------------------------------------------------------------------------------------
+    def _send_now(self, n: _Node) -> None:
+        """``n``'s queue leaves now (unless a POST is in flight) instead of at its next tick."""
+        if n.timer is not None:
+            n.timer.cancel()
+            n.timer = None
+        self._tick(n)
+
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Send what is queued now and wait for it up to ``timeout_s``; then cancel what is left and stop."""
         self.closing = True
         loop = asyncio.get_running_loop()
         for n in self.nodes.values():
-            if n.timer is not None:
-                n.timer.cancel()
-                n.timer = None
-            self._tick(n)
+            self._send_now(n)
         deadline = loop.time() + timeout_s
         while True:
             busy = [n.inflight for n in self.nodes.values() if n.inflight is not None]
@@ -234,10 +242,7 @@ class AnnounceSender:
                 break
             await asyncio.wait(busy, timeout=remaining)
             for n in self.nodes.values():  # what was queued behind a POST that just ended
-                if n.timer is not None:
-                    n.timer.cancel()
-                    n.timer = None
-                self._tick(n)
+                self._send_now(n)
         self.closed = True
         left = []
         for n in self.nodes.values():
@@ -247,10 +252,7 @@ class AnnounceSender:
             if n.inflight is not None:
                 n.inflight.cancel()
                 left.append(n.inflight)
-            if n.pending:
-                self.batches["dropped"] += 1
-                self._drop([seq for _iu, _tokens, seq, _sent in n.pending])
-                n.pending = []
+            self._drop_pending(n)
         if left:
             await asyncio.gather(*left, return_exceptions=True)
 
