@@ -100,6 +100,12 @@ class FakeAgent:
         self.stopping.set()  # a slow answer ends now
         await self.runner.cleanup()
 
+    async def __aenter__(self) -> FakeAgent:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
     def seqs(self, i: int) -> list[int]:
         return [a["seq"] for a in self.posts[i]["body"]["announcements"]]
 
@@ -140,8 +146,7 @@ async def until(predicate, timeout: float = 3.0, what: str = "condition") -> Non
 
 def test_one_node_s_announcements_within_a_tick_leave_as_one_post_in_order_with_token_and_edge_id():
     async def test(sender, ledger, _session):
-        a, b = await FakeAgent("n0").start(), await FakeAgent("n1").start()
-        try:
+        async with FakeAgent("n0") as a, FakeAgent("n1") as b:
             started = time.monotonic()
             for seq in (1, 2, 3):
                 sender.announce("n0", a.address, "n0-iu0", 100 * seq, seq, 1764780000.5 + seq)
@@ -166,18 +171,14 @@ def test_one_node_s_announcements_within_a_tick_leave_as_one_post_in_order_with_
             sender.announce("n0", a.address, "n0-iu0", 9, 6, 1764780002.0)
             await until(lambda: len(a.posts) == 2, what="the second batch")
             assert a.seqs(1) == [6]
-        finally:
-            await a.stop()
-            await b.stop()
 
     run(test)
 
 
 def test_announcements_a_few_ms_apart_leave_together_at_the_edge_s_next_tick():
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0").start()
-        loop = asyncio.get_running_loop()
-        try:
+        async with FakeAgent("n0") as agent:
+            loop = asyncio.get_running_loop()
             # just after one of this edge's ticks: the next is ~50 ms away
             await asyncio.sleep(sender.batch_s - (loop.time() - sender.phase) % sender.batch_s + 0.002)
             sender.announce("n0", agent.address, "n0-iu0", 10, 1, time.time())
@@ -192,16 +193,13 @@ def test_announcements_a_few_ms_apart_leave_together_at_the_edge_s_next_tick():
             await asyncio.sleep(0.02)
             assert len(agent.posts) == 1 and agent.seqs(0) == [1, 2, 3]
             assert agent.posts[0]["at"] >= tick - 0.001
-        finally:
-            await agent.stop()
 
     run(test, batch_s=0.05)
 
 
 def test_one_post_in_flight_per_node_the_next_batch_carries_what_queued_meanwhile():
     async def test(sender, ledger, _session):
-        slow = await FakeAgent("n0", delay=0.3).start()
-        try:
+        async with FakeAgent("n0", delay=0.3) as slow:
             sender.announce("n0", slow.address, "n0-iu0", 10, 1, time.time())
             await until(lambda: slow.posts, what="the first POST")
             for seq in (2, 3, 4):
@@ -214,16 +212,13 @@ def test_one_post_in_flight_per_node_the_next_batch_carries_what_queued_meanwhil
             assert [slow.seqs(0), slow.seqs(1)] == [[1], [2, 3, 4]]
             await until(lambda: sender.batches["sent"] == 2, what="the second answer")
             assert not ledger.unannounced
-        finally:
-            await slow.stop()
 
     run(test, timeout_s=1.0)
 
 
 def test_a_failing_agent_unannounces_the_batch_drops_during_backoff_and_recovers_after():
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0", status=500).start()
-        try:
+        async with FakeAgent("n0", status=500) as agent:
             sender.announce("n0", agent.address, "n0-iu0", 10, 1, time.time())
             sender.announce("n0", agent.address, "n0-iu0", 10, 2, time.time())
             await until(lambda: sender.batches["failed"] == 1, what="the failed batch")
@@ -239,35 +234,29 @@ def test_a_failing_agent_unannounces_the_batch_drops_during_backoff_and_recovers
             await until(lambda: sender.batches["sent"] == 1, what="the batch after the backoff")
             assert agent.seqs(1) == [4] and ledger.unannounced == [1, 2, 3]
             assert sender.announcements == {"dropped": 3, "sent": 1}
-        finally:
-            await agent.stop()
 
     run(test, backoff_s=0.3)
 
 
 def test_unreachable_and_silent_agents_fail_their_batch():
     async def test(sender, ledger, _session):
-        silent = await FakeAgent("n1", delay=2.0).start()
-        closed = await FakeAgent("n0").start()
-        refused = closed.address
-        await closed.stop()  # nothing listens there any more: connection refused
-        try:
+        async with FakeAgent("n1", delay=2.0) as silent:
+            closed = await FakeAgent("n0").start()
+            refused = closed.address
+            await closed.stop()  # nothing listens there any more: connection refused
             sender.announce("n0", refused, "n0-iu0", 10, 1, time.time())
             sender.announce("n1", silent.address, "n1-iu0", 10, 2, time.time())
             started = time.monotonic()
             await until(lambda: sender.batches["failed"] == 2, what="both failures")
             assert time.monotonic() - started < 1.0  # the silent one times out at timeout_s, not at 2 s
             assert sorted(ledger.unannounced) == [1, 2]
-        finally:
-            await silent.stop()
 
     run(test, timeout_s=0.3)
 
 
 def test_queued_behind_a_batch_that_fails_are_dropped_as_a_batch():
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0", status=503, delay=0.2).start()
-        try:
+        async with FakeAgent("n0", status=503, delay=0.2) as agent:
             sender.announce("n0", agent.address, "n0-iu0", 10, 1, time.time())
             await until(lambda: agent.posts, what="the first POST")
             sender.announce("n0", agent.address, "n0-iu0", 10, 2, time.time())
@@ -276,8 +265,6 @@ def test_queued_behind_a_batch_that_fails_are_dropped_as_a_batch():
             assert ledger.unannounced == [1, 2, 3] and sender.batches == {"failed": 1, "dropped": 1}
             await asyncio.sleep(0.05)
             assert len(agent.posts) == 1
-        finally:
-            await agent.stop()
 
     run(test, backoff_s=5.0)
 
@@ -289,8 +276,7 @@ def test_401_and_404_back_off_and_log_once_without_the_token(status, state, capl
     monkeypatch.setattr(announce_module, "LOG_INTERVAL_S", 0.0)  # each change logged: the state rule alone
 
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0", status=status).start()
-        try:
+        async with FakeAgent("n0", status=status) as agent:
             for seq in (1, 2, 3):
                 sender.announce("n0", agent.address, "n0-iu0", 10, seq, time.time())
                 await until(lambda n=seq: sender.batches["failed"] == len(agent.posts) == n, what="a failure")
@@ -308,38 +294,30 @@ def test_401_and_404_back_off_and_log_once_without_the_token(status, state, capl
             lines = [r.getMessage() for r in caplog.records if r.name == "edge.announce"]
             assert len(lines) == 2 and "working again" in lines[1]
             assert TOKEN not in caplog.text
-        finally:
-            await agent.stop()
 
     run(test, backoff_s=0.1)
 
 
 def test_an_agent_that_accepts_part_of_a_batch_has_the_whole_batch_counted_by_time():
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0").start()
-        agent.accepted = 1  # e.g. one of two rate-limited: which one is not said
-        try:
+        async with FakeAgent("n0") as agent:
+            agent.accepted = 1  # e.g. one of two rate-limited: which one is not said
             sender.announce("n0", agent.address, "n0-iu0", 10, 1, time.time())
             sender.announce("n0", agent.address, "n0-iu0", 10, 2, time.time())
             await until(lambda: sender.batches["sent"] == 1, what="the answer")
             assert ledger.unannounced == [1, 2] and sender.announcements == {"sent": 1, "dropped": 1}
-        finally:
-            await agent.stop()
 
     run(test)
 
 
 def test_an_agent_that_names_what_it_did_not_count_has_only_those_counted_by_time():
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0").start()
-        agent.accepted, agent.ignored_seqs = 2, [2]  # e.g. the second rate-limited
-        try:
+        async with FakeAgent("n0") as agent:
+            agent.accepted, agent.ignored_seqs = 2, [2]  # e.g. the second rate-limited
             for seq in (1, 2, 3):
                 sender.announce("n0", agent.address, "n0-iu0", 10, seq, time.time())
             await until(lambda: sender.batches["sent"] == 1, what="the answer")
             assert ledger.unannounced == [2] and sender.announcements == {"sent": 2, "dropped": 1}
-        finally:
-            await agent.stop()
 
     run(test)
 
@@ -347,38 +325,31 @@ def test_an_agent_that_names_what_it_did_not_count_has_only_those_counted_by_tim
 @pytest.mark.parametrize("ignored", [[], [7], [2, 3], "2"])
 def test_an_answer_naming_the_wrong_ones_has_the_whole_batch_counted_by_time(ignored):
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0").start()
-        agent.accepted, agent.ignored_seqs = 2, ignored  # one not counted, but not said which (or nonsense)
-        try:
+        async with FakeAgent("n0") as agent:
+            agent.accepted, agent.ignored_seqs = 2, ignored  # one not counted, but not said which (or nonsense)
             for seq in (1, 2, 3):
                 sender.announce("n0", agent.address, "n0-iu0", 10, seq, time.time())
             await until(lambda: sender.batches["sent"] == 1, what="the answer")
             assert ledger.unannounced == [1, 2, 3]
-        finally:
-            await agent.stop()
 
     run(test)
 
 
 def test_a_batch_holds_at_most_max_batch_items_the_overflow_is_dropped():
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0").start()
-        try:
+        async with FakeAgent("n0") as agent:
             for seq in range(1, MAX_BATCH_ITEMS + 4):
                 sender.announce("n0", agent.address, "n0-iu0", 10, seq, time.time())
             await until(lambda: sender.batches["sent"] == 1, what="the batch")
             assert agent.seqs(0) == list(range(1, MAX_BATCH_ITEMS + 1))
             assert ledger.unannounced == [MAX_BATCH_ITEMS + 1, MAX_BATCH_ITEMS + 2, MAX_BATCH_ITEMS + 3]
-        finally:
-            await agent.stop()
 
     run(test)
 
 
 def test_close_flushes_what_is_queued_and_waits_for_it_bounded():
     async def test(sender, ledger, _session):
-        agent = await FakeAgent("n0", delay=0.1).start()
-        try:
+        async with FakeAgent("n0", delay=0.1) as agent:
             quick = AnnounceSender(_session, ledger, EDGE, TOKEN, batch_s=1.0)
             quick.announce("n0", agent.address, "n0-iu0", 10, 100, time.time())  # its tick is up to 1 s away
             await quick.close(timeout_s=2.0)
@@ -400,8 +371,6 @@ def test_close_flushes_what_is_queued_and_waits_for_it_bounded():
             started = time.monotonic()
             await late.close(timeout_s=0.2)
             assert time.monotonic() - started < 1.0 and ledger.unannounced == [4, 5]
-        finally:
-            await agent.stop()
 
     run(test)
 
@@ -438,8 +407,7 @@ def test_a_request_without_a_known_prompt_size_is_unannounced_not_sent():
 
 def test_without_a_feed_task_the_announcement_goes_to_the_iu_s_address_at_the_push_port():
     async def test(sender, _ledger, _session):
-        agent = await FakeAgent("n0").start("127.0.0.1")
-        try:
+        async with FakeAgent("n0") as agent:
             state = _state(sender)
             port = int(agent.address.rsplit(":", 1)[1])
             state.config = EdgeConfig(push=type(state.config.push)(agent_port=port))
@@ -449,8 +417,6 @@ def test_without_a_feed_task_the_announcement_goes_to_the_iu_s_address_at_the_pu
             await until(lambda: agent.posts, what="the POST")
             assert agent.posts[0]["body"]["announcements"] == [
                 {"iu": "n0-iu0", "tokens": 321, "seq": 1, "sent": 1764780000.0}]
-        finally:
-            await agent.stop()
 
     run(test)
 
