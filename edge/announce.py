@@ -259,16 +259,16 @@ class AnnounceSender:
 
 def _accepted(raw: bytes, seqs: list[int]) -> tuple[int, list[int]]:
     """(how many of the batch's announcements a 200 answer says it counted, the sequence numbers of those it
-    did not). An answer that does not say which (an older agent) or says something inconsistent: every
-    announcement of the batch is taken as not counted, so the ledger counts them by time (counted twice for
-    a moment, never missed)."""
+    did not). An answer that does not say which (an older agent), says something inconsistent or cannot be
+    read: every announcement of the batch is taken as not counted, so the ledger counts them by time (counted
+    twice for a moment, never missed); one that cannot be read counts none as accepted."""
     try:
         answer = json.loads(raw)
         accepted, ignored = answer.get("accepted"), answer.get("ignored_seqs")
     except (ValueError, AttributeError):
-        return len(seqs), []
+        return 0, list(seqs)
     if not (isinstance(accepted, int) and not isinstance(accepted, bool) and 0 <= accepted <= len(seqs)):
-        return len(seqs), []
+        return 0, list(seqs)
     if accepted == len(seqs):
         return accepted, []
     if isinstance(ignored, list) and len(ignored) == len(seqs) - accepted and set(ignored) <= set(seqs):

@@ -39,6 +39,7 @@ class FakeAgent:
         self.concurrent = self.max_concurrent = 0
         self.accepted: int | None = None  # what a 200 says it accepted (None: the whole batch)
         self.ignored_seqs: list[int] | None = None  # what a 200 says it did not count (None: not said)
+        self.raw_answer: bytes | None = None  # a 200 with this body instead of the JSON answer
         self.acked: dict[str, int] = {}
         self.index = 1
         self.changed: asyncio.Event | None = None
@@ -65,6 +66,8 @@ class FakeAgent:
                 self.acked[body["edge"]] = items[-1]["seq"]
                 self.index += 1
                 self.changed.set()
+            if self.raw_answer is not None:
+                return web.Response(body=self.raw_answer, content_type="application/json")
             accepted = len(items) if self.accepted is None else self.accepted
             answer = {"accepted": accepted, "ignored": {}}
             if self.ignored_seqs is not None:
@@ -306,6 +309,21 @@ def test_an_agent_that_accepts_part_of_a_batch_has_the_whole_batch_counted_by_ti
             sender.announce("n0", agent.address, "n0-iu0", 10, 2, time.time())
             await until(lambda: sender.batches["sent"] == 1, what="the answer")
             assert ledger.unannounced == [1, 2] and sender.announcements == {"sent": 1, "dropped": 1}
+
+    run(test)
+
+
+@pytest.mark.parametrize("raw", [b"<html>ok</html>", b"[1]", b'{"accepted": "all"}', b'{"accepted": 9}'])
+def test_a_200_whose_answer_cannot_be_read_has_the_whole_batch_counted_by_time(raw):
+    """Before: an unreadable answer was taken as every announcement counted, which the node's next
+    acknowledgement would then pass over even if the agent had counted none."""
+    async def test(sender, ledger, _session):
+        async with FakeAgent("n0") as agent:
+            agent.raw_answer = raw
+            for seq in (1, 2):
+                sender.announce("n0", agent.address, "n0-iu0", 10, seq, time.time())
+            await until(lambda: sender.batches["sent"] == 1, what="the answer")
+            assert ledger.unannounced == [1, 2] and sender.announcements == {"sent": 0, "dropped": 2}
 
     run(test)
 
