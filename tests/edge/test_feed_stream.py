@@ -38,6 +38,13 @@ async def serve(handler) -> tuple[web.AppRunner, int]:
     return runner, site._server.sockets[0].getsockname()[1]
 
 
+async def open_stream(request: web.Request) -> web.StreamResponse:
+    """An agent's stream answer, headers sent; the handler writes its lines."""
+    answer = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
+    await answer.prepare(request)
+    return answer
+
+
 async def following(port: int, until, **kwargs) -> tuple[AgentFeed, EdgeView]:
     """A feed on one node's agent at ``port`` until ``until(view)`` holds (5 s at most); stopped after."""
     view = view_of_one_node()
@@ -88,8 +95,7 @@ def test_one_stream_carries_many_bodies_and_an_agent_without_streams_gets_blocki
 
         async def streaming(request: web.Request) -> web.StreamResponse:
             asked.append(dict(request.query))
-            answer = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
-            await answer.prepare(request)
+            answer = await open_stream(request)
             for k in range(1, 6):
                 await answer.write(json.dumps(body_of("n0", {"n0-iu0": k / 10})).encode() + b"\n\n")
                 await asyncio.sleep(0.02)
@@ -132,8 +138,7 @@ def test_a_hostile_stream_costs_that_stream_only():
         async def hostile(request: web.Request) -> web.StreamResponse:
             n = min(len(asked), len(streams) - 1)
             asked.append(n)
-            answer = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
-            await answer.prepare(request)
+            answer = await open_stream(request)
             await answer.write(streams[n])
             await asyncio.sleep(5)
             return answer
@@ -155,8 +160,7 @@ def test_an_agent_that_ends_each_stream_at_once_is_backed_off_not_busy_looped():
 
         async def closing(request: web.Request) -> web.StreamResponse:
             asked.append(time.monotonic())
-            answer = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
-            await answer.prepare(request)
+            answer = await open_stream(request)
             return answer  # ends the stream without a body
 
         runner, port = await serve(closing)
@@ -183,8 +187,7 @@ def test_an_agent_upgraded_to_streams_is_streamed_from_after_its_restart():
                 if "index" in request.query:
                     return web.Response(status=503)  # going down for the upgrade
                 return web.json_response(body_of("n0", {"n0-iu0": 0.1}), headers={"X-Eas-Index": "1"})
-            answer = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
-            await answer.prepare(request)
+            answer = await open_stream(request)
             await answer.write(json.dumps(body_of("n0", {"n0-iu0": 0.3})).encode() + b"\n")
             await asyncio.sleep(5)
             return answer
