@@ -281,9 +281,9 @@ class Agent:
 
     def announce(self, obj, now: float) -> tuple[int, Counter, list[int]]:
         """One ``POST /announce`` batch (an HTTP handler thread; ``now`` is the agent's clock): counted
-        (:meth:`NodeAnnouncements.receive_json`, which raises AnnounceError for a malformed batch), then, when
-        it added something and a cycle has served a body, a new ``/scores`` body at once, which answers the
-        edges' waiting blocking queries. (accepted, ignored by reason, the ignored ones' sequence numbers)."""
+        (:meth:`NodeAnnouncements.receive_batch`, which raises AnnounceError for a malformed batch), then, when
+        it added something and a cycle has served a body, a new ``/scores`` body at once, which goes out on
+        the edges' streams. (accepted, ignored by reason, the ignored ones' sequence numbers)."""
         accepted, ignored, ignored_seqs = self.announcements.receive_batch(obj, now)
         if accepted and self.http:
             with self.scores_lock:

@@ -74,7 +74,7 @@ class AgentFeed:
         self.pending: dict[str, ScoreBody] = {}
         self.flush_scheduled = False
         self.updates = 0
-        self.errors: Counter[str] = Counter()  # node -> failed queries
+        self.errors: Counter[str] = Counter()  # node -> failed streams and queries
         self.connected: dict[str, bool] = {}
         self.streaming: dict[str, bool] = {}  # node -> followed over a stream (False: blocking queries)
         self.last_push: dict[str, float] = {}  # node -> monotonic time of its last pushed body
@@ -160,8 +160,9 @@ class AgentFeed:
                 index = int(answer.headers.get("X-Eas-Index", "0"))
                 body = await answer.json(content_type=None)
                 self.connected[node], self.streaming[node] = True, False
-                if index:  # 0: the agent's first cycle has not ended ("{}")
-                    self._received(node, agent, body)
+                if not index:  # 0: the agent's first cycle has not ended ("{}")
+                    return 0, False, index
+                self._received(node, agent, body)
                 return 1, False, index
             self.connected[node], self.streaming[node] = True, True
             bodies = 0
