@@ -45,6 +45,15 @@ async def open_stream(request: web.Request) -> web.StreamResponse:
     return answer
 
 
+async def following_agent(handler, until, **kwargs) -> tuple[AgentFeed, EdgeView]:
+    """:func:`following` an agent served by ``handler`` (``GET /scores``), stopped after."""
+    runner, port = await serve(handler)
+    try:
+        return await following(port, until, **kwargs)
+    finally:
+        await runner.cleanup()
+
+
 async def following(port: int, until, **kwargs) -> tuple[AgentFeed, EdgeView]:
     """A feed on one node's agent at ``port`` until ``until(view)`` holds (5 s at most); stopped after."""
     view = view_of_one_node()
@@ -102,11 +111,7 @@ def test_one_stream_carries_many_bodies_and_an_agent_without_streams_gets_blocki
             await asyncio.sleep(5)
             return answer
 
-        runner, port = await serve(streaming)
-        try:
-            feed, view = await following(port, lambda v: score_of(v) == 0.5)
-        finally:
-            await runner.cleanup()
+        feed, view = await following_agent(streaming, lambda v: score_of(v) == 0.5)
         assert score_of(view) == 0.5 and asked == [{"stream": "1"}] and not feed.errors  # five bodies, one request
 
         asked.clear()
@@ -118,11 +123,7 @@ def test_one_stream_carries_many_bodies_and_an_agent_without_streams_gets_blocki
                 await asyncio.sleep(float(request.query.get("wait_s", "0")))
             return web.json_response(body_of("n0", {"n0-iu0": n / 10}), headers={"X-Eas-Index": str(n)})
 
-        runner, port = await serve(plain)
-        try:
-            feed, view = await following(port, lambda v: score_of(v) == 0.2, wait_s=0.3)
-        finally:
-            await runner.cleanup()
+        feed, view = await following_agent(plain, lambda v: score_of(v) == 0.2, wait_s=0.3)
         assert score_of(view) == 0.2 and not feed.errors
         assert asked[:2] == [{"stream": "1"}, {"index": "1", "wait_s": "0.3"}]  # then blocking queries
 
@@ -143,11 +144,7 @@ def test_a_hostile_stream_costs_that_stream_only():
             await asyncio.sleep(5)
             return answer
 
-        runner, port = await serve(hostile)
-        try:
-            feed, view = await following(port, lambda v: score_of(v) == 0.25, max_backoff_s=0.05)
-        finally:
-            await runner.cleanup()
+        feed, view = await following_agent(hostile, lambda v: score_of(v) == 0.25, max_backoff_s=0.05)
         assert score_of(view) == 0.25 and asked[:3] == [0, 1, 2]
         assert feed.errors["n0"] == 2
 
@@ -160,15 +157,10 @@ def test_an_agent_that_ends_each_stream_at_once_is_backed_off_not_busy_looped():
 
         async def closing(request: web.Request) -> web.StreamResponse:
             asked.append(time.monotonic())
-            answer = await open_stream(request)
-            return answer  # ends the stream without a body
+            return await open_stream(request)  # ends the stream without a body
 
-        runner, port = await serve(closing)
         started = time.monotonic()
-        try:
-            feed, _ = await following(port, lambda v: time.monotonic() - started > 1.0, max_backoff_s=0.4)
-        finally:
-            await runner.cleanup()
+        feed, _ = await following_agent(closing, lambda v: time.monotonic() - started > 1.0, max_backoff_s=0.4)
         assert 2 <= len(asked) <= 8, len(asked)  # backoff 0.1-0.4 s each: a busy loop asks hundreds of times
         assert feed.errors["n0"] == len(asked) or feed.errors["n0"] == len(asked) - 1
 
@@ -192,11 +184,7 @@ def test_an_agent_upgraded_to_streams_is_streamed_from_after_its_restart():
             await asyncio.sleep(5)
             return answer
 
-        runner, port = await serve(upgraded)
-        try:
-            feed, view = await following(port, lambda v: score_of(v) == 0.3, max_backoff_s=0.05)
-        finally:
-            await runner.cleanup()
+        feed, view = await following_agent(upgraded, lambda v: score_of(v) == 0.3, max_backoff_s=0.05)
         assert score_of(view) == 0.3 and feed.streaming["n0"] is True
         assert asked[0] == {"stream": "1"} and "index" in asked[1] and asked[2] == {"stream": "1"}
 
