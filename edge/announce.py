@@ -130,11 +130,6 @@ class AnnounceSender:
         if n.timer is None and n.inflight is None:
             self._schedule(n, loop)
 
-    def skip(self, seq: int) -> None:
-        """Request ``seq`` is not announced (its prompt size is unknown, or its IU has no node address): the
-        ledger counts it by time."""
-        self.ledger.unannounce((seq,))
-
     # -- batches ------------------------------------------------------------------------------------------
     def _drop(self, seqs) -> None:
         self.ledger.unannounce(seqs)

@@ -128,16 +128,15 @@ class EdgeState:
         node, else the IU's service address at the push port). A request whose prompt size is unknown, or
         whose IU has no node or address, is not announced: the ledger counts it by time."""
         entry, sender = decision.entry, self.announcer
-        if sender is None or entry is None or not entry.node or not prompt_tokens or prompt_tokens < 1:
+        agent = None
+        if sender is not None and entry is not None and entry.node and prompt_tokens and prompt_tokens >= 1:
+            followed = self.feed.tasks.get(entry.node) if self.feed is not None else None
+            if followed is not None:
+                agent = followed[0]
+            elif entry.address:
+                agent = f"{entry.address}:{self.config.push.agent_port}"
+        if agent is None:
             self.router.ledger.unannounce((seq,))
-            return
-        followed = self.feed.tasks.get(entry.node) if self.feed is not None else None
-        if followed is not None:
-            agent = followed[0]
-        elif entry.address:
-            agent = f"{entry.address}:{self.config.push.agent_port}"
-        else:
-            sender.skip(seq)
             return
         sender.announce(entry.node, agent, decision.iu_id, prompt_tokens, seq, now)
 
