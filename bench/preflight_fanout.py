@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import virtual_machines  # noqa: E402
+from verdict import shown  # noqa: E402
 
 from sim.hosts import simulate  # noqa: E402
 
@@ -155,7 +156,7 @@ def table(rows: list[dict], parallel: int, delay: float, checks: str | None = No
         lines.append(
             f"| {r['nodes']} | {r['racks']} | {r['wall_s']:.1f} | {r['wall_s'] / base:.2f} | "
             f"{r['peak_rss_kib'] / 1024:.0f} | {controller:.1f} | {controller / r['nodes']:.3f} | "
-            f"{r['cpu_machines_s']:.1f} | {floor:.1f} | {x_floor:.2f} | "
+            f"{r['cpu_machines_s']:.1f} | {floor:.1f} | {shown(x_floor, TARGET_X_FLOOR)} | "
             f"{'met' if x_floor <= TARGET_X_FLOOR else 'NOT met'} | {r['exit_code']} | {verdicts} | {r['load']} |"
         )
     for r in rows:

@@ -46,6 +46,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import ansible_floor  # noqa: E402
+from verdict import shown  # noqa: E402
 
 from provision.run import runner_env  # noqa: E402
 from sim.hosts import simulate  # noqa: E402
@@ -288,9 +289,9 @@ def summary(results: list[Measurement]) -> list[str]:
             continue
         ratio = m.wall_s / first.wall_s
         per_host = m.cpu_s / m.hosts
-        lines.append(f"{m.hosts} hosts, forks {m.forks}: rerun / first = {ratio:.2f} (target <= 0.5: "
+        lines.append(f"{m.hosts} hosts, forks {m.forks}: rerun / first = {shown(ratio, 0.5)} (target <= 0.5: "
                      f"{'met' if ratio <= 0.5 else 'NOT met'}); controller CPU per host on the rerun = "
-                     f"{per_host:.2f} CPU-s (target <= {CPU_TARGET_PER_HOST}: "
+                     f"{shown(per_host, CPU_TARGET_PER_HOST)} CPU-s (target <= {CPU_TARGET_PER_HOST}: "
                      f"{'met' if per_host <= CPU_TARGET_PER_HOST else 'NOT met'}); "
                      f"changed={m.changed} ({'idempotent' if m.changed == 0 else 'NOT idempotent'})")
     cores = os.cpu_count() or 1

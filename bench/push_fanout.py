@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from edge_proxy import cpu_seconds, percentile  # noqa: E402
+from verdict import shown  # noqa: E402
 
 HOST = "127.0.203.1"  # clear of edge_proxy's 127.0.201.N and announce_cost's 127.202.0.N
 TARGET_RATIO = 0.5  # stream / blocking queries, the agent's push CPU at the largest E
@@ -164,7 +165,7 @@ def report(idle: float, rows: list[dict], rate: float) -> list[str]:
     largest = max(row["edges"] for row in rows)
     poll, stream = by_key[(largest, "poll")], by_key[(largest, "stream")]
     ratio = stream / poll if poll > 0 else float("inf")
-    lines.append(f"{largest} edges: the stream costs the agent {ratio:.2f}x what blocking queries cost it "
+    lines.append(f"{largest} edges: the stream costs the agent {shown(ratio, TARGET_RATIO)}x what blocking queries cost it "
                  f"(target <= {TARGET_RATIO}): {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
     return lines
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from verdict import shown  # noqa: E402  (bench/, the script's own dir)
+
 from preflight.transport import _ssh_libraries, exec_on  # noqa: E402
 
 ADDRESS, PORT = "127.0.250.1", 2222
@@ -113,7 +115,7 @@ def main() -> None:
     for how, (spent, wall) in rows.items():
         print(f"| {how} | {spent:.2f} | {spent / total * 1000:.1f} | {wall:.1f} |")
     ratio = rows["exec_on"][0] / rows["fabric"][0]
-    print(f"exec_on / fabric CPU: {ratio:.2f} (target <= {TARGET}: {'met' if ratio <= TARGET else 'NOT met'})")
+    print(f"exec_on / fabric CPU: {shown(ratio, TARGET)} (target <= {TARGET}: {'met' if ratio <= TARGET else 'NOT met'})")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from rich.console import Console
 from rich.table import Table
+from verdict import shown  # bench/ (on the path of every script and test that imports routesim)
 
 from .sim import RunResult
 
@@ -258,9 +259,7 @@ class SeedCheck:
 
     def line(self) -> str:
         per_seed = " / ".join(f"{v:.3f}" for v in self.values)
-        # a mean that rounds to the limit gets the digits that show which side of it it is
-        digits = 3 if self.limit is None or f"{self.mean:.3f}" != f"{self.limit:.3f}" else 5
-        mean = f"{self.mean:.{digits}f}"
+        mean = f"{self.mean:.3f}" if self.limit is None else shown(self.mean, self.limit, 3)
         if len(self.values) == 1:
             text = f"{self.name} = {mean} (seed {self.seeds[0]} only: no spread)"
         else:

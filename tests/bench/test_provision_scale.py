@@ -37,3 +37,10 @@ def test_the_empty_cache_run_is_not_the_main_tables_first_run():
 def test_the_cpu_target_says_met_only_when_met(cpu, verdict):
     summary = "\n".join(bench.summary([m("first", 100.0), m("rerun", 40.0, cpu=cpu)]))
     assert f"(target <= 1.0: {verdict})" in summary
+
+
+def test_a_number_just_over_a_limit_is_printed_with_the_digits_that_show_it():
+    # 1.002 CPU-s per host printed as "1.00 CPU-s (target <= 1.0: NOT met)" read as a wrong verdict
+    summary = "\n".join(bench.summary([m("first", 100.0), m("rerun", 50.1, cpu=4.008)]))
+    assert "rerun / first = 0.501 (target <= 0.5: NOT met)" in summary
+    assert "controller CPU per host on the rerun = 1.002 CPU-s (target <= 1.0: NOT met)" in summary

@@ -34,3 +34,8 @@ def test_the_verdict_is_met_only_within_the_ratio():
     missed = push_fanout.report(0.005, [row(16, "poll", 0.73), row(16, "stream", 0.45)], 11.0)
     assert met[-1].endswith(": met") and "0.25x" in met[-1]
     assert missed[-1].endswith("NOT met") and "0.59x" in missed[-1]
+
+
+def test_a_ratio_just_under_the_limit_is_not_printed_as_the_limit():
+    lines = push_fanout.report(0.0, [row(16, "poll", 0.8), row(16, "stream", 0.3998)], 11.0)
+    assert lines[-1].endswith(": met") and "0.4998x" in lines[-1]  # not "0.50x ... (target <= 0.5): met"

@@ -158,7 +158,7 @@ def test_seed_checks_decide_on_the_mean_and_print_the_spread():
     assert within.sure is True and within.line().endswith("CI within the limit): met")
     single = SeedCheck("w", (7,), (0.9,), 0.85)
     assert single.met is False and "seed 7 only" in single.line() and single.as_json()["ci95"] is None
-    assert "= 1.00030 mean" in SeedCheck("v", (1, 2), (0.9, 1.1006), 1.0).line()  # rounds to the limit: 5 digits
+    assert "= 1.0003 mean" in SeedCheck("v", (1, 2), (0.9, 1.1006), 1.0).line()  # rounds to the limit: more digits
     reference = SeedCheck("r", (1, 2), (2.0, 2.2), None)
     assert reference.met is None and reference.line().startswith("reference:") and "met" not in reference.line()
 
