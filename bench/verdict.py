@@ -2,7 +2,7 @@
 
 Rounded to a table's usual digits, a value just under a limit prints as the limit itself (1.997% as
 "2.00% (< 2%): met", 0.504 as "0.50 (<= 0.5): NOT met"): :func:`shown` adds digits until the printed value
-is on the same side of the limit as the measured one; :func:`target` words the verdict.
+is on the same side of the limit as the measured one. Each script words its own verdict.
 """
 
 from __future__ import annotations
@@ -23,13 +23,3 @@ def shown(value: float, limit: float, digits: int = 2) -> str:
         text = f"{value:.{digits}f}"
     return text
 
-
-def met(value: float, limit: float, strict: bool = False) -> bool:
-    """``value`` within ``limit`` (``< limit`` when ``strict``, else ``<=``); NaN never is."""
-    return value < limit if strict else value <= limit
-
-
-def target(value: float, limit: float, digits: int = 2, unit: str = "", strict: bool = False) -> str:
-    """``"1.997% (target < 2%): met"``: the value as :func:`shown`, the limit and the verdict."""
-    word = "met" if met(value, limit, strict) else "NOT met"
-    return f"{shown(value, limit, digits)}{unit} (target {'<' if strict else '<='} {limit:g}{unit}): {word}"
