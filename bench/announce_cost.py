@@ -37,17 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from edge_proxy import (  # noqa: E402
-    CHUNK_GAP_S,
-    CHUNKS,
-    STREAMED_COMPLETION,
-    DevConsul,
-    cpu_seconds,
-    drive,
-    percentile,
-    start_edge,
-    tcp_connections,
-)
+from edge_procs import CHUNK_GAP_S, CHUNKS, STREAMED_COMPLETION, DevConsul, start_edge  # noqa: E402
+from edge_proxy import drive  # noqa: E402
+from measure import cpu_seconds, percentile, tcp_connections  # noqa: E402
 
 NET = 202  # 127.202.0.N: clear of edge_proxy's 127.0.201.N push agents
 

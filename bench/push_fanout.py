@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from edge_proxy import cpu_seconds, percentile  # noqa: E402
+from measure import cpu_seconds, percentile  # noqa: E402
 from verdict import shown  # noqa: E402
 
 HOST = "127.0.203.1"  # clear of edge_proxy's 127.0.201.N and announce_cost's 127.202.0.N
