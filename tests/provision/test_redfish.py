@@ -131,13 +131,28 @@ class FakeBmc:
         return Handler
 
 
+def _client_socket_inode(tcp_table: str, client_port: int) -> str | None:
+    """The inode of the open client socket 127.0.0.1:<client_port> in a /proc/net/tcp table: the port may also
+    be on a closed connection in TIME_WAIT (inode 0, owned by no process), before or after the live one."""
+    for line in tcp_table.splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{client_port:04X}" and fields[9] != "0":
+            return fields[9]
+    return None
+
+
+def test_the_client_socket_is_the_live_one_not_a_closed_connection_on_the_same_port():
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    live = "   0: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 123456 1\n"
+    closed = "   1: 0100007F:9C40 0100007F:2382 06 00000000:00000000 03:00000F9E 00000000     0        0 0 3\n"
+    assert _client_socket_inode(header + live + closed, 0x9C40) == "123456"
+    assert _client_socket_inode(header + closed + live, 0x9C40) == "123456"
+    assert _client_socket_inode(header + closed, 0x9C40) is None
+
+
 def _client_mount_ns(client_port: int) -> str:
     """The mount namespace of the process that owns the client socket 127.0.0.1:<client_port>."""
-    inode = None
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1] == f"0100007F:{client_port:04X}":
-            inode = fields[9]
+    inode = _client_socket_inode(Path("/proc/net/tcp").read_text(), client_port)
     if inode is None:
         return "unknown"
     for pid in filter(str.isdigit, os.listdir("/proc")):
