@@ -364,3 +364,14 @@ def test_the_cuda_keyring_deb_is_skipped_only_when_dpkg_has_its_version(deb, ins
     variables = {"nvidia_stack_keyring_deb": deb, "_nvidia_stack_installed": installed}
     variables.update({k: _templar(variables)(v) for k, v in keyring["vars"].items()})
     assert _templar(variables)("{{ " + keyring["when"] + " }}") is runs
+
+
+def test_every_play_escalates_privilege():
+    """The roles write /etc, install packages and start units as root, logged in as an unprivileged user
+    (the virtual inventory's ``deploy``, a cloud image's ``ubuntu``). The virtual inventory also sets
+    ``ansible_become``, which would hide a play that lost its ``become: true``: hence this check of the files."""
+    plays = [(path.name, play) for path in sorted((REPO / "playbooks").glob("*.yml"))
+             for play in yaml.safe_load(path.read_text())]
+    assert plays
+    assert [(name, play.get("hosts")) for name, play in plays
+            if "import_playbook" not in play and play.get("become") is not True] == []
