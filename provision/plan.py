@@ -78,18 +78,37 @@ class RoleStep:
     tags: tuple[str, ...]
 
 
+def playbook_plays(playbook: Path) -> list[dict[str, Any]]:
+    """The plays of a playbook in the order Ansible runs them (``import_playbook`` followed)."""
+    plays: list[dict[str, Any]] = []
+    for play in yaml.safe_load(playbook.read_text()) or []:
+        if imported := _imported(play):
+            plays += playbook_plays(playbook.parent / imported)
+        else:
+            plays.append(play)
+    return plays
+
+
+def _imported(entry: Any) -> str | None:
+    """The file an ``import_playbook`` entry (short or FQCN) names, else None."""
+    if not isinstance(entry, Mapping):
+        return None
+    name = entry.get("import_playbook") or entry.get("ansible.builtin.import_playbook")
+    return str(name) if name else None
+
+
+def play_roles(play: Mapping[str, Any]) -> list[RoleStep]:
+    steps: list[RoleStep] = []
+    for entry in play.get("roles", []):
+        name = entry if isinstance(entry, str) else entry.get("role") or entry.get("name")
+        tags = () if isinstance(entry, str) else tuple(entry.get("tags", ()))
+        steps.append(RoleStep(str(name), tags))
+    return steps
+
+
 def playbook_roles(playbook: Path) -> list[RoleStep]:
     """Roles of a playbook's plays in order (import_playbook followed), with their tags."""
-    steps: list[RoleStep] = []
-    for play in yaml.safe_load(playbook.read_text()) or []:
-        if "import_playbook" in play:
-            steps += playbook_roles(playbook.parent / play["import_playbook"])
-            continue
-        for entry in play.get("roles", []):
-            name = entry if isinstance(entry, str) else entry.get("role") or entry.get("name")
-            tags = () if isinstance(entry, str) else tuple(entry.get("tags", ()))
-            steps.append(RoleStep(str(name), tags))
-    return steps
+    return [step for play in playbook_plays(playbook) for step in play_roles(play)]
 
 
 # Tags Ansible itself gives meaning to; valid in --tags whatever the playbook declares.
@@ -128,7 +147,7 @@ def known_tags(playbook: Path) -> list[str]:
         seen.add(path)
         document = yaml.safe_load(path.read_text()) or []
         found |= _tags_in(document)
-        pending += [path.parent / p["import_playbook"] for p in document if isinstance(p, dict) and "import_playbook" in p]
+        pending += [path.parent / imported for p in document if (imported := _imported(p))]
     return sorted(found)
 
 
@@ -162,23 +181,84 @@ def resolve_playbook(name: str) -> Path:
     raise InventoryError(f"playbook {name!r} not found (looked in . and {PLAYBOOK_DIR})")
 
 
+# A play's hosts the plan can follow: one name (``all``, a group, a host); Ansible's full pattern language
+# (``a:b``, ``&``, ``!``, globs) is not re-implemented here.
+_SIMPLE_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def play_hosts(pattern: Any, everyone: Sequence[str], groups: Mapping[str, Sequence[str]],
+               selected: Sequence[str], where: str) -> list[str]:
+    """The hosts a play with ``hosts: pattern`` runs on, in its order: the pattern's order (``all``:
+    inventory order; a group: the group's), filtered by the ``--limit`` selection, as Ansible's
+    ``InventoryManager.get_hosts`` does. A group the inventory lacks matches nothing (Ansible warns)."""
+    text = str(pattern or "").strip()
+    if not _SIMPLE_PATTERN.match(text):
+        raise InventoryError(f"{where}: hosts {text!r}: the plan follows a host, a group or all, not this pattern")
+    order = everyone if text == "all" else groups.get(text) or ([text] if text in everyone else [])
+    chosen = set(selected)
+    return [host for host in order if host in chosen]
+
+
+def play_serial(serial: Any, sizes: Sequence[int | str], where: str) -> list[int | str]:
+    """A play's batch sizes: none = every host at once; the batched playbooks' template = the run's
+    ``sizes`` (``clusterctl_batches``); a literal count, percentage or list of them as written."""
+    if serial is None:
+        return ["100%"]
+    if isinstance(serial, str) and "clusterctl_batches" in serial:
+        return list(sizes)
+    values = serial if isinstance(serial, list) else [serial]
+    if values and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 or isinstance(v, str) and _BATCH.match(v)
+                      for v in values):
+        return [v if isinstance(v, int) or v.endswith("%") else int(v) for v in values]
+    raise InventoryError(f"{where}: serial {serial!r}: the plan cannot tell the batches this gives")
+
+
+@dataclass(frozen=True)
+class PlayPlan:
+    """One play as Ansible will run it: its name, roles, and its batches (indexes into ``Plan.batches``;
+    none when it matches no host, which Ansible still announces with a play start)."""
+
+    name: str
+    roles: tuple[RoleStep, ...]
+    batches: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Plan:
     inventory: Path
     playbook: Path
     hosts: tuple[str, ...]
-    batches: tuple[tuple[str, ...], ...]
+    batches: tuple[tuple[str, ...], ...]  # every play's batches, in the order they run
     batch_sizes: tuple[int | str, ...]
     roles: tuple[RoleStep, ...]
     limit: str | None = None
     tags: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # Consul security settings the inventory weakens (validate.security_warnings)
+    plays: tuple[PlayPlan, ...] = ()
 
     def batch_of(self, host: str) -> int | None:
+        """The first batch ``host`` runs in."""
         for index, batch in enumerate(self.batches):
             if host in batch:
                 return index
         return None
+
+    def batches_of(self, host: str) -> list[int]:
+        return [index for index, batch in enumerate(self.batches) if host in batch]
+
+    def play_of(self, batch: int) -> PlayPlan | None:
+        return next((play for play in self.plays if batch in play.batches), None)
+
+    def play_starts(self) -> list[int | None]:
+        """What each ``playbook_on_play_start`` event Ansible sends begins: a batch (its index), or None for a
+        play that matches no host (Ansible announces it, then reports no hosts matched). A plan without its
+        plays (built by hand) is one play: every start begins the next batch."""
+        if not self.plays:
+            return list(range(len(self.batches)))
+        starts: list[int | None] = []
+        for play in self.plays:
+            starts += list(play.batches) or [None]
+        return starts
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -189,6 +269,8 @@ class Plan:
             "roles": [s.role for s in self.roles],
             "batch_sizes": list(self.batch_sizes),
             "batches": [list(b) for b in self.batches],
+            "plays": [{"name": p.name, "roles": [s.role for s in p.roles], "batches": list(p.batches)}
+                      for p in self.plays],
         }
 
 
@@ -198,10 +280,10 @@ def make_plan(
     limit: str | None = None,
     tags: Sequence[str] = (),
     batch_sizes: Sequence[int | str] = DEFAULT_BATCHES,
-    serial_one: bool = False,
     vault_secrets: vault.VaultSecrets | None = None,
 ) -> Plan:
-    """Validate the inventory (InventoryError, exit 2, before any host is contacted) and plan the run.
+    """Validate the inventory (InventoryError, exit 2, before any host is contacted) and plan the run:
+    each play's hosts and batches as Ansible will form them (:func:`play_hosts`, :func:`play_serial`).
 
     ``vault_secrets`` (from ``--vault-password-file``) decrypt vault-encrypted vars files and values;
     None: the ones Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_FILE...), read once here.
@@ -214,18 +296,26 @@ def make_plan(
     # the wrong password) is an inventory error here, before any host, not a failed task in batch 1.
     if problems := loaded.undecryptable:
         raise InventoryError(f"{inventory}: " + "\n".join(problems))
-    # Play order is inventory order (the model sorts by rack): take it from Ansible's own host list.
-    hosts = tuple(loaded.selected)
     path = resolve_playbook(playbook)
-    sizes = (1,) if serial_one else tuple(batch_sizes)
+    everyone = list(loaded.everyone)
+    batches: list[list[str]] = []
+    plays: list[PlayPlan] = []
+    for number, play in enumerate(playbook_plays(path), 1):
+        where = f"{path.name}: play {number} ({play.get('name', 'unnamed')})"
+        hosts = play_hosts(play.get("hosts"), everyone, loaded.groups, list(loaded.selected), where)
+        first = len(batches)
+        batches += split_batches(hosts, play_serial(play.get("serial"), batch_sizes, where))
+        plays.append(PlayPlan(str(play.get("name", f"play {number}")), tuple(selected_roles(play_roles(play), tags)),
+                              tuple(range(first, len(batches)))))
     return Plan(
         inventory=Path(inventory).resolve(),
         playbook=path,
-        hosts=hosts,
-        batches=tuple(tuple(b) for b in split_batches(hosts, sizes)),
-        batch_sizes=sizes,
-        roles=tuple(selected_roles(playbook_roles(path), tags)),
+        hosts=tuple(h for h in everyone if h in loaded.selected),
+        batches=tuple(tuple(b) for b in batches),
+        batch_sizes=tuple(batch_sizes),
+        roles=tuple(step for play in plays for step in play.roles),
         limit=limit,
         tags=tuple(tags),
         warnings=tuple(validate.security_warnings(loaded.selected)),
+        plays=tuple(plays),
     )

@@ -103,7 +103,9 @@ def result_diffs(result: Mapping[str, Any]) -> list[str]:
 class HostProgress:
     name: str
     batch: int | None
-    status: str = "waiting"  # waiting | running | ok | failed | unreachable | stopped (batch cut short)
+    # waiting | running | ok | partial (done with one batch, a later one to come) | failed | unreachable |
+    # stopped (batch cut short)
+    status: str = "waiting"
     task: str = ""
     ok: int = 0
     changed: int = 0
@@ -114,7 +116,7 @@ class HostProgress:
     @property
     def label(self) -> str:
         """The status as a person reads it: a host that never started is "not started", not "waiting"."""
-        return "not started" if self.status == "waiting" else self.status
+        return {"waiting": "not started", "partial": "partly done"}.get(self.status, self.status)
 
 
 @dataclass
@@ -157,6 +159,8 @@ task without a diff included (with why it has none).
     # that playbook rebooted (--allow-reboot).
     reboot_pending: dict[str, str] = field(default_factory=dict)
     rebooted: list[str] = field(default_factory=list)
+    _play_starts: int = 0  # play start events seen (plan.play_starts() says what each begins)
+    _current: int | None = None  # the batch running now
 
     def __post_init__(self) -> None:
         import time
@@ -182,18 +186,15 @@ task without a diff included (with why it has none).
         data = event.get("event_data") or {}
         host = data.get("host")
         if kind == "playbook_on_play_start":
-            if self.batches_started:
-                self._batch_done()
-            self.batches_started += 1
-            self.batch_started = self.clock()
-            members = [h for h, p in self.hosts.items() if p.batch == self.batches_started - 1]
-            self.notices.append(
-                f"batch {self.batches_started}/{len(self.plan.batches)} started: {plural(len(members), 'host')}"
-                f" ({', '.join(members[:8])}{', ...' if len(members) > 8 else ''})"
-            )
+            self._end_batch()
+            starts = self.plan.play_starts()
+            index = starts[self._play_starts] if self._play_starts < len(starts) else None
+            self._play_starts += 1
+            if index is not None:  # None: a play that matches no host (Ansible says so next)
+                self._start_batch(index)
         elif kind == "runner_on_start" and host:
             progress = self._host(host)
-            progress.status = "running" if progress.status == "waiting" else progress.status
+            progress.status = "running" if progress.status in ("waiting", "partial") else progress.status
             progress.task = str(data.get("task", ""))
         elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable") and host:
             self._result(self._host(host), kind, data)
@@ -205,20 +206,39 @@ task without a diff included (with why it has none).
                 key: dict(data.get(key) or {})
                 for key in ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored")
             }
-            if self.batches_started:
-                self._batch_done()
+            self._end_batch()
             self._finish()
 
-    def _batch_done(self) -> None:
+    def _start_batch(self, index: int) -> None:
+        self.batches_started = index + 1
+        self._current = index
+        self.batch_started = self.clock()
+        members = self.plan.batches[index] if index < len(self.plan.batches) else ()
+        for name in members:
+            self._host(name).batch = index
+        play = self.plan.play_of(index)
+        first_of_play = play is not None and play.batches[0] == index and len(self.plan.plays) > 1
+        self.notices.append(
+            f"batch {index + 1}/{len(self.plan.batches)} started: {plural(len(members), 'host')}"
+            f" ({', '.join(members[:8])}{', ...' if len(members) > 8 else ''})"
+            + (f", play {play.name!r}" if first_of_play and play else "")
+        )
+
+    def _end_batch(self) -> None:
         """The current batch ended: its hosts still running are done (Ansible starts the next batch, or
-        the recap, only after every host of this one finished)."""
-        index = self.batches_started - 1
+        the recap, only after every host of this one finished); a host that has a later batch (a Consul
+        server: its own play first, then its batch of the main play) is partly done until that one ends."""
+        index = self._current
+        if index is None:
+            return
+        self._current = None
         self.batch_seconds.append(self.batch_elapsed())
         members = [p for p in self.hosts.values() if p.batch == index]
         for progress in members:
             if progress.status == "running":
-                progress.status, progress.task = "ok", ""
-                self.notices.append(f"{progress.name}: done")
+                later = any(b > index for b in self.plan.batches_of(progress.name))
+                progress.status, progress.task = ("partial" if later else "ok"), ""
+                self.notices.append(f"{progress.name}: {'partly done' if later else 'done'}")
         bad = [p.name for p in members if p.status in ("failed", "unreachable")]
         self.notices.append(
             f"batch {index + 1}/{len(self.plan.batches)} finished in {self.batch_seconds[-1]:.1f}s: "
@@ -264,7 +284,7 @@ task without a diff included (with why it has none).
                 progress.status = "unreachable"
             elif (stats.get("failures") or {}).get(name):
                 progress.status = "failed"
-            elif seen:
+            elif seen and progress.status != "partial":
                 progress.status = "ok"
             progress.task = "" if progress.status == "ok" else progress.task
         failed_batch = self.failed_batch()
@@ -286,12 +306,16 @@ task without a diff included (with why it has none).
     def not_started(self) -> list[str]:
         return [h for h, p in self.hosts.items() if p.status == "waiting"]
 
+    def partly_done(self) -> list[str]:
+        return [h for h, p in self.hosts.items() if p.status == "partial"]
+
     def failed_batch(self) -> int | None:
         batches = [self.hosts[h].batch for h in self.bad_hosts() if self.hosts[h].batch is not None]
         return min(batches) if batches else None
 
     def succeeded(self, runner_rc: int) -> bool:
-        return runner_rc == 0 and self.stats is not None and not self.bad_hosts() and not self.not_started()
+        return (runner_rc == 0 and self.stats is not None and not self.bad_hosts() and not self.not_started()
+                and not self.partly_done())
 
     def reboot_line(self) -> str | None:
         """One recap line naming the hosts that wait for a reboot (and why), or None."""
@@ -320,6 +344,7 @@ task without a diff included (with why it has none).
         where = f"batch {batch + 1}/{total}" if batch is not None else "the run"
         parts = [("failed/unreachable", self.bad_hosts()), ("done", self.done_hosts()),
                  ("cut short", [h for h, p in self.hosts.items() if p.status == "stopped"]),
+                 ("partly done (their later batch never started)", self.partly_done()),
                  ("not started", self.not_started())]
         prefix = "check mode (nothing was changed): " if check else ""
         return f"{prefix}rollout stopped in {where}: " + "; ".join(

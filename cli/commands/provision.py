@@ -108,10 +108,7 @@ def command(
     vault_secrets = vault.secrets_for(vault_password_file)  # the file was checked by the option
     tag_list = [t.strip() for t in tags.split(",") if t.strip()] if tags else []
     sizes = parse_batches(batches) if batches else list(DEFAULT_BATCHES)
-    serial_one = Path(playbook).name == "rolling-restart.yml"  # that playbook is one node at a time
-    plan = make_plan(
-        inventory, playbook, limit, tag_list, sizes, serial_one=serial_one, vault_secrets=vault_secrets
-    )
+    plan = make_plan(inventory, playbook, limit, tag_list, sizes, vault_secrets=vault_secrets)
     console = app.current().console
     if plan_only:
         console.print(plan_view(plan))
@@ -273,16 +270,20 @@ def plan_view(plan: Plan) -> Group:
         f": {plan.playbook.name} on {plural(len(plan.hosts), 'host')} of {plan.inventory}"
         f"{f' (limit {plan.limit})' if plan.limit else ''}; batches {','.join(map(str, plan.batch_sizes))}",
     )
-    roles = Text("roles: " + (" -> ".join(s.role for s in plan.roles) or "(tasks only)"))
+    plays = [Text(f"play {number}: {play.name}: " + (" -> ".join(s.role for s in play.roles) or "(tasks only)")
+                  + ("" if play.batches else " (no host of this run)"))
+             for number, play in enumerate(plan.plays, 1)]
     table = Table(box=None)
     table.add_column("batch", justify="right")
+    table.add_column("play", justify="right")
     table.add_column("hosts", justify="right")
     table.add_column("members")
     for index, batch in enumerate(plan.batches):
         members = ", ".join(batch) if len(batch) <= 12 else ", ".join(batch[:12]) + f", ... (+{len(batch) - 12})"
-        table.add_row(str(index + 1), str(len(batch)), Text(members))
+        play = next((n for n, p in enumerate(plan.plays, 1) if index in p.batches), 0)
+        table.add_row(str(index + 1), str(play or "-"), str(len(batch)), Text(members))
     warnings = [Text.assemble(("warning:", "yellow"), " ", w) for w in plan.warnings]
-    return Group(header, roles, table, *warnings)
+    return Group(header, *plays, table, *warnings)
 
 
 def _batch(index: int | None) -> str:

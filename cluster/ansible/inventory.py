@@ -60,6 +60,8 @@ class LoadedInventory:
     selected: dict[str, dict[str, Any]]  # host -> resolved variables, for the --limit selection
     everyone: dict[str, dict[str, Any]]  # host -> resolved variables, whole inventory
     undecryptable: list[str] = field(default_factory=list)  # with check_vault: vault.undecryptable(selected)
+    # group -> its hosts in the order a play over that group runs them (Ansible's get_groups_dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
 
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
@@ -331,19 +333,20 @@ def load_inventory(
                 everyone[host.name] = _resolve(path, host.name, loader, hostvars)
             selected_names = [h.name for h in inventory.get_hosts(limit)] if limit else list(everyone)
             unmatched = _unmatched_terms(inventory, limit) if limit and selected_names else []
+            groups = {name: list(hosts) for name, hosts in inventory.get_groups_dict().items()}
         except AnsibleError as exc:
             raise _error(path, exc) from None
         if check_vault:
             undecryptable = vault.undecryptable({n: everyone[n] for n in selected_names})
     warnings.summarize(path)
     if limit and (unmatched or not selected_names):
-        groups = sorted(g for g in inventory.groups if g not in ("all", "ungrouped"))
+        names = sorted(g for g in groups if g not in ("all", "ungrouped"))
         # A part that matches nothing (a typo among several hosts) is the same mistake as a whole limit that
         # does: Ansible would only warn, and the run would go ahead on fewer hosts than meant.
         what = f"--limit {limit!r}: {', '.join(map(repr, unmatched))}" if unmatched else f"--limit {limit!r}"
-        raise InventoryError(f"{what} matches no host in {path} (groups: {', '.join(groups) or '-'}; "
+        raise InventoryError(f"{what} matches no host in {path} (groups: {', '.join(names) or '-'}; "
                              f"hosts: {_first(list(everyone))})")
-    return LoadedInventory(path, {n: everyone[n] for n in selected_names}, everyone, undecryptable)
+    return LoadedInventory(path, {n: everyone[n] for n in selected_names}, everyone, undecryptable, groups)
 
 
 def _unmatched_terms(inventory, limit: str) -> list[str]:

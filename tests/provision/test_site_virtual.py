@@ -425,7 +425,9 @@ def test_plan_touches_nothing(provisioned):
                         "--batches", "1,50%", env=provisioned.env)
     assert result.returncode == 0, result.stderr
     assert "batches 1,50%" in result.stdout and "cpu_cstates -> numa_tuning" in result.stdout
-    assert re.search(r"1\s+1\s+r01n01", result.stdout) and re.search(r"2\s+1\s+r01n02", result.stdout)
+    # batch, play, hosts, members: the Consul server's own play first, then the batched play
+    assert re.search(r"1\s+1\s+1\s+r01n01", result.stdout) and re.search(r"2\s+2\s+1\s+r01n01", result.stdout)
+    assert re.search(r"3\s+2\s+1\s+r01n02", result.stdout)
     assert not run_dir.exists()
     after = provisioned.upper_snapshot()
     assert after == before, sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))[:20]
@@ -476,7 +478,8 @@ def test_inventory_errors_stop_before_any_host(provisioned, tmp_path):
 # -------------------------------------------------------------------------- stop-on-failure batches
 
 def test_a_failing_batch_stops_the_rollout(provisioned):
-    """r01n02 is put on hold (injected failure): batch 1 (r01n01) is done, batch 2 fails, batch 3 never runs."""
+    """r01n02 is put on hold (injected failure): batches 1-2 (r01n01: the Consul servers' play, then its batch
+    of the main play) are done, batch 3 fails, batch 4 never runs."""
     host_vars = provisioned.inventory / "host_vars" / "r01n02.yml"
     original = host_vars.read_text()
     host_vars.write_text(original + 'clusterctl_hold: "injected failure for the batch test"\n')
@@ -486,7 +489,7 @@ def test_a_failing_batch_stops_the_rollout(provisioned):
         host_vars.write_text(original)
     assert result.returncode == 1
     out = " ".join(result.stdout.split())
-    assert "rollout stopped in batch 2/3" in out
+    assert "rollout stopped in batch 3/4" in out
     assert "failed/unreachable: r01n02" in out and "done: r01n01" in out and "not started: r02n01" in out
     assert "injected failure for the batch test" in out
     stats = stats_of(provisioned.run_dirs["held"] / "events.jsonl")
@@ -498,7 +501,8 @@ def test_a_failing_batch_stops_the_rollout(provisioned):
 @pytest.mark.parametrize("failure", ["host key changed", "key rejected"])
 def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provisioned, tmp_path, failure):
     """r01n02's host key in known_hosts replaced, or its SSH key not the authorized one: that host is
-    UNREACHABLE with ssh's reason, batch 2 stops, batch 3 never starts (ansible-runner's default of
+    UNREACHABLE with ssh's reason, its batch (3: after the Consul servers' play and r01n01's) stops, batch 4
+    never starts (ansible-runner's default of
     ANSIBLE_HOST_KEY_CHECKING=False would have let the changed key through)."""
     import subprocess
 
@@ -528,7 +532,7 @@ def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provision
             path.write_text(text)
     assert result.returncode == 1
     out = " ".join(result.stdout.split())
-    assert "rollout stopped in batch 2/3" in out and "not started: r02n01" in out
+    assert "rollout stopped in batch 3/4" in out and "not started: r02n01" in out
     assert "r01n02: unreachable:" in out and reason in out, out[-2000:]
 
 

@@ -26,6 +26,9 @@ CHRONY_DIFF = {"before_header": "/etc/chrony/chrony.conf", "after_header": "/etc
                "after": "pool time.example.internal iburst\ngossip_key: c2VjcmV0\n"}
 
 EVENTS = [
+    ev("playbook_on_play_start"),  # playbooks/consul-servers.yml: the virtual inventory's one server, r01n01
+    ev("runner_on_start", host="r01n01", task="Install the pinned Consul version"),
+    ev("runner_on_ok", host="r01n01", task="Install the pinned Consul version", res={"changed": False}),
     ev("playbook_on_play_start"),
     ev("runner_on_start", host="r01n01", task="Write chrony.conf"),
     ev("runner_on_ok", host="r01n01", task="Write chrony.conf", res={"changed": True, "diff": [CHRONY_DIFF]}),
@@ -35,7 +38,7 @@ EVENTS = [
        res={"msg": "no time source [/] (chrony_servers and chrony_pools are both empty)"}),
     ev("playbook_on_stats", ok={"r01n01": 1, "r01n02": 0}, changed={"r01n01": 1}, failures={"r01n02": 1}),
 ]
-GOOD_EVENTS = [e for e in EVENTS[:3]] + [
+GOOD_EVENTS = [e for e in EVENTS[:6]] + [
     ev("playbook_on_play_start"),
     *[ev("runner_on_ok", host=h, task="Write chrony.conf", res={"changed": False}) for h in HOSTS[1:]],
     ev("playbook_on_stats", ok={h: 1 for h in HOSTS}, changed={"r01n01": 1}),
@@ -72,18 +75,21 @@ def test_piped_output_is_one_line_per_event_as_it_happens(clusterctl, virtual_in
     assert code == 1
     lines = out.splitlines()
     expected = [
-        "batch 1/2 started: 1 host (r01n01)",
+        "batch 1/3 started: 1 host (r01n01), play 'Start the Consul servers together'",
+        "r01n01: partly done",
+        "batch 1/3 finished in",
+        "batch 2/3 started: 1 host (r01n01), play 'Provision GPU inference nodes'",
         "r01n01: done",
-        "batch 1/2 finished in",
-        "batch 2/2 started: 3 hosts (r01n02, r02n01, r02n02)",
+        "batch 2/3 finished in",
+        "batch 3/3 started: 3 hosts (r01n02, r02n01, r02n02)",
         "r01n02: FAILED Check that there is a time source: no time source [/] (chrony_servers and chrony_pools",
     ]
     positions = [next(i for i, line in enumerate(lines) if line.startswith(e)) for e in expected]
     assert positions == sorted(positions), out  # in the order they happened, before the recap
     assert positions[-1] < next(i for i, line in enumerate(lines) if "provision recap" in line)
     # empty categories are left out; hosts that never started say so
-    assert lines[-2] == "rollout stopped in batch 2/2: failed/unreachable: r01n02; done: r01n01; not started: r02n01, r02n02"
-    assert "│ r02n01 │     2 │ not started │" in out
+    assert lines[-2] == "rollout stopped in batch 3/3: failed/unreachable: r01n02; done: r01n01; not started: r02n01, r02n02"
+    assert "│ r02n01 │     3 │ not started │" in out
 
 
 def test_plain_flag_on_a_terminal_too(clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
@@ -91,15 +97,15 @@ def test_plain_flag_on_a_terminal_too(clusterctl, virtual_inventory, tmp_path, r
     monkeypatch.setenv("FORCE_COLOR", "0")
     monkeypatch.setattr("rich.console.Console.is_terminal", property(lambda self: True))
     code, out, _ = provision(clusterctl, virtual_inventory, tmp_path)
-    assert "batch 1/2 started" not in out  # the live view (transient) instead of lines
+    assert "batch 1/3 started" not in out  # the live view (transient) instead of lines
     code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--plain")
-    assert "batch 1/2 started: 1 host (r01n01)" in out
+    assert "batch 1/3 started: 1 host (r01n01)" in out
 
 
 def test_live_view_shows_a_finished_host_as_ok_while_the_next_batch_runs(virtual_inventory):
     plan = make_plan(virtual_inventory, batch_sizes=[1, "100%"])
     rollout = Rollout(plan)
-    for event in EVENTS[:5]:  # batch 2 has started, r01n02 is running
+    for event in EVENTS[:8]:  # batch 3 has started, r01n02 is running
         rollout.handle(event)
     assert (rollout.hosts["r01n01"].status, rollout.hosts["r01n02"].status) == ("ok", "running")
     assert rollout.hosts["r02n01"].label == "not started"
