@@ -150,6 +150,44 @@ def check_duplicate_addresses(hosts: Mapping[str, Mapping[str, Any]]) -> list[Pr
     ]
 
 
+# Tokens Consul links to ONE node's policy (consul_agent's acl.yml, cluster.consul_acl.node_policies): node:write
+# for the Consul agent, that node's score keys for its eas-agent. Shared between nodes, each node's run
+# re-links the token to its own policy, and every other node's agent is refused (403).
+NODE_TOKENS = ("consul_agent_acl_agent_token", "eas_agent_consul_token")
+
+
+def _secret_identity(value: Any) -> str | None:
+    """What makes two values of a secret the same, never printed: an inline ``!vault`` value's ciphertext (a
+    group_vars value every host inherits is one ciphertext; two encryptions of one secret differ and are not
+    caught here), a plain value's text; None for unset or templated values (a template such as the virtual
+    inventory's ``... inventory_hostname ... | to_uuid`` is per host by construction)."""
+    from cluster import vault  # the one module that knows Ansible's vault types
+
+    if (sealed := vault.ciphertext(value)) is not None:  # first: comparing an EncryptedString decrypts it
+        return "vault:" + sealed
+    if value is None or not isinstance(value, str | int) or str(value) == "":
+        return None
+    text = str(value)
+    return None if "{{" in text or "{%" in text else "plain:" + text
+
+
+def check_shared_node_tokens(hosts: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
+    problems: list[Problem] = []
+    for variable in NODE_TOKENS:
+        owners: dict[str, list[str]] = {}
+        for name, hv in hosts.items():
+            if (identity := _secret_identity(hv.get(variable))) is not None:
+                owners.setdefault(identity, []).append(name)
+        for names in owners.values():
+            if len(names) > 1:
+                shown = ", ".join(names[:4]) + (f", ... (+{len(names) - 4})" if len(names) > 4 else "")
+                problems += [Problem(host, variable, None, (
+                    f"the same token on {len(names)} hosts ({shown}): Consul links it to one node's policy, so "
+                    "each node's run re-links it and the other nodes' agents are refused (403); give each node "
+                    "its own (host_vars, ansible-vault)")) for host in names]
+    return problems
+
+
 def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, Mapping[str, Any]] | None = None) -> list[Problem]:
     """Per-host rules over ``selected``; cluster-wide uniqueness over ``everyone`` (default: selected)."""
     problems: list[Problem] = []
@@ -159,6 +197,7 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
         for rule in HOST_RULES:
             problems += rule(name, selected[name])
     problems += [p for p in check_duplicate_addresses(everyone or selected) if p.host in selected]
+    problems += [p for p in check_shared_node_tokens(everyone or selected) if p.host in selected]
     return problems
 
 

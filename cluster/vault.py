@@ -10,6 +10,7 @@ from cluster.ansible.vault import (
     VaultPasswordFileError,
     VaultSecrets,
     check_vault_password_file,
+    ciphertext,
     configured_vault_secrets,
     decrypted,
     failure,
@@ -22,7 +23,7 @@ from cluster.ansible.vault import (
 )
 
 __all__ = [
-    "NO_PASSWORD", "OPTION", "VaultPasswordFileError", "VaultSecrets", "check_vault_password_file",
+    "NO_PASSWORD", "OPTION", "VaultPasswordFileError", "VaultSecrets", "check_vault_password_file", "ciphertext",
     "configured_vault_secrets", "decrypted", "failure", "is_encrypted", "load_vault_secrets", "origin",
     "secrets_for", "secrets_in_effect", "undecryptable",
 ]

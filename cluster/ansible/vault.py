@@ -151,6 +151,11 @@ def is_encrypted(value: Any) -> bool:
     return type(value) is EncryptedString
 
 
+def ciphertext(value: Any) -> str | None:
+    """An inline ``!vault`` value's ciphertext (read without decrypting it), else None."""
+    return str(value._ciphertext) if is_encrypted(value) else None
+
+
 def decrypted(value: Any) -> Any:
     """``value`` with an inline ``!vault`` value decrypted (a plain ``str``); anything else unchanged."""
     return str(value) if is_encrypted(value) else value

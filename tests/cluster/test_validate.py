@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.cluster.helpers import HOSTS
+from tests.cluster.helpers import HOSTS, inline
 from tests.helpers import run_cli, write_tree
 
 GOOD_GROUP_VARS = "gpu_model: h100-sxm\n"
@@ -91,6 +91,36 @@ def test_duplicate_addresses_name_both_hosts(tmp_path, capsys):
     assert code == 2
     assert "n1: ansible_host='127.0.77.1': address also used by n2" in err
     assert "n2: ansible_host='127.0.77.1': address also used by n1" in err
+
+
+SECRET = "3f0c9a7e-shared-eas-token-never-printed"
+
+
+@pytest.mark.parametrize(("all_vars", "host_vars", "shared"), [
+    # one plain token in group_vars, every node inherits it
+    (GOOD_GROUP_VARS + f"eas_agent_consul_token: {SECRET}\n", {}, "eas_agent_consul_token"),
+    # one vault value in group_vars (the sample inventory's mistake, security review H2): same ciphertext
+    (GOOD_GROUP_VARS + inline("eas_agent_consul_token", SECRET), {}, "eas_agent_consul_token"),
+    # the same secret pasted into two host_vars
+    (GOOD_GROUP_VARS, {h: f"consul_agent_acl_agent_token: {SECRET}\n" for h in ("n1", "n2")},
+     "consul_agent_acl_agent_token"),
+])
+def test_a_node_token_shared_by_nodes_is_refused_without_printing_it(tmp_path, capsys, all_vars, host_vars, shared):
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, all_vars, host_vars))
+    assert code == 2, err
+    assert f"n1, n2 (2 hosts): {shared}: the same token on 2 hosts (n1, n2): Consul links it to one node's policy" in err
+    assert SECRET not in err
+
+
+@pytest.mark.parametrize(("all_vars", "host_vars"), [
+    # a template is per host by construction (the virtual inventory's: inventory_hostname | to_uuid)
+    (GOOD_GROUP_VARS + "eas_agent_consul_token: \"{{ ('eas:' ~ inventory_hostname) | to_uuid }}\"\n", {}),
+    (GOOD_GROUP_VARS, {"n1": inline("eas_agent_consul_token", "a"), "n2": inline("eas_agent_consul_token", "b")}),
+    (GOOD_GROUP_VARS + "eas_agent_consul_token: ''\n", {}),  # unset: the role's own check says so
+])
+def test_per_node_or_templated_tokens_pass(tmp_path, capsys, all_vars, host_vars):
+    code, out, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, all_vars, host_vars))
+    assert code == 0 and "OK (2 hosts)" in out, err
 
 
 def test_host_in_no_rack_and_in_two_racks(tmp_path, capsys):

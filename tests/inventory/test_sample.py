@@ -60,10 +60,23 @@ def test_every_secret_is_a_vault_placeholder(vault_password_file):
 
     lib = VaultLib(vault.secrets_for(vault_password_file))
     values = vault_values()
-    assert len(values) >= 9 + 8  # the cluster's secrets, and one agent token per node
+    assert len(values) >= 8 + 2 * 8  # the cluster's secrets, and per node its Consul agent and eas-agent tokens
     for path, key, ciphertext in values:
         plain = lib.decrypt(ciphertext).decode()
         assert plain.startswith("REPLACE-ME: "), f"{path}: {key} is not a placeholder"
+
+
+def test_each_node_has_its_own_consul_agent_and_eas_agent_tokens(vault_password_file):
+    from ansible.parsing.vault import VaultLib
+
+    lib = VaultLib(vault.secrets_for(vault_password_file))
+    per_node = {(str(path.parent), key): [] for path, key, _ in vault_values()}
+    for path, key, ciphertext in vault_values():
+        per_node[(str(path.parent), key)].append((path.stem, lib.decrypt(ciphertext).decode()))
+    for key in ("consul_agent_acl_agent_token", "eas_agent_consul_token"):
+        owners = per_node[("host_vars", key)]
+        assert len(owners) == 8 and all(node in plain for node, plain in owners), owners
+        assert ("group_vars/all", key) not in per_node  # a group value would be one token for every node
 
 
 def test_the_sample_names_no_address_that_could_be_contacted():
