@@ -15,7 +15,7 @@ from typing import Any
 from cluster.text import plural
 from provision.plan import Plan
 
-# Task names of playbooks/tasks/reboot.yml that the recap reads.
+# Task names of playbooks/tasks/reboot.yml (and consul-servers-reboot.yml's reboot) that the recap reads.
 REBOOT_PENDING_TASK = "Reboot pending"
 REBOOT_TASK = "Reboot the host"
 
@@ -235,8 +235,9 @@ task without a diff included (with why it has none).
         self.batch_seconds.append(self.batch_elapsed())
         members = [p for p in self.hosts.values() if p.batch == index]
         for progress in members:
-            if progress.status == "running":
-                later = any(b > index for b in self.plan.batches_of(progress.name))
+            later = self._provisioned_later(progress.name, index)
+            if progress.status == "running" or progress.status == "partial" and not later:
+                # (partial and no later batch: its last batch ran no task for it, e.g. every one skipped)
                 progress.status, progress.task = ("partial" if later else "ok"), ""
                 self.notices.append(f"{progress.name}: {'partly done' if later else 'done'}")
         bad = [p.name for p in members if p.status in ("failed", "unreachable")]
@@ -245,6 +246,13 @@ task without a diff included (with why it has none).
             f"{sum(1 for p in members if p.status == 'ok')} ok"
             + (f", failed/unreachable: {', '.join(bad)}" if bad else "")
         )
+
+    def _provisioned_later(self, host: str, index: int) -> bool:
+        """Whether a batch after ``index`` runs roles on ``host`` (a Consul server's batch of the main play,
+        after its servers-together play); the servers' reboot play runs none: a reboot it did not get is
+        in the recap's reboot-pending line, not a host left half provisioned."""
+        return any(play is None or play.roles for b in self.plan.batches_of(host) if b > index
+                   for play in [self.plan.play_of(b)])
 
     def _result(self, progress: HostProgress, kind: str, data: Mapping[str, Any]) -> None:
         result = data.get("res") or {}
@@ -261,6 +269,8 @@ task without a diff included (with why it has none).
                 self.reboot_pending[progress.name] = str(result.get("msg", "")).removeprefix("reboot pending: ")[:500]
             elif str(data.get("task", "")) == REBOOT_TASK and result.get("changed"):
                 self.rebooted.append(progress.name)
+                # a Consul server reported pending in its batch, rebooted by the last play
+                self.reboot_pending.pop(progress.name, None)
         elif kind == "runner_on_skipped":
             progress.skipped += 1
         elif kind == "runner_on_unreachable":

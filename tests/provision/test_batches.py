@@ -103,10 +103,13 @@ def test_a_play_pattern_the_plan_cannot_follow_is_an_error_naming_it():
 
 
 def _plan(batches, plays) -> prov.Plan:
+    """Plays named "reboot ..." run tasks only (as consul-servers-reboot.yml), the others a role."""
     hosts = tuple(dict.fromkeys(h for b in batches for h in b))
+    role = (prov.RoleStep("consul_agent", ()),)
     return prov.Plan(inventory=Path("inv"), playbook=Path("site.yml"), hosts=hosts,
                      batches=tuple(tuple(b) for b in batches), batch_sizes=(1, "100%"), roles=(),
-                     plays=tuple(prov.PlayPlan(name, (), tuple(idx)) for name, idx in plays))
+                     plays=tuple(prov.PlayPlan(name, () if name.startswith("reboot") else role, tuple(idx))
+                                 for name, idx in plays))
 
 
 def _events(*items):
@@ -156,3 +159,38 @@ def test_a_play_that_matches_no_host_starts_no_batch():
     assert rollout.batches_started == 0 and not rollout.notices
     rollout.handle({"event": "playbook_on_play_start", "event_data": {}})
     assert rollout.notices == ["batch 1/2 started: 1 host (c1), play 'main'"]
+
+
+def test_a_server_rebooted_by_the_last_play_is_no_longer_reboot_pending():
+    plan = _plan([["s1"], ["c1"], ["s1"]], [("main", [0, 1]), ("reboot servers", [2])])
+    rollout = Rollout(plan, clock=lambda: 0.0)
+    for kind, host, task, res in [
+        ("playbook_on_play_start", None, "", {}),
+        ("runner_on_ok", "s1", "Reboot pending", {"msg": "reboot pending: NVIDIA driver 550.127.08 installed "
+                                                  "(a Consul server: rebooted by the last play, one server at a time)"}),
+        ("playbook_on_play_start", None, "", {}), ("runner_on_ok", "c1", "Reboot the host", {"changed": True}),
+        ("playbook_on_play_start", None, "", {}), ("runner_on_ok", "s1", "Reboot the host", {"changed": True}),
+    ]:
+        rollout.handle({"event": kind, "event_data": {"host": host, "task": task, "res": res} if host else {}})
+    assert rollout.reboot_pending == {} and rollout.rebooted == ["c1", "s1"]
+
+
+def test_a_server_whose_last_batch_ran_no_task_is_done():
+    # a later play's batch in which the host ran no task (every one skipped: no runner_on_start)
+    plan = _plan([["s1"], ["s1"]], [("servers", [0]), ("main", [1])])
+    rollout = Rollout(plan, clock=lambda: 0.0)
+    for event in _events(("playbook_on_play_start", None, ""), ("runner_on_start", "s1", "x"),
+                         ("runner_on_ok", "s1", "x"), ("playbook_on_play_start", None, "")):
+        rollout.handle(event)
+    assert rollout.hosts["s1"].label == "partly done"
+    rollout.handle({"event": "playbook_on_stats", "event_data": {"ok": {"s1": 1}}})
+    assert rollout.hosts["s1"].status == "ok" and rollout.succeeded(0)
+
+
+def test_the_servers_reboot_play_leaves_no_host_partly_done():
+    plan = _plan([["s1"], ["c1"], ["s1"]], [("main", [0, 1]), ("reboot servers", [2])])
+    rollout = Rollout(plan, clock=lambda: 0.0)
+    for event in _events(("playbook_on_play_start", None, ""), ("runner_on_start", "s1", "x"),
+                         ("runner_on_ok", "s1", "x"), ("playbook_on_play_start", None, "")):
+        rollout.handle(event)
+    assert rollout.hosts["s1"].status == "ok"

@@ -321,7 +321,7 @@ def test_recap_lists_reboot_pending_hosts_and_rebooted_ones():
                                      "n1 (NVIDIA driver 550.127.08 installed (was none))")
 
 
-def _reboot_play(tmp_path: Path, extra: dict) -> subprocess.CompletedProcess:
+def _reboot_play(tmp_path: Path, extra: dict, inventory: str = "localhost,") -> subprocess.CompletedProcess:
     play = tmp_path / "play.yml"
     play.write_text(yaml.safe_dump([{
         "name": "reboot step", "hosts": "localhost", "gather_facts": False,
@@ -329,7 +329,7 @@ def _reboot_play(tmp_path: Path, extra: dict) -> subprocess.CompletedProcess:
     }]))
     (tmp_path / "extra.json").write_text(json.dumps({"ansible_python_interpreter": sys.executable, **extra}))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
+    return subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory, "-c", "local",
                            str(play), "-e", f"@{tmp_path / 'extra.json'}"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
 
@@ -343,6 +343,22 @@ def test_reboot_step_reports_pending_reasons_from_every_role(tmp_path):
     assert ("reboot pending: kernel arguments not active: x=1; NVIDIA driver 550.127.08 installed"
             in done.stdout), done.stdout[-2000:]
     assert re.search(r"TASK \[Reboot the host\][^\n]*\n(skipping|.*skipping)", done.stdout)
+
+
+def test_a_consul_server_is_not_rebooted_in_its_batch(tmp_path):
+    """Two of three servers in one batch rebooting together would take the quorum down: a server's reboot is
+    left to playbooks/consul-servers-reboot.yml (one at a time; tests/consul_agent/test_server_reboots.py).
+    Here reboots are allowed and not render-only: had the task run on this local host, Ansible's reboot
+    action would have failed the play ("would reboot the control node")."""
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"children": {"consul_servers": {"hosts": {"localhost": {}}}}}}))
+    done = _reboot_play(tmp_path, {"_nvidia_stack_reboot_reasons": ["NVIDIA driver 550.127.08 installed"],
+                                   "clusterctl_allow_reboot": True, "clusterctl_render_only": False},
+                        inventory=str(inventory))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"TASK \[Reboot the host\][^\n]*\n(skipping|.*skipping)", done.stdout), done.stdout[-2000:]
+    assert ("reboot pending: NVIDIA driver 550.127.08 installed (a Consul server: rebooted by the last play, "
+            "one server at a time)") in " ".join(done.stdout.split())
 
 
 def test_reboot_step_is_quiet_without_reasons(tmp_path):

@@ -479,7 +479,7 @@ def test_inventory_errors_stop_before_any_host(provisioned, tmp_path):
 
 def test_a_failing_batch_stops_the_rollout(provisioned):
     """r01n02 is put on hold (injected failure): batches 1-2 (r01n01: the Consul servers' play, then its batch
-    of the main play) are done, batch 3 fails, batch 4 never runs."""
+    of the main play) are done, batch 3 fails, batch 4 (and the servers' reboot play, 5) never runs."""
     host_vars = provisioned.inventory / "host_vars" / "r01n02.yml"
     original = host_vars.read_text()
     host_vars.write_text(original + 'clusterctl_hold: "injected failure for the batch test"\n')
@@ -489,7 +489,7 @@ def test_a_failing_batch_stops_the_rollout(provisioned):
         host_vars.write_text(original)
     assert result.returncode == 1
     out = " ".join(result.stdout.split())
-    assert "rollout stopped in batch 3/4" in out
+    assert "rollout stopped in batch 3/5" in out
     assert "failed/unreachable: r01n02" in out and "done: r01n01" in out and "not started: r02n01" in out
     assert "injected failure for the batch test" in out
     stats = stats_of(provisioned.run_dirs["held"] / "events.jsonl")
@@ -532,7 +532,7 @@ def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provision
             path.write_text(text)
     assert result.returncode == 1
     out = " ".join(result.stdout.split())
-    assert "rollout stopped in batch 3/4" in out and "not started: r02n01" in out
+    assert "rollout stopped in batch 3/5" in out and "not started: r02n01" in out
     assert "r01n02: unreachable:" in out and reason in out, out[-2000:]
 
 

@@ -48,48 +48,11 @@ options:
 author: clusterctl maintainers
 """
 
-import json  # noqa: E402
-import time  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-
-
-def _get(url: str, path: str, token: str = "") -> object:
-    request = urllib.request.Request(url.rstrip("/") + path, headers={"X-Consul-Token": token} if token else {})
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        return json.loads(resp.read() or b'""')
-
-
-def leader(url: str) -> str:
-    """The leader the agent reports, or a description of why there is none ("!..." )."""
-    try:
-        value = _get(url, "/v1/status/leader")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"!{getattr(exc, 'reason', exc)}"
-    return value if isinstance(value, str) else f"!unexpected answer {value!r}"
-
-
-def servers_health(url: str, token: str, me: str) -> tuple[str, str]:
-    """("healthy", ""), ("unhealthy", why: the servers other than ``me`` that autopilot reports unhealthy,
-    or the server's refusal such as 500 "No cluster leader" while a new cluster forms), ("down", why: the
-    agent does not answer) or ("denied", why: the token may not read it, which waiting cannot change)."""
-    try:
-        health = _get(url, "/v1/operator/autopilot/health", token)
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace").strip()[:200]
-        return ("denied" if exc.code == 403 else "unhealthy"), f"autopilot health answered {exc.code}: {body}"
-    except (urllib.error.URLError, OSError) as exc:
-        return "down", str(getattr(exc, "reason", exc))
-    except ValueError:
-        return "unhealthy", "autopilot health answered something that is not JSON"
-    if not isinstance(health, dict) or not isinstance(health.get("Servers"), list):
-        return "unhealthy", f"unexpected autopilot health answer: {str(health)[:200]}"
-    bad = [f"{srv.get('Name')} (serf {srv.get('SerfStatus')}, voter {srv.get('Voter')})" if isinstance(srv, dict)
-           else f"unexpected server entry {str(srv)[:100]}"
-           for srv in health["Servers"] if not (isinstance(srv, dict) and (srv.get("Healthy") or srv.get("Name") == me))]
-    return ("unhealthy", "unhealthy servers: " + ", ".join(bad)) if bad else ("healthy", "")
+from ansible_collections.clusterctl.infra.plugins.module_utils.consul_health import (  # noqa: E402
+    wait_leader,
+    wait_others_healthy,
+)
 
 
 def main() -> None:
@@ -108,38 +71,17 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(changed=True)
     if p["servers_healthy"]:
-        # Wait (bounded) rather than read once: a cluster that is still forming (every server just started
-        # by the role's first run) has no leader for a few seconds, and a server just restarted by the
-        # previous turn may still be catching up.
-        deadline = time.monotonic() + p["timeout"]
-        while True:
-            state, why = servers_health(p["url"], p["token"], p["node_name"])
-            if state in ("healthy", "down"):  # a down agent cannot take the quorum down further
-                break
-            if state == "denied" or time.monotonic() >= deadline:
-                module.fail_json(msg=f"not restarting {p['unit']}: the other Consul servers are not all "
-                                     f"healthy, a restart now could take the quorum down ({why})")
-            time.sleep(1)
+        state, why = wait_others_healthy(p["url"], p["token"], p["node_name"], p["timeout"])
+        if state not in ("healthy", "down"):
+            module.fail_json(msg=f"not restarting {p['unit']}: the other Consul servers are not all "
+                                 f"healthy, a restart now could take the quorum down ({why})")
     rc, _, err = module.run_command([module.get_bin_path("systemctl", required=True), "restart", p["unit"]])
     if rc != 0:
         module.fail_json(msg=f"systemctl restart {p['unit']} failed: {err.strip()[-500:]}")
-    deadline = time.monotonic() + p["timeout"]
-    last = ""
-    while time.monotonic() < deadline:
-        last = leader(p["url"])
-        if last and not last.startswith("!"):
-            if not p["servers_healthy"]:
-                module.exit_json(changed=True, leader=last)
-            state, why = servers_health(p["url"], p["token"], "")
-            if state == "healthy":
-                module.exit_json(changed=True, leader=last)
-            last = f"!servers: {why}"
-        time.sleep(1)
-    if last.startswith("!servers: "):
-        module.fail_json(msg=f"{p['unit']} restarted but the Consul servers were not all healthy within "
-                             f"{p['timeout']}s (last answer from {p['url']}: {last.removeprefix('!servers: ')})")
-    module.fail_json(msg=f"{p['unit']} restarted but no leader known within {p['timeout']}s "
-                         f"(last answer from {p['url']}: {last.lstrip('!') or 'no leader'})")
+    ok, detail = wait_leader(p["url"], p["token"], p["timeout"], p["servers_healthy"])
+    if not ok:
+        module.fail_json(msg=f"{p['unit']} restarted but {detail}")
+    module.exit_json(changed=True, leader=detail)
 
 
 if __name__ == "__main__":
