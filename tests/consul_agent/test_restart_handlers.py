@@ -114,6 +114,14 @@ class Leaders:
             server.server_close()
 
 
+def ansible_playbook(inventory: Path, playbook: Path) -> subprocess.CompletedProcess:
+    """``ansible-playbook -i inventory playbook`` with the repository's ansible.cfg (16 forks: the servers'
+    hosts run side by side where a play lets them)."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_FORKS": "16"}
+    return subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
+                           str(playbook)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
 def _events(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
@@ -151,10 +159,7 @@ def servers(tmp_path):
             "    - name: A change that needs a restart (consul.hcl, TLS, package)\n"
             "      ansible.builtin.command: /bin/true\n      changed_when: true\n      notify: Restart consul\n"
             f"  handlers:\n    - ansible.builtin.import_tasks: {HANDLERS}\n")
-        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_FORKS": "16"}
-        done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
-                               str(playbook)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        return done, leaders
+        return ansible_playbook(inventory, playbook), leaders
 
     yield run
     for leaders in made:

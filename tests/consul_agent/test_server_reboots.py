@@ -12,7 +12,6 @@ turn reached its reboot, and on which server.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.consul_agent.test_restart_handlers import MANAGEMENT, SERVERS, Leaders
+from tests.consul_agent.test_restart_handlers import MANAGEMENT, SERVERS, Leaders, ansible_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAY = REPO / "playbooks" / "consul-servers-reboot.yml"
@@ -47,10 +46,7 @@ def reboot_play(tmp_path):
         inventory.write_text(json.dumps({"all": {"children": {"consul_servers": {"hosts": hosts}}, "vars": {
             "consul_agent_acl_management_token": MANAGEMENT, "clusterctl_consul_healthy_timeout_s": timeout_s,
             "ansible_become": False}}}))
-        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
-        done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
-                               str(PLAY)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        return done, leaders
+        return ansible_playbook(inventory, PLAY), leaders
 
     yield run
     for leaders in made:
