@@ -166,3 +166,35 @@ def test_module_names_a_missing_directory(tmp_path):
                        "owner": USER, "group": GROUP}]}
     result = playbook(tmp_path, task)
     assert result["failed"] and "nowhere does not exist (list it under directories)" in result["msg"]
+
+
+def test_a_new_file_is_never_wider_than_owner_only_before_its_mode_is_set(tmp_path):
+    """Roles review (smaller findings): Ansible's atomic_move gives a file it creates the umask's mode (0644
+    under umask 022) before the module sets the entry's own (0600 for a token): a moment in which a secret
+    is world-readable. The mode the file has when its attributes are set is recorded here."""
+    from ansible.module_utils.basic import AnsibleModule
+    from ansible.module_utils.testing import patch_module_args
+
+    spec = importlib.util.spec_from_file_location(
+        "clusterctl_config_files_module", REPO / "collections/ansible_collections/clusterctl/infra/plugins/modules/config_files.py")
+    module_code = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module_code)
+    seen: list[int] = []
+
+    class Recording(AnsibleModule):
+        def set_fs_attributes_if_different(self, file_args, changed, *args, **kwargs):
+            seen.append(os.stat(file_args["path"]).st_mode & 0o777)
+            return super().set_fs_attributes_if_different(file_args, changed, *args, **kwargs)
+
+    previous = os.umask(0o022)
+    try:
+        with patch_module_args({}):
+            module = Recording(argument_spec={})
+        dest = tmp_path / "consul.token"
+        module_code.ensure_file(module, {"dest": str(dest), "content": "s3cret\n", "mode": "0600", "owner": USER,
+                                         "group": GROUP}, [], [])
+        umask_after = os.umask(0o022)
+    finally:
+        os.umask(previous)
+    assert seen == [0o600] and dest.stat().st_mode & 0o777 == 0o600 and dest.read_text() == "s3cret\n"
+    assert umask_after == 0o022  # the module put the umask back

@@ -107,12 +107,16 @@ def ensure_file(module: AnsibleModule, entry: dict, report: list, diffs: list) -
             directory = os.path.dirname(dest) or "."
             if not os.path.isdir(directory):
                 module.fail_json(msg=f"{dest}: directory {directory} does not exist (list it under directories)")
+            # atomic_move gives a file it creates the umask's mode (0644 under 022) until the attributes below
+            # set the entry's own: under 077 a new file is never wider than 0600 (root's) in between.
+            umask = os.umask(0o077)
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=".clusterctl.")
             try:
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(wanted)
                 module.atomic_move(tmp, dest)
             finally:
+                os.umask(umask)
                 if os.path.exists(tmp):
                     os.unlink(tmp)
     changed = rewrite
