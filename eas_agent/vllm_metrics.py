@@ -217,13 +217,18 @@ def _parse_scrape(text: str, offset: int) -> VllmMetrics:
     if all(line.startswith("#") for line in kept):
         return _parse_checked_whole(text.split("\n")[:-1], offset)
     samples = _fast_samples(kept)
+    numbers: list[int] = []
     if samples is None:  # some kept line is outside the common shape: prometheus_client decides
         numbers = [offset + padded.count("\n", 0, m.start() + 1) for m in found]
         for line, number, match in zip(kept, numbers, found, strict=True):
             if not line.startswith("#") and _SAMPLE_LINE.match(line) is None:
                 raise MetricsParseError(number, match.group()[1:], "not a Prometheus sample line")
         samples = _library_samples(kept, numbers)
-    return _fold(samples)
+    try:
+        return _fold(samples)
+    except MetricsParseError as exc:  # the line numbers only now: the common case never needs them
+        numbers = numbers or [offset + padded.count("\n", 0, m.start() + 1) for m in found]
+        raise _with_line(exc, kept, numbers) from None
 
 
 def _parse_checked_whole(lines: list[str], offset: int) -> VllmMetrics:
@@ -250,7 +255,28 @@ def _parse_checked_whole(lines: list[str], offset: int) -> VllmMetrics:
     samples = _fast_samples(kept)
     if samples is None:
         samples = _library_samples(kept, kept_line_numbers)
-    return _fold(samples)
+    try:
+        return _fold(samples)
+    except MetricsParseError as exc:
+        raise _with_line(exc, kept, kept_line_numbers) from None
+
+
+def _with_line(exc: MetricsParseError, kept: list[str], numbers: list[int]) -> MetricsParseError:
+    """A bad-value error of :func:`_fold` (which sees samples, not lines) with the first kept sample line whose
+    value is non-finite or negative: the one an operator opens the scrape at."""
+    if exc.line_no is not None:
+        return exc
+    for line, number in zip(kept, numbers, strict=True):
+        # the value follows the labels' closing brace (label values come before it), else the name
+        rest = "" if line.startswith("#") else line.rsplit("}", 1)[1] if "}" in line else line.partition(" ")[2]
+        fields = rest.split()
+        try:
+            value = float(fields[0]) if fields else 0.0
+        except ValueError:
+            continue
+        if not math.isfinite(value) or value < 0:
+            return MetricsParseError(number, line, "non-finite or negative sample")
+    return exc
 
 
 # The common shape of a scrape, as vLLM's prometheus_client writes it: comment lines "# HELP name text" and

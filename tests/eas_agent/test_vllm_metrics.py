@@ -100,6 +100,20 @@ def test_bad_value_in_a_wanted_family_names_the_line():
     assert "num_requests_waiting" in str(info.value) and info.value.line_no is not None
 
 
+@pytest.mark.parametrize(("value", "unlabelled"), [("NaN", False), ("-1e6", False), ("+Inf", True), ("NaN", True)])
+def test_a_non_finite_or_negative_sample_names_its_line(value, unlabelled):
+    """Operator review: `agent parse-metrics` said which sample but not where; a scrape is hundreds of lines."""
+    good = (FIXTURES / "v1_single_engine.txt").read_text()
+    old = 'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Meta-Llama-3-70B-Instruct"} 0.0'
+    new = "vllm:num_requests_waiting " + value if unlabelled else old.replace(" 0.0", " " + value)
+    assert old in good
+    with pytest.raises(MetricsParseError) as info:
+        parse_vllm_metrics(good.replace(old, new))
+    expected = good.split("\n").index(old) + 1
+    assert info.value.line_no == expected, str(info.value)
+    assert str(info.value) == f"line {expected}: non-finite or negative sample: {new!r}"
+
+
 def test_empty_scrape():
     with pytest.raises(MetricsParseError, match="empty"):
         parse_vllm_metrics("\n")
