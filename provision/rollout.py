@@ -18,6 +18,8 @@ from provision.plan import Plan
 # Task names of playbooks/tasks/reboot.yml (and consul-servers-reboot.yml's reboot) that the recap reads.
 REBOOT_PENDING_TASK = "Reboot pending"
 REBOOT_TASK = "Reboot the host"
+# roles/inference_unit's report of running IUs whose configuration changed (inference_unit_restart_on_change off)
+RESTART_PENDING_TASK = "Restart pending"
 
 
 def failure_reason(result: dict, limit: int = 300) -> str:
@@ -159,6 +161,7 @@ task without a diff included (with why it has none).
     # that playbook rebooted (--allow-reboot).
     reboot_pending: dict[str, str] = field(default_factory=dict)
     rebooted: list[str] = field(default_factory=list)
+    restart_pending: dict[str, str] = field(default_factory=dict)  # host -> its IUs that keep an old configuration
     _play_starts: int = 0  # play start events seen (plan.play_starts() says what each begins)
     _current: int | None = None  # the batch running now
 
@@ -265,7 +268,9 @@ task without a diff included (with why it has none).
             if result.get("changed") and not texts:
                 hidden = NO_LOG_DIFF if "censored" in result else NO_DIFF
                 self.diffs.append(Diff(progress.name, str(data.get("task", "")), "", hidden))
-            if str(data.get("task", "")) == REBOOT_PENDING_TASK:
+            if str(data.get("task", "")) == RESTART_PENDING_TASK:
+                self.restart_pending[progress.name] = str(result.get("msg", "")).removeprefix("restart pending: ")[:500]
+            elif str(data.get("task", "")) == REBOOT_PENDING_TASK:
                 self.reboot_pending[progress.name] = str(result.get("msg", "")).removeprefix("reboot pending: ")[:500]
             elif str(data.get("task", "")) == REBOOT_TASK and result.get("changed"):
                 self.rebooted.append(progress.name)
@@ -334,6 +339,13 @@ task without a diff included (with why it has none).
         hosts = "; ".join(f"{host} ({why})" for host, why in sorted(self.reboot_pending.items()))
         return f"reboot pending on {plural(len(self.reboot_pending), 'host')} (rerun with --allow-reboot): {hosts}"
 
+
+    def restart_line(self) -> str | None:
+        """One recap line naming the hosts whose running IUs keep an old configuration, or None."""
+        if not self.restart_pending:
+            return None
+        hosts = "; ".join(f"{host}: {ius}" for host, ius in sorted(self.restart_pending.items()))
+        return f"IU restart pending on {plural(len(self.restart_pending), 'host')}: {hosts}"
 
     def changes(self) -> dict[str, int]:
         """host -> tasks that changed (or, in check mode, would change) something, from the recap."""

@@ -132,8 +132,9 @@ def command(
     if diff:
         print_diffs(console, rollout, check)
     console.print(Text(rollout.summary(check)))
-    if rollout.reboot_line():
-        console.print(Text(rollout.reboot_line()), soft_wrap=True)
+    for line in (rollout.reboot_line(), rollout.restart_line()):
+        if line:
+            console.print(Text(line), soft_wrap=True)
     console.print(Text(f"events: {run_dir / 'events.jsonl'}"), soft_wrap=True)
     if not rollout.succeeded(rc):
         raise SystemExit(ExitCode.FAILED)

@@ -194,3 +194,16 @@ def test_the_servers_reboot_play_leaves_no_host_partly_done():
                          ("runner_on_ok", "s1", "x"), ("playbook_on_play_start", None, "")):
         rollout.handle(event)
     assert rollout.hosts["s1"].status == "ok"
+
+
+def test_running_ius_with_a_changed_configuration_are_one_recap_line():
+    plan = _plan([["n1", "n2"]], [("main", [0])])
+    rollout = Rollout(plan, clock=lambda: 0.0)
+    rollout.handle({"event": "playbook_on_play_start", "event_data": {}})
+    for host in ("n2", "n1"):
+        rollout.handle({"event": "runner_on_ok", "event_data": {"host": host, "task": "Restart pending", "res": {
+            "msg": f"restart pending: {host}-iu1 (configuration changed; run playbooks/rolling-restart.yml)"}}})
+    assert rollout.restart_line() == (
+        "IU restart pending on 2 hosts: n1: n1-iu1 (configuration changed; run playbooks/rolling-restart.yml); "
+        "n2: n2-iu1 (configuration changed; run playbooks/rolling-restart.yml)")
+    assert Rollout(plan, clock=lambda: 0.0).restart_line() is None

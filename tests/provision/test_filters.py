@@ -125,3 +125,15 @@ def test_cluster_consul_is_the_same_block_from_the_consul_settings_alone(r01n01)
     with pytest.raises(AnsibleFilterError) as error:
         FILTERS["cluster_consul"]("srv", {"consul_scheme": "ftp"})
     assert str(error.value).splitlines()[1:] == ["srv: consul_scheme='ftp': must be http or https"]
+
+
+def test_the_ius_a_change_touches():
+    spec = importlib.util.spec_from_file_location("inference_units_filter", REPO / "playbooks/filter_plugins/inference_units.py")
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    ius = [{"index": 0, "id": "n-iu0"}, {"index": 1, "id": "n-iu1"}]
+    changed = plugin.inference_units_changed
+    assert changed(ius, ["/etc/vllm-iu/1.env"], "/etc/vllm-iu") == [ius[1]]
+    assert changed(ius, ["/etc/systemd/system/vllm-iu@0.service.d/10-numa.conf"], "/etc/vllm-iu") == [ius[0]]
+    assert changed(ius, ["/etc/systemd/system/vllm-iu@.service"], "/etc/vllm-iu") == ius  # the template: all
+    assert changed(ius, ["/etc/chrony/chrony.conf"], "/etc/vllm-iu") == [] == changed(ius, None, "/etc/vllm-iu")

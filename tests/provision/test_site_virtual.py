@@ -398,6 +398,8 @@ def test_a_changed_template_restarts_exactly_the_units_it_feeds(provisioned):
     host_vars = provisioned.inventory / "host_vars" / f"{host}.yml"
     original = host_vars.read_text()
 
+    outputs: dict[str, str] = {}
+
     def restarted_by(name: str, extra: str) -> set[str]:
         before = main_pids(provisioned, host)
         host_vars.write_text(original + extra)
@@ -406,13 +408,18 @@ def test_a_changed_template_restarts_exactly_the_units_it_feeds(provisioned):
         finally:
             host_vars.write_text(original)
         assert run.returncode == 0, run.stdout[-3000:]
+        outputs[name] = " ".join(run.stdout.split())
         after = main_pids(provisioned, host)
         return {unit for unit in SERVICES if after[unit] != before[unit]}
 
     assert restarted_by("changed-template", "chrony_makestep_limit: 4\ninference_unit_max_num_seqs: 64\n") == {
         "chrony.service"}
+    # ... and the recap says which IUs still run the old configuration (roles review: it said nothing)
+    assert (f"IU restart pending on 1 host: {host}: {host}-iu0, {host}-iu1 (configuration changed; run "
+            "playbooks/rolling-restart.yml)") in outputs["changed-template"], outputs["changed-template"][-2000:]
     assert restarted_by("template-restored", "inference_unit_restart_on_change: true\n") == {
         "chrony.service", "vllm-iu@0.service", "vllm-iu@1.service"}
+    assert "restart pending" not in outputs["template-restored"]
     assert provisioned.read(host, "/etc/chrony/chrony.conf") == golden("chrony.conf")
 
 

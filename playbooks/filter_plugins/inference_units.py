@@ -1,0 +1,22 @@
+"""The inference_unit role's one rule about its own files, for its restart handler and its "Restart pending"
+report alike: ``ius | inference_units_changed(changed_paths, env_dir)`` is the IUs whose files this run
+changed (every IU when the template unit changed, else those whose environment file or NUMA drop-in did)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TEMPLATE_UNIT = "/etc/systemd/system/vllm-iu@.service"
+
+
+def inference_units_changed(ius: Any, changed_paths: Any, env_dir: str) -> list[Any]:
+    changed = set(changed_paths or [])
+    if TEMPLATE_UNIT in changed:
+        return list(ius)
+    return [iu for iu in ius if f"{env_dir}/{iu['index']}.env" in changed
+            or f"/etc/systemd/system/vllm-iu@{iu['index']}.service.d/10-numa.conf" in changed]
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"inference_units_changed": inference_units_changed}
