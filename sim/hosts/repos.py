@@ -58,6 +58,13 @@ class RepoError(ClusterctlError):
     pass
 
 
+# The template of consul_agent_repo_key_fingerprints in a virtual inventory (inventory_values).
+STANDIN_KEY_FINGERPRINTS = (
+    "{{ [(lookup('ansible.builtin.file', (lookup('ansible.builtin.env', 'CLUSTERCTL_REPO_CACHE')"
+    " or '/var/cache/clusterctl/repos') ~ '/served/apt/.recipe') | from_json).fingerprint] }}"
+)
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("CLUSTERCTL_REPO_CACHE", "/var/cache/clusterctl/repos"))
 
@@ -72,6 +79,10 @@ def inventory_values() -> dict[str, object]:
         "consul_agent_repo_url": f"{APT_URL}/{HASHICORP_PATH}",
         # The machines are Debian 12; the stand-in HashiCorp repository has a suite per release, as HashiCorp's.
         "consul_agent_repo_suite": "bookworm",
+        # The stand-in repositories' signing key is made when they are built, and the build records its
+        # fingerprint beside them (sim.aptrepo.repo, RECIPE_FILE): the pin a real site sets to HashiCorp's,
+        # read on the controller from that record (never from the repository server, which serves the key).
+        "consul_agent_repo_key_fingerprints": STANDIN_KEY_FINGERPRINTS,
         "eas_agent_index_url": INDEX_URL,
         "inference_unit_pip_index_url": INDEX_URL,
         "inference_unit_pip_constraints": constraints(),

@@ -227,10 +227,11 @@ def test_split_batches_matches_ansible_itself():
 def test_plan_uses_inventory_order_and_roles():
     plan = prov.make_plan(REPO / "inventory" / "virtual", "site.yml", None, ["inference"], prov.DEFAULT_BATCHES)
     assert plan.hosts == ("r01n01", "r01n02", "r02n01", "r02n02")
-    # the Consul server (r01n01) first in a play of its own, then the batched play over every host
-    assert [list(b) for b in plan.batches] == [["r01n01"], ["r01n01"], ["r01n02"], ["r02n01", "r02n02"]]
+    # the Consul server (r01n01) first in a play of its own, then the batched play over every host, then the
+    # servers' reboot play (tasks only: one server per batch)
+    assert [list(b) for b in plan.batches] == [["r01n01"], ["r01n01"], ["r01n02"], ["r02n01", "r02n02"], ["r01n01"]]
     assert [[s.role for s in p.roles] for p in plan.plays] == [
-        ["consul_agent"], ["inference_unit", "consul_agent", "eas_agent"]]
+        ["consul_agent"], ["inference_unit", "consul_agent", "eas_agent"], []]
 
 
 def test_playbooks_use_batches_and_stop_on_failure():
@@ -239,6 +240,8 @@ def test_playbooks_use_batches_and_stop_on_failure():
             assert play.get("max_fail_percentage") is not None, f"{path.name}: no max_fail_percentage"
             if path.name == "rolling-restart.yml":
                 assert play["serial"] == 1
+            elif play["name"] == "Reboot the Consul servers one at a time":  # consul-servers-reboot.yml
+                assert (play["hosts"], play["serial"]) == ("consul_servers", 1)
             elif play["hosts"] == "consul_servers":  # consul-servers.yml, imported or run alone
                 assert "serial" not in play  # all servers at once (tests/provision/test_batches.py)
             else:

@@ -459,6 +459,27 @@ def test_bad_inputs_fail_in_argument_validation(provisioned, tag, extra_vars, na
     assert role_tasks and all(t.startswith("Validating arguments") for t in role_tasks), role_tasks
 
 
+def test_a_repository_key_that_is_not_pinned_is_never_trusted(provisioned):
+    """Security review L12: HashiCorp's signing key came from the repository's own host and nothing checked it.
+    Pinned to another fingerprint, the key the stand-in repository serves is refused, naming both, and the
+    host's repository entry keeps the key the last good run wrote."""
+    from sim.hosts import repos
+
+    served = json.loads((repos.cache_root() / "served" / "apt" / ".recipe").read_text())["fingerprint"]
+    entry = "/etc/apt/sources.list.d/hashicorp.sources"
+    before = provisioned.read(IB_HOST, entry)
+    assert "-----BEGIN PGP PUBLIC KEY BLOCK-----" in before  # the checked key itself, not a URL
+    wrong = "0000 1111 2222 3333 4444  5555 6666 7777 8888 9999"
+    result = ansible_playbook(provisioned.inventory, str(Path("playbooks/site.yml")), "--limit", IB_HOST,
+                              "--tags", "consul_agent", "-e", json.dumps({"consul_agent_repo_key_fingerprints": [wrong]}),
+                              env=provisioned.env)
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0
+    assert (f"http://127.0.255.1:8080/apt/hashicorp/gpg is the key {served}, which consul_agent_repo_key_fingerprints "
+            "does not pin (0000111122223333444455556666777788889999): not trusted") in out, out[-2000:]
+    assert provisioned.read(IB_HOST, entry) == before
+
+
 def test_a_direct_playbook_run_stops_on_a_bad_inventory(provisioned):
     """No clusterctl in front: the cluster_node filter validates, and the role's first task fails naming
     host, variable and value (iu_size has no role variable: vLLM's tensor parallel size is the IU's size)."""
