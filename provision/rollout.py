@@ -247,6 +247,7 @@ task without a diff included (with why it has none).
         self.notices.append(
             f"batch {index + 1}/{len(self.plan.batches)} finished in {self.batch_seconds[-1]:.1f}s: "
             f"{sum(1 for p in members if p.status == 'ok')} ok"
+            + (f", {partly} partly done" if (partly := sum(1 for p in members if p.status == "partial")) else "")
             + (f", failed/unreachable: {', '.join(bad)}" if bad else "")
         )
 
