@@ -221,6 +221,7 @@ class PlayPlan:
     name: str
     roles: tuple[RoleStep, ...]
     batches: tuple[int, ...]
+    sizes: tuple[int | str, ...] = ()  # its serial, as the plan read it (play_serial)
 
 
 @dataclass(frozen=True)
@@ -303,10 +304,10 @@ def make_plan(
     for number, play in enumerate(playbook_plays(path), 1):
         where = f"{path.name}: play {number} ({play.get('name', 'unnamed')})"
         hosts = play_hosts(play.get("hosts"), everyone, loaded.groups, list(loaded.selected), where)
-        first = len(batches)
-        batches += split_batches(hosts, play_serial(play.get("serial"), batch_sizes, where))
+        first, sizes = len(batches), play_serial(play.get("serial"), batch_sizes, where)
+        batches += split_batches(hosts, sizes)
         plays.append(PlayPlan(str(play.get("name", f"play {number}")), tuple(selected_roles(play_roles(play), tags)),
-                              tuple(range(first, len(batches)))))
+                              tuple(range(first, len(batches))), tuple(sizes)))
     return Plan(
         inventory=Path(inventory).resolve(),
         playbook=path,

@@ -269,10 +269,11 @@ def plan_view(plan: Plan) -> Group:
     header = Text.assemble(
         ("plan", "bold"),
         f": {plan.playbook.name} on {plural(len(plan.hosts), 'host')} of {plan.inventory}"
-        f"{f' (limit {plan.limit})' if plan.limit else ''}; batches {','.join(map(str, plan.batch_sizes))}",
+        f"{f' (limit {plan.limit})' if plan.limit else ''}",
     )
-    plays = [Text(f"play {number}: {play.name}: " + (" -> ".join(s.role for s in play.roles) or "(tasks only)")
-                  + ("" if play.batches else " (no host of this run)"))
+    plays = [Text(f"play {number}: {play.name}, {_serial(play.sizes)}"
+                  + ("" if play.batches else " (no host of this run)")
+                  + "\n  roles: " + (" -> ".join(s.role for s in play.roles) or "(tasks only)"))
              for number, play in enumerate(plan.plays, 1)]
     table = Table(box=None)
     table.add_column("batch", justify="right")
@@ -285,6 +286,12 @@ def plan_view(plan: Plan) -> Group:
         table.add_row(str(index + 1), str(play or "-"), str(len(batch)), Text(members))
     warnings = [Text.assemble(("warning:", "yellow"), " ", w) for w in plan.warnings]
     return Group(header, *plays, table, *warnings)
+
+
+def _serial(sizes: tuple[int | str, ...]) -> str:
+    if tuple(sizes) in (("100%",), ()):
+        return "all at once"
+    return "one host at a time" if tuple(sizes) == (1,) else "batches " + ",".join(map(str, sizes))
 
 
 def _batch(index: int | None) -> str:

@@ -287,3 +287,17 @@ def test_a_run_dir_inside_the_inventory_directory_is_refused_before_anything_run
     replay.events, replay.rc = GOOD_EVENTS, 0
     code, _, _ = clusterctl("provision", "-i", str(virtual_inventory), "--run-dir", str(virtual_inventory / ".state" / "r"))
     assert code == 0 and replay.calls
+
+
+def test_plan_names_each_play_its_batching_and_roles(clusterctl, virtual_inventory, tmp_path):
+    code, out, err = clusterctl("provision", "-i", str(virtual_inventory), "--plan", "--batches", "1,50%",
+                                "--run-dir", str(tmp_path / "run"), columns=160)
+    assert code == 0, err
+    lines = [line.rstrip() for line in out.splitlines()]
+    assert lines[1:7] == [
+        "play 1: Start the Consul servers together, all at once", "  roles: consul_agent",
+        "play 2: Provision GPU inference nodes, batches 1,50%",
+        "  roles: cpu_cstates -> numa_tuning -> nvidia_stack -> rdma_network -> chrony -> inference_unit -> "
+        "consul_agent -> eas_agent",
+        "play 3: Reboot the Consul servers one at a time, one host at a time", "  roles: (tasks only)"]
+    assert not (tmp_path / "run").exists()
