@@ -174,7 +174,9 @@ class Demo:
     # -- 2. provisioning --------------------------------------------------------------------------
     def provision(self) -> None:
         # A canary host first, then the rest: the default 1,10%,50%,100% adds batches that 4 nodes don't need.
-        self.step("2/6 clusterctl provision (site.yml for real: a canary batch of 1, then 100%)")
+        # (Before them, the Consul server's own play; after them, the servers' one-at-a-time reboots.)
+        self.step("2/6 clusterctl provision (site.yml for real: the Consul server first, a canary batch of 1, "
+                  "then 100%)")
         self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%",
                         "--run-dir", str(self.workdir / "runs"),
                         expect=(0,), what="provisioning")
