@@ -149,7 +149,7 @@ def servers(tmp_path):
                            # the URL the role's first task sets from the cluster model (consul_scheme)
                            "_consul_agent_url": f"http://{leaders.address(host)}"}
         inventory = tmp_path / "hosts.json"
-        inventory.write_text(json.dumps({"all": {"hosts": hosts, "vars": {
+        inventory.write_text(json.dumps({"all": {"children": {"consul_servers": {"hosts": hosts}}, "vars": {
             "clusterctl_render_only": False, "consul_agent_server": True, "consul_agent_acl_enabled": True,
             "consul_agent_acl_management_token": MANAGEMENT,
             "consul_agent_restart_timeout_s": timeout_s}}}))
@@ -183,7 +183,11 @@ def test_servers_restart_one_at_a_time_each_after_the_last_found_a_leader(server
 def test_a_server_without_a_leader_stops_the_run_before_the_next_is_restarted(servers):
     done, leaders = servers(never_rejoins="srv2", timeout_s=3)
     assert done.returncode != 0
-    assert "consul.service restarted but no leader known within 3s" in done.stdout, done.stdout[-3000:]
+    out = " ".join(done.stdout.split())
+    assert "consul.service restarted but no leader known within 3s" in out, done.stdout[-3000:]
+    # ... and says what a new cluster needs (the three servers of this inventory's consul_servers)
+    assert ("a new cluster elects its first leader only once all 3 servers (bootstrap_expect) run: is every host "
+            "of consul_servers in this run, and up?") in out
     assert ("not restarting consul.service: the other Consul servers are not all healthy, a restart now could "
             "take the quorum down (unhealthy servers: srv2") in " ".join(done.stdout.split()), done.stdout[-3000:]
     restarted = {h for h in SERVERS if leaders.restarted_at(h) is not None}

@@ -45,6 +45,11 @@ options:
     description: ACL token with operator:read for the health read (sent as X-Consul-Token, never logged).
     type: str
     default: ""
+  bootstrap_expect:
+    description: The servers a new cluster waits for before it elects its first leader (consul.hcl's
+      bootstrap_expect); named in the failure when no leader comes, 0 to leave it out.
+    type: int
+    default: 0
 author: clusterctl maintainers
 """
 
@@ -64,6 +69,7 @@ def main() -> None:
             "servers_healthy": {"type": "bool", "default": False},
             "node_name": {"type": "str", "default": ""},
             "token": {"type": "str", "default": "", "no_log": True},
+            "bootstrap_expect": {"type": "int", "default": 0},
         },
         supports_check_mode=True,
     )
@@ -80,7 +86,10 @@ def main() -> None:
         module.fail_json(msg=f"systemctl restart {p['unit']} failed: {err.strip()[-500:]}")
     ok, detail = wait_leader(p["url"], p["token"], p["timeout"], p["servers_healthy"])
     if not ok:
-        module.fail_json(msg=f"{p['unit']} restarted but {detail}")
+        expect = p["bootstrap_expect"]
+        hint = (f"; a new cluster elects its first leader only once all {expect} servers (bootstrap_expect) run: "
+                "is every host of consul_servers in this run, and up?") if expect > 1 and "no leader" in detail else ""
+        module.fail_json(msg=f"{p['unit']} restarted but {detail}{hint}")
     module.exit_json(changed=True, leader=detail)
 
 
