@@ -138,14 +138,19 @@ HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
 )
 
 
-def check_duplicate_addresses(hosts: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
+def _shared(hosts: Mapping[str, Mapping[str, Any]], key: Callable[[str, Mapping[str, Any]], str | None]) -> dict[str, list[str]]:
+    """``key(host, hostvars)`` -> the hosts that share it, for the keys two or more hosts share (None: no key)."""
     owners: dict[str, list[str]] = {}
     for name, hv in hosts.items():
-        owners.setdefault(str(hv.get("ansible_host") or name), []).append(name)
+        if (value := key(name, hv)) is not None:
+            owners.setdefault(value, []).append(name)
+    return {value: names for value, names in owners.items() if len(names) > 1}
+
+
+def check_duplicate_addresses(hosts: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
     return [
         Problem(host, "ansible_host", address, f"address also used by {', '.join(h for h in names if h != host)}")
-        for address, names in owners.items()
-        if len(names) > 1
+        for address, names in _shared(hosts, lambda name, hv: str(hv.get("ansible_host") or name)).items()
         for host in names
     ]
 
@@ -174,17 +179,12 @@ def _secret_identity(value: Any) -> str | None:
 def check_shared_node_tokens(hosts: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
     problems: list[Problem] = []
     for variable in NODE_TOKENS:
-        owners: dict[str, list[str]] = {}
-        for name, hv in hosts.items():
-            if (identity := _secret_identity(hv.get(variable))) is not None:
-                owners.setdefault(identity, []).append(name)
-        for names in owners.values():
-            if len(names) > 1:
-                shown = ", ".join(names[:4]) + (f", ... (+{len(names) - 4})" if len(names) > 4 else "")
-                problems += [Problem(host, variable, None, (
-                    f"the same token on {len(names)} hosts ({shown}): Consul links it to one node's policy, so "
-                    "each node's run re-links it and the other nodes' agents are refused (403); give each node "
-                    "its own (host_vars, ansible-vault)")) for host in names]
+        for names in _shared(hosts, lambda _, hv, v=variable: _secret_identity(hv.get(v))).values():
+            shown = ", ".join(names[:4]) + (f", ... (+{len(names) - 4})" if len(names) > 4 else "")
+            problems += [Problem(host, variable, None, (
+                f"the same token on {len(names)} hosts ({shown}): Consul links it to one node's policy, so "
+                "each node's run re-links it and the other nodes' agents are refused (403); give each node "
+                "its own (host_vars, ansible-vault)")) for host in names]
     return problems
 
 

@@ -217,18 +217,21 @@ def _parse_scrape(text: str, offset: int) -> VllmMetrics:
     if all(line.startswith("#") for line in kept):
         return _parse_checked_whole(text.split("\n")[:-1], offset)
     samples = _fast_samples(kept)
+
+    def line_numbers() -> list[int]:  # worked out only when needed: the common case never does
+        return [offset + padded.count("\n", 0, m.start() + 1) for m in found]
+
     numbers: list[int] = []
     if samples is None:  # some kept line is outside the common shape: prometheus_client decides
-        numbers = [offset + padded.count("\n", 0, m.start() + 1) for m in found]
+        numbers = line_numbers()
         for line, number, match in zip(kept, numbers, found, strict=True):
             if not line.startswith("#") and _SAMPLE_LINE.match(line) is None:
                 raise MetricsParseError(number, match.group()[1:], "not a Prometheus sample line")
         samples = _library_samples(kept, numbers)
     try:
         return _fold(samples)
-    except MetricsParseError as exc:  # the line numbers only now: the common case never needs them
-        numbers = numbers or [offset + padded.count("\n", 0, m.start() + 1) for m in found]
-        raise _with_line(exc, kept, numbers) from None
+    except MetricsParseError as exc:
+        raise _with_line(exc, kept, numbers or line_numbers()) from None
 
 
 def _parse_checked_whole(lines: list[str], offset: int) -> VllmMetrics:

@@ -282,16 +282,16 @@ def plan_view(plan: Plan) -> Group:
     table.add_column("members")
     for index, batch in enumerate(plan.batches):
         members = ", ".join(batch) if len(batch) <= 12 else ", ".join(batch[:12]) + f", ... (+{len(batch) - 12})"
-        play = next((n for n, p in enumerate(plan.plays, 1) if index in p.batches), 0)
-        table.add_row(str(index + 1), str(play or "-"), str(len(batch)), Text(members))
+        play = plan.play_of(index)
+        table.add_row(str(index + 1), str(plan.plays.index(play) + 1) if play else "-", str(len(batch)), Text(members))
     warnings = [Text.assemble(("warning:", "yellow"), " ", w) for w in plan.warnings]
     return Group(header, *plays, table, *warnings)
 
 
 def _serial(sizes: tuple[int | str, ...]) -> str:
-    if tuple(sizes) in (("100%",), ()):
+    if sizes in (("100%",), ()):
         return "all at once"
-    return "one host at a time" if tuple(sizes) == (1,) else "batches " + ",".join(map(str, sizes))
+    return "one host at a time" if sizes == (1,) else "batches " + ",".join(map(str, sizes))
 
 
 def _batch(index: int | None) -> str:
