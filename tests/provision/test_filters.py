@@ -132,8 +132,15 @@ def test_the_ius_a_change_touches():
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
     ius = [{"index": 0, "id": "n-iu0"}, {"index": 1, "id": "n-iu1"}]
-    changed = plugin.inference_units_changed
-    assert changed(ius, ["/etc/vllm-iu/1.env"], "/etc/vllm-iu") == [ius[1]]
-    assert changed(ius, ["/etc/systemd/system/vllm-iu@0.service.d/10-numa.conf"], "/etc/vllm-iu") == [ius[0]]
-    assert changed(ius, ["/etc/systemd/system/vllm-iu@.service"], "/etc/vllm-iu") == ius  # the template: all
-    assert changed(ius, ["/etc/chrony/chrony.conf"], "/etc/vllm-iu") == [] == changed(ius, None, "/etc/vllm-iu")
+
+    def changed(*paths: str) -> list:
+        """The filter given two registered config_files results, as the role's tasks register them."""
+        written = [{"changed": bool(paths), "changes": [{"path": p, "action": "updated"} for p in paths]},
+                   {"skipped": True}]  # e.g. a result without changes
+        return plugin.inference_units_changed(ius, written, "/etc/vllm-iu")
+
+    assert changed("/etc/vllm-iu/1.env") == [ius[1]]
+    assert changed("/etc/systemd/system/vllm-iu@0.service.d/10-numa.conf") == [ius[0]]
+    assert changed("/etc/systemd/system/vllm-iu@.service") == ius  # the template: all
+    assert changed("/etc/chrony/chrony.conf") == [] == changed()
+    assert plugin.inference_units_changed(ius, None, "/etc/vllm-iu") == []
