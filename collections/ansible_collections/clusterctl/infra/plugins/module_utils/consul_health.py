@@ -1,7 +1,8 @@
 # Part of clusterctl. Apache-2.0.
 """What the Consul modules (consul_restart, consul_servers_healthy) read of a cluster's health, and the two
 bounded waits they share: until every OTHER server is healthy (before taking this one down), and until
-this agent knows a leader (and, for servers, every server is healthy) after it came back."""
+this agent knows a leader (and, for servers, every server is healthy) after it came back; and the options
+both modules read a server's health with (documented once: doc_fragments/consul_health.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ import json
 import time
 import urllib.error
 import urllib.request
+
+# Both modules' options for reading a server's health; each adds its own (timeout's default differs).
+HEALTH_ARGUMENT_SPEC = {
+    "url": {"type": "str", "required": True},
+    "node_name": {"type": "str", "default": ""},
+    "token": {"type": "str", "default": "", "no_log": True},
+}
 
 
 def _get(url: str, path: str, token: str = "") -> object:
@@ -60,6 +68,17 @@ def wait_others_healthy(url: str, token: str, me: str, timeout: float) -> tuple[
         if state == "denied" or time.monotonic() >= deadline:
             return state, why
         time.sleep(1)
+
+
+def fail_unless_others_healthy(module, refusal: str, going_down: str) -> None:
+    """Wait (the module's url, token, node_name and timeout) until every other server is healthy, and fail
+    the module otherwise: "<refusal>: the other Consul servers are not all healthy, <going_down> now could
+    take the quorum down (<why>)". ``module`` is an AnsibleModule with HEALTH_ARGUMENT_SPEC and timeout."""
+    p = module.params
+    state, why = wait_others_healthy(p["url"], p["token"], p["node_name"], p["timeout"])
+    if state not in ("healthy", "down"):
+        module.fail_json(msg=f"{refusal}: the other Consul servers are not all healthy, {going_down} now could "
+                             f"take the quorum down ({why})")
 
 
 def wait_leader(url: str, token: str, timeout: float, servers_healthy: bool) -> tuple[bool, str]:

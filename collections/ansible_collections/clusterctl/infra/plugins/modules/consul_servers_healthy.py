@@ -9,62 +9,50 @@ DOCUMENTATION = r"""
 module: consul_servers_healthy
 short_description: Wait until the other Consul servers (or all of them, with a leader) are healthy
 description:
-  - With I(others) (before taking this server down, e.g. a reboot), waits up to I(timeout) until autopilot's
+  - >-
+    With I(others) (before taking this server down, e.g. a reboot), waits up to I(timeout) until autopilot's
     health (C(/v1/operator/autopilot/health), operator:read) reports every server but I(node_name) healthy,
     and fails when that does not happen (or the token is refused): going down now could take the quorum
     down. An agent that does not answer passes (it is down already; its going down cannot cost more).
-  - Without I(others) (after the server came back), waits until the agent names a leader and every server
+  - >-
+    Without I(others) (after the server came back), waits until the agent names a leader and every server
     is healthy, and fails naming the last answer when not within I(timeout).
-  - Changes nothing (changed is always false).
+  - >-
+    Changes nothing (changed is always false).
 options:
-  url:
-    description: The agent's HTTP API base URL.
-    type: str
-    required: true
   others:
     description: Wait for the servers other than I(node_name) (true) or for a leader and every server (false).
     type: bool
     default: false
-  node_name:
-    description: This agent's node name (autopilot's server Name).
-    type: str
-    default: ""
   timeout:
     description: Seconds to wait.
     type: int
     default: 300
-  token:
-    description: ACL token with operator:read (sent as X-Consul-Token, never logged).
-    type: str
-    default: ""
+extends_documentation_fragment: [clusterctl.infra.consul_health]
 author: clusterctl maintainers
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.clusterctl.infra.plugins.module_utils.consul_health import (  # noqa: E402
+    HEALTH_ARGUMENT_SPEC,
+    fail_unless_others_healthy,
     wait_leader,
-    wait_others_healthy,
 )
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "url": {"type": "str", "required": True},
+            **HEALTH_ARGUMENT_SPEC,
             "others": {"type": "bool", "default": False},
-            "node_name": {"type": "str", "default": ""},
             "timeout": {"type": "int", "default": 300},
-            "token": {"type": "str", "default": "", "no_log": True},
         },
         supports_check_mode=True,
     )
     p = module.params
     if p["others"]:
-        state, why = wait_others_healthy(p["url"], p["token"], p["node_name"], p["timeout"])
-        if state not in ("healthy", "down"):
-            module.fail_json(msg=f"{p['node_name']} stays up: the other Consul servers are not all healthy, "
-                                 f"taking it down now could take the quorum down ({why})")
-        module.exit_json(changed=False, agent=state)
+        fail_unless_others_healthy(module, f"{p['node_name']} stays up", "taking it down")
+        module.exit_json(changed=False)
     ok, detail = wait_leader(p["url"], p["token"], p["timeout"], True)
     if not ok:
         module.fail_json(msg=f"{p['node_name'] or p['url']}: {detail}")
