@@ -159,7 +159,7 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
     if not text.strip():
         raise MetricsParseError(None, "", "empty scrape")
     if text.endswith("\n"):
-        help_names = _HELP_NAME.findall(text)
+        help_names = _help_names(text)
         if len(set(help_names)) == len(help_names):  # one complete scrape: the agent's every cycle
             return _parse_scrape(text, 0)
     lines = text.split("\n")
@@ -206,7 +206,18 @@ _READ_LINE = re.compile(
     rf"\n{_BLANKS}*+(?:{_alternatives(WANTED_SAMPLES)}(?![a-zA-Z0-9_:])"
     rf"|#\S*+{_BLANKS}++(?:HELP|TYPE){_BLANKS}++{_alternatives(WANTED)}(?!\S))[^\n]*+"
 )
-_HELP_NAME = re.compile(r"^# HELP ([^ \n]*)", re.MULTILINE)  # split_scrapes' rule: the name ends at a space
+# split_scrapes' rule: the name ends at a space. Searched after a newline rather than at ^ with re.MULTILINE: the
+# literal prefix lets the engine skip ahead, 8x faster on a 28 kB scrape (~190 -> ~24 us), as costly as the
+# parse itself before, at every cycle of every IU.
+_HELP_NAME = re.compile(r"\n# HELP ([^ \n]*)")
+
+
+def _help_names(text: str) -> list[str]:
+    """The name of every ``# HELP`` line, in order."""
+    names = _HELP_NAME.findall(text)
+    if text.startswith("# HELP "):
+        names.insert(0, text[7:].split("\n", 1)[0].split(" ", 1)[0])
+    return names
 
 
 def _parse_scrape(text: str, offset: int) -> VllmMetrics:

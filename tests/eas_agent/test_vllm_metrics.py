@@ -295,3 +295,13 @@ def test_a_scrape_with_the_families_read_is_not_walked_line_by_line(monkeypatch)
     monkeypatch.setattr(vllm_metrics, "_parse_checked_whole", lambda *a: pytest.fail("walked every line"))
     for name in ("v1_single_engine.txt", "v1_two_engines.txt", "v0_single_model.txt", "v1_two_scrapes_appended.txt"):
         parse(name)
+
+
+@pytest.mark.parametrize("text", [
+    *(p.read_text() for p in sorted(FIXTURES.glob("*.txt"))),
+    "# HELP a x\n# HELP b y\n", "# HELP \n# HELP  b\n", "#  HELP a\n # HELP b\nx # HELP c\n", "# HELP a\r\n# HELP b\n",
+    "\n\n# HELP a\n", "# HELP", "", "# HELP a b c\n# HELP a\n",
+])
+def test_help_names_are_those_of_every_help_line_at_a_line_start(text):
+    """The one-scrape test's names: the newline-prefixed search reads what ^ with re.MULTILINE read."""
+    assert vllm_metrics._help_names(text) == re.findall(r"^# HELP ([^ \n]*)", text, re.MULTILINE)
