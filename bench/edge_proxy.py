@@ -180,7 +180,7 @@ def _overhead(rates: list[float], duration: float, rounds: int, consul, loops: l
     body = ScoreBody(node="bench", rack="r1", ts=time.time(), heartbeat_s=3600.0, ius={
         layout.iu_id("bench", k): IUScore(score=0.01, status="passing", components={"prefill_tps": 12000.0})
         for k in range(len(ports))})
-    io.kv_cas_put(layout.score_key(layout.DEFAULT_DATACENTER, "bench"), body.dumps(), 0)
+    io.kv_cas_write(layout.score_key(layout.DEFAULT_DATACENTER, "bench"), body.dumps(), 0)
     paths = {"direct": [f"http://127.0.0.1:{p}/v1/completions" for p in ports]}
     processes: dict[str, subprocess.Popen] = {}  # path -> the proxy process whose CPU is measured
     try:

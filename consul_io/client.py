@@ -23,6 +23,7 @@ passes is an error, never a silent downgrade to plain HTTP. The inventory has no
 
 from __future__ import annotations
 
+import base64
 import json
 import stat
 from pathlib import Path
@@ -178,8 +179,30 @@ class ConsulIO:
     def kv_put(self, key: str, value: str) -> bool:
         return bool(self._call(f"PUT kv/{key}", self.client.kv.put, key, value))
 
-    def kv_cas_put(self, key: str, value: str, cas: int) -> bool:
-        return bool(self._call(f"PUT kv/{key}", self.client.kv.put, key, value, cas=cas))
+    def kv_cas_write(self, key: str, value: str, cas: int) -> int | None:
+        """Check-and-set ``key`` (``cas`` 0: create only) in one transaction: the entry's ModifyIndex after the
+        write, which the next check-and-set needs, or None when ``cas`` was stale (another writer). A
+        ``PUT kv/`` answers only true or false, so the index took a second request (a GET the servers answer).
+        Consul answers a transaction's failed operations with 409 and says why per operation: a stale index is
+        "failed to set key ..., index is stale", anything else (an ACL denial) is raised with Consul's words.
+        py-consul's Txn.put sends no token, hence the request made here."""
+        what = f"PUT txn (cas kv/{key})"
+        ops = [{"KV": {"Verb": "cas", "Key": key, "Value": base64.b64encode(value.encode()).decode(), "Index": cas}}]
+        code, text = self._call(what, self.client.http.put, lambda response: (response.code, response.body),
+                                "/v1/txn", data=json.dumps(ops), headers=self.client.prepare_headers(self.token),
+                                with_token=False)
+        try:
+            answer = json.loads(text) if code in (200, 409) else None
+            if code == 200:
+                return int(answer["Results"][0]["KV"]["ModifyIndex"])
+            if code == 409:
+                whats = [str(error.get("What", "")) for error in answer["Errors"]]
+                if whats and all(w.endswith("index is stale") for w in whats):
+                    return None
+                raise ConsulUnavailable(f"{what}: refused: {'; '.join(whats)[:160]}")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise ConsulUnavailable(f"{what}: unexpected answer {code}: {str(text)[:160]!r}") from None
+        raise ConsulUnavailable(f"{what}: {code} {str(text).strip()[:160]}")
 
     def kv_get_json(self, key: str) -> dict | None:
         _, entry = self._call(f"GET kv/{key}", self.client.kv.get, key)

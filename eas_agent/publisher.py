@@ -53,7 +53,7 @@ def _finite_or_none(value):
 class ScoreStore(Protocol):
     def kv_read(self, key: str) -> tuple[int, str | None]: ...
 
-    def kv_cas_put(self, key: str, value: str, cas: int) -> bool: ...
+    def kv_cas_write(self, key: str, value: str, cas: int) -> int | None: ...
 
     def register_ttl_check(self, iu_id: str, ttl_s: float) -> None: ...
 
@@ -295,7 +295,8 @@ class Publisher:
             if self.modify_index is None:
                 self._sync_from_store()
             body = self.body(now, results, levels, seq=self.seq + 1)
-            if self.store.kv_cas_put(self.key, body.dumps(), self.modify_index):
+            written = self.store.kv_cas_write(self.key, body.dumps(), self.modify_index)
+            if written is not None:
                 break
             # Someone else wrote the key (an earlier run, a duplicate agent): re-read, retry once.
             self.stats.cas_conflicts += 1
@@ -310,8 +311,7 @@ class Publisher:
             self.published[iu].level, self.published[iu].status = levels[iu], result.status
             self.published[iu].score = result.score
             self.levels[iu] = levels[iu]
-        self.modify_index = None  # if this read fails, the next write re-reads before its CAS
-        self.modify_index = self.store.kv_read(self.key)[0]
+        self.modify_index = written  # the next CAS's index: no read after a write
 
     def _sync_from_store(self) -> None:
         """Index for the CAS, and the sequence number to continue from: a write that reached Consul while its

@@ -28,15 +28,15 @@ class MemoryStore:
         self._up()
         return self.kv.get(key, (0, None))
 
-    def kv_cas_put(self, key: str, value: str, cas: int) -> bool:
+    def kv_cas_write(self, key: str, value: str, cas: int) -> int | None:
         self._up()
         current = self.kv[key][0] if key in self.kv else 0
         if cas != current:
-            return False
+            return None
         self.index += 1
         self.kv[key] = (self.index, value)
         self.writes += 1
-        return True
+        return self.index
 
     def register_ttl_check(self, iu_id: str, ttl_s: float) -> None:
         self._up()

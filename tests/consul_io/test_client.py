@@ -231,3 +231,52 @@ def test_a_ca_bundle_in_the_environment_is_used_when_no_ca_file_is_given(monkeyp
     assert ConsulIO("127.0.0.1:8500", scheme="https", ca_file="/etc/consul/ca.pem").client.http.verify == (
         "/etc/consul/ca.pem"
     )
+
+
+def test_a_check_and_set_is_one_transaction_that_answers_the_next_index():
+    """kv_cas_write: the index it answers is the entry's ModifyIndex (what the next check-and-set needs, so the
+    publisher reads nothing after a write); a stale index is None and writes nothing; an ACL denial is raised
+    with Consul's words. Runs against a real Consul too when CONSUL_HTTP_ADDR is set (no ACLs there)."""
+    import os
+
+    from devconsul.server import DevConsulServer
+
+    with DevConsulServer(addr="127.0.0.1:0", node_name="n1", acl_token="the-token") as server:
+        address, token = (os.environ["CONSUL_HTTP_ADDR"], os.environ.get("CONSUL_HTTP_TOKEN")) if os.environ.get(
+            "CONSUL_HTTP_ADDR") else (server.address, "the-token")
+        io = ConsulIO(address, token=token)
+        key = f"clusterctl/test-cas/{time.time_ns()}"
+        first = io.kv_cas_write(key, '{"seq": 1}', 0)
+        assert first is not None and io.kv_read(key) == (first, '{"seq": 1}')
+        assert io.kv_cas_write(key, '{"seq": 9}', 0) is None  # create-only, and it exists
+        second = io.kv_cas_write(key, '{"seq": 2}', first)
+        assert second is not None and second > first and io.kv_read(key) == (second, '{"seq": 2}')
+        assert io.kv_cas_write(key, '{"seq": 9}', first) is None and io.kv_read(key)[1] == '{"seq": 2}'
+        io.client.kv.delete(key, token=token)
+        if address == server.address:
+            with pytest.raises(ConsulUnavailable, match=r"PUT txn \(cas kv/k\): 403 ACL not found"):
+                ConsulIO(server.address, token="not-this-one").kv_cas_write("k", "{}", 0)
+            with pytest.raises(ConsulUnavailable, match=r"PUT txn \(cas kv/k\): refused: .*[Pp]ermission denied"):
+                ConsulIO(server.address).kv_cas_write("k", "{}", 0)  # anonymous: no key write
+
+
+class _TxnAnswer(_Slow):
+    answer: tuple[int, bytes] = (200, b"")
+
+    def do_PUT(self):  # noqa: N802
+        code, body = self.answer
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize("answer, message", [
+    ((200, b"<html>oops</html>"), r": unexpected answer 200: '<html>oops</html>'"),
+    ((200, b'{"Results": null, "Errors": null}'), r": unexpected answer 200: '\{\"Results\": null"),
+    ((409, b'{"Results": null, "Errors": "stale"}'), r": unexpected answer 409"),
+    ((503, b"rate limit exceeded"), r": 503 rate limit exceeded"),
+])
+def test_a_check_and_set_answer_that_is_not_consul_s_is_an_error_with_an_excerpt(serve, monkeypatch, answer, message):
+    monkeypatch.setattr(_TxnAnswer, "answer", answer)
+    with pytest.raises(ConsulUnavailable, match=r"PUT txn \(cas kv/k\)" + message):
+        ConsulIO(serve(_TxnAnswer)).kv_cas_write("k", "{}", 0)

@@ -35,7 +35,7 @@ def test_publishing_with_token_and_refused_without(acl_consul, monkeypatch):
     )
     anonymous = ConsulIO(acl_consul)
     with pytest.raises(ConsulUnavailable):
-        anonymous.kv_cas_put("clusterctl/eas/dc1/n1", "{}", 0)
+        anonymous.kv_cas_write("clusterctl/eas/dc1/n1", "{}", 0)
     wrong = Publisher(
         ConsulIO(acl_consul, token="not-the-token"),
         key="clusterctl/eas/dc1/n1",

@@ -81,7 +81,7 @@ class Pool:
     def publish_kv(self, node: str, scores: dict, **kwargs) -> None:
         key = f"clusterctl/eas/dc1/{node}"
         index, _ = self.io.kv_read(key)
-        assert self.io.kv_cas_put(key, json.dumps(body_of(node, scores, **kwargs)), index)
+        assert self.io.kv_cas_write(key, json.dumps(body_of(node, scores, **kwargs)), index) is not None
 
     def push(self, node: str, scores: dict, **kwargs) -> None:
         self.agents[node].set_scores(typed(body_of(node, scores, **kwargs)))

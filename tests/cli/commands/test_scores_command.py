@@ -44,7 +44,7 @@ def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
             },
         },
     }
-    assert io.kv_cas_put("clusterctl/eas/dc1/r01n01", json.dumps(body), 0)
+    assert io.kv_cas_write("clusterctl/eas/dc1/r01n01", json.dumps(body), 0) is not None
     code, out, err = run_cli(capsys, "scores", "--consul", consul_addr, "--json")
     assert code == 0, err
     rows = {r["iu"]: r for r in json.loads(out)}
@@ -90,7 +90,7 @@ def test_scores_reads_an_acl_consul_with_a_0600_token_file(capsys, tmp_path, mon
         register_iu_service(io, IUService("r01n01-iu0", "r01n01", "r01", "127.0.0.1", 8000, (0,), 0),
                             http_check=False)
         body = ScoreBody(node="r01n01", rack="r01", ts=time.time(), ius={"r01n01-iu0": IUScore(0.2, "passing")})
-        assert io.kv_cas_put("clusterctl/eas/dc1/r01n01", body.dumps(), 0)
+        assert io.kv_cas_write("clusterctl/eas/dc1/r01n01", body.dumps(), 0) is not None
         code, out, err = run_cli(capsys, "scores", "--consul", server.address, "--token-file", str(token), "--json")
         assert code == 0, err
         assert [(r["iu"], r["score"]) for r in json.loads(out)] == [("r01n01-iu0", 0.2)]
