@@ -114,6 +114,15 @@ def test_a_source_without_a_valid_sha256_is_never_built(tmp_path, sha256, shown)
     assert not (tmp_path / "opt").exists()
 
 
+def test_a_relative_controller_path_is_refused(tmp_path):
+    """copy would look in the role's files/ for it, stat in the working directory: not the same file."""
+    done = run_role(tmp_path, "files/nccl-tests.tar.gz", "a" * 64)
+    assert done.returncode != 0
+    assert ("nvidia_stack_nccl_tests_src is files/nccl-tests.tar.gz: a tarball on the controller is named by its "
+            "absolute path") in flat(done), done.stdout[-3000:]
+    assert not (tmp_path / "opt").exists()
+
+
 def test_a_missing_controller_tarball_is_named(tmp_path):
     done = run_role(tmp_path, str(tmp_path / "absent.tar.gz"), "a" * 64)
     assert done.returncode != 0
