@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.provision.helpers import ansible_playbook
+
 REPO = Path(__file__).resolve().parents[2]
 BINARIES = ("all_reduce_perf", "all_gather_perf", "reduce_scatter_perf")
 
@@ -58,11 +60,9 @@ def run_role(tmp_path: Path, src: str, sha256: str, check: bool = False) -> subp
         "nvidia_stack_nccl_tests_dir": str(tmp_path / "opt"), "nvidia_stack_nccl_tests_bin_dir": str(tmp_path / "bin"),
         "nvidia_stack_nccl_tests_build_packages": [], "nvidia_stack_cuda_home": "/usr/local/cuda-12.4",
     }))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     (tmp_path / "bin").mkdir(exist_ok=True)
-    return subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
-                           str(play), "-e", f"@{tmp_path / 'extra.json'}", *(["--check"] if check else [])],
-                          capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    return ansible_playbook(Path("localhost,"), "-c", "local", str(play), "-e", f"@{tmp_path / 'extra.json'}",
+                            *(["--check"] if check else []))
 
 
 def recap(done: subprocess.CompletedProcess) -> dict[str, int]:
