@@ -13,4 +13,4 @@ for pb in "${playbooks[@]}"; do
   ansible-playbook --syntax-check -i inventory/virtual "$pb" >/dev/null
 done
 echo "syntax-check: ${#playbooks[@]} playbooks OK"
-ansible-lint --offline --profile production -q playbooks roles
+ansible-lint --offline --profile production -q .

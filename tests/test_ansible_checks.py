@@ -1,5 +1,5 @@
-"""tests/ansible_checks.sh (every playbook's syntax-check, ansible-lint's production profile over playbooks and
-roles) as a test: ~50 s of CPU that runs beside the machine tests on the other xdist worker, not before them."""
+"""tests/ansible_checks.sh (every playbook's syntax-check, ansible-lint's production profile over the whole
+repository) as a test: ~50 s of CPU that runs beside the machine tests on the other xdist worker, not before them."""
 
 from __future__ import annotations
 

@@ -80,10 +80,19 @@ SOURCES_HEADER = """\
 """
 
 
+class _LintCleanDumper(yaml.SafeDumper):
+    """Sequences indented under their key, as ansible-lint's yaml rule (yamllint) wants them in an inventory."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        return super().increase_indent(flow, False)
+
+
 def sources_yaml() -> str:
     from sim.hosts import repos
 
-    return SOURCES_HEADER + yaml.safe_dump(repos.inventory_values(), sort_keys=False, width=1000)
+    # width: PyYAML breaks at the first space past it, keeping lines within ansible-lint's 160; a long value is
+    # folded at its spaces, which YAML reads back as the same single spaces
+    return SOURCES_HEADER + yaml.dump(repos.inventory_values(), Dumper=_LintCleanDumper, sort_keys=False, width=100)
 
 
 @dataclass(frozen=True)
