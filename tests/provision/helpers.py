@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,3 +125,36 @@ def write_inventory(inventory: Path) -> None:
     # already derive the others'.
     with (host_vars / "r01n01.yml").open("a") as f:
         f.write("# The agent's Consul ACL token, vault-encrypted.\n" + encrypted)
+    # One host builds nccl-tests (nvidia_stack's pinned-tarball path, over SSH like the rest): the stand-in
+    # source on the controller; make is the one build tool the stand-in needs (a real site: build-essential).
+    # Its links go beside the build, not into /usr/local/bin, where the machines' simulated all_reduce_perf
+    # answers preflight.
+    tarball = inventory.parent / "nccl-tests-2.13.11.tar.gz"
+    sha256 = nccl_tests_source(tarball, "2.13.11")
+    with (host_vars / "r02n01.yml").open("a") as f:
+        f.write(f"nvidia_stack_nccl_tests_src: {tarball}\nnvidia_stack_nccl_tests_sha256: {sha256}\n"
+                f"nvidia_stack_nccl_tests_build_packages: [make]\nnvidia_stack_nccl_tests_bin_dir: {NCCL_TESTS_BIN}\n")
+
+
+NCCL_TESTS_BIN = "/opt/nccl-tests/bin"  # r02n01's nvidia_stack_nccl_tests_bin_dir (write_inventory)
+NCCL_TESTS_MAKEFILE = """BUILDDIR ?= build
+all:
+\tmkdir -p $(BUILDDIR)
+\tfor t in all_reduce_perf all_gather_perf reduce_scatter_perf; do \\
+\t  printf '#!/bin/sh\\necho "%s from VERSION built with CUDA_HOME=$(CUDA_HOME) MPI=$(MPI)"\\n' $$t > $(BUILDDIR)/$$t; \\
+\t  chmod 0755 $(BUILDDIR)/$$t; done
+"""
+
+
+def nccl_tests_source(path: Path, version: str) -> str:
+    """A stand-in nccl-tests source tarball laid out as GitHub's (one top directory), its sha256 returned: its
+    Makefile takes nccl-tests' own arguments (BUILDDIR, CUDA_HOME, MPI) and writes the three binaries preflight
+    knows, each printing which source built it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = NCCL_TESTS_MAKEFILE.replace("VERSION", version).encode()
+        info = tarfile.TarInfo(f"nccl-tests-{version}/Makefile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+    return hashlib.sha256(buf.getvalue()).hexdigest()

@@ -1,51 +1,29 @@
 """nvidia_stack's nccl-tests path (roles/nvidia_stack/tasks/nccl_tests.yml) run unchanged on this host with
 connection local, everything under a temporary directory: a tarball is pinned by its sha256 (security review,
 supply chain: it used to be unpacked unverified), each source builds in a directory of its own, and the
-binaries preflight runs from PATH (`all_reduce_perf`) are linked there. The stand-in source's Makefile takes
-nccl-tests' own arguments (BUILDDIR, CUDA_HOME, MPI) and writes the three binaries; nvcc cannot run here."""
+binaries preflight runs from PATH (`all_reduce_perf`) are linked there. The stand-in source
+(helpers.nccl_tests_source) builds with make alone; nvcc cannot run here. The same path runs over SSH on a
+machine inside site.yml (test_site_virtual.py: r02n01's host_vars)."""
 
 from __future__ import annotations
 
 import hashlib
 import http.server
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-import tarfile
 import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.provision.helpers import ansible_playbook
+from tests.provision.helpers import ansible_playbook, nccl_tests_source
 
 REPO = Path(__file__).resolve().parents[2]
 BINARIES = ("all_reduce_perf", "all_gather_perf", "reduce_scatter_perf")
-
-MAKEFILE = """BUILDDIR ?= build
-all:
-\tmkdir -p $(BUILDDIR)
-\tfor t in all_reduce_perf all_gather_perf reduce_scatter_perf; do \\
-\t  printf '#!/bin/sh\\necho "%s from VERSION built with CUDA_HOME=$(CUDA_HOME) MPI=$(MPI)"\\n' $$t > $(BUILDDIR)/$$t; \\
-\t  chmod 0755 $(BUILDDIR)/$$t; done
-"""
-
-
-def source_tarball(path: Path, version: str) -> str:
-    """A gzip tarball laid out as GitHub's (one top directory), returning its sha256."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        data = MAKEFILE.replace("VERSION", version).encode()
-        info = tarfile.TarInfo(f"nccl-tests-{version}/Makefile")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    path.write_bytes(buf.getvalue())
-    return hashlib.sha256(buf.getvalue()).hexdigest()
-
 
 def run_role(tmp_path: Path, src: str, sha256: str, check: bool = False) -> subprocess.CompletedProcess:
     play = tmp_path / "play.yml"
@@ -60,7 +38,6 @@ def run_role(tmp_path: Path, src: str, sha256: str, check: bool = False) -> subp
         "nvidia_stack_nccl_tests_dir": str(tmp_path / "opt"), "nvidia_stack_nccl_tests_bin_dir": str(tmp_path / "bin"),
         "nvidia_stack_nccl_tests_build_packages": [], "nvidia_stack_cuda_home": "/usr/local/cuda-12.4",
     }))
-    (tmp_path / "bin").mkdir(exist_ok=True)
     return ansible_playbook(Path("localhost,"), "-c", "local", str(play), "-e", f"@{tmp_path / 'extra.json'}",
                             *(["--check"] if check else []))
 
@@ -75,7 +52,7 @@ def flat(done: subprocess.CompletedProcess) -> str:
 
 
 def test_a_pinned_tarball_is_built_linked_on_path_and_rerun_changes_nothing(tmp_path):
-    sha = source_tarball(tmp_path / "nccl-tests-2.13.11.tar.gz", "2.13.11")
+    sha = nccl_tests_source(tmp_path / "nccl-tests-2.13.11.tar.gz", "2.13.11")
     done = run_role(tmp_path, str(tmp_path / "nccl-tests-2.13.11.tar.gz"), sha.upper())
     assert done.returncode == 0, done.stdout[-3000:]
     out = subprocess.run([str(tmp_path / "bin/all_reduce_perf")], capture_output=True, text=True, check=True).stdout
@@ -86,7 +63,7 @@ def test_a_pinned_tarball_is_built_linked_on_path_and_rerun_changes_nothing(tmp_
     assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
 
     # A new source is built beside the old one, then the links switch to it.
-    new = source_tarball(tmp_path / "nccl-tests-2.14.1.tar.gz", "2.14.1")
+    new = nccl_tests_source(tmp_path / "nccl-tests-2.14.1.tar.gz", "2.14.1")
     done = run_role(tmp_path, str(tmp_path / "nccl-tests-2.14.1.tar.gz"), new)
     assert done.returncode == 0, done.stdout[-3000:]
     out = subprocess.run([str(tmp_path / "bin/all_reduce_perf")], capture_output=True, text=True, check=True).stdout
@@ -95,18 +72,18 @@ def test_a_pinned_tarball_is_built_linked_on_path_and_rerun_changes_nothing(tmp_
 
 
 def test_a_controller_tarball_with_another_sha256_is_refused_before_it_reaches_the_host(tmp_path):
-    sha = source_tarball(tmp_path / "nccl-tests.tar.gz", "2.13.11")
+    sha = nccl_tests_source(tmp_path / "nccl-tests.tar.gz", "2.13.11")
     wrong = hashlib.sha256(b"something else").hexdigest()
     done = run_role(tmp_path, str(tmp_path / "nccl-tests.tar.gz"), wrong)
     assert done.returncode != 0
     assert (f"{tmp_path / 'nccl-tests.tar.gz'} on the controller has sha256 {sha}, not "
             f"nvidia_stack_nccl_tests_sha256 {wrong}: not copied") in flat(done), done.stdout[-3000:]
-    assert not (tmp_path / "opt").exists() and not any((tmp_path / "bin").iterdir())
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "bin").exists()
 
 
 @pytest.mark.parametrize("sha256, shown", [("", "empty"), ("abc123", '"abc123"'), ("g" * 64, '"' + "g" * 64 + '"')])
 def test_a_source_without_a_valid_sha256_is_never_built(tmp_path, sha256, shown):
-    source_tarball(tmp_path / "nccl-tests.tar.gz", "2.13.11")
+    nccl_tests_source(tmp_path / "nccl-tests.tar.gz", "2.13.11")
     done = run_role(tmp_path, str(tmp_path / "nccl-tests.tar.gz"), sha256)
     assert done.returncode != 0
     assert (f"nvidia_stack_nccl_tests_sha256 is {shown}: set it to the tarball's sha256 (64 hex digits, "
@@ -141,7 +118,7 @@ def served(tmp_path):
 
 
 def test_a_downloaded_tarball_is_kept_only_when_its_sha256_matches(tmp_path, served):
-    sha = source_tarball(tmp_path / "www/nccl-tests.tar.gz", "2.13.11")
+    sha = nccl_tests_source(tmp_path / "www/nccl-tests.tar.gz", "2.13.11")
     bad = run_role(tmp_path, f"{served}/nccl-tests.tar.gz", hashlib.sha256(b"other").hexdigest())
     assert bad.returncode != 0 and "did not match" in flat(bad), bad.stdout[-3000:]
     assert list((tmp_path / "opt").glob("*.tar.gz")) == [] and not list((tmp_path / "opt").glob("build*"))
@@ -154,7 +131,7 @@ def test_a_downloaded_tarball_is_kept_only_when_its_sha256_matches(tmp_path, ser
 
 
 def test_check_mode_on_a_fresh_host_reports_without_failing_or_writing(tmp_path):
-    sha = source_tarball(tmp_path / "nccl-tests.tar.gz", "2.13.11")
+    sha = nccl_tests_source(tmp_path / "nccl-tests.tar.gz", "2.13.11")
     done = run_role(tmp_path, str(tmp_path / "nccl-tests.tar.gz"), sha, check=True)
     assert done.returncode == 0, done.stdout[-3000:]
     assert recap(done)["changed"] > 0 and not (tmp_path / "opt").exists()

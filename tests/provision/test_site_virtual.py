@@ -21,7 +21,7 @@ from cluster import load_cluster
 from eas_agent.config import parse_config
 from sim.aptrepo.catalog import DRIVER_BRANCH, DRIVER_VERSIONS
 from tests.devconsul.contract import wait_until
-from tests.provision.helpers import TOKEN, ansible_playbook, clusterctl, stats_of
+from tests.provision.helpers import NCCL_TESTS_BIN, TOKEN, ansible_playbook, clusterctl, stats_of
 
 # The module's fixture provisions 3 simulated hosts three times (check, first run, rerun): ~3.5 CPU-minutes,
 # far more wall time when other work shares the 2 cores.
@@ -254,6 +254,17 @@ def test_nccl_conf(provisioned, host, name):
     assert roce_only <= set(settings) if host == ROCE_HOST else not roce_only & set(settings)
     # NCCL >= 2.21 picks the RoCEv2 GID itself; a fixed index breaks when IPv6 addresses shift the table.
     assert not any(line.startswith("NCCL_IB_GID_INDEX=") for line in settings)
+
+
+def test_nccl_tests_are_built_from_the_pinned_tarball_on_the_one_host_that_names_one(provisioned):
+    """r02n01's host_vars name a stand-in nccl-tests tarball and its sha256 (helpers.write_inventory): site.yml
+    copied it over SSH, built it with the make it installed, and linked the binaries into the host's bin dir;
+    the check-mode run before and the second run after changed nothing (the tests above)."""
+    done = provisioned.on_host("r02n01", f"{NCCL_TESTS_BIN}/all_reduce_perf")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "all_reduce_perf from 2.13.11 built with CUDA_HOME=/usr/local/cuda-12.4 MPI=0"
+    assert provisioned.on_host("r02n01", "readlink", "/opt/nccl-tests/build").stdout.strip().startswith("build-")
+    assert provisioned.on_host("r01n01", "test", "-e", "/opt/nccl-tests").returncode != 0
 
 
 def test_dcqcn_unit_only_on_roce_hosts(provisioned):
