@@ -15,7 +15,7 @@ from typing import Any
 
 from cluster import model, spec
 from cluster.spec import Problem
-from cluster.text import plural
+from common.text import plural
 
 BMC_VARS = ("bmc_address", "bmc_username", "bmc_password")
 
@@ -155,7 +155,7 @@ def check_duplicate_addresses(hosts: Mapping[str, Mapping[str, Any]]) -> list[Pr
     ]
 
 
-# Tokens Consul links to ONE node's policy (consul_agent's acl.yml, cluster.consul_acl.node_policies): node:write
+# Tokens Consul links to ONE node's policy (consul_agent's acl.yml, consul_io.acl.node_policies): node:write
 # for the Consul agent, that node's score keys for its eas-agent. Shared between nodes, each node's run
 # re-links the token to its own policy, and every other node's agent is refused (403).
 NODE_TOKENS = ("consul_agent_acl_agent_token", "eas_agent_consul_token")
@@ -166,7 +166,7 @@ def _secret_identity(value: Any) -> str | None:
     group_vars value every host inherits is one ciphertext; two encryptions of one secret differ and are not
     caught here), a plain value's text; None for unset or templated values (a template such as the virtual
     inventory's ``... inventory_hostname ... | to_uuid`` is per host by construction)."""
-    from cluster import vault  # the one module that knows Ansible's vault types
+    from cluster.ansible import vault  # the one module that knows Ansible's vault types
 
     if (sealed := vault.ciphertext(value)) is not None:  # first: comparing an EncryptedString decrypts it
         return "vault:" + sealed

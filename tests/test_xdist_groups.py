@@ -46,7 +46,7 @@ def test_every_group_entry_names_something_that_exists():
 
 
 def test_the_demo_that_runs_beside_the_group_boots_its_machines_on_its_own_net():
-    from sim import demo
+    from demo import scenario as demo
     from sim.hosts import create
 
     assert demo.DEMO_NET != 0

@@ -42,10 +42,10 @@ from rich.text import Text
 from cli import app
 from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
-from cluster import run_state, vault
-from cluster.errors import ExitCode
-from cluster.inventory import InventoryError
-from cluster.text import plural
+from cluster.ansible import vault
+from cluster.ansible.inventory import InventoryError
+from common.errors import ExitCode
+from common.text import plural
 from provision import run
 from provision.plan import (
     DEFAULT_BATCHES,
@@ -57,6 +57,7 @@ from provision.plan import (
     parse_batches,
 )
 from provision.rollout import Rollout
+from sim.hosts import run_state
 
 STATUS_STYLE = {
     "waiting": "dim", "not started": "dim", "running": "cyan", "ok": "green", "failed": "bold red",

@@ -17,7 +17,7 @@ machine at boot (nspawn cannot bind onto /proc from outside).
 Finding, stopping and reporting the running machines (``down``, ``leftovers``, ``status``):
 :mod:`sim.hosts.nspawn`.
 
-What callers reach through this module (simulate, the CLI, tests, benchmarks) is imported here under its
+What callers reach through this module (lifecycle, the CLI, tests, benchmarks) is imported here under its
 own name (``from sim.hosts.nspawn import down as down``): ``machines.down``, ``machines.Layout``, ...
 """
 

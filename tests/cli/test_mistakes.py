@@ -214,8 +214,8 @@ def test_virtual_takes_dash_i_and_the_positional_form_still_works(clusterctl, tm
 
 
 def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, brought_up_inventory, tmp_path, monkeypatch):
-    from cluster import run_state
-    from sim.hosts import simulate
+    from sim.hosts import lifecycle as simulate
+    from sim.hosts import run_state
     from sim.hosts.machines import MachineState
 
     monkeypatch.chdir(tmp_path)
@@ -257,7 +257,7 @@ def test_a_group_level_problem_is_one_line_not_one_per_host():
 def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeypatch, capsys, virtual_inventory):
     import cli.commands.inventory
     from cli.main import main
-    from cluster.errors import ExitCode
+    from common.errors import ExitCode
 
     def broken(*_args, **_kwargs):
         raise KeyError("racks")

@@ -545,7 +545,7 @@ def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provision
     ANSIBLE_HOST_KEY_CHECKING=False would have let the changed key through)."""
     import subprocess
 
-    from sim.hosts import simulate
+    from sim.hosts import lifecycle as simulate
 
     other_key = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)

@@ -208,7 +208,7 @@ def test_mask_secrets_keeps_the_key_and_hides_the_value():
 
 def test_a_provision_run_is_recorded_for_virtual_up(clusterctl, brought_up_inventory, tmp_path, replay,
                                                      monkeypatch):
-    from cluster import run_state
+    from sim.hosts import run_state
 
     monkeypatch.chdir(tmp_path)
     replay.events, replay.rc = GOOD_EVENTS, 0
@@ -222,8 +222,8 @@ def test_the_provisioned_record_is_the_inventorys_from_any_directory(clusterctl,
                                                                       replay, monkeypatch):
     """Provisioning from one directory and `virtual up` from another wiped the cluster without a word: the
     record was kept under the current directory (./.state/inventories)."""
-    from cluster import run_state
-    from sim.hosts import simulate
+    from sim.hosts import lifecycle as simulate
+    from sim.hosts import run_state
     from sim.hosts.machines import MachineState
 
     here, there = tmp_path / "here", tmp_path / "there"
@@ -242,7 +242,7 @@ def test_the_provisioned_record_is_the_inventorys_from_any_directory(clusterctl,
 
 def test_provisioning_an_inventory_without_machines_writes_no_record(clusterctl, virtual_inventory, tmp_path,
                                                                      replay, monkeypatch):
-    from cluster import run_state
+    from sim.hosts import run_state
 
     monkeypatch.chdir(tmp_path)
     replay.events, replay.rc = GOOD_EVENTS, 0
@@ -253,8 +253,7 @@ def test_provisioning_an_inventory_without_machines_writes_no_record(clusterctl,
 
 
 def test_the_record_is_in_the_simulators_state_dir():
-    from cluster import run_state
-    from sim.hosts import state_dir
+    from sim.hosts import run_state, state_dir
 
     assert run_state.VIRTUAL_STATE_DIR == state_dir.STATE_DIR_NAME
 

@@ -25,7 +25,7 @@ RECORD_NAME = "run-state.json"
 def record_path(inventory: str | os.PathLike) -> Path:
     """Where the record of ``inventory`` (its directory, or a hosts file in it) is kept."""
     path = Path(inventory).resolve()
-    directory = path if path.is_dir() else path.parent  # Ansible's inventory_dir, as sim.hosts.simulate's
+    directory = path if path.is_dir() else path.parent  # Ansible's inventory_dir, as sim.hosts.lifecycle's
     return directory / VIRTUAL_STATE_DIR / RECORD_NAME
 
 
