@@ -57,7 +57,6 @@ from provision.plan import (
     parse_batches,
 )
 from provision.rollout import Rollout
-from sim.hosts import run_state
 
 STATUS_STYLE = {
     "waiting": "dim", "not started": "dim", "running": "cyan", "ok": "green", "failed": "bold red",
@@ -122,8 +121,6 @@ def command(
         plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,
         live=live, allow_reboot=allow_reboot,
     )
-    if rollout.stats is not None and not check:
-        run_state.note(plan.inventory, "provisioned")  # `virtual up` then refuses to discard it silently
     console.print(recap_table(rollout))
     if rollout.batch_seconds:
         console.print(Text("batch times: " + ", ".join(

@@ -226,7 +226,7 @@ def controller_paths() -> list[Path]:
 
     repo = Path(sim.__file__).resolve().parent.parent
     # consul_io: the agent's Consul client; sim: the simulated vLLM (python -m sim.vllm) the demo runs there
-    packages = [repo / name for name in ("cli", "cluster", "consul_io", "devconsul", "eas_agent", "edge",
+    packages = [repo / name for name in ("cli", "cluster", "common", "consul_io", "devconsul", "eas_agent", "edge",
                                          "preflight", "sim")]
     paths = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), *packages]
     return [p for p in dict.fromkeys(paths) if p.is_dir() and p != Path("/") and not _is_system_dir(p)]

@@ -1,62 +1,50 @@
-"""When a virtual inventory's machines were last brought up (``virtual up``) and last provisioned.
+"""Which of an inventory's machines were provisioned since they came up: each machine carries the fact.
 
-``virtual up`` on hosts that are up discards their state (the simulated hosts keep it on a tmpfs that
-``up`` replaces), so it refuses when they were provisioned since they came up, unless ``--reset``. The
-record is the inventory's, whatever the current directory: it lives in the machines' own state directory
-under the inventory (``<inventory dir>/.sim/run-state.json``, which ``virtual up`` creates and ``virtual
-down`` keeps), so provisioning from one directory and running ``virtual up`` from another see the same
-record. An inventory without that directory never had machines brought up from it (a real inventory,
-often a checked-in repository): nothing is written there, and nothing needs protecting.
+Every playbook with roles stamps each host it runs on first (playbooks/tasks/provisioned.yml writes
+:data:`PROVISIONED_STAMP`, tagged ``always``; a ``--check`` run writes nothing), as it would a real host.
+Whatever a machine writes lands in its overlay's upper dir, which ``virtual up`` creates fresh and ``virtual
+down`` removes: the stamp there means "provisioned since this machine came up", whichever directory
+provisioning ran from, and nothing outside the machines keeps a record of it.
+
+``virtual up`` on machines that are running and provisioned refuses unless ``--reset``: bringing them up again
+discards everything provisioning put on them.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import time
+import stat
 from pathlib import Path
 
-# The simulated machines' state directory under a virtual inventory: sim/hosts/state_dir.py's STATE_DIR_NAME
-# (production code never imports the simulators; a test keeps the two equal).
-VIRTUAL_STATE_DIR = ".sim"
-RECORD_NAME = "run-state.json"
+from sim.hosts.state_dir import Layout, MachineError
+
+PROVISIONED_STAMP = "/var/lib/clusterctl/provisioned"  # playbooks/tasks/provisioned.yml's dest (a test keeps it)
 
 
-def record_path(inventory: str | os.PathLike) -> Path:
-    """Where the record of ``inventory`` (its directory, or a hosts file in it) is kept."""
-    path = Path(inventory).resolve()
-    directory = path if path.is_dir() else path.parent  # Ansible's inventory_dir, as sim.hosts.lifecycle's
-    return directory / VIRTUAL_STATE_DIR / RECORD_NAME
+def provisioned(layout: Layout) -> dict[str, float]:
+    """Each machine of ``layout`` whose overlay holds the stamp -> when it was written (the file's mtime)."""
+    found: dict[str, float] = {}
+    if os.path.islink(layout.state_dir) or not layout.machines_dir.is_dir():
+        return found
+    for machine in sorted(layout.machines_dir.iterdir()):
+        try:
+            written = _stamp_time(layout.host(machine.name).upper)  # the name is checked before it is a path
+        except MachineError:
+            continue
+        if written is not None:
+            found[machine.name] = written
+    return found
 
 
-def read(inventory: str | os.PathLike) -> dict:
+def _stamp_time(upper: Path) -> float | None:
+    """The stamp's mtime under ``upper``; None unless every directory on its path is a real directory and the
+    stamp a regular file (root inside the machine writes there: a symlink it left is never followed)."""
+    relative = Path(PROVISIONED_STAMP.lstrip("/"))
+    directories = [upper, *(upper / d for d in reversed(relative.parents[:-1]))]
     try:
-        data = json.loads(record_path(inventory).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def note(inventory: str | os.PathLike, event: str) -> None:
-    """Record that ``event`` ("up" or "provisioned") happened now, where machines were brought up from this
-    inventory (its state directory exists; it is never created here). Best effort: a state directory we
-    cannot write must not fail the command that did the work."""
-    path = record_path(inventory)
-    if not path.parent.is_dir() or path.parent.is_symlink():
-        return
-    data = {**read(inventory), event: time.time()}
-    try:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(path)
+        if not all(stat.S_ISDIR(os.lstat(d).st_mode) for d in directories):
+            return None
+        st = os.lstat(upper / relative)
     except OSError:
-        pass
-
-
-def provisioned_since_up(inventory: str | os.PathLike) -> float | None:
-    """The time of the last provision run after the last ``up`` (None if none)."""
-    data = read(inventory)
-    provisioned, up = data.get("provisioned"), data.get("up")
-    if isinstance(provisioned, int | float) and (not isinstance(up, int | float) or provisioned > up):
-        return float(provisioned)
-    return None
+        return None
+    return st.st_mtime if stat.S_ISREG(st.st_mode) else None
