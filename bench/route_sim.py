@@ -26,7 +26,7 @@ has every constant and its source). Service model, per engine step (vLLM V1 cont
     every decode on that IU and short requests queue behind it;
   - KV capacity 4 × (85.5 GB × 0.9 − 35.3 GB weights − 5 GB activations) = 447k tokens; max_num_seqs 256;
     when a step finds no KV slot the newest running request is preempted and later recomputed.
-Workload (routesim/workload.py): the design article's production mix — A 65% ~327 prompt tokens, B 30%
+Workload (routesim/workload.py): the production request mix — A 65% ~327 prompt tokens, B 30%
 ~4,218, C 5% ~12,842 (lognormal, sigma 0.35) — with our output lengths: lognormal medians 128/256/512,
 sigma 0.6. Poisson arrivals at 50/80/95% of pool capacity, where capacity = 32 × the completion rate of one
 IU that always has queued work (vLLM's benchmark_throughput method; routesim/capacity.py).

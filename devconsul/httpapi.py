@@ -154,7 +154,7 @@ class ReadCache:
     the view moves it), so the watchers woken by one write -- 256 of them in the benchmark -- share
     one build and one JSON encoding instead of repeating them. Callers hold the state lock.
 
-    Bounded (review M3): the key holds only the parameters some endpoint reads (``?junk=N`` cannot make
+    Bounded (a client must not grow it without limit): the key holds only the parameters some endpoint reads (``?junk=N`` cannot make
     a new entry per request), an entry is replaced when its view's index moves, and the cache holds at
     most ``size`` entries and ``max_bytes`` of encoded answers (oldest dropped first).
     """

@@ -1,6 +1,6 @@
 """Robust anomaly verdicts over a time window (median / MAD, not mean / standard deviation).
 
-The design article de-weights an IU whose score is "3 readings below mean - 2 sigma" (a hung vLLM looks
+A mean / sigma rule would de-weight an IU whose score is "3 readings below mean - 2 sigma" (a hung vLLM looks
 idle). Mean and sigma are dragged by the very outliers they should find, so here the centre is the pool's
 median score and the spread 1.4826 x MAD (the normal-consistent MAD), with a floor so a pool of identical
 scores does not flag everything. Verdicts:
