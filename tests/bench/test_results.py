@@ -1,0 +1,88 @@
+"""bench/results.py: the README's summary table is what bench/results/*.json render, and a script's
+``--results`` writes a file the table can render."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import results  # noqa: E402
+
+BENCH = Path(results.__file__).resolve().parent
+
+
+def test_the_readme_table_is_what_the_result_files_render():
+    readme = results.README.read_text()
+    assert results.with_table(readme, results.render(results.load())) == readme, (
+        "bench/README.md's table differs from bench/results/*.json: run .venv/bin/python bench/results.py")
+
+
+def test_every_bench_script_with_a_result_file_exists_and_every_file_is_named_after_its_script():
+    for result in results.load():
+        assert (BENCH / result["script"]).is_file(), result["script"]
+    for path in results.RESULTS.glob("*.json"):
+        assert json.loads(path.read_text())["script"] == f"{path.stem}.py"
+
+
+def test_check_refuses_what_is_not_a_result():
+    good = json.loads((results.RESULTS / "push_fanout.json").read_text())
+    assert results.check(dict(good)) == good
+    with pytest.raises(results.ResultError, match="verdict 'pass'"):
+        results.check({**good, "verdict": "pass"})
+    with pytest.raises(results.ResultError, match="missing target"):
+        results.check({k: v for k, v in good.items() if k != "target"})
+    with pytest.raises(results.ResultError, match="numbers"):
+        results.check({**good, "numbers": {}})
+
+
+def test_a_stale_table_fails_the_check_and_rewriting_it_passes(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "push_fanout.json").write_text((results.RESULTS / "push_fanout.json").read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# t\n\n{results.BEGIN}\n| old table |\n{results.END}\n\nrest\n")
+    argv = ["--readme", str(readme), "--results-dir", str(tmp_path / "r")]
+    assert results.main([*argv, "--check"]) == 1
+    assert results.main(argv) == 0
+    assert results.main([*argv, "--check"]) == 0
+    text = readme.read_text()
+    assert "| `push_fanout.py` |" in text and "old table" not in text and text.endswith("rest\n")
+
+
+def test_a_readme_without_the_markers_is_an_error():
+    with pytest.raises(results.ResultError, match="markers"):
+        results.with_table("# no table here\n", "| x |")
+
+
+def test_record_writes_a_renderable_file_and_keeps_what_the_run_does_not_say(tmp_path):
+    path = tmp_path / "push_fanout.json"
+    path.write_text(json.dumps({"measures": "one agent's push", "verdict_note": "kept"}))
+    written = results.record(path, script="bench/push_fanout.py", numbers={"ratio": 0.25}, target="<= 0.5x",
+                             verdict="met", summary="0.25x", host="load average 0.0 at start",
+                             argv=["bench/push_fanout.py", "--edges", "16", "--results", str(path), "--window", "5"])
+    assert json.loads(path.read_text()) == written
+    assert written["measures"] == "one agent's push" and written["verdict_note"] == "kept"
+    assert written["command"] == ".venv/bin/python bench/push_fanout.py --edges 16 --window 5"
+    assert results.row(written).startswith("| `push_fanout.py` | one agent's push | <= 0.5x | ")
+    assert results.record(None, script="x.py", numbers={"a": 1}, target=None, verdict="met", summary="s") is None
+
+
+def test_a_pipe_in_a_cell_does_not_break_the_table():
+    good = json.loads((results.RESULTS / "push_fanout.json").read_text())
+    assert results.row({**good, "summary": "a | b"}).count(" | ") == 4
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], None),
+    (["--results"], results.RESULTS / "push_fanout.json"),
+    (["--results", "/tmp/x.json"], Path("/tmp/x.json")),
+])
+def test_the_results_option(argv, expected):
+    parser = argparse.ArgumentParser()
+    results.add_argument(parser, "bench/push_fanout.py")
+    assert parser.parse_args(argv).results == expected
