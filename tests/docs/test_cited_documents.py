@@ -1,4 +1,4 @@
-"""Documents the code cites are in the repository (architecture item 9), and the tree describes the code as it
+"""Documents the code cites are in the repository, and the tree describes the code as it
 is. Every ``*.md`` path a tracked file names exists here; no file cites the workspace's ``shared/`` folder (a
 reader of the repository does not have it) or a design document kept outside it; no file names an issue
 number, a review finding's id, a work session or the commit ``main`` was at. What an issue or a finding asked
