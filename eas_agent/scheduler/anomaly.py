@@ -74,7 +74,7 @@ class AnomalyDetector:
     def observe(self, entries, now: float) -> dict[str, Verdict]:
         # Judged on the scrape's score: what the edges announced since (``announced_s``, eas_agent/announce.py)
         # is known work, not an outlier (judging the announced score gated IUs a long prompt had just
-        # raised: edge/README.md, "The announce channel").
+        # raised: docs/decisions/0003-announce-channel.md).
         judged = []  # (entry, its judged score, routable now)
         for entry in entries:
             score = entry.score
