@@ -172,7 +172,7 @@ def report(idle: float, rows: list[dict], rate: float, numbers: dict | None = No
     if numbers is not None:
         numbers["bodies_per_s"] = rate
         numbers["agent_push_pct_of_a_core"] = {
-            f"{edges} edges": {"blocking" if mode == "poll" else "stream": round(100 * push, 2)
+            f"{edges} edge{'s' if edges != 1 else ''}": {"blocking" if mode == "poll" else "stream": round(100 * push, 2)
                                for (count, mode), push in by_key.items() if count == edges}
             for edges in sorted({count for count, _ in by_key})}
         numbers[f"stream_over_blocking_{largest}_edges"] = round(ratio, 3)

@@ -86,3 +86,21 @@ def test_the_results_option(argv, expected):
     parser = argparse.ArgumentParser()
     results.add_argument(parser, "bench/push_fanout.py")
     assert parser.parse_args(argv).results == expected
+
+
+def test_a_wired_script_hands_its_printed_numbers_to_the_result_file(tmp_path):
+    import push_fanout
+
+    def row(edges, mode, cpu_s):
+        return {"edges": edges, "mode": mode, "agent_cpu_s": cpu_s, "agent_wall_s": 10.0, "wall_s": 10.0,
+                "delivered": [110] * edges, "cpu_s": 0.1, "ages": [0.001, 0.002], "errors": 0}
+
+    numbers: dict = {}
+    lines = push_fanout.report(0.005, [row(1, "poll", 0.12), row(1, "stream", 0.06), row(16, "poll", 0.73),
+                                       row(16, "stream", 0.22)], 11.0, numbers)
+    assert numbers["agent_push_pct_of_a_core"] == {"1 edge": {"blocking": 0.7, "stream": 0.1},
+                                                   "16 edges": {"blocking": 6.8, "stream": 1.7}}
+    assert numbers["stream_over_blocking_16_edges"] == 0.25 and "0.25x" in lines[-1]
+    written = results.record(tmp_path / "push_fanout.json", script="bench/push_fanout.py", numbers=numbers,
+                             target="<= 0.5x", verdict="met", summary=lines[-1], argv=["push_fanout.py"])
+    assert results.load(tmp_path) == [written]
