@@ -23,7 +23,7 @@
    less CPU from the proxy it measures). The verdict is the edge on its default loop, asyncio's.
    Placement (``--layout``): by default the proxy under test runs on a CPU of its own and the client, the
    stand-in IUs and the dev Consul on the others, as an edge is deployed (on its own cores, not beside its
-   load generator); ``--layout shared`` lets every process run anywhere (the numbers before 2026-12-04).
+   load generator); ``--layout shared`` lets every process run anywhere.
    The hypervisor's steal: a round during which it took more than ``STEAL_LIMIT`` of the host's CPU time
    (``/proc/stat``) is run again, every path of it, with the same schedule (at most ``--rounds`` times in all;
    the kept rounds' and the redone rounds' steal are printed): on this VM such rounds are the ones whose p99

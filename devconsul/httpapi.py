@@ -202,8 +202,8 @@ def blocking_read(
 ) -> Response:
     """Run a blocking query: wait for ``index_fn()`` to pass ``?index``, then ``build`` the response."""
     min_index, hold = parse_blocking(req)
-    # A token that may read nothing (anonymous under ACLs) has nothing to wait for: answered at once (it
-    # used to park for up to 10 minutes, for free).
+    # A token that may read nothing (anonymous under ACLs) has nothing to wait for: answered at once (parked,
+    # it would hold a thread for up to 10 minutes, for free).
     if min_index > 0 and not req.sees_nothing:
         def locked_index() -> int:
             with server.state.lock:
