@@ -34,6 +34,7 @@ check what the real daemon checks at start (versions, arguments) and then idle. 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 ARCH = "amd64"
@@ -46,6 +47,9 @@ NCCL_VERSIONS = ("2.21.5-1+cuda12.4", "2.20.5-1+cuda12.4")
 CUDA_TOOLKIT = ("cuda-toolkit-12-4", "12.4.1-1", "12.4")
 DCGM_VERSION = "1:3.3.9"
 CONSUL_VERSIONS = ("1.20.1-1", "1.19.2-1")
+# The running kernel: the machines share this machine's, so `uname -r` on them names it too.
+KERNEL = os.uname().release
+HEADERS_VERSION = "1.0-0clusterctl1"
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,14 @@ class StandIn:
         return tuple(f.path for f in self.files if f.path.startswith("/etc/"))
 
 
-def sim_tool_launcher(tool: str, vendor_release: str) -> PackageFile:
+def sim_tool_launcher(tool: str, vendor_release: str, nvml: str | None = None) -> PackageFile:
+    """``nvml``: the driver version of the user-space library the tool loads (NVML), which must match the
+    loaded kernel module's."""
+    library = f"CLUSTERCTL_SIM_NVML_VERSION={nvml} " if nvml else ""
     return PackageFile(
         f"/usr/bin/{tool}",
         f"#!/bin/sh\n# Stand-in for {tool} {vendor_release} (clusterctl virtual cluster): the simulated hardware answers.\n"
-        f'CLUSTERCTL_SIM_TOOL={tool} exec {SIM_TOOL} "$@"\n',
+        f'{library}CLUSTERCTL_SIM_TOOL={tool} exec {SIM_TOOL} "$@"\n',
         0o755,
     )
 
@@ -116,7 +123,8 @@ WantedBy=multi-user.target
 PERSISTENCED = """\
 #!/bin/sh
 # Stand-in for nvidia-persistenced {version}: validates its arguments like the real daemon, forks, writes its pid
-# file and records whether persistence mode is on (/var/run/nvidia-persistenced/persistence_mode).
+# file and records whether persistence mode is on (/var/run/nvidia-persistenced/persistence_mode). Like the real
+# daemon it cannot initialize without a loaded NVIDIA kernel module of its own version.
 set -eu
 user=root mode=Enabled
 while [ $# -gt 0 ]; do
@@ -132,10 +140,16 @@ while [ $# -gt 0 ]; do
   shift
 done
 id "$user" >/dev/null 2>&1 || {{ echo "nvidia-persistenced failed to initialize: unknown user '$user'" >&2; exit 1; }}
-mkdir -p /var/run/nvidia-persistenced
-echo "$mode" > /var/run/nvidia-persistenced/persistence_mode
+{loaded_module}if [ "$loaded" != "{version}" ]; then
+  echo "nvidia-persistenced: NVIDIA kernel module ${{loaded:-not loaded}}, library {version}" >&2
+  echo "nvidia-persistenced failed to initialize. Check syslog for more details." >&2
+  exit 1
+fi
+run="${{CLUSTERCTL_SIM_ROOT:-}}/var/run/nvidia-persistenced"
+mkdir -p "$run"
+echo "$mode" > "$run/persistence_mode"
 setsid sleep infinity </dev/null >/dev/null 2>&1 &
-echo $! > /var/run/nvidia-persistenced/nvidia-persistenced.pid
+echo $! > "$run/nvidia-persistenced.pid"
 echo "nvidia-persistenced: Started (persistence mode $mode, user $user)"
 """
 
@@ -157,11 +171,12 @@ ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.
 WantedBy=multi-user.target
 """
 
-# Fabric Manager refuses a driver of another version (the skew roles review #6 is about).
+# Fabric Manager compares itself with the LOADED kernel module (what /proc/driver/nvidia/version says), not with
+# the installed packages: after a driver upgrade it refuses to start until the node reboots.
 FABRICMANAGER = """\
 #!/bin/sh
-# Stand-in for NVIDIA Fabric Manager {version}: like the real daemon it refuses to run against a driver of another
-# version, then forks and writes its pid file.
+# Stand-in for NVIDIA Fabric Manager {version}: like the real daemon it refuses to run against a loaded kernel
+# module of another version, then forks and writes its pid file.
 set -eu
 config=""
 while [ $# -gt 0 ]; do
@@ -173,15 +188,62 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -r "$config" ] || {{ echo "nv-fabricmanager: failed to open config file $config" >&2; exit 1; }}
-driver=$(dpkg-query -W -f='${{Version}}' nvidia-kernel-common-{branch} 2>/dev/null | cut -d- -f1 || true)
-if [ "$driver" != "{version}" ]; then
-  echo "fabric manager NVIDIA GPU driver interface version {version} don't match with driver version ${{driver:-(none)}}." \\
+{loaded_module}if [ "$loaded" != "{version}" ]; then
+  echo "fabric manager NVIDIA GPU driver interface version {version} don't match with driver version $loaded." \\
        "Please update with matching NVIDIA driver package." >&2
   exit 1
 fi
-mkdir -p /var/run/nvidia-fabricmanager
+run="${{CLUSTERCTL_SIM_ROOT:-}}/var/run/nvidia-fabricmanager"
+mkdir -p "$run"
 setsid sleep infinity </dev/null >/dev/null 2>&1 &
-echo $! > /var/run/nvidia-fabricmanager/nv-fabricmanager.pid
+echo $! > "$run/nv-fabricmanager.pid"
+"""
+
+# The version of the NVIDIA kernel module the running kernel has loaded (sim/hosts/nvidia_module.py exposes it at
+# boot, as the kernel does; CLUSTERCTL_SIM_ROOT lets a test run the daemons against a root of its own).
+LOADED_MODULE = 'loaded=$(cat "${CLUSTERCTL_SIM_ROOT:-}/sys/module/nvidia/version" 2>/dev/null || true)\n'
+
+# dkms's postinst for a DKMS package (dkms_common.postinst): build and install the module for the running kernel
+# only when its headers are there (/lib/modules/$(uname -r)/build), else print dkms's notice and succeed. Upgrading
+# first removes the module the replaced version built (its prerm runs `dkms remove`).
+DKMS_POSTINST = """\
+#!/bin/sh
+set -e
+[ "$1" = configure ] || exit 0
+kernel=$(uname -r)
+modules="${{CLUSTERCTL_SIM_ROOT:-}}/lib/modules/$kernel"
+rm -f "$modules/updates/dkms/nvidia.ko"
+echo "Loading new nvidia-{version} DKMS files..."
+if [ -e "$modules/build" ]; then
+  echo "Building for $kernel"
+  mkdir -p "$modules/updates/dkms"
+  echo "{version}" > "$modules/updates/dkms/nvidia.ko"
+else
+  echo "Module build for kernel $kernel was skipped since the"
+  echo "kernel headers for this kernel do not seem to be installed."
+fi
+"""
+
+DKMS_POSTRM = """\
+#!/bin/sh
+set -e
+case "$1" in remove|purge) rm -f "${CLUSTERCTL_SIM_ROOT:-}/lib/modules/$(uname -r)/updates/dkms/nvidia.ko" ;; esac
+"""
+
+# Ubuntu's linux-headers-<release> ships /lib/modules/<release>/build, the link dkms looks for.
+HEADERS_POSTINST = """\
+#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+  mkdir -p /lib/modules/{kernel}
+  ln -sfn /usr/src/linux-headers-{kernel} /lib/modules/{kernel}/build
+fi
+"""
+
+HEADERS_POSTRM = """\
+#!/bin/sh
+set -e
+case "$1" in remove|purge) rm -f /lib/modules/{kernel}/build ;; esac
 """
 
 FABRICMANAGER_CFG = """\
@@ -313,16 +375,21 @@ def nvidia_packages(keyring: bytes, repo_url: str) -> list[StandIn]:
                            _marker(f"{libs}/libnvidia-ml.so.{version}", "NVML"))),
             StandIn("nvidia", f"nvidia-utils-{b}", pkg_version, "NVIDIA driver support binaries", **_NVIDIA,
                     depends=(f"libnvidia-compute-{b} {exact}",),
-                    files=(sim_tool_launcher("nvidia-smi", version),)),
+                    files=(sim_tool_launcher("nvidia-smi", version, nvml=version),)),
             StandIn("nvidia", f"nvidia-compute-utils-{b}", pkg_version, "NVIDIA compute utilities", **_NVIDIA,
                     depends=(f"libnvidia-compute-{b} {exact}",),
-                    files=(PackageFile("/usr/bin/nvidia-persistenced", PERSISTENCED.format(version=version), 0o755),
+                    files=(PackageFile("/usr/bin/nvidia-persistenced",
+                                       PERSISTENCED.format(version=version, loaded_module=LOADED_MODULE), 0o755),
                            PackageFile("/lib/systemd/system/nvidia-persistenced.service", PERSISTENCED_UNIT)),
                     postinst=_system_user_postinst("nvidia-persistenced")),
         ]
+        packages.append(
+            StandIn("nvidia", f"nvidia-dkms-{b}-open", pkg_version, "NVIDIA DKMS package (open kernel module)",
+                    **_NVIDIA, depends=(f"nvidia-kernel-common-{b} {exact}", f"nvidia-kernel-source-{b}-open {exact}"),
+                    postinst=DKMS_POSTINST.format(version=version), postrm=DKMS_POSTRM))
         driver_deps = tuple(f"{name} {exact}" for name in (
-            f"nvidia-kernel-common-{b}", f"nvidia-kernel-source-{b}-open", f"libnvidia-compute-{b}",
-            f"nvidia-utils-{b}", f"nvidia-compute-utils-{b}"))
+            f"nvidia-kernel-common-{b}", f"nvidia-kernel-source-{b}-open", f"nvidia-dkms-{b}-open",
+            f"libnvidia-compute-{b}", f"nvidia-utils-{b}", f"nvidia-compute-utils-{b}"))
         packages += [
             StandIn("nvidia", f"nvidia-driver-{b}-open", pkg_version, "NVIDIA driver (open kernel) metapackage",
                     **_NVIDIA, depends=driver_deps),
@@ -331,10 +398,15 @@ def nvidia_packages(keyring: bytes, repo_url: str) -> list[StandIn]:
             StandIn("nvidia", f"nvidia-fabricmanager-{b}", f"{version}-1", "Fabric Manager for NVSwitch based systems",
                     **_NVIDIA, depends=("libc6",),
                     files=(PackageFile("/usr/bin/nv-fabricmanager",
-                                       FABRICMANAGER.format(version=version, branch=b), 0o755),
+                                       FABRICMANAGER.format(version=version, loaded_module=LOADED_MODULE), 0o755),
                            PackageFile("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
                            PackageFile("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG))),
         ]
+    packages.append(StandIn(
+        "nvidia", f"linux-headers-{KERNEL}", HEADERS_VERSION, f"Header files related to Linux kernel {KERNEL}",
+        section="devel", **_NVIDIA,
+        files=(_marker(f"/usr/src/linux-headers-{KERNEL}/Makefile", f"kernel headers of {KERNEL}"),),
+        postinst=HEADERS_POSTINST.format(kernel=KERNEL), postrm=HEADERS_POSTRM.format(kernel=KERNEL)))
     name, version, cuda = CUDA_TOOLKIT
     packages.append(StandIn(
         "nvidia", name, version, f"CUDA Toolkit {cuda} meta-package", section="multiverse/devel", **_NVIDIA,
