@@ -34,7 +34,6 @@ TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 HASH_PREFIX = "sha256:"
 PROTECTED_PREFIX = "/v1/"
 FAILURE_REASONS = ("missing", "malformed", "unknown")
-TENANT = web.RequestKey("tenant", str)
 
 
 class KeysFileError(Exception):
@@ -138,7 +137,6 @@ class Authenticator:
         tenant = self.table.tenant_of(key) if key is not None else None
         if tenant is None:
             return self.refuse(reason or "unknown")
-        request[TENANT] = tenant
         response = await handler(request)
         self.tenant_requests.labels(tenant, str(response.status)).inc()
         return response

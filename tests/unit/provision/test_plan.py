@@ -20,8 +20,8 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[3]
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
 EXPECTED_ROLES = [
-    "chrony", "consul_agent", "cpu_cstates", "eas_agent", "inference_unit", "numa_tuning", "nvidia_stack",
-    "rdma_network",
+    "chrony", "consul_agent", "cpu_cstates", "eas_agent", "host_firewall", "inference_unit", "numa_tuning",
+    "nvidia_stack", "rdma_network",
 ]
 
 
