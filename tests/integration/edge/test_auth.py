@@ -50,6 +50,13 @@ def access(tmp_path, **fields) -> AccessConfig:
     return AccessConfig(admin_listen="127.0.0.1:0", **fields)
 
 
+def picks(edge) -> float:
+    """Routing decisions the edge made (each routed request is one, and only routed ones are announced)."""
+    with urllib.request.urlopen(edge.admin_url("/metrics"), timeout=5) as answer:
+        lines = answer.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("eas_edge_picks_total{"))
+
+
 def bearer(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
@@ -76,10 +83,11 @@ def test_without_a_valid_key_the_answer_is_401_and_nothing_reaches_an_iu(consul_
             refused[reason] = refused.get(reason, 0) + 1
             assert metric(edge, "eas_edge_auth_failures_total", f'reason="{reason}"') == refused[reason]
         assert seen == [] and refused == {"missing": 1, "malformed": 1, "unknown": 2}
+        assert picks(edge) == 0  # nothing routed (so nothing announced)
         for tenant in ("team-a", "team-b", "team-a"):
             status, _, _ = post(url, completion(), headers=bearer(keys[tenant]))
             assert status == 200
-        assert len(seen) == 3
+        assert len(seen) == 3 and picks(edge) == 3
         assert metric(edge, "eas_edge_tenant_requests_total", 'code="200",tenant="team-a"') == 2
         assert metric(edge, "eas_edge_tenant_requests_total", 'code="200",tenant="team-b"') == 1
         # /healthz stays open for load balancers

@@ -64,7 +64,7 @@ def test_the_key_generator_prints_a_key_and_its_line(capsys):
 
 def test_a_client_address_others_can_reach_needs_keys_or_auth_none_spelled_out(tmp_path):
     path = tmp_path / "edge.yml"
-    for listen in ("edge-1.cluster.invalid:8080", "[::]:8080"):
+    for listen in ("edge-1.cluster.invalid:8080", "edge-2.cluster.invalid:443"):
         path.write_text(f"listen: '{listen}'\n")
         with pytest.raises(ConfigError) as info:
             load_edge_config(path)
