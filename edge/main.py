@@ -28,6 +28,7 @@ from aiohttp import web
 
 from consul_io.client import ConsulIO, ConsulUnavailable
 from eas_wire.fields import split_hostport
+from edge.access_config import is_loopback
 from edge.admin import make_admin_app
 from edge.announce import AnnounceSender, edge_id
 from edge.auth import Authenticator
@@ -213,6 +214,9 @@ async def serve(config: EdgeConfig, ready=None) -> None:
     log.info("eas-edge listening on %s://%s (client keys %s, push %s%s, event loop %s); admin on http://%s",
              scheme, address, auth, "on" if config.push.enabled else "off", announcing,
              type(loop).__module__.split(".")[0], edge.admin_address)
+    if not config.access.tls and not is_loopback(config.listen_hostport[0]):
+        log.warning("clients reach %s over plain HTTP: their API keys and prompts cross the network in clear "
+                    "(set tls.cert_file and tls.key_file)", config.listen)
     print(f"eas-edge listening on {scheme}://{address}", flush=True)
     print(f"eas-edge admin on http://{edge.admin_address} (/metrics)", flush=True)
     if ready is not None:
