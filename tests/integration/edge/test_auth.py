@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import logging
 import socket
 import ssl
 import time
@@ -68,7 +69,8 @@ def recording_iu(seen_headers: list):
     return handler
 
 
-def test_without_a_valid_key_the_answer_is_401_and_nothing_reaches_an_iu(consul_addr, tmp_path):
+def test_without_a_valid_key_the_answer_is_401_and_nothing_reaches_an_iu(consul_addr, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
     path, keys = keys_file(tmp_path, "team-a", "team-b")
     seen: list = []
     with scripted_pool(consul_addr, ("n9-iu0", recording_iu(seen))) as (pool, _ius), \
@@ -93,6 +95,7 @@ def test_without_a_valid_key_the_answer_is_401_and_nothing_reaches_an_iu(consul_
         # /healthz stays open for load balancers
         with urllib.request.urlopen(edge.url("/healthz"), timeout=5) as answer:
             assert answer.status == 200
+    assert not any(key in caplog.text for key in keys.values())  # keys are never logged
 
 
 def test_the_401_comes_before_the_body_is_read(consul_addr, tmp_path):
