@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 # Simulated machines need systemd-nspawn, debootstrap and the ssh client; the stand-in vendor apt repositories
 # (sim/aptrepo) need dpkg-deb, apt-ftparchive (apt-utils) and gpg (gnupg). Installed when missing.
-MACHINE_TOOLS := systemd-nspawn debootstrap ssh ssh-keygen nsenter apt-ftparchive gpg gpgconf dpkg-deb
+MACHINE_TOOLS := systemd-nspawn debootstrap ssh ssh-keygen nsenter apt-ftparchive gpg gpgconf dpkg-deb nft
 
 # pip's and apt's output goes to a log, one status line on screen: `make demo`'s first screen is the demo's step 1.
 # A failed install prints the log's tail (and where the whole log is) and stops.
@@ -38,9 +38,9 @@ machine-tools:
 	@missing=""; for t in $(MACHINE_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
 	  mkdir -p $(VENV); \
-	  echo "installing systemd-container debootstrap openssh-client util-linux apt-utils gnupg (missing:$$missing; log: $(TOOLS_LOG))"; \
+	  echo "installing systemd-container debootstrap openssh-client util-linux apt-utils gnupg nftables (missing:$$missing; log: $(TOOLS_LOG))"; \
 	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap openssh-client util-linux apt-utils gnupg; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap openssh-client util-linux apt-utils gnupg nftables; \
 	  } >$(TOOLS_LOG) 2>&1 || { tail -n $(LOG_TAIL) $(TOOLS_LOG); echo "apt-get failed; the whole log: $(TOOLS_LOG)"; exit 1; }; \
 	fi
 

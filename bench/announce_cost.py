@@ -115,7 +115,7 @@ def free_port() -> int:
 
 
 def edge_counters(address: str) -> dict[str, float]:
-    """The announce and push counters of the edge's /metrics."""
+    """The announce and push counters of the edge's /metrics (``address``: its admin listener)."""
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
     counts: dict[str, float] = {}
     for line in text.splitlines():
@@ -143,7 +143,7 @@ def measure(mode: str, consul: str, port: int, token_file: Path, rate: float, wi
         a0, e0 = cpu_seconds(agents.pid), cpu_seconds(edge.pid)
         result = asyncio.run(drive([f"http://{address}/v1/completions"], rate, window, seed=7))
         agents_cpu, edge_cpu = cpu_seconds(agents.pid) - a0, cpu_seconds(edge.pid) - e0
-        counters = edge_counters(address)
+        counters = edge_counters(edge.admin_address)
         sockets = tcp_connections(edge.pid)
     finally:
         edge.terminate()

@@ -115,12 +115,14 @@ run_on(LOOP, main())
 '''
 
 def start_edge(consul: str, extra: list[str], cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
+    """An eas-edge process; (process, client HOST:PORT). Its /metrics address is ``process.admin_address``."""
     process = subprocess.Popen([sys.executable, "-m", "edge", "--consul", consul, "--listen", "127.0.0.1:0",
-                                "--log-level", "warning", *extra], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                               preexec_fn=on_cpus(cpus))
-    line = process.stdout.readline()
-    if "listening on http://" not in line:
+                                "--admin-listen", "127.0.0.1:0", "--log-level", "warning", *extra],
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=on_cpus(cpus))
+    line, admin = process.stdout.readline(), process.stdout.readline()
+    if "listening on http://" not in line or "admin on http://" not in admin:
         raise SystemExit(f"eas-edge did not start: {line!r}")
+    process.admin_address = admin.split("http://", 1)[1].split()[0]
     return process, line.rsplit("http://", 1)[1].strip()
 
 

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -184,7 +185,7 @@ class Demo:
         group_vars = self.inventory / "group_vars" / "all.yml"
         secrets = yaml.safe_load(group_vars.read_text())
         self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"],
-                       "announce": secrets["eas_agent_announce_token"]}
+                       "announce": secrets["eas_agent_announce_token"], "iu": secrets["inference_unit_api_key"]}
         hosts = yaml.safe_load((self.inventory / "hosts.yml").read_text())
         servers = list(hosts["all"]["children"]["consul_servers"]["hosts"])
         addresses = {name: spec["ansible_host"] for group in hosts["all"]["children"].values()
@@ -316,17 +317,18 @@ class Demo:
         from edge.pool import ConsulWatcher, PoolView
 
         rate = rate or 0.8 * len(released)
-        edge_url = self.start_edge(cluster)
+        edge_url, admin_url, client_key = self.start_edge(cluster)
+        self.refused_without_keys(cluster, released, edge_url)
         self.step(STEP_TITLES[6].format(rate=rate, duration=duration))
         view = PoolView()
         watcher = ConsulWatcher(view, ConsulIO(self.consul_addr, token=self.tokens["edge"]), wait_s=2.0).start()
         expected = {iu.id: (n.rack, n.name) for n in cluster.nodes() for iu in n.ius}
-        edge = DemoEdge(edge_url, rate, seed=self.seed).start()
+        edge = DemoEdge(edge_url, rate, seed=self.seed, api_key=client_key).start()
         end = time.monotonic() + duration
         try:
             with Live(console=self.console, refresh_per_second=2, transient=False) as live:
                 while time.monotonic() < end:
-                    live.update(routing_panels(edge.summary(), edge_counters(edge_url),
+                    live.update(routing_panels(edge.summary(), edge_counters(admin_url),
                                                rows(view, expected, time.time()), end - time.monotonic(),
                                                # a line spare: the cursor's, below the view
                                                self.console.width, self.console.height - 1))
@@ -351,9 +353,13 @@ class Demo:
             raise DemoError(f"requests were routed to IUs still in maintenance: {sorted(unreleased)}")
         return summary
 
-    def start_edge(self, cluster: Cluster) -> str:
-        """eas-edge as a process, on loopback, following the agents (the port of eas_agent_listen)."""
-        listen = f"127.0.0.1:{free_port()}"
+    def start_edge(self, cluster: Cluster) -> tuple[str, str, str]:
+        """eas-edge as a process, on loopback, following the agents (the port of eas_agent_listen); its client
+        URL, its admin URL (/metrics) and the demo tenant's API key."""
+        from edge.auth import hash_key, new_key
+
+        listen, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        client_key = new_key()  # the clients' key: the edge holds only its hash
         agent_port = str(next(iter(cluster.nodes())).settings.agent.listen).rsplit(":", 1)[1]
         edge = str(Path(sys.executable).with_name("eas-edge"))
         config = self.workdir / "edge.yml"  # the edge's tokens go in files, never on a command line
@@ -363,11 +369,31 @@ class Demo:
             # the agents hold the same token (role eas_agent, eas_agent_announce_token): each request routed is
             # announced to its node's agent, whose pushed scores then count it for every edge
             "announce": {"token_file": str(self.write_secret("announce.token", self.tokens["announce"]))},
+            "auth": {"keys_file": str(self.write_secret("api-keys", f"demo {hash_key(client_key)}"))},
+            # the IUs refuse /v1 requests without their key (role inference_unit: VLLM_API_KEY); the edge holds it
+            "upstream_api_key_file": str(self.write_secret("iu-api-key", self.tokens["iu"])),
+            "admin_listen": admin,
         }))
         self.processes.start("eas-edge", [edge, "--config", str(config), "--listen", listen,
                                           "--agent-port", agent_port, "--log-level", "warning"])
         self.wait_http(f"http://{listen}/healthz", "eas-edge (a routable IU)")  # 503 until an IU is routable
-        return f"http://{listen}"
+        return f"http://{listen}", f"http://{admin}", client_key
+
+    def refused_without_keys(self, cluster: Cluster, released: list[str], edge_url: str) -> None:
+        """The edge answers 401 to a request without a client key, and an IU refuses one without its own key:
+        the GPUs are reached through the edge only."""
+        node, iu = next((n, iu) for n in cluster.nodes() for iu in n.ius if iu.id in released)
+        for what, url in (("eas-edge", f"{edge_url}/v1/completions"),
+                          (f"IU {iu.id}", f"http://{node.address}:{iu.port}/v1/completions")):
+            request = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    status = answer.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            if status != 401:
+                raise DemoError(f"{what} answered {status} to a request without a key (expected 401)")
+        self.console.print("Without a key: eas-edge and the IUs answer 401 (clients need a key; the edge holds the IUs')")
 
     # -- helpers ----------------------------------------------------------------------------------
     def wait_http(self, url: str, what: str, timeout_s: float = 20.0) -> None:

@@ -38,9 +38,11 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 class DemoEdge:
-    def __init__(self, edge_url: str, rate: float, seed: int = 0, workers: int = 96):
-        """``edge_url``: http://HOST:PORT of the eas-edge process; ``rate``: requests/s."""
+    def __init__(self, edge_url: str, rate: float, seed: int = 0, workers: int = 96, api_key: str | None = None):
+        """``edge_url``: http://HOST:PORT of the eas-edge process; ``rate``: requests/s; ``api_key``: the
+        tenant's key (sent as ``Authorization: Bearer``)."""
         self.edge_url, self.rate = edge_url, rate
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.completed: deque[Completed] = deque(maxlen=20_000)
@@ -82,7 +84,7 @@ class DemoEdge:
         body = json.dumps({"model": MODEL_NAME, "prompt": [1] * prompt, "max_tokens": output,
                            "stream": True}).encode()
         request = urllib.request.Request(f"{self.edge_url}/v1/completions", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **self.auth})
         started, first, iu_id, done, mode = time.monotonic(), None, None, None, "routed"
         try:
             with urllib.request.urlopen(request, timeout=120) as answer:
@@ -137,12 +139,12 @@ class DemoEdge:
         }
 
 
-def edge_counters(edge_url: str) -> dict | str:
-    """The edge's own /metrics, summed into what the live panel says (:func:`demo.view.edge_line`): picks by
+def edge_counters(admin_url: str) -> dict | str:
+    """The edge's own /metrics (on its admin listener), summed into what the live panel says (:func:`demo.view.edge_line`): picks by
     mode, requests in flight, queued, rejected and retried, agents pushing scores, scores ignored and,
     announcing, its announcements and batches by result; or why /metrics could not be read."""
     try:
-        with urllib.request.urlopen(f"{edge_url}/metrics", timeout=1) as answer:
+        with urllib.request.urlopen(f"{admin_url}/metrics", timeout=1) as answer:
             return counters_of(answer.read().decode())
     except OSError as exc:
         return str(exc)

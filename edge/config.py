@@ -1,6 +1,8 @@
 """The edge's config file (YAML) and command-line overrides.
 
-    listen: 0.0.0.0:8080          # where clients connect (OpenAI-compatible API, /metrics, /healthz)
+    listen: 0.0.0.0:8080          # where clients connect (OpenAI-compatible API, /healthz); not loopback:
+                                  # needs auth (edge/access_config.py: auth, tls, admin_listen,
+                                  # upstream_api_key_file)
     datacenter: dc1
     consul:                       # same block as the agent's config (consul_io.config)
       address: 127.0.0.1:8500
@@ -52,9 +54,10 @@ from consul_io import layout
 from consul_io.client import TokenError, read_token_file
 from consul_io.config import ConsulConfig, load_consul
 from eas_wire.fields import ConfigError, Fields, address, read_yaml, split_hostport
+from edge.access_config import ACCESS_FIELDS, AccessConfig, load_access
 
 EVENT_LOOPS = ("asyncio", "uvloop")  # the edge's event loop (edge.main.loop_factory)
-__all__ = ["AnnounceConfig", "ConfigError", "EVENT_LOOPS", "EdgeConfig", "PushConfig", "load_edge_config",
+__all__ = ["AccessConfig", "AnnounceConfig", "ConfigError", "EVENT_LOOPS", "EdgeConfig", "PushConfig", "load_edge_config",
            "parse_edge_config"]
 
 
@@ -92,6 +95,7 @@ class EdgeConfig:
     consul: ConsulConfig = field(default_factory=ConsulConfig)
     push: PushConfig = field(default_factory=PushConfig)
     announce: AnnounceConfig = field(default_factory=AnnounceConfig)
+    access: AccessConfig = field(default_factory=AccessConfig)
     max_inflight_per_iu: int = 64
     max_queue: int = 512
     queue_timeout_s: float = 5.0
@@ -116,6 +120,7 @@ class EdgeConfig:
             raise ConfigError(self.source, "announce.token_file", "announcing needs the push feed "
                               "(push.enabled: true): the agents acknowledge announcements in their pushed "
                               "bodies only")
+        self.access.check_listen(self.listen, self.source)
 
     @property
     def listen_hostport(self) -> tuple[str, int]:
@@ -164,13 +169,14 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop", "stream_idle_timeout_s", "max_connections", "header_timeout_s", "keepalive_timeout_s",
-               "max_body_bytes"})
+               "max_body_bytes"} | ACCESS_FIELDS)
     return EdgeConfig(
         listen=address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
         consul=load_consul(path, f.data.get("consul")),
         push=_load_push(path, f.data.get("push")),
         announce=_load_announce(path, f.data.get("announce")),
+        access=load_access(f),
         max_inflight_per_iu=_count(f, "max_inflight_per_iu", 64, 1),
         max_queue=_count(f, "max_queue", 512, 0),
         queue_timeout_s=f.positive("queue_timeout_s", 5.0),

@@ -134,8 +134,9 @@ class CappedSite(web.TCPSite):
             loop.call_later(self.header_timeout_s, self._head_deadline, handler)
             return handler
 
-        self._server = await loop.create_server(connection, self._host, self._port, backlog=self._backlog,
-                                                reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+        self._server = await loop.create_server(connection, self._host, self._port, ssl=self._ssl_context,
+                                                backlog=self._backlog, reuse_address=self._reuse_address,
+                                                reuse_port=self._reuse_port)
 
     def _head_deadline(self, handler) -> None:
         if handler not in self.awaiting_head:

@@ -27,7 +27,11 @@ import aiohttp
 from aiohttp import web
 
 from consul_io.client import ConsulIO, ConsulUnavailable
+from eas_wire.fields import split_hostport
+from edge.access_config import is_loopback
+from edge.admin import make_admin_app
 from edge.announce import AnnounceSender, edge_id
+from edge.auth import Authenticator
 from edge.config import EVENT_LOOPS, ConfigError, EdgeConfig, load_edge_config
 from edge.feed import AgentFeed, EdgeView
 from edge.limits import CappedSite, connection_cap, raise_fd_limit
@@ -51,6 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                "  eas-edge --listen 127.0.0.1:8080 --consul 127.0.0.1:8500 --agent-port 9105")
     parser.add_argument("--config", help="YAML config file (edge/config.py lists every field)")
     parser.add_argument("--listen", help="HOST:PORT for clients (default 127.0.0.1:8080)")
+    parser.add_argument("--admin-listen", help="HOST:PORT for /metrics (default 127.0.0.1:9180)")
     parser.add_argument("--consul", dest="consul_address", help="Consul HOST:PORT (default 127.0.0.1:8500)")
     parser.add_argument("--datacenter", help="Consul datacenter of the score keys (default dc1)")
     parser.add_argument("--agent-port", type=int, help="port of eas-agent's /scores on every node (9105)")
@@ -67,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def config_from(args: argparse.Namespace) -> EdgeConfig:
     return load_edge_config(args.config, {
-        "listen": args.listen, "consul.address": args.consul_address, "datacenter": args.datacenter,
+        "listen": args.listen, "admin_listen": args.admin_listen, "consul.address": args.consul_address, "datacenter": args.datacenter,
         "push.agent_port": args.agent_port, "push.enabled": False if args.no_push else None,
         "announce.token_file": args.announce_token_file,
         "max_inflight_per_iu": args.max_inflight_per_iu, "max_queue": args.max_queue,
@@ -87,6 +92,8 @@ class Edge:
         self.state.metrics.watch(self.state)
         self.runner: web.AppRunner | None = None
         self.site: CappedSite | None = None
+        self.admin_runner: web.AppRunner | None = None
+        self.admin_address: str | None = None
         self.stopped = asyncio.Event()
 
     def connect_consul(self) -> None:
@@ -105,8 +112,16 @@ class Edge:
 
     async def start(self) -> str:
         """Connect, start feeds and listen; returns the listening HOST:PORT."""
-        announce = self.config.announce
-        token = announce.read_token(self.config.source) if announce.enabled else None
+        announce, access, source = self.config.announce, self.config.access, self.config.source
+        token = announce.read_token(source) if announce.enabled else None
+        # every secret and the certificate are read before anything connects: a bad file is exit 2 at once
+        keys = access.read_keys(source)
+        upstream_key = access.read_upstream_key(source)
+        tls = access.ssl_context(source)
+        if keys is not None:
+            self.state.auth = Authenticator(keys, self.state.metrics.registry)
+        if upstream_key is not None:
+            self.state.upstream_headers = {"Authorization": f"Bearer {upstream_key}"}
         self.connect_consul()
         timeout = aiohttp.ClientTimeout(total=self.config.upstream_timeout_s,
                                         sock_connect=self.config.connect_timeout_s)
@@ -134,14 +149,26 @@ class Edge:
         self.state.bodies.start()
         cap = connection_cap(self.config.max_connections, raise_fd_limit())
         self.site = CappedSite(self.runner, *self.config.listen_hostport, max_connections=cap,
-                               header_timeout_s=self.config.header_timeout_s, awaiting_head=self.state.awaiting_head)
+                               header_timeout_s=self.config.header_timeout_s, awaiting_head=self.state.awaiting_head,
+                               ssl_context=tls)
         try:
             await self.site.start()
+            self.admin_address = await self._start_admin()
         except OSError as exc:
             await self.close()
-            raise StartupError(f"cannot listen on {self.config.listen} (listen): {exc.strerror or exc}") from exc
+            raise StartupError(f"cannot listen on {self.config.listen} (listen) or {access.admin_listen} "
+                               f"(admin_listen): {exc.strerror or exc}") from exc
         host, port = self.runner.addresses[0][:2]
         return f"{host}:{port}"
+
+    async def _start_admin(self) -> str:
+        """/metrics on its own listener (edge.admin); returns its HOST:PORT."""
+        self.admin_runner = web.AppRunner(make_admin_app(self.state.metrics.registry), access_log=None)
+        await self.admin_runner.setup()
+        host, port = split_hostport(self.config.access.admin_listen)
+        await web.TCPSite(self.admin_runner, host, port).start()
+        admin_host, admin_port = self.admin_runner.addresses[0][:2]
+        return f"{admin_host}:{admin_port}"
 
     async def drain(self) -> None:
         """Stop accepting, let in-flight requests finish (up to drain_timeout_s), then close everything."""
@@ -165,6 +192,8 @@ class Edge:
             self.state.watcher.stop()
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.admin_runner is not None:
+            await self.admin_runner.cleanup()
         if self.state.session is not None:
             await self.state.session.close()
         self.state.bodies.close()
@@ -180,9 +209,16 @@ async def serve(config: EdgeConfig, ready=None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     announcing = f", announcing as {edge.state.view.edge_id}" if edge.state.announcer is not None else ""
-    log.info("eas-edge listening on http://%s (push %s%s, event loop %s)", address,
-             "on" if config.push.enabled else "off", announcing, type(loop).__module__.split(".")[0])
-    print(f"eas-edge listening on http://{address}", flush=True)
+    scheme = "https" if config.access.tls else "http"
+    auth = "keys" if edge.state.auth is not None else "none (auth: none)" if config.access.auth_none else "none"
+    log.info("eas-edge listening on %s://%s (client keys %s, push %s%s, event loop %s); admin on http://%s",
+             scheme, address, auth, "on" if config.push.enabled else "off", announcing,
+             type(loop).__module__.split(".")[0], edge.admin_address)
+    if not config.access.tls and not is_loopback(config.listen_hostport[0]):
+        log.warning("clients reach %s over plain HTTP: their API keys and prompts cross the network in clear "
+                    "(set tls.cert_file and tls.key_file)", config.listen)
+    print(f"eas-edge listening on {scheme}://{address}", flush=True)
+    print(f"eas-edge admin on http://{edge.admin_address} (/metrics)", flush=True)
     if ready is not None:
         ready(edge, address)
     await stop.wait()

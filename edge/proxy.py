@@ -1,4 +1,5 @@
-"""The reverse proxy (aiohttp): OpenAI-compatible endpoints in front of the pool, plus /metrics and /healthz.
+"""The reverse proxy (aiohttp): OpenAI-compatible endpoints in front of the pool, plus /healthz. /metrics is on
+the admin listener (:mod:`edge.admin`); client keys are checked before any body is read (:mod:`edge.auth`).
 
 ``POST /v1/completions`` and ``/v1/chat/completions``: the body is read (at most ``max_body_bytes``: 413
 beyond) and summarised (:mod:`edge.body`: a malformed or too deeply nested one is a 400), routed among the
@@ -34,10 +35,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import generate_latest
 
 from edge.admission import Admission, Busy, Unavailable
 from edge.announce import AnnounceSender
+from edge.auth import Authenticator
 from edge.body import BodyReader, BodySummary, BodyTooLarge
 from edge.config import EdgeConfig
 from edge.errors import MAX_UPSTREAM_ERROR_BYTES, error_response, normalise_upstream_error, sse_error_event
@@ -47,7 +48,9 @@ from edge.metrics import EdgeMetrics
 from edge.routing import Decision, Router
 
 log = logging.getLogger("edge.proxy")
-FORWARD_HEADERS = ("Content-Type", "Authorization", "Accept", "OpenAI-Organization", "X-Request-Id")
+# Never the client's Authorization: the IUs take the edge's own key (upstream_api_key_file), and a client's
+# key must not reach a node that runs third-party model code.
+FORWARD_HEADERS = ("Content-Type", "Accept", "OpenAI-Organization", "X-Request-Id")
 MODELS_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 MAX_MODELS_BYTES = 1 << 20  # an IU's /v1/models (a few hundred bytes per model)
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
@@ -69,6 +72,8 @@ class EdgeState:
     session: aiohttp.ClientSession | None = None
     admission: Admission | None = None
     bodies: BodyReader | None = None
+    auth: Authenticator | None = None  # client keys (None: not checked)
+    upstream_headers: dict = field(default_factory=dict)  # the IUs' key as Authorization, when configured
     awaiting_head: set = field(default_factory=set)  # client connections before their first request head
     active: int = 0  # requests being handled (graceful shutdown waits for 0)
     draining: bool = False
@@ -231,7 +236,7 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
     if not_serving is None:
         return error_response(404, f"The model `{summary.model}` does not exist.", "model_not_found", "model")
     prompt_tokens, stream = summary.prompt_tokens, summary.stream
-    headers = {h: request.headers[h] for h in FORWARD_HEADERS if h in request.headers}
+    headers = {**{h: request.headers[h] for h in FORWARD_HEADERS if h in request.headers}, **state.upstream_headers}
     # streams are judged by idle time, not total time; a non-streamed answer by the session's total
     timeout = {"timeout": state.stream_timeout} if stream else {}
     tried: set[str] = set()
@@ -377,7 +382,8 @@ async def _models(request: web.Request) -> web.Response:
     healthy = [e for e in state.view.snapshot().healthy if e.address and e.port]
     for entry in healthy[:2]:
         try:
-            async with state.session.get(_upstream_url(entry, "/v1/models"), timeout=MODELS_TIMEOUT) as answer:
+            async with state.session.get(_upstream_url(entry, "/v1/models"), timeout=MODELS_TIMEOUT,
+                                         headers=state.upstream_headers) as answer:
                 body = await read_capped(answer, MAX_MODELS_BYTES)
                 if answer.status >= 400:
                     return web.Response(body=normalise_upstream_error(answer.status, body[:MAX_UPSTREAM_ERROR_BYTES]),
@@ -388,13 +394,6 @@ async def _models(request: web.Request) -> web.Response:
         except (BodyTooLong, aiohttp.ClientError):
             state.metrics.upstream_errors_of[entry.iu_id, "protocol"].inc()
     return _unavailable(state, Unavailable("no_healthy_iu", "no healthy IU answered /v1/models"))
-
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    return web.Response(body=generate_latest(state.metrics.registry),
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -432,11 +431,11 @@ async def _edge_middleware(request: web.Request, handler):
 
 
 def make_app(state: EdgeState) -> web.Application:
-    app = web.Application(client_max_size=state.config.max_body_bytes, middlewares=[_edge_middleware])
+    checks = [state.auth.middleware] if state.auth is not None else []
+    app = web.Application(client_max_size=state.config.max_body_bytes, middlewares=[_edge_middleware, *checks])
     app[STATE] = state
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_get("/v1/models", _models)
-    app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     return app

@@ -49,9 +49,10 @@ SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-apt", "sudo")
 # What the roles install from Debian's archive (chrony; rdma_network_packages; python3-venv for the agent's and
-# vLLM's venvs; python3-debian for deb822_repository): downloaded into the image's apt cache, not installed.
+# vLLM's venvs; python3-debian for deb822_repository; nftables for host_firewall): downloaded into the image's
+# apt cache, not installed.
 PRESEEDED = ("chrony", "rdma-core", "infiniband-diags", "perftest", "ibverbs-utils", "iproute2", "python3-venv",
-             "python3-debian")
+             "python3-debian", "nftables")
 DEPLOY_USER = "deploy"
 DEPLOY_UID = 1000
 MASKED_UNITS = ("systemd-remount-fs.service", "getty@.service", "console-getty.service",

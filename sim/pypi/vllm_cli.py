@@ -1,6 +1,7 @@
 """``vllm`` of the stand-in vllm wheel (sim/pypi): ``vllm serve MODEL ...`` checks its environment the way the
 real vLLM would trip over it on a GPU node, then runs the simulated vLLM server (sim.vllm, vendored into the
-wheel as ``vllm._sim``) on ``--host``/``--port`` until SIGTERM.
+wheel as ``vllm._sim``) on ``--host``/``--port`` until SIGTERM; with ``--api-key`` or ``VLLM_API_KEY`` its
+``/v1/*`` endpoints refuse requests without that key (401), as vLLM's do.
 
 Exits 1 with one line per problem (as vLLM dies at start) when:
 - HOME (or XDG_CACHE_HOME) is unset or not writable: vLLM, torch, triton, numba and HF write caches there;
@@ -40,6 +41,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     serve.add_argument("--max-num-seqs", type=int, default=256)
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--api-key", default=None)
     serve.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true")
     serve.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false")
     sub.add_parser("--version")
@@ -129,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     from vllm._sim.vllm.server import SimulatedIU  # vendored sim.vllm (see sim/pypi/build.py)
 
     try:
+        # vLLM's rule: --api-key, else VLLM_API_KEY; /v1/* then needs it
         server = SimulatedIU(args.host, args.port, arrival_rate=float(env.get("CLUSTERCTL_SIM_ARRIVAL_RATE", "1.0")),
-                             seed=args.port, warmup_s=30.0).start()
+                             seed=args.port, warmup_s=30.0, api_key=args.api_key or env.get("VLLM_API_KEY") or None
+                             ).start()
     except OSError as exc:
         print(f"vllm serve: --host {args.host} --port {args.port}: {exc}", file=sys.stderr)
         return 1

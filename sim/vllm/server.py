@@ -1,6 +1,10 @@
 """One simulated IU: an HTTP server on the IU's address:port serving vLLM-like ``/metrics`` and ``/health``,
 and the OpenAI-compatible completions API (``openai_api``: streaming SSE or not) through the load model.
 
+``api_key``: like ``vllm serve --api-key`` (or ``VLLM_API_KEY``), every ``/v1/*`` request must carry
+``Authorization: Bearer <key>``, else 401 ``{"error": "Unauthorized"}`` as vLLM answers; ``/metrics`` and
+``/health`` stay open, as in vLLM (its key covers only the API's path prefixes).
+
 The load model is advanced lazily to the current time on each request, so an idle server costs nothing and
 no background thread is needed besides the HTTP one. Controls (``set_arrival_rate``, ``hang``, ``fail``)
 let tests and the demo drive different loads and faults.
@@ -8,6 +12,7 @@ let tests and the demo drive different loads and faults.
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import threading
 import time
@@ -32,9 +37,11 @@ class SimulatedIU:
         params: ModelParams | None = None,
         clock=time.monotonic,
         warmup_s: float = 0.0,
+        api_key: str | None = None,
     ):
         """``warmup_s``: the model starts that long in the past, so the first scrape shows a steady state."""
         self.clock = clock
+        self.api_key = api_key
         self.model = LoadModel(params, arrival_rate=arrival_rate, seed=seed, start=clock() - warmup_s)
         self.exposition = VllmExposition(self.model, schema)
         self.lock = threading.Lock()
@@ -114,7 +121,19 @@ class SimulatedIU:
             # headers and body go out in two writes; with Nagle on, keep-alive clients wait for a delayed ACK
             disable_nagle_algorithm = True
 
+            def _refused(self) -> bool:
+                """vLLM's key check: /v1/* without ``Bearer <api_key>`` is answered 401 here."""
+                if sim.api_key is None or not self.path.startswith("/v1"):
+                    return False
+                if hmac.compare_digest(self.headers.get("Authorization", "").encode(),
+                                       f"Bearer {sim.api_key}".encode()):
+                    return False
+                self._send(401, b'{"error": "Unauthorized"}', "application/json")
+                return True
+
             def do_GET(self):  # noqa: N802 (http.server's naming)
+                if self._refused():
+                    return None
                 if self.path.startswith("/metrics"):
                     if sim.failing:
                         return self._send(500, b"internal error\n", "text/plain")
@@ -127,6 +146,9 @@ class SimulatedIU:
                 return self._send(404, b"not found\n", "text/plain")
 
             def do_POST(self):  # noqa: N802
+                if self._refused():
+                    self.close_connection = True  # the body was not read
+                    return None
                 chat = self.path.startswith("/v1/chat/completions")
                 if not chat and not self.path.startswith("/v1/completions"):
                     return self._send(404, b"not found\n", "text/plain")

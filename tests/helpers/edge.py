@@ -23,7 +23,7 @@ from consul_io import layout
 from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_wire.scorebody import IUScore, ScoreBody
-from edge.config import EdgeConfig, PushConfig
+from edge.config import AccessConfig, EdgeConfig, PushConfig
 from edge.main import Edge
 from sim.vllm.registration import IUService, register_on_catalog_node
 from sim.vllm.server import SimulatedIU
@@ -58,7 +58,8 @@ def typed(body: dict) -> ScoreBody:
 class Pool:
     """``nodes`` x ``ius_per_node`` simulated IUs registered in Consul; an AgentHttpServer per node."""
 
-    def __init__(self, consul_addr: str, nodes: int = 2, ius_per_node: int = 1, agents: bool = True):
+    def __init__(self, consul_addr: str, nodes: int = 2, ius_per_node: int = 1, agents: bool = True,
+                 iu_api_key: str | None = None):
         self.io = ConsulIO(consul_addr)
         self.consul_addr = consul_addr
         self.agent_port = free_port()
@@ -69,7 +70,7 @@ class Pool:
             node, address = f"n{n}", f"127.0.200.{n + 1}"
             self.nodes[node] = address
             for i in range(ius_per_node):
-                sim = SimulatedIU(address, 0, arrival_rate=0).start()
+                sim = SimulatedIU(address, 0, arrival_rate=0, api_key=iu_api_key).start()
                 iu_id = f"{node}-iu{i}"
                 self.ius[iu_id] = sim
                 self.register(IUService(iu_id, node, "r1", address, int(sim.address.rsplit(":", 1)[1]), (i,), 0))
@@ -125,7 +126,11 @@ class RunningEdge:
         return self.edge.state
 
     def url(self, path: str) -> str:
-        return f"http://{self.address}{path}"
+        scheme = "https" if self.edge.config.access.tls else "http"
+        return f"{scheme}://{self.address}{path}"
+
+    def admin_url(self, path: str) -> str:
+        return f"http://{self.edge.admin_address}{path}"
 
     def drain(self) -> None:
         self.call(self.edge.drain(), timeout=60)
@@ -140,7 +145,7 @@ class RunningEdge:
 def edge_config(pool: Pool, **overrides) -> EdgeConfig:
     base = EdgeConfig(listen="127.0.0.1:0", consul=replace(EdgeConfig().consul, address=pool.consul_addr),
                       push=PushConfig(agent_port=pool.agent_port, wait_s=2.0, apply_interval_s=0.01),
-                      queue_timeout_s=2.0, seed=1)
+                      queue_timeout_s=2.0, seed=1, access=AccessConfig(admin_listen="127.0.0.1:0"))
     push = overrides.pop("push", None)
     return replace(base, **overrides, **({"push": push} if push is not None else {}))
 
@@ -154,11 +159,13 @@ def running_edge(pool: Pool, **overrides):
         edge.close()
 
 
-def post(url: str, body, timeout: float = 30.0) -> tuple[int, dict, bytes]:
+def post(url: str, body, timeout: float = 30.0, headers: dict | None = None,
+         context=None) -> tuple[int, dict, bytes]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
             return answer.status, dict(answer.headers), answer.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
@@ -185,7 +192,7 @@ wait_for = functools.partial(shared_wait_for, interval=0.02)
 
 def metric(edge: RunningEdge, name: str, labels: str = "") -> float:
     """One sample of the edge's /metrics (0 when absent)."""
-    with urllib.request.urlopen(edge.url("/metrics"), timeout=5) as answer:
+    with urllib.request.urlopen(edge.admin_url("/metrics"), timeout=5) as answer:
         text = answer.read().decode()
     prefix = f"{name}{{{labels}}}" if labels else name
     for line in text.splitlines():

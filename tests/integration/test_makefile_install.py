@@ -49,7 +49,7 @@ def test_make_demo_shows_one_line_per_install_step_then_step_1(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == [
         f"installing clusterctl into {venv} (log: {venv}/install.log)",
-        "installing systemd-container debootstrap openssh-client util-linux apt-utils gnupg "
+        "installing systemd-container debootstrap openssh-client util-linux apt-utils gnupg nftables "
         f"(missing: no-such-tool-for-this-test; log: {venv}/machine-tools.log)",
         "──── 1/6 virtual cluster: 2 nodes in 2 racks ────",
     ]

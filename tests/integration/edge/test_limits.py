@@ -106,11 +106,13 @@ def test_an_edge_with_few_descriptors_raises_its_limit_and_survives_a_crowd_of_i
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 512))
 
     edge = subprocess.Popen([sys.executable, "-m", "edge", "--config", str(config), "--consul", pool.consul_addr,
-                             "--listen", "127.0.0.1:0", "--no-push"], cwd=ROOT, preexec_fn=limited,
+                             "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--no-push"], cwd=ROOT,
+                            preexec_fn=limited,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     crowd: list[socket.socket] = []
     try:
         address = edge.stdout.readline().strip().rsplit("http://", 1)[1]
+        admin = edge.stdout.readline().split("http://", 1)[1].split()[0]
         limits = Path(f"/proc/{edge.pid}/limits").read_text()
         assert [line.split()[3:5] for line in limits.splitlines() if line.startswith("Max open files")] == [
             ["512", "512"]]
@@ -128,7 +130,7 @@ def test_an_edge_with_few_descriptors_raises_its_limit_and_survives_a_crowd_of_i
         for conn in crowd:
             conn.close()
         assert post(f"http://{address}/v1/completions", completion())[0] == 200
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as answer:
+        with urllib.request.urlopen(f"http://{admin}/metrics", timeout=5) as answer:
             text = answer.read().decode()
         assert 'kind="connect"' not in text and "eas_edge_retries_total 0.0" in text
     finally:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def start_edge(consul_addr: str, *flags: str) -> subprocess.Popen:
     edge = subprocess.Popen([sys.executable, "-m", "edge", "--consul", consul_addr, "--listen", "127.0.0.1:0",
-                             "--no-push", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--admin-listen", "127.0.0.1:0", "--no-push", *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert edge.stdout.readline().startswith("eas-edge listening on http://127.0.0.1:")
     return edge
 
@@ -64,4 +64,4 @@ def test_the_edge_serves_on_the_loop_it_was_given(consul_addr):
         edge = start_edge(consul_addr, "--log-level", "info", "--event-loop", name)
         edge.terminate()
         _out, err = edge.communicate(timeout=30)
-        assert edge.returncode == 0 and f"(push off, event loop {name})" in err, err
+        assert edge.returncode == 0 and f"(client keys none, push off, event loop {name})" in err, err

@@ -105,7 +105,7 @@ def test_maintenance_and_critical_ius_never_get_traffic(pool):
         with pytest.raises(urllib.error.HTTPError) as info:  # a load balancer stops sending to this edge
             urllib.request.urlopen(edge.url("/healthz"), timeout=5)
         assert info.value.code == 503 and json.load(info.value)["status"] == "no_routable_iu"
-        with urllib.request.urlopen(edge.url("/metrics"), timeout=5) as answer:
+        with urllib.request.urlopen(edge.admin_url("/metrics"), timeout=5) as answer:
             assert 'eas_edge_rejected_total{reason="no_healthy_iu"} 1.0' in answer.read().decode()
 
 

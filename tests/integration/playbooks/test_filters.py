@@ -144,5 +144,6 @@ def test_the_ius_a_change_touches():
     assert changed("/etc/vllm-iu/1.env") == [ius[1]]
     assert changed("/etc/systemd/system/vllm-iu@0.service.d/10-numa.conf") == [ius[0]]
     assert changed("/etc/systemd/system/vllm-iu@.service") == ius  # the template: all
+    assert changed("/etc/vllm-iu/api-key.env") == ius  # the key every IU reads: all
     assert changed("/etc/chrony/chrony.conf") == [] == changed()
     assert plugin.inference_units_changed(ius, None, "/etc/vllm-iu") == []

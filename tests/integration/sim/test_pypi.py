@@ -210,3 +210,24 @@ def test_agent_requires_a_python_ubuntu_2204_and_2404_ship(agent_wheel):
 
 
 # What the wheel carries and that its code is Python 3.10: tests/unit/provision/test_wheels.py.
+
+
+def test_vllm_with_vllm_api_key_refuses_v1_requests_without_it_and_keeps_health_open(vllm_venv, node):
+    port = free_port()
+    proc = vllm(vllm_venv, node, port, VLLM_API_KEY="unit-key-1")
+    try:
+        wait_health(port, proc)
+        with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=5) as answer:
+            assert answer.status == 200
+        for headers in ({}, {"Authorization": "Bearer other"}, {"Authorization": "unit-key-1"}):
+            request = urllib.request.Request(f"http://{HOST}:{port}/v1/models", headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(request, timeout=5)
+            assert info.value.code == 401 and json.load(info.value) == {"error": "Unauthorized"}
+        request = urllib.request.Request(f"http://{HOST}:{port}/v1/models",
+                                         headers={"Authorization": "Bearer unit-key-1"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert answer.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0

@@ -68,6 +68,8 @@ RENDERED = [
     (ROCE_HOST, "/etc/systemd/system/roce-dcqcn.service", "roce-dcqcn.service"),
     (ROCE_HOST, "/usr/local/sbin/roce-dcqcn", "roce-dcqcn.sh"),
     (IB_HOST, "/etc/consul.d/consul.hcl", "consul.hcl"),
+    (IB_HOST, "/etc/clusterctl/firewall.nft", "host-firewall-r01n01.nft"),
+    (IB_HOST, "/etc/systemd/system/clusterctl-firewall.service", "clusterctl-firewall.service"),
 ]
 # Template -> golden file(s) of RENDERED. consul.hcl holds the virtual inventory's secrets, which are test
 # values committed in inventory/virtual (never a real cluster's).
@@ -88,6 +90,8 @@ TEMPLATE_GOLDENS = {
     "rdma_network/roce-dcqcn.service.j2": ("roce-dcqcn.service",),
     "rdma_network/roce-dcqcn.sh.j2": ("roce-dcqcn.sh",),
     "consul_agent/consul.hcl.j2": ("consul.hcl",),
+    "host_firewall/firewall.nft.j2": ("host-firewall-r01n01.nft",),
+    "host_firewall/clusterctl-firewall.service.j2": ("clusterctl-firewall.service",),
 }
 NO_GOLDEN_YET: set[str] = set()
 # CLUSTERCTL_WRITE_MISSING_GOLDEN=1 writes a golden file that does not exist yet from the host (to be
@@ -373,6 +377,30 @@ def test_each_iu_unit_env_and_numa_binding_from_the_host_topology(provisioned):
     # the 56-core host's CPUs differ from the 48-core hosts': the lists were read, not typed
     assert cpulists[(IB_HOST, 1)] == "48-95,144-191"
     assert cpulists[(OTHER_TOPOLOGY_HOST, 1)] == "56-111,168-223"
+    # vLLM's key: the inventory's, as VLLM_API_KEY in a 0600 file of root's, never in the arguments
+    api_key = yaml.safe_load((Path(provisioned.inventory) / "group_vars" / "all.yml").read_text())["inference_unit_api_key"]
+    for host in provisioned.hosts:
+        assert provisioned.stat(host, "/etc/vllm-iu/api-key.env") == "600 root root"
+        assert provisioned.read(host, "/etc/vllm-iu/api-key.env") == f"VLLM_API_KEY={api_key}\n"
+        assert api_key not in provisioned.read(host, "/etc/vllm-iu/0.env")
+
+
+def test_the_ius_refuse_requests_without_their_key(provisioned):
+    node = load_cluster(provisioned.inventory).node(IB_HOST)
+    url = f"http://{node.address}:{node.ius[0].port}/v1/models"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=10)
+    assert refused.value.code == 401
+    api_key = yaml.safe_load((Path(provisioned.inventory) / "group_vars" / "all.yml").read_text())["inference_unit_api_key"]
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+
+
+def test_the_firewall_rules_are_checked_and_never_loaded_on_machines_that_share_a_namespace(provisioned):
+    for host in provisioned.hosts:
+        assert provisioned.stat(host, "/etc/clusterctl/firewall.nft") == "644 root root"
+        assert not provisioned.exists(host, "/etc/systemd/system/sysinit.target.wants/clusterctl-firewall.service")
 
 
 def test_consul_service_definitions(provisioned):

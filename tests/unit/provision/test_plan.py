@@ -20,8 +20,8 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[3]
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
 EXPECTED_ROLES = [
-    "chrony", "consul_agent", "cpu_cstates", "eas_agent", "inference_unit", "numa_tuning", "nvidia_stack",
-    "rdma_network",
+    "chrony", "consul_agent", "cpu_cstates", "eas_agent", "host_firewall", "inference_unit", "numa_tuning",
+    "nvidia_stack", "rdma_network",
 ]
 
 
@@ -109,7 +109,8 @@ def test_secrets_are_no_log_in_specs():
     consul_secrets = ("gossip_key", "acl_management_token", "acl_agent_token", "acl_registration_token",
                       "acl_operator_token", "acl_eas_agent_token", "acl_edge_token", "tls_server_key_pem")
     for role, name in (*(("consul_agent", f"consul_agent_{s}") for s in consul_secrets),
-                       ("eas_agent", "eas_agent_consul_token"), ("eas_agent", "eas_agent_announce_token")):
+                       ("eas_agent", "eas_agent_consul_token"), ("eas_agent", "eas_agent_announce_token"),
+                       ("inference_unit", "inference_unit_api_key")):
         assert _spec(role)[name].get("no_log") is True
 
 

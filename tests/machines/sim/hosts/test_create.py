@@ -118,7 +118,7 @@ def _unsecret(text: str) -> str:
     import re
 
     text = re.sub(r"(?m)^(consul_agent_gossip_key|consul_agent_acl_management_token|consul_virtual_token_seed|"
-                  r"consul_agent_acl_registration_token|consul_token|consul_edge_token|eas_agent_announce_token): \S+$", r"\1: <secret>", text)
+                  r"consul_agent_acl_registration_token|consul_token|consul_edge_token|eas_agent_announce_token|inference_unit_api_key): \S+$", r"\1: <secret>", text)
     return re.sub(r"(?s)-----BEGIN ([A-Z ]+)-----.*?-----END \1-----", r"<\1 PEM>", text)
 
 

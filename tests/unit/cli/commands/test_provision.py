@@ -293,7 +293,7 @@ def test_plan_names_each_play_its_batching_and_roles(clusterctl, virtual_invento
         "play 1: Start the Consul servers together, all at once", "  roles: consul_agent",
         "play 2: Provision GPU inference nodes, batches 1,50%",
         "  roles: cpu_cstates -> numa_tuning -> nvidia_stack -> rdma_network -> chrony -> inference_unit -> "
-        "consul_agent -> eas_agent",
+        "consul_agent -> eas_agent -> host_firewall",
         "play 3: Reboot the Consul servers one at a time, one host at a time", "  roles: (tasks only)"]
     assert not (tmp_path / "run").exists()
 
