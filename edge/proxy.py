@@ -4,7 +4,8 @@
 beyond) and summarised (:mod:`edge.body`: a malformed or too deeply nested one is a 400), routed among the
 IUs serving its ``model`` (an IU's Consul ``Meta.model``; a model no IU serves is a 404 ``model_not_found``)
 by :class:`edge.routing.Router`, and sent unchanged to the chosen IU; the answer is passed through chunk by
-chunk as it arrives (SSE streams and plain JSON alike; nothing is buffered), with ``X-Eas-IU`` naming the IU.
+chunk as it arrives (SSE streams and plain JSON alike; nothing is buffered), with ``X-Eas-IU`` naming the IU
+when the config's ``debug_headers`` is on.
 An IU's error answer (a 404 for an unknown model, a 400) is the client's answer, rewritten into OpenAI's
 error shape (:mod:`edge.errors`), as is every error the edge answers itself (with ``X-Edge-Reason``).
 ``GET /v1/models`` is answered by one routable IU.
@@ -64,7 +65,7 @@ class EdgeState:
     metrics: EdgeMetrics
     watcher: object | None = None  # edge.pool.ConsulWatcher (threads)
     feed: AgentFeed | None = None
-    announcer: AnnounceSender | None = None  # announce.token_file set: each request told to its node agent
+    announcer: AnnounceSender | None = None  # announce.key_file set: each request told to its node agent
     session: aiohttp.ClientSession | None = None
     admission: Admission | None = None
     bodies: BodyReader | None = None
@@ -84,6 +85,10 @@ class EdgeState:
     def waiters(self) -> list:
         """Every queued request (all queues)."""
         return [waiter for queue in self.admission.queues.values() for waiter in queue]
+
+    def iu_headers(self, iu_id: str) -> dict[str, str]:
+        """``X-Eas-IU`` naming the IU that answered, only with ``debug_headers`` on: IU ids are internal."""
+        return {"X-Eas-IU": iu_id} if self.config.debug_headers else {}
 
     @property
     def stream_timeout(self) -> aiohttp.ClientTimeout:
@@ -301,7 +306,7 @@ async def _upstream_error(state: EdgeState, upstream: aiohttp.ClientResponse, iu
         state.router.first_byte(iu_id, handle)
         state.release(iu_id, handle=handle)
     return web.Response(body=normalise_upstream_error(upstream.status, raw), status=upstream.status,
-                        content_type="application/json", headers={"X-Eas-IU": iu_id})
+                        content_type="application/json", headers=state.iu_headers(iu_id))
 
 
 async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.ClientResponse, iu_id: str,
@@ -310,7 +315,7 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
     ``stream_idle_timeout_s`` mid-stream is cut and ejected; a non-streamed answer past the edge's own
     ``upstream_timeout_s`` is cut without blaming the IU."""
     failed = False
-    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id}
+    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), **state.iu_headers(iu_id)}
     if "Content-Encoding" in upstream.headers:  # bytes pass through undecoded (auto_decompress=False)
         headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
     response = web.StreamResponse(status=upstream.status, headers=headers)
