@@ -48,7 +48,7 @@ DEFAULT_RATE_PER_S = 2_000.0  # per edge; one edge sends a pool of 128 nodes ~1,
 DEFAULT_BURST = 4_000.0
 # across all edges: a node's few IUs admit a few hundred requests a second; 16 edges at their busiest send it
 # far less than this, and invented ids (each with its own per-edge bucket) cannot add up past it
-DEFAULT_NODE_RATE_PER_S = 4_000.0
+DEFAULT_NODE_RATE_PER_S = 2_000.0
 # Between two scrapes (200 ms) one IU is plausibly handed a few requests by all edges together; 16 prompts
 # at the model's context is far above that, and bounds what a broken or compromised edge adds to one IU
 ANNOUNCED_PROMPTS_PER_SCRAPE = 16

@@ -42,7 +42,9 @@ from eas_agent.announce import EdgeKeyMismatch
 from eas_agent.announce_keys import EdgeKeys
 from eas_agent.serving import (
     HEAD_DEADLINE_S,
-    MAX_CONNECTIONS,  # noqa: F401 - re-exported: the agent's limits are read here
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_ADDRESS,
+    RESERVED_FOR_EDGES,
     BoundedHTTPServer,
     DeadlineReader,
     QuietHTTPServer,  # noqa: F401 - re-exported: the simulated vLLM's server
@@ -149,10 +151,11 @@ def _error(message: str) -> bytes:
 
 class AgentHttpServer:
     def __init__(self, host: str, port: int, metrics: AgentMetrics, *, announce: Announce | None = None,
-                 edge_keys: EdgeKeys | None = None, clock=time.time):
+                 edge_keys: EdgeKeys | None = None, clock=time.time, max_connections: int = MAX_CONNECTIONS,
+                 reserved_for_edges: int = RESERVED_FOR_EDGES, per_address: int = MAX_CONNECTIONS_PER_ADDRESS):
         """``announce`` (the agent's :meth:`~eas_agent.agent.Agent.announce` at its clock) serves ``POST
         /announce`` when ``edge_keys`` is set; without keys the channel is off (404) and no request is
-        taken as an edge's."""
+        taken as an edge's. The connection limits: eas_agent/serving.py."""
         self.metrics = metrics
         self.announce, self.edge_keys, self.clock = announce, edge_keys, clock
         self.streams_by_address: dict[str, int] = {}  # anonymous streams held, per client address
@@ -162,6 +165,8 @@ class AgentHttpServer:
         self.changed = threading.Condition(self.lock)
         self.closing = False  # stop(): streams end
         self.server = BoundedHTTPServer((host, port), self._handler())
+        self.server.max_connections, self.server.reserved = max_connections, reserved_for_edges
+        self.server.per_address = per_address
         self.thread = threading.Thread(
             target=self.server.serve_forever,
             kwargs={"poll_interval": 0.2},
@@ -222,7 +227,7 @@ class AgentHttpServer:
                 self.rfile = io.BufferedReader(self.reader)
 
             def handle_one_request(self):
-                self.reader.deadline = time.monotonic() + HEAD_DEADLINE_S
+                self.reader.expect_head(HEAD_DEADLINE_S)
                 try:
                     super().handle_one_request()
                 except TimeoutError:  # the head's deadline or a read's timeout: the connection ends
@@ -230,7 +235,7 @@ class AgentHttpServer:
 
             def parse_request(self) -> bool:
                 ok = super().parse_request()
-                self.reader.deadline = None  # the head is in: the body's reads have their own timeout
+                self.reader.expect_head(None)  # the head is in: the body's reads have their own timeout
                 if ok and not self.signed() and not self.holds_anonymous:
                     self.holds_anonymous = owner.server.anonymous_slot()
                     if not self.holds_anonymous:

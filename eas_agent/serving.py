@@ -42,12 +42,18 @@ class QuietHTTPServer(ThreadingHTTPServer):
 
 
 class DeadlineReader(io.RawIOBase):
-    """A socket's reads, each with at most ``timeout_s`` and, while ``deadline`` (monotonic) is set, never
-    past it (TimeoutError): the request head's absolute deadline."""
+    """A socket's reads, each with at most ``timeout_s``; after :meth:`expect_head`, the reads from the
+    first byte of the head on end at an absolute deadline ``head_s`` later (TimeoutError), however slowly
+    the bytes drip. A kept-alive connection idles up to ``timeout_s`` before its next head."""
 
     def __init__(self, sock: socket.socket, timeout_s: float):
         self.sock, self.timeout_s = sock, timeout_s
+        self.head_s: float | None = None
         self.deadline: float | None = None
+
+    def expect_head(self, head_s: float | None) -> None:
+        """The next bytes start a request head (``head_s``), or the head is in (None: no deadline)."""
+        self.head_s, self.deadline = head_s, None
 
     def readable(self) -> bool:
         return True
@@ -59,7 +65,10 @@ class DeadlineReader(io.RawIOBase):
             if timeout <= 0:
                 raise TimeoutError("request head deadline passed")
         self.sock.settimeout(timeout)
-        return self.sock.recv_into(buffer)
+        n = self.sock.recv_into(buffer)
+        if n and self.head_s is not None and self.deadline is None:
+            self.deadline = time.monotonic() + self.head_s
+        return n
 
 
 class BoundedHTTPServer(QuietHTTPServer):
