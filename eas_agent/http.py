@@ -33,7 +33,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -47,7 +46,8 @@ from eas_agent.serving import (
     RESERVED_FOR_EDGES,
     BoundedHTTPServer,
     DeadlineReader,
-    QuietHTTPServer,  # noqa: F401 - re-exported: the simulated vLLM's server
+    QuietHandler,
+    QuietHTTPServer,  # noqa: F401 - re-exported
 )
 from eas_wire.announce import ANNOUNCE_PATH, MAX_BATCH_BYTES, AnnounceError, answer_json
 from eas_wire.scorebody import STATUSES, ScoreBody
@@ -67,23 +67,6 @@ from eas_wire.stream import (
 CONNECTION_TIMEOUT_S = 10.0  # body and keep-alive idle, each read; an edge poller asks every 200 ms
 MAX_STREAMS_PER_ADDRESS = 2  # anonymous /scores streams one client address may hold (an operator's, a test's)
 ANONYMOUS_MAX_STREAM_S = 30.0  # an anonymous follower reconnects; a signed one (an edge) keeps MAX_STREAM_S
-
-
-class QuietHandler(BaseHTTPRequestHandler):
-    """Request handler with one way to answer (``_send``) and no access log (the agent's and the simulated
-    vLLM's servers both use it)."""
-
-    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):  # keep logs and test output clean
-        pass
 
 
 class AgentMetrics:

@@ -1,4 +1,5 @@
-"""The agent's HTTP server under attack from the node network: who gets a thread, for how long.
+"""The agent's HTTP server under attack from the node network: who gets a thread, for how long. (It
+imports nothing of the project: the simulated vLLM server uses its quiet server and handler too.)
 
 Threat: the agent's port is reachable from every host of the node network (a compromised GPU node among
 them). Connections that never finish a request, or ``/scores`` streams that are never read, must not lock
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 # Each edge holds two connections to each agent (its /scores stream and its /announce sender): 16 edges
 # are 32, and a restarted edge's old ones linger until their wait or the connection timeout ends (up to
@@ -39,6 +40,23 @@ class QuietHTTPServer(ThreadingHTTPServer):
     def handle_error(self, request, client_address) -> None:
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
             super().handle_error(request, client_address)
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """Request handler with one way to answer (``_send``) and no access log (the agent's and the simulated
+    vLLM's servers both use it)."""
+
+    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # keep logs and test output clean
+        pass
 
 
 class DeadlineReader(io.RawIOBase):
