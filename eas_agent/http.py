@@ -135,13 +135,15 @@ def _error(message: str) -> bytes:
 class AgentHttpServer:
     def __init__(self, host: str, port: int, metrics: AgentMetrics, *, announce: Announce | None = None,
                  edge_keys: EdgeKeys | None = None, clock=time.time, max_connections: int = MAX_CONNECTIONS,
-                 reserved_for_edges: int = RESERVED_FOR_EDGES, per_address: int = MAX_CONNECTIONS_PER_ADDRESS):
+                 reserved_for_edges: int = RESERVED_FOR_EDGES, per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
+                 streams_per_address: int = MAX_STREAMS_PER_ADDRESS):
         """``announce`` (the agent's :meth:`~eas_agent.agent.Agent.announce` at its clock) serves ``POST
         /announce`` when ``edge_keys`` is set; without keys the channel is off (404) and no request is
         taken as an edge's. The connection limits: eas_agent/serving.py."""
         self.metrics = metrics
         self.announce, self.edge_keys, self.clock = announce, edge_keys, clock
         self.streams_by_address: dict[str, int] = {}  # anonymous streams held, per client address
+        self.streams_per_address = streams_per_address
         self.scores_json = b"{}"  # the latest ScoreBody, serialized once when set
         self.index = 0  # of scores_json; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
@@ -266,11 +268,11 @@ class AgentHttpServer:
                 if anonymous:
                     with owner.lock:
                         held = owner.streams_by_address.get(address, 0)
-                        if held < MAX_STREAMS_PER_ADDRESS:
+                        if held < owner.streams_per_address:
                             owner.streams_by_address[address] = held + 1
-                    if held >= MAX_STREAMS_PER_ADDRESS:
+                    if held >= owner.streams_per_address:
                         self.close_connection = True
-                        return self._send(429, _error(f"at most {MAX_STREAMS_PER_ADDRESS} streams per client "
+                        return self._send(429, _error(f"at most {owner.streams_per_address} streams per client "
                                                       "address"), "application/json", {"Connection": "close"})
                 try:
                     self.send_response(200)
