@@ -10,7 +10,7 @@ body every 200 ms as an agent's cycle does); another runs their 256 stand-in IUs
 (streamed completions, 8 chunks 5 ms apart: bench/edge_proxy.py's stand-in); a dev Consul lists them.
 One real ``eas-edge`` process follows every agent (push) and routes an open-loop Poisson stream of streamed
 completions at ``--rate`` (this process), first with the announce channel off (``push``), then on
-(``announce``: ``--announce-token-file``), each for ``--window`` seconds on the same agents and IUs.
+(``announce``: ``--announce-key-file``), each for ``--window`` seconds on the same agents and IUs.
 
 Printed per mode: the edge's CPU per request, the agents' CPU per request (all 128 together: the
 announcements they count and the extra bodies they push), announce batches and pushed bodies per request,
