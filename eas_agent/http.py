@@ -293,7 +293,9 @@ class AgentHttpServer:
                 code, body, read = self._announce()
                 owner.metrics.announce_batches.labels(str(code)).inc()
                 headers = {}
-                if not read:  # the request body is still on the socket: this connection cannot carry another
+                # the request body still on the socket: this connection cannot carry another; a refused
+                # signature: a connection taken from the edges' reserve is not kept by a forger
+                if not read or code == 401:
                     self.close_connection = True
                     headers["Connection"] = "close"
                 return self._send(code, body, "application/json", headers)

@@ -310,8 +310,9 @@ def test_a_changed_body_a_stale_signature_and_a_replayed_one_are_401(agent):
     data = json.dumps(good_batch(1)).encode()
     signature = sign(KEY, data, T0 + 0.05)
     tampered = data.replace(b'"tokens": 16000', b'"tokens": 99999')
-    status, answer, _ = post(connect(agent), tampered, key=None, headers={SIGNATURE_HEADER: signature})
+    status, answer, response = post(connect(agent), tampered, key=None, headers={SIGNATURE_HEADER: signature})
     assert status == 401 and "does not verify" in answer["error"]
+    assert response.getheader("Connection") == "close"  # a forger keeps no connection from the edges' reserve
     status, answer, _ = post(connect(agent), good_batch(1), at=T0 - 60)
     assert status == 401 and "from the agent's clock" in answer["error"]
     assert unchanged(agent, index)
