@@ -10,7 +10,7 @@ body every 200 ms as an agent's cycle does); another runs their 256 stand-in IUs
 (streamed completions, 8 chunks 5 ms apart: bench/edge_proxy.py's stand-in); a dev Consul lists them.
 One real ``eas-edge`` process follows every agent (push) and routes an open-loop Poisson stream of streamed
 completions at ``--rate`` (this process), first with the announce channel off (``push``), then on
-(``announce``: ``--announce-token-file``), each for ``--window`` seconds on the same agents and IUs.
+(``announce``: ``--announce-key-file``), each for ``--window`` seconds on the same agents and IUs.
 
 Printed per mode: the edge's CPU per request, the agents' CPU per request (all 128 together: the
 announcements they count and the extra bodies they push), announce batches and pushed bodies per request,
@@ -41,6 +41,8 @@ from edge_procs import CHUNK_GAP_S, CHUNKS, STREAMED_COMPLETION, DevConsul, star
 from edge_proxy import drive  # noqa: E402
 from measure import cpu_seconds, percentile, tcp_connections  # noqa: E402
 
+from eas_wire.signing import generate_key_pair  # noqa: E402
+
 NET = 202  # 127.202.0.N: clear of edge_proxy's 127.0.201.N push agents
 
 AGENTS = r'''
@@ -48,9 +50,11 @@ import secrets, sys, threading, time
 from dataclasses import replace
 from consul_io import layout
 from eas_agent.announce import NodeAnnouncements
+from eas_agent.announce_keys import EdgeKeys
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_wire.scorebody import IUScore, ScoreBody
-nodes, port, net, token = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.stdin.readline().strip()
+from eas_wire.signing import parse_public_keys
+nodes, port, net, public = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.stdin.readline().strip()
 
 class Node:
     """An agent's HTTP side: Agent.announce's work (count the batch, serve a new body at once)."""
@@ -61,9 +65,9 @@ class Node:
         self.base = None
         self.lock = threading.Lock()
         self.http = AgentHttpServer(f"127.{net}.0.{n + 1}", port, AgentMetrics(), announce=self.announce,
-                                    announce_token=token)
-    def announce(self, obj):
-        accepted, ignored, ignored_seqs = self.channel.receive_batch(obj, time.time())
+                                    edge_keys=EdgeKeys(parse_public_keys(public)))
+    def announce(self, obj, key):
+        accepted, ignored, ignored_seqs = self.channel.receive_batch(obj, time.time(), key)
         if accepted:
             with self.lock:
                 if self.base is not None:
@@ -125,11 +129,11 @@ def edge_counters(address: str) -> dict[str, float]:
     return counts
 
 
-def measure(mode: str, consul: str, port: int, token_file: Path, rate: float, window: float,
+def measure(mode: str, consul: str, port: int, key_file: Path, rate: float, window: float,
             agents: subprocess.Popen, nodes: int) -> dict:
     extra = ["--agent-port", str(port), "--max-inflight-per-iu", "4096"]
     if mode == "announce":
-        extra += ["--announce-token-file", str(token_file)]
+        extra += ["--announce-key-file", str(key_file)]
     edge, address = start_edge(consul, extra)
     try:
         deadline = time.monotonic() + 30
@@ -166,15 +170,15 @@ def run(nodes: int, rate: float, window: float) -> list[dict]:
 
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     port = free_port()
-    token = os.urandom(32).hex()
+    private, public = generate_key_pair()
     with tempfile.TemporaryDirectory() as tmp, DevConsul() as consul:
-        token_file = Path(tmp) / "announce.token"
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600)
+        key_file = Path(tmp) / "announce.key"
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(token + "\n")
+            out.write(private + "\n")
         agents = subprocess.Popen([sys.executable, "-c", AGENTS, str(nodes), str(port), str(NET)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        agents.stdin.write(token + "\n")  # the token on stdin, never on a command line
+        agents.stdin.write(public + "\n")  # the edge's public key: the agents verify, never sign
         agents.stdin.flush()
         ius = subprocess.Popen([sys.executable, "-c", IUS, str(nodes), str(NET), str(CHUNKS), str(CHUNK_GAP_S)],
                                stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -187,7 +191,7 @@ def run(nodes: int, rate: float, window: float) -> list[dict]:
                 for k in (0, 1):
                     register_on_catalog_node(io, IUService(layout.iu_id(node, k), node, "r1", f"127.{NET}.0.{n + 1}",
                                                            8000 + k, (k,), k), f"127.{NET}.0.{n + 1}")
-            return [measure(mode, consul.address, port, token_file, rate, window, agents, nodes)
+            return [measure(mode, consul.address, port, key_file, rate, window, agents, nodes)
                     for mode in ("push", "announce")]
         finally:
             for process in (agents, ius):

@@ -47,7 +47,8 @@ from consul_io import layout
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_wire.scorebody import IUScore, ScoreBody
 host, rate = sys.argv[1], float(sys.argv[2])
-http = AgentHttpServer(host, 0, AgentMetrics())
+# every edge of this bench follows from one address; on a site each edge has its own (the per-address caps)
+http = AgentHttpServer(host, 0, AgentMetrics(), per_address=4096, streams_per_address=4096)
 http.start()
 print(http.server.server_address[1], flush=True)
 ius = (layout.iu_id("node000", 0), layout.iu_id("node000", 1))

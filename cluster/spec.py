@@ -92,6 +92,9 @@ OWN_PREFIXES = ("preflight_",)
 # Variables clusterctl read once and no longer reads, with what to do instead. A role ignores a variable its
 # argument spec does not declare, so one left in an inventory would otherwise be dropped without a word.
 RETIRED = {
+    "eas_agent_announce_token": "no longer read: agents hold only the edges' public keys (eas_edge_public_keys, "
+                                "a list of {name, key}); each edge signs with its own private key "
+                                "(docs/contracts/announce.md); remove it",
     "eas_agent_fake_gpu_file": "no longer read: the agent reads its GPUs through NVML only (the virtual "
                                "cluster's machines install a stand-in nvidia-ml-py from their package index); "
                                "remove it",

@@ -185,7 +185,7 @@ class Demo:
         group_vars = self.inventory / "group_vars" / "all.yml"
         secrets = yaml.safe_load(group_vars.read_text())
         self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"],
-                       "announce": secrets["eas_agent_announce_token"], "iu": secrets["inference_unit_api_key"]}
+                       "announce_key": secrets["eas_edge_announce_private_key"], "iu": secrets["inference_unit_api_key"]}
         hosts = yaml.safe_load((self.inventory / "hosts.yml").read_text())
         servers = list(hosts["all"]["children"]["consul_servers"]["hosts"])
         addresses = {name: spec["ansible_host"] for group in hosts["all"]["children"].values()
@@ -366,9 +366,10 @@ class Demo:
         config.write_text(yaml.safe_dump({
             "consul": {"address": self.consul_addr,
                        "token_file": str(self.write_secret("edge.token", self.tokens["edge"]))},
-            # the agents hold the same token (role eas_agent, eas_agent_announce_token): each request routed is
-            # announced to its node's agent, whose pushed scores then count it for every edge
-            "announce": {"token_file": str(self.write_secret("announce.token", self.tokens["announce"]))},
+            # the agents hold its public key (role eas_agent, eas_edge_public_keys): each request routed is
+            # announced to its node's agent, signed, whose pushed scores then count it for every edge
+            "announce": {"key_file": str(self.write_secret("announce.key", self.tokens["announce_key"]))},
+            "debug_headers": True,  # the demo's traffic reads X-Eas-IU to show where each request went
             "auth": {"keys_file": str(self.write_secret("api-keys", f"demo {hash_key(client_key)}"))},
             # the IUs refuse /v1 requests without their key (role inference_unit: VLLM_API_KEY); the edge holds it
             "upstream_api_key_file": str(self.write_secret("iu-api-key", self.tokens["iu"])),

@@ -161,13 +161,14 @@ class Agent:
         self.nics = NodeNicCounters(pernic or (lambda: psutil.net_io_counters(pernic=True)))
         self.needs_pernic = any(iu.netdevs for iu in config.ius)
         # the announce channel's per-IU state (eas_agent/announce.py); the scorers give waiting requests the
-        # sizes edges announced (none announced: each scorer's own score, unchanged). Its token is read here,
-        # at start-up, like the Consul token (None: POST /announce answers 404).
-        announce_token = config.read_announce_token()
+        # sizes edges announced (none announced: each scorer's own score, unchanged). The edges' public keys
+        # are read here, at start-up (None: POST /announce answers 404).
+        edge_keys = config.read_edge_keys()
         rate = config.announce_rate_per_s
         self.announcements = NodeAnnouncements(
             [iu.id for iu in config.ius], max_prompt_tokens=config.announce_max_prompt_tokens,
             rate_per_s=rate, burst=2 * rate,  # the bucket holds 2 s of the rate (announce.DEFAULT_BURST's ratio)
+            node_rate_per_s=config.announce_node_rate_per_s,
         )
         self.scores_base: ScoreBody | None = None  # the last cycle's /scores body, before announcements
         # Held by the cycle from its first reconcile (scoring) to its new body, and by announce() around
@@ -204,7 +205,8 @@ class Agent:
         self.metrics = AgentMetrics()
         self.http = (
             AgentHttpServer(config.listen_host, config.listen_port, self.metrics,
-                            announce=lambda obj: self.announce(obj, self.clock()), announce_token=announce_token)
+                            announce=lambda obj, key: self.announce(obj, key, self.clock()),
+                            edge_keys=edge_keys, clock=self.clock)
             if serve_http
             else None
         )
@@ -281,12 +283,13 @@ class Agent:
         self.cycles += 1
         return results
 
-    def announce(self, obj, now: float) -> tuple[int, Counter, list[int]]:
-        """One ``POST /announce`` batch (an HTTP handler thread; ``now`` is the agent's clock): counted
+    def announce(self, obj, key: str, now: float) -> tuple[int, Counter, list[int]]:
+        """One ``POST /announce`` batch signed by ``key`` (an HTTP handler thread; ``now`` is the agent's
+        clock): counted
         (:meth:`NodeAnnouncements.receive_batch`, which raises AnnounceError for a malformed batch), then, when
         it added something and a cycle has served a body, a new ``/scores`` body at once, which goes out on
         the edges' streams. (accepted, ignored by reason, the ignored ones' sequence numbers)."""
-        accepted, ignored, ignored_seqs = self.announcements.receive_batch(obj, now)
+        accepted, ignored, ignored_seqs = self.announcements.receive_batch(obj, now, key)
         if accepted and self.http:
             with self.scores_lock:
                 if self.scores_base is not None:

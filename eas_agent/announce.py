@@ -18,10 +18,13 @@ score). At each scrape vLLM's waiting count W gets sizes: the W most recent anno
 admitted wait (vLLM admits first come, first served), older ones were admitted (:class:`AnnouncedPrompts`,
 :class:`AnnounceScorer`).
 
-What a forged or broken sender can do: only an edge holding the token is heard; each announcement's tokens
-are capped at ``max_prompt_tokens`` (the model's context), its send time must be within
+What a forged or broken sender can do: only a batch signed by an edge key this node holds is heard
+(eas_agent/announce_keys.py), and only for edge ids that name that key; each announcement's tokens are capped
+at ``max_prompt_tokens`` (the model's context), its send time must be within
 :data:`~eas_wire.announce.SENT_TOLERANCE_S` of the agent's clock, each edge is held to ``rate_per_s``
-announcements a second (a token bucket), and at most :data:`~eas_wire.scorebody.MAX_ANNOUNCED_EDGES` edges are remembered. What an
+announcements a second and the node as a whole to ``node_rate_per_s`` (token buckets), what announcements add
+to one IU between two scrapes is at most :data:`ANNOUNCED_PROMPTS_PER_SCRAPE` prompts of ``max_prompt_tokens``
+at its prefill rate, and at most :data:`~eas_wire.scorebody.MAX_ANNOUNCED_EDGES` edges are remembered. What an
 announcement adds ends at the next scrape by construction; a FIFO entry lasts at most until vLLM reports
 fewer waiting requests. The KV body never carries announcements (``Publisher`` writes the scrape's body).
 """
@@ -35,13 +38,24 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from eas_agent.score import SCORE_TERMS, IUInputs, Scorer, ScoreResult, effective_prefill_tps
-from eas_wire.announce import Announcement, batch_seqs, parse_batch
+from eas_wire.announce import AnnounceError, Announcement, batch_seqs, parse_batch
 from eas_wire.scorebody import MAX_ANNOUNCED_EDGES, ScoreBody
+from eas_wire.signing import edge_key_id
 
 MAX_PENDING = 4096  # per IU: vLLM's waiting queue of one engine is a few hundred requests at most
 DEFAULT_MAX_PROMPT_TOKENS = 131_072  # Llama 3.1's context; the agent config sets the served model's
 DEFAULT_RATE_PER_S = 2_000.0  # per edge; one edge sends a pool of 128 nodes ~1,000 requests/s at most
 DEFAULT_BURST = 4_000.0
+# across all edges: a node's few IUs admit a few hundred requests a second; 16 edges at their busiest send it
+# far less than this, and invented ids (each with its own per-edge bucket) cannot add up past it
+DEFAULT_NODE_RATE_PER_S = 2_000.0
+# Between two scrapes (200 ms) one IU is plausibly handed a few requests by all edges together; 16 prompts
+# at the model's context is far above that, and bounds what a broken or compromised edge adds to one IU
+ANNOUNCED_PROMPTS_PER_SCRAPE = 16
+
+
+class EdgeKeyMismatch(AnnounceError):
+    """A batch speaks for an edge id that does not name the key that signed it."""
 
 
 class AnnouncedPrompts:
@@ -49,8 +63,9 @@ class AnnouncedPrompts:
     to its score since the last scrape. Called from the agent's cycle (``reconcile``) and its HTTP threads
     (``announce``), hence the lock."""
 
-    def __init__(self):
+    def __init__(self, max_added_tokens: int = ANNOUNCED_PROMPTS_PER_SCRAPE * DEFAULT_MAX_PROMPT_TOKENS):
         self.lock = threading.Lock()
+        self.max_added_tokens = max_added_tokens  # what announcements may add per scrape, in prompt tokens
         self.pending: deque[int] = deque(maxlen=MAX_PENDING)
         self.unattributed = 0  # waiting requests of the last scrape that no announcement named
         self.scraped_at = -math.inf
@@ -68,18 +83,29 @@ class AnnouncedPrompts:
             self.scraped_at, self.prefill_tps, self.request_cost_s, self.added_s = now, prefill_tps, request_cost_s, 0.0
             return sum(self.pending), self.unattributed
 
-    def announce(self, prompt: int, sent: float) -> None:
+    @property
+    def max_added_s(self) -> float:
+        """The most announcements may add to the score between two scrapes (infinite before the first)."""
+        return math.inf if self.prefill_tps is None else self.max_added_tokens / self.prefill_tps
+
+    def announce(self, prompt: int, sent: float) -> bool:
+        """Count one announced prompt; False when what it adds was cut at :attr:`max_added_s`."""
         with self.lock:
             if self.prefill_tps is None:  # no scrape yet: the first one will count it
                 self.pending.append(prompt)
-            elif sent >= self.scraped_at:  # the last scrape did not see it: its prefill on top of the score
+                return True
+            if sent >= self.scraped_at:  # the last scrape did not see it: its prefill on top of the score
                 self.pending.append(prompt)
-                self.added_s += prompt / self.prefill_tps
+                added = prompt / self.prefill_tps
             elif self.unattributed > 0:  # the scrape counted it waiting at the mean: its real size
                 self.unattributed -= 1
                 self.pending.append(prompt)
-                self.added_s += prompt / self.prefill_tps - self.request_cost_s
-            # else the last scrape found it admitted already (the admitted-prefill term counts its real tokens)
+                added = prompt / self.prefill_tps - self.request_cost_s
+            else:  # the last scrape found it admitted already (the admitted-prefill term counts its real tokens)
+                return True
+            bound = self.max_added_s
+            self.added_s = min(bound, self.added_s + added)
+            return self.added_s < bound
 
 
 class AnnounceScorer:
@@ -115,9 +141,13 @@ class NodeAnnouncements:
     each edge's rate bound, and the ``/scores`` body with what announcements added."""
 
     def __init__(self, iu_ids: Iterable[str], *, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-                 rate_per_s: float = DEFAULT_RATE_PER_S, burst: float = DEFAULT_BURST):
-        self.prompts = {iu: AnnouncedPrompts() for iu in iu_ids}
+                 rate_per_s: float = DEFAULT_RATE_PER_S, burst: float = DEFAULT_BURST,
+                 node_rate_per_s: float = DEFAULT_NODE_RATE_PER_S):
+        self.prompts = {iu: AnnouncedPrompts(ANNOUNCED_PROMPTS_PER_SCRAPE * max_prompt_tokens) for iu in iu_ids}
         self.max_prompt_tokens, self.rate_per_s, self.burst = max_prompt_tokens, rate_per_s, burst
+        # one bucket for every edge together, 2 s of its rate deep: a bound invented ids cannot multiply
+        self.node_bucket = [2 * node_rate_per_s, -math.inf]
+        self.node_rate_per_s = node_rate_per_s
         self.lock = threading.Lock()
         self.acked: OrderedDict[str, int] = OrderedDict()  # edge -> last seq counted; least recently heard first
         self.buckets: dict[str, list[float]] = {}  # edge -> [tokens left, when refilled]
@@ -127,16 +157,21 @@ class NodeAnnouncements:
         """``inner`` (the IU's scorer) with the waiting prompts' announced sizes."""
         return AnnounceScorer(inner, self.prompts[iu_id])
 
-    def receive_json(self, obj, now: float) -> tuple[int, Counter]:
-        """Parse and count one batch (:func:`~eas_wire.announce.parse_batch`); (accepted, ignored by reason)."""
-        accepted, ignored, _ignored_seqs = self.receive_batch(obj, now)
+    def receive_json(self, obj, now: float, key: str) -> tuple[int, Counter]:
+        """Parse and count one batch (:func:`~eas_wire.announce.parse_batch`) signed by ``key`` (its key
+        id); (accepted, ignored by reason)."""
+        accepted, ignored, _ignored_seqs = self.receive_batch(obj, now, key)
         return accepted, ignored
 
-    def receive_batch(self, obj, now: float) -> tuple[int, Counter, list[int]]:
+    def receive_batch(self, obj, now: float, key: str) -> tuple[int, Counter, list[int]]:
         """:meth:`receive_json` plus the sequence numbers of the announcements it did not count (those
         that have one): this node's acknowledgement (the last counted) may pass over them, so the edge must
-        count them by time (``EdgeLedger.unannounce``); the answer to ``POST /announce`` lists them."""
+        count them by time (``EdgeLedger.unannounce``); the answer to ``POST /announce`` lists them.
+        Raises :class:`~eas_wire.announce.AnnounceError` when the batch's edge id does not name ``key``:
+        one edge's key never moves another edge's acknowledgement."""
         edge, batch, ignored = parse_batch(obj, self.prompts, now, self.max_prompt_tokens)
+        if edge_key_id(edge) != key:
+            raise EdgeKeyMismatch(f"edge {edge!r} does not name the key {key} that signed the batch")
         counted = set(self.receive(edge, batch, now, ignored))
         return len(counted), ignored, [seq for seq in batch_seqs(obj) if seq not in counted]
 
@@ -153,13 +188,19 @@ class NodeAnnouncements:
                 bucket = [self.burst, now]
             bucket[0] = min(self.burst, bucket[0] + max(0.0, now - bucket[1]) * self.rate_per_s)
             bucket[1] = now
+            node = self.node_bucket
+            node[0] = min(2 * self.node_rate_per_s, node[0] + max(0.0, now - node[1]) * self.node_rate_per_s)
+            node[1] = now
             for a in batch:
                 if a.seq <= acked:
                     ignored["replayed"] += 1
                 elif bucket[0] < 1.0:
                     ignored["rate_limited"] += 1
+                elif node[0] < 1.0:
+                    ignored["node_rate_limited"] += 1
                 else:
                     bucket[0] -= 1.0
+                    node[0] -= 1.0
                     accepted.append(a)
                     acked = a.seq
             if accepted or edge in self.acked:
@@ -170,7 +211,8 @@ class NodeAnnouncements:
                 gone, _ = self.acked.popitem(last=False)
                 self.buckets.pop(gone, None)
             for a in accepted:  # under the lock: a body never acknowledges what its scores do not hold yet
-                self.prompts[a.iu].announce(a.tokens, a.sent)
+                if not self.prompts[a.iu].announce(a.tokens, a.sent):
+                    ignored["announced_capped"] += 1  # counted, its addition cut at the IU's bound
             self.counts["accepted"] += len(accepted)
             self.counts.update(ignored)
         return [a.seq for a in accepted]

@@ -14,9 +14,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from consul_io import layout
-from consul_io.client import TokenError, read_token_file
 from consul_io.config import ConsulConfig, load_consul
-from eas_agent.announce import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RATE_PER_S
+from eas_agent.announce import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_NODE_RATE_PER_S, DEFAULT_RATE_PER_S
+from eas_agent.announce_keys import EdgeKeys
 from eas_wire.fields import ConfigError, Fields, address, read_yaml, split_hostport
 
 __all__ = ["AgentConfig", "ConfigError", "ConsulConfig", "IUConfig", "load_config", "parse_config"]
@@ -63,27 +63,28 @@ class AgentConfig:
     urgent_rise_s: float | None = None
     # Token counters still this long while requests run -> the IU's status is warning (hung engine).
     frozen_after_s: float = 10.0
-    # The announce channel (eas_agent/announce.py, POST /announce): the file holding the token edges must
-    # present (None: the channel is off), each announced prompt's token cap (the served model's context)
-    # and each edge's announcements per second.
-    announce_token_file: str | None = None
+    # The announce channel (eas_agent/announce.py, POST /announce): the file holding the edges' public keys
+    # (None: the channel is off), each announced prompt's token cap (the served model's context), each
+    # edge's announcements per second and the node's, all edges together.
+    announce_keys_file: str | None = None
     announce_max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     announce_rate_per_s: float = DEFAULT_RATE_PER_S
+    announce_node_rate_per_s: float = DEFAULT_NODE_RATE_PER_S
     source: str = "<config>"  # the file it was loaded from, for error messages
 
     @property
     def kv_key(self) -> str:
         return layout.score_key(self.datacenter, self.node, self.consul.kv_prefix)
 
-    def read_announce_token(self) -> str | None:
-        """The announce token, read once at start-up by the token file rule (consul_io.client.read_token_file:
-        one word, mode 0600) and never logged; no ``announce_token_file``, no token (the channel is off)."""
-        if self.announce_token_file is None:
+    def read_edge_keys(self) -> EdgeKeys | None:
+        """The edges' public keys, read once at start-up (no secret: the agent can check a batch, never make
+        one); no ``announce_keys_file``, no keys (the channel is off)."""
+        if self.announce_keys_file is None:
             return None
         try:
-            return read_token_file(self.announce_token_file, kind="announce")
-        except TokenError as exc:
-            raise ConfigError(self.source, "announce_token_file", str(exc)) from None
+            return EdgeKeys.from_file(self.announce_keys_file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(self.source, "announce_keys_file", str(exc)) from None
 
     @property
     def listen_host(self) -> str:
@@ -146,24 +147,27 @@ TOP_LEVEL = {
     "write_burst",
     "urgent_rise_s",
     "frozen_after_s",
-    "announce_token_file",
+    "announce_keys_file",
     "announce_max_prompt_tokens",
     "announce_rate_per_s",
+    "announce_node_rate_per_s",
 }
 
 
 def _announce_fields(f: Fields) -> dict[str, Any]:
-    token_file = f.get("announce_token_file", str, None)
-    if token_file is not None and not token_file.strip():
-        raise f.fail("announce_token_file", f"expected a file path or null, got {token_file!r}")
+    keys_file = f.get("announce_keys_file", str, None)
+    if keys_file is not None and not keys_file.strip():
+        raise f.fail("announce_keys_file", f"expected a file path or null, got {keys_file!r}")
     max_tokens = f.get("announce_max_prompt_tokens", int, DEFAULT_MAX_PROMPT_TOKENS)
     if max_tokens < 1:
         raise f.fail("announce_max_prompt_tokens", f"must be >= 1, got {max_tokens}")
-    rate = f.positive("announce_rate_per_s", DEFAULT_RATE_PER_S)
-    if not math.isfinite(rate):
-        raise f.fail("announce_rate_per_s", f"must be a finite number > 0, got {rate}")
-    return {"announce_token_file": token_file, "announce_max_prompt_tokens": max_tokens,
-            "announce_rate_per_s": rate}
+    rates = {}
+    for key, default in (("announce_rate_per_s", DEFAULT_RATE_PER_S),
+                         ("announce_node_rate_per_s", DEFAULT_NODE_RATE_PER_S)):
+        rates[key] = f.positive(key, default)
+        if not math.isfinite(rates[key]):
+            raise f.fail(key, f"must be a finite number > 0, got {rates[key]}")
+    return {"announce_keys_file": keys_file, "announce_max_prompt_tokens": max_tokens, **rates}
 
 
 def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:

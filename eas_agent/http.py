@@ -10,8 +10,16 @@ and the announce channel's extra bodies that was most of the agent's CPU, bench/
 follower that falls behind gets the latest body, not every one in between; a stream also ends when a write
 stalls for the connection timeout. The framing, limits and errors: docs/contracts/scores-stream.md.
 
-``POST /announce`` (only with ``announce_token_file`` configured; 404 otherwise) is the announce channel's
-receiving end (eas_agent/announce.py); its authentication, limits and answers: docs/contracts/announce.md.
+``POST /announce`` (only with ``announce_keys_file`` configured; 404 otherwise) is the announce channel's
+receiving end (eas_agent/announce.py): batches signed by an edge key (eas_agent/announce_keys.py); its
+authentication, limits and answers: docs/contracts/announce.md.
+
+Who is served (docs/contracts/scores-stream.md, "Limits"): anyone on the node network reaches this port, so
+one client address holds at most :data:`MAX_CONNECTIONS_PER_ADDRESS` connections and
+:data:`MAX_STREAMS_PER_ADDRESS` anonymous streams, a request head must arrive within
+:data:`HEAD_DEADLINE_S` however slowly it drips, an anonymous stream ends after :data:`ANONYMOUS_MAX_STREAM_S`,
+and :data:`RESERVED_FOR_EDGES` connections beyond :data:`MAX_CONNECTIONS` serve only requests signed by an
+edge key (eas_agent/serving.py).
 The agent then serves a new ``/scores`` body at once, which answers the edges' waiting queries. Answers
 always carry a Content-Length; one whose request body was left unread also closes the connection
 (``Connection: close``), the others keep it alive for the edge's next batch.
@@ -19,20 +27,31 @@ always carry a Content-Length; one whose request body was left unread also close
 
 from __future__ import annotations
 
-import hmac
+import io
 import json
 import math
-import sys
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from eas_agent.announce import EdgeKeyMismatch
+from eas_agent.announce_keys import EdgeKeys
+from eas_agent.serving import (
+    HEAD_DEADLINE_S,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_ADDRESS,
+    RESERVED_FOR_EDGES,
+    BoundedHTTPServer,
+    DeadlineReader,
+    QuietHandler,
+    QuietHTTPServer,  # noqa: F401 - re-exported
+)
 from eas_wire.announce import ANNOUNCE_PATH, MAX_BATCH_BYTES, AnnounceError, answer_json
 from eas_wire.scorebody import STATUSES, ScoreBody
+from eas_wire.signing import SIGNATURE_HEADER, SignatureError, request_message
 from eas_wire.stream import (
     HEARTBEAT,
     INDEX_HEADER,
@@ -45,70 +64,9 @@ from eas_wire.stream import (
     wants_stream,
 )
 
-CONNECTION_TIMEOUT_S = 10.0  # headers, body and keep-alive idle; an edge poller asks every 200 ms
-# Each edge holds two connections to each agent (its /scores long poll and its /announce sender): 16 edges
-# are 32, and a restarted edge's old ones linger until their wait or CONNECTION_TIMEOUT_S ends (up to 64),
-# plus Prometheus and an operator's `clusterctl scores`. A connection is one mostly idle thread.
-MAX_CONNECTIONS = 128
-
-
-class QuietHTTPServer(ThreadingHTTPServer):
-    """A client that gave up (timeout) or went away is normal here: no traceback on stderr for it."""
-
-    daemon_threads = True
-
-    def handle_error(self, request, client_address) -> None:
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
-            super().handle_error(request, client_address)
-
-
-class QuietHandler(BaseHTTPRequestHandler):
-    """Request handler with one way to answer (``_send``) and no access log (the agent's and the simulated
-    vLLM's servers both use it)."""
-
-    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):  # keep logs and test output clean
-        pass
-
-
-class BoundedHTTPServer(QuietHTTPServer):
-    """The agent's server: at most ``max_connections`` connections are served at once (a thread each); the next is closed at
-    once, so clients that open connections and never finish a request (slowloris) cannot grow the agent's
-    threads without bound. Each connection has a socket timeout (the handler's ``timeout``).
-    """
-
-    max_connections = MAX_CONNECTIONS
-    # socketserver's default listen backlog is 5: 16 edges reconnecting at once (an agent restart) overflowed
-    # it, and the connections it dropped waited out a SYN retransmission (1 s, the edges' connect timeout)
-    request_queue_size = MAX_CONNECTIONS
-
-    def __init__(self, *args, **kwargs):
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        super().__init__(*args, **kwargs)
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+CONNECTION_TIMEOUT_S = 10.0  # body and keep-alive idle, each read; an edge poller asks every 200 ms
+MAX_STREAMS_PER_ADDRESS = 2  # anonymous /scores streams one client address may hold (an operator's, a test's)
+ANONYMOUS_MAX_STREAM_S = 30.0  # an anonymous follower reconnects; a signed one (an edge) keeps MAX_STREAM_S
 
 
 class AgentMetrics:
@@ -166,16 +124,8 @@ class AgentMetrics:
                 shown[0] = result.status
 
 
-# a parsed batch -> (accepted, ignored by reason, the ignored ones' sequence numbers)
-Announce = Callable[[object], tuple[int, dict, list]]
-
-
-def bearer_matches(header: str | None, token: str) -> bool:
-    """``Authorization: Bearer <token>`` holds ``token`` (compared in constant time)."""
-    scheme, _, given = (header or "").strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), token.encode())
+# (a parsed batch, the key id that signed it) -> (accepted, ignored by reason, the ignored ones' sequence numbers)
+Announce = Callable[[object, str], tuple[int, dict, list]]
 
 
 def _error(message: str) -> bytes:
@@ -184,17 +134,24 @@ def _error(message: str) -> bytes:
 
 class AgentHttpServer:
     def __init__(self, host: str, port: int, metrics: AgentMetrics, *, announce: Announce | None = None,
-                 announce_token: str | None = None):
+                 edge_keys: EdgeKeys | None = None, clock=time.time, max_connections: int = MAX_CONNECTIONS,
+                 reserved_for_edges: int = RESERVED_FOR_EDGES, per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
+                 streams_per_address: int = MAX_STREAMS_PER_ADDRESS):
         """``announce`` (the agent's :meth:`~eas_agent.agent.Agent.announce` at its clock) serves ``POST
-        /announce`` when ``announce_token`` is set; without a token the channel is off (404)."""
+        /announce`` when ``edge_keys`` is set; without keys the channel is off (404) and no request is
+        taken as an edge's. The connection limits: eas_agent/serving.py."""
         self.metrics = metrics
-        self.announce, self.announce_token = announce, announce_token
+        self.announce, self.edge_keys, self.clock = announce, edge_keys, clock
+        self.streams_by_address: dict[str, int] = {}  # anonymous streams held, per client address
+        self.streams_per_address = streams_per_address
         self.scores_json = b"{}"  # the latest ScoreBody, serialized once when set
         self.index = 0  # of scores_json; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.closing = False  # stop(): streams end
         self.server = BoundedHTTPServer((host, port), self._handler())
+        self.server.max_connections, self.server.reserved = max_connections, reserved_for_edges
+        self.server.per_address = per_address
         self.thread = threading.Thread(
             target=self.server.serve_forever,
             kwargs={"poll_interval": 0.2},
@@ -247,6 +204,50 @@ class AgentHttpServer:
             timeout = CONNECTION_TIMEOUT_S
             # headers and body go out in two writes; with Nagle on, keep-alive clients wait for a delayed ACK
             disable_nagle_algorithm = True
+            holds_anonymous = False  # this connection holds one of the slots anyone may use
+
+            def setup(self):
+                super().setup()
+                self.reader = DeadlineReader(self.connection, CONNECTION_TIMEOUT_S)
+                self.rfile = io.BufferedReader(self.reader)
+
+            def handle_one_request(self):
+                self.reader.expect_head(HEAD_DEADLINE_S)
+                try:
+                    super().handle_one_request()
+                except TimeoutError:  # the head's deadline or a read's timeout: the connection ends
+                    self.close_connection = True
+
+            def parse_request(self) -> bool:
+                ok = super().parse_request()
+                self.reader.expect_head(None)  # the head is in: the body's reads have their own timeout
+                if ok and not self.signed() and not self.holds_anonymous:
+                    self.holds_anonymous = owner.server.anonymous_slot()
+                    if not self.holds_anonymous:
+                        self.close_connection = True
+                        self._send(503, _error("busy: only edges are served now"), "application/json",
+                                   {"Connection": "close", "Retry-After": "1"})
+                        return False
+                return ok
+
+            def finish(self):
+                super().finish()
+                if self.holds_anonymous:
+                    owner.server.release_anonymous()
+
+            def signed(self) -> bool:
+                """The request carries a valid edge signature: over its body for POST (checked by the
+                announce handler), over its method and path for GET."""
+                header = self.headers.get(SIGNATURE_HEADER)
+                if owner.edge_keys is None or not owner.edge_keys.known(header):
+                    return False
+                if self.command == "POST":
+                    return True  # the body's signature is checked before anything is counted
+                try:
+                    owner.edge_keys.check(header, request_message(self.command, self.path), owner.clock())
+                except SignatureError:
+                    return False
+                return True
 
             def do_GET(self):  # noqa: N802
                 if self.path.startswith("/metrics"):
@@ -262,34 +263,54 @@ class AgentHttpServer:
                 return self._send(404, b"not found\n", "text/plain")
 
             def _stream(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", STREAM_CONTENT_TYPE)
-                self.send_header("Cache-Control", "no-store")
-                self.send_header("Connection", "close")  # the body ends where the connection does
-                self.end_headers()
-                self.close_connection = True
-                owner.stream_bodies(self.wfile.write)
+                anonymous = self.holds_anonymous
+                address = self.client_address[0]
+                if anonymous:
+                    with owner.lock:
+                        held = owner.streams_by_address.get(address, 0)
+                        if held < owner.streams_per_address:
+                            owner.streams_by_address[address] = held + 1
+                    if held >= owner.streams_per_address:
+                        self.close_connection = True
+                        return self._send(429, _error(f"at most {owner.streams_per_address} streams per client "
+                                                      "address"), "application/json", {"Connection": "close"})
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", STREAM_CONTENT_TYPE)
+                    self.send_header("Cache-Control", "no-store")
+                    self.send_header("Connection", "close")  # the body ends where the connection does
+                    self.end_headers()
+                    self.close_connection = True
+                    owner.stream_bodies(self.wfile.write, max_s=ANONYMOUS_MAX_STREAM_S if anonymous else MAX_STREAM_S)
+                finally:
+                    if anonymous:
+                        with owner.lock:
+                            owner.streams_by_address[address] -= 1
+                            if not owner.streams_by_address[address]:
+                                del owner.streams_by_address[address]
 
             def do_POST(self):  # noqa: N802
                 code, body, read = self._announce()
                 owner.metrics.announce_batches.labels(str(code)).inc()
                 headers = {}
-                if not read:  # the request body is still on the socket: this connection cannot carry another
+                # the request body still on the socket: this connection cannot carry another; a refused
+                # signature: a connection taken from the edges' reserve is not kept by a forger
+                if not read or code == 401:
                     self.close_connection = True
                     headers["Connection"] = "close"
-                if code == 401:
-                    headers["WWW-Authenticate"] = "Bearer"
                 return self._send(code, body, "application/json", headers)
 
             def _announce(self) -> tuple[int, bytes, bool]:
                 """(status, JSON answer, whether the request body was read)."""
                 if urlsplit(self.path).path != ANNOUNCE_PATH:
                     return 404, _error(f"not found (POST serves {ANNOUNCE_PATH} only)"), False
-                if owner.announce_token is None or owner.announce is None:
+                if owner.edge_keys is None or owner.announce is None:
                     return 404, _error("the announce channel is off (the agent config sets no "
-                                       "announce_token_file)"), False
-                if not bearer_matches(self.headers.get("Authorization"), owner.announce_token):
-                    return 401, _error("missing or wrong Authorization: Bearer token"), False
+                                       "announce_keys_file)"), False
+                signature = self.headers.get(SIGNATURE_HEADER)
+                if not owner.edge_keys.known(signature):
+                    return 401, _error(f"missing {SIGNATURE_HEADER}, or not by a key of this agent's "
+                                       "edges"), False
                 raw = self.headers.get("Content-Length")
                 if raw is None:
                     return 411, _error("Content-Length required"), False
@@ -303,11 +324,17 @@ class AgentHttpServer:
                 if len(data) < length:
                     return 400, _error(f"body ended after {len(data)} of {length} bytes"), False
                 try:
+                    key = owner.edge_keys.check(signature, data, owner.clock())
+                except SignatureError as exc:
+                    return 401, _error(str(exc)), True
+                try:
                     obj = json.loads(data)
                 except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError included
                     return 400, _error(f"body is not JSON: {str(exc)[:200]}"), True
                 try:
-                    accepted, ignored, ignored_seqs = owner.announce(obj)
+                    accepted, ignored, ignored_seqs = owner.announce(obj, key)
+                except EdgeKeyMismatch as exc:
+                    return 403, _error(str(exc)), True
                 except AnnounceError as exc:
                     return 400, _error(str(exc)), True
                 except Exception as exc:  # a bug: this batch is lost, the connection and the agent go on

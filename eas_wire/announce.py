@@ -3,14 +3,15 @@ contract: docs/contracts/announce.md). The agent's side (what it does with a bat
 the edge's (batching, backoff, the ledger) edge/announce.py.
 
     POST /announce
-    Authorization: Bearer <the announce token>
-    {"edge": "edge-a.3f9c2b1d", "announcements": [{"iu": "r01n01-iu0", "tokens": 1834, "seq": 17,
+    X-Eas-Signature: key=<key id>,ts=<time>,nonce=<hex>,sig=<Ed25519 signature> (eas_wire/signing.py)
+    {"edge": "edge-a.6b1f0c2d9e4a7781.3f9c2b1d", "announcements": [{"iu": "r01n01-iu0", "tokens": 1834, "seq": 17,
                                                    "sent": 1764780000.123}, ...]}
 
     200 {"accepted": 1, "ignored": {"unknown_iu": 1}, "ignored_seqs": [18]}
 
-- ``edge``: the edge's name and a nonce drawn at its start (:data:`~eas_wire.scorebody.EDGE_ID`), so a
-  restarted edge never matches an acknowledgement of its previous life;
+- ``edge``: the edge's name, its key's id and a nonce drawn at its start (:data:`~eas_wire.scorebody.EDGE_ID`),
+  so a restarted edge never matches an acknowledgement of its previous life, and no key speaks for another
+  key's edge;
 - ``seq``: per edge, +1 per request sent (to any IU); an edge sends each node's batches one at a time and
   in order, so "the node has everything up to ``seq``" is one number;
 - ``sent``: the edge's clock when it sent the request to vLLM; the agent compares it with its own
@@ -33,9 +34,10 @@ MAX_BATCH_BYTES = 64 * 1024
 SENT_TOLERANCE_S = 5.0  # chrony keeps nodes within ~1 ms; 5 s is a broken clock or a replay, not skew
 # Why an announcement was not counted: by the batch's reader (parse_batch) and by the agent's state
 # (``replayed``: at or below the last number counted for that edge; ``rate_limited``: the edge's bucket is
-# empty). ``tokens_capped`` is counted and the announcement kept, at the cap.
+# empty; ``node_rate_limited``: the node's bucket, shared by all edges, is). ``tokens_capped`` and
+# ``announced_capped`` (what it adds cut at the IU's bound) are counted and the announcement kept.
 IGNORED_REASONS = ("malformed", "unknown_iu", "tokens_invalid", "seq_invalid", "sent_out_of_range",
-                   "tokens_capped", "replayed", "rate_limited")
+                   "tokens_capped", "replayed", "rate_limited", "node_rate_limited", "announced_capped")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,16 @@ edge's event loop and its one ``aiohttp.ClientSession``.
   the agent did not count (``ignored_seqs``: its acknowledgement, the last number counted, may pass over
   them). An answer that accepted fewer than the batch held without naming exactly which has the whole
   batch counted by time: a score briefly counts the accepted ones twice, never one not at all.
-- 401 (not the agent's token), 404 (the channel is off at that agent), 400/413 (the agent refused the
-  batch's shape) back off like a failure. Each node's state changes (working, failing, unauthorized, off,
-  refused) are logged once per change, at most one line per :data:`LOG_INTERVAL_S` per node, without the
-  token.
+- Each POST is signed with this edge's Ed25519 key (eas_wire/signing.py: the exact body, a time and a
+  nonce); the agents hold only the edges' public keys.
+- 401 (the agent does not hold this edge's public key, or refused the signature), 403 (the edge id does not
+  name the key), 404 (the channel is off at that agent), 400/413 (the agent refused the batch's shape) back
+  off like a failure. Each node's state changes (working, failing, unauthorized, off, refused) are logged once
+  per change, at most one line per :data:`LOG_INTERVAL_S` per node; the key is never logged.
 - :meth:`AnnounceSender.close` sends what is queued at once and waits for it (bounded), then stops.
 
-The edge id (:func:`edge_id`) is this edge's name and a nonce drawn at each start, so a restarted edge
-never matches an acknowledgement given to its previous life.
+The edge id (:func:`edge_id`) is this edge's name, its key's id and a nonce drawn at each start, so a
+restarted edge never matches an acknowledgement given to its previous life and no other key speaks for it.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ import aiohttp
 
 from eas_wire.announce import ANNOUNCE_PATH, MAX_BATCH_ITEMS, Announcement, batch_json, read_answer
 from eas_wire.scorebody import EDGE_ID
+from eas_wire.signing import KEY_ID_HEX, SIGNATURE_HEADER, Ed25519PrivateKey, key_id, sign
 
 log = logging.getLogger("edge.announce")
 
 NONCE_HEX = 8
-MAX_NAME = 80 - 1 - NONCE_HEX  # EDGE_ID allows 80 characters: the name, a dot, the nonce
+MAX_NAME = 80 - 1 - KEY_ID_HEX - 1 - NONCE_HEX  # EDGE_ID allows 80 characters: name, key id, nonce
 DEFAULT_BATCH_S = 0.01
 TIMEOUT_S = 0.5  # one POST, connecting included: an agent on the same network answers in ~1 ms
 BACKOFF_S = 1.0
@@ -60,19 +63,21 @@ CLOSE_TIMEOUT_S = 1.0
 
 # non-200 answers of the agent's endpoint: (state, what it means)
 REFUSALS = {
-    401: ("unauthorized", "401: the agent does not take this edge's announce token"),
+    401: ("unauthorized", "401: the agent does not hold this edge's public key or refused its signature"),
+    403: ("refused", "403: the agent says the edge id does not name this edge's key"),
     404: ("off", "404: the announce channel is off at that agent"),
     400: ("refused", "400: the agent refused the batch as malformed"),
     413: ("refused", "413: the agent refused the batch as too large"),
 }
 
 
-def edge_id(name: str | None = None) -> str:
-    """``<name>.<8 hex digits>``: ``name`` (default: this host's name) with every character the edge id does
-    not allow (:data:`~eas_wire.scorebody.EDGE_ID`) replaced by ``-``, cut to fit; a new nonce each call."""
+def edge_id(key: Ed25519PrivateKey, name: str | None = None) -> str:
+    """``<name>.<key id>.<8 hex digits>``: ``name`` (default: this host's name) with every character the edge
+    id does not allow (:data:`~eas_wire.scorebody.EDGE_ID`) replaced by ``-``, cut to fit; ``key``'s id
+    (what the agents check the signature against); a new nonce each call."""
     raw = socket.gethostname() if name is None else name
     clean = re.sub(r"[^A-Za-z0-9._:-]", "-", raw).lstrip("._:-")[:MAX_NAME] or "edge"
-    ident = f"{clean}.{secrets.token_hex(NONCE_HEX // 2)}"
+    ident = f"{clean}.{key_id(key.public_key())}.{secrets.token_hex(NONCE_HEX // 2)}"
     if not EDGE_ID.fullmatch(ident):  # cannot happen by construction; a wrong id would be refused by every agent
         raise ValueError(f"edge id {ident!r} does not match {EDGE_ID.pattern}")
     return ident
@@ -98,11 +103,10 @@ class AnnounceSender:
     round trip in seconds (a histogram's ``observe``). ``batches`` (sent | failed | dropped) and
     ``announcements`` (sent | dropped) count what happened, for /metrics."""
 
-    def __init__(self, session: aiohttp.ClientSession, ledger, edge: str, token: str, *,
+    def __init__(self, session: aiohttp.ClientSession, ledger, edge: str, key: Ed25519PrivateKey, *,
                  batch_s: float = DEFAULT_BATCH_S, timeout_s: float = TIMEOUT_S, backoff_s: float = BACKOFF_S,
                  rng: random.Random | None = None, rtt: Callable[[float], None] | None = None):
-        self.session, self.ledger, self.edge = session, ledger, edge
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.session, self.ledger, self.edge, self.key = session, ledger, edge, key
         self.batch_s, self.backoff_s = batch_s, backoff_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.rng = rng if rng is not None else random.Random()
@@ -162,7 +166,8 @@ class AnnounceSender:
         failure = None  # (state, detail)
         accepted = len(batch)
         try:
-            async with self.session.post(f"http://{n.agent}{ANNOUNCE_PATH}", data=data, headers=self.headers,
+            headers = {SIGNATURE_HEADER: sign(self.key, data, time.time()), "Content-Type": "application/json"}
+            async with self.session.post(f"http://{n.agent}{ANNOUNCE_PATH}", data=data, headers=headers,
                                          timeout=self.timeout) as answer:
                 raw = await answer.read()
                 status = answer.status

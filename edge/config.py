@@ -16,10 +16,12 @@
                                   # agents without streams: how long one blocking query waits
       apply_interval_s: 0.02      # pushed bodies are folded into the view at most this often
     announce:                     # tell each request to its IU's node agent (edge/announce.py); needs push
-      token_file: null            # the announce token (0600, one word; the agents' eas_agent_announce_token);
-                                  # null: announcing off
+      key_file: null              # this edge's Ed25519 private key (0600, one word: base64 of the 32-byte
+                                  # seed; the vault's eas_edge_announce_private_key, its public key in the
+                                  # inventory's eas_edge_public_keys); null: announcing off
       batch_ms: 10                # a node's announcements leave at the edge's next tick of this (1-1000)
-      edge_name: null             # this edge's id is <edge_name>.<8 hex drawn at each start> (null: host name)
+      edge_name: null             # this edge's id is <edge_name>.<key id>.<8 hex drawn at each start>
+                                  # (null: host name)
     max_inflight_per_iu: 64       # this edge's requests in flight per IU; more wait in the queue
     max_queue: 512                # requests waiting for a slot (oldest first); beyond: 429 + Retry-After
     queue_timeout_s: 5            # a longer wait: 429 + Retry-After (the predicted wait)
@@ -37,6 +39,7 @@
     seed: null                    # RNG of pick()'s sampling (null: from the OS)
     event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it);
                                   # docs/decisions/0005-uvloop-optional.md
+    debug_headers: false          # true: answers carry X-Eas-IU (the internal IU id that served them)
 
 Every field is optional. Errors name the file and the field (``edge.yml: push.agent_port: ...``); the field
 reader (eas_wire.fields) and the Consul block (consul_io.config) are the agent config's too, so both files
@@ -54,6 +57,7 @@ from consul_io import layout
 from consul_io.client import TokenError, read_token_file
 from consul_io.config import ConsulConfig, load_consul
 from eas_wire.fields import ConfigError, Fields, address, read_yaml, split_hostport
+from eas_wire.signing import Ed25519PrivateKey, load_private
 from edge.access_config import ACCESS_FIELDS, AccessConfig, load_access
 
 EVENT_LOOPS = ("asyncio", "uvloop")  # the edge's event loop (edge.main.loop_factory)
@@ -71,21 +75,21 @@ class PushConfig:
 
 @dataclass(frozen=True)
 class AnnounceConfig:
-    token_file: str | None = None  # None: announcing off
+    key_file: str | None = None  # None: announcing off
     batch_ms: float = 10.0
     edge_name: str | None = None  # None: the host name
 
     @property
     def enabled(self) -> bool:
-        return self.token_file is not None
+        return self.key_file is not None
 
-    def read_token(self, config_path: str | Path = "<config>") -> str:
-        """The announce token, read at start-up by the token file rules (consul_io.client.read_token_file:
+    def read_key(self, config_path: str | Path = "<config>") -> Ed25519PrivateKey:
+        """This edge's signing key, read at start-up by the token file rules (consul_io.client.read_token_file:
         0600, one word) and never logged."""
         try:
-            return read_token_file(self.token_file, kind="announce")
-        except TokenError as exc:
-            raise ConfigError(config_path, "announce.token_file", str(exc)) from None
+            return load_private(read_token_file(self.key_file, kind="announce key"))
+        except (TokenError, ValueError) as exc:
+            raise ConfigError(config_path, "announce.key_file", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -111,13 +115,14 @@ class EdgeConfig:
     drain_timeout_s: float = 30.0
     seed: int | None = None
     event_loop: str = "asyncio"
+    debug_headers: bool = False  # X-Eas-IU names internal IU ids: for an operator, not for clients
     source: str = "<flags>"
 
     def __post_init__(self):
         # One check for every way a config is made (a file, flags, code): acknowledgements come in pushed
         # bodies only, so announcing without the push feed would only double count.
         if self.announce.enabled and not self.push.enabled:
-            raise ConfigError(self.source, "announce.token_file", "announcing needs the push feed "
+            raise ConfigError(self.source, "announce.key_file", "announcing needs the push feed "
                               "(push.enabled: true): the agents acknowledge announcements in their pushed "
                               "bodies only")
         self.access.check_listen(self.listen, self.source)
@@ -154,14 +159,14 @@ def _load_push(path: str | Path, data: Any) -> PushConfig:
 
 def _load_announce(path: str | Path, data: Any) -> AnnounceConfig:
     f = Fields(path, data if data is not None else {}, "announce")
-    f.unknown({"token_file", "batch_ms", "edge_name"})
-    token_file = f.get("token_file", str, None)
-    if token_file == "":
-        raise f.fail("token_file", "empty path (null turns announcing off)")
+    f.unknown({"key_file", "batch_ms", "edge_name"})
+    key_file = f.get("key_file", str, None)
+    if key_file == "":
+        raise f.fail("key_file", "empty path (null turns announcing off)")
     batch_ms = f.get("batch_ms", float, 10.0)
     if not 1.0 <= batch_ms <= 1000.0:
         raise f.fail("batch_ms", f"must be 1-1000 (milliseconds), got {batch_ms:g}")
-    return AnnounceConfig(token_file=token_file, batch_ms=batch_ms, edge_name=f.get("edge_name", str, None))
+    return AnnounceConfig(key_file=key_file, batch_ms=batch_ms, edge_name=f.get("edge_name", str, None))
 
 
 def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
@@ -169,7 +174,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop", "stream_idle_timeout_s", "max_connections", "header_timeout_s", "keepalive_timeout_s",
-               "max_body_bytes"} | ACCESS_FIELDS)
+               "max_body_bytes", "debug_headers"} | ACCESS_FIELDS)
     return EdgeConfig(
         listen=address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
@@ -192,6 +197,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         drain_timeout_s=f.positive("drain_timeout_s", 30.0),
         seed=f.get("seed", int, None),
         event_loop=f.choice("event_loop", EVENT_LOOPS, "asyncio"),
+        debug_headers=f.get("debug_headers", bool, False),
         source=str(path),
     )
 

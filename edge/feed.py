@@ -30,10 +30,12 @@ import logging
 import random
 import time
 from collections import Counter
+from urllib.parse import urlencode
 
 import aiohttp
 
 from eas_wire.scorebody import ScoreBody
+from eas_wire.signing import SIGNATURE_HEADER, Ed25519PrivateKey, request_message, sign
 from eas_wire.stream import (
     INDEX_HEADER,
     SCORES_PATH,
@@ -96,8 +98,11 @@ class AgentFeed:
 
     def __init__(self, view: EdgeView, session: aiohttp.ClientSession, agent_port: int, *, wait_s: float = 10.0,
                  apply_interval_s: float = 0.02, reconcile_s: float = 1.0, max_backoff_s: float = 5.0,
-                 stream: bool = True):
+                 stream: bool = True, key: Ed25519PrivateKey | None = None):
+        """``key``: this edge's announce key, which signs each stream request (the agent serves signed
+        streams from slots anonymous clients cannot take, for as long as it serves any stream)."""
         self.view, self.session, self.agent_port, self.stream = view, session, agent_port, stream
+        self.key = key
         self.wait_s, self.apply_interval_s, self.reconcile_s = wait_s, apply_interval_s, reconcile_s
         self.max_backoff_s = max_backoff_s
         self.tasks: dict[str, tuple[str, asyncio.Task]] = {}  # node -> (agent address, task)
@@ -183,7 +188,11 @@ class AgentFeed:
         agent answered with one plain body (from before streams), which was used; ``index`` is its
         ``X-Eas-Index`` for the blocking query that follows."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=self.wait_s + STREAM_HEARTBEAT_S)
-        async with self.session.get(url, params=STREAM_PARAMS, timeout=timeout) as answer:
+        headers = {}
+        if self.key is not None:
+            target = f"{SCORES_PATH}?{urlencode(STREAM_PARAMS)}"
+            headers[SIGNATURE_HEADER] = sign(self.key, request_message("GET", target), time.time())
+        async with self.session.get(url, params=STREAM_PARAMS, timeout=timeout, headers=headers) as answer:
             if answer.status != 200:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
             if answer.content_type != STREAM_CONTENT_TYPE:

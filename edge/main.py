@@ -2,11 +2,11 @@
 
     eas-edge --config /etc/eas-edge/edge.yml
     eas-edge --listen 127.0.0.1:8080 --consul 127.0.0.1:8500 --agent-port 9105
-    eas-edge --config /etc/eas-edge/edge.yml --announce-token-file /etc/eas-edge/announce.token
+    eas-edge --config /etc/eas-edge/edge.yml --announce-key-file /etc/eas-edge/announce.key
 
 Flags override the file's fields. Start-up reads Consul once: if it cannot be reached the edge exits 2
 with one line naming the address (an edge that starts blind would only answer 503); an unusable announce
-token file is one line naming ``announce.token_file`` and exit 2 too. Later Consul outages
+key file is one line naming ``announce.key_file`` and exit 2 too. Later Consul outages
 keep the last view (and pushed scores) and fail open once scores are stale. Shutdown: the listener closes
 (``/healthz`` says draining first, so a load balancer stops sending), in-flight requests and streams get
 ``drain_timeout_s`` to finish, then the rest is cut; the announcements still queued are sent (waiting at
@@ -60,8 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--datacenter", help="Consul datacenter of the score keys (default dc1)")
     parser.add_argument("--agent-port", type=int, help="port of eas-agent's /scores on every node (9105)")
     parser.add_argument("--no-push", action="store_true", help="scores from Consul only (no agent feeds)")
-    parser.add_argument("--announce-token-file", metavar="PATH",
-                        help="announce each request to its node agent with the token in PATH (0600; needs push)")
+    parser.add_argument("--announce-key-file", metavar="PATH",
+                        help="announce each request to its node agent, signed with the private key in PATH "
+                             "(0600; needs push)")
     parser.add_argument("--max-inflight-per-iu", type=int)
     parser.add_argument("--max-queue", type=int)
     parser.add_argument("--drain-timeout-s", type=float)
@@ -74,7 +75,7 @@ def config_from(args: argparse.Namespace) -> EdgeConfig:
     return load_edge_config(args.config, {
         "listen": args.listen, "admin_listen": args.admin_listen, "consul.address": args.consul_address, "datacenter": args.datacenter,
         "push.agent_port": args.agent_port, "push.enabled": False if args.no_push else None,
-        "announce.token_file": args.announce_token_file,
+        "announce.key_file": args.announce_key_file,
         "max_inflight_per_iu": args.max_inflight_per_iu, "max_queue": args.max_queue,
         "drain_timeout_s": args.drain_timeout_s, "event_loop": args.event_loop,
     })
@@ -113,7 +114,7 @@ class Edge:
     async def start(self) -> str:
         """Connect, start feeds and listen; returns the listening HOST:PORT."""
         announce, access, source = self.config.announce, self.config.access, self.config.source
-        token = announce.read_token(source) if announce.enabled else None
+        key = announce.read_key(source) if announce.enabled else None
         # every secret and the certificate are read before anything connects: a bad file is exit 2 at once
         keys = access.read_keys(source)
         upstream_key = access.read_upstream_key(source)
@@ -132,11 +133,11 @@ class Edge:
         if self.config.push.enabled:
             push = self.config.push
             self.state.feed = AgentFeed(self.state.view, self.state.session, push.agent_port, wait_s=push.wait_s,
-                                        apply_interval_s=push.apply_interval_s).start()
-        if token is not None:  # a new id per start: a restarted edge never matches an old acknowledgement
-            self.state.view.edge_id = edge_id(announce.edge_name)
+                                        apply_interval_s=push.apply_interval_s, key=key).start()
+        if key is not None:  # a new id per start: a restarted edge never matches an old acknowledgement
+            self.state.view.edge_id = edge_id(key, announce.edge_name)
             self.state.announcer = AnnounceSender(self.state.session, self.state.router.ledger,
-                                                  self.state.view.edge_id, token, batch_s=announce.batch_ms / 1000,
+                                                  self.state.view.edge_id, key, batch_s=announce.batch_ms / 1000,
                                                   rtt=self.state.metrics.announce_rtt.observe)
         # a client that leaves cancels its handler: the IU's connection closes (the engine aborts the
         # request) or the request leaves the queue unsent; request heads are bounded by aiohttp's line and

@@ -6,7 +6,8 @@ beyond) and summarised (:mod:`edge.body`: a malformed or too deeply nested one i
 IUs serving its ``model`` (an IU's Consul ``Meta.model``; a model no IU serves is a 404 ``model_not_found``)
 by :class:`edge.routing.Router`, and sent unchanged to the chosen IU; the answer is passed through chunk by
 chunk as it arrives (SSE streams and plain JSON alike; nothing is buffered), with ``X-Eas-IU`` naming the IU
-and the pick's view of it (:func:`routing_headers`: what ``clusterctl edge calibrate`` checks the scores by).
+when the config's ``debug_headers`` is on, with the pick's view of it (:func:`routing_headers`: what
+``clusterctl edge calibrate`` checks the scores by).
 An IU's error answer (a 404 for an unknown model, a 400) is the client's answer, rewritten into OpenAI's
 error shape (:mod:`edge.errors`), as is every error the edge answers itself (with ``X-Edge-Reason``).
 ``GET /v1/models`` is answered by one routable IU.
@@ -68,7 +69,7 @@ class EdgeState:
     metrics: EdgeMetrics
     watcher: object | None = None  # edge.pool.ConsulWatcher (threads)
     feed: AgentFeed | None = None
-    announcer: AnnounceSender | None = None  # announce.token_file set: each request told to its node agent
+    announcer: AnnounceSender | None = None  # announce.key_file set: each request told to its node agent
     session: aiohttp.ClientSession | None = None
     admission: Admission | None = None
     bodies: BodyReader | None = None
@@ -90,6 +91,10 @@ class EdgeState:
     def waiters(self) -> list:
         """Every queued request (all queues)."""
         return [waiter for queue in self.admission.queues.values() for waiter in queue]
+
+    def iu_headers(self, iu_id: str) -> dict[str, str]:
+        """``X-Eas-IU`` naming the IU that answered, only with ``debug_headers`` on: IU ids are internal."""
+        return {"X-Eas-IU": iu_id} if self.config.debug_headers else {}
 
     @property
     def stream_timeout(self) -> aiohttp.ClientTimeout:
@@ -281,7 +286,8 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
             raise
         if upstream.status >= 400:
             return await _upstream_error(state, upstream, iu_id, handle)
-        return await _relay(state, request, upstream, iu_id, arrived, stream, handle, routing_headers(decision))
+        routing = routing_headers(decision) if state.config.debug_headers else None  # internal scores, like IU ids
+        return await _relay(state, request, upstream, iu_id, arrived, stream, handle, routing)
     return error_response(502, "the IUs tried did not accept the connection (retried once)", "upstream_connect")
 
 
@@ -321,7 +327,7 @@ async def _upstream_error(state: EdgeState, upstream: aiohttp.ClientResponse, iu
         state.router.first_byte(iu_id, handle)
         state.release(iu_id, handle=handle)
     return web.Response(body=normalise_upstream_error(upstream.status, raw), status=upstream.status,
-                        content_type="application/json", headers={"X-Eas-IU": iu_id})
+                        content_type="application/json", headers=state.iu_headers(iu_id))
 
 
 async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.ClientResponse, iu_id: str,
@@ -330,7 +336,7 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
     ``stream_idle_timeout_s`` mid-stream is cut and ejected; a non-streamed answer past the edge's own
     ``upstream_timeout_s`` is cut without blaming the IU."""
     failed = False
-    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id,
+    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), **state.iu_headers(iu_id),
                **(routing or {})}
     if "Content-Encoding" in upstream.headers:  # bytes pass through undecoded (auto_decompress=False)
         headers["Content-Encoding"] = upstream.headers["Content-Encoding"]

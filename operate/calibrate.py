@@ -223,7 +223,8 @@ def calibration_of(endpoint: str, outcomes: list[Outcome], prefill_tps: float | 
     routed = [o for o in outcomes if o.ok and o.iu is not None]
     if outcomes and not any(o.iu for o in outcomes):
         raise ClusterctlError(f"{endpoint}: no answer named its unit (no X-Eas-IU header): calibration needs the "
-                              f"EAS edge as --endpoint", ExitCode.USAGE)
+                              f"EAS edge as --endpoint, running with debug_headers: true (its routing headers "
+                              f"name internal units and scores, so they are off by default)", ExitCode.USAGE)
     rate = prefill_tps or reference_rate(routed)
     if not rate:
         raise ClusterctlError(f"{endpoint}: the edge gave no prefill estimate (X-Eas-Prefill-S) and no "

@@ -45,7 +45,7 @@ REQUIRES_PYTHON = ">=3.10"
 # pyproject nor edge/requirements.txt lists it.
 EXTRA_REQUIREMENTS = ("requests>=2.28,<3",)
 # Distributions the agent imports (eas_agent/, eas_wire/, consul_io/), by their names in pyproject.toml.
-AGENT_DEPENDENCIES = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "nvidia-ml-py")
+AGENT_DEPENDENCIES = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "nvidia-ml-py", "cryptography")
 EDGE_REQUIREMENTS = REPO_ROOT / "edge" / "requirements.txt"
 HASH_DIGITS = 12
 _EPOCH = (1980, 1, 1, 0, 0, 0)

@@ -16,6 +16,7 @@ import os
 import uuid
 
 from consul_io import layout
+from eas_wire.signing import generate_key_pair
 
 
 def _pem_pair(datacenter: str) -> tuple[str, str, str]:
@@ -51,6 +52,7 @@ def _block(text: str) -> str:
 def render(datacenter: str = layout.DEFAULT_DATACENTER) -> str:
     ca, cert, key = _pem_pair(datacenter)
     seed = uuid.uuid4()
+    private, public = generate_key_pair()
     return (
         "# Consul security for this virtual cluster (`clusterctl virtual create`): throwaway values for machines\n"
         "# that listen on loopback only. A real inventory keeps these in a vault (see roles/consul_agent).\n"
@@ -64,8 +66,11 @@ def render(datacenter: str = layout.DEFAULT_DATACENTER) -> str:
         " | to_uuid }}\"\n"
         f"consul_token: {uuid.uuid4()}\n"
         f"consul_edge_token: {uuid.uuid4()}\n"
-        "# The announce channel's shared secret: every eas-agent (role eas_agent) and the edges (announce.token_file).\n"
-        f"eas_agent_announce_token: {os.urandom(32).hex()}\n"
+        "# The announce channel: the edge's Ed25519 private key (its announce.key_file; a vault value on a real site)\n"
+        "# and every edge's public key, which the eas_agent role gives each agent (they verify, never sign).\n"
+        f"eas_edge_announce_private_key: {private}\n"
+        "eas_edge_public_keys:\n"
+        f"  - {{name: edge, key: \"{public}\"}}\n"
         "# vLLM's API key (role inference_unit: VLLM_API_KEY): the IUs refuse /v1 requests without it; the edges\n"
         "# hold it (upstream_api_key_file).\n"
         f"inference_unit_api_key: {os.urandom(32).hex()}\n"

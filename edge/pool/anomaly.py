@@ -17,6 +17,9 @@ scores does not flag everything. Verdicts:
   but it is gated (weight 0) all the same: out of the draw, p2c compares two IUs that can start sooner
   (bench/route_sim.py, 80% load, seeds 1-3: leaving it in the draw raised the default mode's p99 TTFT from
   1.07x to 1.11x the oracle's).
+- what the edges announced since the scrape (``announced_s``) is known work, not an outlier, up to
+  :data:`ANNOUNCED_EXCUSED_REQUESTS` mean requests' prefill (``request_cost_s``); beyond that it is judged
+  with the score: a broken or compromised announcer cannot raise an IU without its verdict seeing it.
 - ``ramp``: an IU seen for the first time after the first observation, or back from critical / maintenance /
   missing, is sampled with a weight rising linearly from ``ramp_floor`` to 1 over ``ramp_s`` (a cold IU
   should not receive a herd the moment it appears). ``pick`` computes the ramp from ``ramp_start``.
@@ -36,7 +39,10 @@ class Verdict:
     ramp_start: float | None = None
 
 
-NO_FLAG = Verdict(None, 1.0, None)  # most IUs most of the time: one shared object, not one per IU per rebuild
+NO_FLAG = Verdict(None, 1.0, None)
+# Announced work judged as known (not an outlier): a herd of this many mean requests sent to one IU between
+# two scrapes, or one prompt at a long context (131072 tokens are ~64 mean requests of 2,000)
+ANNOUNCED_EXCUSED_REQUESTS = 64  # most IUs most of the time: one shared object, not one per IU per rebuild
 
 
 @dataclass
@@ -54,6 +60,18 @@ def robust_center_spread(values: list[float], floor: float) -> tuple[float, floa
     median = statistics.median(values)
     mad = statistics.median([abs(v - median) for v in values])
     return median, max(1.4826 * mad, floor, 0.05 * abs(median))
+
+
+def judged_score(score: float | None, terms) -> float | None:
+    """The score the verdicts judge: the scrape's (``score`` without what edges announced since), except
+    announced work beyond :data:`ANNOUNCED_EXCUSED_REQUESTS` mean requests, which stays in. Without
+    ``request_cost_s`` (an older agent, the seed profile) there is no scale: all announced work is excused."""
+    announced = terms.announced_s
+    if score is None or not announced:
+        return score
+    if terms.request_cost_s is not None:
+        announced = min(announced, ANNOUNCED_EXCUSED_REQUESTS * terms.request_cost_s)
+    return max(0.0, score - announced)
 
 
 def own_prefill_s(terms) -> float:
@@ -88,15 +106,9 @@ class AnomalyDetector:
     def observe(self, entries, now: float) -> dict[str, Verdict]:
         # Judged on the scrape's score: what the edges announced since (``announced_s``, the announce channel)
         # is known work, not an outlier (judging the announced score gated IUs a long prompt had just
-        # raised: docs/decisions/0003-announce-channel.md).
-        judged = []  # (entry, its judged score, routable now)
-        for entry in entries:
-            score = entry.score
-            if score is not None:
-                announced = entry.terms.announced_s
-                if announced:
-                    score = max(0.0, score - announced)
-            judged.append((entry, score, entry.routable and now <= entry.stale_after))
+        # raised: docs/decisions/0003-announce-channel.md), up to a bound (judged_score).
+        judged = [(entry, judged_score(entry.score, entry.terms), entry.routable and now <= entry.stale_after)
+                  for entry in entries]  # (entry, its judged score, routable now)
         scores = [score for _entry, score, routable in judged if score is not None and routable]
         baseline = not self.baseline_done and bool(scores)
         self.baseline_done = self.baseline_done or baseline

@@ -40,7 +40,7 @@ NVML_STANDIN_VERSION = f"{importlib.metadata.version(NVML_DIST)}+clusterctl.stan
 # Distributions the two wheels need on the node, with their own dependencies (requests' closure), less the
 # stand-in's (NVML_DIST).
 AGENT_CLOSURE = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "requests",
-                 "certifi", "charset-normalizer", "idna", "urllib3")
+                 "certifi", "charset-normalizer", "idna", "urllib3", "cryptography", "cffi", "pycparser")
 VLLM_CLOSURE = ("prometheus-client",)
 
 

@@ -17,7 +17,7 @@ import itertools
 import threading
 import time
 
-from eas_agent.http import QuietHandler, QuietHTTPServer
+from eas_agent.serving import QuietHandler, QuietHTTPServer
 from sim.vllm import openai_api
 from sim.vllm.exposition import VllmExposition
 from sim.vllm.loadmodel import LoadModel, ModelParams

@@ -16,6 +16,7 @@ from eas_agent import config
 from eas_wire import stream
 from eas_wire.announce import ANNOUNCE_PATH, IGNORED_REASONS, batch_json, parse_batch, read_answer
 from eas_wire.scorebody import DECLARED_TERMS, CollectorRun, IUScore, ScoreBody
+from eas_wire.signing import SIGNATURE_HEADER, edge_key_id, header_key_id
 
 pytestmark = pytest.mark.unit
 
@@ -132,6 +133,8 @@ def test_announce_page_request_is_a_batch_the_agent_accepts_and_the_edge_writes(
     edge, kept, ignored = parse_batch(obj, {"r01n01-iu0"}, obj["announcements"][0]["sent"])
     assert kept and not ignored
     assert json.loads(batch_json(edge, kept)) == obj
+    # the signature header has the shape the agent reads, by the key the edge id names
+    assert header_key_id(headers[SIGNATURE_HEADER]) == edge_key_id(edge) is not None
 
 
 def test_announce_page_answer_is_read_as_the_edge_reads_it():
@@ -154,7 +157,9 @@ def test_announce_page_limits_are_the_codes():
     rows = re.findall(r"^\| `([A-Z_]+)` \| ([\d.]+) .*\| `([\w/]+\.py)` \|$", section(ANNOUNCE.read_text(), "Limits"),
                       re.MULTILINE)
     assert {name for name, _, _ in rows} == {"MAX_BATCH_ITEMS", "MAX_BATCH_BYTES", "SENT_TOLERANCE_S",
-                                             "MAX_ANNOUNCED_EDGES"}
+                                             "MAX_ANNOUNCED_EDGES", "DEFAULT_NODE_RATE_PER_S",
+                                             "ANNOUNCED_PROMPTS_PER_SCRAPE", "MAX_NONCES",
+                                             "ANNOUNCED_EXCUSED_REQUESTS"}
     for name, value, path in rows:
         module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
         assert getattr(module, name) == float(value), name
@@ -168,6 +173,16 @@ def test_scores_stream_page_constants_are_the_codes():
     for name, value in rows:
         expected = getattr(stream, name)
         assert (float(value) if isinstance(expected, float) else value) == expected, name
+
+
+def test_scores_stream_page_limits_are_the_codes():
+    rows = re.findall(r"^\| `([A-Z_]+)` \| `([^`]+)` \| .* \| `([\w/]+\.py)` \|$",
+                      section(SCORES_STREAM.read_text(), "Limits"), re.MULTILINE)
+    assert {name for name, _, _ in rows} == {"MAX_CONNECTIONS", "RESERVED_FOR_EDGES", "MAX_CONNECTIONS_PER_ADDRESS",
+                                             "HEAD_DEADLINE_S", "MAX_STREAMS_PER_ADDRESS", "ANONYMOUS_MAX_STREAM_S"}
+    for name, value, path in rows:
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        assert getattr(module, name) == float(value), name
 
 
 def test_scores_stream_page_example_is_bodies_and_a_heartbeat():

@@ -145,7 +145,8 @@ class RunningEdge:
 def edge_config(pool: Pool, **overrides) -> EdgeConfig:
     base = EdgeConfig(listen="127.0.0.1:0", consul=replace(EdgeConfig().consul, address=pool.consul_addr),
                       push=PushConfig(agent_port=pool.agent_port, wait_s=2.0, apply_interval_s=0.01),
-                      queue_timeout_s=2.0, seed=1, access=AccessConfig(admin_listen="127.0.0.1:0"))
+                      queue_timeout_s=2.0, seed=1, access=AccessConfig(admin_listen="127.0.0.1:0"),
+                      debug_headers=True)
     push = overrides.pop("push", None)
     return replace(base, **overrides, **({"push": push} if push is not None else {}))
 

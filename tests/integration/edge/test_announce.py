@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import threading
@@ -13,6 +14,15 @@ import pytest
 from aiohttp import web
 
 from eas_wire.announce import MAX_BATCH_ITEMS
+from eas_wire.signing import (
+    SIGNATURE_HEADER,
+    SignatureError,
+    generate_key_pair,
+    key_id,
+    load_private,
+    parse_public_keys,
+    verify,
+)
 from edge import announce as announce_module
 from edge.announce import AnnounceSender
 from edge.config import AnnounceConfig, EdgeConfig
@@ -26,8 +36,18 @@ from tests.helpers.edge import MODEL, Pool, body_of, metric, post, running_edge,
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "announce-test-token-7f3a"
-EDGE = "edge-test.0badc0de"
+PRIVATE, PUBLIC = generate_key_pair()
+KEY = load_private(PRIVATE)
+EDGE = f"edge-test.{key_id(KEY.public_key())}.0badc0de"
+
+
+def signed_by_key(post: dict) -> bool:
+    """The POST's signature is this edge key's over its exact body."""
+    try:
+        verify(parse_public_keys(PUBLIC), post["signature"], post["raw"], time.time(), 5.0)
+    except SignatureError:
+        return False
+    return True
 
 
 class FakeAgent:
@@ -54,8 +74,10 @@ class FakeAgent:
         self.concurrent += 1
         self.max_concurrent = max(self.max_concurrent, self.concurrent)
         try:
-            body = await request.json()
-            self.posts.append({"at": time.monotonic(), "auth": request.headers.get("Authorization"), "body": body})
+            raw = await request.read()
+            body = json.loads(raw)
+            self.posts.append({"at": time.monotonic(), "signature": request.headers.get(SIGNATURE_HEADER),
+                               "raw": raw, "body": body})
             if self.delay:
                 try:
                     await asyncio.wait_for(self.stopping.wait(), self.delay)
@@ -132,7 +154,7 @@ def run(test, **sender_kwargs):
         ledger = Ledger()
         async with aiohttp.ClientSession() as session:
             kwargs = {"rng": random.Random(1), **sender_kwargs}
-            sender = AnnounceSender(session, ledger, EDGE, TOKEN, **kwargs)
+            sender = AnnounceSender(session, ledger, EDGE, KEY, **kwargs)
             try:
                 await test(sender, ledger, session)
             finally:
@@ -149,7 +171,7 @@ async def until(predicate, timeout: float = 3.0, what: str = "condition") -> Non
         await asyncio.sleep(0.005)
 
 
-def test_one_node_s_announcements_within_a_tick_leave_as_one_post_in_order_with_token_and_edge_id():
+def test_one_node_s_announcements_within_a_tick_leave_as_one_post_in_order_signed_with_the_edge_id():
     async def test(sender, ledger, _session):
         async with FakeAgent("n0") as a, FakeAgent("n1") as b:
             started = time.monotonic()
@@ -163,7 +185,7 @@ def test_one_node_s_announcements_within_a_tick_leave_as_one_post_in_order_with_
             await asyncio.sleep(0.05)  # nothing more follows
             assert len(a.posts) == 1 and len(b.posts) == 1
             assert a.posts[0]["at"] - started < 0.2  # the next 10 ms tick, not a second later
-            assert a.posts[0]["auth"] == f"Bearer {TOKEN}"
+            assert signed_by_key(a.posts[0])
             assert a.posts[0]["body"] == {"edge": EDGE, "announcements": [
                 {"iu": "n0-iu0", "tokens": 100, "seq": 1, "sent": 1764780001.5},
                 {"iu": "n0-iu0", "tokens": 200, "seq": 2, "sent": 1764780002.5},
@@ -274,9 +296,9 @@ def test_queued_behind_a_batch_that_fails_are_dropped_as_a_batch():
     run(test, backoff_s=5.0)
 
 
-@pytest.mark.parametrize("status, state", [(401, "401: the agent does not take this edge's announce token"),
+@pytest.mark.parametrize("status, state", [(401, "401: the agent does not hold this edge's public key"),
                                            (404, "404: the announce channel is off at that agent")])
-def test_401_and_404_back_off_and_log_once_without_the_token(status, state, caplog, monkeypatch):
+def test_401_and_404_back_off_and_log_once_without_the_key(status, state, caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="edge.announce")
     monkeypatch.setattr(announce_module, "LOG_INTERVAL_S", 0.0)  # each change logged: the state rule alone
 
@@ -298,7 +320,7 @@ def test_401_and_404_back_off_and_log_once_without_the_token(status, state, capl
             await until(lambda: sender.batches["sent"] == 1, what="the recovery")
             lines = [r.getMessage() for r in caplog.records if r.name == "edge.announce"]
             assert len(lines) == 2 and "working again" in lines[1]
-            assert TOKEN not in caplog.text
+            assert PRIVATE not in caplog.text
 
     run(test, backoff_s=0.1)
 
@@ -370,7 +392,7 @@ def test_a_batch_holds_at_most_max_batch_items_the_overflow_is_dropped():
 def test_close_flushes_what_is_queued_and_waits_for_it_bounded():
     async def test(sender, ledger, _session):
         async with FakeAgent("n0", delay=0.1) as agent:
-            quick = AnnounceSender(_session, ledger, EDGE, TOKEN, batch_s=1.0)
+            quick = AnnounceSender(_session, ledger, EDGE, KEY, batch_s=1.0)
             quick.announce("n0", agent.address, "n0-iu0", 10, 100, time.time())  # its tick is up to 1 s away
             await quick.close(timeout_s=2.0)
             assert [agent.seqs(i) for i in range(len(agent.posts))] == [[100]] and quick.batches == {"sent": 1}
@@ -386,7 +408,7 @@ def test_close_flushes_what_is_queued_and_waits_for_it_bounded():
             assert ledger.unannounced == [4]
             # bounded: an agent that never answers does not hold the shutdown
             agent.delay = 5.0
-            late = AnnounceSender(_session, ledger, EDGE, TOKEN, timeout_s=10.0)
+            late = AnnounceSender(_session, ledger, EDGE, KEY, timeout_s=10.0)
             late.announce("n0", agent.address, "n0-iu0", 10, 5, time.time())
             started = time.monotonic()
             await late.close(timeout_s=0.2)
@@ -469,15 +491,15 @@ class AgentsThread:
 
 def test_the_proxy_announces_a_routed_completion_to_its_node_agent_and_reads_the_acknowledgement(
         consul_addr, tmp_path):
-    token_file = tmp_path / "announce.token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
+    key_file = tmp_path / "announce.key"
+    key_file.write_text(PRIVATE + "\n")
+    key_file.chmod(0o600)
     pool = Pool(consul_addr, nodes=2, ius_per_node=1, agents=False)
     agents = AgentsThread(pool)
     try:
         for node in pool.nodes:
             pool.publish_kv(node, {f"{node}-iu0": 0.01})
-        with running_edge(pool, announce=AnnounceConfig(token_file=str(token_file), edge_name="edge test/1")) as edge:
+        with running_edge(pool, announce=AnnounceConfig(key_file=str(key_file), edge_name="edge test/1")) as edge:
             state = edge.state
             edge_id = state.view.edge_id
             assert edge_id.startswith("edge-test-1.") and state.router.ledger.announcing
@@ -487,7 +509,7 @@ def test_the_proxy_announces_a_routed_completion_to_its_node_agent_and_reads_the
             iu = headers["X-Eas-IU"]
             agent = agents.agents[pool.node_of(iu)]
             wait_for(lambda: agent.posts, 5, "the announcement at the IU's node agent")
-            assert agent.posts[0]["auth"] == f"Bearer {TOKEN}"
+            assert signed_by_key(agent.posts[0])
             assert agent.posts[0]["body"] == {"edge": edge_id, "announcements": [
                 {"iu": iu, "tokens": estimate_prompt_tokens(body, chat=False), "seq": state.router.ledger.seq,
                  "sent": agent.posts[0]["body"]["announcements"][0]["sent"]}]}

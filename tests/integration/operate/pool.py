@@ -69,7 +69,7 @@ def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = Non
             agents.append(stack.enter_context(_agent(node, agent_port, prior)))
         config = EdgeConfig(listen="127.0.0.1:0", consul=replace(EdgeConfig().consul, address=consul_addr),
                             push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
-                            queue_timeout_s=5.0, seed=1)
+                            queue_timeout_s=5.0, seed=1, debug_headers=True)
         edge = RunningEdge(config)
         stack.callback(edge.close)
         wait_for(lambda: len(edge.state.view.snapshot().scored) == nodes, 20, f"{nodes} scored IUs at the edge")

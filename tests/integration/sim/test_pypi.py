@@ -206,7 +206,8 @@ def test_agent_requires_a_python_ubuntu_2204_and_2404_ship(agent_wheel):
     assert "3.10.12" in spec and "3.12.3" in spec, f"Ubuntu 22.04 (3.10) and 24.04 (3.12) must satisfy {spec}"
     requires = {line[1].split(">")[0].split("=")[0].split("<")[0].lower() for line in metadata(agent_wheel)
                 if line[0] == "Requires-Dist"}
-    assert requires == {"click", "psutil", "py-consul", "prometheus-client", "pyyaml", "nvidia-ml-py", "requests"}
+    assert requires == {"click", "psutil", "py-consul", "prometheus-client", "pyyaml", "nvidia-ml-py", "requests",
+                        "cryptography"}
 
 
 # What the wheel carries and that its code is Python 3.10: tests/unit/provision/test_wheels.py.

@@ -19,6 +19,7 @@ import yaml
 
 from cluster import load_cluster
 from eas_agent.config import parse_config
+from eas_wire.signing import parse_public_keys
 from sim.aptrepo.catalog import DRIVER_BRANCH, DRIVER_VERSIONS
 from tests.helpers.devconsul import wait_until
 from tests.helpers.provision import NCCL_TESTS_BIN, TOKEN, ansible_playbook, clusterctl, stats_of
@@ -427,8 +428,8 @@ def test_eas_agent_config_and_token(provisioned):
     cluster = load_cluster(provisioned.inventory)
     text = provisioned.read(IB_HOST, "/etc/eas-agent/config.yml")
     assert text == golden("eas-agent-config-r01n01.yml")
-    announce_token = yaml.safe_load((Path(provisioned.inventory) / "group_vars" / "all.yml").read_text())[
-        "eas_agent_announce_token"]
+    edge_keys = yaml.safe_load((Path(provisioned.inventory) / "group_vars" / "all.yml").read_text())[
+        "eas_edge_public_keys"]
     tokens = {}
     for host in provisioned.hosts:
         node = cluster.node(host)
@@ -440,10 +441,13 @@ def test_eas_agent_config_and_token(provisioned):
         assert config.consul.token_file == "/etc/eas-agent/consul.token"
         assert provisioned.stat(host, "/etc/eas-agent/consul.token") == "600 eas-agent eas-agent"
         tokens[host] = provisioned.read(host, "/etc/eas-agent/consul.token")
-        # the announce channel's token: one shared secret, the inventory's, in a 0600 file the config names
-        assert config.announce_token_file == "/etc/eas-agent/announce.token"
-        assert provisioned.stat(host, "/etc/eas-agent/announce.token") == "600 eas-agent eas-agent"
-        assert provisioned.read(host, "/etc/eas-agent/announce.token") == announce_token + "\n"
+        # the announce channel: the edges' public keys (no secret), the inventory's, in the file the config names
+        assert config.announce_keys_file == "/etc/eas-agent/edge-keys.pub"
+        assert provisioned.stat(host, "/etc/eas-agent/edge-keys.pub") == "640 root eas-agent"
+        keys = provisioned.read(host, "/etc/eas-agent/edge-keys.pub")
+        assert all(f"{edge['key']} {edge['name']}" in keys for edge in edge_keys)
+        assert len(parse_public_keys(keys)) == len(edge_keys)
+        assert not provisioned.exists(host, "/etc/eas-agent/announce.token")
     assert tokens[IB_HOST] == TOKEN + "\n"  # the vault value (the others' come from the inventory)
     assert len(set(tokens.values())) == len(tokens) and all(t.strip() for t in tokens.values())
     unit = provisioned.read(IB_HOST, "/etc/systemd/system/eas-agent.service")

@@ -10,12 +10,22 @@ from collections import Counter
 
 import pytest
 
-from eas_agent.announce import MAX_PENDING, AnnouncedPrompts, AnnounceScorer, NodeAnnouncements
+from eas_agent.announce import (
+    ANNOUNCED_PROMPTS_PER_SCRAPE,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    DEFAULT_NODE_RATE_PER_S,
+    MAX_PENDING,
+    AnnouncedPrompts,
+    AnnounceScorer,
+    EdgeKeyMismatch,
+    NodeAnnouncements,
+)
 from eas_agent.collectors.vllm import VllmReading
 from eas_agent.score import DrainParams, IUInputs, Scorer
 from eas_agent.vllm_metrics import VllmMetrics
 from eas_wire.announce import MAX_BATCH_ITEMS, SENT_TOLERANCE_S, AnnounceError, Announcement, parse_batch
 from eas_wire.scorebody import MAX_ANNOUNCED_EDGES, MAX_SEQ, IUScore, ScoreBody
+from eas_wire.signing import edge_key_id
 
 pytestmark = pytest.mark.unit
 
@@ -29,6 +39,11 @@ def item(seq: int, tokens: int = 1_000, iu: str = "n1-iu0", sent: float = NOW) -
 
 def batch(*items, edge: str = "edge-a.3f9c2b1d") -> dict:
     return {"edge": edge, "announcements": list(items)}
+
+
+def receive_json(node: NodeAnnouncements, obj: dict, now: float) -> tuple[int, Counter]:
+    """Count ``obj`` as signed by the key its edge id names (signatures: test_http_announce.py)."""
+    return node.receive_json(obj, now, edge_key_id(obj["edge"]))
 
 
 # ------------------------------------------------------------------------------------------ parse_batch
@@ -256,9 +271,9 @@ def scraped_node(**kw) -> NodeAnnouncements:
 def test_a_replayed_seq_is_ignored():
     node = scraped_node()
     first = batch(item(1), item(2), item(3))
-    assert node.receive_json(first, NOW) == (3, Counter())
-    assert node.receive_json(first, NOW) == (0, Counter(replayed=3))
-    assert node.receive_json(batch(item(2), item(3), item(4), item(5)), NOW) == (2, Counter(replayed=2))
+    assert receive_json(node, first, NOW) == (3, Counter())
+    assert receive_json(node, first, NOW) == (0, Counter(replayed=3))
+    assert receive_json(node, batch(item(2), item(3), item(4), item(5)), NOW) == (2, Counter(replayed=2))
     assert node.acked == {"edge-a.3f9c2b1d": 5}
     assert node.prompts["n1-iu0"].added_s == pytest.approx(5 * 0.1)  # the replays added nothing
     assert node.counts == Counter(accepted=5, replayed=5)
@@ -266,44 +281,83 @@ def test_a_replayed_seq_is_ignored():
 
 def test_each_edge_is_held_to_its_rate():
     node = scraped_node(rate_per_s=10.0, burst=5.0)
-    accepted, ignored = node.receive_json(batch(*(item(s) for s in range(1, 9))), NOW)
+    accepted, ignored = receive_json(node, batch(*(item(s) for s in range(1, 9))), NOW)
     assert (accepted, ignored) == (5, Counter(rate_limited=3))
     assert node.acked["edge-a.3f9c2b1d"] == 5  # the ones refused are not acknowledged
     # another edge has a bucket of its own
-    assert node.receive_json(batch(*(item(s) for s in range(1, 4)), edge="edge-b.1"), NOW) == (3, Counter())
+    assert receive_json(node, batch(*(item(s) for s in range(1, 4)), edge="edge-b.1"), NOW) == (3, Counter())
     # 0.35 s later the first edge has 3.5 more
-    accepted, ignored = node.receive_json(batch(*(item(s) for s in range(9, 14))), NOW + 0.35)
+    accepted, ignored = receive_json(node, batch(*(item(s) for s in range(9, 14))), NOW + 0.35)
     assert (accepted, ignored) == (3, Counter(rate_limited=2))
     # the bucket refills to its size, no more
-    accepted, _ = node.receive_json(batch(*(item(s) for s in range(20, 40))), NOW + 4.0)
+    accepted, _ = receive_json(node, batch(*(item(s) for s in range(20, 40))), NOW + 4.0)
     assert accepted == 5
+
+
+def flood(node: NodeAnnouncements, ids: int = 20, per_id: int = MAX_BATCH_ITEMS, tokens: int = 131_072,
+          now: float = NOW) -> int:
+    """``ids`` invented edge ids each send a full batch of maximal prompts to n1-iu0 at once; how many counted."""
+    return sum(receive_json(node, batch(*(item(s, tokens=tokens) for s in range(1, per_id + 1)),
+                                        edge=f"invented-{i}.x"), now)[0] for i in range(ids))
+
+
+def test_a_flood_under_invented_edge_ids_is_capped_node_wide():
+    node = scraped_node()
+    assert flood(node) == 2 * DEFAULT_NODE_RATE_PER_S  # 10,240 sent at once: the node's bucket, 2 s deep
+    assert node.counts["node_rate_limited"] == 20 * MAX_BATCH_ITEMS - 2 * DEFAULT_NODE_RATE_PER_S
+    # and refills at the node's rate, whatever the number of ids
+    assert flood(node, now=NOW + 0.5) == 0.5 * DEFAULT_NODE_RATE_PER_S
+
+
+def test_what_announcements_add_to_an_iu_stays_under_its_bound():
+    node = scraped_node()
+    flood(node)
+    bound = ANNOUNCED_PROMPTS_PER_SCRAPE * DEFAULT_MAX_PROMPT_TOKENS / 10_000.0
+    body = node.body(base_body(**{"n1-iu0": 0.2, "n1-iu1": 0.2}))
+    assert body.ius["n1-iu0"].components["announced_s"] == pytest.approx(bound, abs=1e-3)
+    assert body.ius["n1-iu0"].score == pytest.approx(0.2 + bound, abs=1e-3)
+    assert "announced_s" not in body.ius["n1-iu1"].components
+    assert node.counts["announced_capped"] > 0  # counted (acknowledged), what they add cut at the bound
+    # the next scrape starts a new bound
+    node.prompts["n1-iu0"].reconcile(0, now=NOW + 0.1, prefill_tps=10_000.0, request_cost_s=0.1)
+    assert node.prompts["n1-iu0"].added_s == 0.0
+
+
+def test_a_batch_whose_edge_id_names_another_key_moves_nothing():
+    node = scraped_node()
+    victim = "edge-a.0123456789abcdef.3f9c2b1d"
+    assert node.receive_json(batch(item(1), edge=victim), NOW, "0123456789abcdef") == (1, Counter())
+    with pytest.raises(EdgeKeyMismatch, match="does not name the key"):
+        node.receive_json(batch(item(MAX_SEQ), edge=victim), NOW, "fedcba9876543210")
+    assert node.acked == {victim: 1}
+    assert node.receive_json(batch(item(2), edge=victim), NOW, "0123456789abcdef") == (1, Counter())
 
 
 def test_at_most_max_announced_edges_are_remembered_least_recently_heard_dropped():
     node = scraped_node()
     edges = [f"edge-{i}.x" for i in range(MAX_ANNOUNCED_EDGES)]
     for i, edge in enumerate(edges):
-        node.receive_json(batch(item(i + 1), edge=edge), NOW)
-    node.receive_json(batch(item(100), edge=edges[0]), NOW)  # heard again: now the most recent
-    node.receive_json(batch(item(1), edge="edge-new.y"), NOW)
+        receive_json(node, batch(item(i + 1), edge=edge), NOW)
+    receive_json(node, batch(item(100), edge=edges[0]), NOW)  # heard again: now the most recent
+    receive_json(node, batch(item(1), edge="edge-new.y"), NOW)
     assert len(node.acked) == MAX_ANNOUNCED_EDGES and len(node.buckets) == MAX_ANNOUNCED_EDGES
     assert edges[1] not in node.acked and edges[1] not in node.buckets  # the least recently heard
     assert node.acked[edges[0]] == 100 and node.acked["edge-new.y"] == 1
     # a forgotten edge starts over: its old sequence numbers count again
-    assert node.receive_json(batch(item(2), edge=edges[1]), NOW) == (1, Counter())
+    assert receive_json(node, batch(item(2), edge=edges[1]), NOW) == (1, Counter())
 
 
 def test_an_edge_that_sent_only_ignored_announcements_is_not_remembered():
     node = scraped_node()
-    assert node.receive_json(batch(item(1, iu="n7-iu0")), NOW) == (0, Counter(unknown_iu=1))
+    assert receive_json(node, batch(item(1, iu="n7-iu0")), NOW) == (0, Counter(unknown_iu=1))
     assert node.acked == {} and node.buckets == {}
 
 
 def test_body_carries_announced_and_what_announcements_added():
     node = scraped_node()
     assert node.body(base_body(n1_iu0=0.5, n1_iu1=0.2)).announced == {}
-    node.receive_json(batch(item(1, tokens=3_000), item(2, tokens=2_000, iu="n1-iu1")), NOW)
-    node.receive_json(batch(item(7, tokens=1_000), edge="edge-b.2"), NOW)
+    receive_json(node, batch(item(1, tokens=3_000), item(2, tokens=2_000, iu="n1-iu1")), NOW)
+    receive_json(node, batch(item(7, tokens=1_000), edge="edge-b.2"), NOW)
     base = base_body(n1_iu0=0.5, n1_iu1=0.2)
     body = node.body(base)
     assert body.announced == {"edge-a.3f9c2b1d": 2, "edge-b.2": 7}
@@ -323,7 +377,7 @@ def test_body_carries_announced_and_what_announcements_added():
 
 def test_an_iu_with_no_score_is_untouched():
     node = scraped_node()
-    node.receive_json(batch(item(1, tokens=5_000), item(2, tokens=5_000, iu="n1-iu1")), NOW)
+    receive_json(node, batch(item(1, tokens=5_000), item(2, tokens=5_000, iu="n1-iu1")), NOW)
     base = base_body(n1_iu0=None, n1_iu1=0.0)
     body = node.body(base)
     assert body.ius["n1-iu0"] is base.ius["n1-iu0"]
@@ -344,7 +398,7 @@ def test_body_never_acknowledges_an_announcement_whose_addition_it_does_not_hold
         original(tokens, sent)
 
     prompts.announce = slow_announce
-    receiver = threading.Thread(target=node.receive_json, args=(batch(item(1, tokens=5_000)), NOW))
+    receiver = threading.Thread(target=receive_json, args=(node, batch(item(1, tokens=5_000)), NOW))
     receiver.start()
     assert entered.wait(5)
     bodies: list[ScoreBody] = []
@@ -369,7 +423,7 @@ def test_body_and_receive_agree_under_concurrency():
 
     def send():
         for seq in range(1, 3_001):
-            node.receive_json(batch(item(seq, tokens=100)), NOW)
+            receive_json(node, batch(item(seq, tokens=100)), NOW)
         done.set()
 
     sender = threading.Thread(target=send)

@@ -1,12 +1,11 @@
-"""POST /announce on a real agent's HTTP server (eas_agent/http.py, eas_agent/agent.py): the token, every
-status, what a good batch does to /scores (at once, waking a blocking query), keep-alive, metrics, and the
-three config fields."""
+"""POST /announce on a real agent's HTTP server (eas_agent/http.py, eas_agent/agent.py): the signature,
+every status, what a good batch does to /scores (at once, waking a blocking query), keep-alive, metrics,
+and the config fields."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import logging
 import socket
 import threading
 import time
@@ -15,17 +14,27 @@ from pathlib import Path
 import pytest
 
 from eas_agent.agent import Agent, IUPipeline
-from eas_agent.announce import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RATE_PER_S
+from eas_agent.announce import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_NODE_RATE_PER_S, DEFAULT_RATE_PER_S
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import ConfigError, load_config, parse_config
 from eas_wire.announce import ANNOUNCE_PATH, MAX_BATCH_BYTES
+from eas_wire.signing import (
+    SIGNATURE_HEADER,
+    Ed25519PrivateKey,
+    generate_key_pair,
+    key_id,
+    load_private,
+    sign,
+)
 from sim.memstore import MemoryStore
 
 pytestmark = pytest.mark.unit
 
 GOOD = (Path(__file__).parents[2] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()
-TOKEN = "announce-secret-0123456789abcdef"
-EDGE = "edge-a.3f9c2b1d"
+PRIVATE, PUBLIC = generate_key_pair()
+KEY = load_private(PRIVATE)
+OTHER = load_private(generate_key_pair()[0])  # an edge key this agent does not hold
+EDGE = f"edge-a.{key_id(KEY.public_key())}.3f9c2b1d"
 T0 = 1_764_780_000.0
 
 
@@ -47,10 +56,9 @@ def config_dict(**extra) -> dict:
     }
 
 
-def token_file(tmp_path: Path, text: str = TOKEN + "\n", mode: int = 0o600) -> Path:
-    path = tmp_path / "announce.token"
+def keys_file(tmp_path: Path, text: str = PUBLIC + " edge-a\n") -> Path:
+    path = tmp_path / "edge-keys.pub"
     path.write_text(text)
-    path.chmod(mode)
     return path
 
 
@@ -66,8 +74,8 @@ class Clock:
 def make_agent():
     agents: list[Agent] = []
 
-    def make(token: Path | None, **extra) -> Agent:
-        cfg = parse_config(config_dict(**({"announce_token_file": str(token)} if token else {}), **extra))
+    def make(keys: Path | None, **extra) -> Agent:
+        cfg = parse_config(config_dict(**({"announce_keys_file": str(keys)} if keys else {}), **extra))
         pipelines = [IUPipeline(cfg, i, VllmCollector(lambda: GOOD)) for i in range(len(cfg.ius))]
         agent = Agent(cfg, store=MemoryStore(), gpu_backend=NoGpus(), pipelines=pipelines, clock=Clock(T0))
         agent.http.start()
@@ -82,7 +90,7 @@ def make_agent():
 @pytest.fixture
 def agent(tmp_path, make_agent) -> Agent:
     """An agent with the channel on, one cycle scored at T0 (its body served), its clock 50 ms later."""
-    agent = make_agent(token_file(tmp_path))
+    agent = make_agent(keys_file(tmp_path))
     agent.cycle(T0)
     agent.clock.t = T0 + 0.05
     return agent
@@ -93,12 +101,12 @@ def connect(agent: Agent) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(host, port, timeout=5)
 
 
-def post(conn: http.client.HTTPConnection, body, token: str | None = TOKEN, path: str = ANNOUNCE_PATH,
-         headers: dict | None = None) -> tuple[int, dict, http.client.HTTPResponse]:
+def post(conn: http.client.HTTPConnection, body, key: Ed25519PrivateKey | None = KEY, path: str = ANNOUNCE_PATH,
+         headers: dict | None = None, at: float = T0 + 0.05) -> tuple[int, dict, http.client.HTTPResponse]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     h = {"Content-Type": "application/json", **(headers or {})}
-    if token is not None:
-        h["Authorization"] = f"Bearer {token}"
+    if key is not None:
+        h[SIGNATURE_HEADER] = sign(key, data, at)
     conn.request("POST", path, body=data, headers=h)
     response = conn.getresponse()
     raw = response.read()
@@ -219,7 +227,7 @@ def test_two_posts_on_one_keep_alive_connection_are_both_answered(agent):
 
 
 def test_a_batch_before_the_first_cycle_is_counted_and_served_by_the_first_body(tmp_path, make_agent):
-    agent = make_agent(token_file(tmp_path))
+    agent = make_agent(keys_file(tmp_path))
     agent.clock.t = T0
     assert post(connect(agent), good_batch(1, sent=T0))[1] == {"accepted": 1, "ignored": {}, "ignored_seqs": []}
     assert agent.http.index == 0  # no body to build on yet
@@ -267,43 +275,69 @@ def test_a_batch_during_a_cycle_never_replaces_its_body_with_an_older_base(agent
 # ------------------------------------------------------------------------------------------ refusals
 
 
-def test_without_a_token_file_the_channel_is_off_404(make_agent):
+def test_without_a_keys_file_the_channel_is_off_404(make_agent):
     agent = make_agent(None)
     agent.cycle(T0)
     status, answer, response = post(connect(agent), good_batch(1))
     assert status == 404 and "announce channel is off" in answer["error"]
-    assert "announce_token_file" in answer["error"]
+    assert "announce_keys_file" in answer["error"]
     assert response.getheader("Connection") == "close"
     assert "announced" in scores(agent)[1]  # /scores itself is unchanged by the channel being off
     assert metric(agent, "eas_agent_announce_batches_total", code="404") == 1
 
 
-@pytest.mark.parametrize("headers", [
-    {},
-    {"Authorization": "Bearer wrong-token"},
-    {"Authorization": f"Bearer {TOKEN}x"},
-    {"Authorization": f"Basic {TOKEN}"},
-    {"Authorization": TOKEN},
-    {"Authorization": "Bearer"},
-    {"Authorization": "Bearer é"},
+def unchanged(agent, index: int) -> bool:
+    return agent.announcements.acked == {} and not agent.announcements.counts and scores(agent)[0] == index
+
+
+@pytest.mark.parametrize("how, words", [
+    ("no header", f"missing {SIGNATURE_HEADER}"),
+    ("a key the agent does not hold", "not by a key of this agent's edges"),
+    ("a garbled header", f"missing {SIGNATURE_HEADER}"),
 ])
-def test_a_missing_or_wrong_token_is_401_and_nothing_is_counted(agent, headers):
+def test_a_batch_not_signed_by_a_known_key_is_401_unread_and_nothing_is_counted(agent, how, words):
     index, _ = scores(agent)
-    status, answer, response = post(connect(agent), good_batch(1), token=None, headers=headers)
-    assert status == 401 and "Bearer" in answer["error"] and TOKEN not in json.dumps(answer)
-    assert response.getheader("WWW-Authenticate") == "Bearer"
-    assert agent.announcements.acked == {} and not agent.announcements.counts
-    assert scores(agent)[0] == index
+    key, headers = {"no header": (None, {}), "a key the agent does not hold": (OTHER, {}),
+                    "a garbled header": (None, {SIGNATURE_HEADER: "key=zz,sig=1"})}[how]
+    status, answer, response = post(connect(agent), good_batch(1), key=key, headers=headers)
+    assert status == 401 and words in answer["error"] and response.getheader("Connection") == "close"
+    assert unchanged(agent, index)
     assert metric(agent, "eas_agent_announce_batches_total", code="401") == 1
 
 
-def test_the_bearer_scheme_is_case_insensitive(agent):
-    status, _, _ = post(connect(agent), good_batch(1), token=None, headers={"Authorization": f"bearer {TOKEN}"})
-    assert status == 200
+def test_a_changed_body_a_stale_signature_and_a_replayed_one_are_401(agent):
+    index, _ = scores(agent)
+    data = json.dumps(good_batch(1)).encode()
+    signature = sign(KEY, data, T0 + 0.05)
+    tampered = data.replace(b'"tokens": 16000', b'"tokens": 99999')
+    status, answer, response = post(connect(agent), tampered, key=None, headers={SIGNATURE_HEADER: signature})
+    assert status == 401 and "does not verify" in answer["error"]
+    assert response.getheader("Connection") == "close"  # a forger keeps no connection from the edges' reserve
+    status, answer, _ = post(connect(agent), good_batch(1), at=T0 - 60)
+    assert status == 401 and "from the agent's clock" in answer["error"]
+    assert unchanged(agent, index)
+    assert post(connect(agent), data, key=None, headers={SIGNATURE_HEADER: signature})[0] == 200
+    status, answer, _ = post(connect(agent), data, key=None, headers={SIGNATURE_HEADER: signature})
+    assert status == 401 and "replayed" in answer["error"]
+
+
+def test_a_batch_for_another_edge_id_than_its_key_s_is_403_and_that_edge_keeps_its_channel(tmp_path, make_agent):
+    """Two edges' keys on one agent: Y signs a batch claiming X's id with a huge number; refused, and X's
+    next real batch is counted."""
+    other_private, other_public = generate_key_pair()
+    agent = make_agent(keys_file(tmp_path, f"{PUBLIC} edge-x\n{other_public} edge-y\n"))
+    agent.cycle(T0)
+    agent.clock.t = T0 + 0.05
+    forged = good_batch(2**53 - 1)  # X's id (EDGE names KEY), signed with Y's key
+    status, answer, _ = post(connect(agent), forged, key=load_private(other_private))
+    assert status == 403 and "does not name the key" in answer["error"]
+    assert agent.announcements.acked == {}
+    assert post(connect(agent), good_batch(1))[1] == {"accepted": 1, "ignored": {}, "ignored_seqs": []}
+    assert scores(agent)[1]["announced"] == {EDGE: 1}
 
 
 def test_no_content_length_is_411_and_a_bad_one_400(agent):
-    head = f"POST {ANNOUNCE_PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+    head = f"POST {ANNOUNCE_PATH} HTTP/1.1\r\nHost: x\r\n{SIGNATURE_HEADER}: {sign(KEY, b'', T0)}\r\n"
     status, answer, response = raw_request(agent, (head + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n").encode())
     assert status == 411 and "Content-Length" in answer["error"] and response.getheader("Connection") == "close"
     for bad in ("abc", "-1", "1e3", "²"):
@@ -313,7 +347,7 @@ def test_no_content_length_is_411_and_a_bad_one_400(agent):
 
 
 def test_a_body_over_the_limit_is_413_without_reading_it(agent):
-    head = (f"POST {ANNOUNCE_PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+    head = (f"POST {ANNOUNCE_PATH} HTTP/1.1\r\nHost: x\r\n{SIGNATURE_HEADER}: {sign(KEY, b'', T0)}\r\n"
             f"Content-Length: {MAX_BATCH_BYTES + 1}\r\n\r\n")
     started = time.monotonic()
     status, answer, response = raw_request(agent, head.encode())  # no body sent: the answer must not wait for it
@@ -322,7 +356,8 @@ def test_a_body_over_the_limit_is_413_without_reading_it(agent):
     conn = connect(agent)
     status, _, _ = post(conn, b"{" + b" " * MAX_BATCH_BYTES + b"}")  # one byte over, sent whole
     assert status == 413
-    status, answer, _ = post(connect(agent), {"edge": EDGE, "announcements": [], "pad": "x" * (MAX_BATCH_BYTES - 60)})
+    empty = len(json.dumps({"edge": EDGE, "announcements": [], "pad": ""}))
+    status, answer, _ = post(connect(agent), {"edge": EDGE, "announcements": [], "pad": "x" * (MAX_BATCH_BYTES - empty)})
     assert status == 200  # at the limit, fine
 
 
@@ -360,7 +395,7 @@ def test_another_post_path_is_404_and_get_announce_too(agent):
 
 def test_metrics_are_served(agent):
     post(connect(agent), good_batch(1))
-    post(connect(agent), good_batch(1), token="nope")
+    post(connect(agent), good_batch(2), key=OTHER)
     conn = connect(agent)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
@@ -369,37 +404,30 @@ def test_metrics_are_served(agent):
     assert 'eas_agent_announce_batches_total{code="401"} 1.0' in text
 
 
-def test_the_token_is_never_logged(tmp_path, make_agent, caplog):
-    with caplog.at_level(logging.DEBUG):
-        agent = make_agent(token_file(tmp_path))
-        agent.cycle(T0)
-        agent.clock.t = T0 + 0.05
-        post(connect(agent), good_batch(1))
-        post(connect(agent), good_batch(2), token="wrong")
-    assert TOKEN not in caplog.text
-
-
 # ------------------------------------------------------------------------------------------ the config
 
 
 def test_the_fields_default(tmp_path):
     cfg = parse_config(config_dict())
-    assert (cfg.announce_token_file, cfg.announce_max_prompt_tokens, cfg.announce_rate_per_s) == (
-        None, DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RATE_PER_S)
-    assert cfg.read_announce_token() is None
+    assert (cfg.announce_keys_file, cfg.announce_max_prompt_tokens, cfg.announce_rate_per_s,
+            cfg.announce_node_rate_per_s) == (None, DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RATE_PER_S,
+                                              DEFAULT_NODE_RATE_PER_S)
+    assert cfg.read_edge_keys() is None
 
 
 def test_the_fields_reach_the_agent(tmp_path, make_agent):
-    agent = make_agent(token_file(tmp_path), announce_max_prompt_tokens=1_000, announce_rate_per_s=5)
+    agent = make_agent(keys_file(tmp_path), announce_max_prompt_tokens=1_000, announce_rate_per_s=5,
+                       announce_node_rate_per_s=50)
     node = agent.announcements
-    assert (node.max_prompt_tokens, node.rate_per_s, node.burst) == (1_000, 5.0, 10.0)
-    assert agent.http.announce_token == TOKEN
+    assert (node.max_prompt_tokens, node.rate_per_s, node.burst, node.node_rate_per_s) == (1_000, 5.0, 10.0, 50.0)
+    assert set(agent.http.edge_keys.keys) == {key_id(KEY.public_key())}
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("announce_token_file", 7, "expected a string, got int 7"),
-    ("announce_token_file", "", "expected a file path or null, got ''"),
-    ("announce_token_file", ["a"], "expected a string, got list ['a']"),
+    ("announce_keys_file", 7, "expected a string, got int 7"),
+    ("announce_keys_file", "", "expected a file path or null, got ''"),
+    ("announce_keys_file", ["a"], "expected a string, got list ['a']"),
+    ("announce_node_rate_per_s", 0, "must be > 0, got 0.0"),
     ("announce_max_prompt_tokens", 0, "must be >= 1, got 0"),
     ("announce_max_prompt_tokens", -5, "must be >= 1, got -5"),
     ("announce_max_prompt_tokens", 1.5, "expected an integer, got float 1.5"),
@@ -419,33 +447,31 @@ def test_a_bad_field_is_named_with_its_value(field, value, words):
 
 def test_the_fields_load_from_yaml(tmp_path):
     path = tmp_path / "config.yml"
-    token = token_file(tmp_path)
-    path.write_text(json.dumps(config_dict(announce_token_file=str(token), announce_max_prompt_tokens=32768,
+    keys = keys_file(tmp_path)
+    path.write_text(json.dumps(config_dict(announce_keys_file=str(keys), announce_max_prompt_tokens=32768,
                                            announce_rate_per_s=500)))
     cfg = load_config(path)
     assert (cfg.announce_max_prompt_tokens, cfg.announce_rate_per_s) == (32_768, 500.0)
-    assert cfg.read_announce_token() == TOKEN
+    assert set(cfg.read_edge_keys().keys) == {key_id(KEY.public_key())}
 
 
-@pytest.mark.parametrize("text, mode, words", [
-    (TOKEN, 0o640, "readable by group/others (mode 0640); chmod 600 it (it holds the announce token)"),
-    (TOKEN, 0o604, "readable by group/others (mode 0604); chmod 600 it (it holds the announce token)"),
-    ("", 0o600, "must hold one announce token (found nothing)"),
-    (f"{TOKEN} {TOKEN}", 0o600, "must hold one announce token (found whitespace)"),
+@pytest.mark.parametrize("text, words", [
+    ("", "holds no edge public key"),
+    ("# only a comment\n", "holds no edge public key"),
+    ("not-base64!\n", "line 1: an edge public key is not base64"),
+    (f"{PUBLIC}\nAAAA\n", "line 2: an edge public key is 3 bytes, not 32"),
 ])
-def test_an_unusable_token_file_stops_the_agent_naming_the_field(tmp_path, text, mode, words):
-    path = token_file(tmp_path, text, mode)
-    cfg = parse_config(config_dict(announce_token_file=str(path)), "/etc/eas-agent/config.yml")
+def test_an_unusable_keys_file_stops_the_agent_naming_the_field(tmp_path, text, words):
+    path = keys_file(tmp_path, text)
+    cfg = parse_config(config_dict(announce_keys_file=str(path)), "/etc/eas-agent/config.yml")
     with pytest.raises(ConfigError) as info:
         Agent(cfg, store=MemoryStore(), gpu_backend=NoGpus(), serve_http=False)
-    assert info.value.field == "announce_token_file"
-    assert str(info.value) == f"/etc/eas-agent/config.yml: announce_token_file: {path}: {words}"
-    assert TOKEN not in str(info.value)
+    assert info.value.field == "announce_keys_file"
+    assert str(info.value) == f"/etc/eas-agent/config.yml: announce_keys_file: {path}: {words}"
 
 
-def test_a_missing_token_file_stops_the_agent(tmp_path):
-    missing = tmp_path / "announce.token"
-    cfg = parse_config(config_dict(announce_token_file=str(missing)), "c.yml")
-    with pytest.raises(ConfigError, match=r"^c.yml: announce_token_file: .*announce.token: cannot read the "
-                                          r"announce token file: No such file"):
-        cfg.read_announce_token()
+def test_a_missing_keys_file_stops_the_agent(tmp_path):
+    missing = tmp_path / "edge-keys.pub"
+    cfg = parse_config(config_dict(announce_keys_file=str(missing)), "c.yml")
+    with pytest.raises(ConfigError, match=r"^c.yml: announce_keys_file: .*No such file"):
+        cfg.read_edge_keys()

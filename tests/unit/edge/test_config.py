@@ -1,4 +1,4 @@
-"""The edge's ``announce:`` config, its token file, its flag, and the edge id."""
+"""The edge's ``announce:`` config, its key file, its flag, the edge id, and ``debug_headers``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from eas_wire.scorebody import EDGE_ID
+from eas_wire.signing import generate_key_pair, key_id, private_text
 from edge import announce as announce_module
 from edge.announce import edge_id
 from edge.config import AnnounceConfig, ConfigError, EdgeConfig, load_edge_config
@@ -17,11 +18,11 @@ from tests.helpers.edge import free_port
 
 pytestmark = pytest.mark.unit
 
-SECRET = "s3cret-announce-token"
+SECRET, PUBLIC = generate_key_pair()
 
 
-def token_file(tmp_path, text: str = SECRET + "\n", mode: int = 0o600):
-    path = tmp_path / "announce.token"
+def key_file(tmp_path, text: str = SECRET + "\n", mode: int = 0o600):
+    path = tmp_path / "announce.key"
     path.write_text(text)
     path.chmod(mode)
     return path
@@ -31,18 +32,18 @@ def test_defaults_off_and_the_file_s_fields(tmp_path):
     config = load_edge_config(None)
     assert config.announce == AnnounceConfig() and not config.announce.enabled
     path = tmp_path / "edge.yml"
-    path.write_text("announce:\n  token_file: /etc/eas-edge/announce.token\n  batch_ms: 25\n  edge_name: edge-a\n")
+    path.write_text("announce:\n  key_file: /etc/eas-edge/announce.key\n  batch_ms: 25\n  edge_name: edge-a\n")
     announce = load_edge_config(path).announce
-    assert announce == AnnounceConfig("/etc/eas-edge/announce.token", 25.0, "edge-a") and announce.enabled
-    flagged = load_edge_config(path, {"announce.token_file": "/run/other.token"}).announce
-    assert flagged.token_file == "/run/other.token" and flagged.batch_ms == 25.0
+    assert announce == AnnounceConfig("/etc/eas-edge/announce.key", 25.0, "edge-a") and announce.enabled
+    flagged = load_edge_config(path, {"announce.key_file": "/run/other.key"}).announce
+    assert flagged.key_file == "/run/other.key" and flagged.batch_ms == 25.0
 
 
 @pytest.mark.parametrize("text, message", [
     ("announce:\n  batch_ms: 0\n", "announce.batch_ms: must be 1-1000 (milliseconds), got 0"),
     ("announce:\n  batch_ms: 1001\n", "announce.batch_ms: must be 1-1000 (milliseconds), got 1001"),
     ("announce:\n  batch_ms: fast\n", "announce.batch_ms: expected a number, got str 'fast'"),
-    ("announce:\n  token_file: ''\n", "announce.token_file: empty path (null turns announcing off)"),
+    ("announce:\n  key_file: ''\n", "announce.key_file: empty path (null turns announcing off)"),
     ("announce:\n  token: abc\n", "announce.token: unknown field"),
     ("announce: [1]\n", "announce: expected a mapping, got list"),
 ])
@@ -63,62 +64,74 @@ def test_batch_ms_bounds_are_inclusive(tmp_path):
 
 def test_announcing_without_the_push_feed_is_an_error_naming_both_fields(tmp_path):
     path = tmp_path / "edge.yml"
-    path.write_text("push:\n  enabled: false\nannounce:\n  token_file: /etc/eas-edge/announce.token\n")
+    path.write_text("push:\n  enabled: false\nannounce:\n  key_file: /etc/eas-edge/announce.key\n")
     with pytest.raises(ConfigError) as info:
         load_edge_config(path)
-    assert str(info.value).startswith(f"{path}: announce.token_file: ") and "push.enabled" in str(info.value)
-    with pytest.raises(ConfigError, match=r"<flags>: announce.token_file: announcing needs the push feed "
+    assert str(info.value).startswith(f"{path}: announce.key_file: ") and "push.enabled" in str(info.value)
+    with pytest.raises(ConfigError, match=r"<flags>: announce.key_file: announcing needs the push feed "
                                           r"\(push.enabled: true\)"):
-        load_edge_config(None, {"announce.token_file": "/x.token", "push.enabled": False})
+        load_edge_config(None, {"announce.key_file": "/x.key", "push.enabled": False})
 
 
-def test_the_flags_no_push_and_announce_token_file_exit_2_naming_both(capsys, tmp_path):
-    path = token_file(tmp_path)
-    assert edge_main(["--no-push", "--announce-token-file", str(path), "--listen", "127.0.0.1:0"]) == 2
+def test_the_flags_no_push_and_announce_key_file_exit_2_naming_both(capsys, tmp_path):
+    path = key_file(tmp_path)
+    assert edge_main(["--no-push", "--announce-key-file", str(path), "--listen", "127.0.0.1:0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("eas-edge: <flags>: announce.token_file: ") and "push.enabled" in err and "\n" not in err
+    assert err.startswith("eas-edge: <flags>: announce.key_file: ") and "push.enabled" in err and "\n" not in err
 
 
 @pytest.mark.parametrize("text, mode, message", [
-    (None, 0o600, "cannot read the announce token file: No such file or directory"),
-    (SECRET, 0o640, "readable by group/others (mode 0640); chmod 600 it (it holds the announce token)"),
-    ("", 0o600, "must hold one announce token (found nothing)"),
-    (f"{SECRET} {SECRET}", 0o600, "must hold one announce token (found whitespace)"),
+    (None, 0o600, "cannot read the announce key token file: No such file or directory"),
+    (SECRET, 0o640, "readable by group/others (mode 0640); chmod 600 it (it holds the announce key token)"),
+    ("", 0o600, "must hold one announce key token (found nothing)"),
+    (f"{SECRET} {SECRET}", 0o600, "must hold one announce key token (found whitespace)"),
+    ("bm90IGEga2V5", 0o600, "the edge's private key is 9 bytes, not 32"),
 ])
-def test_the_token_file_follows_the_token_file_rules_and_says_it_is_the_announce_token(tmp_path, capsys, text,
-                                                                                        mode, message):
-    path = tmp_path / "missing.token" if text is None else token_file(tmp_path, text, mode)
+def test_the_key_file_follows_the_token_file_rules_and_is_an_ed25519_key(tmp_path, capsys, text, mode, message):
+    path = tmp_path / "missing.key" if text is None else key_file(tmp_path, text, mode)
     with pytest.raises(ConfigError) as info:
-        AnnounceConfig(token_file=str(path)).read_token("edge.yml")
-    assert str(info.value) == f"edge.yml: announce.token_file: {path}: {message}"
+        AnnounceConfig(key_file=str(path)).read_key("edge.yml")
+    assert str(info.value) == f"edge.yml: announce.key_file: {path}: {message}" or str(info.value) == (
+        f"edge.yml: announce.key_file: {message}")
     assert SECRET not in str(info.value) and "Consul" not in str(info.value)
     # eas-edge reads it at start, before Consul (nothing listens at that Consul address): one line, exit 2
     consul = f"127.0.0.1:{free_port()}"
-    assert edge_main(["--announce-token-file", str(path), "--consul", consul, "--listen", "127.0.0.1:0"]) == 2
+    assert edge_main(["--announce-key-file", str(path), "--consul", consul, "--listen", "127.0.0.1:0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"eas-edge: <flags>: announce.token_file: {path}: {message}"
+    assert err.startswith("eas-edge: <flags>: announce.key_file: ") and err.endswith(message)
 
 
-def test_a_good_token_file_is_read_and_turns_the_ledger_s_numbering_on(tmp_path):
-    path = token_file(tmp_path)
-    config = EdgeConfig(announce=AnnounceConfig(token_file=str(path)))
-    assert config.announce.read_token() == SECRET
+def test_a_good_key_file_is_read_and_turns_the_ledger_s_numbering_on(tmp_path):
+    path = key_file(tmp_path)
+    config = EdgeConfig(announce=AnnounceConfig(key_file=str(path)))
+    assert private_text(config.announce.read_key()) == SECRET
     assert Edge(config).state.router.ledger.announcing
     assert not Edge(EdgeConfig()).state.router.ledger.announcing
 
 
-def test_edge_id_is_the_sanitized_name_and_a_new_nonce_each_time(monkeypatch):
-    first, second = edge_id("edge-a"), edge_id("edge-a")
-    assert re.fullmatch(r"edge-a\.[0-9a-f]{8}", first) and re.fullmatch(r"edge-a\.[0-9a-f]{8}", second)
+def test_debug_headers_is_off_unless_the_file_turns_it_on(tmp_path):
+    path = tmp_path / "edge.yml"
+    assert load_edge_config(None).debug_headers is False
+    path.write_text("debug_headers: true\n")
+    assert load_edge_config(path).debug_headers is True
+
+
+def test_edge_id_is_the_sanitized_name_the_key_s_id_and_a_new_nonce_each_time(monkeypatch):
+    from eas_wire.signing import load_private
+
+    key = load_private(SECRET)
+    kid = key_id(key.public_key())
+    first, second = edge_id(key, "edge-a"), edge_id(key, "edge-a")
+    assert re.fullmatch(rf"edge-a\.{kid}\.[0-9a-f]{{8}}", first) and re.fullmatch(rf"edge-a\.{kid}\.[0-9a-f]{{8}}", second)
     assert first != second
-    assert edge_id("edge a/ü:1").startswith("edge-a--:1.")
-    assert edge_id("..-edge").startswith("edge.")  # the id must start with a letter or digit
-    assert re.fullmatch(r"edge\.[0-9a-f]{8}", edge_id("/// "))
-    long = edge_id("x" * 200)
-    assert len(long) == 80 and long.startswith("x" * 71 + ".")
+    assert edge_id(key, "edge a/ü:1").startswith("edge-a--:1.")
+    assert edge_id(key, "..-edge").startswith("edge.")  # the id must start with a letter or digit
+    assert re.fullmatch(rf"edge\.{kid}\.[0-9a-f]{{8}}", edge_id(key, "/// "))
+    long = edge_id(key, "x" * 200)
+    assert len(long) == 80 and long.startswith("x" * 54 + ".")
     monkeypatch.setattr(socket, "gethostname", lambda: "gpu-edge-3.dc1.example")
-    assert edge_id().startswith("gpu-edge-3.dc1.example.")
+    assert edge_id(key).startswith("gpu-edge-3.dc1.example.")
     monkeypatch.setattr(announce_module.secrets, "token_hex", lambda n: "0123abcd"[:2 * n])  # 4 bytes: 8 hex
-    assert edge_id("e") == "e.0123abcd"
+    assert edge_id(key, "e") == f"e.{kid}.0123abcd"
     for name in ("edge-a", "edge a/ü:1", "..-edge", "/// ", "x" * 200, None):
-        assert EDGE_ID.fullmatch(edge_id(name))
+        assert EDGE_ID.fullmatch(edge_id(key, name))

@@ -332,3 +332,27 @@ def test_a_huge_plain_answer_on_an_agent_port_is_refused_after_a_mib_not_buffere
 
     sent = asyncio.run(scenario())
     assert len(sent) < 40  # the reader stopped early and closed: most of the 50 MiB was never sent
+
+
+def test_a_feed_with_the_edge_key_is_served_when_anonymous_clients_hold_every_slot():
+    """The feed signs its stream request with the edge's key: an agent whose anonymous slots are all taken
+    (here: none) still serves it from the slots reserved for edges."""
+    from eas_agent.announce_keys import EdgeKeys
+    from eas_wire.signing import generate_key_pair, load_private, parse_public_keys
+
+    private, public = generate_key_pair()
+
+    async def run(key) -> tuple[AgentFeed, EdgeView]:
+        server = AgentHttpServer("127.0.0.1", 0, AgentMetrics(), edge_keys=EdgeKeys(parse_public_keys(public)),
+                                 max_connections=0, reserved_for_edges=4)
+        server.set_scores(typed(body_of("n0", {"n0-iu0": 0.25})))
+        server.start()
+        try:
+            return await following(server.server.server_address[1], lambda view: score_of(view) == 0.25, key=key)
+        finally:
+            server.stop()
+
+    _feed, view = asyncio.run(run(load_private(private)))
+    assert score_of(view) == 0.25
+    feed, view = asyncio.run(run(None))  # anonymous: refused while the slots are taken
+    assert score_of(view) is None and feed.errors

@@ -22,9 +22,10 @@ PY311_NAMES = {("datetime", "UTC"), ("typing", "Self"), ("typing", "LiteralStrin
                ("asyncio", "timeout"), ("hashlib", "file_digest"), ("typing", "Required"), ("typing", "NotRequired")}
 # import names of the declared distributions (py-consul -> consul, PyYAML -> yaml, nvidia-ml-py -> pynvml)
 THIRD_PARTY = {
-    "clusterctl-eas-agent": {"click", "psutil", "consul", "prometheus_client", "yaml", "pynvml", "requests"},
+    "clusterctl-eas-agent": {"click", "psutil", "consul", "prometheus_client", "yaml", "pynvml", "requests",
+                             "cryptography"},
     # uvloop: only with event_loop: uvloop, imported when asked for (an install of its own, edge/README.md)
-    "clusterctl-eas-edge": {"aiohttp", "consul", "prometheus_client", "yaml", "requests", "uvloop"},
+    "clusterctl-eas-edge": {"aiohttp", "consul", "prometheus_client", "yaml", "requests", "uvloop", "cryptography"},
 }
 
 

@@ -118,7 +118,10 @@ def _unsecret(text: str) -> str:
     import re
 
     text = re.sub(r"(?m)^(consul_agent_gossip_key|consul_agent_acl_management_token|consul_virtual_token_seed|"
-                  r"consul_agent_acl_registration_token|consul_token|consul_edge_token|eas_agent_announce_token|inference_unit_api_key): \S+$", r"\1: <secret>", text)
+                  r"consul_agent_acl_registration_token|consul_token|consul_edge_token|eas_edge_announce_private_key|"
+                  r"inference_unit_api_key): \S+$",
+                  r"\1: <secret>", text)
+    text = re.sub(r'(?m)^(  - \{name: edge, key: )"[^"]+"\}$', r'\1"<public key>"}', text)
     return re.sub(r"(?s)-----BEGIN ([A-Z ]+)-----.*?-----END \1-----", r"<\1 PEM>", text)
 
 
