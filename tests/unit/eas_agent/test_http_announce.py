@@ -460,7 +460,7 @@ def test_the_fields_load_from_yaml(tmp_path):
     ("# only a comment\n", "holds no edge public key"),
     ("not-base64!\n", "line 1: an edge public key is not base64"),
     (f"{PUBLIC}\nAAAA\n", "line 2: an edge public key is 3 bytes, not 32"),
-])
+], ids=["empty", "comment-only", "not-base64", "short-second-key"])  # the key is drawn per run: no key in ids
 def test_an_unusable_keys_file_stops_the_agent_naming_the_field(tmp_path, text, words):
     path = keys_file(tmp_path, text)
     cfg = parse_config(config_dict(announce_keys_file=str(path)), "/etc/eas-agent/config.yml")

@@ -86,7 +86,7 @@ def test_the_flags_no_push_and_announce_key_file_exit_2_naming_both(capsys, tmp_
     ("", 0o600, "must hold one announce key token (found nothing)"),
     (f"{SECRET} {SECRET}", 0o600, "must hold one announce key token (found whitespace)"),
     ("bm90IGEga2V5", 0o600, "the edge's private key is 9 bytes, not 32"),
-])
+], ids=["missing", "group-readable", "empty", "two-words", "short-key"])  # the key is drawn per run: no key in ids
 def test_the_key_file_follows_the_token_file_rules_and_is_an_ed25519_key(tmp_path, capsys, text, mode, message):
     path = tmp_path / "missing.key" if text is None else key_file(tmp_path, text, mode)
     with pytest.raises(ConfigError) as info:
