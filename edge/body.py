@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from edge.pool.prefix import text_block_hashes
+from edge.pool.prefix import NO_PREFIX, PromptPrefix, prompt_prefix
 from edge.tokens import estimate_prompt_tokens, prompt_parts
 
 log = logging.getLogger("edge.body")
@@ -39,7 +39,7 @@ class BodySummary:
     model: str | None = None
     stream: bool = False
     prompt_tokens: int | None = None
-    prefix_hashes: tuple[int, ...] = ()  # the prompt's block hashes (edge/pool/prefix.py)
+    prefix: PromptPrefix = NO_PREFIX  # the prompt's block hashes and conversation (edge/pool/prefix.py)
     error: str | None = None  # why the body is a 400 (None: usable)
     reason: str | None = None  # the 400's machine-readable code
 
@@ -58,7 +58,7 @@ def summarize(raw: bytes, chat: bool) -> BodySummary:
     model = body.get("model")
     return BodySummary(model=model if isinstance(model, str) else None, stream=bool(body.get("stream")),
                        prompt_tokens=estimate_prompt_tokens(body, chat),
-                       prefix_hashes=text_block_hashes(prompt_parts(body, chat)))
+                       prefix=prompt_prefix(prompt_parts(body, chat)))
 
 
 def _warm_up(padding: bytes) -> BodySummary:

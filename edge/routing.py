@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from edge.pool import EdgeLedger, IUEntry, Snapshot, pick
 from edge.pool.pick import prefill_cost_s
-from edge.pool.prefix import Cached, PrefixIndex, cached_tokens, home_iu
+from edge.pool.prefix import NO_PREFIX, Cached, PrefixIndex, PromptPrefix, cached_tokens, home_iu
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,10 @@ class Router:
         return cached if cached or cached.default else None
 
     def choose(self, snapshot: Snapshot, now: float, prompt_tokens: int | None,
-               exclude: set[str] | frozenset = frozenset(), prefix_hashes=None, home_key: int = 0,
-               context_tokens: int = 0) -> Decision:
+               exclude: set[str] | frozenset = frozenset(), prefix: PromptPrefix = NO_PREFIX) -> Decision:
         """Decide (no side effect on the ledger: :meth:`sent` records the request once it is sent).
-        ``prefix_hashes``, ``home_key``, ``context_tokens``: the prompt's block hashes, its conversation's key
-        and the tokens before its last message (edge/pool/prefix.py; :meth:`cached`)."""
+        ``prefix``: the prompt's block hashes, its conversation's key and the tokens before its last message
+        (edge/pool/prefix.py; :meth:`cached`)."""
         if not snapshot.healthy:
             return Decision(None, "none")
         blocked = self.blocked(now, exclude)
@@ -120,7 +119,7 @@ class Router:
         if not usable.healthy:
             routable_left = any(e.iu_id not in exclude and e.iu_id not in self.ejected for e in snapshot.healthy)
             return Decision(None, "saturated" if routable_left else "none")
-        cached = self.cached(snapshot, usable, prompt_tokens, prefix_hashes, home_key, context_tokens)
+        cached = self.cached(snapshot, usable, prompt_tokens, *prefix)
         choice = pick(usable, self.ledger, now, self.rng, prompt_tokens=prompt_tokens, cached=cached)
         entry = _by_id(snapshot).get(choice.iu_id)
         hit = cached[choice.iu_id] if cached is not None and choice.iu_id is not None else 0  # a Cached

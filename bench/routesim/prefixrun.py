@@ -17,11 +17,12 @@ from rich.table import Table
 
 from sim.vllm.roofline import IUModel
 
-from .capacity import burst_rate
+from .capacity import burst_rate, saturated_rate
 from .report import SeedCheck, percentile
 from .runner import SHIPPED, Scenario, run_scenario
 from .sessions import workload_trace
 from .sim import own_prefill_time, stable_seed
+from .workload import poisson_trace
 
 SLO_TTFT_S = 2.0
 TODAY = "today's router (prefix index off)"
@@ -42,6 +43,9 @@ class PrefixRow:
 
 
 def scenarios(workload: str, edges: int) -> list[Scenario]:
+    if workload == "mix":  # the article's mix: the shipped router against today's on the same trace
+        return [Scenario(TODAY, "ours", feed="announce", edges=edges, prefix=False, rng_label=SHIPPED),
+                Scenario(SHIPPED, "ours", feed="announce", edges=edges)]
     rows = [
         Scenario("least-conn", "least-conn", edges=edges),
         Scenario(LLMD, "llm-d", edges=edges),
@@ -64,8 +68,12 @@ def capacity_of(model: IUModel, workload: str, seed: int, ius: int) -> float:
 def run_workload(workload: str, seed: int, load: float, duration: float, warmup: float, ius: int,
                  ius_per_node: int, edges: int, err: Console) -> list[PrefixRow]:
     model = IUModel()
-    capacity = capacity_of(model, workload, seed, ius)
-    trace = workload_trace(workload, load * capacity, duration, stable_seed(seed, f"{workload} at {load}", 0))
+    if workload == "mix":  # route_sim's own trace of that seed and load
+        capacity = saturated_rate(model) * ius
+        trace = poisson_trace(load * capacity, duration, stable_seed(seed, f"trace at {load}", 0))
+    else:
+        capacity = capacity_of(model, workload, seed, ius)
+        trace = workload_trace(workload, load * capacity, duration, stable_seed(seed, f"{workload} at {load}", 0))
     own = [own_prefill_time(model, r.prompt) for r in trace]
     err.print(f"seed {seed} {workload} {load:.0%}: {len(trace)} requests at {load * capacity:.1f} req/s",
               highlight=False)
@@ -90,7 +98,10 @@ def checks(per_seed: dict[int, list[PrefixRow]], workloads: tuple[str, ...]) -> 
     def p99(seed, workload, label):
         return next(r.ttft_p99_ms for r in per_seed[seed] if r.workload == workload and r.label == label)
 
-    for workload in workloads:
+    if "mix" in workloads:
+        found.append(SeedCheck(f"mix: p99 TTFT {SHIPPED} / {TODAY}", seeds,
+                               tuple(p99(s, "mix", SHIPPED) / p99(s, "mix", TODAY) for s in seeds), 1.02))
+    for workload in (w for w in workloads if w != "mix"):
         for other, limit in PREFIX_TARGETS:
             found.append(SeedCheck(f"{workload}: p99 TTFT {SHIPPED} / {other}", seeds,
                                    tuple(p99(s, workload, SHIPPED) / p99(s, workload, other) for s in seeds), limit))
@@ -117,3 +128,22 @@ def table(per_seed: dict[int, list[PrefixRow]], workload: str) -> Table:
                   f"{sum(r.ttft_p99_ms for r in rows) / n:,.0f}", f"{sum(r.goodput_req_s for r in rows) / n:.1f}",
                   f"{sum(r.slo_share for r in rows) / n:.1%}", f"{sum(r.hit_rate for r in rows) / n:.1%}")
     return t
+
+
+def run_seed(seed: int, workloads: tuple[str, ...], load: float, duration: float, warmup: float, ius: int,
+             ius_per_node: int, edges: int) -> tuple[int, list[PrefixRow]]:
+    err = Console(stderr=True)
+    rows = []
+    for workload in workloads:
+        rows += run_workload(workload, seed, load, duration, warmup, ius, ius_per_node, edges, err)
+    return seed, rows
+
+
+def print_prefix_report(out: Console, per_seed: dict[int, list[PrefixRow]], workloads: tuple[str, ...],
+                        ) -> list[SeedCheck]:
+    for workload in workloads:
+        out.print(table(per_seed, workload))
+    found = checks(per_seed, workloads)
+    for check in found:
+        out.print(check.line(), highlight=False)
+    return found

@@ -26,7 +26,7 @@ from consul_io import layout
 from edge.config import EdgeConfig, PushConfig
 from edge.feed import EdgeView
 from edge.pool import PoolView, pick
-from edge.pool.prefix import PrefixIndex
+from edge.pool.prefix import PrefixIndex, PromptPrefix
 from edge.routing import Router
 from sim.vllm.eventloop import EventLoop
 
@@ -62,8 +62,8 @@ class ScoredEdge:
         if self.mode == "argmin":
             iu_id, mode, cost, expected, queued_as = self._argmin(now), "argmin", None, None, None
         else:
-            decision = self.router.choose(self.view.snapshot(), now, request.prompt, prefix_hashes=request.blocks,
-                                          home_key=request.home_key, context_tokens=request.context)
+            prefix = PromptPrefix(request.blocks, request.home_key, request.context)
+            decision = self.router.choose(self.view.snapshot(), now, request.prompt, prefix=prefix)
             iu_id, mode, cost, expected = decision.iu_id, decision.mode, decision.cost_s, decision.expected_s
             queued_as = decision.queued_as_s
         if iu_id is None:  # nothing known yet (the first instants of a run), or every IU at the cap: any IU

@@ -30,7 +30,7 @@ from sim.vllm.prefixcache import block_hashes
 from .workload import MAX_MODEL_LEN, TraceRequest
 
 SYSTEM_PROMPTS = 8
-TEMPLATES = 4
+TEMPLATES = 256
 MAX_CONTEXT = 24_000
 WORKLOADS = ("multi-turn", "shared-prefix")
 
@@ -67,8 +67,8 @@ def multi_turn_trace(rate: float, duration: float, seed: int) -> list[TraceReque
             reply = (next(ids), output)
             edge_u = rng.random()  # each turn at any edge: a client keeps its edge only by chance
             if 0.0 <= at < duration:
-                raw.append((at, prompt, output, tuple(segments), reply, edge_u, prompt - segments[-1][1],
-                            hash((segments[0][0], segments[1][0])) or 1))
+                key = hash(tuple(s[0] for s in segments[:2 if len(segments) > 2 else 1])) or 1
+                raw.append((at, prompt, output, tuple(segments), reply, edge_u, prompt - segments[-1][1], key))
             segments = [*segments, reply, (next(ids), _lognormal(rng, 120, 0.6))]
             at += 3.0 + rng.expovariate(1 / 7.0)
     raw.sort(key=lambda r: r[0])
@@ -99,7 +99,7 @@ def shared_prefix_trace(rate: float, duration: float, seed: int) -> list[TraceRe
         prompt = sum(n for _, n in segments)
         trace.append(TraceRequest(len(trace), t, f"P{k}", prompt, output, rng.random(), block_hashes(segments),
                                   block_hashes((*segments, (next(ids), output))), segments[0][1],
-                                  hash((segments[0][0], segments[1][0])) or 1))
+                                  hash((segments[0][0],)) or 1))
 
 
 def workload_trace(name: str, rate: float, duration: float, seed: int) -> list[TraceRequest]:

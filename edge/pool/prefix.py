@@ -28,13 +28,14 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_BLOCK = 16  # vLLM's default --block-size
 CHARS_PER_BLOCK = CHARS_PER_TOKEN * TOKENS_PER_BLOCK
 DEFAULT_STRIDE = 8  # record every 8th block (128 tokens): an 8x smaller index, matches to within 127 tokens
 DEFAULT_MAX_BLOCKS_PER_IU = 512
-COMMON_HOLDERS = 4  # a prefix sent to this many IUs is everywhere (see PrefixIndex.match)
+COMMON_SHARE = 0.5  # a prefix sent to half the IUs (and at least 4) is everywhere (see PrefixIndex.match)
 MAX_HASHED_BLOCKS = 2048  # 32k tokens: a longer prompt's tail is matched as uncached
 
 
@@ -51,6 +52,23 @@ def text_block_hashes(parts: Iterable[str], chars_per_block: int = CHARS_PER_BLO
         hashes.append(int.from_bytes(digest, "little"))
         parent = digest
     return tuple(hashes)
+
+
+class PromptPrefix(NamedTuple):
+    """What routing knows of a prompt's prefix: its block hashes, its conversation's key and the tokens before
+    its last message."""
+
+    hashes: tuple[int, ...] = ()
+    home_key: int = 0
+    context_tokens: int = 0
+
+
+def prompt_prefix(parts: Sequence[str]) -> PromptPrefix:
+    """The hashing parts of a prompt (edge/tokens.py's ``prompt_parts``) as routing reads them."""
+    if not parts:
+        return NO_PREFIX
+    context = sum(len(part) for part in parts[:-1]) // CHARS_PER_TOKEN
+    return PromptPrefix(text_block_hashes(parts), conversation_key(parts), context)
 
 
 class PrefixIndex:
@@ -108,10 +126,12 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int]) -> tuple[dict[str, int], int]:
         """(IU -> blocks of this prompt it probably holds (the deepest recorded one), for IUs holding any;
-        the blocks of it that are *common*: recorded on at least ``COMMON_HOLDERS`` IUs). A common prefix (a
-        system prompt, a template) is hot, so every IU's LRU keeps it: it counts as cached on every IU."""
+        the blocks of it that are *common*: recorded on at least ``COMMON_SHARE`` of the IUs this index knows,
+        and 4). A common prefix (a system prompt, a template in wide use) is hot, so every IU's LRU keeps it:
+        it counts as cached on every IU."""
         found: dict[str, int] = {}
         common = 0
+        common_holders = max(4, int(COMMON_SHARE * len(self.per_iu)))
         holders_of = self.holders.get
         for depth in range(len(hashes) - 1, -1, -1):
             holders = holders_of(hashes[depth])
@@ -121,7 +141,7 @@ class PrefixIndex:
                 if holders not in found:
                     found[holders] = depth + 1
                 continue
-            if not common and len(holders) >= COMMON_HOLDERS:
+            if not common and len(holders) >= common_holders:
                 common = depth + 1
             for iu_id in holders:
                 if iu_id not in found:
@@ -175,11 +195,13 @@ def _mix(x: int) -> int:
 
 
 def conversation_key(parts: Sequence[str]) -> int:
-    """A conversation's key: the hash of its opening (the system message and the first user message, the
-    first two parts), the same at every turn; 0 (none) for a prompt of one part."""
+    """The key of the IU a prompt's context should stay on (:func:`home_iu`): a conversation with history
+    (three parts or more) keys on its opening (the first two parts: the system message and the first user
+    message), the same at every turn; a prompt of two parts (a template or system message and one question)
+    on its first part, so the questions of one template meet there; 0 (none) for a prompt of one part."""
     if len(parts) < 2:
         return 0
-    opening = "".join(parts[:2]).encode("utf-8", "surrogatepass")
+    opening = "".join(parts[:2] if len(parts) > 2 else parts[:1]).encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.blake2b(opening, digest_size=8).digest(), "little") or 1
 
 
@@ -190,3 +212,6 @@ def cached_tokens(blocks: int, prompt_tokens: int, hit_rate: float | None,
     if blocks <= 0 or (hit_rate is not None and hit_rate < 0):
         return 0
     return min(blocks * tokens_per_block, max(0, prompt_tokens - 1))
+
+
+NO_PREFIX = PromptPrefix()
