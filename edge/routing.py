@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from edge.pool import EdgeLedger, IUEntry, Snapshot, pick
 from edge.pool.pick import prefill_cost_s
-from edge.pool.prefix import NO_PREFIX, Cached, PrefixIndex, PromptPrefix, cached_tokens, home_iu
+from edge.pool.prefix import NO_PREFIX, Cached, HomeRing, PrefixIndex, PromptPrefix, cached_tokens
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class Router:
         prompts sent per IU (edge/pool/prefix.py); None: routing ignores prefix caches."""
         self.rng, self.cap, self.eject_s = rng, max_inflight_per_iu, eject_s
         self.prefix = prefix
+        self._home_ring: HomeRing | None = None
         self.ledger = EdgeLedger(announcing)
         self.ejected: dict[str, float] = {}  # iu -> until
         self.full: set[str] = set()  # IUs at the cap (kept on sent/done: no scan of every IU per request)
@@ -79,7 +80,7 @@ class Router:
         blocked.update(self.full)
         return blocked
 
-    def cached(self, snapshot: Snapshot, usable: Snapshot, prompt_tokens: int | None, hashes,
+    def cached(self, snapshot: Snapshot, prompt_tokens: int | None, hashes,
                home_key: int = 0, context_tokens: int = 0) -> Cached | None:
         """IU -> tokens of the prompt estimated cached there (None: nothing known, or no index).
 
@@ -99,13 +100,24 @@ class Router:
                                 per_block)
             if hit > cached.default:
                 cached[iu_id] = hit
-        if home_key and context_tokens > 0 and usable.scored:
-            home = home_iu(home_key, (e.iu_id for e in usable.scored))
-            rate = by_id[home].terms.prefix_hit_rate
+        if home_key and context_tokens > 0:
+            home = self._ring(snapshot).home(home_key)
+            entry = by_id.get(home)
+            rate = entry.terms.prefix_hit_rate if entry is not None else None
             presumed = min(context_tokens, prompt_tokens - 1) if rate is None or rate >= 0 else 0
-            if presumed > cached[home]:
+            if home is not None and presumed > cached[home]:
                 cached[home] = presumed
         return cached if cached or cached.default else None
+
+    def _ring(self, snapshot: Snapshot) -> HomeRing:
+        """The home ring of the snapshot's routable IUs (rebuilt only when they change)."""
+        ring = snapshot.memo.get("home_ring")
+        if ring is None:
+            ids = tuple(sorted(e.iu_id for e in snapshot.healthy))
+            if self._home_ring is None or self._home_ring.iu_ids != ids:
+                self._home_ring = HomeRing(ids)
+            ring = snapshot.memo["home_ring"] = self._home_ring
+        return ring
 
     def choose(self, snapshot: Snapshot, now: float, prompt_tokens: int | None,
                exclude: set[str] | frozenset = frozenset(), prefix: PromptPrefix = NO_PREFIX) -> Decision:
@@ -119,7 +131,7 @@ class Router:
         if not usable.healthy:
             routable_left = any(e.iu_id not in exclude and e.iu_id not in self.ejected for e in snapshot.healthy)
             return Decision(None, "saturated" if routable_left else "none")
-        cached = self.cached(snapshot, usable, prompt_tokens, *prefix)
+        cached = self.cached(snapshot, prompt_tokens, *prefix)
         choice = pick(usable, self.ledger, now, self.rng, prompt_tokens=prompt_tokens, cached=cached)
         entry = _by_id(snapshot).get(choice.iu_id)
         hit = cached[choice.iu_id] if cached is not None and choice.iu_id is not None else 0  # a Cached
