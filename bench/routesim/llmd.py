@@ -1,7 +1,7 @@
 """A baseline after llm-d's documented default scheduling (its EPP: filter -> score -> pick).
 
-What llm-d documents (../shared/reviews/anchors-2026.md, section 1.1, read from llm-d/llm-d-router and
-llm-d.ai): the code default profile scores endpoints with the queue scorer x2, the KV-cache-utilization
+What llm-d documents (llm-d/llm-d-router and https://llm-d.ai/blog/sticky-until-saturated-token-aware-routing,
+2026-08): the code default profile scores endpoints with the queue scorer x2, the KV-cache-utilization
 scorer x2 and the prefix-cache scorer x3 (``pkg/epp/config/loader/defaults.go``) and picks the maximum
 score; the v1.0 guides put a prefix-cache-affinity filter in front ("sticky until saturated"): endpoints
 whose prefix match passes ``affinityThreshold`` are kept unless the best of them is saturated, its
