@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import results  # noqa: E402
 from rich.console import Console  # noqa: E402
+from routesim import prefixrun  # noqa: E402
 from routesim.capacity import saturated_rate  # noqa: E402
 from routesim.report import SeedRows, as_json, mean_rows, plot, print_report, summarize  # noqa: E402
 from routesim.runner import (  # noqa: E402
@@ -76,6 +77,7 @@ from routesim.runner import (  # noqa: E402
     run_scenario,
     staleness_scenarios,
 )
+from routesim.sessions import WORKLOADS  # noqa: E402
 from routesim.sim import own_prefill_time, stable_seed  # noqa: E402
 from routesim.workload import mean_shape, poisson_trace  # noqa: E402
 
@@ -110,6 +112,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "tests/bench checks it) or parse the text with the agent's parser (2x slower)")
     parser.add_argument("--json", dest="json_path", help="write every summary as JSON here")
     parser.add_argument("--plot", dest="plot_path", default="route_sim.png", help="PNG path ('' skips)")
+    parser.add_argument("--workloads", default="mix,multi-turn,shared-prefix",
+                        help="mix: the tables above; multi-turn, shared-prefix: prompts sharing prefixes "
+                             "(routesim/sessions.py) at 80%% load with the llm-d-style baseline, and the mix's "
+                             "shipped router against the prefix index off (default: all three)")
     parser.add_argument("--check-targets", action="store_true", help="exit 1 when a target is not met")
     results.add_argument(parser, __file__)
     return parser.parse_args(argv)
@@ -167,7 +173,8 @@ def run_seed(args: argparse.Namespace, seed: int, loads: tuple[float, ...], dura
 
 
 TARGETS = ("80% load: <= 1.2x oracle, <= 0.85x least-conn; 16 edges / 1 edge <= 1.1; 95% load: <= 1.0x least-conn; "
-           "Consul <= 1 write/node/s")
+           "Consul <= 1 write/node/s; multi-turn and shared-prefix p99 TTFT <= 0.6x the prefix index off and "
+           "<= 0.85x llm-d style, multi-turn 16 / 1 edge <= 1.1; mix <= 1.02x the prefix index off")
 
 
 def shipped_result(checks) -> dict:
@@ -217,19 +224,35 @@ def main(argv: list[str] | None = None) -> int:
     ]
 
     jobs = max(1, min(args.jobs, len(seeds)))
-    if jobs == 1:
-        per_seed = [run_seed(args, seed, loads, duration, warmup, capacity) for seed in seeds]
-    else:  # each seed is independent and deterministic: a process per seed gives the same rows
-        with ProcessPoolExecutor(jobs) as pool:
-            per_seed = list(pool.map(run_seed, *zip(*[(args, seed, loads, duration, warmup, capacity)
-                                                       for seed in seeds], strict=True)))
-
-    checks = print_report(out, header, per_seed)
-    means = mean_rows(per_seed)
-    if args.plot_path:
+    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    unknown = set(workloads) - {"mix", *WORKLOADS}
+    if unknown:
+        raise SystemExit(f"route_sim: --workloads: unknown {', '.join(sorted(unknown))}")
+    per_seed = []
+    if "mix" in workloads:
+        if jobs == 1:
+            per_seed = [run_seed(args, seed, loads, duration, warmup, capacity) for seed in seeds]
+        else:  # each seed is independent and deterministic: a process per seed gives the same rows
+            with ProcessPoolExecutor(jobs) as pool:
+                per_seed = list(pool.map(run_seed, *zip(*[(args, seed, loads, duration, warmup, capacity)
+                                                           for seed in seeds], strict=True)))
+    checks = print_report(out, header, per_seed) if per_seed else []
+    shared = tuple(w for w in workloads if w != "mix")
+    if shared:  # the mix's shipped-vs-today comparison rides along with the prefix workloads
+        shared = ("mix", *shared)
+        job_args = [(seed, shared, 0.8, duration, warmup, args.ius, args.ius_per_node, args.edges) for seed in seeds]
+        if jobs == 1:
+            prefix_rows = dict(prefixrun.run_seed(*a) for a in job_args)
+        else:
+            with ProcessPoolExecutor(jobs) as pool:
+                prefix_rows = dict(pool.map(prefixrun.run_seed, *zip(*job_args, strict=True)))
+        checks += prefixrun.print_prefix_report(out, prefix_rows, shared)
+    if per_seed and args.plot_path:
+        means = mean_rows(per_seed)
         problem = plot(args.plot_path, means.main, means.edges, means.staleness)
         err.print(problem or f"plot: {args.plot_path}", highlight=False)
-    if args.json_path:
+    if per_seed and args.json_path:
+        means = mean_rows(per_seed)
         Path(args.json_path).write_text(json.dumps({
             "seeds": list(seeds), "capacity_req_s": round(capacity, 3), "duration_s": duration, "warmup_s": warmup,
             "main": as_json(means.main), "edges": as_json(means.edges), "staleness": as_json(means.staleness),

@@ -283,7 +283,20 @@ def drain_score(
         "request_cost_s": round(mean_prompt / prefill_eff, 4),
         "tokens_total": m.prompt_tokens_total + m.generation_tokens_total,
     }
+    hit_rate = prefix_hit_rate(m)
+    if hit_rate is not None:
+        components["prefix_hit_rate"] = hit_rate
     return _finish(inputs, score, components, now, params.frozen_after_s)
+
+
+def prefix_hit_rate(m) -> float | None:
+    """The IU's prefix-cache hit rate for the edge's prefix index: V1's hits / queries since the engine
+    started (token counters), else V0's gauge as exported (-1: prefix caching off); None: neither exported."""
+    if m.prefix_cache_queries_total and m.prefix_cache_hits_total is not None:
+        return round(min(1.0, m.prefix_cache_hits_total / m.prefix_cache_queries_total), 4)
+    if m.prefix_cache_hit_rate is not None:
+        return round(max(-1.0, min(1.0, m.prefix_cache_hit_rate)), 4)
+    return None
 
 
 def effective_prefill_tps(params: DrainParams, prefill_tps: float, preemptions_per_s: float,

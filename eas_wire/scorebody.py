@@ -153,6 +153,7 @@ class ScoreTerms(NamedTuple):
     waiting: float | None = None  # vLLM's waiting requests
     kv_usage: float | None = None  # vLLM's KV-cache usage, a fraction
     admitted_prefill_tokens: float | None = None  # admitted, prefill not yet done
+    prefix_hit_rate: float | None = None  # prefix-cache hits / queries (tokens); -1: caching off (vLLM V0)
 
     @classmethod
     def of(cls, components: Mapping) -> tuple[ScoreTerms, list[str]]:
@@ -180,6 +181,7 @@ DECLARED_TERMS: dict[str, TermRange] = {
     "waiting": TermRange(0.0, unit="requests"),
     "kv_usage": TermRange(0.0, maximum=1.0),
     "admitted_prefill_tokens": TermRange(0.0, unit="tokens"),
+    "prefix_hit_rate": TermRange(-1.0, maximum=1.0),
 }
 _RANGES = tuple((name, DECLARED_TERMS[name]) for name in ScoreTerms._fields)  # KeyError: a term without a range
 NO_TERMS = ScoreTerms()

@@ -25,7 +25,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from edge.tokens import estimate_prompt_tokens
+from edge.pool.prefix import NO_PREFIX, PromptPrefix, prompt_prefix
+from edge.tokens import estimate_prompt_tokens, prompt_parts
 
 log = logging.getLogger("edge.body")
 PARSE_IN_PROCESS_BYTES = 256 * 1024
@@ -38,6 +39,7 @@ class BodySummary:
     model: str | None = None
     stream: bool = False
     prompt_tokens: int | None = None
+    prefix: PromptPrefix = NO_PREFIX  # the prompt's block hashes and conversation (edge/pool/prefix.py)
     error: str | None = None  # why the body is a 400 (None: usable)
     reason: str | None = None  # the 400's machine-readable code
 
@@ -55,7 +57,8 @@ def summarize(raw: bytes, chat: bool) -> BodySummary:
                            reason="invalid_json")
     model = body.get("model")
     return BodySummary(model=model if isinstance(model, str) else None, stream=bool(body.get("stream")),
-                       prompt_tokens=estimate_prompt_tokens(body, chat))
+                       prompt_tokens=estimate_prompt_tokens(body, chat),
+                       prefix=prompt_prefix(prompt_parts(body, chat)))
 
 
 def _warm_up(padding: bytes) -> BodySummary:

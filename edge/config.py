@@ -35,6 +35,8 @@
     keepalive_timeout_s: 75       # an idle kept-alive client connection is closed after this
     max_body_bytes: 8388608       # request bodies; beyond: 413 (a 128k-token prompt as token ids ~1 MiB)
     eject_s: 5                    # an IU that failed a connection or died mid-stream is skipped this long
+    prefix_routing: true          # cost a request's prompt prefix cached on an IU as no prefill there
+                                  # (edge/pool/prefix.py); false: every prompt costs its full prefill
     drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
     seed: null                    # RNG of pick()'s sampling (null: from the OS)
     event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it);
@@ -112,6 +114,7 @@ class EdgeConfig:
     keepalive_timeout_s: float = 75.0
     max_body_bytes: int = 8 * 1024 * 1024
     eject_s: float = 5.0
+    prefix_routing: bool = True
     drain_timeout_s: float = 30.0
     seed: int | None = None
     event_loop: str = "asyncio"
@@ -174,7 +177,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop", "stream_idle_timeout_s", "max_connections", "header_timeout_s", "keepalive_timeout_s",
-               "max_body_bytes", "debug_headers"} | ACCESS_FIELDS)
+               "max_body_bytes", "debug_headers", "prefix_routing"} | ACCESS_FIELDS)
     return EdgeConfig(
         listen=address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
@@ -194,6 +197,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         keepalive_timeout_s=f.positive("keepalive_timeout_s", 75.0),
         max_body_bytes=_count(f, "max_body_bytes", 8 * 1024 * 1024, 1024),
         eject_s=f.positive("eject_s", 5.0),
+        prefix_routing=f.get("prefix_routing", bool, True),
         drain_timeout_s=f.positive("drain_timeout_s", 30.0),
         seed=f.get("seed", int, None),
         event_loop=f.choice("event_loop", EVENT_LOOPS, "asyncio"),

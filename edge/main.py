@@ -37,6 +37,7 @@ from edge.feed import AgentFeed, EdgeView
 from edge.limits import CappedSite, connection_cap, raise_fd_limit
 from edge.metrics import EdgeMetrics
 from edge.pool import ConsulWatcher
+from edge.pool.prefix import PrefixIndex
 from edge.proxy import EdgeState, make_app
 from edge.routing import Router
 
@@ -88,7 +89,9 @@ class Edge:
         self.config = config
         view = EdgeView()
         rng = random.Random(config.seed)
-        router = Router(rng, config.max_inflight_per_iu, config.eject_s, announcing=config.announce.enabled)
+        prefix = PrefixIndex() if config.prefix_routing else None
+        router = Router(rng, config.max_inflight_per_iu, config.eject_s, announcing=config.announce.enabled,
+                        prefix=prefix)
         self.state = EdgeState(config, view, router, EdgeMetrics())
         self.state.metrics.watch(self.state)
         self.runner: web.AppRunner | None = None

@@ -46,6 +46,7 @@ from edge.errors import MAX_UPSTREAM_ERROR_BYTES, error_response, normalise_upst
 from edge.feed import AgentFeed, EdgeView
 from edge.limits import BodyTooLong, head_arrived, is_local_resource_error, read_capped
 from edge.metrics import EdgeMetrics
+from edge.pool.prefix import NO_PREFIX, PromptPrefix
 from edge.routing import Decision, Router
 
 log = logging.getLogger("edge.proxy")
@@ -102,11 +103,11 @@ class EdgeState:
                                      sock_read=self.config.stream_idle_timeout_s)
 
     # -- slots --------------------------------------------------------------------------------------
-    def decide(self, prompt_tokens: int | None, exclude: set[str]) -> Decision:
-        return self.router.choose(self.view.snapshot(), time.time(), prompt_tokens, exclude)
+    def decide(self, prompt_tokens: int | None, exclude: set[str], prefix: PromptPrefix = NO_PREFIX) -> Decision:
+        return self.router.choose(self.view.snapshot(), time.time(), prompt_tokens, exclude, prefix)
 
     async def acquire(self, prompt_tokens: int | None, exclude: set[str], handle=None,
-                      not_serving: frozenset[str] = frozenset()) -> Decision:
+                      not_serving: frozenset[str] = frozenset(), prefix: PromptPrefix = NO_PREFIX) -> Decision:
         """An IU with a free slot for this request (recorded in the ledger), waiting in the FIFO queue if
         needed (:mod:`edge.admission`). ``handle``: a streamed request's token; the ledger awaits its first
         byte (:meth:`first_byte`); a non-streamed answer's first byte comes at its end, so it is never
@@ -115,9 +116,9 @@ class EdgeState:
         blocked = exclude | not_serving if not_serving else exclude
 
         def attempt(queued: bool) -> Decision | None:
-            decision = self.decide(prompt_tokens, blocked)
+            decision = self.decide(prompt_tokens, blocked, prefix)
             if decision.iu_id is not None:
-                self._sent(decision, prompt_tokens, handle, started if queued else None)
+                self._sent(decision, prompt_tokens, handle, started if queued else None, prefix.hashes)
                 return decision
             if decision.mode == "none":
                 if not self.view.snapshot().healthy:
@@ -131,10 +132,11 @@ class EdgeState:
         return await self.admission.admit(attempt, lambda: self.decide(prompt_tokens, not_serving).iu_id is not None,
                                           key=not_serving)
 
-    def _sent(self, decision: Decision, prompt_tokens: int | None, handle, queued_since: float | None) -> None:
+    def _sent(self, decision: Decision, prompt_tokens: int | None, handle, queued_since: float | None,
+              prefix_hashes=()) -> None:
         now = time.time()
         seq = self.router.sent(decision.iu_id, now, decision.cost_s, handle, decision.expected_s,
-                               decision.queued_as_s)
+                               decision.queued_as_s, prefix_hashes)
         if seq:
             self.announce(decision, prompt_tokens, seq, now)
         if queued_since is not None:
@@ -248,7 +250,7 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
     handle = object() if stream else None  # this request in the ledger's awaited first bytes
     for attempt in (1, 2):
         try:
-            decision = await state.acquire(prompt_tokens, tried, handle, not_serving)
+            decision = await state.acquire(prompt_tokens, tried, handle, not_serving, summary.prefix)
         except (Unavailable, Busy) as exc:
             return _unavailable(state, exc)
         iu_id, entry = decision.iu_id, decision.entry

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from edge.pool import EdgeLedger, IUEntry, Snapshot, pick
 from edge.pool.pick import prefill_cost_s
+from edge.pool.prefix import NO_PREFIX, Cached, HomeRing, PrefixIndex, PromptPrefix, cached_tokens
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Decision:
     cost_s: float | None = None  # this request's prefill seconds on the chosen IU (None: unknown)
     expected_s: float | None = None  # its predicted TTFT there (pick's cost; None: fail-open, no score)
     queued_as_s: float | None = None  # what the IU's score counts a request waiting there as (its mean request)
+    cached_tokens: int = 0  # of the prompt, tokens estimated in the chosen IU's prefix cache
 
 
 # Pushed scores are at most ~0.22 s old at pick (200 ms agent cycle + transit + the 20 ms apply interval).
@@ -56,10 +58,13 @@ def without(snapshot: Snapshot, blocked: set[str]) -> Snapshot:
 
 class Router:
     def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 5.0,
-                 announcing: bool = False):
+                 announcing: bool = False, prefix: PrefixIndex | None = None):
         """``announcing``: this edge announces its requests to the node agents (edge/announce.py): the ledger
-        numbers them and leaves the ones a score acknowledges out of their IU's cost."""
+        numbers them and leaves the ones a score acknowledges out of their IU's cost. ``prefix``: the index of
+        prompts sent per IU (edge/pool/prefix.py); None: routing ignores prefix caches."""
         self.rng, self.cap, self.eject_s = rng, max_inflight_per_iu, eject_s
+        self.prefix = prefix
+        self._home_ring: HomeRing | None = None
         self.ledger = EdgeLedger(announcing)
         self.ejected: dict[str, float] = {}  # iu -> until
         self.full: set[str] = set()  # IUs at the cap (kept on sent/done: no scan of every IU per request)
@@ -75,9 +80,50 @@ class Router:
         blocked.update(self.full)
         return blocked
 
+    def cached(self, snapshot: Snapshot, prompt_tokens: int | None, hashes,
+               home_key: int = 0, context_tokens: int = 0) -> Cached | None:
+        """IU -> tokens of the prompt estimated cached there (None: nothing known, or no index).
+
+        Three sources: the prompts this edge sent (the index), a prefix common to many IUs (cached on all),
+        and the conversation's home IU (``home_key``: edge/pool/prefix.py's rendezvous hash, the same at
+        every edge), presumed to hold the conversation so far (``context_tokens``, the messages before the
+        last) unless it publishes prefix caching off (hit rate -1)."""
+        if self.prefix is None or not prompt_tokens:
+            return None
+        by_id = _by_id(snapshot)
+        blocks, common = self.prefix.match(hashes) if hashes else ({}, 0)
+        per_block = self.prefix.tokens_per_block
+        cached = Cached(cached_tokens(common, prompt_tokens, None, per_block))
+        for iu_id, n in blocks.items():
+            entry = by_id.get(iu_id)
+            hit = cached_tokens(n, prompt_tokens, entry.terms.prefix_hit_rate if entry is not None else None,
+                                per_block)
+            if hit > cached.default:
+                cached[iu_id] = hit
+        if home_key and context_tokens > 0:
+            home = self._ring(snapshot).home(home_key)
+            entry = by_id.get(home)
+            rate = entry.terms.prefix_hit_rate if entry is not None else None
+            presumed = min(context_tokens, prompt_tokens - 1) if rate is None or rate >= 0 else 0
+            if home is not None and presumed > cached[home]:
+                cached[home] = presumed
+        return cached if cached or cached.default else None
+
+    def _ring(self, snapshot: Snapshot) -> HomeRing:
+        """The home ring of the snapshot's routable IUs (rebuilt only when they change)."""
+        ring = snapshot.memo.get("home_ring")
+        if ring is None:
+            ids = tuple(sorted(e.iu_id for e in snapshot.healthy))
+            if self._home_ring is None or self._home_ring.iu_ids != ids:
+                self._home_ring = HomeRing(ids)
+            ring = snapshot.memo["home_ring"] = self._home_ring
+        return ring
+
     def choose(self, snapshot: Snapshot, now: float, prompt_tokens: int | None,
-               exclude: set[str] | frozenset = frozenset()) -> Decision:
-        """Decide (no side effect on the ledger: :meth:`sent` records the request once it is sent)."""
+               exclude: set[str] | frozenset = frozenset(), prefix: PromptPrefix = NO_PREFIX) -> Decision:
+        """Decide (no side effect on the ledger: :meth:`sent` records the request once it is sent).
+        ``prefix``: the prompt's block hashes, its conversation's key and the tokens before its last message
+        (edge/pool/prefix.py; :meth:`cached`)."""
         if not snapshot.healthy:
             return Decision(None, "none")
         blocked = self.blocked(now, exclude)
@@ -85,24 +131,28 @@ class Router:
         if not usable.healthy:
             routable_left = any(e.iu_id not in exclude and e.iu_id not in self.ejected for e in snapshot.healthy)
             return Decision(None, "saturated" if routable_left else "none")
-        choice = pick(usable, self.ledger, now, self.rng, prompt_tokens=prompt_tokens)
+        cached = self.cached(snapshot, prompt_tokens, *prefix)
+        choice = pick(usable, self.ledger, now, self.rng, prompt_tokens=prompt_tokens, cached=cached)
         entry = _by_id(snapshot).get(choice.iu_id)
-        cost = prefill_cost_s(entry, prompt_tokens) if prompt_tokens and entry is not None else None
+        hit = cached[choice.iu_id] if cached is not None and choice.iu_id is not None else 0  # a Cached
+        cost = prefill_cost_s(entry, prompt_tokens - hit) if prompt_tokens and entry is not None else None
         # The queued-prompt rule trusts pick's predicted queue wait, which is only as good as the score it
         # came from: on scores as old as Consul's (median ~0.5 s at pick) it measured worse (Consul only,
         # seeds 1-6: +93 ms mean p99, worse on 5 of 6), so it applies to fresh, pushed-age scores only.
         fresh = entry is not None and entry.score is not None and now - entry.ts <= QUEUED_RULE_MAX_AGE_S
         queued_as = entry.request_cost_s if fresh else None
-        return Decision(choice.iu_id, choice.mode, entry, cost, choice.expected_s, queued_as)
+        return Decision(choice.iu_id, choice.mode, entry, cost, choice.expected_s, queued_as, hit)
 
     def sent(self, iu_id: str, now: float, cost_s: float | None = None, handle=None,
-             expected_s: float | None = None, queued_as_s: float | None = None) -> int:
+             expected_s: float | None = None, queued_as_s: float | None = None, prefix_hashes=None) -> int:
         """Record a request sent to ``iu_id``; returns its announce sequence number (0 when not announcing).
 
         ``handle`` (any hashable naming the request) and ``expected_s`` (Decision.expected_s): the ledger
         awaits its first byte (:meth:`first_byte`), so an overdue request marks its IU busier than scored.
         ``queued_as_s`` (Decision.queued_as_s): while the request is predicted to wait in the IU's queue,
         scores newer than its send still undercount a long prompt (EdgeLedger.on_sent)."""
+        if self.prefix is not None and prefix_hashes:
+            self.prefix.record(iu_id, prefix_hashes)
         seq = self.ledger.on_sent(iu_id, now, cost_s, handle, expected_s, queued_as_s)
         if self.ledger.inflight[iu_id] >= self.cap:
             self.full.add(iu_id)

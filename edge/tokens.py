@@ -49,3 +49,19 @@ def estimate_prompt_tokens(body: dict, chat: bool) -> int | None:
         if all(isinstance(p, list) for p in prompt):  # a batch of token-id prompts
             return sum(len(p) for p in prompt)
     return None
+
+
+def prompt_parts(body: dict, chat: bool) -> list[str]:
+    """The prompt text of ``body`` in order, for prefix hashing (edge/pool/prefix.py): each chat message as
+    role + NUL + text + NUL, a completion's prompt string as is; empty when there is no text prompt."""
+    if chat:
+        messages = body.get("messages")
+        parts = []
+        for message in messages if isinstance(messages, list) else ():
+            text = _content_text(message.get("content")) if isinstance(message, dict) else None
+            if text is None:
+                break  # what follows a part we cannot read is not a prefix we can match
+            parts.append(f"{message.get('role', '')}\0{text}\0")
+        return parts
+    prompt = body.get("prompt")
+    return [prompt] if isinstance(prompt, str) else []

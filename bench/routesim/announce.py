@@ -127,9 +127,9 @@ class AnnouncePush(AgentPush):
 class AnnounceEdge(ScoredEdge):
     """The shipped edge (p2c Router, its ledger announcing); every request it sends is announced."""
 
-    def __init__(self, view: EdgeView, rng, iu_ids: list[str], sender: AnnounceSender):
+    def __init__(self, view: EdgeView, rng, iu_ids: list[str], sender: AnnounceSender, prefix: bool = True):
         view.edge_id = sender.edge
-        super().__init__(view, rng, iu_ids, "p2c", announcing=True)
+        super().__init__(view, rng, iu_ids, "p2c", announcing=True, prefix=prefix)
         self.sender = sender
 
     def pick(self, request: TraceRequest, now: float) -> int:
@@ -139,11 +139,11 @@ class AnnounceEdge(ScoredEdge):
 
 
 def announce_edges(fleet: AgentFleet, views: list[EdgeView], loop: EventLoop, rngs, iu_ids: list[str],
-                   nodes: AnnounceNodes) -> list[AnnounceEdge]:
+                   nodes: AnnounceNodes, prefix: bool = True) -> list[AnnounceEdge]:
     """Each edge's push feed, announce sender (ticks spread over the batch interval) and router."""
     edges = []
     for i, view in enumerate(views):
         AnnouncePush(nodes, fleet, view, loop)
         sender = AnnounceSender(nodes, loop, edge_id(i), phase_s=ANNOUNCE_BATCH_S * i / len(views))
-        edges.append(AnnounceEdge(view, rngs[i], iu_ids, sender))
+        edges.append(AnnounceEdge(view, rngs[i], iu_ids, sender, prefix))
     return edges

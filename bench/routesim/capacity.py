@@ -28,11 +28,18 @@ def saturated_rate(model: IUModel, seeds: tuple[int, ...] = (1, 2, 3, 4), reques
 
 def _burst_rate(model: IUModel, seed: int, requests: int) -> float:
     rng = random.Random(seed)
+    return burst_rate(model, [draw_request_shape(rng)[1:] for _ in range(requests)])
+
+
+def burst_rate(model: IUModel, shapes: list[tuple[int, int]]) -> float:
+    """Completions/s of one IU given every (prompt, output) of ``shapes`` at t=0, prefix caching off (the
+    uncached work: a workload's capacity before any prefix is reused)."""
     loop = EventLoop()
     done: list[float] = []
-    unit = InferenceUnit(0, "capacity", model, loop.schedule, lambda seq, now: done.append(now))
-    for rid in range(requests):
-        _, prompt, output = draw_request_shape(rng)
+    unit = InferenceUnit(0, "capacity", model, loop.schedule, lambda seq, now: done.append(now),
+                         prefix_caching=False)
+    requests = len(shapes)
+    for rid, (prompt, output) in enumerate(shapes):
         unit.submit(Seq(rid, prompt, output, 0.0, 0.0, 0), 0.0)
     loop.run()
     lo, hi = int(requests * 0.2), int(requests * 0.8)

@@ -66,7 +66,7 @@ class Oracle:
         best: list[int] = []
         best_wait = float("inf")
         for unit in self.units:
-            wait = unit.estimated_ttft(request.prompt, now)
+            wait = unit.estimated_ttft(request.prompt, now, request.blocks)
             if wait < best_wait - 1e-9:
                 best, best_wait = [unit.index], wait
             elif wait <= best_wait + 1e-9:

@@ -26,6 +26,7 @@ from consul_io import layout
 from edge.config import EdgeConfig, PushConfig
 from edge.feed import EdgeView
 from edge.pool import PoolView, pick
+from edge.pool.prefix import PrefixIndex, PromptPrefix
 from edge.routing import Router
 from sim.vllm.eventloop import EventLoop
 
@@ -36,10 +37,12 @@ from .workload import TraceRequest
 class ScoredEdge:
     """`mode` "p2c": the reader library's pick(); "argmin": the design's EAS rule (lowest score wins)."""
 
-    def __init__(self, view: PoolView, rng: random.Random, iu_ids: list[str], mode: str, announcing: bool = False):
+    def __init__(self, view: PoolView, rng: random.Random, iu_ids: list[str], mode: str, announcing: bool = False,
+                 prefix: bool = EdgeConfig().prefix_routing):
         self.view, self.rng, self.mode = view, rng, mode
         defaults = EdgeConfig()
-        self.router = Router(rng, defaults.max_inflight_per_iu, defaults.eject_s, announcing=announcing)
+        self.router = Router(rng, defaults.max_inflight_per_iu, defaults.eject_s, announcing=announcing,
+                             prefix=PrefixIndex() if prefix else None)
         self.ledger = self.router.ledger
         self.iu_ids = iu_ids
         self.index_of = {iu: i for i, iu in enumerate(iu_ids)}
@@ -59,7 +62,8 @@ class ScoredEdge:
         if self.mode == "argmin":
             iu_id, mode, cost, expected, queued_as = self._argmin(now), "argmin", None, None, None
         else:
-            decision = self.router.choose(self.view.snapshot(), now, request.prompt)
+            prefix = PromptPrefix(request.blocks, request.home_key, request.context)
+            decision = self.router.choose(self.view.snapshot(), now, request.prompt, prefix=prefix)
             iu_id, mode, cost, expected = decision.iu_id, decision.mode, decision.cost_s, decision.expected_s
             queued_as = decision.queued_as_s
         if iu_id is None:  # nothing known yet (the first instants of a run), or every IU at the cap: any IU
@@ -67,7 +71,7 @@ class ScoredEdge:
         self.modes[mode] = self.modes.get(mode, 0) + 1
         entry = next((e for e in self.view.snapshot().entries if e.iu_id == iu_id), None)
         self.seen[request.rid] = (entry.score, now - entry.ts) if entry is not None else (None, 0.0)
-        self.router.sent(iu_id, now, cost, request.rid, expected, queued_as)
+        self.router.sent(iu_id, now, cost, request.rid, expected, queued_as, request.blocks)
         return self.index_of[iu_id]
 
     def first_token(self, iu: int, rid: int, now: float) -> None:

@@ -9,6 +9,7 @@ from sim.vllm.roofline import IUModel
 
 from .agents import AgentFleet, direct_scrapes
 from .announce import AnnounceNodes, announce_edges
+from .llmd import LlmdStyle
 from .policies import LeastConnections, Oracle, RoundRobin
 from .readers import AgentPoll, AgentPush, ConsulKVWatch, HealthFeed, ScoredEdge, new_view
 from .sim import Pool, RunResult, measure, stable_seed
@@ -21,7 +22,7 @@ NODES_PER_RACK = 4
 @dataclass(frozen=True)
 class Scenario:
     label: str
-    policy: str  # round-robin | least-conn | seed | ours | oracle
+    policy: str  # round-robin | least-conn | seed | ours | oracle | llm-d
     feed: str = "consul"  # seed / ours: "push" (agents' blocking queries + the KV, as eas-edge ships),
     #                       "consul" (the KV only: eas-edge with push off or no agent reachable), "poll",
     #                       "announce" (push + the announce channel, eas-edge's default: routesim.announce)
@@ -31,6 +32,7 @@ class Scenario:
     heartbeat_s: float = 2.0
     before: bool = False  # drain without its admitted-prefill term (routesim.agents.BeforeScorer)
     rng_label: str | None = None  # tie-break seeds of this row (default: label); "before" rows pair with `ours`
+    prefix: bool = True  # ours: the edge's prefix index (edge.config's prefix_routing, on by default)
 
     @property
     def uses_agents(self) -> bool:
@@ -108,6 +110,8 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
         edges = [LeastConnections(ius, rngs[i]) for i in range(scenario.edges)]
     elif scenario.policy == "oracle":
         edges = [Oracle(pool.units, rngs[i]) for i in range(scenario.edges)]
+    elif scenario.policy == "llm-d":
+        edges = [LlmdStyle(pool.units, rngs[i]) for i in range(scenario.edges)]
     elif scenario.uses_agents:
         profile = "drain" if scenario.policy == "ours" else "seed"
         fleet = AgentFleet(pool.units, ius_per_node, NODES_PER_RACK, profile=profile, interval_s=scenario.interval_s,
@@ -126,9 +130,9 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
         mode = "p2c" if scenario.policy == "ours" else "argmin"
         iu_ids = [u.iu_id for u in pool.units]
         if design:  # push the announce channel's bodies (cycle bodies plus announcements) and announce
-            edges = announce_edges(fleet, views, pool.loop, rngs, iu_ids, design)
+            edges = announce_edges(fleet, views, pool.loop, rngs, iu_ids, design, scenario.prefix)
         else:
-            edges = [ScoredEdge(view, rngs[i], iu_ids, mode) for i, view in enumerate(views)]
+            edges = [ScoredEdge(view, rngs[i], iu_ids, mode, prefix=scenario.prefix) for i, view in enumerate(views)]
     else:
         raise ValueError(f"unknown policy {scenario.policy!r}")
     if fleet is not None:
@@ -151,5 +155,7 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
             extra["announce"] = {"requests": len(trace), "batches": design.batches,
                                  "announcements": design.announcements,
                                  "announce_pushes": sum(p.announce_pushes for p in design.pushers)}
+    queries = sum(u.counters.prefix_cache_queries for u in pool.units)
+    extra["prefix_hit_rate"] = sum(u.counters.prefix_cache_hits for u in pool.units) / queries if queries else 0.0
     writes = writes_at["end"] - writes_at["start"] if fleet is not None else None
     return measure(scenario.label, pool, trace, warmup_s, end_s, writes, extra)

@@ -6,7 +6,8 @@ Semantics as in vLLM V1: prompt_tokens_total grows when a request's prefill comp
 generation_tokens_total per generated token, the prompt-length histogram and request_success_total at
 completion, num_preemptions_total per preemption; kv_cache_usage_perc is used / total KV blocks;
 prefix_cache_queries_total grows by a request's token count each time the scheduler admits it from the
-waiting queue (the prefix-cache lookup; this workload shares no prefixes, so hits stay 0). vLLM also counts
+waiting queue (the prefix-cache lookup) and prefix_cache_hits_total by the tokens found cached then
+(sim/vllm/prefixcache.py). vLLM also counts
 a lookup whose KV allocation then fails and is retried next step; the sim counts admissions only.
 """
 
@@ -38,6 +39,7 @@ def _values(unit: InferenceUnit, now: float) -> dict[str, float]:
         "success": float(c.requests_finished),
         "prompt_sum": float(c.finished_prompt_tokens),
         "queries": float(c.prefix_cache_queries),
+        "hits": float(c.prefix_cache_hits),
     }
 
 
@@ -49,7 +51,7 @@ def direct_metrics(unit: InferenceUnit, now: float) -> VllmMetrics:
         schema="v1", num_requests_running=v["running"], num_requests_waiting=v["waiting"], kv_cache_usage=v["kv"],
         num_preemptions_total=v["preemptions"], prompt_tokens_total=v["prompt_tokens"],
         generation_tokens_total=v["generation_tokens"], request_success_total=v["success"],
-        prefix_cache_queries_total=v["queries"], prefix_cache_hits_total=0.0,
+        prefix_cache_queries_total=v["queries"], prefix_cache_hits_total=v["hits"],
         prompt_tokens_sum=v["prompt_sum"], prompt_tokens_count=v["success"], engines=1)
 
 
@@ -78,5 +80,5 @@ def render_metrics(unit: InferenceUnit, now: float) -> str:
         _family("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens.",
                 [f"vllm:prefix_cache_queries_total{_LABELS} {v['queries']}"]),
         _family("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.",
-                [f"vllm:prefix_cache_hits_total{_LABELS} 0.0"]),
+                [f"vllm:prefix_cache_hits_total{_LABELS} {v['hits']}"]),
     ))

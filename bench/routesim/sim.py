@@ -75,8 +75,9 @@ class Pool:
         edge = request.edge(len(self.edges))
         iu = self.edges[edge].pick(request, now)
         if self.true_wait is not None:
-            self.true_wait[request.rid] = self.units[iu].estimated_ttft(request.prompt, now)
-        seq = Seq(request.rid, request.prompt, request.output, now, self._own[request.rid], edge)
+            self.true_wait[request.rid] = self.units[iu].estimated_ttft(request.prompt, now, request.blocks)
+        seq = Seq(request.rid, request.prompt, request.output, now, self._own[request.rid], edge,
+                  request.blocks, request.reply_blocks)
         self.units[iu].submit(seq, now)
 
     def run(self, trace: list[TraceRequest], edges: list, own_prefill: list[float],

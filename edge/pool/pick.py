@@ -233,11 +233,13 @@ def _sample(
     return index
 
 
-def _cost(entry: IUEntry, ledger: EdgeLedger, prompt_tokens: int | None, now: float) -> float:
+def _cost(entry: IUEntry, ledger: EdgeLedger, prompt_tokens: int | None, now: float,
+          cached: dict[str, int] | None = None) -> float:
     cost = entry.score + ledger.sent_cost_since(entry.iu_id, entry.ts, entry.request_cost_s, entry.acked)
     cost += ledger.overdue_s(entry.iu_id, now)
     if prompt_tokens is not None:
-        cost += prefill_cost_s(entry, prompt_tokens)
+        hit = cached.get(entry.iu_id, getattr(cached, "default", 0)) if cached is not None else 0
+        cost += prefill_cost_s(entry, prompt_tokens - hit)
     return cost
 
 
@@ -260,20 +262,46 @@ def pick(
     ramp_s: float = 10.0,
     ramp_floor: float = 0.1,
     prompt_tokens: int | None = None,
+    cached: dict[str, int] | None = None,
 ) -> Choice:
+    """``cached``: IU -> tokens of this request's prompt estimated in its prefix cache (edge/pool/prefix.py's
+    ``Cached``: IUs it does not name hold its default); those tokens cost no prefill there, and the IU holding the most of them is a third candidate beside the
+    sampled two (mode ``affinity`` when it wins)."""
     candidates = snapshot.scored if now <= snapshot.fresh_until else _fresh(snapshot, now)
     if len(candidates) == 1:
-        return Choice(candidates[0].iu_id, "single", _cost(candidates[0], ledger, prompt_tokens, now))
+        return Choice(candidates[0].iu_id, "single", _cost(candidates[0], ledger, prompt_tokens, now, cached))
     if candidates:
         i = _sample(candidates, now, rng, ramp_s, ramp_floor)
         a, b = candidates[i], candidates[_sample(candidates, now, rng, ramp_s, ramp_floor, skip=i)]
-        cost_a, cost_b = _cost(a, ledger, prompt_tokens, now), _cost(b, ledger, prompt_tokens, now)
+        cost_a, cost_b = _cost(a, ledger, prompt_tokens, now, cached), _cost(b, ledger, prompt_tokens, now, cached)
         if cost_a < cost_b or (cost_a == cost_b and rng.random() < 0.5):
-            return Choice(a.iu_id, "p2c", cost_a)
-        return Choice(b.iu_id, "p2c", cost_b)
+            choice = Choice(a.iu_id, "p2c", cost_a)
+        else:
+            choice = Choice(b.iu_id, "p2c", cost_b)
+        if cached:  # IUs named: one of them may hold more of the prompt than the sampled two
+            return _with_affinity(choice, candidates, ledger, prompt_tokens, now, cached, (a.iu_id, b.iu_id))
+        return choice
     if snapshot.healthy:
         inflight = ledger.inflight
         best = min(inflight.get(e.iu_id, 0) for e in snapshot.healthy)
         ties = [e for e in snapshot.healthy if inflight.get(e.iu_id, 0) == best]
         return Choice(ties[int(rng.random() * len(ties))].iu_id, "fail_open")
     return Choice(None, "none")
+
+
+def _with_affinity(choice: Choice, candidates, ledger: EdgeLedger, prompt_tokens: int | None, now: float,
+                   cached: dict[str, int], sampled: tuple[str, str]) -> Choice:
+    """The sampled pair's winner against the candidate holding the most of the prompt: the lower cost wins,
+    so the prefix stays where it is cached until that IU's wait outgrows the prefill the hit saves."""
+    best = max(cached, key=cached.__getitem__)
+    if best in sampled:
+        return choice
+    entry = next((e for e in candidates if e.iu_id == best), None)
+    if entry is None:  # not a candidate (stale, blocked): the next best that is
+        ranked = sorted((n, iu) for iu, n in cached.items() if iu not in sampled)
+        by_id = {e.iu_id: e for e in candidates}
+        entry = next((by_id[iu] for _, iu in reversed(ranked) if iu in by_id), None)
+        if entry is None:
+            return choice
+    cost = _cost(entry, ledger, prompt_tokens, now, cached)
+    return Choice(entry.iu_id, "affinity", cost) if cost < choice.expected_s else choice

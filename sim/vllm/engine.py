@@ -25,6 +25,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from sim.vllm.prefixcache import PrefixCache
 from sim.vllm.roofline import IUModel, decode_group_time, decode_steps_within
 
 
@@ -32,9 +33,11 @@ class Seq:
     """A request as the engine tracks it."""
 
     __slots__ = ("rid", "prompt", "output", "target", "computed", "generated", "decode_start", "finish_step",
-                 "decoding", "first_token", "done_at", "arrival", "own_prefill", "edge", "iu_index", "scheduled")
+                 "decoding", "first_token", "done_at", "arrival", "own_prefill", "edge", "iu_index", "scheduled",
+                 "blocks", "reply_blocks")
 
-    def __init__(self, rid: int, prompt: int, output: int, arrival: float, own_prefill: float, edge: int):
+    def __init__(self, rid: int, prompt: int, output: int, arrival: float, own_prefill: float, edge: int,
+                 blocks: tuple[int, ...] = (), reply_blocks: tuple[int, ...] = ()):
         self.rid = rid
         self.prompt = prompt
         self.output = output
@@ -51,6 +54,8 @@ class Seq:
         self.edge = edge
         self.iu_index = -1
         self.scheduled: float | None = None  # first admission from the waiting queue (vLLM's queue time ends)
+        self.blocks = blocks  # the prompt's full blocks' chained hashes (sim.vllm.prefixcache.block_hashes)
+        self.reply_blocks = reply_blocks  # the blocks prompt + reply complete (cached when the request ends)
 
 
 @dataclass
@@ -64,15 +69,18 @@ class IUCounters:
     finished_prompt_tokens: int = 0  # vllm:request_prompt_tokens histogram _sum (observed at completion)
     received_prompt_tokens: int = 0  # prompts handed to this IU (the network collector's ingress bytes)
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache at admission (vLLM V1)
+    prefix_cache_hits: int = 0  # of those, tokens found cached (their prefill is skipped)
     busy_s: float = 0.0
 
 
 class InferenceUnit:
     def __init__(self, index: int, iu_id: str, model: IUModel, schedule, on_finish,
-                 kv_capacity_tokens: int | None = None, on_first_token=None, on_steps=None):
+                 kv_capacity_tokens: int | None = None, on_first_token=None, on_steps=None,
+                 prefix_caching: bool = True):
         """schedule(time, fn, arg) puts an event on the loop; on_finish(seq, now) tells the edges.
         kv_capacity_tokens: a smaller KV cache than the roofline's (tests of KV pressure); on_first_token(seq,
-        now) and on_steps(tokens_per_step, steps) feed the simulated server's histograms (None: not called)."""
+        now) and on_steps(tokens_per_step, steps) feed the simulated server's histograms (None: not called).
+        prefix_caching: vLLM's --enable-prefix-caching (V1's default: on); block size from the model's engine."""
         self.index = index
         self.iu_id = iu_id
         self.model = model
@@ -94,6 +102,7 @@ class InferenceUnit:
         self.step_no = 0
         self.finish_heap: list[tuple[int, int, Seq]] = []
         self.counters = IUCounters()
+        self.cache = PrefixCache(model.engine.block_size, prefix_caching)
         # the step or decode group in flight
         self.busy = False
         self.version = 0
@@ -173,16 +182,25 @@ class InferenceUnit:
             chunks.append((seq, chunk))
             budget -= chunk
             free -= chunk
+        cache = self.cache
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             seq = self.waiting[0]
-            chunk = min(seq.target - seq.computed, budget)
-            if chunk > free:
+            cached = cache.peek(seq.blocks) * cache.block_size if seq.blocks and not seq.computed else 0
+            cached = min(cached, seq.target - 1)
+            chunk = min(seq.target - seq.computed - cached, budget)
+            if chunk + cached > free:
                 break  # vLLM stops admitting when the head of the queue cannot get its blocks
             self.waiting.popleft()
             if seq.scheduled is None:
                 seq.scheduled = now
             self.waiting_tokens -= seq.target - seq.computed
             self.counters.prefix_cache_queries += seq.target
+            if cached:  # the cached blocks are the sequence's: their prefill is skipped
+                cached = cache.hit_tokens(seq.blocks, seq.target)
+                self.counters.prefix_cache_hits += cached
+                seq.computed = cached
+                self.kv_used += cached
+                free -= cached
             self.running.append(seq)
             self.prefilling.append(seq)
             chunks.append((seq, chunk))
@@ -261,6 +279,8 @@ class InferenceUnit:
             seq.generated += 1
             self.counters.generation_tokens += 1
             self.kv_used += 1
+            if seq.blocks:
+                self.cache.store(seq.blocks)
             if seq.first_token is None:
                 seq.first_token = now
                 self.counters.prompt_tokens += seq.prompt
@@ -278,6 +298,8 @@ class InferenceUnit:
             self.decode_ctx += seq.prompt + seq.generated
             heapq.heappush(heap, (seq.finish_step, seq.rid, seq))
         self.step_chunks = []
+        if self.cache.blocks:
+            self.cache.fit(self.capacity - self.kv_used)
         self._plan(now)
 
     def _finish(self, seq: Seq, now: float) -> None:
@@ -291,6 +313,8 @@ class InferenceUnit:
         self._done(seq, now)
 
     def _done(self, seq: Seq, now: float) -> None:
+        if seq.reply_blocks:
+            self.cache.store(seq.reply_blocks)
         seq.done_at = now
         self.counters.requests_finished += 1
         self.counters.finished_prompt_tokens += seq.prompt
@@ -316,10 +340,13 @@ class InferenceUnit:
         extra = min(now, self.step_end) - self.step_start if self.busy and now > self.step_start else 0.0
         return self.counters.busy_s + extra
 
-    def estimated_ttft(self, prompt: int, now: float) -> float:
+    def estimated_ttft(self, prompt: int, now: float, blocks: tuple[int, ...] = ()) -> float:
         """The oracle's view: seconds until a new request of `prompt` tokens would get its first token here,
-        from the exact instantaneous state (queue, chunks in flight, KV, every sequence's remaining length)."""
+        from the exact instantaneous state (queue, chunks in flight, KV, every sequence's remaining length);
+        ``blocks``: its block hashes, whose cached leading run costs no prefill."""
         model = self.model
+        if blocks:
+            prompt -= min(self.cache.peek(blocks) * self.cache.block_size, prompt - 1)
         remaining_step = max(0.0, self.step_end - now) if self.busy else 0.0
         if self.busy and self.group_k:  # a decode group is cut at the next step boundary for an arrival
             done = decode_steps_within(self.group_coeffs, self.overhead, self.group_k, now - self.step_start)

@@ -195,7 +195,10 @@ class LoadModel:
 
     @property
     def prefix_hits_total(self) -> int:
-        return int(self.unit.counters.prefix_cache_queries * self.p.prefix_hit_fraction)
+        """The engine's own hits (prompts that carry block hashes) plus ``prefix_hit_fraction`` of the
+        looked-up tokens of those that do not (the load generator's prompts have no content)."""
+        c = self.unit.counters
+        return c.prefix_cache_hits + int((c.prefix_cache_queries - c.prefix_cache_hits) * self.p.prefix_hit_fraction)
 
     def drain_events(self) -> Events:
         events, self.events = self.events, Events()

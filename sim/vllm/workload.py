@@ -46,6 +46,10 @@ class TraceRequest:
     output: int
     edge_u: float  # uniform in [0, 1): the edge is int(edge_u × edges), so runs with 1, 4 or 16 edges
     #                share every other property of the trace
+    blocks: tuple[int, ...] = ()  # the prompt's full blocks' chained hashes (sim.vllm.prefixcache); () : unique
+    reply_blocks: tuple[int, ...] = ()  # those of prompt + reply (a conversation's next turn starts with them)
+    context: int = 0  # tokens before the prompt's last message (a conversation so far)
+    home_key: int = 0  # the conversation's key (edge/pool/prefix.conversation_key); 0: none
 
     def edge(self, edges: int) -> int:
         return int(self.edge_u * edges)

@@ -53,6 +53,7 @@ def test_a_declared_term_out_of_range_is_dropped_and_counted_the_entry_kept(name
 
 @pytest.mark.parametrize(("name", "value"), [
     ("request_cost_s", 1e-9), ("announced_s", 0), ("kv_usage", 0), ("kv_usage", 1), ("running", 0),
+    ("prefix_hit_rate", -1), ("prefix_hit_rate", 1),
 ])
 def test_the_range_edges_are_kept(name, value):
     entry, counts = read({name: value})
@@ -62,7 +63,7 @@ def test_the_range_edges_are_kept(name, value):
 def test_every_declared_term_has_a_range_and_a_field():
     assert list(DECLARED_TERMS) == list(ScoreTerms._fields) == [
         "request_cost_s", "prefill_tps", "announced_s", "tokens_total", "running", "waiting", "kv_usage",
-        "admitted_prefill_tokens"]
+        "admitted_prefill_tokens", "prefix_hit_rate"]
     assert ScoreTerms.of({}) == (NO_TERMS, [])
 
 

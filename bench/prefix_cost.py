@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""What the edge's prefix routing costs at 128 nodes x 2 IUs: CPU per request and the index's memory.
+
+    .venv/bin/python bench/prefix_cost.py --results
+
+Per request the edge hashes the prompt (in the body summary: ``prompt_prefix`` of the chat messages) and
+routes it (``Router.choose`` then ``Router.sent``, which records it in the index). Both are timed for the
+same requests with ``prefix_routing`` on and off (off: no hashing, no index), on a snapshot of 256 IUs whose
+index holds the edge's recent traffic: multi-turn conversations (8 system prompts of ~2,400 characters,
+turns adding ~500-character messages) until every IU's index is full. Memory: tracemalloc of the index at
+its bound (``DEFAULT_MAX_BLOCKS_PER_IU`` per IU).
+
+Target: the edge's CPU per request with prefix routing <= 1.5x without: the whole edge's CPU per request
+measured by ``edge_proxy.py`` (bench/results/edge_proxy.json) plus the median added here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import results  # noqa: E402
+
+from consul_io import layout  # noqa: E402
+from eas_wire.scorebody import IUScore, ScoreBody  # noqa: E402
+from edge.pool import AnomalyDetector, PoolView  # noqa: E402
+from edge.pool.prefix import PrefixIndex, prompt_prefix  # noqa: E402
+from edge.routing import Router  # noqa: E402
+from edge.tokens import estimate_prompt_tokens, prompt_parts  # noqa: E402
+
+LIMIT = 1.5
+
+
+def pool(nodes: int, rng: random.Random) -> PoolView:
+    clock = [1_000_000.0]
+    view = PoolView(detector=AnomalyDetector(), clock=lambda: clock[0])
+    names = [f"r{n // 16:02d}n{n % 16:02d}" for n in range(nodes)]
+    view.apply_health([{"Service": {"ID": layout.iu_id(node, i), "Address": "127.0.0.1", "Port": 8000 + i},
+                        "Checks": [{"CheckID": layout.score_check_id(layout.iu_id(node, i)), "Status": "passing"}]}
+                       for node in names for i in range(2)])
+    view.apply_polled([ScoreBody(node=node, rack=node[:3], ts=clock[0], heartbeat_s=2.0, seq=1, ius={
+        layout.iu_id(node, i): IUScore(score=round(rng.uniform(0.05, 0.5), 4), status="passing", components={
+            "request_cost_s": 0.08, "prefill_tps": 12_600.0, "tokens_total": 1e6, "running": 10,
+            "prefix_hit_rate": 0.5}) for i in range(2)}) for node in names])
+    return view
+
+
+def conversations(rng: random.Random, count: int) -> list[dict]:
+    """Chat bodies: turns of conversations, each turn the whole conversation so far."""
+    systems = ["".join(rng.choice("abcdefgh ") for _ in range(2400)) for _ in range(8)]
+    bodies = []
+    while len(bodies) < count:
+        messages = [{"role": "system", "content": rng.choice(systems)}]
+        for _ in range(rng.randint(2, 10)):
+            messages.append({"role": "user", "content": "".join(rng.choice("ijklmnop ") for _ in range(500))})
+            bodies.append({"model": "m", "messages": list(messages)})
+            messages.append({"role": "assistant", "content": "".join(rng.choice("qrstuv ") for _ in range(800))})
+    return bodies[:count]
+
+
+def per_request_us(view: PoolView, bodies: list[dict], prefix_on: bool) -> list[float]:
+    router = Router(random.Random(1), prefix=PrefixIndex() if prefix_on else None)
+    snapshot = view.snapshot()
+    now = 1_000_000.01
+    samples = []
+    for k, body in enumerate(bodies):
+        start = time.perf_counter_ns()
+        tokens = estimate_prompt_tokens(body, True)
+        if prefix_on:
+            prefix = prompt_prefix(prompt_parts(body, True))
+            decision = router.choose(snapshot, now, tokens, prefix=prefix)
+            router.sent(decision.iu_id, now, decision.cost_s, k, decision.expected_s, None, prefix.hashes)
+        else:
+            decision = router.choose(snapshot, now, tokens)
+            router.sent(decision.iu_id, now, decision.cost_s, k, decision.expected_s)
+        router.done(decision.iu_id, k)
+        samples.append((time.perf_counter_ns() - start) / 1000)
+    return samples
+
+
+def index_memory(ius: list[str], rng: random.Random) -> tuple[int, int]:
+    """(bytes, entries) of an index filled to its bound with distinct prompts on every IU."""
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    index = PrefixIndex()
+    for iu_id in ius:
+        for _ in range(index.max_blocks // 8 + 1):
+            index.record(iu_id, tuple(rng.getrandbits(64) for _ in range(64)))
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    used = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    return used, index.entries()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=128)
+    parser.add_argument("--requests", type=int, default=20_000)
+    results.add_argument(parser, __file__)
+    args = parser.parse_args()
+    rng = random.Random(1)
+    view = pool(args.nodes, rng)
+    bodies = conversations(rng, args.requests)
+    # interleaved rounds, so a busy neighbour on the host shifts both sides alike
+    off, on = [], []
+    for round_ in range(4):
+        part = bodies[round_::4]
+        off += per_request_us(view, part, False)
+        on += per_request_us(view, part, True)
+    added_ms = (statistics.median(on) - statistics.median(off)) / 1000
+    edge_ms = json.loads((Path(__file__).parent / "results" / "edge_proxy.json").read_text())["numbers"][
+        "edge_cpu_ms_per_request"]
+    ratio = (edge_ms + added_ms) / edge_ms
+    ius = [e.iu_id for e in view.snapshot().entries]
+    used, entries = index_memory(ius, rng)
+    verdict = "met" if ratio <= LIMIT else "not met"
+    print(f"CPU per request (tokens estimate + hashing + choose + sent), median: prefix routing off "
+          f"{statistics.median(off):.1f} us, on {statistics.median(on):.1f} us (p99 "
+          f"{sorted(off)[int(0.99 * len(off))]:.1f} / {sorted(on)[int(0.99 * len(on))]:.1f} us)")
+    print(f"the edge's CPU per request (edge_proxy.py) {edge_ms:.2f} ms -> {edge_ms + added_ms:.2f} ms")
+    print(f"index at its bound over {len(ius)} IUs: {entries:,} hashes, {used / 2**20:.1f} MiB")
+    print(f"target: the edge's CPU per request with prefix routing {ratio:.2f}x without (<= {LIMIT:g}x): "
+          f"{verdict.replace('not', 'NOT')}")
+    results.record(args.results, script=__file__,
+                   target=f"the edge's CPU per request <= {LIMIT:g}x without prefix routing",
+                   verdict=verdict,
+                   numbers={"off_median_us": round(statistics.median(off), 1),
+                            "on_median_us": round(statistics.median(on), 1), "edge_cpu_ms": edge_ms,
+                            "ratio": round(ratio, 3),
+                            "index_entries": entries, "index_mib": round(used / 2**20, 2)},
+                   summary=f"{len(ius)} IUs: hashing + routing {statistics.median(off):.0f} -> "
+                           f"{statistics.median(on):.0f} us per request; edge {edge_ms:.2f} -> "
+                           f"{edge_ms + added_ms:.2f} ms CPU per request ({ratio:.2f}x); index at its bound "
+                           f"{entries:,} hashes, {used / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""edge/routing.py with the prefix index: a prompt's cached prefix costs no prefill on the IU holding it,
+that IU is a candidate beside the sampled pair ("sticky") until its wait outgrows the prefill it saves
+("until saturated"), an IU reporting caching off gets no credit, and a conversation's home is agreed."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from edge.pool import AnomalyDetector, PoolView
+from edge.pool.prefix import PrefixIndex, PromptPrefix, home_iu
+from edge.routing import Router
+
+pytestmark = pytest.mark.unit
+
+IUS = [f"n1-iu{i}" for i in range(8)]
+
+
+class Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def view(scores: dict[str, float], hit_rate=None):
+    components = {"request_cost_s": 0.1, "prefill_tps": 10_000.0, "tokens_total": 1000.0, "running": 1,
+                  "waiting": 0}
+    if hit_rate is not None:
+        components["prefix_hit_rate"] = hit_rate
+    body = {"node": "n1", "rack": "r1", "ts": 100.0, "heartbeat_s": 2.0, "seq": 1,
+            "ius": {iu: {"score": s, "status": "passing", "reason": "", "components": components}
+                    for iu, s in scores.items()}}
+    pool = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
+    pool.apply_health([{"Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000,
+                                    "Meta": {"node": "n1", "rack": "r"}},
+                        "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}]} for iu in scores])
+    pool.apply_kv([{"Key": "clusterctl/eas/dc1/n1", "Value": json.dumps(body).encode()}])
+    return pool
+
+
+HASHES = tuple(range(1, 257))  # a 4,096-token prompt: 0.41 s of prefill at 10,000 tokens/s
+PROMPT = PromptPrefix(HASHES)
+
+
+def choices(pool, router_of, n=400, prefix=PROMPT):
+    counts = Counter()
+    for seed in range(n):
+        router = router_of(seed)
+        counts[router.choose(pool.snapshot(), 100.05, 4096, prefix=prefix).iu_id] += 1
+    return counts
+
+
+def router_with(seed, holder="n1-iu5"):
+    router = Router(random.Random(seed), prefix=PrefixIndex())
+    router.prefix.record(holder, HASHES)
+    return router
+
+
+def spread(step: float) -> dict[str, float]:
+    """Scores 0, step, 2 step, ...: no IU is an outlier the anomaly detector would set aside."""
+    return {iu: step * i for i, iu in enumerate(IUS)}
+
+
+def test_the_iu_holding_the_prefix_wins_while_its_wait_is_below_the_saved_prefill():
+    pool = view(spread(0.04))  # the holder, n1-iu5, is 0.2 s busier than n1-iu0; the hit saves 0.41 s
+    assert choices(pool, router_with)["n1-iu5"] == 400
+    decision = router_with(0).choose(pool.snapshot(), 100.05, 4096, prefix=PromptPrefix(HASHES))
+    assert decision.iu_id == "n1-iu5" and decision.cached_tokens == 4095
+    assert decision.cost_s == pytest.approx(1 / 10_000)  # only the uncached token costs prefill
+
+
+def test_past_the_saved_prefill_the_load_decides():
+    pool = view(spread(0.25))  # n1-iu7 holds the prefix but is 0.5 s or more busier than any pair's best
+    counts = choices(pool, lambda seed: router_with(seed, "n1-iu7"))
+    # only when the sampled pair is n1-iu6 and n1-iu7 itself (1 in 28): then 1.75 s beats 1.5 + 0.41 s
+    assert counts["n1-iu7"] < 30
+
+
+def test_without_the_index_the_prefix_changes_nothing():
+    pool = view(spread(0.04))
+    assert choices(pool, lambda seed: Router(random.Random(seed)))["n1-iu5"] < 60  # plain p2c: ~32 of 400
+
+
+def test_an_iu_reporting_caching_off_gets_no_credit():
+    pool = view(spread(0.04), hit_rate=-1.0)
+    assert choices(pool, router_with)["n1-iu5"] < 60  # as plain p2c
+
+
+def test_every_edge_sends_a_conversation_to_its_home_without_having_seen_it():
+    key = 12345
+    home = home_iu(key, IUS)
+    pool = view(spread(0.04))  # the home is at most 0.28 s busier; its presumed 3,000 tokens save 0.3 s
+    counts = choices(pool, lambda seed: Router(random.Random(seed), prefix=PrefixIndex()),
+                     prefix=PromptPrefix(HASHES, key, 3000))
+    assert counts[home] == 400
+
+
+def test_sent_records_the_prompt_for_the_next_request():
+    router = Router(random.Random(1), prefix=PrefixIndex())
+    router.sent("n1-iu2", 100.0, 0.01, prefix_hashes=HASHES)
+    assert router.prefix.match(HASHES)[0] == {"n1-iu2": 256}
