@@ -33,7 +33,10 @@ def stand_ins(tmp_path: Path, pip_rc: int = 0) -> tuple[Path, dict[str, str]]:
         path.parent.mkdir(exist_ok=True)
         path.write_text("#!/bin/sh\n" + body)
         path.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path / 'path'}:{os.environ['PATH']}"}
+    # as typed in a shell: not under `make test`, whose MAKELEVEL/MAKEFLAGS make a sub-make print
+    # "make[1]: Entering directory"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    env["PATH"] = f"{tmp_path / 'path'}:{os.environ['PATH']}"
     return venv, env
 
 

@@ -11,7 +11,7 @@ from operate import calibrate
 from operate.scenario import load_scenario, parse_scenario
 from tests.integration.operate.pool import TRUE_PREFILL_TPS, live_pool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # measured waits: load-sensitive
 
 
 def production_prompts_short_outputs():
