@@ -45,6 +45,8 @@ SECRET_HCL = re.compile(r'^(\s*(?:encrypt|initial_management|agent|config_file_s
 
 
 def masked(name: str, text: str) -> str:
+    if name == "eas-agent-edge-keys.pub":  # the key pair is drawn with the inventory
+        return re.sub(r"(?m)^\S+ (\S+)$", r"<public key> \1", text)
     return SECRET_HCL.sub(r'\1"<secret>"', text) if name == "consul.hcl" else text
 
 
@@ -61,6 +63,7 @@ RENDERED = [
     (IB_HOST, "/etc/systemd/system/vllm-iu@1.service.d/10-numa.conf", "vllm-iu@1-10-numa-r01n01.conf"),
     (IB_HOST, "/etc/eas-agent/config.yml", "eas-agent-config-r01n01.yml"),
     (IB_HOST, "/etc/systemd/system/eas-agent.service", "eas-agent.service"),
+    (IB_HOST, "/etc/eas-agent/edge-keys.pub", "eas-agent-edge-keys.pub"),
     (IB_HOST, "/etc/consul.d/vllm-iu-r01n01-iu0.json", "consul-vllm-iu-r01n01-iu0.json"),
     (IB_HOST, "/etc/sysctl.d/60-clusterctl-numa.conf", "sysctl-60-clusterctl-numa.conf"),
     (IB_HOST, "/etc/chrony/chrony.conf", "chrony.conf"),
@@ -83,6 +86,7 @@ TEMPLATE_GOLDENS = {
     "inference_unit/numa.conf.j2": ("vllm-iu@1-10-numa-r01n01.conf",),
     "eas_agent/config.yml.j2": ("eas-agent-config-r01n01.yml",),
     "eas_agent/eas-agent.service.j2": ("eas-agent.service",),
+    "eas_agent/edge-keys.pub.j2": ("eas-agent-edge-keys.pub",),
     "consul_agent/iu-service.json.j2": ("consul-vllm-iu-r01n01-iu0.json",),
     "numa_tuning/sysctl.conf.j2": ("sysctl-60-clusterctl-numa.conf",),
     "chrony/chrony.conf.j2": ("chrony.conf",),
