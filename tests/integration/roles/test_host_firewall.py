@@ -1,4 +1,4 @@
-"""The host_firewall role's rules, rendered by Ansible from the virtual inventory exactly as the role renders
+"""The host_firewall role's rules, rendered by Ansible from the provisioning tests' virtual inventory exactly as the role renders
 them, checked with ``nft -c`` as the role checks them, and loaded with real nft into a network namespace of
 the test's own (never this host's: the machines share its namespace): from inside it, connections to an IU,
 agent or Consul port from an edge's, a node's or a controller's address are accepted, from any other source
@@ -17,11 +17,12 @@ import uuid
 import pytest
 
 from tests.helpers import GOLDEN, REPO
+from tests.helpers.provision import create_inventory
 
 pytestmark = pytest.mark.integration
 
 EDGE, CONTROLLER, STRANGER = "127.0.5.1", "127.0.5.2", "127.0.5.9"
-NODE, OTHER_NODE = "127.0.1.11", "127.0.2.12"  # r01n01 and r02n02 of inventory/virtual
+NODE, OTHER_NODE = "127.0.1.11", "127.0.2.11"  # r01n01 and r02n01 of the provisioning tests' inventory
 GOLDEN_RULES = "host-firewall-r01n01.nft"
 
 PLAYBOOK = """\
@@ -60,12 +61,14 @@ def nft() -> str:
 
 
 def render(work, **variables) -> dict[str, str]:
-    """The role's files for r01n01 of inventory/virtual (with ``variables`` on top), rendered by Ansible."""
+    """The role's files for r01n01 of the provisioning tests' inventory (with ``variables`` on top), rendered by
+    Ansible."""
+    create_inventory(work / "inventory")
     (work / "play.yml").write_text(PLAYBOOK.format(templates=REPO / "roles/host_firewall/templates", work=work))
     extra = json.dumps({"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **variables})
     playbook = REPO / ".venv/bin/ansible-playbook"
     done = subprocess.run([str(playbook) if playbook.exists() else "ansible-playbook", "-i",
-                           str(REPO / "inventory/virtual"), str(work / "play.yml"), "-e", extra], cwd=REPO,
+                           str(work / "inventory"), str(work / "play.yml"), "-e", extra], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {name: (work / name).read_text() for name in ("firewall.nft", "clusterctl-firewall.service")}
@@ -86,7 +89,7 @@ def test_the_virtual_inventory_s_files_are_the_goldens(tmp_path):
 
 def test_the_rules_list_the_inventory_s_nodes_edges_and_ports(rendered):
     allowed = rendered.split("set allowed_v4", 1)[1].split("}", 1)[0]
-    for source in ("127.0.0.1", NODE, OTHER_NODE, "127.0.1.12", "127.0.2.11", EDGE, f"{CONTROLLER}/32"):
+    for source in ("127.0.0.1", NODE, OTHER_NODE, "127.0.1.12", EDGE, f"{CONTROLLER}/32"):
         assert source in allowed
     assert STRANGER not in rendered
     tcp = rendered.split("set guarded_tcp", 1)[1].split("}", 1)[0]
