@@ -55,7 +55,7 @@ EPILOG = examples(
         "vault password script; only its path is passed on, never the password. Without it, what "
         "Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_FILE, vault_password_file in ansible.cfg)."
         "\n\nOutput: colour only on a terminal; --no-color or NO_COLOR=1 turns it off. Tables fit the "
-        "terminal, or COLUMNS (80 when not a terminal; set COLUMNS=200 for wide logs)."
+        "terminal, or COLUMNS; off a terminal (a pipe, a file, a CI log) no line is folded."
         "\n\n\b\nShell completion (bash; zsh or fish likewise):\n"
         "  eval \"$(clusterctl completion bash)\""
     ),

@@ -28,4 +28,6 @@ def command(nodes: int, racks: int, duration: float, rate: float | None, keep: b
     from cli.app import current
     from demo import scenario
 
-    scenario.run(current().console, nodes, racks, duration, rate, keep, seed)
+    # A screen's view (rules, panels, a live view cut to the terminal's rows) even when piped: its width is the
+    # terminal's, COLUMNS or 80; the evidence it names is kept on disk whole (.state/demo/).
+    scenario.run(current().screen_console(), nodes, racks, duration, rate, keep, seed)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from cli.app import make_console
+
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots" / "cli"
 
 
@@ -22,12 +24,20 @@ def check_snapshot(name: str, text: str, directory: Path = SNAPSHOTS) -> None:
     assert text == path.read_text(), f"{name} changed; rerun with UPDATE_SNAPSHOTS=1 and review the diff"
 
 
-def render_at(renderable_for_width: Callable[[int], object], width: int | None) -> str:
-    """What a console of ``width`` columns (None: piped, rich's own non-TTY default) prints."""
+def render_at(renderable_for_width: Callable[[int], object], width: int | None, screen: bool = False) -> str:
+    """What a console of ``width`` columns prints; None: piped, the CLI's console off a terminal (lines never
+    folded), or with ``screen`` the demo's (cli/app.py App.screen_console: rich's own 80 columns)."""
     out = io.StringIO()
-    console = Console(file=out, width=width, force_terminal=False, color_system=None)
+    piped = width is None and not screen
+    console = (make_console(file=out, force_terminal=False, color_system=None) if piped else
+               Console(file=out, width=width, force_terminal=False, color_system=None))
     console.print(renderable_for_width(console.width))
     return out.getvalue()
+
+
+def render_screen_at(renderable_for_width: Callable[[int], object], width: int | None) -> str:
+    """:func:`render_at` for the demo's screen view (piped: 80 columns, as the demo lays out its frames)."""
+    return render_at(renderable_for_width, width, screen=True)
 
 
 def one_line(err: str) -> str:

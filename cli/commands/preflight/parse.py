@@ -15,10 +15,10 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cli import app
 from cli.help import examples
 from cli.options import SuggestingChoice
 from common.errors import ClusterctlError, ExitCode
@@ -65,7 +65,7 @@ def command(kind: str, file: Any, as_json: bool, profile: str | None, gpus: int 
         click.echo(json.dumps(data if verdict is None else {**data, "verdict": verdict}, indent=2))
     else:
         # Its own console: a parsed value such as ":warning:" or "[1]" is data, never an emoji or highlighted.
-        console = Console(emoji=False, highlight=False)
+        console = app.make_console(emoji=False, highlight=False, no_color=app.current().no_color)
         for table in render_tables(kind, data, console.width):
             console.print(table)
         empty = [key for key, value in data.items() if value == []]

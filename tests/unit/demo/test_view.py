@@ -15,7 +15,7 @@ from demo import scenario, traffic, view
 from preflight import report
 from tests.helpers import cli_samples as samples
 from tests.helpers import score_samples
-from tests.helpers.cli import check_snapshot, render_at
+from tests.helpers.cli import check_snapshot, render_screen_at
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +62,7 @@ def panels(width: int, rows=None) -> object:
 @pytest.mark.parametrize("width", WIDTHS, ids=IDS)
 def test_demo_routing_view_snapshot(width, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
-    text = render_at(panels, width)
+    text = render_screen_at(panels, width)
     check_snapshot(f"demo_routing_{width or 'piped'}.txt", text, SNAPSHOTS)
     lines = text.splitlines()
     assert lines[0].startswith("╭─ edge (42s left)")  # the latencies first, with the time left
@@ -75,7 +75,7 @@ def test_demo_routing_view_snapshot(width, monkeypatch):
 @pytest.mark.parametrize("width", WIDTHS, ids=IDS)
 def test_a_pool_taller_than_the_terminal_is_cut_with_a_count_keeping_what_needs_attention(width, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
-    text = render_at(lambda w: panels(w, sixteen_rows()), width)
+    text = render_screen_at(lambda w: panels(w, sixteen_rows()), width)
     lines = text.splitlines()
     assert len(lines) <= HEIGHT[width]
     more = re.search(r"\+(\d+) more", text)
@@ -130,7 +130,7 @@ def ending(errors: int = 0) -> view.Ending:
 @pytest.mark.parametrize("width", WIDTHS, ids=IDS)
 def test_the_ending_says_what_was_shown_how_it_went_and_what_next(width, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
-    text = render_at(lambda w: view.ending(ending()), width)
+    text = render_screen_at(lambda w: view.ending(ending()), width)
     check_snapshot(f"demo_ending_{width or 'piped'}.txt", text, SNAPSHOTS)
     assert all(len(line) <= (width or 80) for line in text.splitlines()) and "…" not in text
     labels = [line.split(":")[0] for line in text.splitlines() if line[:1] != " "]
@@ -140,7 +140,7 @@ def test_the_ending_says_what_was_shown_how_it_went_and_what_next(width, monkeyp
     assert "0 errors, 0 unroutable, 0 sent to r02n02 (target 0 each): met" in flat
     assert ".venv/bin/clusterctl virtual create -i mycluster" in flat
     assert ".venv/bin/clusterctl inventory validate -i inventory/prod" in flat
-    bad = " ".join(render_at(lambda w: view.ending(ending(errors=3)), width).split())
+    bad = " ".join(render_screen_at(lambda w: view.ending(ending(errors=3)), width).split())
     assert "(target 0 each): NOT met (3 errors)" in bad
 
 
@@ -149,7 +149,7 @@ def test_every_step_title_fits_a_rule_at_80_columns():
     worst = {1: {"nodes": "16 nodes", "racks": "8 racks"}, 6: {"rate": 200.0, "duration": 3600.0}}
     for step, title in scenario.STEP_TITLES.items():
         text = title.format(**worst.get(step, {}))
-        rendered = render_at(lambda w, text=text: view.step_heading(text, w), 80)
+        rendered = render_screen_at(lambda w, text=text: view.step_heading(text, w), 80)
         assert rendered.count("\n") == 1 and f"─ {text} ─" in rendered, rendered
 
 
@@ -159,10 +159,10 @@ def test_step_headings_are_never_cut(width, monkeypatch):
     six step titles lost their ends in CI logs."""
     monkeypatch.delenv("COLUMNS", raising=False)
     title = "3/6 the IUs that provisioning started (vllm-iu@N: the stand-in vLLM, continuous batching)"
-    text = render_at(lambda w: view.step_heading(title, w), width)
+    text = render_screen_at(lambda w: view.step_heading(title, w), width)
     assert "…" not in text and " ".join(text.replace("─", " ").split()) == title
     assert all(len(line) <= (width or 80) for line in text.splitlines())
-    short = render_at(lambda w: view.step_heading("5/6 clusterctl preflight --release", w), width)
+    short = render_screen_at(lambda w: view.step_heading("5/6 clusterctl preflight --release", w), width)
     assert short.count("\n") == 1 and "─ 5/6 clusterctl preflight --release ─" in short
 
 
@@ -212,7 +212,7 @@ def demo_pool() -> list[dict]:
 
 
 def test_the_demos_own_pool_fits_80x24_whole():
-    text = render_at(lambda w: panels(w, demo_pool()), 80)
+    text = render_screen_at(lambda w: panels(w, demo_pool()), 80)
     assert len(text.splitlines()) <= 23 and "more" not in text, text  # 24 rows, one for the cursor
     assert len(re.findall(r"r0\dn0\d-iu\d", text)) == 8
     busy = next(line for line in text.splitlines() if "r02n01-iu0" in line)
