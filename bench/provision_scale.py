@@ -173,7 +173,7 @@ def measured(argv: list[str], inventory: Path, env: dict[str, str] | None = None
 def provision_once(inventory: Path, forks: int, batches: str,
                    run_dir: Path) -> tuple[float, float, float, float, int, int, int]:
     argv = [sys.executable, "-m", "cli.main", "provision", "-i", str(inventory), "--forks", str(forks),
-            "--batches", batches, "--run-dir", str(run_dir)]
+            "--batches", batches, "--run-dir", str(run_dir), "--yes"]
     run = measured(argv, inventory)
     changed = failed = 0
     for line in reversed((run_dir / "events.jsonl").read_text().splitlines()):

@@ -212,7 +212,7 @@ class Demo:
         self.step(STEP_TITLES[2])
         # --allow-reboot: the nodes boot with an older driver than the pin; they restart into the pinned one
         # (Fabric Manager starts only then).
-        self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%", "--allow-reboot",
+        self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%", "--allow-reboot", "--yes",
                         "--run-dir", str(self.evidence / "runs"),
                         expect=(0,), what="provisioning")
 

@@ -2,7 +2,7 @@
 
     clusterctl provision -i INV [--limit PATTERN] [--tags T] [--check --diff] [--batches 1,10%,100%]
                          [--forks N] [--plan] [--playbook site.yml] [--run-dir DIR]
-                         [--vault-password-file FILE]
+                         [--vault-password-file FILE] [--yes]
 
 Glue over :mod:`provision`: the plan validates the inventory first (exit 2, no host contacted)
 (:mod:`provision.plan`); the playbook runs through ansible-runner in this process and every event is
@@ -10,6 +10,11 @@ appended to ``<run dir>/events.jsonl`` (default ``.state/runs/<UTC timestamp>/``
 this module draws the live view of the batch and each host's current task and counts from the
 :class:`~provision.rollout.Rollout`, and the recap table. Exit 0 only when no host failed or was
 unreachable and every planned host ran.
+
+Without ``--limit`` a run changes every host of the inventory: on a terminal it asks first, naming the
+playbook, the hosts and the batches; ``--yes`` (scripts, CI) runs without asking; with neither a terminal nor
+``--yes`` it stops with exit 2 before any host is contacted. ``--plan`` and ``--check`` change nothing and
+never ask.
 
 Output: on a terminal a live view (each host's state as it changes, batch and run time); anywhere else
 (CI logs, ``| tee``, ``> log``), or with ``--plain``, one line per event instead: a batch started or
@@ -45,7 +50,7 @@ from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster.ansible import vault
 from cluster.ansible.inventory import InventoryError
-from common.errors import ExitCode
+from common.errors import ExitCode, UsageError
 from common.text import plural
 from provision import run
 from provision.plan import (
@@ -76,9 +81,11 @@ def _site_tags() -> str:
 @click.command("provision", epilog=examples(
     "clusterctl provision -i inventory/prod --limit rack_r12 --plan",
     "clusterctl provision -i inventory/prod --limit rack_r12",
+    "clusterctl provision -i inventory/prod --yes",
     "clusterctl provision -i inventory/prod --tags chrony --limit r01n01 --check --diff",
     "clusterctl provision -i inventory/prod --playbook rolling-restart.yml --limit r12n03",
-    note="Exit codes: 0 every planned host provisioned, 1 a host failed or was unreachable (the rollout "
+    note="Without --limit a terminal asks first (naming the hosts and batches); scripts pass --yes. "
+         "Exit codes: 0 every planned host provisioned, 1 a host failed or was unreachable (the rollout "
          "stops at that batch), 2 usage or inventory error (no host contacted).",
 ))
 @inventory_option
@@ -100,11 +107,14 @@ def _site_tags() -> str:
 @click.option("--playbook", default="site.yml", show_default=True, help="Playbook in playbooks/ (or a path).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Where events.jsonl and runner artifacts go (default .state/runs/<timestamp>).")
+@click.option("--yes", "-y", "yes", is_flag=True,
+              help="Run on the whole inventory without asking (scripts, CI); without --limit a terminal asks "
+                   "first, and anything else is refused (exit 2).")
 @vault_password_file_option
 def command(
     inventory: str, limit: str | None, tags: str | None, check: bool, diff: bool, batches: str | None,
     forks: int | None, plain: bool, plan_only: bool, as_json: bool, allow_reboot: bool, playbook: str,
-    run_dir: Path | None, vault_password_file: Path | None,
+    run_dir: Path | None, yes: bool, vault_password_file: Path | None,
 ) -> None:
     """Provision nodes with the Ansible roles, batch by batch; a failed batch stops the rollout."""
     if as_json and not plan_only:
@@ -124,6 +134,8 @@ def command(
     run_dir = run_dir or Path(".state") / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     if problem := run.run_dir_problem(run_dir, plan.inventory):
         raise InventoryError(problem)
+    if limit is None and not check and not yes:
+        confirm_whole_inventory(plan)
     live = not plain and console.is_terminal
     rollout, rc = run_playbook(
         plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,
@@ -144,6 +156,19 @@ def command(
     console.print(Text(f"events: {run_dir / 'events.jsonl'}"), soft_wrap=True)
     if not rollout.succeeded(rc):
         raise SystemExit(ExitCode.FAILED)
+
+
+def confirm_whole_inventory(plan: Plan) -> None:
+    """No --limit changes every host of the inventory: a person at a terminal says yes first (a typo'd or
+    forgotten --limit on prod is the costliest mistake this command allows); a script says --yes. Anything
+    else stops here, before a host is contacted."""
+    what = (f"{plan.playbook.name} on all {plural(len(plan.hosts), 'host')} of {plan.inventory} in "
+            f"{plural(len(plan.batches), 'batch', 'batches')}")
+    if not app.stdin_is_terminal():
+        raise UsageError(f"no --limit: this would run {what}, and there is no terminal to confirm it; pass --yes "
+                         "to run it on every host, or --limit PATTERN for fewer (--plan shows the batches)")
+    if not click.confirm(f"no --limit: run {what}?", default=False, err=True):
+        raise UsageError("not confirmed: no host was contacted")
 
 
 def print_diffs(console: Console, rollout: Rollout, check: bool) -> None:

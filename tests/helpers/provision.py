@@ -106,7 +106,9 @@ class VirtualCluster:
 
     def provision(self, name: str, *args: str) -> subprocess.CompletedProcess:
         run_dir = self.inventory.parent / f"run-{name}"
-        result = clusterctl("provision", "-i", str(self.inventory), "--run-dir", str(run_dir), *args, env=self.env)
+        # --yes: a run without --limit asks a terminal first, and this one's stdin may be the developer's
+        result = clusterctl("provision", "-i", str(self.inventory), "--run-dir", str(run_dir), "--yes", *args,
+                            env=self.env)
         self.runs[name], self.run_dirs[name] = result, run_dir
         return result
 

@@ -218,7 +218,7 @@ def render_only(tmp_path_factory):
     try:
         before = _state(inventory)
         run_dir = inventory.parent / "run"
-        run = clusterctl("provision", "-i", str(inventory), "--run-dir", str(run_dir))
+        run = clusterctl("provision", "-i", str(inventory), "--run-dir", str(run_dir), "--yes")
         yield inventory, before, _state(inventory), run, run_dir
     finally:
         simulate.down(inventory)

@@ -198,7 +198,7 @@ def test_a_real_run_decrypts_the_token_and_never_shows_the_password(tmp_path):
     run_dir = tmp_path / "run"
     try:
         result = clusterctl("provision", "-i", str(inventory), "--tags", "eas_agent", "--batches", "100%",
-                            "--run-dir", str(run_dir), "--vault-password-file", str(secret_file),
+                            "--run-dir", str(run_dir), "--yes", "--vault-password-file", str(secret_file),
                             env=env_without_vault(), timeout=300)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
         from sim.hosts.lifecycle import run_on  # over SSH into the machine, as the inventory reaches it

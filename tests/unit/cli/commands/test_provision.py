@@ -69,7 +69,7 @@ def replay(monkeypatch):
 
 def provision(clusterctl, inventory, tmp_path, *args, columns=100):
     return clusterctl("provision", "-i", str(inventory), "--batches", "1,100%", "--run-dir", str(tmp_path / "run"),
-                      *args, columns=columns)
+                      "--yes", *args, columns=columns)
 
 
 def test_piped_output_is_one_line_per_event_as_it_happens(clusterctl, virtual_inventory, tmp_path, replay,
@@ -280,7 +280,8 @@ def test_a_run_dir_inside_the_inventory_directory_is_refused_before_anything_run
     assert not replay.calls and not inside.exists()
     # a hidden directory inside it is what the default (.state/runs) is, run from the inventory directory
     replay.events, replay.rc = GOOD_EVENTS, 0
-    code, _, _ = clusterctl("provision", "-i", str(virtual_inventory), "--run-dir", str(virtual_inventory / ".state" / "r"))
+    code, _, _ = clusterctl("provision", "-i", str(virtual_inventory), "--run-dir", str(virtual_inventory / ".state" / "r"),
+                            "--yes")
     assert code == 0 and replay.calls
 
 
@@ -314,3 +315,53 @@ def test_a_mistyped_playbook_is_named_with_its_near_miss_and_the_list(clusterctl
     code, _, err = clusterctl("provision", "-i", str(virtual_inventory), "--playbook", "rolling-restrat.yml", "--plan")
     assert code == 2 and "did you mean 'rolling-restart.yml'? (playbooks: consul-servers-reboot.yml" in err
     assert "site.yml" in err
+
+
+def whole_inventory(clusterctl, inventory, tmp_path, *args):
+    return clusterctl("provision", "-i", str(inventory), "--batches", "1,100%", "--run-dir", str(tmp_path / "run"),
+                      *args)
+
+
+def test_no_limit_and_no_terminal_is_refused_before_any_host_is_contacted(clusterctl, virtual_inventory, tmp_path,
+                                                                          replay, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    replay.calls = []
+    code, out, err = whole_inventory(clusterctl, virtual_inventory, tmp_path)
+    assert code == 2 and out == "" and replay.calls == [] and not (tmp_path / "run").exists()
+    assert one_line(err) == (
+        f"error: no --limit: this would run site.yml on all 4 hosts of {virtual_inventory} in 4 batches, and there "
+        "is no terminal to confirm it; pass --yes to run it on every host, or --limit PATTERN for fewer (--plan "
+        "shows the batches)")
+    code, _, _ = whole_inventory(clusterctl, virtual_inventory, tmp_path, "--yes")
+    assert code == 1 and len(replay.calls) == 1  # the replayed run (a failed host), not refused
+
+
+def test_a_terminal_is_asked_naming_hosts_and_batches_and_no_runs_nothing(clusterctl, virtual_inventory, tmp_path,
+                                                                          replay, monkeypatch):
+    import io
+    import sys
+
+    from cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(app, "stdin_is_terminal", lambda: True)
+    replay.calls = []
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    code, out, err = whole_inventory(clusterctl, virtual_inventory, tmp_path)
+    question = f"no --limit: run site.yml on all 4 hosts of {virtual_inventory} in 4 batches? [y/N]: "
+    assert code == 2 and replay.calls == [] and not (tmp_path / "run").exists()
+    assert err == question + "error: not confirmed: no host was contacted\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    code, out, err = whole_inventory(clusterctl, virtual_inventory, tmp_path)
+    assert err.startswith(question) and code == 1 and len(replay.calls) == 1 and "r01n02" in out
+
+
+def test_a_limit_a_check_run_or_a_plan_never_asks(clusterctl, virtual_inventory, tmp_path, replay, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    replay.calls = []
+    for args in (["--limit", "r01n01"], ["--check"]):
+        code, _, err = whole_inventory(clusterctl, virtual_inventory, tmp_path / args[0].strip("-"), *args)
+        assert "no --limit" not in err and code == 1
+    assert len(replay.calls) == 2
+    code, out, _ = whole_inventory(clusterctl, virtual_inventory, tmp_path, "--plan")
+    assert code == 0 and out.startswith("plan: site.yml on 4 hosts")
