@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The demo needs clusterctl's runtime dependencies only (docs/decisions/0016-demo-runtime-dependencies.md): a
+# fresh machine's `make demo` installs no test, lint or plotting tools. The [dev] install includes the runtime.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 
 .PHONY: demo test check lint pytest ansible-checks machine-tools machine-image clean
 
@@ -16,15 +19,24 @@ INSTALL_LOG := $(VENV)/install.log
 TOOLS_LOG   := $(VENV)/machine-tools.log
 LOG_TAIL    := 40
 
-$(STAMP): pyproject.toml
+# $(call pip_install,REQUIREMENT,WHAT): the venv (created when missing) with REQUIREMENT installed, editable.
+define pip_install
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing clusterctl into $(VENV) (log: $(INSTALL_LOG))"
-	@{ $(BIN)/python -m pip install --upgrade pip && $(BIN)/python -m pip install -e '.[dev]'; } >$(INSTALL_LOG) 2>&1 \
+	@echo "installing $(2) into $(VENV) (log: $(INSTALL_LOG))"
+	@{ $(BIN)/python -m pip install --upgrade pip && $(BIN)/python -m pip install -e '$(1)'; } >$(INSTALL_LOG) 2>&1 \
 	  || { tail -n $(LOG_TAIL) $(INSTALL_LOG); echo "pip install failed; the whole log: $(INSTALL_LOG)"; exit 1; }
-	@touch $(STAMP)
+endef
+
+$(RUNTIME_STAMP): pyproject.toml
+	$(call pip_install,.,clusterctl)
+	@touch $(RUNTIME_STAMP)
+
+$(STAMP): pyproject.toml
+	$(call pip_install,.[dev],clusterctl and its development tools)
+	@touch $(STAMP) $(RUNTIME_STAMP)
 
 # DEMO_ARGS: extra options for `clusterctl demo` (tests/machines/test_demo.py runs `make demo DEMO_ARGS="--duration 10"`).
-demo: $(STAMP) machine-tools
+demo: $(RUNTIME_STAMP) machine-tools
 	@$(BIN)/clusterctl demo $(DEMO_ARGS)
 
 # The contributor's quick loop (under 2 minutes on 2 cores): ruff and the unit tier (tests/README.md).

@@ -58,9 +58,10 @@ def test_make_demo_shows_one_line_per_install_step_then_step_1(tmp_path):
     ]
     assert done.stderr == ""
     log = (venv / "install.log").read_text()
-    assert NOISE in log and "BuildBackendWarning" in log and "pip -m pip install -e .[dev]" in log
+    assert NOISE in log and "BuildBackendWarning" in log
+    assert log.splitlines()[-1] == "pip -m pip install -e ."  # the runtime only: no test or lint tools
     assert "debconf: delaying" in (venv / "machine-tools.log").read_text()
-    assert (venv / ".installed").exists()
+    assert (venv / ".installed-runtime").exists() and not (venv / ".installed").exists()
     again = make_demo(venv, env, tools="sh")  # installed, every tool there: step 1 is the first line
     assert again.stdout.splitlines() == ["──── 1/6 virtual cluster: 2 nodes in 2 racks ────"], again.stdout
 
@@ -72,7 +73,19 @@ def test_a_failed_install_shows_the_logs_tail_and_stops(tmp_path):
     assert f"pip install failed; the whole log: {venv}/install.log" in done.stdout
     assert "pip -m pip install --upgrade pip" in done.stdout  # the log's last lines: what failed
     assert done.stdout.count(NOISE) < 40 and "1/6" not in done.stdout
-    assert not (venv / ".installed").exists()
+    assert not (venv / ".installed-runtime").exists()
+
+
+def test_the_development_install_serves_the_demo_without_a_second_install(tmp_path):
+    venv, env = stand_ins(tmp_path)
+    done = subprocess.run(["make", f"VENV={venv}", "PYTHON=false", f"{venv}/.installed"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        f"installing clusterctl and its development tools into {venv} (log: {venv}/install.log)"]
+    assert (venv / "install.log").read_text().splitlines()[-1] == "pip -m pip install -e .[dev]"
+    again = make_demo(venv, env, tools="sh")
+    assert again.stdout.splitlines() == ["──── 1/6 virtual cluster: 2 nodes in 2 racks ────"], again.stdout
 
 
 def test_the_license_is_an_spdx_expression_and_the_build_backend_reads_it():
