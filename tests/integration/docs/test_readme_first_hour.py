@@ -5,30 +5,17 @@ placeholders are replaced, validate and --plan refuse them; after, both pass."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.helpers.inventory import SAMPLE, SAMPLE_VAULT_PASSWORD, fill_placeholders
+from tests.helpers.readme import README, block, shell
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[3]
-README = (REPO / "README.md").read_text()
-
-
-def block(heading: str) -> list[str]:
-    """The command lines (comments stripped) of the first ```sh block under ``## heading``."""
-    section = README.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
-    assert code, f"no sh block under '## {heading}'"
-    return [line.split("#", 1)[0].strip() for line in code.group(1).splitlines() if line.split("#", 1)[0].strip()]
 
 
 def test_two_commands_are_exactly_make_demo_and_make_test():
@@ -51,14 +38,6 @@ def test_the_first_hour_goes_from_the_demo_to_a_canary_node():
     assert found == sorted(found), steps
 
 
-def run(line: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
-    """One README line in a shell whose PATH starts with the venv's bin, as the README says to set it."""
-    env = {**os.environ, "HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "COLUMNS": "200"}
-    env.pop("ANSIBLE_VAULT_PASSWORD_FILE", None)
-    return subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-
-
 def test_the_first_hours_commands_that_touch_no_machine_run_as_written(tmp_path):
     steps = block("Your first hour")
     copy = next(line for line in steps if line.startswith("cp -r inventory/sample"))
@@ -71,20 +50,20 @@ def test_the_first_hours_commands_that_touch_no_machine_run_as_written(tmp_path)
     (home / ".vault-pass").write_text(SAMPLE_VAULT_PASSWORD + "\n")
     (home / ".vault-pass").chmod(0o600)
 
-    done = run(copy, tmp_path, home)
+    done = shell(copy, tmp_path, home)
     assert done.returncode == 0, done.stderr
     prod = tmp_path / "inventory" / "prod"
     for line in (validate, plan):  # the copy still holds the sample's placeholders
-        done = run(line, tmp_path, home)
+        done = shell(line, tmp_path, home)
         assert done.returncode == 2, (line, done.stdout, done.stderr)
         assert "group_vars/all/vault.yml: consul_agent_gossip_key" in done.stderr and "REPLACE-ME" in done.stderr
         assert "plan:" not in done.stdout
 
     assert fill_placeholders(prod) == 26  # "replace every placeholder" (inventory/sample/README.md)
-    done = run(validate, tmp_path, home)
+    done = shell(validate, tmp_path, home)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     assert done.stdout.strip() == "inventory/prod: OK (8 hosts)"
-    done = run(plan, tmp_path, home)
+    done = shell(plan, tmp_path, home)
     assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]
     assert first.startswith("plan: site.yml on 8 hosts of ") and first.endswith("inventory/prod"), first
