@@ -21,11 +21,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
 from rich.live import Live
+from rich.table import Table
 from rich.text import Text
 
 from cli import app, neterr
@@ -77,6 +80,24 @@ def _inventory_settings(
     return addr, dc, token, expected
 
 
+PIPED_EVERY_S = 5.0  # --watch off a terminal: one whole table this often (a log grows, nothing is redrawn)
+
+
+def show(console: Console, frame: Callable[[str], Table], title: str, sleep: Callable[[float], None] = time.sleep,
+         clock: Callable[[], float] = time.time) -> None:
+    """--watch until Ctrl-C: on a terminal a live table redrawn 4 times a second; anywhere else (a pipe, a log)
+    the table as a whole, titled with its time, every :data:`PIPED_EVERY_S` (a live view off a terminal prints
+    only when it stops)."""
+    if console.is_terminal:
+        with Live(frame(""), console=console, refresh_per_second=4) as live:
+            while True:
+                sleep(0.25)
+                live.update(frame(f"{title} - Ctrl-C to stop"))
+    while True:
+        console.print(frame(f"{title} at {time.strftime('%H:%M:%S', time.localtime(clock()))}"))
+        sleep(PIPED_EVERY_S)
+
+
 @click.command("scores", epilog=examples(
     "clusterctl scores -i inventory/prod",
     "clusterctl scores --consul 127.0.0.1:8500 --watch",
@@ -102,7 +123,8 @@ def _inventory_settings(
     help="File (mode 0600) holding the Consul ACL token (else the inventory's consul_token or consul_token_file, else "
          "CONSUL_HTTP_TOKEN).",
 )
-@click.option("--watch", is_flag=True, help="Keep the table live (blocking queries) until Ctrl-C.")
+@click.option("--watch", is_flag=True, help="Keep the table live (blocking queries) until Ctrl-C; off a terminal, "
+              f"the whole table every {PIPED_EVERY_S:g}s.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @vault_password_file_option
 def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vault_password_file) -> None:
@@ -153,12 +175,8 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
             while True:
                 click.echo(json.dumps(rows(view, expected, time.time())))
                 time.sleep(1.0)
-        with Live(table(rows(view, expected, time.time()), "", console.width), console=console,
-                  refresh_per_second=4) as live:
-            while True:
-                time.sleep(0.25)
-                live.update(table(rows(view, expected, time.time()),
-                                  f"EAS scores ({addr}, {dc}) - Ctrl-C to stop", console.width))
+        show(console, lambda title: table(rows(view, expected, time.time()), title, console.width),
+             f"EAS scores ({addr}, {dc})")
     except KeyboardInterrupt:
         pass
     finally:

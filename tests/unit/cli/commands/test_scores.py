@@ -52,3 +52,34 @@ def test_scores_names_the_inventory_address_and_never_suggests_the_variable_it_i
     assert address_origin(None, None, None)[1:] == ("the default address", (
         "the default address (no --consul, no consul_http_addr from -i, no CONSUL_HTTP_ADDR); pass --consul "
         "HOST:PORT, -i INVENTORY, or set CONSUL_HTTP_ADDR"))
+
+
+def test_watch_off_a_terminal_prints_whole_tables_as_it_goes(monkeypatch):
+    """A live view off a terminal prints only when it stops: `scores --watch | tee log` showed nothing until
+    Ctrl-C. Off a terminal each refresh is the whole table, titled with its time, each IU's row one line."""
+    import io
+
+    from cli import app
+    from cli.commands.scores import PIPED_EVERY_S, show
+    from cli.views.scores import table
+    from tests.helpers import score_samples
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()
+    console = app.make_console(file=out)
+    printed_at_each_sleep = []
+
+    def sleep(seconds: float) -> None:
+        assert seconds == PIPED_EVERY_S
+        printed_at_each_sleep.append(out.getvalue().count("EAS scores (127.0.0.1:8500, dc1) at "))
+        if len(printed_at_each_sleep) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        show(console, lambda title: table(score_samples.rows(), title, console.width), "EAS scores (127.0.0.1:8500, dc1)",
+             sleep=sleep, clock=lambda: 0.0)
+    assert printed_at_each_sleep == [1, 2]  # a table before each wait, not one at the end
+    text = out.getvalue()
+    assert "\x1b" not in text and "Ctrl-C" not in text
+    busy = [line for line in text.splitlines() if "r01n02-iu0 " in line]
+    assert len(busy) == 2 and all("busy: 1.9s of its own prompts to prefill" in line for line in busy), busy

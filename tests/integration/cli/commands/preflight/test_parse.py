@@ -154,6 +154,7 @@ def rendered_tables(kind: str, path: Path, width: int | None) -> str:
 
     from rich.console import Console
 
+    from cli.app import make_console
     from cli.commands.preflight.parse import render_tables
     from preflight import parsers
     from preflight.parsers import paste_warnings, to_contract_json
@@ -161,14 +162,16 @@ def rendered_tables(kind: str, path: Path, width: int | None) -> str:
     text = path.read_text(errors="replace")
     data = to_contract_json(kind, parsers.parse(kind, text), paste_warnings(text))
     out = io.StringIO()
-    console = Console(file=out, width=width, force_terminal=False, color_system=None)
+    console = (make_console(file=out, force_terminal=False, color_system=None) if width is None else  # piped
+               Console(file=out, width=width, force_terminal=False, color_system=None))
     for table in render_tables(kind, data, console.width):
         console.print(table)
     return out.getvalue()
 
 
 def fits(text: str, width: int | None) -> bool:
-    return "…" not in text and all(len(line) <= (width or 80) for line in text.splitlines())
+    """Nothing cut, and at ``width`` columns (None: piped, no width to fit) no line wider."""
+    return "…" not in text and all(len(line) <= (width or len(line)) for line in text.splitlines())
 
 
 def test_tables_fit_80_columns_and_cut_nothing():
@@ -190,7 +193,10 @@ def test_nccl_rows_fit_at_every_width(width):
     # even at 160 the header read `oop_algbw_g…`
     text = rendered_tables("nccl", FIXTURES / "nccl" / "a100-sxm4-8rank-all_gather-mpirun-tag-output.txt", width)
     assert fits(text, width) and "oop_algbw_gbps" in text and "ip_busbw_gbps" in text
-    assert "nccl rows (columns 1-" in text  # 13 columns are ~190 wide: split even at 160
+    if width:
+        assert "nccl rows (columns 1-" in text  # 13 columns are ~190 wide: split even at 160
+    else:  # piped: one table, a row's 13 values on one line for grep
+        assert "columns 1-" not in text and "oop_algbw_gbps" in text.split("ip_busbw_gbps")[0].splitlines()[-1]
 
 
 def test_an_empty_file_says_it_is_empty(capsys, tmp_path):
