@@ -21,6 +21,7 @@ from preflight.checks import (
     nccl,
     numa_pinning,
     nvlink,
+    os_support,
     pcie_link,
     time_sync,
     versions,
@@ -45,6 +46,7 @@ CHECKS: tuple[Check, ...] = (
     dcqcn.CHECK,
     numa_pinning.CHECK,
     time_sync.CHECK,
+    os_support.CHECK,
     versions.CHECK,
     consul.CHECK,
 )

@@ -22,7 +22,7 @@ def test_registry_has_exactly_the_contract_kinds():
         "chrony", "cmdline", "cpulist", "cpupower", "date-epoch", "dcgm-diag", "dpkg-version", "ecn-switch",
         "fabricmanager-version", "ibping", "ibstat", "kernel-links", "kernel-xids", "mlnx-qos", "mlxlink", "nccl",
         "nvbandwidth", "nvlink-errors", "nvlink-status", "nvsmi-pci", "nvsmi-perf", "nvsmi-q", "ofed-info",
-        "perftest", "pm-qos", "sysfs", "systemctl-is-active", "systemctl-show", "topo",
+        "os-release", "perftest", "pm-qos", "sysfs", "systemctl-is-active", "systemctl-show", "topo",
     ]
 
 
