@@ -32,3 +32,14 @@ def test_handlers_run_even_when_a_later_task_fails_the_host():
              for play in yaml.safe_load(path.read_text())]
     assert [(name, play.get("name")) for name, play in plays
             if not any(k.endswith("import_playbook") for k in play) and play.get("force_handlers") is not True] == []
+
+
+def test_every_provisioning_play_checks_the_os_before_it_changes_anything():
+    """Only the hold check may come before it: every pre_task before it is an assert that changes nothing."""
+    plays = [(path.name, play) for path in sorted((REPO / "playbooks").glob("*.yml"))
+             for play in yaml.safe_load(path.read_text()) if play.get("roles")]
+    assert plays
+    first = {name: [next(iter(v for k, v in task.items() if k.endswith("import_tasks")), None)
+                    for task in play.get("pre_tasks", [])][:2] for name, play in plays}
+    assert {name: steps for name, steps in first.items()
+            if steps != ["tasks/hold.yml", "tasks/supported_os.yml"]} == {}
