@@ -23,6 +23,7 @@ from preflight.checks import (
     nvlink,
     os_support,
     pcie_link,
+    secure_boot,
     time_sync,
     versions,
 )
@@ -47,6 +48,7 @@ CHECKS: tuple[Check, ...] = (
     numa_pinning.CHECK,
     time_sync.CHECK,
     os_support.CHECK,
+    secure_boot.CHECK,
     versions.CHECK,
     consul.CHECK,
 )

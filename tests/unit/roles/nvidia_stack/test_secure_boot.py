@@ -49,7 +49,7 @@ def gate(sb_state: str, loaded: str, enrolled: bool = False) -> tuple[bool, str]
 
 
 def test_a_fresh_host_with_secure_boot_stops_naming_host_and_enrollment():
-    passes, message = gate("SecureBoot enabled", "")
+    passes, message = gate("SecureBoot enabled ", "")  # the probe joins mokutil's lines with spaces
     assert passes is False
     assert message.startswith("r01n02: Secure Boot is enabled (mokutil --sb-state)")
     assert "Key was rejected by service" in message and "mokutil --import /var/lib/dkms/mok.pub" in message
@@ -62,6 +62,7 @@ def test_a_fresh_host_with_secure_boot_stops_naming_host_and_enrollment():
     ("sh: 1: mokutil: not found", "", False),
     ("SecureBoot enabled", PIN, False),  # the pinned module loaded under Secure Boot: its key is trusted
     ("SecureBoot enabled", "550.90.07", True),
+    ("SecureBoot enabled SecureBoot validation is disabled in shim ", "", False),  # the kernel does not enforce
 ])
 def test_hosts_whose_module_can_load_go_on(sb_state, loaded, enrolled):
     assert gate(sb_state, loaded, enrolled)[0] is True
@@ -71,3 +72,15 @@ def test_the_gate_comes_before_any_package_is_installed():
     names = [t["name"] for t in TASKS]
     first_package = next(i for i, t in enumerate(TASKS) if any(k.endswith(("apt", "package")) for k in t))
     assert names.index("Stop before installing a driver that Secure Boot would refuse to load") < first_package
+
+
+@pytest.mark.parametrize("secure_boot, named", [(True, True), (False, False)])
+def test_a_node_back_without_its_driver_under_secure_boot_is_told_why(secure_boot, named):
+    verify = yaml.safe_load((REPO / "roles/nvidia_stack/tasks/verify.yml").read_text())
+    check = next(t for t in verify if t["name"] == "Check that the node booted into the pinned NVIDIA driver")
+    render = _templar({"inventory_hostname": "r01n02", "nvidia_stack_driver_version": PIN,
+                       "_nvidia_stack_secure_boot": secure_boot, "_nvidia_stack_loaded_after_reboot": {"stdout": ""}})
+    message = " ".join(render(check["ansible.builtin.assert"]["fail_msg"]).split())
+    assert message.startswith(f"r01n02: after the reboot the loaded NVIDIA driver is none, pinned {PIN}")
+    assert ("Secure Boot is enabled (mokutil --sb-state)" in message) is named
+    assert ("mokutil --import" in message) is named
