@@ -45,10 +45,12 @@ def health_url(address: str, port: int) -> str:
 
 
 def iu_registration(iu: str, node: str, rack: str, address: str, port: int, gpus: Sequence[int],
-                    numa_node: int | None, model: str | None = None) -> dict[str, Any]:
+                    numa_node: int | None, model: str | None = None, revision: str | None = None) -> dict[str, Any]:
     """One IU's ``vllm-iu`` instance: name, ID (the IU id), address, port, tags and meta (Consul meta values
     are strings; an IU without one NUMA node has ``numa_node`` ""). ``model``: the name it serves
-    (``Meta.model``, which the edge routes a request's ``model`` on); without it the IU takes any model."""
+    (``Meta.model``, which the edge routes a request's ``model`` on); without it the IU takes any model.
+    ``revision``: what the IU runs (``Meta.revision``: vLLM version, model, driver), which a traffic rollout
+    (``clusterctl rollout``) shifts requests between; without it the IU is on the stable side of any rollout."""
     registration = {
         "name": IU_SERVICE_NAME,
         "id": iu,
@@ -64,17 +66,22 @@ def iu_registration(iu: str, node: str, rack: str, address: str, port: int, gpus
     }
     if model:
         registration["meta"]["model"] = model
+    if revision:
+        registration["meta"]["revision"] = revision
     return registration
 
 
-def iu_service_definitions(node: Node, interval: str, timeout: str) -> dict[str, dict[str, Any]]:
+def iu_service_definitions(node: Node, interval: str, timeout: str,
+                           revision: str | None = None) -> dict[str, dict[str, Any]]:
     """IU id -> its Consul service definition file's content (``{"service": {...}}``).
 
-    ``interval``/``timeout``: the ``/health`` check's, Consul duration strings (``10s``).
+    ``interval``/``timeout``: the ``/health`` check's, Consul duration strings (``10s``); ``revision``: what
+    the node's IUs run (``Meta.revision``; :func:`iu_registration`).
     """
     return {
         iu.id: {"service": {
-            **iu_registration(iu.id, node.name, node.rack, node.address, iu.port, iu.gpus, iu.numa_node),
+            **iu_registration(iu.id, node.name, node.rack, node.address, iu.port, iu.gpus, iu.numa_node,
+                               revision=revision),
             "checks": [{
                 "id": layout.health_check_id(iu.id),
                 "name": f"vLLM /health of {iu.id}",
