@@ -42,11 +42,13 @@ from edge.announce import AnnounceSender
 from edge.auth import Authenticator
 from edge.body import BodyReader, BodySummary, BodyTooLarge
 from edge.config import EdgeConfig
+from edge.eligible import excluded
 from edge.errors import MAX_UPSTREAM_ERROR_BYTES, error_response, normalise_upstream_error, sse_error_event
 from edge.feed import AgentFeed, EdgeView
 from edge.limits import BodyTooLong, head_arrived, is_local_resource_error, read_capped
 from edge.metrics import EdgeMetrics
 from edge.pool.prefix import NO_PREFIX, PromptPrefix
+from edge.rollout import RolloutFollower
 from edge.routing import Decision, Router
 
 log = logging.getLogger("edge.proxy")
@@ -57,7 +59,6 @@ MODELS_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 MAX_MODELS_BYTES = 1 << 20  # an IU's /v1/models (a few hundred bytes per model)
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
              asyncio.TimeoutError)
-MODELS_CACHED = 64
 LOCAL_TROUBLE_S = 5.0  # /healthz answers 503 this long after the edge ran short of its own resources
 __all__ = ["Busy", "EdgeState", "Unavailable", "make_app"]
 
@@ -81,6 +82,7 @@ class EdgeState:
     draining: bool = False
     local_trouble_until: float = 0.0  # monotonic: the edge ran short of descriptors or buffers until then
     not_serving_of: tuple = (None, {})  # (the IU -> model map they were made from, model -> _not_serving)
+    rollout: RolloutFollower = field(default_factory=RolloutFollower)  # the traffic split (edge/rollout.py)
 
     def __post_init__(self):
         if self.admission is None:
@@ -162,8 +164,9 @@ class EdgeState:
             return
         sender.announce(entry.node, agent, decision.iu_id, prompt_tokens, seq, now)
 
-    def release(self, iu_id: str, failed: bool = False, handle=None) -> None:
+    def release(self, iu_id: str, failed: bool = False, handle=None, status: int = 0) -> None:
         self.router.done(iu_id, handle)
+        self.rollout.finished(iu_id, failed, status)
         if failed:
             self.router.eject(iu_id, time.time())
         self.admission.released()  # a slot freed: the oldest waiter tries again
@@ -206,30 +209,6 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _not_serving(state: EdgeState, model: str | None) -> frozenset[str] | None:
-    """The IUs that declare another model than ``model`` (empty: none do, or the request names none); None
-    when every registered IU declares its model and none is ``model``."""
-    models = state.view.unit_models()
-    if not model or not models:
-        return frozenset()
-    seen, by_model = state.not_serving_of
-    # a new Consul answer invalidates the sets; the model field is the client's, so it cannot grow them
-    if seen is not models or len(by_model) >= MODELS_CACHED:
-        by_model = {}
-        state.not_serving_of = (models, by_model)
-    if model not in by_model:
-        by_model[model] = _not_serving_in(models, model)
-    return by_model[model]
-
-
-def _not_serving_in(models: dict[str, str | None], model: str) -> frozenset[str] | None:
-    if model in models.values():
-        return frozenset(iu for iu, served in models.items() if served is not None and served != model)
-    if None in models.values():  # some IUs take any model: vLLM answers for the name
-        return frozenset(iu for iu, served in models.items() if served is not None)
-    return None
-
-
 async def _proxy_completion(state: EdgeState, request: web.Request, arrived: float) -> web.StreamResponse:
     chat = request.path.startswith("/v1/chat/")
     try:
@@ -239,7 +218,7 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
     summary: BodySummary = await state.bodies.summarize(raw, chat)
     if summary.error is not None:
         return error_response(400, summary.error, summary.reason)
-    not_serving = _not_serving(state, summary.model)
+    not_serving = excluded(state, summary.model)
     if not_serving is None:
         return error_response(404, f"The model `{summary.model}` does not exist.", "model_not_found", "model")
     prompt_tokens, stream = summary.prompt_tokens, summary.stream
@@ -327,7 +306,7 @@ async def _upstream_error(state: EdgeState, upstream: aiohttp.ClientResponse, iu
     finally:
         upstream.release()
         state.router.first_byte(iu_id, handle)
-        state.release(iu_id, handle=handle)
+        state.release(iu_id, handle=handle, status=upstream.status)
     return web.Response(body=normalise_upstream_error(upstream.status, raw), status=upstream.status,
                         content_type="application/json", headers=state.iu_headers(iu_id))
 
@@ -372,6 +351,7 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
                 first = False
                 state.router.first_byte(iu_id, handle)  # no longer overdue, whatever the status
                 state.metrics.ttft_of["true" if stream else "false"].observe(time.monotonic() - arrived)
+                state.rollout.first_byte(iu_id, time.monotonic() - arrived)
         await response.write_eof()
     except ConnectionResetError:
         pass  # the client went away (our write failed); the IU is fine
