@@ -22,11 +22,11 @@ from consul_io import layout
 from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
 
 _EXAMPLES = examples(
-    "clusterctl rollout start operate/rollouts/article-5-20-50-100.yml --consul 127.0.0.1:8500",
+    "clusterctl rollout start operate/rollouts/phased-5-20-50-100.yml --consul 127.0.0.1:8500",
     "clusterctl rollout status",
     "clusterctl rollout pause --reason 'ECC errors on r12'",
     "clusterctl rollout abort --reason 'p99 regression seen by clients'",
-    note="Rollout files: operate/rollouts/ (the article's 5/20/50/100% with 48 h holds, and a short one for CI). "
+    note="Rollout files: operate/rollouts/ (phased-5-20-50-100.yml: 5/20/50/100% with 48 h holds; ci-short.yml: seconds). "
          "Exit codes: 0 promoted or done, 1 aborted, 2 bad input (nothing written), 3 Consul unreachable.",
 )
 
