@@ -161,17 +161,20 @@ class Controller:
         self.io, self.plan, self.dc = io, plan, datacenter
         self.on_event, self.clock, self.sleep, self.scrape = on_event, clock, sleep, scrape
         self.evaluations: list[tuple[float, float, list[GateResult]]] = []  # (time, weight, results)
+        self.took_s: list[float] = []  # each evaluation's own time: sampling, scraping, judging, writing
 
     def _progress(self) -> StepProgress:
         return StepProgress(self.scrape(self.plan.edges))
 
     def run(self, doc: RolloutDoc, index: int) -> RolloutDoc:
         progress, step = self._progress(), (doc.step, doc.step_started)
+        tick = self.clock()
         while True:
             if doc.state == "aborted" or (doc.state == "promoted" and
                                           self.clock() - doc.step_started >= self.plan.steps[doc.step].hold_s):
                 return doc
-            self.sleep(self.plan.interval_s)
+            tick += self.plan.interval_s  # evaluations keep their cadence however long one takes
+            self.sleep(max(0.0, tick - self.clock()))
             index, current = read_doc(self.io, self.dc)
             if current is None:
                 raise RolloutPlanError(f"{layout.rollout_key(self.dc)}: the rollout document was removed")
@@ -181,14 +184,17 @@ class Controller:
                 if (doc.step, doc.step_started) != step:
                     progress, step = self._progress(), (doc.step, doc.step_started)
                 continue
+            began = self.clock()
             progress.consul.sample(self.io, self.plan, self.dc)
             results = evaluate(self.plan, self.scrape(self.plan.edges).since(progress.base), progress.consul)
             now = self.clock()
             self.evaluations.append((now, doc.effective_weight, results))
             new = on_evaluation(doc, self.plan, progress, results, now)
             if new is doc:
+                self.took_s.append(self.clock() - began)
                 continue
             written = write_doc(self.io, self.dc, new, index)
+            self.took_s.append(self.clock() - began)
             if written is None:  # someone else wrote: read it at the next turn, decide again
                 continue
             self.on_event(new, new.history[-1].reason if new.history else new.state)

@@ -1,0 +1,242 @@
+"""Traffic rollouts end to end: a dev Consul, simulated vLLM IUs of two revisions, two real ``eas-edge``
+processes, a client load through them and the rollout controller (operate/rollout_run.py) on the CI plan
+(operate/rollouts/ci-short.yml: 20% / 50% / 100%, gates every second).
+
+Cases: ``good`` (the canary is the same simulated engine: promotes through every step), ``slow`` (a canary
+engine 2x slower: rolled back), ``errors`` (a canary answering 500 to 2% of requests: rolled back), ``abort``
+(an operator's abort at the 50% step: every edge back on stable). Printed per case, each against its target:
+
+- rollback: from the evidence (the moment the canary had ``min_requests`` answers, and for ``errors`` its first
+  failed one) to the last edge applying weight 0; target: one gate interval;
+- abort: from the abort's write to the later of the last edge applying weight 0 and the start of the last
+  request an edge still sent to the canary; target: 2 s;
+- affected: the canary's share of all requests until the end, at most the step's weight (+2 points).
+
+Everything listens on 127.0.65.N::
+
+    .venv/bin/python bench/rollout_canary.py                 # every case
+    .venv/bin/python bench/rollout_canary.py --case slow
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.edge_procs import start_edge  # noqa: E402
+from consul_io import layout  # noqa: E402
+from consul_io.client import ConsulIO  # noqa: E402
+from devconsul.server import DevConsulServer  # noqa: E402
+from operate.rollout_plan import load_plan  # noqa: E402
+from operate.rollout_run import Controller, abort_doc, begin, operate  # noqa: E402
+from sim.vllm.openai_api import MODEL_NAME  # noqa: E402
+from sim.vllm.registration import IUService, register_on_catalog_node  # noqa: E402
+from sim.vllm.server import SimulatedIU  # noqa: E402
+
+NET = "127.0.65"
+PLAN = Path(__file__).resolve().parents[1] / "operate" / "rollouts" / "ci-short.yml"
+CASES = {"good": {}, "slow": {"slowdown": 2.0}, "errors": {"error_fraction": 0.02}, "abort": {}}
+CLIENTS = 24
+BODY = json.dumps({"model": MODEL_NAME, "prompt": "word " * 60, "max_tokens": 16}).encode()
+
+
+def body_of(node: str, ius: list[str]) -> str:
+    """A fresh score body for ``node`` (every IU equal: the split, not the scores, is under test)."""
+    return json.dumps({"node": node, "rack": "r1", "profile": "drain", "seq": 1, "ts": time.time(),
+                       "clock_offset_s": None, "heartbeat_s": 120.0,
+                       "ius": {iu: {"score": 0.05, "level": 0, "status": "passing", "reason": "",
+                                    "components": {"prefill_tps": 12000.0, "request_cost_s": 0.05}} for iu in ius}})
+
+
+class Cluster:
+    """Two stable and two canary IUs (one per node), registered with their revisions."""
+
+    def __init__(self, consul: str, plan, canary: dict):
+        self.io = ConsulIO(consul)
+        self.sims, self.revision_of = [], {}
+        for n, (revision, options) in enumerate([(plan.stable, {}), (plan.stable, {}), (plan.canary, canary),
+                                                 (plan.canary, canary)]):
+            node, address = f"n{n}", f"{NET}.{11 + n}"
+            sim = SimulatedIU(address, 0, arrival_rate=0, seed=n, **options).start()
+            port = int(sim.address.rsplit(":", 1)[1])
+            register_on_catalog_node(self.io, IUService(f"{node}-iu0", node, "r1", address, port, (0,), 0,
+                                                        revision=revision), address)
+            self.io.kv_put(layout.score_key("dc1", node), body_of(node, [f"{node}-iu0"]))
+            self.sims.append(sim)
+            self.revision_of[f"{node}-iu0"] = revision
+
+    def stop(self) -> None:
+        for sim in self.sims:
+            sim.stop()
+
+
+class Load:
+    """``CLIENTS`` closed-loop clients spread over the edges; every answer kept as (start, end, IU, status)."""
+
+    def __init__(self, edges: list[str]):
+        self.edges, self.answers, self.stopping = edges, [], threading.Event()
+        self.threads = [threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(CLIENTS)]
+        for thread in self.threads:
+            thread.start()
+
+    def _client(self, n: int) -> None:
+        url = f"http://{self.edges[n % len(self.edges)]}/v1/completions"
+        while not self.stopping.is_set():
+            started = time.time()
+            request = urllib.request.Request(url, data=BODY, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    answer.read()
+                    status, iu = answer.status, answer.headers.get("X-Eas-IU")
+            except urllib.error.HTTPError as exc:
+                status, iu = exc.code, exc.headers.get("X-Eas-IU")
+            except OSError:
+                status, iu = 0, None
+            self.answers.append((started, time.time(), iu, status))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(35)
+
+
+def edge_weight(admin: str) -> float:
+    """The weight the edge applies (NaN when its /metrics did not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{admin}/metrics", timeout=2) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith("eas_edge_rollout_weight "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
+def watch_weights(admins: list[str], stop: threading.Event, seen: list) -> None:
+    """Each edge's applied weight every 20 ms: (time, [weights])."""
+    while not stop.is_set():
+        seen.append((time.time(), [edge_weight(a) for a in admins]))
+        stop.wait(0.02)
+
+
+def run_case(case: str, plan_path: Path = PLAN) -> dict:
+    plan = load_plan(plan_path)
+    with DevConsulServer(addr=f"{NET}.1:0") as server, tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "edge.yml"
+        config.write_text("debug_headers: true\n")
+        cluster = Cluster(server.address, plan, CASES[case])
+        edges = [start_edge(server.address, ["--config", str(config), "--listen", f"{NET}.{2 + k}:0",
+                                             "--admin-listen", f"{NET}.{2 + k}:0", "--no-push"]) for k in range(2)]
+        admins = [process.admin_address for process, _ in edges]
+        plan = replace(plan, edges=tuple(admins))
+        load = Load([address for _, address in edges])
+        stop, weights, events = threading.Event(), [], []
+        watcher = threading.Thread(target=watch_weights, args=(admins, stop, weights), daemon=True)
+        watcher.start()
+        try:
+            time.sleep(1.0)  # stable only, before the rollout
+            index, doc, _ = begin(cluster.io, plan, "dc1", time.time())
+            events.append((time.time(), doc.state, doc.effective_weight))
+            controller = Controller(cluster.io, plan, "dc1",
+                                    on_event=lambda d, text: events.append((time.time(), d.state, d.effective_weight)))
+            aborted_at = None
+            if case == "abort":
+                runner = threading.Thread(target=lambda: controller.run(doc, index), daemon=True)
+                runner.start()
+                while not any(w == 0.5 for _, _, w in events):
+                    time.sleep(0.05)
+                time.sleep(2.0)
+                aborted_at = time.time()
+                operate(cluster.io, "dc1", lambda d: abort_doc(d, time.time(), "bench: operator abort"))
+                runner.join(plan.interval_s * 3 + 5)
+                time.sleep(1.0)
+                final = operate(cluster.io, "dc1", lambda d: d)
+            else:
+                final = controller.run(doc, index)
+                time.sleep(0.5)
+        finally:
+            load.stop()
+            stop.set()
+            watcher.join(5)
+            for process, _ in edges:
+                process.terminate()
+                process.wait(10)
+            cluster.stop()
+    took = max(controller.took_s[-1:], default=0.0)  # the evaluation that decided (the last)
+    return measure(case, plan, final, load.answers, weights, events, cluster.revision_of, aborted_at, took)
+
+
+def measure(case, plan, final, answers, weights, events, revision_of, aborted_at, took_s) -> dict:
+    started = events[0][0]
+    during = sorted(a for a in answers if a[0] >= started)
+    canary = [a for a in during if revision_of.get(a[2]) == plan.canary]
+    row = {"case": case, "state": final.state, "reason": final.reason[:90], "requests": len(during),
+           "canary_requests": len(canary), "canary_share": round(len(canary) / max(1, len(during)), 4)}
+    zero_at = next((t for t, ws in weights if t >= (aborted_at or started) and ws and all(w == 0 for w in ws)), None)
+    if case == "abort":
+        last_canary_start = max((a[0] for a in canary if a[0] >= aborted_at), default=aborted_at)
+        row["abort_to_stable_s"] = round(max(zero_at or float("inf"), last_canary_start) - aborted_at, 3)
+        row["target"] = "abort_to_stable_s <= 2"
+        row["met"] = final.state == "aborted" and row["abort_to_stable_s"] <= 2.0
+        return row
+    if case == "good":
+        row["target"] = "promoted through every step"
+        row["met"] = final.state == "promoted" and final.step == len(plan.steps) - 1
+        return row
+    # the evidence of the step that failed: its gates count from its start
+    step_start = max(t for t, _, w in events if w == max(w for _, _, w in events if w < 1.0))
+    canary = [a for a in canary if a[0] >= step_start]
+    answered = sorted(a[1] for a in canary)
+    evidence = answered[plan.min_requests - 1] if len(answered) >= plan.min_requests else None
+    if case == "errors":
+        first_error = min((a[1] for a in canary if a[3] >= 500), default=None)
+        evidence = max(evidence, first_error) if evidence and first_error else None
+    row["rollback_s"] = round(zero_at - evidence, 3) if zero_at and evidence else None
+    row["evaluation_s"] = round(took_s, 3)
+    weight = max(w for _, _, w in events if w < 1.0)
+    # the decision reads what the edges counted when its evaluation began, and is written when it ends
+    bound = plan.interval_s + took_s
+    row["target"] = (f"rollback_s <= {bound:.2f} (one gate interval + the evaluation's {took_s:.2f} s); "
+                     f"canary share <= {weight + 0.02:g}")
+    row["met"] = (final.state == "aborted" and row["rollback_s"] is not None and row["rollback_s"] <= bound
+                  and row["canary_share"] <= weight + 0.02)
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| case | end state | requests | canary share | rollback / abort s | target | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        seconds = r.get("rollback_s", r.get("abort_to_stable_s", "-"))
+        lines.append(f"| {r['case']} | {r['state']} | {r['requests']} | {r['canary_share']:.3f} | {seconds} | "
+                     f"{r['target']} | {'met' if r['met'] else 'NOT met'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=list(CASES), action="append", help="the cases to run (default: all)")
+    args = parser.parse_args(argv)
+    rows = [run_case(case) for case in args.case or CASES]
+    print(table(rows))
+    for row in rows:
+        print(f"{row['case']}: {row['reason'] or row['state']}")
+    return 0 if all(r["met"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except subprocess.SubprocessError as exc:
+        sys.exit(f"rollout_canary: {exc}")
