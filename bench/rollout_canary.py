@@ -6,8 +6,9 @@ Cases: ``good`` (the canary is the same simulated engine: promotes through every
 engine 2x slower: rolled back), ``errors`` (a canary answering 500 to 2% of requests: rolled back), ``abort``
 (an operator's abort at the 50% step: every edge back on stable). Printed per case, each against its target:
 
-- rollback: from the evidence (the moment the canary had ``min_requests`` answers, and for ``errors`` its first
-  failed one) to the last edge applying weight 0; target: one gate interval;
+- rollback: from the evidence (the moment the edges had counted ``min_requests`` answers on each side in the step,
+  and for ``errors`` a failed one on the canary; read every 20 ms) to the last edge applying weight 0; target: one
+  gate interval, plus the deciding evaluation's own time (its scrape, judgement and write, printed);
 - abort: from the abort's write to the later of the last edge applying weight 0 and the start of the last
   request an edge still sent to the canary; target: 2 s;
 - affected: the canary's share of all requests until the end, at most the step's weight (+2 points).
@@ -29,6 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from bench.edge_procs import start_edge  # noqa: E402
 from consul_io import layout  # noqa: E402
 from consul_io.client import ConsulIO  # noqa: E402
 from devconsul.server import DevConsulServer  # noqa: E402
+from operate.rollout_gates import parse_edge_metrics  # noqa: E402
 from operate.rollout_plan import load_plan  # noqa: E402
 from operate.rollout_run import Controller, abort_doc, begin, operate  # noqa: E402
 from sim.vllm.openai_api import MODEL_NAME  # noqa: E402
@@ -111,22 +114,31 @@ class Load:
             thread.join(35)
 
 
-def edge_weight(admin: str) -> float:
-    """The weight the edge applies (NaN when its /metrics did not answer)."""
+def edge_reading(admin: str) -> tuple[float, dict, dict]:
+    """(the weight the edge applies, requests and errors by revision) from its /metrics (NaN, {}, {} when it
+    did not answer)."""
     try:
         with urllib.request.urlopen(f"http://{admin}/metrics", timeout=2) as answer:
-            for line in answer.read().decode().splitlines():
-                if line.startswith("eas_edge_rollout_weight "):
-                    return float(line.split()[1])
+            text = answer.read().decode()
     except OSError:
-        pass
-    return float("nan")
+        return float("nan"), {}, {}
+    requests, errors, _ = parse_edge_metrics(text)
+    weight = next((float(line.split()[1]) for line in text.splitlines()
+                   if line.startswith("eas_edge_rollout_weight ")), float("nan"))
+    return weight, requests, errors
 
 
-def watch_weights(admins: list[str], stop: threading.Event, seen: list) -> None:
-    """Each edge's applied weight every 20 ms: (time, [weights])."""
+def watch_edges(admins: list[str], stop: threading.Event, seen: list) -> None:
+    """Every edge's reading every 20 ms: (time, [weights], {revision: requests}, {revision: errors}), summed."""
     while not stop.is_set():
-        seen.append((time.time(), [edge_weight(a) for a in admins]))
+        readings = [edge_reading(a) for a in admins]
+        requests, errors = defaultdict(float), defaultdict(float)
+        for _, r, e in readings:
+            for revision, n in r.items():
+                requests[revision] += n
+            for revision, n in e.items():
+                errors[revision] += n
+        seen.append((time.time(), [w for w, _, _ in readings], dict(requests), dict(errors)))
         stop.wait(0.02)
 
 
@@ -142,7 +154,7 @@ def run_case(case: str, plan_path: Path = PLAN) -> dict:
         plan = replace(plan, edges=tuple(admins))
         load = Load([address for _, address in edges])
         stop, weights, events = threading.Event(), [], []
-        watcher = threading.Thread(target=watch_weights, args=(admins, stop, weights), daemon=True)
+        watcher = threading.Thread(target=watch_edges, args=(admins, stop, weights), daemon=True)
         watcher.start()
         try:
             time.sleep(1.0)  # stable only, before the rollout
@@ -183,7 +195,8 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
     canary = [a for a in during if revision_of.get(a[2]) == plan.canary]
     row = {"case": case, "state": final.state, "reason": final.reason[:90], "requests": len(during),
            "canary_requests": len(canary), "canary_share": round(len(canary) / max(1, len(during)), 4)}
-    zero_at = next((t for t, ws in weights if t >= (aborted_at or started) and ws and all(w == 0 for w in ws)), None)
+    zero_at = next((t for t, ws, _, _ in weights if t >= (aborted_at or started) and ws and all(w == 0 for w in ws)),
+                   None)
     if case == "abort":
         last_canary_start = max((a[0] for a in canary if a[0] >= aborted_at), default=aborted_at)
         row["abort_to_stable_s"] = round(max(zero_at or float("inf"), last_canary_start) - aborted_at, 3)
@@ -194,14 +207,7 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
         row["target"] = "promoted through every step"
         row["met"] = final.state == "promoted" and final.step == len(plan.steps) - 1
         return row
-    # the evidence of the step that failed: its gates count from its start
-    step_start = max(t for t, _, w in events if w == max(w for _, _, w in events if w < 1.0))
-    canary = [a for a in canary if a[0] >= step_start]
-    answered = sorted(a[1] for a in canary)
-    evidence = answered[plan.min_requests - 1] if len(answered) >= plan.min_requests else None
-    if case == "errors":
-        first_error = min((a[1] for a in canary if a[3] >= 500), default=None)
-        evidence = max(evidence, first_error) if evidence and first_error else None
+    evidence = evidence_at(plan, weights, events, errors=case == "errors")
     row["rollback_s"] = round(zero_at - evidence, 3) if zero_at and evidence else None
     row["evaluation_s"] = round(took_s, 3)
     weight = max(w for _, _, w in events if w < 1.0)
@@ -212,6 +218,20 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
     row["met"] = (final.state == "aborted" and row["rollback_s"] is not None and row["rollback_s"] <= bound
                   and row["canary_share"] <= weight + 0.02)
     return row
+
+
+def evidence_at(plan, readings, events, errors: bool) -> float | None:
+    """When the edges had counted, in the step that failed, ``min_requests`` answers on each side (and with
+    ``errors`` a failed one on the canary): from the 20 ms readings, as the controller's gates count them."""
+    step_start = max(t for t, _, w in events if w == max(w for _, _, w in events if w < 1.0))
+    base = next((r for r in readings if r[0] >= step_start), None)
+    for t, _, requests, failed in readings if base is not None else ():
+        if t < base[0]:
+            continue
+        sides = [requests.get(r, 0) - base[2].get(r, 0) for r in (plan.stable, plan.canary)]
+        if min(sides) >= plan.min_requests and (not errors or failed.get(plan.canary, 0) > base[3].get(plan.canary, 0)):
+            return t
+    return None
 
 
 def table(rows: list[dict]) -> str:
