@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import results  # noqa: E402
 from bench.edge_procs import start_edge  # noqa: E402
 from consul_io import layout  # noqa: E402
 from consul_io.client import ConsulIO  # noqa: E402
@@ -247,12 +249,25 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=list(CASES), action="append", help="the cases to run (default: all)")
+    results.add_argument(parser, __file__)
     args = parser.parse_args(argv)
+    load = f"load average {os.getloadavg()[0]:.1f} at start"
     rows = [run_case(case) for case in args.case or CASES]
     print(table(rows))
     for row in rows:
         print(f"{row['case']}: {row['reason'] or row['state']}")
-    return 0 if all(r["met"] for r in rows) else 1
+    met = all(r["met"] for r in rows)
+    numbers = {f"{r['case']}_{key}": r[key] for r in rows
+               for key in ("state", "requests", "canary_share", "rollback_s", "evaluation_s", "abort_to_stable_s")
+               if key in r}
+    summary = "; ".join(f"{r['case']}: {r['state']}" + (f" in {r['rollback_s']} s" if r.get("rollback_s") else "")
+                        + (f" {r['abort_to_stable_s']} s" if "abort_to_stable_s" in r else "") for r in rows)
+    results.record(args.results, script=__file__, numbers=numbers, host=load,
+                   argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
+                   target="good promoted; slow and 2% errors rolled back within one gate interval (+ the deciding "
+                          "evaluation's time) at most their step's share; abort on stable within 2 s",
+                   verdict="met" if met else "not met", summary=summary)
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

@@ -114,11 +114,11 @@ class Edge:
         try:
             watcher.refresh_once()
             # the split is known before the first request: an edge that may not read it does not serve
-            rollout.apply_kv(io.kv_list(rollout.prefix)[1])
+            rollout.apply_kv(io.kv_entry(rollout.key)[1])
         except ConsulUnavailable as exc:
             raise StartupError(f"cannot reach Consul at {c.address} (consul.address): {exc}") from exc
         self.state.watcher = watcher.start()
-        watcher.follow(lambda i: io.kv_list(rollout.prefix, index=i, wait_s=watcher.wait_s), rollout.apply_kv,
+        watcher.follow(lambda i: io.kv_entry(rollout.key, index=i, wait_s=watcher.wait_s), rollout.apply_kv,
                        "eas-watch-rollout")
 
     async def start(self) -> str:

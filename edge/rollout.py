@@ -2,7 +2,8 @@
 
 The rollout document (``eas_wire/rollout.py``, KV ``consul_io.layout.rollout_key``) names a stable and a canary
 revision and the canary's share of requests. :class:`RolloutFollower` keeps the last good document (the
-watcher's blocking query on its prefix feeds :meth:`apply_kv`):
+watcher's blocking query on its key feeds :meth:`apply_kv`; a single-key read, so a token that may not read it
+is an error, where a listing would hide the key):
 
 - the key is absent: no rollout, every IU serves every request;
 - the value does not parse, or Consul cannot be read: the last good document stays (counted in
@@ -46,7 +47,6 @@ class RolloutFollower:
     def __init__(self, datacenter: str = layout.DEFAULT_DATACENTER, registry: CollectorRegistry | None = None,
                  clock=time.time):
         self.key = layout.rollout_key(datacenter)
-        self.prefix = layout.rollout_prefix(datacenter)
         self.doc: RolloutDoc | None = None
         self.counter = CanaryCounter()
         self.clock = clock
@@ -74,7 +74,8 @@ class RolloutFollower:
 
     # -- the document ---------------------------------------------------------------------------------
     def apply_kv(self, entries: list) -> None:
-        """The KV listing of the rollout prefix (blocking query answers; :meth:`ConsulWatcher.follow`)."""
+        """The document's KV entry as a listing of at most one (``ConsulIO.kv_entry``, through
+        :meth:`ConsulWatcher.follow`); an empty listing: no rollout."""
         value = None
         for entry in entries if isinstance(entries, list) else ():
             if isinstance(entry, dict) and entry.get("Key") == self.key:
