@@ -27,7 +27,14 @@ from pathlib import Path
 import yaml
 
 from operate.drill_faults import KINDS, SCOPE
-from operate.scenario import DEFAULT_SCENARIO, FieldReader, Scenario, ScenarioError, load_scenario
+from operate.scenario import (
+    DEFAULT_SCENARIO,
+    FieldReader,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    yaml_problem,
+)
 
 DRILLS_DIR = Path(__file__).parent / "drills"
 _TOP = {"name", "description", "load", "faults", "checks"}
@@ -151,9 +158,7 @@ def load_drill(name_or_path: str) -> Drill:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ScenarioError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        raise ScenarioError(f"{path}: {yaml_problem(exc)}") from None
     return parse_drill(data, str(path), path.parent)
 
 
