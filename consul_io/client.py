@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import json
-import stat
 from pathlib import Path
 
 import consul
@@ -33,6 +32,7 @@ import requests
 from consul.callback import CB
 
 from consul_io import layout
+from eas_wire.private_file import read_private_text
 
 DEFAULT_TIMEOUT_S = 2.0  # the agent and the edge; preflight gives 10 s (a loaded node answers slowly)
 
@@ -52,16 +52,7 @@ def read_token_file(path: str | Path, kind: str = "Consul") -> str:
     e.g. ``"announce"`` (the edges' and agents' announce channel), "the announce token file"."""
     path = Path(path)
     secret = "Consul ACL token" if kind == "Consul" else f"{kind} token"
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text()
-    except OSError as exc:
-        raise TokenError(f"{path}: cannot read the {kind} token file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise TokenError(f"{path}: not a text file (a {kind} token file holds one token)") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise TokenError(f"{path}: readable by group/others (mode {stat.S_IMODE(mode):04o}); chmod 600 it "
-                         f"(it holds the {secret})")
+    text = read_private_text(path, f"the {kind} token file", f"the {secret}", error=TokenError)
     token = text.strip()
     if not token or any(c.isspace() for c in token):
         raise TokenError(f"{path}: must hold one {secret} (found {'nothing' if not token else 'whitespace'})")
