@@ -148,20 +148,21 @@ def _start(unit: str, verb: str = "start") -> list[tuple[str, ...]]:
     return [("systemctl", "reset-failed", unit), ("systemctl", verb, unit)]
 
 
-def engine_crash(step: FaultStep) -> None:
+def _signal_engine(step: FaultStep, signal: str, undo_note: str = "") -> None:
+    """``kill -<signal>`` the unit's MainPID; the undo starts the unit (``undo_note``: what that start means)."""
     unit = step.target.unit
     pid = main_pid(step)
-    step.record(f"{unit} started (a no-op when systemd restarted it)", *_start(unit))
-    step.run("kill", "-KILL", str(pid))
-    step.done.append(f"SIGKILL to {unit} MainPID {pid}")
+    step.record(f"{unit} started{undo_note}", *_start(unit))
+    step.run("kill", f"-{signal}", str(pid))
+    step.done.append(f"SIG{signal} to {unit} MainPID {pid}")
+
+
+def engine_crash(step: FaultStep) -> None:
+    _signal_engine(step, "KILL", " (a no-op when systemd restarted it)")
 
 
 def graceful_stop(step: FaultStep) -> None:
-    unit = step.target.unit
-    pid = main_pid(step)
-    step.record(f"{unit} started", *_start(unit))
-    step.run("kill", "-TERM", str(pid))
-    step.done.append(f"SIGTERM to {unit} MainPID {pid}")
+    _signal_engine(step, "TERM")
 
 
 def model_path(step: FaultStep) -> str:
