@@ -32,7 +32,10 @@ that is re-zeroed whenever the IU is idle (nothing running or waiting: the true 
 difference is drift), at the first reading and after a counter reset (a vLLM restart: counters drop), and
 lowered whenever the difference falls below it, so the backlog is never negative. Between idle moments the
 drift is not removed: an IU that never idles while preempting can look busier than it is. Older vLLM (V0,
-V1 before the prefix-cache counters) has no ``prefix_cache_queries_total``: the term is 0 there.
+V1 before the prefix-cache counters) has no ``prefix_cache_queries_total``: the term is 0 there. Tokens the
+prefix cache holds are not prefilled: V1 adds a lookup's hits to ``prefix_cache_hits_total`` with its queries
+at admission, so the backlog counts only the share of the tokens looked up since the previous reading that
+missed (a conversation's turn of 10,000 tokens with 9,000 cached is 1,000 tokens of prefill, not 10,000).
 
 ``prefill_tps``/``decode_tps`` are the IU's measured capacities: a decaying peak of the windowed token rates
 (an IU is only measured at capacity while it is saturated; the peak halves every ``capacity_half_life_s``
