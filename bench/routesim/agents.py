@@ -119,6 +119,7 @@ class ScoresSink:
     def __init__(self):
         self.body: ScoreBody | None = None
         self.version = 0
+        self.edge_streams = 0  # edges reading the node's bodies on signed streams (routesim.announce.AnnouncePush)
 
     def set_scores(self, body: ScoreBody) -> None:
         self.body = body
