@@ -171,16 +171,22 @@ def gpu_problem(gpus: tuple[GpuReading, ...]) -> tuple[str, str] | None:
 
 
 def gpu_components(gpus: tuple[GpuReading, ...]) -> dict[str, float | None]:
-    """Shown with the score for on-call (not part of it): mean utilization, least free memory."""
+    """Shown with the score for on-call (not part of it): mean utilization, least free memory, the IU's GPUs'
+    XID events since the agent started and the latest one's XID."""
     utils = [g.utilization_pct for g in gpus if g.utilization_pct is not None]
     free = [
         g.memory_total_mib - g.memory_used_mib
         for g in gpus
         if g.memory_total_mib is not None and g.memory_used_mib is not None
     ]
+    sources = [g for g in gpus if g.xid_events is not None]
+    latest = max((g for g in sources if g.xid_order), key=lambda g: g.xid_order, default=None)
     return {
         "gpu_util_pct": round(sum(utils) / len(utils), 1) if utils else None,
         "gpu_min_free_mib": round(min(free)) if free else None,
+        # read by the rollout's XID gate (operate/rollout_gates.py): a counter, None without an event source
+        "xid_events": sum(g.xid_events for g in sources) if sources else None,
+        "xid_last": latest.xid_last if latest else None,
     }
 
 

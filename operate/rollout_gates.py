@@ -7,7 +7,10 @@
   histogram's buckets (interpolated within the bucket, 25% wide: within 12.5%).
 - Consul: each evaluation samples the canary IUs' checks (passing or not).
 - The agents' score bodies (Consul KV): the canary IUs' ``gpu_util_pct`` (variance across them, as a fraction
-  0..1) and the IUs an agent holds ``critical`` for volatile uncorrectable ECC errors.
+  0..1), the IUs an agent holds ``critical`` for volatile uncorrectable ECC errors, and the XID events their
+  GPUs had in the step: the declared term ``xid_events`` is a counter per IU (the agent's since it started,
+  eas_wire/scorebody.py), counted from its value at the step's first sample (:meth:`ConsulSamples.sample`
+  takes one as the step begins); a counter that fell is an agent that restarted, counted from 0 again.
 
 A gate is ``inconclusive`` when its data is not there (fewer than ``min_requests`` requests on a side, no
 reachable edge, no canary body): never a pass, never a failure.
@@ -26,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from consul_io import layout
 from consul_io.client import ConsulIO
+from eas_wire.scorebody import BodyError, IUScore
 from operate.rollout_plan import RolloutPlan
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -124,6 +128,9 @@ class ConsulSamples:
     util: dict[str, float] = field(default_factory=dict)  # canary IU -> GPU utilisation 0..1 (latest)
     ecc: set[str] = field(default_factory=set)  # canary IUs critical for ECC errors in this step
     units: dict[str, int] = field(default_factory=dict)  # revision -> registered IUs (latest listing)
+    xid_counters: dict[str, list[float]] = field(default_factory=dict)  # canary IU -> [first seen, latest]
+    xid_carried: dict[str, float] = field(default_factory=dict)  # canary IU -> events before its agent restarted
+    xid_last: dict[str, int] = field(default_factory=dict)  # canary IU -> the XID of its latest new event
 
     def sample(self, io: ConsulIO, plan: RolloutPlan, datacenter: str) -> None:
         _, listing = io.health_service()
@@ -150,6 +157,30 @@ class ConsulSamples:
                     self.util[iu] = util / 100.0
                 if unit.get("status") == "critical" and "ECC" in str(unit.get("reason", "")):
                     self.ecc.add(iu)
+                try:
+                    terms = IUScore.from_json(unit, blank_bad_score=True).terms
+                except BodyError:
+                    continue
+                if terms.xid_events is not None:
+                    self._count_xids(iu, terms.xid_events, terms.xid_last)
+
+    def _count_xids(self, iu: str, counter: float, last: float | None) -> None:
+        seen = self.xid_counters.get(iu)
+        if seen is None:
+            self.xid_counters[iu] = [counter, counter]
+            return
+        previous = seen[1]
+        if counter < previous:  # the agent restarted: its counter began again at 0
+            self.xid_carried[iu] = self.xid_carried.get(iu, 0.0) + previous - seen[0]
+            seen[0] = previous = 0.0
+        if counter > previous and last is not None:
+            self.xid_last[iu] = int(last)
+        seen[1] = counter
+
+    def new_xids(self) -> dict[str, float]:
+        """Canary IU -> XID events since the step's first sample (IUs that publish a counter)."""
+        return {iu: self.xid_carried.get(iu, 0.0) + latest - first
+                for iu, (first, latest) in self.xid_counters.items()}
 
 
 def units_by_revision(listing: list) -> dict[str, int]:
@@ -201,7 +232,17 @@ def measure(plan: RolloutPlan, edges: EdgeTotals, consul: ConsulSamples) -> dict
                                 f"{len(utils)} canary IUs with GPU utilisation")
     out["ecc_events"] = (float(len(consul.ecc)) if consul.total else None,
                          f"critical for ECC: {', '.join(sorted(consul.ecc)) or 'none'}")
+    xids = consul.new_xids()
+    out["xid_events"] = (sum(xids.values()) if xids else None, _xid_detail(xids, consul.xid_last))
     return out
+
+
+def _xid_detail(xids: dict[str, float], last: dict[str, int]) -> str:
+    if not xids:
+        return "no canary IU publishes an XID count (no agent has NVML's XID events)"
+    new = [f"{iu} {n:g} (latest Xid {last[iu]})" if iu in last else f"{iu} {n:g}"
+           for iu, n in sorted(xids.items()) if n]
+    return f"new XID events: {', '.join(new) or 'none'} over {len(xids)} canary IUs"
 
 
 def _ms(value: float | None) -> str:

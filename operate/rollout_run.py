@@ -165,7 +165,9 @@ class Controller:
         self.took_s: list[float] = []  # each evaluation's own time: sampling, scraping, judging, writing
 
     def _progress(self) -> StepProgress:
-        return StepProgress(self.scrape(self.plan.edges))
+        progress = StepProgress(self.scrape(self.plan.edges))
+        progress.consul.sample(self.io, self.plan, self.dc)  # the agents' XID counters as the step begins
+        return progress
 
     def run(self, doc: RolloutDoc, index: int) -> RolloutDoc:
         progress, step = self._progress(), (doc.step, doc.step_started)

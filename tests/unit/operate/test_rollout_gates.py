@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -95,3 +97,57 @@ def test_consul_and_agent_gates():
                             {"metric": "ecc_events", "max": 0}), EdgeTotals(), samples)
     assert [r.verdict for r in results] == [PASS, PASS, FAIL]
     assert "b" in results[2].detail
+
+
+class AgentsInConsul:
+    """What ConsulSamples.sample reads: the IUs' catalog entries and the agents' score bodies."""
+
+    def __init__(self):
+        self.xids: dict[str, tuple[float | None, float | None]] = {"n2-iu0": (0, None), "n3-iu0": (0, None)}
+
+    def health_service(self):
+        return 1, [{"Service": {"ID": iu, "Meta": {"revision": "new"}}, "Checks": [{"Status": "passing"}]}
+                   for iu in self.xids] + [{"Service": {"ID": "n0-iu0", "Meta": {"revision": "old"}}, "Checks": []}]
+
+    def kv_list(self, prefix):
+        ius = {iu: {"score": 0.1, "status": "passing", "components": {"xid_events": n, "xid_last": last}}
+               for iu, (n, last) in self.xids.items()}
+        ius["n0-iu0"] = {"score": 0.1, "status": "passing", "components": {"xid_events": 40, "xid_last": 13}}
+        return 1, [{"Key": f"{prefix}n", "Value": json.dumps({"node": "n", "ts": 1.0, "ius": ius})}]
+
+
+def xid_gate(samples: ConsulSamples):
+    return evaluate(plan({"metric": "xid_events", "max": 0}), EdgeTotals(), samples)[0]
+
+
+def test_xid_events_count_what_the_canary_gpus_had_since_the_step_began():
+    agents, samples, p = AgentsInConsul(), ConsulSamples(), plan({"metric": "xid_events", "max": 0})
+    agents.xids["n2-iu0"] = (3, 13)  # XIDs before the step: not the step's
+    samples.sample(agents, p, "dc1")
+    samples.sample(agents, p, "dc1")
+    assert (xid_gate(samples).verdict, xid_gate(samples).value) == (PASS, 0)  # stable's 40 are not the canary's
+    agents.xids["n3-iu0"] = (1, 79)
+    samples.sample(agents, p, "dc1")
+    failed = xid_gate(samples)
+    assert (failed.verdict, failed.value) == (FAIL, 1)
+    assert failed.detail == "new XID events: n3-iu0 1 (latest Xid 79) over 2 canary IUs"
+
+
+def test_an_agent_restart_starts_its_xid_counter_again_and_nothing_is_lost():
+    agents, samples, p = AgentsInConsul(), ConsulSamples(), plan({"metric": "xid_events", "max": 0})
+    agents.xids["n2-iu0"] = (5, 48)
+    samples.sample(agents, p, "dc1")
+    agents.xids["n2-iu0"] = (7, 48)
+    samples.sample(agents, p, "dc1")
+    agents.xids["n2-iu0"] = (1, 79)  # restarted, one XID since
+    samples.sample(agents, p, "dc1")
+    assert samples.new_xids() == {"n2-iu0": 3, "n3-iu0": 0} and samples.xid_last["n2-iu0"] == 79
+
+
+def test_without_an_xid_count_from_any_canary_the_gate_is_inconclusive():
+    agents, samples = AgentsInConsul(), ConsulSamples()
+    agents.xids = {"n2-iu0": (None, None)}  # NVML refused the event registration: null, never 0
+    samples.sample(agents, plan({"metric": "xid_events", "max": 0}), "dc1")
+    result = xid_gate(samples)
+    assert (result.verdict, result.value) == (INCONCLUSIVE, None)
+    assert "no canary IU publishes an XID count" in result.detail
