@@ -195,14 +195,16 @@ def _unknown(reason: str, components: dict | None = None, status: str = WARNING)
 
 
 def _health_gate(inputs: IUInputs) -> ScoreResult | None:
+    # an unscored IU still shows its GPUs: the XIDs that come with a lost GPU or a dead engine among them
+    gpu = gpu_components(inputs.gpus) if inputs.gpus else None
     problem = gpu_problem(inputs.gpus)
     if problem and problem[0] == CRITICAL:
-        return _unknown(problem[1], status=CRITICAL)
+        return _unknown(problem[1], gpu, status=CRITICAL)
     if inputs.vllm.metrics is None:
-        return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}")
+        return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}", gpu)
     bad = _bad_numbers(inputs.vllm)
     if bad:
-        return _unknown("non-finite or negative input: " + ", ".join(bad))
+        return _unknown("non-finite or negative input: " + ", ".join(bad), gpu)
     return None
 
 
