@@ -5,20 +5,21 @@ processes, a client load through them and the rollout controller (operate/rollou
 Cases: ``good`` (the canary is the same simulated engine: promotes through every step), ``slow`` (a canary
 engine 2x slower: rolled back), ``errors`` (a canary answering 500 to 2% of requests: rolled back), ``ecc`` (at
 20%, a canary node's agent reports volatile uncorrectable ECC errors, in the body it publishes: rolled back),
-``abort`` (an operator's abort at the 50% step: every edge back on stable). Printed per case, each against its target:
+``xid`` (at 20%, a canary node's GPU logs Xid 79: NVML's XID event, through the agent's own NVML backend over
+the stand-in nvidia-ml-py and its GPU components, reaches the body: rolled back), ``abort`` (an operator's abort at the 50% step: every edge back on stable). Printed per case, each against its target:
 
 - rollback: from the evidence (the moment the edges had counted ``min_requests`` answers on each side in the step,
   and for ``errors`` a failed one on the canary; read every 20 ms) to the last edge applying weight 0; target: one
   gate interval, plus the deciding evaluation's own time (its scrape, judgement and write, printed); for
-  ``ecc`` the evidence is the body's write;
+  ``ecc`` and ``xid`` the evidence is the body's write;
 - abort: from the abort's write to the later of the last edge applying weight 0 and the start of the last
   request an edge still sent to the canary; target: 2 s;
 - affected: the canary's share of all requests until the end, at most the step's weight (+2 points).
 
-Everything listens on 127.0.65.N::
+Everything listens on 127.0.65.N (``--net`` names another 127.0.R)::
 
     .venv/bin/python bench/rollout_canary.py                 # every case
-    .venv/bin/python bench/rollout_canary.py --case slow
+    .venv/bin/python bench/rollout_canary.py --case slow --net 127.0.75
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ from consul_io import layout  # noqa: E402
 from consul_io.client import ConsulIO  # noqa: E402
 from devconsul.server import DevConsulServer  # noqa: E402
 from eas_agent.collectors.gpu import GpuReading  # noqa: E402
-from eas_agent.score import gpu_problem  # noqa: E402
+from eas_agent.score import gpu_components, gpu_problem  # noqa: E402
 from operate.rollout_gates import parse_edge_metrics  # noqa: E402
 from operate.rollout_plan import load_plan  # noqa: E402
 from operate.rollout_run import Controller, abort_doc, begin, operate  # noqa: E402
+from sim import nvml_standin  # noqa: E402
+from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file  # noqa: E402
 from sim.vllm.openai_api import MODEL_NAME  # noqa: E402
 from sim.vllm.registration import IUService, register_on_catalog_node  # noqa: E402
 from sim.vllm.server import SimulatedIU  # noqa: E402
@@ -56,37 +59,55 @@ from sim.vllm.server import SimulatedIU  # noqa: E402
 NET = "127.0.65"
 DC = layout.DEFAULT_DATACENTER
 PLAN = Path(__file__).resolve().parents[1] / "operate" / "rollouts" / "ci-short.yml"
-CASES = {"good": {}, "slow": {"slowdown": 2.0}, "errors": {"error_fraction": 0.02}, "ecc": {}, "abort": {}}
+CASES = {"good": {}, "slow": {"slowdown": 2.0}, "errors": {"error_fraction": 0.02}, "ecc": {}, "xid": {},
+         "abort": {}}
+DURING_STEP = {"abort": 0.5, "ecc": 0.2, "xid": 0.2}  # something happens during this step (the canary's weight)
 CLIENTS = 24
 BODY = json.dumps({"model": MODEL_NAME, "prompt": "word " * 60, "max_tokens": 16}).encode()
 
 
-def body_of(node: str, ius: list[str], problem: tuple[str, str] = ("passing", "")) -> str:
+def body_of(node: str, ius: list[str], problem: tuple[str, str] = ("passing", ""), gpus: dict | None = None) -> str:
     """A fresh score body for ``node`` (every IU equal: the split, not the scores, is under test); ``problem``:
-    the (status, reason) its agent holds the IUs in."""
+    the (status, reason) its agent holds the IUs in; ``gpus``: their GPU components as the agent words them."""
     status, reason = problem
+    components = {"prefill_tps": 12000.0, "request_cost_s": 0.05, **(gpus or {})}
     return json.dumps({"node": node, "rack": "r1", "profile": "drain", "seq": 1, "ts": time.time(),
                        "clock_offset_s": None, "heartbeat_s": 120.0,
                        "ius": {iu: {"score": 0.05, "level": 0, "status": status, "reason": reason,
-                                    "components": {"prefill_tps": 12000.0, "request_cost_s": 0.05}} for iu in ius}})
+                                    "components": components} for iu in ius}})
 
 
 class Cluster:
     """Two stable and two canary IUs (one per node), registered with their revisions."""
 
-    def __init__(self, consul: str, plan, canary: dict):
+    def __init__(self, consul: str, plan, canary: dict, net: str, gpu_dir: Path):
         self.io = ConsulIO(consul)
-        self.sims, self.revision_of = [], {}
+        self.sims, self.revision_of, self.gpu_files, self.nvml = [], {}, {}, {}
         for n, (revision, options) in enumerate([(plan.stable, {}), (plan.stable, {}), (plan.canary, canary),
                                                  (plan.canary, canary)]):
-            node, address = f"n{n}", f"{NET}.{11 + n}"
+            node, address = f"n{n}", f"{net}.{11 + n}"
             sim = SimulatedIU(address, 0, arrival_rate=0, seed=n, **options).start()
             port = int(sim.address.rsplit(":", 1)[1])
             register_on_catalog_node(self.io, IUService(f"{node}-iu0", node, "r1", address, port, (0,), 0,
                                                         revision=revision), address)
-            self.io.kv_put(layout.score_key(DC, node), body_of(node, [f"{node}-iu0"]))
+            # the node's GPU as its agent reads it: NVML (the stand-in) over the node's own GPU file
+            self.gpu_files[node] = gpu_dir / f"{node}.json"
+            write_fake_gpu_file(self.gpu_files[node], fake_gpus(1, utilization=80))
+            self.nvml[node] = nvml_standin.nvml_backend(self.gpu_files[node])
+            self.io.kv_put(layout.score_key(DC, node), body_of(node, [f"{node}-iu0"], gpus=self.gpu_read(node)))
             self.sims.append(sim)
             self.revision_of[f"{node}-iu0"] = revision
+
+    def gpu_read(self, node: str) -> dict:
+        """``node``'s IU's GPU components from its agent's NVML backend (eas_agent/score.py ``gpu_components``)."""
+        return gpu_components(tuple(self.nvml[node].read((0,))))
+
+    def xid(self, node: str, code: int = 79) -> None:
+        """``node``'s GPU logs Xid ``code``; its agent's next read publishes it."""
+        gpu = {**fake_gpus(1, utilization=80)[0], "xid": [code]}
+        write_fake_gpu_file(self.gpu_files[node], [gpu])
+        os.utime(self.gpu_files[node], ns=(1, time.time_ns() + 10**9))
+        self.io.kv_put(layout.score_key(DC, node), body_of(node, [f"{node}-iu0"], gpus=self.gpu_read(node)))
 
     def ecc_errors(self, node: str) -> None:
         """``node``'s GPU reports volatile uncorrectable ECC errors: its body as its agent words it
@@ -97,6 +118,8 @@ class Cluster:
     def stop(self) -> None:
         for sim in self.sims:
             sim.stop()
+        for backend in self.nvml.values():
+            backend.close()
 
 
 class Load:
@@ -157,14 +180,14 @@ def watch_edges(admins: list[str], stop: threading.Event, seen: list) -> None:
         stop.wait(0.02)
 
 
-def run_case(case: str, plan_path: Path = PLAN) -> dict:
+def run_case(case: str, plan_path: Path = PLAN, net: str = NET) -> dict:
     plan = load_plan(plan_path)
-    with DevConsulServer(addr=f"{NET}.1:0") as server, tempfile.TemporaryDirectory() as tmp:
+    with DevConsulServer(addr=f"{net}.1:0") as server, tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "edge.yml"
         config.write_text("debug_headers: true\n")
-        cluster = Cluster(server.address, plan, CASES[case])
-        edges = [start_edge(server.address, ["--config", str(config), "--listen", f"{NET}.{2 + k}:0",
-                                             "--admin-listen", f"{NET}.{2 + k}:0", "--no-push"]) for k in range(2)]
+        cluster = Cluster(server.address, plan, CASES[case], net, Path(tmp))
+        edges = [start_edge(server.address, ["--config", str(config), "--listen", f"{net}.{2 + k}:0",
+                                             "--admin-listen", f"{net}.{2 + k}:0", "--no-push"]) for k in range(2)]
         admins = [process.admin_address for process, _ in edges]
         plan = replace(plan, edges=tuple(admins))
         load = Load([address for _, address in edges])
@@ -178,17 +201,19 @@ def run_case(case: str, plan_path: Path = PLAN) -> dict:
             controller = Controller(cluster.io, plan, DC,
                                     on_event=lambda d, text: events.append((time.time(), d.state, d.effective_weight)))
             aborted_at = None
-            if case in ("abort", "ecc"):  # something happens during a step: an abort at 50%, ECC errors at 20%
+            if case in DURING_STEP:  # during a step: an abort at 50%, ECC errors or an XID at 20%
                 runner = threading.Thread(target=lambda: controller.run(doc, index), daemon=True)
                 runner.start()
-                while not any(w == (0.5 if case == "abort" else 0.2) for _, _, w in events):
+                while not any(w == DURING_STEP[case] for _, _, w in events):
                     time.sleep(0.05)
                 time.sleep(2.0 if case == "abort" else 1.0)
                 aborted_at = time.time()
                 if case == "abort":
                     operate(cluster.io, DC, lambda d: abort_doc(d, time.time(), "bench: operator abort"))
-                else:
+                elif case == "ecc":
                     cluster.ecc_errors("n2")  # a canary node
+                else:
+                    cluster.xid("n2")
                 runner.join(plan.interval_s * 3 + 5)
                 time.sleep(1.0)
                 final = operate(cluster.io, DC, lambda d: d)
@@ -225,7 +250,7 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
         row["target"] = "promoted through every step"
         row["met"] = final.state == "promoted" and final.step == len(plan.steps) - 1
         return row
-    evidence = aborted_at if case == "ecc" else evidence_at(plan, weights, events, errors=case == "errors")
+    evidence = aborted_at if case in ("ecc", "xid") else evidence_at(plan, weights, events, errors=case == "errors")
     row["rollback_s"] = round(zero_at - evidence, 3) if zero_at and evidence else None
     row["evaluation_s"] = round(took_s, 3)
     weight = max(w for _, _, w in events if w < 1.0)
@@ -265,10 +290,11 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=list(CASES), action="append", help="the cases to run (default: all)")
+    parser.add_argument("--net", default=NET, help=f"the loopback 127.0.R every listener takes (default {NET})")
     results.add_argument(parser, __file__)
     args = parser.parse_args(argv)
     load = f"load average {os.getloadavg()[0]:.1f} at start"
-    rows = [run_case(case) for case in args.case or CASES]
+    rows = [run_case(case, net=args.net) for case in args.case or CASES]
     print(table(rows))
     for row in rows:
         print(f"{row['case']}: {row['reason'] or row['state']}")
@@ -280,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                         + (f" {r['abort_to_stable_s']} s" if "abort_to_stable_s" in r else "") for r in rows)
     results.record(args.results, script=__file__, numbers=numbers, host=load,
                    argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
-                   target="good promoted; slow and 2% errors rolled back within one gate interval (+ the deciding "
-                          "evaluation's time) at most their step's share; abort on stable within 2 s",
+                   target="good promoted; slow, 2% errors, ECC and XID rolled back within one gate interval (+ the "
+                          "deciding evaluation's time) at most their step's share; abort on stable within 2 s",
                    verdict="met" if met else "not met", summary=summary)
     return 0 if met else 1
 

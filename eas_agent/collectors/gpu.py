@@ -21,8 +21,8 @@ count (None), never 0.
 
 from __future__ import annotations
 
-import json
 import itertools
+import json
 from dataclasses import dataclass
 from typing import Protocol
 
