@@ -3,7 +3,8 @@ processes, a client load through them and the rollout controller (operate/rollou
 (operate/rollouts/ci-short.yml: 20% / 50% / 100%, gates every second).
 
 Cases: ``good`` (the canary is the same simulated engine: promotes through every step), ``slow`` (a canary
-engine 2x slower: rolled back), ``errors`` (a canary answering 500 to 2% of requests: rolled back), ``ecc`` (at
+engine 2x slower: rolled back), ``jitter`` (one of the two canary IUs 2x slower: the spread of the canary IUs'
+mean TTFT against stable's; rolled back), ``errors`` (a canary answering 500 to 2% of requests: rolled back), ``ecc`` (at
 20%, a canary node's agent reports volatile uncorrectable ECC errors, in the body it publishes: rolled back),
 ``xid`` (at 20%, a canary node's GPU logs Xid 79: NVML's XID event, through the agent's own NVML backend over
 the stand-in nvidia-ml-py and its GPU components, reaches the body: rolled back), ``abort`` (an operator's abort at the 50% step: every edge back on stable). Printed per case, each against its target:
@@ -59,8 +60,8 @@ from sim.vllm.server import SimulatedIU  # noqa: E402
 NET = "127.0.65"
 DC = layout.DEFAULT_DATACENTER
 PLAN = Path(__file__).resolve().parents[1] / "operate" / "rollouts" / "ci-short.yml"
-CASES = {"good": {}, "slow": {"slowdown": 2.0}, "errors": {"error_fraction": 0.02}, "ecc": {}, "xid": {},
-         "abort": {}}
+CASES = {"good": {}, "slow": {"slowdown": 2.0}, "jitter": {"slowdown": 2.0, "one_unit": True},
+         "errors": {"error_fraction": 0.02}, "ecc": {}, "xid": {}, "abort": {}}
 DURING_STEP = {"abort": 0.5, "ecc": 0.2, "xid": 0.2}  # something happens during this step (the canary's weight)
 CLIENTS = 24
 BODY = json.dumps({"model": MODEL_NAME, "prompt": "word " * 60, "max_tokens": 16}).encode()
@@ -83,7 +84,9 @@ class Cluster:
     def __init__(self, consul: str, plan, canary: dict, net: str, gpu_dir: Path):
         self.io = ConsulIO(consul)
         self.sims, self.revision_of, self.gpu_files, self.nvml = [], {}, {}, {}
-        for n, (revision, options) in enumerate([(plan.stable, {}), (plan.stable, {}), (plan.canary, canary),
+        canary = dict(canary)
+        first = {} if canary.pop("one_unit", False) else canary  # one_unit: the second canary IU only
+        for n, (revision, options) in enumerate([(plan.stable, {}), (plan.stable, {}), (plan.canary, first),
                                                  (plan.canary, canary)]):
             node, address = f"n{n}", f"{net}.{11 + n}"
             sim = SimulatedIU(address, 0, arrival_rate=0, seed=n, **options).start()
@@ -160,7 +163,7 @@ def edge_reading(admin: str) -> tuple[float, dict, dict]:
             text = answer.read().decode()
     except OSError:
         return float("nan"), {}, {}
-    requests, errors, _ = parse_edge_metrics(text)
+    requests, errors, _, _ = parse_edge_metrics(text)
     weight = next((float(line.split()[1]) for line in text.splitlines()
                    if line.startswith("eas_edge_rollout_weight ")), float("nan"))
     return weight, requests, errors
@@ -229,14 +232,18 @@ def run_case(case: str, plan_path: Path = PLAN, net: str = NET) -> dict:
                 process.wait(10)
             cluster.stop()
     took = max(controller.took_s[-1:], default=0.0)  # the evaluation that decided (the last)
-    return measure(case, plan, final, load.answers, weights, events, cluster.revision_of, aborted_at, took)
+    row = measure(case, plan, final, load.answers, weights, events, cluster.revision_of, aborted_at, took)
+    jitter = [r.value for _, _, results in controller.evaluations for r in results
+              if r.metric == "ttft_jitter_delta" and r.value is not None]
+    row["jitter_delta_max"] = round(max(jitter), 4) if jitter else None  # the gate's largest conclusive value
+    return row
 
 
 def measure(case, plan, final, answers, weights, events, revision_of, aborted_at, took_s) -> dict:
     started = events[0][0]
     during = sorted(a for a in answers if a[0] >= started)
     canary = [a for a in during if revision_of.get(a[2]) == plan.canary]
-    row = {"case": case, "state": final.state, "reason": final.reason[:90], "requests": len(during),
+    row = {"case": case, "state": final.state, "reason": final.reason, "requests": len(during),
            "canary_requests": len(canary), "canary_share": round(len(canary) / max(1, len(during)), 4)}
     zero_at = next((t for t, ws, _, _ in weights if t >= (aborted_at or started) and ws and all(w == 0 for w in ws)),
                    None)
@@ -297,16 +304,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = [run_case(case, net=args.net) for case in args.case or CASES]
     print(table(rows))
     for row in rows:
-        print(f"{row['case']}: {row['reason'] or row['state']}")
+        print(f"{row['case']}: {row['reason'][:200] or row['state']}; largest ttft_jitter_delta "
+              f"{row['jitter_delta_max']}")
     met = all(r["met"] for r in rows)
     numbers = {f"{r['case']}_{key}": r[key] for r in rows
-               for key in ("state", "requests", "canary_share", "rollback_s", "evaluation_s", "abort_to_stable_s")
+               for key in ("state", "requests", "canary_share", "rollback_s", "evaluation_s", "abort_to_stable_s",
+                           "jitter_delta_max")
                if key in r}
     summary = "; ".join(f"{r['case']}: {r['state']}" + (f" in {r['rollback_s']} s" if r.get("rollback_s") else "")
                         + (f" {r['abort_to_stable_s']} s" if "abort_to_stable_s" in r else "") for r in rows)
     results.record(args.results, script=__file__, numbers=numbers, host=load,
                    argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
-                   target="good promoted; slow, 2% errors, ECC and XID rolled back within one gate interval (+ the "
+                   target="good promoted; slow, one slow unit (jitter), 2% errors, ECC and XID rolled back within one gate interval (+ the "
                           "deciding evaluation's time) at most their step's share; abort on stable within 2 s",
                    verdict="met" if met else "not met", summary=summary)
     return 0 if met else 1

@@ -41,6 +41,7 @@ METRICS = {
     "ttft_p99_s": ("canary p99 TTFT, seconds", "edges", "max"),
     "error_rate": ("canary's failed requests / its requests", "edges", "max"),
     "error_rate_delta": ("canary error rate - stable error rate", "edges", "max"),
+    "ttft_jitter_delta": ("spread (stdev/mean) of canary IUs' mean TTFT - the same of stable's", "edges", "max"),
     "health_check_success": ("share of canary IUs' Consul check samples passing", "consul", "min"),
     "gpu_util_variance": ("variance of canary IUs' GPU utilisation (fraction 0..1)", "agents", "max"),
     "ecc_events": ("canary IUs the agents report critical for volatile uncorrectable ECC errors", "agents", "max"),

@@ -40,7 +40,7 @@ from operate.rollout_plan import RolloutPlan, RolloutPlanError, document_error
 
 ACTIVE = ("progressing", "paused")
 # gates that compare the canary with stable: without stable traffic (the last step) they cannot be judged
-COMPARATIVE = ("ttft_p99_ratio", "error_rate_delta")
+COMPARATIVE = ("ttft_p99_ratio", "error_rate_delta", "ttft_jitter_delta")
 
 
 @dataclass
