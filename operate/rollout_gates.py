@@ -65,9 +65,7 @@ class EdgeTotals:
             out.errors[edge] = {r: v - be.get(r, 0) for r, v in self.errors.get(edge, {}).items()}
             out.buckets[edge] = {r: {le: c - bb.get(r, {}).get(le, 0) for le, c in hist.items()}
                                  for r, hist in self.buckets.get(edge, {}).items()}
-            out.units[edge] = {r: {iu: (total - bu.get(r, {}).get(iu, (0, 0))[0], n - bu.get(r, {}).get(iu, (0, 0))[1])
-                                   for iu, (total, n) in ius.items()}
-                               for r, ius in self.units.get(edge, {}).items()}
+            out.units[edge] = {r: _difference(ius, bu.get(r, {})) for r, ius in self.units.get(edge, {}).items()}
         return out
 
     def total(self, revision: str) -> tuple[float, float, dict[float, float]]:
@@ -88,6 +86,12 @@ class EdgeTotals:
                 sums[iu][0] += total
                 sums[iu][1] += count
         return [total / count for total, count in sums.values() if count >= least and count > 0]
+
+
+def _difference(now: dict[str, tuple[float, float]], before: dict[str, tuple[float, float]]):
+    """Per IU, (sum, count) now less (sum, count) before."""
+    return {iu: (total - before.get(iu, (0.0, 0.0))[0], n - before.get(iu, (0.0, 0.0))[1])
+            for iu, (total, n) in now.items()}
 
 
 def parse_edge_metrics(text: str):

@@ -161,7 +161,9 @@ class NvmlBackend:
                 lost = isinstance(exc, getattr(nvml, "NVMLError_GpuIsLost", ())) or isinstance(
                     exc, getattr(nvml, "NVMLError_Unknown", ())
                 )
-                readings.append(GpuReading(index=index, lost=lost, error=f"NVML: {exc}"))
+                xid_events, xid_last, xid_order = self.xids.get(index, (None, None, 0))  # a counter never falls
+                readings.append(GpuReading(index=index, lost=lost, error=f"NVML: {exc}", xid_events=xid_events,
+                                           xid_last=xid_last, xid_order=xid_order))
                 continue
             try:
                 ecc = int(
