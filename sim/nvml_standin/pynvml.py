@@ -30,10 +30,11 @@ any event call before ``nvmlInit``         ``NVMLError_Uninitialized``
 ``nvmlDeviceRegisterEvents``               records from now: "all events that occurred before this call are
                                            not recorded" (the GPU's ``xid`` entries so far are skipped)
   a bit outside ``nvmlEventTypeAll``       ``NVMLError_InvalidArgument`` ("eventTypes is invalid")
-  a defined type the file does not carry   ``NVMLError_NotSupported`` ("some of requested event types"); the
-  (all but ``nvmlEventTypeXidCriticalError``)  set stays usable, nothing of the call registered
+  a type other than XID critical errors    ``NVMLError_NotSupported`` ("some of requested event types"); the
+  (the only events the file carries)       set stays usable, nothing of the call registered
   a lost GPU                               ``NVMLError_GpuIsLost``
   a set already freed                      ``NVMLError_InvalidArgument`` (NVML: undefined, a freed pointer)
+``nvmlEventSetFree``                       the set is unusable after (``NVMLError_InvalidArgument``)
 ``nvmlEventSetWait(set, timeoutms)``       the next recorded event at once, else waits up to ``timeoutms``
                                            for one (the file re-read every 10 ms), then ``NVMLError_Timeout``
   an event                                 ``eventType`` ``nvmlEventTypeXidCriticalError``, ``eventData``
