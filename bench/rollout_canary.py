@@ -155,31 +155,34 @@ class Load:
             thread.join(35)
 
 
-def edge_reading(admin: str) -> tuple[float, dict, dict]:
-    """(the weight the edge applies, requests and errors by revision) from its /metrics (NaN, {}, {} when it
-    did not answer)."""
+def edge_reading(admin: str) -> tuple[float, dict, dict, dict]:
+    """(the weight the edge applies, requests and errors by revision, first bytes by (revision, IU)) from its
+    /metrics (NaN, {}, {}, {} when it did not answer)."""
     try:
         with urllib.request.urlopen(f"http://{admin}/metrics", timeout=2) as answer:
             text = answer.read().decode()
     except OSError:
-        return float("nan"), {}, {}
-    requests, errors, _, _ = parse_edge_metrics(text)
+        return float("nan"), {}, {}, {}
+    requests, errors, _, units = parse_edge_metrics(text)
     weight = next((float(line.split()[1]) for line in text.splitlines()
                    if line.startswith("eas_edge_rollout_weight ")), float("nan"))
-    return weight, requests, errors
+    return weight, requests, errors, {(r, iu): n for r, ius in units.items() for iu, (_, n) in ius.items()}
 
 
 def watch_edges(admins: list[str], stop: threading.Event, seen: list) -> None:
-    """Every edge's reading every 20 ms: (time, [weights], {revision: requests}, {revision: errors}), summed."""
+    """Every edge's reading every 20 ms: (time, [weights], {revision: requests}, {revision: errors},
+    {(revision, IU): first bytes}), summed."""
     while not stop.is_set():
         readings = [edge_reading(a) for a in admins]
-        requests, errors = defaultdict(float), defaultdict(float)
-        for _, r, e in readings:
+        requests, errors, units = defaultdict(float), defaultdict(float), defaultdict(float)
+        for _, r, e, u in readings:
             for revision, n in r.items():
                 requests[revision] += n
             for revision, n in e.items():
                 errors[revision] += n
-        seen.append((time.time(), [w for w, _, _ in readings], dict(requests), dict(errors)))
+            for unit, n in u.items():
+                units[unit] += n
+        seen.append((time.time(), [w for w, *_ in readings], dict(requests), dict(errors), dict(units)))
         stop.wait(0.02)
 
 
@@ -245,7 +248,7 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
     canary = [a for a in during if revision_of.get(a[2]) == plan.canary]
     row = {"case": case, "state": final.state, "reason": final.reason, "requests": len(during),
            "canary_requests": len(canary), "canary_share": round(len(canary) / max(1, len(during)), 4)}
-    zero_at = next((t for t, ws, _, _ in weights if t >= (aborted_at or started) and ws and all(w == 0 for w in ws)),
+    zero_at = next((t for t, ws, *_ in weights if t >= (aborted_at or started) and ws and all(w == 0 for w in ws)),
                    None)
     if case == "abort":
         last_canary_start = max((a[0] for a in canary if a[0] >= aborted_at), default=aborted_at)
@@ -257,7 +260,8 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
         row["target"] = "promoted through every step"
         row["met"] = final.state == "promoted" and final.step == len(plan.steps) - 1
         return row
-    evidence = aborted_at if case in ("ecc", "xid") else evidence_at(plan, weights, events, errors=case == "errors")
+    evidence = aborted_at if case in ("ecc", "xid") else evidence_at(plan, weights, events, errors=case == "errors",
+                                                                      per_unit=case == "jitter")
     row["rollback_s"] = round(zero_at - evidence, 3) if zero_at and evidence else None
     row["evaluation_s"] = round(took_s, 3)
     weight = max(w for _, _, w in events if w < 1.0)
@@ -270,16 +274,21 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
     return row
 
 
-def evidence_at(plan, readings, events, errors: bool) -> float | None:
+def evidence_at(plan, readings, events, errors: bool, per_unit: bool = False) -> float | None:
     """When the edges had counted, in the step that failed, ``min_requests`` answers on each side (and with
-    ``errors`` a failed one on the canary): from the 20 ms readings, as the controller's gates count them."""
+    ``errors`` a failed one on the canary; with ``per_unit`` two IUs a side each with a quarter of
+    ``min_requests`` first bytes): from the 20 ms readings, as the controller's gates count them."""
     step_start = max(t for t, _, w in events if w == max(w for _, _, w in events if w < 1.0))
     base = next((r for r in readings if r[0] >= step_start), None)
-    for t, _, requests, failed in readings if base is not None else ():
+    for t, _, requests, failed, units in readings if base is not None else ():
         if t < base[0]:
             continue
         sides = [requests.get(r, 0) - base[2].get(r, 0) for r in (plan.stable, plan.canary)]
-        if min(sides) >= plan.min_requests and (not errors or failed.get(plan.canary, 0) > base[3].get(plan.canary, 0)):
+        if min(sides) < plan.min_requests or (errors and failed.get(plan.canary, 0) <= base[3].get(plan.canary, 0)):
+            continue
+        counted = [sum(1 for (r, iu), n in units.items() if r == side and n - base[4].get((r, iu), 0)
+                       >= max(1.0, plan.min_requests / 4)) for side in (plan.stable, plan.canary)]
+        if not per_unit or min(counted) >= 2:
             return t
     return None
 
