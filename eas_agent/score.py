@@ -185,16 +185,22 @@ def gpu_problem(gpus: tuple[GpuReading, ...]) -> tuple[str, str] | None:
 
 
 def gpu_components(gpus: tuple[GpuReading, ...]) -> dict[str, float | None]:
-    """Shown with the score for on-call (not part of it): mean utilization, least free memory."""
+    """Shown with the score for on-call (not part of it): mean utilization, least free memory, the IU's GPUs'
+    XID events since the agent started and the latest one's XID."""
     utils = [g.utilization_pct for g in gpus if g.utilization_pct is not None]
     free = [
         g.memory_total_mib - g.memory_used_mib
         for g in gpus
         if g.memory_total_mib is not None and g.memory_used_mib is not None
     ]
+    sources = [g for g in gpus if g.xid_events is not None]
+    latest = max((g for g in sources if g.xid_order), key=lambda g: g.xid_order, default=None)
     return {
         "gpu_util_pct": round(sum(utils) / len(utils), 1) if utils else None,
         "gpu_min_free_mib": round(min(free)) if free else None,
+        # read by the rollout's XID gate (operate/rollout_gates.py): a counter, None without an event source
+        "xid_events": sum(g.xid_events for g in sources) if sources else None,
+        "xid_last": latest.xid_last if latest else None,
     }
 
 
@@ -203,14 +209,16 @@ def _unknown(reason: str, components: dict | None = None, status: str = WARNING)
 
 
 def _health_gate(inputs: IUInputs) -> ScoreResult | None:
+    # an unscored IU still shows its GPUs: the XIDs that come with a lost GPU or a dead engine among them
+    gpu = gpu_components(inputs.gpus) if inputs.gpus else None
     problem = gpu_problem(inputs.gpus)
     if problem and problem[0] == CRITICAL:
-        return _unknown(problem[1], status=CRITICAL)
+        return _unknown(problem[1], gpu, status=CRITICAL)
     if inputs.vllm.metrics is None:
-        return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}")
+        return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}", gpu)
     bad = _bad_numbers(inputs.vllm)
     if bad:
-        return _unknown("non-finite or negative input: " + ", ".join(bad))
+        return _unknown("non-finite or negative input: " + ", ".join(bad), gpu)
     return None
 
 

@@ -130,6 +130,17 @@ def test_lost_gpu_or_ecc_is_critical():
     assert ecc.status == "critical" and "3 volatile uncorrectable ECC" in ecc.reason
 
 
+def test_an_iu_without_a_score_still_publishes_its_xid_events():
+    """XIDs come with the failures that leave an IU unscored (a GPU off the bus, an engine that died on a GPU
+    fault): the rollout's XID gate must still see them."""
+    xids = (GpuReading(index=0, lost=True, error="GPU is lost", xid_events=2, xid_last=79, xid_order=5),
+            *gpus(xid_events=1, xid_last=13, xid_order=3)[1:])
+    lost = drain(reading(), gpu=xids)
+    down = drain(VllmReading(metrics=None, error="connection refused"), gpu=gpus(xid_events=1, xid_last=13))
+    assert (lost.status, lost.components["xid_events"], lost.components["xid_last"]) == ("critical", 5, 79)
+    assert (down.score, down.components["xid_events"]) == (None, 4)
+
+
 def test_seed_formula_with_littles_law_age():
     inputs = IUInputs(
         "n-iu0",
