@@ -339,7 +339,8 @@ class Remediation:
         if state == "repair":
             return [f"{node}: every unit in maintenance, marked for repair ({layout.repair_key(self.datacenter, node)})"]
         drained = any(s.rung == "drain" and s.ok for s in self.outcome.steps)
-        stopped_unit = any(s.rung == "reset" and not s.ok and "systemctl stop" in s.did for s in self.outcome.steps)
+        stopped_unit = any(s.rung == "reset" and not s.ok and any(d.startswith("systemctl stop") for d in s.did)
+                           for s in self.outcome.steps)
         if not drained:
             return [f"{iu}: untouched (not drained)"]
         return [f"{iu}: in maintenance (out of rotation)" + (f"; {self.unit} stopped" if stopped_unit else "")
