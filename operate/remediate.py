@@ -4,7 +4,8 @@ action ladder in which every step is bounded, verified and logged.
 ==========  =====================================================  ==============================================
 rung        what it does                                           verified by (each within its bound)
 ==========  =====================================================  ==============================================
-drain       the unit into Consul maintenance (its own reason)      the ``_service_maintenance:<iu>`` check listed
+drain       the unit into Consul maintenance (its own reason),     the ``_service_maintenance:<iu>`` check listed;
+            then its requests in flight left to finish             ``vllm:num_requests_running`` 0 (or no answer)
 restart     ``systemctl reset-failed`` + ``restart vllm-iu@N``     ``is-active`` and the unit's ``/health`` 200
 reset       ``systemctl stop``, ``nvidia-smi --gpu-reset -i G``    as restart
             for each GPU of the unit, ``systemctl start``
@@ -30,6 +31,7 @@ Without ``apply`` nothing is touched: :meth:`Remediation.plan` lists what would 
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Callable
@@ -46,8 +48,10 @@ RUNGS = ("restart", "reset", "repair")
 REASON_PREFIX = "clusterctl remediate"
 VERIFY_S = 300.0  # vLLM loads a 70B model's weights in minutes; the issue's bound for a unit back is 5 minutes
 CONSUL_SETTLE_S = 15.0  # a maintenance change reaches the catalog within a few anti-entropy rounds at worst
+DRAIN_S = 120.0  # rolling-restart.yml's rolling_restart_drain_timeout_s: then the restart goes ahead anyway
 POLL_S = 0.5
 PROBE_TIMEOUT_S = 2.0
+RUNNING = re.compile(r"(?m)^vllm:num_requests_running(?:\{[^}]*\})? ([0-9.e+]+)$")  # playbooks/tasks/inflight_drain.yml
 
 
 def health_ok(url: str) -> bool:
@@ -57,6 +61,17 @@ def health_ok(url: str) -> bool:
             return answer.status == 200
     except OSError:
         return False
+
+
+def in_flight(url: str) -> float:
+    """Requests the unit is running (vLLM's ``vllm:num_requests_running`` summed over its labels); 0 when it does
+    not answer: a unit that does not answer has nothing in flight to protect."""
+    try:
+        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as answer:
+            text = answer.read().decode(errors="replace")
+    except OSError:
+        return 0.0
+    return sum(float(v) for v in RUNNING.findall(text))
 
 
 def find_target(cluster: Cluster, name: str, become: dict[str, bool] | None = None) -> Target:
@@ -131,8 +146,10 @@ class Remediation:
     reason: str = "unhealthy"
     verify_s: float = VERIFY_S
     settle_s: float = CONSUL_SETTLE_S
+    drain_s: float = DRAIN_S
     log: Callable[[str], None] = lambda line: None
     probe: Callable[[str], bool] = health_ok
+    running: Callable[[str], float] = in_flight
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
@@ -142,6 +159,7 @@ class Remediation:
         self.iu = self.target.iu
         self.unit = self.target.unit
         self.url = health_url(self.target.node.address, self.iu.port)
+        self.metrics_url = self.url.removesuffix("/health") + "/metrics"
         self.outcome = Outcome(self.iu.id, "planned", "")
         self.t0 = 0.0
         self.set_maintenance = False  # this command put the unit into maintenance, so it takes it out
@@ -153,7 +171,7 @@ class Remediation:
         lines = [f"breaker: at most {self.limits.max_unit_share:.0%} of the units and "
                  f"{self.limits.max_nodes_per_rack} node(s) per rack out of rotation, judged from Consul",
                  f"drain: {iu} into Consul maintenance ({REASON_PREFIX}: {self.reason}); verified listed within "
-                 f"{self.settle_s:g} s"]
+                 f"{self.settle_s:g} s; then up to {self.drain_s:g} s for its requests in flight to finish"]
         rungs = {"restart": f"restart: on {node}: systemctl reset-failed {unit}; systemctl restart {unit}",
                  "reset": f"reset: on {node}: systemctl stop {unit}; nvidia-smi --gpu-reset -i G for G in {gpus}; "
                           f"systemctl start {unit}",
@@ -256,6 +274,17 @@ class Remediation:
                 raise Stop("stopped", f"drain: {self.iu.id}'s maintenance was not listed by Consul within "
                                       f"{self.settle_s:g} s")
             did = [f"{self.iu.id} in maintenance, listed after {self.now() - at:.1f} s"]
+        since, zeros = self.now(), []
+
+        def idle() -> bool:
+            # twice in a row, POLL_S apart: an edge that had not yet seen the maintenance may have sent one more
+            zeros.append(self.running(self.metrics_url) == 0)
+            return zeros[-2:] == [True, True]
+
+        if self._wait(f"{self.iu.id}'s requests in flight finished", idle, self.drain_s):
+            did.append(f"nothing in flight after {self.now() - since:.1f} s")
+        else:
+            did.append(f"requests still in flight after {self.drain_s:g} s: going ahead (rolling-restart.yml does too)")
         self.outcome.steps.append(Step("drain", at, self.now() - at, True, did))
         self.note("drain", "; ".join(did))
 

@@ -11,7 +11,7 @@ import pytest
 from cluster.model import build_cluster
 from consul_io import layout
 from operate.drill_faults import Target
-from operate.remediate import Remediation
+from operate.remediate import RUNNING, Remediation
 from operate.remediate_breaker import Limits
 from preflight.transport import CommandResult
 
@@ -90,10 +90,10 @@ class Clock:
         self.t += seconds
 
 
-def ladder(host: Host, consul: Consul, healthy=lambda: True, **kwargs) -> Remediation:
+def ladder(host: Host, consul: Consul, healthy=lambda: True, running=lambda: 0.0, **kwargs) -> Remediation:
     clock = Clock()
-    return Remediation(CLUSTER, TARGET, host, consul, verify_s=10, settle_s=3, probe=lambda url: healthy(),
-                       clock=clock, sleep=clock.sleep, **kwargs)
+    return Remediation(CLUSTER, TARGET, host, consul, verify_s=10, settle_s=3, drain_s=5, probe=lambda url: healthy(),
+                       running=lambda url: running(), clock=clock, sleep=clock.sleep, **kwargs)
 
 
 RESTART = [("systemctl", "reset-failed", UNIT), ("systemctl", "restart", UNIT)]
@@ -110,7 +110,8 @@ def test_the_plan_names_every_rung_from_the_start_and_touches_nothing():
     plan = ladder(host, consul, start="reset", reason="XID 48").plan()
     assert plan == [
         "breaker: at most 10% of the units and 1 node(s) per rack out of rotation, judged from Consul",
-        "drain: n1-iu1 into Consul maintenance (clusterctl remediate: XID 48); verified listed within 3 s",
+        "drain: n1-iu1 into Consul maintenance (clusterctl remediate: XID 48); verified listed within 3 s; then up "
+        "to 5 s for its requests in flight to finish",
         f"reset: on n1: systemctl stop {UNIT}; nvidia-smi --gpu-reset -i G for G in 4,5,6,7; systemctl start {UNIT}; "
         "healthy when active and http://127.0.73.1:8001/health answers 200 within 10 s, else the next rung",
         "repair: every unit of n1 into maintenance (node marked for repair), the record clusterctl/repair/dc1/n1; "
@@ -127,6 +128,25 @@ def test_a_restart_that_brings_the_unit_back_drains_it_first_and_releases_it_aft
     assert consul.calls == [("n1-iu1", True, "clusterctl remediate: engine crashed"), ("n1-iu1", False, "")]
     assert [s.rung for s in outcome.steps] == ["drain", "restart", "verify restart", "release"]
     assert outcome.left == ["n1-iu1: serving, in rotation"] and outcome.healthy_s is not None
+
+
+def test_the_restart_waits_for_the_requests_in_flight_and_goes_ahead_after_the_bound():
+    host, consul = Host(), Consul()
+    left = iter([3.0, 2.0, 0.0, 1.0, 0.0, 0.0])  # idle only on two readings in a row
+    outcome = ladder(host, consul, running=lambda: next(left)).run()
+    assert outcome.steps[0].did == ["n1-iu1 in maintenance, listed after 0.0 s", "nothing in flight after 2.5 s"]
+    stuck = ladder(Host(), Consul(), running=lambda: 1.0).run()
+    assert stuck.state == "released"
+    assert stuck.steps[0].did[1] == "requests still in flight after 5 s: going ahead (rolling-restart.yml does too)"
+
+
+def test_in_flight_sums_vllms_gauge_over_its_labels():
+    text = ("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{engine="0",model_name="llama"} 2.0\n'
+            'vllm:num_requests_running{engine="1",model_name="llama"} 1.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="llama"} 7.0\n')
+    assert sum(float(v) for v in RUNNING.findall(text)) == 3.0
 
 
 def test_a_unit_still_unhealthy_after_the_restart_gets_its_gpus_reset():
@@ -172,7 +192,8 @@ def test_someone_elses_maintenance_is_left_on_a_previous_remediations_is_cleared
     theirs = Consul({"n1-iu1": "rack r1 cabling work"})
     outcome = ladder(host, theirs).run()
     assert outcome.state == "released" and theirs.calls == []
-    assert outcome.steps[0].did == ["already in maintenance (rack r1 cabling work): someone else's, left on at the end"]
+    assert outcome.steps[0].did == ["already in maintenance (rack r1 cabling work): someone else's, left on at the end",
+                                    "nothing in flight after 0.5 s"]
     assert outcome.steps[-1].did == ["n1-iu1's maintenance is someone else's: left on"]
     ours = Consul({"n1-iu1": "clusterctl remediate: XID 13"})
     assert ladder(Host(), ours).run().state == "released" and ours.calls == [("n1-iu1", False, "")]
