@@ -74,7 +74,12 @@ def command(inventory, target, start, reason, apply, consul_addr, verify_s, max_
     except TokenError as exc:
         raise UsageError(f"{inventory}: {chosen.node.name}: {exc}") from None
     addr = consul_addr or settings.address
-    io = ConsulIO(addr, token=token, scheme=settings.scheme, dc=settings.dc, timeout_s=5.0)
+    try:
+        io = ConsulIO(addr, token=token, scheme=None if consul_addr else settings.scheme, dc=settings.dc,
+                      timeout_s=5.0)
+    except ConsulUnavailable as exc:
+        raise UsageError(f"{'--consul' if consul_addr else f'{inventory}: {chosen.node.name}: consul_http_addr'}: "
+                         f"{exc}") from None
     current = app.current()
     transport = RoutingTransport()
     ladder = remediate.Remediation(cluster, chosen, transport, io, settings.dc or layout.DEFAULT_DATACENTER,

@@ -48,3 +48,10 @@ def test_an_unknown_rung_is_a_usage_error(clusterctl, tmp_path):
     code, _, err = clusterctl("remediate", "-i", inventory(tmp_path), "--target", "n1-iu0", "--from", "reboot",
                               columns=300)
     assert code == 2 and "'reboot' is not one of 'restart', 'reset', 'repair'" in err
+
+
+def test_a_consul_address_that_is_not_host_port_is_a_usage_error(clusterctl, tmp_path):
+    code, _, err = clusterctl("remediate", "-i", inventory(tmp_path), "--target", "n1-iu0", "--consul", "ftp://x:1",
+                              columns=300)
+    assert code == 2
+    assert err.strip().splitlines() == ["error: --consul: Consul address 'ftp://x:1': the scheme must be http or https"]
