@@ -56,12 +56,14 @@ def serving(n: int) -> bool:
         return False
 
 
-def test_restarting_a_serving_unit_costs_clients_nothing(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """(edge address, Consul address, units dir, inventory): n1's unit serving, every unit scored."""
     units_dir = tmp_path / "units"
     units.install(tmp_path / "bin", units_dir)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     hosts = {f"n{n}": {"ansible_host": host(n), "rack": f"r{n}", "gpu_model": "h100-sxm", "gpu_count": 4,
-                       "iu_size": 4, "iu_ports": [PORT]} for n in (1, 2, 3)}
+                       "iu_size": 4, "iu_ports": [PORT], "drills_allowed": True} for n in (1, 2, 3)}
     hosts["n1"]["ansible_connection"] = "local"
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     (tmp_path / "mix.yml").write_text(yaml.safe_dump(MIX))
@@ -92,24 +94,29 @@ def test_restarting_a_serving_unit_costs_clients_nothing(tmp_path, monkeypatch, 
                             push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
                             queue_timeout_s=5.0, seed=1, debug_headers=True,
                             access=AccessConfig(admin_listen=f"{host(9)}:0"))
-        edge = stack.enter_context(_edge(config))
+        edge = RunningEdge(config)
+        stack.callback(edge.close)
         wait_for(lambda: len(edge.state.view.snapshot().scored) == 3, 20, "3 scored IUs at the edge")
-        pid = units.main_pid(units_dir, UNIT)
+        yield edge.address, server.address, units_dir, tmp_path / "hosts.yml"
 
-        generator = Generator(f"http://{edge.address}", None, 8.0, 3)
-        planned = plan(load_scenario(tmp_path / "mix.yml"), RATE, LOAD_S, 3)
-        load = threading.Thread(target=lambda: asyncio.run(generator.run(planned)), name="load")
-        load.start()
-        wait_for(lambda: generator.started is not None, 10, "the load started")
-        threading.Event().wait(REMEDIATE_AT_S)
-        began = time.monotonic() - generator.started  # the load's clock (asyncio's loop time is monotonic)
-        code = main_code(["remediate", "-i", str(tmp_path / "hosts.yml"), "--target", "n1-iu0", "--apply", "--json",
-                          "--consul", server.address, "--reason", "XID 94 contained ECC error", "--verify-s", "30",
-                          "--max-nodes-per-rack", "1", "--max-unit-share", "0.34"])
-        ended = time.monotonic() - generator.started
-        load.join(LOAD_S + 30)
-        outcome = json.loads(capsys.readouterr().out)
-        after = units.main_pid(units_dir, UNIT)
+
+def test_restarting_a_serving_unit_costs_clients_nothing(served, tmp_path, capsys):
+    edge_address, consul, units_dir, inventory = served
+    pid = units.main_pid(units_dir, UNIT)
+    generator = Generator(f"http://{edge_address}", None, 8.0, 3)
+    planned = plan(load_scenario(tmp_path / "mix.yml"), RATE, LOAD_S, 3)
+    load = threading.Thread(target=lambda: asyncio.run(generator.run(planned)), name="load")
+    load.start()
+    wait_for(lambda: generator.started is not None, 10, "the load started")
+    threading.Event().wait(REMEDIATE_AT_S)
+    began = time.monotonic() - generator.started  # the load's clock (asyncio's loop time is monotonic)
+    code = main_code(["remediate", "-i", str(inventory), "--target", "n1-iu0", "--apply", "--json",
+                      "--consul", consul, "--reason", "XID 94 contained ECC error", "--verify-s", "30",
+                      "--max-nodes-per-rack", "1", "--max-unit-share", "0.34"])
+    ended = time.monotonic() - generator.started
+    load.join(LOAD_S + 30)
+    outcome = json.loads(capsys.readouterr().out)
+    after = units.main_pid(units_dir, UNIT)
     failed = [o for o in generator.outcomes if not o.ok]
     n1 = sorted(o.at for o in generator.outcomes if o.iu == "n1-iu0")
     back = next((t for t in n1 if t > ended), None)
@@ -126,13 +133,24 @@ def test_restarting_a_serving_unit_costs_clients_nothing(tmp_path, monkeypatch, 
     assert any(t < began for t in n1) and back is not None, n1  # served before, and back in rotation after
 
 
-class _edge:
-    def __init__(self, config):
-        self.config = config
-
-    def __enter__(self):
-        self.edge = RunningEdge(self.config)
-        return self.edge
-
-    def __exit__(self, *exc):
-        self.edge.close()
+def test_a_drill_recovers_a_crashed_unit_through_the_ladder(served, tmp_path, capsys):
+    edge_address, consul, units_dir, inventory = served
+    drill = {"name": "crash-remediated", "recovery": "remediate",
+             "load": {"mix": "mix.yml", "rate_per_s": RATE, "duration_s": 12, "seed": 3, "timeout_s": 8},
+             "faults": [{"kind": "engine_crash", "at_s": 3, "hold_s": 2}],
+             "checks": {"failed_not_streaming_max": 0, "blast_radius_errors_max": 0, "recover_s_max": 10}}
+    (tmp_path / "drill.yml").write_text(yaml.safe_dump(drill, sort_keys=False))
+    code = main_code(["drill", str(tmp_path / "drill.yml"), "-i", str(inventory), "--endpoint",
+                      f"http://{edge_address}", "--target", "n1-iu0", "--consul", consul, "--json"])
+    result = json.loads(capsys.readouterr().out)
+    fault, [ladder] = result["faults"][0], result["remediations"]
+    with capsys.disabled():
+        print(f"\ndrill engine_crash, recovery by the ladder: {ladder['state']} in {ladder['took_s']:.2f} s ("
+              + ", ".join(f"{s['rung']} {s['took_s']:.2f} s" for s in ladder["steps"])
+              + f"); failed not streaming {fault['failed_not_streaming']}, streaming {fault['failed_streaming']}; "
+              f"serving again {fault['serving_again_s']} s after the crash")
+    assert ladder["state"] == "released" and [s["rung"] for s in ladder["steps"]][1:3] == ["restart", "verify restart"]
+    assert result["error"] is None and any("remediate n1-iu0: released" in e for e in result["events"])
+    # the fault's own undo ran after the ladder and found the unit running
+    assert result["restored"] == [f"n1-iu0: {UNIT} started (a no-op when systemd restarted it)"]
+    assert fault["serving_again_s"] is not None and code == (0 if result["passed"] else 1), result["checks"]
