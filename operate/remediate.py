@@ -102,7 +102,8 @@ class Step:
 @dataclass
 class Outcome:
     """``state``: planned (nothing touched), released (healthy and back in rotation), repair (the node marked
-    for repair), stopped (a step could not be carried out), breaker (refused by the breaker), interrupted."""
+    for repair), stopped (a step could not be carried out), breaker (refused by the breaker), refused (the node
+    is marked for repair: nothing touched), interrupted."""
 
     target: str
     state: str
@@ -205,6 +206,11 @@ class Remediation:
         return self.outcome
 
     def _ladder(self) -> None:
+        key = layout.repair_key(self.datacenter, self.target.node.name)
+        if self.io.kv_read(key)[1] is not None:
+            # its units' maintenance is the repair's: restarting one would put it back into rotation unrepaired
+            raise Stop("refused", f"{self.target.node.name} is marked for repair ({key}): delete the record once "
+                                  f"the node is repaired, then release its units with `clusterctl preflight --release`")
         self._breaker((self.iu.id,))
         self._drain()
         for rung in RUNGS[RUNGS.index(self.start):]:
@@ -363,7 +369,7 @@ class Remediation:
         state, iu, node = self.outcome.state, self.iu.id, self.target.node.name
         if state == "released":
             return [f"{iu}: serving, in rotation"]
-        if state == "planned":
+        if state in ("planned", "refused"):
             return [f"{iu}: untouched"]
         if state == "repair":
             return [f"{node}: every unit in maintenance, marked for repair ({layout.repair_key(self.datacenter, node)})"]

@@ -3,8 +3,8 @@ inference unit, behind the breaker; a plan only unless ``--apply``.
 
 Glue: the inventory, the target IU, the transport preflight uses (:class:`preflight.transport.RoutingTransport`)
 and the node's Consul agent -> :mod:`operate.remediate` -> the steps and what the unit was left as. Exit codes:
-0 planned (nothing touched) or the unit healthy and back in rotation, 1 the unit marked for repair, a step
-that could not be carried out, or the breaker open, 2 bad input (nothing touched), 3 Consul unreachable,
+0 planned (nothing touched) or the unit healthy and back in rotation, 1 the node marked for repair (now or
+before), a step that could not be carried out, or the breaker open, 2 bad input (nothing touched), 3 Consul unreachable,
 130 Ctrl-C (the unit stays drained: nothing is undone).
 """
 
@@ -104,13 +104,17 @@ def command(inventory, target, start, reason, apply, consul_addr, verify_s, max_
 
 def _planned(ladder):
     """The plan and the breaker's verdict now; nothing is changed."""
+    from consul_io import layout
     from operate.remediate import Outcome
     from operate.remediate_breaker import judge
 
     _, entries = ladder.io.health_service()
     verdict = judge(ladder.cluster, entries, ladder.target.node.name, (ladder.iu.id,), ladder.limits)
+    key = layout.repair_key(ladder.datacenter, ladder.target.node.name)
+    marked = ladder.io.kv_read(key)[1] is not None
     return Outcome(ladder.iu.id, "planned", "plan only: pass --apply to carry it out" +
-                   ("" if not verdict.open else f" (it would stop now: {verdict.reason})"),
+                   (f" (it would be refused now: the node is marked for repair, {key})" if marked
+                    else f" (it would stop now: {verdict.reason})" if verdict.open else ""),
                    verdicts=[verdict], left=[f"{ladder.iu.id}: untouched"], plan=ladder.plan())
 
 

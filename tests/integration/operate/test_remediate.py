@@ -147,6 +147,12 @@ def test_the_repair_rung_takes_the_node_out_and_records_why(fleet, capsys):
     record = json.loads(value)
     assert record["iu"] == "n1-iu0" and record["reason"] == "XID 79" and record["by"] == "clusterctl remediate"
     assert record["steps"][0].startswith("drain: ok")
+    code, again = remediate(capsys, inventory, consul, "--apply")  # the repair's maintenance is not cleared
+    assert code == 1 and again["state"] == "refused" and again["steps"] == [], again
+    assert layout.maintenance_check("n1-iu0") in checks(io, "n1-iu0")
+    code, planned = remediate(capsys, inventory, consul)
+    assert code == 0 and planned["message"].endswith("(it would be refused now: the node is marked for repair, "
+                                                     "clusterctl/repair/dc1/n1)"), planned
 
 
 def test_the_breaker_refuses_when_another_unit_is_already_out_and_nothing_is_touched(fleet, capsys):

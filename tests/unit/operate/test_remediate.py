@@ -78,6 +78,9 @@ class Consul:
         self.kv[key] = value
         return True
 
+    def kv_read(self, key):
+        return (1, self.kv[key]) if key in self.kv else (0, None)
+
 
 class Clock:
     def __init__(self):
@@ -241,3 +244,13 @@ def test_ctrl_c_leaves_the_unit_drained_and_says_so():
     outcome = ladder(host, consul, healthy=interrupt).run()
     assert outcome.state == "interrupted" and outcome.message == "interrupted: nothing is undone"
     assert "n1-iu1" in consul.maintenance and outcome.left[0].startswith("n1-iu1: in maintenance")
+
+
+def test_a_node_marked_for_repair_is_refused_before_anything_is_touched():
+    host, consul = Host(), Consul()
+    assert ladder(host, consul, start="repair", limits=Limits(0.5)).run().state == "repair"
+    calls = list(consul.calls)
+    again = ladder(host, consul).run()  # its units' maintenance stays the repair's
+    assert again.state == "refused" and not again.ok and host.calls == [] and consul.calls == calls
+    assert again.message.startswith("n1 is marked for repair (clusterctl/repair/dc1/n1): delete the record once")
+    assert again.left == ["n1-iu1: untouched"]
