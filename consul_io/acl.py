@@ -8,7 +8,7 @@ through a server (``clusterctl.infra.consul_acl``).
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
 | file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` (config_file_service_registration) |
-| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, the rollout document, reads |
+| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, the rollout document, repair records, reads |
 | eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; reads the score keys, nodes |
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes, the score keys and the rollout document |
 
@@ -25,7 +25,7 @@ IU's owner from its catalog node, not from what the registrant wrote (edge/pool/
 
 from __future__ import annotations
 
-from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, ROLLOUT_PREFIX, acl_policy
+from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, REPAIR_PREFIX, ROLLOUT_PREFIX, acl_policy
 from consul_io.layout import SERVICE_NAME as SERVICE
 
 
@@ -43,6 +43,7 @@ def operator_policy() -> str:
     return (f'service "{SERVICE}" {{ policy = "write" }}\n'
             f'key_prefix "{PREFLIGHT_PREFIX}/" {{ policy = "write" }}\n'
             f'key_prefix "{ROLLOUT_PREFIX}/" {{ policy = "write" }}\n'
+            f'key_prefix "{REPAIR_PREFIX}/" {{ policy = "write" }}\n'
             'node_prefix "" { policy = "read" }\n'
             'service_prefix "" { policy = "read" }\n'
             'agent_prefix "" { policy = "read" }\n')

@@ -30,6 +30,7 @@ NODE_TAG_PREFIX = "node:"
 EAS_PREFIX = "clusterctl/eas"  # score bodies: <prefix>/<dc>/<node> (docs/contracts/score-body.md)
 PREFLIGHT_PREFIX = "clusterctl/preflight"  # release markers: <prefix>/<dc>/<iu id>
 ROLLOUT_PREFIX = "clusterctl/rollout"  # the traffic rollout document: <prefix>/<dc>/document (eas_wire/rollout.py)
+REPAIR_PREFIX = "clusterctl/repair"  # nodes marked for repair by clusterctl remediate: <prefix>/<dc>/<node>
 DEFAULT_DATACENTER = "dc1"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8500"
 
@@ -123,3 +124,8 @@ def acl_policy(kind: str, node: str) -> str:
 def marker_key(datacenter: str, iu: str) -> str:
     """KV key that records that preflight released this IU; without it the role keeps the IU in maintenance."""
     return f"{PREFLIGHT_PREFIX}/{datacenter}/{iu}"
+
+
+def repair_key(datacenter: str, node: str) -> str:
+    """KV key recording that ``clusterctl remediate`` took ``node`` out for repair, and why."""
+    return f"{REPAIR_PREFIX}/{datacenter}/{node}"

@@ -319,6 +319,8 @@ ACTIONS = {
     "write the rollout document `clusterctl/rollout/<dc>/document`": lambda admin, api: _allowed(
         api.put("/v1/kv/clusterctl/rollout/dc1/document", data=b"{}")),
     "read the rollout document": lambda admin, api: _read_rollout(admin, api),
+    "write a repair record `clusterctl/repair/<dc>/<node>`": lambda admin, api: _allowed(
+        api.put("/v1/kv/clusterctl/repair/dc1/n1", data=b"{}")),
     "create or change ACL policies and tokens": lambda admin, api: _allowed(
         api.put("/v1/acl/policy", json={"Name": "extra", "Rules": ""})),
 }
