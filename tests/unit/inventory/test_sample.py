@@ -45,10 +45,11 @@ def test_validate_and_plan_refuse_the_sample_placeholders_naming_files_never_val
         code, out, err = clusterctl(*command, "-i", str(SAMPLE), "--vault-password-file", str(vault_password_file))
         assert code == 2 and "REPLACE-ME: " not in err.replace("(REPLACE-ME: ...)", ""), err
         assert ("group_vars/all/vault.yml: consul_agent_gossip_key, consul_agent_acl_management_token, "
-                "consul_agent_acl_registration_token, consul_token, consul_edge_token, consul_agent_tls_ca_pem, "
+                "consul_token, consul_edge_token, consul_agent_tls_ca_pem, "
                 "bmc_password, inference_unit_api_key: still placeholders (REPLACE-ME: ...)") in err, err
         assert ("host_vars/r01n01.yml, host_vars/r01n02.yml, host_vars/r01n03.yml, ... (+5) (8 files): "
-                "consul_agent_acl_agent_token, eas_agent_consul_token: still placeholders") in err, err
+                "consul_agent_acl_agent_token, consul_agent_acl_registration_token, eas_agent_consul_token: "
+                "still placeholders") in err, err
         assert "plan:" not in out
 
 
