@@ -20,6 +20,7 @@ from typing import Any
 from cluster.model import Node
 from consul_io import layout
 
+
 def agent_ius(node: Node) -> list[dict[str, Any]]:
     """eas-agent's ``ius``: id, GPUs, NUMA node, the vLLM metrics URL, the IU's RDMA devices and netdevs."""
     netdev_of = {nic.device: nic.netdev for nic in node.nics}

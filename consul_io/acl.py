@@ -26,7 +26,14 @@ that kept TTL checks could bypass the preflight gate; it publishes its verdict i
 
 from __future__ import annotations
 
-from consul_io.layout import EAS_PREFIX, IU_SERVICE_PREFIX, PREFLIGHT_PREFIX, ROLLOUT_PREFIX, acl_policy, iu_service
+from consul_io.layout import (
+    EAS_PREFIX,
+    IU_SERVICE_PREFIX,
+    PREFLIGHT_PREFIX,
+    ROLLOUT_PREFIX,
+    acl_policy,
+    iu_service,
+)
 
 
 def agent_policy(node: str) -> str:

@@ -253,6 +253,12 @@ class ConsulIO:
             entries.extend(listed or [])
         return max(int(checks_index or 0), int(services_index or 0)), entries
 
+    def node_ius(self, node: str) -> list:
+        """``node``'s IU instances with their checks (``GET health/service/vllm-iu-<node>``: one request)."""
+        name = layout.iu_service(node)
+        _, entries = self._call(f"GET health/service/{name}", self.client.health.service, name)
+        return entries or []
+
     def health_node(self, node: str) -> list:
         _, checks = self._call(f"GET health/node/{node}", self.client.health.node, node)
         return checks or []

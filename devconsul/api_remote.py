@@ -59,7 +59,7 @@ def _field(obj: dict, *names: str) -> str:
 def _vet_register(server, req: Request, body: dict) -> None:
     """catalog_endpoint.go's vetRegisterWithAuthorizer: ``service:write`` on the service's name and on the name
     of the service it overwrites (same ID on that node: "effectively a delete"); a service-level check on
-    another service of the node needs ``service:write`` on that service's name (an unknown ID is an error);
+    another service of the node needs ``service:write`` on that service's name;
     the node itself or a node-level check needs ``node:write``."""
     node = str(body.get("Node") or "")
     service = body.get("Service") if isinstance(body.get("Service"), dict) else None
@@ -79,9 +79,8 @@ def _vet_register(server, req: Request, body: dict) -> None:
         target = _field(chk, "serviceid", "service_id")
         if not target or (service is not None and target == service_id):
             continue
-        if target not in services:
-            raise ApiError(500, f"Unknown service ID '{target}' for check ID '{_field(chk, 'checkid', 'check_id')}'")
-        check(req, "service", "write", services[target].name)
+        if target in services:  # an unknown ID is refused by the registration itself (remote.register)
+            check(req, "service", "write", services[target].name)
     node_checks = any(not _field(c, "serviceid", "service_id") for c in checks)
     if node_changes or node_checks:
         check(req, "node", "write", node)
