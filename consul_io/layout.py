@@ -14,7 +14,11 @@ all load it.
 from __future__ import annotations
 
 # -- services and checks ------------------------------------------------------------------------------------
-SERVICE_NAME = "vllm-iu"  # every IU is one instance of this service; its service ID is the IU id
+# Each node's IUs are instances of that node's own service "vllm-iu-<node>" (iu_service()); the service ID is
+# the IU id. Consul grants service rights by service name only, so one name per node is what lets a node's
+# registration token write its own IUs and no other node's (consul_io/acl.py).
+SERVICE_NAME = "vllm-iu"  # the family: every IU service's name is "vllm-iu-<node>"
+IU_SERVICE_PREFIX = f"{SERVICE_NAME}-"
 IU_ID_INFIX = "-iu"  # IU ids are "<node>-iu<index>" (cluster/model.py builds them with iu_id())
 # Consul's own check ids for maintenance mode (https://developer.hashicorp.com/consul/api-docs/agent/service
 # #enable-maintenance-mode): a critical check "_service_maintenance:<service id>", "_node_maintenance" for a node.
@@ -39,7 +43,7 @@ DEFAULT_HTTP_ADDR = "127.0.0.1:8500"
 # each token to its policy through the consul_node_acl filter). "{node}" is the node's name.
 ACL_POLICIES = {
     "agent": "consul-agent-{node}",
-    "registration": "vllm-iu-registration",
+    "registration": "vllm-iu-registration-{node}",
     "operator": "clusterctl-operator",
     "eas_agent": "eas-agent-{node}",
     "edge": "clusterctl-edge",
@@ -59,6 +63,16 @@ def is_iu_of(iu: str, node: str) -> bool:
     """Whether ``iu`` is named as one of ``node``'s IUs ("<node>-iu<n>")."""
     head, sep, index = iu.rpartition(IU_ID_INFIX)
     return bool(sep) and head == node and index.isdigit()
+
+
+def iu_service(node: str) -> str:
+    """The Consul service name of ``node``'s IUs ("r01n01" -> "vllm-iu-r01n01")."""
+    return f"{IU_SERVICE_PREFIX}{node}"
+
+
+def is_iu_service(name: str) -> bool:
+    """Whether ``name`` is some node's IU service (``vllm-iu-<node>``)."""
+    return name.startswith(IU_SERVICE_PREFIX) and len(name) > len(IU_SERVICE_PREFIX)
 
 
 def maintenance_check(service_id: str) -> str:
