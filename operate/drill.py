@@ -75,7 +75,7 @@ def becomes(hostvars: dict) -> bool:
 
 
 class ConsulWatch:
-    """Samples the health of the target's ``vllm-iu`` instances (worst check status, or missing)."""
+    """Samples the health of the target's IU instances (worst check status, or missing)."""
 
     def __init__(self, io, ius: tuple[str, ...], clock: Callable[[], float]):
         self.io, self.ius, self.clock = io, ius, clock

@@ -1,7 +1,7 @@
 """The remediation breaker: how much of the fleet may be out of rotation at once, judged from Consul's view
 before each rung of :mod:`operate.remediate` that takes more out.
 
-A unit is *out* when Consul's ``health/service/vllm-iu`` lists it with a critical check (its HTTP check
+A unit is *out* when Consul's health of its node's ``vllm-iu-<node>`` service lists it with a critical check (its HTTP check
 failing, its service or its node in maintenance), or does not list it at all (deregistered: no client
 reaches it either). The fleet is the inventory's IUs. Two limits, both from the issue's defaults:
 
@@ -60,7 +60,7 @@ class Verdict:
 
 
 def units_out(cluster: Cluster, entries: list) -> dict[str, str]:
-    """IU id -> why it is out of rotation, for the inventory's IUs (``entries``: ``health/service/vllm-iu``)."""
+    """IU id -> why it is out of rotation, for the inventory's IUs (``entries``: every node's ``vllm-iu-<node>`` health)."""
     listed: dict[str, str | None] = {}
     for entry in entries:
         sid = (entry.get("Service") or {}).get("ID")
