@@ -24,10 +24,26 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ENV = "CLUSTERCTL_TEST_UNITS"
 STOP_TIMEOUT_S = 10.0
+
+
+def sim_vllm_argv(address: str) -> list[str]:
+    """The process of a simulated vLLM IU on ``address`` (HOST:PORT), serving from its first second: what a
+    test declares as an IU's unit."""
+    return [sys.executable, "-m", "sim.vllm", "--iu", f"{address}:0", "--warmup-s", "0"]
+
+
+def answers_health(address: str) -> bool:
+    """The IU on ``address`` (HOST:PORT) answers ``GET /health`` with 200."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=1) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
 
 
 def install(bin_dir: Path, units_dir: Path) -> None:

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import types
-import urllib.request
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
@@ -42,18 +41,6 @@ def host(n: int) -> str:
     return f"127.0.67.{n}"
 
 
-def iu_argv(n: int) -> list[str]:
-    return [sys.executable, "-m", "sim.vllm", "--iu", f"{host(n)}:{PORT}:0", "--warmup-s", "0"]
-
-
-def healthy(n: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{host(n)}:{PORT}/health", timeout=1) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
 def write_inventory(path) -> None:
     hosts = {}
     for n in range(1, NODES + 1):
@@ -73,14 +60,14 @@ def process_pool(tmp_path, consul_addr, monkeypatch):
     agent_port = free_port(host(1))
     with ExitStack() as stack:
         stack.callback(units.stop_all, units_dir)
-        units.declare(units_dir, UNIT, iu_argv(1), tmp_path / "n1-iu0.log")
+        units.declare(units_dir, UNIT, units.sim_vllm_argv(f"{host(1)}:{PORT}"), tmp_path / "n1-iu0.log")
         units.start(units_dir, UNIT)
         for n in range(2, NODES + 1):
-            proc = subprocess.Popen(iu_argv(n), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(units.sim_vllm_argv(f"{host(n)}:{PORT}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             stack.callback(proc.wait, 10)
             stack.callback(proc.terminate)
         for n in range(1, NODES + 1):
-            wait_for(lambda n=n: healthy(n), 20, f"n{n}'s simulated vLLM answering /health")
+            wait_for(lambda n=n: units.answers_health(f"{host(n)}:{PORT}"), 20, f"n{n}'s simulated vLLM answering /health")
             node = SimulatedNode(f"n{n}", "r1", tmp_path, rates=[0.0], consul_addr=consul_addr, host=host(n),
                                  warmup_s=0.0, seed=n)
             node.ius[0].server.server_close()  # the in-process IU is replaced by the process on PORT
@@ -179,7 +166,7 @@ def test_ctrl_c_during_a_fault_undoes_it_says_so_and_exits_130(tmp_path, consul_
 def test_the_load_runs_past_its_duration_until_a_slow_restart_serves_again(tmp_path, consul_addr, monkeypatch):
     with process_pool(tmp_path, consul_addr, monkeypatch) as (edge_address, units_dir):
         # the undo's start brings up an engine that loads for 5 s before it listens, as vLLM loads weights
-        units.declare(units_dir, UNIT, ["sh", "-c", 'sleep 5 && exec "$0" "$@"', *iu_argv(1)],
+        units.declare(units_dir, UNIT, ["sh", "-c", 'sleep 5 && exec "$0" "$@"', *units.sim_vllm_argv(f"{host(1)}:{PORT}")],
                       tmp_path / "n1-iu0.log")
         code, result = run_drill(tmp_path, edge_address, consul_addr, "graceful_stop", at_s=3, hold_s=3,
                                  duration_s=8, recover_s_max=25)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import urllib.request
 
 import pytest
 import yaml
@@ -32,18 +31,6 @@ def host(n: int) -> str:
     return f"127.0.73.{n + 1}"
 
 
-def iu_argv() -> list[str]:
-    return [sys.executable, "-m", "sim.vllm", "--iu", f"{host(1)}:{PORT}:0", "--warmup-s", "0"]
-
-
-def healthy() -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{host(1)}:{PORT}/health", timeout=1) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def fleet(tmp_path, monkeypatch):
     """(consul address, ConsulIO, units dir, inventory path): n1's unit running and registered, n2 and n3
@@ -62,10 +49,10 @@ def fleet(tmp_path, monkeypatch):
         for n in (2, 3):
             register_on_catalog_node(io, IUService(f"n{n}-iu0", f"n{n}", "r1", host(n), PORT, (0, 1, 2, 3), 0),
                                      host(n))
-        units.declare(units_dir, UNIT, iu_argv(), tmp_path / "n1-iu0.log")
+        units.declare(units_dir, UNIT, units.sim_vllm_argv(f"{host(1)}:{PORT}"), tmp_path / "n1-iu0.log")
         units.start(units_dir, UNIT)
         try:
-            wait_for(healthy, 20, "n1's simulated vLLM answering /health")
+            wait_for(lambda: units.answers_health(f"{host(1)}:{PORT}"), 20, "n1's simulated vLLM answering /health")
             yield server.address, io, units_dir, inventory
         finally:
             units.stop_all(units_dir)
@@ -103,7 +90,7 @@ def test_without_apply_it_plans_and_touches_nothing(fleet, capsys):
 def test_a_crashed_unit_is_drained_restarted_verified_and_released(fleet, capsys):
     consul, io, units_dir, inventory = fleet
     units.stop(units_dir, UNIT)  # the engine died (systemd gave up restarting it)
-    assert not healthy()
+    assert not units.answers_health(f"{host(1)}:{PORT}")
     code, outcome = remediate(capsys, inventory, consul, "--apply", "--reason", "engine crashed", "--verify-s", "60")
     with capsys.disabled():
         print(f"\nremediate a crashed unit: healthy after {outcome['healthy_s']:.2f} s, done in "
@@ -112,7 +99,7 @@ def test_a_crashed_unit_is_drained_restarted_verified_and_released(fleet, capsys
     assert code == 0 and outcome["state"] == "released", outcome
     assert [s["rung"] for s in outcome["steps"]] == ["drain", "restart", "verify restart", "release"]
     assert all(s["ok"] for s in outcome["steps"])
-    assert units.main_pid(units_dir, UNIT) and healthy()
+    assert units.main_pid(units_dir, UNIT) and units.answers_health(f"{host(1)}:{PORT}")
     assert layout.maintenance_check("n1-iu0") not in checks(io, "n1-iu0")  # back in rotation
     assert outcome["healthy_s"] < 300  # the issue's five minutes
 

@@ -40,22 +40,6 @@ MIX = {"name": "remediate-test-mix", "classes": {"short": {
 RATE, LOAD_S, REMEDIATE_AT_S = 6.0, 14.0, 3.0
 
 
-def argv(n: int) -> list[str]:
-    import sys
-
-    return [sys.executable, "-m", "sim.vllm", "--iu", f"{host(n)}:{PORT}:0", "--warmup-s", "0"]
-
-
-def serving(n: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{host(n)}:{PORT}/health", timeout=1) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     """(edge address, Consul address, units dir, inventory): n1's unit serving, every unit scored."""
@@ -71,15 +55,15 @@ def served(tmp_path, monkeypatch):
         server = stack.enter_context(DevConsulServer(addr=f"{host(0)}:0", node_name="n1"))
         io = ConsulIO(server.address)
         stack.callback(units.stop_all, units_dir)
-        units.declare(units_dir, UNIT, argv(1), tmp_path / "n1-iu0.log")
+        units.declare(units_dir, UNIT, units.sim_vllm_argv(f"{host(1)}:{PORT}"), tmp_path / "n1-iu0.log")
         units.start(units_dir, UNIT)
         for n in (2, 3):
-            proc = subprocess.Popen(argv(n), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(units.sim_vllm_argv(f"{host(n)}:{PORT}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             stack.callback(proc.wait, 10)
             stack.callback(proc.terminate)
         agent_port = free_port(host(1))
         for n in (1, 2, 3):
-            wait_for(lambda n=n: serving(n), 20, f"n{n}'s simulated vLLM answering /health")
+            wait_for(lambda n=n: units.answers_health(f"{host(n)}:{PORT}"), 20, f"n{n}'s simulated vLLM answering /health")
             service = IUService(f"n{n}-iu0", f"n{n}", f"r{n}", host(n), PORT, (0, 1, 2, 3), 0)
             if n == 1:
                 register_iu_service(io, service, http_check=False)  # on n1's agent: the ladder's maintenance
