@@ -43,8 +43,9 @@ def refusal(hostvars: dict, node: Node, inventory: str) -> str | None:
             f"--override-drills-allowed")
 
 
-def pick_target(cluster: Cluster, drill: Drill, name: str | None) -> Target:
-    """The named IU or node; by default the first IU of the first node. A node fault takes the IU's node."""
+def pick_target(cluster: Cluster, drill: Drill, name: str | None, become: dict[str, bool] | None = None) -> Target:
+    """The named IU or node; by default the first IU of the first node. A node fault takes the IU's node.
+    ``become``: node name -> its ``ansible_become``."""
     nodes = sorted(cluster.nodes(), key=lambda n: n.name)
     ius = {iu.id: (node, iu) for node in nodes for iu in node.ius}
     if name is None:
@@ -64,7 +65,13 @@ def pick_target(cluster: Cluster, drill: Drill, name: str | None) -> Target:
             iu = node.ius[0]
         else:
             iu = None
-    return Target(node, None if drill.scope == "node" else iu)
+    return Target(node, None if drill.scope == "node" else iu, bool((become or {}).get(node.name)))
+
+
+def becomes(hostvars: dict) -> bool:
+    """Ansible's truth of ``ansible_become`` (a YAML boolean, or a string such as "yes")."""
+    value = hostvars.get("ansible_become", False)
+    return value is True or str(value).lower() in ("true", "yes", "on", "1")
 
 
 class ConsulWatch:

@@ -18,8 +18,9 @@ consul_agent_down  node    ``systemctl stop consul.service``                    
 =================  ======  ====================================================  ================================
 
 The unit of IU ``N`` is ``vllm-iu@N.service`` and its model directory is ``VLLM_MODEL_PATH`` of
-``/etc/vllm-iu/N.env`` (roles/inference_unit). Commands run as the inventory's connection user, as
-preflight's do (root on the virtual cluster; a real site's drill user needs the same rights over the unit).
+``/etc/vllm-iu/N.env`` (roles/inference_unit). Commands run as the inventory's connection user, under
+``sudo -n`` when the host has ``ansible_become`` (as the provisioning playbooks become root; a sudo that wants a
+password fails the step with sudo's own line instead of waiting for one).
 
 An undo is recorded before the change it reverses is made, so a step that fails half way (or a Ctrl-C in the
 middle of it) still restores what it may have changed. :meth:`FaultStep.undo` runs every recorded undo, newest
@@ -56,6 +57,7 @@ class Target:
 
     node: Node
     iu: IU | None = None
+    become: bool = False  # the host's ansible_become: every command through sudo -n
 
     @property
     def label(self) -> str:
@@ -89,8 +91,11 @@ class FaultStep:
     undos: list[Undo] = field(default_factory=list)
     done: list[str] = field(default_factory=list)  # what inject did, in order
 
+    def command(self, argv) -> list[str]:
+        return ["sudo", "-n", "--", *argv] if self.target.become else list(argv)
+
     def run(self, *argv: str, check: bool = True):
-        result = self.transport.run(self.target.node, list(argv), COMMAND_TIMEOUT_S)
+        result = self.transport.run(self.target.node, self.command(argv), COMMAND_TIMEOUT_S)
         if check and not result.ok:
             why = "unreachable" if result.unreachable else "timed out" if result.timed_out else result.ended()
             detail = result.last_line()
@@ -111,7 +116,7 @@ class FaultStep:
             undo = self.undos.pop()
             failed = None
             for argv in undo.commands:
-                result = self.transport.run(self.target.node, list(argv), COMMAND_TIMEOUT_S)
+                result = self.transport.run(self.target.node, self.command(argv), COMMAND_TIMEOUT_S)
                 if not result.ok:
                     failed = f"`{shlex.join(argv)}` {result.ended()}: {result.last_line() or 'no output'}"
                     break

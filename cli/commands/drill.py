@@ -75,7 +75,8 @@ def command(scenario, list_only, inventory, endpoint, target, consul_addr, rate,
     plan = load_drill(scenario)
     endpoint = parse_endpoint(endpoint)
     loaded = load_inventory(inventory, vault_secrets=vault.secrets_for(vault_password_file))
-    chosen = drills.pick_target(cluster_of(loaded), plan, target)
+    become = {name: drills.becomes(hostvars) for name, hostvars in loaded.selected.items()}
+    chosen = drills.pick_target(cluster_of(loaded), plan, target, become)
     why = drills.refusal(loaded.selected.get(chosen.node.name, {}), chosen.node, inventory)
     if why and not override:
         raise UsageError(why)

@@ -10,7 +10,7 @@ import pytest
 from cluster.model import Cluster, Rack, build_node
 from common.errors import UsageError
 from operate import report
-from operate.drill import DrillResult, library_table, pick_target, refusal
+from operate.drill import DrillResult, becomes, library_table, pick_target, refusal
 from operate.drill_measure import FaultWindow
 from operate.drill_scenario import library, load_drill
 from operate.loadtest import Result
@@ -82,3 +82,9 @@ def test_the_library_listing_names_every_drill():
     for name in ("engine-crash", "engine-stall", "graceful-stop", "weights-missing", "consul-agent-down"):
         assert name in text
     assert "engine_crash at 40 s for 30 s" in text
+
+
+def test_ansible_become_as_ansible_reads_it():
+    assert becomes({"ansible_become": True}) and becomes({"ansible_become": "yes"})
+    assert not becomes({}) and not becomes({"ansible_become": False}) and not becomes({"ansible_become": "no"})
+    assert pick_target(CLUSTER, load_drill("engine-crash"), "n2-iu0", {"n2": True}).become

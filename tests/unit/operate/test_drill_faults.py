@@ -112,3 +112,12 @@ def test_consul_agent_down_acts_on_the_node():
     assert step.undo() == ["n1: consul.service started"]
     assert host.calls == [("systemctl", "stop", "consul.service"), ("systemctl", "start", "consul.service")]
     assert Target(NODE).iu_ids == ("n1-iu0", "n1-iu1")
+
+
+def test_a_host_with_ansible_become_gets_every_command_and_undo_through_sudo():
+    host = pid_host(more={("sudo", "-n", "--", "systemctl", "show"): (0, "77\n")})
+    step = FaultStep("engine_stall", Target(NODE, NODE.ius[1], become=True), host)
+    step.inject()
+    step.undo()
+    assert host.calls == [("sudo", "-n", "--", *SHOW), ("sudo", "-n", "--", "kill", "-STOP", "77"),
+                          ("sudo", "-n", "--", "kill", "-CONT", "77")]
