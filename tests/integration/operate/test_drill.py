@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -20,6 +21,7 @@ import yaml
 
 from cli.main import main
 from consul_io.client import ConsulIO
+from edge.access_config import AccessConfig
 from edge.config import EdgeConfig, PushConfig
 from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_on_catalog_node
@@ -88,23 +90,29 @@ def process_pool(tmp_path, consul_addr, monkeypatch):
             stack.enter_context(node_agent(node, agent_port, TRUE_PREFILL_TPS))
         config = EdgeConfig(listen=f"{host(9)}:0", consul=replace(EdgeConfig().consul, address=consul_addr),
                             push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
-                            queue_timeout_s=5.0, seed=1, debug_headers=True)
+                            queue_timeout_s=5.0, seed=1, debug_headers=True,
+                            access=AccessConfig(admin_listen=f"{host(9)}:0"))
         edge = RunningEdge(config)
         stack.callback(edge.close)
         wait_for(lambda: len(edge.state.view.snapshot().scored) == NODES, 20, f"{NODES} scored IUs at the edge")
         yield edge.address, units_dir
 
 
-def run_drill(tmp_path, edge_address: str, consul_addr: str, kind: str) -> tuple[int, dict]:
+def write_drill(tmp_path, kind: str, at_s: float = 5, hold_s: float = 5, duration_s: float = 16):
     (tmp_path / "mix.yml").write_text(yaml.safe_dump(MIX))
-    drill = {"name": f"test-{kind}", "load": {"mix": "mix.yml", "rate_per_s": 6, "duration_s": 16, "seed": 3,
-                                              "timeout_s": 8},
-             "faults": [{"kind": kind, "at_s": 5, "hold_s": 5}],
+    drill = {"name": f"test-{kind}", "load": {"mix": "mix.yml", "rate_per_s": 6, "duration_s": duration_s,
+                                              "seed": 3, "timeout_s": 8},
+             "faults": [{"kind": kind, "at_s": at_s, "hold_s": hold_s}],
              "checks": {"failed_not_streaming_max": 0, "route_away_s_max": 2, "recover_s_max": 6,
                         "blast_radius_errors_max": 0}}
     path = tmp_path / f"{kind}.yml"
     path.write_text(yaml.safe_dump(drill, sort_keys=False))
     write_inventory(tmp_path / "hosts.yml")
+    return path
+
+
+def run_drill(tmp_path, edge_address: str, consul_addr: str, kind: str) -> tuple[int, dict]:
+    path = write_drill(tmp_path, kind)
     try:
         main(["drill", str(path), "-i", str(tmp_path / "hosts.yml"), "--endpoint", f"http://{edge_address}",
               "--target", "n1-iu0", "--consul", consul_addr, "--out", str(tmp_path / "report"), "--json"])
@@ -140,3 +148,28 @@ def test_a_unit_fault_under_load_is_measured_and_undone(kind, tmp_path, consul_a
     assert result["passed"] == (code == 0)
     written = {p.name for p in (tmp_path / "report").iterdir()}
     assert {"drill.json", "drill.md"} <= written
+
+
+def frozen(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_ctrl_c_during_a_fault_undoes_it_says_so_and_exits_130(tmp_path, consul_addr, monkeypatch):
+    with process_pool(tmp_path, consul_addr, monkeypatch) as (edge_address, units_dir):
+        pid = units.main_pid(units_dir, UNIT)
+        path = write_drill(tmp_path, "engine_stall", at_s=2, hold_s=40, duration_s=60)
+        process = subprocess.Popen([sys.executable, "-m", "cli.main", "drill", str(path), "-i",
+                                    str(tmp_path / "hosts.yml"), "--endpoint", f"http://{edge_address}",
+                                    "--target", "n1-iu0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "COLUMNS": "200"})
+        try:
+            wait_for(lambda: frozen(pid), 30, "the drill's SIGSTOP")
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=30)
+        finally:
+            process.kill()
+        assert not frozen(pid)  # woken before the drill exited
+    assert process.returncode == 130, (out, err)
+    assert f"undone: n1-iu0: SIGCONT to PID {pid}" in err, err
+    assert "interrupted" in out and "FAILED" in out, out
