@@ -230,6 +230,14 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
         stop.set()
 
     async def faults(start: float) -> None:
+        try:
+            await schedule_faults(start)
+        except BaseException:  # a crash of the schedule ends the load at once; the undos run below
+            generator.stop()
+            stop.set()
+            raise
+
+    async def schedule_faults(start: float) -> None:
         nonlocal error
         for spec in drill.faults:
             if await _wait(stop, start + spec.at_s - loop.time()):

@@ -3,17 +3,23 @@ library listing, and the report it writes (JSON, Markdown, the PNG timeline)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
 
 import pytest
+from aiohttp import web
 
 from cluster.model import Cluster, Rack, build_node
 from common.errors import UsageError
 from operate import report
-from operate.drill import DrillResult, becomes, library_table, pick_target, refusal
+from operate.drill import DrillResult, becomes, library_table, pick_target, refusal, run
+from operate.drill_faults import Target
 from operate.drill_measure import FaultWindow
-from operate.drill_scenario import library, load_drill
+from operate.drill_scenario import library, load_drill, parse_drill
 from operate.loadtest import Result
+from tests.unit.operate.test_drill_faults import ScriptedHost
 from tests.unit.operate.test_drill_measure import CONSUL, RECORDED
 
 pytestmark = pytest.mark.unit
@@ -21,6 +27,7 @@ pytestmark = pytest.mark.unit
 NODES = [build_node(name, {"ansible_host": f"127.0.67.{i}", "rack": "r1", "gpu_model": "h100-sxm", "gpu_count": 8,
                            "iu_size": 4}) for i, name in enumerate(("n2", "n1"), 1)]
 CLUSTER = Cluster((Rack("r1", tuple(NODES)),))
+SHOW0 = ("systemctl", "show", "--property", "MainPID", "--value", "vllm-iu@0.service")
 
 
 def result(restored: list[str] | None = None, windows: list[FaultWindow] | None = None) -> DrillResult:
@@ -88,3 +95,111 @@ def test_ansible_become_as_ansible_reads_it():
     assert becomes({"ansible_become": True}) and becomes({"ansible_become": "yes"})
     assert not becomes({}) and not becomes({"ansible_become": False}) and not becomes({"ansible_become": "no"})
     assert pick_target(CLUSTER, load_drill("engine-crash"), "n2-iu0", {"n2": True}).become
+
+
+class Upstream:
+    """An OpenAI-compatible endpoint in a thread whose answers name a unit as the edge's X-Eas-IU does: n1-iu0
+    and n2-iu0 in turn, only n2-iu0 while ``n1_down`` is set."""
+
+    def __init__(self):
+        self.n1_down = threading.Event()
+        self.turn = 0
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.address = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._complete)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.67.20", 0)
+        await site.start()
+        host, port = site._server.sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def _models(self, request):
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def _complete(self, request):
+        await request.read()
+        self.turn += 1
+        unit = "n2-iu0" if self.n1_down.is_set() or self.turn % 2 else "n1-iu0"
+        answer = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Eas-IU": unit})
+        await answer.prepare(request)
+        for _ in range(2):
+            await answer.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+        await answer.write(b"data: [DONE]\n\n")
+        return answer
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class EdgeFollowingHost(ScriptedHost):
+    """A host whose unit dies on SIGKILL and comes back on `systemctl start`, as the upstream then routes."""
+
+    def __init__(self, upstream: Upstream, answers=None):
+        super().__init__({("systemctl", "show"): (0, "4242\n"), **(answers or {})})
+        self.upstream = upstream
+
+    def run(self, host, argv, timeout):
+        result = super().run(host, argv, timeout)
+        if argv[:2] == ["kill", "-KILL"]:
+            self.upstream.n1_down.set()
+        elif argv[:2] == ["systemctl", "start"]:
+            self.upstream.n1_down.clear()
+        return result
+
+
+def short_drill(kind: str = "engine_crash"):
+    return parse_drill({"name": "short", "load": {"mix": "production-mix", "rate_per_s": 20, "duration_s": 3},
+                        "faults": [{"kind": kind, "at_s": 1, "hold_s": 1}],
+                        "checks": {"route_away_s_max": 0.5, "recover_s_max": 1, "failed_not_streaming_max": 0}},
+                       "short.yml")
+
+
+@pytest.fixture
+def upstream():
+    server = Upstream()
+    yield server
+    server.close()
+
+
+def test_a_drill_injects_at_its_time_undoes_after_its_hold_and_measures_the_routing(upstream):
+    host = EdgeFollowingHost(upstream)
+    events = []
+    result = run(short_drill(), Target(NODES[1], NODES[1].ius[0]), host, upstream.address, log=events.append)
+    assert host.calls == [SHOW0, ("kill", "-KILL", "4242"), ("systemctl", "start", "vllm-iu@0.service")]
+    (window,) = result.windows
+    assert 1.0 <= window.at < 1.5 and 2.0 <= window.undone < 2.5
+    (m,) = result.measures
+    assert m.route_away_s == 0.0 and m.served_during_fault == 0 and m.recover_s is not None and m.recover_s < 0.5
+    assert result.passed and result.restored == ["n1-iu0: vllm-iu@0.service started (a no-op when systemd "
+                                                 "restarted it)"]
+    assert len(events) == 2 and "SIGKILL to vllm-iu@0.service MainPID 4242" in events[0]
+
+
+def test_a_fault_that_cannot_be_injected_stops_the_drill_and_fails_it(upstream):
+    host = EdgeFollowingHost(upstream, {("systemctl", "show"): (0, "0\n")})
+    result = run(short_drill(), Target(NODES[1], NODES[1].ius[0]), host, upstream.address)
+    assert result.error.startswith("n1-iu0: vllm-iu@0.service is not running") and not result.passed
+    assert result.windows == [] and result.restored == [] and not result.interrupted
+    assert result.load.elapsed_s < 2.5  # the load stopped at the failed fault
+
+
+def test_an_exception_in_a_fault_step_ends_the_load_and_still_undoes_what_was_changed(upstream):
+    class Breaks(EdgeFollowingHost):
+        def run(self, host, argv, timeout):
+            if argv[:2] == ["kill", "-STOP"]:
+                raise RuntimeError("the transport broke")
+            return super().run(host, argv, timeout)
+
+    host = Breaks(upstream)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="the transport broke"):
+        run(short_drill("engine_stall"), Target(NODES[1], NODES[1].ius[0]), host, upstream.address)
+    assert time.monotonic() - started < 2.5  # not the load's 3 s: it ended with the fault step
+    assert host.calls[-1] == ("kill", "-CONT", "4242")  # recorded before the SIGSTOP, run on the way out
