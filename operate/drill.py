@@ -171,7 +171,8 @@ def measure_table(result: DrillResult) -> Table:
                 ("failed_not_streaming", m.failed_not_streaming, ""), ("failed_streaming", m.failed_streaming, ""),
                 ("blast_radius_errors", m.blast_radius_errors, ""), ("served_during_fault", m.served_during_fault, ""),
                 ("ttft_p99_baseline_s", m.ttft_p99_baseline_s, " s"), ("ttft_p99_fault_s", m.ttft_p99_fault_s, " s"),
-                ("ttft_p99_ratio", m.ttft_p99_ratio, "x"), ("recover_s", m.recover_s, " s")]
+                ("ttft_p99_ratio", m.ttft_p99_ratio, "x"), ("recover_s", m.recover_s, " s"),
+                ("serving_again_s", m.serving_again_s, " s")]
         for j, (name, value, unit) in enumerate(rows):
             v = by_check.get((i, name))
             check = f"<= {v.limit:g}" if v else "-"

@@ -18,7 +18,10 @@ Per fault (``at``: the step returned, the fault in effect; ``undone``: the undo 
 - p99 TTFT of the answered requests before the first fault (the baseline) and during [at, undone), and their
   ratio;
 - ``recover_s``: the first request a faulted unit answered in full sent at or after ``undone``, minus
-  ``undone`` (None: not back before the load ended).
+  ``undone`` (None: not back before the load ended);
+- ``serving_again_s``: when a faulted unit next produced a first token for a request sent after ``at``, minus
+  ``at``: the whole outage as clients saw it, whoever ended it (systemd's restart of a crashed unit within
+  the hold, or the undo).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class FaultMeasure:
     ttft_p99_baseline_s: float | None
     ttft_p99_fault_s: float | None
     recover_s: float | None
+    serving_again_s: float | None = None
 
     @property
     def ttft_p99_ratio(self) -> float | None:
@@ -122,6 +126,8 @@ def measure(outcomes: Sequence[Outcome], windows: Sequence[FaultWindow], faulted
         elsewhere = sum(1 for o in failed if o.iu is not None and o.iu not in faulted)
         critical = [s.t for s in consul if s.t >= w.at and s.iu in faulted and s.status == CRITICAL]
         back = [sent_at(o) for o in outcomes if o.ok and o.iu in faulted and sent_at(o) >= w.undone]
+        first_tokens = [sent_at(o) + o.ttft_s for o in outcomes
+                        if o.ok and o.iu in faulted and o.ttft_s is not None and sent_at(o) >= w.at]
         measures.append(FaultMeasure(
             kind=w.kind, target=w.target, at_s=w.at, undone_s=w.undone, requests_during_fault=len(during),
             route_away_s=0.0 if last is None else last - w.at,
@@ -132,7 +138,8 @@ def measure(outcomes: Sequence[Outcome], windows: Sequence[FaultWindow], faulted
             served_during_fault=sum(1 for o in during if o.ok and o.iu in faulted),
             ttft_p99_baseline_s=baseline,
             ttft_p99_fault_s=percentile([o.ttft_s for o in during if o.ok], 99),
-            recover_s=min(back) - w.undone if back else None))
+            recover_s=min(back) - w.undone if back else None,
+            serving_again_s=min(first_tokens) - w.at if first_tokens else None))
     return measures
 
 

@@ -41,6 +41,7 @@ CHECKS = {
     "consul_critical_s_max": ("seconds from the fault until Consul shows the unit critical", 3600),
     "ttft_p99_ratio_max": ("p99 TTFT during the fault over the baseline's", 1000),
     "recover_s_max": ("seconds from the undo until the unit serves again", 86400),
+    "serving_again_s_max": ("seconds from the fault until the unit streams a first token again", 86400),
     "blast_radius_errors_max": ("failed requests on units other than the faulted one", 1e9),
     "served_during_fault_max": ("requests the faulted unit answered in full during the fault", 1e9),
 }

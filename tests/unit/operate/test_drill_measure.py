@@ -40,7 +40,14 @@ def test_one_fault_measured_from_what_was_recorded():
     assert m.served_during_fault == 0 and m.requests_during_fault == 17
     assert (m.ttft_p99_baseline_s, m.ttft_p99_fault_s) == (0.1, 0.3) and m.ttft_p99_ratio == pytest.approx(3.0)
     assert m.recover_s == pytest.approx(2.5)
+    assert m.serving_again_s == pytest.approx(12.6)  # a's first token after the fault: sent at 22.5, TTFT 0.1
     assert m.as_dict()["ttft_p99_ratio"] == 3.0
+
+
+def test_serving_again_counts_a_request_held_through_the_fault_from_its_first_token():
+    held = sent(10.5, "a", ttft=9.0)  # sent into a frozen unit, answered after the undo at 20
+    (m,) = measure([*RECORDED, held], [WINDOW], {"a"})
+    assert m.serving_again_s == pytest.approx(9.5) and m.served_during_fault == 1
 
 
 def test_a_unit_still_routed_at_the_undo_and_never_back():
