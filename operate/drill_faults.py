@@ -7,7 +7,7 @@ kind               target  what it does on the host                             
 =================  ======  ====================================================  ================================
 engine_stall       unit    ``kill -STOP`` the unit's MainPID (systemd's)         ``kill -CONT`` that PID
 engine_crash       unit    ``kill -KILL`` the MainPID (systemd restarts it:      ``systemctl start`` the unit
-                           ``Restart=on-failure``)
+                           ``Restart=on-failure``)                               (after ``reset-failed``)
 graceful_stop      unit    ``kill -TERM`` the MainPID: a clean stop, systemd     ``systemctl start`` the unit
                            does not restart it (the negative control)
 weights_missing    unit    the model directory's weight files (``*.safetensors``  files moved back, then
@@ -134,25 +134,34 @@ def main_pid(step: FaultStep) -> int:
     return int(out)
 
 
-def _signal(step: FaultStep, signal_name: str, undo: tuple[str, tuple[str, ...]]) -> None:
-    pid = main_pid(step)
-    step.record(undo[0].format(pid=pid), [a.format(pid=pid) for a in undo[1]])
-    step.run("kill", f"-{signal_name}", str(pid))
-    step.done.append(f"SIG{signal_name} to {step.target.unit} MainPID {pid}")
-
-
 def engine_stall(step: FaultStep) -> None:
-    _signal(step, "STOP", ("SIGCONT to PID {pid}", ("kill", "-CONT", "{pid}")))
+    pid = main_pid(step)
+    step.record(f"SIGCONT to PID {pid}", ["kill", "-CONT", str(pid)])
+    step.run("kill", "-STOP", str(pid))
+    step.done.append(f"SIGSTOP to {step.target.unit} MainPID {pid}")
+
+
+def _start(unit: str, verb: str = "start") -> list[tuple[str, ...]]:
+    """Start (or restart) a unit past its start limit: the vLLM unit allows StartLimitBurst starts an hour
+    (roles/inference_unit), and a drill's own restarts (a unit that exits at start is restarted every
+    RestartSec) must not leave it refused. ``reset-failed`` resets the start rate limit counter (systemctl(1))."""
+    return [("systemctl", "reset-failed", unit), ("systemctl", verb, unit)]
 
 
 def engine_crash(step: FaultStep) -> None:
     unit = step.target.unit
-    _signal(step, "KILL", (f"{unit} started (a no-op when systemd restarted it)", ("systemctl", "start", unit)))
+    pid = main_pid(step)
+    step.record(f"{unit} started (a no-op when systemd restarted it)", *_start(unit))
+    step.run("kill", "-KILL", str(pid))
+    step.done.append(f"SIGKILL to {unit} MainPID {pid}")
 
 
 def graceful_stop(step: FaultStep) -> None:
     unit = step.target.unit
-    _signal(step, "TERM", (f"{unit} started", ("systemctl", "start", unit)))
+    pid = main_pid(step)
+    step.record(f"{unit} started", *_start(unit))
+    step.run("kill", "-TERM", str(pid))
+    step.done.append(f"SIGTERM to {unit} MainPID {pid}")
 
 
 def model_path(step: FaultStep) -> str:
@@ -177,14 +186,15 @@ def weights_missing(step: FaultStep) -> None:
         names += found
     if not names:
         raise FaultError(f"{step.target.label}: {path} holds no weight files ({', '.join(WEIGHT_PATTERNS)})")
-    step.record(f"{unit} restarted with its weights", ["systemctl", "restart", unit])
+    step.record(f"{unit} restarted with its weights", *_start(unit, "restart"))
     step.record(f"{len(names)} weight files moved back to {path}",
                 ["find", aside, "-maxdepth", "1", "-type", "f", "-exec", "mv", "-t", path, "{}", "+"],
                 ["rmdir", aside])
     step.run("mkdir", "-p", aside)
     step.run("mv", "-t", aside, *names)
     step.done.append(f"{len(names)} weight files of {path} moved to {aside}")
-    step.run("systemctl", "restart", unit, check=False)  # vLLM exiting at start is the point
+    for argv in _start(unit, "restart"):
+        step.run(*argv, check=False)  # vLLM exiting at start is the point
     step.done.append(f"{unit} restarted without its weights")
 
 

@@ -10,7 +10,8 @@ Declared units live in ``$CLUSTERCTL_TEST_UNITS`` (a folder): ``<unit>.json`` ho
 - ``stop UNIT``: SIGTERM then SIGCONT (systemd sends both, so a frozen process sees the TERM), SIGKILL after
   10 s (TimeoutStopSec);
 - ``restart UNIT``: stop, then start;
-- ``is-active UNIT``: ``active`` (exit 0) or ``inactive`` (exit 3).
+- ``is-active UNIT``: ``active`` (exit 0) or ``inactive`` (exit 3);
+- ``reset-failed UNIT``: nothing to reset here (no start limit), exit 0.
 
 Unlike systemd it restarts nothing by itself (no ``Restart=on-failure``): a drill's undo starts the unit.
 """
@@ -98,6 +99,8 @@ def main(argv: list[str]) -> int:
     if verb == "restart":
         stop(units_dir, unit)
         return start(units_dir, unit)
+    if verb == "reset-failed":
+        return 0
     if verb == "is-active":
         running = bool(main_pid(units_dir, unit))
         print("active" if running else "inactive")

@@ -5,17 +5,17 @@ undo puts it back. One provisioned cluster for the module (3 nodes, 2 racks; sit
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
-import yaml
 
 from cluster.ansible.inventory import cluster_of, load_inventory
 from operate.drill import becomes
 from operate.drill_faults import FaultStep, Target
 from preflight.transport import RoutingTransport
 from tests.helpers import wait_for
-from tests.helpers.provision import VirtualCluster, clusterctl, create_inventory
+from tests.helpers.provision import VirtualCluster, clusterctl, write_inventory
 
 pytestmark = [pytest.mark.machines(order=4), pytest.mark.timeout(1800)]
 
@@ -26,12 +26,11 @@ UNIT = "vllm-iu@0.service"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     inventory = tmp_path_factory.mktemp("drill") / "inventory"
-    create_inventory(inventory)
-    group_vars = inventory / "group_vars" / "all.yml"
-    data = yaml.safe_load(group_vars.read_text())
-    data["drills_allowed"] = True
-    group_vars.write_text(yaml.safe_dump(data, sort_keys=False))
-    machines = VirtualCluster(inventory, ("r01n01", "r01n02", "r02n01"), {})
+    write_inventory(inventory)  # the provisioning tests' inventory (its vault and slower agent cycle)
+    with open(inventory / "group_vars" / "all.yml", "a") as group_vars:  # appended: the file holds vault tags
+        group_vars.write("drills_allowed: true\n")
+    env = dict(os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(inventory.parent / "vault-password"))
+    machines = VirtualCluster(inventory, ("r01n01", "r01n02", "r02n01"), env)
     up = clusterctl("virtual", "up", "-i", str(inventory))
     assert up.returncode == 0, up.stderr
     try:
@@ -45,7 +44,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(cluster) -> Target:
-    loaded = load_inventory(cluster.inventory)
+    loaded = load_inventory(cluster.inventory)  # its vault values stay sealed: nothing here reads them
     node = cluster_of(loaded).node(HOST)
     assert becomes(loaded.selected[HOST])
     return Target(node, node.ius[0], become=True)

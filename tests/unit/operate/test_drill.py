@@ -172,7 +172,8 @@ def test_a_drill_injects_at_its_time_undoes_after_its_hold_and_measures_the_rout
     host = EdgeFollowingHost(upstream)
     events = []
     result = run(short_drill(), Target(NODES[1], NODES[1].ius[0]), host, upstream.address, log=events.append)
-    assert host.calls == [SHOW0, ("kill", "-KILL", "4242"), ("systemctl", "start", "vllm-iu@0.service")]
+    assert host.calls == [SHOW0, ("kill", "-KILL", "4242"), ("systemctl", "reset-failed", "vllm-iu@0.service"),
+                          ("systemctl", "start", "vllm-iu@0.service")]
     (window,) = result.windows
     assert 1.0 <= window.at < 1.5 and 2.0 <= window.undone < 2.5
     (m,) = result.measures

@@ -37,10 +37,13 @@ def pid_host(pid: str = "4242", more: dict | None = None) -> ScriptedHost:
 SHOW = ("systemctl", "show", "--property", "MainPID", "--value", "vllm-iu@1.service")
 
 
+START = [("systemctl", "reset-failed", "vllm-iu@1.service"), ("systemctl", "start", "vllm-iu@1.service")]
+
+
 @pytest.mark.parametrize(("kind", "signal", "undo"), [
-    ("engine_stall", "-STOP", ("kill", "-CONT", "4242")),
-    ("engine_crash", "-KILL", ("systemctl", "start", "vllm-iu@1.service")),
-    ("graceful_stop", "-TERM", ("systemctl", "start", "vllm-iu@1.service")),
+    ("engine_stall", "-STOP", [("kill", "-CONT", "4242")]),
+    ("engine_crash", "-KILL", START),  # past the unit's start limit: reset-failed first
+    ("graceful_stop", "-TERM", START),
 ])
 def test_signal_faults_hit_systemds_main_pid_and_undo_once(kind, signal, undo):
     host = pid_host()
@@ -48,8 +51,8 @@ def test_signal_faults_hit_systemds_main_pid_and_undo_once(kind, signal, undo):
     step.inject()
     assert host.calls == [SHOW, ("kill", signal, "4242")]
     restored = step.undo()
-    assert host.calls[2:] == [undo] and len(restored) == 1 and "NOT" not in restored[0]
-    assert step.undo() == [] and len(host.calls) == 3  # an undo runs once
+    assert host.calls[2:] == undo and len(restored) == 1 and "NOT" not in restored[0]
+    assert step.undo() == [] and len(host.calls) == 2 + len(undo)  # an undo runs once
 
 
 def test_a_unit_that_is_not_running_is_not_faulted_and_nothing_needs_undoing():
@@ -75,15 +78,17 @@ def test_weights_missing_moves_the_weights_aside_restarts_and_undoes_in_reverse(
     step.inject()
     aside = "/models/llama-70b.drill-aside"
     assert host.calls[0] == ("cat", "/etc/vllm-iu/1.env")
-    assert host.calls[-3:] == [("mkdir", "-p", aside),
+    assert host.calls[-4:] == [("mkdir", "-p", aside),
                                ("mv", "-t", aside, *weights.split()),
+                               ("systemctl", "reset-failed", "vllm-iu@1.service"),
                                ("systemctl", "restart", "vllm-iu@1.service")]
     mark = len(host.calls)
     assert step.undo() == ["n1-iu1: 2 weight files moved back to /models/llama-70b",
                            "n1-iu1: vllm-iu@1.service restarted with its weights"]
     assert host.calls[mark:] == [
         ("find", aside, "-maxdepth", "1", "-type", "f", "-exec", "mv", "-t", "/models/llama-70b", "{}", "+"),
-        ("rmdir", aside), ("systemctl", "restart", "vllm-iu@1.service")]
+        ("rmdir", aside), ("systemctl", "reset-failed", "vllm-iu@1.service"),
+        ("systemctl", "restart", "vllm-iu@1.service")]
 
 
 def test_weights_missing_refuses_a_directory_without_weights_and_changes_nothing():
