@@ -37,6 +37,8 @@ COMMANDS: dict[str, Lazy] = {
     "edge": Lazy("cli.commands.edge", "The edge: an OpenAI-compatible router in front of the IUs (eas-edge)."),
     "loadtest": Lazy("cli.commands.loadtest",
                      "Send a traffic mix to an OpenAI-compatible endpoint and judge it against latency SLOs."),
+    "drill": Lazy("cli.commands.drill",
+                  "Fault drills: a unit or node faulted under load, what clients saw, recovery (--list)."),
     "demo": Lazy("cli.commands.demo", "Run the whole toolkit end to end on a temporary virtual cluster."),
     "completion": Lazy("cli.commands.completion", "Print the shell completion script (bash, zsh, fish)."),
 }

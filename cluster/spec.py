@@ -159,6 +159,13 @@ def text(raw: Any) -> str | None:
     return None if raw is None or raw == "" else str(raw)
 
 
+def strict_bool(raw: Any) -> bool:
+    """true or false (YAML booleans) only: a "yes" string is no consent to a drill."""
+    if not isinstance(raw, bool):
+        raise Invalid("must be true or false")
+    return raw
+
+
 def optional_str(raw: Any) -> str | None:
     return None if raw is None else str(raw)
 
@@ -347,6 +354,8 @@ class HostVars:
     # -- the nvidia_stack role's pins (PIN_VARS), read as preflight's pins too
     nvidia_stack_driver_version: str | None = var(None, optional_str)
     nvidia_stack_nccl_version: str | None = var(None, optional_str)
+    # -- clusterctl drill: a host that may have its units killed, frozen and stopped under load (operate/drill.py)
+    drills_allowed: bool = var(False, strict_bool)
     # -- the agent
     eas_agent_listen: str | None = var(None, text)
     # -- checked for a role, never read by Python (the module docstring says why)

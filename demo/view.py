@@ -155,7 +155,8 @@ def ending(e: Ending) -> Table:
                     "(bench/README.md)"),
         ("kept", e.kept),
         ("next", f"your own virtual cluster: {e.clusterctl} virtual create -i mycluster --faults none (README: "
-                 f"\"Your own virtual cluster\"); real hosts: copy inventory/sample to inventory/prod, then "
+                 f"\"Your own virtual cluster\"); a unit faulted under load, measured and undone: {e.clusterctl} drill "
+                 f"--list (docs/drills.md); real hosts: copy inventory/sample to inventory/prod, then "
                  f"{e.clusterctl} inventory validate -i inventory/prod"),
     ]
     grid = Table.grid(padding=(0, 1))

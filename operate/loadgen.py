@@ -65,6 +65,7 @@ class Outcome:
     itl_s: float | None = None
     tokens: int = 0  # generated, as the answer reports it
     error: str | None = None
+    streamed: bool = False  # a content chunk arrived: a failure after it cut a stream the client was reading
     iu: str | None = None
     score: float | None = None
     expected_s: float | None = None
@@ -173,6 +174,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: O
                     if content:
                         now = time.monotonic()
                         first = now if first is None else first
+                        outcome.streamed = True
                         last = now
                         chunks += 1
                     finished_length = finished_length or finished

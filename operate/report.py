@@ -7,7 +7,9 @@
 - PNG plots (matplotlib, when installed): for a load test, latency over time per class
   (``latency-over-time.png``), TTFT CDFs per class with the SLO limits (``ttft-cdf.png``) and the GPU
   utilisation per unit over the run when the agents' data was read (``utilisation.png``); for a
-  calibration, measured wait against the published score per unit (``calibration.png``).
+  calibration, measured wait against the published score per unit (``calibration.png``); for a drill, its
+  timeline (``drill-timeline.png``: requests sent and failed, p99 TTFT and the faulted unit's share of the
+  requests per second, each fault's window shaded from injection to undo).
 
 Returns the paths written; a missing matplotlib leaves the PNGs out and says so (the JSON and Markdown
 carry every number).
@@ -32,8 +34,11 @@ def render_text(renderable, width: int = 140) -> str:
 
 
 def _kind(result) -> str:
+    from operate.drill import DrillResult
     from operate.loadtest import Result, SweepResult
 
+    if isinstance(result, DrillResult):
+        return "drill"
     if isinstance(result, SweepResult):
         return "sweep"
     if isinstance(result, Result):
@@ -65,6 +70,8 @@ def write(result, out_dir: str | Path) -> tuple[list[Path], str | None]:
         return written, "PNG plots left out: matplotlib is not installed (pip install matplotlib)"
     if kind == "loadtest":
         written += _loadtest_plots(plt, result, out)
+    elif kind == "drill":
+        written.append(_drill_plot(plt, result, out))
     elif kind == "sweep":
         for r in result.results:
             written += _loadtest_plots(plt, r, out / f"rate-{r.rate:g}")
@@ -139,6 +146,25 @@ def _calibration_plot(plt, result, out: Path) -> list[Path]:
            title="score calibration per unit")
     ax.legend(fontsize=8)
     return [_save(plt, fig, out / "calibration.png")]
+
+
+def _drill_plot(plt, result, out: Path) -> Path:
+    line = result.timeline
+    t = line["t"]
+    fig, (rate, ttft, share) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    rate.plot(t, [n / line["bin_s"] for n in line["sent"]], label="sent req/s", linewidth=1)
+    rate.plot(t, [n / line["bin_s"] for n in line["failed"]], label="failed req/s", color="tab:red", linewidth=1)
+    rate.set(ylabel="requests/s")
+    rate.legend(loc="upper left", fontsize=8)
+    ttft.plot(t, [None if v is None else v * 1000 for v in line["ttft_p99_s"]], color="tab:orange", linewidth=1)
+    ttft.set(ylabel="p99 TTFT ms (per second)")
+    share.plot(t, [v * 100 for v in line["faulted_share"]], color="tab:purple", linewidth=1)
+    share.set(ylabel=f"% of requests to {result.target}", xlabel="seconds into the load (send time)", ylim=(0, 100))
+    for ax in (rate, ttft, share):
+        for w in result.windows:
+            ax.axvspan(w.at, w.undone, color="tab:red", alpha=0.12)
+    rate.set_title(f"drill {result.drill.name} on {result.target} (shaded: fault injected -> undone)")
+    return _save(plt, fig, out / "drill-timeline.png")
 
 
 def _save(plt, fig, path: Path) -> Path:

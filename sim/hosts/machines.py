@@ -72,6 +72,8 @@ PEERS_DIR = "/run/clusterctl-sim-peers"  # where it sees every host's (read-only
 SIM_LIB = "/usr/local/lib/clusterctl-sim"  # the `sim` package, read-only, for the stub tools
 MACHINE_PYTHON = "/usr/bin/python3"
 SSH_USER = "deploy"
+# A safetensors file holding no tensor: its 8-byte little-endian header length, then the header "{}"
+EMPTY_SAFETENSORS = (2).to_bytes(8, "little") + b"{}"
 BOOT_TIMEOUT_S = float(os.environ.get("CLUSTERCTL_BOOT_TIMEOUT_S", "120"))
 BOOT_PARALLEL = 8  # boots at a time: 16 on 2 busy cores timed out units (journal flush)
 SYS_OVERLAYS = (("/sys/class", "class"), ("/sys/bus/pci/devices", "pci"), ("/sys/devices/virtual", "virtual"))
@@ -87,7 +89,8 @@ class SimHost:
     faults: list
     address: str
     # Where the node's local NVMe holds the model weights (the inventory's inference_unit_model_path): a
-    # stand-in model directory (config.json only) is put there, as a real node has its weights before vLLM.
+    # stand-in model directory (config.json and an empty weight file) is put there, as a real node has its
+    # weights before vLLM.
     model_path: str | None = None
 
 
@@ -169,6 +172,9 @@ def prepare_host(paths: HostPaths, sim_host: SimHost, public_key: str) -> str:
         model = upper / sim_host.model_path.lstrip("/")
         model.mkdir(parents=True)
         (model / "config.json").write_text(json.dumps({"model_type": "llama", "clusterctl_stand_in": True}) + "\n")
+        # a weight file vLLM's loader finds (a safetensors file with an empty header): the weights_missing drill
+        # moves it aside and the stand-in vLLM then dies as vLLM does (sim/pypi/vllm_cli.py)
+        (model / "model-00001-of-00001.safetensors").write_bytes(EMPTY_SAFETENSORS)
     _write(etc / "ssh" / "sshd_config.d" / "10-listen.conf",
            "# This machine's only listen address: machines share the CI machine's network namespace.\n"
            f"ListenAddress {sim_host.address}\nHostKey /etc/ssh/ssh_host_ed25519_key\n")

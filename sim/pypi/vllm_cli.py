@@ -9,7 +9,11 @@ Exits 1 with one line per problem (as vLLM dies at start) when:
 - VLLM_PORT is set and its internal port range (VLLM_PORT .. VLLM_PORT + tensor parallel size) holds --port:
   VLLM_PORT is vLLM's first internal port, not the API port;
 - CUDA_VISIBLE_DEVICES does not name --tensor-parallel-size GPUs that ``nvidia-smi -L`` lists;
-- the model directory has no config.json.
+- the model directory has no config.json;
+- the model directory has no weight files: vLLM's DefaultModelLoader looks for ``*.safetensors``, then ``*.bin``,
+  then ``*.pt`` in it and, finding none, dies with ``RuntimeError: Cannot find any model weights with
+  `<model>``` (vllm/model_executor/model_loader/default_loader.py, ``_prepare_weights``); real vLLM gets
+  there after the engine starts, so the line comes after its start-up logs, and never serves.
 With VLLM_PORT set, the internal ports are bound like vLLM's distributed init does: a port another IU serves on
 fails with "Address already in use", the race two IUs on one node run into.
 """
@@ -95,7 +99,19 @@ def check_environment(args: argparse.Namespace, env: dict[str, str]) -> list[str
                         f"--tensor-parallel-size {args.tensor_parallel_size} GPUs among the {count} nvidia-smi lists")
     if not (Path(args.model) / "config.json").is_file():
         problems.append(f"{args.model}: no config.json (not a model directory)")
+    elif (missing := weights_problem(Path(args.model), args.model)) is not None:
+        problems.append(missing)
     return problems
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")  # vLLM's load_format auto, with its fall back to .pt
+
+
+def weights_problem(directory: Path, model: str) -> str | None:
+    """vLLM's error for a model directory without weight files (None: it has some)."""
+    if any(any(p.is_file() for p in directory.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        return None
+    return f"RuntimeError: Cannot find any model weights with `{model}`"
 
 
 def bind_internal_ports(args: argparse.Namespace, env: dict[str, str]) -> list[socket.socket]:

@@ -28,7 +28,7 @@ TRUE_PREFILL_TPS = 12_600.0  # the simulated engine's (sim/vllm/loadmodel.py: ro
 
 
 @contextmanager
-def _agent(node: SimulatedNode, agent_port: int, prefill_tps_prior: float):
+def node_agent(node: SimulatedNode, agent_port: int, prefill_tps_prior: float):
     address = node.ius[0].address.rsplit(":", 1)[0]
     config = node.write_config(listen=f"{address}:{agent_port}", **FAST)
     pipeline = IUPipeline(config, 0)
@@ -66,7 +66,7 @@ def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = Non
                                                    (0, 1, 2, 3), 0), host)
             ius[node.iu_id(0)] = node.ius[0]
             prior = liar_prior if n == liar else TRUE_PREFILL_TPS
-            agents.append(stack.enter_context(_agent(node, agent_port, prior)))
+            agents.append(stack.enter_context(node_agent(node, agent_port, prior)))
         config = EdgeConfig(listen="127.0.0.1:0", consul=replace(EdgeConfig().consul, address=consul_addr),
                             push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
                             queue_timeout_s=5.0, seed=1, debug_headers=True)

@@ -26,6 +26,7 @@ from packaging.specifiers import SpecifierSet
 from provision.wheels import DIST_NAME, agent_requirements, build_agent_wheel
 from sim import nvml_standin
 from sim.aptrepo import serve
+from sim.hosts.machines import EMPTY_SAFETENSORS
 from sim.pypi import build_index, constraints
 from sim.pypi.build import NVML_DIST, VLLM_VERSION
 from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
@@ -74,6 +75,7 @@ def node(tmp_path):
     """A model directory, writable HOME, and an nvidia-smi listing 8 GPUs (what the machines' stand-in prints)."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model/config.json").write_text("{}\n")
+    (tmp_path / "model/model.safetensors").write_bytes(EMPTY_SAFETENSORS)
     (tmp_path / "home").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -140,6 +142,15 @@ def test_vllm_refuses_the_environments_a_real_node_would_break_on(vllm_venv, nod
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert message.format(port=port) in err, err
+
+
+def test_vllm_without_weight_files_exits_with_vllms_error_and_never_serves(vllm_venv, node):
+    (node / "model/model.safetensors").rename(node / "aside.safetensors")
+    port = free_port()
+    proc = vllm(vllm_venv, node, port)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert f"RuntimeError: Cannot find any model weights with `{node / 'model'}`" in err, err
 
 
 def test_vllm_internal_ports_collide_with_another_ius_api_port(vllm_venv, node):

@@ -1,0 +1,211 @@
+"""Fault steps of a drill: each acts on real processes, units and files of one target host through the same
+transport as preflight (:class:`preflight.transport.RoutingTransport`: SSH to ``ansible_host``, or local
+commands for ``ansible_connection: local``), and knows how to undo what it did.
+
+=================  ======  ====================================================  ================================
+kind               target  what it does on the host                              undo
+=================  ======  ====================================================  ================================
+engine_stall       unit    ``kill -STOP`` the unit's MainPID (systemd's)         ``kill -CONT`` that PID
+engine_crash       unit    ``kill -KILL`` the MainPID (systemd restarts it:      ``systemctl start`` the unit
+                           ``Restart=on-failure``)                               (after ``reset-failed``)
+graceful_stop      unit    ``kill -TERM`` the MainPID: a clean stop, systemd     ``systemctl start`` the unit
+                           does not restart it (the negative control)
+weights_missing    unit    the model directory's weight files (``*.safetensors``  files moved back, then
+                           ``*.bin``, ``*.pt``) moved to ``<dir>.drill-aside``,  ``systemctl restart`` the unit
+                           then ``systemctl restart``: vLLM must exit with an
+                           error, never serve
+consul_agent_down  node    ``systemctl stop consul.service``                     ``systemctl start consul.service``
+=================  ======  ====================================================  ================================
+
+The unit of IU ``N`` is ``vllm-iu@N.service`` and its model directory is ``VLLM_MODEL_PATH`` of
+``/etc/vllm-iu/N.env`` (roles/inference_unit). Commands run as the inventory's connection user, under
+``sudo -n`` when the host has ``ansible_become`` (as the provisioning playbooks become root; a sudo that wants a
+password fails the step with sudo's own line instead of waiting for one).
+
+An undo is recorded before the change it reverses is made, so a step that fails half way (or a Ctrl-C in the
+middle of it) still restores what it may have changed. :meth:`FaultStep.undo` runs every recorded undo, newest
+first, carries on past one that fails, and returns one line per undo saying what was restored or why not.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cluster.model import IU, Node
+from common.errors import ClusterctlError, ExitCode
+
+COMMAND_TIMEOUT_S = 60.0  # systemctl restart waits for the unit's ExecStop; vLLM's stop takes seconds
+UNIT_TEMPLATE = "vllm-iu@{index}.service"
+ENV_FILE_TEMPLATE = "/etc/vllm-iu/{index}.env"  # inference_unit_env_dir (roles/inference_unit/defaults)
+CONSUL_UNIT = "consul.service"
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+ASIDE_SUFFIX = ".drill-aside"
+
+
+class FaultError(ClusterctlError):
+    """A fault could not be injected (the target did not answer, the unit is not running): exit 1."""
+
+    def __init__(self, message: str):
+        super().__init__(message, ExitCode.FAILED)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a drill faults: one IU (``iu`` set) or one whole node."""
+
+    node: Node
+    iu: IU | None = None
+    become: bool = False  # the host's ansible_become: every command through sudo -n
+
+    @property
+    def label(self) -> str:
+        return self.iu.id if self.iu is not None else self.node.name
+
+    @property
+    def unit(self) -> str:
+        if self.iu is None:
+            raise FaultError(f"{self.node.name}: a unit fault needs an IU as its target, not a node")
+        return UNIT_TEMPLATE.format(index=self.iu.index)
+
+    @property
+    def iu_ids(self) -> tuple[str, ...]:
+        """The IUs a client can see fail: the one IU, or every IU of the node."""
+        return (self.iu.id,) if self.iu is not None else tuple(iu.id for iu in self.node.ius)
+
+
+@dataclass(frozen=True)
+class Undo:
+    description: str
+    commands: tuple[tuple[str, ...], ...]
+
+
+@dataclass
+class FaultStep:
+    """One fault on one target; :meth:`inject` changes the host, :meth:`undo` puts it back."""
+
+    kind: str
+    target: Target
+    transport: object  # preflight.transport.Transport: run(host, argv, timeout) -> CommandResult
+    undos: list[Undo] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)  # what inject did, in order
+
+    def command(self, argv) -> list[str]:
+        return ["sudo", "-n", "--", *argv] if self.target.become else list(argv)
+
+    def run(self, *argv: str, check: bool = True):
+        result = self.transport.run(self.target.node, self.command(argv), COMMAND_TIMEOUT_S)
+        if check and not result.ok:
+            why = "unreachable" if result.unreachable else "timed out" if result.timed_out else result.ended()
+            detail = result.last_line()
+            raise FaultError(f"{self.target.node.name}: `{shlex.join(argv)}` {why}"
+                             + (f": {detail}" if detail else ""))
+        return result
+
+    def record(self, description: str, *commands: Sequence[str]) -> None:
+        self.undos.append(Undo(description, tuple(tuple(c) for c in commands)))
+
+    def inject(self) -> None:
+        INJECTORS[self.kind](self)
+
+    def undo(self) -> list[str]:
+        """Run every recorded undo, newest first; one line per undo (restored, or why not)."""
+        lines = []
+        while self.undos:
+            undo = self.undos.pop()
+            failed = None
+            for argv in undo.commands:
+                result = self.transport.run(self.target.node, self.command(argv), COMMAND_TIMEOUT_S)
+                if not result.ok:
+                    failed = f"`{shlex.join(argv)}` {result.ended()}: {result.last_line() or 'no output'}"
+                    break
+            lines.append(f"{self.target.label}: {undo.description}" if failed is None
+                         else f"{self.target.label}: NOT restored ({undo.description}): {failed}")
+        return lines
+
+
+def main_pid(step: FaultStep) -> int:
+    """The unit's main PID as systemd reports it; a FaultError when the unit is not running."""
+    out = step.run("systemctl", "show", "--property", "MainPID", "--value", step.target.unit).stdout.strip()
+    if not out.isdigit() or int(out) == 0:
+        raise FaultError(f"{step.target.label}: {step.target.unit} is not running (MainPID {out or 'empty'}): "
+                         f"nothing to fault")
+    return int(out)
+
+
+def engine_stall(step: FaultStep) -> None:
+    pid = main_pid(step)
+    step.record(f"SIGCONT to PID {pid}", ["kill", "-CONT", str(pid)])
+    step.run("kill", "-STOP", str(pid))
+    step.done.append(f"SIGSTOP to {step.target.unit} MainPID {pid}")
+
+
+def _start(unit: str, verb: str = "start") -> list[tuple[str, ...]]:
+    """Start (or restart) a unit past its start limit: the vLLM unit allows StartLimitBurst starts an hour
+    (roles/inference_unit), and a drill's own restarts (a unit that exits at start is restarted every
+    RestartSec) must not leave it refused. ``reset-failed`` resets the start rate limit counter (systemctl(1))."""
+    return [("systemctl", "reset-failed", unit), ("systemctl", verb, unit)]
+
+
+def engine_crash(step: FaultStep) -> None:
+    unit = step.target.unit
+    pid = main_pid(step)
+    step.record(f"{unit} started (a no-op when systemd restarted it)", *_start(unit))
+    step.run("kill", "-KILL", str(pid))
+    step.done.append(f"SIGKILL to {unit} MainPID {pid}")
+
+
+def graceful_stop(step: FaultStep) -> None:
+    unit = step.target.unit
+    pid = main_pid(step)
+    step.record(f"{unit} started", *_start(unit))
+    step.run("kill", "-TERM", str(pid))
+    step.done.append(f"SIGTERM to {unit} MainPID {pid}")
+
+
+def model_path(step: FaultStep) -> str:
+    """``VLLM_MODEL_PATH`` from the unit's environment file."""
+    env_file = ENV_FILE_TEMPLATE.format(index=step.target.iu.index)
+    text = step.run("cat", env_file).stdout
+    for line in text.splitlines():
+        key, _, value = line.strip().partition("=")
+        if key == "VLLM_MODEL_PATH" and value.strip():
+            words = shlex.split(value)
+            if words:
+                return words[0]
+    raise FaultError(f"{step.target.node.name}: {env_file} sets no VLLM_MODEL_PATH")
+
+
+def weights_missing(step: FaultStep) -> None:
+    unit, path = step.target.unit, model_path(step)
+    aside = path.rstrip("/") + ASIDE_SUFFIX
+    names = []
+    for pattern in WEIGHT_PATTERNS:
+        found = step.run("find", path, "-maxdepth", "1", "-type", "f", "-name", pattern).stdout.split()
+        names += found
+    if not names:
+        raise FaultError(f"{step.target.label}: {path} holds no weight files ({', '.join(WEIGHT_PATTERNS)})")
+    step.record(f"{unit} restarted with its weights", *_start(unit, "restart"))
+    step.record(f"{len(names)} weight files moved back to {path}",
+                ["find", aside, "-maxdepth", "1", "-type", "f", "-exec", "mv", "-t", path, "{}", "+"],
+                ["rmdir", aside])
+    step.run("mkdir", "-p", aside)
+    step.run("mv", "-t", aside, *names)
+    step.done.append(f"{len(names)} weight files of {path} moved to {aside}")
+    for argv in _start(unit, "restart"):
+        step.run(*argv, check=False)  # vLLM exiting at start is the point
+    step.done.append(f"{unit} restarted without its weights")
+
+
+def consul_agent_down(step: FaultStep) -> None:
+    step.record(f"{CONSUL_UNIT} started", ["systemctl", "start", CONSUL_UNIT])
+    step.run("systemctl", "stop", CONSUL_UNIT)
+    step.done.append(f"{CONSUL_UNIT} stopped on {step.target.node.name}")
+
+
+INJECTORS = {"engine_stall": engine_stall, "engine_crash": engine_crash, "graceful_stop": graceful_stop,
+             "weights_missing": weights_missing, "consul_agent_down": consul_agent_down}
+SCOPE = {"engine_stall": "unit", "engine_crash": "unit", "graceful_stop": "unit", "weights_missing": "unit",
+         "consul_agent_down": "node"}
+KINDS = tuple(INJECTORS)

@@ -1,0 +1,128 @@
+"""Fault steps over a scripted transport: the commands each kind runs on the target, the undo recorded before
+each change, undo newest first, and an undo that fails named as not restored."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.model import build_node
+from operate.drill_faults import FaultError, FaultStep, Target
+from preflight.transport import CommandResult
+
+pytestmark = pytest.mark.unit
+
+NODE = build_node("n1", {"ansible_host": "127.0.67.1", "rack": "r1", "gpu_model": "h100-sxm", "gpu_count": 8,
+                         "iu_size": 4})
+IU1 = Target(NODE, NODE.ius[1])
+ENV = "VLLM_MODEL_PATH=/models/llama-70b\nVLLM_ARGS=--port 8001\n"
+
+
+class ScriptedHost:
+    """Answers argv by its first words; records every command run."""
+
+    def __init__(self, answers: dict[tuple[str, ...], tuple[int, str]] | None = None):
+        self.answers = answers or {}
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, host, argv, timeout):
+        self.calls.append(tuple(argv))
+        rc, out = next((a for prefix, a in self.answers.items() if tuple(argv[:len(prefix)]) == prefix), (0, ""))
+        return CommandResult(rc, out, "" if rc == 0 else "Operation not permitted", 0.01, argv=tuple(argv))
+
+
+def pid_host(pid: str = "4242", more: dict | None = None) -> ScriptedHost:
+    return ScriptedHost({("systemctl", "show"): (0, f"{pid}\n"), **(more or {})})
+
+
+SHOW = ("systemctl", "show", "--property", "MainPID", "--value", "vllm-iu@1.service")
+
+
+START = [("systemctl", "reset-failed", "vllm-iu@1.service"), ("systemctl", "start", "vllm-iu@1.service")]
+
+
+@pytest.mark.parametrize(("kind", "signal", "undo"), [
+    ("engine_stall", "-STOP", [("kill", "-CONT", "4242")]),
+    ("engine_crash", "-KILL", START),  # past the unit's start limit: reset-failed first
+    ("graceful_stop", "-TERM", START),
+])
+def test_signal_faults_hit_systemds_main_pid_and_undo_once(kind, signal, undo):
+    host = pid_host()
+    step = FaultStep(kind, IU1, host)
+    step.inject()
+    assert host.calls == [SHOW, ("kill", signal, "4242")]
+    restored = step.undo()
+    assert host.calls[2:] == undo and len(restored) == 1 and "NOT" not in restored[0]
+    assert step.undo() == [] and len(host.calls) == 2 + len(undo)  # an undo runs once
+
+
+def test_a_unit_that_is_not_running_is_not_faulted_and_nothing_needs_undoing():
+    step = FaultStep("engine_crash", IU1, pid_host("0"))
+    with pytest.raises(FaultError, match=r"n1-iu1: vllm-iu@1.service is not running \(MainPID 0\)"):
+        step.inject()
+    assert step.undo() == []
+
+
+def test_a_signal_that_fails_still_leaves_its_undo_recorded():
+    host = pid_host(more={("kill", "-STOP"): (1, "")})
+    step = FaultStep("engine_stall", IU1, host)
+    with pytest.raises(FaultError, match=r"`kill -STOP 4242` exited 1: Operation not permitted"):
+        step.inject()
+    assert step.undo() == ["n1-iu1: SIGCONT to PID 4242"] and host.calls[-1] == ("kill", "-CONT", "4242")
+
+
+def test_weights_missing_moves_the_weights_aside_restarts_and_undoes_in_reverse():
+    weights = "/models/llama-70b/model-00001.safetensors\n/models/llama-70b/model-00002.safetensors\n"
+    host = ScriptedHost({("cat",): (0, ENV), ("find", "/models/llama-70b", "-maxdepth", "1", "-type", "f", "-name",
+                                              "*.safetensors"): (0, weights)})
+    step = FaultStep("weights_missing", IU1, host)
+    step.inject()
+    aside = "/models/llama-70b.drill-aside"
+    assert host.calls[0] == ("cat", "/etc/vllm-iu/1.env")
+    assert host.calls[-4:] == [("mkdir", "-p", aside),
+                               ("mv", "-t", aside, *weights.split()),
+                               ("systemctl", "reset-failed", "vllm-iu@1.service"),
+                               ("systemctl", "restart", "vllm-iu@1.service")]
+    mark = len(host.calls)
+    assert step.undo() == ["n1-iu1: 2 weight files moved back to /models/llama-70b",
+                           "n1-iu1: vllm-iu@1.service restarted with its weights"]
+    assert host.calls[mark:] == [
+        ("find", aside, "-maxdepth", "1", "-type", "f", "-exec", "mv", "-t", "/models/llama-70b", "{}", "+"),
+        ("rmdir", aside), ("systemctl", "reset-failed", "vllm-iu@1.service"),
+        ("systemctl", "restart", "vllm-iu@1.service")]
+
+
+def test_weights_missing_refuses_a_directory_without_weights_and_changes_nothing():
+    host = ScriptedHost({("cat",): (0, ENV)})
+    step = FaultStep("weights_missing", IU1, host)
+    with pytest.raises(FaultError, match="holds no weight files"):
+        step.inject()
+    assert step.undos == [] and not any(c[0] in ("mv", "mkdir", "systemctl") for c in host.calls)
+
+
+def test_an_undo_that_fails_is_named_and_the_others_still_run():
+    host = ScriptedHost({("cat",): (0, ENV), ("find", "/models/llama-70b"): (0, "/models/llama-70b/a.bin\n")})
+    step = FaultStep("weights_missing", IU1, host)
+    step.inject()
+    host.answers = {("find",): (1, "")}
+    restored = step.undo()
+    assert restored[0].startswith("n1-iu1: NOT restored (3 weight files moved back to /models/llama-70b): `find ")
+    assert restored[0].endswith("exited 1: Operation not permitted")
+    assert restored[1] == "n1-iu1: vllm-iu@1.service restarted with its weights"
+
+
+def test_consul_agent_down_acts_on_the_node():
+    host = ScriptedHost()
+    step = FaultStep("consul_agent_down", Target(NODE), host)
+    step.inject()
+    assert step.undo() == ["n1: consul.service started"]
+    assert host.calls == [("systemctl", "stop", "consul.service"), ("systemctl", "start", "consul.service")]
+    assert Target(NODE).iu_ids == ("n1-iu0", "n1-iu1")
+
+
+def test_a_host_with_ansible_become_gets_every_command_and_undo_through_sudo():
+    host = pid_host(more={("sudo", "-n", "--", "systemctl", "show"): (0, "77\n")})
+    step = FaultStep("engine_stall", Target(NODE, NODE.ius[1], become=True), host)
+    step.inject()
+    step.undo()
+    assert host.calls == [("sudo", "-n", "--", *SHOW), ("sudo", "-n", "--", "kill", "-STOP", "77"),
+                          ("sudo", "-n", "--", "kill", "-CONT", "77")]

@@ -1,0 +1,95 @@
+"""Drill files: the library parses; every malformed file is one ScenarioError line naming the file, the field
+and the value (exit 2, nothing touched)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from common.errors import ExitCode
+from operate.drill_faults import KINDS
+from operate.drill_scenario import library, load_drill, parse_drill, resolve
+from operate.scenario import ScenarioError
+
+pytestmark = pytest.mark.unit
+
+VALID = {"name": "d", "load": {"mix": "production-mix", "rate_per_s": 4, "duration_s": 60},
+         "faults": [{"kind": "engine_crash", "at_s": 10, "hold_s": 10}],
+         "checks": {"failed_not_streaming_max": 0, "route_away_s_max": 2}}
+
+
+def with_(path: str, value) -> dict:
+    data = copy.deepcopy(VALID)
+    *parents, last = path.split(".")
+    where = data
+    for key in parents:
+        where = where[int(key)] if isinstance(where, list) else where[key]
+    where[last] = value
+    return data
+
+
+def error_of(data) -> str:
+    with pytest.raises(ScenarioError) as caught:
+        parse_drill(data, "d.yml")
+    assert caught.value.exit_code == ExitCode.USAGE
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("d.yml: ")
+    return message
+
+
+def test_every_library_drill_parses_and_together_they_cover_every_fault_kind():
+    drills = [load_drill(str(p)) for p in library()]
+    assert {f.kind for d in drills for f in d.faults} == set(KINDS)
+    assert all(d.checks and d.description for d in drills)
+    crash = load_drill("engine-crash")
+    assert crash.source == str(resolve("engine-crash")) and crash.mix.name == "production-mix"
+    assert crash.checks["route_away_s_max"] == 2 and crash.checks["ttft_p99_ratio_max"] == 1.15
+
+
+def test_a_valid_drill():
+    drill = parse_drill(VALID, "d.yml")
+    assert (drill.rate_per_s, drill.duration_s, drill.seed, drill.scope) == (4.0, 60.0, 1, "unit")
+    assert [(f.kind, f.at_s, f.end_s) for f in drill.faults] == [("engine_crash", 10.0, 20.0)]
+    node = parse_drill(with_("faults", [{"kind": "consul_agent_down", "at_s": 1, "hold_s": 2}]), "d.yml")
+    assert node.scope == "node"
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (with_("faults.0.kind", "engine_explode"), "d.yml: faults[0].kind: unknown fault kind; expected one of "
+                                               "engine_stall, engine_crash"),
+    (with_("faults.0.hold_s", 0), "faults[0].hold_s: expected a number > 0"),
+    (with_("faults.0.hold_s", 55), "faults[0].hold_s: the fault ends at 65 s, not before the load does (60 s)"),
+    (with_("faults", []), "faults: expected a non-empty list of faults (got [])"),
+    (with_("faults", [{"kind": "engine_stall", "at_s": 5, "hold_s": 10},
+                      {"kind": "engine_crash", "at_s": 12, "hold_s": 5}]),
+     "faults[1].at_s: overlaps the fault before it (undone at 15 s): one fault at a time (got 12)"),
+    (with_("load.rate_per_s", "fast"), "load.rate_per_s: expected a number (got 'fast')"),
+    (with_("load.mix", "no-such-mix"), "load.mix: no such scenario; the library has production-mix"),
+    (with_("load.mix", "mixes/x.yml"), "load.mix: no such file"),
+    (with_("checks.route_away_s_max", True), "checks.route_away_s_max: expected a number (got True)"),
+    (with_("checks.p99_max", 1), "checks.p99_max: unknown field; expected one of blast_radius_errors_max"),
+    (with_("faults.0.target", "n1"), "faults[0].target: unknown field"),
+    ({"name": "d", "faults": []}, "d.yml: load: missing"),
+])
+def test_bad_input_is_one_line_naming_the_field_and_value(data, expected):
+    assert expected in error_of(data)
+
+
+def test_an_unreadable_or_invalid_file_names_the_file_and_the_library(tmp_path):
+    with pytest.raises(ScenarioError, match=r"missing\.yml: cannot read the drill file: .* \(the library: "
+                                            r"consul-agent-down, engine-crash"):
+        load_drill(str(tmp_path / "missing.yml"))
+    bad = tmp_path / "bad.yml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ScenarioError, match=r"bad\.yml: not valid YAML at line 2"):
+        load_drill(str(bad))
+
+
+def test_a_mix_file_is_read_relative_to_the_drill_file(tmp_path):
+    (tmp_path / "mix.yml").write_text("name: own\nclasses:\n  A: {share: 1, prompt_tokens: 10, output_tokens: 5,"
+                                      " slo: {ttft_p99_ms: 100}}\n")
+    drill = tmp_path / "d.yml"
+    drill.write_text("name: d\nload: {mix: mix.yml, rate_per_s: 1, duration_s: 30}\n"
+                     "faults: [{kind: graceful_stop, at_s: 5, hold_s: 5}]\n")
+    assert load_drill(str(drill)).mix.name == "own"
