@@ -189,7 +189,8 @@ def test_tables_fit_80_columns_and_cut_nothing():
 
 
 @pytest.mark.parametrize("width", [80, 100, 160, None], ids=["80", "100", "160", "piped"])
-def test_nccl_rows_fit_at_every_width(width):
+def test_nccl_rows_fit_at_every_width(width, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # pytest-xdist's workers run with COLUMNS=80
     # even at 160 the header read `oop_algbw_g…`
     text = rendered_tables("nccl", FIXTURES / "nccl" / "a100-sxm4-8rank-all_gather-mpirun-tag-output.txt", width)
     assert fits(text, width) and "oop_algbw_gbps" in text and "ip_busbw_gbps" in text
