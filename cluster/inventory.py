@@ -13,10 +13,11 @@ from cluster.ansible.inventory import (
     has_template,
     load_cluster,
     load_inventory,
+    problems_of,
     scripts_allowed,
 )
 
 __all__ = [
     "ALLOW_SCRIPTS_ENV", "InventoryError", "LoadedInventory", "check_syntax", "cluster_of", "has_template",
-    "load_cluster", "load_inventory", "scripts_allowed",
+    "load_cluster", "load_inventory", "problems_of", "scripts_allowed",
 ]

@@ -102,6 +102,7 @@ class Problem:
     variable: str
     value: Any
     message: str
+    place_kind: str = "host"  # what ``host`` names: a host, or a file (a variable nothing reads)
 
     @property
     def subject(self) -> str:
@@ -415,4 +416,11 @@ def check_layout_variables(host: str, hv: Mapping[str, Any]) -> list[Problem]:
 
 
 def check_settings(host: str, hv: Mapping[str, Any]) -> list[Problem]:
-    return _coerced(hv, host, SETTING_NAMES)[1] + unknown_own(hv, host)
+    """The settings' types and rules, and misspelt ``preflight_`` variables: the roles' filter's check, on
+    a play's variables (an inventory's every variable is named with its file by
+    :func:`cluster.variables.unknown_variables`)."""
+    return check_setting_types(host, hv) + unknown_own(hv, host)
+
+
+def check_setting_types(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    return _coerced(hv, host, SETTING_NAMES)[1]

@@ -134,7 +134,7 @@ HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
     check_gpu_layout,
     check_ports,
     check_redfish,
-    spec.check_settings,
+    spec.check_setting_types,
 )
 
 
@@ -204,16 +204,16 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
 def problem_lines(problems: Iterable[Problem], hosts_shown: int = 3) -> list[str]:
     """One line per distinct problem: the same variable, value and message on several hosts (a group_vars
     mistake seen by every host of the group) is one line naming the hosts and how many, not one per host."""
-    groups: dict[tuple[str, str], list[str]] = {}
+    groups: dict[tuple[str, str, str], list[str]] = {}
     for p in problems:
-        groups.setdefault((p.subject, p.message), []).append(p.host)
+        groups.setdefault((p.subject, p.message, p.place_kind), []).append(p.host)
     lines = []
-    for (subject, message), hosts in groups.items():
+    for (subject, message, kind), hosts in groups.items():
         if len(hosts) == 1:
             who = hosts[0]
         else:
             names = ", ".join(hosts[:hosts_shown]) + (f", ... (+{len(hosts) - hosts_shown})" if len(hosts) > hosts_shown else "")
-            who = f"{names} ({len(hosts)} hosts)"
+            who = f"{names} ({plural(len(hosts), kind)})"
         lines.append(f"{who}: {subject}: {message}")
     return lines
 

@@ -19,6 +19,7 @@ import yaml
 from cluster import validate, vault
 from cluster.inventory import InventoryError, cluster_of, load_inventory
 from cluster.text import suggest
+from cluster.validate import problem_lines as format_problems
 
 DEFAULT_BATCHES: tuple[int | str, ...] = (1, "10%", "50%", "100%")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -297,6 +298,8 @@ def make_plan(
     # the wrong password) is an inventory error here, before any host, not a failed task in batch 1.
     if problems := loaded.undecryptable:
         raise InventoryError(f"{inventory}: " + "\n".join(problems))
+    if loaded.placeholders:  # decrypted now: a copied sample's REPLACE-ME would reach the nodes as secrets
+        raise InventoryError(f"{inventory}: " + "\n".join(format_problems(loaded.placeholders)), loaded.placeholders)
     path = resolve_playbook(playbook)
     everyone = list(loaded.everyone)
     batches: list[list[str]] = []

@@ -71,7 +71,7 @@ def cluster_tree(cluster: Cluster, title: str) -> Tree:
 def validate(inventory: str, limit: str | None, vault_password_file: Path | None) -> None:
     """Report every inventory problem at once (exit 2 if any)."""
     loaded = inv.load_inventory(inventory, limit, vault.secrets_for(vault_password_file))
-    problems = val.validate(loaded.selected, loaded.everyone)
+    problems = inv.problems_of(loaded) + loaded.placeholders
     if problems:
         lines = val.problem_lines(problems)
         for line in lines:
@@ -81,4 +81,7 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
         raise SystemExit(ExitCode.USAGE)
     for warning in val.security_warnings(loaded.selected):
         click.echo(f"{loaded.path}: warning: {warning}", err=True)
+    if loaded.sealed and not loaded.placeholders_checked:
+        click.echo(f"{loaded.path}: note: {plural(loaded.sealed, 'vault-encrypted value')} not checked for "
+                   "placeholders (no vault password: pass --vault-password-file to check them)", err=True)
     click.echo(f"{loaded.path}: OK ({plural(len(loaded.selected), 'host')})")

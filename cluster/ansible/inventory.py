@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from cluster import model, spec, validate
+from cluster import variables as declared
 from cluster.ansible import vault
 from cluster.errors import ClusterctlError, ExitCode
 from cluster.text import plural
@@ -62,6 +63,10 @@ class LoadedInventory:
     undecryptable: list[str] = field(default_factory=list)  # with check_vault: vault.undecryptable(selected)
     # group -> its hosts in the order a play over that group runs them (Ansible's get_groups_dict)
     groups: dict[str, list[str]] = field(default_factory=dict)
+    # declared.placeholders(selected), checked while the vault secrets were in effect
+    placeholders: list[validate.Problem] = field(default_factory=list)
+    sealed: int = 0  # inline vault values of the selected hosts (placeholders inside them need the password)
+    placeholders_checked: bool = False  # vault secrets were in effect: sealed values were checked too
 
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
@@ -336,8 +341,10 @@ def load_inventory(
             groups = {name: list(hosts) for name, hosts in inventory.get_groups_dict().items()}
         except AnsibleError as exc:
             raise _error(path, exc) from None
+        selected = {n: everyone[n] for n in selected_names}
         if check_vault:
-            undecryptable = vault.undecryptable({n: everyone[n] for n in selected_names})
+            undecryptable = vault.undecryptable(selected, path if path.is_dir() else path.parent)
+        placeholders = declared.placeholders(selected, path)
     warnings.summarize(path)
     if limit and (unmatched or not selected_names):
         names = sorted(g for g in groups if g not in ("all", "ungrouped"))
@@ -346,7 +353,8 @@ def load_inventory(
         what = f"--limit {limit!r}: {', '.join(map(repr, unmatched))}" if unmatched else f"--limit {limit!r}"
         raise InventoryError(f"{what} matches no host in {path} (groups: {', '.join(names) or '-'}; "
                              f"hosts: {_first(list(everyone))})")
-    return LoadedInventory(path, {n: everyone[n] for n in selected_names}, everyone, undecryptable, groups)
+    return LoadedInventory(path, selected, everyone, undecryptable, groups, placeholders,
+                           declared.sealed_values(selected), bool(secrets))
 
 
 def _unmatched_terms(inventory, limit: str) -> list[str]:
@@ -369,9 +377,16 @@ def load_cluster(
     return cluster_of(load_inventory(path, limit, vault_secrets))
 
 
+def problems_of(loaded: LoadedInventory) -> list[validate.Problem]:
+    """Every problem of a loaded inventory: the rules over its hosts' variables, then every variable that
+    nothing reads (named with its file)."""
+    return validate.validate(loaded.selected, loaded.everyone) + declared.unknown_variables(
+        loaded.selected, loaded.path)
+
+
 def cluster_of(loaded: LoadedInventory) -> model.Cluster:
     """Validate an already loaded inventory (InventoryError listing every problem) and build the model."""
-    problems = validate.validate(loaded.selected, loaded.everyone)
+    problems = problems_of(loaded)
     if problems:
         raise InventoryError(
             f"{loaded.path}: {plural(len(problems), 'inventory problem')}:\n{validate.format_problems(problems)}", problems

@@ -40,12 +40,12 @@ YAML = {
         all:
           vars:
             gpu_model: a100-sxm
-            base: 8100
+            site_port_base: 8100
           children:
             gpu_nodes:
               hosts:
                 n1: {rack: r7, ansible_host: 127.0.78.1}
-                n2: {rack: r7, ansible_host: 127.0.78.2, iu_port_base: "{{ base }}"}
+                n2: {rack: r7, ansible_host: 127.0.78.2, iu_port_base: "{{ site_port_base }}"}
     """,
     "host_vars/n2.yml": """
         gpu_count: 4
@@ -75,7 +75,7 @@ def test_yaml_with_rack_variable_templates_and_limit(tmp_path):
     assert [r.name for r in cluster.racks] == ["r7"]
     n2 = cluster.node("n2")
     assert n2.gpu_count == 4 and len(n2.ius) == 1
-    assert n2.ius[0].port == 8100  # "{{ base }}" templated by Ansible's Templar
+    assert n2.ius[0].port == 8100  # "{{ site_port_base }}" templated by Ansible's Templar
     limited = load_cluster(root, limit="n1")
     assert [n.name for n in limited.nodes()] == ["n1"]
 
