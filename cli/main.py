@@ -4,8 +4,11 @@ Each top-level command lives in its own module (``cli/commands/<name>.py`` expos
 imported only when it runs (:class:`cli.lazy.LazyGroup`), so ``clusterctl --help`` stays fast and one
 command's heavy imports (ansible, consul, rich live views) never slow down another.
 
-Errors: a :class:`ClusterctlError` prints one line and exits with its code; anything else is a bug and
-exits :attr:`ExitCode.INTERNAL` with one line naming where; ``--debug`` shows the traceback instead.
+Errors have one format, ``error: ...`` on stderr: a :class:`ClusterctlError` prints one line and exits with
+its code; a usage mistake click finds (an unknown option, a bad value) prints one line naming the command's
+``-h`` and exits 2; anything else is a bug and exits :attr:`ExitCode.INTERNAL` with one line naming where.
+``--debug`` (anywhere on the command line, as kubectl's global flags) adds the traceback and keeps the exit
+code, so a script run with it still tells a verdict from a usage mistake from a bug.
 """
 
 from __future__ import annotations
@@ -64,32 +67,51 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = App(debug=debug)
 
 
+def _debug_first(args: list[str]) -> tuple[list[str], bool]:
+    """``args`` with every ``--debug`` before a ``--`` moved to the front (the group's option), and whether
+    there was one."""
+    end = args.index("--") if "--" in args else len(args)
+    rest = [a for a in args[:end] if a != "--debug"] + args[end:]
+    debug = len(rest) < len(args)
+    return (["--debug", *rest] if debug else rest), debug
+
+
+def _usage_error(exc: click.ClickException) -> str:
+    """click's usage errors in the one format: ``error: MESSAGE (see: clusterctl COMMAND -h)``."""
+    ctx = getattr(exc, "ctx", None)
+    see = f" (see: {ctx.command_path} -h)" if isinstance(exc, click.UsageError) and ctx is not None else ""
+    return f"error: {exc.format_message()}{see}"
+
+
 def main(argv: list[str] | None = None) -> None:
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    args, debug = _debug_first(list(argv if argv is not None else sys.argv[1:]))
     try:
-        cli.main(args=argv, prog_name="clusterctl", standalone_mode=False)
+        cli.main(args=args, prog_name="clusterctl", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        if debug:
+            traceback.print_exc()
+        click.echo(_usage_error(exc), err=True)
         sys.exit(ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
     except ClusterctlError as exc:
         if debug:
-            raise
+            traceback.print_exc()
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(ExitCode.INTERRUPTED)
     except Exception as exc:  # a bug: never exit 1, which preflight and diff document as "a check failed"
         if debug:
-            raise
+            traceback.print_exc()
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         click.echo(
             f"internal error (a bug in clusterctl, not a verdict): {type(exc).__name__}: {exc} "
-            f"at {Path(frame.filename).name}:{frame.lineno}; rerun with --debug for the traceback",
+            f"at {Path(frame.filename).name}:{frame.lineno}"
+            + ("" if debug else "; rerun with --debug for the traceback"),
             err=True,
         )
         sys.exit(ExitCode.INTERNAL)

@@ -8,12 +8,12 @@ from pathlib import Path
 import click
 
 from cli.errors import ClusterctlError
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from cluster.errors import ExitCode
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
 
 
-@click.group("agent", epilog=examples("clusterctl agent parse-metrics saved-metrics.txt"))
+@click.group("agent", cls=SuggestingGroup, epilog=examples("clusterctl agent parse-metrics saved-metrics.txt"))
 def command() -> None:
     """EAS agent helpers."""
 

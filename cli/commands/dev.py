@@ -18,13 +18,13 @@ from pathlib import Path
 import click
 
 from cli.errors import ClusterctlError, ExitCode, UsageError
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from consul_io import layout
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error")
 
 
-@click.group(name="dev", epilog=examples("clusterctl dev consul --addr 127.0.0.1:8500"))
+@click.group(name="dev", cls=SuggestingGroup, epilog=examples("clusterctl dev consul --addr 127.0.0.1:8500"))
 def command() -> None:
     """Development servers for tests and the demo (not for production)."""
 

@@ -10,7 +10,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from cli import app
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
 from cluster import inventory as inv
 from cluster import validate as val
@@ -20,7 +20,7 @@ from cluster.model import Cluster
 from cluster.text import plural
 
 
-@click.group("inventory", epilog=examples("clusterctl inventory validate -i inventory/prod", "clusterctl inventory show -i inventory/prod --limit rack_r12"))
+@click.group("inventory", cls=SuggestingGroup, epilog=examples("clusterctl inventory validate -i inventory/prod", "clusterctl inventory show -i inventory/prod --limit rack_r12"))
 def command() -> None:
     """Show and validate the cluster model built from an Ansible inventory."""
 

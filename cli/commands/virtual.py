@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from cli.errors import ClusterctlError, ExitCode, UsageError
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from cli.options import vault_password_file_option
 from cluster import run_state, vault
 from cluster.model import GPU_MODELS
@@ -58,7 +58,7 @@ def _running(status) -> bool:
     return status.state != "stopped"
 
 
-@click.group("virtual", epilog=examples(
+@click.group("virtual", cls=SuggestingGroup, epilog=examples(
     "clusterctl virtual create -i mycluster --nodes 4 --racks 2",
     "clusterctl virtual up -i mycluster",
     "clusterctl virtual status -i mycluster",
