@@ -39,6 +39,7 @@ from consul_io import layout
 from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
 from eas_agent.scheduler import ConsulWatcher, PoolView
 
+
 def address_origin(consul_addr: str | None, inventory: str | None, inv_addr: str | None) -> tuple[str, str, str]:
     """(address, where it came from, what to do when it cannot be reached): the first of --consul, the
     inventory's consul_http_addr, CONSUL_HTTP_ADDR and the default. The hint never suggests a setting that
