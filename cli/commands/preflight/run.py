@@ -208,12 +208,13 @@ def run_preflight_command(
         saved = history.save(
             state_dir or history.DEFAULT_STATE_DIR,
             document,
-            {"inventory": str(inventory), "limit": limit, "checks": [c.name for c in selected]},
+            {"inventory": str(inventory), "inventory_path": str(Path(inventory).resolve()), "limit": limit,
+             "checks": [c.name for c in selected]},
             outcome.started,
         )
         # the comparison command as it must be typed: the same state dir, where it is not the default
         where = f" --state-dir {shlex.quote(str(state_dir))}" if state_dir and state_dir != history.DEFAULT_STATE_DIR else ""
-        saved_as = f"run {saved.id} ({saved.path}; clusterctl preflight diff previous {saved.id}{where})"
+        saved_as = f"run {saved.id} ({saved.path}; clusterctl preflight diff previous {saved.id} -i {shlex.quote(str(inventory))}{where})"
     except OSError as exc:  # the verdicts stand; only the history entry is missing
         click.echo(f"warning: run not saved to history: {exc}", err=True)
     report.print_report(console, outcome, strict, show_pass=show_pass, saved=saved_as)
