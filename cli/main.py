@@ -37,6 +37,7 @@ COMMANDS: dict[str, Lazy] = {
     "scores": Lazy("cli.commands.scores", "Show the load scores the EAS agents publish to Consul."),
     "edge": Lazy("cli.commands.edge", "The edge: an OpenAI-compatible router in front of the IUs (eas-edge)."),
     "demo": Lazy("cli.commands.demo", "Run the whole toolkit end to end on a temporary virtual cluster."),
+    "completion": Lazy("cli.commands.completion", "Print the shell completion script (bash, zsh, fish)."),
 }
 
 
@@ -52,19 +53,22 @@ EPILOG = examples(
         "password: a file of mode 0600 (readable by group or others is refused, exit 2) or an executable "
         "vault password script; only its path is passed on, never the password. Without it, what "
         "Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_FILE, vault_password_file in ansible.cfg)."
-        "\n\n\b\nShell completion (bash; zsh_source or fish_source for zsh and fish):\n"
-        "  eval \"$(_CLUSTERCTL_COMPLETE=bash_source clusterctl)\""
+        "\n\nOutput: colour only on a terminal; --no-color or NO_COLOR=1 turns it off. Tables fit the "
+        "terminal, or COLUMNS (80 when not a terminal; set COLUMNS=200 for wide logs)."
+        "\n\n\b\nShell completion (bash; zsh or fish likewise):\n"
+        "  eval \"$(clusterctl completion bash)\""
     ),
 )
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="clusterctl", prog_name="clusterctl", message="%(prog)s %(version)s")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors (the exit code stays the error's).")
+@click.option("--no-color", is_flag=True, help="No colour (as NO_COLOR=1).")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, no_color: bool) -> None:
     """Provision, preflight and operate bare-metal LLM inference clusters."""
-    ctx.obj = App(debug=debug)
+    ctx.obj = App(debug=debug, no_color=no_color)
 
 
 def _debug_first(args: list[str]) -> tuple[list[str], bool]:

@@ -301,3 +301,15 @@ def test_plan_names_each_play_its_batching_and_roles(clusterctl, virtual_invento
         "consul_agent -> eas_agent",
         "play 3: Reboot the Consul servers one at a time, one host at a time", "  roles: (tasks only)"]
     assert not (tmp_path / "run").exists()
+
+
+def test_plan_as_json_is_the_plan_and_json_needs_plan(clusterctl, virtual_inventory):
+    import json as json_module
+
+    code, out, _ = clusterctl("provision", "-i", str(virtual_inventory), "--plan", "--json", "--limit", "r01n01")
+    assert code == 0
+    plan = json_module.loads(out)
+    assert plan["limit"] == "r01n01" and plan["batches"] and all(b == ["r01n01"] for b in plan["batches"])
+    assert [p["name"] for p in plan["plays"]][:1] == ["Start the Consul servers together"]
+    code, _, err = clusterctl("provision", "-i", str(virtual_inventory), "--json")
+    assert code == 2 and "--json prints the plan: use it with --plan" in err
