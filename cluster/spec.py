@@ -8,7 +8,9 @@ raises :class:`SpecError` listing every problem at once, each naming host, varia
 prefixes the inventory path). A variable with a prefix only clusterctl reads (:data:`OWN_PREFIXES`:
 ``preflight_``) that is not declared is a problem too, with the near miss (``preflight_overides``: did
 you mean ``preflight_overrides``?): a misspelt setting would otherwise be ignored without a word.
-So is a variable clusterctl no longer reads (:data:`RETIRED`), named with what to do instead.
+So is a variable clusterctl no longer reads (:data:`RETIRED`), named with what to do instead. That is
+the check on a play's variables (the roles' filter); an inventory's every variable, whatever its prefix,
+is checked against everything that reads one by :mod:`cluster.variables`, which names its file.
 
 Who applies what: validation (:mod:`cluster.validate`, and through it the roles' ``cluster_node``
 filter) applies types and rules (:func:`check_layout_variables` first, :func:`check_settings` last) and

@@ -2,7 +2,7 @@
 
 Runs on resolved host variables before anything contacts a host. Each variable's own type and rule is
 declared in :class:`cluster.spec.HostVars` and applied by the first and last rules
-(:func:`cluster.spec.check_layout_variables`, :func:`cluster.spec.check_settings`); the rules here relate
+(:func:`cluster.spec.check_layout_variables`, :func:`cluster.spec.check_setting_types`); the rules here relate
 variables to each other (a layout against the GPU count, ports against the IUs, a host's rack groups,
 Redfish against the BMC variables). Rules are small functions
 ``check_<what>(host, hostvars) -> problems`` so that each can be read (and tested) on its own.
