@@ -105,6 +105,7 @@ class Problem:
     value: Any
     message: str
     place_kind: str = "host"  # what ``host`` names: a host, or a file (a variable nothing reads)
+    origin: str | None = None  # FILE:LINE of the inventory that sets the variable, where known
 
     @property
     def subject(self) -> str:

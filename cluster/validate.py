@@ -203,18 +203,22 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
 
 def problem_lines(problems: Iterable[Problem], hosts_shown: int = 3) -> list[str]:
     """One line per distinct problem: the same variable, value and message on several hosts (a group_vars
-    mistake seen by every host of the group) is one line naming the hosts and how many, not one per host."""
-    groups: dict[tuple[str, str, str], list[str]] = {}
+    mistake seen by every host of the group) is one line naming the hosts and how many, not one per host.
+    A line ends with the file that sets the variable when its problems share one (``(group_vars/all.yml:3)``)."""
+    groups: dict[tuple[str, str, str], list[Problem]] = {}
     for p in problems:
-        groups.setdefault((p.subject, p.message, p.place_kind), []).append(p.host)
+        groups.setdefault((p.subject, p.message, p.place_kind), []).append(p)
     lines = []
-    for (subject, message, kind), hosts in groups.items():
+    for (subject, message, kind), group in groups.items():
+        hosts = [p.host for p in group]
         if len(hosts) == 1:
             who = hosts[0]
         else:
             names = ", ".join(hosts[:hosts_shown]) + (f", ... (+{len(hosts) - hosts_shown})" if len(hosts) > hosts_shown else "")
             who = f"{names} ({plural(len(hosts), kind)})"
-        lines.append(f"{who}: {subject}: {message}")
+        origins = {p.origin for p in group}
+        place = f" ({origins.pop()})" if len(origins) == 1 and None not in origins else ""
+        lines.append(f"{who}: {subject}: {message}{place}")
     return lines
 
 

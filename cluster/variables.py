@@ -214,6 +214,21 @@ def _top_level_line(path: Path, name: str) -> int | None:
     return None
 
 
+def with_origin(problem: Problem, hosts: Mapping[str, Mapping[str, Any]], inventory: Path) -> Problem:
+    """``problem`` with the ``FILE:LINE`` of the inventory that sets its variable (its ``origin``)."""
+    import dataclasses
+    import re
+
+    hostvars = hosts.get(problem.host)
+    name = re.split(r"[.\[]", problem.variable, maxsplit=1)[0]
+    if problem.place_kind != "host" or hostvars is None or name not in hostvars:
+        return problem
+    place = where(hostvars[name], inventory, problem.host, name, hostvars)
+    if place == str(inventory):
+        return problem
+    return dataclasses.replace(problem, origin=place)
+
+
 def _grouped(found: dict[tuple[str, str], list[str]], message: Any) -> list[Problem]:
     return [Problem(place, name, None, message(name, hosts), place_kind="file")
             for (place, name), hosts in found.items()]

@@ -15,9 +15,9 @@ SHELLS = ("bash", "zsh", "fish")
 
 
 @click.command("completion", epilog=examples(
-    'eval "$(clusterctl completion bash)"',
     "clusterctl completion bash > ~/.local/share/bash-completion/completions/clusterctl",
-    "clusterctl completion zsh > \"${fpath[1]}/_clusterctl\"",
+    "clusterctl completion zsh > ~/.zfunc/_clusterctl",
+    note='Or, in ~/.bashrc: eval "$(clusterctl completion bash)"',
 ))
 @click.argument("shell", type=click.Choice(SHELLS))
 def command(shell: str) -> None:

@@ -378,9 +378,10 @@ def load_cluster(
 
 
 def problems_of(loaded: LoadedInventory) -> list[validate.Problem]:
-    """Every problem of a loaded inventory: the rules over its hosts' variables, then every variable that
-    nothing reads (named with its file)."""
-    return validate.validate(loaded.selected, loaded.everyone) + declared.unknown_variables(
+    """Every problem of a loaded inventory: the rules over its hosts' variables (each naming the file that
+    sets the variable), then every variable that nothing reads."""
+    return [declared.with_origin(p, loaded.selected, loaded.path)
+            for p in validate.validate(loaded.selected, loaded.everyone)] + declared.unknown_variables(
         loaded.selected, loaded.path)
 
 

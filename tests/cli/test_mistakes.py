@@ -61,7 +61,7 @@ def test_every_help_has_an_example_and_the_vault_text_is_in_one_place(clusterctl
     code, root, _ = clusterctl("--help")
     root = " ".join(root.split())
     assert "Examples:" in root and "mode 0600 (readable by group or others is refused" in root
-    assert "_CLUSTERCTL_COMPLETE=bash_source clusterctl" in root
+    assert 'eval "$(clusterctl completion bash)"' in root
     paths = [path for path, _ in all_commands()]
     assert {p[0] for p in paths} == set(COMMANDS)
     for path in paths:

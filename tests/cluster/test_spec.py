@@ -126,8 +126,8 @@ def test_nic_numbers_that_are_not_integers_are_named_not_a_crash(tmp_path, capsy
                                                     "rdma_nics: [{device: mlx5_0, port: x, numa_node: [1]}]\n"})
     code, out, err = run_cli(capsys, "inventory", "show", "-i", str(inventory))
     assert code == 2 and out == "" and "internal error" not in err
-    assert err.splitlines()[1:] == ["n1: rdma_nics[0].port='x': must be an integer >= 1",
-                                    "n1: rdma_nics[0].numa_node=[1]: must be an integer >= 0"], err
+    assert err.splitlines()[1:] == ["n1: rdma_nics[0].port='x': must be an integer >= 1 (group_vars/all.yml:2)",
+                                    "n1: rdma_nics[0].numa_node=[1]: must be an integer >= 0 (group_vars/all.yml:2)"], err
     with pytest.raises(spec.SpecError, match=r"^n1: rdma_nics\[0\]\.gpu=-1: must be an integer >= 0$"):
         spec.coerce({"gpu_model": "h100-sxm", "rdma_nics": [{"device": "mlx5_0", "gpu": -1}]}, "n1")
 

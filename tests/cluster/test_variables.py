@@ -95,3 +95,13 @@ def test_a_vault_placeholder_is_refused_by_validate_and_plan_with_the_password(t
         assert "host_vars/n2.yml: bmc_password: still a placeholder" in err, err
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory)  # sealed: cannot be seen
     assert code == 0 and "1 vault-encrypted value not checked for placeholders" in err, err
+
+
+def test_a_bad_value_names_the_file_that_sets_it(tmp_path, capsys):
+    """A type or rule problem names the file and line (one line for a group_vars mistake every host sees)."""
+    inventory = _inventory(tmp_path, "gpu_model: h100-sxm\ngpu_count: 6\n", n2="ansible_host: 127.0.77.2\niu_size: four\n")
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory)
+    assert code == 2
+    assert err.splitlines()[:2] == [
+        f"{inventory}: n1: gpu_count=6: not divisible by iu_size=4: 2 GPUs left over (group_vars/all.yml:2)",
+        f"{inventory}: n2: iu_size='four': must be one of 1/2/4/8 (host_vars/n2.yml:2)"], err
