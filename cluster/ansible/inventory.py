@@ -67,6 +67,7 @@ class LoadedInventory:
     placeholders: list[validate.Problem] = field(default_factory=list)
     sealed: int = 0  # inline vault values of the selected hosts (placeholders inside them need the password)
     placeholders_checked: bool = False  # vault secrets were in effect: sealed values were checked too
+    unrendered: list[validate.Problem] = field(default_factory=list)  # variables whose template failed
 
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
@@ -290,9 +291,12 @@ def _error(path: Path, exc: BaseException, what: str = "") -> InventoryError:
     return InventoryError(f"{path}: {what}{vault.failure(exc) or ' '.join(str(exc).split())}")
 
 
-def _resolve(path: Path, host: str, loader, hostvars: dict[str, Any]) -> dict[str, Any]:
+def _resolve(path: Path, host: str, loader, hostvars: dict[str, Any],
+             problems: list[validate.Problem]) -> dict[str, Any]:
     """The host's variables with those clusterctl reads (:data:`cluster.spec.NAMES`) decrypted (inline
-    ``!vault``) and templated; the others as Ansible gave them."""
+    ``!vault``) and templated; the others as Ansible gave them. A template that fails (an undefined
+    variable) is a problem appended to ``problems``, reported with every other one, and the variable is
+    left out (so no rule judges the unrendered text)."""
     from ansible.errors import AnsibleError
     from ansible.template import Templar
 
@@ -309,7 +313,12 @@ def _resolve(path: Path, host: str, loader, hostvars: dict[str, Any]) -> dict[st
             if key in spec.SECRETS:
                 resolved[key] = spec.Undecryptable(key, str(exc).splitlines()[0][:120])
                 continue
-            raise _error(path, exc, f"{host}: {key}: ") from None
+            if vault.failure(exc):
+                raise _error(path, exc, f"{host}: {key}: ") from None
+            del resolved[key]
+            problems.append(declared.with_origin(validate.Problem(
+                host, key, None, f"cannot be templated: {' '.join(str(exc).split())[:200]}"),
+                {host: hostvars}, path))
     return resolved
 
 
@@ -330,12 +339,13 @@ def load_inventory(
     secrets = list(vault_secrets) if vault_secrets is not None else vault.configured_vault_secrets()
     everyone: dict[str, dict[str, Any]] = {}
     undecryptable: list[str] = []
+    unrendered: list[validate.Problem] = []
     with _Warnings() as warnings, vault.secrets_in_effect(secrets):
         loader, inventory, variables = _ansible_objects(path, warnings, secrets)
         try:
             for host in inventory.get_hosts("all"):
                 hostvars = variables.get_vars(host=host, include_hostvars=False)
-                everyone[host.name] = _resolve(path, host.name, loader, hostvars)
+                everyone[host.name] = _resolve(path, host.name, loader, hostvars, unrendered)
             selected_names = [h.name for h in inventory.get_hosts(limit)] if limit else list(everyone)
             unmatched = _unmatched_terms(inventory, limit) if limit and selected_names else []
             groups = {name: list(hosts) for name, hosts in inventory.get_groups_dict().items()}
@@ -354,7 +364,8 @@ def load_inventory(
         raise InventoryError(f"{what} matches no host in {path} (groups: {', '.join(names) or '-'}; "
                              f"hosts: {_first(list(everyone))})")
     return LoadedInventory(path, selected, everyone, undecryptable, groups, placeholders,
-                           declared.sealed_values(selected), bool(secrets))
+                           declared.sealed_values(selected), bool(secrets),
+                           [p for p in unrendered if p.host in selected])
 
 
 def _unmatched_terms(inventory, limit: str) -> list[str]:
@@ -380,8 +391,8 @@ def load_cluster(
 def problems_of(loaded: LoadedInventory) -> list[validate.Problem]:
     """Every problem of a loaded inventory: the rules over its hosts' variables (each naming the file that
     sets the variable), then every variable that nothing reads."""
-    return [declared.with_origin(p, loaded.selected, loaded.path)
-            for p in validate.validate(loaded.selected, loaded.everyone)] + declared.unknown_variables(
+    return loaded.unrendered + [declared.with_origin(p, loaded.selected, loaded.path)
+                                for p in validate.validate(loaded.selected, loaded.everyone)] + declared.unknown_variables(
         loaded.selected, loaded.path)
 
 

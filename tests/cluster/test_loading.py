@@ -5,6 +5,7 @@ import json
 import pytest
 
 from cluster import InventoryError, load_cluster
+from tests.cluster.helpers import HOSTS
 from tests.helpers import run_cli, write_tree
 
 INI = {
@@ -118,3 +119,18 @@ def test_show_tree_draws_the_virtual_inventory(capsys):
     for rack in ("rack r01", "rack r02"):
         assert rack in out
     assert out.count("-iu0") == 4 and out.count("-iu1") == 4
+
+
+def test_an_undefined_template_variable_is_reported_with_every_other_problem(tmp_path, capsys):
+    """A template that cannot render names its file and comes with the other problems, not alone and first."""
+    inventory = write_tree(tmp_path / "inv", {
+        "hosts.yml": HOSTS,
+        "group_vars/all.yml": 'gpu_model: h100-sxm\nconsul_http_addr: "{{ ansible_hots }}:8500"\n',
+        "host_vars/n2.yml": "ansible_host: 127.0.77.2\niu_size: 3\n"})
+    code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(inventory))
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        f"{inventory}: n1, n2 (2 hosts): consul_http_addr: cannot be templated: 'ansible_hots' is undefined "
+        "(group_vars/all.yml:2)",
+        f"{inventory}: n2: iu_size=3: must be one of 1/2/4/8 (host_vars/n2.yml:2)",
+        f"3 problems (2 distinct) in {inventory}"], err
