@@ -131,7 +131,7 @@ class Undecryptable:
     why: str
 
     def __str__(self) -> str:
-        return f"{self.variable} is vault-encrypted and cannot be decrypted ({self.why}): pass --vault-password-file"
+        return f"{self.variable}: {self.why}"
 
 
 def integer(raw: Any) -> int | None:

@@ -311,7 +311,8 @@ def _resolve(path: Path, host: str, loader, hostvars: dict[str, Any],
                 resolved[key] = templar.template(value)
         except AnsibleError as exc:
             if key in spec.SECRETS:
-                resolved[key] = spec.Undecryptable(key, str(exc).splitlines()[0][:120])
+                # the vault check's own words (no password given / cannot decrypt: why), as provision says it
+                resolved[key] = spec.Undecryptable(key, vault.failure_reason(exc) or str(exc).splitlines()[0][:120])
                 continue
             if vault.failure(exc):
                 raise _error(path, exc, f"{host}: {key}: ") from None

@@ -223,6 +223,12 @@ def failure(exc: BaseException) -> str | None:
     return f"{where}: {reason}" if where else reason
 
 
+def failure_reason(exc: BaseException) -> str | None:
+    """Why a vault value did not decrypt (:data:`NO_PASSWORD`, or ``cannot decrypt: ...``), without where."""
+    found = _failure_parts(exc)
+    return found[1] if found else None
+
+
 def _failure_parts(exc: BaseException) -> tuple[str | None, str] | None:
     """(where, why) of a vault decryption failure in ``exc`` or what it wraps; None when not about vault."""
     from ansible.parsing.vault import AnsibleVaultError

@@ -134,3 +134,12 @@ def test_the_sample_names_no_address_that_could_be_contacted():
         assert ipaddress.ip_address(candidate).is_loopback, candidate
     hosts = re.findall(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.([a-z]+)\b", text)
     assert "example" in hosts and not {"com", "net", "org", "io"} & set(hosts)
+
+
+def test_scores_without_the_vault_password_says_so_in_the_plans_words(clusterctl, monkeypatch):
+    """The operator token is sealed: one line, worded as provision's (no Consul is contacted)."""
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    code, out, err = clusterctl("scores", "-i", str(SAMPLE))
+    assert (code, out) == (2, "")
+    assert err == (f"error: {SAMPLE}: consul_token: vault-encrypted, and no vault password was given "
+                   "(--vault-password-file or ANSIBLE_VAULT_PASSWORD_FILE)\n")
