@@ -12,9 +12,10 @@ name something reads, each with its reader:
 - the playbooks (``playbooks/*.yml``, ``playbooks/tasks/``): the variables their templates read
   (``clusterctl_batches``, ``rolling_restart_drain_timeout_s``);
 - the simulator (:data:`SIMULATOR`, virtual inventories only);
-- Ansible itself: its magic variables (``inventory_hostname``, ``group_names``...), the connection and
-  privilege variables (``ansible_host``, ``ansible_user``, ``ansible_become``...) and every variable its
-  configuration and its ssh/local connection, sudo/su become and sh shell plugins read.
+- Ansible itself (:mod:`cluster.ansible.own_variables`): its magic variables (``inventory_hostname``,
+  ``group_names``...), the connection and privilege variables (``ansible_host``, ``ansible_user``,
+  ``ansible_become``...) and every variable its configuration and its ssh/local connection, sudo/su
+  become and sh shell plugins read.
 
 Anything else is "unknown variable", named with the file (and line) that sets it and the nearest known
 name. A site's own variables (for its own playbooks or templates) start with :data:`SITE_PREFIX`, or are
@@ -37,7 +38,7 @@ import yaml
 
 from cluster import spec
 from cluster.spec import Problem
-from cluster.text import suggest
+from common.text import suggest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SITE_PREFIX = "site_"
@@ -45,10 +46,6 @@ SITE_LIST = "site_variables"
 PLACEHOLDER = "REPLACE-ME"
 # Read by sim/ (the simulated machines of a virtual inventory) and by the virtual inventory's own templates.
 SIMULATOR = ("sim_hardware", "sim_faults", "sim_command_delay_s", "consul_virtual_token_seed")
-# Ansible's variables that no constant lists: set by the play or by a module, never unknown in an inventory.
-_ANSIBLE_OTHERS = ("omit", "ansible_check_mode", "ansible_loop_var", "ansible_index_var", "ansible_parent_role_names",
-                   "ansible_parent_role_paths", "ansible_search_path", "ansible_become")
-_PLUGINS = (("connection", ("ssh", "local", "paramiko_ssh")), ("become", ("sudo", "su")), ("shell", ("sh",)))
 
 
 class _KeysOnly(yaml.SafeLoader):
@@ -120,24 +117,6 @@ def _role_variables(role: Path) -> dict[str, str]:
     return found
 
 
-def _ansible_variables() -> set[str]:
-    import ansible.constants as C
-    from ansible.plugins import loader
-
-    names = set(C.INTERNAL_STATIC_VARS) | set(C.COMMON_CONNECTION_VARS) | set(_ANSIBLE_OTHERS)
-    names |= {name for aliases in C.MAGIC_VARIABLE_MAPPING.values() for name in aliases}
-    definitions = [C.config.get_configuration_definitions()]
-    for kind, plugins in _PLUGINS:
-        plugin_loader = getattr(loader, f"{kind}_loader")
-        for plugin in plugins:
-            plugin_loader.get(plugin, class_only=True)  # registers the plugin's option definitions
-            definitions.append(C.config.get_configuration_definitions(kind, plugin))
-    for options in definitions:
-        for option in (options or {}).values():
-            names |= {v["name"] for v in option.get("vars") or [] if isinstance(v, Mapping) and "name" in v}
-    return {n for n in names if not n.startswith("_")}
-
-
 @functools.cache
 def known(root: Path = REPO_ROOT) -> dict[str, str]:
     """name -> what reads it, for every variable an inventory may set."""
@@ -150,7 +129,9 @@ def known(root: Path = REPO_ROOT) -> dict[str, str]:
         for name in template_reads(_load(playbook)):
             found.setdefault(name, f"playbook {playbook.relative_to(root)}")
     found.update({name: "the simulator (virtual inventories)" for name in SIMULATOR})
-    for name in _ansible_variables():
+    from cluster.ansible.own_variables import ansible_variables
+
+    for name in ansible_variables():
         found.setdefault(name, "Ansible")
     for name in spec.RETIRED:
         found.pop(name, None)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.inventory import InventoryError
+from cluster.ansible.inventory import InventoryError
 from provision import plan as prov
 from provision.rollout import Rollout
 from tests.inventory.helpers import SAMPLE, filled_sample, sample_password_file
@@ -27,7 +27,7 @@ SERVERS = ("r01n01", "r01n03", "r02n01")  # inventory/sample/hosts.yml's consul_
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
     """The sample with its placeholders filled (the plan refuses placeholders): (inventory, secrets)."""
-    from cluster import vault
+    from cluster.ansible import vault
 
     directory = tmp_path_factory.mktemp("sample")
     return filled_sample(directory), vault.secrets_for(sample_password_file(directory))
