@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.INTERRUPTED)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `clusterctl` or a group alone: its help, as asked
+        click.echo(exc.ctx.get_help())
+        sys.exit(ExitCode.OK)
     except click.ClickException as exc:
         if debug:
             traceback.print_exc()

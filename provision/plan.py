@@ -180,7 +180,9 @@ def resolve_playbook(name: str) -> Path:
     candidate = PLAYBOOK_DIR / name
     if candidate.exists():
         return candidate
-    raise InventoryError(f"playbook {name!r} not found (looked in . and {PLAYBOOK_DIR})")
+    known = sorted(p.name for p in PLAYBOOK_DIR.glob("*.yml"))
+    raise InventoryError(f"playbook {name!r} not found (looked in . and {PLAYBOOK_DIR}){suggest(name, known)} "
+                         f"(playbooks: {', '.join(known)})")
 
 
 # A play's hosts the plan can follow: one name (``all``, a group, a host); Ansible's full pattern language

@@ -41,7 +41,7 @@ from cluster import model, spec, validate
 from cluster import variables as declared
 from cluster.ansible import vault
 from common.errors import ClusterctlError, ExitCode
-from common.text import plural
+from common.text import plural, suggest
 
 ALLOW_SCRIPTS_ENV = "CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS"
 _ENABLED: dict[str, list[str]] = {}
@@ -362,7 +362,8 @@ def load_inventory(
         # A part that matches nothing (a typo among several hosts) is the same mistake as a whole limit that
         # does: Ansible would only warn, and the run would go ahead on fewer hosts than meant.
         what = f"--limit {limit!r}: {', '.join(map(repr, unmatched))}" if unmatched else f"--limit {limit!r}"
-        raise InventoryError(f"{what} matches no host in {path} (groups: {', '.join(names) or '-'}; "
+        near = suggest((unmatched or [limit])[0], [*names, *everyone])
+        raise InventoryError(f"{what} matches no host in {path}{near} (groups: {', '.join(names) or '-'}; "
                              f"hosts: {_first(list(everyone))})")
     return LoadedInventory(path, selected, everyone, undecryptable, groups, placeholders,
                            declared.sealed_values(selected), bool(secrets),

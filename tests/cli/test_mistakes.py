@@ -406,3 +406,12 @@ def test_usage_mistakes_use_the_one_error_format(clusterctl):
                                  "'full'. (see: clusterctl preflight -h)\n")
     code, _, err = clusterctl("provision", "--plan")
     assert code == 2 and err == "error: Missing option '-i' / '--inventory'. (see: clusterctl provision -h)\n"
+
+
+def test_clusterctl_alone_prints_its_help_and_exits_0(capsys):
+    from cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0 and out.startswith("Usage: clusterctl") and err == ""

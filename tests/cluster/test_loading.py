@@ -96,7 +96,7 @@ def test_missing_and_unparseable_inventory_are_clear_errors(tmp_path):
 
 
 def test_limit_matching_nothing_is_an_inventory_error(tmp_path):
-    with pytest.raises(InventoryError, match=r"--limit .rack_zzz. matches no host in .* \(groups: gpu, rack_a, rack_b; hosts: a1, a2, b1\)"):
+    with pytest.raises(InventoryError, match=r"--limit .rack_zzz. matches no host in .*; did you mean 'rack_b'\? \(groups: gpu, rack_a, rack_b; hosts: a1, a2, b1\)"):
         load_cluster(write_tree(tmp_path, INI), limit="rack_zzz")
 
 

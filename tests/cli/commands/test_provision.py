@@ -196,7 +196,8 @@ def test_a_tag_of_a_playbook_without_tags_says_it_has_none(clusterctl, virtual_i
 def test_limit_matching_nothing_names_the_groups(clusterctl, virtual_inventory, tmp_path, replay):
     code, _, err = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r09n01", "--plan")
     assert code == 2 and err.count("\n") == 1
-    assert f"error: --limit 'r09n01' matches no host in {virtual_inventory} (groups: consul_servers, rack_r01, rack_r02" in err
+    assert (f"error: --limit 'r09n01' matches no host in {virtual_inventory}; did you mean 'r02n01'? (groups: "
+            "consul_servers, rack_r01, rack_r02") in err
     assert "hosts=None" not in err and "WARNING" not in err
 
 
@@ -254,7 +255,8 @@ def test_a_limit_part_matching_nothing_is_an_error_too(clusterctl, virtual_inven
     # `--limit r01n01,r0n02` ran on r01n01 alone and said nothing of the typo (Ansible's own warning is off)
     code, out, err = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r01n01,r0n02")
     assert (code, out) == (2, "") and err.count("\n") == 1
-    assert err.startswith(f"error: --limit 'r01n01,r0n02': 'r0n02' matches no host in {virtual_inventory} (groups: ")
+    assert err.startswith(f"error: --limit 'r01n01,r0n02': 'r0n02' matches no host in {virtual_inventory}; did you "
+                          "mean 'r02n02'? (groups: ")
     assert not replay.calls  # nothing ran
     # exclusions, intersections and patterns that match keep working
     code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "rack_r01:!r01n02:&all", "--plan")
@@ -304,3 +306,9 @@ def test_plan_as_json_is_the_plan_and_json_needs_plan(clusterctl, virtual_invent
     assert [p["name"] for p in plan["plays"]][:1] == ["Start the Consul servers together"]
     code, _, err = clusterctl("provision", "-i", str(virtual_inventory), "--json")
     assert code == 2 and "--json prints the plan: use it with --plan" in err
+
+
+def test_a_mistyped_playbook_is_named_with_its_near_miss_and_the_list(clusterctl, virtual_inventory):
+    code, _, err = clusterctl("provision", "-i", str(virtual_inventory), "--playbook", "rolling-restrat.yml", "--plan")
+    assert code == 2 and "did you mean 'rolling-restart.yml'? (playbooks: consul-servers-reboot.yml" in err
+    assert "site.yml" in err
