@@ -335,6 +335,10 @@ def load_inventory(
     path = Path(path)
     if not path.exists():
         raise InventoryError(f"{path}: inventory not found")
+    if nested := _nested_inventories(path):
+        # Ansible would merge them into one, and each one's hosts would lack the other's group_vars
+        raise InventoryError(f"{path}: a directory of inventories ({', '.join(nested)}), not one: pass one of "
+                             f"them, e.g. -i {path / nested[0]}")
     from ansible.errors import AnsibleError
 
     secrets = list(vault_secrets) if vault_secrets is not None else vault.configured_vault_secrets()
@@ -368,6 +372,15 @@ def load_inventory(
     return LoadedInventory(path, selected, everyone, undecryptable, groups, placeholders,
                            declared.sealed_values(selected), bool(secrets),
                            [p for p in unrendered if p.host in selected])
+
+
+def _nested_inventories(path: Path) -> list[str]:
+    """The subdirectories that are inventories of their own (a hosts file), when ``path`` holds no inventory
+    file itself: ``-i inventory`` meant one of ``inventory/sample`` and ``inventory/virtual``."""
+    if not path.is_dir() or any(p.is_file() and not p.name.startswith(".") for p in path.iterdir()):
+        return []
+    return sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")
+                  and any((d / name).is_file() for name in ("hosts.yml", "hosts.yaml", "hosts", "hosts.ini")))
 
 
 def _unmatched_terms(inventory, limit: str) -> list[str]:

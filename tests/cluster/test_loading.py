@@ -134,3 +134,14 @@ def test_an_undefined_template_variable_is_reported_with_every_other_problem(tmp
         "(group_vars/all.yml:2)",
         f"{inventory}: n2: iu_size=3: must be one of 1/2/4/8 (host_vars/n2.yml:2)",
         f"3 problems (2 distinct) in {inventory}"], err
+
+
+def test_a_directory_of_inventories_is_named_as_such(tmp_path, capsys):
+    """``-i inventory`` (the parent of sample/ and virtual/) was merged by Ansible into one inventory whose
+    hosts lacked their group_vars, reported as a missing gpu_model on every host."""
+    for name in ("prod", "staging"):
+        write_tree(tmp_path / "inventories" / name, {"hosts.yml": HOSTS, "group_vars/all.yml": "gpu_model: h100-sxm\n"})
+    code, out, err = run_cli(capsys, "inventory", "show", "-i", str(tmp_path / "inventories"))
+    assert (code, out) == (2, "")
+    assert err == (f"error: {tmp_path}/inventories: a directory of inventories (prod, staging), not one: pass one "
+                   f"of them, e.g. -i {tmp_path}/inventories/prod\n")
