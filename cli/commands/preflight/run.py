@@ -87,8 +87,10 @@ RUN_OPTIONS = [
     click.Option(
         ["--json", "json_file"],
         default=None,
+        is_flag=False,
+        flag_value="-",  # --json alone: stdout, as every other command's --json
         type=click.Path(dir_okay=False, path_type=str),
-        help="Write results and summary as JSON to FILE (- for stdout; the table then goes to stderr).",
+        help="Write results and summary as JSON to FILE (- or no FILE: stdout; the table then goes to stderr).",
     ),
     click.Option(
         ["--junit", "junit_file"],

@@ -141,6 +141,15 @@ def test_the_suggested_diff_command_names_a_non_default_state_dir(clusterctl, vi
     assert f"clusterctl preflight diff previous {run_id} -i {virtual_inventory})" in out
 
 
+def test_json_alone_is_stdout_as_every_other_commands_json(clusterctl, virtual_inventory, fake_run, tmp_path):
+    code, out, err = clusterctl("preflight", "-i", str(virtual_inventory), "--state-dir", str(tmp_path / "state"),
+                                "--json")
+    assert code == 1 and json.loads(out)["summary"]["verdicts"]["FAIL"] == 3 and "exit code 1" in err
+    code, out, _ = clusterctl("preflight", "-i", str(virtual_inventory), "--json", "--state-dir",
+                              str(tmp_path / "state"))
+    assert code == 1 and json.loads(out)["summary"]["verdicts"]["FAIL"] == 3  # not a file named --state-dir
+
+
 def test_json_dash_is_stdout_and_the_table_goes_to_stderr(clusterctl, virtual_inventory, fake_run, tmp_path):
     code, out, err = clusterctl("preflight", "-i", str(virtual_inventory), "--json", "-", "--state-dir",
                                 str(tmp_path / "state"))
