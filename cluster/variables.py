@@ -231,8 +231,11 @@ def unknown_variables(hosts: Mapping[str, Mapping[str, Any]], inventory: Path) -
     def message(name: str, _hosts: list[str]) -> str:
         if name in spec.RETIRED:
             return spec.RETIRED[name]
-        return (f"unknown variable{suggest(name, names)} (a site's own variable starts with {SITE_PREFIX!r} "
-                f"or is listed in {SITE_LIST})")
+        near = suggest(name, names)
+        # the near miss is the likely fix; without one, how to keep a variable of the site's own
+        return f"unknown variable{near}" if near else (
+            f"unknown variable: nothing reads it (a site's own variable starts with {SITE_PREFIX!r} or is listed "
+            f"in {SITE_LIST})")
     return _grouped(found, message)
 
 

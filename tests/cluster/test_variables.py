@@ -105,3 +105,11 @@ def test_a_bad_value_names_the_file_that_sets_it(tmp_path, capsys):
     assert err.splitlines()[:2] == [
         f"{inventory}: n1: gpu_count=6: not divisible by iu_size=4: 2 GPUs left over (group_vars/all.yml:2)",
         f"{inventory}: n2: iu_size='four': must be one of 1/2/4/8 (host_vars/n2.yml:2)"], err
+
+
+def test_an_unknown_variable_with_no_near_miss_says_how_to_keep_it(tmp_path, capsys):
+    inventory = _inventory(tmp_path, "gpu_model: h100-sxm\nasset_tag: A-17\n")
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory)
+    assert code == 2 and err.splitlines()[0] == (
+        f"{inventory}: group_vars/all.yml:2: asset_tag: unknown variable: nothing reads it (a site's own variable "
+        "starts with 'site_' or is listed in site_variables)"), err
