@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 
-from eas_agent.announce import Announcement, NodeAnnouncements
+from eas_agent.announce import NodeAnnouncements
+from eas_wire.announce import Announcement
 from edge.feed import EdgeView
 from sim.vllm.eventloop import EventLoop
 

@@ -4,7 +4,7 @@
     <root>/files/*.whl
 
 It holds:
-- ``clusterctl-eas-agent``: the agent's own wheel, built from the checkout (cluster/agent_wheel.py);
+- ``clusterctl-eas-agent``: the agent's own wheel, built from the checkout (provision/wheels.py);
 - ``vllm`` 0.6.6.post1 (the version inference_unit pins): a stand-in whose ``vllm serve`` checks its environment
   and runs the simulated vLLM server (sim/pypi/vllm_cli.py; sim.vllm vendored as ``vllm._sim.vllm`` so the wheel
   needs nothing of this checkout at run time);
@@ -31,7 +31,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from cluster.agent_wheel import REPO_ROOT, REQUIRES_PYTHON, build_agent_wheel, normalize, write_wheel
+from provision.wheels import REPO_ROOT, REQUIRES_PYTHON, build_agent_wheel, normalize, write_wheel
 from sim.nvml_standin import MODULE_FILE as NVML_STANDIN
 
 VLLM_VERSION = "0.6.6.post1"

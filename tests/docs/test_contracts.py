@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from eas_agent import config
-from eas_agent.scorebody import CollectorRun, IUScore, ScoreBody
+from eas_wire.scorebody import CollectorRun, IUScore, ScoreBody
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_CONFIG = REPO / "docs" / "contracts" / "agent-config.md"

@@ -153,7 +153,7 @@ def test_publisher_never_writes_non_finite_json():
 def test_strict_json_refuses_non_finite_numbers():
     """The backstop under the publisher's sanitising: scorebody.dumps (the KV body and /scores) raises
     instead of writing NaN/Infinity, which is invalid JSON for every non-Python reader (review H1)."""
-    from eas_agent import scorebody
+    from eas_wire import scorebody
 
     for bad in (float("nan"), float("inf"), float("-inf")):
         with pytest.raises(ValueError):

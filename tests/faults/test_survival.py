@@ -19,7 +19,7 @@ from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
 from eas_agent.config import parse_config
 from eas_agent.publisher import Backoff
-from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, PoolView
+from edge.pool import AnomalyDetector, ConsulWatcher, PoolView
 from tests.devconsul.test_hardening import switchable_disk
 from tests.eas_agent.test_hardening_agent import DripServer
 from tests.helpers import wait_for

@@ -24,7 +24,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from cluster.agent_wheel import DIST_NAME, agent_requirements, build_agent_wheel
+from provision.wheels import DIST_NAME, agent_requirements, build_agent_wheel
 from sim import nvml_standin
 from sim.aptrepo import serve
 from sim.pypi import build_index, constraints

@@ -7,7 +7,7 @@ put on a node: Ubuntu 22.04's python3 is 3.10, and a node needs none of the cont
 from pyproject.toml, so the two never drift), and ``Requires-Python: >=3.10`` (22.04: 3.10, 24.04: 3.12;
 tests/sim/test_pypi.py::test_agent_code_is_python_310 checks the code parses as 3.10).
 
-    python -m cluster.agent_wheel DIR     # prints the wheel's path; set eas_agent_wheel to it
+    python -m provision.wheels DIR     # prints the wheel's path; set eas_agent_wheel to it
 
 The wheel is written directly (PEP 427: a zip with ``*.dist-info/{METADATA,WHEEL,RECORD,entry_points.txt}``)
 instead of through a build backend: the controller then needs no setuptools/wheel/build of a particular version
@@ -55,7 +55,7 @@ def write_wheel(out_dir: Path, name: str, version: str, files: Mapping[str, byte
                 f"Requires-Python: {requires_python}", *(f"Requires-Dist: {r}" for r in requires_dist)]
     members = dict(sorted(files.items()))
     members[f"{info}/METADATA"] = ("\n".join(metadata) + "\n").encode()
-    members[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: clusterctl (cluster/agent_wheel.py)\n"
+    members[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: clusterctl (provision/wheels.py)\n"
                                 b"Root-Is-Purelib: true\nTag: py3-none-any\n")
     if console_scripts:
         members[f"{info}/entry_points.txt"] = (
@@ -103,7 +103,7 @@ def build_agent_wheel(out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m cluster.agent_wheel OUT_DIR", file=sys.stderr)
+        print("usage: python -m provision.wheels OUT_DIR", file=sys.stderr)
         return 2
     print(build_agent_wheel(Path(args[0])))
     return 0

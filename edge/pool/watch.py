@@ -1,4 +1,4 @@
-"""What keeps a :class:`~eas_agent.scheduler.view.PoolView` fresh from this process's side.
+"""What keeps a :class:`~edge.pool.view.PoolView` fresh from this process's side.
 
 :class:`ConsulWatcher` holds blocking queries on the score KV prefix and on ``health/service/vllm-iu``, each
 loop waiting at least ``min_interval_s`` between queries so a busy index cannot turn the watch into a busy
@@ -19,9 +19,9 @@ from concurrent.futures import wait as wait_futures
 
 from consul_io import layout
 from consul_io.client import ConsulIO
-from eas_agent.scheduler.view import MAX_BODY_BYTES, PoolView
+from edge.pool.view import MAX_BODY_BYTES, PoolView
 
-log = logging.getLogger("eas_agent.scheduler")
+log = logging.getLogger("edge.pool")
 
 
 class ConsulWatcher:
