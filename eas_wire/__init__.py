@@ -8,5 +8,6 @@ PyYAML for the config field reader), so either side installs it without the othe
   (docs/contracts/scores-stream.md);
 - :mod:`eas_wire.announce`: ``POST /announce``, the batch an edge sends and the answer it gets
   (docs/contracts/announce.md);
-- :mod:`eas_wire.fields`: the YAML field reader both config files use, so both read and fail alike.
+- :mod:`eas_wire.fields`: the YAML field reader both config files use, so both read and fail alike;
+- :mod:`eas_wire.fetch`: one HTTP GET within a deadline (the agent's vLLM scrape, a reader's ``/scores`` poll).
 """

@@ -1,17 +1,30 @@
-"""The EAS agent as its own small wheel, built from this checkout: what the eas_agent role installs on GPU nodes.
+"""The node-side deployables as small wheels of their own, built from this checkout: the EAS agent (what the
+eas_agent role installs on GPU nodes) and the edge (the OpenAI-compatible router in front of the pool).
 
 The controller's distribution (``clusterctl``: ansible-core, fabric, rich, Python >= 3.11) is the wrong thing to
-put on a node: Ubuntu 22.04's python3 is 3.10, and a node needs none of the controller's tools. This wheel,
-``clusterctl-eas-agent``, carries the ``eas_agent`` and ``consul_io`` packages (no simulators: they live in ``sim/``), the
-``eas-agent`` console script, only the agent's own dependencies (the version ranges are the controller's, read
-from pyproject.toml, so the two never drift), and ``Requires-Python: >=3.10`` (22.04: 3.10, 24.04: 3.12;
-tests/sim/test_pypi.py::test_agent_code_is_python_310 checks the code parses as 3.10).
+put on a node or an edge host: Ubuntu 22.04's python3 is 3.10, and neither needs the controller's tools. So:
 
-    python -m provision.wheels DIR     # prints the wheel's path; set eas_agent_wheel to it
+- ``clusterctl-eas-agent`` carries ``eas_agent``, ``eas_wire`` and ``consul_io``, the ``eas-agent`` console
+  script and the agent's own dependencies (the version ranges are the controller's, read from pyproject.toml,
+  so the two never drift);
+- ``clusterctl-eas-edge`` carries ``edge`` (its pool reader ``edge.pool`` included), ``eas_wire`` and
+  ``consul_io``, the ``eas-edge`` console script and the dependencies of edge/requirements.txt.
+
+Neither carries anything of the controller or the simulators, nor the other deployable
+(tests/provision/test_wheels.py). Both say ``Requires-Python: >=3.10`` (22.04: 3.10, 24.04: 3.12), and their
+code parses as 3.10 (the same test).
+
+**Version.** ``<the project's version>+src.<12 hex digits>``: the local part is a hash of the packaged files
+(paths and contents), so a code change gives a new version and ``pip install`` of the new wheel replaces the
+installed one (pip skips a wheel whose name and version are already installed), while the same checkout gives
+the same version and byte-identical wheels.
+
+    python -m provision.wheels agent DIR     # prints the wheel's path; set eas_agent_wheel to it
+    python -m provision.wheels edge DIR      # pip install it on the edge host
 
 The wheel is written directly (PEP 427: a zip with ``*.dist-info/{METADATA,WHEEL,RECORD,entry_points.txt}``)
 instead of through a build backend: the controller then needs no setuptools/wheel/build of a particular version
-and no index to fetch them from, and the same checkout gives byte-identical wheels (fixed timestamps, sorted).
+and no index to fetch them from (fixed timestamps, sorted members).
 """
 
 from __future__ import annotations
@@ -22,17 +35,19 @@ import re
 import sys
 import tomllib
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DIST_NAME = "clusterctl-eas-agent"
 REQUIRES_PYTHON = ">=3.10"
-# Distributions the agent imports (eas_agent/, consul_io/), by their names in pyproject.toml.
-AGENT_DEPENDENCIES = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "nvidia-ml-py")
-# consul_io imports requests itself; the controller gets it through py-consul, so pyproject does not list it.
+# consul_io imports requests itself; the controller and the edge get it through py-consul, so neither
+# pyproject nor edge/requirements.txt lists it.
 EXTRA_REQUIREMENTS = ("requests>=2.28,<3",)
-PACKAGES = ("eas_agent", "consul_io")  # the agent's Consul client is the shared consul_io package
+# Distributions the agent imports (eas_agent/, eas_wire/, consul_io/), by their names in pyproject.toml.
+AGENT_DEPENDENCIES = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "nvidia-ml-py")
+EDGE_REQUIREMENTS = REPO_ROOT / "edge" / "requirements.txt"
+HASH_DIGITS = 12
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
@@ -73,39 +88,84 @@ def write_wheel(out_dir: Path, name: str, version: str, files: Mapping[str, byte
     return wheel
 
 
-def project() -> dict:
-    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+def project(root: Path = REPO_ROOT) -> dict:
+    return tomllib.loads((root / "pyproject.toml").read_text())["project"]
 
 
-def agent_requirements() -> list[str]:
-    declared = {normalize(re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0]): spec for spec in project()["dependencies"]}
+def agent_requirements(root: Path = REPO_ROOT) -> list[str]:
+    """The agent's dependencies with the controller's version ranges (pyproject.toml), and requests."""
+    declared = {normalize(re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0]): spec
+                for spec in project(root)["dependencies"]}
     missing = [name for name in AGENT_DEPENDENCIES if normalize(name) not in declared]
     if missing:
         raise RuntimeError(f"pyproject.toml: the agent's dependencies {missing} are not in [project].dependencies")
     return [declared[normalize(name)] for name in AGENT_DEPENDENCIES] + list(EXTRA_REQUIREMENTS)
 
 
-def agent_files() -> dict[str, bytes]:
-    files = {}
-    for path in sorted(p for package in PACKAGES for p in (REPO_ROOT / package).rglob("*.py")):
-        files[path.relative_to(REPO_ROOT).as_posix()] = path.read_bytes()
-    return files
+def edge_requirements(root: Path = REPO_ROOT) -> list[str]:
+    """edge/requirements.txt (the edge host's dependencies, the controller's ranges), and requests."""
+    lines = (line.split("#", 1)[0].strip() for line in (root / "edge" / "requirements.txt").read_text().splitlines())
+    return [line for line in lines if line] + list(EXTRA_REQUIREMENTS)
+
+
+@dataclass(frozen=True)
+class Deployable:
+    """One node-side wheel: its distribution name, the top-level packages it carries, its console script
+    (a ``[project.scripts]`` name of pyproject.toml) and where its dependencies come from."""
+
+    dist: str
+    packages: tuple[str, ...]
+    script: str
+    summary: str
+    requirements: Callable[[Path], list[str]]
+
+
+AGENT = Deployable("clusterctl-eas-agent", ("eas_agent", "eas_wire", "consul_io"), "eas-agent",
+                   "clusterctl EAS agent: per-IU load scores published to Consul", agent_requirements)
+EDGE = Deployable("clusterctl-eas-edge", ("edge", "eas_wire", "consul_io"), "eas-edge",
+                  "clusterctl edge: an OpenAI-compatible router over the pool's scores", edge_requirements)
+DEPLOYABLES = {"agent": AGENT, "edge": EDGE}
+DIST_NAME = AGENT.dist  # the agent's distribution (the eas_agent role's eas_agent_package)
+
+
+def package_files(packages: Iterable[str], root: Path = REPO_ROOT) -> dict[str, bytes]:
+    """archive path -> content of every ``*.py`` under the top-level ``packages`` (caches left out)."""
+    paths = sorted(p for package in packages for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts)
+    return {path.relative_to(root).as_posix(): path.read_bytes() for path in paths}
+
+
+def source_version(base: str, files: Mapping[str, bytes]) -> str:
+    """``base`` with a local part naming the packaged sources: ``0.1.0+src.1a2b3c4d5e6f``."""
+    digest = hashlib.sha256()
+    for path, data in sorted(files.items()):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(data).digest())
+    return f"{base}+src.{digest.hexdigest()[:HASH_DIGITS]}"
+
+
+def build_wheel(deployable: Deployable, out_dir: Path, root: Path = REPO_ROOT) -> Path:
+    """The wheel of ``deployable`` from the checkout at ``root``, written into ``out_dir``."""
+    meta = project(root)
+    files = package_files(deployable.packages, root)
+    return write_wheel(out_dir, deployable.dist, source_version(meta["version"], files), files,
+                       summary=deployable.summary, requires_python=REQUIRES_PYTHON,
+                       requires_dist=deployable.requirements(root),
+                       console_scripts={deployable.script: meta["scripts"][deployable.script]})
 
 
 def build_agent_wheel(out_dir: Path) -> Path:
-    entry = project()["scripts"]["eas-agent"]
-    return write_wheel(out_dir, DIST_NAME, project()["version"], agent_files(),
-                       summary="clusterctl EAS agent: per-IU load scores published to Consul",
-                       requires_python=REQUIRES_PYTHON, requires_dist=agent_requirements(),
-                       console_scripts={"eas-agent": entry})
+    return build_wheel(AGENT, out_dir)
+
+
+def build_edge_wheel(out_dir: Path) -> Path:
+    return build_wheel(EDGE, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m provision.wheels OUT_DIR", file=sys.stderr)
+    if len(args) != 2 or args[0] not in DEPLOYABLES:
+        print(f"usage: python -m provision.wheels {{{','.join(DEPLOYABLES)}}} OUT_DIR", file=sys.stderr)
         return 2
-    print(build_agent_wheel(Path(args[0])))
+    print(build_wheel(DEPLOYABLES[args[0]], Path(args[1])))
     return 0
 
 

@@ -1,5 +1,6 @@
 """Production packages never import the simulators (``sim``): a simulator reachable from production code
-would ship inside the deployables and could stand in for hardware on a real node.
+would ship inside the deployables and could stand in for hardware on a real node. The agent and the edge
+never import each other: what crosses between them is ``eas_wire``, which imports nothing of the project.
 
 Allowed: an import inside a function of the CLI's ``virtual`` and ``demo`` commands (and the demo's traffic), which exist to run
 the simulators and import them only when run (``clusterctl virtual up``, ``clusterctl demo``). Everything
@@ -10,6 +11,7 @@ plugins) fails this test, at module level or not; every other top-level package 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,8 @@ import pytest
 from tests.helpers import module_imports, python_packages
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCTION = ("cluster", "provision", "preflight", "eas_agent", "edge", "cli", "consul_io", "playbooks", "collections")
+PRODUCTION = ("cluster", "provision", "preflight", "eas_agent", "eas_wire", "edge", "cli", "consul_io", "playbooks",
+              "collections")
 # The simulators themselves, what runs them (the benchmarks, the dev Consul server) and the tests.
 NOT_PRODUCTION = {"sim", "bench", "devconsul", "tests"}
 LAZY_ALLOWED = {"cli/commands/virtual.py", "cli/commands/demo.py"}
@@ -46,6 +49,46 @@ def test_production_modules_never_import_sim():
 def test_every_python_package_is_production_or_named_as_not():
     """A package added to the repository (or left out of PRODUCTION) fails here until it is placed."""
     assert python_packages(REPO) == set(PRODUCTION) | NOT_PRODUCTION
+
+
+# The project packages each deployable of the scoring path may import (itself included). The agent and the
+# edge are installed apart (provision/wheels.py), each with eas_wire and consul_io: an import of the other
+# would fail on its host, and a change inside one must not reach the other except through the protocol.
+DEPLOYABLE_IMPORTS = {
+    "eas_agent": {"eas_agent", "eas_wire", "consul_io"},
+    "edge": {"edge", "eas_wire", "consul_io"},
+    "eas_wire": {"eas_wire"},
+}
+
+
+def project_imports_outside(tree: ast.AST, allowed: set[str], project: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every import of a project package (``project``: top-level names) not in ``allowed``,
+    at module level or inside a function."""
+    return sorted({(line, name) for name, line, _in_function in module_imports(tree)
+                   if name.split(".")[0] in project - allowed})
+
+
+def test_the_agent_and_the_edge_import_each_other_only_through_eas_wire():
+    project = python_packages(REPO) - set(sys.stdlib_module_names)  # collections/: Ansible's, not an import name
+    problems = []
+    for package, allowed in DEPLOYABLE_IMPORTS.items():
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            problems += [f"{rel}:{line}: imports {name}" for line, name in
+                         project_imports_outside(ast.parse(path.read_text(), rel), allowed, project)]
+    assert problems == []
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("from eas_agent.scorebody import ScoreBody\n", [(1, "eas_agent.scorebody")]),
+    ("def f():\n    import eas_agent.http\n", [(2, "eas_agent.http")]),
+    ("from eas_agent import config\n", [(1, "eas_agent")]),
+    ("from eas_wire.scorebody import ScoreBody\nfrom consul_io import layout\nimport aiohttp\n", []),
+    ("from edge.pool import pick\n", []),
+])
+def test_the_deployable_lint_sees_every_form_of_import(source, expected):
+    project = {"eas_agent", "eas_wire", "edge", "consul_io", "cluster"}
+    assert project_imports_outside(ast.parse(source), DEPLOYABLE_IMPORTS["edge"], project) == expected
 
 
 @pytest.mark.parametrize(("source", "expected"), [

@@ -19,6 +19,7 @@ from concurrent.futures import wait as wait_futures
 
 from consul_io import layout
 from consul_io.client import ConsulIO
+from eas_wire.fetch import HttpFetcher
 from edge.pool.view import MAX_BODY_BYTES, PoolView
 
 log = logging.getLogger("edge.pool")
@@ -104,13 +105,11 @@ class ScoresPoller:
     """Polls agents' ``GET /scores`` (for edges that want 200 ms freshness; Consul stays the discovery and
     health source). Same numbers as the KV, computed by the same code, just not held back by hysteresis.
 
-    The agents are polled concurrently, each GET within ``timeout_s`` in total (the vLLM collector's
-    fetcher: a deadline and a byte cap, aborted when late), so one slow or dripping agent costs only its own
+    The agents are polled concurrently, each GET within ``timeout_s`` in total (the fetcher the agent scrapes
+    vLLM with: a deadline and a byte cap, aborted when late), so one slow or dripping agent costs only its own
     node's freshness (that node falls back to its KV body)."""
 
     def __init__(self, view: PoolView, agents: list[str], interval_s: float = 0.2, timeout_s: float = 0.15):
-        from eas_agent.collectors.vllm import HttpFetcher
-
         self.view, self.agents = view, list(agents)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.stopping = threading.Event()

@@ -50,7 +50,7 @@ def pins(names: tuple[str, ...]) -> list[str]:
 
 
 # Project packages the simulated server imports, and where they live inside the stand-in wheel.
-VENDORED = {"sim": "vllm._sim", "eas_agent": "vllm._eas_agent", "edge": "vllm._edge"}
+VENDORED = {"sim": "vllm._sim", "eas_agent": "vllm._eas_agent", "eas_wire": "vllm._eas_wire", "edge": "vllm._edge"}
 
 
 def _vendored_name(module: str) -> str | None:
@@ -59,8 +59,8 @@ def _vendored_name(module: str) -> str | None:
 
 
 def vendored_sim() -> dict[str, bytes]:
-    """sim.vllm.server and every project module it imports (sim.*, eas_agent.*, edge.*), as vllm/_sim/...,
-    vllm/_eas_agent/... and vllm/_edge/..., imports rewritten."""
+    """sim.vllm.server and every project module it imports (sim.*, eas_agent.*, eas_wire.*, edge.*), as
+    vllm/_sim/..., vllm/_eas_agent/..., vllm/_eas_wire/... and vllm/_edge/..., imports rewritten."""
     todo, seen, files = ["sim.vllm.server"], set(), {}
     while todo:
         module = todo.pop()

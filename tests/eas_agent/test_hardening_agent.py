@@ -17,9 +17,10 @@ import pytest
 
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.clock import parse_system_time_offset
-from eas_agent.collectors.vllm import FetchError, HttpFetcher, VllmCollector
+from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import parse_config
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
+from eas_wire.fetch import FetchError, HttpFetcher
 from sim.memstore import MemoryStore
 
 GOOD = (Path(__file__).parents[1] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()

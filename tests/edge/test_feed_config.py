@@ -203,7 +203,7 @@ def test_clusterctl_edge_serve_is_eas_edge(capsys):
 def test_the_edge_imports_nothing_outside_its_own_dependencies():
     """An edge-only host installs edge/requirements.txt: the edge must not import Ansible, click, rich..."""
     blocked = ["ansible", "ansible_runner", "fabric", "rich", "click", "jinja2", "psutil", "pynvml", "cli",
-               "cluster", "preflight", "devconsul"]
+               "cluster", "preflight", "devconsul", "eas_agent"]
     code = ("import sys\n"
             "class Block:\n"
             f"    blocked = {blocked!r}\n"
