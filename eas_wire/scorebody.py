@@ -37,14 +37,16 @@ A body without some declared component reads as before: that term is None.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 STATUSES = ("passing", "warning", "critical")
 DEFAULT_HEARTBEAT_S = 2.0  # a body without heartbeat_s (and an IU never scored) is read with this one
@@ -126,50 +128,59 @@ class CollectorRun:
         return cls(ok, float(duration), None if error is None else error[:MAX_COLLECTOR_ERROR])
 
 
-def _term(minimum: float, *, above: bool = False, maximum: float = math.inf, unit: str = ""):
-    """A declared component: a finite number in [minimum, maximum] (``above``: strictly above minimum), or
-    None when the body does not carry it."""
-    return field(default=None, metadata={"minimum": minimum, "above": above, "maximum": maximum, "unit": unit})
+class TermRange(NamedTuple):
+    """What a declared component may hold: a finite number in [minimum, maximum] (``above``: strictly above
+    minimum)."""
+
+    minimum: float
+    above: bool = False
+    maximum: float = sys.float_info.max  # also keeps out infinities and integers no float holds
+    unit: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class ScoreTerms:
-    """The components of an IU entry that readers act on, typed and range-checked when the body is read
-    (docs/contracts/score-body.md, "Declared components"). None: the body does not carry it (an older agent,
-    the other profile, an unknown score)."""
+class ScoreTerms(NamedTuple):
+    """The components of an IU entry that readers act on, typed and range-checked (:data:`DECLARED_TERMS`)
+    when the body is read (docs/contracts/score-body.md, "Declared components"). None: the body does not
+    carry it (an older agent, the other profile, an unknown score). A tuple: every body's every IU gets one
+    on the edge's event loop."""
 
-    request_cost_s: float | None = _term(0.0, above=True, unit="s")  # one mean request's prefill on this IU
-    prefill_tps: float | None = _term(0.0, above=True, unit="tokens/s")  # the IU's measured prefill rate
-    announced_s: float | None = _term(0.0, unit="s")  # /scores only: prefill seconds announcements added
-    tokens_total: float | None = _term(0.0, unit="tokens")  # prompt + generated tokens, a counter
-    running: float | None = _term(0.0, unit="requests")  # vLLM's running requests
-    waiting: float | None = _term(0.0, unit="requests")  # vLLM's waiting requests
-    kv_usage: float | None = _term(0.0, maximum=1.0)  # vLLM's KV-cache usage, a fraction
-    admitted_prefill_tokens: float | None = _term(0.0, unit="tokens")  # admitted, prefill not yet done
+    request_cost_s: float | None = None  # one mean request's prefill on this IU
+    prefill_tps: float | None = None  # the IU's measured prefill rate
+    announced_s: float | None = None  # /scores only: prefill seconds announcements added since the scrape
+    tokens_total: float | None = None  # prompt + generated tokens, a counter
+    running: float | None = None  # vLLM's running requests
+    waiting: float | None = None  # vLLM's waiting requests
+    kv_usage: float | None = None  # vLLM's KV-cache usage, a fraction
+    admitted_prefill_tokens: float | None = None  # admitted, prefill not yet done
 
     @classmethod
     def of(cls, components: Mapping) -> tuple[ScoreTerms, list[str]]:
         """(the declared terms of ``components``, the names of those outside their range: read as None)."""
-        values, bad = {}, []
-        for name, rule in DECLARED_TERMS.items():
-            value = components.get(name)
-            if value is None:
-                continue
-            if _in_range(value, rule):
-                values[name] = value  # an int stays one (JSON counts print as counts)
-            else:
-                bad.append(name)
-        return (cls(**values) if values else NO_TERMS), bad
+        values, bad = [], []
+        get = components.get
+        for name, (minimum, above, maximum, _unit) in _RANGES:
+            value = get(name)
+            if value is not None:
+                kind = type(value)  # int or float, not bool; NaN fails every comparison
+                if not ((kind is float or kind is int) and (minimum < value if above else minimum <= value)
+                        and value <= maximum):
+                    bad.append(name)
+                    value = None
+            values.append(value)  # an int stays one (JSON counts print as counts)
+        return tuple.__new__(cls, values), bad
 
 
-def _in_range(value, rule: Mapping) -> bool:
-    if not _finite(value) or value > rule["maximum"]:
-        return False
-    return value > rule["minimum"] if rule["above"] else value >= rule["minimum"]
-
-
-# name -> its range (minimum, above, maximum, unit), from ScoreTerms' own fields
-DECLARED_TERMS: dict[str, Mapping] = {f.name: f.metadata for f in dataclasses.fields(ScoreTerms)}
+DECLARED_TERMS: dict[str, TermRange] = {
+    "request_cost_s": TermRange(0.0, above=True, unit="s"),
+    "prefill_tps": TermRange(0.0, above=True, unit="tokens/s"),
+    "announced_s": TermRange(0.0, unit="s"),
+    "tokens_total": TermRange(0.0, unit="tokens"),
+    "running": TermRange(0.0, unit="requests"),
+    "waiting": TermRange(0.0, unit="requests"),
+    "kv_usage": TermRange(0.0, maximum=1.0),
+    "admitted_prefill_tokens": TermRange(0.0, unit="tokens"),
+}
+_RANGES = tuple((name, DECLARED_TERMS[name]) for name in ScoreTerms._fields)  # KeyError: a term without a range
 NO_TERMS = ScoreTerms()
 
 
@@ -205,11 +216,11 @@ class IUScore:
     level: int | None = None
     components: dict = field(default_factory=dict)
     collectors: Mapping[str, CollectorRun] = field(default_factory=no_collectors)
-    # the declared components, typed (not on the wire: derived from ``components``)
-    terms: ScoreTerms = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
-        object.__setattr__(self, "terms", ScoreTerms.of(self.components)[0])
+    @functools.cached_property
+    def terms(self) -> ScoreTerms:
+        """The declared components, typed (not on the wire: read from ``components``, once)."""
+        return ScoreTerms.of(self.components)[0]
 
     def to_json(self) -> dict:
         entry = {
@@ -253,13 +264,15 @@ class IUScore:
         if not isinstance(components, dict):
             raise BodyError(f"components {str(components)[:80]!r} is not an object", "components_invalid")
         kept = {str(k): v for k, v in components.items() if v is None or _finite(v)}
-        _terms, bad = ScoreTerms.of(kept)
+        terms, bad = ScoreTerms.of(kept)
         for name in bad:
             del kept[name]
         collectors = collectors_from_json(obj.get("collectors"))
         if bad and counts is not None:
             counts["component_invalid"] += len(bad)
-        return cls(float(score) if score is not None else None, status, reason[:MAX_REASON], level, kept, collectors)
+        entry = cls(float(score) if score is not None else None, status, reason[:MAX_REASON], level, kept, collectors)
+        entry.__dict__["terms"] = terms  # what the cached property would compute from ``kept``, computed once
+        return entry
 
 
 @dataclass(frozen=True)

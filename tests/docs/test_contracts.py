@@ -72,7 +72,7 @@ def score_body_rows(markdown: str) -> set[str]:
 def score_body_fields() -> set[str]:
     """Every field the typed body has, named as on the page: the body's, each IU entry's, each collector run's."""
     names = {f.name for f in dataclasses.fields(ScoreBody)}
-    names |= {f"ius.*.{f.name}" for f in dataclasses.fields(IUScore) if f.init}  # terms: derived, not sent
+    names |= {f"ius.*.{f.name}" for f in dataclasses.fields(IUScore)}
     return names | {f"ius.*.collectors.*.{f.name}" for f in dataclasses.fields(CollectorRun)}
 
 

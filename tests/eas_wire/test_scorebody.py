@@ -58,10 +58,15 @@ def test_the_range_edges_are_kept(name, value):
 
 
 def test_every_declared_term_has_a_range_and_a_field():
-    assert set(DECLARED_TERMS) == {"request_cost_s", "prefill_tps", "announced_s", "tokens_total", "running",
-                                   "waiting", "kv_usage", "admitted_prefill_tokens"}
-    assert all({"minimum", "above", "maximum", "unit"} <= set(rule) for rule in DECLARED_TERMS.values())
+    assert list(DECLARED_TERMS) == list(ScoreTerms._fields) == [
+        "request_cost_s", "prefill_tps", "announced_s", "tokens_total", "running", "waiting", "kv_usage",
+        "admitted_prefill_tokens"]
     assert ScoreTerms.of({}) == (NO_TERMS, [])
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 10**400, True, "1", [1]])
+def test_what_no_float_holds_or_is_no_number_is_out_of_every_range(value):
+    assert ScoreTerms.of({"running": value}) == (NO_TERMS, ["running"])
 
 
 def test_the_terms_never_reach_the_wire():
