@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from urllib.parse import parse_qs
 
 SCORES_PATH = "/scores"
@@ -29,7 +31,7 @@ HEARTBEAT = b"\n"
 INDEX_HEADER = "X-Eas-Index"
 MAX_WAIT_S = 30.0
 DEFAULT_WAIT_S = 5.0
-STREAM_PARAMS = {"stream": "1"}
+STREAM_PARAMS: Mapping[str, str] = MappingProxyType({"stream": "1"})  # the query that asks for the stream
 
 
 def frame(body_json: bytes) -> bytes:

@@ -5,9 +5,9 @@ snapshot (the agents' KV writes, <= 1 per node per second steady): ``ConsulWatch
 queries, its own threads) feeds an :class:`EdgeView`.
 
 Freshness: :class:`AgentFeed` holds one stream open to each node's agent, ``GET http://<node
-address>:<agent_port>/scores?stream=1`` (docs/contracts/scores-stream.md): the agent writes each cycle's body (every 200
-ms) and each body the announce channel adds as one line as soon as it exists, so each score reaches the edge
-a one-way trip after it was computed, unquantized and without a Consul write. An agent from before streams
+address>:<agent_port>/scores?stream=1`` (docs/contracts/scores-stream.md): the agent writes each cycle's
+body (every 200 ms) and each body the announce channel adds as one line as soon as it exists, so each score
+reaches the edge a one-way trip after it was computed, unquantized and without a Consul write. An agent from before streams
 answers that request with one plain body: the feed then follows it with blocking queries
 (``/scores?index=N&wait_s=W``, one request per body) instead. Node addresses come from the IUs' Consul
 services (vLLM runs on the node; the agent listens there on ``agent_port``). Bodies are folded into the view
