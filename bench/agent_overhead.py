@@ -23,9 +23,10 @@ from verdict import shown  # bench/, the script's own dir
 
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
+from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.score import IUInputs, Scorer
 from eas_agent.vllm_metrics import parse_vllm_metrics
+from eas_wire.fetch import HttpFetcher
 from sim.vllm.node import SimulatedNode
 
 TARGET_PERCENT = 2.0  # of one core, all the agent's threads

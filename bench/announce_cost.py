@@ -49,7 +49,7 @@ from dataclasses import replace
 from consul_io import layout
 from eas_agent.announce import NodeAnnouncements
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 nodes, port, net, token = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.stdin.readline().strip()
 
 class Node:

@@ -64,7 +64,7 @@ from measure import cpu_seconds, cpu_ticks, percentile, steal_share, tcp_connect
 from verdict import shown
 
 from consul_io import layout
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -79,7 +79,7 @@ AGENTS = r'''
 import json, sys, threading, time
 from consul_io import layout
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 nodes, port = int(sys.argv[1]), int(sys.argv[2])
 servers = []
 for n in range(nodes):

@@ -21,9 +21,9 @@ import statistics
 import time
 
 from consul_io import layout
-from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
-from eas_agent.scheduler.view import STALE_HEARTBEATS
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
+from edge.pool import AnomalyDetector, EdgeLedger, PoolView, pick
+from edge.pool.view import STALE_HEARTBEATS
 
 
 def build_view(

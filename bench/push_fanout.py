@@ -44,7 +44,7 @@ AGENT = r'''
 import sys, time
 from consul_io import layout
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 host, rate = sys.argv[1], float(sys.argv[2])
 http = AgentHttpServer(host, 0, AgentMetrics())
 http.start()
@@ -65,7 +65,7 @@ EDGES = r'''
 import asyncio, json, sys, time
 import aiohttp
 from consul_io import layout
-from eas_agent.scheduler import AnomalyDetector
+from edge.pool import AnomalyDetector
 from edge.feed import AgentFeed, EdgeView
 host, port, edges, stream = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "stream"
 settle, window = float(sys.argv[5]), float(sys.argv[6])

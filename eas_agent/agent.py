@@ -37,7 +37,7 @@ from eas_agent.config import AgentConfig, ConfigError
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.publisher import Backoff, Publisher, ScoreStore
 from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult
-from eas_agent.scorebody import CollectorRun, ScoreBody
+from eas_wire.scorebody import CollectorRun, ScoreBody
 
 log = logging.getLogger("eas_agent")
 RATE_WINDOW_S = 5.0

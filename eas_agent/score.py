@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.network import NetReading
 from eas_agent.collectors.vllm import VllmReading
-from eas_agent.scorebody import CollectorRun, no_collectors
 from eas_agent.vllm_metrics import VllmMetrics
+from eas_wire.scorebody import CollectorRun, no_collectors
 
 PASSING, WARNING, CRITICAL = "passing", "warning", "critical"
 # Each profile's score is the sum of weight x term over these components (the body carries the terms

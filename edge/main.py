@@ -27,11 +27,11 @@ import aiohttp
 from aiohttp import web
 
 from consul_io.client import ConsulIO, ConsulUnavailable
-from eas_agent.scheduler import ConsulWatcher
 from edge.announce import AnnounceSender, edge_id
 from edge.config import EVENT_LOOPS, ConfigError, EdgeConfig, load_edge_config
 from edge.feed import AgentFeed, EdgeView
 from edge.metrics import EdgeMetrics
+from edge.pool import ConsulWatcher
 from edge.proxy import EdgeState, make_app
 from edge.routing import Router
 

@@ -1,6 +1,6 @@
 """``clusterctl scores [-i INV] [--consul ADDR] [--watch] [--json]``: the pool as the edge's reader sees it.
 
-Uses the reader library (``eas_agent.scheduler``): the same view, health folding, staleness and anomaly
+Uses the reader library (``edge.pool``): the same view, health folding, staleness and anomaly
 verdicts the edge routes on. With an inventory, the Consul address and datacenter come from its
 ``consul_http_addr`` / ``consul_datacenter`` variables and IUs that publish nothing are listed too.
 
@@ -36,7 +36,7 @@ from common.errors import ClusterctlError, ExitCode
 from common.text import plural
 from consul_io import layout
 from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
-from eas_agent.scheduler import ConsulWatcher, PoolView
+from edge.pool import ConsulWatcher, PoolView
 
 CONSUL_HINT = "set --consul HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR"
 

@@ -11,9 +11,10 @@ import pytest
 
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.gpu import GpuReading
-from eas_agent.collectors.vllm import FetchError, VllmCollector
+from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import parse_config
-from eas_agent.scorebody import MAX_COLLECTOR_ERROR, BodyError, CollectorRun, IUScore, ScoreBody
+from eas_wire.fetch import FetchError
+from eas_wire.scorebody import MAX_COLLECTOR_ERROR, BodyError, CollectorRun, IUScore, ScoreBody
 from sim.memstore import MemoryStore
 from tests.eas_agent.test_hardening_agent import GOOD, strict_json
 

@@ -29,12 +29,11 @@ Rules, in order:
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from dataclasses import dataclass
 
-from eas_agent.scheduler.view import IUEntry, Snapshot
+from edge.pool.view import IUEntry, Snapshot
 
 SAMPLE_TRIES = 8
 
@@ -198,11 +197,9 @@ class EdgeLedger:
 
 
 def prefill_tps(entry: IUEntry) -> float | None:
-    """The IU's measured prompt tokens/s as its agent published it (drain's ``prefill_tps`` component)."""
-    value = entry.components.get("prefill_tps")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
-    return None
+    """The IU's measured prompt tokens/s as its agent published it (drain's ``prefill_tps`` term: > 0 when
+    present, checked when the body was read)."""
+    return entry.terms.prefill_tps
 
 
 def prefill_cost_s(entry: IUEntry, prompt_tokens: int) -> float:
