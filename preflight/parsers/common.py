@@ -97,11 +97,16 @@ def paste_lines(text: str) -> tuple[list[Line], list[str]]:
     text = text.replace("\r\n", "\n")
     kept: list[Line] = []
     warnings: list[str] = []
+    spaced_lines: list[int] = []  # lines with non-breaking spaces: one warning for all, where the first is
+    spaced_at = 0
     for no, raw in enumerate(text.split("\n"), start=1):
         line = clean_line(raw)
         spaced = line.translate(_WIDE_SPACES)
         if spaced != line:
-            warnings.append(f"line {no}: read non-breaking spaces as spaces (a copy from a web page or chat)")
+            if not spaced_lines:
+                spaced_at = len(warnings)
+                warnings.append("")  # written below, once the lines are counted
+            spaced_lines.append(no)
             line = spaced
         if _ELISION.match(line):
             warnings.append(f"line {no}: ignored an elision marker {line.strip()[:40]!r} (lines may be missing there)")
@@ -114,6 +119,11 @@ def paste_lines(text: str) -> tuple[list[Line], list[str]]:
         if note:
             warnings.append(f"line {no}: ignored the annotation {note[:60]!r} after {value.strip()[-40:]!r}")
         kept.append(Line(no, value))
+    if spaced_lines:
+        others = len(spaced_lines) - 1
+        more = f" (and {others} more line{'s' if others > 1 else ''})" if others else ""
+        warnings[spaced_at] = (f"line {spaced_lines[0]}: read non-breaking spaces as spaces{more}: a copy from a "
+                               f"web page or chat")
     return kept, warnings
 
 

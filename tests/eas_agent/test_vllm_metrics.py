@@ -341,3 +341,7 @@ def test_cli_reads_a_ticket_paste_with_warnings(capsys, tmp_path):
     assert data["kv_cache_usage"] == parse_vllm_metrics(text).kv_cache_usage
     assert [w.split(":")[0] for w in data["warnings"]] == ["line 1", "line 5", f"line {kv + 3}"]
     assert "annotation '<-- this is the one that is high'" in data["warnings"][2]
+
+
+def test_v1_deprecated_aliases_beside_the_current_names_are_not_counted_twice():
+    assert parse("v1_0_10_deprecated_aliases.txt") == parse("v1_single_engine.txt")
