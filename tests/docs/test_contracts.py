@@ -90,3 +90,19 @@ def test_score_body_page_example_is_read_back_whole():
 def test_the_score_body_row_reader_sees_a_missing_row():
     page = SCORE_BODY.read_text().replace("| `ius.*.collectors.*.duration_s` |", "| duration |")
     assert "ius.*.collectors.*.duration_s" in score_body_fields() - score_body_rows(page)
+
+
+PARSE_JSON = REPO / "docs" / "contracts" / "parse-json.md"
+
+
+def test_parse_json_verdict_example_has_the_keys_the_cli_prints(capsys):
+    """The `--profile` verdict object on the page, key for key, is what `preflight parse --json` prints."""
+    from tests.helpers import run_cli
+
+    section = PARSE_JSON.read_text().split("\n## verdict", 1)[1].split("\n## ", 1)[0]
+    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])["verdict"]
+    fixture = REPO / "tests" / "fixtures" / "preflight" / "nccl" / "h100-sxm-8gpu-all_reduce-g8-single-node.txt"
+    _, out, _ = run_cli(capsys, "preflight", "parse", "nccl", str(fixture), "--profile", "h100-sxm", "--json")
+    printed = json.loads(out)["verdict"]
+    assert set(example) == set(printed)
+    assert {key for result in example["results"] for key in result} == {key for r in printed["results"] for key in r}
