@@ -43,7 +43,9 @@ Real example (Xeon Platinum 8480+, kernel 5.15, C6 disabled through sysfs)::
     Duration: 0
 
 A state block cut before its ``Duration`` line, or fewer blocks than ``Number of idle states``, raises
-ParseError naming the last line read.
+ParseError naming the last line read; so does ``idle-info --silent``, which names the states without
+their blocks (nothing says whether one is disabled). Newer cpupower prints a ``Residency`` line in
+each block, which is not read.
 
 A paste without the header lines (it starts at ``analyzing CPU 0:``, or at ``Number of idle states:``) is
 read when its states are complete (as many blocks as ``Number of idle states`` says): the driver is null
@@ -161,6 +163,9 @@ def _parse_run(run: list[Line]) -> CpuIdleInfo:
         if number not in expected and number not in without_states:
             raise ParseError(last_read.no, last_read.text, f"output ends before CPU {number}'s idle states")
     for number, count in expected.items():
+        if count and all(not states for states in cpus.values()):
+            raise ParseError(last_read.no, last_read.text, f"CPU {number} names its {count} idle states but shows "
+                             "none of them (`cpupower idle-info --silent`?): no latency or disabled flag to read")
         if len(cpus.get(number, [])) < count:
             raise ParseError(last_read.no, last_read.text,
                              f"CPU {number} lists {len(cpus.get(number, []))} of {count} idle states")

@@ -99,3 +99,15 @@ def test_a_driver_line_without_a_driver_and_with_states_is_still_refused():
     text = (DIR / "intel-sapphire-rapids-intel_idle-c6-disabled.txt").read_text()
     with pytest.raises(ParseError, match="idle states without a 'CPUidle driver:' line"):
         cpupower.parse(text.replace("CPUidle driver: intel_idle", "CPUidle driver:"))
+
+
+def test_newer_cpupower_residency_lines_are_not_read_and_break_nothing():
+    info = load("amd-bc250-acpi_idle-residency-lines-cpu12.txt")
+    assert info.driver == "acpi_idle" and list(info.cpus) == [12]
+    assert states(info) == [("POLL", False, 0), ("C1", False, 1), ("C2", False, 350), ("C3", False, 400)]
+
+
+def test_silent_output_names_states_without_their_blocks_and_is_refused_naming_silent():
+    with pytest.raises(ParseError, match=r"names its 4 idle states but shows none of them \(`cpupower idle-info "
+                                         r"--silent`\?\)"):
+        load("amd-bc250-silent-all-cpus-state-names-only.txt")
