@@ -198,3 +198,13 @@ def test_an_empty_file_says_it_is_empty(capsys, tmp_path):
         main(["preflight", "parse", "nccl", str(tmp_path / "empty.txt")])
     assert exit_info.value.code == 1
     assert capsys.readouterr().err == f"error: {tmp_path / 'empty.txt'}: empty: no nccl output to parse\n"
+
+
+def test_a_clean_parse_says_no_errors_no_warnings_in_one_line(capsys):
+    path = FIXTURES / "nccl" / "h100-sxm-8gpu-all_reduce-g8-single-node.txt"
+    main(["preflight", "parse", "nccl", str(path)])
+    out = capsys.readouterr().out
+    assert out.endswith("\nno errors\n") and "(none)" not in out  # its prompt line is a warning
+    clean = FIXTURES / "chrony" / "aws-time-sync-linklocal-chrony4.2-normal.txt"
+    main(["preflight", "parse", "chrony", str(clean)])
+    assert capsys.readouterr().out.endswith("\nno warnings\n")

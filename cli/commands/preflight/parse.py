@@ -68,6 +68,9 @@ def command(kind: str, file: Any, as_json: bool, profile: str | None, gpus: int 
         console = Console(emoji=False, highlight=False)
         for table in render_tables(kind, data, console.width):
             console.print(table)
+        empty = [key for key, value in data.items() if value == []]
+        if empty:  # one line, not a boxed "(none)" table each
+            click.echo("no " + ", no ".join(empty))
         if verdict is not None:  # one line a result, never folded: what on-call greps and pastes back
             click.echo("\n".join(verdict_lines(verdict)))
     if verdict is not None and any(r["verdict"] == Verdict.FAIL for r in verdict["results"]):
@@ -92,7 +95,8 @@ def _one_line(text: str) -> str:
 
 def render_tables(kind: str, data: dict, width: int | None = None) -> list[Table]:
     """Tables for any contract object: scalars as key/value, lists of records as rows (nested lists of
-    records flattened under their parent's scalars), and a dict of dicts (topo links) as a matrix. A table
+    records flattened under their parent's scalars), other non-empty lists as one column, and a dict of
+    dicts (topo links) as a matrix. A table
     of rows wider than ``width`` columns is split into column groups that fit, each repeating the first
     column, so that no header or value is cut to "…"."""
     tables: list[Table] = []
@@ -107,10 +111,10 @@ def render_tables(kind: str, data: dict, width: int | None = None) -> list[Table
     for key, value in data.items():
         if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
             tables += _records_tables(f"{kind} {key}", _flatten(value), width)
-        elif isinstance(value, list):
+        elif isinstance(value, list) and value:  # empty lists: one "no ..." line after the tables
             table = Table(title=f"{kind} {key}")
             table.add_column(key)
-            for item in value or ["(none)"]:
+            for item in value:
                 table.add_row(_cell(item))
             tables.append(table)
         elif isinstance(value, dict) and value and all(isinstance(row, dict) for row in value.values()):

@@ -110,4 +110,4 @@ def test_newer_cpupower_residency_lines_are_not_read_and_break_nothing():
 def test_silent_output_names_states_without_their_blocks_and_is_refused_naming_silent():
     with pytest.raises(ParseError, match=r"names its 4 idle states but shows none of them \(`cpupower idle-info "
                                          r"--silent`\?\)"):
-        load("amd-bc250-silent-all-cpus-state-names-only.txt")
+        load("garbage-silent-amd-bc250-all-cpus-state-names-only.txt")
