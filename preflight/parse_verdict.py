@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import ClusterctlError, ExitCode
 from cluster.model import Node, build_node
+from common.errors import ClusterctlError, ExitCode
 from preflight.checks.base import with_parse_warnings
 from preflight.profiles import profile_for
 from preflight.result import CheckResult
