@@ -180,3 +180,19 @@ def test_scores_stream_page_example_is_bodies_and_a_heartbeat():
 def test_score_body_page_lists_exactly_the_declared_terms():
     rows = set(first_cells(section(SCORE_BODY.read_text(), "Declared components")))
     assert rows == set(DECLARED_TERMS)
+
+
+PARSE_JSON = REPO / "docs" / "contracts" / "parse-json.md"
+
+
+def test_parse_json_verdict_example_has_the_keys_the_cli_prints(capsys):
+    """The `--profile` verdict object on the page, key for key, is what `preflight parse --json` prints."""
+    from tests.helpers import run_cli
+
+    section = PARSE_JSON.read_text().split("\n## verdict", 1)[1].split("\n## ", 1)[0]
+    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])["verdict"]
+    fixture = REPO / "tests" / "fixtures" / "preflight" / "nccl" / "h100-sxm-8gpu-all_reduce-g8-single-node.txt"
+    _, out, _ = run_cli(capsys, "preflight", "parse", "nccl", str(fixture), "--profile", "h100-sxm", "--json")
+    printed = json.loads(out)["verdict"]
+    assert set(example) == set(printed)
+    assert {key for result in example["results"] for key in result} == {key for r in printed["results"] for key in r}
