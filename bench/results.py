@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -29,11 +30,20 @@ VERDICTS = ("met", "not met", "no verdict")
 REQUIRED = ("script", "measures", "command", "date", "host_load", "numbers", "target", "verdict", "summary")
 BEGIN = "<!-- results table: rendered by bench/results.py from bench/results/*.json; do not edit by hand -->"
 END = "<!-- end of results table -->"
+VERDICT_WORDS = re.compile(r"(?:^|: )(met|NOT met|no verdict)\b")
 HEADER = ["| script | measures | target | latest run | verdict |", "|---|---|---|---|---|"]
 
 
 class ResultError(ValueError):
     """A result file that is not a result."""
+
+
+def verdict_of(target_line: str) -> str:
+    """The verdict a printed target line ends in ("...: met", "...: NOT met", "...: no verdict (why)")."""
+    words = VERDICT_WORDS.findall(target_line)
+    if not words:
+        raise ResultError(f"no verdict in {target_line!r}")
+    return words[-1].lower()
 
 
 def default_path(script: str) -> Path:

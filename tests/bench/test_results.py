@@ -104,3 +104,37 @@ def test_a_wired_script_hands_its_printed_numbers_to_the_result_file(tmp_path):
     written = results.record(tmp_path / "push_fanout.json", script="bench/push_fanout.py", numbers=numbers,
                              target="<= 0.5x", verdict="met", summary=lines[-1], argv=["push_fanout.py"])
     assert results.load(tmp_path) == [written]
+
+
+@pytest.mark.parametrize("line, verdict", [
+    ("target: added p99 (target <= 2 ms): met", "met"),
+    ("target: x = 1.211 (target <= 1.2; CI straddles the limit): NOT met", "not met"),
+    ("target: added p99 = 5.1 ms (target <= 2 ms): no verdict (1 of 2 kept round(s) with steal over 0.5%, "
+     "re-runs spent: run it on a quieter host)", "no verdict"),
+    ("16 edges: the stream costs the agent 0.25x (target <= 0.5): met", "met"),
+])
+def test_the_verdict_is_read_off_the_printed_target_line(line, verdict):
+    assert results.verdict_of(line) == verdict
+
+
+def test_a_line_without_a_verdict_is_an_error():
+    with pytest.raises(results.ResultError):
+        results.verdict_of("reference: 1.0 CPU-s per host is the cost of 23 no-op module tasks")
+
+
+def test_the_edge_benchmark_records_the_numbers_behind_its_verdict():
+    import edge_proxy
+
+    def run(ttfb_ms):
+        return {"ttfb": [ttfb_ms / 1e3] * 100, "chunk": [0.005] * 100, "late": [0.0] * 100, "achieved_rate": 200.0,
+                "errors": 0}
+
+    row = {"rate": 200.0, "cpu_s": {"edge asyncio": 0.121}, "steal": [0.001, 0.002], "redone": [0.0, 0.0],
+           "round_added_p99": {"asyncio": [1.5, 2.1]},
+           "paths": {"direct": run(2.0), "bare asyncio": run(3.0), "edge asyncio": run(3.5)}}
+    numbers: dict = {}
+    lines = edge_proxy.report_overhead([row], "asyncio", "", numbers)
+    assert results.verdict_of(lines[-1]) == "met"
+    assert numbers == {"added_p99_first_byte_ms_pooled": 1.5, "added_p99_per_round_ms": [1.5, 2.1],
+                       "added_p50_ms": 1.5, "bare_hop_p99_ms": 1.0, "edge_own_p99_ms": 0.5,
+                       "edge_cpu_ms_per_request": 1.21}
