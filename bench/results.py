@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -103,7 +104,7 @@ def record(path: Path | None, *, script: str, numbers: dict, target: str | None,
     result = {
         "script": Path(script).name,
         "measures": kept.get("measures", ""),
-        "command": " ".join([".venv/bin/python", f"bench/{Path(script).name}", *_without_results(argv[1:])]),
+        "command": shlex.join([".venv/bin/python", f"bench/{Path(script).name}", *_without_results(argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host_load": host or host_load(),
         "numbers": numbers,

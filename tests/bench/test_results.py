@@ -138,3 +138,23 @@ def test_the_edge_benchmark_records_the_numbers_behind_its_verdict():
     assert numbers == {"added_p99_first_byte_ms_pooled": 1.5, "added_p99_per_round_ms": [1.5, 2.1],
                        "added_p50_ms": 1.5, "bare_hop_p99_ms": 1.0, "edge_own_p99_ms": 0.5,
                        "edge_cpu_ms_per_request": 1.21}
+
+
+def test_the_routing_benchmark_records_its_default_modes_verdict_and_every_number():
+    import route_sim
+    from routesim.report import SeedCheck
+
+    shipped, seeds = route_sim.SHIPPED, (1, 2, 3)
+    checks = [SeedCheck(f"80% {shipped} p99 TTFT / oracle", seeds, (1.05, 1.08, 1.104), 1.2),
+              SeedCheck(f"80% {shipped} p99 TTFT / least-conn", seeds, (0.774, 0.774, 0.774), 0.85),
+              SeedCheck("80% ours (Consul only) p99 TTFT / oracle", seeds, (1.3, 1.4, 1.5), 1.2),
+              SeedCheck(f"{shipped}, 16 edges p99 / 1 edge", seeds, (1.061, 1.061, 1.061), 1.1),
+              SeedCheck("80% round-robin p99 TTFT / oracle", seeds, (1.9, 1.9, 1.9), None)]
+    result = route_sim.shipped_result(checks)
+    assert result["verdict"] == "met"  # the fallback's miss is in the numbers, not the default's verdict
+    assert result["numbers"]["80% ours (Consul only) p99 TTFT / oracle"]["mean"] == 1.4
+    assert result["numbers"][f"80% {shipped} p99 TTFT / least-conn"]["ci95"] == [0.774, 0.774]
+    assert result["summary"] == (f"seeds 1,2,3, {shipped}: 80% p99 TTFT / oracle 1.078; 80% p99 TTFT / least-conn "
+                                 "0.774; 16 edges p99 / 1 edge 1.061")
+    one_seed = route_sim.shipped_result([SeedCheck(f"95% {shipped} p99 TTFT / least-conn", (1,), (1.01,), 1.0)])
+    assert one_seed["verdict"] == "not met" and one_seed["numbers"][f"95% {shipped} p99 TTFT / least-conn"]["ci95"] is None
