@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import virtual_machines  # noqa: E402
 from verdict import shown  # noqa: E402
 
-from sim.hosts import simulate  # noqa: E402
+from sim.hosts import lifecycle  # noqa: E402
 
 TARGET_X_FLOOR = 1.1
 CHILD = r"""
@@ -86,7 +86,7 @@ def one_size(
         try:
             stats_file = Path(tmp) / "stats.json"
             document = Path(tmp) / "run.json"
-            machines_before = simulate.machine_cpu_seconds(inventory)
+            machines_before = lifecycle.machine_cpu_seconds(inventory)
             started = time.monotonic()
             subprocess.run(
                 [
@@ -116,7 +116,7 @@ def one_size(
             )
             wall = time.monotonic() - started
             load = virtual_machines.load_average()
-            machines_cpu = simulate.machine_cpu_seconds(inventory) - machines_before
+            machines_cpu = lifecycle.machine_cpu_seconds(inventory) - machines_before
             stats = json.loads(stats_file.read_text())
             run = json.loads(document.read_text())
             summary = run["summary"]

@@ -17,10 +17,9 @@ from pathlib import Path
 import click
 
 from cli.app import App
-from cli.errors import ClusterctlError
 from cli.help import examples
 from cli.lazy import Lazy, LazyGroup
-from cluster.errors import ExitCode
+from common.errors import ClusterctlError, ExitCode
 
 # name -> module and the one-line help shown by `clusterctl --help`
 COMMANDS: dict[str, Lazy] = {

@@ -52,7 +52,7 @@ from cluster.shapes import (  # noqa: F401
     kernel_args,
     shell_words,
 )
-from cluster.text import suggest
+from common.text import suggest
 from consul_io import layout
 
 GPU_MODELS = ("h100-sxm", "h200-sxm", "a100-sxm")

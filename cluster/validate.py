@@ -15,7 +15,7 @@ from typing import Any
 
 from cluster import model, spec
 from cluster.spec import Problem
-from cluster.text import plural
+from common.text import plural
 
 BMC_VARS = ("bmc_address", "bmc_username", "bmc_password")
 
@@ -166,7 +166,7 @@ def _secret_identity(value: Any) -> str | None:
     group_vars value every host inherits is one ciphertext; two encryptions of one secret differ and are not
     caught here), a plain value's text; None for unset or templated values (a template such as the virtual
     inventory's ``... inventory_hostname ... | to_uuid`` is per host by construction)."""
-    from cluster import vault  # the one module that knows Ansible's vault types
+    from cluster.ansible import vault  # the one module that knows Ansible's vault types
 
     if (sealed := vault.ciphertext(value)) is not None:  # first: comparing an EncryptedString decrypts it
         return "vault:" + sealed

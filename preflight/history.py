@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import ClusterctlError, ExitCode
+from common.errors import ClusterctlError, ExitCode
 from preflight.result import CheckResult, Verdict
 
 DEFAULT_STATE_DIR = Path(".state/preflight")

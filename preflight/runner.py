@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.errors import ExitCode
 from cluster.model import Cluster, Node
+from common.errors import ExitCode
 from preflight.checks import Check
 from preflight.checks.base import GatherError, HostUnreachable, NodeContext, RackContext, RunOptions
 from preflight.result import CheckResult, Verdict

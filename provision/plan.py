@@ -16,9 +16,10 @@ from typing import Any
 
 import yaml
 
-from cluster import validate, vault
-from cluster.inventory import InventoryError, cluster_of, load_inventory
-from cluster.text import suggest
+from cluster import validate
+from cluster.ansible import vault
+from cluster.ansible.inventory import InventoryError, cluster_of, load_inventory
+from common.text import suggest
 
 DEFAULT_BATCHES: tuple[int | str, ...] = (1, "10%", "50%", "100%")
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from cli.errors import ClusterctlError
 from cli.help import examples
-from cluster.errors import ExitCode
+from common.errors import ClusterctlError, ExitCode
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import click
 
-from cli.errors import ClusterctlError, ExitCode, UsageError
 from cli.help import examples
+from common.errors import ClusterctlError, ExitCode, UsageError
 from consul_io import layout
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error")

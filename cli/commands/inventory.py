@@ -12,12 +12,12 @@ from rich.tree import Tree
 from cli import app
 from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
-from cluster import inventory as inv
 from cluster import validate as val
-from cluster import vault
-from cluster.errors import ExitCode
+from cluster.ansible import inventory as inv
+from cluster.ansible import vault
 from cluster.model import Cluster
-from cluster.text import plural
+from common.errors import ExitCode
+from common.text import plural
 
 
 @click.group("inventory", epilog=examples("clusterctl inventory validate -i inventory/prod", "clusterctl inventory show -i inventory/prod --limit rack_r12"))

@@ -42,10 +42,10 @@ from rich.text import Text
 from cli import app
 from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
-from cluster import run_state, vault
-from cluster.errors import ExitCode
-from cluster.inventory import InventoryError
-from cluster.text import plural
+from cluster.ansible import vault
+from cluster.ansible.inventory import InventoryError
+from common.errors import ExitCode
+from common.text import plural
 from provision import run
 from provision.plan import (
     DEFAULT_BATCHES,
@@ -121,8 +121,6 @@ def command(
         plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,
         live=live, allow_reboot=allow_reboot,
     )
-    if rollout.stats is not None and not check:
-        run_state.note(plan.inventory, "provisioned")  # `virtual up` then refuses to discard it silently
     console.print(recap_table(rollout))
     if rollout.batch_seconds:
         console.print(Text("batch times: " + ", ".join(

@@ -29,12 +29,11 @@ from rich.live import Live
 from rich.text import Text
 
 from cli import app, neterr
-from cli.errors import ClusterctlError
 from cli.help import examples
 from cli.options import vault_password_file_option
 from cli.views.scores import publishing, rows, table
-from cluster.errors import ExitCode
-from cluster.text import plural
+from common.errors import ClusterctlError, ExitCode
+from common.text import plural
 from consul_io import layout
 from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
 from eas_agent.scheduler import ConsulWatcher, PoolView
@@ -47,7 +46,8 @@ def _inventory_settings(
 ) -> tuple[str | None, str | None, Any, dict[str, tuple[str, str]]]:
     """(Consul address, datacenter, token, IU id -> (rack, node)) from the inventory; the token is its
     ``consul_token`` / ``consul_token_file`` (the token rule), as the first node's Consul settings."""
-    from cluster import load_cluster, vault
+    from cluster import load_cluster
+    from cluster.ansible import vault
 
     cluster = load_cluster(inventory, vault_secrets=vault.secrets_for(vault_password_file))
     expected, addr, dc, token = {}, None, None, None

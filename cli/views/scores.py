@@ -1,8 +1,8 @@
 """How ``clusterctl scores`` and the demo's routing view draw the pool: rows from the reader's view, each
 score as the sum of its (weighted) terms, the inputs behind them, and why an anomaly flag was raised.
 
-Rendering only, apart from the command: :mod:`sim.demo` draws the same table, and a simulator may import
-this module but never a command module (which may import the simulators).
+Rendering only, apart from the command: the demo (:mod:`demo.scenario`, above the CLI) draws the same table
+through this module; the views are the part of ``cli`` the demo may import (tests/test_import_lint.py).
 """
 
 from __future__ import annotations

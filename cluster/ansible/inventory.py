@@ -39,8 +39,8 @@ import yaml
 
 from cluster import model, spec, validate
 from cluster.ansible import vault
-from cluster.errors import ClusterctlError, ExitCode
-from cluster.text import plural
+from common.errors import ClusterctlError, ExitCode
+from common.text import plural
 
 ALLOW_SCRIPTS_ENV = "CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS"
 _ENABLED: dict[str, list[str]] = {}

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import UsageError
+from common.errors import UsageError
 
 # (vault id, Ansible VaultSecret): what DataLoader.set_vault_secrets and VaultSecretsContext hold.
 VaultSecrets = list[tuple[str, Any]]

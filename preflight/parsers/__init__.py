@@ -52,11 +52,11 @@ _KINDS: dict[str, tuple[str, str]] = {
     "fabricmanager-version": ("versions", "parse_fabricmanager"),
     "ofed-info": ("versions", "parse_ofed_info"),
     # one-word outputs (cstates, ib_link_health, dcqcn, gpu_health, versions)
-    "pm-qos": ("words", "parse_pm_qos"),
-    "date-epoch": ("words", "parse_epoch"),
-    "ecn-switch": ("words", "parse_ecn_switch"),
-    "systemctl-is-active": ("words", "parse_is_active"),
-    "dpkg-version": ("words", "parse_dpkg_version"),
+    "pm-qos": ("single_value", "parse_pm_qos"),
+    "date-epoch": ("single_value", "parse_epoch"),
+    "ecn-switch": ("single_value", "parse_ecn_switch"),
+    "systemctl-is-active": ("single_value", "parse_is_active"),
+    "dpkg-version": ("single_value", "parse_dpkg_version"),
 }
 
 

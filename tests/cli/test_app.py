@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from cli import app
 from cli.main import cli
-from cluster.errors import ClusterctlError, ExitCode, UsageError
+from common.errors import ClusterctlError, ExitCode, UsageError
 
 
 def test_a_command_run_alone_gets_a_default_app():

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from cli.main import COMMANDS
-from tests.cli.helpers import one_line
+from tests.cli.helpers import one_line, stamp_provisioned
 
 # ------------------------------------------------------------------------------ CLI conventions
 
@@ -214,23 +214,38 @@ def test_virtual_takes_dash_i_and_the_positional_form_still_works(clusterctl, tm
 
 
 def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, brought_up_inventory, tmp_path, monkeypatch):
-    from cluster import run_state
-    from sim.hosts import simulate
+    import shutil
+    from datetime import datetime
+
+    from sim.hosts import lifecycle, run_state
     from sim.hosts.machines import MachineState
 
     monkeypatch.chdir(tmp_path)
     ups = []
-    monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
-    monkeypatch.setattr(simulate, "up", lambda inv, limit, secrets: ups.append(inv) or simulate.UpResult(["r01n01"], [], 0.1))
+    running = {"r01n01": "running", "r01n02": "stopped"}
+
+    def fresh_machines(inv, limit, secrets):  # `up` recreates every machine's overlay, as prepare_host does
+        ups.append(inv)
+        shutil.rmtree(lifecycle.layout(inv).machines_dir, ignore_errors=True)
+        return lifecycle.UpResult(list(running), [], 0.1)
+
+    monkeypatch.setattr(lifecycle, "status", lambda inv: [MachineState(h, s, [], "127.0.1.11") for h, s in running.items()])
+    monkeypatch.setattr(lifecycle, "up", fresh_machines)
     assert clusterctl("virtual", "up", "-i", str(brought_up_inventory))[0] == 0  # never provisioned: fine
-    run_state.note(brought_up_inventory, "provisioned")
+    stamp_provisioned(brought_up_inventory, "r01n02")
+    assert clusterctl("virtual", "up", "-i", str(brought_up_inventory))[0] == 0  # provisioned, but not running
+    stamp_provisioned(brought_up_inventory, "r01n01", when=1_700_000_000)
     code, _, err = clusterctl("virtual", "up", "-i", str(brought_up_inventory))
-    assert code == 2 and len(ups) == 1
+    assert code == 2 and len(ups) == 2
     line = one_line(err)
-    assert "1 machine up and provisioned at" in line and "add --reset" in line
+    when = datetime.fromtimestamp(1_700_000_000).strftime("%H:%M:%S")
+    assert f"1 machine up and provisioned at {when}" in line and "add --reset" in line
+    code, out, _ = clusterctl("virtual", "status", "-i", str(brought_up_inventory))
+    assert code == 0 and out.splitlines()[0].split()[2:] == ["running", "healthy", "provisioned", when]
+    assert out.splitlines()[1].split()[2:] == ["stopped", "healthy"]
     code, out, _ = clusterctl("virtual", "up", "-i", str(brought_up_inventory), "--reset")
-    assert code == 0 and len(ups) == 2 and "next: clusterctl provision" in out
-    assert run_state.provisioned_since_up(brought_up_inventory) is None  # fresh hosts: nothing to lose again
+    assert code == 0 and len(ups) == 3 and "next: clusterctl provision" in out
+    assert run_state.provisioned(lifecycle.layout(brought_up_inventory)) == {}  # fresh hosts: nothing to lose again
 
 
 def test_ansible_warnings_are_summarized_once_each(clusterctl, broken):
@@ -257,7 +272,7 @@ def test_a_group_level_problem_is_one_line_not_one_per_host():
 def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeypatch, capsys, virtual_inventory):
     import cli.commands.inventory
     from cli.main import main
-    from cluster.errors import ExitCode
+    from common.errors import ExitCode
 
     def broken(*_args, **_kwargs):
         raise KeyError("racks")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import load_cluster, vault
+from cluster import load_cluster
+from cluster.ansible import vault
 from cluster.model import Node, build_node
 from cluster.settings import node_settings
 from tests.cluster.helpers import inline, password_file

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import inventory as inv
-from cluster import vault
+from cluster.ansible import inventory as inv
+from cluster.ansible import vault
 
 SAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "sample"
 SAMPLE_VAULT_PASSWORD = "clusterctl-sample"  # inventory/sample/README.md says so; it guards placeholders only

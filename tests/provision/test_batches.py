@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.inventory import InventoryError
+from cluster.ansible.inventory import InventoryError
 from provision import plan as prov
 from provision.rollout import Rollout
 
@@ -27,7 +27,7 @@ SERVERS = ("r01n01", "r01n03", "r02n01")  # inventory/sample/hosts.yml's consul_
 
 @pytest.fixture(scope="module")
 def sample_secrets(tmp_path_factory):
-    from cluster import vault
+    from cluster.ansible import vault
 
     path = tmp_path_factory.mktemp("vault") / "pass"
     path.write_text(SAMPLE_VAULT_PASSWORD + "\n")

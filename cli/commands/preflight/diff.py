@@ -9,7 +9,7 @@ import click
 
 from cli import app
 from cli.commands.preflight.history import STATE_DIR_HELP
-from cluster.errors import ExitCode
+from common.errors import ExitCode
 
 
 @click.command(
@@ -36,7 +36,7 @@ def command(run1: str, run2: str, state_dir: Path | None, as_json: bool) -> None
     from rich.table import Table
     from rich.text import Text
 
-    from cluster.text import plural
+    from common.text import plural
     from preflight import history
     from preflight.report import verdict_text
 

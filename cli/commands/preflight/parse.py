@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cli.errors import ClusterctlError, ExitCode
 from cli.help import examples
 from cli.options import SuggestingChoice
+from common.errors import ClusterctlError, ExitCode
 from preflight.parsers import PARSERS, ParseError, parse, paste_warnings, to_contract_json
 
 

@@ -131,9 +131,10 @@ def run_preflight_command(
     dcgm_level: int | None = None,
     show_pass: bool = False,
 ) -> int:
-    from cli.errors import UsageError
-    from cluster import load_cluster, vault
-    from cluster.text import suggest
+    from cluster import load_cluster
+    from cluster.ansible import vault
+    from common.errors import UsageError
+    from common.text import suggest
     from preflight import checks as registry
     from preflight import history, report
     from preflight.checks.base import RunOptions

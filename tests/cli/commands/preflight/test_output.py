@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cluster.errors import ExitCode
+from common.errors import ExitCode
 from preflight import history, report
 from preflight import progress as progress_view
 from tests.cli import samples
@@ -98,7 +98,7 @@ def test_host_text_is_never_markup():
 
 
 def test_plurals():
-    from cluster.text import plural
+    from common.text import plural
 
     assert (plural(1, "node"), plural(4, "node"), plural(1, "peer"), plural(0, "failure")) == (
         "1 node", "4 nodes", "1 peer", "0 failures")

@@ -43,11 +43,11 @@ from rich.panel import Panel
 from rich.rule import Rule
 from rich.text import Text
 
-from cli.errors import ClusterctlError
 from cluster import load_cluster
 from cluster.model import Cluster, Node
-from cluster.text import plural
-from sim.demo_traffic import DemoEdge, edge_metrics
+from common.errors import ClusterctlError
+from common.text import plural
+from demo.traffic import DemoEdge, edge_metrics
 from sim.processes import ProcessSet, tail
 
 # The demo's machines live on 127.42.R.N, not the default 127.0.R.N of `clusterctl virtual create`: a demo then
@@ -81,9 +81,9 @@ def run(console: Console, nodes: int, racks: int, duration: float, rate: float |
     finally:
         processes.stop()
         if (inventory / "hosts.yml").exists():
-            from sim.hosts import simulate
+            from sim.hosts import lifecycle
 
-            simulate.down(str(inventory))
+            lifecycle.down(str(inventory))
         if keep:
             console.print(f"kept {workdir}")
         else:
@@ -128,7 +128,7 @@ class Demo:
     # -- 1. simulated hosts -----------------------------------------------------------------------
     def make_cluster(self, nodes: int, racks: int) -> Cluster:
         from sim.hosts import create as create_inventory
-        from sim.hosts import simulate
+        from sim.hosts import lifecycle
 
         self.step(f"1/6 virtual cluster: {plural(nodes, 'node')} in {plural(racks, 'rack')}")
         create_inventory.write(self.inventory, nodes, racks, fabric="mixed", faults="none", net=DEMO_NET)
@@ -140,7 +140,7 @@ class Demo:
         )
         self.configure_consul(faulty)
         cluster = load_cluster(self.inventory)
-        result = simulate.up(str(self.inventory))
+        result = lifecycle.up(str(self.inventory))
         self.console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; [red]{faulty}[/] has NVLink "
                            "GPU2-GPU3 down (their links inactive) and GPU 5 in HW thermal slowdown")
         return cluster

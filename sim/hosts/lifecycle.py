@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.errors import ClusterctlError
-from cluster.inventory import cluster_of, load_inventory
-from cluster.vault import VaultSecrets
+from cluster.ansible.inventory import cluster_of, load_inventory
+from cluster.ansible.vault import VaultSecrets
+from common.errors import ClusterctlError
 from sim.hosts import faults, hardware, image, machines, repos
 
 

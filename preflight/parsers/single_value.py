@@ -3,12 +3,12 @@ switch, a unit's state and a package's version.
 
 Usage::
 
-    from preflight.parsers import words
-    words.parse_pm_qos(text).latency_us          # od -An -tu4 -N4 /dev/cpu_dma_latency -> 0
-    words.parse_epoch(text).seconds              # date +%s -> 1764547200
-    words.parse_ecn_switch(text).enabled         # cat /sys/class/net/IF/ecn/roce_np/enable/PRIO -> True
-    words.parse_is_active(text).states           # systemctl is-active UNIT... -> ("active",)
-    words.parse_dpkg_version(text).version       # dpkg-query -W -f '${Version}' PKG -> '2.21.5-1+cuda12.4'
+    from preflight.parsers import single_value
+    single_value.parse_pm_qos(text).latency_us          # od -An -tu4 -N4 /dev/cpu_dma_latency -> 0
+    single_value.parse_epoch(text).seconds              # date +%s -> 1764547200
+    single_value.parse_ecn_switch(text).enabled         # cat /sys/class/net/IF/ecn/roce_np/enable/PRIO -> True
+    single_value.parse_is_active(text).states           # systemctl is-active UNIT... -> ("active",)
+    single_value.parse_dpkg_version(text).version       # dpkg-query -W -f '${Version}' PKG -> '2.21.5-1+cuda12.4'
 
 Schemas (kinds ``pm-qos``, ``date-epoch``, ``ecn-switch``, ``systemctl-is-active``, ``dpkg-version``)::
 
