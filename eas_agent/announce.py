@@ -3,7 +3,7 @@
 Why: a score is computed from a vLLM scrape every 200 ms. Between two scrapes an edge knows only its own
 requests (its ledger); the work other edges sent since the score, and the real size of long prompts that
 vLLM's waiting gauge counts as one request each, are invisible to it. In ``bench/route_sim.py`` that is
-what keeps 4 and 16 edges short of the oracle (edge/README.md, "The announce channel"). With the channel
+what keeps 4 and 16 edges short of the oracle (docs/decisions/0003-announce-channel.md). With the channel
 every edge sees every edge's work within ~20-30 ms.
 
 The messages (``POST /announce`` on the agent's HTTP server, eas_agent/http.py; the edge's sender is

@@ -82,7 +82,7 @@ class QuietHandler(BaseHTTPRequestHandler):
 class BoundedHTTPServer(QuietHTTPServer):
     """The agent's server: at most ``max_connections`` connections are served at once (a thread each); the next is closed at
     once, so clients that open connections and never finish a request (slowloris) cannot grow the agent's
-    threads without bound (review M2). Each connection has a socket timeout (the handler's ``timeout``).
+    threads without bound. Each connection has a socket timeout (the handler's ``timeout``).
     """
 
     max_connections = MAX_CONNECTIONS

@@ -27,7 +27,8 @@
     eject_s: 5                    # an IU that failed a connection or died mid-stream is skipped this long
     drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
     seed: null                    # RNG of pick()'s sampling (null: from the OS)
-    event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it): bench/README.md
+    event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it);
+                                  # docs/decisions/0005-uvloop-optional.md
 
 Every field is optional. Errors name the file and the field (``edge.yml: push.agent_port: ...``); the field
 reader (eas_wire.fields) and the Consul block (consul_io.config) are the agent config's too, so both files

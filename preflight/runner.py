@@ -40,7 +40,8 @@ PASSING = (Verdict.PASS, Verdict.SKIP)
 # A node's readings (nvidia-smi, sysfs, chronyc, ...) are independent and mostly wait on their tools, so they
 # run side by side as channels of the node's one SSH connection. Two: with 4, the 18-machine fault matrix on a
 # loaded 2-core controller twice saw a command's channel close with no exit status (rc -1, no output), cause
-# not found; with 2 it passed under the same load, and one node's run is still ~35% shorter (bench/README.md).
+# not found; with 2 it passed under the same load, and one node's run is still ~35% shorter
+# (docs/decisions/0012-preflight-readings-at-once.md).
 READINGS_AT_ONCE = 2
 
 

@@ -109,8 +109,8 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
         where = "--token-file" if token_file else str(inventory)
         raise ClusterctlError(f"{where}: {exc}", ExitCode.USAGE) from None
     try:
-        # consul_io's address rule: an https:// address is spoken to over HTTPS (review L9: the scheme was
-        # dropped and the token went out in cleartext), http:// or none over HTTP
+        # consul_io's address rule: an https:// address is spoken to over HTTPS (dropping the
+        # scheme would send the token in cleartext), http:// or none over HTTP
         io = ConsulIO(addr, token=token, timeout_s=3.0)
     except ConsulUnavailable as exc:  # nothing was contacted: the address itself is not one
         raise ClusterctlError(f"{source}: {exc}", ExitCode.USAGE) from None

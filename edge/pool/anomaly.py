@@ -1,6 +1,6 @@
 """Robust anomaly verdicts over a time window (median / MAD, not mean / standard deviation).
 
-The design article de-weights an IU whose score is "3 readings below mean - 2 sigma" (a hung vLLM looks
+A mean / sigma rule would de-weight an IU whose score is "3 readings below mean - 2 sigma" (a hung vLLM looks
 idle). Mean and sigma are dragged by the very outliers they should find, so here the centre is the pool's
 median score and the spread 1.4826 x MAD (the normal-consistent MAD), with a floor so a pool of identical
 scores does not flag everything. Verdicts:
@@ -74,7 +74,7 @@ class AnomalyDetector:
     def observe(self, entries, now: float) -> dict[str, Verdict]:
         # Judged on the scrape's score: what the edges announced since (``announced_s``, the announce channel)
         # is known work, not an outlier (judging the announced score gated IUs a long prompt had just
-        # raised: edge/README.md, "The announce channel").
+        # raised: docs/decisions/0003-announce-channel.md).
         judged = []  # (entry, its judged score, routable now)
         for entry in entries:
             score = entry.score

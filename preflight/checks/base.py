@@ -164,7 +164,7 @@ class NodeContext:
 
 
 def _whole(result: CommandResult, argv: Sequence[str]) -> CommandResult:
-    """``result``, unless the transport truncated it at its cap (security review M4): partial output is never
+    """``result``, unless the transport truncated it at its cap: partial output is never
     judged (an XID past the cap would vanish silently), the check is an ERROR naming the command and the cap."""
     if result.truncated:
         cap = f"{OUTPUT_CAP_BYTES / 2**20:g} MiB"

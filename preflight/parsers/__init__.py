@@ -51,7 +51,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "sysfs": ("ib_health", "parse_sysfs"),
     "mlxlink": ("ib_health", "parse_mlxlink"),
     "kernel-links": ("ib_health", "parse_kernel_links"),
-    # parsing that used to live inside checks (dcqcn, numa_pinning, cstates, gpu_health, versions)
+    # structured outputs the checks read (dcqcn, numa_pinning, cstates, gpu_health, versions)
     "mlnx-qos": ("mlnx_qos", "parse"),
     "systemctl-show": ("systemctl_show", "parse"),
     "cpulist": ("cpulist", "parse"),
@@ -59,7 +59,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "kernel-xids": ("kernel_log", "parse_xids"),
     "fabricmanager-version": ("versions", "parse_fabricmanager"),
     "ofed-info": ("versions", "parse_ofed_info"),
-    # one-word outputs that checks used to read by hand (cstates, ib_link_health, dcqcn, gpu_health, versions)
+    # one-word outputs (cstates, ib_link_health, dcqcn, gpu_health, versions)
     "pm-qos": ("single_value", "parse_pm_qos"),
     "date-epoch": ("single_value", "parse_epoch"),
     "ecn-switch": ("single_value", "parse_ecn_switch"),

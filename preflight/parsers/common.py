@@ -26,7 +26,7 @@ _SRUN_LABEL = re.compile(r"^ {0,5}\d{1,6}: ")
 T = TypeVar("T")
 
 # What a person's paste adds to a tool's output (from tickets, runbooks, chat). Each is removed before
-# parsing and reported as a warning naming the line (review: "Pending : Yes   <===" used to read as null).
+# parsing and reported as a warning naming the line ("Pending : Yes   <===" must not read as null).
 # Trailing annotations: an arrow ("<===", "<--", "<<", "←") and whatever follows it; a "#" comment after
 # two spaces; a parenthesised pointer such as "(this one)". Real values keep their own parentheses
 # ("A9FEA97B (169.254.169.123)"): only the pointer words below are taken as an annotation.
