@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=1.0, help="seconds every simulated command takes")
     parser.add_argument("--per-rack", type=int, default=16, help="nodes per rack")
     parser.add_argument("--depth", default="standard", choices=["quick", "standard", "full"],
-                        help="preflight --depth (the issue-17 checks run at every depth)")
+                        help="preflight --depth (default standard)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-command timeout given to preflight")
     parser.add_argument(
         "--checks", default=None, help="only these checks (default: all but numa_pinning,consul)"

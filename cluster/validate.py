@@ -155,7 +155,7 @@ def check_duplicate_addresses(hosts: Mapping[str, Mapping[str, Any]]) -> list[Pr
     ]
 
 
-# Tokens Consul links to ONE node's policy (consul_agent's acl.yml, cluster.consul_acl.node_policies): node:write
+# Tokens Consul links to ONE node's policy (consul_agent's acl.yml, consul_io.acl.node_policies): node:write
 # for the Consul agent, that node's score keys for its eas-agent. Shared between nodes, each node's run
 # re-links the token to its own policy, and every other node's agent is refused (403).
 NODE_TOKENS = ("consul_agent_acl_agent_token", "eas_agent_consul_token")

@@ -269,7 +269,7 @@ class Demo:
     def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> None:
         from cli.views.scores import rows
         from consul_io.client import ConsulIO
-        from eas_agent.scheduler import ConsulWatcher, PoolView
+        from edge.pool import ConsulWatcher, PoolView
 
         rate = rate or 0.8 * len(released)
         edge_url = self.start_edge(cluster)

@@ -1,5 +1,8 @@
 """Architecture as CI: what each package may import.
 
+**The agent and the edge never import each other**: what crosses between them is ``eas_wire``, which imports
+nothing of the project.
+
 **Production never imports the simulators** (``sim``): a simulator reachable from production code would ship
 inside the deployables and could stand in for hardware on a real node. Allowed: an import inside a function of
 the CLI's ``virtual`` command, which exists to run the simulators and imports them only when run (``clusterctl
@@ -30,7 +33,7 @@ import pytest
 from tests.helpers import module_imports, python_packages
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCTION = ("common", "cluster", "provision", "preflight", "eas_agent", "edge", "cli", "consul_io", "playbooks",
+PRODUCTION = ("common", "cluster", "provision", "preflight", "eas_agent", "eas_wire", "edge", "cli", "consul_io", "playbooks",
               "collections")
 # The simulators themselves, what runs them (the demo, the benchmarks, the dev Consul server) and the tests.
 NOT_PRODUCTION = {"sim", "demo", "bench", "devconsul", "tests"}
@@ -38,9 +41,10 @@ LAZY_ALLOWED = {"cli/commands/virtual.py"}
 
 # Each package's floor: it imports packages on its floor or below, never above. Two packages on one floor may
 # import each other unless a narrower rule forbids it (the agent and the edge: only through their protocol
-# package, which imports nothing of the project and stands on floor 1 beside consul_io).
+# package, which imports nothing of the project and stands on the ground floor beside common).
 FLOORS = {
     "common": 0,  # errors, exit codes, wording: depends on nothing of the project
+    "eas_wire": 0,  # the agent-edge protocol: depends on nothing of the project
     "consul_io": 1, "devconsul": 1,  # the one Consul client and names; the dev Consul server
     "cluster": 2, "eas_agent": 2,  # the model; the node agent
     "preflight": 3, "provision": 3, "edge": 3, "playbooks": 3, "collections": 3,
@@ -83,6 +87,46 @@ def test_production_modules_never_import_sim():
 def test_every_python_package_is_production_or_named_as_not():
     """A package added to the repository (or left out of PRODUCTION) fails here until it is placed."""
     assert python_packages(REPO) == set(PRODUCTION) | NOT_PRODUCTION
+
+
+# The project packages each deployable of the scoring path may import (itself included). The agent and the
+# edge are installed apart (provision/wheels.py), each with eas_wire and consul_io: an import of the other
+# would fail on its host, and a change inside one must not reach the other except through the protocol.
+DEPLOYABLE_IMPORTS = {
+    "eas_agent": {"eas_agent", "eas_wire", "consul_io"},
+    "edge": {"edge", "eas_wire", "consul_io"},
+    "eas_wire": {"eas_wire"},
+}
+
+
+def project_imports_outside(tree: ast.AST, allowed: set[str], project: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every import of a project package (``project``: top-level names) not in ``allowed``,
+    at module level or inside a function."""
+    return sorted({(line, name) for name, line, _in_function in module_imports(tree)
+                   if name.split(".")[0] in project - allowed})
+
+
+def test_the_agent_and_the_edge_import_each_other_only_through_eas_wire():
+    project = python_packages(REPO) - set(sys.stdlib_module_names)  # collections/: Ansible's, not an import name
+    problems = []
+    for package, allowed in DEPLOYABLE_IMPORTS.items():
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            problems += [f"{rel}:{line}: imports {name}" for line, name in
+                         project_imports_outside(ast.parse(path.read_text(), rel), allowed, project)]
+    assert problems == []
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("from eas_agent.scorebody import ScoreBody\n", [(1, "eas_agent.scorebody")]),
+    ("def f():\n    import eas_agent.http\n", [(2, "eas_agent.http")]),
+    ("from eas_agent import config\n", [(1, "eas_agent")]),
+    ("from eas_wire.scorebody import ScoreBody\nfrom consul_io import layout\nimport aiohttp\n", []),
+    ("from edge.pool import pick\n", []),
+])
+def test_the_deployable_lint_sees_every_form_of_import(source, expected):
+    project = {"eas_agent", "eas_wire", "edge", "consul_io", "cluster"}
+    assert project_imports_outside(ast.parse(source), DEPLOYABLE_IMPORTS["edge"], project) == expected
 
 
 @pytest.mark.parametrize(("source", "expected"), [

@@ -64,7 +64,7 @@ def consul(addr: str, data_dir: Path | None, acl_token_file: Path | None, log_le
 
     host = _check_addr(addr, allow_remote)
     if allow_remote and host != "localhost" and not ipaddress.ip_address(host).is_loopback and not acl_token_file:
-        # Review L3: off loopback without ACLs, anyone who reaches the port can write KV (steer traffic).
+        # Off loopback without ACLs, anyone who reaches the port can write KV (steer traffic).
         raise UsageError("--allow-remote needs --acl-token-file: without ACLs anyone who reaches the port "
                          "can read and write everything")
     try:

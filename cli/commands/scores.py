@@ -1,6 +1,6 @@
 """``clusterctl scores [-i INV] [--consul ADDR] [--watch] [--json]``: the pool as the edge's reader sees it.
 
-Uses the reader library (``eas_agent.scheduler``): the same view, health folding, staleness and anomaly
+Uses the reader library (``edge.pool``): the same view, health folding, staleness and anomaly
 verdicts the edge routes on. With an inventory, the Consul address and datacenter come from its
 ``consul_http_addr`` / ``consul_datacenter`` variables and IUs that publish nothing are listed too.
 
@@ -36,7 +36,7 @@ from common.errors import ClusterctlError, ExitCode
 from common.text import plural
 from consul_io import layout
 from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
-from eas_agent.scheduler import ConsulWatcher, PoolView
+from edge.pool import ConsulWatcher, PoolView
 
 
 def address_origin(consul_addr: str | None, inventory: str | None, inv_addr: str | None) -> tuple[str, str, str]:
@@ -124,8 +124,8 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
         where = "--token-file" if token_file else str(inventory)
         raise ClusterctlError(f"{where}: {exc}", ExitCode.USAGE) from None
     try:
-        # consul_io's address rule: an https:// address is spoken to over HTTPS (review L9: the scheme was
-        # dropped and the token went out in cleartext), http:// or none over HTTP
+        # consul_io's address rule: an https:// address is spoken to over HTTPS (dropping the
+        # scheme would send the token in cleartext), http:// or none over HTTP
         io = ConsulIO(addr, token=token, timeout_s=3.0)
     except ConsulUnavailable as exc:  # nothing was contacted: the address itself is not one
         raise ClusterctlError(f"{source}: {exc}", ExitCode.USAGE) from None

@@ -20,7 +20,7 @@ asks the load to list every other inline ``!vault`` value that would not decrypt
 would trip on) while the secrets are still there.
 
 Executable inventories (Ansible's ``script`` plugin) are code: loading one runs it, as the operator, and
-``inventory validate`` must be safe to point at any file (review L6). They are refused, and the ``script``
+``inventory validate`` must be safe to point at any file. They are refused, and the ``script``
 plugin is disabled for every source (a directory source would otherwise run each executable file in
 it), unless the operator asks with ``CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS=1`` in the environment (an
 environment variable rather than a flag so that ``provision``, which hands the same path to

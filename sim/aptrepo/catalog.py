@@ -96,7 +96,7 @@ _NVIDIA = {"maintainer": "NVIDIA CUDA Stand-in <cuda-standin@invalid>", "homepag
 _HASHICORP = {"maintainer": "HashiCorp Stand-in <consul-standin@invalid>", "homepage": "https://www.consul.io/"}
 
 # Ubuntu's nvidia-compute-utils-<branch> unit (nvidia-graphics-drivers, debian/templates). It starts the daemon
-# WITHOUT persistence mode: enabling the unit alone leaves persistence off (roles review #10).
+# WITHOUT persistence mode: enabling the unit alone leaves persistence off, as on a real host.
 PERSISTENCED_UNIT = """\
 [Unit]
 Description=NVIDIA Persistence Daemon
@@ -157,7 +157,7 @@ ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.
 WantedBy=multi-user.target
 """
 
-# Fabric Manager refuses a driver of another version (the skew roles review #6 is about).
+# Fabric Manager refuses a driver of another version (the driver/Fabric Manager skew the nvidia_stack role pins against).
 FABRICMANAGER = """\
 #!/bin/sh
 # Stand-in for NVIDIA Fabric Manager {version}: like the real daemon it refuses to run against a driver of another

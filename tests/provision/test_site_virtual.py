@@ -752,7 +752,7 @@ def _rolling_restart_keeps_an_operator_quarantine(provisioned, cluster, operator
 
 def _released_iu_routes_then_dies(provisioned, node, edge_token: str, in_maintenance) -> None:
     from consul_io.client import ConsulIO
-    from eas_agent.scheduler import ConsulWatcher, PoolView
+    from edge.pool import ConsulWatcher, PoolView
 
     ius = sorted(iu.id for iu in node.ius)
     units = [f"vllm-iu@{iu.index}.service" for iu in node.ius]  # started by provisioning, as eas-agent.service

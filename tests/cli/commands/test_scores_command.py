@@ -79,7 +79,7 @@ SECRET = "7f3b2d1e-9c4a-4e8f-b1d6-2a5c8e0f4b73"
 
 def test_scores_reads_an_acl_consul_with_a_0600_token_file(capsys, tmp_path, monkeypatch):
     from devconsul.server import DevConsulServer
-    from eas_agent.scorebody import IUScore, ScoreBody
+    from eas_wire.scorebody import IUScore, ScoreBody
 
     monkeypatch.delenv("CONSUL_HTTP_TOKEN", raising=False)
     token = tmp_path / "consul.token"

@@ -10,14 +10,14 @@ Rules, in order:
    request's prefill seconds when the edge knew its prompt size (prompt tokens / the IU's measured
    ``prefill_tps``), else the IU's ``request_cost_s`` (its mean request), and for scores newer than a long
    prompt's send while that prompt is predicted still queued, what the score misses of it (a score counts
-   a waiting request at the mean request: ``EdgeLedger.on_sent``'s ``queued_as_s``; edge/README.md has
-   its measurement); ``own_s`` is this request's own
+   a waiting request at the mean request: ``EdgeLedger.on_sent``'s ``queued_as_s``;
+   docs/decisions/0002-ledger-queued-prompt-excess.md has its measurement); ``own_s`` is this request's own
    prefill on that IU when ``prompt_tokens`` is given (IUs with different prefill rates differ there),
    plus ``overdue_s``: how far this edge's longest-overdue stream on that IU is past the first byte it was
    predicted to get (its chosen cost at send time). Between score updates that is the one first-hand
    sign that other edges' work or a long prefill is holding the IU (bench/route_sim.py, 80% load, 4 edges,
    same publisher settings, seeds 1/2: p99 TTFT push 1,656/1,982 -> 1,578/1,800 ms, Consul only
-   2,115/2,244 -> 2,005/2,078 ms; bench/README.md has the shipped settings' 3 seeds). A larger d (3 or 4
+   2,115/2,244 -> 2,005/2,078 ms). A larger d (3 or 4
    choices) herds 4 edges onto the same IUs: push p99 1,872 / 1,796 ms vs 1,706 (seed 1).
    Sampling, rather than taking the global minimum, keeps many edges reading the same snapshot from herding
    onto one IU.
@@ -29,12 +29,11 @@ Rules, in order:
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from dataclasses import dataclass
 
-from eas_agent.scheduler.view import IUEntry, Snapshot
+from edge.pool.view import IUEntry, Snapshot
 
 SAMPLE_TRIES = 8
 
@@ -198,11 +197,9 @@ class EdgeLedger:
 
 
 def prefill_tps(entry: IUEntry) -> float | None:
-    """The IU's measured prompt tokens/s as its agent published it (drain's ``prefill_tps`` component)."""
-    value = entry.components.get("prefill_tps")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
-    return None
+    """The IU's measured prompt tokens/s as its agent published it (drain's ``prefill_tps`` term: > 0 when
+    present, checked when the body was read)."""
+    return entry.terms.prefill_tps
 
 
 def prefill_cost_s(entry: IUEntry, prompt_tokens: int) -> float:

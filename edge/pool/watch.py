@@ -1,4 +1,4 @@
-"""What keeps a :class:`~eas_agent.scheduler.view.PoolView` fresh from this process's side.
+"""What keeps a :class:`~edge.pool.view.PoolView` fresh from this process's side.
 
 :class:`ConsulWatcher` holds blocking queries on the score KV prefix and on ``health/service/vllm-iu``, each
 loop waiting at least ``min_interval_s`` between queries so a busy index cannot turn the watch into a busy
@@ -19,9 +19,10 @@ from concurrent.futures import wait as wait_futures
 
 from consul_io import layout
 from consul_io.client import ConsulIO
-from eas_agent.scheduler.view import MAX_BODY_BYTES, PoolView
+from eas_wire.fetch import HttpFetcher
+from edge.pool.view import MAX_BODY_BYTES, PoolView
 
-log = logging.getLogger("eas_agent.scheduler")
+log = logging.getLogger("edge.pool")
 
 
 class ConsulWatcher:
@@ -104,13 +105,11 @@ class ScoresPoller:
     """Polls agents' ``GET /scores`` (for edges that want 200 ms freshness; Consul stays the discovery and
     health source). Same numbers as the KV, computed by the same code, just not held back by hysteresis.
 
-    The agents are polled concurrently, each GET within ``timeout_s`` in total (the vLLM collector's
-    fetcher: a deadline and a byte cap, aborted when late), so one slow or dripping agent costs only its own
+    The agents are polled concurrently, each GET within ``timeout_s`` in total (the fetcher the agent scrapes
+    vLLM with: a deadline and a byte cap, aborted when late), so one slow or dripping agent costs only its own
     node's freshness (that node falls back to its KV body)."""
 
     def __init__(self, view: PoolView, agents: list[str], interval_s: float = 0.2, timeout_s: float = 0.15):
-        from eas_agent.collectors.vllm import HttpFetcher
-
         self.view, self.agents = view, list(agents)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.stopping = threading.Event()

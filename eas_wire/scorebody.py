@@ -14,7 +14,8 @@ which checks every field. The reader's rules (why each exists):
   would keep a body fresh forever.
 - Each IU entry is checked on its own: ``score`` null or a finite number >= 0, ``status`` one of
   passing/warning/critical, ``level`` null or an integer, ``reason`` a string (cut to 500 characters),
-  ``components`` an object of which only finite numbers and nulls are kept, ``collectors`` (optional: older
+  ``components`` an object of which only finite numbers and nulls are kept (and, of the components readers
+  act on, :class:`ScoreTerms`, only values within their declared range), ``collectors`` (optional: older
   agents do not write it) at most :data:`MAX_COLLECTORS` collector names, each ``{"ok": bool, "duration_s":
   number in [0, MAX_COLLECTOR_DURATION_S], "error": null or string}`` (the error cut to
   :data:`MAX_COLLECTOR_ERROR` characters). A bad entry is dropped with a reason naming the node, the IU and
@@ -22,20 +23,33 @@ which checks every field. The reader's rules (why each exists):
 
 Every node's agent currently shares one Consul token, so any node can write any node's key; the reader's
 further checks (the key names the body's node, each IU belongs to that node in Consul's catalog, ``ts``
-clamped to now plus a tolerance) live in :mod:`eas_agent.scheduler.view`, which knows the key and the catalog.
+clamped to now plus a tolerance) live in the edge's reader (edge/pool/view.py), which knows the key and
+the catalog.
+
+**Score terms.** ``components`` stays a free object on the wire: the agent publishes each profile's terms and
+their inputs, and ``clusterctl scores`` shows them all. The few that readers act on are declared in
+:class:`ScoreTerms`, each with its range: a reader asks ``entry.terms.prefill_tps`` (a number > 0 or None),
+never ``components.get(...)`` with a default of its own, and a declared component outside its range is
+dropped when the body is read (counted ``component_invalid``): a negative ``request_cost_s`` would make
+an IU look cheaper the more work it was sent. Undeclared components are kept as they are (display only).
+A body without some declared component reads as before: that term is None.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 STATUSES = ("passing", "warning", "critical")
+DEFAULT_HEARTBEAT_S = 2.0  # a body without heartbeat_s (and an IU never scored) is read with this one
 MIN_HEARTBEAT_S = 0.1
 MAX_HEARTBEAT_S = 60.0
 MAX_CLOCK_OFFSET_S = 3600.0
@@ -46,7 +60,7 @@ MAX_COLLECTORS = 16  # an agent runs three per IU (vllm, gpu, network)
 MAX_COLLECTOR_ERROR = 200
 MAX_COLLECTOR_DURATION_S = 3600.0
 _COLLECTOR_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
-# An edge's announce id: its name and a per-start nonce (eas_agent/announce.py); bounded so that a body's
+# An edge's announce id: its name and a per-start nonce (edge/announce.py); bounded so that a body's
 # acknowledgements stay small whatever edges come and go.
 EDGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,79}")
 MAX_ANNOUNCED_EDGES = 64
@@ -114,6 +128,62 @@ class CollectorRun:
         return cls(ok, float(duration), None if error is None else error[:MAX_COLLECTOR_ERROR])
 
 
+class TermRange(NamedTuple):
+    """What a declared component may hold: a finite number in [minimum, maximum] (``above``: strictly above
+    minimum)."""
+
+    minimum: float
+    above: bool = False
+    maximum: float = sys.float_info.max  # also keeps out infinities and integers no float holds
+    unit: str = ""
+
+
+class ScoreTerms(NamedTuple):
+    """The components of an IU entry that readers act on, typed and range-checked (:data:`DECLARED_TERMS`)
+    when the body is read (docs/contracts/score-body.md, "Declared components"). None: the body does not
+    carry it (an older agent, the other profile, an unknown score). A tuple: every body's every IU gets one
+    on the edge's event loop."""
+
+    request_cost_s: float | None = None  # one mean request's prefill on this IU
+    prefill_tps: float | None = None  # the IU's measured prefill rate
+    announced_s: float | None = None  # /scores only: prefill seconds announcements added since the scrape
+    tokens_total: float | None = None  # prompt + generated tokens, a counter
+    running: float | None = None  # vLLM's running requests
+    waiting: float | None = None  # vLLM's waiting requests
+    kv_usage: float | None = None  # vLLM's KV-cache usage, a fraction
+    admitted_prefill_tokens: float | None = None  # admitted, prefill not yet done
+
+    @classmethod
+    def of(cls, components: Mapping) -> tuple[ScoreTerms, list[str]]:
+        """(the declared terms of ``components``, the names of those outside their range: read as None)."""
+        values, bad = [], []
+        get = components.get
+        for name, (minimum, above, maximum, _unit) in _RANGES:
+            value = get(name)
+            if value is not None:
+                kind = type(value)  # int or float, not bool; NaN fails every comparison
+                if not ((kind is float or kind is int) and (minimum < value if above else minimum <= value)
+                        and value <= maximum):
+                    bad.append(name)
+                    value = None
+            values.append(value)  # an int stays one (JSON counts print as counts)
+        return tuple.__new__(cls, values), bad
+
+
+DECLARED_TERMS: dict[str, TermRange] = {
+    "request_cost_s": TermRange(0.0, above=True, unit="s"),
+    "prefill_tps": TermRange(0.0, above=True, unit="tokens/s"),
+    "announced_s": TermRange(0.0, unit="s"),
+    "tokens_total": TermRange(0.0, unit="tokens"),
+    "running": TermRange(0.0, unit="requests"),
+    "waiting": TermRange(0.0, unit="requests"),
+    "kv_usage": TermRange(0.0, maximum=1.0),
+    "admitted_prefill_tokens": TermRange(0.0, unit="tokens"),
+}
+_RANGES = tuple((name, DECLARED_TERMS[name]) for name in ScoreTerms._fields)  # KeyError: a term without a range
+NO_TERMS = ScoreTerms()
+
+
 NO_COLLECTORS: Mapping[str, CollectorRun] = MappingProxyType({})
 
 
@@ -147,6 +217,11 @@ class IUScore:
     components: dict = field(default_factory=dict)
     collectors: Mapping[str, CollectorRun] = field(default_factory=no_collectors)
 
+    @functools.cached_property
+    def terms(self) -> ScoreTerms:
+        """The declared components, typed (not on the wire: read from ``components``, once)."""
+        return ScoreTerms.of(self.components)[0]
+
     def to_json(self) -> dict:
         entry = {
             "score": self.score,
@@ -160,9 +235,11 @@ class IUScore:
         return entry
 
     @classmethod
-    def from_json(cls, obj, blank_bad_score: bool = False) -> IUScore:
+    def from_json(cls, obj, blank_bad_score: bool = False, counts: Counter | None = None) -> IUScore:
         """Raises :class:`BodyError` naming the first bad field. ``blank_bad_score``: a score that is not null
-        or a finite number >= 0 is read as unknown (status warning, the reason says what was ignored) instead."""
+        or a finite number >= 0 is read as unknown (status warning, the reason says what was ignored) instead.
+        A declared component outside its range (:class:`ScoreTerms`) is dropped, one ``component_invalid``
+        in ``counts`` each."""
         if not isinstance(obj, dict):
             raise BodyError(f"entry is {type(obj).__name__}, not an object", "iu_malformed")
         score = obj.get("score")
@@ -187,8 +264,15 @@ class IUScore:
         if not isinstance(components, dict):
             raise BodyError(f"components {str(components)[:80]!r} is not an object", "components_invalid")
         kept = {str(k): v for k, v in components.items() if v is None or _finite(v)}
+        terms, bad = ScoreTerms.of(kept)
+        for name in bad:
+            del kept[name]
         collectors = collectors_from_json(obj.get("collectors"))
-        return cls(float(score) if score is not None else None, status, reason[:MAX_REASON], level, kept, collectors)
+        if bad and counts is not None:
+            counts["component_invalid"] += len(bad)
+        entry = cls(float(score) if score is not None else None, status, reason[:MAX_REASON], level, kept, collectors)
+        entry.__dict__["terms"] = terms  # what the cached property would compute from ``kept``, computed once
+        return entry
 
 
 @dataclass(frozen=True)
@@ -200,10 +284,10 @@ class ScoreBody:
     profile: str = "drain"
     seq: int = 0
     clock_offset_s: float | None = None
-    heartbeat_s: float = 2.0
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
     published_seq: int | None = None  # /scores only: the seq of the body last written to the KV
     # /scores only: edge id -> the last of its announce sequence numbers this body's scores count
-    # (eas_agent/announce.py); None: the agent has no announce channel (or this is the KV's body)
+    # (docs/contracts/announce.md); None: the agent has no announce channel (or this is the KV's body)
     announced: Mapping[str, int] | None = None
 
     def to_json(self) -> dict:
@@ -251,7 +335,7 @@ class ScoreBody:
         if offset is not None and not (_finite(offset) and abs(offset) <= MAX_CLOCK_OFFSET_S):
             raise BodyError(f"clock_offset_s {offset!r} is not null or within +-{MAX_CLOCK_OFFSET_S:g} s",
                             "clock_offset_invalid")
-        heartbeat = obj.get("heartbeat_s", 2.0)
+        heartbeat = obj.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
         if not _finite(heartbeat):
             raise BodyError(f"heartbeat_s {heartbeat!r} is not a finite number", "heartbeat_invalid")
         if len(ius) > MAX_IUS:
@@ -263,7 +347,7 @@ class ScoreBody:
         for iu_id, entry in ius.items():
             problem = score_problem(entry.get("score")) if isinstance(entry, dict) else None
             try:
-                entries[iu_id] = IUScore.from_json(entry, blank_bad_scores)
+                entries[iu_id] = IUScore.from_json(entry, blank_bad_scores, counts)
             except BodyError as exc:
                 counts[exc.reason] += 1
                 problems.append(f"node {node} IU {iu_id[:80]!r}: {exc}")

@@ -3,11 +3,11 @@
 :class:`PoolView` is pure state (``apply_kv`` / ``apply_health`` take the decoded Consul answers,
 ``apply_polled`` the bodies of agents' ``GET /scores``, ``snapshot`` builds the immutable :class:`Snapshot`
 that ``pick`` reads); per node the newer of the KV and the polled body is used. What keeps it fresh
-(:class:`~eas_agent.scheduler.watch.ConsulWatcher`, :class:`~eas_agent.scheduler.watch.ScoresPoller`, the
+(:class:`~edge.pool.watch.ConsulWatcher`, :class:`~edge.pool.watch.ScoresPoller`, the
 edge's push feed) lives elsewhere and only calls those methods.
 
 Nothing read from the KV or from ``/scores`` is trusted (every node's agent shares one token, so any node
-can write any node's key): each body is checked against :class:`~eas_agent.scorebody.ScoreBody`'s schema, a
+can write any node's key): each body is checked against :class:`~eas_wire.scorebody.ScoreBody`'s schema, a
 body must name the node its key names, each IU must belong to that node in Consul's catalog
 (``Service.Meta.node``, else a ``node:`` tag, else the catalog node), and a body's timestamp counts as at most
 :data:`TS_TOLERANCE_S` after the moment this reader first saw it. Bad bodies and IU entries are skipped and
@@ -28,10 +28,10 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
 from consul_io import layout
-from eas_agent.scheduler.anomaly import AnomalyDetector
-from eas_agent.scorebody import BodyError, ScoreBody
+from eas_wire.scorebody import DEFAULT_HEARTBEAT_S, BodyError, ScoreBody, ScoreTerms
+from edge.pool.anomaly import AnomalyDetector
 
-log = logging.getLogger("eas_agent.scheduler")
+log = logging.getLogger("edge.pool")
 STALE_HEARTBEATS = 3
 # A body's ts may be ahead of this reader's clock by clock skew and transit, not by more: a spoofed
 # far-future ts would otherwise keep a body fresh (and steering traffic) for as long as it likes.
@@ -39,6 +39,9 @@ TS_TOLERANCE_S = 2.0
 MAX_BODY_BYTES = 1 << 20  # one node's body is ~1-4 KB
 LOG_EVERY_S = 60.0
 SEVERITY = {"passing": 0, "warning": 1, "critical": 2}
+# An IU whose body carries no request_cost_s (an agent on the seed profile, an older one): a new request
+# there is counted at this much of prefill until its next score
+DEFAULT_REQUEST_COST_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class IUEntry:
     ts: float  # when the node's agent wrote this score (its clock, corrected by its published NTP offset)
     heartbeat_s: float
     health: str  # Consul: passing | warning | critical | maintenance | unknown
-    components: dict = field(default_factory=dict, compare=False)
+    components: dict = field(default_factory=dict, compare=False)  # every component, for display
     address: str | None = None
     port: int | None = None
     weight: float = 1.0  # anomaly de-weighting: 0 = gated, (0, 1) = sampled less often
@@ -60,6 +63,12 @@ class IUEntry:
     anomaly: str | None = None
     # the last of this edge's announce sequence numbers the score counts (the body's ``announced``; 0: none)
     acked: int = field(default=0, compare=False)
+    # the components readers act on, typed and range-checked (None: read from ``components``)
+    terms: ScoreTerms | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.terms is None:
+            object.__setattr__(self, "terms", ScoreTerms.of(self.components)[0])
 
     @property
     def stale_after(self) -> float:
@@ -67,7 +76,8 @@ class IUEntry:
 
     @property
     def request_cost_s(self) -> float:
-        return float(self.components.get("request_cost_s") or 0.1)
+        cost = self.terms.request_cost_s
+        return DEFAULT_REQUEST_COST_S if cost is None else cost
 
     @property
     def routable(self) -> bool:
@@ -274,6 +284,7 @@ class PoolView:
                     heartbeat_s=body.heartbeat_s,
                     health=health,
                     components=iu.components,
+                    terms=iu.terms,
                     address=_address(service),
                     port=_port(service),
                     acked=acked,
@@ -309,7 +320,7 @@ class PoolView:
                             status="warning",
                             reason="no score published",
                             ts=0.0,
-                            heartbeat_s=2.0,
+                            heartbeat_s=DEFAULT_HEARTBEAT_S,
                             health=health,
                             address=_address(service),
                             port=_port(service),

@@ -1,6 +1,6 @@
 """Robust anomaly verdicts over a time window (median / MAD, not mean / standard deviation).
 
-The design article de-weights an IU whose score is "3 readings below mean - 2 sigma" (a hung vLLM looks
+A mean / sigma rule would de-weight an IU whose score is "3 readings below mean - 2 sigma" (a hung vLLM looks
 idle). Mean and sigma are dragged by the very outliers they should find, so here the centre is the pool's
 median score and the spread 1.4826 x MAD (the normal-consistent MAD), with a floor so a pool of identical
 scores does not flag everything. Verdicts:
@@ -72,14 +72,14 @@ class AnomalyDetector:
         self.baseline_done = False  # IUs routable in the first observation with any score do not ramp
 
     def observe(self, entries, now: float) -> dict[str, Verdict]:
-        # Judged on the scrape's score: what the edges announced since (``announced_s``, eas_agent/announce.py)
+        # Judged on the scrape's score: what the edges announced since (``announced_s``, the announce channel)
         # is known work, not an outlier (judging the announced score gated IUs a long prompt had just
-        # raised: edge/README.md, "The announce channel").
+        # raised: docs/decisions/0003-announce-channel.md).
         judged = []  # (entry, its judged score, routable now)
         for entry in entries:
             score = entry.score
             if score is not None:
-                announced = entry.components.get("announced_s")
+                announced = entry.terms.announced_s
                 if announced:
                     score = max(0.0, score - announced)
             judged.append((entry, score, entry.routable and now <= entry.stale_after))
@@ -101,7 +101,7 @@ class AnomalyDetector:
             history.routable = routable
             if routable and score is not None and (not readings or readings[-1][0] != entry.ts):
                 low = center is not None and score < center - self.low_k * spread
-                readings.append((entry.ts, score, entry.components.get("tokens_total"), low))
+                readings.append((entry.ts, score, entry.terms.tokens_total, low))
             while readings and readings[0][0] < now - self.window_s:
                 readings.popleft()
             if history.ramp_start is not None and now - history.ramp_start >= self.ramp_s:
@@ -118,7 +118,8 @@ class AnomalyDetector:
         return history.frozen
 
     def _frozen_now(self, entry, readings: deque) -> bool:
-        pending = (entry.components.get("running") or 0) + (entry.components.get("waiting") or 0)
+        terms = entry.terms
+        pending = (terms.running or 0) + (terms.waiting or 0)
         if pending <= 0 or len(readings) < 2:
             return False
         latest_tokens = readings[-1][2]

@@ -1,4 +1,6 @@
-"""Reader library for the edge scheduler (and ``clusterctl scores``).
+"""The edge's reader of the pool: score bodies (eas_wire.scorebody) and Consul health folded into a view,
+and the pick over it. ``clusterctl scores``, the demo and the benchmarks read the pool with it too; the agent
+never imports it (tests/test_import_lint.py).
 
     view = PoolView(dc=datacenter)                 # state: KV scores + Consul health + anomaly verdicts
     watcher = ConsulWatcher(view, ConsulIO(addr))  # rate-limited blocking queries keep it fresh
@@ -11,10 +13,10 @@
 simulated clock.
 """
 
-from eas_agent.scheduler.anomaly import AnomalyDetector, Verdict
-from eas_agent.scheduler.pick import Choice, EdgeLedger, pick
-from eas_agent.scheduler.view import IUEntry, PoolView, Snapshot
-from eas_agent.scheduler.watch import ConsulWatcher, ScoresPoller
+from edge.pool.anomaly import AnomalyDetector, Verdict
+from edge.pool.pick import Choice, EdgeLedger, pick
+from edge.pool.view import IUEntry, PoolView, Snapshot
+from edge.pool.watch import ConsulWatcher, ScoresPoller
 
 __all__ = [
     "AnomalyDetector",
