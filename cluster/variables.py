@@ -121,7 +121,8 @@ def _role_variables(role: Path) -> dict[str, str]:
 def known(root: Path = REPO_ROOT) -> dict[str, str]:
     """name -> what reads it, for every variable an inventory may set."""
     found = {name: "clusterctl (cluster/spec.py)" for name in spec.NAMES}
-    for role in sorted(p for p in (root / "roles").iterdir() if p.is_dir()):
+    roles = root / "roles"  # in the checkout, beside the packages (provision runs its playbooks from there)
+    for role in sorted(p for p in roles.iterdir() if p.is_dir()) if roles.is_dir() else []:
         for name, reader in _role_variables(role).items():
             found.setdefault(name, reader)
     playbooks = sorted((root / "playbooks").glob("*.yml")) + sorted((root / "playbooks" / "tasks").glob("*.yml"))
