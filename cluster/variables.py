@@ -23,8 +23,8 @@ listed in :data:`SITE_LIST` (itself a ``site_`` variable): both are left alone.
 
 A placeholder is a value starting :data:`PLACEHOLDER` (``inventory/sample``'s secrets decrypt to
 ``REPLACE-ME: what goes here``): a copied sample that still has one would send it to a node as a token,
-a key or a password. A vault-encrypted value is checked when the vault password is given; problems name
-file, variable and hosts, never the value.
+a key or a password. A vault-encrypted value is checked when the vault password is given; a problem names
+the file and its variables, never the value.
 """
 
 from __future__ import annotations

@@ -113,3 +113,8 @@ def test_an_unknown_variable_with_no_near_miss_says_how_to_keep_it(tmp_path, cap
     assert code == 2 and err.splitlines()[0] == (
         f"{inventory}: group_vars/all.yml:2: asset_tag: unknown variable: nothing reads it (a site's own variable "
         "starts with 'site_' or is listed in site_variables)"), err
+
+
+def test_the_simulators_variables_are_the_ones_sim_reads():
+    sources = "\n".join(p.read_text() for p in (REPO / "sim").rglob("*.py"))
+    assert all(name in sources for name in variables.SIMULATOR)
