@@ -9,8 +9,12 @@ scores does not flag everything. Verdicts:
   running or waiting requests (a live engine produces tokens every step). De-weighted to ``frozen_weight``,
   and to ``hung_weight`` when it also had ``min_low_readings`` readings below median - ``low_k`` x spread
   in the window: the design's rule, done robustly.
-- ``high_outlier``: score above median + ``high_k`` x spread (and twice the median): gated (weight 0) while it
-  lasts, so one implausible reading cannot attract or repel traffic on its own.
+- ``high_outlier``: score above median + ``high_k`` x spread (and twice the median) that the IU's own admitted
+  prefill does not explain: gated (weight 0) while it lasts, so one implausible reading cannot attract or
+  repel traffic on its own. The prompt tokens an IU has admitted but not yet prefilled, at its own prefill
+  rate (the declared terms ``admitted_prefill_tokens`` / ``prefill_tps``), are work it really has: an IU
+  that just admitted a long prompt is busy, its score says so and ``pick`` already avoids it; gating it
+  would only take it out of the draw as well, and flag every long prompt in a quiet pool as an anomaly.
 - ``ramp``: an IU seen for the first time after the first observation, or back from critical / maintenance /
   missing, is sampled with a weight rising linearly from ``ramp_floor`` to 1 over ``ramp_s`` (a cold IU
   should not receive a herd the moment it appears). ``pick`` computes the ramp from ``ramp_start``.
@@ -48,6 +52,14 @@ def robust_center_spread(values: list[float], floor: float) -> tuple[float, floa
     median = statistics.median(values)
     mad = statistics.median([abs(v - median) for v in values])
     return median, max(1.4826 * mad, floor, 0.05 * abs(median))
+
+
+def own_prefill_s(terms) -> float:
+    """Seconds of prefill the IU has admitted and not yet done, at its own measured rate (0 when its body
+    does not carry both terms: an older agent, the seed profile)."""
+    if terms.admitted_prefill_tokens and terms.prefill_tps:
+        return terms.admitted_prefill_tokens / terms.prefill_tps
+    return 0.0
 
 
 class AnomalyDetector:
@@ -138,13 +150,10 @@ class AnomalyDetector:
             lows = sum(1 for r in history.readings if r[3])
             weight = self.hung_weight if lows >= self.min_low_readings else self.frozen_weight
             return Verdict("frozen", weight, history.ramp_start)
-        if (
-            center is not None
-            and score is not None
-            and score > center + self.high_k * spread
-            and score > 2 * center
-        ):
-            return Verdict("high_outlier", 0.0, history.ramp_start)
+        if center is not None and score is not None:
+            unexplained = score - own_prefill_s(entry.terms)
+            if unexplained > center + self.high_k * spread and unexplained > 2 * center:
+                return Verdict("high_outlier", 0.0, history.ramp_start)
         if history.ramp_start is not None:
             return Verdict("ramp", 1.0, history.ramp_start)
         return NO_FLAG
