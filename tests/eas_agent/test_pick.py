@@ -170,12 +170,12 @@ def busy_pool(admitted_tokens: float, prefill_tps: float = 9000.0, busy_score: f
     return [*idle, entry(5, busy_score, prefill_tps=prefill_tps, admitted_prefill_tokens=admitted_tokens)]
 
 
-def test_an_iu_busy_with_its_own_admitted_prefill_is_not_an_outlier():
+def test_an_iu_busy_with_its_own_admitted_prefill_is_busy_not_an_outlier():
     """1.79 s of its own admitted prompt (16,100 tokens at 9,000 tokens/s) explains a 1.8 s score: the IU is
-    busy, not implausible, so it stays in the draw (p2c avoids it on its score) and carries no flag."""
+    busy, not implausible; it is kept out of the draw all the same (routing as for an outlier)."""
     verdict = AnomalyDetector().observe(busy_pool(16_100), 10.0)["n1-iu5"]
-    assert verdict.flag is None and verdict.weight == 1.0
-    # the same score with no admitted prefill behind it is still gated, and so is one the prefill explains
+    assert verdict.flag == "busy" and verdict.weight == 0.0
+    # the same score with no admitted prefill behind it is an outlier, and so is one the prefill explains
     # only a small part of
     assert AnomalyDetector().observe(busy_pool(0), 10.0)["n1-iu5"].flag == "high_outlier"
     assert AnomalyDetector().observe(busy_pool(900), 10.0)["n1-iu5"].flag == "high_outlier"
@@ -184,6 +184,7 @@ def test_an_iu_busy_with_its_own_admitted_prefill_is_not_an_outlier():
     no_rate[5] = type(no_rate[5])(**{**no_rate[5].__dict__, "components": {"admitted_prefill_tokens": 16_100},
                                      "terms": None})
     assert AnomalyDetector().observe(no_rate, 10.0)["n1-iu5"].flag == "high_outlier"
+    assert all(v.flag is None for k, v in AnomalyDetector().observe(busy_pool(16_100), 10.0).items() if k != "n1-iu5")
 
 
 def test_new_iu_ramps_up():
