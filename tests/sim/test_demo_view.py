@@ -185,3 +185,32 @@ def test_the_demo_ends_with_its_ending_and_keeps_only_the_evidence_it_names(tmp_
     flat = " ".join(text.split())
     assert f"preflight run in {seen['evidence']} (" in flat and "--keep keeps it" in flat
     assert "inventory/prod" in lines[-1]
+
+
+def demo_pool() -> list[dict]:
+    """The demo's own pool during step 6: 4 nodes x 2 IUs, r02n02's two in maintenance (preflight failed it),
+    one IU busy prefilling a long prompt, one with a queue."""
+    out = []
+    for node in ("r01n01", "r01n02", "r02n01", "r02n02"):
+        for i in (0, 1):
+            iu = f"{node}-iu{i}"
+            if node == "r02n02":
+                out.append(score_samples.row(iu, 0.0088, health="maintenance",
+                                             **score_samples.drain(step=0.0088, running=0)))
+            elif iu == "r02n01-iu0":
+                out.append(score_samples.row(iu, 1.798, anomaly="busy", weight=0.0,
+                                             **score_samples.drain(prefill=1.789, step=0.0088)))
+            elif iu == "r01n02-iu1":
+                out.append(score_samples.row(iu, 0.5213, **score_samples.drain(queue=0.31, prefill=0.2,
+                                                                               step=0.0113, waiting=1, running=4)))
+            else:
+                out.append(score_samples.row(iu, 0.0082, **score_samples.drain(step=0.0082)))
+    return out
+
+
+def test_the_demos_own_pool_fits_80x24_whole():
+    text = render_at(lambda w: panels(w, demo_pool()), 80)
+    assert len(text.splitlines()) <= 24 and "more" not in text, text
+    assert len(re.findall(r"r0\dn0\d-iu\d", text)) == 8
+    busy = next(line for line in text.splitlines() if "r02n01-iu0" in line)
+    assert busy.rstrip(" │").endswith("busy")  # its flag is the one word, not a paragraph
