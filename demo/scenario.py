@@ -326,7 +326,8 @@ class Demo:
                 while time.monotonic() < end:
                     live.update(routing_panels(edge.summary(), edge_counters(edge_url),
                                                rows(view, expected, time.time()), end - time.monotonic(),
-                                               self.console.width, self.console.height))
+                                               # a line spare: the cursor's, below the view
+                                               self.console.width, self.console.height - 1))
                     dead = [c.name for c in self.processes.failed()]
                     if dead:
                         raise DemoError(f"{', '.join(dead)} exited early; see logs with --keep")
