@@ -1,6 +1,7 @@
-"""Score rows as ``cli.views.scores.rows`` returns them: 8 IUs, one a high outlier whose score is all prefill_s
-(the review's 1.95 next to components adding up to 0.001), one with markup in the agent's reason, one scored
-by the seed profile (weighted terms: 0.3 x 20 GB + 0.5 x 2.5 s = 7.25)."""
+"""Score rows as ``cli.views.scores.rows`` returns them: 8 IUs, one busy with a long prompt (a score that is
+almost all prefill_s: the reader's ``busy``, no anomaly), one stuck (``frozen``), one warming up (``ramp``), one
+with markup in the agent's reason, one scored by the seed profile (weighted terms: 0.3 x 20 GB + 0.5 x 2.5 s
+= 7.25)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def drain(queue=0.0, kv=0.0, step=0.0011, prefill=0.0, waiting=0, running=2, usa
 def rows() -> list[dict]:
     out = [row(f"r0{r}n0{n}-iu{i}", 0.0011 + 0.0002 * i, **drain(step=0.0011 + 0.0002 * i))
            for r in (1, 2) for n in (1, 2) for i in (0, 1)]
-    out[2] = row("r01n02-iu0", 1.9511, anomaly="high_outlier", weight=0.0, **drain(prefill=1.95))
+    out[2] = row("r01n02-iu0", 1.9511, anomaly="busy", weight=0.0, **drain(prefill=1.95))
+    out[3] = row("r01n02-iu1", 0.0013, anomaly="ramp", **drain(step=0.0013))
+    out[4] = row("r02n01-iu0", 0.0011, anomaly="frozen", weight=0.3, **drain(running=2))
     out[6] = row("r02n02-iu0", 7.25, kv_cache_gb=20.0, kv_cache_age_s=2.5, net_mb_per_s=0.0, kv_usage=0.4,
                  running=3, waiting=0, tokens_total=98765)
     out[5] = row("r02n01-iu1", None, health="warning", reason="vLLM scrape: bad line [/] 'x{' at 3", **{})

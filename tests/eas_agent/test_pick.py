@@ -158,6 +158,35 @@ def test_high_outlier_is_gated():
     assert "n1-iu4" not in picks(view, 101.0)
 
 
+def busy_pool(admitted_tokens: float, prefill_tps: float = 9000.0, busy_score: float = 1.8):
+    """Five idle IUs (drain ~0.01 s) and one whose score is ``busy_score``, with ``admitted_tokens`` of
+    admitted prompt not yet prefilled at ``prefill_tps``: the demo's quiet pool with one long prompt."""
+    from edge.pool import IUEntry
+
+    def entry(k, score, **components):
+        return IUEntry(f"n1-iu{k}", "n1", "r1", score, "passing", "", 10.0, 2.0, "passing",
+                       components={"running": 1, "tokens_total": 1000.0, **components})
+    idle = [entry(k, 0.008 + 0.001 * k, prefill_tps=prefill_tps, admitted_prefill_tokens=0) for k in range(5)]
+    return [*idle, entry(5, busy_score, prefill_tps=prefill_tps, admitted_prefill_tokens=admitted_tokens)]
+
+
+def test_an_iu_busy_with_its_own_admitted_prefill_is_busy_not_an_outlier():
+    """1.79 s of its own admitted prompt (16,100 tokens at 9,000 tokens/s) explains a 1.8 s score: the IU is
+    busy, not implausible; it is kept out of the draw all the same (routing as for an outlier)."""
+    verdict = AnomalyDetector().observe(busy_pool(16_100), 10.0)["n1-iu5"]
+    assert verdict.flag == "busy" and verdict.weight == 0.0
+    # the same score with no admitted prefill behind it is an outlier, and so is one the prefill explains
+    # only a small part of
+    assert AnomalyDetector().observe(busy_pool(0), 10.0)["n1-iu5"].flag == "high_outlier"
+    assert AnomalyDetector().observe(busy_pool(900), 10.0)["n1-iu5"].flag == "high_outlier"
+    # a body without the rate (an older agent) explains nothing
+    no_rate = busy_pool(16_100)
+    no_rate[5] = type(no_rate[5])(**{**no_rate[5].__dict__, "components": {"admitted_prefill_tokens": 16_100},
+                                     "terms": None})
+    assert AnomalyDetector().observe(no_rate, 10.0)["n1-iu5"].flag == "high_outlier"
+    assert all(v.flag is None for k, v in AnomalyDetector().observe(busy_pool(16_100), 10.0).items() if k != "n1-iu5")
+
+
 def test_new_iu_ramps_up():
     clock = Clock(100.0)
     view = pool({"n1-iu0": 1.0, "n1-iu1": 1.0}, clock=clock)

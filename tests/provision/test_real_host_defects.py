@@ -318,7 +318,12 @@ def test_recap_lists_reboot_pending_hosts_and_rebooted_ones():
     assert rollout.reboot_pending == {"n1": "NVIDIA driver 550.127.08 installed (was none)"}
     assert rollout.rebooted == ["n2"]
     assert rollout.reboot_line() == ("reboot pending on 1 host (rerun with --allow-reboot): "
-                                     "n1 (NVIDIA driver 550.127.08 installed (was none))")
+                                     "n1: NVIDIA driver 550.127.08 installed (was none)")
+    # one reason shared by several hosts is said once, with its hosts
+    rollout.reboot_pending = {"n4": "NVIDIA driver 550.127.08 installed (was none)", "n3": "kernel arguments not "
+                              "active: x=1", **rollout.reboot_pending}
+    assert rollout.reboot_line() == ("reboot pending on 3 hosts (rerun with --allow-reboot): n1, n4: NVIDIA "
+                                     "driver 550.127.08 installed (was none); n3: kernel arguments not active: x=1")
 
 
 def _reboot_play(tmp_path: Path, extra: dict, inventory: str = "localhost,") -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
-"""`clusterctl scores` at 80/100/160 columns and piped: every score term (prefill_s included) shown, an
-anomaly flag says why, agent text is not markup, nothing cut to "…"."""
+"""`clusterctl scores` at 80/100/160 columns and piped: every score term (prefill_s included) shown, a flag in
+an operator's words (what is wrong, what routing does about it), agent text is not markup, nothing cut to "…"."""
 
 from __future__ import annotations
 
@@ -25,15 +25,22 @@ def test_scores_table_snapshot(width, monkeypatch):
     assert all(len(line) <= (width or 80) for line in text.splitlines())
     assert "…" not in text
     assert "prefill_s 1.95" in text  # the term the review found missing
-    assert "high_outlier:" in text and "median" in text  # and why it is flagged
+    assert "stuck" in text and "warming up" in text  # the flags in an operator's words
+    for word in ("frozen", "ramp", "outlier", "gated", "weight 0"):  # never the detector's own
+        assert word not in text, word
+    busy = next(line for line in text.splitlines() if "r01n02-iu0" in line)
+    assert "1.951" in busy and "busy" in busy and "odd" not in busy  # busy with its prompt: no anomaly
+    if width and width >= 100:  # room for what the flag means
+        assert "stuck: no new tokens" in text and "warming up: new or" in text
     assert "[/]" in text  # the agent's text as it is, not as markup
 
 
 def test_cells_say_it_all():
     rows = score_samples.rows()
-    outlier = rows[2]
-    assert scores.terms_text(outlier["components"]) == "prefill_s 1.95 + step_s 0.0011"
-    assert scores.flag_why(outlier, rows) == "high_outlier: 1.95 vs pool median 0.0013; gated (weight 0)"
+    busy = rows[2]
+    assert scores.terms_text(busy["components"]) == "prefill_s 1.95 + step_s 0.0011"
+    assert scores.flag_why(busy, rows) == "busy: 1.9s of its own prompts to prefill; new requests go elsewhere until then"
+    assert scores.flag_why(busy, rows, short=True) == "busy"
 
 
 def test_terms_add_up_to_the_score():
@@ -67,5 +74,10 @@ def test_flag_reasons_for_every_flag():
     rows = score_samples.rows()
     frozen = dict(rows[0], anomaly="frozen", weight=0.3)
     ramp = dict(rows[0], anomaly="ramp")
-    assert scores.flag_why(frozen, rows) == "frozen: no new tokens for 6s, 2 requests pending; weight 0.3"
-    assert scores.flag_why(ramp, rows) == "ramp: new or back in rotation; weight rises to 1 in 10s"
+    odd = dict(rows[0], score=2.5, anomaly="high_outlier", weight=0.0)
+    assert scores.flag_why(frozen, rows) == ("stuck: no new tokens for 6s with 2 requests pending; "
+                                             "gets 30% of its traffic")
+    assert scores.flag_why(ramp, rows) == "warming up: new or back in rotation; full traffic in 10s"
+    assert scores.flag_why(odd, rows) == ("odd score: 2.5 vs pool median 0.0013, not explained by its own work; "
+                                          "no traffic while it lasts")
+    assert [scores.flag_why(r, rows, short=True) for r in (frozen, ramp, odd)] == ["stuck", "warming up", "odd score"]
