@@ -1,0 +1,108 @@
+"""Request framing: a body's length is read only from ASCII digits, and a request whose framing the dev
+server does not take at face value is answered once and the connection closed, so nothing sent after it
+on the same connection (a smuggled request) is ever answered.
+
+Go's net/http, which Consul serves with, accepts a Content-Length of ASCII digits only, refuses two that
+differ, and takes exactly one Transfer-Encoding, ``chunked`` (any other: 501 "Unsupported transfer
+encoding", net/http/transfer.go)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import requests
+
+from devconsul import http_server
+from devconsul.server import DevConsulServer
+
+pytestmark = pytest.mark.integration
+
+SMUGGLED = b"GET /v1/status/leader HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.fixture
+def dev():
+    with DevConsulServer(addr="127.0.0.1:0", node_name="n1") as server:
+        yield server
+
+
+def exchange(address: str, data: bytes) -> bytes:
+    """Send ``data`` on one connection and read until the server closes it (or 3 s pass)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=3) as sock:
+        sock.sendall(data)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass  # still open: whatever came is the answer
+    return received
+
+
+def statuses(received: bytes) -> list[int]:
+    return [int(part[:3]) for part in received.split(b"HTTP/1.1 ")[1:]]
+
+
+@pytest.mark.parametrize("length", [b"\xb2", b"\xb9", b"1\xb2", b"00000000001", b"3 3", b"0x3", b"3.0"])
+def test_content_length_of_anything_but_ascii_digits_is_400_and_closes(dev, length):
+    """Before: '\\xb2' (superscript two) passed str.isdigit, int() raised: 500 with a traceback in the
+    log, the connection kept open, and the smuggled request after it answered."""
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n"
+    received = exchange(dev.address, head + SMUGGLED)
+    assert statuses(received) == [400] and b"Connection: close" in received
+    assert b"internal error" not in received
+
+
+def test_two_different_content_lengths_are_400_and_close(dev):
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 40\r\n\r\nabc"
+    assert statuses(exchange(dev.address, head + SMUGGLED)) == [400]
+
+
+@pytest.mark.parametrize("encoding", [b"gzip, chunked", b"chunked, chunked", b"identity", b"chunked;x", b"xchunked",
+                                      b"chunked\r\nTransfer-Encoding: chunked", b"gzip"])
+def test_transfer_encoding_other_than_chunked_is_refused_and_closes(dev, encoding):
+    """Before: anything but exactly 'chunked' was taken as no body at all (or the Content-Length), and
+    the chunked body that followed was read as the next request."""
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + encoding + b"\r\n\r\n"
+    received = exchange(dev.address, head + b"3\r\nabc\r\n0\r\n\r\n" + SMUGGLED)
+    assert statuses(received) == [501] and b"Unsupported transfer encoding" in received
+    assert requests.get(f"http://{dev.address}/v1/kv/k", timeout=5).status_code == 404
+
+
+def test_chunked_in_any_case_is_chunked(dev):
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\nConnection: close\r\n\r\n"
+    assert statuses(exchange(dev.address, head + b"3\r\nabc\r\n0\r\n\r\n")) == [200]
+    assert requests.get(f"http://{dev.address}/v1/kv/k?raw", timeout=5).content == b"abc"
+
+
+def test_any_error_while_reading_a_body_closes_the_connection(dev, monkeypatch):
+    """An error the reader did not foresee leaves the stream at an unknown point: nothing after it may be
+    read as a request. Before: a 500 on a connection kept open, and the smuggled request answered."""
+    def broken(self):
+        raise ValueError("unforeseen")
+
+    monkeypatch.setattr(http_server.Handler, "_read_chunked", broken)
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    received = exchange(dev.address, head + SMUGGLED)
+    assert statuses(received) == [500] and b"Connection: close" in received
+
+
+@pytest.mark.parametrize("query, status, text", [("index=\u00b2", 400, "Invalid index"),
+                                                 ("index=\u0661", 400, "Invalid index"),
+                                                 ("cas=\u00b2", 500, "strconv.ParseUint")])
+def test_numbers_in_the_query_are_ascii_digits(dev, query, status, text):
+    """Before: ?index=\u00b2 passed str.isdigit and int() raised: an 'internal error' 500 with a traceback;
+    ?index=\u0661 (Arabic-Indic one) was read as 1."""
+    method = "PUT" if query.startswith("cas") else "GET"
+    resp = requests.request(method, f"http://{dev.address}/v1/kv/k?{query}", data=b"x", timeout=5)
+    assert resp.status_code == status and text in resp.text
+
+
+def test_a_request_refused_before_its_body_is_read_closes_the_connection():
+    """A GET with a body, refused by the ACL check before the body is read. Before: a 403 on a connection
+    kept open, and the body, itself a request, answered as the next one."""
+    with DevConsulServer(addr="127.0.0.1:0", node_name="n1", acl_token="c0ffee00-0000-4000-8000-000000000001") as acl:
+        head = b"GET /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED)
+        assert statuses(exchange(acl.address, head + SMUGGLED)) == [403]

@@ -1,0 +1,254 @@
+"""Runner and report parts of the preflight depth: bracket checks read before the load tests and after the rack checks,
+progress names the node and check that is running, the report says which depth ran, profiles validate the
+new sections."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.model import Cluster, Rack
+from preflight import report
+from preflight.checks.base import Check, RunOptions
+from preflight.profiles import ProfileError, profile_for, run_depth
+from preflight.result import Verdict
+from preflight.runner import Progress, run_preflight
+from preflight.transport import CommandResult
+from tests.helpers.preflight import ScriptedTransport, node
+
+pytestmark = pytest.mark.unit
+
+ORDER: list[str] = []
+
+
+class Load(Check):
+    name = "load"
+    loads_hardware = True
+
+    def run(self, ctx):
+        ORDER.append(f"load {ctx.node.name}")
+        return [self.result(ctx.node, Verdict.PASS, "OK", "loaded")]
+
+
+class Pairs(Check):
+    name = "pairs"
+    scope = "rack"
+
+    def gather(self, ctx):
+        return None
+
+    def run_rack(self, ctx):
+        ORDER.append("pairs " + ",".join(c.node.name for c in ctx.nodes))
+        return [self.result(c.node, Verdict.PASS, "OK", "paired") for c in ctx.nodes]
+
+
+class Counters(Check):
+    name = "counters"
+    scope = "bracket"
+
+    def gather(self, ctx):
+        ORDER.append(f"before {ctx.node.name}")
+        return "before"
+
+    def finish(self, ctx, before):
+        ORDER.append(f"after {ctx.node.name} ({before})")
+        return [self.result(ctx.node, Verdict.PASS, "OK", "counted")]
+
+
+class Steps(Progress):
+    def __init__(self):
+        self.steps: list[tuple[str, str]] = []
+
+    def node_step(self, node, check):
+        self.steps.append((node, check))
+
+
+def cluster_of(*names):
+    return Cluster((Rack("r01", tuple(node(n) for n in names)),))
+
+
+def test_bracket_checks_read_before_the_load_and_after_the_rack_checks():
+    ORDER.clear()
+    cluster = cluster_of("n1", "n2")
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n")
+    steps = Steps()
+    outcome = run_preflight(cluster, [Counters(), Load(), Pairs()], {n.name: {} for n in cluster.nodes()}, t,
+                            RunOptions(timeout=5.0), parallel=1, progress=steps)
+    assert ORDER == ["before n1", "load n1", "before n2", "load n2", "pairs n1,n2", "after n1 (before)",
+                     "after n2 (before)"]
+    assert [r.check for r in outcome.results if r.node == "n1"] == ["counters", "load", "pairs"]
+    # the readings (the bracket's first, the rack check's per-node part) side by side, then the load alone
+    assert steps.steps == [("n1", "2 readings"), ("n1", "load"), ("n2", "2 readings"), ("n2", "load")]
+
+
+def test_a_host_that_stops_answering_gets_no_second_reading():
+    ORDER.clear()
+    cluster = cluster_of("n1", "n2")
+    gone = CommandResult(None, "", "ssh: connect to host: No route to host", 0.0, unreachable=True)
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("n2", "uname", reply=gone)
+    outcome = run_preflight(cluster, [Counters(), Load()], {"n1": {}, "n2": {}}, t, RunOptions(timeout=5.0))
+    assert ORDER == ["before n1", "load n1", "after n1 (before)"]
+    assert {r.verdict for r in outcome.results if r.node == "n2"} == {Verdict.UNREACHABLE}
+    assert len([r for r in outcome.results if r.node == "n2"]) == 2  # one per check, none twice
+
+
+def test_report_names_the_depth_in_json_junit_and_table():
+    cluster = cluster_of("n1")
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n")
+    outcome = run_preflight(cluster, [Load()], {"n1": {}}, t, RunOptions(timeout=5.0, depth="full"))
+    assert report.to_json(outcome)["summary"]["depth"] == "full"
+    assert report.to_junit(outcome).find("properties/property[@name='depth']").get("value") == "full"
+    assert report.results_table(outcome.results, 160, title=f"preflight (depth: {report.depth_of(outcome)})").title \
+        == "preflight (depth: full)"
+    unnamed = run_preflight(cluster, [Load()], {"n1": {}}, t, RunOptions(timeout=5.0))
+    assert report.to_json(unnamed)["summary"]["depth"] == "per profile"
+
+
+def test_the_depth_a_run_names_without_depth_is_the_profiles_default_when_they_agree():
+    h100 = profile_for("n1", {"gpu_model": "h100-sxm"})
+    quick = profile_for("n2", {"gpu_model": "h200-sxm", "preflight_overrides": {"depth": {"default": "quick"}}})
+    assert run_depth({"n1": h100, "n2": profile_for("n2", {"gpu_model": "a100-sxm"})}) == "standard"
+    assert run_depth({"n1": h100, "n2": quick}) is None  # mixed: the report says "per profile"
+    assert run_depth({"n1": h100, "n2": quick}, "full") == "full"  # --depth names itself
+
+
+def test_profiles_carry_depth_durations_and_reject_bad_depth_sections():
+    profile = profile_for("n1", {"gpu_model": "h200-sxm"})
+    assert profile["depth"]["default"] == "standard"
+    assert {d: v["dcgm_level"] for d, v in profile["depth"]["levels"].items()} == {"quick": 1, "standard": 2, "full": 3}
+    assert all(v["minutes"] > 0 for v in profile["depth"]["levels"].values())
+    with pytest.raises(ProfileError, match=r"depth.default: expected one of quick, standard, full, got 'deep'"):
+        profile_for("n1", {"gpu_model": "h100-sxm", "preflight_overrides": {"depth": {"default": "deep"}}})
+    with pytest.raises(ProfileError, match=r"depth.levels: expected a mapping"):
+        profile_for("n1", {"gpu_model": "h100-sxm",
+                           "preflight_overrides": {"depth": {"levels": {"quick": {"dcgm_level": 9}}}}})
+    with pytest.raises(ProfileError, match=r"throttle.fail_reasons: expected a list of clock event reasons"):
+        profile_for("n1", {"gpu_model": "h100-sxm", "preflight_overrides": {"throttle": {"fail_reasons": ["hot"]}}})
+    with pytest.raises(ProfileError, match=r"pcie.gpu_width: expected a PCIe link width"):
+        profile_for("n1", {"gpu_model": "h100-sxm", "preflight_overrides": {"pcie": {"gpu_width": 12}}})
+
+
+def test_known_wrong_values_are_not_in_the_profiles():
+    """The issue's list: DCGM's H200 memory-bandwidth floor in the wrong unit (2333 in an MB/s field) is
+    not copied (no memory-bandwidth floor of ours); the flap window is azurehpc's 6 h, not a guess."""
+    def leaves(value, path=""):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield from leaves(item, f"{path}.{key}")
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                yield from leaves(item, f"{path}[{index}]")
+        else:
+            yield path, value
+
+    for model in ("h100-sxm", "h200-sxm", "a100-sxm"):
+        profile = profile_for("n1", {"gpu_model": model})
+        values = list(leaves(profile))
+        assert [p for p, v in values if v in (2333, 2333.0, "2333")] == []  # at any depth of the profile
+        assert [p for p, _ in values if "mem" in p.lower() and "bandwidth" in p.lower()] == []
+        assert profile["ib_health"]["flap_window_hours"] == 6
+        assert "hw_thermal_slowdown" in profile["throttle"]["fail_reasons"]
+
+
+def test_every_before_reading_is_taken_ahead_of_the_checks_that_load_gpus_and_links():
+    """nvlink's, gpu_throttle's and ib_link_health's "before" readings run in the first stage of a node, the
+    load tests each alone after it (ib_pairs loads the links in phase 2, after phase 1); their "after"
+    readings come after the rack checks (test above). versions reads the NCCL version nccl printed: after it."""
+    from preflight.checks import CHECKS
+    from preflight.runner import READINGS_AT_ONCE, node_stages
+
+    stages = node_stages(CHECKS)
+    readings = [c.name for c in stages[0].checks]
+    assert stages[0].at_once == READINGS_AT_ONCE > 1
+    assert [c.name for c in CHECKS if c.scope == "bracket"] == ["nvlink", "gpu_throttle", "ib_link_health"]
+    assert {"nvlink", "gpu_throttle", "ib_link_health", "ib_pairs"} <= set(readings)
+    assert [(s.at_once, [c.name for c in s.checks]) for s in stages[1:]] == [
+        (1, ["pcie_link"]), (1, ["gpu_bandwidth"]), (1, ["dcgm_diag"]), (1, ["nccl"]), (READINGS_AT_ONCE, ["versions"])]
+    # every check runs exactly once
+    assert sorted(c.name for s in stages for c in s.checks) == sorted(c.name for c in CHECKS)
+    # without the check whose output it reads, versions is a reading like the others
+    assert "versions" in [c.name for c in node_stages([c for c in CHECKS if c.name != "nccl"])[0].checks]
+
+
+class Reading(Check):
+    """A reading that runs one command, ``read <name>``."""
+
+    scope = "node"
+
+    def __init__(self, name: str, command: str | None = None):
+        self.name = name  # type: ignore[misc]
+        self.command = command or name
+
+    def run(self, ctx):
+        ctx.output(["read", self.command])
+        return [self.result(ctx.node, Verdict.PASS, "OK", "read")]
+
+
+class Busy:
+    """A transport reply that takes ``seconds`` and records which commands ran at the same time."""
+
+    def __init__(self, seconds: float):
+        import threading
+
+        self.seconds, self.active, self.overlaps, self.lock = seconds, [], [], threading.Lock()
+
+    def __call__(self, argv):
+        import time
+
+        with self.lock:
+            self.active.append(argv[-1])
+            self.overlaps.append(tuple(sorted(self.active)))
+        time.sleep(self.seconds)
+        with self.lock:
+            self.active.remove(argv[-1])
+        return CommandResult(0, "ok\n", "", self.seconds)
+
+
+def test_a_nodes_readings_run_side_by_side_and_a_load_test_alone():
+    import time
+
+    from preflight.runner import READINGS_AT_ONCE
+
+    busy = Busy(0.5)
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply=busy).on("*", "load", reply=busy)
+
+    class Loading(Reading):
+        loads_hardware = True
+
+        def run(self, ctx):
+            ctx.output(["load", self.name])
+            return [self.result(ctx.node, Verdict.PASS, "OK", "loaded")]
+
+    checks = [Reading(f"r{i}") for i in range(2 * READINGS_AT_ONCE)] + [Loading("burn"), Reading("late")]
+    started = time.monotonic()
+    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    took = time.monotonic() - started
+    assert [r.check for r in outcome.results] == [c.name for c in checks]  # reported in registry order
+    assert {r.verdict for r in outcome.results} == {Verdict.PASS}
+    # one after another: (2 x at_once + 2) x 0.5 s; side by side: the readings (2 x at_once + 1) in 3 rounds,
+    # then the load alone: 4 x 0.5 s
+    assert took < (2 * READINGS_AT_ONCE + 2) * 0.5 - 0.4
+    assert max(len(o) for o in busy.overlaps) == READINGS_AT_ONCE
+    assert [o for o in busy.overlaps if "burn" in o] == [("burn",)]  # nothing ran beside the load test
+
+
+def test_two_checks_asking_for_one_command_at_once_share_its_one_run():
+    busy = Busy(0.3)
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply=busy)
+    checks = [Reading("a", "ibstat"), Reading("b", "ibstat"), Reading("c", "ibstat")]
+    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    assert [r.verdict for r in outcome.results] == [Verdict.PASS] * 3
+    assert [argv for _, argv in t.calls if argv[0] == "read"] == [("read", "ibstat")]
+
+
+def test_a_host_lost_during_its_readings_is_unreachable_for_every_check_not_finished():
+    gone = CommandResult(None, "", "ssh: connect to host: Connection reset", 0.0, unreachable=True)
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply="ok\n")
+    t.on("n1", "read", "r1", reply=gone)
+    checks = [Reading("r0"), Reading("r1")] + [Reading(f"later{i}") for i in range(6)]
+    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    verdicts = {r.check: r.verdict for r in outcome.results}
+    assert len(outcome.results) == len(checks) and set(verdicts) == {c.name for c in checks}  # each once
+    assert verdicts["r1"] == Verdict.UNREACHABLE
+    # the readings started with r1 may have finished; none started after the host was lost
+    started_after = [argv for _, argv in t.calls if argv[:2] == ("read", "later5")]
+    assert started_after == [] and verdicts["later5"] == Verdict.UNREACHABLE

@@ -1,0 +1,33 @@
+"""An unreachable host's reason in the rollout summary: ssh's last line survives a long banner."""
+
+import pytest
+
+from provision.rollout import unreachable_reason
+
+pytestmark = pytest.mark.unit
+
+CHANGED = (
+    "Failed to connect to the host via ssh: @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+    "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+    "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+    "IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!\n"
+    "Someone could be eavesdropping on you right now (man-in-the-middle attack)!\n"
+    "It is also possible that a host key has just been changed.\n"
+    "The fingerprint for the ED25519 key sent by the remote host is\n"
+    "SHA256:Qm1cYx2mHn0zr1Zp7n1u9P2VqS8Y9k6XJkq0sL1eY4A.\n"
+    "Please contact your system administrator.\n"
+    "Add correct host key in /tmp/inv/.sim/ssh/known_hosts to get rid of this message.\n"
+    "Offending ED25519 key in /tmp/inv/.sim/ssh/known_hosts:2\n"
+    "Host key verification failed.\n"
+)
+
+
+def test_a_changed_host_key_keeps_ssh_s_verdict():
+    reason = unreachable_reason(CHANGED)
+    assert reason == "Failed to connect to the host via ssh: ... Host key verification failed."
+    assert CHANGED[:300].count("Host key verification failed") == 0  # what the old [:300] cut showed
+
+
+def test_a_short_message_is_kept_whole():
+    msg = "Failed to connect to the host via ssh: deploy@127.0.1.12: Permission denied (publickey)."
+    assert unreachable_reason(msg) == msg
