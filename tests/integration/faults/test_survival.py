@@ -22,8 +22,8 @@ from eas_agent.config import parse_config
 from eas_agent.publisher import Backoff
 from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, PoolView
 from tests.helpers import wait_for
+from tests.helpers.hostile import DripServer
 from tests.integration.devconsul.test_limits import switchable_disk
-from tests.unit.eas_agent.test_hostile_inputs import DripServer
 
 pytestmark = pytest.mark.integration
 

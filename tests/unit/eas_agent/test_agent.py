@@ -4,18 +4,20 @@ and how long it took; a failing collector shows its error while the others (and 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import time
 from collections import Counter, namedtuple
 
 import pytest
 
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.gpu import GpuReading
-from eas_agent.collectors.vllm import FetchError, VllmCollector
+from eas_agent.collectors.vllm import FetchError, HttpFetcher, VllmCollector
 from eas_agent.config import parse_config
 from eas_agent.scorebody import MAX_COLLECTOR_ERROR, BodyError, CollectorRun, IUScore, ScoreBody
 from sim.memstore import MemoryStore
-from tests.unit.eas_agent.test_hostile_inputs import GOOD, strict_json
+from tests.helpers.hostile import GOOD, DripServer, replace_sample, strict_json
 
 pytestmark = pytest.mark.unit
 
@@ -172,3 +174,132 @@ def test_score_and_status_gauges_follow_each_cycle():
     metrics.observe_scores("drain", {"a": ScoreResult(0.7, "critical", "GPU lost"), "b": ScoreResult(0.1, "passing", "")})
     assert shown("a") == ({"passing": 0, "warning": 0, "critical": 1}, 0.7)
     assert shown("b") == ({"passing": 1, "warning": 0, "critical": 0}, 0.1)
+
+
+class NoGpus:
+    def read(self, indices):
+        return []
+
+    def close(self):
+        pass
+
+
+def config(n_ius: int = 2, scrape_timeout_s: float = 0.15):
+    return parse_config(
+        {
+            "node": "n1",
+            "rack": "r1",
+            "listen": "127.0.0.1:0",
+            "scrape_timeout_s": scrape_timeout_s,
+            "ius": [
+                {"id": f"n1-iu{i}", "gpus": [i], "metrics_url": f"http://127.0.0.1:1/m{i}"}
+                for i in range(n_ius)
+            ],
+        }
+    )
+
+
+def agent_with(fetchers, cfg=None, serve_http=True):
+    cfg = cfg or config(len(fetchers))
+    pipelines = [IUPipeline(cfg, i, VllmCollector(fetch)) for i, fetch in enumerate(fetchers)]
+    store = MemoryStore()
+    agent = Agent(cfg, store=store, gpu_backend=NoGpus(), pipelines=pipelines, serve_http=serve_http)
+    return agent, store
+
+
+@pytest.mark.parametrize(
+    "sample, value",
+    [
+        ("vllm:num_requests_running", "NaN"),
+        ("vllm:num_requests_running", "+Inf"),
+        ("vllm:num_requests_waiting", "NaN"),
+        ("vllm:num_requests_waiting", "-1e6"),
+        ("vllm:kv_cache_usage_perc", "+Inf"),
+        ("vllm:prompt_tokens_total", "NaN"),
+        ("vllm:prompt_tokens_total", "-Inf"),
+    ],
+)
+def test_bad_sample_makes_that_iu_unknown_and_the_rest_publish(sample, value):
+    bad = replace_sample(GOOD, sample, value)
+    agent, store = agent_with([lambda: GOOD, lambda: bad])
+    try:
+        for t in range(3):
+            results = agent.cycle(1000.0 + t)  # before the fix: ValueError out of cycle (the agent stopped)
+            agent.publisher.step(1000.0 + t, results)
+        good, broken = results["n1-iu0"], results["n1-iu1"]
+        assert good.status == "passing" and good.score is not None and good.score >= 0
+        assert broken.score is None and broken.status == "warning"
+        assert "non-finite or negative" in broken.reason and sample in broken.reason
+        body = strict_json(store.kv["clusterctl/eas/dc1/n1"][1])
+        assert body["ius"]["n1-iu1"]["score"] is None and body["ius"]["n1-iu0"]["score"] == good.score
+        served = strict_json(agent.http.scores_json.decode())  # what /scores serves
+        assert served["ius"]["n1-iu1"]["status"] == "warning"
+        errors = agent.metrics.collector_errors.labels("vllm", "n1-iu1")._value.get()
+        assert errors == 3
+    finally:
+        agent.http.server.server_close()
+
+
+def test_failing_iu_logs_at_most_once_a_minute(caplog):
+    bad = replace_sample(GOOD, "vllm:num_requests_running", "NaN")
+    agent, _ = agent_with([lambda: GOOD, lambda: bad], serve_http=False)
+    with caplog.at_level(logging.WARNING, logger="eas_agent"):
+        for t in range(50):
+            agent.cycle(1000.0 + t * 0.2)
+    lines = [r for r in caplog.records if "n1-iu1" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+def test_a_bug_in_one_iu_never_stops_the_cycle():
+    def explode():
+        raise KeyError("collector bug")
+
+    agent, _ = agent_with([lambda: GOOD, explode], serve_http=False)
+    results = agent.cycle(1000.0)
+    assert results["n1-iu0"].status == "passing"
+    assert results["n1-iu1"].score is None and "KeyError" in results["n1-iu1"].reason
+
+
+@pytest.mark.parametrize("slow_index", [1, 0])
+def test_one_dripping_endpoint_does_not_stall_the_node(slow_index):
+    """Headers dripped too: on a worker thread only the agent's abort at the deadline can stop that read; the
+    first IU is scraped on the cycle's own thread, where its fetcher's deadline stops it."""
+    server = DripServer(header_drip=True)
+    try:
+        cfg = config(3)
+        slow = HttpFetcher(f"http://127.0.0.1:{server.port}/metrics", timeout_s=cfg.scrape_timeout_s)
+        fetchers = [lambda: GOOD, lambda: GOOD, lambda: GOOD]
+        fetchers[slow_index] = slow
+        agent, store = agent_with(fetchers, cfg=cfg, serve_http=False)
+        started = time.monotonic()
+        for t in range(5):
+            results = agent.cycle(1000.0 + t * 0.2)
+            agent.publisher.step(1000.0 + t * 0.2, results)
+        elapsed = time.monotonic() - started
+        assert elapsed < 5 * (cfg.scrape_timeout_s + 0.2), elapsed  # before: one cycle took seconds
+        fine = [f"n1-iu{i}" for i in range(3) if i != slow_index]
+        assert results[fine[0]].status == results[fine[1]].status == "passing"
+        assert results[f"n1-iu{slow_index}"].score is None and results[f"n1-iu{slow_index}"].status == "warning"
+        assert store.checks[fine[0]][0] == "passing"  # TTL checks kept being refreshed
+    finally:
+        server.close()
+
+
+def test_one_iu_dripping_its_headers_is_cut_at_the_deadline():
+    """A node with one IU scrapes it on the cycle's own thread (no executor, no abort): the fetcher itself
+    must hold the deadline while reading the headers. Before: one cycle took the whole drip (4.2 s)."""
+    server = DripServer(header_drip=True)
+    try:
+        cfg = config(1)
+        slow = HttpFetcher(f"http://127.0.0.1:{server.port}/metrics", timeout_s=cfg.scrape_timeout_s)
+        agent, store = agent_with([slow], cfg=cfg, serve_http=False)
+        for t in range(3):
+            started = time.monotonic()
+            results = agent.cycle(1000.0 + t * 0.2)
+            assert time.monotonic() - started < cfg.scrape_timeout_s + 0.2
+            agent.publisher.step(1000.0 + t * 0.2, results)
+        assert results["n1-iu0"].score is None and results["n1-iu0"].status == "warning"
+        assert f"within {cfg.scrape_timeout_s:g} s" in results["n1-iu0"].reason
+        assert store.checks["n1-iu0"][0] == "warning"  # the heartbeat went on
+    finally:
+        server.close()

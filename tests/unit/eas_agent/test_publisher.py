@@ -10,6 +10,8 @@ import pytest
 from eas_agent.publisher import Backoff, Publisher, Quantizer
 from eas_agent.score import ScoreResult
 from sim.memstore import MemoryStore
+from tests.helpers.hostile import GOOD, strict_json
+from tests.unit.eas_agent.test_agent import agent_with
 
 pytestmark = pytest.mark.unit
 
@@ -253,3 +255,16 @@ def test_a_level_change_leaves_a_token_for_the_next_urgent_rise():
 def test_seed_profile_has_no_urgent_rises():
     _store, pub = make(profile="seed")
     assert pub.urgent_rise_s is None and pub.reserve == 0.0
+
+
+def test_publisher_never_writes_non_finite_json():
+    from eas_agent.score import ScoreResult
+
+    agent, store = agent_with([lambda: GOOD], serve_http=False)
+    results = {"n1-iu0": ScoreResult(float("nan"), "passing", "", {"x": float("inf"), "y": 1.0})}
+    agent.publisher.step(1000.0, results)  # before: json.dumps wrote NaN and Infinity into the KV
+    body = strict_json(store.kv["clusterctl/eas/dc1/n1"][1])
+    assert body["ius"]["n1-iu0"]["score"] is None and body["ius"]["n1-iu0"]["components"] == {
+        "x": None,
+        "y": 1.0,
+    }

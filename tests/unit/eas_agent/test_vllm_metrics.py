@@ -12,6 +12,7 @@ import pytest
 from eas_agent import vllm_metrics
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
 from tests.helpers import run_cli
+from tests.helpers.hostile import GOOD, replace_sample
 
 pytestmark = pytest.mark.unit
 
@@ -307,3 +308,12 @@ def test_a_scrape_with_the_families_read_is_not_walked_line_by_line(monkeypatch)
 def test_help_names_are_those_of_every_help_line_at_a_line_start(text):
     """The one-scrape test's names: the newline-prefixed search reads what ^ with re.MULTILINE read."""
     assert vllm_metrics._help_names(text) == re.findall(r"^# HELP ([^ \n]*)", text, re.MULTILINE)
+
+
+def test_parser_rejects_non_finite_and_negative_samples_naming_them():
+    for value in ("NaN", "+Inf", "-Inf", "-0.5"):
+        with pytest.raises(MetricsParseError, match="vllm:num_requests_waiting"):
+            parse_vllm_metrics(replace_sample(GOOD, "vllm:num_requests_waiting", value))
+    assert (
+        parse_vllm_metrics(replace_sample(GOOD, "vllm:num_requests_waiting", "0")).num_requests_waiting == 0
+    )

@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-import time
 from collections import Counter
 
 import pytest
 
-from consul_io.client import ConsulUnavailable
 from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
 from eas_agent.scheduler.view import TS_TOLERANCE_S
-from eas_agent.scheduler.watch import ConsulWatcher
 from eas_agent.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
-
-from .test_pick import Clock, health_entry, kv_entry
+from tests.unit.edge.pool.test_pick import Clock, health_entry, kv_entry
 
 pytestmark = pytest.mark.unit
 
@@ -129,100 +124,12 @@ def test_schema_round_trips_what_the_publisher_writes():
     assert not problems and ScoreBody.from_json(json.loads(body.dumps()))[0] == body
 
 
-class FlakyIO:
-    """kv_list: one listing with a bad body, then garbage of other kinds, then good listings."""
-
-    def __init__(self):
-        self.calls = 0
-        self.lock = threading.Lock()
-
-    def kv_list(self, prefix, index=None, wait_s=None):
-        with self.lock:
-            self.calls += 1
-            n = self.calls
-        time.sleep(0.01)
-        if n == 1:
-            return 5, [raw_entry("n2", {"ius": {"x": 5}})]
-        if n == 2:
-            raise RuntimeError("bug in the client")
-        if n == 3:
-            return "seven", None
-        if n == 4:
-            raise ConsulUnavailable("down")
-        return 10 + n, [kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)]
-
-    def health_service(self, index=None, wait_s=None):
-        time.sleep(0.05)
-        return 1, [health_entry("n1-iu0")]
 
 
-def test_watch_threads_survive_any_exception():
-    view = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
-    io = FlakyIO()
-    watcher = ConsulWatcher(view, io, min_interval_s=0.01, max_backoff_s=0.05).start()
-    try:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not view.snapshot().scored:
-            time.sleep(0.02)
-        assert all(t.is_alive() for t in watcher.threads)  # before: the kv thread died on the first body
-        assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"] and io.calls > 4
-    finally:
-        watcher.stop()
 
 
-def test_scores_poller_is_not_held_by_a_dripping_agent():
-    """Review M4 (related): ScoresPoller polled agents one after another with a per-read timeout."""
-    from eas_agent.http import AgentHttpServer, AgentMetrics
-    from eas_agent.scheduler import ScoresPoller
-
-    from .test_hardening_agent import DripServer
-
-    good = AgentHttpServer("127.0.0.1", 0, AgentMetrics())
-    good.set_scores(ScoreBody.from_json(good_body("n2", ts=100.0))[0])
-    good.start()
-    drip = DripServer(every_s=0.1, header_drip=True)
-    view = fresh_view()
-    poller = ScoresPoller(view, [f"127.0.0.1:{drip.port}", good.address], timeout_s=0.2)
-    try:
-        started = time.monotonic()
-        poller.poll_once()
-        assert time.monotonic() - started < 1.0  # before: the drip held the poll for its whole body
-        assert [e.iu_id for e in view.snapshot().scored] == ["n2-iu0"] and poller.errors == 1
-    finally:
-        poller.stop()
-        drip.close()
-        good.stop()
 
 
-def test_a_query_that_fails_after_stop_is_not_reported(caplog):
-    """The demo's last line was "consul watch failed: GET health/service/vllm-iu: ChunkedEncodingError ..."
-    in 2 of 2 runs (operator review M3): a blocking query still open when Consul was stopped after the
-    watcher's stop(). A failure once stop() was called is the shutdown, not news."""
-    import logging
-
-    in_query, release = threading.Event(), threading.Event()
-
-    class ShutdownIO:
-        def kv_list(self, prefix, index=None, wait_s=None):
-            if index is None:
-                return 1, []
-            in_query.set()
-            release.wait(5)
-            raise ConsulUnavailable("GET kv: Connection broken: IncompleteRead(0 bytes read)")
-
-        def health_service(self, index=None, wait_s=None):
-            return self.kv_list("", index, wait_s)
-
-    view = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
-    watcher = ConsulWatcher(view, ShutdownIO(), min_interval_s=0.01).start()
-    assert in_query.wait(5)
-    with caplog.at_level(logging.WARNING, logger="eas_agent.scheduler"):
-        watcher.stop()
-        release.set()  # Consul goes away under the open queries
-        for thread in watcher.threads:
-            thread.join(5)
-    assert not any(t.is_alive() for t in watcher.threads)
-    assert "consul watch failed" not in caplog.text
 
 
 # JSON reads "1" followed by 400 zeros as a Python int that no float can hold: math.isfinite(), float() and
@@ -301,41 +208,8 @@ def test_one_body_the_reader_cannot_check_never_stops_the_others(monkeypatch):
     assert view.snapshot().by_id()["n1-iu0"].score == 3.0 and view.rejected_bodies == 2
 
 
-class CannedAgent:
-    """A ScoresPoller fetcher answering one canned text (or raising)."""
-
-    def __init__(self, answer):
-        self.answer = answer
-
-    def __call__(self):
-        if isinstance(self.answer, BaseException):
-            raise self.answer
-        return self.answer
-
-    def abort(self):
-        pass
-
-    def close(self):
-        pass
 
 
-def test_one_agents_answer_never_costs_the_others_the_poll_round():
-    from eas_agent.scheduler import ScoresPoller
-
-    view = fresh_view(("n1-iu0", "n2-iu0", "n3-iu0"))
-    poller = ScoresPoller(view, ["a", "b", "c", "d"], timeout_s=1.0)
-    poller.fetchers = [
-        CannedAgent(json.dumps(huge_body("ts"))),
-        CannedAgent(json.dumps(good_body("n1", iu="n1-iu0", score=0.5))),
-        CannedAgent(RuntimeError("a bug in the fetcher")),
-        CannedAgent("[" * 100_000 + "]" * 100_000),
-    ]
-    try:
-        poller.poll_once()  # before: OverflowError (or the RuntimeError) out of poll_once, n1's body lost
-        assert {e.iu_id: e.score for e in view.snapshot().scored} == {"n1-iu0": 0.5}
-        assert poller.errors == 2 and view.rejected_bodies == 1
-    finally:
-        poller.stop()
 
 
 def test_a_kv_value_that_is_no_string_is_skipped():
@@ -343,3 +217,56 @@ def test_a_kv_value_that_is_no_string_is_skipped():
     view.apply_kv([{"Key": "clusterctl/eas/dc1/n2", "Value": 5}, kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
     assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # before: TypeError (len of an int) out of apply_kv
     assert view.rejected_bodies == 1 and view.ignored["reader_error"] == 1
+
+
+def body(node: str, ius: dict, ts: float, announced: dict | None = None) -> dict:
+    raw = json.loads(kv_entry(node, ius, ts)["Value"])
+    if announced is not None:
+        raw["announced"] = announced
+    return raw
+
+
+def state(node: str, score: float, tokens: float = 1.0) -> dict:
+    return {f"{node}-iu{i}": (score + 0.01 * i, "passing", tokens, 1) for i in range(3)}
+
+
+def test_a_rebuild_keeps_the_entries_of_nodes_whose_body_did_not_change():
+    clock = Clock(100.0)
+    view = PoolView(clock=clock)
+    view.apply_health([health_entry(f"{node}-iu{i}") for node in ("n1", "n2") for i in range(3)])
+    view.apply_polled([body("n1", state("n1", 1.0), 100.0), body("n2", state("n2", 1.0), 100.0)])
+    before = view.snapshot().by_id()
+
+    clock.t = 100.2
+    view.apply_polled([body("n2", state("n2", 1.2), 100.2)])
+    after = view.snapshot().by_id()
+    assert all(after[f"n1-iu{i}"] is before[f"n1-iu{i}"] for i in range(3))  # before: built anew every time
+    assert after["n2-iu0"].score == 1.2 and after["n2-iu0"] is not before["n2-iu0"]
+
+    view.apply_health([health_entry("n1-iu0", "critical")] +
+                      [health_entry(f"{node}-iu{i}") for node in ("n1", "n2") for i in range(3) if (node, i) != ("n1", 0)])
+    assert view.snapshot().by_id()["n1-iu0"].health == "critical"  # health changed: every node's entries anew
+
+    view.apply_polled([body("n1", state("n1", 1.0), 100.4, announced={"edge-a.0001": 7})])
+    assert view.snapshot().by_id()["n1-iu1"].acked == 0
+    view.edge_id = "edge-a.0001"
+    view.apply_polled([])  # the same bodies, read by an edge with an id now: entries carry its acknowledgement
+    assert view.snapshot().by_id()["n1-iu1"].acked == 7
+
+
+def test_a_frozen_iu_stays_flagged_over_rebuilds_for_other_nodes_and_clears_when_its_counters_move():
+    clock = Clock(100.0)
+    view = PoolView(detector=AnomalyDetector(frozen_s=4.0), clock=clock)
+    view.apply_health([health_entry(f"{node}-iu{i}") for node in ("n1", "n2") for i in range(3)])
+    for step in range(4):  # n1's counters stand still for 6 s while it reports running requests
+        clock.t = 100.0 + 2 * step
+        view.apply_polled([body("n1", state("n1", 1.0, tokens=5.0), clock.t),
+                           body("n2", state("n2", 1.0, tokens=100.0 * step), clock.t)])
+    assert view.snapshot().by_id()["n1-iu0"].anomaly == "frozen"
+    for k in range(5):  # only n2 changes: n1's entries (and their memoized verdict) are kept
+        clock.t += 0.2
+        view.apply_polled([body("n2", state("n2", 1.0, tokens=1000.0 + k), clock.t)])
+        assert view.snapshot().by_id()["n1-iu0"].anomaly == "frozen"
+    clock.t += 0.2
+    view.apply_polled([body("n1", state("n1", 1.0, tokens=6.0), clock.t)])  # its counters moved
+    assert view.snapshot().by_id()["n1-iu0"].anomaly is None
