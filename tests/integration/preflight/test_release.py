@@ -10,10 +10,12 @@ import pytest
 
 from preflight import consul_io
 from preflight.checks.base import RunOptions
+from preflight.profiles import profile_of
 from preflight.release import release_passed
 from preflight.result import CheckResult, Verdict
-from preflight.runner import RunOutcome
-from tests.helpers.preflight import node
+from preflight.runner import RunOutcome, run_preflight
+from tests.helpers.preflight import ScriptedTransport, node
+from tests.unit.preflight.test_runner import Echo
 
 pytestmark = pytest.mark.integration
 
@@ -88,3 +90,61 @@ def test_the_agent_check_sends_the_token_under_default_deny(tmp_path):
             raise AssertionError("an anonymous request must be refused under default deny")
     finally:
         server.stop()
+
+
+def register(consul_addr, n, maintenance=True):
+    import consul
+
+    host, port = consul_addr.rsplit(":", 1)
+    c = consul.Consul(host=host, port=int(port))
+    for iu in n.ius:
+        c.agent.service.register(
+            "vllm-iu",
+            service_id=iu.id,
+            port=iu.port,
+            tags=[f"rack:{n.rack}", f"node:{n.name}"],
+            meta={
+                "gpus": iu.cuda_visible_devices,
+                "numa_node": str(iu.numa_node),
+                "node": n.name,
+                "rack": n.rack,
+            },
+        )
+        if maintenance:
+            c.agent.service.maintenance(iu.id, True, reason="waiting for preflight")
+    return c
+
+
+def test_consul_check_and_release_only_where_everything_passed(consul_addr):
+    from cluster.model import Cluster, Rack
+    from preflight.checks.consul import CHECK as consul_check
+
+    good, bad, missing = (node(n, consul_http_addr=consul_addr) for n in ("good", "bad", "missing"))
+    for n in (good, bad):
+        client = register(consul_addr, n)
+    cluster = Cluster(racks=(Rack("r01", (good, bad, missing)),))
+    t = ScriptedTransport().on("*", "uname", reply="5.15\n").on("*", "check-me", reply="ok\n")
+    t.on("bad", "check-me", reply="nope\n")
+    profiles = {n.name: profile_of(n) for n in cluster.nodes()}
+    outcome = run_preflight(cluster, [Echo(), consul_check], profiles, t, RunOptions(timeout=2))
+    assert outcome.released == {}, "the runner only judges"
+    assert release_passed(cluster.nodes(), outcome) == {"good": ["good-iu0", "good-iu1"]}
+    by = {(r.node, r.check): r for r in outcome.results}
+    assert by[("good", "consul")].verdict is Verdict.PASS
+    assert "in maintenance: good-iu0, good-iu1" in by[("good", "consul")].reason
+    assert (by[("missing", "consul")].verdict, by[("missing", "consul")].code) == (
+        Verdict.FAIL,
+        "CONSUL_SERVICE_MISSING",
+    )
+    assert outcome.released == {"good": ["good-iu0", "good-iu1"]}
+    _, checks = client.health.service("vllm-iu")
+    maintenance = {
+        e["Service"]["ID"]
+        for e in checks
+        for ch in e["Checks"]
+        if ch["CheckID"].startswith("_service_maintenance:")
+    }
+    assert maintenance == {"bad-iu0", "bad-iu1"}
+    # the release markers the consul_agent role reads (written only where preflight passed)
+    _, markers = client.kv.get("clusterctl/preflight/dc1/", keys=True)
+    assert markers == ["clusterctl/preflight/dc1/good-iu0", "clusterctl/preflight/dc1/good-iu1"]

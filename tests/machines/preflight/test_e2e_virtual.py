@@ -14,7 +14,7 @@ import yaml
 from cluster import load_cluster
 from tests.helpers import run_cli
 from tests.helpers.preflight import VirtualInventory
-from tests.integration.preflight.test_runner import register
+from tests.integration.preflight.test_release import register
 
 pytestmark = pytest.mark.machines(order=6)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,8 +16,13 @@ from rich.console import Console
 from cluster.errors import ExitCode
 from preflight import history, report
 from preflight import progress as progress_view
+from preflight.transport import (
+    CommandResult,
+)
 from tests.helpers import cli_samples as samples
 from tests.helpers.cli import check_snapshot
+from tests.helpers.preflight import ScriptedTransport
+from tests.unit.preflight.test_runner import run
 
 pytestmark = pytest.mark.unit
 
@@ -275,3 +281,39 @@ def test_progress_shows_each_running_nodes_check_and_how_long_it_has_run():
         assert progress.running_text() == ""
         progress.phase("rack checks: ib_pairs, nccl")
         assert column.render(task).plain == "rack checks: ib_pairs, nccl"
+
+
+def sample_outcome():
+    t = ScriptedTransport().on("*", "uname", reply="5.15\n").on("*", "check-me", reply="ok\n")
+    t.on("b", "check-me", reply="nope\n")
+    t.on("c", "uname", reply=CommandResult(None, "", "no route", 0.0, unreachable=True))
+    return run(t, ["a", "b", "c"])
+
+
+def test_json_document_shape():
+    document = report.to_json(sample_outcome())
+    assert set(document) == {"results", "summary"}
+    assert set(document["results"][0]) == {"rack", "node", "iu", "check", "verdict", "reason", "evidence"}
+    s = document["summary"]
+    assert (s["nodes"], s["nodes_failed"], s["nodes_unreachable"], s["exit_code"]) == (3, ["b"], ["c"], 1)
+    assert s["verdicts"] == {"PASS": 1, "WARN": 0, "FAIL": 1, "ERROR": 0, "SKIP": 0, "UNREACHABLE": 1}
+    json.dumps(document)
+
+
+def test_junit_document(tmp_path):
+    path = tmp_path / "junit.xml"
+    report.write_junit(path, sample_outcome())
+    root = ET.parse(path).getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("3", "1", "1")
+    cases = {c.get("classname"): c for c in root.iter("testcase")}
+    assert cases["r01.b"].find("failure").get("message") == "nope"
+    assert cases["r01.c"].find("error").get("type") == "UNREACHABLE"
+
+
+def test_table_groups_rack_node_check():
+    from rich.console import Console
+
+    console = Console(record=True, width=140)
+    report.print_report(console, sample_outcome())
+    text = console.export_text()
+    assert "r01" in text and "FAIL" in text and "UNREACHABLE" in text and "exit code 1" in text

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from preflight.transport import OUTPUT_CAP_BYTES, exec_on
+from preflight.transport import (
+    OUTPUT_CAP_BYTES,
+    SshTransport,
+    exec_on,
+)
+from tests.helpers.preflight import node
 from tests.helpers.sshserver import client_transport, finish
+from tests.unit.preflight.transport.test_ssh import FakeClient
 
 pytestmark = pytest.mark.integration
 
@@ -269,3 +278,71 @@ def test_a_channel_closed_without_a_status_says_so_instead_of_exited_minus_one(m
     result = SshTransport().run(node(), ["vanish"], timeout=5)
     assert (result.rc, result.no_exit_status, result.ok, result.stdout) == (None, True, False, "half")
     assert result.ended() == "ended without an exit status (its SSH channel closed first)"
+
+
+def test_a_changed_host_key_is_unreachable_with_the_reason(monkeypatch):
+    import fabric
+    import paramiko
+
+    class Changed:
+        def __init__(self, **kwargs):
+            self.client = FakeClient()
+
+        def open(self):
+            raise paramiko.BadHostKeyException("127.0.9.7", _ed25519(), _ed25519())
+
+    monkeypatch.setattr(fabric, "Connection", Changed)
+    result = SshTransport().run(node(ansible_host="127.0.9.7"), ["true"], timeout=5)
+    assert result.unreachable and "host key for 127.0.9.7 changed" in result.stderr
+
+
+def _ed25519():
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import paramiko
+
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{d}/k"], check=True)
+        return paramiko.Ed25519Key.from_private_key_file(str(Path(d) / "k"))
+
+
+def test_the_ssh_libraries_load_safely_from_many_threads_at_once(tmp_path):
+    """The first SSH use happens on the runner's worker threads. Before the import lock, one thread opening
+    a connection (fabric) while another ran a command (paramiko.ssh_exception) failed every time in a fresh
+    interpreter with "cannot import name 'PKey' from partially initialized module" (CI crash of the demo)."""
+    import subprocess
+
+    script = tmp_path / "race.py"
+    script.write_text(
+        "import threading\n"
+        "from cluster.model import Node\n"
+        "from cluster.settings import node_settings\n"
+        "from preflight.transport import SshTransport\n"
+        "transport = SshTransport(connect_timeout=1)\n"
+        "barrier, failures = threading.Barrier(8), []\n"
+        "def use(i):\n"
+        "    n = Node(f'n{i}', '127.0.0.1', 'r1', 'h100-sxm', 8, 4, (0,) * 8, (), (),\n"
+        "             node_settings({'ansible_host': '127.0.0.1', 'ansible_port': 1}))\n"
+        "    barrier.wait()\n"
+        "    try:\n"
+        "        if i % 2:\n"
+        "            try:\n"
+        "                transport._connection(n)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "        else:\n"
+        "            transport.run(n, ['true'], timeout=2)\n"
+        "    except ImportError as exc:\n"
+        "        failures.append(repr(exc))\n"
+        "threads = [threading.Thread(target=use, args=(i,)) for i in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(failures)\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, str(script)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

@@ -89,3 +89,19 @@ def test_one_test_module_per_check_module():
     tests = sorted(p.stem.removeprefix("test_") for p in here.glob("test_*.py") if p.name != "test_base.py")
     assert tests == CHECK_MODULES
     assert sorted(c.name for c in CHECKS) == CHECK_MODULES  # and every module registers its one check
+
+
+def test_every_fault_code_a_check_can_emit_is_declared():
+    import inspect
+    import re
+
+    from preflight.checks import CHECKS
+
+    common = {"GATHER", "INTERNAL", "HOST_UNREACHABLE"}
+    for check in CHECKS:
+        source = inspect.getsource(inspect.getmodule(type(check)))
+        emitted = set(re.findall(r'"([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"', source)) - common
+        passing = {c for c in emitted if c.endswith(("_OK", "_SKIP")) or c in ("NO_NICS", "IB_NO_PEERS")}
+        undeclared = emitted - passing - set(check.codes)
+        assert not undeclared, f"{check.name}: codes used but not declared: {sorted(undeclared)}"
+        assert check.name in source.split("\n", 1)[0]  # the module docstring opens with the check's name

@@ -12,7 +12,7 @@ from preflight.checks import (
 from preflight.consul_io import ServiceState
 from preflight.profiles import profile_of
 from preflight.result import Verdict
-from tests.helpers.preflight import node
+from tests.helpers.preflight import ScriptedTransport, context, node
 
 pytestmark = pytest.mark.unit
 
@@ -41,3 +41,17 @@ def test_consul_judged_on_what_the_agent_said():
                                                                "not registered in Consul: n1-iu1")
     unread = judge_consul(alive=alive, services_error="ACL not found")
     assert (unread.verdict, unread.code) == (Verdict.ERROR, "GATHER")
+
+
+def test_consul_agent_down_fails_with_a_short_reason():
+    import socket
+
+    from preflight.checks.consul import CHECK as consul_check
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx_node = node(consul_http_addr=f"127.0.0.1:{port}")
+    [result] = consul_check.run(context(ScriptedTransport(), ctx_node))
+    assert (result.verdict, result.code) == (Verdict.FAIL, "CONSUL_AGENT_DOWN")
+    assert "connection refused" in result.reason and len(result.reason) < 140

@@ -1,21 +1,138 @@
-"""Runner and report parts of the preflight depth: bracket checks read before the load tests and after the rack checks,
-progress names the node and check that is running, the report says which depth ran, profiles validate the
-new sections."""
+"""The parallel runner (preflight/runner.py): unreachable and hanging hosts never stop the others, the bound on
+parallel nodes, a check's bug is an error result, exit codes, check selection, and the depth's order of
+readings and load tests."""
 
 from __future__ import annotations
+
+import sys
+import threading
+import time
 
 import pytest
 
 from cluster.model import Cluster, Rack
+from preflight import checks as registry
 from preflight import report
 from preflight.checks.base import Check, RunOptions
-from preflight.profiles import ProfileError, profile_for, run_depth
-from preflight.result import Verdict
-from preflight.runner import Progress, run_preflight
-from preflight.transport import CommandResult
+from preflight.profiles import profile_of
+from preflight.result import CheckResult, Verdict
+from preflight.runner import Progress, exit_code, run_preflight
+from preflight.transport import (
+    CommandResult,
+)
 from tests.helpers.preflight import ScriptedTransport, node
 
 pytestmark = pytest.mark.unit
+
+
+class Echo(Check):
+    """A minimal node check: PASS when `check-me` prints ok, FAIL otherwise."""
+
+    name = "echo"
+
+    def run(self, ctx):
+        out = ctx.output(["check-me"])
+        verdict = Verdict.PASS if out.strip() == "ok" else Verdict.FAIL
+        return [self.result(ctx.node, verdict, "ECHO", out.strip())]
+
+
+class Broken(Check):
+    name = "broken"
+
+    def run(self, ctx):
+        raise KeyError("bug")
+
+
+def cluster_of(names):
+    from cluster.model import Cluster, Rack
+
+    return Cluster(racks=(Rack("r01", tuple(node(n) for n in names)),))
+
+
+def run(transport, names, checks=None, parallel=8, **options):
+    cluster = cluster_of(names)
+    profiles = {n.name: profile_of(n) for n in cluster.nodes()}
+    opts = RunOptions(timeout=options.pop("timeout", 2.0), probe_timeout=1.0, **options)
+    return run_preflight(cluster, checks or [Echo()], profiles, transport, opts, parallel)
+
+
+def test_unreachable_and_hanging_hosts_do_not_stop_the_others():
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "check-me", reply="ok\n")
+    t.on(
+        "down",
+        "uname",
+        reply=CommandResult(None, "", "ssh: connect to host down: No route to host", 0.0, unreachable=True),
+    )
+    t.on("hung", "uname", reply=CommandResult(None, "", "", 1.0, timed_out=True))
+    t.on("slow", "check-me", reply=CommandResult(None, "", "", 2.0, timed_out=True))
+    outcome = run(t, ["a", "down", "hung", "slow", "b"])
+    verdicts = {r.node: (r.verdict, r.reason) for r in outcome.results}
+    assert verdicts["a"] == verdicts["b"] == (Verdict.PASS, "ok")
+    assert verdicts["down"] == (
+        Verdict.UNREACHABLE,
+        "host unreachable: ssh: connect to host down: No route to host",
+    )
+    assert verdicts["hung"] == (Verdict.UNREACHABLE, "host unreachable: no answer within 1s")
+    assert verdicts["slow"] == (Verdict.ERROR, "`check-me` timed out after 2s")
+    assert exit_code(outcome.results) == 3
+    # the code the README's example and the report samples show
+    assert {r.code for r in outcome.results if r.verdict == Verdict.UNREACHABLE} == {"HOST_UNREACHABLE"}
+
+
+def test_nodes_run_in_parallel_bounded_by_parallel():
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def slow_probe(argv):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.2)
+        with lock:
+            active[0] -= 1
+        return CommandResult(0, "5.15\n", "", 0.2)
+
+    t = ScriptedTransport().on("*", "uname", reply=slow_probe).on("*", "check-me", reply="ok\n")
+    names = [f"n{i}" for i in range(8)]
+    started = time.monotonic()
+    run(t, names, parallel=8)
+    assert time.monotonic() - started < 1.2 and peak[0] == 8
+    peak[0] = 0
+    run(t, names, parallel=3)
+    assert peak[0] == 3
+
+
+def test_a_bug_in_one_check_is_an_error_result_not_a_crash():
+    t = ScriptedTransport().on("*", "uname", reply="5.15\n").on("*", "check-me", reply="nope\n")
+    outcome = run(t, ["a"], checks=[Broken(), Echo()])
+    assert [(r.check, r.verdict) for r in outcome.results] == [
+        ("broken", Verdict.ERROR),
+        ("echo", Verdict.FAIL),
+    ]
+    assert outcome.results[0].reason == "internal error in broken: KeyError: 'bug'"
+    assert exit_code(outcome.results) == 1
+
+
+def test_exit_codes():
+    def r(v):
+        return CheckResult("r", "n", None, "c", v, "")
+
+    assert exit_code([r(Verdict.PASS), r(Verdict.SKIP), r(Verdict.WARN)]) == 0
+    assert exit_code([r(Verdict.WARN)], strict=True) == 1
+    assert exit_code([r(Verdict.FAIL), r(Verdict.UNREACHABLE)]) == 1
+    assert exit_code([r(Verdict.ERROR), r(Verdict.PASS)]) == 3
+    assert exit_code([r(Verdict.UNREACHABLE)]) == 3
+
+
+def test_check_selection():
+    assert [c.name for c in registry.select(["nccl", "gpu_topology"], None)] == ["gpu_topology", "nccl"]
+    assert "consul" not in [c.name for c in registry.select(None, ["consul"])]
+    with pytest.raises(ValueError, match="unknown check.*nope"):
+        registry.select(["nope"], None)
+
+
+def test_python_is_3_11_or_newer():
+    assert sys.version_info >= (3, 11)
+
 
 ORDER: list[str] = []
 
@@ -62,13 +179,13 @@ class Steps(Progress):
         self.steps.append((node, check))
 
 
-def cluster_of(*names):
+def one_rack(*names):
     return Cluster((Rack("r01", tuple(node(n) for n in names)),))
 
 
 def test_bracket_checks_read_before_the_load_and_after_the_rack_checks():
     ORDER.clear()
-    cluster = cluster_of("n1", "n2")
+    cluster = one_rack("n1", "n2")
     t = ScriptedTransport().on("*", "uname", reply="5.15.0\n")
     steps = Steps()
     outcome = run_preflight(cluster, [Counters(), Load(), Pairs()], {n.name: {} for n in cluster.nodes()}, t,
@@ -82,7 +199,7 @@ def test_bracket_checks_read_before_the_load_and_after_the_rack_checks():
 
 def test_a_host_that_stops_answering_gets_no_second_reading():
     ORDER.clear()
-    cluster = cluster_of("n1", "n2")
+    cluster = one_rack("n1", "n2")
     gone = CommandResult(None, "", "ssh: connect to host: No route to host", 0.0, unreachable=True)
     t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("n2", "uname", reply=gone)
     outcome = run_preflight(cluster, [Counters(), Load()], {"n1": {}, "n2": {}}, t, RunOptions(timeout=5.0))
@@ -92,7 +209,7 @@ def test_a_host_that_stops_answering_gets_no_second_reading():
 
 
 def test_report_names_the_depth_in_json_junit_and_table():
-    cluster = cluster_of("n1")
+    cluster = one_rack("n1")
     t = ScriptedTransport().on("*", "uname", reply="5.15.0\n")
     outcome = run_preflight(cluster, [Load()], {"n1": {}}, t, RunOptions(timeout=5.0, depth="full"))
     assert report.to_json(outcome)["summary"]["depth"] == "full"
@@ -101,52 +218,6 @@ def test_report_names_the_depth_in_json_junit_and_table():
         == "preflight (depth: full)"
     unnamed = run_preflight(cluster, [Load()], {"n1": {}}, t, RunOptions(timeout=5.0))
     assert report.to_json(unnamed)["summary"]["depth"] == "per profile"
-
-
-def test_the_depth_a_run_names_without_depth_is_the_profiles_default_when_they_agree():
-    h100 = profile_for("n1", {"gpu_model": "h100-sxm"})
-    quick = profile_for("n2", {"gpu_model": "h200-sxm", "preflight_overrides": {"depth": {"default": "quick"}}})
-    assert run_depth({"n1": h100, "n2": profile_for("n2", {"gpu_model": "a100-sxm"})}) == "standard"
-    assert run_depth({"n1": h100, "n2": quick}) is None  # mixed: the report says "per profile"
-    assert run_depth({"n1": h100, "n2": quick}, "full") == "full"  # --depth names itself
-
-
-def test_profiles_carry_depth_durations_and_reject_bad_depth_sections():
-    profile = profile_for("n1", {"gpu_model": "h200-sxm"})
-    assert profile["depth"]["default"] == "standard"
-    assert {d: v["dcgm_level"] for d, v in profile["depth"]["levels"].items()} == {"quick": 1, "standard": 2, "full": 3}
-    assert all(v["minutes"] > 0 for v in profile["depth"]["levels"].values())
-    with pytest.raises(ProfileError, match=r"depth.default: expected one of quick, standard, full, got 'deep'"):
-        profile_for("n1", {"gpu_model": "h100-sxm", "preflight_overrides": {"depth": {"default": "deep"}}})
-    with pytest.raises(ProfileError, match=r"depth.levels: expected a mapping"):
-        profile_for("n1", {"gpu_model": "h100-sxm",
-                           "preflight_overrides": {"depth": {"levels": {"quick": {"dcgm_level": 9}}}}})
-    with pytest.raises(ProfileError, match=r"throttle.fail_reasons: expected a list of clock event reasons"):
-        profile_for("n1", {"gpu_model": "h100-sxm", "preflight_overrides": {"throttle": {"fail_reasons": ["hot"]}}})
-    with pytest.raises(ProfileError, match=r"pcie.gpu_width: expected a PCIe link width"):
-        profile_for("n1", {"gpu_model": "h100-sxm", "preflight_overrides": {"pcie": {"gpu_width": 12}}})
-
-
-def test_known_wrong_values_are_not_in_the_profiles():
-    """The issue's list: DCGM's H200 memory-bandwidth floor in the wrong unit (2333 in an MB/s field) is
-    not copied (no memory-bandwidth floor of ours); the flap window is azurehpc's 6 h, not a guess."""
-    def leaves(value, path=""):
-        if isinstance(value, dict):
-            for key, item in value.items():
-                yield from leaves(item, f"{path}.{key}")
-        elif isinstance(value, list):
-            for index, item in enumerate(value):
-                yield from leaves(item, f"{path}[{index}]")
-        else:
-            yield path, value
-
-    for model in ("h100-sxm", "h200-sxm", "a100-sxm"):
-        profile = profile_for("n1", {"gpu_model": model})
-        values = list(leaves(profile))
-        assert [p for p, v in values if v in (2333, 2333.0, "2333")] == []  # at any depth of the profile
-        assert [p for p, _ in values if "mem" in p.lower() and "bandwidth" in p.lower()] == []
-        assert profile["ib_health"]["flap_window_hours"] == 6
-        assert "hw_thermal_slowdown" in profile["throttle"]["fail_reasons"]
 
 
 def test_every_before_reading_is_taken_ahead_of_the_checks_that_load_gpus_and_links():
@@ -220,7 +291,7 @@ def test_a_nodes_readings_run_side_by_side_and_a_load_test_alone():
 
     checks = [Reading(f"r{i}") for i in range(2 * READINGS_AT_ONCE)] + [Loading("burn"), Reading("late")]
     started = time.monotonic()
-    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    outcome = run_preflight(one_rack("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
     took = time.monotonic() - started
     assert [r.check for r in outcome.results] == [c.name for c in checks]  # reported in registry order
     assert {r.verdict for r in outcome.results} == {Verdict.PASS}
@@ -235,7 +306,7 @@ def test_two_checks_asking_for_one_command_at_once_share_its_one_run():
     busy = Busy(0.3)
     t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply=busy)
     checks = [Reading("a", "ibstat"), Reading("b", "ibstat"), Reading("c", "ibstat")]
-    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    outcome = run_preflight(one_rack("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
     assert [r.verdict for r in outcome.results] == [Verdict.PASS] * 3
     assert [argv for _, argv in t.calls if argv[0] == "read"] == [("read", "ibstat")]
 
@@ -245,7 +316,7 @@ def test_a_host_lost_during_its_readings_is_unreachable_for_every_check_not_fini
     t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "read", reply="ok\n")
     t.on("n1", "read", "r1", reply=gone)
     checks = [Reading("r0"), Reading("r1")] + [Reading(f"later{i}") for i in range(6)]
-    outcome = run_preflight(cluster_of("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
+    outcome = run_preflight(one_rack("n1"), checks, {"n1": {}}, t, RunOptions(timeout=5.0))
     verdicts = {r.check: r.verdict for r in outcome.results}
     assert len(outcome.results) == len(checks) and set(verdicts) == {c.name for c in checks}  # each once
     assert verdicts["r1"] == Verdict.UNREACHABLE
