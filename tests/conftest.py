@@ -139,6 +139,14 @@ def consul_addr():
         yield server.address
 
 
+@pytest.fixture
+def tally(request):
+    """The fault suite's counter of hostile inputs tried and faults survived (tests/helpers/fault_tally.py)."""
+    from tests.helpers.fault_tally import Tally
+
+    return Tally(request.node.nodeid)
+
+
 # The fault suite's tally (tests/helpers/fault_tally.py): a worker hands its counts to the controller, which prints them.
 def pytest_sessionfinish(session):
     worker_output = getattr(session.config, "workeroutput", None)

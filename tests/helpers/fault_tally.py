@@ -1,8 +1,8 @@
-"""The fault suite's tally: each test adds what it tried (``inputs``) and what it survived (``faults``);
-the totals are printed at the end of the run and written to ``$FAULTS_TALLY`` when set, so the counts the
-issue asks for come from the run itself. Under pytest-xdist each worker counts its own tests and hands its
-counts to the controller, which prints the sum (the hooks are in tests/conftest.py: the controller never loads
-tests/integration/faults/conftest.py)."""
+"""The fault suite's tally: each fault test (one that takes the ``tally`` fixture, tests/conftest.py) adds what
+it tried (``inputs``) and what it survived (``faults``); the totals are printed at the end of the run and
+written to ``$FAULTS_TALLY`` when set, so the counts come from the run itself. Under pytest-xdist each worker
+counts its own tests and hands its counts to the controller, which prints the sum (the hooks are in
+tests/conftest.py). The fault tests live with their subjects; tests/FAULTS.md lists them."""
 
 from __future__ import annotations
 
@@ -12,9 +12,14 @@ from collections import Counter
 
 INPUTS: Counter = Counter()
 FAULTS: Counter = Counter()
+TESTS: set[str] = set()  # node ids of the tests that took the tally
 
 
 class Tally:
+    def __init__(self, nodeid: str = "") -> None:
+        if nodeid:
+            TESTS.add(nodeid)
+
     def inputs(self, kind: str, n: int) -> None:
         INPUTS[kind] += n
 
@@ -23,12 +28,13 @@ class Tally:
 
 
 def counts() -> dict:
-    return {"inputs": dict(INPUTS), "faults": dict(FAULTS)}
+    return {"inputs": dict(INPUTS), "faults": dict(FAULTS), "tests": sorted(TESTS)}
 
 
 def add(worker_counts: dict) -> None:
     INPUTS.update(worker_counts.get("inputs", {}))
     FAULTS.update(worker_counts.get("faults", {}))
+    TESTS.update(worker_counts.get("tests", []))
 
 
 def write_summary(terminalreporter) -> None:
@@ -36,7 +42,7 @@ def write_summary(terminalreporter) -> None:
         return
     # Every test asserts that nothing acknowledged was lost and nothing crashed; a failed one is a loss.
     failed = [r for key in ("failed", "error") for r in terminalreporter.stats.get(key, [])
-              if "tests/integration/faults/" in getattr(r, "nodeid", "")]
+              if getattr(r, "nodeid", "") in TESTS]
     write = terminalreporter.write_line
     write("")
     write(f"fault suite: {sum(INPUTS.values())} hostile inputs tried, {sum(FAULTS.values())} faults survived, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import random
 import socket
 import threading
 from collections.abc import Iterator
@@ -90,3 +91,24 @@ def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+VLLM = sorted((Path(__file__).parents[1] / "fixtures" / "vllm").glob("*.txt"))
+
+
+VALUES = ["NaN", "+Inf", "-Inf", "-1", "-1e308", "1e308", "1e400", "0", "nan", "x", "", "1_0", "0x10", "--1"]
+
+
+def hostile_scrape(rng: random.Random) -> str:
+    text = rng.choice(VLLM).read_text()
+    lines = text.split("\n")
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(len(lines))
+        line = lines[i]
+        if line.startswith("vllm:") and rng.random() < 0.7:
+            lines[i] = line.rsplit(" ", 1)[0] + " " + rng.choice(VALUES)
+        elif rng.random() < 0.5:
+            lines[i] = line[: rng.randrange(len(line) + 1)]
+        else:
+            lines.insert(i, "".join(chr(rng.randrange(1, 0x250)) for _ in range(rng.randrange(0, 50))))
+    return "\n".join(lines)

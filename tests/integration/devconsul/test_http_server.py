@@ -8,13 +8,17 @@ encoding", net/http/transfer.go)."""
 
 from __future__ import annotations
 
+import random
 import socket
+import threading
+import time
 
 import pytest
 import requests
 
 from devconsul import http_server
 from devconsul.server import DevConsulServer
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -106,3 +110,87 @@ def test_a_request_refused_before_its_body_is_read_closes_the_connection():
     with DevConsulServer(addr="127.0.0.1:0", node_name="n1", acl_token="c0ffee00-0000-4000-8000-000000000001") as acl:
         head = b"GET /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED)
         assert statuses(exchange(acl.address, head + SMUGGLED)) == [403]
+
+
+def raw_request(rng: random.Random) -> bytes:
+    method = rng.choice([b"GET", b"PUT", b"POST", b"DELETE", b"HEAD", b"PATCH", b"BREW", b""])
+    path = rng.choice([b"/v1/kv/a", b"/v1/kv/a?recurse&index=5&wait=1ms", b"/v1/txn", b"/v1/agent/service/register",
+                       b"/v1/health/service/x?filter=" + rng.choice([b"Service.Port%20==%201", b"((((", b"%ff%fe"]),
+                       b"/v1/catalog/services?index=-1", b"/" + bytes(rng.randrange(33, 127) for _ in range(20)),
+                       b"/scores", b"/metrics", b"*"])
+    headers = []
+    for _ in range(rng.randint(0, 4)):
+        headers.append(rng.choice([
+            b"Content-Length: " + rng.choice([b"-1", b"99999999999", b"abc", b"3", b"0", b""]),
+            b"Transfer-Encoding: chunked", b"X-Consul-Token: " + bytes(rng.randrange(33, 127) for _ in range(8)),
+            b"Host: x", b"Expect: 100-continue", b"Connection: close",
+        ]))
+    body = rng.choice([b"", b"{}", b"null", b"[" * 5000, b"-5\r\nxx\r\n0\r\n\r\n", b"\xff\xfe", b"3\r\nabc\r\n0\r\n\r\n"])
+    return method + b" " + path + b" HTTP/1.1\r\n" + b"\r\n".join(headers) + b"\r\n\r\n" + body
+
+
+def fire(address: str, data: bytes) -> None:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=2) as sock:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(65536):
+                pass
+    except OSError:
+        pass  # the server may close on us: that is an answer
+
+
+def test_malformed_requests_never_break_the_servers(tally):
+    from eas_agent.http import AgentHttpServer, AgentMetrics
+
+    rng = random.Random(1503)
+    n = 400
+    agent_http = AgentHttpServer("127.0.0.1", 0, AgentMetrics())
+    agent_http.start()
+    try:
+        with DevConsulServer(addr="127.0.0.1:0", connection_timeout_s=1.0) as dev:
+            for _ in range(n):
+                data = raw_request(rng)
+                fire(dev.address, data)
+                fire(agent_http.address, data)
+            assert requests.put(f"http://{dev.address}/v1/kv/after", data=b"ok", timeout=5).json() is True
+            assert requests.get(f"http://{dev.address}/v1/kv/after?raw", timeout=5).content == b"ok"
+            assert requests.get(f"http://{agent_http.address}/scores", timeout=5).status_code == 200
+    finally:
+        agent_http.stop()
+    tally.inputs("raw HTTP requests (devconsul + agent)", 2 * n)
+
+
+def test_slowloris_is_bounded_and_real_clients_are_served(tally):
+    from eas_agent.http import MAX_CONNECTIONS, AgentHttpServer, AgentMetrics
+
+    agent_http = AgentHttpServer("127.0.0.1", 0, AgentMetrics())
+    agent_http.start()
+    threads_before = threading.active_count()
+    held = []
+    try:
+        with DevConsulServer(addr="127.0.0.1:0", max_connections=64, connection_timeout_s=1.0) as server:
+            for address in (server.address, agent_http.address):
+                host, port = address.rsplit(":", 1)
+                for _ in range(150):
+                    sock = socket.create_connection((host, int(port)), timeout=5)
+                    sock.sendall(b"GET /v1/status/leader HTTP/1.1\r\nHost: x\r\n")  # never finished
+                    held.append(sock)
+            time.sleep(0.3)
+            assert 150 > MAX_CONNECTIONS  # more unfinished connections than either server serves at once
+            assert threading.active_count() - threads_before <= 64 + MAX_CONNECTIONS + 10  # capped, not one per socket
+            # the attackers' slots time out (devconsul 1 s, the agent 10 s): devconsul serves again within
+            wait_for(lambda: _answers(f"http://{server.address}/v1/status/leader"), 5, "devconsul to serve")
+    finally:
+        for sock in held:
+            sock.close()
+        agent_http.stop()
+    tally.fault("slowloris: 300 unfinished connections")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False

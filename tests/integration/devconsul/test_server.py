@@ -3,6 +3,7 @@ ACLs, persistence across restarts, reaping, deferred syncs, shutdown."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -10,7 +11,9 @@ import consul
 import pytest
 import requests
 
+from devconsul.server import DevConsulServer
 from tests.helpers.devconsul import Api, client_for, wait_until
+from tests.integration.devconsul.test_limits import switchable_disk
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +115,6 @@ def test_state_survives_restart_with_indexes(dev_server, tmp_path):
 
 def test_write_is_on_disk_when_acknowledged(dev_server, tmp_path):
     """A write answered 200 is already in the state file (crash-safe: temp file, fsync, rename)."""
-    import json
 
     data = tmp_path / "consul"
     server = dev_server(data_dir=data)
@@ -195,3 +197,41 @@ def test_stop_is_prompt_with_parked_queries_and_leaves_no_threads(dev_server, ti
         t.join(5)
     leftover = [t.name for t in set(threading.enumerate()) - before if t.name.startswith("devconsul")]
     assert (stop_seconds < 5.0, leftover) == (True, [])
+
+
+def test_full_disk_loses_no_acknowledged_write(tmp_path, monkeypatch, tally):
+    state = switchable_disk(monkeypatch)
+    data = tmp_path / "consul"
+    acked: dict[str, str] = {}
+    refused: set[str] = set()
+    lock = threading.Lock()
+    with DevConsulServer(addr="127.0.0.1:0", data_dir=data) as server:
+        base = f"http://{server.address}"
+
+        def writer(w: int) -> None:
+            session = requests.Session()
+            for i in range(50):
+                key = f"w{w}/{i}"
+                resp = session.put(f"{base}/v1/kv/{key}", data=key.encode(), timeout=15)
+                with lock:
+                    (acked.__setitem__(key, key) if resp.status_code == 200 else refused.add(key))
+
+        def flip() -> None:
+            for _ in range(6):
+                time.sleep(0.15)
+                state["on"] = not state["on"]
+            state["on"] = False
+
+        workers = [threading.Thread(target=writer, args=(w,)) for w in range(4)] + [threading.Thread(target=flip)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(60)
+    assert acked and len(acked) + len(refused) == 200
+    with DevConsulServer(addr="127.0.0.1:0", data_dir=data) as server:  # restart from what reached the disk
+        keys = requests.get(f"http://{server.address}/v1/kv/?keys", timeout=5).json() or []
+        stored = set(keys)
+    assert set(acked) <= stored, sorted(set(acked) - stored)[:5]  # no acknowledged write lost
+    assert not (refused & stored), sorted(refused & stored)[:5]  # no refused write applied
+    tally.fault("full disk under the data dir (6 flips, 4 writers)")
+    tally.inputs("KV writes during the full-disk flips", len(acked) + len(refused))

@@ -3,8 +3,6 @@ answer is one line, with the documented exit code, and names the fix."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from cli.main import COMMANDS
@@ -12,7 +10,6 @@ from tests.helpers.cli import one_line
 
 pytestmark = pytest.mark.unit
 
-# ------------------------------------------------------------------------------ CLI conventions
 
 
 def test_version_and_short_help(clusterctl):
@@ -89,31 +86,8 @@ def test_valid_values_are_listed_in_help(clusterctl):
     assert "KIND is one of: chrony, cmdline, cpulist, cpupower" in out and "Usage: clusterctl preflight parse [OPTIONS] KIND FILE" in out
 
 
-def test_bad_parse_kind_names_kind(clusterctl, tmp_path):
-    (tmp_path / "x").write_text("x")
-    code, _, err = clusterctl("preflight", "parse", "ncl", str(tmp_path / "x"))
-    assert code == 2 and "Invalid value for 'KIND': 'ncl' is unknown; did you mean 'nccl'? (one of: chrony," in err
-    code, _, err = clusterctl("preflight", "parse", "zzz", str(tmp_path / "x"))
-    assert code == 2 and "Invalid value for 'KIND': 'zzz' is unknown (one of: chrony, cmdline," in err
 
 
-def test_dev_consul_that_cannot_start_is_exit_2_in_one_line(clusterctl, tmp_path, monkeypatch):
-    import logging
-    import socket
-
-    # the command configures the root logger (to this test's captured stderr): put it back afterwards
-    monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))
-    monkeypatch.setattr(logging.root, "level", logging.root.level)
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        addr = f"127.0.0.1:{taken.getsockname()[1]}"
-        code, _, err = clusterctl("dev", "consul", "--addr", addr)
-    assert code == 2 and one_line(err) == f"error: cannot start on {addr}: Address already in use"
-    (tmp_path / "state.json").write_text("{not json")
-    code, _, err = clusterctl("dev", "consul", "--addr", "127.0.0.1:0", "--data-dir", str(tmp_path))
-    assert code == 2 and one_line(err).startswith(f"error: {tmp_path}: unreadable state file (")
 
 
 def test_completion_script_completes_check_names(monkeypatch, capsys):
@@ -127,133 +101,30 @@ def test_completion_script_completes_check_names(monkeypatch, capsys):
                                              "gpu_health,ib_pairs"]
 
 
-# ------------------------------------------------------------------------------ errors name the place
 
 
-@pytest.fixture
-def broken(tmp_path, virtual_inventory):
-    """A copy of the virtual inventory to break."""
-    import shutil
-
-    def copy(name: str):
-        target = tmp_path / name
-        shutil.copytree(virtual_inventory, target)
-        return target
-
-    return copy
 
 
-def test_group_vars_yaml_error_names_file_line_and_column(clusterctl, broken):
-    inventory = broken("yamlerr")
-    with open(inventory / "group_vars" / "all.yml", "a") as f:
-        f.write("\nbroken: [1, 2\nnext: value\n")
-    lines = (inventory / "group_vars" / "all.yml").read_text().splitlines()
-    code, _, err = clusterctl("inventory", "validate", "-i", str(inventory))
-    assert code == 2
-    line = one_line(err)
-    assert line.startswith(f"error: {inventory}/group_vars/all.yml:{len(lines)}:5: YAML: expected ',' or ']'"), line
 
 
-def test_hosts_yaml_error_is_one_line_with_the_location_and_no_ansible_warnings(clusterctl, broken):
-    inventory = broken("yamlerr2")
-    (inventory / "hosts.yml").write_text("all:\n  children:\n    rack_r01:\n      hosts:\n        r01n01: {ansible_host: x\n")
-    code, _, err = clusterctl("inventory", "validate", "-i", str(inventory))
-    assert code == 2
-    assert one_line(err) == f"error: {inventory}/hosts.yml:6:1: YAML: expected ',' or '}}', but got '<stream end>'"
 
 
-def test_ini_error_names_the_file_and_the_ini_plugins_reason(clusterctl, broken):
-    inventory = broken("inierr")
-    (inventory / "hosts.yml").unlink()
-    (inventory / "hosts.ini").write_text("[rack_r01]\nr01n01 ansible_host=127.0.1.11 oops\n")
-    code, _, err = clusterctl("inventory", "validate", "-i", str(inventory))
-    assert code == 2
-    line = one_line(err)
-    # the line too: Ansible 2.19's ini plugin drops it from its own error (its Origin's line_num is reset)
-    assert line == f"error: {inventory}/hosts.ini:2: INI: Expected key=value host variable assignment, got: oops"
-    (inventory / "hosts.ini").write_text("# a comment\n\n[rack_r01:bogus]\nr01n01\n")
-    code, _, err = clusterctl("inventory", "validate", "-i", str(inventory))
-    assert code == 2 and one_line(err).startswith(f"error: {inventory}/hosts.ini:3: INI: Section [rack_r01:bogus]")
 
 
-def test_empty_directory_says_what_an_inventory_is(clusterctl, tmp_path):
-    (tmp_path / "empty").mkdir()
-    code, _, err = clusterctl("inventory", "validate", "-i", str(tmp_path / "empty"))
-    assert code == 2 and "no inventory source here" in one_line(err) and "clusterctl virtual create" in err
 
 
-def test_scores_without_consul_is_one_line_with_address_and_hint_exit_3(clusterctl):
-    with socket.socket() as s:  # a loopback port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code, _, err = clusterctl("scores", "--consul", f"127.0.0.1:{port}")
-    assert code == 3
-    assert one_line(err) == (f"error: cannot reach Consul at 127.0.0.1:{port} (connection refused); set --consul "
-                             "HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR")
 
 
-def test_scores_with_no_iu_publishing_says_so_and_exits_1(clusterctl, virtual_inventory, consul_addr):
-    code, out, _ = clusterctl("scores", "-i", str(virtual_inventory), "--consul", consul_addr, columns=160)
-    assert code == 1
-    assert out.strip().splitlines()[-1] == "0 of 8 IUs publishing a score"
 
 
-# ------------------------------------------------------------------------------ virtual
 
 
-def test_virtual_takes_dash_i_and_the_positional_form_still_works(clusterctl, tmp_path):
-    code, out, err = clusterctl("virtual", "create", "-i", str(tmp_path / "a"), "--faults", "none")
-    assert code == 0 and err == ""
-    assert out.splitlines() == [f"{tmp_path / 'a'}: 4 nodes in 2 racks (h100-sxm, ib); no injected faults",
-                                f"next: clusterctl virtual up -i {tmp_path / 'a'}"]
-    code, out, err = clusterctl("virtual", "create", str(tmp_path / "b"), "--nodes", "1", "--racks", "1")
-    assert code == 0 and "1 node in 1 rack" in out
-    assert (tmp_path / "b" / "hosts.yml").read_text().startswith(
-        "# A virtual inventory: 1 node of 8x h100-sxm in 1 rack (InfiniBand).\n")  # not "1 rack(s) x 1 node(s)"
-    assert err.strip() == f"note: the positional inventory is deprecated; use -i {tmp_path / 'b'}"
-    code, _, err = clusterctl("virtual", "status")
-    assert code == 2 and "missing -i/--inventory DIR" in err
 
 
-def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, brought_up_inventory, tmp_path, monkeypatch):
-    from cluster import run_state
-    from sim.hosts import simulate
-    from sim.hosts.machines import MachineState
-
-    monkeypatch.chdir(tmp_path)
-    ups = []
-    monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
-    monkeypatch.setattr(simulate, "up", lambda inv, limit, secrets: ups.append(inv) or simulate.UpResult(["r01n01"], [], 0.1))
-    assert clusterctl("virtual", "up", "-i", str(brought_up_inventory))[0] == 0  # never provisioned: fine
-    run_state.note(brought_up_inventory, "provisioned")
-    code, _, err = clusterctl("virtual", "up", "-i", str(brought_up_inventory))
-    assert code == 2 and len(ups) == 1
-    line = one_line(err)
-    assert "1 machine up and provisioned at" in line and "add --reset" in line
-    code, out, _ = clusterctl("virtual", "up", "-i", str(brought_up_inventory), "--reset")
-    assert code == 0 and len(ups) == 2 and "next: clusterctl provision" in out
-    assert run_state.provisioned_since_up(brought_up_inventory) is None  # fresh hosts: nothing to lose again
 
 
-def test_ansible_warnings_are_summarized_once_each(clusterctl, broken):
-    inventory = broken("warn")
-    text = (inventory / "hosts.yml").read_text().replace("rack_r01:", "rack-r01:")
-    (inventory / "hosts.yml").write_text(text)
-    code, out, err = clusterctl("inventory", "show", "-i", str(inventory), "--json")
-    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
-    assert warnings and all(": ansible: " in line for line in warnings), err
-    assert len(warnings) == len(set(warnings)) and "[WARNING]" not in err and "<<< caused by >>>" not in err
 
 
-def test_a_group_level_problem_is_one_line_not_one_per_host():
-    from cluster.validate import Problem, problem_lines
-
-    problems = [Problem(f"r0{r}n0{n}", "gpu_count", 6, "not divisible by iu_size=4") for r in (1, 2) for n in (1, 2)]
-    problems.append(Problem("r01n01", "iu_size", "four", "must be one of 1/2/4/8"))
-    assert problem_lines(problems) == [
-        "r01n01, r01n02, r02n01, ... (+1) (4 hosts): gpu_count=6: not divisible by iu_size=4",
-        "r01n01: iu_size='four': must be one of 1/2/4/8",
-    ]
 
 
 def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeypatch, capsys, virtual_inventory):
@@ -307,12 +178,5 @@ def test_no_help_example_uses_the_deprecated_positional_inventory():
         assert params["positional"] is None and params["inventory"], f"clusterctl {' '.join(path)} --help: {argv}"
 
 
-def test_the_written_inventory_names_the_dash_i_form(virtual_inventory):
-    assert "`clusterctl virtual up -i DIR` creates the simulated hosts." in (virtual_inventory / "hosts.yml").read_text()
 
 
-def test_virtual_down_where_nothing_was_brought_up_says_so(clusterctl, tmp_path):
-    code, out, err = clusterctl("virtual", "down", "-i", str(tmp_path))
-    assert code == 0 and err == ""  # idempotent: nothing up is not an error
-    assert one_line(out) == (f"{tmp_path}: no simulated machines here (nothing was brought up with "
-                             f"`clusterctl virtual up -i {tmp_path}`); nothing to stop")

@@ -169,3 +169,14 @@ def test_dns_host_names_and_addresses_are_accepted(tmp_path, capsys, name):
     hosts = ONE_RACK.replace("n2: {ansible_host: 127.0.77.2}", f"{name}: {{ansible_host: 127.0.77.2}}")
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))
     assert code == 0, err
+
+
+def test_a_group_level_problem_is_one_line_not_one_per_host():
+    from cluster.validate import Problem, problem_lines
+
+    problems = [Problem(f"r0{r}n0{n}", "gpu_count", 6, "not divisible by iu_size=4") for r in (1, 2) for n in (1, 2)]
+    problems.append(Problem("r01n01", "iu_size", "four", "must be one of 1/2/4/8"))
+    assert problem_lines(problems) == [
+        "r01n01, r01n02, r02n01, ... (+1) (4 hosts): gpu_count=6: not divisible by iu_size=4",
+        "r01n01: iu_size='four': must be one of 1/2/4/8",
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import time
 from collections import Counter, namedtuple
 
@@ -17,7 +18,7 @@ from eas_agent.collectors.vllm import FetchError, HttpFetcher, VllmCollector
 from eas_agent.config import parse_config
 from eas_agent.scorebody import MAX_COLLECTOR_ERROR, BodyError, CollectorRun, IUScore, ScoreBody
 from sim.memstore import MemoryStore
-from tests.helpers.hostile import GOOD, DripServer, replace_sample, strict_json
+from tests.helpers.hostile import GOOD, DripServer, hostile_scrape, replace_sample, strict_json
 
 pytestmark = pytest.mark.unit
 
@@ -303,3 +304,36 @@ def test_one_iu_dripping_its_headers_is_cut_at_the_deadline():
         assert store.checks["n1-iu0"][0] == "warning"  # the heartbeat went on
     finally:
         server.close()
+
+
+def test_malformed_metrics_never_stop_the_agent(tally):
+    rng = random.Random(1501)
+    cfg = parse_config({"node": "n1", "rack": "r1", "ius": [
+        {"id": "n1-iu0", "gpus": [0], "metrics_url": "http://127.0.0.1:1/a"},
+        {"id": "n1-iu1", "gpus": [1], "metrics_url": "http://127.0.0.1:1/b"},
+    ]})
+    box = {"text": GOOD}
+
+    class NoGpus:
+        def read(self, indices):
+            return []
+
+        def close(self):
+            pass
+
+    pipelines = [IUPipeline(cfg, 0, VllmCollector(lambda: GOOD)), IUPipeline(cfg, 1, VllmCollector(lambda: box["text"]))]
+    store = MemoryStore()
+    agent = Agent(cfg, store=store, gpu_backend=NoGpus(), pipelines=pipelines, serve_http=False)
+    n = 1500
+    for t in range(n):
+        box["text"] = hostile_scrape(rng)
+        now = 1000.0 + t * 0.2
+        results = agent.cycle(now)
+        agent.publisher.step(now, results)
+        for r in results.values():
+            assert r.score is None or (math.isfinite(r.score) and r.score >= 0), (box["text"], r)
+        # the healthy IU keeps its score (its constant counters make it "frozen" after 10 s: warning, scored)
+        assert results["n1-iu0"].score is not None, results["n1-iu0"]
+    body = strict_json(store.kv["clusterctl/eas/dc1/n1"][1])
+    assert set(body["ius"]) == {"n1-iu0", "n1-iu1"}
+    tally.inputs("vLLM scrapes (NaN/Inf/negative/garbage)", n)

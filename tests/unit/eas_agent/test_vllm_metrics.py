@@ -187,7 +187,7 @@ def test_the_fast_sample_path_reads_what_prometheus_client_reads(line, monkeypat
 
 
 def test_the_fast_sample_path_agrees_with_prometheus_client_on_every_fixture_and_hostile_scrape(monkeypatch):
-    from tests.integration.faults.test_hostile_inputs import hostile_scrape
+    from tests.helpers.hostile import hostile_scrape
 
     rng = random.Random(2202)
     texts = [p.read_text() for p in sorted(FIXTURES.glob("*.txt"))] + [hostile_scrape(rng) for _ in range(1000)]
@@ -273,7 +273,7 @@ def test_reading_only_the_families_read_differs_from_reading_every_line_only_whe
     """Each complete scrape of the fixtures and of 1000 hostile texts, read as parse_vllm_metrics reads it and by
     the walk over every line (what a scrape without any family read still gets): the outcome is the same, except
     where that walk refused a line of a family that is not read."""
-    from tests.integration.faults.test_hostile_inputs import hostile_scrape
+    from tests.helpers.hostile import hostile_scrape
 
     rng = random.Random(2203)
     texts = [p.read_text() for p in sorted(FIXTURES.glob("*.txt"))] + [hostile_scrape(rng) for _ in range(1000)]

@@ -164,3 +164,9 @@ def test_an_address_that_is_not_one_is_a_usage_error_naming_where_it_came_from(c
     code, _, err = run_cli(capsys, "scores", "--consul", given, "--json")
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: --consul: Consul address {given!r}") and problem in err
+
+
+def test_scores_with_no_iu_publishing_says_so_and_exits_1(clusterctl, virtual_inventory, consul_addr):
+    code, out, _ = clusterctl("scores", "-i", str(virtual_inventory), "--consul", consul_addr, columns=160)
+    assert code == 1
+    assert out.strip().splitlines()[-1] == "0 of 8 IUs publishing a score"

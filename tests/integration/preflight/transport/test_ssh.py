@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -346,3 +347,48 @@ def test_the_ssh_libraries_load_safely_from_many_threads_at_once(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_unreachable_and_hung_hosts_are_reported_not_waited_on(tally):
+    from cluster.model import Node
+    from cluster.settings import node_settings
+    from preflight.transport import LocalTransport, SshTransport
+
+    def node(name, **vars_):
+        return Node(name, "127.0.0.1", "r1", "h100-sxm", 8, 4, (0,) * 8, (), (), node_settings(vars_))
+
+    started = time.monotonic()
+    result = SshTransport(connect_timeout=2).run(node("gone", ansible_host="127.0.0.1", ansible_port=1),
+                                                 ["true"], timeout=5)
+    assert result.unreachable and not result.ok and time.monotonic() - started < 5
+    started = time.monotonic()
+    result = LocalTransport().run(node("hung"), ["sleep", "30"], timeout=0.5)
+    assert result.timed_out and time.monotonic() - started < 5  # the process group was killed
+    tally.fault("unreachable host (ssh refused)")
+    tally.fault("hung command on a host (timeout, process group killed)")
+
+
+def test_a_hung_sshd_is_unreachable_within_the_connect_timeout_and_says_so(tally):
+    """A host whose sshd takes the TCP connection and never speaks (wedged, or not SSH on that port): paramiko
+    gives up after the connect timeout and then reports only "No existing session"; the reason names the
+    address and what happened."""
+    from cluster.model import Node
+    from cluster.settings import node_settings
+    from preflight.transport import SshTransport
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    held = []
+    threading.Thread(target=lambda: [held.append(server.accept()[0]) for _ in range(4)], daemon=True).start()
+    host = Node("wedged", "127.0.0.1", "r1", "h100-sxm", 8, 4, (0,) * 8, (), (),
+                node_settings({"ansible_host": "127.0.0.1", "ansible_port": port}))
+    try:
+        started = time.monotonic()
+        result = SshTransport(connect_timeout=2).run(host, ["true"], timeout=5)
+        assert result.unreachable and not result.ok and time.monotonic() - started < 2 + 4
+        assert "127.0.0.1 took the connection but no SSH handshake came within 2 s" in result.stderr, result.stderr
+    finally:
+        server.close()
+        for sock in held:
+            sock.close()
+    tally.fault("hung host (sshd takes the connection, never answers)")

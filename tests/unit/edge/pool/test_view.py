@@ -3,7 +3,9 @@ prefix; one bad body never kills the watch, and a spoofed body cannot steer traf
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import random
 from collections import Counter
 
@@ -12,6 +14,7 @@ import pytest
 from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
 from eas_agent.scheduler.view import TS_TOLERANCE_S
 from eas_agent.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
+from edge.feed import EdgeView
 from tests.unit.edge.pool.test_pick import Clock, health_entry, kv_entry
 
 pytestmark = pytest.mark.unit
@@ -270,3 +273,65 @@ def test_a_frozen_iu_stays_flagged_over_rebuilds_for_other_nodes_and_clears_when
     clock.t += 0.2
     view.apply_polled([body("n1", state("n1", 1.0, tokens=6.0), clock.t)])  # its counters moved
     assert view.snapshot().by_id()["n1-iu0"].anomaly is None
+
+
+def hostile_body(rng: random.Random):
+    base = {"node": "n2", "rack": "r1", "ts": 100.0, "heartbeat_s": 2.0, "seq": 3, "clock_offset_s": None,
+            "ius": {"n2-iu0": {"score": 1.0, "status": "passing", "reason": "", "components": {"request_cost_s": 0.1}}}}
+    # 10**400 and -10**400: ints JSON reads but no float holds (math.isfinite raises OverflowError on them)
+    junk_values = [None, "x", -1, 1e308, float("nan"), [], {}, True, 10**30, 10**400, -(10**400), "0.1", {"a": 1},
+                   {"vllm": {"ok": True, "duration_s": 10**400, "error": None}}]
+
+    class Junk:  # a fresh value each time (one shared {} could end up inside itself)
+        @staticmethod
+        def pick():
+            return copy.deepcopy(rng.choice(junk_values))
+
+    body = json.loads(json.dumps(base))
+    for _ in range(rng.randint(1, 3)):
+        where = rng.choice(["top", "iu", "comp", "whole", "raw", "deep"])
+        if not isinstance(body, dict):
+            break
+        if where == "top":
+            body[rng.choice(list(base) + ["extra"])] = Junk.pick()
+        elif where == "iu" and isinstance(body.get("ius"), dict) and body["ius"]:
+            entry = body["ius"].setdefault("n2-iu0", {})
+            if isinstance(entry, dict):
+                entry[rng.choice(["score", "status", "reason", "components", "level", "collectors"])] = Junk.pick()
+            else:
+                body["ius"]["n2-iu0"] = Junk.pick()
+        elif where == "comp":
+            body["ius"] = {"n2-iu0": {"score": 0.5, "status": "passing", "components": Junk.pick()}}
+        elif where == "whole":
+            body = Junk.pick()
+        elif where == "deep":  # nested past the decoder's recursion limit (RecursionError), here or in a value
+            depth = rng.choice([100_000, 5_000])
+            nested = "[" * depth + "]" * depth
+            text = json.dumps(body, allow_nan=True)
+            return (nested if rng.random() < 0.5 else text.replace('"ius"', f'"x": {nested}, "ius"', 1)).encode()
+        else:
+            return "".join(chr(rng.randrange(1, 0x7F)) for _ in range(rng.randrange(0, 80))).encode()
+    text = json.dumps(body, allow_nan=True)
+    return text.encode() if rng.random() < 0.9 else text.encode()[: rng.randrange(len(text) + 1)]
+
+
+@pytest.mark.parametrize("reader", [PoolView, EdgeView])
+def test_malformed_score_bodies_never_break_the_reader(tally, reader):
+    rng = random.Random(1502)
+    view = reader(detector=AnomalyDetector(), clock=lambda: 100.0)
+    health = [{"Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": iu.split("-")[0]}},
+               "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}]} for iu in ("n1-iu0", "n2-iu0")]
+    view.apply_health(health)
+    good = {"Key": "clusterctl/eas/dc1/n1", "Value": json.dumps(
+        {"node": "n1", "rack": "r1", "ts": 100.0, "heartbeat_s": 2.0, "seq": 1,
+         "ius": {"n1-iu0": {"score": 1.0, "status": "passing", "components": {}}}}).encode()}
+    n = 3000
+    for _ in range(n):
+        hostile = hostile_body(rng)
+        view.apply_kv([good, {"Key": "clusterctl/eas/dc1/n2", "Value": hostile}])
+        scored = {e.iu_id for e in view.snapshot().scored}
+        assert "n1-iu0" in scored
+        for e in view.snapshot().entries:
+            assert e.score is None or (math.isfinite(e.score) and e.score >= 0)
+            assert e.stale_after <= 100.0 + 2.0 + 3 * 60.0
+    tally.inputs(f"score bodies under the KV prefix ({reader.__name__})", n)

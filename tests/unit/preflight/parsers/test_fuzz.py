@@ -82,3 +82,21 @@ def test_nccl_ngpus_without_a_number_is_a_parse_error():
         text = base.replace(base.split("\n")[1], bad)
         with pytest.raises(ParseError, match="nGpus"):
             parse("nccl", text)
+
+
+def test_malformed_pastes_only_ever_give_a_parse_error(tally):
+    total = 0
+    kinds = [kind for kind in sorted(PARSERS) if fixtures(kind)]
+    assert kinds == sorted(PARSERS)  # every parser has fixtures to mutate
+    for kind in kinds:
+        for n, path in enumerate(fixtures(kind)):
+            rng = random.Random(2500 + n)
+            original = path.read_text(errors="replace")
+            for _ in range(25):
+                _, text = mutate(rng, original)
+                total += 1
+                try:
+                    json.dumps(to_contract_json(kind, parse(kind, text)), allow_nan=False)
+                except ParseError:
+                    pass
+    tally.inputs(f"pasted tool outputs ({len(kinds)} parsers)", total)
