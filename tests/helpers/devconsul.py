@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import consul
 import pytest
 import requests
 
+DEV_ACL_TOKEN = "c0ffee00-0000-4000-8000-000000000001"  # the management token of the ``dev_acl`` fixture
 REAL_CONSUL = bool(os.environ.get("CONSUL_HTTP_ADDR"))
 needs_dev_server = pytest.mark.skipif(REAL_CONSUL, reason="configures or restarts the dev server itself")
 
@@ -113,3 +115,25 @@ class Cleanup:
     def __init__(self) -> None:
         self.services: list[str] = []
         self.prefixes: list[str] = []
+
+
+def raw(address: str, head: bytes, body: bytes = b"", timeout: float = 5.0) -> tuple[int, bytes, float]:
+    """Send ``head`` (and ``body``) on a new connection; (status, response bytes, seconds to answer)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        started = time.monotonic()
+        sock.sendall(head)
+        if body:
+            try:
+                sock.sendall(body)
+            except OSError:
+                pass
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        took = time.monotonic() - started
+    status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0
+    return status, data, took

@@ -14,7 +14,8 @@ import uuid
 import consul
 import pytest
 
-from tests.helpers.devconsul import REAL_CONSUL, Api, Cleanup, TinyHTTP, _client
+from devconsul.server import DevConsulServer
+from tests.helpers.devconsul import DEV_ACL_TOKEN, REAL_CONSUL, Api, Cleanup, TinyHTTP, _client
 
 
 @pytest.fixture
@@ -71,3 +72,17 @@ def tiny_http():
     server = TinyHTTP()
     yield server
     server.close()
+
+
+@pytest.fixture
+def dev():
+    """A dev server of its own (node n1), stopped at teardown."""
+    with DevConsulServer(addr="127.0.0.1:0", node_name="n1") as server:
+        yield server
+
+
+@pytest.fixture
+def dev_acl():
+    """A dev server of its own with ACLs on (management token ``DEV_ACL_TOKEN``), stopped at teardown."""
+    with DevConsulServer(addr="127.0.0.1:0", node_name="n1", acl_token=DEV_ACL_TOKEN) as server:
+        yield server

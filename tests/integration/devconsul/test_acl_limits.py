@@ -11,8 +11,7 @@ import requests
 
 from devconsul.httpapi import ReadCache, Request
 from devconsul.server import DevConsulServer
-from tests.helpers.devconsul import Api, eventually
-from tests.integration.devconsul.test_limits import raw
+from tests.helpers.devconsul import Api, eventually, raw
 
 pytestmark = pytest.mark.integration
 
@@ -94,3 +93,10 @@ def test_read_cache_key_is_the_token_and_the_keyed_parameters_only():
     assert key("/v1/kv/a?recurse", "a1") != key("/v1/kv/a?recurse", "a2")
     assert key("/v1/kv/a?recurse", "a1") != key("/v1/kv/a?keys", "a1")
     assert dict(key("/v1/health/service/web?filter=x&token=s&wait=1s", "a1")[1]) == {"filter": ("x",)}
+
+
+def test_acl_is_decided_before_the_body_is_read(dev_acl):
+    """No token and a 12 MiB Content-Length, body never sent: answered 403 at once (before: after the body)."""
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: 12582912\r\n\r\n"
+    status, data, took = raw(dev_acl.address, head, timeout=3)
+    assert status == 403 and took < 1.0 and b"Connection: close" in data

@@ -7,7 +7,9 @@ import threading
 import time
 
 import pytest
+import requests
 
+from devconsul.server import DevConsulServer
 from tests.helpers.devconsul import eventually
 
 pytestmark = pytest.mark.integration
@@ -133,3 +135,25 @@ def test_blocking_health_service_wakes_on_check_change(c, name, cleanup):
     assert time.monotonic() - start < 2.0
     assert int(new_index) > int(index)
     assert [e["Service"]["ID"] for e in entries] == [name]
+
+
+def test_anonymous_blocking_query_does_not_park(dev_acl):
+    started = time.monotonic()
+    resp = requests.get(f"http://{dev_acl.address}/v1/catalog/services?index=999999&wait=10m", timeout=5)
+    assert resp.status_code == 200 and resp.json() == {} and time.monotonic() - started < 1.0
+
+
+def test_blocking_queries_per_client_are_capped():
+    with DevConsulServer(addr="127.0.0.1:0", max_blocking_per_client=1) as server:
+        import threading
+
+        base = f"http://{server.address}"
+        index = requests.get(f"{base}/v1/catalog/services", timeout=5).headers["X-Consul-Index"]
+        parked = threading.Thread(
+            target=requests.get, args=(f"{base}/v1/catalog/services?index={index}&wait=2s",), daemon=True
+        )
+        parked.start()
+        time.sleep(0.3)
+        resp = requests.get(f"{base}/v1/catalog/services?index={index}&wait=2s", timeout=5)
+        assert resp.status_code == 429 and "too many blocking queries" in resp.text
+        parked.join(5)

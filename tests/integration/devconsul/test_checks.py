@@ -4,8 +4,12 @@ check semantics), and ``agent/checks/check.go`` for the exact output texts."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import consul
 import pytest
+import requests
 
 from tests.helpers.devconsul import wait_until
 
@@ -180,3 +184,39 @@ def test_output_only_change_reaches_catalog_late(c, name, cleanup):
     assert _check(c, cid)["Output"] == "second"
     time.sleep(1.0)
     assert health_output() == "first"
+
+
+@pytest.mark.parametrize("url", ["file:///etc/hostname", "data:text/plain,hello", "ftp://127.0.0.1/x"])
+def test_http_check_accepts_only_http_and_https(dev, url):
+    base = f"http://{dev.address}"
+    body = {"Name": "web", "ID": "web1", "Check": {"HTTP": url, "Interval": "1s"}}
+    assert requests.put(f"{base}/v1/agent/service/register", data=json.dumps(body), timeout=5).status_code == 200
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        check = requests.get(f"{base}/v1/agent/checks", timeout=5).json().get("service:web1", {})
+        if check.get("Output"):
+            break
+        time.sleep(0.1)
+    assert check["Status"] == "critical" and "unsupported protocol scheme" in check["Output"]
+    assert "Output:" not in check["Output"]  # nothing was fetched (before: the data: URL's "hello")
+
+
+def test_probe_thread_survives_an_exception(dev, monkeypatch):
+    from devconsul import checks
+
+    calls = {"n": 0}
+
+    def flaky(defn):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise TypeError("odd answer")
+        return "passing", "ok"
+
+    monkeypatch.setattr(checks, "run_probe", flaky)
+    base = f"http://{dev.address}"
+    body = {"Name": "web", "ID": "web2", "Check": {"HTTP": "http://127.0.0.1:1/", "Interval": "1s"}}
+    requests.put(f"{base}/v1/agent/service/register", data=json.dumps(body), timeout=5)
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and calls["n"] < 2:
+        time.sleep(0.1)
+    assert calls["n"] >= 2  # before: the TypeError ended the probe thread for good

@@ -17,8 +17,10 @@ import pytest
 import requests
 
 from devconsul import http_server
+from devconsul.http_server import MAX_BODY
 from devconsul.server import DevConsulServer
 from tests.helpers import wait_for
+from tests.helpers.devconsul import raw
 
 pytestmark = pytest.mark.integration
 
@@ -194,3 +196,74 @@ def _answers(url: str) -> bool:
         return requests.get(url, timeout=1).status_code == 200
     except requests.RequestException:
         return False
+
+
+@pytest.mark.parametrize("length", [b"-1", b"abc", b"+5", b" "])
+def test_content_length_that_is_not_a_number_is_400(dev, length):
+    """Before: -1 read the body to EOF (12 MiB buffered before the 413)."""
+    status, data, _ = raw(dev.address, b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n")
+    assert status == 400 and b"Connection: close" in data
+
+
+def test_chunked_body_is_capped_while_reading(dev):
+    chunk = b"%x\r\n" % (1 << 20) + b"x" * (1 << 20) + b"\r\n"
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    status, data, _ = raw(dev.address, head, chunk * (MAX_BODY // (1 << 20) + 1))
+    assert status == 413
+    assert requests.get(f"http://{dev.address}/v1/kv/k", timeout=5).status_code == 404
+
+
+def test_negative_chunk_size_is_400(dev):
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n"
+    assert raw(dev.address, head)[0] == 400
+
+
+def test_content_length_and_chunked_together_is_400(dev):
+    head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert raw(dev.address, head)[0] == 400
+
+
+def test_idle_connection_is_closed_after_the_timeout():
+    with DevConsulServer(addr="127.0.0.1:0", connection_timeout_s=0.3) as server:
+        host, port = server.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"GET /v1/status/leader HTTP/1.1\r\n")  # headers never finished
+            started = time.monotonic()
+            assert sock.recv(1024) == b""  # closed by the server (before: held open forever)
+            assert time.monotonic() - started < 3
+
+
+def test_connections_are_capped():
+    with DevConsulServer(addr="127.0.0.1:0", max_connections=4) as server:
+        host, port = server.address.rsplit(":", 1)
+        held = [socket.create_connection((host, int(port)), timeout=5) for _ in range(4)]
+        try:
+            time.sleep(0.2)
+            status, data, _ = raw(server.address, b"GET /v1/status/leader HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status == 503 and b"too many connections" in data
+            # "All API responses ... will include ... X-Consul-Default-ACL-Policy" (api-structure page)
+            assert b"\r\nx-consul-default-acl-policy: allow\r\n" in data.lower()
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # slots come back when the holders go away
+            if requests.get(f"http://{server.address}/v1/status/leader", timeout=5).status_code == 200:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("slots never released")
+
+
+def test_read_cache_ignores_unknown_parameters_and_is_byte_capped(dev):
+    base = f"http://{dev.address}"
+    for i in range(20):
+        requests.put(f"{base}/v1/kv/big/{i}", data=b"v" * 100_000, timeout=5)
+    for n in range(40):  # review M3: ?junk=N made one 2.7 MB cache entry per request
+        assert requests.get(f"{base}/v1/kv/big?recurse&junk={n}", timeout=5).status_code == 200
+    assert len(dev.read_cache._entries) <= 2
+    dev.read_cache.max_bytes = 3_000_000
+    for n in range(3):
+        requests.get(f"{base}/v1/kv/big?recurse&keys={n}", timeout=5)
+        requests.get(f"{base}/v1/kv/big/?recurse&raw={n}", timeout=5)
+    assert dev.read_cache.bytes <= 3_000_000

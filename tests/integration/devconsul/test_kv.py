@@ -7,7 +7,9 @@ import base64
 import threading
 
 import pytest
+import requests
 
+from devconsul.server import DevConsulServer
 from tests.helpers.devconsul import _client
 
 pytestmark = pytest.mark.integration
@@ -223,3 +225,16 @@ def test_cas_race_has_exactly_one_winner_per_round(consul_addr, name, cleanup):
         for t in threads:
             t.join(10)
         assert sorted(results) == [False] * 7 + [True], f"round {round_no}: {results}"
+
+
+def test_kv_store_size_is_capped():
+    with DevConsulServer(addr="127.0.0.1:0", max_kv_bytes=1000, max_kv_keys=3) as server:
+        base = f"http://{server.address}"
+        assert requests.put(f"{base}/v1/kv/a", data=b"x" * 900, timeout=5).json() is True
+        resp = requests.put(f"{base}/v1/kv/b", data=b"x" * 200, timeout=5)
+        assert resp.status_code == 413 and "KV store full" in resp.text
+        assert requests.get(f"{base}/v1/kv/b", timeout=5).status_code == 404
+        assert requests.put(f"{base}/v1/kv/a", data=b"y", timeout=5).json() is True  # shrinking is fine
+        for key in ("b", "c"):
+            assert requests.put(f"{base}/v1/kv/{key}", data=b"1", timeout=5).json() is True
+        assert requests.put(f"{base}/v1/kv/d", data=b"1", timeout=5).status_code == 413

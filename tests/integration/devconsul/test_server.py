@@ -3,6 +3,7 @@ ACLs, persistence across restarts, reaping, deferred syncs, shutdown."""
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
 import time
@@ -11,9 +12,9 @@ import consul
 import pytest
 import requests
 
+from devconsul import persist
 from devconsul.server import DevConsulServer
 from tests.helpers.devconsul import Api, client_for, wait_until
-from tests.integration.devconsul.test_limits import switchable_disk
 
 pytestmark = pytest.mark.integration
 
@@ -235,3 +236,93 @@ def test_full_disk_loses_no_acknowledged_write(tmp_path, monkeypatch, tally):
     assert not (refused & stored), sorted(refused & stored)[:5]  # no refused write applied
     tally.fault("full disk under the data dir (6 flips, 4 writers)")
     tally.inputs("KV writes during the full-disk flips", len(acked) + len(refused))
+
+
+def switchable_disk(monkeypatch) -> dict:
+    """The data dir's disk, full while ``["on"]`` is true: every state write fails with ENOSPC."""
+    real = persist.write_atomically
+    full = {"on": False}
+
+    def maybe_full(path, text):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, text)
+
+    monkeypatch.setattr(persist, "write_atomically", maybe_full)
+    return full
+
+
+def test_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch):
+    """Review L1: on a full disk a PUT answered 500 and was still applied; a retry with ?cas=0 said false."""
+    full = switchable_disk(monkeypatch)
+    with DevConsulServer(addr="127.0.0.1:0", data_dir=tmp_path / "data") as server:
+        base = f"http://{server.address}"
+        assert requests.put(f"{base}/v1/kv/keep", data=b"1", timeout=5).json() is True
+        full["on"] = True
+        started = time.monotonic()
+        resp = requests.put(f"{base}/v1/kv/fill", data=b"x" * 60_000, timeout=15)
+        assert resp.status_code == 500 and "not applied" in resp.text
+        assert time.monotonic() - started < 5  # before: 10 s
+        assert requests.get(f"{base}/v1/kv/fill", timeout=5).status_code == 404
+        resp = requests.delete(f"{base}/v1/kv/keep", timeout=5)  # refused before it is applied
+        assert resp.status_code == 500 and "not applied" in resp.text
+        assert requests.get(f"{base}/v1/kv/keep?raw", timeout=5).content == b"1"
+        full["on"] = False
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the persister retries every second
+            resp = requests.put(f"{base}/v1/kv/fill?cas=0", data=b"x", timeout=5)
+            if resp.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert resp.json() is True
+        full["on"] = True
+
+
+def _recovered(base: str, full: dict) -> None:
+    """Free the disk and wait until the persister has written the state again (it retries every second)."""
+    full["on"] = False
+    deadline = time.monotonic() + 5
+    while requests.put(f"{base}/v1/kv/probe", data=b"1", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the persister never recovered"
+        time.sleep(0.2)
+
+
+def test_catalog_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch):
+    """Before: a catalog write on a full disk was answered 500 "not durable" and stayed applied in memory
+    (served to readers, and written out once the disk had room), so a client could not tell what held."""
+    full = switchable_disk(monkeypatch)
+    with DevConsulServer(addr="127.0.0.1:0", data_dir=tmp_path / "data", node_name="n1") as server:
+        base = f"http://{server.address}"
+
+        def put(path, body=None):
+            return requests.put(f"{base}{path}", data=json.dumps(body) if body is not None else None, timeout=15)
+
+        web1 = {"Name": "web", "ID": "web1", "Port": 8001, "Check": {"TTL": "60s", "Status": "passing"}}
+        assert put("/v1/agent/service/register", web1).status_code == 200
+        full["on"] = True
+        resp = put("/v1/agent/service/register", {"Name": "web", "ID": "web2", "Port": 8002})
+        assert resp.status_code == 500 and "not applied" in resp.text
+        assert requests.get(f"{base}/v1/agent/service/web2", timeout=5).status_code == 404
+        assert [e["ServiceID"] for e in requests.get(f"{base}/v1/catalog/service/web", timeout=5).json()] == ["web1"]
+
+        _recovered(base, full)
+        full["on"] = True  # a change to what exists, and a check update: both undone
+        resp = put("/v1/agent/service/register", {**web1, "Port": 9001, "Check": {"TTL": "60s"}})
+        assert resp.status_code == 500 and "not applied" in resp.text
+        assert requests.get(f"{base}/v1/agent/service/web1", timeout=5).json()["Port"] == 8001
+        _recovered(base, full)
+        full["on"] = True
+        resp = put("/v1/agent/check/fail/service:web1")
+        assert resp.status_code == 500 and "not applied" in resp.text
+        health = requests.get(f"{base}/v1/health/service/web?passing", timeout=5).json()
+        assert [e["Service"]["ID"] for e in health] == ["web1"]
+
+        _recovered(base, full)
+        full["on"] = True  # a client agent's sync, through the server's catalog endpoint
+        resp = put("/v1/catalog/register", {"Node": "n2", "Address": "127.0.0.2",
+                                            "Service": {"Name": "web", "ID": "web3", "Port": 8003}})
+        assert resp.status_code == 500 and "not applied" in resp.text
+        assert requests.get(f"{base}/v1/catalog/node/n2", timeout=5).json() is None
+        _recovered(base, full)
+    on_disk = json.loads((tmp_path / "data" / "state.json").read_text())
+    assert [s["id"] for s in on_disk["catalog"]["services"] if s["name"] == "web"] == ["web1"]

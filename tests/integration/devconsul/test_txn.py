@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
+import requests
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +64,16 @@ def test_txn_too_many_ops_is_413(api, name):
     """"up to a limit of 64" operations; Consul answers 413 beyond it."""
     ops = [_kv("set", f"{name}/{i}", b"v") for i in range(65)]
     assert api.put("/v1/txn", json=ops).status_code == 413
+
+
+def test_txn_that_fails_leaves_the_store_as_it_was(dev):
+    base = f"http://{dev.address}"
+    requests.put(f"{base}/v1/kv/t/a", data=b"1", timeout=5)
+    ops = [
+        {"KV": {"Verb": "set", "Key": "t/b", "Value": "Mg=="}},
+        {"KV": {"Verb": "delete", "Key": "t/a"}},
+        {"KV": {"Verb": "check-not-exists", "Key": "t/b"}},
+    ]
+    assert requests.put(f"{base}/v1/txn", data=json.dumps(ops), timeout=5).status_code == 409
+    keys = requests.get(f"{base}/v1/kv/t/?keys", timeout=5).json()
+    assert keys == ["t/a"]

@@ -114,3 +114,14 @@ def test_runs_with_data_dir_and_acl_until_sigterm(tmp_path):
     assert proc.returncode == 0
     assert TOKEN not in banner + out + err
     assert (data_dir / "state.json").exists()
+
+
+def test_allow_remote_requires_acls():
+    """Review L3: --allow-remote without --acl-token-file served everything to anyone (refused before binding)."""
+    from click.testing import CliRunner
+
+    from cli.commands.dev import command
+    from cli.errors import UsageError
+
+    result = CliRunner().invoke(command, ["consul", "--addr", "0.0.0.0:8500", "--allow-remote"])
+    assert isinstance(result.exception, UsageError) and "--acl-token-file" in str(result.exception)
