@@ -1,4 +1,4 @@
-"""Small helpers shared by test modules."""
+"""Small helpers shared by test modules (and, beside this file, the helper modules of each subject)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "fixtures" / "golden" / "provision"  # what the roles render, byte for byte
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:

@@ -1,8 +1,10 @@
 """An unreachable host's reason in the rollout summary: ssh's last line survives a long banner."""
 
+
 import pytest
 
-from provision.rollout import unreachable_reason
+from provision.plan import Plan
+from provision.rollout import Rollout, unreachable_reason
 
 pytestmark = pytest.mark.unit
 
@@ -31,3 +33,20 @@ def test_a_changed_host_key_keeps_ssh_s_verdict():
 def test_a_short_message_is_kept_whole():
     msg = "Failed to connect to the host via ssh: deploy@127.0.1.12: Permission denied (publickey)."
     assert unreachable_reason(msg) == msg
+
+
+def test_recap_lists_reboot_pending_hosts_and_rebooted_ones():
+    plan = Plan.__new__(Plan)
+    rollout = Rollout.__new__(Rollout)
+    rollout.__dict__.update(plan=plan, hosts={}, batches_started=0, stats=None, messages=[], reboot_pending={},
+                            rebooted=[], diffs=[])
+    for host, task, res in [
+        ("n1", "Reboot pending", {"msg": "reboot pending: NVIDIA driver 550.127.08 installed (was none)"}),
+        ("n2", "Reboot the host", {"changed": True, "rebooted": True}),
+        ("n3", "Some task", {"msg": "reboot pending: not from the reboot task"}),
+    ]:
+        rollout.handle({"event": "runner_on_ok", "event_data": {"host": host, "task": task, "res": res}})
+    assert rollout.reboot_pending == {"n1": "NVIDIA driver 550.127.08 installed (was none)"}
+    assert rollout.rebooted == ["n2"]
+    assert rollout.reboot_line() == ("reboot pending on 1 host (rerun with --allow-reboot): "
+                                     "n1 (NVIDIA driver 550.127.08 installed (was none))")
