@@ -21,7 +21,7 @@ MARKDOWN_PATH = re.compile(r"(?<![\w/.-])((?:[\w-]+/)+[\w.-]+\.md)\b")
 ISSUE = re.compile(r"\bissue\s+#?\d+", re.IGNORECASE)
 
 
-SELF = "tests/docs/test_cited_documents.py"  # its examples below are citations on purpose
+SELF = "tests/guards/test_cited_documents.py"  # its examples below are citations on purpose
 
 
 def tracked_text_files() -> list[Path]:

@@ -1,7 +1,7 @@
 """conftest.py files only declare fixtures (and the root one pytest's hooks): what tests share is in a
-``helpers.py`` (or the area's own helper module), so no test module imports from a conftest. The one
-exception, tests/test_xdist_groups.py, tests the root conftest's scheduling hooks themselves (the root
-conftest also holds the helpers those hooks call).
+module of tests/helpers/, so no test module imports from a conftest. The exceptions, the guards
+tests/guards/test_scheduling.py and test_test_classes.py, test the root conftest's scheduling hooks and the
+mark reader they share (the root conftest holds what those hooks call).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 TESTS = Path(__file__).resolve().parents[1]
-HOOK_TESTS = {"tests/test_xdist_groups.py": "tests.conftest"}
+HOOK_TESTS = {"tests/guards/test_scheduling.py": "tests.conftest", "tests/guards/test_test_classes.py": "tests.conftest"}
 
 
 def conftest_imports(tree: ast.AST) -> list[tuple[int, str]]:
@@ -58,7 +58,7 @@ def test_conftests_declare_only_fixtures():
     problems = []
     for path in sorted(TESTS.rglob("conftest.py")):
         rel = path.relative_to(TESTS.parent).as_posix()
-        if rel == "tests/conftest.py":  # its hooks' helpers are tested by tests/test_xdist_groups.py
+        if rel == "tests/conftest.py":  # its hooks' helpers are tested by tests/guards/test_scheduling.py
             continue
         problems += [f"{rel}:{line}: {name} is not a fixture (move it to a helpers module)"
                      for line, name in non_fixtures(ast.parse(path.read_text(), rel))]

@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.roles.consul_agent.test_restart_handlers import MANAGEMENT, SERVERS, Leaders, ansible_playbook
+from tests.integration.roles.consul_agent.test_restart_handlers import (
+    MANAGEMENT,
+    SERVERS,
+    Leaders,
+    ansible_playbook,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -3,18 +3,9 @@ ECN, PFC and DSCP with MLNX_OFED, dcb with inbox rdma-core, and a loud failure n
 
 from __future__ import annotations
 
-import fnmatch
-import importlib.util
-import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
-import pytest
-import yaml
-from provision.plan import Plan
-from provision.rollout import Rollout
 
 import pytest
 

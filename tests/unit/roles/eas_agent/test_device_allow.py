@@ -4,17 +4,7 @@ character major on the R550 and R535 drivers' /proc/devices."""
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
-import pytest
-import yaml
-from provision.plan import Plan
-from provision.rollout import Rollout
 
 import pytest
 

@@ -4,20 +4,10 @@ ordering and the persistence daemon's drop-in."""
 
 from __future__ import annotations
 
-import fnmatch
-import importlib.util
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
-import pytest
-import yaml
-from provision.plan import Plan
-from provision.rollout import Rollout
 
 import pytest
+import yaml
 
 from tests.helpers import GOLDEN, REPO
 

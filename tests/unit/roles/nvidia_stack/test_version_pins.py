@@ -3,10 +3,9 @@ that installs it; the versions check pins what the inventory sets for those vari
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
 
+import pytest
 import yaml
 
 from cluster import spec
