@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# DEMO_ARGS: extra options for `clusterctl demo` (tests/test_demo.py runs `make demo DEMO_ARGS="--duration 10"`).
+# DEMO_ARGS: extra options for `clusterctl demo` (tests/machines/test_demo.py runs `make demo DEMO_ARGS="--duration 10"`).
 demo: $(STAMP) machine-tools
 	$(BIN)/clusterctl demo $(DEMO_ARGS)
 

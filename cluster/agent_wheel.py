@@ -5,7 +5,7 @@ put on a node: Ubuntu 22.04's python3 is 3.10, and a node needs none of the cont
 ``clusterctl-eas-agent``, carries the ``eas_agent`` and ``consul_io`` packages (no simulators: they live in ``sim/``), the
 ``eas-agent`` console script, only the agent's own dependencies (the version ranges are the controller's, read
 from pyproject.toml, so the two never drift), and ``Requires-Python: >=3.10`` (22.04: 3.10, 24.04: 3.12;
-tests/sim/test_pypi.py::test_agent_code_is_python_310 checks the code parses as 3.10).
+tests/integration/sim/test_pypi.py::test_agent_code_is_python_310 checks the code parses as 3.10).
 
     python -m cluster.agent_wheel DIR     # prints the wheel's path; set eas_agent_wheel to it
 

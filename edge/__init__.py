@@ -7,5 +7,5 @@ connection per node to the agent's ``GET /scores?index=`` (:mod:`edge.feed`); ev
 Entry points: ``eas-edge --config edge.yml`` and ``clusterctl edge serve``; config in :mod:`edge.config`.
 
 The edge imports only aiohttp, py-consul, prometheus-client, PyYAML and the reader library (no Ansible,
-click or rich): ``tests/edge/test_feed_config.py`` keeps it so.
+click or rich): ``tests/integration/edge/test_feed_config.py`` keeps it so.
 """

@@ -21,7 +21,7 @@ def command(nodes: int, racks: int, duration: float, rate: float | None, keep: b
     real: about 7-9 minutes for 4 nodes on 2 cores)."""
     if racks > nodes:
         raise click.BadParameter("cannot have more racks than nodes", param_hint="--racks")
-    # The simulators are imported only when the demo runs (tests/test_import_lint.py).
+    # The simulators are imported only when the demo runs (tests/guards/test_import_lint.py).
     from cli.app import current
     from sim import demo
 

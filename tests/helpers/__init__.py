@@ -47,7 +47,7 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
 
 def module_imports(tree: ast.AST) -> Iterator[tuple[str, int, bool]]:
     """(module, line, inside a function) of every absolute import in ``tree``, at any depth (the import
-    lints: tests/test_import_lint.py, tests/test_ansible_imports.py)."""
+    lints: tests/guards/test_import_lint.py, tests/guards/test_ansible_imports.py)."""
 
     def visit(node: ast.AST, in_function: bool) -> Iterator[tuple[str, int, bool]]:
         for child in ast.iter_child_nodes(node):

@@ -1,4 +1,4 @@
-"""Helpers of the simulated-machine tests (tests/virtual/conftest.py declares the fixtures)."""
+"""Helpers of the simulated-machine tests (tests/machines/sim/hosts/conftest.py declares the fixtures)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers of the provisioning tests (tests/provision/conftest.py declares the shared cluster fixture, a
+"""Helpers of the provisioning tests (tests/machines/provision/conftest.py declares the shared cluster fixture, a
 :class:`VirtualCluster` built by :func:`write_inventory` + ``virtual up``)."""
 
 from __future__ import annotations

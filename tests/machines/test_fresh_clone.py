@@ -3,7 +3,7 @@
 Slow (a new virtualenv, the whole suite once more, and the demo), so it runs only where
 CLUSTERCTL_FRESH_CLONE_TEST=1: a developer's check before landing, from a working tree whose .venv and
 caches could hide a missing install step. CI does not set it: its checkout already is a clean clone and
-.ci/run runs `make test` there, whose tests/test_demo.py runs `make demo`. The inner `make test` runs without
+.ci/run runs `make test` there, whose tests/machines/test_demo.py runs `make demo`. The inner `make test` runs without
 that variable, so this test does not recurse.
 """
 

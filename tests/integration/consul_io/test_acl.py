@@ -1,6 +1,6 @@
 """The cluster's Consul policies (cluster/consul_acl.py), created by clusterctl.infra.consul_acl, hold to least
 privilege: each token may do its job and nothing next to it. Runs against a dev server with ACLs on and
-default deny (the same rules Consul applies; see tests/devconsul/test_acl.py for the rule semantics)."""
+default deny (the same rules Consul applies; see tests/integration/devconsul/test_acl.py for the rule semantics)."""
 
 from __future__ import annotations
 

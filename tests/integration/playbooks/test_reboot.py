@@ -44,7 +44,7 @@ def test_reboot_step_reports_pending_reasons_from_every_role(tmp_path):
 
 def test_a_consul_server_is_not_rebooted_in_its_batch(tmp_path):
     """Two of three servers in one batch rebooting together would take the quorum down: a server's reboot is
-    left to playbooks/consul-servers-reboot.yml (one at a time; tests/consul_agent/test_server_reboots.py).
+    left to playbooks/consul-servers-reboot.yml (one at a time; tests/integration/roles/consul_agent/test_server_reboots.py).
     Here reboots are allowed and not render-only: had the task run on this local host, Ansible's reboot
     action would have failed the play ("would reboot the control node")."""
     inventory = tmp_path / "hosts.json"

@@ -1,6 +1,6 @@
 """preflight/release.py: only nodes that passed are released; a failed Consul call is one ERROR naming why,
-and the other nodes are still released. (Releasing against a real agent: tests/preflight/test_runner.py's
-consul test and, on the machines, tests/preflight/test_e2e_virtual.py.)"""
+and the other nodes are still released. (Releasing against a real agent: tests/integration/preflight/transport/test_local.py's
+consul test and, on the machines, tests/machines/preflight/test_e2e_virtual.py.)"""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ while the rest of the cluster finishes.
 
 One inventory holds one fault per host (IB-affecting faults one per rack, so ib_pairs can tell which
 end is bad). vllm-iu units are written into every host (one pinned to the wrong socket); consul needs a
-Consul server and is covered in tests/preflight/test_e2e_virtual.py.
+Consul server and is covered in tests/machines/preflight/test_e2e_virtual.py.
 """
 
 from __future__ import annotations

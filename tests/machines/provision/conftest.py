@@ -4,7 +4,7 @@
 different CPU topology so that CPU lists provably come from the host's sysfs. The eas-agent token is a
 vault-encrypted variable on r01n01. site.yml runs once in --check --diff (must change nothing), then for real,
 then again (must change nothing). `down` always runs in teardown. (The cluster's class and inventory are in
-tests/provision/helpers.py.)
+tests/helpers/provision.py.)
 """
 
 from __future__ import annotations

@@ -245,6 +245,6 @@ def test_playbooks_use_batches_and_stop_on_failure():
             elif play["name"] == "Reboot the Consul servers one at a time":  # consul-servers-reboot.yml
                 assert (play["hosts"], play["serial"]) == ("consul_servers", 1)
             elif play["hosts"] == "consul_servers":  # consul-servers.yml, imported or run alone
-                assert "serial" not in play  # all servers at once (tests/provision/test_batches.py)
+                assert "serial" not in play  # all servers at once (tests/integration/provision/test_batches.py)
             else:
                 assert re.search(r"clusterctl_batches", str(play["serial"])), path.name

@@ -1,6 +1,6 @@
 """bench/routesim/announce.py: the shipped announce channel driven in simulated time, its timing and effects;
 and the edge ledger's acknowledgement rule (eas_agent.scheduler.pick.EdgeLedger). The agent side's units are
-tested in tests/eas_agent/test_announce.py."""
+tested in tests/unit/eas_agent/test_announce.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 --diff's diffs with secrets masked, --check's wording, unknown tags and empty limits as errors.
 
 The playbook run is replayed from recorded-shape ansible-runner events (``ansible_runner.run`` is
-replaced), so these tests need no simulated hosts; tests/provision/test_site_virtual.py runs the real one.
+replaced), so these tests need no simulated hosts; tests/machines/provision/test_site_virtual.py runs the real one.
 """
 
 from __future__ import annotations

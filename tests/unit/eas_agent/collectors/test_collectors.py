@@ -1,5 +1,5 @@
 """Collectors: windowed rates, RDMA sysfs counters, NVML (mocked here; through the stand-in nvidia-ml-py in
-tests/sim/test_nvml_standin.py), vLLM over HTTP from a sim."""
+tests/integration/sim/test_nvml_standin.py), vLLM over HTTP from a sim."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review H2 (the security review's findings, tests/faults/README.md): the edge reader validates what it reads under the score
+"""Review H2 (the security review's findings, tests/FAULTS.md): the edge reader validates what it reads under the score
 prefix; one bad body never kills the watch, and a spoofed body cannot steer traffic."""
 
 from __future__ import annotations

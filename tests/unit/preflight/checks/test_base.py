@@ -83,7 +83,7 @@ def test_no_check_module_holds_a_regex(name):
 
 
 def test_one_test_module_per_check_module():
-    """tests/preflight/checks/ mirrors preflight/checks/: test_<check>.py for each <check>.py, nothing else
+    """tests/unit/preflight/checks/ mirrors preflight/checks/: test_<check>.py for each <check>.py, nothing else
     (base.py's contract is this file; builders shared by several are helpers.py)."""
     here = Path(__file__).resolve().parent
     tests = sorted(p.stem.removeprefix("test_") for p in here.glob("test_*.py") if p.name != "test_base.py")

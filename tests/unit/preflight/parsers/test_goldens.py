@@ -6,7 +6,7 @@ rejects (truncated-*, garbage-*). Goldens are discovered, not listed: a new ``.t
 
 To write or refresh the goldens after a deliberate parser change, run::
 
-    CLUSTERCTL_UPDATE_GOLDENS=1 .venv/bin/python -m pytest -q tests/preflight/parsers/test_goldens.py
+    CLUSTERCTL_UPDATE_GOLDENS=1 .venv/bin/python -m pytest -q tests/unit/preflight/parsers/test_goldens.py
 
 then review ``git diff tests/fixtures/preflight`` like code: every changed value is a behaviour change.
 
