@@ -281,7 +281,7 @@ s#tests/cluster/conftest.py#tests/unit/cluster/conftest.py#g
 s#tests/edge/test_proxy.py#tests/integration/edge/test_proxy.py#g
 s#tests/cluster/helpers.py#tests/helpers/cluster.py#g
 s#tests/virtual/helpers.py#tests/helpers/machines.py#g
-s#tests/faults/conftest.py#tests/integration/faults/conftest.py#g
+s#tests/faults/conftest.py#tests/conftest.py#g
 s#tests/cli/test_lazy.py#tests/integration/cli/test_lazy.py#g
 s#tests/sim/test_pypi.py#tests/integration/sim/test_pypi.py#g
 s#tests/provision/golden#tests/fixtures/golden/provision#g
