@@ -1,5 +1,5 @@
 """Score rows as ``cli.views.scores.rows`` returns them: 8 IUs, one a high outlier whose score is all prefill_s
-(the review's 1.95 next to components adding up to 0.001), one with markup in the agent's reason, one scored
+(1.95 next to components adding up to 0.001), one with markup in the agent's reason, one scored
 by the seed profile (weighted terms: 0.3 x 20 GB + 0.5 x 2.5 s = 7.25)."""
 
 from __future__ import annotations

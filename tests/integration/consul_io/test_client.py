@@ -74,7 +74,7 @@ def test_bad_addresses_are_named():
     ("https://127.0.0.1:8501", None, "https"), ("https://127.0.0.1:8501", "https", "https"),
     ("http://127.0.0.1:8500", "http", "http")])
 def test_the_scheme_is_the_addresss_or_the_one_given(address, scheme, expected):
-    """An https:// address was read as plain http before: the token went out in cleartext."""
+    """An https:// address is spoken to over https: read as plain http, the token would go out in cleartext."""
     io = ConsulIO(address, scheme=scheme)
     assert io.scheme == expected and io.client.http.base_uri == f"{expected}://127.0.0.1:{address[-4:]}"
     assert io.address == f"127.0.0.1:{address[-4:]}"
@@ -156,7 +156,7 @@ def test_a_value_that_is_not_json_is_an_error_with_an_excerpt(serve):
 
 
 def test_the_environment_never_overrides_the_given_token_or_tls_verification(monkeypatch):
-    """Security review L9: py-consul sets its default token from CONSUL_HTTP_TOKEN ahead of the constructor's and
+    """py-consul sets its default token from CONSUL_HTTP_TOKEN ahead of the constructor's and
     reads CONSUL_HTTP_SSL_VERIFY; ConsulIO passes its own token on every call and verify explicitly, so the
     operator's environment does not change which token preflight, the edge or the agent send."""
     from devconsul.server import DevConsulServer
@@ -196,7 +196,7 @@ def _no_proxy_environment(monkeypatch):
 
 def test_the_environment_is_read_once_not_on_every_call(serve, monkeypatch):
     """requests read the proxy variables, ~/.netrc and the CA bundle variables on every call: a third of a call's
-    CPU, several calls a second in the agent. Before: 3 calls, 3 reads of each."""
+    CPU, several calls a second in the agent. Guards against: 3 calls, 3 reads of each."""
     import requests.sessions
 
     _no_proxy_environment(monkeypatch)

@@ -96,7 +96,7 @@ def test_read_cache_key_is_the_token_and_the_keyed_parameters_only():
 
 
 def test_acl_is_decided_before_the_body_is_read(dev_acl):
-    """No token and a 12 MiB Content-Length, body never sent: answered 403 at once (before: after the body)."""
+    """No token and a 12 MiB Content-Length, body never sent: answered 403 at once (not: after the body)."""
     head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: 12582912\r\n\r\n"
     status, data, took = raw(dev_acl.address, head, timeout=3)
     assert status == 403 and took < 1.0 and b"Connection: close" in data

@@ -198,7 +198,7 @@ def test_http_check_accepts_only_http_and_https(dev, url):
             break
         time.sleep(0.1)
     assert check["Status"] == "critical" and "unsupported protocol scheme" in check["Output"]
-    assert "Output:" not in check["Output"]  # nothing was fetched (before: the data: URL's "hello")
+    assert "Output:" not in check["Output"]  # nothing was fetched (not: the data: URL's "hello")
 
 
 def test_probe_thread_survives_an_exception(dev, monkeypatch):
@@ -219,4 +219,4 @@ def test_probe_thread_survives_an_exception(dev, monkeypatch):
     deadline = time.monotonic() + 6
     while time.monotonic() < deadline and calls["n"] < 2:
         time.sleep(0.1)
-    assert calls["n"] >= 2  # before: the TypeError ended the probe thread for good
+    assert calls["n"] >= 2  # guards against: the TypeError ended the probe thread for good

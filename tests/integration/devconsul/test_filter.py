@@ -117,7 +117,7 @@ def test_filter_parser_never_raises_anything_but_a_400():
 
 
 def test_backtracking_pattern_answers_at_once_and_others_are_served(api, name, cleanup):
-    """Consul's ``matches`` is Go's regexp (RE2): linear time for every pattern. Before: Python's ``re``
+    """Consul's ``matches`` is Go's regexp (RE2): linear time for every pattern. Guards against: Python's ``re``
     took 21 s for ``^(.*)*z$`` on a 28-character ID, holding the state lock (and the GIL) meanwhile, so
     every other client waited too."""
     import threading
@@ -140,7 +140,7 @@ def test_backtracking_pattern_answers_at_once_and_others_are_served(api, name, c
     worker = threading.Thread(target=filtered, daemon=True)
     sent = time.monotonic()
     worker.start()
-    time.sleep(0.3)  # the filter is being evaluated (before the fix: for 21 s)
+    time.sleep(0.3)  # the filter is being evaluated (not: for 21 s)
     leader = requests.get(f"{api.base}/v1/status/leader", headers=headers, timeout=5)
     # measured from the filter's start: against the in-process dev server a stalled GIL stalls this
     # thread's clock-reading too, so only the total shows the wait

@@ -53,7 +53,7 @@ def statuses(received: bytes) -> list[int]:
 
 @pytest.mark.parametrize("length", [b"\xb2", b"\xb9", b"1\xb2", b"00000000001", b"3 3", b"0x3", b"3.0"])
 def test_content_length_of_anything_but_ascii_digits_is_400_and_closes(dev, length):
-    """Before: '\\xb2' (superscript two) passed str.isdigit, int() raised: 500 with a traceback in the
+    """Guards against: '\\xb2' (superscript two) passed str.isdigit, int() raised: 500 with a traceback in the
     log, the connection kept open, and the smuggled request after it answered."""
     head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n"
     received = exchange(dev.address, head + SMUGGLED)
@@ -69,7 +69,7 @@ def test_two_different_content_lengths_are_400_and_close(dev):
 @pytest.mark.parametrize("encoding", [b"gzip, chunked", b"chunked, chunked", b"identity", b"chunked;x", b"xchunked",
                                       b"chunked\r\nTransfer-Encoding: chunked", b"gzip"])
 def test_transfer_encoding_other_than_chunked_is_refused_and_closes(dev, encoding):
-    """Before: anything but exactly 'chunked' was taken as no body at all (or the Content-Length), and
+    """Guards against: anything but exactly 'chunked' was taken as no body at all (or the Content-Length), and
     the chunked body that followed was read as the next request."""
     head = b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + encoding + b"\r\n\r\n"
     received = exchange(dev.address, head + b"3\r\nabc\r\n0\r\n\r\n" + SMUGGLED)
@@ -85,7 +85,7 @@ def test_chunked_in_any_case_is_chunked(dev):
 
 def test_any_error_while_reading_a_body_closes_the_connection(dev, monkeypatch):
     """An error the reader did not foresee leaves the stream at an unknown point: nothing after it may be
-    read as a request. Before: a 500 on a connection kept open, and the smuggled request answered."""
+    read as a request. Guards against: a 500 on a connection kept open, and the smuggled request answered."""
     def broken(self):
         raise ValueError("unforeseen")
 
@@ -99,7 +99,7 @@ def test_any_error_while_reading_a_body_closes_the_connection(dev, monkeypatch):
                                                  ("index=\u0661", 400, "Invalid index"),
                                                  ("cas=\u00b2", 500, "strconv.ParseUint")])
 def test_numbers_in_the_query_are_ascii_digits(dev, query, status, text):
-    """Before: ?index=\u00b2 passed str.isdigit and int() raised: an 'internal error' 500 with a traceback;
+    """Guards against: ?index=\u00b2 passed str.isdigit and int() raised: an 'internal error' 500 with a traceback;
     ?index=\u0661 (Arabic-Indic one) was read as 1."""
     method = "PUT" if query.startswith("cas") else "GET"
     resp = requests.request(method, f"http://{dev.address}/v1/kv/k?{query}", data=b"x", timeout=5)
@@ -107,7 +107,7 @@ def test_numbers_in_the_query_are_ascii_digits(dev, query, status, text):
 
 
 def test_a_request_refused_before_its_body_is_read_closes_the_connection():
-    """A GET with a body, refused by the ACL check before the body is read. Before: a 403 on a connection
+    """A GET with a body, refused by the ACL check before the body is read. Guards against: a 403 on a connection
     kept open, and the body, itself a request, answered as the next one."""
     with DevConsulServer(addr="127.0.0.1:0", node_name="n1", acl_token="c0ffee00-0000-4000-8000-000000000001") as acl:
         head = b"GET /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED)
@@ -200,7 +200,7 @@ def _answers(url: str) -> bool:
 
 @pytest.mark.parametrize("length", [b"-1", b"abc", b"+5", b" "])
 def test_content_length_that_is_not_a_number_is_400(dev, length):
-    """Before: -1 read the body to EOF (12 MiB buffered before the 413)."""
+    """Guards against: -1 read the body to EOF (12 MiB buffered before the 413)."""
     status, data, _ = raw(dev.address, b"PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n")
     assert status == 400 and b"Connection: close" in data
 
@@ -229,7 +229,7 @@ def test_idle_connection_is_closed_after_the_timeout():
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             sock.sendall(b"GET /v1/status/leader HTTP/1.1\r\n")  # headers never finished
             started = time.monotonic()
-            assert sock.recv(1024) == b""  # closed by the server (before: held open forever)
+            assert sock.recv(1024) == b""  # closed by the server (not: held open forever)
             assert time.monotonic() - started < 3
 
 
@@ -259,7 +259,7 @@ def test_read_cache_ignores_unknown_parameters_and_is_byte_capped(dev):
     base = f"http://{dev.address}"
     for i in range(20):
         requests.put(f"{base}/v1/kv/big/{i}", data=b"v" * 100_000, timeout=5)
-    for n in range(40):  # review M3: ?junk=N made one 2.7 MB cache entry per request
+    for n in range(40):  # ?junk=N made one 2.7 MB cache entry per request
         assert requests.get(f"{base}/v1/kv/big?recurse&junk={n}", timeout=5).status_code == 200
     assert len(dev.read_cache._entries) <= 2
     dev.read_cache.max_bytes = 3_000_000

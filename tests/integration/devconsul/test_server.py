@@ -253,7 +253,7 @@ def switchable_disk(monkeypatch) -> dict:
 
 
 def test_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch):
-    """Review L1: on a full disk a PUT answered 500 and was still applied; a retry with ?cas=0 said false."""
+    """on a full disk a PUT answered 500 and was still applied; a retry with ?cas=0 said false."""
     full = switchable_disk(monkeypatch)
     with DevConsulServer(addr="127.0.0.1:0", data_dir=tmp_path / "data") as server:
         base = f"http://{server.address}"
@@ -262,7 +262,7 @@ def test_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch)
         started = time.monotonic()
         resp = requests.put(f"{base}/v1/kv/fill", data=b"x" * 60_000, timeout=15)
         assert resp.status_code == 500 and "not applied" in resp.text
-        assert time.monotonic() - started < 5  # before: 10 s
+        assert time.monotonic() - started < 5  # guards against: 10 s
         assert requests.get(f"{base}/v1/kv/fill", timeout=5).status_code == 404
         resp = requests.delete(f"{base}/v1/kv/keep", timeout=5)  # refused before it is applied
         assert resp.status_code == 500 and "not applied" in resp.text
@@ -288,7 +288,7 @@ def _recovered(base: str, full: dict) -> None:
 
 
 def test_catalog_write_that_cannot_be_made_durable_is_not_applied(tmp_path, monkeypatch):
-    """Before: a catalog write on a full disk was answered 500 "not durable" and stayed applied in memory
+    """Guards against: a catalog write on a full disk was answered 500 "not durable" and stayed applied in memory
     (served to readers, and written out once the disk had room), so a client could not tell what held."""
     full = switchable_disk(monkeypatch)
     with DevConsulServer(addr="127.0.0.1:0", data_dir=tmp_path / "data", node_name="n1") as server:

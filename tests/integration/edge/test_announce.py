@@ -317,7 +317,7 @@ def test_an_agent_that_accepts_part_of_a_batch_has_the_whole_batch_counted_by_ti
 
 @pytest.mark.parametrize("raw", [b"<html>ok</html>", b"[1]", b'{"accepted": "all"}', b'{"accepted": 9}'])
 def test_a_200_whose_answer_cannot_be_read_has_the_whole_batch_counted_by_time(raw):
-    """Before: an unreadable answer was taken as every announcement counted, which the node's next
+    """Guards against: an unreadable answer was taken as every announcement counted, which the node's next
     acknowledgement would then pass over even if the agent had counted none."""
     async def test(sender, ledger, _session):
         async with FakeAgent("n0") as agent:

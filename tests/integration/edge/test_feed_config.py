@@ -269,7 +269,7 @@ def test_ledger_sums_match_the_entries_as_they_age_out():
 
 def test_every_address_field_is_read_by_one_hostport_helper():
     # the edge's listen, the agent's listen and the Consul block: one split, IPv6 brackets dropped for bind()
-    # (before: three rsplit copies, and "[::1]:8080" bound the host "[::1]", which getaddrinfo rejects)
+    # (not: three rsplit copies, and "[::1]:8080" bound the host "[::1]", which getaddrinfo rejects)
     from eas_agent.config import ConsulConfig, split_hostport
 
     config = load_edge_config(None, {"listen": "[::1]:8081", "consul.address": "[::1]:8500"})
@@ -281,7 +281,7 @@ def test_every_address_field_is_read_by_one_hostport_helper():
 
 def test_an_overdue_stream_marks_its_iu_busier_than_its_score():
     # both IUs score 0: the one holding this edge's stream past its predicted first byte is avoided until
-    # that byte arrives (before: the stale score alone, so a coin toss between a held IU and a free one)
+    # that byte arrives (not: the stale score alone, so a coin toss between a held IU and a free one)
     view = healthy_view(lambda: 100.0, {"n0": "ab"})
     view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.0, "b": 0.0}, ts=100.0,
                                                                prefill_tps=8000.0))}])
@@ -305,8 +305,8 @@ def test_a_long_prompt_still_queued_is_counted_at_its_real_cost_by_scores_newer_
     # The IU's score counts a waiting request at its mean request (request_cost_s 0.2 s); this edge sent a
     # 12,000-token prompt (1.5 s at 8,000 tokens/s) predicted to wait 0.5 s before its prefill. A score
     # taken 0.1 s after the send counts it at 0.2 s: the ledger adds the 1.3 s the score misses until the
-    # prompt is predicted admitted (then the score's admitted-prefill term has its real tokens). Before:
-    # the ledger dropped it at the first newer score, so the IU looked 1.3 s emptier than it was.
+    # prompt is predicted admitted (then the score's admitted-prefill term has its real tokens). Dropped at the
+    # first newer score, the IU would look 1.3 s emptier than it is.
     router = Router(random.Random(1))
     router.sent("a", 100.0, 1.5, handle="r1", expected_s=2.0, queued_as_s=0.2)
     assert router.ledger.sent_cost_since("a", 99.9, default_cost_s=0.2) == pytest.approx(1.5)  # older score

@@ -1,5 +1,5 @@
 """The batches of a rollout: the Consul servers start together in a play of their own before the batched
-play (roles review #12: with `bootstrap_expect` = 3 and one host in batch 1, the first server waits alone
+play (with `bootstrap_expect` = 3 and one host in batch 1, the first server waits alone
 for a leader and batch 1 fails on every new production cluster), and `clusterctl provision`'s plan is the
 batches Ansible itself forms: checked by running ansible-playbook over the sample inventory (2 racks x 4
 nodes, 3 servers) with each play's header (hosts, serial) and one task that prints the batch."""

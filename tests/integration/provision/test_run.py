@@ -37,7 +37,7 @@ def test_host_keys_are_checked_and_this_checkout_is_on_the_path():
 
 
 def test_module_arguments_are_not_logged_to_the_hosts_syslog():
-    """Security review L4: every module logs 'Invoked with <arguments>' to the target's journal unless
+    """every module logs 'Invoked with <arguments>' to the target's journal unless
     no_target_syslog is set; config_files' arguments are the rendered files (an env file's HF_TOKEN=...).
     ansible.cfg sets it, and Ansible reads it from there (asked through ansible-config)."""
     import os

@@ -171,7 +171,7 @@ def test_module_names_a_missing_directory(tmp_path):
 
 
 def test_a_new_file_is_never_wider_than_owner_only_before_its_mode_is_set(tmp_path):
-    """Roles review (smaller findings): Ansible's atomic_move gives a file it creates the umask's mode (0644
+    """Ansible's atomic_move gives a file it creates the umask's mode (0644
     under umask 022) before the module sets the entry's own (0600 for a token): a moment in which a secret
     is world-readable. The mode the file has when its attributes are set is recorded here."""
     from ansible.module_utils.basic import AnsibleModule

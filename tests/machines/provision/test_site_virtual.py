@@ -179,7 +179,7 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
 
 def test_a_failing_roce_boot_unit_fails_the_run_with_the_scripts_reason(provisioned):
     """mlnx-tools gone from an OFED host: the boot unit fails. A rerun whose files did not change starts it
-    again and fails naming the script's reason (before: ok, the unit left failed); once the tool is back, the
+    again and fails naming the script's reason (not: ok, the unit left failed); once the tool is back, the
     next run starts it."""
     host, port = ROCE_HOST, "enp26s0np0"
     broken = provisioned.on_host(host, "sh", "-c", "mv /usr/bin/mlnx_qos /usr/bin/mlnx_qos.away && "
@@ -304,7 +304,7 @@ def test_each_iu_unit_env_and_numa_binding_from_the_host_topology(provisioned):
             )
             assert env["CUDA_VISIBLE_DEVICES"] == iu.cuda_visible_devices
             # VLLM_PORT is vLLM's first internal port, not the API port: set to it, IU0's internal ports
-            # land on IU1's API port (review finding #9). The API port is --port only.
+            # land on IU1's API port. The API port is --port only.
             assert "VLLM_PORT" not in env
             assert f"--tensor-parallel-size {node.iu_size} " in env["VLLM_ARGS"]
             assert f"--host {node.address} " in env["VLLM_ARGS"] and env["VLLM_ARGS"].endswith(f"--port {iu.port}")
@@ -425,7 +425,7 @@ def test_a_changed_template_restarts_exactly_the_units_it_feeds(provisioned):
 
     assert restarted_by("changed-template", "chrony_makestep_limit: 4\ninference_unit_max_num_seqs: 64\n") == {
         "chrony.service"}
-    # ... and the recap says which IUs still run the old configuration (roles review: it said nothing)
+    # ... and the recap says which IUs still run the old configuration
     assert (f"IU restart pending on 1 host: {host}: {host}-iu0, {host}-iu1 (configuration changed; run "
             "playbooks/rolling-restart.yml)") in outputs["changed-template"], outputs["changed-template"][-2000:]
     assert restarted_by("template-restored", "inference_unit_restart_on_change: true\n") == {
@@ -471,7 +471,7 @@ def test_bad_inputs_fail_in_argument_validation(provisioned, tag, extra_vars, na
 
 
 def test_a_repository_key_that_is_not_pinned_is_never_trusted(provisioned):
-    """Security review L12: HashiCorp's signing key came from the repository's own host and nothing checked it.
+    """HashiCorp's signing key came from the repository's own host and nothing checked it.
     Pinned to another fingerprint, the key the stand-in repository serves is refused, naming both, and the
     host's repository entry keeps the key the last good run wrote."""
     from sim.hosts import repos
@@ -683,7 +683,7 @@ def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_the
 
 
 def _rolling_restart_keeps_an_operator_quarantine(provisioned, cluster, operator: str, management: str) -> None:
-    """rolling-restart.yml over the three nodes with their agents live (review finding #13 on the machines):
+    """rolling-restart.yml over the three nodes with their agents live:
     r01n01 and r02n01 released by preflight, then one of r01n01's IUs quarantined by an operator (maintenance with
     the operator's reason, through the node's agent); r01n02 still held for preflight. The run takes every other
     released IU out of rotation and puts it back, node by node (serial: 1), and leaves the quarantine and r01n02's

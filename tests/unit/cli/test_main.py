@@ -1,5 +1,6 @@
-"""One test per mistake a first-time user made in the operator-experience review: each
-answer is one line, with the documented exit code, and names the fix."""
+"""The CLI as a whole (cli/main.py): help, typos and option suggestions, completion, help examples, and a bug
+that exits 70 in one line. Each mistake a first-time user makes is answered in one line, with the documented
+exit code, and names the fix."""
 
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeyp
     monkeypatch.setattr(cli.commands.inventory.inv, "load_cluster", broken)
     with pytest.raises(SystemExit) as exited:
         main(["inventory", "show", "-i", str(virtual_inventory)])
-    assert exited.value.code == ExitCode.INTERNAL == 70  # before: an uncaught traceback, exit 1
+    assert exited.value.code == ExitCode.INTERNAL == 70  # guards against: an uncaught traceback, exit 1
     err = one_line(capsys.readouterr().err)
     assert err.startswith("internal error (a bug in clusterctl, not a verdict): KeyError: 'racks' at ")
     assert "--debug" in err

@@ -61,7 +61,7 @@ KERNEL_ARG_PROBLEM = ("not a kernel argument: one word of letters, digits and _ 
 
 @pytest.mark.parametrize("hostile", ["$(reboot)", 'iommu=pt"', "iommu=pt\nGRUB_TIMEOUT=0", "a=1 b=2", "`id`", "x;y"])
 def test_extra_kernel_args_that_are_not_one_kernel_word_are_refused(hostile):
-    """They go unquoted into a grub drop-in that update-grub sources as shell, as root (security review L5)."""
+    """They go unquoted into a grub drop-in that update-grub sources as shell, as root."""
     with pytest.raises(spec.SpecError) as caught:
         spec.coerce({"gpu_model": "h100-sxm", "cpu_cstates_extra_kernel_args": ["iommu=pt", hostile]}, "n1")
     assert str(caught.value) == f"n1: cpu_cstates_extra_kernel_args[1]={hostile!r}: {KERNEL_ARG_PROBLEM}"

@@ -38,7 +38,7 @@ CASES = {
         ["n1: rdma_nics[0].netdev='enp0s31f6averylongname'"],
     ),
     "bad_rdma_device": ({"n2": "rdma_nics: [{device: 'mlx5 0'}]\n"}, ["n2: rdma_nics[0].device='mlx5 0'"]),
-    # Review L5: a pattern ending in `$` also matches before a trailing newline, which then reaches templates.
+    # a pattern ending in `$` also matches before a trailing newline, which then reaches templates.
     "netdev_trailing_newline": (
         {"n1": 'rdma_nics: [{device: mlx5_0, netdev: "eth0\\n"}]\n'},
         ["n1: rdma_nics[0].netdev='eth0\\n'", "not a valid Linux interface name"],
@@ -56,7 +56,7 @@ CASES = {
     "unknown_gpu_model": ({"n2": "gpu_model: b200\n"}, ["n2: gpu_model='b200'", "unknown GPU model"]),
     "layout_gpu_twice": (
         {"n1": "iu_layout: [[0, 1, 2, 3], [3, 4, 5, 6]]\n"},
-        # the layout, not the GPU index alone ("iu_layout=3": operator review L9)
+        # the layout, not the GPU index alone ("iu_layout=3")
         ["n1: iu_layout=[[0, 1, 2, 3], [3, 4, 5, 6]]: IU 1: GPU 3 is already in another IU"],
     ),
     "layout_gpu_out_of_range": (
@@ -101,7 +101,7 @@ SECRET = "3f0c9a7e-shared-eas-token-never-printed"
 @pytest.mark.parametrize(("all_vars", "host_vars", "shared"), [
     # one plain token in group_vars, every node inherits it
     (GOOD_GROUP_VARS + f"eas_agent_consul_token: {SECRET}\n", {}, "eas_agent_consul_token"),
-    # one vault value in group_vars (the sample inventory's mistake, security review H2): same ciphertext
+    # one vault value in group_vars (an easy mistake in a sample inventory): same ciphertext
     (GOOD_GROUP_VARS + inline("eas_agent_consul_token", SECRET), {}, "eas_agent_consul_token"),
     # the same secret pasted into two host_vars
     (GOOD_GROUP_VARS, {h: f"consul_agent_acl_agent_token: {SECRET}\n" for h in ("n1", "n2")},
@@ -156,7 +156,7 @@ def test_valid_inventory_passes(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["../../escaped", "a/b", ".hidden", "-rf", "a..b", "n1 x", "n1\n", "x" * 64 + ".y" * 95])
 def test_a_host_name_that_is_not_a_host_name_is_refused(tmp_path, capsys, name):
-    """Review H3 (the real-inventory half): host names become IU ids, Consul service and node names and file
+    """host names become IU ids, Consul service and node names and file
     names on the node (/etc/consul.d/vllm-iu-<node>-iu<i>.json), so only DNS names get that far."""
     hosts = ONE_RACK.replace("n2: {ansible_host: 127.0.77.2}", f"{json.dumps(name)}: {{ansible_host: 127.0.77.2}}")
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, hosts))

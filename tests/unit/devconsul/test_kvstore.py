@@ -22,7 +22,7 @@ def test_kv_snapshot_encodes_each_value_once(monkeypatch):
     real = base64.b64encode
     monkeypatch.setattr(kvstore.base64, "b64encode", lambda data: encoded.append(data) or real(data))
     snap = store.snapshot()
-    assert len(encoded) == 2  # the two non-empty values, once each (before: 4)
+    assert len(encoded) == 2  # the two non-empty values, once each (not: 4)
     assert [(r["Key"], r["Value"], r["Flags"]) for r in snap["entries"]] == [
         ("k/0", "b25l", 0), ("k/1", None, 1), ("k/2", base64.b64encode(b"\x00\xff" * 100).decode(), 2)]
     again = kvstore.KVStore(State())

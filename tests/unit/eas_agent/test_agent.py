@@ -225,7 +225,7 @@ def test_bad_sample_makes_that_iu_unknown_and_the_rest_publish(sample, value):
     agent, store = agent_with([lambda: GOOD, lambda: bad])
     try:
         for t in range(3):
-            results = agent.cycle(1000.0 + t)  # before the fix: ValueError out of cycle (the agent stopped)
+            results = agent.cycle(1000.0 + t)  # guards against: ValueError out of cycle (the agent stopped)
             agent.publisher.step(1000.0 + t, results)
         good, broken = results["n1-iu0"], results["n1-iu1"]
         assert good.status == "passing" and good.score is not None and good.score >= 0
@@ -277,7 +277,7 @@ def test_one_dripping_endpoint_does_not_stall_the_node(slow_index):
             results = agent.cycle(1000.0 + t * 0.2)
             agent.publisher.step(1000.0 + t * 0.2, results)
         elapsed = time.monotonic() - started
-        assert elapsed < 5 * (cfg.scrape_timeout_s + 0.2), elapsed  # before: one cycle took seconds
+        assert elapsed < 5 * (cfg.scrape_timeout_s + 0.2), elapsed  # guards against: one cycle took seconds
         fine = [f"n1-iu{i}" for i in range(3) if i != slow_index]
         assert results[fine[0]].status == results[fine[1]].status == "passing"
         assert results[f"n1-iu{slow_index}"].score is None and results[f"n1-iu{slow_index}"].status == "warning"
@@ -288,7 +288,7 @@ def test_one_dripping_endpoint_does_not_stall_the_node(slow_index):
 
 def test_one_iu_dripping_its_headers_is_cut_at_the_deadline():
     """A node with one IU scrapes it on the cycle's own thread (no executor, no abort): the fetcher itself
-    must hold the deadline while reading the headers. Before: one cycle took the whole drip (4.2 s)."""
+    must hold the deadline while reading the headers. Guards against: one cycle took the whole drip (4.2 s)."""
     server = DripServer(header_drip=True)
     try:
         cfg = config(1)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
     "text", ["System time     : . seconds fast of NTP time", "System time : 1.2.3 seconds slow of NTP time"]
 )
 def test_clock_parse_never_raises(text):
-    assert parse_system_time_offset(text) is None  # before: float('.') raised inside the cycle
+    assert parse_system_time_offset(text) is None  # guards against: float('.') raised inside the cycle
 
 
 def test_clock_parse_reads_offsets():

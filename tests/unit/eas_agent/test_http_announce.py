@@ -255,7 +255,7 @@ def test_a_batch_during_a_cycle_never_replaces_its_body_with_an_older_base(agent
     cycler.join(5)
     poster.join(5)
     assert posted[0][1] == {"accepted": 1, "ignored": {}, "ignored_seqs": []}
-    # the batch waited for the cycle's body, then served its own on that base (before the fix: a body on
+    # the batch waited for the cycle's body, then served its own on that base (not: a body on
     # the previous scrape's base, whose additions the cycle had just ended, served in the middle of it)
     assert [ts for ts, _ in served] == [T0 + 0.2, T0 + 0.2]
     _, body = scores(agent)

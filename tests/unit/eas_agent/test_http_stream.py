@@ -60,7 +60,7 @@ def test_a_quiet_stream_gets_heartbeats_and_ends_after_its_time_and_when_the_age
             assert json.loads(answer.readline())["seq"] == 1
             threading.Timer(0.2, server.stop).start()
             stopped = time.monotonic()
-            assert answer.read() == b""  # the agent's stop ends the stream (before: threads kept waiting)
+            assert answer.read() == b""  # the agent's stop ends the stream (not: threads kept waiting)
             assert time.monotonic() - stopped < 2.0
     finally:
         server.stop()

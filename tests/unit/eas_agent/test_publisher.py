@@ -106,7 +106,7 @@ class CountingStore(MemoryStore):
 
 def test_a_write_is_one_request_after_the_first():
     """The check-and-set answers the entry's new index, so no read follows a write: half the KV requests per
-    write (each a GET the servers answer, at 0.7-0.9 writes per node per second). Before: read, cas, read for
+    write (each a GET the servers answer, at 0.7-0.9 writes per node per second). Guards against: read, cas, read for
     the first write and cas, read for each after it."""
     store, pub = make(store=CountingStore())
     for t in (0.0, 1.0, 2.0, 3.0):
@@ -262,7 +262,7 @@ def test_publisher_never_writes_non_finite_json():
 
     agent, store = agent_with([lambda: GOOD], serve_http=False)
     results = {"n1-iu0": ScoreResult(float("nan"), "passing", "", {"x": float("inf"), "y": 1.0})}
-    agent.publisher.step(1000.0, results)  # before: json.dumps wrote NaN and Infinity into the KV
+    agent.publisher.step(1000.0, results)  # guards against: json.dumps wrote NaN and Infinity into the KV
     body = strict_json(store.kv["clusterctl/eas/dc1/n1"][1])
     assert body["ius"]["n1-iu0"]["score"] is None and body["ius"]["n1-iu0"]["components"] == {
         "x": None,

@@ -105,7 +105,7 @@ def test_bad_value_in_a_wanted_family_names_the_line():
 
 @pytest.mark.parametrize(("value", "unlabelled"), [("NaN", False), ("-1e6", False), ("+Inf", True), ("NaN", True)])
 def test_a_non_finite_or_negative_sample_names_its_line(value, unlabelled):
-    """Operator review: `agent parse-metrics` said which sample but not where; a scrape is hundreds of lines."""
+    """`agent parse-metrics` says where, not only which sample: a scrape is hundreds of lines."""
     good = (FIXTURES / "v1_single_engine.txt").read_text()
     old = 'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Meta-Llama-3-70B-Instruct"} 0.0'
     new = "vllm:num_requests_waiting " + value if unlabelled else old.replace(" 0.0", " " + value)

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.unit
 
 def test_strict_json_refuses_non_finite_numbers():
     """The backstop under the publisher's sanitising: scorebody.dumps (the KV body and /scores) raises
-    instead of writing NaN/Infinity, which is invalid JSON for every non-Python reader (review H1)."""
+    instead of writing NaN/Infinity, which is invalid JSON for every non-Python reader."""
     from eas_agent import scorebody
 
     for bad in (float("nan"), float("inf"), float("-inf")):

@@ -172,7 +172,7 @@ def test_an_agent_that_ends_each_stream_at_once_is_backed_off_not_busy_looped():
 
 def test_an_agent_upgraded_to_streams_is_streamed_from_after_its_restart():
     """Plain answers (an agent from before streams), one failed query (its restart), then a streaming agent:
-    the feed asks for a stream again (before: it stayed on blocking queries until the edge restarted)."""
+    the feed asks for a stream again (not: it stayed on blocking queries until the edge restarted)."""
     async def run() -> None:
         asked: list[dict] = []
 

@@ -63,7 +63,7 @@ def test_a_feed_that_got_hostile_bodies_keeps_following():
                     await asyncio.sleep(0.01)
                     if view.snapshot().by_id().get("n0-iu0") and view.snapshot().by_id()["n0-iu0"].score == 0.25:
                         break
-                # before: OverflowError ended the node's task on the first answer, and nothing restarted it
+                # guards against: OverflowError ended the node's task on the first answer, and nothing restarted it
                 assert view.snapshot().by_id()["n0-iu0"].score == 0.25, (asked, view.problems)
                 assert asked[:3] == [0, 1, 2]
                 assert view.rejected_bodies == 1 and feed.errors["n0"] == 1  # the ts, then the JSON
@@ -87,7 +87,7 @@ def test_reconcile_restarts_a_task_that_ended():
             feed.reconcile()
             agent, task = feed.tasks["n0"]
             try:
-                assert task is not ended and not task.done()  # before: the ended task stayed, never replaced
+                assert task is not ended and not task.done()  # guards against: the ended task stayed, never replaced
                 assert agent == "127.0.0.1:1"
             finally:
                 await feed.stop()

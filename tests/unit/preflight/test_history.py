@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 def test_history_files_are_private(tmp_path):
     """A saved run carries host output (reasons, evidence: stderr lines); like provision's events.jsonl
-    (security review L4) it is 0600 in a 0700 directory whatever the umask."""
+    it is 0600 in a 0700 directory whatever the umask."""
     old = os.umask(0o022)
     try:
         saved = history.save(tmp_path / "state" / "preflight", {"results": []}, {}, started=1_800_000_000)

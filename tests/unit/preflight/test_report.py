@@ -100,7 +100,7 @@ def test_evidence_codes_and_top_details_are_in_the_table():
 
 
 def test_host_text_is_never_markup():
-    # Before: rich.errors.MarkupError ("closing tag '[/]' ... has nothing to close") from the reason cell.
+    # Guards against: rich.errors.MarkupError ("closing tag '[/]' ... has nothing to close") from the reason cell.
     text = render(160)
     assert "exited 1: [/] oops [bold]not markup[/bold]" in text
 
@@ -251,7 +251,7 @@ def test_history_table_shows_saved_text_as_it_is(clusterctl, tmp_path):
     history.save(tmp_path, report.to_json(samples.outcome()), {"inventory": "inv[/]x", "limit": "[bold]r1"},
                  started=1_800_000_000)
     code, out, _ = clusterctl("preflight", "history", "--state-dir", str(tmp_path), columns=160)
-    assert code == 0 and "inv[/]x" in out and "[bold]r1" in out  # before: MarkupError, exit 1
+    assert code == 0 and "inv[/]x" in out and "[bold]r1" in out  # guards against: MarkupError, exit 1
 
 
 def test_progress_shows_each_running_nodes_check_and_how_long_it_has_run():

@@ -1,4 +1,4 @@
-"""Security review L4: the run directory and events.jsonl carry task results: 0700 / 0600, and a
+"""the run directory and events.jsonl carry task results: 0700 / 0600, and a
 failed event write (full disk) never stops the run's bookkeeping."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_run_dir_and_events_are_private(tmp_path):
     finally:
         os.umask(old)
     assert mode(run_dir) == 0o700 and mode(run_dir / "runner") == 0o700
-    assert mode(run_dir / "events.jsonl") == 0o600  # before: 0644 in a 0755 directory
+    assert mode(run_dir / "events.jsonl") == 0o600  # guards against: 0644 in a 0755 directory
     assert json.loads((run_dir / "events.jsonl").read_text())["event"] == "runner_on_ok"
 
 

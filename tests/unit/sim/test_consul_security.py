@@ -1,5 +1,5 @@
 """`inventory validate` and `provision --plan` warn when an inventory weakens Consul's security (ACLs, default
-deny, gossip encryption, TLS) or leaves a secret unset that a switch (on by default) needs; exit 0 (review M7)."""
+deny, gossip encryption, TLS) or leaves a secret unset that a switch (on by default) needs; exit 0."""
 
 import pytest
 

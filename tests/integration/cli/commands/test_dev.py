@@ -117,7 +117,7 @@ def test_runs_with_data_dir_and_acl_until_sigterm(tmp_path):
 
 
 def test_allow_remote_requires_acls():
-    """Review L3: --allow-remote without --acl-token-file served everything to anyone (refused before binding)."""
+    """--allow-remote without --acl-token-file served everything to anyone (refused before binding)."""
     from click.testing import CliRunner
 
     from cli.commands.dev import command

@@ -108,7 +108,7 @@ def test_scores_refuses_a_token_file_others_can_read(capsys, tmp_path):
 
 
 def test_an_https_address_is_spoken_to_over_https(consul_addr, capsys, monkeypatch):
-    """Security review L9: `--consul https://HOST:PORT` had its scheme dropped and the token went to it in
+    """`--consul https://HOST:PORT` had its scheme dropped and the token went to it in
     cleartext over HTTP. Now it is HTTPS (system CAs): against this plain-HTTP Consul the TLS handshake fails,
     so the command reports it unreachable instead of reading the scores in cleartext."""
     import cli.commands.scores as scores

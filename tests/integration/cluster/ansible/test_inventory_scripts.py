@@ -1,4 +1,4 @@
-"""Review L6: ``inventory validate`` (and everything that loads an inventory) never runs an executable
+"""``inventory validate`` (and everything that loads an inventory) never runs an executable
 inventory unless the operator sets CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS=1."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_validate_does_not_run_a_script(tmp_path, capsys, monkeypatch):
     marker = tmp_path / "marker"
     code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(script(tmp_path, marker)))
     assert code == 2 and ALLOW_SCRIPTS_ENV in err and "executable inventory" in err
-    assert not marker.exists()  # before: the script ran (the review's marker file appeared)
+    assert not marker.exists()  # guards against: the script ran (its marker file appears)
 
 
 def test_a_script_inside_an_inventory_directory_is_refused_too(tmp_path, monkeypatch):

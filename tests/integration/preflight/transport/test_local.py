@@ -46,7 +46,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
 
 
 def test_a_descendant_that_left_the_group_does_not_hold_the_run(tmp_path):
-    """Review L7: after a timeout kills the group, a descendant in its own session (setsid, a daemon) still
+    """after a timeout kills the group, a descendant in its own session (setsid, a daemon) still
     holds stdout/stderr open; the run returns within the kill grace with what came, instead of waiting on it."""
     pid_file = tmp_path / "escaped.pid"
     script = f"echo before; setsid sh -c 'echo $$ > {pid_file}; exec sleep 20' & sleep 30"
@@ -62,7 +62,7 @@ def test_a_descendant_that_left_the_group_does_not_hold_the_run(tmp_path):
 
 
 def test_local_output_over_the_cap_is_truncated_and_the_command_killed(tmp_path):
-    """Review M4 (preflight): stdout was read whole (`communicate`). Reading stops at the cap, the result says
+    """stdout was read whole (`communicate`). Reading stops at the cap, the result says
     truncated (rc None: we ended it), and the command's group is killed instead of left writing: here it would
     sleep 30 s after its output, so the run returning at once shows it did not wait for it."""
     pid_file = tmp_path / "flood.pid"

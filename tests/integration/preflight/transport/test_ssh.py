@@ -95,7 +95,7 @@ def test_a_timeout_returns_what_came_so_far(transport):
 
 
 def test_output_over_the_cap_stops_the_read_and_closes_the_channel(transport):
-    """Review M4 (preflight): a command that prints without end (an XID storm in `journalctl -k`) was read
+    """a command that prints without end (an XID storm in `journalctl -k`) was read
     whole into the controller's memory. Reading stops at the cap, the result says truncated, and the channel
     is closed, so the command on the host can write no more (over sshd: SIGPIPE on its next write)."""
     FLOOD_STOPPED.clear()
@@ -218,7 +218,7 @@ def test_a_connection_that_dies_under_a_command_is_opened_again_for_one_more_try
 
 
 def test_a_refused_connection_reads_plainly_without_errno_none():
-    # paramiko says "[Errno None] Unable to connect to port 1 on 127.0.0.1" (operator review L6); every
+    # paramiko says "[Errno None] Unable to connect to port 1 on 127.0.0.1"; every
     # check row of an unreachable host carried it
     import socket
 
@@ -238,7 +238,7 @@ def test_a_refused_connection_reads_plainly_without_errno_none():
 
 
 def test_the_command_has_its_own_limit_on_the_host(monkeypatch):
-    """Review L7: closing the channel on our timeout left a hung command running on the host, one more per run.
+    """closing the channel on our timeout left a hung command running on the host, one more per run.
     The host's coreutils `timeout` ends it (TERM, then KILL) a grace after our own deadline, which still decides."""
     from preflight.transport import REMOTE_GRACE_S, REMOTE_KILL_S, SshTransport
     from tests.helpers.preflight import node

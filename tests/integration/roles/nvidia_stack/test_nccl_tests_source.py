@@ -1,6 +1,6 @@
 """nvidia_stack's nccl-tests path (roles/nvidia_stack/tasks/nccl_tests.yml) run unchanged on this host with
-connection local, everything under a temporary directory: a tarball is pinned by its sha256 (security review,
-supply chain: it used to be unpacked unverified), each source builds in a directory of its own, and the
+connection local, everything under a temporary directory: a tarball is pinned by its sha256 (supply
+chain: never unpacked unverified), each source builds in a directory of its own, and the
 binaries preflight runs from PATH (`all_reduce_perf`) are linked there. The stand-in source
 (helpers.nccl_tests_source) builds with make alone; nvcc cannot run here. The same path runs over SSH on a
 machine inside site.yml (test_site_virtual.py: r02n01's host_vars)."""

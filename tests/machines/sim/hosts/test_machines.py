@@ -257,7 +257,7 @@ def test_address_already_in_use_is_named(make_inventory):
     assert leftovers(directory) == []
 
 
-# ------------------------------------------------------- hostile state dirs and host names (review H3)
+# ------------------------------------------------------- hostile state dirs and host names
 
 
 def test_a_symlinked_state_dir_is_refused_and_its_target_untouched(make_inventory, tmp_path):
@@ -288,7 +288,7 @@ def test_a_symlinked_host_dir_inside_the_state_dir_is_refused(make_inventory, tm
 
 def test_a_symlinked_state_dir_is_refused_before_the_need_for_root(make_inventory, tmp_path, monkeypatch):
     """The refusal is about the state dir, so it comes first: not hidden behind "need root" for a user
-    who runs `virtual up` without it (before: that user was told only to become root)."""
+    who runs `virtual up` without it (not: that user was told only to become root)."""
     directory = make_inventory(1, 1, faults="none")
     (directory / ".sim").symlink_to(tmp_path)
     if os.geteuid() == 0:  # run as someone who is not root, whose inventory this is

@@ -26,7 +26,7 @@ def test_scores_table_snapshot(width, monkeypatch):
     check_snapshot(f"scores_{width or 'piped'}.txt", text)
     assert all(len(line) <= (width or 80) for line in text.splitlines())
     assert "…" not in text
-    assert "prefill_s 1.95" in text  # the term the review found missing
+    assert "prefill_s 1.95" in text  # the term that explains the outlier
     assert "high_outlier:" in text and "median" in text  # and why it is flagged
     assert "[/]" in text  # the agent's text as it is, not as markup
 

@@ -1,5 +1,7 @@
-"""Review H2 (the security review's findings, tests/FAULTS.md): the edge reader validates what it reads under the score
-prefix; one bad body never kills the watch, and a spoofed body cannot steer traffic."""
+"""The pool view (edge/pool/view.py): it validates what it reads under the score prefix, so one bad body never
+kills the watch and a spoofed body cannot steer traffic; a rebuild builds entries only for nodes whose body (or
+Consul's health, or the reading edge's id) changed, and the anomaly detector's memo of a frozen verdict follows
+each IU's readings."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def fresh_view(ius=("n1-iu0", "n2-iu0")):
 def test_bad_body_next_to_a_good_one_is_skipped_and_counted(bad):
     view = fresh_view()
     good = kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)
-    view.apply_kv([good, raw_entry("n2", bad)])  # before: AttributeError/ValueError/TypeError out of here
+    view.apply_kv([good, raw_entry("n2", bad)])  # guards against: AttributeError/ValueError/TypeError out of here
     snap = view.snapshot()
     assert [e.iu_id for e in snap.scored] == ["n1-iu0"]
     assert view.rejected_bodies + view.rejected_ius >= 1 and view.problems
@@ -98,7 +100,7 @@ def test_ius_must_belong_to_the_bodys_node_in_the_catalog():
 
 
 def test_far_future_timestamp_is_clamped_and_goes_stale():
-    """Review repro: ts = now + 1e9, score -1e9 won 1000/1000 picks an hour later. Score -1e9 is now rejected
+    """A body with ts = now + 1e9 and score -1e9 would win 1000/1000 picks an hour later. Score -1e9 is now rejected
     by the schema; with a legal score 0 the ts is clamped, so the body goes stale like an honest one."""
     clock = Clock(100.0)
     view = PoolView(detector=AnomalyDetector(), clock=clock)
@@ -157,7 +159,7 @@ def huge_body(place: str) -> dict:
 @pytest.mark.parametrize(("place", "reason"), [("ts", "ts_invalid"), ("heartbeat_s", "heartbeat_invalid"),
                                              ("clock_offset_s", "clock_offset_invalid")])
 def test_a_number_no_float_holds_rejects_the_body(place, reason):
-    with pytest.raises(BodyError, match=place) as info:  # before: OverflowError out of from_json
+    with pytest.raises(BodyError, match=place) as info:  # guards against: OverflowError out of from_json
         ScoreBody.from_json(json.loads(json.dumps(huge_body(place))))
     assert info.value.reason == reason
 
@@ -181,7 +183,7 @@ def test_a_component_no_float_holds_is_dropped():
 def test_a_good_body_next_to_a_huge_number_still_updates(place):
     view = fresh_view()
     view.apply_kv([kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
-    # before: OverflowError out of apply_kv, the view kept n1's old score for as long as n2's body stayed
+    # guards against: OverflowError out of apply_kv, the view kept n1's old score for as long as n2's body stayed
     view.apply_kv([kv_entry("n1", {"n1-iu0": (2.0, "passing", 1.0, 1)}, 100.0), raw_entry("n2", huge_body(place))])
     by_id = view.snapshot().by_id()
     assert by_id["n1-iu0"].score == 2.0
@@ -205,7 +207,7 @@ def test_one_body_the_reader_cannot_check_never_stops_the_others(monkeypatch):
     monkeypatch.setattr(ScoreBody, "from_json", classmethod(from_json))
     view = fresh_view()
     view.apply_kv([raw_entry("n2", good_body("n2")), kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
-    assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # before: ArithmeticError out of apply_kv
+    assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # guards against: ArithmeticError out of apply_kv
     assert view.rejected_bodies == 1 and view.ignored["reader_error"] == 1 and "a bug in the reader" in view.problems[-1]
     view.apply_polled([good_body("n2"), good_body("n1", ts=101.0, iu="n1-iu0", score=3.0)])
     assert view.snapshot().by_id()["n1-iu0"].score == 3.0 and view.rejected_bodies == 2
@@ -218,7 +220,7 @@ def test_one_body_the_reader_cannot_check_never_stops_the_others(monkeypatch):
 def test_a_kv_value_that_is_no_string_is_skipped():
     view = fresh_view()
     view.apply_kv([{"Key": "clusterctl/eas/dc1/n2", "Value": 5}, kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
-    assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # before: TypeError (len of an int) out of apply_kv
+    assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # guards against: TypeError (len of an int) out of apply_kv
     assert view.rejected_bodies == 1 and view.ignored["reader_error"] == 1
 
 
@@ -243,7 +245,7 @@ def test_a_rebuild_keeps_the_entries_of_nodes_whose_body_did_not_change():
     clock.t = 100.2
     view.apply_polled([body("n2", state("n2", 1.2), 100.2)])
     after = view.snapshot().by_id()
-    assert all(after[f"n1-iu{i}"] is before[f"n1-iu{i}"] for i in range(3))  # before: built anew every time
+    assert all(after[f"n1-iu{i}"] is before[f"n1-iu{i}"] for i in range(3))  # guards against: built anew every time
     assert after["n2-iu0"].score == 1.2 and after["n2-iu0"] is not before["n2-iu0"]
 
     view.apply_health([health_entry("n1-iu0", "critical")] +

@@ -55,14 +55,14 @@ def test_watch_threads_survive_any_exception():
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not view.snapshot().scored:
             time.sleep(0.02)
-        assert all(t.is_alive() for t in watcher.threads)  # before: the kv thread died on the first body
+        assert all(t.is_alive() for t in watcher.threads)  # guards against: the kv thread died on the first body
         assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"] and io.calls > 4
     finally:
         watcher.stop()
 
 
 def test_scores_poller_is_not_held_by_a_dripping_agent():
-    """Review M4 (related): ScoresPoller polled agents one after another with a per-read timeout."""
+    """ScoresPoller polled agents one after another with a per-read timeout."""
     from eas_agent.http import AgentHttpServer, AgentMetrics
     from eas_agent.scheduler import ScoresPoller
     from tests.helpers.hostile import DripServer
@@ -76,7 +76,7 @@ def test_scores_poller_is_not_held_by_a_dripping_agent():
     try:
         started = time.monotonic()
         poller.poll_once()
-        assert time.monotonic() - started < 1.0  # before: the drip held the poll for its whole body
+        assert time.monotonic() - started < 1.0  # guards against: the drip held the poll for its whole body
         assert [e.iu_id for e in view.snapshot().scored] == ["n2-iu0"] and poller.errors == 1
     finally:
         poller.stop()
@@ -86,7 +86,7 @@ def test_scores_poller_is_not_held_by_a_dripping_agent():
 
 def test_a_query_that_fails_after_stop_is_not_reported(caplog):
     """The demo's last line was "consul watch failed: GET health/service/vllm-iu: ChunkedEncodingError ..."
-    in 2 of 2 runs (operator review M3): a blocking query still open when Consul was stopped after the
+    in 2 of 2 runs: a blocking query still open when Consul was stopped after the
     watcher's stop(). A failure once stop() was called is the shutdown, not news."""
     import logging
 
@@ -145,7 +145,7 @@ def test_one_agents_answer_never_costs_the_others_the_poll_round():
         CannedAgent("[" * 100_000 + "]" * 100_000),
     ]
     try:
-        poller.poll_once()  # before: OverflowError (or the RuntimeError) out of poll_once, n1's body lost
+        poller.poll_once()  # guards against: OverflowError (or the RuntimeError) out of poll_once, n1's body lost
         assert {e.iu_id: e.score for e in view.snapshot().scored} == {"n1-iu0": 0.5}
         assert poller.errors == 2 and view.rejected_bodies == 1
     finally:

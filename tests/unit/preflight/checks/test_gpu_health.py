@@ -95,7 +95,7 @@ def test_kernel_log_falls_back_to_dmesg_without_a_journal():
 
 
 def test_the_kernel_log_is_filtered_on_the_host_to_the_xid_lines():
-    """Review M4 (preflight): the whole `journalctl -k` window came to the controller; journalctl's own
+    """the whole `journalctl -k` window came to the controller; journalctl's own
     `--grep` keeps the driver's XID lines only (what the kernel-xids parser counts), stamps as before."""
     t = health_transport(clean_q())
     [result] = gpu_health.CHECK.run(context(t))

@@ -186,7 +186,7 @@ def test_node_without_ibstat_is_an_error_and_the_rest_still_test():
 
 
 def test_a_pair_rack_says_one_peer():
-    # the review saw "8 of 8 tests with 1 peers OK" on a two-node rack
+    # not "8 of 8 tests with 1 peers OK" on a two-node rack
     names = ["a", "b"]
     results = rack_run(names, Fabric(names))
     assert [r.verdict for r in results] == [Verdict.PASS, Verdict.PASS]

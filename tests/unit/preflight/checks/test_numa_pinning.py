@@ -80,8 +80,8 @@ def test_cpu_lists_in_both_spellings():
 
 
 def test_a_unit_that_is_not_installed_says_so_and_names_the_fix():
-    # The operator review (M5): after `virtual up` discarded a provisioned cluster, every node failed with
-    # "vllm-iu@0.service is not-found", systemd's own word, which does not say what to do.
+    # After `virtual up` discards a provisioned cluster every node answers "vllm-iu@0.service is not-found",
+    # systemd's own word, which does not say what to do.
     results = pinning({0: GOOD[0], 1: "LoadState=not-found\nCPUAffinity=\nNUMAPolicy=\nNUMAMask=\n"})
     bad = only(results, iu="n1-iu1")
     assert (bad.verdict, bad.code) == (Verdict.FAIL, "UNIT_MISSING")

@@ -1,4 +1,4 @@
-"""Fuzz every parser (security review L8): mutated real outputs either parse to contract JSON that is
+"""Fuzz every parser: mutated real outputs either parse to contract JSON that is
 strict JSON, or raise ParseError; never another exception. Fixed seeds, stdlib random: a failure names
 the seed, kind, fixture and mutation so it can be replayed."""
 
@@ -76,7 +76,7 @@ def test_parser_raises_only_parse_error(kind):
 
 
 def test_nccl_ngpus_without_a_number_is_a_parse_error():
-    """Review L8: int(... "nGpus" + 1) raised ValueError for a token the marker regex accepted ("8x")."""
+    """int(... "nGpus" + 1) raised ValueError for a token the marker regex accepted ("8x")."""
     base = (FIXTURES / "nccl" / "h100-sxm-8gpu-all_reduce-g8-single-node.txt").read_text()
     for bad in ("# nThread 1 nGpus 8x minBytes 8", "# nThread 1 nGpus 8: minBytes 8"):
         text = base.replace(base.split("\n")[1], bad)

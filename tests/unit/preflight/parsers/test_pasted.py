@@ -1,4 +1,4 @@
-"""Outputs as an on-call engineer pastes them (security review: pasted input): hand annotations after a value, elided
+"""Outputs as an on-call engineer pastes them : hand annotations after a value, elided
 sections, tabs and collapsed spaces, prompt lines. Each pasted fixture is an existing fixture with those
 edits (tests/fixtures/preflight/<kind>/SOURCES.md lists them); it must parse to the same values, with one
 warning per thing ignored, and never to null where the value is in the text."""

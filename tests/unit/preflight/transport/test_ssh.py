@@ -96,7 +96,7 @@ class FakeClient:
 
 
 def test_ssh_transport_verifies_host_keys_with_the_inventorys_known_hosts_and_key(monkeypatch, tmp_path):
-    """Security review M5: fabric alone auto-adds any host key. The transport loads the system
+    """fabric alone auto-adds any host key. The transport loads the system
     known_hosts and the inventory's UserKnownHostsFile and rejects unknown keys; the key is the
     inventory's ansible_ssh_private_key_file."""
     import fabric

@@ -100,11 +100,11 @@ def test_cuda_keyring_files_deleted_by_hand_are_reinstalled_with_force_confmiss(
 
 def test_nvidia_repository_comes_from_cuda_keyring_with_a_forced_refresh():
     tasks = _role_tasks("nvidia_stack", "packages.yml")
-    assert not [t for t in tasks if "ansible.builtin.deb822_repository" in t], "no raw key + own .sources (#16)"
+    assert not [t for t in tasks if "ansible.builtin.deb822_repository" in t], "no raw key + own .sources"
     keyring = _task(tasks, "Install cuda-keyring (NVIDIA's repository entry and signing key)")
     assert keyring["ansible.builtin.apt"]["deb"].endswith("/{{ nvidia_stack_keyring_deb }}")
     refresh = _task(tasks, "Refresh the apt lists after the repository entry changed")
-    assert refresh["ansible.builtin.apt"] == {"update_cache": True}, "no cache_valid_time: it would skip (#1)"
+    assert refresh["ansible.builtin.apt"] == {"update_cache": True}, "no cache_valid_time: it would skip"
     assert "_nvidia_stack_keyring is changed" in refresh["when"]
     names = [t["name"] for t in tasks]
     assert names.index(refresh["name"]) < names.index("Install the driver and Fabric Manager at the exact driver version")

@@ -79,7 +79,7 @@ def test_short_request_queues_behind_a_long_prefill():
 
 def test_load_model_serves_a_lone_request_at_the_roofline_speed():
     # the server's engine is the route simulator's: a lone request's TTFT is one roofline prefill step and
-    # each further token one decode step (before: its own coefficients, 12 ms + 80 us/token)
+    # each further token one decode step (not: its own coefficients, 12 ms + 80 us/token)
     model = LoadModel(arrival_rate=0.0, start=100.0)
     request = model.submit(327, 5)
     model.advance(110.0)

@@ -168,7 +168,7 @@ def fits(text: str, width: int | None) -> bool:
 
 
 def test_tables_fit_80_columns_and_cut_nothing():
-    """`preflight parse nccl` at 80 columns cut all 13 columns to `10…`/`fl…` (operator review L10): a
+    """`preflight parse nccl` at 80 columns cut all 13 columns to `10…`/`fl…`: a
     table wider than the terminal is split into column groups, the first column (the row's key) in each.
     Two samples of every kind (all of them take ~15 s)."""
     from preflight import parsers

@@ -1,5 +1,5 @@
 """sim/hosts/stubs/kernel_log.py: the simulated ``journalctl -k`` honours ``--grep`` as journalctl does, so the
-machines answer gpu_health's host-side filter (security review M4) like a real host. Called in-process: no
+machines answer gpu_health's host-side filter like a real host. Called in-process: no
 machine is started."""
 
 from __future__ import annotations
