@@ -1,5 +1,6 @@
-"""The edge's push feed over the agents' streams (``/scores?stream=1``): one request for many bodies, agents
-from before streams, hostile and closing streams."""
+"""The edge's push feed (edge/feed.py) over the agents' streams (``/scores?stream=1``): one request for many
+bodies, agents from before streams, hostile and closing streams; under hostile agents one task per node keeps
+following whatever one answer holds."""
 
 from __future__ import annotations
 
@@ -190,5 +191,79 @@ def test_an_agent_upgraded_to_streams_is_streamed_from_after_its_restart():
         feed, view = await following_agent(upgraded, lambda v: score_of(v) == 0.3, max_backoff_s=0.05)
         assert score_of(view) == 0.3 and feed.streaming["n0"] is True
         assert asked[0] == {"stream": "1"} and "index" in asked[1] and asked[2] == {"stream": "1"}
+
+    asyncio.run(run())
+
+
+# "1" followed by 400 zeros: an int no float holds (math.isfinite raises OverflowError on it); then a body
+# nested too deep for the JSON decoder (RecursionError); then an honest body.
+ANSWERS = [
+    json.dumps({**body_of("n0", {"n0-iu0": 0.1}), "ts": 10**400}),
+    "[" * 100_000 + "]" * 100_000,
+    json.dumps(body_of("n0", {"n0-iu0": 0.25})),
+]
+
+
+async def hostile_then_honest_agent() -> tuple[web.AppRunner, int, list[int]]:
+    asked: list[int] = []
+
+    async def scores(request: web.Request) -> web.Response:
+        n = min(len(asked), len(ANSWERS) - 1)
+        asked.append(n)
+        if n == len(ANSWERS) - 1 and request.query.get("index") == str(n + 1):
+            await asyncio.sleep(float(request.query.get("wait_s", "0")))  # nothing new: the wait runs out
+        return web.Response(text=ANSWERS[n], headers={"X-Eas-Index": str(n + 1)})
+
+    app = web.Application()
+    app.router.add_get("/scores", scores)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1], asked
+
+
+def test_a_feed_that_got_hostile_bodies_keeps_following():
+    async def run() -> None:
+        import aiohttp
+
+        runner, port, asked = await hostile_then_honest_agent()
+        view = view_of_one_node()
+        async with aiohttp.ClientSession() as session:
+            feed = AgentFeed(view, session, port, wait_s=0.2, apply_interval_s=0.01, reconcile_s=60.0,
+                             max_backoff_s=0.05).start()
+            try:
+                for _ in range(300):
+                    await asyncio.sleep(0.01)
+                    if view.snapshot().by_id().get("n0-iu0") and view.snapshot().by_id()["n0-iu0"].score == 0.25:
+                        break
+                # guards against: OverflowError ended the node's task on the first answer, and nothing restarted it
+                assert view.snapshot().by_id()["n0-iu0"].score == 0.25, (asked, view.problems)
+                assert asked[:3] == [0, 1, 2]
+                assert view.rejected_bodies == 1 and feed.errors["n0"] == 1  # the ts, then the JSON
+            finally:
+                await feed.stop()
+                await runner.cleanup()
+
+    asyncio.run(run())
+
+
+def test_reconcile_restarts_a_task_that_ended():
+    async def run() -> None:
+        import aiohttp
+
+        view = view_of_one_node()
+        async with aiohttp.ClientSession() as session:
+            feed = AgentFeed(view, session, 1, wait_s=0.2, reconcile_s=60.0)
+            ended = asyncio.get_running_loop().create_future()
+            ended.set_result(None)
+            feed.tasks["n0"] = ("127.0.0.1:1", ended)
+            feed.reconcile()
+            agent, task = feed.tasks["n0"]
+            try:
+                assert task is not ended and not task.done()  # guards against: the ended task stayed, never replaced
+                assert agent == "127.0.0.1:1"
+            finally:
+                await feed.stop()
 
     asyncio.run(run())
