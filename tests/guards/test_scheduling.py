@@ -63,14 +63,17 @@ def test_the_machine_tests_are_one_work_unit_and_make_test_uses_the_scheduler_th
     assert "-n 2 --dist loadscope" in makefile  # the scheduler in tests/conftest.py takes over loadscope only
 
 
-def _collected_modules(*args: str) -> list[str]:
+def _collect(*args: str) -> tuple[list[str], str]:
+    """The modules ``pytest --collect-only`` lists for ``args``, in order, and its summary line."""
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
                             cwd=ROOT, capture_output=True, text=True).stdout
-    return list(dict.fromkeys(line.split("::", 1)[0] for line in listed.splitlines() if "::" in line))
+    lines = listed.splitlines()
+    modules = list(dict.fromkeys(line.split("::", 1)[0] for line in lines if "::" in line))
+    return modules, next((line for line in reversed(lines) if " collected" in line), "")
 
 
 def test_the_machine_tests_run_in_their_order_before_the_others():
-    order = _collected_modules("tests/machines/provision/test_site_virtual.py", "tests/machines/test_demo.py",
+    order, _ = _collect("tests/machines/provision/test_site_virtual.py", "tests/machines/test_demo.py",
                                "tests/integration/playbooks/test_filters.py", "tests/machines/sim/hosts/test_create.py",
                                "tests/integration/eas_agent/test_end_to_end.py",
                                "tests/machines/provision/test_redfish.py")
@@ -79,5 +82,10 @@ def test_the_machine_tests_run_in_their_order_before_the_others():
                      "tests/machines/test_demo.py", "tests/integration/playbooks/test_filters.py"], order
 
 
-def test_selecting_by_mark_finds_exactly_the_modules_under_machines():
-    assert sorted(_collected_modules("-m", "machines", "tests")) == _test_modules("machines")
+def test_pytest_sees_the_machines_mark_of_every_module_under_machines():
+    """What the controller reads from the source (declared_marks) is what pytest selects by: ``-m machines``
+    keeps every module under tests/machines/ and deselects nothing there (the folder agrees with the mark:
+    tests/guards/test_test_classes.py)."""
+    modules, summary = _collect("-m", "machines", "tests/machines")
+    assert sorted(modules) == _test_modules("machines")
+    assert " collected" in summary and "deselected" not in summary, summary
