@@ -103,7 +103,6 @@ s#tests/provision/test_real_host_defects.py::test_roce_on_ofed_without_mlnx_qos_
 s#tests/provision/test_real_host_defects.py::test_roce_with_neither_stack_fails_naming_the_port#tests/integration/roles/rdma_network/test_roce_script.py::test_roce_with_neither_stack_fails_naming_the_port#g
 s#tests/provision/test_real_host_defects.py::test_the_old_frontend_name_alone_misses_r550#tests/unit/roles/eas_agent/test_device_allow.py::test_the_old_frontend_name_alone_misses_r550#g
 s#tests/provision/test_real_host_defects.py::test_vendor_from_manufacturer#tests/unit/playbooks/filter_plugins/test_redfish_bios.py::test_vendor_from_manufacturer#g
-s#tests/test_xdist_groups.py::test_the_machine_tests_are_one_work_unit_and_make_test_uses_the_scheduler_that_knows_it#tests/guards/test_scheduling.py::test_the_machine_tests_are_one_work_unit_and_make_test_uses_the_scheduler_that_knows_it#g
 s#tests/preflight/test_default_inventory_depth_fault.py#tests/unit/sim/hosts/test_faults.py#g
 s#tests/cli/commands/preflight/test_progress.py#tests/unit/preflight/test_progress.py#g
 s#tests/preflight/checks/test_ib_link_health.py#tests/unit/preflight/checks/test_ib_link_health.py#g
@@ -187,7 +186,7 @@ s#tests/devconsul/test_agent_mode.py#tests/integration/devconsul/test_agent_mode
 s#tests/docs/test_cited_documents.py#tests/guards/test_cited_documents.py#g
 s#tests/eas_agent/test_collectors.py#tests/unit/eas_agent/collectors/test_collectors.py#g
 s#tests/eas_agent/test_end_to_end.py#tests/integration/eas_agent/test_end_to_end.py#g
-s#tests/edge/test_announce_config.py#tests/unit/edge/test_config_announce.py#g
+s#tests/edge/test_announce_config.py#tests/unit/edge/test_config.py#g
 s#tests/edge/test_announce_sender.py#tests/integration/edge/test_announce.py#g
 s#tests/provision/test_consul_acl.py#tests/integration/consul_io/test_acl.py#g
 s#tests/provision/test_role_specs.py#tests/unit/provision/test_plan.py#g
@@ -213,7 +212,7 @@ s#tests/sim/test_vllm_loadmodel.py#tests/unit/sim/vllm/test_loadmodel.py#g
 s#tests/bench/test_consul_load.py#tests/unit/bench/test_consul_load.py#g
 s#tests/bench/test_push_fanout.py#tests/integration/bench/test_push_fanout.py#g
 s#tests/edge/test_edge_process.py#tests/integration/edge/test_main.py#g
-s#tests/edge/test_feed_hostile.py#tests/unit/edge/test_feed_hostile.py#g
+s#tests/edge/test_feed_hostile.py#tests/unit/edge/test_feed.py#g
 s#tests/preflight/test_release.py#tests/integration/preflight/test_release.py#g
 s#tests/provision/test_batches.py#tests/integration/provision/test_batches.py#g
 s#tests/provision/test_filters.py#tests/integration/playbooks/test_filters.py#g
@@ -297,8 +296,28 @@ s#tests/sim/snapshots#tests/fixtures/snapshots/demo#g
 s#tests/test_demo.py#tests/machines/test_demo.py#g
 s#tests/helpers.py#tests/helpers/__init__.py#g
 s#tests/virtual/#tests/machines/sim/hosts/#g
-s#tests/faults/README.md#tests/FAULTS.md#g
 s#tests/faults/#tests/integration/#g
 s#tests/devconsul/#tests/integration/devconsul/#g
 s#tests/preflight/parsers/#tests/unit/preflight/parsers/#g
 s#tests/preflight/checks/#tests/unit/preflight/checks/#g
+s#tests\.cli\.helpers#tests.helpers.cli#g
+s#tests\.preflight\.helpers#tests.helpers.preflight#g
+s#tests\.provision\.helpers#tests.helpers.provision#g
+s#tests\.virtual\.helpers#tests.helpers.machines#g
+s#tests\.edge\.helpers#tests.helpers.edge#g
+s#tests\.devconsul\.contract#tests.helpers.devconsul#g
+s#tests\.cluster\.helpers#tests.helpers.cluster#g
+s#from tests\.cli import samples\b#from tests.helpers import cli_samples as samples#g
+s#from tests\.cli import score_samples\b#from tests.helpers import score_samples#g
+s#from tests\.faults import tally\b#from tests.helpers import fault_tally as tally#g
+s#tests\.faults\.tally\b#tests.helpers.fault_tally#g
+s#tests\.preflight\.checks\.helpers\b#tests.helpers.preflight_checks#g
+s#tests\.preflight\.sshserver\b#tests.helpers.sshserver#g
+s#tests\.eas_agent\.test_pick\b#tests.unit.edge.pool.test_pick#g
+s#tests\.eas_agent\.test_score\b#tests.unit.eas_agent.test_score#g
+s#tests\.cluster\.test_settings\b#tests.unit.cluster.test_settings#g
+s#tests\.preflight\.parsers\.test_fuzz\b#tests.unit.preflight.parsers.test_fuzz#g
+s#tests\.preflight\.checks\.test_versions\b#tests.unit.preflight.checks.test_versions#g
+s#tests\.provision\.test_config_files\b#tests.integration.roles.test_config_files#g
+s#tests\.consul_agent\.test_restart_handlers\b#tests.integration.roles.consul_agent.test_restart_handlers#g
+s#tests\.eas_agent\.test_hardening_agent import GOOD, strict_json#tests.helpers.hostile import GOOD, strict_json#g
