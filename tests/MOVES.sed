@@ -288,7 +288,7 @@ s#tests/faults/README.md#tests/FAULTS.md#g
 s#tests/cli/test_app.py#tests/unit/cli/test_app.py#g
 s#tests/edge/helpers.py#tests/helpers/edge.py#g
 s#tests/faults/tally.py#tests/helpers/fault_tally.py#g
-s#tests/cli/conftest.py#tests/unit/conftest.py#g
+s#tests/cli/conftest.py#tests/conftest.py#g
 s#tests/cli/helpers.py#tests/helpers/cli.py#g
 s#tests/cli/samples.py#tests/helpers/cli_samples.py#g
 s#tests/cli/snapshots#tests/fixtures/snapshots/cli#g

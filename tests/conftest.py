@@ -2,6 +2,9 @@
 
 ``clusterctl``: run ``clusterctl ARGS`` in-process as a shell would, at a fixed terminal width.
 
+``virtual_inventory`` / ``brought_up_inventory``: a virtual inventory on disk (no machine booted), the second
+with the state directory `virtual up` creates.
+
 ``consul_addr``: an HTTP address of a Consul agent. When ``CONSUL_HTTP_ADDR`` is set the tests talk to
 that (real) Consul, so anyone with a Consul binary can check that the dev server and Consul agree;
 otherwise a fresh project dev server (``devconsul``) is started on a free loopback port per test.
@@ -125,6 +128,28 @@ def clusterctl(capsys, monkeypatch):
         return run_cli(capsys, *args)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def virtual_inventory(tmp_path_factory):
+    """A virtual inventory on disk (4 nodes, 2 racks, no faults); no simulated host is brought up."""
+    from sim.hosts import create
+
+    path = tmp_path_factory.mktemp("inv") / "mycluster"
+    create.write(path, 4, 2, faults="none")
+    return path
+
+
+@pytest.fixture
+def brought_up_inventory(tmp_path):
+    """A virtual inventory of its own (4 nodes, 2 racks) with the machines' state directory that `virtual up`
+    creates (no machine is booted): where `provision` and `virtual up` keep their run-state record."""
+    from sim.hosts import create, state_dir
+
+    path = tmp_path / "brought-up"
+    create.write(path, 4, 2, faults="none")
+    (path / state_dir.STATE_DIR_NAME).mkdir(mode=0o700)
+    return path
 
 
 @pytest.fixture
