@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint pytest ansible-checks machine-tools machine-image clean
+.PHONY: demo test check lint pytest ansible-checks machine-tools machine-image clean
 
 # Simulated machines need systemd-nspawn, debootstrap and the ssh client; the stand-in vendor apt repositories
 # (sim/aptrepo) need dpkg-deb, apt-ftparchive (apt-utils) and gpg (gnupg). Installed when missing.
@@ -23,11 +23,15 @@ $(STAMP): pyproject.toml
 	  || { tail -n $(LOG_TAIL) $(INSTALL_LOG); echo "pip install failed; the whole log: $(INSTALL_LOG)"; exit 1; }
 	@touch $(STAMP)
 
-# DEMO_ARGS: extra options for `clusterctl demo` (tests/test_demo.py runs `make demo DEMO_ARGS="--duration 10"`).
+# DEMO_ARGS: extra options for `clusterctl demo` (tests/machines/test_demo.py runs `make demo DEMO_ARGS="--duration 10"`).
 demo: $(STAMP) machine-tools
 	@$(BIN)/clusterctl demo $(DEMO_ARGS)
 
-# ansible-checks runs inside pytest (tests/test_ansible_checks.py), beside the machine tests.
+# The contributor's quick loop (under 2 minutes on 2 cores): ruff and the unit tier (tests/README.md).
+check: $(STAMP) lint
+	$(BIN)/python -m pytest -q -m unit -n 2 -p no:cacheprovider tests/unit tests/guards
+
+# ansible-checks runs inside pytest (tests/integration/test_ansible_checks.py), beside the machine tests.
 test: $(STAMP) lint machine-image pytest
 
 machine-tools:

@@ -2,7 +2,7 @@
 
 Rules use Consul's rule language (https://developer.hashicorp.com/consul/docs/secure/acl/rule). Each token
 from the vault is linked to exactly the policy below; ``roles/consul_agent`` creates policies and tokens
-through a server (``clusterctl.infra.consul_acl``) and ``tests/provision/test_consul_acl.py`` holds each one
+through a server (``clusterctl.infra.consul_acl``) and ``tests/integration/consul_io/test_acl.py`` holds each one
 to what it must and must not allow.
 
 | Token (vault variable)                          | Policy                    | May                                          |

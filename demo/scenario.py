@@ -66,7 +66,7 @@ DEMO_NET = 42
 # DCGM#198 cross-check; gpu_throttle FAILs gpu_throttle (THROTTLE_ACTIVE). Step 5's report lists every FAIL.
 FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
 FAULTS_IN_WORDS = "NVLink GPU2-GPU3 down, GPU 5 in HW thermal slowdown"
-# Each step's title, short enough for a rule at 80 columns with the largest options (tests/sim/test_demo_view.py)
+# Each step's title, short enough for a rule at 80 columns with the largest options (tests/unit/demo/test_scenario.py)
 STEP_TITLES = {
     1: "1/6 virtual cluster: {nodes} in {racks}",
     2: "2/6 clusterctl provision: site.yml for real, a canary node, then the rest",

@@ -67,7 +67,7 @@ class DemoEdge:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _arrivals(self) -> None:
-        # The production mix lives with the simulators; imported when the demo runs (tests/test_import_lint.py).
+        # The production mix lives with the simulators; imported when the demo runs (tests/guards/test_import_lint.py).
         from sim.vllm.workload import draw_request_shape
 
         while not self.stopping.wait(self.rng.expovariate(self.rate)):

@@ -24,7 +24,7 @@ def command(nodes: int, racks: int, duration: float, rate: float | None, keep: b
     if racks > nodes:
         raise click.BadParameter("cannot have more racks than nodes", param_hint="--racks")
     # The demo sits above the CLI and drives the simulators: imported only when it runs
-    # (tests/test_import_lint.py: the CLI's lazy commands are the one import upward).
+    # (tests/guards/test_import_lint.py: the CLI's lazy commands are the one import upward).
     from cli.app import current
     from demo import scenario
 

@@ -1,7 +1,7 @@
 """``clusterctl virtual create|up|down|status``: simulated machines for the virtual inventory.
 
 The simulators live in the top-level ``sim`` package, which production modules never import
-(tests/test_import_lint.py); this command imports it inside each command function, only when run.
+(tests/guards/test_import_lint.py); this command imports it inside each command function, only when run.
 
 Every subcommand takes the inventory as ``-i DIR`` like the rest of the CLI; the older positional
 ``DIR`` still works and prints a deprecation note (after the command's work, so an error stays one line).

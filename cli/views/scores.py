@@ -2,7 +2,7 @@
 score as the sum of its (weighted) terms, the inputs behind them, and what an anomaly flag means.
 
 Rendering only, apart from the command: the demo (:mod:`demo.scenario`, above the CLI) draws the same table
-through this module; the views are the part of ``cli`` the demo may import (tests/test_import_lint.py).
+through this module; the views are the part of ``cli`` the demo may import (tests/guards/test_import_lint.py).
 """
 
 from __future__ import annotations

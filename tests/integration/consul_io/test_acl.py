@@ -1,0 +1,249 @@
+"""The cluster's Consul policies (consul_io/acl.py), created by clusterctl.infra.consul_acl, hold to least
+privilege: each token may do its job and nothing next to it. Runs against a dev server with ACLs on and
+default deny (the same rules Consul applies; see tests/integration/devconsul/test_acl.py for the rule semantics)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.devconsul import Api
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+MANAGEMENT = "6f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b"
+
+
+def _module(name: str):
+    path = REPO / f"collections/ansible_collections/clusterctl/infra/plugins/modules/{name}.py"
+    spec = importlib.util.spec_from_file_location(f"clusterctl_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _filters():
+    path = REPO / "playbooks/filter_plugins/consul_filters.py"
+    spec = importlib.util.spec_from_file_location("consul_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FilterModule().filters()
+
+
+@pytest.fixture
+def server():
+    from devconsul.server import DevConsulServer
+
+    with DevConsulServer(addr="127.0.0.1:0", acl_token=MANAGEMENT, node_name="n1") as srv:
+        yield srv
+
+
+@pytest.fixture
+def tokens(server):
+    """Every token of node n1, created as the role creates them."""
+    made = {kind: str(uuid.uuid4()) for kind in ("agent", "registration", "operator", "eas_agent", "edge")}
+    acl = _filters()["consul_node_acl"]("n1", "dc1", made)
+    created, updated = _module("consul_acl").ensure(f"http://{server.address}", MANAGEMENT, acl["policies"],
+                                                    acl["tokens"], check=False)
+    assert len(created) == 10 and not updated
+    return made
+
+
+def _api(server, token: str) -> Api:
+    return Api(server.address, token)
+
+
+def test_creating_again_changes_nothing_and_a_changed_rule_is_updated(server, tokens):
+    ensure = _module("consul_acl").ensure
+    acl = _filters()["consul_node_acl"]("n1", "dc1", tokens)
+    assert ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False) == ([], [])
+    acl["policies"][0]["rules"] += 'key "extra" { policy = "read" }\n'
+    assert ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=True) == (
+        [], [f"policy {acl['policies'][0]['name']}"])
+    # check mode wrote nothing
+    assert ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)[1]
+
+
+def test_a_token_every_node_shares_is_unchanged_by_the_next_node(server, tokens):
+    """The registration token is one secret for the whole cluster (one group variable): ensuring node n2's
+    tokens after n1's must not rewrite it (a node name in its description flipped it on every run: a rerun
+    of two nodes reported changed=1)."""
+    ensure = _module("consul_acl").ensure
+    n2 = {**tokens, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    acl = _filters()["consul_node_acl"]("n2", "dc1", n2)
+    created, updated = ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)
+    assert sorted(created) == ["policy consul-agent-n2", "policy eas-agent-n2",
+                               "token consul agent token of n2", "token eas-agent of n2"] and not updated
+    n1 = _filters()["consul_node_acl"]("n1", "dc1", tokens)
+    assert ensure(f"http://{server.address}", MANAGEMENT, n1["policies"], n1["tokens"], check=False) == ([], [])
+
+
+def test_agent_token_registers_its_node_but_cannot_set_maintenance(server, tokens):
+    admin = _api(server, MANAGEMENT)
+    assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"}).status_code == 200
+    agent = _api(server, tokens["agent"])
+    node = {"Node": "n1", "Address": "127.0.0.2", "Checks": [{"CheckID": "x", "Name": "x", "Status": "passing"}]}
+    assert agent.put("/v1/catalog/register", json={**node, "Node": "n2"}).status_code == 403
+    denied = agent.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"})
+    assert denied.status_code == 403 and "'service:write' on \"vllm-iu\"" in denied.text
+    assert agent.get("/v1/health/service/vllm-iu").json()  # service:read
+
+
+def test_registration_token_writes_vllm_iu_only(server, tokens):
+    reg = _api(server, tokens["registration"])
+    assert reg.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9"}).status_code == 200
+    assert reg.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"}).status_code == 403
+    assert reg.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
+
+
+def test_operator_token_sets_maintenance_and_markers_and_nothing_else(server, tokens):
+    admin = _api(server, MANAGEMENT)
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    op = _api(server, tokens["operator"])
+    assert op.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
+    assert op.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}").status_code == 200
+    assert op.get("/v1/kv/clusterctl/preflight/dc1/", params={"keys": ""}).json() == [
+        "clusterctl/preflight/dc1/n1-iu0"]
+    assert op.get("/v1/agent/self").status_code == 200  # preflight's agent check
+    assert op.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
+    assert op.put("/v1/acl/policy", json={"Name": "x", "Rules": ""}).status_code == 403
+    assert op.put("/v1/agent/maintenance", params={"enable": "true"}).status_code == 403  # node maintenance
+
+
+def test_eas_agent_token_writes_only_its_own_score_key_and_iu_checks(server, tokens):
+    admin = _api(server, MANAGEMENT)
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    eas = _api(server, tokens["eas_agent"])
+    assert eas.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"{}").status_code == 200
+    assert eas.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}").status_code == 403
+    assert eas.get("/v1/kv/clusterctl/eas/", params={"recurse": ""}).status_code == 200
+    assert eas.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}").status_code == 403
+    check = {"Name": "EAS load score n1-iu0", "CheckID": "eas:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
+    assert eas.put("/v1/agent/check/register", data=json.dumps(check)).status_code == 200
+    # Consul's limit (consul_io/acl.py): TTL checks on vllm-iu need service:write on vllm-iu, and so does
+    # maintenance; the ACL system cannot tell them apart, so this token could clear maintenance too.
+    assert eas.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}).status_code == 200
+    assert eas.put("/v1/agent/check/register", data=json.dumps({"Name": "node-level", "TTL": "30s"})).status_code == 403
+
+
+def test_edge_token_reads_and_writes_nothing(server, tokens):
+    admin = _api(server, MANAGEMENT)
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    admin.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"{}")
+    edge = _api(server, tokens["edge"])
+    assert [e["Service"]["ID"] for e in edge.get("/v1/health/service/vllm-iu").json()] == ["n1-iu0"]
+    assert edge.get("/v1/kv/clusterctl/eas/", params={"recurse": ""}).json()[0]["Key"] == "clusterctl/eas/dc1/n1"
+    assert edge.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
+    assert edge.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 403
+
+
+def test_bind_ip_keeps_ips_and_templates_and_resolves_names():
+    bind_ip = _filters()["consul_bind_ip"]
+    assert bind_ip("127.0.1.11") == "127.0.1.11"
+    assert bind_ip('{{ GetInterfaceIP "bond0" }}') == '{{ GetInterfaceIP "bond0" }}'
+    assert bind_ip("localhost") == "127.0.0.1"
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError, match="consul_agent_bind_addr: cannot resolve 'no-such-host.invalid'"):
+        bind_ip("no-such-host.invalid")
+
+
+def test_one_secret_for_two_jobs_is_refused():
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError, match="n1: the agent and operator Consul tokens are the same secret"):
+        _filters()["consul_node_acl"]("n1", "dc1", {"agent": "s", "operator": "s"})
+
+
+def test_the_token_rule_vault_value_first_then_a_private_file(tmp_path):
+    from ansible.errors import AnsibleFilterError
+
+    token = _filters()["consul_token"]
+    path = tmp_path / "consul.token"
+    path.write_text("  4a3b2c1d-0000-4000-8000-000000000001\n")
+    path.chmod(0o600)
+    assert token("from-vault", str(path)) == "from-vault"
+    assert token("", str(path)) == token(None, path) == "4a3b2c1d-0000-4000-8000-000000000001"
+    assert token("", "") == ""
+    path.chmod(0o640)
+    with pytest.raises(AnsibleFilterError, match=r"consul_token_file .*consul.token: readable by group/others "
+                                                 r"\(mode 0640\); chmod 600"):
+        token("", str(path))
+    for text, why in (("\n", "found nothing"), ("a b\n", "found whitespace")):
+        path.write_text(text)
+        path.chmod(0o600)
+        with pytest.raises(AnsibleFilterError, match=f"must hold one Consul ACL token \\({why}"):
+            token("", str(path))
+    with pytest.raises(AnsibleFilterError, match="cannot read the Consul token file"):
+        token("", str(tmp_path / "missing"))
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(AnsibleFilterError, match="not a text file"):
+        token("", str(path))
+
+
+def test_the_filter_is_the_python_readers_token_rule(tmp_path):
+    """One function for the roles and clusterctl (cluster.settings.Consul.operator_token): a vault value of
+    two words went out as the header before, where preflight refused it."""
+    from ansible.errors import AnsibleFilterError
+
+    from cluster.settings import node_settings
+    from consul_io.client import TokenError
+
+    with pytest.raises(AnsibleFilterError) as filtered:
+        _filters()["consul_token"]("s3cr3t s3cr3t", "")
+    with pytest.raises(TokenError) as read:
+        node_settings({"consul_token": "s3cr3t s3cr3t"}).consul.operator_token()
+    assert str(filtered.value) == str(read.value) == (
+        "consul_token: the Consul ACL token holds whitespace (a vault value of one line is expected)")
+
+
+def test_the_maintenance_filter_reads_which_services_consul_holds_in_maintenance():
+    checks = {"_service_maintenance:n1-iu0": {"CheckID": "_service_maintenance:n1-iu0", "Notes": "clusterctl rolling restart"},
+              "_service_maintenance:n1-iu1": {"CheckID": "_service_maintenance:n1-iu1"},
+              "_node_maintenance": {"Notes": "node"}, "eas:n1-iu0": {"Notes": "score"},
+              "vllm-iu:n1-iu0:health": {}}
+    assert _filters()["consul_maintenance"](checks) == {"n1-iu0": "clusterctl rolling restart", "n1-iu1": None}
+    assert _filters()["consul_maintenance"]({}) == {}
+
+
+@pytest.mark.parametrize("raced", ["/v1/acl/policy", "/v1/acl/token"])
+def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(server, raced, monkeypatch):
+    """A batch ensures its nodes' ACLs in parallel forks, and every node ensures the shared policies and tokens:
+    n1 creates them between n2's read (not there) and n2's create, which Consul refuses ("already exists",
+    "SecretID is already in use"). n2's run must adopt what n1 made, not fail (r02n02's first run failed at
+    this task when four nodes provisioned at once)."""
+    module = _module("consul_acl")
+    shared = {kind: str(uuid.uuid4()) for kind in ("registration", "operator", "edge")}
+    n1 = {**shared, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    n2 = {**shared, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    acl1 = _filters()["consul_node_acl"]("n1", "dc1", n1)
+    acl2 = _filters()["consul_node_acl"]("n2", "dc1", n2)
+    url = f"http://{server.address}"
+    real_call, interleaved, started = module.call, [], []
+
+    shared_names = {"vllm-iu-registration", "clusterctl-operator", "clusterctl-edge"}
+
+    def call(url_, method, path, token, body=None, timeout=30):
+        # n2 has read a shared one as missing and is about to create it: n1 creates it first
+        if (method == "PUT" and path == raced and not started
+                and (body.get("Name") in shared_names or body.get("SecretID") in shared.values())):
+            started.append(path)  # n1's own calls come through here too
+            interleaved.append(module.ensure(url, MANAGEMENT, acl1["policies"], acl1["tokens"], check=False))
+        return real_call(url_, method, path, token, body, timeout)
+
+    monkeypatch.setattr(module, "call", call)
+    created, updated = module.ensure(url, MANAGEMENT, acl2["policies"], acl2["tokens"], check=False)
+    monkeypatch.setattr(module, "call", real_call)
+    assert interleaved and any(made.startswith(raced.rsplit("/", 1)[-1]) for made in interleaved[0][0])
+    # n2 made its own two policies and two tokens; nothing of n1's was rewritten
+    assert not updated and {"policy consul-agent-n2", "policy eas-agent-n2", "token consul agent token of n2",
+                            "token eas-agent of n2"} <= set(created)
+    assert module.ensure(url, MANAGEMENT, acl1["policies"], acl1["tokens"], check=False) == ([], [])
+    assert module.ensure(url, MANAGEMENT, acl2["policies"], acl2["tokens"], check=False) == ([], [])
+    for token in ("operator", "edge", "registration"):
+        assert _api(server, shared[token]).get("/v1/acl/token/self").status_code == 200
