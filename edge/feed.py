@@ -56,6 +56,22 @@ class EdgeView(PoolView):
                 addresses.setdefault(node, address)
         return addresses
 
+    def unit_models(self) -> dict[str, str | None]:
+        """IU id -> the model it serves (its Consul service's ``Meta.model``; None: not declared, any model).
+        Kept while Consul's health answer is the same object, so a request does not rebuild it."""
+        with self.lock:
+            health = self.health
+        cached = getattr(self, "_models", None)
+        if cached is not None and cached[0] is health:
+            return cached[1]
+        models = {}
+        for iu_id, (_health, service, _node) in health.items():
+            meta = service.get("Meta")
+            model = meta.get("model") if isinstance(meta, dict) else None
+            models[iu_id] = model if isinstance(model, str) and model else None
+        self._models = (health, models)
+        return models
+
 
 class AgentFeed:
     """One task per node's agent following its stream of bodies; bodies are applied to the view in batches.

@@ -50,15 +50,16 @@ def test_stream_passes_through_chunk_by_chunk_and_plain_answers_too(pool):
 def test_malformed_json_is_400_with_the_parse_error_and_unknown_model_is_404(pool):
     with running_edge(pool) as edge:
         status, _, body = post(edge.url("/v1/completions"), b'{"model": "x", "prompt": ')
-        answer = json.loads(body)
-        assert status == 400 and answer["type"] == "BadRequestError"
+        answer = json.loads(body)["error"]
+        assert status == 400 and answer["type"] == "invalid_request_error" and answer["code"] == "invalid_json"
         assert "invalid JSON body: Expecting value: line 1 column" in answer["message"]
         status, _, body = post(edge.url("/v1/completions"), b"[1, 2]")
-        assert status == 400 and "expected an object, got list" in json.loads(body)["message"]
+        assert status == 400 and "expected an object, got list" in json.loads(body)["error"]["message"]
+        # the IU's own 404 (vLLM's flat shape) reaches the client in OpenAI's
         status, _, body = post(edge.url("/v1/completions"), completion(model="no-such-model"))
-        assert status == 404 and json.loads(body) == {
-            "object": "error", "message": "The model `no-such-model` does not exist.", "type": "NotFoundError",
-            "param": None, "code": 404}
+        assert status == 404 and json.loads(body) == {"error": {
+            "message": "The model `no-such-model` does not exist.", "type": "invalid_request_error",
+            "param": None, "code": None}}
         assert sum(sim.model.success_total for sim in pool.ius.values()) == 0
 
 
@@ -109,14 +110,15 @@ def test_iu_dying_mid_stream_ends_the_stream_with_an_error_event_and_is_skipped(
         assert status == 200 and headers["X-Eas-IU"] == "n0-iu0"
         assert lines[-2][1] == b"event: error"
         error = json.loads(lines[-1][1][6:])["error"]
-        assert error["code"] == 502 and "n0-iu0 failed mid-stream" in error["message"]
+        assert error["type"] == "server_error" and error["code"] == "upstream_mid_stream"
+        assert "n0-iu0 failed mid-stream" in error["message"]
         assert b"[DONE]" not in b"".join(line for _, line in lines)
         assert metric(edge, "eas_edge_upstream_errors_total", 'iu="n0-iu0",kind="mid_stream"') == 1
         served = {stream(edge.url("/v1/completions"), completion(tokens=2))[1]["X-Eas-IU"] for _ in range(4)}
         assert served == {"n1-iu0"}  # ejected for eject_s
 
 
-def test_per_iu_cap_queues_then_503_with_retry_after(consul_addr):
+def test_per_iu_cap_queues_then_429_with_retry_after(consul_addr):
     pool = Pool(consul_addr, nodes=1, ius_per_node=1)
     try:
         with running_edge(pool, max_inflight_per_iu=1, max_queue=1, queue_timeout_s=10.0) as edge:
@@ -132,7 +134,8 @@ def test_per_iu_cap_queues_then_503_with_retry_after(consul_addr):
             queued.start()
             wait_for(lambda: len(edge.state.waiters) == 1, 5, "second request queued")
             status, headers, lines = stream(edge.url("/v1/completions"), completion(tokens=2))
-            assert status == 503 and headers["Retry-After"] == "1"
+            assert status == 429 and headers["X-Edge-Reason"] == "queue_full"
+            assert int(headers["Retry-After"]) >= 1  # nothing drained yet: the queue timeout
             assert b"1 requests are queued" in lines[0][1]
             first.join(30)
             queued.join(30)

@@ -1,0 +1,141 @@
+"""The edge's queue for requests that find every IU at its per-IU cap: first come, first served.
+
+A request that finds a free slot and nobody waiting is admitted at once; otherwise it queues at the tail,
+and nobody overtakes a waiter: a new arrival never takes a slot while others wait, and a freed slot goes to
+the oldest waiter (:meth:`Admission.released` wakes it; it keeps its place until it is admitted or gives
+up). A woken waiter that cannot use the freed slot (its own exclusions: IUs it already tried) passes the
+wake on to the next one while a slot is free.
+
+Busy is not unavailable: a full queue or a wait past ``queue_timeout_s`` is a 429 (:class:`Busy`) whose
+``Retry-After`` is the predicted wait, the queue ahead divided by the rate slots were freed over the last
+:data:`DRAIN_WINDOW_S`; no routable IU at all is a 503 (:class:`Unavailable`, raised by the caller's attempt).
+A waiter whose client left is cancelled with its handler (aiohttp's ``handler_cancellation``) and leaves
+the queue without ever being dispatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+DRAIN_WINDOW_S = 10.0
+MAX_RETRY_AFTER_S = 60
+
+
+class Unavailable(Exception):
+    """No IU can take the request (none routable, or the edge itself cannot): 503 + Retry-After."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class Busy(Exception):
+    """Every IU that could serve the request is at its cap and the queue is full, or the wait ran out: 429
+    with the predicted wait as Retry-After."""
+
+    def __init__(self, reason: str, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.reason, self.retry_after_s = reason, retry_after_s
+
+
+class _Waiter:
+    __slots__ = ("future", "slot_free")
+
+    def __init__(self, future: asyncio.Future, slot_free: Callable[[], bool]):
+        self.future, self.slot_free = future, slot_free
+
+
+class Admission:
+    def __init__(self, max_queue: int, queue_timeout_s: float, clock=time.monotonic):
+        self.max_queue, self.queue_timeout_s, self.clock = max_queue, queue_timeout_s, clock
+        self.waiters: deque[_Waiter] = deque()
+        self.freed: deque[float] = deque()  # clock times slots were freed within DRAIN_WINDOW_S
+
+    def __len__(self) -> int:
+        return len(self.waiters)
+
+    async def admit(self, attempt: Callable[[bool], object | None], slot_free: Callable[[], bool]):
+        """``attempt(queued)``: the admitted request's result, None when no slot is free now (it may raise
+        Unavailable; ``queued``: the request waited in the queue); ``slot_free()``: whether an IU slot is free for someone (a waiter that cannot use it
+        passes the wake on). Returns ``attempt()``'s result, or raises Busy."""
+        if not self.waiters:
+            result = attempt(False)
+            if result is not None:
+                return result
+        if len(self.waiters) >= self.max_queue:
+            raise Busy("queue_full", f"every IU is at its in-flight cap and {len(self.waiters)} requests are "
+                       "queued", self.retry_after_s(len(self.waiters)))
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), slot_free)
+        self.waiters.append(waiter)
+        deadline = self.clock() + self.queue_timeout_s
+        try:
+            if len(self.waiters) == 1 and slot_free():  # a slot freed while nobody could take it
+                waiter.future.set_result(None)
+            while True:
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    raise Busy("queue_timeout", f"no IU slot freed within {self.queue_timeout_s:g} s",
+                               self.retry_after_s(self._position(waiter)))
+                try:
+                    await asyncio.wait_for(asyncio.shield(waiter.future), remaining)
+                except TimeoutError:
+                    continue
+                result = attempt(True)
+                if result is not None:
+                    return result
+                waiter.future = loop.create_future()  # not for this one: keep the place, wake the next
+                self._wake(after=waiter)
+        finally:
+            self._leave(waiter)
+
+    def released(self) -> None:
+        """A slot was freed: counted for the drain rate; the oldest waiter is woken."""
+        now = self.clock()
+        self.freed.append(now)
+        while self.freed and self.freed[0] < now - DRAIN_WINDOW_S:
+            self.freed.popleft()
+        self._wake()
+
+    def retry_after_s(self, ahead: int) -> int:
+        """Seconds until a request behind ``ahead`` waiters would likely be served, from the recent drain
+        rate (1..MAX_RETRY_AFTER_S; the queue timeout while nothing has drained lately)."""
+        now = self.clock()
+        recent = sum(1 for t in self.freed if t >= now - DRAIN_WINDOW_S)
+        if not recent:
+            return max(1, min(MAX_RETRY_AFTER_S, math.ceil(self.queue_timeout_s)))
+        return max(1, min(MAX_RETRY_AFTER_S, math.ceil((ahead + 1) * DRAIN_WINDOW_S / recent)))
+
+    def _position(self, waiter: _Waiter) -> int:
+        for index, other in enumerate(self.waiters):
+            if other is waiter:
+                return index
+        return len(self.waiters)
+
+    def _wake(self, after: _Waiter | None = None) -> None:
+        """Wake the first waiter (after ``after``, when given and a slot is still free) not already woken."""
+        started = after is None
+        for waiter in self.waiters:
+            if not started:
+                started = waiter is after
+                continue
+            if after is not None and not waiter.slot_free():
+                return
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+            return
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """``waiter`` leaves the queue (admitted, timed out or cancelled); a wake it got but did not use goes
+        to the next waiter."""
+        woken_unused = waiter.future.done() and not waiter.future.cancelled()
+        try:
+            self.waiters.remove(waiter)
+        except ValueError:
+            return
+        if woken_unused and self.waiters and self.waiters[0].slot_free():
+            self._wake()
