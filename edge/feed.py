@@ -17,7 +17,9 @@ older than 3 heartbeats ``pick()`` fails open to least-in-flight.
 
 Nonsense from an agent (a negative, NaN or non-numeric score, a body that is not the score shape) is
 ignored and counted by reason (``eas_edge_scores_ignored_total``): the IU's score counts as unknown, which
-keeps it out of the power-of-two choice but lets the fail-open path still use a healthy IU.
+keeps it out of the power-of-two choice but lets the fail-open path still use a healthy IU. A plain body
+longer than the view's ``MAX_BODY_BYTES`` (1 MiB; a real one is 1-4 KB) is refused as it arrives, never
+buffered whole, and counts as a failed query.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ import aiohttp
 
 from eas_agent.http import STREAM_CONTENT_TYPE, STREAM_HEARTBEAT_S
 from eas_agent.scheduler import PoolView
+from eas_agent.scheduler.view import MAX_BODY_BYTES
 from eas_agent.scorebody import ScoreBody
+from edge.limits import read_capped
 
 log = logging.getLogger("edge.feed")
 
@@ -174,7 +178,8 @@ class AgentFeed:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
             if answer.content_type != STREAM_CONTENT_TYPE:
                 index = int(answer.headers.get("X-Eas-Index", "0"))
-                body = await answer.json(content_type=None)
+                async with asyncio.timeout(self.wait_s + 5.0):  # the stream's timeout has no total
+                    body = json.loads(await read_capped(answer, MAX_BODY_BYTES))
                 self.connected[node], self.streaming[node] = True, False
                 if not index:  # 0: the agent's first cycle has not ended ("{}")
                     return 0, False, index
@@ -197,7 +202,7 @@ class AgentFeed:
             if answer.status != 200:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
             new_index = int(answer.headers.get("X-Eas-Index", "0"))
-            body = await answer.json(content_type=None)
+            body = json.loads(await read_capped(answer, MAX_BODY_BYTES))
         self.connected[node] = True
         if new_index == index:
             return index  # the wait ran out without a new cycle (a stalled agent): ask again
