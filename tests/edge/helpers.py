@@ -178,3 +178,49 @@ def metric(edge: RunningEdge, name: str, labels: str = "") -> float:
         if line.startswith(prefix + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+class ScriptedIU:
+    """An IU stand-in (aiohttp, its own loop thread) answering ``POST /v1/*`` with ``handler``; registered
+    in Consul as ``iu_id`` on ``address``. ``seen`` holds (monotonic time, body) per request received,
+    ``cancelled`` the times a request's connection closed before its answer was complete."""
+
+    def __init__(self, pool: Pool, iu_id: str, address: str, handler, model: str | None = None):
+        from aiohttp import web
+
+        from sim.vllm.registration import IUService, register_iu_service
+
+        self.seen: list[tuple[float, dict]] = []
+        self.cancelled: list[float] = []
+
+        async def entry(request):
+            self.seen.append((time.monotonic(), json.loads(await request.read())))
+            try:
+                return await handler(request)
+            except asyncio.CancelledError:
+                self.cancelled.append(time.monotonic())
+                raise
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", entry)
+        app.router.add_post("/v1/chat/completions", entry)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"scripted-{iu_id}", daemon=True)
+        self.thread.start()
+        self.runner = web.AppRunner(app, handler_cancellation=True)
+
+        async def start():
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, address, 0)
+            await site.start()
+            return site._server.sockets[0].getsockname()[1]
+
+        self.port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        declared = {"model": model} if model else {}
+        register_iu_service(pool.io, IUService(iu_id, iu_id.split("-")[0], "r1", address, self.port, (0,), 0,
+                                               **declared), http_check=False)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)

@@ -8,10 +8,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
 
-from tests.edge.helpers import MODEL, Pool, metric, post, running_edge, stream, wait_for
+from tests.edge.helpers import MODEL, Pool, ScriptedIU, metric, post, running_edge, stream, wait_for
 
 
 @pytest.fixture
@@ -266,3 +267,90 @@ def test_a_cookie_one_answer_set_is_never_sent_on_anothers_request(consul_addr):
     finally:
         listener.close()
         pool.stop()
+
+
+def sse_chunks(count: int, every_s: float, stall_after: int | None = None, stall_s: float = 0.0):
+    """A stand-in IU handler streaming ``count`` SSE events ``every_s`` apart (silent for ``stall_s`` after
+    ``stall_after`` of them), then ``[DONE]``."""
+    import asyncio
+
+    from aiohttp import web
+
+    async def handler(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n in range(count):
+            if n == stall_after:
+                await asyncio.sleep(stall_s)
+            await response.write(b'data: {"choices": [{"text": "tok"}]}\n\n')
+            await asyncio.sleep(every_s)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    return handler
+
+
+@contextmanager
+def scripted_pool(consul_addr, *scripts):
+    """A pool whose only routable IUs are the stand-ins ``(iu_id, handler[, model])`` on 127.0.200.9+."""
+    pool = Pool(consul_addr, nodes=1, agents=False)
+    pool.io.service_maintenance("n0-iu0", True, "stand-ins only")
+    ius = [ScriptedIU(pool, script[0], f"127.0.200.{9 + n}", *script[1:]) for n, script in enumerate(scripts)]
+    try:
+        yield pool, ius
+    finally:
+        for iu in ius:
+            iu.stop()
+        pool.stop()
+
+
+def test_a_long_stream_that_is_never_idle_completes_and_an_idle_one_is_cut_and_blamed(consul_addr):
+    with scripted_pool(consul_addr, ("s-iu0", sse_chunks(12, 0.25)), ("s-iu1", sse_chunks(6, 0.05, 2, 3.0))) as (
+            pool, _ius):
+        with running_edge(pool, push=None, upstream_timeout_s=1.0, stream_idle_timeout_s=1.0) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 2, 5, "the stand-ins in the view")
+            edge.state.router.ejected["s-iu1"] = time.time() + 60  # the long stream goes to s-iu0
+            status, headers, lines = stream(edge.url("/v1/completions"), completion())
+            assert status == 200 and headers["X-Eas-IU"] == "s-iu0"
+            assert lines[-1][1] == b"data: [DONE]" and lines[-1][0] - lines[0][0] > 2.0  # longer than 1 s total
+            assert metric(edge, "eas_edge_upstream_errors_total", 'iu="s-iu0",kind="idle"') == 0
+            assert "s-iu0" not in edge.state.router.ejected
+            edge.state.router.ejected = {"s-iu0": time.time() + 60}  # now the one that goes silent
+            started = time.monotonic()
+            status, headers, lines = stream(edge.url("/v1/completions"), completion())
+            assert status == 200 and headers["X-Eas-IU"] == "s-iu1" and time.monotonic() - started < 2.5
+            assert lines[-2][1] == b"event: error" and b"silent for 1 s" in lines[-1][1]
+            assert metric(edge, "eas_edge_upstream_errors_total", 'iu="s-iu1",kind="idle"') == 1
+            assert "s-iu1" in edge.state.router.ejected  # silence is the IU's failure
+
+
+def test_a_client_that_leaves_cancels_its_upstream_request_and_a_queued_one_is_never_sent(consul_addr):
+    import asyncio
+
+    from aiohttp import web
+
+    async def slow_answer(request):
+        await asyncio.sleep(6)
+        return web.json_response({"choices": []})
+
+    with scripted_pool(consul_addr, ("s-iu0", slow_answer)) as (pool, (iu,)):
+        with running_edge(pool, push=None, max_inflight_per_iu=1, queue_timeout_s=10.0) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 1, 5, "the stand-in in the view")
+            host, port = edge.address.rsplit(":", 1)
+            body = json.dumps(completion()).encode()
+            head = (f"POST /v1/completions HTTP/1.1\r\nHost: {edge.address}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            first, queued = (socket.create_connection((host, int(port)), timeout=10) for _ in range(2))
+            first.sendall(head + body)
+            wait_for(lambda: len(iu.seen) == 1, 5, "the first request at the IU")
+            queued.sendall(head + body)
+            wait_for(lambda: len(edge.state.waiters) == 1, 5, "the second request queued")
+            queued.close()
+            wait_for(lambda: len(edge.state.waiters) == 0, 2, "the departed client's request out of the queue")
+            left = time.monotonic()
+            first.close()
+            wait_for(lambda: iu.cancelled, 2, "the IU's request cancelled")
+            assert iu.cancelled[0] - left < 0.5
+            time.sleep(0.3)
+            assert len(iu.seen) == 1  # the queued request never reached the IU
+            assert edge.state.router.inflight("s-iu0") == 0
