@@ -7,8 +7,9 @@ allows, not an object).
 
 ``json.loads`` holds the GIL for its whole run (~20 ms per MiB of token ids), so in a thread it would
 stall the event loop as surely as on it: bodies over :data:`PARSE_IN_PROCESS_BYTES` are summarised in a
-small process pool (started at the first such body; ``spawn``, as the edge runs threads), and only the
-summary comes back. A semaphore bounds how many large bodies are read at once, so a crowd of big uploads
+small process pool, and only the summary comes back. The pool's workers are started with the edge
+(:meth:`BodyReader.start`; ``spawn``, as the edge runs threads): starting one while serving would fork a
+process of the edge's size on the event loop (tens of ms). A semaphore bounds how many large bodies are read at once, so a crowd of big uploads
 cannot hold ``max_connections`` x ``max_body_bytes`` in memory.
 """
 
@@ -16,12 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from edge.tokens import estimate_prompt_tokens
 
+log = logging.getLogger("edge.body")
 PARSE_IN_PROCESS_BYTES = 256 * 1024
 PARSE_WORKERS = 2
 LARGE_BODY_READS = 16
@@ -52,6 +57,11 @@ def summarize(raw: bytes, chat: bool) -> BodySummary:
                        prompt_tokens=estimate_prompt_tokens(body, chat))
 
 
+def _warm_up(padding: bytes) -> BodySummary:
+    time.sleep(0.05)  # long enough that the other warm-up task finds this worker busy and spawns another
+    return summarize(b"{}" + padding, False)
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -63,6 +73,7 @@ class BodyReader:
         self.max_body_bytes = max_body_bytes
         self.large_reads = asyncio.Semaphore(LARGE_BODY_READS)
         self.pool: ProcessPoolExecutor | None = None
+        self.warming: list = []
 
     async def read(self, request) -> bytes:
         """The body, or :class:`BodyTooLarge` (from the declared length before reading, or while reading)."""
@@ -82,12 +93,31 @@ class BodyReader:
         except web.HTTPRequestEntityTooLarge as exc:
             raise BodyTooLarge(self.max_body_bytes) from exc
 
+    def start(self) -> BodyReader:
+        """Start the parsing workers now: each is spawned when a task finds no idle one, so as many tasks
+        as workers, each a summary (the worker imports this module once, at its first)."""
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(PARSE_WORKERS, mp_context=multiprocessing.get_context("spawn"))
+            # a large argument, as a real task has: the first one pays for the pipes' and buffers' set-up
+            padding = b" " * PARSE_IN_PROCESS_BYTES * 4
+            self.warming = [self.pool.submit(_warm_up, padding) for _ in range(PARSE_WORKERS)]
+        return self
+
+    def ready(self) -> bool:
+        """Whether every parsing worker has started (and imported this module)."""
+        return self.pool is not None and all(f.done() for f in self.warming)
+
     async def summarize(self, raw: bytes, chat: bool) -> BodySummary:
         if len(raw) <= PARSE_IN_PROCESS_BYTES:
             return summarize(raw, chat)
-        if self.pool is None:
-            self.pool = ProcessPoolExecutor(PARSE_WORKERS, mp_context=multiprocessing.get_context("spawn"))
-        return await asyncio.get_running_loop().run_in_executor(self.pool, summarize, raw, chat)
+        self.start()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, summarize, raw, chat)
+        except BrokenProcessPool:  # a worker died (killed, out of memory): a new pool for the next body
+            log.error("a body parsing worker died; starting new ones")
+            self.close()
+            self.start()
+            return summarize(raw, chat)
 
     def close(self) -> None:
         if self.pool is not None:

@@ -131,6 +131,7 @@ class Edge:
                                     keepalive_timeout=self.config.keepalive_timeout_s,
                                     max_line_size=HEAD_LINE_BYTES, max_field_size=HEAD_LINE_BYTES)
         await self.runner.setup()
+        self.state.bodies.start()
         cap = connection_cap(self.config.max_connections, raise_fd_limit())
         self.site = CappedSite(self.runner, *self.config.listen_hostport, max_connections=cap,
                                header_timeout_s=self.config.header_timeout_s, awaiting_head=self.state.awaiting_head)

@@ -292,9 +292,8 @@ def sse_chunks(count: int, every_s: float, stall_after: int | None = None, stall
 
 @contextmanager
 def scripted_pool(consul_addr, *scripts):
-    """A pool whose only routable IUs are the stand-ins ``(iu_id, handler[, model])`` on 127.0.200.9+."""
-    pool = Pool(consul_addr, nodes=1, agents=False)
-    pool.io.service_maintenance("n0-iu0", True, "stand-ins only")
+    """A pool of only the stand-ins ``(iu_id, handler[, model])``, on 127.0.200.9 and up."""
+    pool = Pool(consul_addr, nodes=0, agents=False)
     ius = [ScriptedIU(pool, script[0], f"127.0.200.{9 + n}", *script[1:]) for n, script in enumerate(scripts)]
     try:
         yield pool, ius
