@@ -7,9 +7,10 @@ allows, not an object).
 
 ``json.loads`` holds the GIL for its whole run (~20 ms per MiB of token ids), so in a thread it would
 stall the event loop as surely as on it: bodies over :data:`PARSE_IN_PROCESS_BYTES` are summarised in a
-small process pool, and only the summary comes back. The pool's workers are started with the edge
-(:meth:`BodyReader.start`; ``spawn``, as the edge runs threads): starting one while serving would fork a
-process of the edge's size on the event loop (tens of ms). A semaphore bounds how many large bodies are read at once, so a crowd of big uploads
+small process pool, and only the summary comes back. The workers come from multiprocessing's fork server
+(a small process that imported only this module; the edge runs threads, so it never forks itself) and are
+started with the edge (:meth:`BodyReader.start`): the fork server's own start, once per process, waits for
+its imports, which must not happen on the event loop while requests are served. A semaphore bounds how many large bodies are read at once, so a crowd of big uploads
 cannot hold ``max_connections`` x ``max_body_bytes`` in memory.
 """
 
@@ -97,7 +98,9 @@ class BodyReader:
         """Start the parsing workers now: each is spawned when a task finds no idle one, so as many tasks
         as workers, each a summary (the worker imports this module once, at its first)."""
         if self.pool is None:
-            self.pool = ProcessPoolExecutor(PARSE_WORKERS, mp_context=multiprocessing.get_context("spawn"))
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload([__name__])
+            self.pool = ProcessPoolExecutor(PARSE_WORKERS, mp_context=context)
             # a large argument, as a real task has: the first one pays for the pipes' and buffers' set-up
             padding = b" " * PARSE_IN_PROCESS_BYTES * 4
             self.warming = [self.pool.submit(_warm_up, padding) for _ in range(PARSE_WORKERS)]
