@@ -107,7 +107,9 @@ class CappedSite(web.TCPSite):
     """aiohttp's TCP site with a cap on open client connections and a deadline for the first request head.
 
     ``awaiting_head``: the connections (aiohttp's handlers) whose first request head has not arrived; the
-    application removes a connection when its first request starts (:func:`head_arrived`). ``refused``
+    application removes a connection when its first request starts (:func:`head_arrived`). The cap counts
+    connections aiohttp has set up, so a burst of simultaneous connects can pass it by up to one accept
+    batch (asyncio accepts up to the listen backlog at once) before the count catches up. ``refused``
     counts connections answered 503 at the cap, ``head_timeouts`` those closed for a late head."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int,
