@@ -353,3 +353,23 @@ def test_a_client_that_leaves_cancels_its_upstream_request_and_a_queued_one_is_n
             time.sleep(0.3)
             assert len(iu.seen) == 1  # the queued request never reached the IU
             assert edge.state.router.inflight("s-iu0") == 0
+
+
+def test_requests_go_only_to_the_ius_serving_their_model_and_an_unknown_model_is_a_404(consul_addr):
+    from aiohttp import web
+
+    async def answer(request):
+        return web.json_response({"choices": [{"text": "ok"}]})
+
+    with scripted_pool(consul_addr, ("a-iu0", answer, "model-a"), ("b-iu0", answer, "model-b")) as (pool, ius):
+        with running_edge(pool, push=None) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 2, 5, "the stand-ins in the view")
+            for model, iu_id in (("model-a", "a-iu0"), ("model-b", "b-iu0")):
+                served = {post(edge.url("/v1/completions"), completion(model=model))[1]["X-Eas-IU"] for _ in range(8)}
+                assert served == {iu_id}
+            status, headers, body = post(edge.url("/v1/completions"), completion(model="model-c"))
+            assert status == 404 and headers["X-Edge-Reason"] == "model_not_found"
+            assert json.loads(body) == {"error": {"message": "The model `model-c` does not exist.",
+                                                  "type": "invalid_request_error", "param": "model",
+                                                  "code": "model_not_found"}}
+            assert [len(iu.seen) for iu in ius] == [8, 8]
