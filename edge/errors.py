@@ -51,19 +51,21 @@ def normalise_upstream_error(status: int, raw: bytes) -> bytes:
     "message", "type", "param", "code"}``), its newer nested one with class names as ``type``
     (``"BadRequestError"``) and numeric codes, and plain text are all read; the message and the param are kept,
     a string code is kept (an integer one repeats the status and is dropped), the type becomes OpenAI's."""
-    message, param, code = None, None, None
-    try:
-        decoded = json.loads(raw) if len(raw) <= MAX_UPSTREAM_ERROR_BYTES else None
-    except (ValueError, RecursionError):
-        decoded = None
+    message, param, code, decoded = None, None, None, None
+    if len(raw) <= MAX_UPSTREAM_ERROR_BYTES:
+        try:
+            decoded = json.loads(raw)
+        except RecursionError:  # nested too deep to read: replaced
+            decoded = None
+        except ValueError:  # not JSON: plain text is the message
+            decoded = raw.decode("utf-8", "replace").strip() or None
     if isinstance(decoded, dict):
         inner = decoded.get("error") if isinstance(decoded.get("error"), dict) else decoded
         message, param, code = inner.get("message"), inner.get("param"), inner.get("code")
         if message is None and isinstance(decoded.get("detail"), str):  # FastAPI's own errors
             message = decoded["detail"]
-    elif decoded is None and len(raw) <= MAX_UPSTREAM_ERROR_BYTES:
-        text = raw.decode("utf-8", "replace").strip()
-        message = text or None
+    elif isinstance(decoded, str):
+        message = decoded
     if not isinstance(message, str) or not message:
         message = f"the inference unit answered HTTP {status}"
     return json.dumps(error_body(status, message, code if isinstance(code, str) else None,

@@ -200,6 +200,11 @@ def test_clusterctl_edge_serve_is_eas_edge(capsys):
     assert code == 0 and "--agent-port" in out and "--no-push" in out
 
 
+# The last aiohttp release that fixed a published advisory (CVE-2026-69244, in 3.14.3): the edge is an
+# unauthenticated HTTP server, so its floor must not admit an older parser.
+AIOHTTP_SECURITY_FLOOR = (3, 14, 3)
+
+
 def test_the_edge_imports_nothing_outside_its_own_dependencies():
     """An edge-only host installs edge/requirements.txt: the edge must not import Ansible, click, rich..."""
     blocked = ["ansible", "ansible_runner", "fabric", "rich", "click", "jinja2", "psutil", "pynvml", "cli",
@@ -222,6 +227,8 @@ def test_the_edge_imports_nothing_outside_its_own_dependencies():
     declared = {spec.split(">")[0].split("=")[0].lower(): spec for spec in project}
     assert set(pins) == {"aiohttp", "py-consul", "prometheus-client", "pyyaml"}
     assert all(pins[name] == declared[name] for name in pins), (pins, declared)
+    floor = tuple(int(n) for n in pins["aiohttp"].split(">=")[1].split(",")[0].split("."))
+    assert floor >= AIOHTTP_SECURITY_FLOOR, f"{pins['aiohttp']} admits aiohttp releases with known advisories"
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["eas-edge"] == "edge.main:main"
 
