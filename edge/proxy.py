@@ -50,6 +50,7 @@ FORWARD_HEADERS = ("Content-Type", "Authorization", "Accept", "OpenAI-Organizati
 MODELS_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
              asyncio.TimeoutError)
+MODELS_CACHED = 64
 LOCAL_TROUBLE_S = 5.0  # /healthz answers 503 this long after the edge ran short of its own resources
 __all__ = ["Busy", "EdgeState", "Unavailable", "make_app"]
 
@@ -70,6 +71,7 @@ class EdgeState:
     active: int = 0  # requests being handled (graceful shutdown waits for 0)
     draining: bool = False
     local_trouble_until: float = 0.0  # monotonic: the edge ran short of descriptors or buffers until then
+    not_serving_of: tuple = (None, {})  # (the IU -> model map they were made from, model -> _not_serving)
 
     def __post_init__(self):
         if self.admission is None:
@@ -180,6 +182,17 @@ def _not_serving(state: EdgeState, model: str | None) -> frozenset[str] | None:
     models = state.view.unit_models()
     if not model or not models:
         return frozenset()
+    seen, by_model = state.not_serving_of
+    # a new Consul answer invalidates the sets; the model field is the client's, so it cannot grow them
+    if seen is not models or len(by_model) >= MODELS_CACHED:
+        by_model = {}
+        state.not_serving_of = (models, by_model)
+    if model not in by_model:
+        by_model[model] = _not_serving_in(models, model)
+    return by_model[model]
+
+
+def _not_serving_in(models: dict[str, str | None], model: str) -> frozenset[str] | None:
     if model in models.values():
         return frozenset(iu for iu, served in models.items() if served is not None and served != model)
     if None in models.values():  # some IUs take any model: vLLM answers for the name
@@ -223,6 +236,11 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
             if is_local_resource_error(exc):  # the edge's own shortage: no IU is blamed, nothing retried
                 state.release(iu_id, handle=handle)
                 return _local_trouble(state, exc)
+            if _own_deadline(exc):  # a non-streamed answer still generating at upstream_timeout_s
+                state.release(iu_id, handle=handle)
+                state.metrics.upstream_errors_of[iu_id, "deadline"].inc()
+                return error_response(504, f"IU {iu_id} did not answer within upstream_timeout_s "
+                                      f"({state.config.upstream_timeout_s:g} s)", "upstream_deadline")
             state.release(iu_id, failed=True, handle=handle)
             state.metrics.upstream_errors_of[iu_id, "connect"].inc()
             log.warning("IU %s: %s before any byte was sent; %s", iu_id, type(exc).__name__,
@@ -242,6 +260,11 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
             return await _upstream_error(state, upstream, iu_id, handle)
         return await _relay(state, request, upstream, iu_id, arrived, stream, handle)
     return error_response(502, "the IUs tried did not accept the connection (retried once)", "upstream_connect")
+
+
+def _own_deadline(exc: BaseException) -> bool:
+    """The session's total timeout (the edge's own deadline), not a connect or idle timeout (the IU's)."""
+    return isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError)
 
 
 def _unavailable(state: EdgeState, exc: Unavailable | Busy) -> web.Response:
@@ -297,7 +320,7 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
                 chunk = await upstream.content.readany()  # whatever arrived: no buffering beyond one read
             except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                 idle = isinstance(exc, aiohttp.SocketTimeoutError)
-                own_deadline = isinstance(exc, TimeoutError) and not idle
+                own_deadline = _own_deadline(exc)
                 failed = not own_deadline  # the edge's own deadline is not the IU's failure
                 kind = "deadline" if own_deadline else ("idle" if idle else "mid_stream")
                 state.metrics.upstream_errors_of[iu_id, kind].inc()

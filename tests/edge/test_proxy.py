@@ -373,3 +373,22 @@ def test_requests_go_only_to_the_ius_serving_their_model_and_an_unknown_model_is
                                                   "type": "invalid_request_error", "param": "model",
                                                   "code": "model_not_found"}}
             assert [len(iu.seen) for iu in ius] == [8, 8]
+
+
+def test_a_plain_answer_past_the_edges_own_deadline_is_a_504_and_blames_no_iu(consul_addr):
+    import asyncio
+
+    from aiohttp import web
+
+    async def slow_answer(request):
+        await asyncio.sleep(3)
+        return web.json_response({"choices": []})
+
+    with scripted_pool(consul_addr, ("s-iu0", slow_answer)) as (pool, (iu,)):
+        with running_edge(pool, push=None, upstream_timeout_s=1.0) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 1, 5, "the stand-in in the view")
+            status, headers, body = post(edge.url("/v1/completions"), completion())
+            assert status == 504 and headers["X-Edge-Reason"] == "upstream_deadline", body
+            assert json.loads(body)["error"]["type"] == "server_error"
+            assert edge.state.router.ejected == {} and metric(edge, "eas_edge_retries_total") == 0
+            assert len(iu.seen) == 1
