@@ -48,6 +48,7 @@ from edge.routing import Decision, Router
 log = logging.getLogger("edge.proxy")
 FORWARD_HEADERS = ("Content-Type", "Authorization", "Accept", "OpenAI-Organization", "X-Request-Id")
 MODELS_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+MAX_MODELS_BYTES = 1 << 20  # an IU's /v1/models (a few hundred bytes per model)
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
              asyncio.TimeoutError)
 MODELS_CACHED = 64
@@ -353,15 +354,21 @@ async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.Clien
 
 
 async def _models(request: web.Request) -> web.Response:
+    """One routable IU's model list (two are tried), read within a cap; its error in OpenAI's shape."""
     state = request.app[STATE]
     healthy = [e for e in state.view.snapshot().healthy if e.address and e.port]
     for entry in healthy[:2]:
         try:
             async with state.session.get(_upstream_url(entry, "/v1/models"), timeout=MODELS_TIMEOUT) as answer:
-                return web.Response(body=await answer.read(), status=answer.status,
-                                    content_type=answer.content_type)
+                body = await read_capped(answer, MAX_MODELS_BYTES)
+                if answer.status >= 400:
+                    return web.Response(body=normalise_upstream_error(answer.status, body[:MAX_UPSTREAM_ERROR_BYTES]),
+                                        status=answer.status, content_type="application/json")
+                return web.Response(body=body, status=answer.status, content_type=answer.content_type)
         except RETRYABLE:
             state.metrics.upstream_errors_of[entry.iu_id, "connect"].inc()
+        except (BodyTooLong, aiohttp.ClientError):
+            state.metrics.upstream_errors_of[entry.iu_id, "protocol"].inc()
     return _unavailable(state, Unavailable("no_healthy_iu", "no healthy IU answered /v1/models"))
 
 
