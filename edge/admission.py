@@ -97,15 +97,18 @@ class Admission:
         """A slot was freed: counted for the drain rate; the oldest waiter is woken."""
         now = self.clock()
         self.freed.append(now)
-        while self.freed and self.freed[0] < now - DRAIN_WINDOW_S:
-            self.freed.popleft()
+        self._forget_before(now - DRAIN_WINDOW_S)
         self._wake()
+
+    def _forget_before(self, since: float) -> None:
+        while self.freed and self.freed[0] < since:
+            self.freed.popleft()
 
     def retry_after_s(self, ahead: int) -> int:
         """Seconds until a request behind ``ahead`` waiters would likely be served, from the recent drain
         rate (1..MAX_RETRY_AFTER_S; the queue timeout while nothing has drained lately)."""
-        now = self.clock()
-        recent = sum(1 for t in self.freed if t >= now - DRAIN_WINDOW_S)
+        self._forget_before(self.clock() - DRAIN_WINDOW_S)
+        recent = len(self.freed)
         if not recent:
             return max(1, min(MAX_RETRY_AFTER_S, math.ceil(self.queue_timeout_s)))
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil((ahead + 1) * DRAIN_WINDOW_S / recent)))
