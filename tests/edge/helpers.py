@@ -224,3 +224,35 @@ class ScriptedIU:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+def sse_chunks(count: int, every_s: float, stall_after: int | None = None, stall_s: float = 0.0):
+    """A stand-in IU handler streaming ``count`` SSE events ``every_s`` apart (silent for ``stall_s`` after
+    ``stall_after`` of them), then ``[DONE]``."""
+    from aiohttp import web
+
+    async def handler(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n in range(count):
+            if n == stall_after:
+                await asyncio.sleep(stall_s)
+            await response.write(b'data: {"choices": [{"text": "tok"}]}\n\n')
+            await asyncio.sleep(every_s)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    return handler
+
+
+@contextmanager
+def scripted_pool(consul_addr, *scripts):
+    """A pool of only the stand-ins ``(iu_id, handler[, model])``, on 127.0.200.9 and up."""
+    pool = Pool(consul_addr, nodes=0, agents=False)
+    ius = [ScriptedIU(pool, script[0], f"127.0.200.{9 + n}", *script[1:]) for n, script in enumerate(scripts)]
+    try:
+        yield pool, ius
+    finally:
+        for iu in ius:
+            iu.stop()
+        pool.stop()

@@ -8,8 +8,7 @@ import json
 import threading
 import time
 
-from tests.edge.helpers import MODEL, post, running_edge, stream, wait_for
-from tests.edge.test_proxy import scripted_pool, sse_chunks
+from tests.edge.helpers import MODEL, post, running_edge, scripted_pool, sse_chunks, stream, wait_for
 
 
 def completion(**extra) -> dict:

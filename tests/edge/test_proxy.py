@@ -8,11 +8,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 
 import pytest
 
-from tests.edge.helpers import MODEL, Pool, ScriptedIU, metric, post, running_edge, stream, wait_for
+from tests.edge.helpers import (
+    MODEL,
+    Pool,
+    metric,
+    post,
+    running_edge,
+    scripted_pool,
+    sse_chunks,
+    stream,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -266,40 +275,6 @@ def test_a_cookie_one_answer_set_is_never_sent_on_anothers_request(consul_addr):
         assert len(seen) == 2 and not any(b"\r\ncookie:" in request.lower() for request in seen), seen
     finally:
         listener.close()
-        pool.stop()
-
-
-def sse_chunks(count: int, every_s: float, stall_after: int | None = None, stall_s: float = 0.0):
-    """A stand-in IU handler streaming ``count`` SSE events ``every_s`` apart (silent for ``stall_s`` after
-    ``stall_after`` of them), then ``[DONE]``."""
-    import asyncio
-
-    from aiohttp import web
-
-    async def handler(request):
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for n in range(count):
-            if n == stall_after:
-                await asyncio.sleep(stall_s)
-            await response.write(b'data: {"choices": [{"text": "tok"}]}\n\n')
-            await asyncio.sleep(every_s)
-        await response.write(b"data: [DONE]\n\n")
-        return response
-
-    return handler
-
-
-@contextmanager
-def scripted_pool(consul_addr, *scripts):
-    """A pool of only the stand-ins ``(iu_id, handler[, model])``, on 127.0.200.9 and up."""
-    pool = Pool(consul_addr, nodes=0, agents=False)
-    ius = [ScriptedIU(pool, script[0], f"127.0.200.{9 + n}", *script[1:]) for n, script in enumerate(scripts)]
-    try:
-        yield pool, ius
-    finally:
-        for iu in ius:
-            iu.stop()
         pool.stop()
 
 
