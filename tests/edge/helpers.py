@@ -17,6 +17,8 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import replace
 
+from aiohttp import web
+
 from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.scorebody import IUScore, ScoreBody
@@ -186,10 +188,6 @@ class ScriptedIU:
     ``cancelled`` the times a request's connection closed before its answer was complete."""
 
     def __init__(self, pool: Pool, iu_id: str, address: str, handler, model: str | None = None):
-        from aiohttp import web
-
-        from sim.vllm.registration import IUService, register_iu_service
-
         self.seen: list[tuple[float, dict]] = []
         self.cancelled: list[float] = []
 
@@ -229,7 +227,6 @@ class ScriptedIU:
 def sse_chunks(count: int, every_s: float, stall_after: int | None = None, stall_s: float = 0.0):
     """A stand-in IU handler streaming ``count`` SSE events ``every_s`` apart (silent for ``stall_s`` after
     ``stall_after`` of them), then ``[DONE]``."""
-    from aiohttp import web
 
     async def handler(request):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
