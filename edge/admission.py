@@ -1,7 +1,7 @@
 """The edge's queue for requests that find every IU at its per-IU cap: first come, first served.
 
-A request that finds a free slot and nobody waiting is admitted at once; otherwise it queues at the tail,
-and nobody overtakes a waiter: a new arrival never takes a slot while others wait, and a freed slot goes to
+A request that finds a free slot and nobody waiting for the same IUs (one queue per set of IUs requests
+compete for: per model) is admitted at once; otherwise it queues at the tail, and nobody overtakes a waiter: a new arrival never takes a slot while others wait, and a freed slot goes to
 the oldest waiter (:meth:`Admission.released` wakes it; it keeps its place until it is admitted or gives
 up). A woken waiter that cannot use the freed slot (its own exclusions: IUs it already tried) passes the
 wake on to the next one while a slot is free.
@@ -19,7 +19,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 DRAIN_WINDOW_S = 10.0
 MAX_RETRY_AFTER_S = 60
@@ -50,37 +50,47 @@ class _Waiter:
 
 
 class Admission:
+    """The queues, one per set of IUs requests compete for (the caller's ``key``: requests for another
+    model never wait behind these), bounded together by ``max_queue``."""
+
     def __init__(self, max_queue: int, queue_timeout_s: float, clock=time.monotonic):
         self.max_queue, self.queue_timeout_s, self.clock = max_queue, queue_timeout_s, clock
-        self.waiters: deque[_Waiter] = deque()
+        self.queues: dict[Hashable, deque[_Waiter]] = {}
+        self.waiting = 0
         self.freed: deque[float] = deque()  # clock times slots were freed within DRAIN_WINDOW_S
 
     def __len__(self) -> int:
-        return len(self.waiters)
+        return self.waiting
 
-    async def admit(self, attempt: Callable[[bool], object | None], slot_free: Callable[[], bool]):
+    async def admit(self, attempt: Callable[[bool], object | None], slot_free: Callable[[], bool],
+                    key: Hashable = None):
         """``attempt(queued)``: the admitted request's result, None when no slot is free now (it may raise
-        Unavailable; ``queued``: the request waited in the queue); ``slot_free()``: whether an IU slot is free for someone (a waiter that cannot use it
-        passes the wake on). Returns ``attempt()``'s result, or raises Busy."""
-        if not self.waiters:
+        Unavailable; ``queued``: the request waited); ``slot_free()``: whether an IU slot is free for a
+        request of this queue (a waiter that cannot use it passes the wake on); ``key``: the queue. Returns
+        ``attempt()``'s result, or raises Busy."""
+        queue = self.queues.get(key)
+        if not queue:
             result = attempt(False)
             if result is not None:
                 return result
-        if len(self.waiters) >= self.max_queue:
-            raise Busy("queue_full", f"every IU is at its in-flight cap and {len(self.waiters)} requests are "
-                       "queued", self.retry_after_s(len(self.waiters)))
+        if self.waiting >= self.max_queue:
+            raise Busy("queue_full", f"every IU is at its in-flight cap and {self.waiting} requests are "
+                       "queued", self.retry_after_s(len(queue) if queue else 0))
+        if queue is None:
+            queue = self.queues[key] = deque()
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), slot_free)
-        self.waiters.append(waiter)
+        queue.append(waiter)
+        self.waiting += 1
         deadline = self.clock() + self.queue_timeout_s
         try:
-            if len(self.waiters) == 1 and slot_free():  # a slot freed while nobody could take it
+            if len(queue) == 1 and slot_free():  # a slot freed while nobody could take it
                 waiter.future.set_result(None)
             while True:
                 remaining = deadline - self.clock()
                 if remaining <= 0:
                     raise Busy("queue_timeout", f"no IU slot freed within {self.queue_timeout_s:g} s",
-                               self.retry_after_s(self._position(waiter)))
+                               self.retry_after_s(_position(queue, waiter)))
                 try:
                     await asyncio.wait_for(asyncio.shield(waiter.future), remaining)
                 except TimeoutError:
@@ -89,16 +99,17 @@ class Admission:
                 if result is not None:
                     return result
                 waiter.future = loop.create_future()  # not for this one: keep the place, wake the next
-                self._wake(after=waiter)
+                _wake(queue, after=waiter)
         finally:
-            self._leave(waiter)
+            self._leave(key, queue, waiter)
 
     def released(self) -> None:
-        """A slot was freed: counted for the drain rate; the oldest waiter is woken."""
+        """A slot was freed: counted for the drain rate; the oldest waiter of each queue is woken."""
         now = self.clock()
         self.freed.append(now)
         self._forget_before(now - DRAIN_WINDOW_S)
-        self._wake()
+        for queue in list(self.queues.values()):
+            _wake(queue)
 
     def _forget_before(self, since: float) -> None:
         while self.freed and self.freed[0] < since:
@@ -113,32 +124,39 @@ class Admission:
             return max(1, min(MAX_RETRY_AFTER_S, math.ceil(self.queue_timeout_s)))
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil((ahead + 1) * DRAIN_WINDOW_S / recent)))
 
-    def _position(self, waiter: _Waiter) -> int:
-        for index, other in enumerate(self.waiters):
-            if other is waiter:
-                return index
-        return len(self.waiters)
-
-    def _wake(self, after: _Waiter | None = None) -> None:
-        """Wake the first waiter (after ``after``, when given and a slot is still free) not already woken."""
-        started = after is None
-        for waiter in self.waiters:
-            if not started:
-                started = waiter is after
-                continue
-            if after is not None and not waiter.slot_free():
-                return
-            if not waiter.future.done():
-                waiter.future.set_result(None)
-            return
-
-    def _leave(self, waiter: _Waiter) -> None:
-        """``waiter`` leaves the queue (admitted, timed out or cancelled); a wake it got but did not use goes
-        to the next waiter."""
+    def _leave(self, key: Hashable, queue: deque[_Waiter], waiter: _Waiter) -> None:
+        """``waiter`` leaves its queue (admitted, timed out or cancelled); a wake it got but did not use
+        goes to the next waiter."""
         woken_unused = waiter.future.done() and not waiter.future.cancelled()
         try:
-            self.waiters.remove(waiter)
+            queue.remove(waiter)
         except ValueError:
             return
-        if woken_unused and self.waiters and self.waiters[0].slot_free():
-            self._wake()
+        self.waiting -= 1
+        if not queue:
+            if self.queues.get(key) is queue:
+                del self.queues[key]
+        elif woken_unused and queue[0].slot_free():
+            _wake(queue)
+
+
+def _position(queue: deque[_Waiter], waiter: _Waiter) -> int:
+    for index, other in enumerate(queue):
+        if other is waiter:
+            return index
+    return len(queue)
+
+
+def _wake(queue: deque[_Waiter], after: _Waiter | None = None) -> None:
+    """Wake the first waiter of ``queue`` (after ``after``, when given and a slot is still free) not
+    already woken."""
+    started = after is None
+    for waiter in queue:
+        if not started:
+            started = waiter is after
+            continue
+        if after is not None and not waiter.slot_free():
+            return
+        if not waiter.future.done():
+            waiter.future.set_result(None)
+        return

@@ -77,7 +77,7 @@ class _StateCollector:
             inflight.add_metric([iu_id], count)
         yield inflight
         yield GaugeMetricFamily("eas_edge_queue_depth", "Requests waiting for a free IU slot.",
-                                value=len(s.waiters))
+                                value=len(s.admission))
         snapshot = s.view.snapshot()
         pool = GaugeMetricFamily("eas_edge_pool_ius", "IUs in the view: routable, with a score, all.",
                                  labels=["kind"])

@@ -81,8 +81,9 @@ class EdgeState:
             self.bodies = BodyReader(self.config.max_body_bytes)
 
     @property
-    def waiters(self):
-        return self.admission.waiters
+    def waiters(self) -> list:
+        """Every queued request (all queues)."""
+        return [waiter for queue in self.admission.queues.values() for waiter in queue]
 
     @property
     def stream_timeout(self) -> aiohttp.ClientTimeout:
@@ -116,7 +117,8 @@ class EdgeState:
                                   "(ejected) or was tried for this request")
             return None
 
-        return await self.admission.admit(attempt, lambda: self.decide(prompt_tokens, not_serving).iu_id is not None)
+        return await self.admission.admit(attempt, lambda: self.decide(prompt_tokens, not_serving).iu_id is not None,
+                                          key=not_serving)
 
     def _sent(self, decision: Decision, prompt_tokens: int | None, handle, queued_since: float | None) -> None:
         now = time.time()
@@ -392,7 +394,7 @@ async def _healthz(request: web.Request) -> web.Response:
         status = "ok" if routable else "no_routable_iu"
     fresh = sum(1 for e in snapshot.scored if time.time() <= e.stale_after)
     return web.json_response({"status": status, "routable_ius": routable, "fresh_scores": fresh,
-                              "inflight": state.active, "queued": len(state.waiters)},
+                              "inflight": state.active, "queued": len(state.admission)},
                              status=200 if status == "ok" else 503)
 
 

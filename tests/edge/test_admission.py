@@ -78,3 +78,24 @@ def test_a_full_queue_is_busy_with_the_wait_predicted_from_the_drain_rate_and_no
         assert type(info.value).__name__ == "Unavailable" and info.value.reason == "no_healthy_iu"
 
     asyncio.run(scenario())
+
+
+def test_a_request_for_another_model_never_waits_behind_a_queue_it_does_not_compete_with():
+    async def scenario():
+        state = one_iu_state(max_queue=8, queue_timeout_s=5.0)
+        state.view.apply_health([
+            {"Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000 + n, "Meta": {"node": f"n{n}", "model": m}},
+             "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]}
+            for n, (iu, m) in enumerate((("n0-iu0", "model-a"), ("n1-iu0", "model-b")))])
+        not_a, not_b = frozenset({"n1-iu0"}), frozenset({"n0-iu0"})
+        held = await state.acquire(None, set(), not_serving=not_a)
+        assert held.iu_id == "n0-iu0"
+        queued = asyncio.create_task(state.acquire(None, set(), not_serving=not_a))
+        await asyncio.sleep(0)
+        assert len(state.waiters) == 1
+        other = await asyncio.wait_for(state.acquire(None, set(), not_serving=not_b), 1)
+        assert other.iu_id == "n1-iu0"
+        state.release(held.iu_id)
+        assert (await asyncio.wait_for(queued, 1)).iu_id == "n0-iu0"
+
+    asyncio.run(scenario())
