@@ -62,9 +62,10 @@ class EdgeView(PoolView):
 
     def unit_models(self) -> dict[str, str | None]:
         """IU id -> the model it serves (its Consul service's ``Meta.model``; None: not declared, any model).
-        Kept while Consul's health answer is the same object, so a request does not rebuild it."""
-        with self.lock:
-            health = self.health
+        Kept while Consul's health answer is the same object, so a request does not rebuild it. Read
+        without the view's lock (the watcher threads hold it while rebuilding, and the event loop must not
+        wait for them): ``apply_health`` replaces the dict whole, never changes it in place."""
+        health = self.health
         cached = getattr(self, "_models", None)
         if cached is not None and cached[0] is health:
             return cached[1]
