@@ -45,10 +45,11 @@ def health_url(address: str, port: int) -> str:
 
 
 def iu_registration(iu: str, node: str, rack: str, address: str, port: int, gpus: Sequence[int],
-                    numa_node: int | None) -> dict[str, Any]:
+                    numa_node: int | None, model: str | None = None) -> dict[str, Any]:
     """One IU's ``vllm-iu`` instance: name, ID (the IU id), address, port, tags and meta (Consul meta values
-    are strings; an IU without one NUMA node has ``numa_node`` "")."""
-    return {
+    are strings; an IU without one NUMA node has ``numa_node`` ""). ``model``: the name it serves
+    (``Meta.model``, which the edge routes a request's ``model`` on); without it the IU takes any model."""
+    registration = {
         "name": IU_SERVICE_NAME,
         "id": iu,
         "address": address,
@@ -61,6 +62,9 @@ def iu_registration(iu: str, node: str, rack: str, address: str, port: int, gpus
             "rack": rack,
         },
     }
+    if model:
+        registration["meta"]["model"] = model
+    return registration
 
 
 def iu_service_definitions(node: Node, interval: str, timeout: str) -> dict[str, dict[str, Any]]:

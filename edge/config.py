@@ -19,11 +19,17 @@
       batch_ms: 10                # a node's announcements leave at the edge's next tick of this (1-1000)
       edge_name: null             # this edge's id is <edge_name>.<8 hex drawn at each start> (null: host name)
     max_inflight_per_iu: 64       # this edge's requests in flight per IU; more wait in the queue
-    max_queue: 512                # requests waiting for a slot; beyond: 503 + Retry-After
-    queue_timeout_s: 5
-    retry_after_s: 1              # the Retry-After of a 503
+    max_queue: 512                # requests waiting for a slot (oldest first); beyond: 429 + Retry-After
+    queue_timeout_s: 5            # a longer wait: 429 + Retry-After (the predicted wait)
+    retry_after_s: 1              # the Retry-After of a 503 (no routable IU)
     connect_timeout_s: 1          # to an IU; a failure before any byte reached the client: retry once
-    upstream_timeout_s: 600       # a whole upstream answer (long generations stream for minutes)
+    upstream_timeout_s: 600       # a whole non-streamed answer (its first byte comes at its end)
+    stream_idle_timeout_s: 60     # a stream silent this long is cut and its IU ejected (no total limit)
+    max_connections: 4096         # open client connections; beyond: 503 and closed (lowered to fit the
+                                  # descriptor limit, whose soft value is raised to the hard one at start)
+    header_timeout_s: 10          # a new connection's first request head must arrive within this
+    keepalive_timeout_s: 75       # an idle kept-alive client connection is closed after this
+    max_body_bytes: 8388608       # request bodies; beyond: 413 (a 128k-token prompt as token ids ~1 MiB)
     eject_s: 5                    # an IU that failed a connection or died mid-stream is skipped this long
     drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
     seed: null                    # RNG of pick()'s sampling (null: from the OS)
@@ -92,6 +98,11 @@ class EdgeConfig:
     retry_after_s: float = 1.0
     connect_timeout_s: float = 1.0
     upstream_timeout_s: float = 600.0
+    stream_idle_timeout_s: float = 60.0
+    max_connections: int = 4096
+    header_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 75.0
+    max_body_bytes: int = 8 * 1024 * 1024
     eject_s: float = 5.0
     drain_timeout_s: float = 30.0
     seed: int | None = None
@@ -152,7 +163,8 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f = Fields(path, data if data is not None else {}, "")
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
-               "event_loop"})
+               "event_loop", "stream_idle_timeout_s", "max_connections", "header_timeout_s", "keepalive_timeout_s",
+               "max_body_bytes"})
     return EdgeConfig(
         listen=address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
@@ -165,6 +177,11 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         retry_after_s=f.positive("retry_after_s", 1.0),
         connect_timeout_s=f.positive("connect_timeout_s", 1.0),
         upstream_timeout_s=f.positive("upstream_timeout_s", 600.0),
+        stream_idle_timeout_s=f.positive("stream_idle_timeout_s", 60.0),
+        max_connections=_count(f, "max_connections", 4096, 1),
+        header_timeout_s=f.positive("header_timeout_s", 10.0),
+        keepalive_timeout_s=f.positive("keepalive_timeout_s", 75.0),
+        max_body_bytes=_count(f, "max_body_bytes", 8 * 1024 * 1024, 1024),
         eject_s=f.positive("eject_s", 5.0),
         drain_timeout_s=f.positive("drain_timeout_s", 30.0),
         seed=f.get("seed", int, None),

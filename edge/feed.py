@@ -17,12 +17,15 @@ older than 3 heartbeats ``pick()`` fails open to least-in-flight.
 
 Nonsense from an agent (a negative, NaN or non-numeric score, a body that is not the score shape) is
 ignored and counted by reason (``eas_edge_scores_ignored_total``): the IU's score counts as unknown, which
-keeps it out of the power-of-two choice but lets the fail-open path still use a healthy IU.
+keeps it out of the power-of-two choice but lets the fail-open path still use a healthy IU. A plain body
+longer than the view's ``MAX_BODY_BYTES`` (1 MiB; a real one is 1-4 KB) is refused as it arrives, never
+buffered whole, and counts as a failed query.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -40,7 +43,9 @@ from eas_wire.stream import (
     blocking_params,
     read_frame,
 )
+from edge.limits import read_capped
 from edge.pool import PoolView
+from edge.pool.view import MAX_BODY_BYTES
 
 log = logging.getLogger("edge.feed")
 
@@ -62,6 +67,23 @@ class EdgeView(PoolView):
             if node and address:
                 addresses.setdefault(node, address)
         return addresses
+
+    def unit_models(self) -> dict[str, str | None]:
+        """IU id -> the model it serves (its Consul service's ``Meta.model``; None: not declared, any model).
+        Kept while Consul's health answer is the same object, so a request does not rebuild it. Read
+        without the view's lock (the watcher threads hold it while rebuilding, and the event loop must not
+        wait for them): ``apply_health`` replaces the dict whole, never changes it in place."""
+        health = self.health
+        cached = getattr(self, "_models", None)
+        if cached is not None and cached[0] is health:
+            return cached[1]
+        models = {}
+        for iu_id, (_health, service, _node) in health.items():
+            meta = service.get("Meta")
+            model = meta.get("model") if isinstance(meta, dict) else None
+            models[iu_id] = model if isinstance(model, str) and model else None
+        self._models = (health, models)
+        return models
 
 
 class AgentFeed:
@@ -165,7 +187,8 @@ class AgentFeed:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
             if answer.content_type != STREAM_CONTENT_TYPE:
                 index = int(answer.headers.get(INDEX_HEADER, "0"))
-                body = await answer.json(content_type=None)
+                async with asyncio.timeout(self.wait_s + 5.0):  # the stream's timeout has no total
+                    body = json.loads(await read_capped(answer, MAX_BODY_BYTES))
                 self.connected[node], self.streaming[node] = True, False
                 if not index:  # 0: the agent's first cycle has not ended ("{}")
                     return 0, False, index
@@ -188,7 +211,7 @@ class AgentFeed:
             if answer.status != 200:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
             new_index = int(answer.headers.get(INDEX_HEADER, "0"))
-            body = await answer.json(content_type=None)
+            body = json.loads(await read_capped(answer, MAX_BODY_BYTES))
         self.connected[node] = True
         if new_index == index:
             return index  # the wait ran out without a new cycle (a stalled agent): ask again

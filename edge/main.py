@@ -30,12 +30,14 @@ from consul_io.client import ConsulIO, ConsulUnavailable
 from edge.announce import AnnounceSender, edge_id
 from edge.config import EVENT_LOOPS, ConfigError, EdgeConfig, load_edge_config
 from edge.feed import AgentFeed, EdgeView
+from edge.limits import CappedSite, connection_cap, raise_fd_limit
 from edge.metrics import EdgeMetrics
 from edge.pool import ConsulWatcher
 from edge.proxy import EdgeState, make_app
 from edge.routing import Router
 
 log = logging.getLogger("edge")
+HEAD_LINE_BYTES = 8190  # the longest request line and header field (aiohttp's defaults, stated here)
 
 
 class StartupError(Exception):
@@ -84,7 +86,7 @@ class Edge:
         self.state = EdgeState(config, view, router, EdgeMetrics())
         self.state.metrics.watch(self.state)
         self.runner: web.AppRunner | None = None
-        self.site: web.TCPSite | None = None
+        self.site: CappedSite | None = None
         self.stopped = asyncio.Event()
 
     def connect_consul(self) -> None:
@@ -121,10 +123,18 @@ class Edge:
             self.state.announcer = AnnounceSender(self.state.session, self.state.router.ledger,
                                                   self.state.view.edge_id, token, batch_s=announce.batch_ms / 1000,
                                                   rtt=self.state.metrics.announce_rtt.observe)
-        self.runner = web.AppRunner(make_app(self.state), access_log=None,
-                                    shutdown_timeout=self.config.drain_timeout_s)
+        # a client that leaves cancels its handler: the IU's connection closes (the engine aborts the
+        # request) or the request leaves the queue unsent; request heads are bounded by aiohttp's line and
+        # field sizes, idle kept-alive connections by keepalive_timeout
+        self.runner = web.AppRunner(make_app(self.state), access_log=None, handler_cancellation=True,
+                                    shutdown_timeout=self.config.drain_timeout_s,
+                                    keepalive_timeout=self.config.keepalive_timeout_s,
+                                    max_line_size=HEAD_LINE_BYTES, max_field_size=HEAD_LINE_BYTES)
         await self.runner.setup()
-        self.site = web.TCPSite(self.runner, *self.config.listen_hostport)
+        self.state.bodies.start()
+        cap = connection_cap(self.config.max_connections, raise_fd_limit())
+        self.site = CappedSite(self.runner, *self.config.listen_hostport, max_connections=cap,
+                               header_timeout_s=self.config.header_timeout_s, awaiting_head=self.state.awaiting_head)
         try:
             await self.site.start()
         except OSError as exc:
@@ -157,6 +167,7 @@ class Edge:
             await self.runner.cleanup()
         if self.state.session is not None:
             await self.state.session.close()
+        self.state.bodies.close()
         self.stopped.set()
 
 

@@ -48,7 +48,8 @@ class EdgeMetrics:
                                "before any byte reached the client.", registry=r)
         self.upstream_errors = Counter("eas_edge_upstream_errors", "Failures talking to an IU, by kind.",
                                        ["iu", "kind"], registry=r)
-        self.rejected = Counter("eas_edge_rejected", "Requests answered 503 by the edge itself, by reason.",
+        self.rejected = Counter("eas_edge_rejected", "Requests the edge turned away itself (429 busy, 503 "
+                                "unavailable) or dropped because their client left (client_gone), by reason.",
                                 ["reason"], registry=r)
         self.queued = Histogram("eas_edge_queue_wait_seconds", "Time requests waited for a free IU slot.",
                                 buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0), registry=r)
@@ -76,7 +77,7 @@ class _StateCollector:
             inflight.add_metric([iu_id], count)
         yield inflight
         yield GaugeMetricFamily("eas_edge_queue_depth", "Requests waiting for a free IU slot.",
-                                value=len(s.waiters))
+                                value=len(s.admission))
         snapshot = s.view.snapshot()
         pool = GaugeMetricFamily("eas_edge_pool_ius", "IUs in the view: routable, with a score, all.",
                                  labels=["kind"])

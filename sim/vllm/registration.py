@@ -24,13 +24,14 @@ class IUService:
     port: int
     gpus: tuple[int, ...]
     numa_node: int | None
+    model: str | None = None  # the served model name (Meta.model); None: not declared
 
 
 def register_iu_service(io: ConsulIO, service: IUService, http_check: bool = True) -> None:
     """The instance the role's definition file holds (``cluster.services.iu_registration``, the one shape);
     a 1 s HTTP check on /health unless told not to."""
     registration = services.iu_registration(service.iu_id, service.node, service.rack, service.address,
-                                            service.port, service.gpus, service.numa_node)
+                                            service.port, service.gpus, service.numa_node, service.model)
     io.register_service(
         registration["id"],
         registration["address"],

@@ -17,6 +17,8 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import replace
 
+from aiohttp import web
+
 from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_wire.scorebody import IUScore, ScoreBody
@@ -178,3 +180,76 @@ def metric(edge: RunningEdge, name: str, labels: str = "") -> float:
         if line.startswith(prefix + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+class ScriptedIU:
+    """An IU stand-in (aiohttp, its own loop thread) answering ``POST /v1/*`` with ``handler``; registered
+    in Consul as ``iu_id`` on ``address``. ``seen`` holds (monotonic time, body) per request received,
+    ``cancelled`` the times a request's connection closed before its answer was complete."""
+
+    def __init__(self, pool: Pool, iu_id: str, address: str, handler, model: str | None = None):
+        self.seen: list[tuple[float, dict]] = []
+        self.cancelled: list[float] = []
+
+        async def entry(request):
+            self.seen.append((time.monotonic(), json.loads(await request.read())))
+            try:
+                return await handler(request)
+            except asyncio.CancelledError:
+                self.cancelled.append(time.monotonic())
+                raise
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", entry)
+        app.router.add_post("/v1/chat/completions", entry)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"scripted-{iu_id}", daemon=True)
+        self.thread.start()
+        self.runner = web.AppRunner(app, handler_cancellation=True)
+
+        async def start():
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, address, 0)
+            await site.start()
+            return site._server.sockets[0].getsockname()[1]
+
+        self.port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        declared = {"model": model} if model else {}
+        register_iu_service(pool.io, IUService(iu_id, iu_id.split("-")[0], "r1", address, self.port, (0,), 0,
+                                               **declared), http_check=False)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def sse_chunks(count: int, every_s: float, stall_after: int | None = None, stall_s: float = 0.0):
+    """A stand-in IU handler streaming ``count`` SSE events ``every_s`` apart (silent for ``stall_s`` after
+    ``stall_after`` of them), then ``[DONE]``."""
+
+    async def handler(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n in range(count):
+            if n == stall_after:
+                await asyncio.sleep(stall_s)
+            await response.write(b'data: {"choices": [{"text": "tok"}]}\n\n')
+            await asyncio.sleep(every_s)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    return handler
+
+
+@contextmanager
+def scripted_pool(consul_addr, *scripts):
+    """A pool of only the stand-ins ``(iu_id, handler[, model])``, on 127.0.200.9 and up."""
+    pool = Pool(consul_addr, nodes=0, agents=False)
+    ius = [ScriptedIU(pool, script[0], f"127.0.200.{9 + n}", *script[1:]) for n, script in enumerate(scripts)]
+    try:
+        yield pool, ius
+    finally:
+        for iu in ius:
+            iu.stop()
+        pool.stop()

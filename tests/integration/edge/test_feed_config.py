@@ -170,6 +170,8 @@ def test_config_file_flags_and_one_line_errors(tmp_path):
         ("push:\n  agent_port: 70000\n", "push.agent_port: expected a TCP port 1-65535, got 70000"),
         ("listen: nowhere\n", "listen: expected HOST:PORT, got 'nowhere'"),
         ("max_inflight_per_iu: 0\n", "max_inflight_per_iu: must be >= 1, got 0"),
+        ("max_connections: 0\n", "max_connections: must be >= 1, got 0"),
+        ("max_body_bytes: 10\n", "max_body_bytes: must be >= 1024, got 10"),
         ("colour: blue\n", "colour: unknown field"),
         ("consul: {address: 'x:1', token: 'secret'}\n", "consul.token: unknown field"),
         ("listen: [unclosed\n", "not valid YAML"),
@@ -179,6 +181,18 @@ def test_config_file_flags_and_one_line_errors(tmp_path):
             load_edge_config(path)
         assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
         assert "\n" not in str(info.value)
+
+
+def test_the_resource_bounds_are_config_fields_with_defaults(tmp_path):
+    path = tmp_path / "edge.yml"
+    path.write_text("stream_idle_timeout_s: 30\nmax_connections: 100\nheader_timeout_s: 2\nkeepalive_timeout_s: 20\n"
+                    "max_body_bytes: 65536\n")
+    config = load_edge_config(path)
+    assert (config.stream_idle_timeout_s, config.max_connections, config.header_timeout_s,
+            config.keepalive_timeout_s, config.max_body_bytes) == (30, 100, 2, 20, 65536)
+    defaults = load_edge_config(None)
+    assert (defaults.stream_idle_timeout_s, defaults.max_connections, defaults.header_timeout_s,
+            defaults.keepalive_timeout_s, defaults.max_body_bytes) == (60, 4096, 10, 75, 8 << 20)
 
 
 def test_consul_unreachable_at_start_is_one_clear_line(capsys):
@@ -200,6 +214,11 @@ def test_clusterctl_edge_serve_is_eas_edge(capsys):
     assert code == 2 and err.startswith(f"eas-edge: cannot reach Consul at 127.0.0.1:{port}")
     code, out, _err = run_cli(capsys, "edge", "serve", "--help")
     assert code == 0 and "--agent-port" in out and "--no-push" in out
+
+
+# The last aiohttp release that fixed a published advisory (CVE-2026-69244, in 3.14.3): the edge is an
+# unauthenticated HTTP server, so its floor must not admit an older parser.
+AIOHTTP_SECURITY_FLOOR = (3, 14, 3)
 
 
 def test_the_edge_imports_nothing_outside_its_own_dependencies():
@@ -224,6 +243,8 @@ def test_the_edge_imports_nothing_outside_its_own_dependencies():
     declared = {spec.split(">")[0].split("=")[0].lower(): spec for spec in project}
     assert set(pins) == {"aiohttp", "py-consul", "prometheus-client", "pyyaml"}
     assert all(pins[name] == declared[name] for name in pins), (pins, declared)
+    floor = tuple(int(n) for n in pins["aiohttp"].split(">=")[1].split(",")[0].split("."))
+    assert floor >= AIOHTTP_SECURITY_FLOOR, f"{pins['aiohttp']} admits aiohttp releases with known advisories"
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["eas-edge"] == "edge.main:main"
 

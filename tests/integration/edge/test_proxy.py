@@ -11,7 +11,17 @@ import urllib.request
 
 import pytest
 
-from tests.helpers.edge import MODEL, Pool, metric, post, running_edge, stream, wait_for
+from tests.helpers.edge import (
+    MODEL,
+    Pool,
+    metric,
+    post,
+    running_edge,
+    scripted_pool,
+    sse_chunks,
+    stream,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,15 +62,16 @@ def test_stream_passes_through_chunk_by_chunk_and_plain_answers_too(pool):
 def test_malformed_json_is_400_with_the_parse_error_and_unknown_model_is_404(pool):
     with running_edge(pool) as edge:
         status, _, body = post(edge.url("/v1/completions"), b'{"model": "x", "prompt": ')
-        answer = json.loads(body)
-        assert status == 400 and answer["type"] == "BadRequestError"
+        answer = json.loads(body)["error"]
+        assert status == 400 and answer["type"] == "invalid_request_error" and answer["code"] == "invalid_json"
         assert "invalid JSON body: Expecting value: line 1 column" in answer["message"]
         status, _, body = post(edge.url("/v1/completions"), b"[1, 2]")
-        assert status == 400 and "expected an object, got list" in json.loads(body)["message"]
+        assert status == 400 and "expected an object, got list" in json.loads(body)["error"]["message"]
+        # the IU's own 404 (vLLM's flat shape) reaches the client in OpenAI's
         status, _, body = post(edge.url("/v1/completions"), completion(model="no-such-model"))
-        assert status == 404 and json.loads(body) == {
-            "object": "error", "message": "The model `no-such-model` does not exist.", "type": "NotFoundError",
-            "param": None, "code": 404}
+        assert status == 404 and json.loads(body) == {"error": {
+            "message": "The model `no-such-model` does not exist.", "type": "invalid_request_error",
+            "param": None, "code": None}}
         assert sum(sim.model.success_total for sim in pool.ius.values()) == 0
 
 
@@ -111,14 +122,15 @@ def test_iu_dying_mid_stream_ends_the_stream_with_an_error_event_and_is_skipped(
         assert status == 200 and headers["X-Eas-IU"] == "n0-iu0"
         assert lines[-2][1] == b"event: error"
         error = json.loads(lines[-1][1][6:])["error"]
-        assert error["code"] == 502 and "n0-iu0 failed mid-stream" in error["message"]
+        assert error["type"] == "server_error" and error["code"] == "upstream_mid_stream"
+        assert "n0-iu0 failed mid-stream" in error["message"]
         assert b"[DONE]" not in b"".join(line for _, line in lines)
         assert metric(edge, "eas_edge_upstream_errors_total", 'iu="n0-iu0",kind="mid_stream"') == 1
         served = {stream(edge.url("/v1/completions"), completion(tokens=2))[1]["X-Eas-IU"] for _ in range(4)}
         assert served == {"n1-iu0"}  # ejected for eject_s
 
 
-def test_per_iu_cap_queues_then_503_with_retry_after(consul_addr):
+def test_per_iu_cap_queues_then_429_with_retry_after(consul_addr):
     pool = Pool(consul_addr, nodes=1, ius_per_node=1)
     try:
         with running_edge(pool, max_inflight_per_iu=1, max_queue=1, queue_timeout_s=10.0) as edge:
@@ -134,7 +146,8 @@ def test_per_iu_cap_queues_then_503_with_retry_after(consul_addr):
             queued.start()
             wait_for(lambda: len(edge.state.waiters) == 1, 5, "second request queued")
             status, headers, lines = stream(edge.url("/v1/completions"), completion(tokens=2))
-            assert status == 503 and headers["Retry-After"] == "1"
+            assert status == 429 and headers["X-Edge-Reason"] == "queue_full"
+            assert int(headers["Retry-After"]) >= 1  # nothing drained yet: the queue timeout
             assert b"1 requests are queued" in lines[0][1]
             first.join(30)
             queued.join(30)
@@ -265,3 +278,94 @@ def test_a_cookie_one_answer_set_is_never_sent_on_anothers_request(consul_addr):
     finally:
         listener.close()
         pool.stop()
+
+
+def test_a_long_stream_that_is_never_idle_completes_and_an_idle_one_is_cut_and_blamed(consul_addr):
+    with scripted_pool(consul_addr, ("s-iu0", sse_chunks(12, 0.25)), ("s-iu1", sse_chunks(6, 0.05, 2, 3.0))) as (
+            pool, _ius):
+        with running_edge(pool, push=None, upstream_timeout_s=1.0, stream_idle_timeout_s=1.0) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 2, 5, "the stand-ins in the view")
+            edge.state.router.ejected["s-iu1"] = time.time() + 60  # the long stream goes to s-iu0
+            status, headers, lines = stream(edge.url("/v1/completions"), completion())
+            assert status == 200 and headers["X-Eas-IU"] == "s-iu0"
+            assert lines[-1][1] == b"data: [DONE]" and lines[-1][0] - lines[0][0] > 2.0  # longer than 1 s total
+            assert metric(edge, "eas_edge_upstream_errors_total", 'iu="s-iu0",kind="idle"') == 0
+            assert "s-iu0" not in edge.state.router.ejected
+            edge.state.router.ejected = {"s-iu0": time.time() + 60}  # now the one that goes silent
+            started = time.monotonic()
+            status, headers, lines = stream(edge.url("/v1/completions"), completion())
+            assert status == 200 and headers["X-Eas-IU"] == "s-iu1" and time.monotonic() - started < 2.5
+            assert lines[-2][1] == b"event: error" and b"silent for 1 s" in lines[-1][1]
+            assert metric(edge, "eas_edge_upstream_errors_total", 'iu="s-iu1",kind="idle"') == 1
+            assert "s-iu1" in edge.state.router.ejected  # silence is the IU's failure
+
+
+def test_a_client_that_leaves_cancels_its_upstream_request_and_a_queued_one_is_never_sent(consul_addr):
+    import asyncio
+
+    from aiohttp import web
+
+    async def slow_answer(request):
+        await asyncio.sleep(6)
+        return web.json_response({"choices": []})
+
+    with scripted_pool(consul_addr, ("s-iu0", slow_answer)) as (pool, (iu,)):
+        with running_edge(pool, push=None, max_inflight_per_iu=1, queue_timeout_s=10.0) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 1, 5, "the stand-in in the view")
+            host, port = edge.address.rsplit(":", 1)
+            body = json.dumps(completion()).encode()
+            head = (f"POST /v1/completions HTTP/1.1\r\nHost: {edge.address}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            first, queued = (socket.create_connection((host, int(port)), timeout=10) for _ in range(2))
+            first.sendall(head + body)
+            wait_for(lambda: len(iu.seen) == 1, 5, "the first request at the IU")
+            queued.sendall(head + body)
+            wait_for(lambda: len(edge.state.waiters) == 1, 5, "the second request queued")
+            queued.close()
+            wait_for(lambda: len(edge.state.waiters) == 0, 2, "the departed client's request out of the queue")
+            left = time.monotonic()
+            first.close()
+            wait_for(lambda: iu.cancelled, 2, "the IU's request cancelled")
+            assert iu.cancelled[0] - left < 0.5
+            time.sleep(0.3)
+            assert len(iu.seen) == 1  # the queued request never reached the IU
+            assert edge.state.router.inflight("s-iu0") == 0
+
+
+def test_requests_go_only_to_the_ius_serving_their_model_and_an_unknown_model_is_a_404(consul_addr):
+    from aiohttp import web
+
+    async def answer(request):
+        return web.json_response({"choices": [{"text": "ok"}]})
+
+    with scripted_pool(consul_addr, ("a-iu0", answer, "model-a"), ("b-iu0", answer, "model-b")) as (pool, ius):
+        with running_edge(pool, push=None) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 2, 5, "the stand-ins in the view")
+            for model, iu_id in (("model-a", "a-iu0"), ("model-b", "b-iu0")):
+                served = {post(edge.url("/v1/completions"), completion(model=model))[1]["X-Eas-IU"] for _ in range(8)}
+                assert served == {iu_id}
+            status, headers, body = post(edge.url("/v1/completions"), completion(model="model-c"))
+            assert status == 404 and headers["X-Edge-Reason"] == "model_not_found"
+            assert json.loads(body) == {"error": {"message": "The model `model-c` does not exist.",
+                                                  "type": "invalid_request_error", "param": "model",
+                                                  "code": "model_not_found"}}
+            assert [len(iu.seen) for iu in ius] == [8, 8]
+
+
+def test_a_plain_answer_past_the_edges_own_deadline_is_a_504_and_blames_no_iu(consul_addr):
+    import asyncio
+
+    from aiohttp import web
+
+    async def slow_answer(request):
+        await asyncio.sleep(3)
+        return web.json_response({"choices": []})
+
+    with scripted_pool(consul_addr, ("s-iu0", slow_answer)) as (pool, (iu,)):
+        with running_edge(pool, push=None, upstream_timeout_s=1.0) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 1, 5, "the stand-in in the view")
+            status, headers, body = post(edge.url("/v1/completions"), completion())
+            assert status == 504 and headers["X-Edge-Reason"] == "upstream_deadline", body
+            assert json.loads(body)["error"]["type"] == "server_error"
+            assert edge.state.router.ejected == {} and metric(edge, "eas_edge_retries_total") == 0
+            assert len(iu.seen) == 1

@@ -268,3 +268,67 @@ def test_reconcile_restarts_a_task_that_ended():
                 await feed.stop()
 
     asyncio.run(run())
+
+
+HUGE_BYTES = 50 * 1024 * 1024
+
+
+async def huge_json_agent() -> tuple[web.AppRunner, int, list[int]]:
+    """An agent port answering every /scores with 50 MiB of ``application/json`` (chunked, no length), sent
+    from one reused 1 MiB block so that the sender itself allocates little; ``sent`` counts the MiB sent."""
+    block = b"a" * (1 << 20)
+    sent: list[int] = []
+
+    async def scores(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "X-Eas-Index": "7"})
+        await response.prepare(request)
+        try:
+            await response.write(b'{"pad": "')  # one string that never ends
+            for _ in range(HUGE_BYTES // len(block)):
+                await response.write(block)
+                sent.append(1)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        return response
+
+    app = web.Application()
+    app.router.add_get("/scores", scores)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1], sent
+
+
+def test_a_huge_plain_answer_on_an_agent_port_is_refused_after_a_mib_not_buffered():
+    """Whoever answers on an agent's port (a squatter while the agent restarts) must not make every edge
+    buffer its answer: both the stream request and the blocking query stop reading past the body cap."""
+    import tracemalloc
+
+    import aiohttp
+    import pytest
+
+    from edge.pool.view import MAX_BODY_BYTES
+
+    async def scenario():
+        runner, port, sent = await huge_json_agent()
+        agent = f"127.0.0.1:{port}"
+        url = f"http://{agent}/scores"
+        async with aiohttp.ClientSession() as session:
+            feed = AgentFeed(view_of_one_node(), session, port, wait_s=2.0)
+            for read in (lambda: feed._read_stream("n0", agent, url),
+                         lambda: feed._next("n0", agent, url, aiohttp.ClientTimeout(total=10), None)):
+                tracemalloc.start()
+                try:
+                    with pytest.raises(Exception) as info:
+                        await read()
+                    peak = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                assert peak < 8 * MAX_BODY_BYTES, f"{peak >> 20} MiB allocated reading the answer"
+                assert "more than" in str(info.value), info.value
+        await runner.cleanup()
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert len(sent) < 40  # the reader stopped early and closed: most of the 50 MiB was never sent
