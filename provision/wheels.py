@@ -11,7 +11,7 @@ put on a node or an edge host: Ubuntu 22.04's python3 is 3.10, and neither needs
   ``consul_io``, the ``eas-edge`` console script and the dependencies of edge/requirements.txt.
 
 Neither carries anything of the controller or the simulators, nor the other deployable
-(tests/provision/test_wheels.py). Both say ``Requires-Python: >=3.10`` (22.04: 3.10, 24.04: 3.12), and their
+(tests/unit/provision/test_wheels.py). Both say ``Requires-Python: >=3.10`` (22.04: 3.10, 24.04: 3.12), and their
 code parses as 3.10 (the same test).
 
 **Version.** ``<the project's version>+src.<12 hex digits>``: the local part is a hash of the packaged files

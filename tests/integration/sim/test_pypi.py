@@ -209,4 +209,4 @@ def test_agent_requires_a_python_ubuntu_2204_and_2404_ship(agent_wheel):
     assert requires == {"click", "psutil", "py-consul", "prometheus-client", "pyyaml", "nvidia-ml-py", "requests"}
 
 
-# What the wheel carries and that its code is Python 3.10: tests/provision/test_wheels.py.
+# What the wheel carries and that its code is Python 3.10: tests/unit/provision/test_wheels.py.
