@@ -22,7 +22,9 @@
     max_queue: 512                # requests waiting for a slot (oldest first); beyond: 429 + Retry-After
     queue_timeout_s: 5            # a longer wait: 429 + Retry-After (the predicted wait)
     retry_after_s: 1              # the Retry-After of a 503 (no routable IU)
-    connect_timeout_s: 1          # to an IU; a failure before any byte reached the client: retry once
+    connect_timeout_s: 1          # to an IU
+    max_attempts: 3               # IUs tried for a request failing before its first byte (edge/upstream.py)
+    stream_stall_s: 3             # a resumable stream silent this long is resumed on another IU
     upstream_timeout_s: 600       # a whole non-streamed answer (its first byte comes at its end)
     stream_idle_timeout_s: 60     # a stream silent this long is cut and its IU ejected (no total limit)
     max_connections: 4096         # open client connections; beyond: 503 and closed (lowered to fit the
@@ -30,7 +32,7 @@
     header_timeout_s: 10          # a new connection's first request head must arrive within this
     keepalive_timeout_s: 75       # an idle kept-alive client connection is closed after this
     max_body_bytes: 8388608       # request bodies; beyond: 413 (a 128k-token prompt as token ids ~1 MiB)
-    eject_s: 5                    # an IU that failed a connection or died mid-stream is skipped this long
+    eject_s: 5                    # an ejected IU's first backoff (doubles per failed probe; edge/ejection.py)
     drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
     seed: null                    # RNG of pick()'s sampling (null: from the OS)
     event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it);
@@ -97,6 +99,8 @@ class EdgeConfig:
     queue_timeout_s: float = 5.0
     retry_after_s: float = 1.0
     connect_timeout_s: float = 1.0
+    max_attempts: int = 3
+    stream_stall_s: float = 3.0
     upstream_timeout_s: float = 600.0
     stream_idle_timeout_s: float = 60.0
     max_connections: int = 4096
@@ -164,7 +168,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop", "stream_idle_timeout_s", "max_connections", "header_timeout_s", "keepalive_timeout_s",
-               "max_body_bytes"})
+               "max_body_bytes", "max_attempts", "stream_stall_s"})
     return EdgeConfig(
         listen=address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
@@ -176,6 +180,8 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         queue_timeout_s=f.positive("queue_timeout_s", 5.0),
         retry_after_s=f.positive("retry_after_s", 1.0),
         connect_timeout_s=f.positive("connect_timeout_s", 1.0),
+        max_attempts=_count(f, "max_attempts", 3, 1),
+        stream_stall_s=f.positive("stream_stall_s", 3.0),
         upstream_timeout_s=f.positive("upstream_timeout_s", 600.0),
         stream_idle_timeout_s=f.positive("stream_idle_timeout_s", 60.0),
         max_connections=_count(f, "max_connections", 4096, 1),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from edge.ejection import Outliers
 from edge.pool import EdgeLedger, IUEntry, Snapshot, pick
 from edge.pool.pick import prefill_cost_s
 
@@ -61,19 +62,24 @@ class Router:
         numbers them and leaves the ones a score acknowledges out of their IU's cost."""
         self.rng, self.cap, self.eject_s = rng, max_inflight_per_iu, eject_s
         self.ledger = EdgeLedger(announcing)
-        self.ejected: dict[str, float] = {}  # iu -> until
+        self.outliers = Outliers(eject_s)
         self.full: set[str] = set()  # IUs at the cap (kept on sent/done: no scan of every IU per request)
 
     def blocked(self, now: float, exclude: set[str] | frozenset = frozenset()) -> set[str]:
         blocked = set(exclude)
-        if self.ejected:
-            for iu_id, until in list(self.ejected.items()):
-                if until <= now:
-                    del self.ejected[iu_id]
-                else:
-                    blocked.add(iu_id)
+        if self.outliers.ejected or self.outliers.records:
+            blocked.update(self.outliers.blocked(now))
         blocked.update(self.full)
         return blocked
+
+    @property
+    def ejected(self) -> dict[str, float]:
+        """IU -> until: the IUs ejected for their results (:mod:`edge.ejection`)."""
+        return self.outliers.ejected
+
+    @ejected.setter
+    def ejected(self, ejected: dict[str, float]) -> None:
+        self.outliers.ejected = ejected
 
     def choose(self, snapshot: Snapshot, now: float, prompt_tokens: int | None,
                exclude: set[str] | frozenset = frozenset()) -> Decision:
@@ -104,6 +110,7 @@ class Router:
         ``queued_as_s`` (Decision.queued_as_s): while the request is predicted to wait in the IU's queue,
         scores newer than its send still undercount a long prompt (EdgeLedger.on_sent)."""
         seq = self.ledger.on_sent(iu_id, now, cost_s, handle, expected_s, queued_as_s)
+        self.outliers.sent(iu_id)
         if self.ledger.inflight[iu_id] >= self.cap:
             self.full.add(iu_id)
         return seq
@@ -117,7 +124,19 @@ class Router:
             self.full.discard(iu_id)
 
     def eject(self, iu_id: str, now: float) -> None:
-        self.ejected[iu_id] = now + self.eject_s
+        """Eject at once (a definitive failure), within the cap on the ejected share."""
+        self.outcome(iu_id, now, "definitive", 1 << 30)
+
+    def outcome(self, iu_id: str, now: float, result: str, pool_size: int) -> bool:
+        """A request's end on ``iu_id``: ``ok``, ``failed``, ``definitive`` (:mod:`edge.ejection`) or
+        ``neutral`` (the edge's own fault, the client left). True when the IU was ejected by it."""
+        if result == "ok":
+            self.outliers.succeeded(iu_id)
+        elif result == "neutral":
+            self.outliers.released(iu_id)
+        else:
+            return self.outliers.failed(iu_id, now, pool_size, definitive=result == "definitive")
+        return False
 
     def inflight(self, iu_id: str) -> int:
         return self.ledger.inflight.get(iu_id, 0)
