@@ -90,6 +90,8 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
     :class:`Answered` with the client's answer when there is none to relay."""
     url_of = state.upstream_url
     timeout = {"timeout": state.stream_timeout} if call.stream else {}
+    last_error = None  # the last IU's 5xx answer: the client's when no other IU answers
+    moved = None  # why the last IU was left: counted once the request goes to another
     for attempt in range(1, state.config.max_attempts + 1):
         if attempt > 1 and time.monotonic() - call.arrived > state.config.upstream_timeout_s:
             break
@@ -103,6 +105,9 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             raise Answered(state.unavailable(exc)) from None
         iu_id, entry = decision.iu_id, decision.entry
         call.tried.add(iu_id)
+        if moved is not None:
+            state.metrics.retries_of[moved].inc()
+            moved = None
         if entry is None or not entry.address or not entry.port:
             state.release(iu_id, "failed", call.handle)
             state.metrics.upstream_errors_of[iu_id, "no_address"].inc()
@@ -120,7 +125,7 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
                 raise Answered(_deadline_answer(state, iu_id)) from None
             refused = isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error,
                                                                                    ConnectionRefusedError)
-            _moved(state, call, iu_id, "definitive" if refused else "failed", "connect", exc)
+            moved = _moved(state, call, iu_id, "definitive" if refused else "failed", "connect", exc)
             continue
         except aiohttp.ClientError as exc:  # the IU answered something that is not HTTP: not retried
             state.release(iu_id, "failed", call.handle)
@@ -131,8 +136,9 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             state.release(iu_id, "neutral", call.handle)
             raise
         if upstream.status >= 500 and attempt < state.config.max_attempts:
-            upstream.close()
-            _moved(state, call, iu_id, "failed", "status_5xx", None)
+            last_error = await state.upstream_error(upstream, iu_id, call.handle)  # released as failed
+            state.metrics.upstream_errors_of[iu_id, "status_5xx"].inc()
+            moved = "status_5xx"
             continue
         if upstream.status >= 400:
             raise Answered(await state.upstream_error(upstream, iu_id, call.handle))
@@ -144,12 +150,12 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             upstream.close()
             if isinstance(exc, asyncio.TimeoutError) and call.stream and not isinstance(
                     exc, aiohttp.ServerTimeoutError):
-                _moved(state, call, iu_id, "definitive", "stalled", exc)
+                moved = _moved(state, call, iu_id, "definitive", "stalled", exc)
                 continue
             if own_deadline(exc):
                 state.release(iu_id, "neutral", call.handle)
                 raise Answered(_deadline_answer(state, iu_id)) from None
-            _moved(state, call, iu_id, "failed", "first_byte", exc)
+            moved = _moved(state, call, iu_id, "failed", "first_byte", exc)
             continue
         except BaseException:
             upstream.close()
@@ -157,16 +163,18 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             raise
         state.router.first_byte(iu_id, call.handle)
         return Opened(iu_id, upstream, first)
+    if last_error is not None:
+        raise Answered(last_error)
     raise Answered(error_response(502, f"no IU answered: {len(call.tried)} tried, each failed before its "
                                   "first byte", "upstream_connect"))
 
 
-def _moved(state, call: Call, iu_id: str, outcome: str, reason: str, exc: BaseException | None) -> None:
+def _moved(state, call: Call, iu_id: str, outcome: str, reason: str, exc: BaseException | None) -> str:
     state.release(iu_id, outcome, call.handle)
     state.metrics.upstream_errors_of[iu_id, reason].inc()
-    state.metrics.retries_of[reason].inc()
     log.warning("IU %s: %s before the first byte (%s); trying another IU", iu_id, reason,
                 type(exc).__name__ if exc is not None else "")
+    return reason
 
 
 async def _next_chunk(upstream: aiohttp.ClientResponse, stall_s: float | None) -> bytes:
