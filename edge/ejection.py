@@ -10,7 +10,9 @@ What the edge itself saw decides, not the IU's published score (which a stalled 
 - at most ``max_share`` of the routable IUs are ejected at once (at least one): beyond that an outlier is
   only a sign that the pool, or the edge's view of it, is wrong, and ejecting more would send the whole
   load onto the rest (Envoy's ``max_ejection_percent``);
-- half-open: when the backoff runs out, exactly one request is let through (the probe); its success brings
+- half-open: when the backoff runs out the IU stays out of the draw until one probe answers: the edge's
+  own ``GET /health`` to it (:meth:`due` names the IUs to probe; edge/proxy.py sends them), never a
+  client's request, so no client waits on an IU that may still be dead or stalled. A probe's success brings
   the IU back (backoff reset), its failure ejects it again for twice the backoff (up to ``max_backoff_s``).
 
 The edge's own failures (out of descriptors, its own deadline, a client that left or reads slowly) are
@@ -53,8 +55,8 @@ class Outliers:
         self.refused_by_cap = 0  # ejections the cap prevented (a metric)
 
     def blocked(self, now: float) -> set[str]:
-        """IUs not to send to now: ejected, or probing with their probe in flight. An ejection that ran out
-        turns into probing."""
+        """IUs not to send requests to now: ejected, or waiting for a probe's answer. An ejection that ran
+        out turns into probing."""
         blocked = set()
         for iu_id, until in list(self.ejected.items()):
             if until > now:
@@ -62,15 +64,16 @@ class Outliers:
                 continue
             del self.ejected[iu_id]
             self.records.setdefault(iu_id, _Record()).probing = True
-        for iu_id, record in self.records.items():
-            if record.probing and record.probe_out:
-                blocked.add(iu_id)
+        blocked.update(iu_id for iu_id, record in self.records.items() if record.probing)
         return blocked
 
-    def sent(self, iu_id: str) -> None:
-        record = self.records.get(iu_id)
-        if record is not None and record.probing:
-            record.probe_out = True
+    def due(self, now: float) -> list[str]:
+        """IUs whose backoff ran out and whose probe is not sent yet; each is marked as probed."""
+        self.blocked(now)
+        due = [iu_id for iu_id, record in self.records.items() if record.probing and not record.probe_out]
+        for iu_id in due:
+            self.records[iu_id].probe_out = True
+        return due
 
     def succeeded(self, iu_id: str) -> None:
         record = self.records.get(iu_id)
@@ -88,8 +91,7 @@ class Outliers:
         return False
 
     def released(self, iu_id: str) -> None:
-        """A request ended with a neutral outcome (the edge's own fault, the client left): a probe that
-        told nothing lets the next request probe."""
+        """A probe that told nothing (the edge's own fault): the next :meth:`due` probes again."""
         record = self.records.get(iu_id)
         if record is not None and record.probing:
             record.probe_out = False

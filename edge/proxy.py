@@ -45,7 +45,7 @@ from edge.feed import AgentFeed, EdgeView
 from edge.limits import BodyTooLong, head_arrived, read_capped
 from edge.metrics import EdgeMetrics
 from edge.routing import Decision, Router
-from edge.upstream import RETRYABLE, Answered, Call, open_first, relay
+from edge.upstream import RETRYABLE, Answered, Call, open_first, probe_due, relay
 
 log = logging.getLogger("edge.proxy")
 FORWARD_HEADERS = ("Content-Type", "Authorization", "Accept", "OpenAI-Organization", "X-Request-Id")
@@ -68,6 +68,7 @@ class EdgeState:
     session: aiohttp.ClientSession | None = None
     admission: Admission | None = None
     bodies: BodyReader | None = None
+    probes: set = field(default_factory=set)  # half-open probes in flight (edge/ejection.py)
     awaiting_head: set = field(default_factory=set)  # client connections before their first request head
     active: int = 0  # requests being handled (graceful shutdown waits for 0)
     draining: bool = False
@@ -102,6 +103,8 @@ class EdgeState:
         awaited. ``not_serving``: IUs that serve another model than the request's."""
         started = time.monotonic()
         blocked = exclude | not_serving if not_serving else exclude
+        if self.router.outliers.records or self.router.outliers.ejected:
+            probe_due(self)
 
         def attempt(queued: bool) -> Decision | None:
             decision = self.decide(prompt_tokens, blocked)

@@ -110,7 +110,6 @@ class Router:
         ``queued_as_s`` (Decision.queued_as_s): while the request is predicted to wait in the IU's queue,
         scores newer than its send still undercount a long prompt (EdgeLedger.on_sent)."""
         seq = self.ledger.on_sent(iu_id, now, cost_s, handle, expected_s, queued_as_s)
-        self.outliers.sent(iu_id)
         if self.ledger.inflight[iu_id] >= self.cap:
             self.full.add(iu_id)
         return seq

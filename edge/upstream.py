@@ -169,6 +169,38 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
                                   "first byte", "upstream_connect"))
 
 
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+
+
+def probe_due(state) -> None:
+    """Send the half-open probes that are due (edge/ejection.py): ``GET /health`` to each IU whose ejection
+    ran out; its answer decides whether it is back."""
+    due = state.router.outliers.due(time.time())
+    if not due:
+        return
+    by_id = state.view.snapshot().by_id()
+    for iu_id in due:
+        task = asyncio.get_running_loop().create_task(_probe(state, iu_id, by_id.get(iu_id)))
+        state.probes.add(task)
+        task.add_done_callback(state.probes.discard)
+
+
+async def _probe(state, iu_id: str, entry) -> None:
+    if entry is None or not entry.address or not entry.port:
+        state.router.outcome(iu_id, time.time(), "ok", 0)  # gone from the pool: nothing to hold out
+        return
+    try:
+        async with state.session.get(state.upstream_url(entry, "/health"), timeout=PROBE_TIMEOUT) as answer:
+            outcome = "ok" if answer.status == 200 else "failed"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        outcome = "neutral" if is_local_resource_error(exc) else "failed"
+    state.metrics.probes_of[outcome].inc()
+    if state.router.outcome(iu_id, time.time(), outcome, len(state.view.snapshot().healthy)):
+        state.metrics.ejections_of["probe"].inc()
+    if outcome == "ok":
+        state.admission.released()  # an IU is back: a waiter may have a slot
+
+
 def _moved(state, call: Call, iu_id: str, outcome: str, reason: str, exc: BaseException | None) -> str:
     state.release(iu_id, outcome, call.handle)
     state.metrics.upstream_errors_of[iu_id, reason].inc()

@@ -73,3 +73,37 @@ def test_a_5xx_before_the_first_byte_moves_the_request_and_the_last_one_is_passe
             assert status == 500 and json.loads(body)["error"]["message"] == "engine dead"
             assert len(ius[0].seen) + len(ius[1].seen) == 2
             assert metric(edge, "eas_edge_retries_total", 'reason="status_5xx"') == 1
+
+
+def test_three_failures_eject_an_iu_and_its_health_probe_brings_it_back_or_keeps_it_out(consul_addr):
+    failing = {"on": True}
+
+    async def flaky(request):
+        if failing["on"]:
+            return web.json_response({"error": {"message": "engine dead", "type": "InternalServerError",
+                                                "param": None, "code": 500}}, status=500)
+        return await sse_chunks(2, 0.01)(request)
+
+    with scripted_pool(consul_addr, ("s-iu0", flaky), ("s-iu1", sse_chunks(2, 0.01))) as (pool, ius):
+        with running_edge(pool, push=None, eject_s=0.5) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 2, 5, "the stand-ins in the view")
+            for _ in range(20):  # every client is served, by s-iu1 when s-iu0 answers 500
+                status, _, lines = stream(edge.url("/v1/completions"), completion())
+                assert status == 200 and lines[-1][1] == b"data: [DONE]"
+                if "s-iu0" in edge.state.router.ejected:
+                    break
+            assert len(ius[0].seen) == 3 and metric(edge, "eas_edge_ejections_total", 'outcome="failed"') == 1
+            ius[0].healthy = False
+            time.sleep(0.6)
+            stream(edge.url("/v1/completions"), completion())  # a request sends the due probe
+            wait_for(lambda: metric(edge, "eas_edge_probes_total", 'outcome="failed"') == 1, 3, "a failed probe")
+            assert edge.state.router.outliers.records["s-iu0"].backoff_s == 1.0  # doubled
+            seen = len(ius[0].seen)
+            ius[0].healthy, failing["on"] = True, False
+            time.sleep(1.1)
+            stream(edge.url("/v1/completions"), completion())
+            wait_for(lambda: metric(edge, "eas_edge_probes_total", 'outcome="ok"') == 1, 3, "a good probe")
+            assert len(ius[0].seen) == seen  # probes are the edge's own GET /health, no client request
+            assert "s-iu0" not in edge.state.router.outliers.records
+            served = {stream(edge.url("/v1/completions"), completion())[1]["X-Eas-IU"] for _ in range(10)}
+            assert "s-iu0" in served

@@ -38,32 +38,29 @@ def test_at_most_half_the_pool_is_ejected_at_once_but_always_one():
     assert lone.failed("a", 0.0, 1, definitive=True)  # a pool of one: its one IU can still be ejected
 
 
-def test_half_open_lets_one_probe_through_and_its_result_decides():
+def test_half_open_probes_once_and_the_probes_answer_decides():
     outliers = Outliers(eject_s=5.0, max_backoff_s=12.0)
     outliers.failed("a", 0.0, 4, definitive=True)
-    assert outliers.blocked(5.0) == set()  # the backoff ran out: probing
-    outliers.sent("a")
-    assert outliers.blocked(5.1) == {"a"}  # one probe at a time
+    assert outliers.due(4.9) == []
+    assert outliers.due(5.0) == ["a"] and outliers.due(5.1) == []  # one probe at a time
+    assert outliers.blocked(5.1) == {"a"}  # no client request until the probe answered
     assert outliers.failed("a", 6.0, 4)  # the probe failed: ejected again, one failure was enough
     assert outliers.ejected["a"] == 16.0  # twice the backoff
-    assert outliers.blocked(16.0) == set()
-    outliers.sent("a")
+    assert outliers.due(16.0) == ["a"]
     outliers.failed("a", 17.0, 4)
     assert outliers.ejected["a"] == 29.0  # doubled again, up to max_backoff_s
-    outliers.blocked(29.0)
-    outliers.sent("a")
+    assert outliers.due(29.0) == ["a"]
     outliers.succeeded("a")
     assert outliers.blocked(30.0) == set() and "a" not in outliers.records
     assert not outliers.failed("a", 31.0, 4)  # back to counting from nothing
 
 
-def test_a_neutral_end_of_a_probe_lets_the_next_request_probe():
+def test_a_probe_that_told_nothing_is_sent_again():
     outliers = Outliers(eject_s=5.0)
     outliers.failed("a", 0.0, 4, definitive=True)
-    outliers.blocked(5.0)
-    outliers.sent("a")
-    outliers.released("a")  # the client left: the probe told nothing
-    assert outliers.blocked(5.5) == set()
+    assert outliers.due(5.0) == ["a"]
+    outliers.released("a")  # the edge itself could not send it
+    assert outliers.due(5.5) == ["a"]
 
 
 def test_the_edges_own_failures_never_count_against_an_iu():
