@@ -32,7 +32,7 @@
     header_timeout_s: 10          # a new connection's first request head must arrive within this
     keepalive_timeout_s: 75       # an idle kept-alive client connection is closed after this
     max_body_bytes: 8388608       # request bodies; beyond: 413 (a 128k-token prompt as token ids ~1 MiB)
-    eject_s: 5                    # an ejected IU's first backoff (doubles per failed probe; edge/ejection.py)
+    eject_s: 2                    # an ejected IU's backoff, doubled once by a failed probe (edge/ejection.py)
     drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
     seed: null                    # RNG of pick()'s sampling (null: from the OS)
     event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it);
@@ -107,7 +107,7 @@ class EdgeConfig:
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 75.0
     max_body_bytes: int = 8 * 1024 * 1024
-    eject_s: float = 5.0
+    eject_s: float = 2.0
     drain_timeout_s: float = 30.0
     seed: int | None = None
     event_loop: str = "asyncio"
@@ -188,7 +188,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         header_timeout_s=f.positive("header_timeout_s", 10.0),
         keepalive_timeout_s=f.positive("keepalive_timeout_s", 75.0),
         max_body_bytes=_count(f, "max_body_bytes", 8 * 1024 * 1024, 1024),
-        eject_s=f.positive("eject_s", 5.0),
+        eject_s=f.positive("eject_s", 2.0),
         drain_timeout_s=f.positive("drain_timeout_s", 30.0),
         seed=f.get("seed", int, None),
         event_loop=f.choice("event_loop", EVENT_LOOPS, "asyncio"),

@@ -13,7 +13,8 @@ What the edge itself saw decides, not the IU's published score (which a stalled 
 - half-open: when the backoff runs out the IU stays out of the draw until one probe answers: the edge's
   own ``GET /health`` to it (:meth:`due` names the IUs to probe; edge/proxy.py sends them), never a
   client's request, so no client waits on an IU that may still be dead or stalled. A probe's success brings
-  the IU back (backoff reset), its failure ejects it again for twice the backoff (up to ``max_backoff_s``).
+  the IU back (backoff reset), its failure ejects it again for twice the backoff, at most twice ``eject_s``:
+  a probe costs no client anything, and a restarted engine should be back within that of answering.
 
 The edge's own failures (out of descriptors, its own deadline, a client that left or reads slowly) are
 neutral: :class:`Outliers` never hears of them (edge/upstream.py decides which outcome a request had).
@@ -25,7 +26,6 @@ from dataclasses import dataclass
 
 CONSECUTIVE_ERRORS = 3
 MAX_EJECTED_SHARE = 0.5
-MAX_BACKOFF_S = 60.0
 STALL_FLOOR_S = 5.0  # a first byte later than max(this, STALL_FACTOR x predicted) marks a stalled engine
 STALL_FACTOR = 4.0
 
@@ -46,10 +46,10 @@ class _Record:
 
 
 class Outliers:
-    def __init__(self, eject_s: float = 5.0, consecutive: int = CONSECUTIVE_ERRORS,
-                 max_share: float = MAX_EJECTED_SHARE, max_backoff_s: float = MAX_BACKOFF_S):
+    def __init__(self, eject_s: float = 2.0, consecutive: int = CONSECUTIVE_ERRORS,
+                 max_share: float = MAX_EJECTED_SHARE):
         self.eject_s, self.consecutive, self.max_share = eject_s, consecutive, max_share
-        self.max_backoff_s = max(max_backoff_s, eject_s)
+        self.max_backoff_s = 2 * eject_s
         self.ejected: dict[str, float] = {}  # iu -> until (wall-clock seconds)
         self.records: dict[str, _Record] = {}
         self.refused_by_cap = 0  # ejections the cap prevented (a metric)

@@ -4,8 +4,8 @@
 runs this very class in simulated time and the proxy runs it in real time: what the benchmark's ``ours``
 rows measure is what ships.
 
-Per request: the IUs at this edge's per-IU concurrency cap, ejected (a failed connection or a stream that
-died, for ``eject_s``) or already tried for this request are removed from the snapshot's candidates; then
+Per request: the IUs at this edge's per-IU concurrency cap, ejected for their results (:mod:`edge.ejection`)
+or already tried for this request are removed from the snapshot's candidates; then
 ``pick()`` with the request's prompt size; the chosen IU's ledger entry is the request's prefill seconds on
 that IU (prompt tokens / its measured ``prefill_tps``). A streamed request is also awaited until its first
 byte (``sent(..., handle, expected_s)`` then ``first_byte``): while one is overdue past the TTFT pick
@@ -56,7 +56,7 @@ def without(snapshot: Snapshot, blocked: set[str]) -> Snapshot:
 
 
 class Router:
-    def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 5.0,
+    def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 2.0,
                  announcing: bool = False):
         """``announcing``: this edge announces its requests to the node agents (edge/announce.py): the ledger
         numbers them and leaves the ones a score acknowledges out of their IU's cost."""

@@ -39,7 +39,7 @@ def test_at_most_half_the_pool_is_ejected_at_once_but_always_one():
 
 
 def test_half_open_probes_once_and_the_probes_answer_decides():
-    outliers = Outliers(eject_s=5.0, max_backoff_s=12.0)
+    outliers = Outliers(eject_s=5.0)
     outliers.failed("a", 0.0, 4, definitive=True)
     assert outliers.due(4.9) == []
     assert outliers.due(5.0) == ["a"] and outliers.due(5.1) == []  # one probe at a time
@@ -48,8 +48,8 @@ def test_half_open_probes_once_and_the_probes_answer_decides():
     assert outliers.ejected["a"] == 16.0  # twice the backoff
     assert outliers.due(16.0) == ["a"]
     outliers.failed("a", 17.0, 4)
-    assert outliers.ejected["a"] == 29.0  # doubled again, up to max_backoff_s
-    assert outliers.due(29.0) == ["a"]
+    assert outliers.ejected["a"] == 27.0  # never longer than twice eject_s
+    assert outliers.due(27.0) == ["a"]
     outliers.succeeded("a")
     assert outliers.blocked(30.0) == set() and "a" not in outliers.records
     assert not outliers.failed("a", 31.0, 4)  # back to counting from nothing
