@@ -67,6 +67,12 @@ class Outliers:
         blocked.update(iu_id for iu_id, record in self.records.items() if record.probing)
         return blocked
 
+    def is_out(self, iu_id: str) -> bool:
+        """Whether ``iu_id`` is ejected or awaiting its probe (whatever the clock: a lapsed ejection is
+        still out until its probe answers)."""
+        record = self.records.get(iu_id)
+        return iu_id in self.ejected or (record is not None and record.probing)
+
     def due(self, now: float) -> list[str]:
         """IUs whose backoff ran out and whose probe is not sent yet; each is marked as probed."""
         self.blocked(now)

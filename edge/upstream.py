@@ -112,10 +112,14 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             state.release(iu_id, "failed", call.handle)
             state.metrics.upstream_errors_of[iu_id, "no_address"].inc()
             continue
-        sent = time.monotonic()
+        # a streamed first byte is due by the stall rule; any request leaves an IU ejected meanwhile
+        deadline = time.monotonic() + stalled_first_byte(decision.expected_s) if call.stream else None
         try:
-            upstream = await state.session.post(url_of(entry, call.path), data=body, headers=call.headers,
-                                                **timeout)
+            upstream = await _watched(state, iu_id, state.session.post(
+                url_of(entry, call.path), data=body, headers=call.headers, **timeout), deadline)
+        except Stalled as exc:
+            moved = _moved(state, call, iu_id, exc.outcome, exc.reason, None)
+            continue
         except RETRYABLE as exc:
             if is_local_resource_error(exc):  # the edge's own shortage: no IU is blamed, nothing retried
                 state.release(iu_id, "neutral", call.handle)
@@ -142,16 +146,14 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             continue
         if upstream.status >= 400:
             raise Answered(await state.upstream_error(upstream, iu_id, call.handle))
-        stall_s = stalled_first_byte(decision.expected_s) - (time.monotonic() - sent) if call.stream else None
         try:
-            first = await asyncio.wait_for(upstream.content.readany(), max(0.0, stall_s)) if call.stream \
-                else await upstream.content.readany()
+            first = await _watched(state, iu_id, upstream.content.readany(), deadline)
+        except Stalled as exc:
+            upstream.close()
+            moved = _moved(state, call, iu_id, exc.outcome, exc.reason, None)
+            continue
         except CUT as exc:
             upstream.close()
-            if isinstance(exc, asyncio.TimeoutError) and call.stream and not isinstance(
-                    exc, aiohttp.ServerTimeoutError):
-                moved = _moved(state, call, iu_id, "definitive", "stalled", exc)
-                continue
             if own_deadline(exc):
                 state.release(iu_id, "neutral", call.handle)
                 raise Answered(_deadline_answer(state, iu_id)) from None
@@ -170,6 +172,37 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
 
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+WATCH_SLICE_S = 0.25  # how often a request awaiting its first byte looks whether its IU was ejected meanwhile
+
+
+class Stalled(Exception):
+    """No first byte by the stall rule (the IU's failure), or the IU was ejected meanwhile (already judged)."""
+
+    def __init__(self, reason: str, outcome: str):
+        super().__init__(reason)
+        self.reason, self.outcome = reason, outcome
+
+
+async def _watched(state, iu_id: str, awaitable, deadline: float | None):
+    """``awaitable``'s result, unless ``deadline`` (monotonic) passes first or ``iu_id`` is ejected while it
+    waits (its other streams went silent: this request is stuck behind the same stalled engine)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            left = WATCH_SLICE_S if deadline is None else min(WATCH_SLICE_S, deadline - time.monotonic())
+            if left <= 0:
+                raise Stalled("stalled", "definitive")
+            done, _ = await asyncio.wait((task,), timeout=left)
+            if done:
+                return task.result()
+            if state.router.outliers.is_out(iu_id):
+                raise Stalled("ejected", "neutral")
+    except BaseException:
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled() and task.exception() is None and hasattr(task.result(), "close"):
+            task.result().close()  # the answer came just as the request gave up on it
+        raise
 
 
 def probe_due(state) -> None:

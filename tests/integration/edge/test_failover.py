@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import pytest
@@ -107,3 +108,17 @@ def test_three_failures_eject_an_iu_and_its_health_probe_brings_it_back_or_keeps
             assert "s-iu0" not in edge.state.router.outliers.records
             served = {stream(edge.url("/v1/completions"), completion())[1]["X-Eas-IU"] for _ in range(10)}
             assert "s-iu0" in served
+
+
+def test_a_request_awaiting_its_first_byte_leaves_an_iu_ejected_meanwhile(consul_addr):
+    with scripted_pool(consul_addr, ("s-iu0", stall), ("s-iu1", sse_chunks(3, 0.01))) as (pool, ius):
+        with running_edge(pool, push=None) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 2, 5, "the stand-ins in the view")
+            edge.state.router.ejected["s-iu1"] = time.time() + 0.3
+            started = time.monotonic()
+            threading.Timer(1.0, lambda: edge.loop.call_soon_threadsafe(
+                edge.state.router.outcome, "s-iu0", time.time(), "definitive", 2)).start()
+            status, headers, lines = stream(edge.url("/v1/completions"), completion())
+            # moved when s-iu0 was ejected (its other streams went silent), not 5 s later by its own rule
+            assert status == 200 and headers["X-Eas-IU"] == "s-iu1" and time.monotonic() - started < 2.0
+            assert metric(edge, "eas_edge_retries_total", 'reason="ejected"') == 1
