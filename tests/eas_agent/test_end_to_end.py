@@ -25,7 +25,7 @@ from eas_agent.agent import Agent
 from eas_agent.publisher import Backoff
 from edge.pool import AnomalyDetector, ConsulWatcher, EdgeLedger, PoolView, pick
 from sim.vllm.node import SimulatedNode
-from tests.helpers import wait_for
+from tests.helpers import ConsulCluster, wait_for
 
 FAST = {
     "interval_s": 0.1,
@@ -66,22 +66,25 @@ def reader(addr: str, frozen_s: float = 1.0):
         watcher.stop()
 
 
-def nodes_for(tmp_path, addr, rates, stack: ExitStack, start_index=1):
+def nodes_for(tmp_path, agent_of, rates, stack: ExitStack, start_index=1):
+    """Simulated nodes of two IUs each, every node with its own Consul agent (its IUs and the agent's TTL
+    checks on its own catalog node, as on real nodes); ``agent_of(node)`` is the address of the node's agent."""
     nodes = []
     for n in range(len(rates) // 2):
+        name = f"r01n{n + start_index:02d}"
+        addr = agent_of(name)
         node = stack.enter_context(
-            SimulatedNode(
-                f"r01n{n + start_index:02d}",
-                "r01",
-                tmp_path,
-                rates=rates[2 * n : 2 * n + 2],
-                consul_addr=addr,
-                seed=n,
-            )
+            SimulatedNode(name, "r01", tmp_path, rates=rates[2 * n : 2 * n + 2], consul_addr=addr, seed=n)
         )
         node.register_services(ConsulIO(addr))
         nodes.append(node)
     return nodes
+
+
+@pytest.fixture
+def consul():
+    with ConsulCluster() as cluster:
+        yield cluster
 
 
 def scored(view, count):
@@ -92,11 +95,11 @@ def scored(view, count):
     return snapshot if len(ok) == count else None
 
 
-def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul_addr):
+def test_eight_ius_reader_picks_by_score_and_flags_frozen(tmp_path, consul):
     with ExitStack() as stack:
-        nodes = nodes_for(tmp_path, consul_addr, RATES, stack)
+        nodes = nodes_for(tmp_path, consul.agent, RATES, stack)
         agents = [stack.enter_context(running_agent(node, node.write_config(**FAST))) for node in nodes]
-        view = stack.enter_context(reader(consul_addr))
+        view = stack.enter_context(reader(consul.address))
         wait_for(lambda: scored(view, 8), 15, "8 passing IUs with scores")
         ids = [f"r01n{n // 2 + 1:02d}-iu{n % 2}" for n in range(8)]
         light, heavy = ids[:2], ids[-2:]  # 0.3 and 1 req/s; 11 and 14 req/s, past one IU's capacity
@@ -179,7 +182,7 @@ def test_consul_down_for_3_s_agents_recover_without_losing_anything(tmp_path):
     addr = server.address
     try:
         with ExitStack() as stack:
-            nodes = nodes_for(tmp_path, addr, [1.0, 6.0, 3.0, 9.0], stack)
+            nodes = nodes_for(tmp_path, lambda _node: addr, [1.0, 6.0, 3.0, 9.0], stack)
             agents = [stack.enter_context(running_agent(node, node.write_config(**FAST))) for node in nodes]
             io = ConsulIO(addr)
             wait_for(lambda: all(a.publisher.stats.writes >= 2 for a in agents), 10, "first writes")
@@ -228,15 +231,15 @@ def _spawn_agent(node: SimulatedNode) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=node.agent_env())
 
 
-def test_killed_agent_goes_critical_at_ttl_and_sigterm_marks_stopping(tmp_path, consul_addr):
+def test_killed_agent_goes_critical_at_ttl_and_sigterm_marks_stopping(tmp_path, consul):
     with ExitStack() as stack:
-        nodes = nodes_for(tmp_path, consul_addr, [2.0, 2.0, 2.0, 2.0, 2.0, 2.0], stack)
+        nodes = nodes_for(tmp_path, consul.agent, [2.0, 2.0, 2.0, 2.0, 2.0, 2.0], stack)
         for node in nodes:
             node.write_config(**FAST)
         killed, stopped = _spawn_agent(nodes[0]), _spawn_agent(nodes[1])
         stack.callback(lambda: [p.kill() for p in (killed, stopped) if p.poll() is None])
         stack.enter_context(running_agent(nodes[2], nodes[2].write_config(**FAST)))
-        view = stack.enter_context(reader(consul_addr))
+        view = stack.enter_context(reader(consul.address))
         wait_for(lambda: scored(view, 6), 40, "6 passing IUs (two agents in subprocesses)")
 
         killed.send_signal(signal.SIGKILL)
@@ -269,15 +272,15 @@ def test_killed_agent_goes_critical_at_ttl_and_sigterm_marks_stopping(tmp_path, 
         assert counts and set(counts) <= {"r01n03-iu0", "r01n03-iu1"}, counts  # only the live agent's IUs
 
 
-def test_polling_agents_scores_gives_fresher_same_shape_view(tmp_path, consul_addr):
+def test_polling_agents_scores_gives_fresher_same_shape_view(tmp_path, consul):
     from edge.pool import ScoresPoller
 
     with ExitStack() as stack:
-        node = nodes_for(tmp_path, consul_addr, [3.0, 8.0], stack)[0]
+        node = nodes_for(tmp_path, consul.agent, [3.0, 8.0], stack)[0]
         agent = stack.enter_context(
             running_agent(node, node.write_config(**{**FAST, "heartbeat_s": 2.0, "check_ttl_s": 6.0}))
         )
-        view = stack.enter_context(reader(consul_addr))
+        view = stack.enter_context(reader(consul.address))
         wait_for(lambda: scored(view, 2), 10, "2 passing IUs")
         kv_ts = view.snapshot().by_id()["r01n01-iu0"].ts
         poller = ScoresPoller(view, [agent.http.address], interval_s=0.1)

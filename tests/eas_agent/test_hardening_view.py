@@ -4,6 +4,7 @@ prefix; one bad body never kills the watch, and a spoofed body cannot steer traf
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from consul_io.client import ConsulUnavailable
 from eas_wire.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
+from edge.feed import EdgeView
 from edge.pool import AnomalyDetector, EdgeLedger, PoolView, pick
 from edge.pool.view import TS_TOLERANCE_S
 from edge.pool.watch import ConsulWatcher
@@ -94,7 +96,7 @@ def test_ius_must_belong_to_the_bodys_node_in_the_catalog():
     )
     by_id = view.snapshot().by_id()
     assert by_id["n1-iu0"].node == "n1" and by_id["n1-iu0"].score == 5.0
-    assert "belongs to node n1" in view.problems[-1]
+    assert "node n2: IU n1-iu0 is not named as one of its IUs" in view.problems[-1]
 
 
 def test_far_future_timestamp_is_clamped_and_goes_stale():
@@ -341,3 +343,96 @@ def test_a_kv_value_that_is_no_string_is_skipped():
     view.apply_kv([{"Key": "clusterctl/eas/dc1/n2", "Value": 5}, kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
     assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # before: TypeError (len of an int) out of apply_kv
     assert view.rejected_bodies == 1 and view.ignored["reader_error"] == 1
+
+
+def registration(node, iu, address="127.0.0.1", meta_node=None, tags=None, catalog_node=...):
+    """One health listing entry: ``iu`` registered on catalog node ``node`` (``catalog_node`` overrides the
+    listing's Node, None leaves it out)."""
+    entry = health_entry(iu)
+    entry["Service"].update(Address=address, Meta={"node": meta_node or node, "rack": "r"}, Tags=tags or [])
+    if catalog_node is None:
+        del entry["Node"]
+    else:
+        entry["Node"] = {"Node": node if catalog_node is ... else catalog_node}
+    return entry
+
+
+def test_ownership_is_the_catalog_node_and_an_impostor_registration_is_never_routable():
+    """n2's token registers n1's IU id on its own catalog node, pointing at an attacker address: the edge keeps
+    routing n1-iu0 to n1's own registration, follows n1's agent there, and counts the impostor."""
+    view = EdgeView(detector=AnomalyDetector(), clock=Clock(100.0))
+    view.apply_health([registration("n1", "n1-iu0"), registration("n2", "n2-iu0", "127.0.0.2"),
+                       registration("n2", "n1-iu0", "127.0.66.66", meta_node="n1", tags=["node:n1"])])
+    view.apply_kv([kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0),
+                   kv_entry("n2", {"n2-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
+    entries = view.snapshot().entries
+    assert [(e.node, e.iu_id, e.address) for e in entries] == [("n1", "n1-iu0", "127.0.0.1"),
+                                                               ("n2", "n2-iu0", "127.0.0.2")]
+    assert view.node_addresses() == {"n1": "127.0.0.1", "n2": "127.0.0.2"}
+    assert view.rejected_registrations == Counter(id_not_of_node=1)
+
+
+@pytest.mark.parametrize("impostor, reason", [
+    (registration("n2", "n2-iu1", meta_node="n1"), "meta_node_mismatch"),
+    (registration("n2", "n2-iu1", tags=["rack:r", "node:n1"]), "node_tag_mismatch"),
+    (registration("n2", "n2-iu1", catalog_node=None), "no_catalog_node"),
+    (registration("n2", "iu7"), "id_not_of_node"),
+])
+def test_a_registration_whose_claims_disagree_with_the_catalog_is_dropped_and_counted(impostor, reason):
+    view = EdgeView(detector=AnomalyDetector(), clock=Clock(100.0))
+    view.apply_health([registration("n1", "n1-iu0"), impostor])
+    assert [e.iu_id for e in view.snapshot().healthy] == ["n1-iu0"]
+    assert view.rejected_registrations == Counter({reason: 1}) and reason in view.problems[-1]
+
+
+def test_one_id_registered_on_two_nodes_is_routable_on_neither():
+    """The ID rule makes two accepted copies impossible for names of the form <node>-iu<k>; the reader still
+    refuses to choose between two catalog nodes if a listing ever holds them (a node renamed in between)."""
+    view = EdgeView(detector=AnomalyDetector(), clock=Clock(100.0))
+    view.apply_health([registration("n1", "n1-iu0"), registration("n2", "n2-iu0")])
+    import edge.pool.view as view_module
+
+    real = view_module.registration_problem
+    try:
+        view_module.registration_problem = lambda node, service: None  # both copies pass the per-entry checks
+        view.apply_health([registration("n1", "n1-iu0"), registration("n2", "n1-iu0", "127.0.66.66")])
+    finally:
+        view_module.registration_problem = real
+    assert view.snapshot().entries == () and view.rejected_registrations == Counter(id_on_two_nodes=2)
+
+
+def test_impostor_registrations_through_consul_are_never_routable(consul_addr):
+    """The cross-node takeover run against Consul (the dev server, or a real one when CONSUL_HTTP_ADDR is set):
+    registrations made through /v1/catalog/register as another node's token could, read back by the edge's
+    own client. Nothing routes to the attacker's address and each impostor is counted."""
+    import uuid
+
+    from consul_io.client import ConsulIO
+    from tests.devconsul.contract import Api
+
+    api, suffix = Api(consul_addr, os.environ.get("CONSUL_HTTP_TOKEN")), uuid.uuid4().hex[:8]
+    victim, attacker = f"own{suffix}a", f"own{suffix}b"
+
+    def register(node, address, iu, service_address, meta_node):
+        service = {"Service": "vllm-iu", "ID": iu, "Address": service_address, "Port": 8000,
+                   "Tags": ["rack:r1", f"node:{meta_node}"], "Meta": {"node": meta_node, "rack": "r1"}}
+        answer = api.put("/v1/catalog/register", json={"Node": node, "Address": address, "Service": service})
+        assert answer.status_code == 200, answer.text
+
+    try:
+        register(victim, "127.0.0.11", f"{victim}-iu0", "127.0.0.11", victim)
+        register(attacker, "127.0.0.12", f"{attacker}-iu0", "127.0.0.12", attacker)
+        register(attacker, "127.0.0.12", f"{victim}-iu0", "127.0.66.66", victim)  # the victim's IU id
+        register(attacker, "127.0.0.12", f"{attacker}-iu1", "127.0.66.66", victim)  # Meta.node lies
+        _, listing = ConsulIO(consul_addr, token=os.environ.get("CONSUL_HTTP_TOKEN")).health_service()
+        ours = [e for e in listing if e["Node"]["Node"] in (victim, attacker)]
+        assert len(ours) == 4
+        view = EdgeView(detector=AnomalyDetector(), clock=Clock(100.0))
+        view.apply_health(ours)
+        assert {(e.node, e.iu_id, e.address) for e in view.snapshot().healthy} == {
+            (victim, f"{victim}-iu0", "127.0.0.11"), (attacker, f"{attacker}-iu0", "127.0.0.12")}
+        assert view.node_addresses() == {victim: "127.0.0.11", attacker: "127.0.0.12"}
+        assert view.rejected_registrations == Counter(id_not_of_node=1, meta_node_mismatch=1)
+    finally:
+        for node in (victim, attacker):
+            api.put("/v1/catalog/deregister", json={"Node": node})

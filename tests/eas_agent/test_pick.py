@@ -40,6 +40,7 @@ def health_entry(iu, status="passing", maintenance=False):
     if maintenance:
         checks.append({"CheckID": f"_service_maintenance:{iu}", "Status": "critical"})
     return {
+        "Node": {"Node": iu.split("-")[0], "Address": "127.0.0.1"},
         "Service": {
             "ID": iu,
             "Address": "127.0.0.1",

@@ -23,7 +23,7 @@ from eas_wire.fetch import HttpFetcher
 from edge.pool import AnomalyDetector, ConsulWatcher, PoolView
 from tests.devconsul.test_hardening import switchable_disk
 from tests.eas_agent.test_hardening_agent import DripServer
-from tests.helpers import wait_for
+from tests.helpers import ConsulCluster, wait_for
 
 GOOD = (Path(__file__).parents[1] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()
 FAST = {"interval_s": 0.1, "heartbeat_s": 0.5, "check_ttl_s": 1.0, "min_write_interval_s": 0.2,
@@ -73,7 +73,7 @@ def register(address: str, iu: str, node: str) -> None:
 
 def test_consul_down_and_back(tmp_path, tally):
     data = tmp_path / "consul"
-    server = DevConsulServer(addr="127.0.0.1:0", data_dir=data).start()
+    server = DevConsulServer(addr="127.0.0.1:0", data_dir=data, node_name="n1").start()  # n1's own agent
     address = server.address
     register(address, "n1-iu0", "n1")
     agent = agent_for("n1", address, [lambda: GOOD])
@@ -88,7 +88,7 @@ def test_consul_down_and_back(tmp_path, tally):
         assert thread.is_alive() and all(t.is_alive() for t in watcher.threads)
         assert agent.publisher.stats.errors > 0 and agent.cycles > 10
         before = agent.publisher.seq
-        server = DevConsulServer(addr=address, data_dir=data).start()  # back, same port, same state
+        server = DevConsulServer(addr=address, data_dir=data, node_name="n1").start()  # back, same port and state
         wait_for(lambda: stored_seq(address, "n1") > before, 10, "the agent to catch up after the outage")
         wait_for(lambda: view.snapshot().scored and watcher.updates > 2, 10, "the reader to resume")
         assert all(t.is_alive() for t in watcher.threads)
@@ -101,14 +101,14 @@ def test_consul_down_and_back(tmp_path, tally):
 
 
 def test_agent_killed_goes_unroutable_at_ttl_and_the_rest_stays(tally):
-    with DevConsulServer(addr="127.0.0.1:0", check_update_interval=0.1) as server:
-        address = server.address
-        register(address, "n1-iu0", "n1")
-        register(address, "n2-iu0", "n2")
-        survivor, doomed = agent_for("n1", address, [lambda: GOOD]), agent_for("n2", address, [lambda: GOOD])
+    with ConsulCluster() as consul:  # each node registers through its own agent, as on real nodes
+        register(consul.agent("n1"), "n1-iu0", "n1")
+        register(consul.agent("n2"), "n2-iu0", "n2")
+        survivor = agent_for("n1", consul.agent("n1"), [lambda: GOOD])
+        doomed = agent_for("n2", consul.agent("n2"), [lambda: GOOD])
         threads = [start(survivor)]
         view = PoolView(detector=AnomalyDetector())
-        watcher = ConsulWatcher(view, ConsulIO(address, timeout_s=2.0), wait_s=1.0).start()
+        watcher = ConsulWatcher(view, ConsulIO(consul.address, timeout_s=2.0), wait_s=1.0).start()
         try:
             for _ in range(10):  # the doomed agent runs "by hand" so it can die without its shutdown
                 now = time.time()

@@ -12,7 +12,17 @@ from sim.vllm.registration import IUService, register_iu_service
 from tests.helpers import run_cli
 
 
-def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
+@pytest.fixture
+def r01n01_consul():
+    """A dev Consul whose own node is r01n01: its IUs (and their TTL checks) registered through that node's agent."""
+    from devconsul.server import DevConsulServer
+
+    with DevConsulServer(addr="127.0.0.1:0", node_name="r01n01") as server:
+        yield server.address
+
+
+def test_scores_json_and_table(r01n01_consul, capsys, monkeypatch):
+    consul_addr = r01n01_consul
     monkeypatch.setenv("COLUMNS", "200")
     io = ConsulIO(consul_addr)
     for i in (0, 1):
@@ -85,7 +95,7 @@ def test_scores_reads_an_acl_consul_with_a_0600_token_file(capsys, tmp_path, mon
     token = tmp_path / "consul.token"
     token.write_text(SECRET + "\n")
     token.chmod(0o600)
-    with DevConsulServer(addr="127.0.0.1:0", acl_token=SECRET) as server:
+    with DevConsulServer(addr="127.0.0.1:0", acl_token=SECRET, node_name="r01n01") as server:
         io = ConsulIO(server.address, token=SECRET)
         register_iu_service(io, IUService("r01n01-iu0", "r01n01", "r01", "127.0.0.1", 8000, (0,), 0),
                             http_check=False)
