@@ -190,7 +190,7 @@ class PoolView:
     # -- inputs -------------------------------------------------------------------------------------
     def apply_kv(self, entries: list[dict]) -> None:
         """The whole KV prefix listing (replaces what Consul said before). Each entry is checked on its own:
-        whatever one entry holds costs that entry, never the others (any node can write any key)."""
+        whatever one entry holds costs that entry, never the others (a node's writer may be an attacker)."""
         received = self.clock()
         bodies: dict[str, _Seen] = {}
         for entry in entries if isinstance(entries, list) else ():

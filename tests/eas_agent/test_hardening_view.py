@@ -226,7 +226,7 @@ def test_a_query_that_fails_after_stop_is_not_reported(caplog):
 
 
 # JSON reads "1" followed by 400 zeros as a Python int that no float can hold: math.isfinite(), float() and
-# comparisons with floats raise OverflowError on it. Any node can write it (every agent shares one token).
+# comparisons with floats raise OverflowError on it. A compromised node can write it under its own key.
 HUGE = 10**400
 HUGE_PLACES = {
     "ts": lambda body: body.update(ts=HUGE),

@@ -245,3 +245,124 @@ def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(
     assert module.ensure(url, MANAGEMENT, acl2["policies"], acl2["tokens"], check=False) == ([], [])
     for token in ("operator", "edge", "registration"):
         assert _api(server, shared[token]).get("/v1/acl/token/self").status_code == 200
+
+
+CAPABILITIES = REPO / "docs/contracts/consul-layout.md"
+TOKEN_COLUMNS = {"agent": "agent", "registration": "registration", "operator": "operator", "eas-agent": "eas_agent",
+                 "edge": "edge"}
+
+
+def _capability_table() -> tuple[list[str], dict[str, list[bool]]]:
+    """(token kinds in column order, action -> allowed per column) from the contract page's table."""
+    section = CAPABILITIES.read_text().split("\n## What each token can do\n", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    kinds = [TOKEN_COLUMNS[cell] for cell in header[1:]]
+    table = {}
+    for row in rows[1:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert all(c in ("yes", "no") for c in cells[1:]), row
+        table[cells[0]] = [c == "yes" for c in cells[1:]]
+    return kinds, table
+
+
+def _allowed(answer) -> bool:
+    assert answer.status_code in (200, 403, 404), (answer.status_code, answer.text)
+    return answer.status_code == 200
+
+
+def _read_some(answer) -> bool:
+    return _allowed(answer) and bool(answer.json())
+
+
+def _with_service_maintenance(admin: Api, api: Api):
+    assert admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
+    return _allowed(api.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}))
+
+
+# The table's first column -> the request that performs it with the token under test (node n1's tokens; the
+# server's own node is n1, n2 a node another agent registered).
+ACTIONS = {
+    "register an IU on its own node (`agent/service/register`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9", "Port": 8009})),
+    "register an IU on another node (`catalog/register`, node `n2` unchanged)": lambda admin, api: _allowed(
+        api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True,
+                                              "Service": {"Service": "vllm-iu", "ID": "n2-iu9", "Port": 8009}})),
+    "register a service other than `vllm-iu`": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"})),
+    "register node `n2` or change its address": lambda admin, api: _allowed(
+        api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.99"})),
+    "update an IU's TTL check `eas:<iu>`": lambda admin, api: _allowed(api.put("/v1/agent/check/pass/eas:n1-iu0")),
+    "put an IU into maintenance": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"})),
+    "take an IU out of maintenance": _with_service_maintenance,
+    "put the node into maintenance (`agent/maintenance`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/maintenance", params={"enable": "true"})),
+    "write its own score key `clusterctl/eas/<dc>/n1`": lambda admin, api: _allowed(
+        api.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"{}")),
+    "write another node's score key": lambda admin, api: _allowed(api.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}")),
+    "write a release marker `clusterctl/preflight/<dc>/<iu>`": lambda admin, api: _allowed(
+        api.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}")),
+    "read the IU listing (`health/service/vllm-iu`)": lambda admin, api: _read_some(
+        api.get("/v1/health/service/vllm-iu")),
+    "read the score keys": lambda admin, api: _read_some(api.get("/v1/kv/clusterctl/eas/", params={"recurse": ""})),
+    "create or change ACL policies and tokens": lambda admin, api: _allowed(
+        api.put("/v1/acl/policy", json={"Name": "extra", "Rules": ""})),
+}
+
+
+@pytest.mark.parametrize("kind", list(TOKEN_COLUMNS.values()))
+def test_each_token_can_do_what_the_contract_table_says_and_nothing_else(server, tokens, kind):
+    """Every cell of docs/contracts/consul-layout.md's token table, performed with that token against the
+    dev server's ACL enforcement; each action on a fresh state (what the one before changed is undone)."""
+    kinds, table = _capability_table()
+    assert set(table) == set(ACTIONS), "the table's actions and this test's must be the same list"
+    admin, api = _api(server, MANAGEMENT), _api(server, tokens[kind])
+    check = {"Name": "EAS load score n1-iu0", "CheckID": "eas:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
+    wrong = []
+    for action, allowed in table.items():
+        assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0", "Port": 8000,
+                                                              "Check": check}).status_code == 200
+        assert admin.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.2", "Service": {
+            "Service": "vllm-iu", "ID": "n2-iu0", "Port": 8000}}).status_code == 200
+        assert admin.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}").status_code == 200
+        if ACTIONS[action](admin, api) != allowed[kinds.index(kind)]:
+            wrong.append(action)
+        admin.put("/v1/agent/maintenance", params={"enable": "false"})
+        admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"})
+    assert not wrong, f"the {kind} token's cells are wrong for: {wrong}"
+
+
+def test_another_nodes_tokens_cannot_steer_this_nodes_iu(server, tokens):
+    """A compromised node n2 uses its own eas-agent and registration tokens (the role's policies) to register
+    n1's IU id, and an IU claiming n1 in its meta, on its own catalog node, both at an address it controls.
+    Consul accepts both (service:write on vllm-iu, node unchanged); the edge, reading with its own token,
+    keeps routing n1-iu0 to n1's registration, follows n1's agent at n1's address, and counts both."""
+    from collections import Counter
+
+    from consul_io.client import ConsulIO
+    from edge.feed import EdgeView
+
+    n2 = {**tokens, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    acl = _filters()["consul_node_acl"]("n2", "dc1", n2)
+    _module("consul_acl").ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)
+    own = {"Name": "vllm-iu", "ID": "n1-iu0", "Address": "127.0.0.1", "Port": 8000,
+           "Tags": ["rack:r1", "node:n1"], "Meta": {"node": "n1", "rack": "r1"}}
+    assert _api(server, MANAGEMENT).put("/v1/agent/service/register", json=own).status_code == 200
+    # n2's agent registers its node, as it does when it joins
+    assert _api(server, n2["agent"]).put("/v1/catalog/register", json={
+        "Node": "n2", "Address": "127.0.0.2"}).status_code == 200
+    for token, iu in ((n2["eas_agent"], "n1-iu0"), (n2["registration"], "n2-iu1")):
+        impostor = {"Service": "vllm-iu", "ID": iu, "Address": "127.0.66.66", "Port": 8000,
+                    "Tags": ["rack:r1", "node:n1"], "Meta": {"node": "n1", "rack": "r1"}}
+        answer = _api(server, token).put("/v1/catalog/register", json={
+            "Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True, "Service": impostor})
+        assert answer.status_code == 200, answer.text  # Consul's rule: only the node's own entry needs node:write
+    _, listing = ConsulIO(server.address, token=tokens["edge"]).health_service()
+    assert sorted((e["Node"]["Node"], e["Service"]["ID"]) for e in listing) == [
+        ("n1", "n1-iu0"), ("n2", "n1-iu0"), ("n2", "n2-iu1")]
+    view = EdgeView()
+    view.apply_health(listing)
+    assert [(e.node, e.iu_id, e.address) for e in view.snapshot().healthy] == [("n1", "n1-iu0", "127.0.0.1")]
+    assert view.node_addresses() == {"n1": "127.0.0.1"}
+    assert view.rejected_registrations == Counter(id_not_of_node=1, meta_node_mismatch=1)
