@@ -9,14 +9,17 @@ through a server (``clusterctl.infra.consul_acl``).
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
 | file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` (config_file_service_registration) |
 | operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, reads |
-| eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; TTL checks on ``vllm-iu``; reads |
+| eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; reads the score keys, nodes |
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes and the score keys   |
 
 What each token can then do, and what it can do beyond its job, is the table "What each token can do" in
 docs/contracts/consul-layout.md, which ``tests/provision/test_consul_acl.py`` performs cell by cell. In short:
-Consul grants service rights by service *name* and every IU is ``vllm-iu``, so the registration, eas-agent
-and operator tokens may write any IU's registration, TTL check and maintenance, through ``catalog/register``
-on any catalog node too (it needs ``node:write`` only for the node's own entry). The edge's reader takes an
+Consul grants service rights by service *name* and every IU is ``vllm-iu``, so the registration and operator
+tokens may write any IU's registration, checks and maintenance, through ``catalog/register`` on any catalog
+node too (it needs ``node:write`` only for the node's own entry). The eas-agent token has no service rights:
+Consul requires ``service:write`` on the service both to update a check on it and to take it out of
+maintenance, so an agent that kept TTL checks could bypass the preflight gate; it publishes its verdict in its
+score key only. The edge's reader takes an
 IU's owner from its catalog node, not from what the registrant wrote (edge/pool/view.py).
 """
 
@@ -48,7 +51,6 @@ def eas_agent_policy(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) ->
     prefix = kv_prefix.strip("/")
     return (f'key "{prefix}/{datacenter}/{node}" {{ policy = "write" }}\n'
             f'key_prefix "{prefix}/" {{ policy = "read" }}\n'
-            f'service "{SERVICE}" {{ policy = "write" }}\n'
             'node_prefix "" { policy = "read" }\n')
 
 

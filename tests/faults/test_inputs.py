@@ -126,7 +126,7 @@ def test_malformed_score_bodies_never_break_the_reader(tally, reader):
     rng = random.Random(1502)
     view = reader(detector=AnomalyDetector(), clock=lambda: 100.0)
     health = [{"Node": {"Node": iu.split("-")[0]}, "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": iu.split("-")[0]}},
-               "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}]} for iu in ("n1-iu0", "n2-iu0")]
+               "Checks": [{"CheckID": f"vllm-iu:{iu}:health", "Status": "passing"}]} for iu in ("n1-iu0", "n2-iu0")]
     view.apply_health(health)
     good = {"Key": "clusterctl/eas/dc1/n1", "Value": json.dumps(
         {"node": "n1", "rack": "r1", "ts": 100.0, "heartbeat_s": 2.0, "seq": 1,

@@ -113,7 +113,9 @@ def test_operator_token_sets_maintenance_and_markers_and_nothing_else(server, to
     assert op.put("/v1/agent/maintenance", params={"enable": "true"}).status_code == 403  # node maintenance
 
 
-def test_eas_agent_token_writes_only_its_own_score_key_and_iu_checks(server, tokens):
+def test_eas_agent_token_writes_only_its_own_score_key_and_cannot_release_an_iu(server, tokens):
+    """The agent runs next to third-party model code: its token must not take an IU out of maintenance (the
+    preflight gate) nor register anything; it publishes only its own score key."""
     admin = _api(server, MANAGEMENT)
     admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
     eas = _api(server, tokens["eas_agent"])
@@ -121,11 +123,11 @@ def test_eas_agent_token_writes_only_its_own_score_key_and_iu_checks(server, tok
     assert eas.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}").status_code == 403
     assert eas.get("/v1/kv/clusterctl/eas/", params={"recurse": ""}).status_code == 200
     assert eas.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}").status_code == 403
-    check = {"Name": "EAS load score n1-iu0", "CheckID": "eas:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
-    assert eas.put("/v1/agent/check/register", data=json.dumps(check)).status_code == 200
-    # Consul's limit (cluster/consul_acl.py): TTL checks on vllm-iu need service:write on vllm-iu, and so does
-    # maintenance; the ACL system cannot tell them apart, so this token could clear maintenance too.
-    assert eas.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}).status_code == 200
+    check = {"Name": "a check on n1-iu0", "CheckID": "c", "ServiceID": "n1-iu0", "TTL": "30s"}
+    assert eas.put("/v1/agent/check/register", data=json.dumps(check)).status_code == 403
+    assert admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
+    assert eas.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}).status_code == 403
+    assert eas.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9"}).status_code == 403
     assert eas.put("/v1/agent/check/register", data=json.dumps({"Name": "node-level", "TTL": "30s"})).status_code == 403
 
 
@@ -203,7 +205,7 @@ def test_the_filter_is_the_python_readers_token_rule(tmp_path):
 def test_the_maintenance_filter_reads_which_services_consul_holds_in_maintenance():
     checks = {"_service_maintenance:n1-iu0": {"CheckID": "_service_maintenance:n1-iu0", "Notes": "clusterctl rolling restart"},
               "_service_maintenance:n1-iu1": {"CheckID": "_service_maintenance:n1-iu1"},
-              "_node_maintenance": {"Notes": "node"}, "eas:n1-iu0": {"Notes": "score"},
+              "_node_maintenance": {"Notes": "node"}, "serfHealth": {"Notes": "gossip"},
               "vllm-iu:n1-iu0:health": {}}
     assert _filters()["consul_maintenance"](checks) == {"n1-iu0": "clusterctl rolling restart", "n1-iu1": None}
     assert _filters()["consul_maintenance"]({}) == {}
@@ -292,7 +294,8 @@ ACTIONS = {
         api.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"})),
     "register node `n2` or change its address": lambda admin, api: _allowed(
         api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.99"})),
-    "update an IU's TTL check `eas:<iu>`": lambda admin, api: _allowed(api.put("/v1/agent/check/pass/eas:n1-iu0")),
+    "update a TTL check on an IU (`agent/check/pass`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/check/pass/ttl:n1-iu0")),
     "put an IU into maintenance": lambda admin, api: _allowed(
         api.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"})),
     "take an IU out of maintenance": _with_service_maintenance,
@@ -318,7 +321,7 @@ def test_each_token_can_do_what_the_contract_table_says_and_nothing_else(server,
     kinds, table = _capability_table()
     assert set(table) == set(ACTIONS), "the table's actions and this test's must be the same list"
     admin, api = _api(server, MANAGEMENT), _api(server, tokens[kind])
-    check = {"Name": "EAS load score n1-iu0", "CheckID": "eas:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
+    check = {"Name": "a TTL check of n1-iu0", "CheckID": "ttl:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
     wrong = []
     for action, allowed in table.items():
         assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0", "Port": 8000,
@@ -334,10 +337,11 @@ def test_each_token_can_do_what_the_contract_table_says_and_nothing_else(server,
 
 
 def test_another_nodes_tokens_cannot_steer_this_nodes_iu(server, tokens):
-    """A compromised node n2 uses its own eas-agent and registration tokens (the role's policies) to register
-    n1's IU id, and an IU claiming n1 in its meta, on its own catalog node, both at an address it controls.
-    Consul accepts both (service:write on vllm-iu, node unchanged); the edge, reading with its own token,
-    keeps routing n1-iu0 to n1's registration, follows n1's agent at n1's address, and counts both."""
+    """A compromised node n2 uses its tokens (the role's policies) to register n1's IU id, and an IU claiming n1
+    in its meta, on its own catalog node, both at an address it controls. Its eas-agent token may register
+    nothing; its registration token may (service:write on vllm-iu, node unchanged), but the edge, reading with
+    its own token, keeps routing n1-iu0 to n1's registration, follows n1's agent at n1's address, and counts
+    both impostors."""
     from collections import Counter
 
     from consul_io.client import ConsulIO
@@ -352,12 +356,14 @@ def test_another_nodes_tokens_cannot_steer_this_nodes_iu(server, tokens):
     # n2's agent registers its node, as it does when it joins
     assert _api(server, n2["agent"]).put("/v1/catalog/register", json={
         "Node": "n2", "Address": "127.0.0.2"}).status_code == 200
-    for token, iu in ((n2["eas_agent"], "n1-iu0"), (n2["registration"], "n2-iu1")):
+    for token, iu, status in ((n2["eas_agent"], "n1-iu0", 403), (n2["registration"], "n1-iu0", 200),
+                              (n2["registration"], "n2-iu1", 200)):
         impostor = {"Service": "vllm-iu", "ID": iu, "Address": "127.0.66.66", "Port": 8000,
                     "Tags": ["rack:r1", "node:n1"], "Meta": {"node": "n1", "rack": "r1"}}
         answer = _api(server, token).put("/v1/catalog/register", json={
             "Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True, "Service": impostor})
-        assert answer.status_code == 200, answer.text  # Consul's rule: only the node's own entry needs node:write
+        # Consul's rule: service:write on the name; only the node's own entry needs node:write
+        assert answer.status_code == status, answer.text
     _, listing = ConsulIO(server.address, token=tokens["edge"]).health_service()
     assert sorted((e["Node"]["Node"], e["Service"]["ID"]) for e in listing) == [
         ("n1", "n1-iu0"), ("n2", "n1-iu0"), ("n2", "n2-iu1")]
