@@ -4,31 +4,44 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint pytest ansible-checks machine-tools machine-image clean
+.PHONY: demo test check lint pytest ansible-checks machine-tools machine-image clean
 
 # Simulated machines need systemd-nspawn, debootstrap and the ssh client; the stand-in vendor apt repositories
 # (sim/aptrepo) need dpkg-deb, apt-ftparchive (apt-utils) and gpg (gnupg). Installed when missing.
 MACHINE_TOOLS := systemd-nspawn debootstrap ssh ssh-keygen nsenter apt-ftparchive gpg gpgconf dpkg-deb
 
+# pip's and apt's output goes to a log, one status line on screen: `make demo`'s first screen is the demo's step 1.
+# A failed install prints the log's tail (and where the whole log is) and stops.
+INSTALL_LOG := $(VENV)/install.log
+TOOLS_LOG   := $(VENV)/machine-tools.log
+LOG_TAIL    := 40
+
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing clusterctl into $(VENV) (log: $(INSTALL_LOG))"
+	@{ $(BIN)/python -m pip install --upgrade pip && $(BIN)/python -m pip install -e '.[dev]'; } >$(INSTALL_LOG) 2>&1 \
+	  || { tail -n $(LOG_TAIL) $(INSTALL_LOG); echo "pip install failed; the whole log: $(INSTALL_LOG)"; exit 1; }
+	@touch $(STAMP)
 
-# DEMO_ARGS: extra options for `clusterctl demo` (tests/test_demo.py runs `make demo DEMO_ARGS="--duration 10"`).
+# DEMO_ARGS: extra options for `clusterctl demo` (tests/machines/test_demo.py runs `make demo DEMO_ARGS="--duration 10"`).
 demo: $(STAMP) machine-tools
-	$(BIN)/clusterctl demo $(DEMO_ARGS)
+	@$(BIN)/clusterctl demo $(DEMO_ARGS)
 
-# ansible-checks runs inside pytest (tests/test_ansible_checks.py), beside the machine tests.
+# The contributor's quick loop (under 2 minutes on 2 cores): ruff and the unit tier (tests/README.md).
+check: $(STAMP) lint
+	$(BIN)/python -m pytest -q -m unit -n 2 -p no:cacheprovider tests/unit tests/guards
+
+# ansible-checks runs inside pytest (tests/integration/test_ansible_checks.py), beside the machine tests.
 test: $(STAMP) lint machine-image pytest
 
 machine-tools:
 	@missing=""; for t in $(MACHINE_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing systemd-container debootstrap openssh-client util-linux apt-utils gnupg (missing:$$missing)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap openssh-client util-linux apt-utils gnupg >/dev/null; \
+	  mkdir -p $(VENV); \
+	  echo "installing systemd-container debootstrap openssh-client util-linux apt-utils gnupg (missing:$$missing; log: $(TOOLS_LOG))"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap openssh-client util-linux apt-utils gnupg; \
+	  } >$(TOOLS_LOG) 2>&1 || { tail -n $(LOG_TAIL) $(TOOLS_LOG); echo "apt-get failed; the whole log: $(TOOLS_LOG)"; exit 1; }; \
 	fi
 
 # The machines' base image (cached by recipe under /var/cache/clusterctl/images; built once, ~1-2 min).

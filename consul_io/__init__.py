@@ -2,5 +2,5 @@
 the token rule, timeouts) and :mod:`consul_io.layout` (every service, check and key name).
 
 ``devconsul/`` is the development Consul server and not a client; ``sim/`` registers services through
-``sim/vllm/registration.py``. Nothing else imports ``consul`` (tests/consul_io/test_layout.py checks it).
+``sim/vllm/registration.py``. Nothing else imports ``consul`` (tests/unit/consul_io/test_layout.py checks it).
 """

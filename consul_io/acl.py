@@ -13,7 +13,7 @@ through a server (``clusterctl.infra.consul_acl``).
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes and the score keys   |
 
 What each token can then do, and what it can do beyond its job, is the table "What each token can do" in
-docs/contracts/consul-layout.md, which ``tests/provision/test_consul_acl.py`` performs cell by cell. In short:
+docs/contracts/consul-layout.md, which ``tests/integration/consul_io/test_acl.py`` performs cell by cell. In short:
 Consul grants service rights by service *name* and every IU is ``vllm-iu``, so the registration and operator
 tokens may write any IU's registration, checks and maintenance, through ``catalog/register`` on any catalog
 node too (it needs ``node:write`` only for the node's own entry). The eas-agent token has no service rights:

@@ -5,7 +5,7 @@ The client side (agent, edge, preflight, ``clusterctl scores``, the demo, the be
 through this module, and so do the roles and playbooks: through the filters in ``playbooks/filter_plugins``
 (``consul_marker_key``, ``consul_maintenance``, ``cluster_node``'s ``consul`` block). ``devconsul/`` is a
 Consul server and keeps Consul's own names (``_service_maintenance:``) where it implements them.
-``tests/consul_io/test_layout.py`` fails on a hand-written copy in Python or in the roles' and playbooks' YAML.
+``tests/unit/consul_io/test_layout.py`` fails on a hand-written copy in Python or in the roles' and playbooks' YAML.
 
 No imports beyond the standard library: the agent wheel, the roles' filter plugins and the reader library
 all load it.

@@ -2,5 +2,5 @@
 a routed traffic mix (:mod:`demo.traffic`).
 
 An application above the CLI, like ``bench/``: it drives the simulators (``sim``) and draws with the CLI's
-views; ``cli/commands/demo.py`` imports it only when the command runs (tests/test_import_lint.py).
+views; ``cli/commands/demo.py`` imports it only when the command runs (tests/guards/test_import_lint.py).
 """

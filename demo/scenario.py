@@ -1,4 +1,5 @@
-"""``clusterctl demo``: the whole toolkit end to end on a temporary virtual cluster, offline.
+"""``clusterctl demo``: the whole toolkit end to end on a temporary virtual cluster (offline once the machines'
+image is cached; its first build fetches Debian packages).
 
 Steps, each the real command or library a cluster uses; only the hosts are simulated:
 
@@ -20,8 +21,11 @@ Steps, each the real command or library a cluster uses; only the hosts are simul
    latencies and the edge's metrics.
 
 Nothing on the nodes is started by the demo: what serves is what provisioning started. Every process the
-demo starts itself (the edge) is stopped by PID at the end (or on Ctrl-C); the temp dir is removed unless
---keep.
+demo starts itself (the edge) is stopped by PID at the end (or on Ctrl-C); the temp dir (inventory, secrets,
+logs) is removed unless --keep. The evidence it points at on the way (provisioning's events, the preflight
+run) is kept under ``.state/demo/`` in the working directory, as preflight and provision keep theirs under
+``.state/``; the ending names it, says what was shown, whether the numbers met their targets and what to type
+next (:mod:`demo.view` draws it all).
 """
 
 from __future__ import annotations
@@ -30,14 +34,16 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.panel import Panel
 from rich.rule import Rule
@@ -47,7 +53,8 @@ from cluster import load_cluster
 from cluster.model import Cluster, Node
 from common.errors import ClusterctlError
 from common.text import plural
-from demo.traffic import DemoEdge, edge_metrics
+from demo.traffic import DemoEdge, edge_counters
+from demo.view import Ending, ending, latency_lines, preflight_report, routing_panels, step_heading
 from sim.processes import ProcessSet, tail
 
 # The demo's machines live on 127.42.R.N, not the default 127.0.R.N of `clusterctl virtual create`: a demo then
@@ -56,8 +63,20 @@ from sim.processes import ProcessSet, tail
 DEMO_NET = 42
 # The faulty node's faults: nvlink_down FAILs gpu_topology (the pair's IU), nccl, gpu_bandwidth (D2D) and nvlink
 # (NVLINK_INACTIVE: GPU2's and GPU3's links <inactive> in nvidia-smi nvlink -s), and dcgm_diag WARNs its
-# DCGM#198 cross-check; gpu_throttle FAILs gpu_throttle (THROTTLE_ACTIVE). Step 5 prints every FAIL.
+# DCGM#198 cross-check; gpu_throttle FAILs gpu_throttle (THROTTLE_ACTIVE). Step 5's report lists every FAIL.
 FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_throttle", "gpu": 5}]
+FAULTS_IN_WORDS = "NVLink GPU2-GPU3 down, GPU 5 in HW thermal slowdown"
+# Each step's title, short enough for a rule at 80 columns with the largest options (tests/unit/demo/test_scenario.py)
+STEP_TITLES = {
+    1: "1/6 virtual cluster: {nodes} in {racks}",
+    2: "2/6 clusterctl provision: site.yml for real, a canary node, then the rest",
+    3: "3/6 the IUs provisioning started (vllm-iu@N, a stand-in vLLM)",
+    4: "4/6 eas-agent.service on every node (the eas_agent role's)",
+    5: "5/6 clusterctl preflight --release",
+    6: "6/6 routing the production mix at {rate:.1f} req/s for {duration:.0f}s through eas-edge",
+}
+# Where each run's evidence stays (relative to the working directory, as preflight's and provision's defaults)
+EVIDENCE_DIR = Path(".state") / "demo"
 # --debug: a bug in a step prints its traceback into the demo log instead of one line (CI keeps only the log)
 CLUSTERCTL = [sys.executable, "-m", "cli.main", "--debug"]
 
@@ -71,13 +90,14 @@ def run(console: Console, nodes: int, racks: int, duration: float, rate: float |
     """Run the whole scenario on ``console`` (the CLI's, cli/app.py); ``clusterctl demo``
     (cli/commands/demo.py) checks the options and calls this."""
     workdir = Path(tempfile.mkdtemp(prefix="clusterctl-demo-"))
+    EVIDENCE_DIR.mkdir(parents=True, exist_ok=True)
+    evidence = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%SZ-", time.gmtime()), dir=EVIDENCE_DIR))
     (workdir / "logs").mkdir()
     processes = ProcessSet(workdir / "logs")
     inventory = workdir / "inventory"
     started = time.monotonic()
     try:
-        Demo(inventory, workdir, processes, seed, console).run(nodes, racks, duration, rate)
-        console.print(Rule(f"demo finished in {time.monotonic() - started:.0f}s"))
+        shown = Demo(inventory, workdir, processes, seed, console, evidence).run(nodes, racks, duration, rate)
     finally:
         processes.stop()
         if (inventory / "hosts.yml").exists():
@@ -88,6 +108,25 @@ def run(console: Console, nodes: int, racks: int, duration: float, rate: float |
             console.print(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    cli = clusterctl_command()
+    kept = (f"provisioning's events and the preflight run in {evidence} ({cli} preflight history --state-dir "
+            f"{evidence / 'preflight'}); " + (f"the inventory, secrets and logs in {workdir}" if keep else
+                                              "the machines' inventory is gone (--keep keeps it)"))
+    console.print(Rule(f"demo finished in {time.monotonic() - started:.0f}s"))
+    console.print(ending(replace(shown, clusterctl=cli, kept=kept)))
+
+
+def clusterctl_command() -> str:
+    """How to type clusterctl here: its name when the PATH finds this one, else its path (after `make demo`
+    the venv is not on the PATH: .venv/bin/clusterctl)."""
+    here = Path(sys.executable).with_name("clusterctl")
+    found = shutil.which("clusterctl")
+    if found and Path(found).resolve() == here.resolve():
+        return "clusterctl"
+    try:
+        return str(here.relative_to(Path.cwd()))
+    except ValueError:
+        return str(here)
 
 
 def free_port() -> int:
@@ -96,41 +135,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def step_heading(title: str, width: int) -> Rule | Group:
-    """A step's heading: the title inside a rule when it fits the width, else a plain rule over the title on
-    its own (wrapped) lines; a rule cuts a longer title to "…" (an 80-column CI log lost half of two titles)."""
-    heading = Text(title, style="bold")
-    if len(title) + 6 <= width:  # rich's rule keeps "─ " and " ─" around the title
-        return Rule(heading)
-    return Group(Rule(), heading)
-
-
 class Demo:
-    def __init__(self, inventory: Path, workdir: Path, processes: ProcessSet, seed: int, console: Console):
+    def __init__(self, inventory: Path, workdir: Path, processes: ProcessSet, seed: int, console: Console,
+                 evidence: Path):
         self.inventory, self.workdir, self.processes, self.seed = inventory, workdir, processes, seed
-        self.console = console
+        self.console, self.evidence = console, evidence
         self.consul_addr = ""  # the server machine's HTTP API, known once the inventory is written
         self.tokens: dict[str, str] = {}  # operator and edge tokens from the inventory's (throwaway) secrets
 
     def step(self, title: str) -> None:
         self.console.print(step_heading(title, self.console.width))
 
-    def run(self, nodes: int, racks: int, duration: float, rate: float | None) -> None:
+    def run(self, nodes: int, racks: int, duration: float, rate: float | None) -> Ending:
         cluster = self.make_cluster(nodes, racks)
         faulty = list(cluster.nodes())[-1]
         self.provision()
         self.await_inference_units(cluster)
         self.await_agent_registrations(cluster)
         self.await_agents(cluster)
-        released = self.preflight(cluster, faulty)
-        self.route_traffic(cluster, released, duration, rate)
+        released, codes = self.preflight(cluster, faulty)
+        summary = self.route_traffic(cluster, released, duration, rate)
+        to_faulty = sum(n for iu, n in summary["sent_to"].items() if iu in {i.id for i in faulty.ius})
+        return Ending(faulty.name, FAULTS_IN_WORDS, codes, len(released), summary, to_faulty, "clusterctl", "")
 
     # -- 1. simulated hosts -----------------------------------------------------------------------
     def make_cluster(self, nodes: int, racks: int) -> Cluster:
         from sim.hosts import create as create_inventory
         from sim.hosts import lifecycle
 
-        self.step(f"1/6 virtual cluster: {plural(nodes, 'node')} in {plural(racks, 'rack')}")
+        self.step(STEP_TITLES[1].format(nodes=plural(nodes, "node"), racks=plural(racks, "rack")))
         create_inventory.write(self.inventory, nodes, racks, fabric="mixed", faults="none", net=DEMO_NET)
         faulty = create_inventory.plan(nodes, racks, "mixed", "none", DEMO_NET)[-1].name
         (self.inventory / "host_vars").mkdir(exist_ok=True)
@@ -141,8 +174,8 @@ class Demo:
         self.configure_consul(faulty)
         cluster = load_cluster(self.inventory)
         result = lifecycle.up(str(self.inventory))
-        self.console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; [red]{faulty}[/] has NVLink "
-                           "GPU2-GPU3 down (their links inactive) and GPU 5 in HW thermal slowdown")
+        self.console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; [red]{faulty}[/] has "
+                           f"{FAULTS_IN_WORDS} (injected: preflight must catch both)")
         return cluster
 
     def configure_consul(self, faulty: str) -> None:
@@ -175,23 +208,30 @@ class Demo:
     def provision(self) -> None:
         # A canary host first, then the rest: the default 1,10%,50%,100% adds batches that 4 nodes don't need.
         # (Before them, the Consul server's own play; after them, the servers' one-at-a-time reboots.)
-        self.step("2/6 clusterctl provision (site.yml for real: the Consul server first, a canary batch of 1, "
-                  "then 100%)")
+        self.step(STEP_TITLES[2])
         self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%",
-                        "--run-dir", str(self.workdir / "runs"),
+                        "--run-dir", str(self.evidence / "runs"),
                         expect=(0,), what="provisioning")
 
-    def clusterctl(self, *args: str, expect: tuple[int, ...], what: str) -> int:
-        import subprocess
-
-        code = subprocess.run([*CLUSTERCTL, *args], stdin=subprocess.DEVNULL).returncode
-        if code not in expect:
-            raise DemoError(f"{what} exited {code} (expected {' or '.join(map(str, expect))})")
-        return code
+    def clusterctl(self, *args: str, expect: tuple[int, ...], what: str, capture: bool = False) -> str:
+        """Run clusterctl; ``capture``: its stdout is returned instead of shown (laid out for this console's
+        width and colours; its stderr, the live progress, still goes to the terminal)."""
+        env = None
+        if capture:
+            env = {**os.environ, "COLUMNS": str(self.console.width)}
+            if self.console.is_terminal and not self.console.no_color and sys.stderr.isatty():
+                env["FORCE_COLOR"] = "1"
+        done = subprocess.run([*CLUSTERCTL, *args], stdin=subprocess.DEVNULL, env=env, text=True,
+                              stdout=subprocess.PIPE if capture else None)
+        if done.returncode not in expect:
+            if capture:  # all of it, for the reader to see what went wrong
+                self.console.print(Text.from_ansi(done.stdout), end="", soft_wrap=True)
+            raise DemoError(f"{what} exited {done.returncode} (expected {' or '.join(map(str, expect))})")
+        return done.stdout or ""
 
     # -- 3. inference units and their Consul services ---------------------------------------------
     def await_inference_units(self, cluster: Cluster) -> None:
-        self.step("3/6 the IUs that provisioning started (vllm-iu@N: the stand-in vLLM, continuous batching)")
+        self.step(STEP_TITLES[3])
         for node in cluster.nodes():
             for iu in node.ius:
                 self.wait_http(f"http://{node.address}:{iu.port}/health", f"vllm-iu@{iu.index} of {node.name}")
@@ -226,18 +266,20 @@ class Demo:
 
     # -- 4. agents --------------------------------------------------------------------------------
     def await_agents(self, cluster: Cluster) -> None:
-        self.step("4/6 eas-agent.service on every node (installed and configured by the eas_agent role)")
+        self.step(STEP_TITLES[4])
         for node in cluster.nodes():
             self.wait_http(f"http://{node.settings.agent.listen}/scores", f"eas-agent.service on {node.name}")
         self.console.print(f"{len(list(cluster.nodes()))} agents publishing to Consul")
 
     # -- 5. preflight -----------------------------------------------------------------------------
-    def preflight(self, cluster: Cluster, faulty: Node) -> list[str]:
-        self.step("5/6 clusterctl preflight --release")
-        report = self.workdir / "preflight.json"
-        self.clusterctl("preflight", "-i", str(self.inventory), "--release", "--json", str(report),
-                        "--state-dir", str(self.workdir / "preflight-state"), expect=(1,),
-                        what="preflight (the injected fault must FAIL)")
+    def preflight(self, cluster: Cluster, faulty: Node) -> tuple[list[str], tuple[str, ...]]:
+        """(the IUs released, the codes the faulty node FAILed with)."""
+        self.step(STEP_TITLES[5])
+        report = self.evidence / "preflight.json"
+        shown = self.clusterctl("preflight", "-i", str(self.inventory), "--release", "--json", str(report),
+                                "--state-dir", str(self.evidence / "preflight"), expect=(1,),
+                                what="preflight (the injected fault must FAIL)", capture=True)
+        self.console.print(Text.from_ansi(preflight_report(shown)), end="", soft_wrap=True)
         if not report.is_file():  # exit 1 without a report: the run crashed (its traceback is above)
             raise DemoError(f"preflight exited 1 but wrote no report {report}: it crashed, see the traceback above")
         results = json.loads(report.read_text())["results"]
@@ -260,20 +302,20 @@ class Demo:
             time.sleep(0.2)
         if released != expected:
             raise DemoError(f"released IUs {released}, expected {expected}")
-        for result in caught:
-            self.console.print(Text.assemble(("FAIL", "red"), f" {faulty.name}: {result['check']}: {result['reason']}"))
-        self.console.print(Text(f"released from maintenance: {', '.join(released)}; {faulty.name} stays out of rotation"))
-        return released
+        self.console.print(Text.assemble((f"{faulty.name} failed, as intended", "bold"), ": its IUs stay in "
+                                         f"maintenance; released from maintenance: {', '.join(released)}"))
+        codes = dict.fromkeys((r.get("evidence") or {}).get("code") or r["check"] for r in caught)
+        return released, tuple(codes)
 
     # -- 6. traffic -------------------------------------------------------------------------------
-    def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> None:
+    def route_traffic(self, cluster: Cluster, released: list[str], duration: float, rate: float | None) -> dict:
         from cli.views.scores import rows
         from consul_io.client import ConsulIO
         from edge.pool import ConsulWatcher, PoolView
 
         rate = rate or 0.8 * len(released)
         edge_url = self.start_edge(cluster)
-        self.step(f"6/6 routing the production mix at {rate:.1f} req/s for {duration:.0f}s through eas-edge")
+        self.step(STEP_TITLES[6].format(rate=rate, duration=duration))
         view = PoolView()
         watcher = ConsulWatcher(view, ConsulIO(self.consul_addr, token=self.tokens["edge"]), wait_s=2.0).start()
         expected = {iu.id: (n.rack, n.name) for n in cluster.nodes() for iu in n.ius}
@@ -282,9 +324,10 @@ class Demo:
         try:
             with Live(console=self.console, refresh_per_second=2, transient=False) as live:
                 while time.monotonic() < end:
-                    live.update(routing_panels(edge.summary(), edge_metrics(edge_url),
+                    live.update(routing_panels(edge.summary(), edge_counters(edge_url),
                                                rows(view, expected, time.time()), end - time.monotonic(),
-                                               self.console.width))
+                                               # a line spare: the cursor's, below the view
+                                               self.console.width, self.console.height - 1))
                     dead = [c.name for c in self.processes.failed()]
                     if dead:
                         raise DemoError(f"{', '.join(dead)} exited early; see logs with --keep")
@@ -298,12 +341,13 @@ class Demo:
                 thread.join(timeout=watcher.wait_s + 5)
         summary = edge.summary(window_s=duration)
         self.console.print()
-        self.console.print(Panel(Text(latency_line(summary)), title="whole run"))
+        self.console.print(Panel(Text(latency_lines(summary)), title="whole run", title_align="left"))
         if summary["completed_total"] == 0:
             raise DemoError("no request completed")
         unreleased = set(summary["sent_to"]) - set(released)
         if unreleased:
             raise DemoError(f"requests were routed to IUs still in maintenance: {sorted(unreleased)}")
+        return summary
 
     def start_edge(self, cluster: Cluster) -> str:
         """eas-edge as a process, on loopback, following the agents (the port of eas_agent_listen)."""
@@ -334,27 +378,3 @@ class Demo:
                 time.sleep(0.2)
         logs = "\n".join(f"{c.name}: {tail(c.log, 3)}" for c in self.processes.children)
         raise DemoError(f"{what} not answering at {url} after {timeout_s:.0f}s\n{logs}")
-
-
-def routing_panels(summary: dict, metrics_line: str, score_rows: list[dict], left_s: float, width: int) -> Group:
-    """Step 7's live view: the clients' latencies through eas-edge and the edge's own /metrics first (the
-    point of the step, never pushed off a short terminal by the table), then the scores laid out for the
-    terminal's width."""
-    from cli.views.scores import table
-
-    return Group(
-        Panel(Text(latency_line(summary) + "\n" + metrics_line), title=f"edge ({max(0, left_s):.0f}s left)",
-              title_align="left"),
-        table(score_rows, "IU scores (drain: seconds until free)", width),
-    )
-
-
-def latency_line(s: dict) -> str:
-    def ms(value):
-        return "-" if value is None else f"{value * 1000:.0f} ms"
-
-    modes = ", ".join(f"{k} {v}" for k, v in sorted(s["pick_modes"].items())) or "-"
-    return (f"last {s['window_s']:.0f}s: {s['completed_window']} done  TTFT p50 {ms(s['ttft_p50_s'])} "
-            f"p95 {ms(s['ttft_p95_s'])}  e2e p50 {ms(s['e2e_p50_s'])} p95 {ms(s['e2e_p95_s'])}  |  "
-            f"total {s['completed_total']} done, {s['inflight']} in flight, {s['errors']} errors, "
-            f"{s['unroutable']} unroutable  |  pick: {modes}")

@@ -3,7 +3,7 @@
 Each arrival is a streaming ``/v1/completions`` request (the prompt as token ids, so the edge and the
 simulated engine count the same tokens) posted to the edge, which routes it with ``pick()`` and passes the
 SSE stream through; TTFT is the first chunk's arrival here, E2E the stream's end, the serving IU is the
-edge's ``X-Eas-IU`` header. Latencies are kept for a rolling summary; :func:`edge_metrics` reads the
+edge's ``X-Eas-IU`` header. Latencies are kept for a rolling summary; :func:`edge_counters` reads the
 edge's own ``/metrics`` for the live panel.
 """
 
@@ -67,7 +67,7 @@ class DemoEdge:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _arrivals(self) -> None:
-        # The production mix lives with the simulators; imported when the demo runs (tests/test_import_lint.py).
+        # The production mix lives with the simulators; imported when the demo runs (tests/guards/test_import_lint.py).
         from sim.vllm.workload import draw_request_shape
 
         while not self.stopping.wait(self.rng.expovariate(self.rate)):
@@ -137,27 +137,36 @@ class DemoEdge:
         }
 
 
-def edge_metrics(edge_url: str) -> str:
-    """One line of the edge's own /metrics: picks by mode, in flight, queue, 503s, retries, pushed agents and,
-    announcing, its announcements and batches by result."""
+def edge_counters(edge_url: str) -> dict | str:
+    """The edge's own /metrics, summed into what the live panel says (:func:`demo.view.edge_line`): picks by
+    mode, requests in flight, queued, rejected and retried, agents pushing scores, scores ignored and,
+    announcing, its announcements and batches by result; or why /metrics could not be read."""
     try:
         with urllib.request.urlopen(f"{edge_url}/metrics", timeout=1) as answer:
-            text = answer.read().decode()
+            return counters_of(answer.read().decode())
     except OSError as exc:
-        return f"edge /metrics unavailable: {exc}"
-    values: Counter[str] = Counter()
+        return str(exc)
+
+
+SUMMED = {"eas_edge_inflight": "inflight", "eas_edge_queue_depth": "queued", "eas_edge_retries_total": "retried",
+          "eas_edge_rejected_total": "rejected", "eas_edge_push_connected": "agents_pushing",
+          "eas_edge_scores_ignored_total": "scores_ignored"}
+BY_LABEL = {"eas_edge_picks_total": ("picks", "mode"), "eas_edge_announcements_total": ("announced", "result"),
+            "eas_edge_announce_batches_total": ("announce_batches", "result")}
+
+
+def counters_of(text: str) -> dict:
+    values: dict = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "eas_edge_picks_total":
-                values[f"pick {sample.labels['mode']}"] += sample.value
-            elif sample.name in ("eas_edge_inflight", "eas_edge_queue_depth", "eas_edge_retries_total",
-                                 "eas_edge_rejected_total", "eas_edge_push_connected",
-                                 "eas_edge_scores_ignored_total"):
-                values[sample.name.removeprefix("eas_edge_").removesuffix("_total")] += sample.value
-            elif sample.name == "eas_edge_ttft_seconds_count":
-                values["ttft observed"] += sample.value
-            elif sample.name in ("eas_edge_announcements_total", "eas_edge_announce_batches_total") and sample.value:
-                # only an edge with the announce channel on has any: the others' line stays as it was
-                kind = "announced" if sample.name == "eas_edge_announcements_total" else "announce batches"
-                values[f"{kind} {sample.labels['result']}"] += sample.value
-    return "edge /metrics: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(values.items()))
+            if sample.name in SUMMED:
+                values[SUMMED[sample.name]] = values.get(SUMMED[sample.name], 0) + sample.value
+            elif sample.name in BY_LABEL:
+                key, label = BY_LABEL[sample.name]
+                by = values.setdefault(key, Counter())
+                by[sample.labels[label]] += sample.value
+    # an edge without the announce channel counts none: nothing to say about it
+    if not sum(values.get("announced", {}).values()) and not sum(values.get("announce_batches", {}).values()):
+        values.pop("announced", None)
+        values.pop("announce_batches", None)
+    return values

@@ -310,7 +310,7 @@ def _with_line(exc: MetricsParseError, kept: list[str], numbers: list[int]) -> M
 # "# TYPE name type" with the type each family has in vLLM, sample lines "name{labels} value [timestamp]"
 # with one space between the parts, labels name="value" pairs (escapes allowed), values spelled as the text
 # format spells them. Such text is read here to the same names, labels and values as prometheus_client's
-# parser reads it (tests/eas_agent/test_vllm_metrics.py compares both on every fixture and on the fault
+# parser reads it (tests/unit/eas_agent/test_vllm_metrics.py compares both on every fixture and on the fault
 # suite's scrapes), at a fraction of its cost: its label parser walks the text a character at a time, ~75 us
 # per sample, most of the agent's CPU per cycle. Anything else (other types, which make it rename or regroup
 # samples, other spellings, quoted names, __name__ labels) goes to prometheus_client, which decides.

@@ -7,6 +7,6 @@ Membership and health come from Consul (``vllm-iu`` services and their checks, t
 Entry points: ``eas-edge --config edge.yml`` and ``clusterctl edge serve``; config in :mod:`edge.config`.
 
 The edge imports only aiohttp, py-consul, prometheus-client, PyYAML, the protocol it shares with the agents
-(``eas_wire``) and the Consul layer (``consul_io``): no Ansible, click or rich (tests/edge/test_feed_config.py),
-nothing of the agent (tests/test_import_lint.py). Its own wheel: ``python -m provision.wheels edge DIR``.
+(``eas_wire``) and the Consul layer (``consul_io``): no Ansible, click or rich (tests/integration/edge/test_feed_config.py),
+nothing of the agent (tests/guards/test_import_lint.py). Its own wheel: ``python -m provision.wheels edge DIR``.
 """

@@ -334,11 +334,14 @@ task without a diff included (with why it has none).
                 and not self.partly_done())
 
     def reboot_line(self) -> str | None:
-        """One recap line naming the hosts that wait for a reboot (and why), or None."""
+        """One recap line naming the hosts that wait for a reboot, each reason once with its hosts, or None."""
         if not self.reboot_pending:
             return None
-        hosts = "; ".join(f"{host} ({why})" for host, why in sorted(self.reboot_pending.items()))
-        return f"reboot pending on {plural(len(self.reboot_pending), 'host')} (rerun with --allow-reboot): {hosts}"
+        hosts_of: dict[str, list[str]] = {}
+        for host, why in sorted(self.reboot_pending.items()):
+            hosts_of.setdefault(why, []).append(host)
+        reasons = "; ".join(f"{', '.join(hosts)}: {why}" for why, hosts in hosts_of.items())
+        return f"reboot pending on {plural(len(self.reboot_pending), 'host')} (rerun with --allow-reboot): {reasons}"
 
 
     def restart_line(self) -> str | None:

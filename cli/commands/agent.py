@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from common.errors import ClusterctlError, ExitCode
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
 from preflight.parsers.common import paste_lines, shell_prompt
 
 
-@click.group("agent", epilog=examples("clusterctl agent parse-metrics saved-metrics.txt"))
+@click.group("agent", cls=SuggestingGroup, epilog=examples("clusterctl agent parse-metrics saved-metrics.txt"))
 def command() -> None:
     """EAS agent helpers."""
 

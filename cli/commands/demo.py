@@ -14,15 +14,17 @@ from cli.help import examples
               help="Seconds of routed traffic.")
 @click.option("--rate", type=click.FloatRange(0.1, 200), default=None,
               help="Requests/s of the production mix (default: 0.8 per released IU).")
-@click.option("--keep", is_flag=True, help="Keep the temp dir (inventory, logs, preflight JSON).")
+@click.option("--keep", is_flag=True, help="Keep the temp dir (inventory, secrets, logs); provisioning's events and "
+              "the preflight run are kept under .state/demo/ either way.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seed of the request mix.")
 def command(nodes: int, racks: int, duration: float, rate: float | None, keep: bool, seed: int) -> None:
-    """Run the whole toolkit end to end on a temporary virtual cluster, offline (every node provisioned for
-    real: about 7-9 minutes for 4 nodes on 2 cores)."""
+    """Run the whole toolkit end to end on a temporary virtual cluster (every node provisioned for real: about
+    6 minutes for 4 nodes on 2 cores; the first run also builds the machines' image, 1-2 minutes more, and
+    needs the network for it)."""
     if racks > nodes:
         raise click.BadParameter("cannot have more racks than nodes", param_hint="--racks")
     # The demo sits above the CLI and drives the simulators: imported only when it runs
-    # (tests/test_import_lint.py: the CLI's lazy commands are the one import upward).
+    # (tests/guards/test_import_lint.py: the CLI's lazy commands are the one import upward).
     from cli.app import current
     from demo import scenario
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import click
 
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from common.errors import ClusterctlError, ExitCode, UsageError
 from consul_io import layout
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error")
 
 
-@click.group(name="dev", epilog=examples("clusterctl dev consul --addr 127.0.0.1:8500"))
+@click.group(name="dev", cls=SuggestingGroup, epilog=examples("clusterctl dev consul --addr 127.0.0.1:8500"))
 def command() -> None:
     """Development servers for tests and the demo (not for production)."""
 

@@ -38,7 +38,23 @@ from consul_io import layout
 from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
 from edge.pool import ConsulWatcher, PoolView
 
-CONSUL_HINT = "set --consul HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR"
+
+def address_origin(consul_addr: str | None, inventory: str | None, inv_addr: str | None) -> tuple[str, str, str]:
+    """(address, where it came from, what to do when it cannot be reached): the first of --consul, the
+    inventory's consul_http_addr, CONSUL_HTTP_ADDR and the default. The hint never suggests a setting that
+    a higher one overrides (CONSUL_HTTP_ADDR is not read when the inventory names an address)."""
+    env = os.environ.get("CONSUL_HTTP_ADDR")
+    if consul_addr:
+        return consul_addr, "--consul", "address from --consul: check it, and that Consul runs there"
+    if inv_addr:
+        ignored = f"; CONSUL_HTTP_ADDR={env} is not used: the inventory's address comes first" if env else ""
+        return (inv_addr, str(inventory), f"address from consul_http_addr in {inventory}{ignored}; pass --consul "
+                "HOST:PORT to reach another")
+    if env:
+        return env, "CONSUL_HTTP_ADDR", "address from CONSUL_HTTP_ADDR; set it, or pass --consul HOST:PORT"
+    return (layout.DEFAULT_HTTP_ADDR, "the default address",
+            "the default address (no --consul, no consul_http_addr from -i, no CONSUL_HTTP_ADDR); pass --consul "
+            "HOST:PORT, -i INVENTORY, or set CONSUL_HTTP_ADDR")
 
 
 def _inventory_settings(
@@ -95,8 +111,7 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     inv_addr = inv_dc = inv_token = None
     if inventory:
         inv_addr, inv_dc, inv_token, expected = _inventory_settings(inventory, vault_password_file)
-    addr = str(consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", layout.DEFAULT_HTTP_ADDR))
-    source = "--consul" if consul_addr else str(inventory) if inv_addr else "CONSUL_HTTP_ADDR"
+    addr, source, hint = address_origin(consul_addr, inventory, inv_addr)
     dc = str(datacenter or inv_dc or layout.DEFAULT_DATACENTER)
     try:
         if token_file:
@@ -120,7 +135,7 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     try:
         watcher.refresh_once()
     except ConsulUnavailable as exc:
-        raise ClusterctlError(neterr.unreachable("Consul", addr, exc, CONSUL_HINT), ExitCode.UNREACHABLE) from exc
+        raise ClusterctlError(neterr.unreachable("Consul", addr, exc, hint), ExitCode.UNREACHABLE) from exc
     console = app.current().console
     if not watch:
         data = rows(view, expected, time.time())

@@ -1,7 +1,7 @@
 """``clusterctl virtual create|up|down|status``: simulated machines for the virtual inventory.
 
 The simulators live in the top-level ``sim`` package, which production modules never import
-(tests/test_import_lint.py); this command imports it inside each command function, only when run.
+(tests/guards/test_import_lint.py); this command imports it inside each command function, only when run.
 
 Every subcommand takes the inventory as ``-i DIR`` like the rest of the CLI; the older positional
 ``DIR`` still works and prints a deprecation note (after the command's work, so an error stays one line).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from cli.options import vault_password_file_option
 from cluster.ansible import vault
 from cluster.model import GPU_MODELS
@@ -58,7 +58,7 @@ def _running(status) -> bool:
     return status.state != "stopped"
 
 
-@click.group("virtual", epilog=examples(
+@click.group("virtual", cls=SuggestingGroup, epilog=examples(
     "clusterctl virtual create -i mycluster --nodes 4 --racks 2",
     "clusterctl virtual up -i mycluster",
     "clusterctl virtual status -i mycluster",

@@ -1,8 +1,8 @@
 """How ``clusterctl scores`` and the demo's routing view draw the pool: rows from the reader's view, each
-score as the sum of its (weighted) terms, the inputs behind them, and why an anomaly flag was raised.
+score as the sum of its (weighted) terms, the inputs behind them, and what an anomaly flag means.
 
 Rendering only, apart from the command: the demo (:mod:`demo.scenario`, above the CLI) draws the same table
-through this module; the views are the part of ``cli`` the demo may import (tests/test_import_lint.py).
+through this module; the views are the part of ``cli`` the demo may import (tests/guards/test_import_lint.py).
 """
 
 from __future__ import annotations
@@ -98,35 +98,50 @@ def inputs_text(components: dict) -> str:
     return ", ".join(parts)
 
 
-def flag_why(row: dict, data: list[dict]) -> str:
-    """Why the reader flagged this IU, in the detector's own terms (edge/pool/anomaly.py)."""
-    from edge.pool.anomaly import AnomalyDetector
+# the detector's verdicts (edge/pool/anomaly.py) in an operator's words; "busy" is no anomaly (shown dim)
+FLAG_WORDS = {"frozen": "stuck", "ramp": "warming up", "high_outlier": "odd score", "busy": "busy"}
+NARROW = 100  # below this many columns a flag is its word alone (its why is in the wide table and --json)
+
+
+def flag_why(row: dict, data: list[dict], short: bool = False) -> str:
+    """The reader's flag on this IU (edge/pool/anomaly.py) in an operator's words: what is wrong (or, for
+    ``busy``, that nothing is: a long prompt is being prefilled) and what routing does about it; ``short``:
+    the word alone."""
+    from edge.pool.anomaly import AnomalyDetector, own_prefill_s
 
     flag, detector = row["anomaly"], AnomalyDetector()
     if not flag:
         return ""
+    word = FLAG_WORDS.get(flag, flag)
+    if short:
+        return word
+    if flag == "busy":
+        own = own_prefill_s(ScoreTerms.of(row["components"])[0])
+        return f"{word}: {own:.2g}s of its own prompts to prefill; new requests go elsewhere until then"
     if flag == "high_outlier":
         scores = sorted(r["score"] for r in data if r["score"] is not None)
         median = f" vs pool median {scores[len(scores) // 2]:.3g}" if scores else ""
         score = f" {row['score']:.3g}" if row["score"] is not None else ""
-        return f"high_outlier:{score}{median}; gated (weight 0)"
+        return f"{word}:{score}{median}, not explained by its own work; no traffic while it lasts"
     if flag == "frozen":
         terms = ScoreTerms.of(row["components"])[0]
         pending = (terms.running or 0) + (terms.waiting or 0)
-        return (f"frozen: no new tokens for {detector.frozen_s:g}s, {_num(pending)} requests pending; "
-                f"weight {_num(row['weight'])}")
+        return (f"{word}: no new tokens for {detector.frozen_s:g}s with {_num(pending)} requests pending; "
+                f"gets {_num(row['weight'] * 100)}% of its traffic")
     if flag == "ramp":
-        return f"ramp: new or back in rotation; weight rises to 1 in {detector.ramp_s:g}s"
-    return flag
+        return f"{word}: new or back in rotation; full traffic in {detector.ramp_s:g}s"
+    return word
 
 
-def table(data: list[dict], title: str, width: int = 160) -> Table:
+CAPTION = "score = the sum of its terms (weighted ones: weight x value; zeros left out); every component: --json"
+
+
+def table(data: list[dict], title: str, width: int = 160, caption: str | None = CAPTION) -> Table:
     """The scores table laid out for ``width`` columns: narrow terminals get the IU, score, its terms,
-    health and flag; wide ones the rack, node and the inputs too. Cells fold, never cut to "..."."""
+    health and flag (its word alone below :data:`NARROW` columns); wide ones the rack, node and the inputs
+    too. Cells fold, never cut to "..."."""
     wide = width >= WIDE
-    t = Table(title=title, title_justify="left", caption_justify="left",
-              caption="score = the sum of its terms (weighted ones: weight x value; zeros left out); "
-                      "every component: --json")
+    t = Table(title=title, title_justify="left", caption_justify="left", caption=caption)
     columns = ["IU"] + (["rack", "node"] if wide else []) + ["score", "= terms"]
     columns += (["inputs"] if wide else []) + ["age", "health", "flag"]
     for column in columns:
@@ -141,7 +156,8 @@ def table(data: list[dict], title: str, width: int = 160) -> Table:
         cells = [Text(r["iu"])] + ([Text(r["rack"]), Text(r["node"])] if wide else [])
         cells += [score, Text(terms_text(r["components"]))]
         cells += ([Text(inputs_text(r["components"]))] if wide else [])
-        cells += [age, health, Text(flag_why(r, data), style="yellow")]
+        flag_style = "dim" if r["anomaly"] == "busy" else "yellow"
+        cells += [age, health, Text(flag_why(r, data, short=width < NARROW), style=flag_style)]
         t.add_row(*cells)
     return t
 

@@ -1,4 +1,4 @@
-"""The one package of clusterctl that imports Ansible (tests/test_import_lint.py keeps it so).
+"""The one package of clusterctl that imports Ansible (tests/guards/test_import_lint.py keeps it so).
 
 :mod:`cluster.ansible.inventory` loads an inventory with Ansible's own InventoryManager and
 VariableManager and templates/decrypts the variables of :mod:`cluster.spec`; :mod:`cluster.ansible.vault`

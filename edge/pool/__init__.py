@@ -1,6 +1,6 @@
 """The edge's reader of the pool: score bodies (eas_wire.scorebody) and Consul health folded into a view,
 and the pick over it. ``clusterctl scores``, the demo and the benchmarks read the pool with it too; the agent
-never imports it (tests/test_import_lint.py).
+never imports it (tests/guards/test_import_lint.py).
 
     view = PoolView(dc=datacenter)                 # state: KV scores + Consul health + anomaly verdicts
     watcher = ConsulWatcher(view, ConsulIO(addr))  # rate-limited blocking queries keep it fresh

@@ -11,7 +11,7 @@
   is the vault value when set, else the token read from the 0600 file on the controller; a bad file fails
   naming it. The same function as every Python reader's (cluster.settings.Consul.operator_token).
 
-Consul names come from ``consul_io/layout.py`` only (``tests/consul_io/test_layout.py`` scans the roles'
+Consul names come from ``consul_io/layout.py`` only (``tests/unit/consul_io/test_layout.py`` scans the roles'
 and playbooks' YAML for hand-written ones); the agent's address, scheme and datacenter from the
 ``cluster_node`` filter's ``consul`` block.
 """

@@ -60,7 +60,7 @@ class RoutingTransport:
     """Picks the transport per node from ``ansible_connection``, as Ansible does (no 'is this virtual?')."""
 
     def __init__(self) -> None:
-        # No injection points: tests script whole transports (tests/preflight/helpers.py) instead.
+        # No injection points: tests script whole transports (tests/helpers/preflight.py) instead.
         self.local: Transport = LocalTransport()
         self.ssh: Transport = SshTransport()
 

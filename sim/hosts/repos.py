@@ -19,7 +19,7 @@ Layout under ``$CLUSTERCTL_REPO_CACHE`` (default /var/cache/clusterctl/repos), o
     server.pid, server.log, users/<digest>   the one server process and the state dirs using it
 
 The index's third-party wheels are downloaded once into ``~/.cache/clusterctl/pypi-wheels`` (shared with
-tests/sim/test_pypi.py).
+tests/integration/sim/test_pypi.py).
 
 One server serves every inventory that is up (the address is fixed); each ``up`` registers its state dir under
 ``users/`` and each ``down`` removes it; the server stops when no registered state dir has machines left. It is
@@ -43,7 +43,7 @@ from pathlib import Path
 from common.errors import ClusterctlError
 from sim.hosts import image
 
-# CLUSTERCTL_REPO_ADDRESS moves the server (tests/virtual/test_repos.py runs its own beside a suite's).
+# CLUSTERCTL_REPO_ADDRESS moves the server (tests/machines/sim/hosts/test_repos.py runs its own beside a suite's).
 ADDRESS, _, _PORT = os.environ.get("CLUSTERCTL_REPO_ADDRESS", "127.0.255.1:8080").partition(":")
 PORT = int(_PORT)
 BASE_URL = f"http://{ADDRESS}:{PORT}"

@@ -9,7 +9,7 @@ the three ways the simulators put it under the agent's unchanged ``NvmlBackend``
   instance of the module of its own, so that agents in one process each read their node's file.
 
 Nothing here ships with the agent: production imports ``pynvml`` by name, never this package
-(tests/test_import_lint.py).
+(tests/guards/test_import_lint.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The virtual cluster's package index serves it as the ``nvidia-ml-py`` distributi
 the machines run the agent unchanged, with ``gpu_backend: nvml``; an ``eas-agent run`` subprocess beside the
 tests gets it first on its PYTHONPATH (sim/nvml_standin/__init__.py). Names, signatures, return types
 (ctypes structures with the same fields, in the same units), error codes and the ``NVMLError`` subclasses
-are nvidia-ml-py's; tests/sim/test_nvml_standin.py compares the signatures with the real module.
+are nvidia-ml-py's; tests/integration/sim/test_nvml_standin.py compares the signatures with the real module.
 
 The file (``CLUSTERCTL_SIM_NVML_FILE``, else /run/clusterctl-sim/nvml.json, where ``virtual up`` puts it on
 every machine), written by sim/vllm/fake_gpu.py and re-read when it changes::

@@ -1,0 +1,36 @@
+"""A provisioned virtual cluster shared by the provisioning tests of one module.
+
+`clusterctl virtual create` (3 nodes in 2 racks, the last rack RoCE) + `up` in a tmp dir; one host gets a
+different CPU topology so that CPU lists provably come from the host's sysfs. The eas-agent token is a
+vault-encrypted variable on r01n01. site.yml runs once in --check --diff (must change nothing), then for real,
+then again (must change nothing). `down` always runs in teardown. (The cluster's class and inventory are in
+tests/helpers/provision.py.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers.provision import VirtualCluster, clusterctl, write_inventory
+
+
+@pytest.fixture(scope="module")
+def provisioned(tmp_path_factory) -> VirtualCluster:
+    inventory = tmp_path_factory.mktemp("provision") / "inventory"
+    write_inventory(inventory)
+    env = dict(os.environ, ANSIBLE_VAULT_PASSWORD_FILE=str(inventory.parent / "vault-password"))
+    cluster = VirtualCluster(inventory, ("r01n01", "r01n02", "r02n01"), env)
+    up = clusterctl("virtual", "up", "-i", str(inventory))
+    assert up.returncode == 0, up.stderr
+    try:
+        cluster.snapshots["fresh"] = cluster.upper_snapshot()
+        cluster.provision("check", "--check", "--diff", "--batches", "100%")
+        cluster.snapshots["after-check"] = cluster.upper_snapshot()
+        cluster.provision("first", "--batches", "100%")
+        cluster.provision("second", "--batches", "100%")
+        yield cluster
+    finally:
+        down = clusterctl("virtual", "down", "-i", str(inventory))
+        assert down.returncode == 0, down.stderr
