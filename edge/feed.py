@@ -58,11 +58,12 @@ class EdgeView(PoolView):
     blank_bad_scores = True
 
     def node_addresses(self) -> dict[str, str]:
-        """node -> the address of its IUs' services (where its agent listens)."""
+        """node -> the address of its IUs' services (where its agent listens): only registrations on that
+        catalog node that passed the view's ownership checks, so no node can name another's agent address."""
         addresses: dict[str, str] = {}
         with self.lock:
-            services = list(self.health.values())
-        for _health, service, node in services:  # node: the IU's owner as the view resolved it
+            services = list(self.health.items())
+        for (node, _iu), (_health, service) in services:
             address = service.get("Address")
             if node and address:
                 addresses.setdefault(node, address)

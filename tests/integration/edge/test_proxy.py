@@ -76,13 +76,13 @@ def test_malformed_json_is_400_with_the_parse_error_and_unknown_model_is_404(poo
 
 
 def test_maintenance_and_critical_ius_never_get_traffic(pool):
-    pool.io.service_maintenance("n1-iu0", True, "test")
+    pool.maintenance("n1-iu0", "test")
     with running_edge(pool) as edge:
         with urllib.request.urlopen(edge.url("/healthz"), timeout=5) as answer:
             assert json.load(answer)["routable_ius"] == 1
         served = {post(edge.url("/v1/completions"), completion(tokens=1))[1]["X-Eas-IU"] for _ in range(12)}
         assert served == {"n0-iu0"}
-        pool.io.service_maintenance("n0-iu0", True, "test")
+        pool.maintenance("n0-iu0", "test")
         wait_for(lambda: not edge.state.view.snapshot().healthy, 5, "both IUs out of the view")
         status, headers, body = post(edge.url("/v1/completions"), completion(tokens=1))
         assert status == 503 and headers["Retry-After"] == "1" and b"no healthy IU" in body
@@ -223,7 +223,7 @@ def test_consul_lost_later_keeps_routing_then_fails_open(consul_addr):
 def canned_iu(pool: Pool, iu_id: str, host: str, address: str, answer: bytes) -> tuple[socket.socket, list[bytes]]:
     """The pool's only routable IU becomes ``iu_id`` at ``host`` (its Consul address), a loopback listener
     on ``address`` that reads one request per connection, keeps it, sends ``answer`` and closes."""
-    from sim.vllm.registration import IUService, register_iu_service
+    from sim.vllm.registration import IUService
 
     listener = socket.socket()
     listener.bind((address, 0))
@@ -242,9 +242,8 @@ def canned_iu(pool: Pool, iu_id: str, host: str, address: str, answer: bytes) ->
 
     threading.Thread(target=serve, daemon=True).start()
     pool.ius["n0-iu0"].stop()
-    pool.io.service_maintenance("n0-iu0", True, f"only {iu_id}")
-    register_iu_service(pool.io, IUService(iu_id, iu_id.split("-")[0], "r1", host, listener.getsockname()[1], (0,), 0),
-                        http_check=False)
+    pool.maintenance("n0-iu0", f"only {iu_id}")
+    pool.register(IUService(iu_id, iu_id.split("-")[0], "r1", host, listener.getsockname()[1], (0,), 0))
     return listener, seen
 
 
