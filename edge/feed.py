@@ -79,7 +79,7 @@ class EdgeView(PoolView):
         if cached is not None and cached[0] is health:
             return cached[1]
         models = {}
-        for iu_id, (_health, service, _node) in health.items():
+        for (_node, iu_id), (_health, service) in health.items():
             meta = service.get("Meta")
             model = meta.get("model") if isinstance(meta, dict) else None
             models[iu_id] = model if isinstance(model, str) and model else None

@@ -48,7 +48,7 @@ def register_on_catalog_node(io: ConsulIO, service: IUService, node_address: str
     an IU's owner from its catalog node only, so an instance registered on the one agent would belong to that
     agent's node. No agent runs checks for it (the catalog holds no TTL or HTTP runner)."""
     registration = services.iu_registration(service.iu_id, service.node, service.rack, service.address,
-                                            service.port, service.gpus, service.numa_node)
+                                            service.port, service.gpus, service.numa_node, model=service.model)
     entity = {"Service": registration["name"], "ID": registration["id"], "Address": registration["address"],
               "Port": registration["port"], "Tags": registration["tags"], "Meta": registration["meta"]}
     if not io.client.catalog.register(service.node, node_address, service=entity, token=io.token):

@@ -227,8 +227,7 @@ class ScriptedIU:
 
         self.port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
         declared = {"model": model} if model else {}
-        register_iu_service(pool.io, IUService(iu_id, iu_id.split("-")[0], "r1", address, self.port, (0,), 0,
-                                               **declared), http_check=False)
+        pool.register(IUService(iu_id, iu_id.split("-")[0], "r1", address, self.port, (0,), 0, **declared))
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
