@@ -122,6 +122,28 @@ def test_first_run_succeeds_on_every_host(provisioned):
     assert "rollout complete: 3 hosts" in run.stdout
 
 
+def test_a_run_without_allow_reboot_leaves_the_daemons_stopped_and_says_which_driver_is_loaded(provisioned):
+    """The machines boot with their preinstalled driver (550.90.07), the pin is 550.127.08: the packages are
+    installed and the module built, but the old module stays loaded until a reboot, so Fabric Manager and
+    persistenced (which refuse another loaded module) are enabled, not started, and the recap says why."""
+    pin, old = DRIVER_VERSIONS
+    run = provisioned.runs["first"]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("reboot pending on 3 hosts"))
+    for host in provisioned.hosts:
+        assert f"{host} (" in line and f"NVIDIA driver: loaded {old}, pinned {pin}" in line, line
+    assert provisioned.snapshots["driver-after-first"] == {h: (old, "inactive", "inactive") for h in provisioned.hosts}
+
+
+def test_allow_reboot_restarts_the_machines_into_the_pinned_driver_and_starts_its_daemons(provisioned):
+    pin = DRIVER_VERSIONS[0]
+    run = provisioned.runs["reboot"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert provisioned.snapshots["driver-after-reboot"] == {h: (pin, "active", "active") for h in provisioned.hosts}
+    events = (provisioned.run_dirs["reboot"] / "events.jsonl").read_text()
+    assert "Check that the node booted into the pinned NVIDIA driver" in events
+    assert "reboot pending" not in provisioned.runs["second"].stdout
+
+
 def test_second_run_changes_nothing(provisioned):
     run = provisioned.runs["second"]
     assert run.returncode == 0, run.stdout[-3000:]
