@@ -216,7 +216,8 @@ def test_the_daemons_are_enabled_but_started_only_on_the_pinned_driver_and_verif
     assert any("_nvidia_stack_driver_ready" in condition for condition in handler["when"])
     reboot = yaml.safe_load((REPO / "playbooks/tasks/reboot.yml").read_text())
     verify = _task(reboot, "Verify the NVIDIA driver the node booted into")
-    assert verify["ansible.builtin.include_role"] == {"name": "nvidia_stack", "tasks_from": "verify.yml"}
+    assert verify["ansible.builtin.include_role"] == {"name": "nvidia_stack", "tasks_from": "verify.yml",
+                                                       "apply": {"tags": ["always"]}}
     assert [t["name"] for t in reboot].index("Reboot the host") < [t["name"] for t in reboot].index(verify["name"])
 
 
