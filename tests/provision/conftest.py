@@ -31,6 +31,7 @@ def provisioned(tmp_path_factory) -> VirtualCluster:
         cluster.snapshots["after-check"] = cluster.upper_snapshot()
         cluster.provision("first", "--batches", "100%")
         cluster.snapshots["driver-after-first"] = cluster.driver_state()
+        cluster.snapshots["ius-after-first"] = cluster.iu_states()
         cluster.provision("reboot", "--batches", "100%", "--allow-reboot")
         cluster.snapshots["driver-after-reboot"] = cluster.driver_state()
         cluster.provision("second", "--batches", "100%")

@@ -100,6 +100,10 @@ class VirtualCluster:
             state[host] = (loaded, *daemons.stdout.split())
         return state
 
+    def iu_states(self) -> dict[str, str]:
+        """host -> `systemctl is-active` of its first IU."""
+        return {host: self.on_host(host, "systemctl", "is-active", "vllm-iu@0").stdout.strip() for host in self.hosts}
+
     def provision(self, name: str, *args: str) -> subprocess.CompletedProcess:
         run_dir = self.inventory.parent / f"run-{name}"
         result = clusterctl("provision", "-i", str(self.inventory), "--run-dir", str(run_dir), *args, env=self.env)

@@ -471,3 +471,16 @@ def test_handlers_run_even_when_a_later_task_fails_the_host():
              for play in yaml.safe_load(path.read_text())]
     assert [(name, play.get("name")) for name, play in plays
             if not any(k.endswith("import_playbook") for k in play) and play.get("force_handlers") is not True] == []
+
+
+def test_ius_wait_for_the_pinned_driver_and_a_start_limit_hit_before_does_not_block_the_rerun():
+    tasks = _role_tasks("inference_unit", "main.yml")
+    names = [t["name"] for t in tasks]
+    start = _task(tasks, "Enable and start each IU")
+    assert start["ansible.builtin.systemd_service"]["state"] == (
+        "{{ 'started' if _nvidia_stack_driver_ready | default(true) | bool else omit }}")
+    reset = _task(tasks, "Clear the start limit of IUs that failed before")
+    assert names.index(reset["name"]) < names.index(start["name"])
+    argv = _templar({"_inference_unit_node": {"ius": [{"index": 0}, {"index": 1}]}})(
+        reset["ansible.builtin.command"]["argv"])
+    assert argv == ["systemctl", "reset-failed", "vllm-iu@0.service", "vllm-iu@1.service"]
