@@ -11,7 +11,9 @@ Every entry mirrors a package of NVIDIA's CUDA repository for Ubuntu 22.04
 | nvidia-utils-550 | same | `/usr/bin/nvidia-smi` (the simulated hardware answers) |
 | nvidia-compute-utils-550 | same | `/usr/bin/nvidia-persistenced` + Ubuntu's unit, which passes `--no-persistence-mode` |
 | libnvidia-compute-550, nvidia-kernel-common-550, nvidia-kernel-source-550-open | same | marker libraries/sources |
-| nvidia-fabricmanager-550 | 550.127.08-1, 550.90.07-1 | `nv-fabricmanager` + NVIDIA's unit; refuses to start on a driver of another version |
+| nvidia-dkms-550-open | same | postinst as dkms's: builds the module only with the running kernel's headers |
+| nvidia-fabricmanager-550 | 550.127.08-1, 550.90.07-1 | `nv-fabricmanager` + NVIDIA's unit; refuses a loaded module of another version |
+| linux-headers-$(uname -r) | 1.0-0clusterctl1 | the `/lib/modules/<release>/build` link dkms looks for |
 | cuda-toolkit-12-4 | 12.4.1-1 | `/usr/local/cuda-12.4` with `nvcc --version` and `version.json` |
 | libnccl2, libnccl-dev | 2.21.5-1+cuda12.4, 2.20.5-1+cuda12.4 | `libnccl.so.2.x.y`, `nccl.h` with NCCL_MAJOR/MINOR/PATCH |
 | datacenter-gpu-manager | 1:3.3.9 | `nv-hostengine`, `dcgmi` and DCGM's `nvidia-dcgm.service` |
@@ -22,10 +24,13 @@ preinstalled and FM pinned to 550.127.08). NVIDIA's Fabric Manager package does 
 (NVIDIA/apt-packaging-fabric-manager, debian/templates/control.in: `Depends: ${misc:Depends}, libc6,
 systemd-coredump`), so apt happily installs a skewed pair, exactly as on a real host.
 
+How the driver stand-ins behave against the loaded kernel module, and the sources: README.md beside this file.
+
 Where the vendor ships a hardware tool, the stand-in is a two-line launcher of the simulated host's stub
 program (``SIM_TOOL``, provided by the machine: see sim/hosts); daemons are small POSIX shell programs that
 check what the real daemon checks at start (versions, arguments) and then idle. What is simplified, and why:
-- the kernel module packages carry no module (the machines share this machine's kernel);
+- the module DKMS "builds" is a file holding its version (the machines share this machine's kernel; see
+  sim/hosts/nvidia_module.py for how it is loaded at boot);
 - cuda-toolkit-12-4 is one package (NVIDIA's pulls ~40 cuda-* packages; only the path and version matter to
   the roles and preflight);
 - nv-hostengine does not listen on 127.0.0.1:5555: every machine shares this machine's network namespace,
