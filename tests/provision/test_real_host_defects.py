@@ -223,6 +223,13 @@ def test_the_daemons_are_enabled_but_started_only_on_the_pinned_driver_and_verif
 
 def test_check_mode_previews_a_driver_bump_without_the_skew_check_or_unit_lookups():
     tasks = _role_tasks("nvidia_stack", "packages.yml")
+    # the old pin file stays in check mode: apt would find no candidate for the new pin
+    for name in ("Install the driver and Fabric Manager at the exact driver version", "Install the CUDA toolkit and NCCL"):
+        assert _task(tasks, name)["when"] == "not ansible_check_mode or _nvidia_stack_apt_resolves | bool"
+    note = _task(tasks, "Note whether the loaded NVIDIA driver is the pinned one")["ansible.builtin.set_fact"]
+    assert "_nvidia_stack_pins is not changed" in note["_nvidia_stack_apt_resolves"]
+    assert _task(_role_tasks("nvidia_stack", "main.yml"), "Pin the driver, Fabric Manager and NCCL versions and write "
+                 "/etc/nccl.conf")["register"] == "_nvidia_stack_pins"
     assert _task(tasks, "Check that the driver and Fabric Manager are exactly the pinned version")["when"] == (
         "not ansible_check_mode")
     for name in ("Enable nvidia-persistenced and, on NVSwitch systems, Fabric Manager",
