@@ -19,13 +19,15 @@ import time
 import urllib.request
 
 import psutil
-from verdict import shown  # bench/, the script's own dir
+import results  # bench/, the script's own dir
+from verdict import shown
 
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from eas_agent.collectors.vllm import HttpFetcher, VllmCollector
+from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.score import IUInputs, Scorer
 from eas_agent.vllm_metrics import parse_vllm_metrics
+from eas_wire.fetch import HttpFetcher
 from sim.vllm.node import SimulatedNode
 
 TARGET_PERCENT = 2.0  # of one core, all the agent's threads
@@ -80,6 +82,7 @@ def parts(node: SimulatedNode, rounds: int = 300) -> list[tuple[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
+    results.add_argument(parser, __file__)
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -144,6 +147,14 @@ def main() -> None:
         percent = 100 * cpu / wall
         print(f"\ntarget: agent CPU {shown(percent, TARGET_PERCENT)}% of one core (< {TARGET_PERCENT:g}%): "
               f"{'met' if percent < TARGET_PERCENT else 'NOT met'}")
+        per_cycle_ms = 1000 * cpu / max(cycles, 1)
+        results.record(args.results, script=__file__, target=f"< {TARGET_PERCENT:g}% of one core",
+                       verdict="met" if percent < TARGET_PERCENT else "not met",
+                       numbers={"agent_cpu_pct_of_a_core": round(percent, 3), "cpu_ms_per_cycle": round(per_cycle_ms, 2),
+                                "cycles_per_s": round(cycles / wall, 2),
+                                "kv_writes_per_s": round((writes1 - writes0) / wall, 2)},
+                       summary=f"{wall:.0f} s window: {shown(percent, TARGET_PERCENT)}% of a core "
+                               f"({per_cycle_ms:.2f} ms per cycle); KV writes {(writes1 - writes0) / wall:.2f}/s")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ Printed per mode: the edge's CPU per request, the agents' CPU per request (all 1
 announcements they count and the extra bodies they push), announce batches and pushed bodies per request,
 the edge's sockets, and time to first byte through the edge (p50 / p99). The difference between the rows
 is what the channel costs; a request's announcement is one small POST on a kept-alive connection to its
-node's agent and one extra pushed body back from that agent to each edge. No verdict: the issue asks for
-the cost to be measured, not for a limit. The machine's other load shows in every number.
+node's agent and one extra pushed body back from that agent to each edge. No verdict: the cost is
+measured and reported, with no limit set for it. The machine's other load shows in every number.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from dataclasses import replace
 from consul_io import layout
 from eas_agent.announce import NodeAnnouncements
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 nodes, port, net, token = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.stdin.readline().strip()
 
 class Node:

@@ -21,6 +21,8 @@ import math
 import random
 import time
 
+import results  # bench/, the script's own dir
+
 from consul_io import layout
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.publisher import QUANTIZER_BASE, QUANTIZER_MIN_CHANGE, Publisher, Quantizer
@@ -32,6 +34,9 @@ from sim.vllm.loadmodel import LoadModel
 INTERVAL_S = 0.2
 IUS_PER_NODE = 2
 WARMUP_S = 30.0
+MAX_WRITES_PER_NODE_S = 1.0  # the write budget
+MIN_FEWER_THAN_NAIVE = 10.0
+MAX_AGE_P99_S = 2.0  # one heartbeat
 
 
 class CountingStore(MemoryStore):
@@ -153,6 +158,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--duration", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=1)
+    results.add_argument(parser, __file__)
     args = parser.parse_args()
     started = time.perf_counter()
     print(
@@ -204,6 +210,20 @@ def main() -> None:
         f"{256 / IUS_PER_NODE * default['raft_per_node_s']:.0f} writes/s  "
         f"(bench wall time {time.perf_counter() - started:.0f} s)"
     )
+    fewer = default["naive_per_node_s"] / default["raft_per_node_s"]
+    met = (default["kv_per_node_s"] <= MAX_WRITES_PER_NODE_S and fewer >= MIN_FEWER_THAN_NAIVE
+           and default["age_p99"] <= MAX_AGE_P99_S)
+    print(f"target: default {default['kv_per_node_s']:.3f} KV writes/node/s (<= {MAX_WRITES_PER_NODE_S:g}), "
+          f"{fewer:.1f}x fewer than naive (>= {MIN_FEWER_THAN_NAIVE:g}x), score age p99 {default['age_p99']:.2f} s "
+          f"(<= {MAX_AGE_P99_S:g} s): {'met' if met else 'NOT met'}")
+    results.record(args.results, script=__file__, verdict="met" if met else "not met",
+                   target=f"<= {MAX_WRITES_PER_NODE_S:g} write/s per node, >= {MIN_FEWER_THAN_NAIVE:g}x fewer than naive, "
+                          f"score age p99 <= one heartbeat ({MAX_AGE_P99_S:g} s)",
+                   numbers={"kv_writes_per_node_s": round(default["kv_per_node_s"], 3),
+                            "fewer_than_naive": round(fewer, 1), "score_age_p50_s": round(default["age_p50"], 2),
+                            "score_age_p99_s": round(default["age_p99"], 2), "write_reasons": default["reasons"]},
+                   summary=f"{default['kv_per_node_s']:.3f} KV writes/node/s, {fewer:.1f}x fewer than naive, score age "
+                           f"p50 / p99 {default['age_p50']:.2f} / {default['age_p99']:.2f} s")
 
 
 if __name__ == "__main__":

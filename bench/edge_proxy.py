@@ -23,7 +23,7 @@
    less CPU from the proxy it measures). The verdict is the edge on its default loop, asyncio's.
    Placement (``--layout``): by default the proxy under test runs on a CPU of its own and the client, the
    stand-in IUs and the dev Consul on the others, as an edge is deployed (on its own cores, not beside its
-   load generator); ``--layout shared`` lets every process run anywhere (the numbers before 2026-12-04).
+   load generator); ``--layout shared`` lets every process run anywhere.
    The hypervisor's steal: a round during which it took more than ``STEAL_LIMIT`` of the host's CPU time
    (``/proc/stat``) is run again, every path of it, with the same schedule (at most ``--rounds`` times in all;
    the kept rounds' and the redone rounds' steal are printed): on this VM such rounds are the ones whose p99
@@ -48,6 +48,7 @@ import sys
 import time
 from pathlib import Path
 
+import results
 from edge_procs import (  # bench/, the script's own dir
     BARE_PROXY,
     CHUNK_GAP_S,
@@ -64,7 +65,7 @@ from measure import cpu_seconds, cpu_ticks, percentile, steal_share, tcp_connect
 from verdict import shown
 
 from consul_io import layout
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -79,7 +80,7 @@ AGENTS = r'''
 import json, sys, threading, time
 from consul_io import layout
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 nodes, port = int(sys.argv[1]), int(sys.argv[2])
 servers = []
 for n in range(nodes):
@@ -306,7 +307,8 @@ def ttfb_verdict(added_p99_ms: float, row: dict) -> str:
     return "met" if added_p99_ms <= TARGET_TTFB_P99_MS else "NOT met"
 
 
-def report_overhead(rows: list[dict], verdict_loop: str, placement: str = "") -> list[str]:
+def report_overhead(rows: list[dict], verdict_loop: str, placement: str = "", numbers: dict | None = None) -> list[str]:
+    """The printed tables and target line; ``numbers`` (when given) receives what a result file records."""
     lines = ["Proxy overhead, streamed completions (8 chunks, 5 ms apart), ms; added = through the edge - direct;",
              "bare = the same aiohttp hop with no routing (any Python proxy's floor on this host); edge's own =",
              "edge - bare on the same event loop; client lag p99 = how late the open-loop client itself sent",
@@ -339,6 +341,16 @@ def report_overhead(rows: list[dict], verdict_loop: str, placement: str = "") ->
                 verdicts.append(f"target: added p99 to first byte at 200 req/s (edge on {loop}{placement}) = "
                                 f"{shown(added[1], TARGET_TTFB_P99_MS)} ms over {len(spread)} rounds pooled (per round {min(spread):.2f}-"
                                 f"{max(spread):.2f}; target <= {TARGET_TTFB_P99_MS:g} ms): {ttfb_verdict(added[1], row)}")
+                if numbers is not None:
+                    numbers.update({"added_p99_first_byte_ms_pooled": round(added[1], 2),
+                                    "added_p99_per_round_ms": [round(min(spread), 2), round(max(spread), 2)],
+                                    "added_p50_ms": round(added[0], 2),
+                                    "bare_hop_p99_ms": round(bare[1] - stats["direct"][1], 2),
+                                    "edge_own_p99_ms": round(edge[1] - bare[1], 2)})
+                    cpu_s = row["cpu_s"].get(f"edge {loop}")
+                    if cpu_s is not None:
+                        served = max(1, len(row["paths"][f"edge {loop}"]["ttfb"]))
+                        numbers["edge_cpu_ms_per_request"] = round(1e3 * cpu_s / served, 2)
         lines.append(steal_line(row))
     return lines + verdicts
 
@@ -358,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", choices=("dedicated", "shared"), default="dedicated",
                         help="dedicated (default): the proxy under test on a CPU of its own, as an edge is deployed, "
                              "everything else on the others; shared: every process on every CPU")
+    results.add_argument(parser, __file__)
     args = parser.parse_args(argv)
     loops = [name for name in args.loops.split(",") if name]
     if not uvloop and ("uvloop" in loops or args.client_loop == "uvloop"):
@@ -379,8 +392,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = overhead([float(r) for r in args.rates.split(",") if r], args.duration, max(1, args.rounds), consul,
                         loops, args.client_loop, layout)
         print(f"client and stand-in IUs on {args.client_loop}")
-        for line in report_overhead(rows, "asyncio" if "asyncio" in loops else loops[-1], placement):
+        numbers: dict = {}
+        lines = report_overhead(rows, "asyncio" if "asyncio" in loops else loops[-1], placement, numbers)
+        for line in lines:
             print(line)
+    if numbers:  # a 200 req/s row: the target line is the last
+        results.record(args.results, script=__file__, numbers=numbers, summary=lines[-1],
+                       argv=[__file__, *(sys.argv[1:] if argv is None else argv)], verdict=results.verdict_of(lines[-1]),
+                       target=f"added p99 to first byte at 200 req/s <= {TARGET_TTFB_P99_MS:g} ms")
     if args.push_nodes:
         with DevConsul() as consul:
             push = push_cost(args.push_nodes, args.push_window, consul)

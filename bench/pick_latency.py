@@ -8,7 +8,7 @@ sampling), and no fresh score (fail-open scan).
 Then what feeds those picks: the view folding in pushed bodies (``apply_polled``, the edge's flush every
 20 ms), timed side by side for a flush that carries a new body from a tenth of the nodes (what an edge of
 128 nodes at 5 bodies/s per node folds per 20 ms) and one that carries every node's (a full rebuild).
-Reference numbers, no target: the edge's CPU is what they move (edge/README.md, "What it costs").
+The flushes are reference numbers, no target: the edge's CPU is what they move.
 
     .venv/bin/python bench/pick_latency.py [--ius 256] [--calls 100000] [--flushes 400]
 """
@@ -20,10 +20,12 @@ import random
 import statistics
 import time
 
+import results  # bench/, the script's own dir
+
 from consul_io import layout
-from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
-from eas_agent.scheduler.view import STALE_HEARTBEATS
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
+from edge.pool import AnomalyDetector, EdgeLedger, PoolView, pick
+from edge.pool.view import STALE_HEARTBEATS
 
 
 def build_view(
@@ -104,6 +106,13 @@ def time_flushes(ius: int, flushes: int, changed_fraction: float, rng: random.Ra
     return samples
 
 
+TARGET_US = 50.0
+
+
+def median_us(samples: list[int]) -> float:
+    return statistics.median(samples) / 1000
+
+
 def row(name: str, samples: list[int]) -> str:
     samples = sorted(samples)
     p = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))] / 1000  # noqa: E731
@@ -116,6 +125,7 @@ def main() -> None:
     parser.add_argument("--ius", type=int, default=256)
     parser.add_argument("--calls", type=int, default=100_000)
     parser.add_argument("--flushes", type=int, default=400)
+    results.add_argument(parser, __file__)
     args = parser.parse_args()
     rng = random.Random(1)
     now = 1_000_000.0
@@ -123,14 +133,16 @@ def main() -> None:
     print("| case                                 |  median |     p90 |     p99 |    mean |")
     print("|--------------------------------------|---------|---------|---------|---------|")
     fresh = build_view(args.ius, now, rng)
-    print(row("all fresh (p2c)", time_picks(fresh, now, args.calls, rng)))
+    fresh_samples = time_picks(fresh, now, args.calls, rng)
+    print(row("all fresh (p2c)", fresh_samples))
     print(
         row("1/3 de-weighted (rejection sampling)", time_picks(fresh, now, args.calls, rng, deweight=1 / 3))
     )
     stale = build_view(args.ius, now, rng, stale_fraction=0.1)
     print(row("10% of nodes stale (filter runs)", time_picks(stale, now, args.calls, rng)))
     none = build_view(args.ius, now, rng, no_scores=True)
-    print(row("no fresh score (fail-open scan)", time_picks(none, now, args.calls // 10, rng)))
+    scan_samples = time_picks(none, now, args.calls // 10, rng)
+    print(row("no fresh score (fail-open scan)", scan_samples))
     print(f"\nthe view folding in pushed bodies, {args.ius} IUs ({args.ius // 4} nodes), {args.flushes} flushes per case "
           "(microseconds)\n")
     print("| case                                 |  median |     p90 |     p99 |    mean |")
@@ -140,6 +152,15 @@ def main() -> None:
     print(row("a tenth of the nodes' bodies new", tenth))
     print(row("every node's body new", every))
     print(f"\na tenth / every node, median: {statistics.median(tenth) / statistics.median(every):.2f}")
+    median = median_us(fresh_samples)
+    verdict = "met" if median <= TARGET_US else "not met"
+    print(f"target: pick() median {median:.2f} us over {args.ius} IUs (<= {TARGET_US:g} us): {verdict.replace('not', 'NOT')}")
+    results.record(args.results, script=__file__, target=f"pick() median <= {TARGET_US:g} us", verdict=verdict,
+                   numbers={"pick_median_us": round(median, 2), "fail_open_scan_median_us": round(median_us(scan_samples), 2),
+                            "flush_median_us": {"a tenth of the nodes' bodies new": round(median_us(tenth)),
+                                                "every node's body new": round(median_us(every))}},
+                   summary=f"pick() median {median:.1f} us, fail-open scan {median_us(scan_samples):.1f} us; a flush of "
+                           f"a tenth of the nodes' bodies {median_us(tenth):,.0f} us, of every node's {median_us(every):,.0f} us")
 
 
 if __name__ == "__main__":

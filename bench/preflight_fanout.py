@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import virtual_machines  # noqa: E402
 from verdict import shown  # noqa: E402
 
-from sim.hosts import simulate  # noqa: E402
+from sim.hosts import lifecycle  # noqa: E402
 
 TARGET_X_FLOOR = 1.1
 CHILD = r"""
@@ -86,7 +86,7 @@ def one_size(
         try:
             stats_file = Path(tmp) / "stats.json"
             document = Path(tmp) / "run.json"
-            machines_before = simulate.machine_cpu_seconds(inventory)
+            machines_before = lifecycle.machine_cpu_seconds(inventory)
             started = time.monotonic()
             subprocess.run(
                 [
@@ -116,7 +116,7 @@ def one_size(
             )
             wall = time.monotonic() - started
             load = virtual_machines.load_average()
-            machines_cpu = simulate.machine_cpu_seconds(inventory) - machines_before
+            machines_cpu = lifecycle.machine_cpu_seconds(inventory) - machines_before
             stats = json.loads(stats_file.read_text())
             run = json.loads(document.read_text())
             summary = run["summary"]
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=1.0, help="seconds every simulated command takes")
     parser.add_argument("--per-rack", type=int, default=16, help="nodes per rack")
     parser.add_argument("--depth", default="standard", choices=["quick", "standard", "full"],
-                        help="preflight --depth (the issue-17 checks run at every depth)")
+                        help="preflight --depth (default standard)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-command timeout given to preflight")
     parser.add_argument(
         "--checks", default=None, help="only these checks (default: all but numa_pinning,consul)"

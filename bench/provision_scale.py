@@ -49,7 +49,7 @@ import ansible_floor  # noqa: E402
 from verdict import shown  # noqa: E402
 
 from provision.run import runner_env  # noqa: E402
-from sim.hosts import simulate  # noqa: E402
+from sim.hosts import lifecycle  # noqa: E402
 
 CONTROL_DIR = "/tmp/.clusterctl-cp"  # ansible.cfg's control_path_dir
 CPU_TARGET_PER_HOST = 1.0  # controller CPU-s per host on a rerun
@@ -130,7 +130,7 @@ def on_every_machine(inventory: Path, hosts: list[str], script: str) -> list[str
     """stdout of ``script`` on every machine (as root, over SSH); SystemExit naming the host when it fails."""
     out = []
     for host in hosts:
-        done = simulate.run_on(inventory, host, "sh", "-ec", script)
+        done = lifecycle.run_on(inventory, host, "sh", "-ec", script)
         if done.returncode:
             raise SystemExit(f"{host}: {script!r} failed: {done.stderr.strip()[-300:]}")
         out.append(done.stdout)
@@ -157,7 +157,7 @@ def measured(argv: list[str], inventory: Path, env: dict[str, str] | None = None
     """Run ``argv`` and measure what it cost this machine (the controller) and the machines."""
     start = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    masters_before, machines_before = ssh_master_cpu(), simulate.machine_cpu_seconds(inventory)
+    masters_before, machines_before = ssh_master_cpu(), lifecycle.machine_cpu_seconds(inventory)
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=env)
     with PeakRss(proc.pid) as rss:
@@ -166,7 +166,7 @@ def measured(argv: list[str], inventory: Path, env: dict[str, str] | None = None
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     masters = sum(cpu - masters_before.get(pid, 0.0) for pid, cpu in ssh_master_cpu().items())
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) + masters
-    host_cpu = simulate.machine_cpu_seconds(inventory) - machines_before
+    host_cpu = lifecycle.machine_cpu_seconds(inventory) - machines_before
     return Measured(wall, cpu, host_cpu, rss.peak / 2**20, proc.returncode, stderr)
 
 
@@ -224,7 +224,7 @@ def bench_size(hosts: int, forks_list: list[int], batches: str, workdir: Path, r
             up = clusterctl("virtual", "up", "-i", str(inventory), "--reset")  # fresh overlays: a real first run
             if up.returncode:
                 raise SystemExit(f"virtual up failed: {up.stderr}")
-            names = list(simulate.simulated_hosts(inventory))
+            names = list(lifecycle.simulated_hosts(inventory))
             if cache == "empty":
                 on_every_machine(inventory, names, EMPTY_APT_CACHE)
             for run in kinds:

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import results  # noqa: E402
 from measure import cpu_seconds, percentile  # noqa: E402
 from verdict import shown  # noqa: E402
 
@@ -44,7 +45,7 @@ AGENT = r'''
 import sys, time
 from consul_io import layout
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 host, rate = sys.argv[1], float(sys.argv[2])
 http = AgentHttpServer(host, 0, AgentMetrics())
 http.start()
@@ -65,7 +66,7 @@ EDGES = r'''
 import asyncio, json, sys, time
 import aiohttp
 from consul_io import layout
-from eas_agent.scheduler import AnomalyDetector
+from edge.pool import AnomalyDetector
 from edge.feed import AgentFeed, EdgeView
 host, port, edges, stream = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "stream"
 settle, window = float(sys.argv[5]), float(sys.argv[6])
@@ -146,7 +147,8 @@ def run(edges: list[int], rate: float, window: float, settle: float = 1.5) -> tu
         agent.wait(10)
 
 
-def report(idle: float, rows: list[dict], rate: float) -> list[str]:
+def report(idle: float, rows: list[dict], rate: float, numbers: dict | None = None) -> list[str]:
+    """The printed table and target line; ``numbers`` (when given) receives what a result file records."""
     lines = [f"one agent, {rate:g} bodies/s; its CPU with no edge {100 * idle:.2f}% of a core (subtracted below)",
              "| edges | mode | agent push, % of a core | agent us / body / edge | edges us / body / edge "
              "| delivered / served | body age at the edge p50 / p99 ms | errors |",
@@ -167,6 +169,13 @@ def report(idle: float, rows: list[dict], rate: float) -> list[str]:
     ratio = stream / poll if poll > 0 else float("inf")
     lines.append(f"{largest} edges: the stream costs the agent {shown(ratio, TARGET_RATIO)}x what blocking queries cost it "
                  f"(target <= {TARGET_RATIO}): {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
+    if numbers is not None:
+        numbers["bodies_per_s"] = rate
+        numbers["agent_push_pct_of_a_core"] = {
+            f"{edges} edge{'s' if edges != 1 else ''}": {"blocking" if mode == "poll" else "stream": round(100 * push, 2)
+                               for (count, mode), push in by_key.items() if count == edges}
+            for edges in sorted({count for count, _ in by_key})}
+        numbers[f"stream_over_blocking_{largest}_edges"] = round(ratio, 3)
     return lines
 
 
@@ -176,14 +185,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bodies-per-s", type=float, default=11.0,
                         help="bodies the agent serves per second (default 11: 5 cycles + 6 announcements)")
     parser.add_argument("--window", type=float, default=10.0, help="seconds per row (default 10)")
+    results.add_argument(parser, __file__)
     args = parser.parse_args(argv)
     edges = sorted({int(e) for e in args.edges.split(",")})
     if not edges or edges[0] < 1 or not 0 < args.bodies_per_s <= 1000 or not 0 < args.window <= 600:
         parser.error("--edges must be positive counts, --bodies-per-s in (0, 1000], --window in (0, 600]")
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    load = f"load average {os.getloadavg()[0]:.1f} at start"
     idle, rows = run(edges, args.bodies_per_s, args.window)
-    for line in report(idle, rows, args.bodies_per_s):
+    numbers: dict = {}
+    lines = report(idle, rows, args.bodies_per_s, numbers)
+    for line in lines:
         print(line)
+    largest = max(edges)
+    ratio = numbers[f"stream_over_blocking_{largest}_edges"]
+    results.record(args.results, script=__file__, numbers=numbers, host=load,
+                   argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
+                   target=f"at {largest} edges the stream's agent cost <= {TARGET_RATIO}x blocking queries'",
+                   verdict="met" if ratio <= TARGET_RATIO else "not met", summary=lines[-1])
     return 0
 
 

@@ -26,7 +26,7 @@ has every constant and its source). Service model, per engine step (vLLM V1 cont
     every decode on that IU and short requests queue behind it;
   - KV capacity 4 × (85.5 GB × 0.9 − 35.3 GB weights − 5 GB activations) = 447k tokens; max_num_seqs 256;
     when a step finds no KV slot the newest running request is preempted and later recomputed.
-Workload (routesim/workload.py): the design article's production mix — A 65% ~327 prompt tokens, B 30%
+Workload (routesim/workload.py): the production request mix — A 65% ~327 prompt tokens, B 30%
 ~4,218, C 5% ~12,842 (lognormal, sigma 0.35) — with our output lengths: lognormal medians 128/256/512,
 sigma 0.6. Poisson arrivals at 50/80/95% of pool capacity, where capacity = 32 × the completion rate of one
 IU that always has queued work (vLLM's benchmark_throughput method; routesim/capacity.py).
@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -63,6 +64,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import results  # noqa: E402
 from rich.console import Console  # noqa: E402
 from routesim.capacity import saturated_rate  # noqa: E402
 from routesim.report import SeedRows, as_json, mean_rows, plot, print_report, summarize  # noqa: E402
@@ -109,6 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", dest="json_path", help="write every summary as JSON here")
     parser.add_argument("--plot", dest="plot_path", default="route_sim.png", help="PNG path ('' skips)")
     parser.add_argument("--check-targets", action="store_true", help="exit 1 when a target is not met")
+    results.add_argument(parser, __file__)
     return parser.parse_args(argv)
 
 
@@ -163,6 +166,27 @@ def run_seed(args: argparse.Namespace, seed: int, loads: tuple[float, ...], dura
     return SeedRows(seed, main_rows, edge_rows, stale_rows, before_rows)
 
 
+TARGETS = ("80% load: <= 1.2x oracle, <= 0.85x least-conn; 16 edges / 1 edge <= 1.1; 95% load: <= 1.0x least-conn; "
+           "Consul <= 1 write/node/s")
+
+
+def shipped_result(checks) -> dict:
+    """What a result file records of a run (:class:`routesim.report.SeedCheck` per target and reference):
+    each one's mean over seeds and 95% interval, and the verdict of the edge's default mode (all of its
+    targets met or not); the fallback modes' numbers are recorded beside it."""
+    def interval(check) -> list[float] | None:
+        low, high = check.ci95
+        return None if math.isnan(low) else [round(low, 4), round(high, 4)]
+
+    default = [c for c in checks if SHIPPED in c.name and c.limit is not None]
+    seeds = ",".join(map(str, checks[0].seeds)) if checks else ""
+    return {"numbers": {c.name: {"mean": round(c.mean, 4), "ci95": interval(c)} for c in checks},
+            "verdict": "met" if default and all(c.met for c in default) else "not met",
+            "summary": f"seeds {seeds}, {SHIPPED}: "
+                       + "; ".join(f"{c.name.replace(SHIPPED, '').replace('  ', ' ').strip(' ,')} {c.mean:.3f}"
+                                   for c in default)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     mode = QUICK if args.quick else FULL
@@ -214,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                           "staleness": as_json(r.staleness), "before": as_json(r.before)} for r in per_seed],
             "targets": [c.as_json() for c in checks],
         }, indent=1, default=str))
+    results.record(args.results, script=__file__, target=TARGETS, **shipped_result(checks),
+                   argv=[__file__, *(sys.argv[1:] if argv is None else argv)])
     err.print(f"done in {time.monotonic() - started:.0f} s ({time.process_time():.0f} s CPU in this process)",
               highlight=False)
     if args.check_targets and any(c.met is False for c in checks):

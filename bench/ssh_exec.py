@@ -26,7 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from verdict import shown  # noqa: E402  (bench/, the script's own dir)
+import results  # noqa: E402  (bench/, the script's own dir)
+from verdict import shown  # noqa: E402
 
 from preflight.transport import _ssh_libraries, exec_on  # noqa: E402
 
@@ -92,6 +93,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--commands", type=int, default=5)
     parser.add_argument("--sleep", type=float, default=1.0)
+    results.add_argument(parser, __file__)
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/ssh_exec.py starts sshd: run it as root")
@@ -116,6 +118,14 @@ def main() -> None:
         print(f"| {how} | {spent:.2f} | {spent / total * 1000:.1f} | {wall:.1f} |")
     ratio = rows["exec_on"][0] / rows["fabric"][0]
     print(f"exec_on / fabric CPU: {shown(ratio, TARGET)} (target <= {TARGET}: {'met' if ratio <= TARGET else 'NOT met'})")
+    per_command = {how: round(spent / total * 1000, 1) for how, (spent, _) in rows.items()}
+    results.record(args.results, script=__file__, host=f"load average {load}", target=f"exec_on <= {TARGET}x fabric",
+                   verdict="met" if ratio <= TARGET else "not met",
+                   numbers={f"{args.nodes}_connections": {"fabric_cpu_ms_per_command": per_command["fabric"],
+                                                          "exec_on_cpu_ms_per_command": per_command["exec_on"],
+                                                          "ratio": round(ratio, 3)}},
+                   summary=f"exec_on / fabric CPU {shown(ratio, TARGET)}x at {args.nodes} connections "
+                           f"({per_command['exec_on']} / {per_command['fabric']} ms per command)")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from sim.hosts import machines, simulate  # noqa: E402
+from sim.hosts import lifecycle, machines  # noqa: E402
 
 
 class BenchError(RuntimeError):
@@ -66,7 +66,7 @@ def mem_available() -> int:
 def machines_memory(inventory: Path) -> tuple[int, int, int]:
     """(summed RSS, summed PSS, processes) of every machine's process tree, nspawn included."""
     rss = pss = count = 0
-    nspawns = machines._our_processes(simulate.layout(inventory))[0]
+    nspawns = machines._our_processes(lifecycle.layout(inventory))[0]
     for pid in nspawns:
         try:
             root = psutil.Process(pid)
@@ -87,7 +87,7 @@ def up_measured(inventory: Path) -> dict:
     up_s, up_cpu = clusterctl("virtual", "up", "-i", str(inventory))
     dropped = available - mem_available()
     rss, pss, processes = machines_memory(inventory)
-    running = len(machines._our_processes(simulate.layout(inventory))[0])
+    running = len(machines._our_processes(lifecycle.layout(inventory))[0])
     return {"up_s": up_s, "up_cpu_s": up_cpu, "rss_mib": rss / 2**20, "pss_mib": pss / 2**20,
             "mem_drop_mib": dropped / 2**20, "processes": processes, "running": running}
 

@@ -17,6 +17,7 @@ from rich.console import Console
 @dataclass
 class App:
     debug: bool = False  # --debug: tracebacks instead of the one-line error
+    no_color: bool = False  # --no-color: as NO_COLOR (which rich reads itself)
     _out: Console | None = field(default=None, repr=False)
     _err: Console | None = field(default=None, repr=False)
 
@@ -24,14 +25,14 @@ class App:
     def console(self) -> Console:
         """stdout, created on first use (so it sees the stream pytest or a pipe put there)."""
         if self._out is None:
-            self._out = Console()
+            self._out = Console(no_color=self.no_color or None)
         return self._out
 
     @property
     def err_console(self) -> Console:
         """stderr: progress and the report when stdout carries a document (``--json -``)."""
         if self._err is None:
-            self._err = Console(stderr=True)
+            self._err = Console(stderr=True, no_color=self.no_color or None)
         return self._err
 
     def report_console(self, document_on_stdout: bool) -> Console:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from cluster.text import suggest
+from common.text import suggest
 
 
 def examples(*lines: str, note: str | None = None) -> str:

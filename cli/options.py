@@ -4,8 +4,8 @@ from pathlib import Path
 
 import click
 
-from cluster import vault
-from cluster.text import suggest
+from cluster.ansible import vault
+from common.text import suggest
 
 inventory_option = click.option(
     "-i", "--inventory", "inventory", required=True, type=click.Path(path_type=str),

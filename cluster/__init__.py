@@ -4,7 +4,7 @@ The CLI, preflight, the agent's config rendering and the roles (through ``playbo
 all use :func:`cluster.model.build_node`, so the layout rules live in exactly one place.
 """
 
-from cluster.inventory import InventoryError, load_cluster, load_inventory
+from cluster.ansible.inventory import InventoryError, load_cluster, load_inventory
 from cluster.model import IU, Cluster, Nic, Node, Rack
 
 __all__ = ["IU", "Cluster", "InventoryError", "Nic", "Node", "Rack", "load_cluster", "load_inventory"]

@@ -1,6 +1,6 @@
 """The inventory strings that reach hosts' files, paths and command lines: their shapes and the types and
 rules :mod:`cluster.spec` declares with them. Every pattern is matched with ``fullmatch``: ``$`` also matches
-before a trailing newline, and 'eth0\\n' reached the templates (security review L5).
+before a trailing newline, and 'eth0\\n' would reach the templates.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ IBDEV = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 # Inventory host names: DNS labels (letters, digits, '-' inside), '.'-separated, at most 253 characters (an
 # IPv4 address is one too). A host name becomes IU ids, Consul node and service names and file names on the
 # node and under a simulated machine's state dir, so nothing else ('..', '/', a leading dot or dash,
-# whitespace) may reach a path (security review H3). Simulated machines also cap it at 64 (nspawn).
+# whitespace) may reach a path (root deletes and writes under those paths). Simulated machines also cap it at 64 (nspawn).
 HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
 MAX_HOSTNAME = 253
 # A kernel command-line argument as the cpu_cstates role writes it into GRUB_CMDLINE_LINUX, which update-grub

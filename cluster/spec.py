@@ -8,7 +8,9 @@ raises :class:`SpecError` listing every problem at once, each naming host, varia
 prefixes the inventory path). A variable with a prefix only clusterctl reads (:data:`OWN_PREFIXES`:
 ``preflight_``) that is not declared is a problem too, with the near miss (``preflight_overides``: did
 you mean ``preflight_overrides``?): a misspelt setting would otherwise be ignored without a word.
-So is a variable clusterctl no longer reads (:data:`RETIRED`), named with what to do instead.
+So is a variable clusterctl no longer reads (:data:`RETIRED`), named with what to do instead. That is
+the check on a play's variables (the roles' filter); an inventory's every variable, whatever its prefix,
+is checked against everything that reads one by :mod:`cluster.variables`, which names its file.
 
 Who applies what: validation (:mod:`cluster.validate`, and through it the roles' ``cluster_node``
 filter) applies types and rules (:func:`check_layout_variables` first, :func:`check_settings` last) and
@@ -52,7 +54,7 @@ from cluster.shapes import (  # noqa: F401
     kernel_args,
     shell_words,
 )
-from cluster.text import suggest
+from common.text import suggest
 from consul_io import layout
 
 GPU_MODELS = ("h100-sxm", "h200-sxm", "a100-sxm")
@@ -102,6 +104,8 @@ class Problem:
     variable: str
     value: Any
     message: str
+    place_kind: str = "host"  # what ``host`` names: a host, or a file (a variable nothing reads)
+    origin: str | None = None  # FILE:LINE of the inventory that sets the variable, where known
 
     @property
     def subject(self) -> str:
@@ -127,7 +131,7 @@ class Undecryptable:
     why: str
 
     def __str__(self) -> str:
-        return f"{self.variable} is vault-encrypted and cannot be decrypted ({self.why}): pass --vault-password-file"
+        return f"{self.variable}: {self.why}"
 
 
 def integer(raw: Any) -> int | None:
@@ -415,4 +419,11 @@ def check_layout_variables(host: str, hv: Mapping[str, Any]) -> list[Problem]:
 
 
 def check_settings(host: str, hv: Mapping[str, Any]) -> list[Problem]:
-    return _coerced(hv, host, SETTING_NAMES)[1] + unknown_own(hv, host)
+    """The settings' types and rules, and misspelt ``preflight_`` variables: the roles' filter's check, on
+    a play's variables (an inventory's every variable is named with its file by
+    :func:`cluster.variables.unknown_variables`)."""
+    return check_setting_types(host, hv) + unknown_own(hv, host)
+
+
+def check_setting_types(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    return _coerced(hv, host, SETTING_NAMES)[1]

@@ -2,7 +2,7 @@
 
 Runs on resolved host variables before anything contacts a host. Each variable's own type and rule is
 declared in :class:`cluster.spec.HostVars` and applied by the first and last rules
-(:func:`cluster.spec.check_layout_variables`, :func:`cluster.spec.check_settings`); the rules here relate
+(:func:`cluster.spec.check_layout_variables`, :func:`cluster.spec.check_setting_types`); the rules here relate
 variables to each other (a layout against the GPU count, ports against the IUs, a host's rack groups,
 Redfish against the BMC variables). Rules are small functions
 ``check_<what>(host, hostvars) -> problems`` so that each can be read (and tested) on its own.
@@ -15,7 +15,7 @@ from typing import Any
 
 from cluster import model, spec
 from cluster.spec import Problem
-from cluster.text import plural
+from common.text import plural
 
 BMC_VARS = ("bmc_address", "bmc_username", "bmc_password")
 
@@ -134,7 +134,7 @@ HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
     check_gpu_layout,
     check_ports,
     check_redfish,
-    spec.check_settings,
+    spec.check_setting_types,
 )
 
 
@@ -155,7 +155,7 @@ def check_duplicate_addresses(hosts: Mapping[str, Mapping[str, Any]]) -> list[Pr
     ]
 
 
-# Tokens Consul links to ONE node's policy (consul_agent's acl.yml, cluster.consul_acl.node_policies): node:write
+# Tokens Consul links to ONE node's policy (consul_agent's acl.yml, consul_io.acl.node_policies): node:write
 # for the Consul agent, that node's score keys for its eas-agent. Shared between nodes, each node's run
 # re-links the token to its own policy, and every other node's agent is refused (403).
 NODE_TOKENS = ("consul_agent_acl_agent_token", "eas_agent_consul_token")
@@ -166,7 +166,7 @@ def _secret_identity(value: Any) -> str | None:
     group_vars value every host inherits is one ciphertext; two encryptions of one secret differ and are not
     caught here), a plain value's text; None for unset or templated values (a template such as the virtual
     inventory's ``... inventory_hostname ... | to_uuid`` is per host by construction)."""
-    from cluster import vault  # the one module that knows Ansible's vault types
+    from cluster.ansible import vault  # the one module that knows Ansible's vault types
 
     if (sealed := vault.ciphertext(value)) is not None:  # first: comparing an EncryptedString decrypts it
         return "vault:" + sealed
@@ -203,18 +203,22 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
 
 def problem_lines(problems: Iterable[Problem], hosts_shown: int = 3) -> list[str]:
     """One line per distinct problem: the same variable, value and message on several hosts (a group_vars
-    mistake seen by every host of the group) is one line naming the hosts and how many, not one per host."""
-    groups: dict[tuple[str, str], list[str]] = {}
+    mistake seen by every host of the group) is one line naming the hosts and how many, not one per host.
+    A line ends with the file that sets the variable when its problems share one (``(group_vars/all.yml:3)``)."""
+    groups: dict[tuple[str, str, str], list[Problem]] = {}
     for p in problems:
-        groups.setdefault((p.subject, p.message), []).append(p.host)
+        groups.setdefault((p.subject, p.message, p.place_kind), []).append(p)
     lines = []
-    for (subject, message), hosts in groups.items():
+    for (subject, message, kind), group in groups.items():
+        hosts = [p.host for p in group]
         if len(hosts) == 1:
             who = hosts[0]
         else:
             names = ", ".join(hosts[:hosts_shown]) + (f", ... (+{len(hosts) - hosts_shown})" if len(hosts) > hosts_shown else "")
-            who = f"{names} ({len(hosts)} hosts)"
-        lines.append(f"{who}: {subject}: {message}")
+            who = f"{names} ({plural(len(hosts), kind)})"
+        origins = {p.origin for p in group}
+        place = f" ({origins.pop()})" if len(origins) == 1 and None not in origins else ""
+        lines.append(f"{who}: {subject}: {message}{place}")
     return lines
 
 

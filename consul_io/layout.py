@@ -1,7 +1,7 @@
 """Every Consul name and key format the project uses, in one place (docs/contracts/consul-layout.md).
 
 The client side (agent, edge, preflight, ``clusterctl scores``, the demo, the benchmarks, the ACL policies in
-``cluster/consul_acl.py``, the IU service definitions in ``cluster/services.py``) spells these names only
+``consul_io/acl.py``, the IU service definitions in ``cluster/services.py``) spells these names only
 through this module, and so do the roles and playbooks: through the filters in ``playbooks/filter_plugins``
 (``consul_marker_key``, ``consul_maintenance``, ``cluster_node``'s ``consul`` block). ``devconsul/`` is a
 Consul server and keeps Consul's own names (``_service_maintenance:``) where it implements them.
@@ -34,7 +34,7 @@ DEFAULT_DATACENTER = "dc1"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8500"
 
 # -- ACL policies -----------------------------------------------------------------------------------------
-# One policy per job (cluster/consul_acl.py holds their rules; the consul_agent role creates them and links
+# One policy per job (consul_io/acl.py holds their rules; the consul_agent role creates them and links
 # each token to its policy through the consul_node_acl filter). "{node}" is the node's name.
 ACL_POLICIES = {
     "agent": "consul-agent-{node}",

@@ -2,8 +2,8 @@
 connection, at most ``max_connections``) and :class:`Handler` (request bodies read within bounds, the
 answer written with Consul's headers); the endpoints are :mod:`devconsul.router`'s.
 
-Limits (findings M1 and M2 of the security review, tests/faults/README.md; tests in
-tests/devconsul/test_hardening.py):
+Limits (a client that sends an endless or oversized body, or holds connections open, must not exhaust the
+server's memory or threads):
 
 - a request body is bounded before it is read: a ``Content-Length`` that is not 1 to 10 ASCII digits is a
   400 (so are two that differ), one over :data:`MAX_BODY` a 413, a chunked body is cut at :data:`MAX_BODY`
@@ -154,7 +154,7 @@ class Handler(BaseHTTPRequestHandler):
         return False, length
 
     def _read_body(self, chunked: bool, length: int | None) -> bytes:
-        """The body, bounded before it is read (review M1)."""
+        """The body, bounded before it is read (a huge Content-Length must not allocate)."""
         if chunked:
             return self._read_chunked()
         if not length:

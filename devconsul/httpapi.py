@@ -154,7 +154,7 @@ class ReadCache:
     the view moves it), so the watchers woken by one write -- 256 of them in the benchmark -- share
     one build and one JSON encoding instead of repeating them. Callers hold the state lock.
 
-    Bounded (review M3): the key holds only the parameters some endpoint reads (``?junk=N`` cannot make
+    Bounded (a client must not grow it without limit): the key holds only the parameters some endpoint reads (``?junk=N`` cannot make
     a new entry per request), an entry is replaced when its view's index moves, and the cache holds at
     most ``size`` entries and ``max_bytes`` of encoded answers (oldest dropped first).
     """
@@ -202,8 +202,8 @@ def blocking_read(
 ) -> Response:
     """Run a blocking query: wait for ``index_fn()`` to pass ``?index``, then ``build`` the response."""
     min_index, hold = parse_blocking(req)
-    # A token that may read nothing (anonymous under ACLs) has nothing to wait for: answered at once (it
-    # used to park for up to 10 minutes, for free).
+    # A token that may read nothing (anonymous under ACLs) has nothing to wait for: answered at once (parked,
+    # it would hold a thread for up to 10 minutes, for free).
     if min_index > 0 and not req.sees_nothing:
         def locked_index() -> int:
             with server.state.lock:

@@ -192,7 +192,7 @@ class KVStore:
 
     def begin_undo(self) -> list[UndoRecord]:
         """Record every change until :meth:`end_undo`; lock held. Costs one entry copy per written key
-        (a transaction used to snapshot and base64-encode the whole store)."""
+        (not a snapshot of the whole store)."""
         self._undo = []
         return self._undo
 

@@ -92,8 +92,8 @@ class Persister:
             log.error("could not write %s at exit; the last writes are lost: %s", self.path, exc)
 
     def flush(self) -> None:
-        # The copy is taken under the state lock; the JSON encoding (the expensive part with MBs of values,
-        # review M3) happens outside it, so writers and readers are not held up by it.
+        # The copy is taken under the state lock; the JSON encoding (the expensive part with MBs of values)
+        # happens outside it, so writers and readers are not held up by it.
         with self.state.lock:
             version = self.state.version
             snap = self.snapshot()

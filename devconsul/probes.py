@@ -33,7 +33,7 @@ def _http(defn: CheckDefinition, timeout: float) -> tuple[str, str]:
     scheme = urlsplit(defn.http).scheme
     if scheme not in ("http", "https"):
         # Go's http client (Consul's) refuses these the same way; urllib would open file:// and data: URLs
-        # and echo their content into the check's output (review L2).
+        # and echo their content into the check's output.
         return "critical", f'{method.title()} "{defn.http}": unsupported protocol scheme "{scheme}"'
 
     headers = {"User-Agent": "Consul Health Check", "Accept": "text/plain, text/*, */*"}

@@ -9,7 +9,7 @@ daemon thread per connection (HTTP/1.1 keep-alive); blocking queries park on the
 ``start`` returns once the socket listens; ``stop`` wakes parked queries, closes open connections,
 stops the check runner and the persister, and joins their threads.
 
-Limits (each one a finding of the security review, M1-M3 and L1 in tests/faults/README.md, with their tests):
+Limits (a hostile or careless client must not exhaust memory, threads or disk, or lose an acknowledged write):
 
 - HTTP framing: request bodies bounded before they are read, the ACL decision made from the headers,
   socket timeouts and at most ``max_connections`` connections: :mod:`devconsul.http_server`;

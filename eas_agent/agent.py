@@ -37,7 +37,7 @@ from eas_agent.config import AgentConfig, ConfigError
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_agent.publisher import Backoff, Publisher, ScoreStore
 from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult
-from eas_agent.scorebody import CollectorRun, ScoreBody
+from eas_wire.scorebody import CollectorRun, ScoreBody
 
 log = logging.getLogger("eas_agent")
 RATE_WINDOW_S = 5.0
@@ -120,6 +120,9 @@ class IUPipeline:
             net, runs["network"] = timed(self.network, now, self._crashed)
         if reading.error:
             self.log(f"{self.iu.id}:vllm", logging.WARNING, "IU %s: %s", self.iu.id, reading.error)
+        elif reading.metrics is not None and reading.metrics.warnings:  # scored, but a sample was left out
+            self.log(f"{self.iu.id}:vllm-warnings", logging.WARNING, "IU %s: vLLM scrape read with warnings: %s",
+                     self.iu.id, "; ".join(reading.metrics.warnings))
         if metrics:
             for name, run in runs.items():
                 if not run.ok:

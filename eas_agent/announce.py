@@ -3,22 +3,11 @@
 Why: a score is computed from a vLLM scrape every 200 ms. Between two scrapes an edge knows only its own
 requests (its ledger); the work other edges sent since the score, and the real size of long prompts that
 vLLM's waiting gauge counts as one request each, are invisible to it. In ``bench/route_sim.py`` that is
-what keeps 4 and 16 edges short of the oracle (edge/README.md, "The announce channel"). With the channel
+what keeps 4 and 16 edges short of the oracle (docs/decisions/0003-announce-channel.md). With the channel
 every edge sees every edge's work within ~20-30 ms.
 
-The protocol (``POST /announce`` on the agent's HTTP server, eas_agent/http.py; the edge's sender is
-edge/announce.py)::
-
-    Authorization: Bearer <the announce token>
-    {"edge": "edge-a.3f9c2b1d", "announcements": [{"iu": "r01n01-iu0", "tokens": 1834, "seq": 17,
-                                                   "sent": 1764780000.123}, ...]}
-
-- ``edge``: the edge's name and a nonce drawn at its start (``EDGE_ID``), so a restarted edge never
-  matches an acknowledgement of its previous life;
-- ``seq``: per edge, +1 per request sent (to any IU); an edge sends each node's batches one at a time and
-  in order, so "the node has everything up to ``seq``" is one number;
-- ``sent``: the edge's clock when it sent the request to vLLM; the agent compares it with its scrape time
-  (both NTP-disciplined, as the score's ``ts`` already assumes).
+The messages (``POST /announce`` on the agent's HTTP server, eas_agent/http.py; the edge's sender is
+edge/announce.py) are in eas_wire/announce.py, the contract in docs/contracts/announce.md.
 
 What the agent does with a batch (:class:`NodeAnnouncements`): each prompt's prefill seconds (tokens / the
 IU's measured ``prefill_tps``) are added to the IU's score until the next scrape (the scrape then sees the
@@ -31,8 +20,8 @@ admitted wait (vLLM admits first come, first served), older ones were admitted (
 
 What a forged or broken sender can do: only an edge holding the token is heard; each announcement's tokens
 are capped at ``max_prompt_tokens`` (the model's context), its send time must be within
-:data:`SENT_TOLERANCE_S` of the agent's clock, each edge is held to ``rate_per_s`` announcements a second
-(a token bucket), and at most :data:`~eas_agent.scorebody.MAX_ANNOUNCED_EDGES` edges are remembered. What an
+:data:`~eas_wire.announce.SENT_TOLERANCE_S` of the agent's clock, each edge is held to ``rate_per_s``
+announcements a second (a token bucket), and at most :data:`~eas_wire.scorebody.MAX_ANNOUNCED_EDGES` edges are remembered. What an
 announcement adds ends at the next scrape by construction; a FIFO entry lasts at most until vLLM reports
 fewer waiting requests. The KV body never carries announcements (``Publisher`` writes the scrape's body).
 """
@@ -42,77 +31,17 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter, OrderedDict, deque
-from collections.abc import Container, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 
 from eas_agent.score import SCORE_TERMS, IUInputs, Scorer, ScoreResult, effective_prefill_tps
-from eas_agent.scorebody import EDGE_ID, MAX_ANNOUNCED_EDGES, MAX_SEQ, ScoreBody
+from eas_wire.announce import Announcement, batch_seqs, parse_batch
+from eas_wire.scorebody import MAX_ANNOUNCED_EDGES, ScoreBody
 
-ANNOUNCE_PATH = "/announce"
-MAX_BATCH_ITEMS = 512  # an edge batches 10 ms of one node's requests: a few at most
-MAX_BATCH_BYTES = 64 * 1024
-SENT_TOLERANCE_S = 5.0  # chrony keeps nodes within ~1 ms; 5 s is a broken clock or a replay, not skew
 MAX_PENDING = 4096  # per IU: vLLM's waiting queue of one engine is a few hundred requests at most
 DEFAULT_MAX_PROMPT_TOKENS = 131_072  # Llama 3.1's context; the agent config sets the served model's
 DEFAULT_RATE_PER_S = 2_000.0  # per edge; one edge sends a pool of 128 nodes ~1,000 requests/s at most
 DEFAULT_BURST = 4_000.0
-
-
-@dataclass(frozen=True, slots=True)
-class Announcement:
-    iu: str
-    tokens: int
-    seq: int
-    sent: float
-
-
-class AnnounceError(ValueError):
-    """The batch as a whole is unusable (nothing of it is counted); the message names the field."""
-
-
-def _int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_batch(obj, ius: Container[str], now: float, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
-                ) -> tuple[str, list[Announcement], Counter]:
-    """(edge id, the usable announcements in order, ignored ones by reason). Raises :class:`AnnounceError`
-    when the batch itself is malformed. One bad announcement is ignored and counted, the others kept;
-    tokens above ``max_prompt_tokens`` are capped (counted ``tokens_capped``), not refused."""
-    if not isinstance(obj, dict):
-        raise AnnounceError(f"body is {type(obj).__name__}, not an object")
-    edge = obj.get("edge")
-    if not isinstance(edge, str) or not EDGE_ID.fullmatch(edge):
-        raise AnnounceError(f"edge {str(edge)[:80]!r} is not an edge id ({EDGE_ID.pattern})")
-    items = obj.get("announcements")
-    if not isinstance(items, list):
-        raise AnnounceError(f"announcements is {type(items).__name__}, not a list")
-    if len(items) > MAX_BATCH_ITEMS:
-        raise AnnounceError(f"announcements has {len(items)} entries (more than {MAX_BATCH_ITEMS})")
-    ignored: Counter[str] = Counter()
-    kept: list[Announcement] = []
-    last_seq = 0
-    for item in items:
-        if not isinstance(item, dict):
-            ignored["malformed"] += 1
-            continue
-        iu, tokens, seq, sent = item.get("iu"), item.get("tokens"), item.get("seq"), item.get("sent")
-        if not isinstance(iu, str) or iu not in ius:
-            ignored["unknown_iu"] += 1
-        elif not _int(tokens) or tokens < 1:
-            ignored["tokens_invalid"] += 1
-        elif not _int(seq) or not last_seq < seq <= MAX_SEQ:
-            ignored["seq_invalid"] += 1  # not an integer, or not increasing within the batch
-        elif isinstance(sent, bool) or not isinstance(sent, (int, float)) or not math.isfinite(sent) \
-                or abs(sent - now) > SENT_TOLERANCE_S:
-            ignored["sent_out_of_range"] += 1
-        else:
-            if tokens > max_prompt_tokens:
-                ignored["tokens_capped"] += 1  # kept, at the cap
-                tokens = max_prompt_tokens
-            kept.append(Announcement(iu, tokens, seq, float(sent)))
-            last_seq = seq
-    return edge, kept, ignored
 
 
 class AnnouncedPrompts:
@@ -199,7 +128,7 @@ class NodeAnnouncements:
         return AnnounceScorer(inner, self.prompts[iu_id])
 
     def receive_json(self, obj, now: float) -> tuple[int, Counter]:
-        """Parse and count one batch (:func:`parse_batch`); (accepted, ignored by reason)."""
+        """Parse and count one batch (:func:`~eas_wire.announce.parse_batch`); (accepted, ignored by reason)."""
         accepted, ignored, _ignored_seqs = self.receive_batch(obj, now)
         return accepted, ignored
 
@@ -209,9 +138,7 @@ class NodeAnnouncements:
         count them by time (``EdgeLedger.unannounce``); the answer to ``POST /announce`` lists them."""
         edge, batch, ignored = parse_batch(obj, self.prompts, now, self.max_prompt_tokens)
         counted = set(self.receive(edge, batch, now, ignored))
-        items = obj["announcements"]  # parse_batch checked it is a list of at most MAX_BATCH_ITEMS
-        seqs = (item.get("seq") for item in items if isinstance(item, dict))
-        return len(counted), ignored, [seq for seq in seqs if _int(seq) and seq not in counted]
+        return len(counted), ignored, [seq for seq in batch_seqs(obj) if seq not in counted]
 
     def receive(self, edge: str, batch: list[Announcement], now: float, ignored: Counter | None = None
                 ) -> list[int]:

@@ -13,49 +13,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import yaml
-
 from consul_io import layout
-from consul_io.client import TokenError, read_token_file, resolve_token
+from consul_io.client import TokenError, read_token_file
+from consul_io.config import ConsulConfig, load_consul
 from eas_agent.announce import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RATE_PER_S
+from eas_wire.fields import ConfigError, Fields, address, read_yaml, split_hostport
+
+__all__ = ["AgentConfig", "ConfigError", "ConsulConfig", "IUConfig", "load_config", "parse_config"]
 
 PROFILES = ("drain", "seed")
 GPU_BACKENDS = ("nvml",)
-
-
-class ConfigError(Exception):
-    """A config file problem: ``path: field: what is wrong``."""
-
-    def __init__(self, path: str | Path, field_name: str, message: str):
-        super().__init__(f"{path}: {field_name}: {message}")
-        self.path = str(path)
-        self.field = field_name
-
-
-@dataclass(frozen=True)
-class ConsulConfig:
-    address: str = layout.DEFAULT_HTTP_ADDR
-    scheme: str = "http"
-    token_file: str | None = None
-    ca_file: str | None = None
-    kv_prefix: str = layout.EAS_PREFIX
-
-    @property
-    def host(self) -> str:
-        return split_hostport(self.address)[0]
-
-    @property
-    def port(self) -> int:
-        return split_hostport(self.address)[1]
-
-    def read_token(self, config_path: str | Path = "<config>") -> str | None:
-        """The ACL token by the one token rule (consul_io.client.resolve_token), read at start-up and never
-        logged; no ``token_file``, no token. A configured file that is missing is an error like any unusable
-        one: running without a token against a Consul with ACLs on would only fail later, on every write."""
-        try:
-            return resolve_token(token_file=self.token_file)
-        except TokenError as exc:
-            raise ConfigError(config_path, "consul.token_file", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -133,94 +100,8 @@ class AgentConfig:
         return split_hostport(self.listen)[1]
 
 
-class _Fields:
-    """Typed access to one mapping of the YAML with errors that carry the field's dotted path."""
-
-    def __init__(self, path: str | Path, data: Any, prefix: str):
-        if not isinstance(data, dict):
-            raise ConfigError(path, prefix or "(top level)", f"expected a mapping, got {type(data).__name__}")
-        self.path, self.data, self.prefix = path, data, prefix
-
-    def name(self, key: str) -> str:
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(self.path, self.name(key), message)
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., required: bool = False) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if required or default is ...:
-                raise self.fail(key, "required field is missing")
-            return default
-        value = self.data[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise self.fail(key, f"expected {_kind_name(kind)}, got a boolean")
-        if not isinstance(value, kind):
-            raise self.fail(key, f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}")
-        return value
-
-    def positive(self, key: str, default: float) -> float:
-        value = self.get(key, float, default)
-        if value <= 0:
-            raise self.fail(key, f"must be > 0, got {value}")
-        return value
-
-    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.get(key, str, default)
-        if value not in choices:
-            raise self.fail(key, f"must be one of {', '.join(choices)}; got {value!r}")
-        return value
-
-    def str_list(self, key: str) -> tuple[str, ...]:
-        value = self.get(key, list, [])
-        for i, item in enumerate(value):
-            if not isinstance(item, str) or not item:
-                raise ConfigError(self.path, f"{self.name(key)}[{i}]", f"expected a name, got {item!r}")
-        return tuple(value)
-
-    def unknown(self, known: set[str]) -> None:
-        extra = sorted(set(self.data) - known)
-        if extra:
-            raise self.fail(extra[0], f"unknown field (known: {', '.join(sorted(known))})")
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def split_hostport(value: str) -> tuple[str, int]:
-    """A HOST:PORT that ``_address`` accepted -> (host, port): the one reading of every address field (the
-    Consul block, the agent's and the edge's listen); an IPv6 literal loses its brackets, as bind() wants."""
-    host, _, port = value.rpartition(":")
-    return host.removeprefix("[").removesuffix("]"), int(port)
-
-
-def _address(fields: _Fields, key: str, default: str) -> str:
-    value = fields.get(key, str, default)
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise fields.fail(key, f"expected HOST:PORT, got {value!r}")
-    return value
-
-
-def _load_consul(path: str | Path, data: Any) -> ConsulConfig:
-    f = _Fields(path, data if data is not None else {}, "consul")
-    f.unknown({"address", "scheme", "token_file", "ca_file", "kv_prefix"})
-    return ConsulConfig(
-        address=_address(f, "address", layout.DEFAULT_HTTP_ADDR),
-        scheme=f.choice("scheme", ("http", "https"), "http"),
-        token_file=f.get("token_file", str, None),
-        ca_file=f.get("ca_file", str, None),
-        kv_prefix=f.get("kv_prefix", str, layout.EAS_PREFIX),
-    )
-
-
 def _load_iu(path: str | Path, data: Any, index: int, node: str) -> IUConfig:
-    f = _Fields(path, data, f"ius[{index}]")
+    f = Fields(path, data, f"ius[{index}]")
     f.unknown(
         {"id", "gpus", "numa_node", "metrics_url", "rdma_devices", "netdevs", "rdma_port", "kv_cache_gb"}
     )
@@ -278,7 +159,7 @@ TOP_LEVEL = {
 }
 
 
-def _announce_fields(f: _Fields) -> dict[str, Any]:
+def _announce_fields(f: Fields) -> dict[str, Any]:
     token_file = f.get("announce_token_file", str, None)
     if token_file is not None and not token_file.strip():
         raise f.fail("announce_token_file", f"expected a file path or null, got {token_file!r}")
@@ -293,7 +174,7 @@ def _announce_fields(f: _Fields) -> dict[str, Any]:
 
 
 def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
-    f = _Fields(path, data, "")
+    f = Fields(path, data, "")
     f.unknown(TOP_LEVEL)
     node = f.get("node", str, required=True)
     interval = f.positive("interval_s", 0.2)
@@ -301,7 +182,7 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
     if heartbeat < interval:
         raise f.fail("heartbeat_s", f"must be >= interval_s ({interval}), got {heartbeat}")
     backend = f.choice("gpu_backend", GPU_BACKENDS, "nvml")
-    listen = _address(f, "listen", "127.0.0.1:9105")
+    listen = address(f, "listen", "127.0.0.1:9105")
     try:
         ipaddress.ip_address(listen.rsplit(":", 1)[0])
     except ValueError as exc:
@@ -333,7 +214,7 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         heartbeat_s=heartbeat,
         profile=f.choice("profile", PROFILES, "drain"),
         listen=listen,
-        consul=_load_consul(path, data.get("consul")),
+        consul=load_consul(path, data.get("consul")),
         gpu_backend=backend,
         sysfs_root=f.get("sysfs_root", str, "/sys"),
         scrape_timeout_s=timeout,
@@ -349,14 +230,4 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
 
 
 def load_config(path: str | Path) -> AgentConfig:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
-        raise ConfigError(path, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from exc
-    return parse_config(data, path)
+    return parse_config(read_yaml(path), path)

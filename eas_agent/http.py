@@ -1,36 +1,20 @@
-"""The agent's own HTTP endpoint: ``/metrics`` (prometheus_client), ``GET /scores`` (JSON) and
-``POST /announce`` (the announce channel, eas_agent/announce.py).
+"""The agent's own HTTP endpoint: ``/metrics`` (prometheus_client), ``GET /scores`` and ``POST /announce``.
 
-``/scores`` serves the latest cycle in the same body shape the KV key holds, computed by the same code, so
-an edge polling agents directly at 200 ms and one reading Consul see the same numbers.
+``GET /scores`` serves the latest cycle's body in the shape the KV key holds (docs/contracts/score-body.md),
+computed by the same code, so an edge following agents directly and one reading Consul see the same numbers.
+Every cycle's body gets the next index; a follower either holds a blocking query (``?index=N&wait_s=S``:
+each new body within a network round trip, without polling and without writing anything to Consul) or a
+stream (``?stream=1``, the edge's push channel: each body costs one write per stream, where a blocking query
+costs an HTTP request to parse, a thread to wake and an answer to frame per follower per body; with 16 edges
+and the announce channel's extra bodies that was most of the agent's CPU, bench/push_fanout.py). A stream
+follower that falls behind gets the latest body, not every one in between; a stream also ends when a write
+stalls for the connection timeout. The framing, limits and errors: docs/contracts/scores-stream.md.
 
-``GET /scores?index=N&wait_s=S`` is a blocking query in Consul's style (how edges followed agents before
-streams, and still follow an agent without them): every cycle's body gets the next index (header
-``X-Eas-Index``); when ``N`` is the current index the answer waits up to ``S`` seconds (at most 30) for the
-next cycle, so a follower hears of each new score within a network round trip, without polling and without
-writing anything to Consul. An ``index`` other than the current one (older, or from before an agent
-restart) answers at once.
-
-``GET /scores?stream=1``, the edge's push channel, is the same feed as one long answer (``Content-Type:
-application/x-ndjson``, ended by closing the connection): the current body as soon as a cycle has made one,
-then every new body, one JSON object per line, and an empty line after :data:`STREAM_HEARTBEAT_S` without
-one (a silent stream is a dead one to its reader). Each body costs one write per stream, where a blocking
-query costs an HTTP request to parse, a thread to wake and an answer to frame per follower per body: with
-16 edges and the announce channel's extra bodies that was most of the agent's CPU (bench/push_fanout.py). A
-stream follower that falls behind gets the latest body, not every one in between; a stream ends after
-:data:`MAX_STREAM_S` (the reader reconnects), when the agent stops, or when a write stalls for the
-connection timeout.
-
-``POST /announce`` (only with ``announce_token_file`` configured; 404 otherwise): ``Authorization: Bearer
-<token>`` (compared in constant time; a wrong or missing one is 401 and nothing is counted), a JSON body of
-at most :data:`~eas_agent.announce.MAX_BATCH_BYTES` with a Content-Length (411 without one, 413 above it,
-unread), 400 for a body that is not JSON or not a batch (:class:`~eas_agent.announce.AnnounceError`), else
-200 ``{"accepted": N, "ignored": {reason: count}, "ignored_seqs": [S, ...]}`` (the sequence numbers of the
-announcements not counted: the edge counts those requests by time, since the node's acknowledgement, its
-last counted number, may pass over them). The agent then serves a new ``/scores`` body at once,
-which answers the edges' waiting blocking queries. Answers always carry a Content-Length; one whose request
-body was left unread also closes the connection (``Connection: close``), the others keep it alive for the
-edge's next batch.
+``POST /announce`` (only with ``announce_token_file`` configured; 404 otherwise) is the announce channel's
+receiving end (eas_agent/announce.py); its authentication, limits and answers: docs/contracts/announce.md.
+The agent then serves a new ``/scores`` body at once, which answers the edges' waiting queries. Answers
+always carry a Content-Length; one whose request body was left unread also closes the connection
+(``Connection: close``), the others keep it alive for the edge's next batch.
 """
 
 from __future__ import annotations
@@ -43,12 +27,23 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from eas_agent.announce import ANNOUNCE_PATH, MAX_BATCH_BYTES, AnnounceError
-from eas_agent.scorebody import STATUSES, ScoreBody
+from eas_wire.announce import ANNOUNCE_PATH, MAX_BATCH_BYTES, AnnounceError, answer_json
+from eas_wire.scorebody import STATUSES, ScoreBody
+from eas_wire.stream import (
+    HEARTBEAT,
+    INDEX_HEADER,
+    MAX_STREAM_S,
+    SCORES_PATH,
+    STREAM_CONTENT_TYPE,
+    STREAM_HEARTBEAT_S,
+    blocking_args,
+    frame,
+    wants_stream,
+)
 
 CONNECTION_TIMEOUT_S = 10.0  # headers, body and keep-alive idle; an edge poller asks every 200 ms
 # Each edge holds two connections to each agent (its /scores long poll and its /announce sender): 16 edges
@@ -87,7 +82,7 @@ class QuietHandler(BaseHTTPRequestHandler):
 class BoundedHTTPServer(QuietHTTPServer):
     """The agent's server: at most ``max_connections`` connections are served at once (a thread each); the next is closed at
     once, so clients that open connections and never finish a request (slowloris) cannot grow the agent's
-    threads without bound (review M2). Each connection has a socket timeout (the handler's ``timeout``).
+    threads without bound. Each connection has a socket timeout (the handler's ``timeout``).
     """
 
     max_connections = MAX_CONNECTIONS
@@ -171,29 +166,6 @@ class AgentMetrics:
                 shown[0] = result.status
 
 
-MAX_WAIT_S = 30.0
-STREAM_HEARTBEAT_S = 5.0  # an empty line after this long without a body
-# A stream is closed after this long and the reader reconnects: a follower that vanished without a FIN (its
-# host died) holds a thread at most this long even while its socket buffer still takes the heartbeats.
-MAX_STREAM_S = 300.0
-STREAM_CONTENT_TYPE = "application/x-ndjson"
-
-
-def wants_stream(query: str) -> bool:
-    return parse_qs(query).get("stream", [""])[-1] in ("1", "true")
-
-
-def blocking_args(query: str) -> tuple[int | None, float]:
-    """``index`` and ``wait_s`` of a ``/scores`` query; a missing or malformed value means "do not wait"."""
-    args = parse_qs(query)
-    try:
-        index = int(args["index"][0])
-        wait_s = min(MAX_WAIT_S, max(0.0, float(args.get("wait_s", ["5"])[0])))
-    except (KeyError, ValueError, IndexError):
-        return None, 0.0
-    return (index, wait_s) if math.isfinite(wait_s) else (None, 0.0)
-
-
 # a parsed batch -> (accepted, ignored by reason, the ignored ones' sequence numbers)
 Announce = Callable[[object], tuple[int, dict, list]]
 
@@ -256,7 +228,7 @@ class AgentHttpServer:
                     return
                 fresh = self.index != index
                 index, body = self.index, self.scores_json
-            write(body + b"\n" if fresh else b"\n")
+            write(frame(body) if fresh else HEARTBEAT)
             if time.monotonic() >= deadline:
                 return
 
@@ -281,12 +253,12 @@ class AgentHttpServer:
                     return self._send(
                         200, generate_latest(owner.metrics.registry), "text/plain; version=0.0.4"
                     )
-                if self.path.startswith("/scores"):
+                if self.path.startswith(SCORES_PATH):
                     query = urlsplit(self.path).query
                     if wants_stream(query):
                         return self._stream()
                     index, body = owner.scores_after(*blocking_args(query))
-                    return self._send(200, body, "application/json", {"X-Eas-Index": str(index)})
+                    return self._send(200, body, "application/json", {INDEX_HEADER: str(index)})
                 return self._send(404, b"not found\n", "text/plain")
 
             def _stream(self) -> None:
@@ -345,8 +317,7 @@ class AgentHttpServer:
                     counter.labels("accepted").inc(accepted)
                 for reason, n in ignored.items():
                     counter.labels(reason).inc(n)
-                answer = {"accepted": accepted, "ignored": dict(ignored), "ignored_seqs": ignored_seqs}
-                return 200, json.dumps(answer).encode() + b"\n", True
+                return 200, answer_json(accepted, ignored, ignored_seqs), True
 
         return Handler
 

@@ -40,7 +40,7 @@ from typing import Protocol
 
 from consul_io.client import ConsulUnavailable
 from eas_agent.score import CRITICAL, ScoreResult
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 
 
 def _finite_or_none(value):

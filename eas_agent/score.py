@@ -38,7 +38,7 @@ V1 before the prefix-cache counters) has no ``prefix_cache_queries_total``: the 
 (an IU is only measured at capacity while it is saturated; the peak halves every ``capacity_half_life_s``
 so a slower IU is noticed) starting from priors until measured.
 
-``seed``: the design article's formula, kept for comparison: ``0.3 x KV-cache GB + 0.5 x KV-cache age s +
+``seed``: the original design's formula, kept for comparison: ``0.3 x KV-cache GB + 0.5 x KV-cache age s +
 0.2 x network MB/s``. vLLM exposes no KV-cache age; it is approximated with Little's law: the mean time a
 request holds KV is ``running / completions per s``, and the mean age of the requests resident now is half
 of that (uniform ages). With no completion in the rate window the age is at least the window.
@@ -58,13 +58,13 @@ from dataclasses import dataclass, field
 from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.network import NetReading
 from eas_agent.collectors.vllm import VllmReading
-from eas_agent.scorebody import CollectorRun, no_collectors
 from eas_agent.vllm_metrics import VllmMetrics
+from eas_wire.scorebody import CollectorRun, no_collectors
 
 PASSING, WARNING, CRITICAL = "passing", "warning", "critical"
 # Each profile's score is the sum of weight x term over these components (the body carries the terms
 # unweighted; `clusterctl scores` shows what each adds). drain's terms are seconds and add as they are;
-# seed's follow the design article's weighting of KV occupancy, KV age and network rate.
+# seed's follow the original design's weighting of KV occupancy, KV age and network rate.
 SCORE_TERMS: dict[str, dict[str, float]] = {
     "drain": {"queue_s": 1.0, "kv_s": 1.0, "step_s": 1.0, "prefill_s": 1.0},
     "seed": {"kv_cache_gb": 0.3, "kv_cache_age_s": 0.5, "net_mb_per_s": 0.2},

@@ -20,6 +20,10 @@ text) costs no Python work per line; the agent parses every IU's scrape every cy
 
 - a line whose metric name is one read (after any leading blanks) must be a well-formed sample line, else the
   scrape is refused naming that line (so is a bad value, a non-finite or negative one, a truncated scrape);
+  except in the families the score does not use (:data:`UNSCORED`): a bad value there is left out (the field
+  is None) with a ``warnings`` entry naming the sample, and the scrape is read;
+- V0's ``vllm:gpu_prefix_cache_hit_rate`` is ``-1`` when prefix caching is off (V0's default; its own log
+  line prints the rate only when it is ``>= 0``, ``vllm/engine/metrics.py``): that sentinel is None, no error;
 - a line of any other family is not looked at: nothing is scored from it, and one odd line there (a newer
   exporter's syntax, such as Prometheus 3's quoted names, or corruption) must not blind the IU's score. A name
   cut short (``vllm:num_requests_runn``) is another family's name;
@@ -62,6 +66,11 @@ KV_V0 = "vllm:gpu_cache_usage_perc"
 PREFIX_HIT_RATE_V0 = "vllm:gpu_prefix_cache_hit_rate"
 PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
 GENERATION_HISTOGRAM = "vllm:request_generation_tokens"
+# Samples read and reported but not scored (eas_agent.score and the collector read none of them): a bad value in
+# one of them must not make the IU's score unknown.
+UNSCORED = frozenset(["vllm:num_requests_swapped", "vllm:prefix_cache_hits_total", PREFIX_HIT_RATE_V0])
+# V0 exports the hit-rate gauge as -1 when prefix caching is off (and -1 is what its allocators return then).
+PREFIX_CACHING_OFF = -1.0
 
 WANTED = frozenset(
     [
@@ -121,6 +130,7 @@ class VllmMetrics:
     generation_tokens_sum: float | None = None
     generation_tokens_count: float | None = None
     engines: int = 0
+    warnings: tuple[str, ...] = ()  # samples of UNSCORED families left out for a bad value
 
     def contract_json(self) -> dict:
         """Exactly the keys of the parse-json contract's "vLLM metrics" section."""
@@ -132,7 +142,10 @@ class VllmMetrics:
         }
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """Every field read (``warnings`` apart: the contract carries them at its top level)."""
+        data = asdict(self)
+        del data["warnings"]
+        return data
 
 
 def _wanted_family(name: str) -> bool:
@@ -367,6 +380,7 @@ def _fold(samples: list[tuple[str, float, dict[str, str]]]) -> VllmMetrics:
     kv_v0: float | None = None
     hit_rate: float | None = None
     engines: set[str] = set()
+    warnings: list[str] = []
 
     def add(key: str, value: float) -> None:
         sums[key] = sums.get(key, 0.0) + value
@@ -375,8 +389,13 @@ def _fold(samples: list[tuple[str, float, dict[str, str]]]) -> VllmMetrics:
         # Prometheus text allows NaN/+Inf/-1e6, but no vLLM gauge or counter can be negative or
         # infinite: such a sample is a broken exporter, and scoring it would give a NaN or a negative
         # score that wins every pick. The IU goes unknown (warning) instead.
+        if name == PREFIX_HIT_RATE_V0 and value == PREFIX_CACHING_OFF:
+            continue  # prefix caching off: no hit rate, not a broken exporter
         if not math.isfinite(value) or value < 0:
             shown = ",".join(f"{k}={v!r}" for k, v in sorted(labels.items()))
+            if name in UNSCORED:
+                warnings.append(f"{name}{{{shown}}} {value}: non-finite or negative, left out (not scored)")
+                continue
             raise MetricsParseError(
                 None, f"{name}{{{shown}}} {value}", "non-finite or negative sample"
             )
@@ -414,4 +433,5 @@ def _fold(samples: list[tuple[str, float, dict[str, str]]]) -> VllmMetrics:
         generation_tokens_sum=sums.get("generation_tokens_sum"),
         generation_tokens_count=sums.get("generation_tokens_count"),
         engines=len(engines),
+        warnings=tuple(warnings),
     )

@@ -1,6 +1,7 @@
 """The announce channel, edge side: each request this edge sends is announced to its IU's node agent.
 
-The protocol and what the agent does with it: eas_agent/announce.py. Here: :class:`AnnounceSender`, on the
+The messages: eas_wire/announce.py (the contract: docs/contracts/announce.md); what the agent does with
+them: eas_agent/announce.py. Here: :class:`AnnounceSender`, on the
 edge's event loop and its one ``aiohttp.ClientSession``.
 
 - The request path calls :meth:`AnnounceSender.announce` (an append, and a timer when the node has none):
@@ -9,7 +10,7 @@ edge's event loop and its one ``aiohttp.ClientSession``.
   drawn at start so that edges spread over the interval) as one ``POST /announce``, items in sequence
   order. At most one POST per node is in flight: what is queued meanwhile waits for the next tick after
   it ends (the agent's acknowledgement "everything up to ``seq``" needs each node's batches in order). A
-  batch holds at most :data:`~eas_agent.announce.MAX_BATCH_ITEMS`; more are dropped.
+  batch holds at most :data:`~eas_wire.announce.MAX_BATCH_ITEMS`; more are dropped.
 - A dropped announcement is handed to the ledger (``EdgeLedger.unannounce``): an acknowledgement of a
   higher number does not cover it, so the edge counts that request by time, as without the channel.
   Dropped: a POST that failed (no connection, no answer within :data:`TIMEOUT_S`, any status but 200),
@@ -31,7 +32,6 @@ never matches an acknowledgement given to its previous life.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import random
@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from eas_agent.announce import ANNOUNCE_PATH, MAX_BATCH_ITEMS
-from eas_agent.scorebody import EDGE_ID
+from eas_wire.announce import ANNOUNCE_PATH, MAX_BATCH_ITEMS, Announcement, batch_json, read_answer
+from eas_wire.scorebody import EDGE_ID
 
 log = logging.getLogger("edge.announce")
 
@@ -69,7 +69,7 @@ REFUSALS = {
 
 def edge_id(name: str | None = None) -> str:
     """``<name>.<8 hex digits>``: ``name`` (default: this host's name) with every character the edge id does
-    not allow (:data:`~eas_agent.scorebody.EDGE_ID`) replaced by ``-``, cut to fit; a new nonce each call."""
+    not allow (:data:`~eas_wire.scorebody.EDGE_ID`) replaced by ``-``, cut to fit; a new nonce each call."""
     raw = socket.gethostname() if name is None else name
     clean = re.sub(r"[^A-Za-z0-9._:-]", "-", raw).lstrip("._:-")[:MAX_NAME] or "edge"
     ident = f"{clean}.{secrets.token_hex(NONCE_HEX // 2)}"
@@ -156,9 +156,7 @@ class AnnounceSender:
 
     async def _post(self, n: _Node, batch: list) -> None:
         seqs = [seq for _iu, _tokens, seq, _sent in batch]
-        data = json.dumps({"edge": self.edge, "announcements": [
-            {"iu": iu, "tokens": tokens, "seq": seq, "sent": sent} for iu, tokens, seq, sent in batch]},
-            separators=(",", ":")).encode()
+        data = batch_json(self.edge, (Announcement(*item) for item in batch))
         loop = asyncio.get_running_loop()
         started = loop.time()
         failure = None  # (state, detail)
@@ -169,7 +167,7 @@ class AnnounceSender:
                 raw = await answer.read()
                 status = answer.status
             if status == 200:
-                accepted, ignored_seqs = _accepted(raw, seqs)
+                accepted, ignored_seqs = read_answer(raw, seqs)
             else:
                 failure = REFUSALS.get(status, ("failing", f"HTTP {status}"))
         except asyncio.CancelledError:  # close() gave up on it
@@ -251,21 +249,3 @@ class AnnounceSender:
         if left:
             await asyncio.gather(*left, return_exceptions=True)
 
-
-def _accepted(raw: bytes, seqs: list[int]) -> tuple[int, list[int]]:
-    """(how many of the batch's announcements a 200 answer says it counted, the sequence numbers of those it
-    did not). An answer that does not say which (an older agent), says something inconsistent or cannot be
-    read: every announcement of the batch is taken as not counted, so the ledger counts them by time (counted
-    twice for a moment, never missed); one that cannot be read counts none as accepted."""
-    try:
-        answer = json.loads(raw)
-        accepted, ignored = answer.get("accepted"), answer.get("ignored_seqs")
-    except (ValueError, AttributeError):
-        return 0, list(seqs)
-    if not (isinstance(accepted, int) and not isinstance(accepted, bool) and 0 <= accepted <= len(seqs)):
-        return 0, list(seqs)
-    if accepted == len(seqs):
-        return accepted, []
-    if isinstance(ignored, list) and len(ignored) == len(seqs) - accepted and set(ignored) <= set(seqs):
-        return accepted, ignored
-    return accepted, list(seqs)

@@ -2,7 +2,7 @@
 
     listen: 0.0.0.0:8080          # where clients connect (OpenAI-compatible API, /metrics, /healthz)
     datacenter: dc1
-    consul:                       # same block as the agent's config (eas_agent.config)
+    consul:                       # same block as the agent's config (consul_io.config)
       address: 127.0.0.1:8500
       scheme: http                # or https with ca_file
       token_file: /etc/eas-edge/consul.token   # 0600; the token never goes on a command line
@@ -27,10 +27,12 @@
     eject_s: 5                    # an IU that failed a connection or died mid-stream is skipped this long
     drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
     seed: null                    # RNG of pick()'s sampling (null: from the OS)
-    event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it): bench/README.md
+    event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it);
+                                  # docs/decisions/0005-uvloop-optional.md
 
 Every field is optional. Errors name the file and the field (``edge.yml: push.agent_port: ...``); the field
-helpers are the agent config's, so both files read and fail alike.
+reader (eas_wire.fields) and the Consul block (consul_io.config) are the agent config's too, so both files
+read and fail alike.
 """
 
 from __future__ import annotations
@@ -39,12 +41,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-# The agent config's field helpers and Consul block: one reading of these fields, not a copy.
+# The field reader and Consul block the agent's config uses too: one reading of these fields, not a copy.
 from consul_io import layout
 from consul_io.client import TokenError, read_token_file
-from eas_agent.config import ConfigError, ConsulConfig, _address, _Fields, _load_consul, split_hostport
+from consul_io.config import ConsulConfig, load_consul
+from eas_wire.fields import ConfigError, Fields, address, read_yaml, split_hostport
 
 EVENT_LOOPS = ("asyncio", "uvloop")  # the edge's event loop (edge.main.loop_factory)
 __all__ = ["AnnounceConfig", "ConfigError", "EVENT_LOOPS", "EdgeConfig", "PushConfig", "load_edge_config",
@@ -110,14 +111,14 @@ class EdgeConfig:
         return split_hostport(self.listen)
 
 
-def _count(f: _Fields, key: str, default: int, minimum: int) -> int:
+def _count(f: Fields, key: str, default: int, minimum: int) -> int:
     value = f.get(key, int, default)
     if value < minimum:
         raise f.fail(key, f"must be >= {minimum}, got {value}")
     return value
 
 
-def _port(f: _Fields, key: str, default: int) -> int:
+def _port(f: Fields, key: str, default: int) -> int:
     value = f.get(key, int, default)
     if not 1 <= value <= 65535:
         raise f.fail(key, f"expected a TCP port 1-65535, got {value}")
@@ -125,7 +126,7 @@ def _port(f: _Fields, key: str, default: int) -> int:
 
 
 def _load_push(path: str | Path, data: Any) -> PushConfig:
-    f = _Fields(path, data if data is not None else {}, "push")
+    f = Fields(path, data if data is not None else {}, "push")
     f.unknown({"enabled", "agent_port", "wait_s", "apply_interval_s"})
     return PushConfig(
         enabled=f.get("enabled", bool, True),
@@ -136,7 +137,7 @@ def _load_push(path: str | Path, data: Any) -> PushConfig:
 
 
 def _load_announce(path: str | Path, data: Any) -> AnnounceConfig:
-    f = _Fields(path, data if data is not None else {}, "announce")
+    f = Fields(path, data if data is not None else {}, "announce")
     f.unknown({"token_file", "batch_ms", "edge_name"})
     token_file = f.get("token_file", str, None)
     if token_file == "":
@@ -148,14 +149,14 @@ def _load_announce(path: str | Path, data: Any) -> AnnounceConfig:
 
 
 def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
-    f = _Fields(path, data if data is not None else {}, "")
+    f = Fields(path, data if data is not None else {}, "")
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop"})
     return EdgeConfig(
-        listen=_address(f, "listen", "127.0.0.1:8080"),
+        listen=address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
-        consul=_load_consul(path, f.data.get("consul")),
+        consul=load_consul(path, f.data.get("consul")),
         push=_load_push(path, f.data.get("push")),
         announce=_load_announce(path, f.data.get("announce")),
         max_inflight_per_iu=_count(f, "max_inflight_per_iu", 64, 1),
@@ -178,16 +179,7 @@ def load_edge_config(path: str | Path | None, overrides: dict | None = None) -> 
     Overrides use the file's field names (``push.agent_port``) and go through the same validation."""
     data: dict = {}
     if path is not None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(path, "(file)", f"cannot read: {exc.strerror or exc}") from exc
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}" if mark is not None else "(file)"
-            raise ConfigError(path, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+        data = read_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(path, "(top level)", f"expected a mapping, got {type(data).__name__}")
     for dotted, value in (overrides or {}).items():

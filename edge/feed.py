@@ -5,9 +5,9 @@ snapshot (the agents' KV writes, <= 1 per node per second steady): ``ConsulWatch
 queries, its own threads) feeds an :class:`EdgeView`.
 
 Freshness: :class:`AgentFeed` holds one stream open to each node's agent, ``GET http://<node
-address>:<agent_port>/scores?stream=1`` (eas_agent/http.py): the agent writes each cycle's body (every 200
-ms) and each body the announce channel adds as one line as soon as it exists, so each score reaches the edge
-a one-way trip after it was computed, unquantized and without a Consul write. An agent from before streams
+address>:<agent_port>/scores?stream=1`` (docs/contracts/scores-stream.md): the agent writes each cycle's
+body (every 200 ms) and each body the announce channel adds as one line as soon as it exists, so each score
+reaches the edge a one-way trip after it was computed, unquantized and without a Consul write. An agent from before streams
 answers that request with one plain body: the feed then follows it with blocking queries
 (``/scores?index=N&wait_s=W``, one request per body) instead. Node addresses come from the IUs' Consul
 services (vLLM runs on the node; the agent listens there on ``agent_port``). Bodies are folded into the view
@@ -23,7 +23,6 @@ keeps it out of the power-of-two choice but lets the fail-open path still use a 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -31,16 +30,24 @@ from collections import Counter
 
 import aiohttp
 
-from eas_agent.http import STREAM_CONTENT_TYPE, STREAM_HEARTBEAT_S
-from eas_agent.scheduler import PoolView
-from eas_agent.scorebody import ScoreBody
+from eas_wire.scorebody import ScoreBody
+from eas_wire.stream import (
+    INDEX_HEADER,
+    SCORES_PATH,
+    STREAM_CONTENT_TYPE,
+    STREAM_HEARTBEAT_S,
+    STREAM_PARAMS,
+    blocking_params,
+    read_frame,
+)
+from edge.pool import PoolView
 
 log = logging.getLogger("edge.feed")
 
 
 class EdgeView(PoolView):
     """The edge's PoolView: every body (KV listing and pushed) is read as a typed
-    :class:`~eas_agent.scorebody.ScoreBody` (:meth:`PoolView.parse`), nonsense scores made unknown and
+    :class:`~eas_wire.scorebody.ScoreBody` (:meth:`PoolView.parse`), nonsense scores made unknown and
     counted by reason in ``ignored``."""
 
     blank_bad_scores = True
@@ -125,7 +132,7 @@ class AgentFeed:
         with blocking queries until a query fails (the agent restarted: perhaps upgraded), then asked for a
         stream again."""
         index, failures, stream = None, 0, self.stream
-        url = f"http://{agent}/scores"
+        url = f"http://{agent}{SCORES_PATH}"
         timeout = aiohttp.ClientTimeout(total=self.wait_s + 5.0, sock_connect=1.0)
         while not self.stopping:
             try:
@@ -153,11 +160,11 @@ class AgentFeed:
         agent answered with one plain body (from before streams), which was used; ``index`` is its
         ``X-Eas-Index`` for the blocking query that follows."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=self.wait_s + STREAM_HEARTBEAT_S)
-        async with self.session.get(url, params={"stream": "1"}, timeout=timeout) as answer:
+        async with self.session.get(url, params=STREAM_PARAMS, timeout=timeout) as answer:
             if answer.status != 200:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
             if answer.content_type != STREAM_CONTENT_TYPE:
-                index = int(answer.headers.get("X-Eas-Index", "0"))
+                index = int(answer.headers.get(INDEX_HEADER, "0"))
                 body = await answer.json(content_type=None)
                 self.connected[node], self.streaming[node] = True, False
                 if not index:  # 0: the agent's first cycle has not ended ("{}")
@@ -168,19 +175,19 @@ class AgentFeed:
             bodies = 0
             # a line longer than aiohttp's buffer limit (~128 KiB; a body is 1-4 KB) raises: a failure
             while line := await answer.content.readline():
-                if line.strip():  # an empty line is the agent's heartbeat
+                body = read_frame(line)
+                if body is not None:  # None: the agent's heartbeat
                     bodies += 1
-                    self._received(node, agent, json.loads(line))
+                    self._received(node, agent, body)
             return bodies, True, None
 
     async def _next(self, node: str, agent: str, url: str, timeout: aiohttp.ClientTimeout, index: int | None
                     ) -> int | None:
         """One blocking query; the body it answers (when new) goes to the view. Returns the index to ask next."""
-        params = {} if index is None else {"index": str(index), "wait_s": str(self.wait_s)}
-        async with self.session.get(url, params=params, timeout=timeout) as answer:
+        async with self.session.get(url, params=blocking_params(index, self.wait_s), timeout=timeout) as answer:
             if answer.status != 200:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
-            new_index = int(answer.headers.get("X-Eas-Index", "0"))
+            new_index = int(answer.headers.get(INDEX_HEADER, "0"))
             body = await answer.json(content_type=None)
         self.connected[node] = True
         if new_index == index:

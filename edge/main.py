@@ -27,11 +27,11 @@ import aiohttp
 from aiohttp import web
 
 from consul_io.client import ConsulIO, ConsulUnavailable
-from eas_agent.scheduler import ConsulWatcher
 from edge.announce import AnnounceSender, edge_id
 from edge.config import EVENT_LOOPS, ConfigError, EdgeConfig, load_edge_config
 from edge.feed import AgentFeed, EdgeView
 from edge.metrics import EdgeMetrics
+from edge.pool import ConsulWatcher
 from edge.proxy import EdgeState, make_app
 from edge.routing import Router
 
@@ -181,7 +181,7 @@ async def serve(config: EdgeConfig, ready=None) -> None:
 
 def loop_factory(config: EdgeConfig):
     """The event loop ``event_loop`` names: asyncio's own (the default) or uvloop, which is not a dependency
-    of the edge. Measured side by side (bench/README.md, ``edge_proxy.py``), uvloop takes 12-20% less CPU
+    of the edge. Measured side by side (docs/decisions/0005-uvloop-optional.md), uvloop takes 12-20% less CPU
     per stream in a bare aiohttp hop but changed neither the edge's CPU nor its added first-byte p99 beyond
     the run-to-run noise on the 2-core bench host: an option to measure on real hardware, not a default."""
     if config.event_loop == "asyncio":

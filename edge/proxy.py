@@ -64,7 +64,7 @@ class EdgeState:
     view: EdgeView
     router: Router
     metrics: EdgeMetrics
-    watcher: object | None = None  # eas_agent.scheduler.ConsulWatcher (threads)
+    watcher: object | None = None  # edge.pool.ConsulWatcher (threads)
     feed: AgentFeed | None = None
     announcer: AnnounceSender | None = None  # announce.token_file set: each request told to its node agent
     session: aiohttp.ClientSession | None = None

@@ -21,8 +21,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from eas_agent.scheduler import EdgeLedger, IUEntry, Snapshot, pick
-from eas_agent.scheduler.pick import prefill_cost_s
+from edge.pool import EdgeLedger, IUEntry, Snapshot, pick
+from edge.pool.pick import prefill_cost_s
 
 
 @dataclass(frozen=True)

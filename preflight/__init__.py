@@ -11,5 +11,5 @@ Layout (each a small module):
   each with stable fault codes (listed in its docstring and its ``codes``).
 - :mod:`preflight.runner` - all nodes in parallel on a bounded pool, then the rack-wide checks.
 - :mod:`preflight.report`, :mod:`preflight.history` - table, JSON, JUnit; saved runs and their diff.
-- :mod:`preflight.consul_io` - the only module that talks to Consul (read IU services, --release).
+- :mod:`preflight.consul` - the only module that talks to Consul (read IU services, --release).
 """

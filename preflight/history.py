@@ -3,6 +3,12 @@
 ``<state dir>/<run id>.json`` where the run id is ``YYYYmmddTHHMMSSZ`` (plus ``-N`` if two runs start in
 the same second); the file is the ``--json`` document plus ``run`` metadata (inventory, limit). A run is
 named by its id, a unique prefix of it, ``latest``/``previous``, or a path to a JSON file.
+
+The state directory is relative to the working directory and shared by every inventory run from there, so
+each run records its inventory's absolute path too (``inventory_path``). ``latest``/``previous`` may be
+scoped to one inventory (:func:`load`'s ``inventory``); :func:`different_inventories` tells two runs of
+different inventories apart, so that a comparison of two clusters whose host names match is never
+presented as one cluster's change.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import ClusterctlError, ExitCode
+from common.errors import ClusterctlError, ExitCode
 from preflight.result import CheckResult, Verdict
 
 DEFAULT_STATE_DIR = Path(".state/preflight")
@@ -54,15 +60,45 @@ def save(state_dir: Path, document: dict[str, Any], meta: dict[str, Any], starte
     raise ClusterctlError(f"{state_dir}: too many runs starting at {base}")
 
 
-def runs(state_dir: Path) -> list[SavedRun]:
-    """Saved runs, oldest first; unreadable files are skipped (a half-written file from a killed run)."""
+def runs(state_dir: Path, inventory: str | os.PathLike | None = None) -> list[SavedRun]:
+    """Saved runs, oldest first (``inventory``: only that inventory's); unreadable files are skipped (a
+    half-written file from a killed run)."""
     found = []
     for path in sorted(state_dir.glob("*.json"), key=_order) if state_dir.is_dir() else []:
         try:
             found.append(SavedRun(path.stem, path, json.loads(path.read_text())))
         except (OSError, ValueError):
             continue
+    if inventory is not None:
+        wanted = str(Path(inventory).resolve())
+        found = [r for r in found if inventory_of(r) == wanted]
     return found
+
+
+def inventory_of(run: SavedRun) -> str | None:
+    """The absolute path of the run's inventory (a run saved without one: its path as given, resolved
+    against the working directory)."""
+    meta = run.data.get("run", {})
+    given = meta.get("inventory_path") or meta.get("inventory")
+    return str(Path(given).resolve()) if given else None
+
+
+def different_inventories(old: SavedRun, new: SavedRun) -> tuple[str, str] | None:
+    """The two runs' inventories as they were given, when they are not the same inventory; else None."""
+    a, b = inventory_of(old), inventory_of(new)
+    if a is None or b is None or a == b:
+        return None
+    return (old.data.get("run", {}).get("inventory") or a, new.data.get("run", {}).get("inventory") or b)
+
+
+def checks_covered(run: SavedRun, known: tuple[str, ...]) -> str:
+    """``all 17``, or the checks a ``--checks``/``--skip`` run covered (``versions``; ``5 of 17``)."""
+    checks = run.data.get("run", {}).get("checks") or run.summary.get("checks")
+    if not checks:
+        return "-"
+    if set(known) <= set(checks):
+        return f"all {len(known)}"
+    return ", ".join(checks) if len(checks) <= 3 else f"{len(checks)} of {len(known)}"
 
 
 def _order(path: Path) -> tuple[str, int]:
@@ -70,7 +106,8 @@ def _order(path: Path) -> tuple[str, int]:
     return base, int(n) if n.isdigit() else 0
 
 
-def load(state_dir: Path, name: str) -> SavedRun:
+def load(state_dir: Path, name: str, inventory: str | os.PathLike | None = None) -> SavedRun:
+    """The run ``name`` names; ``inventory``: ``latest``/``previous`` among that inventory's runs."""
     as_path = Path(name)
     if name.endswith(".json") and as_path.is_file():
         try:
@@ -80,9 +117,11 @@ def load(state_dir: Path, name: str) -> SavedRun:
     saved = runs(state_dir)
     if name in ("latest", "previous"):
         index = -1 if name == "latest" else -2
-        if len(saved) < -index:
-            raise ClusterctlError(f"{state_dir}: no {name} run ({len(saved)} saved)", exit_code=ExitCode.USAGE)
-        return saved[index]
+        mine = runs(state_dir, inventory) if inventory is not None else saved
+        if len(mine) < -index:
+            of = f" of {inventory}" if inventory is not None else ""
+            raise ClusterctlError(f"{state_dir}: no {name} run{of} ({len(mine)} saved)", exit_code=ExitCode.USAGE)
+        return mine[index]
     matches = [r for r in saved if r.id == name] or [r for r in saved if r.id.startswith(name)]
     if len(matches) != 1:
         what = "no run" if not matches else f"{len(matches)} runs"

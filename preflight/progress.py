@@ -26,7 +26,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from cluster.text import plural
+from common.text import plural
 from preflight.result import CheckResult, Verdict
 from preflight.runner import Progress as RunnerProgress
 

@@ -2,7 +2,7 @@
 
 The runner only judges; releasing changes the cluster, so it is a separate step the preflight command calls
 with the runner's outcome (a library user who runs checks never releases by accident). For each node whose
-results all passed (``runner.node_passed``, ``--strict`` counting WARN as failing), ``consul_io.release``
+results all passed (``runner.node_passed``, ``--strict`` counting WARN as failing), ``consul.release``
 writes each IU's release marker (what the consul_agent role reads to stop putting it back into maintenance)
 and clears its maintenance on the node's agent. A node whose Consul call fails gets one ERROR result
 (check ``consul``, code ``RELEASE_FAILED``) naming why; the other nodes are still released.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cluster.model import Node
-from preflight import consul_io
+from preflight import consul
 from preflight.result import CheckResult, Verdict
 from preflight.runner import RunOutcome, node_passed
 
@@ -27,8 +27,8 @@ def release_passed(nodes: Iterable[Node], outcome: RunOutcome, strict: bool = Fa
         if not node_passed([r for r in outcome.results if r.node == node.name], strict):
             continue
         try:
-            released[node.name] = consul_io.release(node)
-        except consul_io.ConsulUnavailable as exc:
+            released[node.name] = consul.release(node)
+        except consul.ConsulUnavailable as exc:
             failed.append(_release_failed(node, str(exc)))
         # Anything else (a token file that cannot be read, a bug) is this node's failure too: the other nodes
         # are still released, and the run's files are still written after this (the command writes them next).

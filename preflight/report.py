@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cluster.errors import ExitCode
-from cluster.text import plural
+from common.errors import ExitCode
+from common.text import plural
 from preflight.result import CheckResult, Verdict
 from preflight.runner import RunOutcome, exit_code
 

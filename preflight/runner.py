@@ -20,10 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.errors import ExitCode
 from cluster.model import Cluster, Node
+from common.errors import ExitCode
 from preflight.checks import Check
-from preflight.checks.base import GatherError, HostUnreachable, NodeContext, RackContext, RunOptions
+from preflight.checks.base import (
+    GatherError,
+    HostUnreachable,
+    NodeContext,
+    RackContext,
+    RunOptions,
+    noting_parse_warnings,
+    with_parse_warnings,
+)
 from preflight.result import CheckResult, Verdict
 from preflight.transport import Transport
 
@@ -32,7 +40,8 @@ PASSING = (Verdict.PASS, Verdict.SKIP)
 # A node's readings (nvidia-smi, sysfs, chronyc, ...) are independent and mostly wait on their tools, so they
 # run side by side as channels of the node's one SSH connection. Two: with 4, the 18-machine fault matrix on a
 # loaded 2-core controller twice saw a command's channel close with no exit status (rc -1, no output), cause
-# not found; with 2 it passed under the same load, and one node's run is still ~35% shorter (bench/README.md).
+# not found; with 2 it passed under the same load, and one node's run is still ~35% shorter
+# (docs/decisions/0012-preflight-readings-at-once.md).
 READINGS_AT_ONCE = 2
 
 
@@ -123,6 +132,9 @@ class Runner:
         self.progress = progress or Progress()
         self._facts: dict[str, dict[str, Any]] = {c.name: {} for c in self.checks if c.scope != "node"}
         self._facts_lock = threading.Lock()
+        # (check, node) -> the warnings of the parses its gather made (rack and bracket checks; node checks
+        # note their own in Check.run): their results carry them as node checks' do
+        self._parse_warnings: dict[tuple[str, str], list[str]] = {}
 
     def run(self) -> RunOutcome:
         started = time.time()
@@ -243,17 +255,27 @@ class Runner:
         """The bracket checks' second readings, judged with their first."""
         # a node that stopped answering before a check's first reading gets no second one
         read = [c for c in checks if ctx.node.name in self._facts[c.name]]
-        results, left, stopped = self._side_by_side(
-            ctx, read, READINGS_AT_ONCE, lambda check: check.finish(ctx, self._facts[check.name][ctx.node.name]))
+        results, left, stopped = self._side_by_side(ctx, read, READINGS_AT_ONCE, lambda check: self._noted(
+            check, ctx.node, lambda: check.finish(ctx, self._facts[check.name][ctx.node.name])))
         if stopped is not None:
             results += self._unreachable(ctx.node, left, f"stopped answering: {stopped}")
         return results
 
     def _gather(self, check: Check, ctx: NodeContext) -> Any:
-        try:
-            return check.gather(ctx)
-        except GatherError as exc:
-            return exc
+        with noting_parse_warnings() as noted:
+            try:
+                return check.gather(ctx)
+            except GatherError as exc:
+                return exc
+            finally:
+                with self._facts_lock:
+                    self._parse_warnings[(check.name, ctx.node.name)] = noted
+
+    def _noted(self, check: Check, node: Node, judge: Callable[[], list[CheckResult]]) -> list[CheckResult]:
+        """``judge()``'s results (a bracket check's finish) noting its gather's and its own parse warnings."""
+        with noting_parse_warnings() as noted:
+            results = judge()
+        return with_parse_warnings(results, self._parse_warnings.get((check.name, node.name), []) + noted)
 
     def _store_fact(self, check: Check, node: Node, value: Any) -> None:
         with self._facts_lock:
@@ -266,7 +288,8 @@ class Runner:
             return []
         ctx = RackContext(rack.name, contexts, self._facts[check.name], work, self.options)
         try:
-            return check.run_rack(ctx)
+            return [noted for result in check.run_rack(ctx)
+                    for noted in with_parse_warnings([result], self._parse_warnings.get((check.name, result.node), []))]
         except Exception as exc:
             return [internal_error(check, c.node, exc) for c in contexts]
 

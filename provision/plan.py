@@ -16,9 +16,11 @@ from typing import Any
 
 import yaml
 
-from cluster import validate, vault
-from cluster.inventory import InventoryError, cluster_of, load_inventory
-from cluster.text import suggest
+from cluster import validate
+from cluster.ansible import vault
+from cluster.ansible.inventory import InventoryError, cluster_of, load_inventory
+from cluster.validate import problem_lines as format_problems
+from common.text import suggest
 
 DEFAULT_BATCHES: tuple[int | str, ...] = (1, "10%", "50%", "100%")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +180,9 @@ def resolve_playbook(name: str) -> Path:
     candidate = PLAYBOOK_DIR / name
     if candidate.exists():
         return candidate
-    raise InventoryError(f"playbook {name!r} not found (looked in . and {PLAYBOOK_DIR})")
+    known = sorted(p.name for p in PLAYBOOK_DIR.glob("*.yml"))
+    raise InventoryError(f"playbook {name!r} not found (looked in . and {PLAYBOOK_DIR}){suggest(name, known)} "
+                         f"(playbooks: {', '.join(known)})")
 
 
 # A play's hosts the plan can follow: one name (``all``, a group, a host); Ansible's full pattern language
@@ -297,6 +301,8 @@ def make_plan(
     # the wrong password) is an inventory error here, before any host, not a failed task in batch 1.
     if problems := loaded.undecryptable:
         raise InventoryError(f"{inventory}: " + "\n".join(problems))
+    if loaded.placeholders:  # decrypted now: a copied sample's REPLACE-ME would reach the nodes as secrets
+        raise InventoryError(f"{inventory}: " + "\n".join(format_problems(loaded.placeholders)), loaded.placeholders)
     path = resolve_playbook(playbook)
     everyone = list(loaded.everyone)
     batches: list[list[str]] = []

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.text import plural
+from common.text import plural
 from provision.plan import Plan
 
 # Task names of playbooks/tasks/reboot.yml (and consul-servers-reboot.yml's reboot) that the recap reads.

@@ -17,7 +17,9 @@ import pytest
 from tests.helpers import module_imports, python_packages
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("cluster", "preflight", "provision", "consul_io", "eas_agent", "edge", "cli", "devconsul", "sim", "bench")
+PACKAGES = ("common", "cluster", "preflight", "provision", "consul_io", "eas_agent", "eas_wire", "edge", "cli", "devconsul",
+            "sim", "demo",
+            "bench")
 ALLOWED = "cluster/ansible/"
 # Ansible plugins (loaded by Ansible, so they import it) and the tests (which drive Ansible on purpose).
 NOT_LINTED = {"playbooks", "collections", "tests"}

@@ -24,7 +24,7 @@ from tests.conftest import (
 BOOTS_MACHINES = re.compile(
     r"""["']virtual["'],\s*["']up["']|VirtualInventory\(|\bdef\s+(?:provisioned|one_host)\b|"""
     r"""\bdef\s+\w+\([^)]*\b(?:provisioned|one_host)\b|sim\.hosts\.machines\b|from sim\.hosts import [^\n]*\bmachines\b|"""
-    r"""image\.ensure\(|\bsimulate\.up\(|\bup_inventory\b""")
+    r"""image\.ensure\(|\b(?:simulate|lifecycle)\.up\(|\bup_inventory\b""")
 
 
 def _modules() -> list[str]:
@@ -46,11 +46,11 @@ def test_every_group_entry_names_something_that_exists():
 
 
 def test_the_demo_that_runs_beside_the_group_boots_its_machines_on_its_own_net():
-    from sim import demo
+    from demo import scenario as demo
     from sim.hosts import create
 
     assert demo.DEMO_NET != 0
-    assert "net=DEMO_NET" in (ROOT / "sim/demo.py").read_text()  # what make_cluster passes to create.write
+    assert "net=DEMO_NET" in (ROOT / "demo/scenario.py").read_text()  # what make_cluster passes to create.write
     default = {h.address for h in create.plan(16, 8, "mixed", "none")}
     own = {h.address for h in create.plan(16, 8, "mixed", "none", demo.DEMO_NET)}
     assert not default & own

@@ -35,8 +35,8 @@ from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import AgentConfig, IUConfig
 from eas_agent.score import DrainParams, Scorer
-from eas_agent.scorebody import ScoreBody
 from eas_agent.vllm_metrics import VllmMetrics
+from eas_wire.scorebody import ScoreBody
 from sim.memstore import MemoryStore
 from sim.vllm.engine import InferenceUnit
 from sim.vllm.eventloop import EventLoop

@@ -1,7 +1,7 @@
 """The announce channel as eas-edge and eas-agent ship it, driven in simulated time.
 
 The rows ``ours (push + announce + Consul)`` are the shipped push path plus the announce channel
-(eas_agent/announce.py has the protocol; edge/announce.py the edge's sender):
+(docs/contracts/announce.md has the protocol; edge/announce.py the edge's sender):
 
 - edge: every request it sends is announced to the chosen IU's node agent as (iu, prompt tokens, sequence
   number, send time); announcements are batched per node and leave at the edge's next tick (every
@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 
-from eas_agent.announce import Announcement, NodeAnnouncements
+from eas_agent.announce import NodeAnnouncements
+from eas_wire.announce import Announcement
 from edge.feed import EdgeView
 from sim.vllm.eventloop import EventLoop
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import random
 
 from consul_io import layout
-from eas_agent.scheduler import PoolView, pick
 from edge.config import EdgeConfig, PushConfig
 from edge.feed import EdgeView
+from edge.pool import PoolView, pick
 from edge.routing import Router
 from sim.vllm.eventloop import EventLoop
 

@@ -167,7 +167,7 @@ WRITES_BUDGET_PER_NODE_S = 1.0
 
 def check_targets(main: list[Summary], edges: list[Summary], before: list[Summary],
                   load: float = 0.8) -> list[TargetCheck]:
-    """The issue's targets for every shipped `ours` row: at 80% load p99 TTFT <= 1.2x the oracle and
+    """The routing targets for every shipped `ours` row: at 80% load p99 TTFT <= 1.2x the oracle and
     <= 0.85x least-connections; at 95% no worse than least-connections; at 50% the ratios are references.
     Edge scaling compares the most edges with one; Consul writes per node per second against the 1/s budget.
     The 'before' rows (the score without its admitted-prefill term) and round-robin are references."""

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from cli.errors import ClusterctlError
-from cli.help import examples
-from cluster.errors import ExitCode
+from cli.help import SuggestingGroup, examples
+from common.errors import ClusterctlError, ExitCode
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
+from preflight.parsers.common import paste_lines, shell_prompt
 
 
-@click.group("agent", epilog=examples("clusterctl agent parse-metrics saved-metrics.txt"))
+@click.group("agent", cls=SuggestingGroup, epilog=examples("clusterctl agent parse-metrics saved-metrics.txt"))
 def command() -> None:
     """EAS agent helpers."""
 
@@ -27,12 +27,31 @@ def parse_metrics(file: Path, as_json: bool) -> None:
         text = file.read_text(errors="replace")
     except OSError as exc:
         raise ClusterctlError(f"{file}: cannot read: {exc.strerror or exc}", ExitCode.USAGE) from exc
+    scrape, pasted = without_paste_additions(text)
     try:
-        metrics = parse_vllm_metrics(text)
+        metrics = parse_vllm_metrics(scrape)
     except MetricsParseError as exc:
         raise ClusterctlError(f"{file}: {exc}", ExitCode.FAILED) from exc
+    warnings = pasted + list(metrics.warnings)
     if as_json:
-        click.echo(json.dumps(metrics.contract_json()))
+        click.echo(json.dumps({**metrics.contract_json(), "warnings": warnings}))
         return
-    for key, value in metrics.to_json().items():
-        click.echo(f"{key:28} {'-' if value is None else value}")
+    values = metrics.to_json()
+    for key, value in values.items():
+        if value is not None:
+            click.echo(f"{key:28} {value}")
+    absent = [key for key, value in values.items() if value is None]
+    if absent:
+        click.echo(f"not in this scrape: {', '.join(absent)}")
+    for warning in warnings:
+        click.echo(f"warning: {warning}")
+
+
+def without_paste_additions(text: str) -> tuple[str, list[str]]:
+    """A scrape pasted from a ticket as the exporter printed it, and what the paste added (the warnings of
+    ``clusterctl preflight parse``): hand annotations cut off, elision and shell prompt lines blanked (so
+    that an error still names the line of the file), non-breaking spaces made spaces."""
+    kept, warnings = paste_lines(text)
+    by_number = {line.no: line.text for line in kept if not shell_prompt(line.text)}
+    count = text.replace("\r\n", "\n").count("\n") + 1
+    return "\n".join(by_number.get(no, "") for no in range(1, count + 1)), warnings

@@ -1,4 +1,4 @@
-"""``clusterctl demo``: the options; the scenario itself is :mod:`sim.demo`."""
+"""``clusterctl demo``: the options; the scenario itself is :mod:`demo.scenario`."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def command(nodes: int, racks: int, duration: float, rate: float | None, keep: b
     real: about 7-9 minutes for 4 nodes on 2 cores)."""
     if racks > nodes:
         raise click.BadParameter("cannot have more racks than nodes", param_hint="--racks")
-    # The simulators are imported only when the demo runs (tests/test_import_lint.py).
+    # The demo sits above the CLI and drives the simulators: imported only when it runs
+    # (tests/test_import_lint.py: the CLI's lazy commands are the one import upward).
     from cli.app import current
-    from sim import demo
+    from demo import scenario
 
-    demo.run(current().console, nodes, racks, duration, rate, keep, seed)
+    scenario.run(current().console, nodes, racks, duration, rate, keep, seed)

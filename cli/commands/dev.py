@@ -17,14 +17,14 @@ from pathlib import Path
 
 import click
 
-from cli.errors import ClusterctlError, ExitCode, UsageError
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
+from common.errors import ClusterctlError, ExitCode, UsageError
 from consul_io import layout
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error")
 
 
-@click.group(name="dev", epilog=examples("clusterctl dev consul --addr 127.0.0.1:8500"))
+@click.group(name="dev", cls=SuggestingGroup, epilog=examples("clusterctl dev consul --addr 127.0.0.1:8500"))
 def command() -> None:
     """Development servers for tests and the demo (not for production)."""
 
@@ -64,7 +64,7 @@ def consul(addr: str, data_dir: Path | None, acl_token_file: Path | None, log_le
 
     host = _check_addr(addr, allow_remote)
     if allow_remote and host != "localhost" and not ipaddress.ip_address(host).is_loopback and not acl_token_file:
-        # Review L3: off loopback without ACLs, anyone who reaches the port can write KV (steer traffic).
+        # Off loopback without ACLs, anyone who reaches the port can write KV (steer traffic).
         raise UsageError("--allow-remote needs --acl-token-file: without ACLs anyone who reaches the port "
                          "can read and write everything")
     try:

@@ -10,17 +10,17 @@ from rich.text import Text
 from rich.tree import Tree
 
 from cli import app
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
-from cluster import inventory as inv
 from cluster import validate as val
-from cluster import vault
-from cluster.errors import ExitCode
+from cluster.ansible import inventory as inv
+from cluster.ansible import vault
 from cluster.model import Cluster
-from cluster.text import plural
+from common.errors import ExitCode
+from common.text import plural
 
 
-@click.group("inventory", epilog=examples("clusterctl inventory validate -i inventory/prod", "clusterctl inventory show -i inventory/prod --limit rack_r12"))
+@click.group("inventory", cls=SuggestingGroup, epilog=examples("clusterctl inventory validate -i inventory/prod", "clusterctl inventory show -i inventory/prod --limit rack_r12"))
 def command() -> None:
     """Show and validate the cluster model built from an Ansible inventory."""
 
@@ -64,21 +64,47 @@ def cluster_tree(cluster: Cluster, title: str) -> Tree:
     return tree
 
 
-@command.command("validate", epilog=examples("clusterctl inventory validate -i inventory/prod", note="Exit codes: 0 no problem, 2 a problem (every one is listed, with the host and variable)."))
+@command.command("validate", epilog=examples(
+    "clusterctl inventory validate -i inventory/prod",
+    "clusterctl inventory validate -i inventory/prod --vault-password-file ~/.vault-pass --json",
+    note="With the vault password, vault values are decrypted too: one that does not decrypt, or still holds "
+         "a REPLACE-ME placeholder, is a problem. Exit codes: 0 no problem, 2 a problem (every one is listed, "
+         "with the file or host and the variable)."))
 @inventory_option
 @limit_option
 @vault_password_file_option
-def validate(inventory: str, limit: str | None, vault_password_file: Path | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the problems, warnings and notes as JSON (stdout).")
+def validate(inventory: str, limit: str | None, vault_password_file: Path | None, as_json: bool) -> None:
     """Report every inventory problem at once (exit 2 if any)."""
-    loaded = inv.load_inventory(inventory, limit, vault.secrets_for(vault_password_file))
-    problems = val.validate(loaded.selected, loaded.everyone)
-    if problems:
-        lines = val.problem_lines(problems)
+    loaded = inv.load_inventory(inventory, limit, vault.secrets_for(vault_password_file), check_vault=True)
+    problems = inv.problems_of(loaded) + loaded.placeholders
+    # without any vault password a sealed value is not a problem here (validate needs none); with one, a
+    # value it does not decrypt is what provision would stop on
+    sealed = loaded.undecryptable if loaded.placeholders_checked else []
+    lines = val.problem_lines(problems) + sealed
+    warnings = [] if lines else val.security_warnings(loaded.selected)
+    notes = [f"{plural(loaded.sealed, 'vault-encrypted value')} not checked for placeholders (no vault password: "
+             "pass --vault-password-file to check them)"] if loaded.sealed and not loaded.placeholders_checked else []
+    if as_json:
+        click.echo(json.dumps({
+            "inventory": str(loaded.path), "ok": not lines, "hosts": len(loaded.selected),
+            "problems": [{"where": p.host, "where_kind": p.place_kind, "variable": p.variable, "message": p.message}
+                         for p in problems] + [{"where": None, "where_kind": "vault", "variable": None,
+                                                "message": line} for line in sealed],
+            "warnings": warnings, "notes": notes,
+        }, indent=2))
+        if lines:
+            raise SystemExit(ExitCode.USAGE)
+        return
+    if lines:
         for line in lines:
             click.echo(f"{loaded.path}: {line}", err=True)
-        shown = f" ({len(lines)} distinct)" if len(lines) < len(problems) else ""
-        click.echo(f"{plural(len(problems), 'problem')}{shown} in {loaded.path}", err=True)
+        count = len(problems) + len(sealed)
+        shown = f" ({len(lines)} distinct)" if len(lines) < count else ""
+        click.echo(f"{plural(count, 'problem')}{shown} in {loaded.path}", err=True)
         raise SystemExit(ExitCode.USAGE)
-    for warning in val.security_warnings(loaded.selected):
+    for warning in warnings:
         click.echo(f"{loaded.path}: warning: {warning}", err=True)
+    for note in notes:
+        click.echo(f"{loaded.path}: note: {note}", err=True)
     click.echo(f"{loaded.path}: OK ({plural(len(loaded.selected), 'host')})")

@@ -28,6 +28,7 @@ Without it, both use what Ansible's configuration names (ANSIBLE_VAULT_PASSWORD_
 from __future__ import annotations
 
 import contextlib
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,10 +43,10 @@ from rich.text import Text
 from cli import app
 from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
-from cluster import run_state, vault
-from cluster.errors import ExitCode
-from cluster.inventory import InventoryError
-from cluster.text import plural
+from cluster.ansible import vault
+from cluster.ansible.inventory import InventoryError
+from common.errors import ExitCode
+from common.text import plural
 from provision import run
 from provision.plan import (
     DEFAULT_BATCHES,
@@ -92,6 +93,7 @@ def _site_tags() -> str:
 @click.option("--plain", is_flag=True,
               help="One line per event instead of the live view (the default when stdout is not a terminal).")
 @click.option("--plan", "plan_only", is_flag=True, help="Print roles, hosts and batches; touch nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --plan: print the plan as JSON.")
 @click.option("--allow-reboot", is_flag=True,
               help="Reboot hosts that need it (driver change, kernel arguments, firmware) and continue; "
                    "without it they are listed as reboot pending.")
@@ -101,17 +103,23 @@ def _site_tags() -> str:
 @vault_password_file_option
 def command(
     inventory: str, limit: str | None, tags: str | None, check: bool, diff: bool, batches: str | None,
-    forks: int | None, plain: bool, plan_only: bool, allow_reboot: bool, playbook: str, run_dir: Path | None,
-    vault_password_file: Path | None,
+    forks: int | None, plain: bool, plan_only: bool, as_json: bool, allow_reboot: bool, playbook: str,
+    run_dir: Path | None, vault_password_file: Path | None,
 ) -> None:
     """Provision nodes with the Ansible roles, batch by batch; a failed batch stops the rollout."""
+    if as_json and not plan_only:
+        raise click.UsageError("--json prints the plan: use it with --plan (a run's events are in its "
+                               "run dir's events.jsonl)")
     vault_secrets = vault.secrets_for(vault_password_file)  # the file was checked by the option
     tag_list = [t.strip() for t in tags.split(",") if t.strip()] if tags else []
     sizes = parse_batches(batches) if batches else list(DEFAULT_BATCHES)
     plan = make_plan(inventory, playbook, limit, tag_list, sizes, vault_secrets=vault_secrets)
     console = app.current().console
     if plan_only:
-        console.print(plan_view(plan))
+        if as_json:
+            click.echo(json.dumps(plan.to_json(), indent=2))
+        else:
+            console.print(plan_view(plan))
         return
     run_dir = run_dir or Path(".state") / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     if problem := run.run_dir_problem(run_dir, plan.inventory):
@@ -121,8 +129,6 @@ def command(
         plan, run_dir, console, check=check, diff=diff, forks=forks, vault_password_file=vault_password_file,
         live=live, allow_reboot=allow_reboot,
     )
-    if rollout.stats is not None and not check:
-        run_state.note(plan.inventory, "provisioned")  # `virtual up` then refuses to discard it silently
     console.print(recap_table(rollout))
     if rollout.batch_seconds:
         console.print(Text("batch times: " + ", ".join(

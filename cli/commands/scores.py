@@ -1,6 +1,6 @@
 """``clusterctl scores [-i INV] [--consul ADDR] [--watch] [--json]``: the pool as the edge's reader sees it.
 
-Uses the reader library (``eas_agent.scheduler``): the same view, health folding, staleness and anomaly
+Uses the reader library (``edge.pool``): the same view, health folding, staleness and anomaly
 verdicts the edge routes on. With an inventory, the Consul address and datacenter come from its
 ``consul_http_addr`` / ``consul_datacenter`` variables and IUs that publish nothing are listed too.
 
@@ -29,17 +29,32 @@ from rich.live import Live
 from rich.text import Text
 
 from cli import app, neterr
-from cli.errors import ClusterctlError
 from cli.help import examples
 from cli.options import vault_password_file_option
 from cli.views.scores import publishing, rows, table
-from cluster.errors import ExitCode
-from cluster.text import plural
+from common.errors import ClusterctlError, ExitCode
+from common.text import plural
 from consul_io import layout
 from consul_io.client import ConsulIO, ConsulUnavailable, TokenError, read_token_file
-from eas_agent.scheduler import ConsulWatcher, PoolView
+from edge.pool import ConsulWatcher, PoolView
 
-CONSUL_HINT = "set --consul HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR"
+
+def address_origin(consul_addr: str | None, inventory: str | None, inv_addr: str | None) -> tuple[str, str, str]:
+    """(address, where it came from, what to do when it cannot be reached): the first of --consul, the
+    inventory's consul_http_addr, CONSUL_HTTP_ADDR and the default. The hint never suggests a setting that
+    a higher one overrides (CONSUL_HTTP_ADDR is not read when the inventory names an address)."""
+    env = os.environ.get("CONSUL_HTTP_ADDR")
+    if consul_addr:
+        return consul_addr, "--consul", "address from --consul: check it, and that Consul runs there"
+    if inv_addr:
+        ignored = f"; CONSUL_HTTP_ADDR={env} is not used: the inventory's address comes first" if env else ""
+        return (inv_addr, str(inventory), f"address from consul_http_addr in {inventory}{ignored}; pass --consul "
+                "HOST:PORT to reach another")
+    if env:
+        return env, "CONSUL_HTTP_ADDR", "address from CONSUL_HTTP_ADDR; set it, or pass --consul HOST:PORT"
+    return (layout.DEFAULT_HTTP_ADDR, "the default address",
+            "the default address (no --consul, no consul_http_addr from -i, no CONSUL_HTTP_ADDR); pass --consul "
+            "HOST:PORT, -i INVENTORY, or set CONSUL_HTTP_ADDR")
 
 
 def _inventory_settings(
@@ -47,7 +62,8 @@ def _inventory_settings(
 ) -> tuple[str | None, str | None, Any, dict[str, tuple[str, str]]]:
     """(Consul address, datacenter, token, IU id -> (rack, node)) from the inventory; the token is its
     ``consul_token`` / ``consul_token_file`` (the token rule), as the first node's Consul settings."""
-    from cluster import load_cluster, vault
+    from cluster import load_cluster
+    from cluster.ansible import vault
 
     cluster = load_cluster(inventory, vault_secrets=vault.secrets_for(vault_password_file))
     expected, addr, dc, token = {}, None, None, None
@@ -95,8 +111,7 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     inv_addr = inv_dc = inv_token = None
     if inventory:
         inv_addr, inv_dc, inv_token, expected = _inventory_settings(inventory, vault_password_file)
-    addr = str(consul_addr or inv_addr or os.environ.get("CONSUL_HTTP_ADDR", layout.DEFAULT_HTTP_ADDR))
-    source = "--consul" if consul_addr else str(inventory) if inv_addr else "CONSUL_HTTP_ADDR"
+    addr, source, hint = address_origin(consul_addr, inventory, inv_addr)
     dc = str(datacenter or inv_dc or layout.DEFAULT_DATACENTER)
     try:
         if token_file:
@@ -109,8 +124,8 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
         where = "--token-file" if token_file else str(inventory)
         raise ClusterctlError(f"{where}: {exc}", ExitCode.USAGE) from None
     try:
-        # consul_io's address rule: an https:// address is spoken to over HTTPS (review L9: the scheme was
-        # dropped and the token went out in cleartext), http:// or none over HTTP
+        # consul_io's address rule: an https:// address is spoken to over HTTPS (dropping the
+        # scheme would send the token in cleartext), http:// or none over HTTP
         io = ConsulIO(addr, token=token, timeout_s=3.0)
     except ConsulUnavailable as exc:  # nothing was contacted: the address itself is not one
         raise ClusterctlError(f"{source}: {exc}", ExitCode.USAGE) from None
@@ -120,7 +135,7 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
     try:
         watcher.refresh_once()
     except ConsulUnavailable as exc:
-        raise ClusterctlError(neterr.unreachable("Consul", addr, exc, CONSUL_HINT), ExitCode.UNREACHABLE) from exc
+        raise ClusterctlError(neterr.unreachable("Consul", addr, exc, hint), ExitCode.UNREACHABLE) from exc
     console = app.current().console
     if not watch:
         data = rows(view, expected, time.time())

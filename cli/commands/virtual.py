@@ -7,8 +7,8 @@ Every subcommand takes the inventory as ``-i DIR`` like the rest of the CLI; the
 ``DIR`` still works and prints a deprecation note (after the command's work, so an error stays one line).
 
 ``virtual up`` on machines that are running and were provisioned since they came up refuses (exit 2)
-unless ``--reset``: bringing them up again discards everything provisioning put on them. The record of
-"up" and "provisioned" is :mod:`cluster.run_state`.
+unless ``--reset``: bringing them up again discards everything provisioning put on them. Each machine
+carries that fact itself, a stamp provisioning leaves on every host (:mod:`sim.hosts.run_state`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import click
 
-from cli.errors import ClusterctlError, ExitCode, UsageError
-from cli.help import examples
+from cli.help import SuggestingGroup, examples
 from cli.options import vault_password_file_option
-from cluster import run_state, vault
+from cluster.ansible import vault
 from cluster.model import GPU_MODELS
-from cluster.text import plural
+from common.errors import ClusterctlError, ExitCode, UsageError
+from common.text import plural
 
 # The choices `virtual create --fabric` offers (sim.hosts.create.FABRICS; a test keeps them equal).
 FABRICS = ("ib", "roce", "mixed")
@@ -58,7 +58,7 @@ def _running(status) -> bool:
     return status.state != "stopped"
 
 
-@click.group("virtual", epilog=examples(
+@click.group("virtual", cls=SuggestingGroup, epilog=examples(
     "clusterctl virtual create -i mycluster --nodes 4 --racks 2",
     "clusterctl virtual up -i mycluster",
     "clusterctl virtual status -i mycluster",
@@ -117,20 +117,19 @@ def up(inventory: str | None, positional: str | None, limit: str | None, reset: 
     up are replaced, fresh; if they were provisioned since they came up it refuses (that would discard
     what provisioning did) unless --reset. Builds the machine image first when it is not cached, printing
     its progress."""
-    from sim.hosts import simulate
+    from sim.hosts import lifecycle, run_state
 
     given, inventory = inventory, _resolve_inventory(inventory, positional)
-    provisioned = run_state.provisioned_since_up(inventory)
-    if provisioned is not None and not reset:
-        running = [h.name for h in simulate.status(inventory) if _running(h)]
+    provisioned = run_state.provisioned(lifecycle.layout(inventory))
+    if provisioned and not reset:
+        running = [h.name for h in lifecycle.status(inventory) if _running(h) and h.name in provisioned]
         if running:
-            when = datetime.fromtimestamp(provisioned).strftime("%H:%M:%S")
+            when = datetime.fromtimestamp(max(provisioned[name] for name in running)).strftime("%H:%M:%S")
             raise UsageError(
                 f"{inventory}: {plural(len(running), 'machine')} up and provisioned at {when}; bringing "
                 f"them up again discards that state (add --reset to do it, then rerun clusterctl provision)"
             )
-    result = simulate.up(inventory, limit, vault.secrets_for(vault_password_file))
-    run_state.note(inventory, "up")
+    result = lifecycle.up(inventory, limit, vault.secrets_for(vault_password_file))
     note = f" ({len(result.unreachable)} unreachable: {', '.join(result.unreachable)})" if result.unreachable else ""
     click.echo(f"{inventory}: {plural(len(result.hosts), 'machine')} up in {result.seconds:.2f}s{note}")
     click.echo(f"next: clusterctl provision -i {inventory}")
@@ -141,16 +140,16 @@ def up(inventory: str | None, positional: str | None, limit: str | None, reset: 
 @_inventory_arg
 def down(inventory: str | None, positional: str | None) -> None:
     """Stop the inventory's machines and remove their overlays (also after a killed `up`)."""
-    from sim.hosts import simulate
+    from sim.hosts import lifecycle
 
     given, inventory = inventory, _resolve_inventory(inventory, positional)
     start = time.monotonic()
-    if not simulate.state_dir(inventory).exists():  # idempotent, but say why nothing happened
+    if not lifecycle.state_dir(inventory).exists():  # idempotent, but say why nothing happened
         click.echo(f"{inventory}: no simulated machines here (nothing was brought up with "
                    f"`clusterctl virtual up -i {inventory}`); nothing to stop")
         _deprecated_form(given, positional)
         return
-    stopped = simulate.down(inventory)
+    stopped = lifecycle.down(inventory)
     click.echo(f"{inventory}: {plural(stopped, 'machine')} stopped in {time.monotonic() - start:.2f}s")
     _deprecated_form(given, positional)
 
@@ -158,11 +157,13 @@ def down(inventory: str | None, positional: str | None) -> None:
 @command.command("status", epilog=examples("clusterctl virtual status -i mycluster"))
 @_inventory_arg
 def status(inventory: str | None, positional: str | None) -> None:
-    """Each machine of the inventory: its state (systemd's, inside it), address and injected faults."""
-    from sim.hosts import simulate
+    """Each machine of the inventory: its state (systemd's, inside it), address, injected faults, and when it
+    was provisioned since it came up."""
+    from sim.hosts import lifecycle, run_state
 
     given, inventory = inventory, _resolve_inventory(inventory, positional)
-    hosts = simulate.status(inventory)
+    hosts = lifecycle.status(inventory)
+    provisioned = run_state.provisioned(lifecycle.layout(inventory))
     _deprecated_form(given, positional)
     if not hosts:
         click.echo(f"{inventory}: no machines")
@@ -171,4 +172,6 @@ def status(inventory: str | None, positional: str | None) -> None:
         faults = ", ".join(
             f["kind"] + "(" + ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind") + ")" for f in host.faults
         )
-        click.echo(f"{host.name:<12} {host.address:<15} {host.state:<12} {faults or 'healthy'}")
+        stamp = provisioned.get(host.name)
+        when = f"  provisioned {datetime.fromtimestamp(stamp):%H:%M:%S}" if stamp is not None else ""
+        click.echo(f"{host.name:<12} {host.address:<15} {host.state:<12} {faults or 'healthy'}{when}")

@@ -1,8 +1,8 @@
 """How ``clusterctl scores`` and the demo's routing view draw the pool: rows from the reader's view, each
 score as the sum of its (weighted) terms, the inputs behind them, and why an anomaly flag was raised.
 
-Rendering only, apart from the command: :mod:`sim.demo` draws the same table, and a simulator may import
-this module but never a command module (which may import the simulators).
+Rendering only, apart from the command: the demo (:mod:`demo.scenario`, above the CLI) draws the same table
+through this module; the views are the part of ``cli`` the demo may import (tests/test_import_lint.py).
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from eas_agent.scheduler import IUEntry, PoolView
 from eas_agent.score import SCORE_TERMS
+from eas_wire.scorebody import ScoreTerms
+from edge.pool import IUEntry, PoolView
 
 HEALTH_STYLE = {"passing": "green", "warning": "yellow", "critical": "red", "maintenance": "magenta"}
 WIDE = 140  # columns from which the inputs, rack and node get their own columns
@@ -88,17 +89,18 @@ def terms_text(components: dict) -> str:
 
 def inputs_text(components: dict) -> str:
     """What the terms come from (requests, KV use, admitted prefill), in a few words."""
-    parts = [f"{k} {_num(components[k])}" for k in ("waiting", "running") if components.get(k) is not None]
-    if isinstance(components.get("kv_usage"), int | float):
-        parts.append(f"kv {components['kv_usage'] * 100:.0f}%")
-    if components.get("admitted_prefill_tokens"):
-        parts.append(f"admitted {_num(components['admitted_prefill_tokens'])} tok")
+    terms = ScoreTerms.of(components)[0]
+    parts = [f"{k} {_num(v)}" for k, v in (("waiting", terms.waiting), ("running", terms.running)) if v is not None]
+    if terms.kv_usage is not None:
+        parts.append(f"kv {terms.kv_usage * 100:.0f}%")
+    if terms.admitted_prefill_tokens:
+        parts.append(f"admitted {_num(terms.admitted_prefill_tokens)} tok")
     return ", ".join(parts)
 
 
 def flag_why(row: dict, data: list[dict]) -> str:
-    """Why the reader flagged this IU, in the detector's own terms (eas_agent/scheduler/anomaly.py)."""
-    from eas_agent.scheduler.anomaly import AnomalyDetector
+    """Why the reader flagged this IU, in the detector's own terms (edge/pool/anomaly.py)."""
+    from edge.pool.anomaly import AnomalyDetector
 
     flag, detector = row["anomaly"], AnomalyDetector()
     if not flag:
@@ -109,7 +111,8 @@ def flag_why(row: dict, data: list[dict]) -> str:
         score = f" {row['score']:.3g}" if row["score"] is not None else ""
         return f"high_outlier:{score}{median}; gated (weight 0)"
     if flag == "frozen":
-        pending = (row["components"].get("running") or 0) + (row["components"].get("waiting") or 0)
+        terms = ScoreTerms.of(row["components"])[0]
+        pending = (terms.running or 0) + (terms.waiting or 0)
         return (f"frozen: no new tokens for {detector.frozen_s:g}s, {_num(pending)} requests pending; "
                 f"weight {_num(row['weight'])}")
     if flag == "ramp":

@@ -20,7 +20,7 @@ asks the load to list every other inline ``!vault`` value that would not decrypt
 would trip on) while the secrets are still there.
 
 Executable inventories (Ansible's ``script`` plugin) are code: loading one runs it, as the operator, and
-``inventory validate`` must be safe to point at any file (review L6). They are refused, and the ``script``
+``inventory validate`` must be safe to point at any file. They are refused, and the ``script``
 plugin is disabled for every source (a directory source would otherwise run each executable file in
 it), unless the operator asks with ``CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS=1`` in the environment (an
 environment variable rather than a flag so that ``provision``, which hands the same path to
@@ -38,9 +38,10 @@ from typing import Any
 import yaml
 
 from cluster import model, spec, validate
+from cluster import variables as declared
 from cluster.ansible import vault
-from cluster.errors import ClusterctlError, ExitCode
-from cluster.text import plural
+from common.errors import ClusterctlError, ExitCode
+from common.text import plural, suggest
 
 ALLOW_SCRIPTS_ENV = "CLUSTERCTL_ALLOW_INVENTORY_SCRIPTS"
 _ENABLED: dict[str, list[str]] = {}
@@ -62,6 +63,11 @@ class LoadedInventory:
     undecryptable: list[str] = field(default_factory=list)  # with check_vault: vault.undecryptable(selected)
     # group -> its hosts in the order a play over that group runs them (Ansible's get_groups_dict)
     groups: dict[str, list[str]] = field(default_factory=dict)
+    # declared.placeholders(selected), checked while the vault secrets were in effect
+    placeholders: list[validate.Problem] = field(default_factory=list)
+    sealed: int = 0  # inline vault values of the selected hosts (placeholders inside them need the password)
+    placeholders_checked: bool = False  # vault secrets were in effect: sealed values were checked too
+    unrendered: list[validate.Problem] = field(default_factory=list)  # variables whose template failed
 
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
@@ -285,9 +291,12 @@ def _error(path: Path, exc: BaseException, what: str = "") -> InventoryError:
     return InventoryError(f"{path}: {what}{vault.failure(exc) or ' '.join(str(exc).split())}")
 
 
-def _resolve(path: Path, host: str, loader, hostvars: dict[str, Any]) -> dict[str, Any]:
+def _resolve(path: Path, host: str, loader, hostvars: dict[str, Any],
+             problems: list[validate.Problem]) -> dict[str, Any]:
     """The host's variables with those clusterctl reads (:data:`cluster.spec.NAMES`) decrypted (inline
-    ``!vault``) and templated; the others as Ansible gave them."""
+    ``!vault``) and templated; the others as Ansible gave them. A template that fails (an undefined
+    variable) is a problem appended to ``problems``, reported with every other one, and the variable is
+    left out (so no rule judges the unrendered text)."""
     from ansible.errors import AnsibleError
     from ansible.template import Templar
 
@@ -302,9 +311,15 @@ def _resolve(path: Path, host: str, loader, hostvars: dict[str, Any]) -> dict[st
                 resolved[key] = templar.template(value)
         except AnsibleError as exc:
             if key in spec.SECRETS:
-                resolved[key] = spec.Undecryptable(key, str(exc).splitlines()[0][:120])
+                # the vault check's own words (no password given / cannot decrypt: why), as provision says it
+                resolved[key] = spec.Undecryptable(key, vault.failure_reason(exc) or str(exc).splitlines()[0][:120])
                 continue
-            raise _error(path, exc, f"{host}: {key}: ") from None
+            if vault.failure(exc):
+                raise _error(path, exc, f"{host}: {key}: ") from None
+            del resolved[key]
+            problems.append(declared.with_origin(validate.Problem(
+                host, key, None, f"cannot be templated: {' '.join(str(exc).split())[:200]}"),
+                {host: hostvars}, path))
     return resolved
 
 
@@ -320,33 +335,52 @@ def load_inventory(
     path = Path(path)
     if not path.exists():
         raise InventoryError(f"{path}: inventory not found")
+    if nested := _nested_inventories(path):
+        # Ansible would merge them into one, and each one's hosts would lack the other's group_vars
+        raise InventoryError(f"{path}: a directory of inventories ({', '.join(nested)}), not one: pass one of "
+                             f"them, e.g. -i {path / nested[0]}")
     from ansible.errors import AnsibleError
 
     secrets = list(vault_secrets) if vault_secrets is not None else vault.configured_vault_secrets()
     everyone: dict[str, dict[str, Any]] = {}
     undecryptable: list[str] = []
+    unrendered: list[validate.Problem] = []
     with _Warnings() as warnings, vault.secrets_in_effect(secrets):
         loader, inventory, variables = _ansible_objects(path, warnings, secrets)
         try:
             for host in inventory.get_hosts("all"):
                 hostvars = variables.get_vars(host=host, include_hostvars=False)
-                everyone[host.name] = _resolve(path, host.name, loader, hostvars)
+                everyone[host.name] = _resolve(path, host.name, loader, hostvars, unrendered)
             selected_names = [h.name for h in inventory.get_hosts(limit)] if limit else list(everyone)
             unmatched = _unmatched_terms(inventory, limit) if limit and selected_names else []
             groups = {name: list(hosts) for name, hosts in inventory.get_groups_dict().items()}
         except AnsibleError as exc:
             raise _error(path, exc) from None
+        selected = {n: everyone[n] for n in selected_names}
         if check_vault:
-            undecryptable = vault.undecryptable({n: everyone[n] for n in selected_names})
+            undecryptable = vault.undecryptable(selected, path if path.is_dir() else path.parent)
+        placeholders = declared.placeholders(selected, path)
     warnings.summarize(path)
     if limit and (unmatched or not selected_names):
         names = sorted(g for g in groups if g not in ("all", "ungrouped"))
         # A part that matches nothing (a typo among several hosts) is the same mistake as a whole limit that
         # does: Ansible would only warn, and the run would go ahead on fewer hosts than meant.
         what = f"--limit {limit!r}: {', '.join(map(repr, unmatched))}" if unmatched else f"--limit {limit!r}"
-        raise InventoryError(f"{what} matches no host in {path} (groups: {', '.join(names) or '-'}; "
+        near = suggest((unmatched or [limit])[0], [*names, *everyone])
+        raise InventoryError(f"{what} matches no host in {path}{near} (groups: {', '.join(names) or '-'}; "
                              f"hosts: {_first(list(everyone))})")
-    return LoadedInventory(path, {n: everyone[n] for n in selected_names}, everyone, undecryptable, groups)
+    return LoadedInventory(path, selected, everyone, undecryptable, groups, placeholders,
+                           declared.sealed_values(selected), bool(secrets),
+                           [p for p in unrendered if p.host in selected])
+
+
+def _nested_inventories(path: Path) -> list[str]:
+    """The subdirectories that are inventories of their own (a hosts file), when ``path`` holds no inventory
+    file itself: ``-i inventory`` meant one of ``inventory/sample`` and ``inventory/virtual``."""
+    if not path.is_dir() or any(p.is_file() and not p.name.startswith(".") for p in path.iterdir()):
+        return []
+    return sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")
+                  and any((d / name).is_file() for name in ("hosts.yml", "hosts.yaml", "hosts", "hosts.ini")))
 
 
 def _unmatched_terms(inventory, limit: str) -> list[str]:
@@ -369,9 +403,17 @@ def load_cluster(
     return cluster_of(load_inventory(path, limit, vault_secrets))
 
 
+def problems_of(loaded: LoadedInventory) -> list[validate.Problem]:
+    """Every problem of a loaded inventory: the rules over its hosts' variables (each naming the file that
+    sets the variable), then every variable that nothing reads."""
+    return loaded.unrendered + [declared.with_origin(p, loaded.selected, loaded.path)
+                                for p in validate.validate(loaded.selected, loaded.everyone)] + declared.unknown_variables(
+        loaded.selected, loaded.path)
+
+
 def cluster_of(loaded: LoadedInventory) -> model.Cluster:
     """Validate an already loaded inventory (InventoryError listing every problem) and build the model."""
-    problems = validate.validate(loaded.selected, loaded.everyone)
+    problems = problems_of(loaded)
     if problems:
         raise InventoryError(
             f"{loaded.path}: {plural(len(problems), 'inventory problem')}:\n{validate.format_problems(problems)}", problems

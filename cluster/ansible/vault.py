@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import UsageError
+from common.errors import UsageError
 
 # (vault id, Ansible VaultSecret): what DataLoader.set_vault_secrets and VaultSecretsContext hold.
 VaultSecrets = list[tuple[str, Any]]
@@ -161,22 +161,26 @@ def decrypted(value: Any) -> Any:
     return str(value) if is_encrypted(value) else value
 
 
-def undecryptable(hostvars: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per inline ``!vault`` value (at any depth of a host's variables) that the secrets in effect
-    cannot decrypt: ``variable: why (hosts)``, a value shared through group_vars listed once."""
+def undecryptable(hostvars: dict[str, dict[str, Any]], base: Path | None = None) -> list[str]:
+    """One line per cause (no vault password; a password that does not decrypt) for the inline ``!vault``
+    values (at any depth of a host's variables) that the secrets in effect cannot decrypt: how many values
+    in how many files, the first one's variable, place and hosts. One missing password is one fact,
+    whatever the number of values it leaves sealed. ``base``: places are shown relative to it."""
     from ansible.errors import AnsibleError
 
-    failing: dict[tuple[str, str], list[str]] = {}
+    # reason -> ciphertext -> (variable, place, hosts): a group_vars value every host inherits counts once
+    failing: dict[str, dict[str, tuple[str, str | None, list[str]]]] = {}
 
     def visit(host: str, name: str, value: Any) -> None:
         if is_encrypted(value):
             try:
                 decrypted(value)
             except (AnsibleError, ReferenceError) as exc:
-                reason = failure(exc)
-                if reason is None:
+                if (found := _failure_parts(exc)) is None:
                     raise
-                failing.setdefault((name, reason), []).append(host)
+                seen = failing.setdefault(found[1], {}).setdefault(
+                    ciphertext(value) or name, (name, _relative(origin(value) or found[0], base), []))
+                seen[2].append(host)
         elif isinstance(value, dict):
             for key, item in value.items():
                 visit(host, f"{name}.{key}", item)
@@ -188,15 +192,45 @@ def undecryptable(hostvars: dict[str, dict[str, Any]]) -> list[str]:
         for name, value in variables.items():
             visit(host, name, value)
     lines = []
-    for (name, reason), hosts in failing.items():
+    for reason, values in failing.items():
+        (name, place, hosts), *others = values.values()
         shown = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3 else "")
-        lines.append(f"{name}: {reason} (hosts: {shown})")
+        first = f"{name} ({place + ', ' if place else ''}hosts: {shown})"
+        if others:
+            files = {p.rpartition(":")[0] or p for _, p, _ in values.values() if p}
+            first = (f"{len(values)} values in {len(files)} file{'s' if len(files) != 1 else ''} "
+                     f"(first: {first})")
+        lines.append(f"{first}: {reason}")
     return lines
+
+
+def _relative(place: str | None, base: Path | None) -> str | None:
+    if place is None or base is None:
+        return place
+    path, colon, line = place.partition(":")
+    try:
+        return Path(path).resolve().relative_to(base.resolve()).as_posix() + colon + line
+    except ValueError:
+        return place
 
 
 def failure(exc: BaseException) -> str | None:
     """One line for a vault decryption failure in ``exc`` or what it wraps (file or value:line, and why);
     None when ``exc`` is not about vault."""
+    if (found := _failure_parts(exc)) is None:
+        return None
+    where, reason = found
+    return f"{where}: {reason}" if where else reason
+
+
+def failure_reason(exc: BaseException) -> str | None:
+    """Why a vault value did not decrypt (:data:`NO_PASSWORD`, or ``cannot decrypt: ...``), without where."""
+    found = _failure_parts(exc)
+    return found[1] if found else None
+
+
+def _failure_parts(exc: BaseException) -> tuple[str | None, str] | None:
+    """(where, why) of a vault decryption failure in ``exc`` or what it wraps; None when not about vault."""
     from ansible.parsing.vault import AnsibleVaultError
 
     seen: BaseException | None = exc
@@ -208,8 +242,7 @@ def failure(exc: BaseException) -> str | None:
             # "must be specified" / "no vault secrets found": Ansible was given no secret at all
             no_secret = no_context or "must be specified" in text or "no vault secrets found" in text
             reason = NO_PASSWORD if no_secret else f"cannot decrypt: {text}"
-            where = origin(getattr(seen, "obj", None))
-            return f"{where}: {reason}" if where else reason
+            return origin(getattr(seen, "obj", None)), reason
         seen = seen.__cause__ or seen.__context__
     return None
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Protocol
 
-from eas_agent.scorebody import MAX_COLLECTOR_ERROR, CollectorRun
+from eas_wire.scorebody import MAX_COLLECTOR_ERROR, CollectorRun
 
 
 class Reading(Protocol):

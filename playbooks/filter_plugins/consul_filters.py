@@ -2,7 +2,7 @@
 
 - ``consul_bind_ip``: Consul's ``bind_addr`` must be an IP or a go-sockaddr template; a host name (an FQDN
   ``ansible_host``) is resolved here to its first IPv4 address, or fails naming the value.
-- ``consul_node_acl``: the policies and tokens of one node (``cluster.consul_acl``), for the
+- ``consul_node_acl``: the policies and tokens of one node (``consul_io.acl``), for the
   ``clusterctl.infra.consul_acl`` module; tokens whose vault value is empty are left out.
 - ``consul_marker_key``: the preflight release marker of an IU.
 - ``consul_maintenance``: the agent's checks (``GET /v1/agent/checks``) -> service ID -> the reason (Notes)
@@ -28,10 +28,12 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from cluster import consul_acl, settings
+    from cluster import settings
+    from consul_io import acl
 except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from cluster import consul_acl, settings
+    from cluster import settings
+    from consul_io import acl
 from consul_io import layout  # noqa: E402 (found through the same path as cluster)
 from consul_io.client import TokenError  # noqa: E402
 
@@ -54,9 +56,9 @@ def consul_bind_ip(value: Any) -> str:
     return str(infos[0][4][0])
 
 
-def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefix: str = consul_acl.EAS_PREFIX) -> dict:
+def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefix: str = acl.EAS_PREFIX) -> dict:
     """``{"policies": [{name, rules}], "tokens": [{secret, description, policies}]}`` for ``node``."""
-    policies = consul_acl.node_policies(node, datacenter, kv_prefix)
+    policies = acl.node_policies(node, datacenter, kv_prefix)
     descriptions = {
         "agent": f"consul agent token of {node}",
         # One secret for every node (a group variable): a node's name in its description would make each

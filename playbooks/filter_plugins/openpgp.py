@@ -1,8 +1,8 @@
 """``key_text | openpgp_fingerprints``: the fingerprints of the primary keys in an OpenPGP public key (ASCII
 armored, as apt repositories publish them at ``<repo>/gpg``), upper-case hex without spaces, in order.
 
-For the consul_agent role's pin of HashiCorp's repository key (security review L12: the key came from the
-repository's own host and nothing checked it): the role fetches the key, and installs it only when one of
+For the consul_agent role's pin of HashiCorp's repository key (unpinned, the key would come from the
+repository's own host and nothing would check it): the role fetches the key, and installs it only when one of
 these fingerprints is pinned in ``consul_agent_repo_key_fingerprints``.
 
 RFC 4880 (section 4.2: packet headers, old and new format; 6.2: ASCII armor; 12.2: a v4 key's fingerprint is

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import shlex
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from cluster.model import Node
@@ -162,7 +164,7 @@ class NodeContext:
 
 
 def _whole(result: CommandResult, argv: Sequence[str]) -> CommandResult:
-    """``result``, unless the transport truncated it at its cap (security review M4): partial output is never
+    """``result``, unless the transport truncated it at its cap: partial output is never
     judged (an XID past the cap would vanish silently), the check is an ERROR naming the command and the cap."""
     if result.truncated:
         cap = f"{OUTPUT_CAP_BYTES / 2**20:g} MiB"
@@ -174,16 +176,47 @@ def _whole(result: CommandResult, argv: Sequence[str]) -> CommandResult:
     return result
 
 
+# The warnings of the parses one check's gather made (see noting_parse_warnings); None outside a gather.
+_PARSE_WARNINGS: ContextVar[list[str] | None] = ContextVar("parse_warnings", default=None)
+
+
 def parse_output(kind: str, text: str, command: str) -> Any:
-    """Parse with the shared parsers; a ParseError becomes a GatherError with the offending excerpt."""
+    """Parse with the shared parsers; a ParseError becomes a GatherError with the offending excerpt. The
+    parse's warnings (:func:`preflight.parsers.parse_warnings`) go to the gather noting them."""
     from preflight import parsers
 
     try:
-        return parsers.parse(kind, text)
+        result = parsers.parse(kind, text)
     except parsers.ParseError as exc:
         raise GatherError(
             f"cannot parse `{command}` output: {exc}", command=command, output=excerpt(text)
         ) from None
+    noted = _PARSE_WARNINGS.get()
+    if noted is not None:
+        noted += [f"`{command}` {warning}" for warning in parsers.parse_warnings(text, result)]
+    return result
+
+
+@contextmanager
+def noting_parse_warnings() -> Iterator[list[str]]:
+    """The warnings of every :func:`parse_output` made inside the block (in this thread), in order."""
+    noted: list[str] = []
+    token = _PARSE_WARNINGS.set(noted)
+    try:
+        yield noted
+    finally:
+        _PARSE_WARNINGS.reset(token)
+
+
+def with_parse_warnings(results: list[CheckResult], warnings: Sequence[str]) -> list[CheckResult]:
+    """``results`` judged on parses that read past something (a damaged row, an elision, a missing header):
+    each carries the warnings as evidence ``parse_warnings``, and a PASS says in its reason that it was
+    read with warnings, so that no verdict passes silently on facts that were not all there."""
+    if not warnings:
+        return results
+    note = f" (read with {len(warnings)} parse warning{'s' if len(warnings) > 1 else ''})"
+    return [replace(r, reason=r.reason + (note if r.verdict is Verdict.PASS else ""),
+                    evidence={**r.evidence, "parse_warnings": list(warnings)}) for r in results]
 
 
 @dataclass
@@ -215,12 +248,14 @@ class Check:
     reads_outputs_of: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: NodeContext) -> list[CheckResult]:  # scope "node"
-        """gather (the only place that runs commands), then the pure evaluate; a GatherError is ERROR."""
-        try:
-            facts = self.gather(ctx)
-        except GatherError as exc:
-            return [self.error(ctx.node, exc)]
-        return self.evaluate(facts, ctx.profile, ctx.node)
+        """gather (the only place that runs commands), then the pure evaluate; a GatherError is ERROR. The
+        results note the warnings of the parses the gather made (:func:`with_parse_warnings`)."""
+        with noting_parse_warnings() as warnings:
+            try:
+                facts = self.gather(ctx)
+            except GatherError as exc:
+                return [self.error(ctx.node, exc)]
+        return with_parse_warnings(self.evaluate(facts, ctx.profile, ctx.node), warnings)
 
     def evaluate(self, facts: Any, profile: dict[str, Any], node: Node) -> list[CheckResult]:
         """Judge ``facts`` (what gather returned): pure, no command, no parsing."""

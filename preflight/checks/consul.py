@@ -1,6 +1,6 @@
 """consul: the Consul agent the node uses answers and every IU of the node is registered as ``vllm-iu``.
 
-``gather`` reads through :mod:`preflight.consul_io` (the only module that talks to Consul); ``evaluate``
+``gather`` reads through :mod:`preflight.consul` (the only module that talks to Consul); ``evaluate``
 (pure) judges what it read. An IU in maintenance
 is reported, not failed: that is how nodes wait for preflight; ``--release`` clears it afterwards for
 nodes where every check passed.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.model import Node
-from preflight import consul_io
+from preflight import consul
 from preflight.checks.base import Check, NodeContext
 from preflight.result import CheckResult, Verdict
 
@@ -22,9 +22,9 @@ from preflight.result import CheckResult, Verdict
 @dataclass(frozen=True)
 class ConsulFacts:
     address: str
-    alive: dict[str, Any] | None = None  # consul_io.agent_alive(), None when the agent did not answer
+    alive: dict[str, Any] | None = None  # consul.agent_alive(), None when the agent did not answer
     agent_error: str | None = None
-    services: dict[str, Any] | None = None  # IU id -> consul_io.ServiceState
+    services: dict[str, Any] | None = None  # IU id -> consul.ServiceState
     services_error: str | None = None
 
 
@@ -39,14 +39,14 @@ class Consul(Check):
     def gather(self, ctx: NodeContext) -> ConsulFacts:
         """The HTTP reads (the check's "commands"); an agent that does not answer is a fact, not an error."""
         node = ctx.node
-        address = consul_io.address_of(node)
+        address = consul.address_of(node)
         try:
-            alive = consul_io.agent_alive(node)
-        except consul_io.ConsulUnavailable as exc:
+            alive = consul.agent_alive(node)
+        except consul.ConsulUnavailable as exc:
             return ConsulFacts(address, agent_error=str(exc))
         try:
-            return ConsulFacts(address, alive, services=consul_io.iu_services(node))
-        except consul_io.ConsulUnavailable as exc:
+            return ConsulFacts(address, alive, services=consul.iu_services(node))
+        except consul.ConsulUnavailable as exc:
             return ConsulFacts(address, alive, services_error=str(exc))
 
     def evaluate(self, facts: ConsulFacts, profile: dict[str, Any], node: Node) -> list[CheckResult]:

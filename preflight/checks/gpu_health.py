@@ -49,8 +49,8 @@ JOURNAL_NO_MATCH_RC = 1  # `journalctl --grep` exits 1 when nothing matched, as 
 
 
 def kernel_log_argv(hours: float) -> list[str]:
-    """The window's kernel log, filtered on the host to the driver's XID lines (security review M4: an XID or
-    error storm made the whole log hundreds of MB per node): the kernel-xids parser counts only those
+    """The window's kernel log, filtered on the host to the driver's XID lines (an XID or
+    error storm makes the whole log hundreds of MB per node): the kernel-xids parser counts only those
     lines, and journalctl's stamps on them are unchanged. Not ``-q``: that silences journalctl's hint that
     the user cannot see the system's messages, and an unreadable journal read as no XID."""
     return ["journalctl", "-k", "--no-pager", "--since", f"-{hours:g}h", "--grep", XID_PATTERN]

@@ -24,7 +24,7 @@ DISTANCE_ORDER = ("X", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC")
 
 
 def link(topology: Any, a: str, b: str) -> str | None:
-    return topology.links.get(a, {}).get(b)
+    return topology.token(a, b)
 
 
 def gpu_numa(topology: Any) -> dict[int, int | None]:

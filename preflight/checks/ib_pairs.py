@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.model import Nic, Node
-from cluster.text import plural
+from common.text import plural
 from preflight.checks.base import Check, GatherError, NodeContext, RackContext, command_line, parse_output
 from preflight.checks.ib_ports import IBSTAT, find_port
 from preflight.result import CheckResult, Verdict

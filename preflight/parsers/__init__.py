@@ -8,14 +8,22 @@ message) on input it cannot read, never another exception.
 Pasted outputs (from tickets and runbooks) are read through :func:`common.paste_lines`: hand annotations
 after a value (``Yes   <===``, ``none  # comment``, ``(this one)``) and elision lines (``...``, ``[snip]``)
 are removed, shell prompt lines (``$ cmd``, ``user@host:~$ cmd``, ``[root@host ~]# cmd``) are skipped by the
-parsers, and each is reported. ``paste_warnings(text)`` returns those
-reports; ``to_contract_json(kind, result, warnings)`` puts them under a top-level ``"warnings"`` key (a
-list of strings, ``[]`` when nothing was ignored), as ``docs/contracts/parse-json.md`` specifies.
+parsers, and each is reported; non-breaking spaces are read as spaces, and reported. ``paste_warnings(text)``
+returns those reports.
+
+A parser that reads past damage in the tool's own lines says so in its result's ``warnings`` (a tuple of
+``line N: ...`` strings, the same form): a row whose cell count is wrong (no facts are taken from it), an
+elided section (what is missing is named), a missing header (the data was complete without it). Garbage is
+still a ParseError: a warning is for output read as far as it goes, never for a guess.
+``parse_warnings(text, result)`` is both lists in line order, and ``to_contract_json(kind, result,
+warnings)`` puts it under a top-level ``"warnings"`` key (a list of strings, ``[]`` when nothing was
+ignored), as ``docs/contracts/parse-json.md`` specifies. Checks note the same list in their evidence.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -43,7 +51,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "sysfs": ("ib_health", "parse_sysfs"),
     "mlxlink": ("ib_health", "parse_mlxlink"),
     "kernel-links": ("ib_health", "parse_kernel_links"),
-    # parsing that used to live inside checks (dcqcn, numa_pinning, cstates, gpu_health, versions)
+    # structured outputs the checks read (dcqcn, numa_pinning, cstates, gpu_health, versions)
     "mlnx-qos": ("mlnx_qos", "parse"),
     "systemctl-show": ("systemctl_show", "parse"),
     "cpulist": ("cpulist", "parse"),
@@ -51,12 +59,12 @@ _KINDS: dict[str, tuple[str, str]] = {
     "kernel-xids": ("kernel_log", "parse_xids"),
     "fabricmanager-version": ("versions", "parse_fabricmanager"),
     "ofed-info": ("versions", "parse_ofed_info"),
-    # one-word outputs that checks used to read by hand (cstates, ib_link_health, dcqcn, gpu_health, versions)
-    "pm-qos": ("words", "parse_pm_qos"),
-    "date-epoch": ("words", "parse_epoch"),
-    "ecn-switch": ("words", "parse_ecn_switch"),
-    "systemctl-is-active": ("words", "parse_is_active"),
-    "dpkg-version": ("words", "parse_dpkg_version"),
+    # one-word outputs (cstates, ib_link_health, dcqcn, gpu_health, versions)
+    "pm-qos": ("single_value", "parse_pm_qos"),
+    "date-epoch": ("single_value", "parse_epoch"),
+    "ecn-switch": ("single_value", "parse_ecn_switch"),
+    "systemctl-is-active": ("single_value", "parse_is_active"),
+    "dpkg-version": ("single_value", "parse_dpkg_version"),
 }
 
 
@@ -76,7 +84,7 @@ class _Parsers(Mapping[str, Callable[[str], Any]]):
 
 PARSERS: Mapping[str, Callable[[str], Any]] = _Parsers()
 
-__all__ = ["PARSERS", "ParseError", "parse", "paste_warnings", "to_contract_json"]
+__all__ = ["PARSERS", "ParseError", "parse", "parse_warnings", "paste_warnings", "to_contract_json"]
 
 
 def parse(kind: str, text: str) -> Any:
@@ -87,6 +95,18 @@ def parse(kind: str, text: str) -> Any:
 def paste_warnings(text: str) -> list[str]:
     """What the parsers ignore in ``text`` as paste additions, one line each (see the module docstring)."""
     return paste_lines(text)[1]
+
+
+def parse_warnings(text: str, result: Any) -> list[str]:
+    """Every warning of one parse of ``text``: what the paste added and what the parser read past (the
+    result's own ``warnings``), in line order."""
+    found = paste_warnings(text) + list(getattr(result, "warnings", ()))
+    return sorted(found, key=_line_no)
+
+
+def _line_no(warning: str) -> int:
+    match = re.match(r"line (\d+)", warning)
+    return int(match.group(1)) if match else 0
 
 
 def to_contract_json(kind: str, result: Any, warnings: list[str] | None = None) -> dict:

@@ -26,7 +26,7 @@ _SRUN_LABEL = re.compile(r"^ {0,5}\d{1,6}: ")
 T = TypeVar("T")
 
 # What a person's paste adds to a tool's output (from tickets, runbooks, chat). Each is removed before
-# parsing and reported as a warning naming the line (review: "Pending : Yes   <===" used to read as null).
+# parsing and reported as a warning naming the line ("Pending : Yes   <===" must not read as null).
 # Trailing annotations: an arrow ("<===", "<--", "<<", "←") and whatever follows it; a "#" comment after
 # two spaces; a parenthesised pointer such as "(this one)". Real values keep their own parentheses
 # ("A9FEA97B (169.254.169.123)"): only the pointer words below are taken as an annotation.
@@ -50,6 +50,9 @@ _PROMPT = re.compile(rf"^\s*(?:{_USER_AT_HOST}|[#$])\s+\S")
 # nccl-tests' own header lines and of comments). These are reported as paste warnings and skipped by the
 # parsers that accept nothing but their tool's lines (sysfs, kernel logs, cpulist, cmdline, nvlink).
 _SHELL_PROMPT = re.compile(rf"^\s*(?:{_USER_AT_HOST}|\$)\s+\S")
+# Spaces a web ticket, wiki or chat turns columns into (no tool prints them): no-break, figure and narrow
+# no-break spaces. They are read as spaces, and reported: str.split() would keep them inside a cell.
+_WIDE_SPACES = str.maketrans({"\u00a0": " ", "\u2007": " ", "\u202f": " "})
 
 
 class ParseError(ValueError):
@@ -88,14 +91,23 @@ def _strip_annotation(text: str) -> tuple[str, str]:
 def paste_lines(text: str) -> tuple[list[Line], list[str]]:
     """Normalised, numbered lines with what a paste adds removed, and one warning per removal.
 
-    Elision lines are dropped (the others keep their original numbers), trailing annotations are cut off
-    the value they follow, shell prompt lines (:func:`shell_prompt`) are kept (the nccl parser reads its
+    Elision lines are dropped (the others keep their original numbers), non-breaking spaces become spaces,
+    trailing annotations are cut off the value they follow, shell prompt lines (:func:`shell_prompt`) are kept (the nccl parser reads its
     test's name there) and reported."""
     text = text.replace("\r\n", "\n")
     kept: list[Line] = []
     warnings: list[str] = []
+    spaced_lines: list[int] = []  # lines with non-breaking spaces: one warning for all, where the first is
+    spaced_at = 0
     for no, raw in enumerate(text.split("\n"), start=1):
         line = clean_line(raw)
+        spaced = line.translate(_WIDE_SPACES)
+        if spaced != line:
+            if not spaced_lines:
+                spaced_at = len(warnings)
+                warnings.append("")  # written below, once the lines are counted
+            spaced_lines.append(no)
+            line = spaced
         if _ELISION.match(line):
             warnings.append(f"line {no}: ignored an elision marker {line.strip()[:40]!r} (lines may be missing there)")
             continue
@@ -107,6 +119,11 @@ def paste_lines(text: str) -> tuple[list[Line], list[str]]:
         if note:
             warnings.append(f"line {no}: ignored the annotation {note[:60]!r} after {value.strip()[-40:]!r}")
         kept.append(Line(no, value))
+    if spaced_lines:
+        others = len(spaced_lines) - 1
+        more = f" (and {others} more line{'s' if others > 1 else ''})" if others else ""
+        warnings[spaced_at] = (f"line {spaced_lines[0]}: read non-breaking spaces as spaces{more}: a copy from a "
+                               f"web page or chat")
     return kept, warnings
 
 

@@ -43,7 +43,14 @@ Real example (Xeon Platinum 8480+, kernel 5.15, C6 disabled through sysfs)::
     Duration: 0
 
 A state block cut before its ``Duration`` line, or fewer blocks than ``Number of idle states``, raises
-ParseError naming the last line read.
+ParseError naming the last line read; so does ``idle-info --silent``, which names the states without
+their blocks (nothing says whether one is disabled). Newer cpupower prints a ``Residency`` line in
+each block, which is not read.
+
+A paste without the header lines (it starts at ``analyzing CPU 0:``, or at ``Number of idle states:``) is
+read when its states are complete (as many blocks as ``Number of idle states`` says): the driver is null
+and a ``warnings`` entry says the header is missing; without the ``analyzing CPU N:`` line the states are
+CPU 0's (cpupower's default), which a second warning says.
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ class CpuIdleInfo:
     governor: str | None
     states: list[IdleState]
     cpus: dict[int, list[IdleState]] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # header lines missing from a paste (see the module docstring)
 
     def to_json(self) -> dict:
         return {"driver": self.driver, "states": [state.to_json() for state in self.states]}
@@ -95,7 +103,7 @@ class CpuIdleInfo:
 
 def parse(text: str) -> CpuIdleInfo:
     all_lines = lines(text)
-    if not any(_START.match(line.text) or _CPU.match(line.text) for line in all_lines):
+    if not any(_START.match(line.text) or _CPU.match(line.text) or _COUNT.match(line.text) for line in all_lines):
         first = first_nonblank(all_lines)
         raise ParseError(first.no, first.text, "no cpupower idle-info output (a 'CPUidle driver:' line)")
     return last_complete(split_runs(all_lines, lambda t: bool(_START.match(t))), _parse_run)
@@ -109,6 +117,13 @@ def _parse_run(run: list[Line]) -> CpuIdleInfo:
     cpu: int | None = None
     state: dict | None = None
     last_read = first_nonblank(run)
+    warnings: list[str] = []
+    started = any(_START.match(line.text) for line in run)
+    if not any(_CPU.match(line.text) for line in run):
+        count = next((line for line in run if _COUNT.match(line.text)), None)
+        if count is not None:
+            cpu, cpus[0] = 0, []
+            warnings.append(f"line {count.no}: no 'analyzing CPU N:' line before it: read as CPU 0's idle states")
     for line in run:
         text = line.text.strip()
         if not text:
@@ -148,14 +163,21 @@ def _parse_run(run: list[Line]) -> CpuIdleInfo:
         if number not in expected and number not in without_states:
             raise ParseError(last_read.no, last_read.text, f"output ends before CPU {number}'s idle states")
     for number, count in expected.items():
+        if count and all(not states for states in cpus.values()):
+            raise ParseError(last_read.no, last_read.text, f"CPU {number} names its {count} idle states but shows "
+                             "none of them (`cpupower idle-info --silent`?): no latency or disabled flag to read")
         if len(cpus.get(number, [])) < count:
             raise ParseError(last_read.no, last_read.text,
                              f"CPU {number} lists {len(cpus.get(number, []))} of {count} idle states")
     if driver is None and cpus and any(cpus.values()):
-        end = last_nonblank(run)
-        raise ParseError(end.no, end.text, "idle states without a 'CPUidle driver:' line")
+        if started:
+            end = last_nonblank(run)
+            raise ParseError(end.no, end.text, "idle states without a 'CPUidle driver:' line")
+        first = first_nonblank(run)
+        warnings.insert(0, f"line {first.no}: no 'CPUidle driver:'/'CPUidle governor:' header (a paste that "
+                           f"starts below it): driver unknown")
     first_cpu = next(iter(cpus.values()), [])
-    return CpuIdleInfo(driver, governor, first_cpu, cpus)
+    return CpuIdleInfo(driver, governor, first_cpu, cpus, tuple(warnings))
 
 
 def _current(cpu: int | None, line: Line) -> int:

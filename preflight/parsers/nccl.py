@@ -168,7 +168,7 @@ def _parse_run(run: list[Line]) -> NcclResult | None:
             marker = True
             words = stripped.split()
             after = words.index("nGpus") + 1 if "nGpus" in words else len(words)
-            if after >= len(words) or not words[after].isdigit():  # fuzzing found int()/IndexError here (L8)
+            if after >= len(words) or not words[after].isdigit():  # else int()/IndexError (found by fuzzing)
                 raise ParseError(line.no, line.text, "nGpus is not followed by a number")
             n_gpus = int(words[after])
         elif _COLUMNS.match(stripped):

@@ -59,7 +59,10 @@ Real example (A100-SXM4-80GB, driver 510.73.08, a remap pending after a correcta
 
 Raw step: per GPU, every ``key : value`` under its section path (indentation), as printed. Typed step:
 the fields above. Fewer ``GPU`` blocks than ``Attached GPUs``, or a GPU missing a section that the GPUs
-before it printed, is a truncated output and raises ParseError naming the last line.
+before it printed, is a truncated output and raises ParseError naming the last line. In a paste with an
+elision marker (``...``, ``[snip]``) the same shortfalls are read as far as they go instead: the GPUs
+shown are listed (null where a section was elided) and ``warnings`` names how many GPUs and which
+sections are missing.
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ class NvsmiReport:
     cuda_version: str | None = None
     # "Attached GPUs" of the header: more than len(gpus) for `nvidia-smi -q -i N` (one GPU of the node).
     attached: int | None = None
+    warnings: tuple[str, ...] = ()  # what an elided paste left out (see the module docstring)
 
     def gpu(self, bus_id: str) -> GpuMemoryHealth | None:
         """By full (00000000:07:00.0) or short (07:00.0) PCI bus id."""
@@ -145,7 +149,16 @@ class RawRun:
     attached: tuple[int, Line] | None
     gpus: list[Block]
     end: Line  # the last non-blank line, where a cut output is reported
-    elided: bool = False  # a pasted elision marker was dropped inside this output (lines may be missing)
+    elisions: tuple[int, ...] = ()  # the lines of the pasted elision markers dropped inside this output
+
+    @property
+    def elided(self) -> bool:
+        """A person elided lines of this output (a marker such as ``...``): blocks may be missing there."""
+        return bool(self.elisions)
+
+    def elision_after(self, line: Line) -> int:
+        """The line of the first elision marker after ``line`` (else the last one)."""
+        return next((no for no in self.elisions if no > line.no), self.elisions[-1])
 
 
 def read(text: str, what: str) -> list[list[Line]]:
@@ -214,8 +227,9 @@ def read_run(run: list[Line]) -> RawRun:
             continue
         path = tuple(name for _, name in stack) + (key,)
         gpus[-1][1][path] = (value.strip(), line)
-    elided = any(b.no - a.no > 1 for a, b in zip(run, run[1:], strict=False))  # lines() keeps numbers, drops elision lines
-    return RawRun(header, attached, gpus, last_nonblank(run), elided)
+    # lines() keeps the original numbers and drops elision lines: a gap is where one was
+    elisions = tuple(a.no + 1 for a, b in zip(run, run[1:], strict=False) if b.no - a.no > 1)
+    return RawRun(header, attached, gpus, last_nonblank(run), elisions)
 
 
 def parse(text: str) -> NvsmiReport:
@@ -227,22 +241,36 @@ def _parse_run(run: list[Line]) -> NvsmiReport:
     gpus, attached, end = raw.gpus, raw.attached, raw.end
     if not gpus:
         raise ParseError(end.no, end.text, "no GPU block in this nvidia-smi -q output")
+    warnings: list[str] = []
     sections = {path[0] for path in gpus[0][1]}
     missing = sorted(sections - {path[0] for path in gpus[-1][1]})
     if missing and len(gpus) > 1:
-        raise ParseError(end.no, end.text, f"GPU {gpus[-1][0].text.split()[1]} ends before its "
-                                           f"{', '.join(missing)} section(s)")
+        what = f"GPU {gpus[-1][0].text.split()[1]} ends before its {', '.join(missing)} section(s)"
+        if not raw.elided:
+            raise ParseError(end.no, end.text, what)
+        warnings.append(f"line {raw.elision_after(gpus[-1][0])}: lines elided: {what}: its values there are null")
     # Fewer blocks than attached GPUs is a cut output, except for one whole block: `nvidia-smi -q -i N`, what
     # on-call runs on the one suspect GPU (whole = with the health sections every -q and -q -d ECC prints).
-    # Several blocks could be `-i 0,1,2` or a cut exactly between GPUs: that stays an error. `attached` is
-    # kept, so a caller expecting the whole node (preflight's gpu_health) can tell.
+    # Several blocks could be `-i 0,1,2` or a cut exactly between GPUs: that stays an error, unless a person
+    # elided lines (a marker the paste shows): then the blocks are read as far as they go, and a warning
+    # names what is missing. `attached` is kept, so a caller expecting the whole node (gpu_health) can tell.
     if attached is not None and len(gpus) < attached[0] and (
             len(gpus) != 1 or not _HEALTH_SECTIONS <= {path[0] for path in gpus[0][1]}):
-        raise ParseError(end.no, end.text, f"output ends after {len(gpus)} of {attached[0]} attached GPUs")
+        if not raw.elided:
+            raise ParseError(end.no, end.text, f"output ends after {len(gpus)} of {attached[0]} attached GPUs")
+    if attached is not None and len(gpus) < attached[0] and raw.elided:
+        warnings.append(f"line {raw.elisions[-1]}: lines elided: {len(gpus)} of {attached[0]} attached GPUs shown, "
+                        f"no facts about the other {attached[0] - len(gpus)}")
+    if raw.elided:
+        for line, values in gpus:
+            absent = sorted(_HEALTH_SECTIONS - {path[0] for path in values})
+            if absent:
+                warnings.append(f"line {raw.elision_after(line)}: lines elided: GPU {line.text.split()[1]} shows no "
+                                f"{', '.join(absent)} section: its values there are null")
     cuda = raw.header.get("CUDA Version", raw.header.get("CUDA Driver Version"))
     return NvsmiReport([_typed_gpu(line, values) for line, values in gpus],
                        optional(raw.header.get("Driver Version")), optional(cuda),
-                       attached[0] if attached else None)
+                       attached[0] if attached else None, tuple(dict.fromkeys(warnings)))
 
 
 def _typed_gpu(gpu_line: Line, values: dict[Path, tuple[str, Line]]) -> GpuMemoryHealth:

@@ -43,6 +43,13 @@ Real example (H100 SXM5 HGX, driver 535, abridged to two GPUs and one NIC)::
 Raw step: header labels and each row's tokens as printed. Typed step: affinity columns by name, NIC
 devices from the header or the legend. A matrix whose rows stop before every column label has its row
 (a truncated paste) raises ParseError naming the last line read.
+
+A damaged row (a paste that lost a tab runs two cells together, ``NV18NV18``, and shifts every later cell
+one column left, so that the CPU affinity would be read from the NUMA column) is found by its cell count:
+a GPU row has one cell per column label and per affinity column, a NIC row one per column label (its
+affinity cells are empty), and every matrix cell is a link token. No fact is taken from a damaged row: its
+GPU is listed with null affinities, its row is absent from ``links``, and a ``warnings`` entry names it.
+``link``/``nvlinks`` read a pair from the other device's row then (the matrix is symmetric).
 """
 
 from __future__ import annotations
@@ -101,20 +108,30 @@ class Topology:
     gpus: list[TopoGpu]
     nics: list[TopoNic]
     links: dict[str, dict[str, str]] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # damaged rows read past (see the module docstring)
+
+    def token(self, row: str, column: str) -> str | None:
+        """The token at ``row``/``column``, or at ``column``/``row`` when ``row`` was not read (a damaged
+        row: the matrix is symmetric); None for labels the matrix does not have."""
+        found = self.links.get(row, {}).get(column)
+        return found if found is not None else self.links.get(column, {}).get(row)
 
     def link(self, row: str, column: str) -> str:
         """The token printed at ``row``/``column`` (labels as printed: GPU0, NIC0, mlx5_0)."""
-        return self.links[row][column]
+        found = self.token(row, column)
+        if found is None:
+            raise KeyError(f"{row}/{column}")
+        return found
 
     def link_kind(self, row: str, column: str) -> str | None:
         """``self`` (X), ``nvlink`` (NV#) or ``pcie`` (PIX, PXB, PHB, NODE, SYS, SOC); None for labels the
         matrix does not have."""
-        token = self.links.get(row, {}).get(column)
+        token = self.token(row, column)
         return None if token is None else _kind(token)
 
     def nvlinks(self, row: str, column: str) -> int:
         """The number of NVLinks between two devices (``NV18`` -> 18); 0 for a PCIe path or unknown labels."""
-        return _nvlink_count(self.links.get(row, {}).get(column))
+        return _nvlink_count(self.token(row, column))
 
     def nvlink_matrix(self) -> dict[str, dict[str, int]]:
         """GPU -> other GPU -> NVLinks between them (0: PCIe only), for every pair of the matrix's GPUs."""
@@ -170,17 +187,25 @@ def _parse_run(run: list[Line]) -> Topology:
             raise ParseError(header.no, header.text, f"unexpected column label {label!r} in the topo header")
 
     raw_rows: dict[str, list[str]] = {}
+    damaged: list[str] = []
+    warnings: list[str] = []
     last_read = header
     legend: dict[str, str] = {}
     for line in run[start + 1:]:
         tokens = line.text.split()
         if not tokens:
             continue
-        if tokens[0] in columns and tokens[0] not in raw_rows:
-            if len(tokens) < 1 + len(columns):
+        if tokens[0] in columns and tokens[0] not in raw_rows and tokens[0] not in damaged:
+            problem = _damage(tokens, columns, trailing)
+            if problem is None and len(tokens) < 1 + len(columns):
                 raise ParseError(line.no, line.text,
                                  f"row {tokens[0]} has {len(tokens) - 1} cells, expected {len(columns)}")
-            raw_rows[tokens[0]] = tokens[1:]
+            if problem is not None:
+                damaged.append(tokens[0])
+                warnings.append(f"line {line.no}: row {tokens[0]} {problem} (cells run together?): no facts "
+                                f"taken from it")
+            else:
+                raw_rows[tokens[0]] = tokens[1:]
             last_read = line
             continue
         entry = _LEGEND_ENTRY.match(line.text)
@@ -188,21 +213,34 @@ def _parse_run(run: list[Line]) -> Topology:
             legend[entry.group(1)] = entry.group(2)
         # Anything else (the link legend, a prompt, interleaved log lines) is not part of the matrix.
 
-    missing = [label for label in columns if label not in raw_rows]
+    missing = [label for label in columns if label not in raw_rows and label not in damaged]
     if missing:
-        end = last_nonblank(run) if not raw_rows else last_read
+        end = last_nonblank(run) if not raw_rows and not damaged else last_read
         raise ParseError(end.no, end.text, f"topo matrix ends without rows for {', '.join(missing)}")
-    return _typed(columns, trailing, raw_rows, legend)
+    return _typed(columns, trailing, raw_rows, legend, tuple(warnings))
+
+
+def _damage(tokens: list[str], columns: list[str], trailing: list[str]) -> str | None:
+    """Why a row's cells cannot be placed in their columns, or None for a well-formed (or short) row."""
+    cells = tokens[1:]
+    bad = next((cell for cell in cells[: len(columns)] if not _LINK.match(cell)), None)
+    if bad is not None:
+        return f"has {bad!r} where a link token belongs"
+    expected = len(columns) + (len(trailing) if tokens[0].startswith("GPU") else 0)
+    if len(cells) >= len(columns) and len(cells) not in (expected, len(columns) + len(trailing)):
+        return f"has {len(cells)} cells, expected {expected}"
+    return None
 
 
 def _typed(columns: list[str], trailing: list[str], raw_rows: dict[str, list[str]],
-           legend: dict[str, str]) -> Topology:
-    links = {row: dict(zip(columns, raw_rows[row][: len(columns)], strict=True)) for row in columns}
+           legend: dict[str, str], warnings: tuple[str, ...] = ()) -> Topology:
+    links = {row: dict(zip(columns, raw_rows[row][: len(columns)], strict=True)) for row in columns
+             if row in raw_rows}
     gpus = []
     for label in columns:
         if not label.startswith("GPU"):
             continue
-        extra = raw_rows[label][len(columns):]
+        extra = raw_rows.get(label, [])[len(columns):]
         values = {AFFINITY_COLUMNS[name]: (extra[i] if i < len(extra) else None) for i, name in enumerate(trailing)}
         gpus.append(TopoGpu(label, values.get("cpu_affinity"), values.get("numa_affinity"),
                             values.get("gpu_numa_id")))
@@ -212,4 +250,4 @@ def _typed(columns: list[str], trailing: list[str], raw_rows: dict[str, list[str
             continue
         device = legend.get(label) if label.startswith("NIC") else label
         nics.append(TopoNic(label, device))
-    return Topology(gpus, nics, links)
+    return Topology(gpus, nics, links, warnings)

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from cluster.errors import ClusterctlError, ExitCode
+from common.errors import ClusterctlError, ExitCode
 
 PROFILE_DIR = Path(__file__).parent
 _SIZE = re.compile(r"^\d+[KMG]?$")

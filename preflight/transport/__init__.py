@@ -5,7 +5,7 @@ Commands are always argv lists. Locally they go straight to ``subprocess`` (neve
 remote shell gets ``shlex.join(argv)``, so a value from the inventory is always one quoted word, under
 coreutils ``timeout`` so that a hung command does not outlive its limit on the host (:func:`remote_command`).
 
-Both transports read at most ``OUTPUT_CAP_BYTES`` of each stream of a command (security review M4): past
+Both transports read at most ``OUTPUT_CAP_BYTES`` of each stream of a command (a storm of output must not exhaust the controller's memory): past
 that, reading stops, the command is ended (locally its process group is killed; over SSH the channel is
 closed) and the result says ``truncated``. A truncated output is never judged (``NodeContext.run`` makes it
 the check's ERROR), so events past the cap cannot silently vanish.
@@ -15,7 +15,7 @@ Which transport a node gets is decided by inventory variables only (see :class:`
 Ansible's local connection does); otherwise :class:`SshTransport` to ``ansible_host`` with Ansible's
 connection settings: ``ansible_user``, ``ansible_port``, ``ansible_ssh_private_key_file`` and the
 ``UserKnownHostsFile`` of ``ansible_ssh_common_args``/``ansible_ssh_extra_args``. Host keys are always
-verified (security review M5): the system and user known_hosts files plus that file are loaded and an
+verified (an impostor host must not receive commands or feed verdicts): the system and user known_hosts files plus that file are loaded and an
 unknown or changed host key makes the node UNREACHABLE with the reason, as ``ssh -o
 StrictHostKeyChecking=yes`` would.
 """

@@ -61,9 +61,9 @@ def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 def _read_capped(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
     """(stdout, stderr, timed out, truncated) of a child spawned with bytes pipes, both drained as they come.
 
-    A stream over ``cap`` bytes stops the read (security review M4): it keeps its first ``cap`` bytes and the
+    A stream over ``cap`` bytes stops the read (memory stays bounded): it keeps its first ``cap`` bytes and the
     group is killed. On the deadline the group is killed too. After a kill, what the pipes still hold is read
-    for at most ``KILL_GRACE_S`` (a descendant that left the group may keep them open, review L7), then they
+    for at most ``KILL_GRACE_S`` (a descendant that left the group may keep them open), then they
     are closed."""
     assert proc.stdout is not None and proc.stderr is not None
     out, err = bytearray(), bytearray()
@@ -119,7 +119,7 @@ def _local_text(data: bytes) -> str:
 
 def _output_after_kill(proc: subprocess.Popen) -> tuple[str, str]:
     """What a killed group wrote. A descendant that left the group (``setsid``, a daemon) still holds the
-    pipes open, and ``communicate()`` would wait for it as long as it lives (security review L7): wait up to
+    pipes open, and ``communicate()`` would wait for it as long as it lives: wait up to
     ``KILL_GRACE_S`` for the end of output, then close the pipes and keep what came."""
     try:
         return proc.communicate(timeout=KILL_GRACE_S)

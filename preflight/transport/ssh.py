@@ -77,7 +77,7 @@ def _unreachable_reason(exc: BaseException, address: str, connect_timeout: float
 
 
 SESSION_RETRY_S = 0.5  # before the one more try of a command whose connection failed under it
-# A command's own limit on the host (security review L7): closing the channel on our timeout leaves a hung
+# A command's own limit on the host: closing the channel on our timeout leaves a hung
 # nvidia-smi running there, one more with every run. coreutils `timeout` ends it (its process group: TERM,
 # then KILL after REMOTE_KILL_S) REMOTE_GRACE_S after our deadline, so our timeout still decides the verdict.
 REMOTE_GRACE_S = 5
@@ -114,7 +114,7 @@ def exec_on(transport: Any, command: str, timeout: float,
     channel gets EOF/closes; both streams are drained as they come, so neither can fill the channel's
     window and stall the other. Output is decoded as UTF-8 with replacement (hostile bytes never raise).
     On timeout the channel is closed (as fabric did) and what came so far is returned. A stream over
-    ``cap`` bytes (security review M4) stops the read the same way, keeping its first ``cap`` bytes: the
+    ``cap`` bytes (memory stays bounded) stops the read the same way, keeping its first ``cap`` bytes: the
     channel is closed, so sshd closes the command's pipes and its next write ends it (SIGPIPE), and the
     host's ``timeout`` wrapper (:func:`remote_command`) bounds it in any case.
     """

@@ -114,7 +114,7 @@ _NVIDIA = {"maintainer": "NVIDIA CUDA Stand-in <cuda-standin@invalid>", "homepag
 _HASHICORP = {"maintainer": "HashiCorp Stand-in <consul-standin@invalid>", "homepage": "https://www.consul.io/"}
 
 # Ubuntu's nvidia-compute-utils-<branch> unit (nvidia-graphics-drivers, debian/templates). It starts the daemon
-# WITHOUT persistence mode: enabling the unit alone leaves persistence off (roles review #10).
+# WITHOUT persistence mode: enabling the unit alone leaves persistence off, as on a real host.
 PERSISTENCED_UNIT = """\
 [Unit]
 Description=NVIDIA Persistence Daemon

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from cluster.model import GPU_MODELS
-from cluster.text import plural
+from common.text import plural
 from sim import consul_security
 
 FABRICS = ("ib", "roce", "mixed")

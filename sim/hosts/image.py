@@ -43,7 +43,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cluster.errors import ClusterctlError
+from common.errors import ClusterctlError
 
 SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

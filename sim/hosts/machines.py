@@ -17,7 +17,7 @@ machine at boot (nspawn cannot bind onto /proc from outside).
 Finding, stopping and reporting the running machines (``down``, ``leftovers``, ``status``):
 :mod:`sim.hosts.nspawn`.
 
-What callers reach through this module (simulate, the CLI, tests, benchmarks) is imported here under its
+What callers reach through this module (lifecycle, the CLI, tests, benchmarks) is imported here under its
 own name (``from sim.hosts.nspawn import down as down``): ``machines.down``, ``machines.Layout``, ...
 """
 
@@ -229,7 +229,7 @@ def controller_paths() -> list[Path]:
 
     repo = Path(sim.__file__).resolve().parent.parent
     # consul_io: the agent's Consul client; sim: the simulated vLLM (python -m sim.vllm) the demo runs there
-    packages = [repo / name for name in ("cli", "cluster", "consul_io", "devconsul", "eas_agent", "edge",
+    packages = [repo / name for name in ("cli", "cluster", "common", "consul_io", "devconsul", "eas_agent", "edge",
                                          "preflight", "sim")]
     paths = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), *packages]
     return [p for p in dict.fromkeys(paths) if p.is_dir() and p != Path("/") and not _is_system_dir(p)]

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cluster.errors import ClusterctlError
+from common.errors import ClusterctlError
 from sim.hosts import image
 
 # CLUSTERCTL_REPO_ADDRESS moves the server (tests/virtual/test_repos.py runs its own beside a suite's).

@@ -14,7 +14,7 @@ Layout under ``<inventory_dir>/.sim/`` (the state dir; a plain directory, never 
 Every path is built from a checked host name (:func:`check_hostname`: a DNS label or dotted labels, so
 nothing like '..' or '/' reaches a path), and the state dir and the directories in it are used only when
 they are real directories of our own that nobody else may write, as is the inventory dir that holds
-the state dir (:func:`_real_dir`, :func:`check_state_dir`; security review H3: root deletes and writes
+the state dir (:func:`_real_dir`, :func:`check_state_dir`: root deletes and writes
 under them).
 """
 
@@ -127,7 +127,7 @@ def state_dir_of(inventory_dir: Path) -> Path:
 
 def _real_dir(path: Path, mode: int = 0o755) -> Path:
     """``path`` as a directory of our own: created if missing, refused if it is a symlink or not a directory
-    (a symlinked state dir would make root delete and write through it; security review H3), or if it is
+    (a symlinked state dir would make root delete and write through it), or if it is
     someone else's or others may write it (:func:`_check_own_dir`)."""
     try:
         os.lstat(path)

@@ -4,7 +4,7 @@
     <root>/files/*.whl
 
 It holds:
-- ``clusterctl-eas-agent``: the agent's own wheel, built from the checkout (cluster/agent_wheel.py);
+- ``clusterctl-eas-agent``: the agent's own wheel, built from the checkout (provision/wheels.py);
 - ``vllm`` 0.6.6.post1 (the version inference_unit pins): a stand-in whose ``vllm serve`` checks its environment
   and runs the simulated vLLM server (sim/pypi/vllm_cli.py; sim.vllm vendored as ``vllm._sim.vllm`` so the wheel
   needs nothing of this checkout at run time);
@@ -31,7 +31,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from cluster.agent_wheel import REPO_ROOT, REQUIRES_PYTHON, build_agent_wheel, normalize, write_wheel
+from provision.wheels import REPO_ROOT, REQUIRES_PYTHON, build_agent_wheel, normalize, write_wheel
 from sim.nvml_standin import MODULE_FILE as NVML_STANDIN
 
 VLLM_VERSION = "0.6.6.post1"
@@ -50,7 +50,7 @@ def pins(names: tuple[str, ...]) -> list[str]:
 
 
 # Project packages the simulated server imports, and where they live inside the stand-in wheel.
-VENDORED = {"sim": "vllm._sim", "eas_agent": "vllm._eas_agent", "edge": "vllm._edge"}
+VENDORED = {"sim": "vllm._sim", "eas_agent": "vllm._eas_agent", "eas_wire": "vllm._eas_wire", "edge": "vllm._edge"}
 
 
 def _vendored_name(module: str) -> str | None:
@@ -59,8 +59,8 @@ def _vendored_name(module: str) -> str | None:
 
 
 def vendored_sim() -> dict[str, bytes]:
-    """sim.vllm.server and every project module it imports (sim.*, eas_agent.*, edge.*), as vllm/_sim/...,
-    vllm/_eas_agent/... and vllm/_edge/..., imports rewritten."""
+    """sim.vllm.server and every project module it imports (sim.*, eas_agent.*, eas_wire.*, edge.*), as
+    vllm/_sim/..., vllm/_eas_agent/..., vllm/_eas_wire/... and vllm/_edge/..., imports rewritten."""
     todo, seen, files = ["sim.vllm.server"], set(), {}
     while todo:
         module = todo.pop()

@@ -20,8 +20,8 @@ Hardware: NVIDIA H100 SXM5 datasheet: 989 TFLOPS dense BF16 (1,979 is with spars
     scheduling, sampling and detokenization in the engine's CPU loop (~1.5 ms in vLLM V1).
 vLLM settings (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults, GPUs with >= 70 GiB):
   max_num_batched_tokens 8192 (the chunked-prefill token budget per step, OpenAI server default);
-  max_num_seqs 256 (the deployment setting; vLLM's default for smaller GPUs, and the design article's
-  "单IU不要超过256"); gpu_memory_utilization 0.9 (vLLM default); block_size 16 (vLLM default).
+  max_num_seqs 256 (the deployment setting; vLLM's default for smaller GPUs, and the
+  deployment's rule of at most 256 sequences per IU); gpu_memory_utilization 0.9 (vLLM default); block_size 16 (vLLM default).
 KV capacity: 4 × (85.5e9 × 0.9 − 35.3e9 weights − 5e9 activations, CUDA graphs and NCCL buffers)
   = 146.7e9 B → 447,700 tokens per IU.
 Resulting speeds: prefill ≈ 12,600 tokens/s per IU (plus attention for long prompts); a decode step of

@@ -1,11 +1,10 @@
 """The production request mix and its Poisson arrival trace.
 
-Mix (the project's design article, §4.5 "测试场景设计", not kept in this repository; its mix and mean
-prompt lengths are these): A short-text summaries 65% at ~327 prompt tokens, B long documents 30% at
-~4,218, C very long papers 5% at ~12,842. The article gives means only; prompts here are lognormal
+Mix (the deployment's expected traffic; its shares and mean prompt lengths are these): A short-text summaries 65% at ~327 prompt tokens, B long documents 30% at
+~4,218, C very long papers 5% at ~12,842. Only the means are given; prompts here are lognormal
 around those means (sigma 0.35, so most prompts sit within ×0.5-×2 of the mean) and clipped to the deployment's max_model_len 32,768.
-Output lengths are ours (the article gives none): lognormal with medians 128 (A, summaries), 256 (B,
-contract review findings) and 512 (C, paper reading notes), sigma 0.6 (a long right tail: P95 ≈ 2.7×
+Output lengths are ours (none are given): lognormal with medians 128 (A, summaries), 256 (B,
+contract analyses) and 512 (C, paper reading notes), sigma 0.6 (a long right tail: P95 ≈ 2.7×
 the median), clipped to [1, 4,096]. Means: 153 / 307 / 614 tokens.
 
 Every request is drawn once per run from one seeded RNG, so all policies see the same trace.

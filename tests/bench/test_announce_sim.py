@@ -20,8 +20,8 @@ from routesim.runner import SHIPPED, SHIPPED_PUSH, edge_scenarios, main_scenario
 from routesim.sim import Pool  # noqa: E402
 from routesim.workload import TraceRequest  # noqa: E402
 
-from eas_agent.scheduler import AnomalyDetector, EdgeLedger, IUEntry  # noqa: E402
 from edge.config import PushConfig  # noqa: E402
+from edge.pool import AnomalyDetector, EdgeLedger, IUEntry  # noqa: E402
 from sim.vllm.roofline import IUModel  # noqa: E402
 
 APPLY_S = PushConfig().apply_interval_s

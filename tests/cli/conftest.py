@@ -18,7 +18,7 @@ def virtual_inventory(tmp_path_factory):
 @pytest.fixture
 def brought_up_inventory(tmp_path):
     """A virtual inventory of its own (4 nodes, 2 racks) with the machines' state directory that `virtual up`
-    creates (no machine is booted): where `provision` and `virtual up` keep their run-state record."""
+    creates (no machine is booted): where a machine's overlay, and the provisioned stamp in it, would be."""
     from sim.hosts import create, state_dir
 
     path = tmp_path / "brought-up"

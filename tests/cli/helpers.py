@@ -1,4 +1,5 @@
-"""Helpers of the CLI tests: golden snapshots of rendered output, and the one-line error rule."""
+"""Helpers of the CLI tests: golden snapshots of rendered output, the one-line error rule, and a machine's
+provisioned stamp."""
 
 from __future__ import annotations
 
@@ -33,3 +34,16 @@ def one_line(err: str) -> str:
     """``err`` is exactly one line (the CLI's rule for an error); returns it stripped."""
     assert err.count("\n") == 1, err
     return err.strip()
+
+
+def stamp_provisioned(inventory: Path, host: str, when: float | None = None) -> Path:
+    """Leave the provisioned stamp in ``host``'s machine overlay, where provisioning's write inside the running
+    machine lands (no machine is booted)."""
+    from sim.hosts import lifecycle, run_state
+
+    path = lifecycle.layout(inventory).host(host).upper / run_state.PROVISIONED_STAMP.lstrip("/")
+    path.parent.mkdir(parents=True)
+    path.write_text("provisioned by clusterctl\n")
+    if when is not None:
+        os.utime(path, (when, when))
+    return path

@@ -4,11 +4,14 @@ answer is one line, with the documented exit code, and names the fix."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
 from cli.main import COMMANDS
-from tests.cli.helpers import one_line
+from tests.cli.helpers import one_line, stamp_provisioned
+
+REPO = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------------------ CLI conventions
 
@@ -24,7 +27,7 @@ def test_version_and_short_help(clusterctl):
 def test_a_top_level_typo_suggests_the_command(clusterctl):
     code, _, err = clusterctl("preflite")
     assert code == 2
-    assert "Error: No such command 'preflite'; did you mean 'preflight'?" in err
+    assert err.startswith("error: No such command 'preflite'; did you mean 'preflight'?")
     code, _, err = clusterctl("preflight", "hstory")
     assert code == 2 and "did you mean 'history'?" in err
 
@@ -58,7 +61,7 @@ def test_every_help_has_an_example_and_the_vault_text_is_in_one_place(clusterctl
     code, root, _ = clusterctl("--help")
     root = " ".join(root.split())
     assert "Examples:" in root and "mode 0600 (readable by group or others is refused" in root
-    assert "_CLUSTERCTL_COMPLETE=bash_source clusterctl" in root
+    assert 'eval "$(clusterctl completion bash)"' in root
     paths = [path for path, _ in all_commands()]
     assert {p[0] for p in paths} == set(COMMANDS)
     for path in paths:
@@ -186,8 +189,37 @@ def test_scores_without_consul_is_one_line_with_address_and_hint_exit_3(clusterc
         port = s.getsockname()[1]
     code, _, err = clusterctl("scores", "--consul", f"127.0.0.1:{port}")
     assert code == 3
-    assert one_line(err) == (f"error: cannot reach Consul at 127.0.0.1:{port} (connection refused); set --consul "
-                             "HOST:PORT, consul_http_addr in the inventory, or CONSUL_HTTP_ADDR")
+    assert one_line(err) == (f"error: cannot reach Consul at 127.0.0.1:{port} (connection refused); address from "
+                             "--consul: check it, and that Consul runs there")
+
+
+def test_scores_names_the_inventory_address_and_never_suggests_the_variable_it_ignored(
+        clusterctl, monkeypatch, tmp_path):
+    """The inventory's consul_http_addr comes before CONSUL_HTTP_ADDR: the error says the address came from
+    the inventory and that the variable was not used, instead of telling the operator to set it."""
+    import shutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inventory = tmp_path / "inv"
+    shutil.copytree(REPO / "inventory" / "virtual", inventory)
+    group_vars = inventory / "group_vars" / "all.yml"
+    group_vars.write_text(group_vars.read_text().replace('consul_http_addr: "{{ ansible_host }}:8500"',
+                                                         f"consul_http_addr: 127.0.0.1:{port}"))
+    monkeypatch.setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+    code, _, err = clusterctl("scores", "-i", str(inventory))
+    assert code == 3
+    assert one_line(err) == (
+        f"error: cannot reach Consul at 127.0.0.1:{port} (connection refused); address from consul_http_addr in "
+        f"{inventory}; CONSUL_HTTP_ADDR=127.0.0.1:1 is not used: the inventory's address comes first; pass "
+        "--consul HOST:PORT to reach another")
+    from cli.commands.scores import address_origin
+
+    monkeypatch.delenv("CONSUL_HTTP_ADDR")
+    assert address_origin(None, None, None)[1:] == ("the default address", (
+        "the default address (no --consul, no consul_http_addr from -i, no CONSUL_HTTP_ADDR); pass --consul "
+        "HOST:PORT, -i INVENTORY, or set CONSUL_HTTP_ADDR"))
 
 
 def test_scores_with_no_iu_publishing_says_so_and_exits_1(clusterctl, virtual_inventory, consul_addr):
@@ -214,23 +246,38 @@ def test_virtual_takes_dash_i_and_the_positional_form_still_works(clusterctl, tm
 
 
 def test_virtual_up_refuses_to_discard_a_provisioned_cluster(clusterctl, brought_up_inventory, tmp_path, monkeypatch):
-    from cluster import run_state
-    from sim.hosts import simulate
+    import shutil
+    from datetime import datetime
+
+    from sim.hosts import lifecycle, run_state
     from sim.hosts.machines import MachineState
 
     monkeypatch.chdir(tmp_path)
     ups = []
-    monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
-    monkeypatch.setattr(simulate, "up", lambda inv, limit, secrets: ups.append(inv) or simulate.UpResult(["r01n01"], [], 0.1))
+    running = {"r01n01": "running", "r01n02": "stopped"}
+
+    def fresh_machines(inv, limit, secrets):  # `up` recreates every machine's overlay, as prepare_host does
+        ups.append(inv)
+        shutil.rmtree(lifecycle.layout(inv).machines_dir, ignore_errors=True)
+        return lifecycle.UpResult(list(running), [], 0.1)
+
+    monkeypatch.setattr(lifecycle, "status", lambda inv: [MachineState(h, s, [], "127.0.1.11") for h, s in running.items()])
+    monkeypatch.setattr(lifecycle, "up", fresh_machines)
     assert clusterctl("virtual", "up", "-i", str(brought_up_inventory))[0] == 0  # never provisioned: fine
-    run_state.note(brought_up_inventory, "provisioned")
+    stamp_provisioned(brought_up_inventory, "r01n02")
+    assert clusterctl("virtual", "up", "-i", str(brought_up_inventory))[0] == 0  # provisioned, but not running
+    stamp_provisioned(brought_up_inventory, "r01n01", when=1_700_000_000)
     code, _, err = clusterctl("virtual", "up", "-i", str(brought_up_inventory))
-    assert code == 2 and len(ups) == 1
+    assert code == 2 and len(ups) == 2
     line = one_line(err)
-    assert "1 machine up and provisioned at" in line and "add --reset" in line
+    when = datetime.fromtimestamp(1_700_000_000).strftime("%H:%M:%S")
+    assert f"1 machine up and provisioned at {when}" in line and "add --reset" in line
+    code, out, _ = clusterctl("virtual", "status", "-i", str(brought_up_inventory))
+    assert code == 0 and out.splitlines()[0].split()[2:] == ["running", "healthy", "provisioned", when]
+    assert out.splitlines()[1].split()[2:] == ["stopped", "healthy"]
     code, out, _ = clusterctl("virtual", "up", "-i", str(brought_up_inventory), "--reset")
-    assert code == 0 and len(ups) == 2 and "next: clusterctl provision" in out
-    assert run_state.provisioned_since_up(brought_up_inventory) is None  # fresh hosts: nothing to lose again
+    assert code == 0 and len(ups) == 3 and "next: clusterctl provision" in out
+    assert run_state.provisioned(lifecycle.layout(brought_up_inventory)) == {}  # fresh hosts: nothing to lose again
 
 
 def test_ansible_warnings_are_summarized_once_each(clusterctl, broken):
@@ -257,7 +304,7 @@ def test_a_group_level_problem_is_one_line_not_one_per_host():
 def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeypatch, capsys, virtual_inventory):
     import cli.commands.inventory
     from cli.main import main
-    from cluster.errors import ExitCode
+    from common.errors import ExitCode
 
     def broken(*_args, **_kwargs):
         raise KeyError("racks")
@@ -269,8 +316,9 @@ def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeyp
     err = one_line(capsys.readouterr().err)
     assert err.startswith("internal error (a bug in clusterctl, not a verdict): KeyError: 'racks' at ")
     assert "--debug" in err
-    with pytest.raises(KeyError):  # --debug shows the traceback itself
+    with pytest.raises(SystemExit) as exited:  # --debug adds the traceback and keeps the code
         main(["--debug", "inventory", "show", "-i", str(virtual_inventory)])
+    assert exited.value.code == ExitCode.INTERNAL and "Traceback" in capsys.readouterr().err
 
 
 def help_examples():
@@ -314,3 +362,56 @@ def test_virtual_down_where_nothing_was_brought_up_says_so(clusterctl, tmp_path)
     assert code == 0 and err == ""  # idempotent: nothing up is not an error
     assert one_line(out) == (f"{tmp_path}: no simulated machines here (nothing was brought up with "
                              f"`clusterctl virtual up -i {tmp_path}`); nothing to stop")
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_debug_adds_the_traceback_and_keeps_every_exit_code(capsys, monkeypatch, tmp_path, virtual_inventory, where):
+    """--debug is accepted before or after the subcommand; an inventory mistake stays 2 and a bug 70 (a
+    script running with --debug must not read either as 1, "a check failed")."""
+    import cli.commands.inventory
+    from cli.main import main
+    from common.errors import ExitCode
+
+    broken = tmp_path / "yaml"
+    (broken / "group_vars").mkdir(parents=True)
+    (broken / "hosts.yml").write_text("all:\n  hosts:\n    n1:\n")
+    (broken / "group_vars" / "all.yml").write_text("numa_tuning: enabled: true\n")
+
+    def run(*args: str) -> tuple[int, str]:
+        argv = ["--debug", *args] if where == "first" else [*args, "--debug"]
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        return exited.value.code, capsys.readouterr().err
+
+    code, err = run("inventory", "validate", "-i", str(broken))
+    assert code == ExitCode.USAGE and "Traceback" in err
+    assert err.splitlines()[-1].startswith(f"error: {broken}/group_vars/all.yml:1:21: YAML: ")
+
+    def bug(*_args, **_kwargs):
+        raise KeyError("racks")
+
+    monkeypatch.setattr(cli.commands.inventory.inv, "load_cluster", bug)
+    code, err = run("inventory", "show", "-i", str(virtual_inventory))
+    assert code == ExitCode.INTERNAL and "Traceback" in err and "rerun with --debug" not in err
+
+
+def test_usage_mistakes_use_the_one_error_format(clusterctl):
+    """click's usage errors read as every other error: one ``error:`` line naming the command's -h."""
+    code, out, err = clusterctl("inventory", "valdate", "-i", "x")
+    assert (code, out) == (2, "")
+    assert err == ("error: No such command 'valdate'; did you mean 'validate'? (commands: show, validate) "
+                   "(see: clusterctl inventory -h)\n")
+    code, _, err = clusterctl("preflight", "--depth", "deep", "-i", "x")
+    assert code == 2 and err == ("error: Invalid value for '--depth': 'deep' is not one of 'quick', 'standard', "
+                                 "'full'. (see: clusterctl preflight -h)\n")
+    code, _, err = clusterctl("provision", "--plan")
+    assert code == 2 and err == "error: Missing option '-i' / '--inventory'. (see: clusterctl provision -h)\n"
+
+
+def test_clusterctl_alone_prints_its_help_and_exits_0(capsys):
+    from cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0 and out.startswith("Usage: clusterctl") and err == ""

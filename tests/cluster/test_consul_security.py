@@ -60,7 +60,7 @@ def test_missing_secrets_are_named_and_the_plan_shows_them(tmp_path, capsys):
 
 def test_a_token_file_counts_as_the_operator_token(tmp_path, capsys):
     # The token rule (roles/consul_agent/README.md): consul_token OR consul_token_file, never both required.
-    without = SECURE.replace("consul_token: ", "unused_token: ")
+    without = SECURE.replace("\nconsul_token: ", "\nsite_unused_token: ")
     code, _, err = run_cli(capsys, "inventory", "validate", "-i", _inventory(tmp_path / "a", without))
     assert code == 0 and "warning: consul_token:" in err
     code, _, err = run_cli(capsys, "inventory", "validate", "-i",

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cluster import InventoryError, load_cluster
-from cluster.inventory import ALLOW_SCRIPTS_ENV
+from cluster.ansible.inventory import ALLOW_SCRIPTS_ENV
 from tests.helpers import run_cli
 
 INVENTORY = {"gpu": {"hosts": ["n1"]}, "_meta": {"hostvars": {"n1": {"ansible_host": "127.0.0.1", "rack": "r1",

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from cluster import InventoryError, load_cluster
+from tests.cluster.helpers import HOSTS
 from tests.helpers import run_cli, write_tree
 
 INI = {
@@ -40,12 +41,12 @@ YAML = {
         all:
           vars:
             gpu_model: a100-sxm
-            base: 8100
+            site_port_base: 8100
           children:
             gpu_nodes:
               hosts:
                 n1: {rack: r7, ansible_host: 127.0.78.1}
-                n2: {rack: r7, ansible_host: 127.0.78.2, iu_port_base: "{{ base }}"}
+                n2: {rack: r7, ansible_host: 127.0.78.2, iu_port_base: "{{ site_port_base }}"}
     """,
     "host_vars/n2.yml": """
         gpu_count: 4
@@ -75,7 +76,7 @@ def test_yaml_with_rack_variable_templates_and_limit(tmp_path):
     assert [r.name for r in cluster.racks] == ["r7"]
     n2 = cluster.node("n2")
     assert n2.gpu_count == 4 and len(n2.ius) == 1
-    assert n2.ius[0].port == 8100  # "{{ base }}" templated by Ansible's Templar
+    assert n2.ius[0].port == 8100  # "{{ site_port_base }}" templated by Ansible's Templar
     limited = load_cluster(root, limit="n1")
     assert [n.name for n in limited.nodes()] == ["n1"]
 
@@ -95,7 +96,7 @@ def test_missing_and_unparseable_inventory_are_clear_errors(tmp_path):
 
 
 def test_limit_matching_nothing_is_an_inventory_error(tmp_path):
-    with pytest.raises(InventoryError, match=r"--limit .rack_zzz. matches no host in .* \(groups: gpu, rack_a, rack_b; hosts: a1, a2, b1\)"):
+    with pytest.raises(InventoryError, match=r"--limit .rack_zzz. matches no host in .*; did you mean 'rack_b'\? \(groups: gpu, rack_a, rack_b; hosts: a1, a2, b1\)"):
         load_cluster(write_tree(tmp_path, INI), limit="rack_zzz")
 
 
@@ -118,3 +119,29 @@ def test_show_tree_draws_the_virtual_inventory(capsys):
     for rack in ("rack r01", "rack r02"):
         assert rack in out
     assert out.count("-iu0") == 4 and out.count("-iu1") == 4
+
+
+def test_an_undefined_template_variable_is_reported_with_every_other_problem(tmp_path, capsys):
+    """A template that cannot render names its file and comes with the other problems, not alone and first."""
+    inventory = write_tree(tmp_path / "inv", {
+        "hosts.yml": HOSTS,
+        "group_vars/all.yml": 'gpu_model: h100-sxm\nconsul_http_addr: "{{ ansible_hots }}:8500"\n',
+        "host_vars/n2.yml": "ansible_host: 127.0.77.2\niu_size: 3\n"})
+    code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(inventory))
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        f"{inventory}: n1, n2 (2 hosts): consul_http_addr: cannot be templated: 'ansible_hots' is undefined "
+        "(group_vars/all.yml:2)",
+        f"{inventory}: n2: iu_size=3: must be one of 1/2/4/8 (host_vars/n2.yml:2)",
+        f"3 problems (2 distinct) in {inventory}"], err
+
+
+def test_a_directory_of_inventories_is_named_as_such(tmp_path, capsys):
+    """``-i inventory`` (the parent of sample/ and virtual/) was merged by Ansible into one inventory whose
+    hosts lacked their group_vars, reported as a missing gpu_model on every host."""
+    for name in ("prod", "staging"):
+        write_tree(tmp_path / "inventories" / name, {"hosts.yml": HOSTS, "group_vars/all.yml": "gpu_model: h100-sxm\n"})
+    code, out, err = run_cli(capsys, "inventory", "show", "-i", str(tmp_path / "inventories"))
+    assert (code, out) == (2, "")
+    assert err == (f"error: {tmp_path}/inventories: a directory of inventories (prod, staging), not one: pass one "
+                   f"of them, e.g. -i {tmp_path}/inventories/prod\n")

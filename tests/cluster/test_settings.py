@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import load_cluster, vault
+from cluster import load_cluster
+from cluster.ansible import vault
 from cluster.model import Node, build_node
 from cluster.settings import node_settings
 from tests.cluster.helpers import inline, password_file
@@ -99,7 +100,7 @@ def test_a_bad_setting_is_one_line_naming_host_variable_value(tmp_path, capsys, 
     inventory = write_tree(tmp_path / "inventory", {"hosts.yml": HOSTS, "group_vars/all.yml": f"gpu_model: h100-sxm\n{line}\n"})
     code, out, err = run_cli(capsys, "inventory", "validate", "-i", str(inventory))
     assert code == 2 and out == ""
-    assert err.splitlines()[0] == f"{inventory}: {expected}", err
+    assert err.splitlines()[0] == f"{inventory}: {expected} (group_vars/all.yml:2)", err  # the file setting it
 
 
 @pytest.mark.parametrize(("variables", "url"), [

@@ -78,7 +78,7 @@ def test_each_rule_reports_host_variable_value(tmp_path, capsys, case):
 
 
 def test_missing_required_variable(tmp_path, capsys):
-    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, all_vars="x: 1\n"))
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, all_vars="site_x: 1\n"))
     assert code == 2
     # one line for the one mistake both hosts share, naming both (not one line per host)
     assert "n1, n2 (2 hosts): gpu_model: missing required variable" in err

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import InventoryError, load_cluster, vault
+from cluster import InventoryError, load_cluster
+from cluster.ansible import vault
 from tests.cluster.helpers import HOSTS, PASSWORD, encrypt, inline, password_file
 from tests.helpers import run_cli, write_tree
 

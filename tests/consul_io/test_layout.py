@@ -13,7 +13,8 @@ from consul_io import layout
 REPO = Path(__file__).resolve().parents[2]
 # Client-side code: it names Consul things only through consul_io.layout (devconsul is the server side and
 # keeps Consul's own names; tests build fixtures by hand on purpose).
-CLIENT_PACKAGES = ("consul_io", "eas_agent", "edge", "preflight", "cli", "cluster", "provision", "bench", "sim",
+CLIENT_PACKAGES = ("consul_io", "eas_agent", "eas_wire", "edge", "preflight", "cli", "cluster", "provision", "bench", "sim",
+                   "demo",
                    "playbooks", "collections")
 # Literal spellings that must not appear in client code outside layout.py.
 SPELLINGS = {

@@ -14,7 +14,7 @@ import requests
 from click.testing import CliRunner
 
 from cli.commands.dev import command
-from cli.errors import UsageError
+from common.errors import UsageError
 
 TOKEN = "b1946ac9-2f0e-4c07-8f8a-1b1b0c3d9a55"
 

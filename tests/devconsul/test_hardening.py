@@ -310,7 +310,7 @@ def test_allow_remote_requires_acls():
     from click.testing import CliRunner
 
     from cli.commands.dev import command
-    from cli.errors import UsageError
+    from common.errors import UsageError
 
     result = CliRunner().invoke(command, ["consul", "--addr", "0.0.0.0:8500", "--allow-remote"])
     assert isinstance(result.exception, UsageError) and "--acl-token-file" in str(result.exception)

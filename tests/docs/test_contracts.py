@@ -4,6 +4,7 @@ fields both ways, and the examples on the page are accepted by the code."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import re
 from pathlib import Path
@@ -11,7 +12,9 @@ from pathlib import Path
 import yaml
 
 from eas_agent import config
-from eas_agent.scorebody import CollectorRun, IUScore, ScoreBody
+from eas_wire import stream
+from eas_wire.announce import ANNOUNCE_PATH, IGNORED_REASONS, batch_json, parse_batch, read_answer
+from eas_wire.scorebody import DECLARED_TERMS, CollectorRun, IUScore, ScoreBody
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_CONFIG = REPO / "docs" / "contracts" / "agent-config.md"
@@ -90,3 +93,106 @@ def test_score_body_page_example_is_read_back_whole():
 def test_the_score_body_row_reader_sees_a_missing_row():
     page = SCORE_BODY.read_text().replace("| `ius.*.collectors.*.duration_s` |", "| duration |")
     assert "ius.*.collectors.*.duration_s" in score_body_fields() - score_body_rows(page)
+
+
+ANNOUNCE = REPO / "docs" / "contracts" / "announce.md"
+SCORES_STREAM = REPO / "docs" / "contracts" / "scores-stream.md"
+
+
+def section(markdown: str, heading: str) -> str:
+    return markdown.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def indented(text: str) -> list[str]:
+    """The lines of the indented (code) blocks of ``text``, unindented; blank lines inside a block kept."""
+    lines = text.splitlines()
+    keep = []
+    for i, line in enumerate(lines):
+        if line.startswith("    "):
+            keep.append(line[4:])
+        elif not line.strip() and 0 < i < len(lines) - 1 and lines[i - 1].startswith("    ") \
+                and lines[i + 1].startswith("    "):
+            keep.append("")
+    return keep
+
+
+def first_cells(text: str) -> list[str]:
+    return re.findall(r"^\| `([^`]+)` \|", text, re.MULTILINE)
+
+
+def test_announce_page_request_is_a_batch_the_agent_accepts_and_the_edge_writes():
+    request = indented(section(ANNOUNCE.read_text(), "Request"))
+    body = request[-1]
+    headers = dict(line.split(": ", 1) for line in request[1:] if ": " in line and not line.startswith("{"))
+    assert request[0] == f"POST {ANNOUNCE_PATH} HTTP/1.1" and int(headers["Content-Length"]) == len(body.encode())
+    obj = json.loads(body)
+    edge, kept, ignored = parse_batch(obj, {"r01n01-iu0"}, obj["announcements"][0]["sent"])
+    assert kept and not ignored
+    assert json.loads(batch_json(edge, kept)) == obj
+
+
+def test_announce_page_answer_is_read_as_the_edge_reads_it():
+    (answer,) = [line for line in indented(section(ANNOUNCE.read_text(), "Answers")) if line.startswith("{")]
+    assert read_answer(answer.encode(), [17, 18]) == (1, [18])
+
+
+def counted_reasons() -> set[str]:
+    """Every reason the agent's code counts an ignored announcement under (``ignored["..."] += ...``)."""
+    sources = (REPO / "eas_wire" / "announce.py").read_text() + (REPO / "eas_agent" / "announce.py").read_text()
+    return set(re.findall(r'ignored\["([a-z_]+)"\] \+=', sources))
+
+
+def test_announce_page_lists_exactly_the_reasons_the_agent_counts():
+    rows = {cell for cell in first_cells(section(ANNOUNCE.read_text(), "Answers")) if not cell.isdigit()}
+    assert rows == set(IGNORED_REASONS) == counted_reasons()
+
+
+def test_announce_page_limits_are_the_codes():
+    rows = re.findall(r"^\| `([A-Z_]+)` \| ([\d.]+) .*\| `([\w/]+\.py)` \|$", section(ANNOUNCE.read_text(), "Limits"),
+                      re.MULTILINE)
+    assert {name for name, _, _ in rows} == {"MAX_BATCH_ITEMS", "MAX_BATCH_BYTES", "SENT_TOLERANCE_S",
+                                             "MAX_ANNOUNCED_EDGES"}
+    for name, value, path in rows:
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        assert getattr(module, name) == float(value), name
+
+
+def test_scores_stream_page_constants_are_the_codes():
+    rows = re.findall(r"^\| `([A-Z_]+)` \| `([^`]+)` \|", section(SCORES_STREAM.read_text(), "Constants"),
+                      re.MULTILINE)
+    assert {name for name, _ in rows} == {n for n in dir(stream) if n.isupper() and isinstance(
+        getattr(stream, n), str | float)}
+    for name, value in rows:
+        expected = getattr(stream, name)
+        assert (float(value) if isinstance(expected, float) else value) == expected, name
+
+
+def test_scores_stream_page_example_is_bodies_and_a_heartbeat():
+    page = section(SCORES_STREAM.read_text(), "`GET /scores?stream=1`: the stream (what the edge follows)")
+    frames = [stream.read_frame(line.encode() + b"\n") for line in indented(page)]
+    assert frames[1] is None and len(frames) == 3
+    for frame in (frames[0], frames[2]):
+        body, problems = ScoreBody.from_json(frame)
+        assert not problems and stream.frame(body.dumps().encode()) == json.dumps(
+            frame, separators=(",", ":")).encode() + stream.HEARTBEAT
+
+
+def test_score_body_page_lists_exactly_the_declared_terms():
+    rows = set(first_cells(section(SCORE_BODY.read_text(), "Declared components")))
+    assert rows == set(DECLARED_TERMS)
+
+
+PARSE_JSON = REPO / "docs" / "contracts" / "parse-json.md"
+
+
+def test_parse_json_verdict_example_has_the_keys_the_cli_prints(capsys):
+    """The `--profile` verdict object on the page, key for key, is what `preflight parse --json` prints."""
+    from tests.helpers import run_cli
+
+    section = PARSE_JSON.read_text().split("\n## verdict", 1)[1].split("\n## ", 1)[0]
+    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])["verdict"]
+    fixture = REPO / "tests" / "fixtures" / "preflight" / "nccl" / "h100-sxm-8gpu-all_reduce-g8-single-node.txt"
+    _, out, _ = run_cli(capsys, "preflight", "parse", "nccl", str(fixture), "--profile", "h100-sxm", "--json")
+    printed = json.loads(out)["verdict"]
+    assert set(example) == set(printed)
+    assert {key for result in example["results"] for key in result} == {key for r in printed["results"] for key in r}

@@ -10,21 +10,12 @@ from collections import Counter
 
 import pytest
 
-from eas_agent.announce import (
-    MAX_BATCH_ITEMS,
-    MAX_PENDING,
-    SENT_TOLERANCE_S,
-    AnnouncedPrompts,
-    AnnounceError,
-    Announcement,
-    AnnounceScorer,
-    NodeAnnouncements,
-    parse_batch,
-)
+from eas_agent.announce import MAX_PENDING, AnnouncedPrompts, AnnounceScorer, NodeAnnouncements
 from eas_agent.collectors.vllm import VllmReading
 from eas_agent.score import DrainParams, IUInputs, Scorer
-from eas_agent.scorebody import MAX_ANNOUNCED_EDGES, MAX_SEQ, IUScore, ScoreBody
 from eas_agent.vllm_metrics import VllmMetrics
+from eas_wire.announce import MAX_BATCH_ITEMS, SENT_TOLERANCE_S, AnnounceError, Announcement, parse_batch
+from eas_wire.scorebody import MAX_ANNOUNCED_EDGES, MAX_SEQ, IUScore, ScoreBody
 
 NOW = 1_764_780_000.0
 IUS = {"n1-iu0", "n1-iu1"}

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from eas_agent.agent import Agent, IUPipeline
-from eas_agent.announce import ANNOUNCE_PATH, DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RATE_PER_S, MAX_BATCH_BYTES
+from eas_agent.announce import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_RATE_PER_S
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import ConfigError, load_config, parse_config
+from eas_wire.announce import ANNOUNCE_PATH, MAX_BATCH_BYTES
 from sim.memstore import MemoryStore
 
 GOOD = (Path(__file__).parents[1] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()

@@ -11,9 +11,10 @@ import pytest
 
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.gpu import GpuReading
-from eas_agent.collectors.vllm import FetchError, VllmCollector
+from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import parse_config
-from eas_agent.scorebody import MAX_COLLECTOR_ERROR, BodyError, CollectorRun, IUScore, ScoreBody
+from eas_wire.fetch import FetchError
+from eas_wire.scorebody import MAX_COLLECTOR_ERROR, BodyError, CollectorRun, IUScore, ScoreBody
 from sim.memstore import MemoryStore
 from tests.eas_agent.test_hardening_agent import GOOD, strict_json
 
@@ -170,3 +171,19 @@ def test_score_and_status_gauges_follow_each_cycle():
     metrics.observe_scores("drain", {"a": ScoreResult(0.7, "critical", "GPU lost"), "b": ScoreResult(0.1, "passing", "")})
     assert shown("a") == ({"passing": 0, "warning": 0, "critical": 1}, 0.7)
     assert shown("b") == ({"passing": 1, "warning": 0, "critical": 0}, 0.1)
+
+
+def test_a_scrape_read_with_warnings_is_scored_and_its_warning_logged(caplog):
+    from pathlib import Path
+
+    swapped_nan = (Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "v0_swapped_nan.txt").read_text()
+    agent, _ = agent_of([lambda: swapped_nan], Gpus())
+    try:
+        with caplog.at_level("WARNING", logger="eas_agent"):
+            results = run_cycles(agent, n=1)
+        (result,) = results.values() if isinstance(results, dict) else results
+        assert result.score is not None
+        assert any("n1-iu0: vLLM scrape read with warnings: vllm:num_requests_swapped{" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        agent.http.server.server_close()

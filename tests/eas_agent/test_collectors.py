@@ -14,7 +14,7 @@ from eas_agent.collectors.gpu import NvmlBackend
 from eas_agent.collectors.network import NetworkCollector, NodeNicCounters
 from eas_agent.collectors.rates import WindowRate
 from eas_agent.collectors.vllm import VllmCollector
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 from sim.vllm.server import SimulatedIU
 from tests.helpers import write_tree
 

@@ -23,7 +23,7 @@ import pytest
 from consul_io.client import ConsulIO
 from eas_agent.agent import Agent
 from eas_agent.publisher import Backoff
-from eas_agent.scheduler import AnomalyDetector, ConsulWatcher, EdgeLedger, PoolView, pick
+from edge.pool import AnomalyDetector, ConsulWatcher, EdgeLedger, PoolView, pick
 from sim.vllm.node import SimulatedNode
 from tests.helpers import wait_for
 
@@ -270,7 +270,7 @@ def test_killed_agent_goes_critical_at_ttl_and_sigterm_marks_stopping(tmp_path, 
 
 
 def test_polling_agents_scores_gives_fresher_same_shape_view(tmp_path, consul_addr):
-    from eas_agent.scheduler import ScoresPoller
+    from edge.pool import ScoresPoller
 
     with ExitStack() as stack:
         node = nodes_for(tmp_path, consul_addr, [3.0, 8.0], stack)[0]

@@ -17,9 +17,10 @@ import pytest
 
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.clock import parse_system_time_offset
-from eas_agent.collectors.vllm import FetchError, HttpFetcher, VllmCollector
+from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import parse_config
 from eas_agent.vllm_metrics import MetricsParseError, parse_vllm_metrics
+from eas_wire.fetch import FetchError, HttpFetcher
 from sim.memstore import MemoryStore
 
 GOOD = (Path(__file__).parents[1] / "fixtures" / "vllm" / "v1_single_engine.txt").read_text()
@@ -153,7 +154,7 @@ def test_publisher_never_writes_non_finite_json():
 def test_strict_json_refuses_non_finite_numbers():
     """The backstop under the publisher's sanitising: scorebody.dumps (the KV body and /scores) raises
     instead of writing NaN/Infinity, which is invalid JSON for every non-Python reader (review H1)."""
-    from eas_agent import scorebody
+    from eas_wire import scorebody
 
     for bad in (float("nan"), float("inf"), float("-inf")):
         with pytest.raises(ValueError):

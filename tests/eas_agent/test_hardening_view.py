@@ -12,10 +12,10 @@ from collections import Counter
 import pytest
 
 from consul_io.client import ConsulUnavailable
-from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
-from eas_agent.scheduler.view import TS_TOLERANCE_S
-from eas_agent.scheduler.watch import ConsulWatcher
-from eas_agent.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
+from eas_wire.scorebody import MAX_HEARTBEAT_S, BodyError, ScoreBody
+from edge.pool import AnomalyDetector, EdgeLedger, PoolView, pick
+from edge.pool.view import TS_TOLERANCE_S
+from edge.pool.watch import ConsulWatcher
 
 from .test_pick import Clock, health_entry, kv_entry
 
@@ -171,7 +171,7 @@ def test_watch_threads_survive_any_exception():
 def test_scores_poller_is_not_held_by_a_dripping_agent():
     """Review M4 (related): ScoresPoller polled agents one after another with a per-read timeout."""
     from eas_agent.http import AgentHttpServer, AgentMetrics
-    from eas_agent.scheduler import ScoresPoller
+    from edge.pool import ScoresPoller
 
     from .test_hardening_agent import DripServer
 
@@ -214,7 +214,7 @@ def test_a_query_that_fails_after_stop_is_not_reported(caplog):
     view = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
     watcher = ConsulWatcher(view, ShutdownIO(), min_interval_s=0.01).start()
     assert in_query.wait(5)
-    with caplog.at_level(logging.WARNING, logger="eas_agent.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="edge.pool"):
         watcher.stop()
         release.set()  # Consul goes away under the open queries
         for thread in watcher.threads:
@@ -318,7 +318,7 @@ class CannedAgent:
 
 
 def test_one_agents_answer_never_costs_the_others_the_poll_round():
-    from eas_agent.scheduler import ScoresPoller
+    from edge.pool import ScoresPoller
 
     view = fresh_view(("n1-iu0", "n2-iu0", "n3-iu0"))
     poller = ScoresPoller(view, ["a", "b", "c", "d"], timeout_s=1.0)

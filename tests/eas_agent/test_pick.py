@@ -6,7 +6,7 @@ import json
 import random
 from collections import Counter
 
-from eas_agent.scheduler import AnomalyDetector, EdgeLedger, PoolView, pick
+from edge.pool import AnomalyDetector, EdgeLedger, PoolView, pick
 
 
 def kv_entry(node, ius, ts, heartbeat_s=2.0, offset=None):

@@ -10,8 +10,9 @@ import urllib.request
 
 import pytest
 
-from eas_agent.http import MAX_CONNECTIONS, STREAM_CONTENT_TYPE, AgentHttpServer, AgentMetrics
-from eas_agent.scorebody import ScoreBody
+from eas_agent.http import MAX_CONNECTIONS, AgentHttpServer, AgentMetrics
+from eas_wire.scorebody import ScoreBody
+from eas_wire.stream import STREAM_CONTENT_TYPE
 
 
 def body(seq: int) -> ScoreBody:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from eas_agent.scheduler import AnomalyDetector, PoolView
+from edge.pool import AnomalyDetector, PoolView
 from tests.eas_agent.test_pick import Clock, health_entry, kv_entry
 
 

@@ -127,6 +127,7 @@ def test_cli_json_follows_the_contract(capsys):
         "num_requests_running": 304.0,
         "num_requests_waiting": 238.0,
         "kv_cache_usage": 0.7664,
+        "warnings": [],
     }
     code, out, _ = run_cli(
         capsys, "agent", "parse-metrics", str(FIXTURES / "v1_missing_kv_and_waiting.txt"), "--json"
@@ -136,6 +137,7 @@ def test_cli_json_follows_the_contract(capsys):
         "num_requests_running": 237.0,
         "num_requests_waiting": None,
         "kv_cache_usage": None,
+        "warnings": [],
     }
 
 
@@ -305,3 +307,41 @@ def test_a_scrape_with_the_families_read_is_not_walked_line_by_line(monkeypatch)
 def test_help_names_are_those_of_every_help_line_at_a_line_start(text):
     """The one-scrape test's names: the newline-prefixed search reads what ^ with re.MULTILINE read."""
     assert vllm_metrics._help_names(text) == re.findall(r"^# HELP ([^ \n]*)", text, re.MULTILINE)
+
+
+def test_v0_prefix_caching_off_is_no_hit_rate_not_a_broken_scrape():
+    m = parse_vllm_metrics((FIXTURES / "v0_prefix_caching_off.txt").read_text())
+    assert m.schema == "v0" and m.kv_cache_usage is not None and m.num_requests_running is not None
+    assert m.prefix_cache_hit_rate is None and m.warnings == ()
+
+
+def test_a_bad_value_in_a_family_not_scored_is_left_out_with_a_warning():
+    m = parse_vllm_metrics((FIXTURES / "v0_swapped_nan.txt").read_text())
+    assert m.num_requests_swapped is None and m.num_requests_running is not None
+    assert len(m.warnings) == 1 and m.warnings[0].startswith("vllm:num_requests_swapped{")
+    assert "not scored" in m.warnings[0]
+
+
+def test_a_negative_hit_rate_other_than_the_sentinel_is_left_out_with_a_warning():
+    text = (FIXTURES / "v0_single_model.txt").read_text().replace("} 0.25\n", "} -0.5\n")
+    m = parse_vllm_metrics(text)
+    assert m.prefix_cache_hit_rate is None and "vllm:gpu_prefix_cache_hit_rate" in m.warnings[0]
+
+
+def test_cli_reads_a_ticket_paste_with_warnings(capsys, tmp_path):
+    text = (FIXTURES / "v0_prefix_caching_off.txt").read_text()
+    lines = text.split("\n")
+    kv = next(i for i, line in enumerate(lines) if line.startswith("vllm:gpu_cache_usage_perc"))
+    lines[kv] += "    <-- this is the one that is high"
+    pasted = tmp_path / "ticket.txt"
+    pasted.write_text("$ curl -s 127.0.0.1:8000/metrics\n" + "\n".join(lines[:3] + ["..."] + lines[3:]))
+    code, out, err = run_cli(capsys, "agent", "parse-metrics", str(pasted), "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["kv_cache_usage"] == parse_vllm_metrics(text).kv_cache_usage
+    assert [w.split(":")[0] for w in data["warnings"]] == ["line 1", "line 5", f"line {kv + 3}"]
+    assert "annotation '<-- this is the one that is high'" in data["warnings"][2]
+
+
+def test_v1_deprecated_aliases_beside_the_current_names_are_not_counted_twice():
+    assert parse("v1_0_10_deprecated_aliases.txt") == parse("v1_single_engine.txt")

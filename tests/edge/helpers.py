@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.scorebody import IUScore, ScoreBody
+from eas_wire.scorebody import IUScore, ScoreBody
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
 from sim.vllm.registration import IUService, register_iu_service

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from eas_agent.scorebody import EDGE_ID
+from eas_wire.scorebody import EDGE_ID
 from edge import announce as announce_module
 from edge.announce import edge_id
 from edge.config import AnnounceConfig, ConfigError, EdgeConfig, load_edge_config

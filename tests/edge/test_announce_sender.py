@@ -12,13 +12,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from eas_agent.announce import MAX_BATCH_ITEMS
-from eas_agent.scheduler import IUEntry
+from eas_wire.announce import MAX_BATCH_ITEMS
 from edge import announce as announce_module
 from edge.announce import AnnounceSender
 from edge.config import AnnounceConfig, EdgeConfig
 from edge.feed import EdgeView
 from edge.metrics import EdgeMetrics
+from edge.pool import IUEntry
 from edge.proxy import EdgeState
 from edge.routing import Decision, Router
 from edge.tokens import estimate_prompt_tokens

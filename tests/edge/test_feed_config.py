@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from eas_agent.http import AgentHttpServer, AgentMetrics
-from eas_agent.scheduler import AnomalyDetector
-from eas_agent.scorebody import BodyError, ScoreBody
+from eas_wire.scorebody import BodyError, ScoreBody
 from edge.config import ConfigError, load_edge_config
 from edge.feed import EdgeView
 from edge.main import main as edge_main
+from edge.pool import AnomalyDetector
 from edge.routing import Router
 from edge.tokens import estimate_prompt_tokens
 from tests.edge.helpers import Pool, body_of, metric, post, running_edge, wait_for
@@ -203,7 +203,7 @@ def test_clusterctl_edge_serve_is_eas_edge(capsys):
 def test_the_edge_imports_nothing_outside_its_own_dependencies():
     """An edge-only host installs edge/requirements.txt: the edge must not import Ansible, click, rich..."""
     blocked = ["ansible", "ansible_runner", "fabric", "rich", "click", "jinja2", "psutil", "pynvml", "cli",
-               "cluster", "preflight", "devconsul"]
+               "cluster", "preflight", "devconsul", "eas_agent"]
     code = ("import sys\n"
             "class Block:\n"
             f"    blocked = {blocked!r}\n"
@@ -228,7 +228,7 @@ def test_the_edge_imports_nothing_outside_its_own_dependencies():
 
 
 def test_pick_prices_the_request_and_the_ledger_in_prefill_seconds():
-    from eas_agent.scheduler import EdgeLedger, pick
+    from edge.pool import EdgeLedger, pick
 
     view = healthy_view(lambda: 100.0, {"n0": ["fast"], "n1": ["slow"]})
     fast = body_of("n0", {"fast": 0.1}, ts=100.0, prefill_tps=20000.0)
@@ -247,7 +247,7 @@ def test_pick_prices_the_request_and_the_ledger_in_prefill_seconds():
 
 
 def test_ledger_sums_match_the_entries_as_they_age_out():
-    from eas_agent.scheduler import EdgeLedger
+    from edge.pool import EdgeLedger
 
     ledger, rng = EdgeLedger(), random.Random(7)
     sent = []
@@ -268,7 +268,8 @@ def test_ledger_sums_match_the_entries_as_they_age_out():
 def test_every_address_field_is_read_by_one_hostport_helper():
     # the edge's listen, the agent's listen and the Consul block: one split, IPv6 brackets dropped for bind()
     # (before: three rsplit copies, and "[::1]:8080" bound the host "[::1]", which getaddrinfo rejects)
-    from eas_agent.config import ConsulConfig, split_hostport
+    from consul_io.config import ConsulConfig
+    from eas_wire.fields import split_hostport
 
     config = load_edge_config(None, {"listen": "[::1]:8081", "consul.address": "[::1]:8500"})
     assert config.listen_hostport == ("::1", 8081)

@@ -7,8 +7,8 @@ import json
 
 from aiohttp import web
 
-from eas_agent.scheduler import AnomalyDetector
 from edge.feed import AgentFeed, EdgeView
+from edge.pool import AnomalyDetector
 from tests.edge.helpers import body_of
 
 # "1" followed by 400 zeros: an int no float holds (math.isfinite raises OverflowError on it); then a body

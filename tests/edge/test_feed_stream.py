@@ -10,9 +10,10 @@ import time
 import aiohttp
 from aiohttp import web
 
-from eas_agent.http import STREAM_CONTENT_TYPE, AgentHttpServer, AgentMetrics
-from eas_agent.scheduler import AnomalyDetector
+from eas_agent.http import AgentHttpServer, AgentMetrics
+from eas_wire.stream import STREAM_CONTENT_TYPE
 from edge.feed import AgentFeed, EdgeView
+from edge.pool import AnomalyDetector
 from tests.edge.helpers import body_of, typed
 
 

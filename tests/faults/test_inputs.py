@@ -17,8 +17,8 @@ from devconsul.server import DevConsulServer
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.collectors.vllm import VllmCollector
 from eas_agent.config import parse_config
-from eas_agent.scheduler import AnomalyDetector, PoolView
 from edge.feed import EdgeView
+from edge.pool import AnomalyDetector, PoolView
 from preflight.parsers import PARSERS, ParseError, parse, to_contract_json
 from sim.memstore import MemoryStore
 from tests.preflight.parsers.test_fuzz import fixtures, mutate

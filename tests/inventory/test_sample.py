@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import inventory as inv
-from cluster import vault
+from cluster.ansible import inventory as inv
+from cluster.ansible import vault
 
 SAMPLE = Path(__file__).resolve().parents[2] / "inventory" / "sample"
 SAMPLE_VAULT_PASSWORD = "clusterctl-sample"  # inventory/sample/README.md says so; it guards placeholders only
@@ -26,10 +26,59 @@ def vault_password_file(tmp_path):
 
 
 def test_inventory_validate_accepts_the_sample_without_a_vault_password(clusterctl, monkeypatch):
+    """No problem and no Consul security warning (every secret is set); the placeholders inside the vault
+    values cannot be seen without the password, and the note says so."""
     monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
     code, out, err = clusterctl("inventory", "validate", "-i", str(SAMPLE))
-    assert (code, err) == (0, "")  # no problem and no Consul security warning: every secret is set
+    assert code == 0
+    assert err == (f"{SAMPLE}: note: 25 vault-encrypted values not checked for placeholders (no vault password: "
+                   "pass --vault-password-file to check them)\n")
     assert out.strip() == f"{SAMPLE}: OK (8 hosts)"
+
+
+def test_validate_and_plan_refuse_the_sample_placeholders_naming_files_never_values(
+        clusterctl, monkeypatch, vault_password_file):
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    for command in (("inventory", "validate"), ("provision", "--plan")):
+        code, out, err = clusterctl(*command, "-i", str(SAMPLE), "--vault-password-file", str(vault_password_file))
+        assert code == 2 and "REPLACE-ME: " not in err.replace("(REPLACE-ME: ...)", ""), err
+        assert ("group_vars/all/vault.yml: consul_agent_gossip_key, consul_agent_acl_management_token, "
+                "consul_agent_acl_registration_token, consul_token, consul_edge_token, consul_agent_tls_ca_pem, "
+                "bmc_password, eas_agent_announce_token: still placeholders (REPLACE-ME: ...)") in err, err
+        assert ("host_vars/r01n01.yml, host_vars/r01n02.yml, host_vars/r01n03.yml, ... (+5) (8 files): "
+                "consul_agent_acl_agent_token, eas_agent_consul_token: still placeholders") in err, err
+        assert "plan:" not in out
+
+
+def test_every_variable_of_the_sample_and_the_virtual_inventory_is_known():
+    from cluster import variables
+
+    for inventory in (SAMPLE, SAMPLE.parent / "virtual"):
+        loaded = inv.load_inventory(str(inventory))
+        unknown = sorted({name for hv in loaded.everyone.values() for name in hv} - set(variables.known()))
+        assert unknown == [], f"{inventory}: {unknown}"
+        assert inv.problems_of(loaded) == []
+
+
+def test_plan_without_the_vault_password_is_one_line(clusterctl, monkeypatch):
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    code, out, err = clusterctl("provision", "-i", str(SAMPLE), "--plan")
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        f"error: {SAMPLE}: 25 values in 10 files (first: consul_agent_gossip_key (group_vars/all/vault.yml:6, "
+        "hosts: r01n01, r01n02, r01n03 and 5 more)): vault-encrypted, and no vault password was given "
+        "(--vault-password-file or ANSIBLE_VAULT_PASSWORD_FILE)"]
+
+
+def test_plan_with_a_wrong_vault_password_is_one_line(clusterctl, monkeypatch, tmp_path):
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    wrong = tmp_path / "wrong-pass"
+    wrong.write_text("not-the-sample-password\n")
+    wrong.chmod(0o600)
+    code, _, err = clusterctl("provision", "-i", str(SAMPLE), "--plan", "--vault-password-file", str(wrong))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {SAMPLE}: 25 values in 10 files (first: consul_agent_gossip_key") and \
+        "cannot decrypt: Decryption failed" in err
 
 
 def test_the_sample_models_two_racks_of_four_nodes(vault_password_file):
@@ -85,3 +134,12 @@ def test_the_sample_names_no_address_that_could_be_contacted():
         assert ipaddress.ip_address(candidate).is_loopback, candidate
     hosts = re.findall(r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.([a-z]+)\b", text)
     assert "example" in hosts and not {"com", "net", "org", "io"} & set(hosts)
+
+
+def test_scores_without_the_vault_password_says_so_in_the_plans_words(clusterctl, monkeypatch):
+    """The operator token is sealed: one line, worded as provision's (no Consul is contacted)."""
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    code, out, err = clusterctl("scores", "-i", str(SAMPLE))
+    assert (code, out) == (2, "")
+    assert err == (f"error: {SAMPLE}: consul_token: vault-encrypted, and no vault password was given "
+                   "(--vault-password-file or ANSIBLE_VAULT_PASSWORD_FILE)\n")

@@ -201,7 +201,7 @@ class VirtualInventory:
 
     def run_on(self, host: str, *argv: str, stdin: str | None = None) -> str:
         """Run argv on a simulated machine over SSH, as root through sudo; returns stdout."""
-        from sim.hosts import simulate
+        from sim.hosts import lifecycle as simulate
 
         done = subprocess.run(
             simulate.ssh_argv(self.root, host, *argv),

@@ -8,7 +8,7 @@ import pytest
 
 from consul_io import layout
 from consul_io.client import ConsulIO
-from preflight import consul_io
+from preflight import consul as consul_io
 from sim.vllm.registration import IUService, register_iu_service
 from tests.preflight.helpers import node
 

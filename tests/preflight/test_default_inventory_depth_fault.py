@@ -12,12 +12,12 @@ import io
 import json
 from pathlib import Path
 
-from cluster.inventory import load_inventory
+from cluster.ansible.inventory import load_inventory
+from demo import scenario as demo
 from preflight import parsers
 from preflight.checks import gpu_throttle
 from preflight.profiles import profile_for
 from preflight.result import Verdict
-from sim import demo
 from sim.hosts import faults, hardware
 from sim.hosts.stubs import main as stub_main
 from tests.preflight.helpers import node

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.inventory import load_inventory
+from cluster.ansible.inventory import load_inventory
+from demo import scenario as demo
 from preflight import parsers
 from preflight.checks import dcgm_diag, nvlink
 from preflight.profiles import profile_for
 from preflight.result import Verdict
-from sim import demo
 from sim.hosts import create, faults, hardware
 from sim.hosts.stubs import main as stub_main
 from tests.preflight.helpers import node

@@ -67,7 +67,11 @@ def test_json_has_exactly_the_contract_keys_for_every_sample(capsys, kind):
             assert all(set(row) == (LAT_KEYS if "t_min_us" in row else BW_KEYS) for row in data["rows"])
         if kind == "topo":
             labels = [g["name"] for g in data["gpus"]] + [n["name"] for n in data["nics"]]
-            assert list(data["links"]) == labels and all(list(row) == labels for row in data["links"].values())
+            # a damaged row is left out of links, and a warning names it
+            left_out = [label for label in labels if label not in data["links"]]
+            assert [label for label in labels if label in data["links"]] == list(data["links"]), path.name
+            assert all(list(row) == labels for row in data["links"].values()), path.name
+            assert all(any(f"row {label} " in w for w in data["warnings"]) for label in left_out), path.name
     assert checked or not nested
 
 
@@ -194,3 +198,13 @@ def test_an_empty_file_says_it_is_empty(capsys, tmp_path):
         main(["preflight", "parse", "nccl", str(tmp_path / "empty.txt")])
     assert exit_info.value.code == 1
     assert capsys.readouterr().err == f"error: {tmp_path / 'empty.txt'}: empty: no nccl output to parse\n"
+
+
+def test_a_clean_parse_says_no_errors_no_warnings_in_one_line(capsys):
+    path = FIXTURES / "nccl" / "h100-sxm-8gpu-all_reduce-g8-single-node.txt"
+    main(["preflight", "parse", "nccl", str(path)])
+    out = capsys.readouterr().out
+    assert out.endswith("\nno errors\n") and "(none)" not in out  # its prompt line is a warning
+    clean = FIXTURES / "chrony" / "aws-time-sync-linklocal-chrony4.2-normal.txt"
+    main(["preflight", "parse", "chrony", str(clean)])
+    assert capsys.readouterr().out.endswith("\nno warnings\n")

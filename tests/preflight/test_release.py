@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from preflight import consul_io
+from preflight import consul as consul_io
 from preflight.checks.base import RunOptions
 from preflight.release import release_passed
 from preflight.result import CheckResult, Verdict

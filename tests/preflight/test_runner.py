@@ -305,6 +305,53 @@ def run(transport, names, checks=None, parallel=8, **options):
     return run_preflight(cluster, checks or [Echo()], profiles, transport, opts, parallel)
 
 
+HEADERLESS_IDLE_INFO = (Path(__file__).resolve().parents[1] / "fixtures" / "preflight" / "cpupower"
+                        / "headerless-from-analyzing-cpu.txt").read_text()
+
+
+class IdleStatesByRack(Check):
+    """A rack check reading a parse with a warning (cpupower without its header)."""
+
+    name = "idle_by_rack"
+    scope = "rack"
+
+    def gather(self, ctx):
+        return ctx.parsed("cpupower", ["cpupower", "idle-info"])
+
+    def evaluate(self, facts, profile, node):
+        return [self.result(node, Verdict.PASS, "IDLE_OK", f"{len(facts.states)} states")]
+
+    def run_rack(self, ctx):
+        return [r for c in ctx.nodes for r in self.evaluate(ctx.facts[c.node.name], {}, c.node)]
+
+
+class IdleStatesBracket(IdleStatesByRack):
+    """A bracket check: its first reading before the load tests, its second in finish."""
+
+    name = "idle_bracket"
+    scope = "bracket"
+
+    def finish(self, ctx, before):
+        after = ctx.parsed("cpupower", ["cpupower", "idle-info", "-c", "1"], cache=False)
+        return [self.result(ctx.node, Verdict.PASS, "IDLE_OK", f"{len(before.states)}/{len(after.states)} states")]
+
+
+def test_rack_and_bracket_checks_note_their_parse_warnings_as_node_checks_do():
+    t = ScriptedTransport().on("*", "uname", reply="5.15.0\n")
+    t.on("*", "cpupower", "idle-info", reply=HEADERLESS_IDLE_INFO)
+    t.on("*", "cpupower", "idle-info", "-c", "1", reply=HEADERLESS_IDLE_INFO)
+    outcome = run(t, ["a", "b"], checks=[IdleStatesByRack(), IdleStatesBracket()])
+    by = {(r.check, r.node): r for r in outcome.results}
+    assert len(by) == 4 and all(r.verdict is Verdict.PASS for r in by.values())
+    assert all(r.reason.endswith("parse warning)") for r in by.values() if r.check == "idle_by_rack")
+    assert by[("idle_by_rack", "a")].evidence["parse_warnings"] == [
+        "`cpupower idle-info` line 1: no 'CPUidle driver:'/'CPUidle governor:' header (a paste that starts below "
+        "it): driver unknown"]
+    # the bracket check's results carry both readings' warnings
+    assert [w.split(" line")[0] for w in by[("idle_bracket", "b")].evidence["parse_warnings"]] == [
+        "`cpupower idle-info`", "`cpupower idle-info -c 1`"]
+
+
 def test_unreachable_and_hanging_hosts_do_not_stop_the_others():
     t = ScriptedTransport().on("*", "uname", reply="5.15.0\n").on("*", "check-me", reply="ok\n")
     t.on(

@@ -13,7 +13,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.hosts import simulate
+from sim.hosts import lifecycle as simulate
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable

@@ -15,24 +15,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.inventory import InventoryError
+from cluster.ansible.inventory import InventoryError
 from provision import plan as prov
 from provision.rollout import Rollout
+from tests.inventory.helpers import SAMPLE, filled_sample, sample_password_file
 
 REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "inventory" / "sample"
-SAMPLE_VAULT_PASSWORD = "clusterctl-sample"  # inventory/sample/README.md: it guards placeholders only
 SERVERS = ("r01n01", "r01n03", "r02n01")  # inventory/sample/hosts.yml's consul_servers
 
 
 @pytest.fixture(scope="module")
-def sample_secrets(tmp_path_factory):
-    from cluster import vault
+def filled(tmp_path_factory):
+    """The sample with its placeholders filled (the plan refuses placeholders): (inventory, secrets)."""
+    from cluster.ansible import vault
 
-    path = tmp_path_factory.mktemp("vault") / "pass"
-    path.write_text(SAMPLE_VAULT_PASSWORD + "\n")
-    path.chmod(0o600)
-    return vault.secrets_for(path)
+    directory = tmp_path_factory.mktemp("sample")
+    return filled_sample(directory), vault.secrets_for(sample_password_file(directory))
 
 
 def ansible_batches(tmp_path: Path, playbook: str, limit: str | None, sizes: list) -> list[list[str]]:
@@ -64,13 +62,13 @@ def ansible_batches(tmp_path: Path, playbook: str, limit: str | None, sizes: lis
     ("site.yml", "rack_r02", list(prov.DEFAULT_BATCHES)),
     ("cpu.yml", None, list(prov.DEFAULT_BATCHES)),
 ])
-def test_the_plan_is_the_batches_ansible_runs(tmp_path, sample_secrets, playbook, limit, sizes):
-    plan = prov.make_plan(SAMPLE, playbook, limit, (), sizes, vault_secrets=sample_secrets)
+def test_the_plan_is_the_batches_ansible_runs(tmp_path, filled, playbook, limit, sizes):
+    plan = prov.make_plan(filled[0], playbook, limit, (), sizes, vault_secrets=filled[1])
     assert [list(b) for b in plan.batches] == ansible_batches(tmp_path, playbook, limit, sizes)
 
 
-def test_a_new_cluster_s_servers_start_together_before_the_first_batch(sample_secrets):
-    plan = prov.make_plan(SAMPLE, "site.yml", vault_secrets=sample_secrets)
+def test_a_new_cluster_s_servers_start_together_before_the_first_batch(filled):
+    plan = prov.make_plan(filled[0], "site.yml", vault_secrets=filled[1])
     assert plan.batches[0] == SERVERS
     assert [r.role for r in plan.plays[0].roles] == ["consul_agent"]
     # the batched play is unchanged: a canary of one host first, every host once

@@ -13,7 +13,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from cluster import spec
-from cluster.inventory import load_inventory
+from cluster.ansible.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.hosts import create, simulate
+from sim.hosts import create
+from sim.hosts import lifecycle as simulate
 from tests.provision.helpers import clusterctl, stats_of
 from tests.virtual.helpers import leftovers, needs_root
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from cluster import model
-from cluster.inventory import load_inventory
+from cluster.ansible.inventory import load_inventory
 from cluster.model import build_node
 from cluster.spec import LAYOUT_NAMES
 from provision import plan as prov

@@ -256,6 +256,16 @@ def test_check_diff_reports_changes_but_changes_nothing(provisioned):
     assert "+NCCL_IB_HCA==mlx5_0:1" in events.replace("\\n", "\n")  # --diff content of /etc/nccl.conf
 
 
+def test_every_provisioned_machine_carries_the_stamp_virtual_up_reads(provisioned):
+    """The fact "provisioned" is on the machines themselves (playbooks/tasks/provisioned.yml), written by the
+    real run only, and read from their overlays as `virtual up` reads it."""
+    from sim.hosts import lifecycle, run_state
+
+    assert not [path for path in provisioned.snapshots["after-check"] if path.endswith(run_state.PROVISIONED_STAMP)]
+    assert sorted(run_state.provisioned(lifecycle.layout(provisioned.inventory))) == sorted(provisioned.hosts)
+    assert provisioned.stat(IB_HOST, run_state.PROVISIONED_STAMP) == "644 root root"
+
+
 def test_events_are_json_lines_with_every_host(provisioned):
     lines = (provisioned.run_dirs["first"] / "events.jsonl").read_text().splitlines()
     events = [json.loads(line) for line in lines]
@@ -593,7 +603,7 @@ def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provision
     ANSIBLE_HOST_KEY_CHECKING=False would have let the changed key through)."""
     import subprocess
 
-    from sim.hosts import simulate
+    from sim.hosts import lifecycle as simulate
 
     other_key = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
@@ -790,7 +800,7 @@ def _rolling_restart_keeps_an_operator_quarantine(provisioned, cluster, operator
 
 def _released_iu_routes_then_dies(provisioned, node, edge_token: str, in_maintenance) -> None:
     from consul_io.client import ConsulIO
-    from eas_agent.scheduler import ConsulWatcher, PoolView
+    from edge.pool import ConsulWatcher, PoolView
 
     ius = sorted(iu.id for iu in node.ius)
     units = [f"vllm-iu@{iu.index}.service" for iu in node.ius]  # started by provisioning, as eas-agent.service

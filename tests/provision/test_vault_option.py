@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import vault
+from cluster.ansible import vault
 from tests.helpers import run_cli
 from tests.provision.helpers import PYTHON, clusterctl
 
@@ -176,8 +176,8 @@ def test_plan_with_an_undecryptable_inline_value_stops_before_any_host(tmp_path)
         f.write("\n" + encrypt_string(secret_file, "eas_agent_consul_token", "inline-only-token"))
     result = clusterctl("provision", "-i", str(inventory), "--plan", env=env_without_vault())
     assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr.startswith(f"error: {inventory}: eas_agent_consul_token: ")
-    assert "no vault password was given" in result.stderr and "(hosts: r01n01)" in result.stderr
+    assert result.stderr.startswith(f"error: {inventory}: eas_agent_consul_token (host_vars/r01n01.yml:")
+    assert "hosts: r01n01): vault-encrypted, and no vault password was given" in result.stderr
     assert "Traceback" not in result.stderr and "inline-only-token" not in result.stderr
     ok = clusterctl("provision", "-i", str(inventory), "--plan", "--vault-password-file", str(secret_file),
                     env=env_without_vault())
@@ -199,7 +199,7 @@ def test_a_real_run_decrypts_the_token_and_never_shows_the_password(tmp_path):
                             "--run-dir", str(run_dir), "--vault-password-file", str(secret_file),
                             env=env_without_vault(), timeout=300)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-        from sim.hosts.simulate import run_on  # over SSH into the machine, as the inventory reaches it
+        from sim.hosts.lifecycle import run_on  # over SSH into the machine, as the inventory reaches it
 
         token = run_on(inventory, "r01n01", "cat", "/etc/eas-agent/consul.token")
         assert token.stdout == TOKEN + "\n", token.stderr

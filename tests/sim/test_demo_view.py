@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import demo
+from demo import scenario as demo
 from tests.cli import score_samples
 from tests.cli.helpers import check_snapshot, render_at
 

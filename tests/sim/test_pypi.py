@@ -7,7 +7,6 @@ that would come from anywhere else fails the install."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -24,7 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from cluster.agent_wheel import DIST_NAME, agent_requirements, build_agent_wheel
+from provision.wheels import DIST_NAME, agent_requirements, build_agent_wheel
 from sim import nvml_standin
 from sim.aptrepo import serve
 from sim.pypi import build_index, constraints
@@ -210,34 +209,4 @@ def test_agent_requires_a_python_ubuntu_2204_and_2404_ship(agent_wheel):
     assert requires == {"click", "psutil", "py-consul", "prometheus-client", "pyyaml", "nvidia-ml-py", "requests"}
 
 
-# Modules and names that Python 3.11+ added; the agent must not use them (Ubuntu 22.04 runs 3.10).
-PY311_ONLY = {"tomllib", "wsgiref.types"}
-PY311_NAMES = {("datetime", "UTC"), ("typing", "Self"), ("typing", "LiteralString"), ("typing", "Never"),
-               ("typing", "assert_never"), ("typing", "reveal_type"), ("enum", "StrEnum"), ("asyncio", "TaskGroup"),
-               ("asyncio", "timeout"), ("hashlib", "file_digest"), ("typing", "Required"), ("typing", "NotRequired")}
-
-
-def test_agent_code_is_python_310(agent_wheel):
-    imported_top = set()
-    with zipfile.ZipFile(agent_wheel) as archive:
-        sources = {n: archive.read(n).decode() for n in archive.namelist() if n.endswith(".py")}
-    assert sources and not [n for n in sources if n.startswith(("sim/", "eas_agent/sim/"))], "no simulators on GPU nodes"
-    for name, source in sources.items():
-        tree = ast.parse(source, name, feature_version=(3, 10))  # except* and other 3.11 syntax fail here
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    assert alias.name not in PY311_ONLY, f"{name}: import {alias.name} (3.11+)"
-                    imported_top.add(alias.name.split(".")[0])
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                assert node.module not in PY311_ONLY, f"{name}: from {node.module} (3.11+)"
-                for alias in node.names:
-                    assert (node.module, alias.name) not in PY311_NAMES, f"{name}: {node.module}.{alias.name} (3.11+)"
-                imported_top.add(node.module.split(".")[0])
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-                assert (node.value.id, node.attr) not in PY311_NAMES, f"{name}: {node.value.id}.{node.attr} (3.11+)"
-    own = {name.split("/")[0] for name in sources}  # the wheel's own packages (eas_agent, consul_io)
-    assert own == {"eas_agent", "consul_io"}, own
-    third_party = imported_top - set(sys.stdlib_module_names) - own - {"__future__"}
-    # import names of the declared distributions (py-consul -> consul, PyYAML -> yaml, nvidia-ml-py -> pynvml)
-    assert third_party <= {"click", "psutil", "consul", "prometheus_client", "yaml", "pynvml", "requests"}, third_party
+# What the wheel carries and that its code is Python 3.10: tests/provision/test_wheels.py.

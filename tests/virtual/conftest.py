@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.hosts import create, simulate
+from sim.hosts import create
+from sim.hosts import lifecycle as simulate
 from tests.virtual.helpers import leftovers
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.hosts import machines, simulate
+from sim.hosts import lifecycle as simulate
+from sim.hosts import machines
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("systemd-nspawn") is None,

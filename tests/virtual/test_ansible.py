@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.hosts import simulate
+from sim.hosts import lifecycle as simulate
 from tests.virtual.helpers import needs_root
 
 pytestmark = needs_root

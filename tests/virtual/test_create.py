@@ -88,7 +88,7 @@ def test_more_racks_than_nodes_is_a_usage_error(tmp_path, capsys):
 
 
 def test_lids_are_unique_across_the_fabric(make_inventory):
-    from sim.hosts import simulate
+    from sim.hosts import lifecycle as simulate
 
     hosts = simulate.simulated_hosts(make_inventory(32, 4))
     lids = [hca.lid for sim in hosts.values() for hca in sim.hardware.hcas if hca.link_layer == "infiniband"]

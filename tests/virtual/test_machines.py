@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.errors import ClusterctlError
-from sim.hosts import machines, simulate
+from common.errors import ClusterctlError
+from sim.hosts import lifecycle as simulate
+from sim.hosts import machines
 from tests.helpers import run_cli
 from tests.virtual.helpers import leftovers, needs_root, run_on
 

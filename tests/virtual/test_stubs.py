@@ -8,7 +8,8 @@ import time
 import pytest
 
 from preflight.parsers import parse
-from sim.hosts import create, simulate
+from sim.hosts import create
+from sim.hosts import lifecycle as simulate
 from tests.helpers import wait_for
 from tests.virtual.helpers import calls_of, leftovers, needs_root, run_on
 

@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, Lazy] = {
         "clusterctl preflight -i inventory/prod --checks gpu_topology,gpu_health --show-pass",
         "clusterctl preflight -i inventory/prod --json - | jq .summary",
         "clusterctl preflight -i inventory/prod --junit pf.xml --release",
-        "clusterctl preflight diff previous latest",
+        "clusterctl preflight diff previous latest -i inventory/prod",
     ),
 )
 @vault_password_file_option

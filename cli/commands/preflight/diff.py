@@ -9,26 +9,33 @@ import click
 
 from cli import app
 from cli.commands.preflight.history import STATE_DIR_HELP
-from cluster.errors import ExitCode
+from common.errors import ClusterctlError, ExitCode
 
 
 @click.command(
     "diff",
     epilog="""\b
 Examples:
-  clusterctl preflight diff previous latest
+  clusterctl preflight diff previous latest -i inventory/prod
   clusterctl preflight diff 20261201T0742 latest --json
 
+The state dir is shared by every inventory run from the same directory: with -i, latest and previous
+are that inventory's runs; without it, latest/previous of two different inventories are refused (two
+run ids compare them anyway, with a note).
+
 Exit codes: 0 no regression, 1 a result got worse (e.g. PASS -> FAIL, or a new result that is not
-PASS), 2 a run cannot be found or read. Only the nodes and checks both runs covered are compared.""",
+PASS), 2 a run cannot be found or read, or latest/previous are of different inventories. Only the
+nodes and checks both runs covered are compared.""",
 )
 @click.argument("run1")
 @click.argument("run2")
 @click.option(
     "--state-dir", default=None, type=click.Path(file_okay=False, path_type=Path), help=STATE_DIR_HELP
 )
+@click.option("-i", "--inventory", default=None, type=click.Path(path_type=Path),
+              help="Compare this inventory's runs: latest and previous are its own.")
 @click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON.")
-def command(run1: str, run2: str, state_dir: Path | None, as_json: bool) -> None:
+def command(run1: str, run2: str, state_dir: Path | None, inventory: Path | None, as_json: bool) -> None:
     """Show the verdicts that changed from RUN1 to RUN2: regressions first, then fixes.
 
     RUN1 and RUN2 are run ids, unique prefixes, latest/previous, or JSON files written by --json.
@@ -36,12 +43,19 @@ def command(run1: str, run2: str, state_dir: Path | None, as_json: bool) -> None
     from rich.table import Table
     from rich.text import Text
 
-    from cluster.text import plural
+    from common.text import plural
     from preflight import history
     from preflight.report import verdict_text
 
     state_dir = state_dir or history.DEFAULT_STATE_DIR
-    old, new = history.load(state_dir, run1), history.load(state_dir, run2)
+    old, new = history.load(state_dir, run1, inventory), history.load(state_dir, run2, inventory)
+    if pair := history.different_inventories(old, new):
+        if {run1, run2} & {"latest", "previous"} and inventory is None:
+            raise ClusterctlError(
+                f"{state_dir}: {run1} ({old.id}) and {run2} ({new.id}) are runs of different inventories "
+                f"({pair[0]} vs {pair[1]}): pass -i INVENTORY to compare one inventory's runs, or two run ids "
+                "to compare them anyway", ExitCode.USAGE)
+        click.echo(f"note: comparing runs of different inventories ({pair[0]} vs {pair[1]})", err=True)
     result = history.diff(old, new)
     changes = result.changes
     if as_json:

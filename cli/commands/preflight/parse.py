@@ -1,13 +1,17 @@
-"""``clusterctl preflight parse KIND FILE [--json]``: read one saved tool output the way preflight does.
+"""``clusterctl preflight parse KIND FILE [--json] [--profile P [--gpus N]]``: read one saved tool output the
+way preflight does.
 
 On-call pastes an output from a ticket into a file (or stdin with ``-``) and sees what preflight would
-see: a table, or with ``--json`` exactly the object of ``docs/contracts/parse-json.md``. Unreadable
-input exits 1 with one line naming the line of the file that could not be read.
+see: a table, or with ``--json`` exactly the object of ``docs/contracts/parse-json.md``. With ``--profile``
+it also gets the verdict the check would give (:mod:`preflight.parse_verdict`, the check's own evaluate).
+Unreadable input exits 1 with one line naming the line of the file that could not be read; a verdict
+with a FAIL exits 1 too, as preflight does.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -15,36 +19,74 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from cli.errors import ClusterctlError, ExitCode
 from cli.help import examples
 from cli.options import SuggestingChoice
-from preflight.parsers import PARSERS, ParseError, parse, paste_warnings, to_contract_json
+from common.errors import ClusterctlError, ExitCode
+from preflight.parse_verdict import JUDGED, judge
+from preflight.parsers import PARSERS, ParseError, parse, parse_warnings, to_contract_json
+from preflight.result import Verdict
 
 
-@click.command("parse", epilog=examples("clusterctl preflight parse nccl all_reduce_perf.txt", "nvidia-smi topo -m | clusterctl preflight parse topo - --json", note="KIND is one of: " + ", ".join(sorted(PARSERS)) + "."))
+@click.command("parse", epilog=examples(
+    "clusterctl preflight parse nccl all_reduce_perf.txt",
+    "clusterctl preflight parse nccl ticket.txt --profile h100-sxm --gpus 8",
+    "nvidia-smi topo -m | clusterctl preflight parse topo - --json",
+    note="KIND is one of: " + ", ".join(sorted(PARSERS)) + ". --profile judges: " + ", ".join(JUDGED) + "."))
 @click.argument("kind", type=SuggestingChoice(sorted(PARSERS)), metavar="KIND")
 @click.argument("file", type=click.File("rb"))
 @click.option("--json", "as_json", is_flag=True, help="Print the contract JSON instead of a table.")
-def command(kind: str, file: Any, as_json: bool) -> None:
+@click.option("--profile", metavar="PROFILE",
+              help="Also give the check's verdict under this preflight profile (h100-sxm, a100-sxm, ...).")
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs of the node (default: as many as the output shows).")
+@click.option("--iu-size", type=click.IntRange(min=1), help="GPUs per IU for the verdict (default: the inventory's, 4).")
+def command(kind: str, file: Any, as_json: bool, profile: str | None, gpus: int | None, iu_size: int | None) -> None:
     """Parse FILE (or - for stdin) as output of KIND and print it."""
+    name = "<stdin>" if file.name == "<stdin>" else file.name
+    if name == "<stdin>" and sys.stdin.isatty():
+        click.echo(f"reading {kind} output from stdin (paste it, then Ctrl-D)", err=True)
     # Bytes, decoded leniently: a paste with a stray Latin-1 byte or binary garbage must reach the
     # parser (and its one-line ParseError), not stop in a UnicodeDecodeError.
     text = file.read().decode("utf-8", errors="replace")
     try:
         result = parse(kind, text)
     except ParseError as exc:
-        name = "<stdin>" if file.name == "<stdin>" else file.name
         if not text.strip():  # "line 0: ...: ''" said the same less plainly
             raise ClusterctlError(f"{name}: empty: no {kind} output to parse", ExitCode.FAILED) from exc
         raise ClusterctlError(f"{name}: cannot parse as {kind}: {_one_line(str(exc))}", ExitCode.FAILED) from exc
-    data = to_contract_json(kind, result, paste_warnings(text))
+    warnings = parse_warnings(text, result)
+    data = to_contract_json(kind, result, warnings)
+    verdict = None
+    if profile is not None:
+        results, assumed = judge(kind, result, warnings, profile, gpus, iu_size)
+        verdict = {"profile": profile, "assumed": assumed,
+                   "results": [{"check": r.check, "iu": r.iu, "verdict": str(r.verdict), "code": r.code,
+                                "reason": r.reason, "evidence": r.evidence} for r in results]}
     if as_json:
-        click.echo(json.dumps(data, indent=2))
-        return
-    # Its own console: a parsed value such as ":warning:" or "[1]" is data, never an emoji or highlighted.
-    console = Console(emoji=False, highlight=False)
-    for table in render_tables(kind, data, console.width):
-        console.print(table)
+        click.echo(json.dumps(data if verdict is None else {**data, "verdict": verdict}, indent=2))
+    else:
+        # Its own console: a parsed value such as ":warning:" or "[1]" is data, never an emoji or highlighted.
+        console = Console(emoji=False, highlight=False)
+        for table in render_tables(kind, data, console.width):
+            console.print(table)
+        empty = [key for key, value in data.items() if value == []]
+        if empty:  # one line, not a boxed "(none)" table each
+            click.echo("no " + ", no ".join(empty))
+        if verdict is not None:  # one line a result, never folded: what on-call greps and pastes back
+            click.echo("\n".join(verdict_lines(verdict)))
+    if verdict is not None and any(r["verdict"] == Verdict.FAIL for r in verdict["results"]):
+        raise SystemExit(ExitCode.FAILED)
+
+
+def verdict_lines(verdict: dict) -> list[str]:
+    """``busbw 40.5 GB/s at 16 GiB < 460 (8 GPUs): FAIL (NCCL_BUSBW)``, one line a result (the IU first when
+    it is about one), each further problem indented below, then what the verdict assumed."""
+    out = [f"verdict under {verdict['profile']}:"]
+    for result in verdict["results"]:
+        where = f"{result['iu'].rsplit('-', 1)[-1]}: " if result["iu"] else ""
+        out.append(f"  {where}{result['reason']}: {result['verdict']} ({result['code']})")
+        out += [f"      {problem}" for problem in result["evidence"].get("problems", [])[1:]]
+    out.append(f"  assumed: {verdict['assumed']}")
+    return out
 
 
 def _one_line(text: str) -> str:
@@ -53,7 +95,8 @@ def _one_line(text: str) -> str:
 
 def render_tables(kind: str, data: dict, width: int | None = None) -> list[Table]:
     """Tables for any contract object: scalars as key/value, lists of records as rows (nested lists of
-    records flattened under their parent's scalars), and a dict of dicts (topo links) as a matrix. A table
+    records flattened under their parent's scalars), other non-empty lists as one column, and a dict of
+    dicts (topo links) as a matrix. A table
     of rows wider than ``width`` columns is split into column groups that fit, each repeating the first
     column, so that no header or value is cut to "…"."""
     tables: list[Table] = []
@@ -68,10 +111,10 @@ def render_tables(kind: str, data: dict, width: int | None = None) -> list[Table
     for key, value in data.items():
         if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
             tables += _records_tables(f"{kind} {key}", _flatten(value), width)
-        elif isinstance(value, list):
+        elif isinstance(value, list) and value:  # empty lists: one "no ..." line after the tables
             table = Table(title=f"{kind} {key}")
             table.add_column(key)
-            for item in value or ["(none)"]:
+            for item in value:
                 table.add_row(_cell(item))
             tables.append(table)
         elif isinstance(value, dict) and value and all(isinstance(row, dict) for row in value.values()):

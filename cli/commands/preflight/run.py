@@ -87,8 +87,10 @@ RUN_OPTIONS = [
     click.Option(
         ["--json", "json_file"],
         default=None,
+        is_flag=False,
+        flag_value="-",  # --json alone: stdout, as every other command's --json
         type=click.Path(dir_okay=False, path_type=str),
-        help="Write results and summary as JSON to FILE (- for stdout; the table then goes to stderr).",
+        help="Write results and summary as JSON to FILE (- or no FILE: stdout; the table then goes to stderr).",
     ),
     click.Option(
         ["--junit", "junit_file"],
@@ -131,9 +133,10 @@ def run_preflight_command(
     dcgm_level: int | None = None,
     show_pass: bool = False,
 ) -> int:
-    from cli.errors import UsageError
-    from cluster import load_cluster, vault
-    from cluster.text import suggest
+    from cluster import load_cluster
+    from cluster.ansible import vault
+    from common.errors import UsageError
+    from common.text import suggest
     from preflight import checks as registry
     from preflight import history, report
     from preflight.checks.base import RunOptions
@@ -208,12 +211,13 @@ def run_preflight_command(
         saved = history.save(
             state_dir or history.DEFAULT_STATE_DIR,
             document,
-            {"inventory": str(inventory), "limit": limit, "checks": [c.name for c in selected]},
+            {"inventory": str(inventory), "inventory_path": str(Path(inventory).resolve()), "limit": limit,
+             "checks": [c.name for c in selected]},
             outcome.started,
         )
         # the comparison command as it must be typed: the same state dir, where it is not the default
         where = f" --state-dir {shlex.quote(str(state_dir))}" if state_dir and state_dir != history.DEFAULT_STATE_DIR else ""
-        saved_as = f"run {saved.id} ({saved.path}; clusterctl preflight diff previous {saved.id}{where})"
+        saved_as = f"run {saved.id} ({saved.path}; clusterctl preflight diff previous {saved.id} -i {shlex.quote(str(inventory))}{where})"
     except OSError as exc:  # the verdicts stand; only the history entry is missing
         click.echo(f"warning: run not saved to history: {exc}", err=True)
     report.print_report(console, outcome, strict, show_pass=show_pass, saved=saved_as)

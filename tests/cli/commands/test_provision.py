@@ -12,7 +12,7 @@ import pytest
 
 from provision.plan import make_plan
 from provision.rollout import Rollout, mask_secrets
-from tests.cli.helpers import one_line
+from tests.cli.helpers import one_line, stamp_provisioned
 
 HOSTS = ("r01n01", "r01n02", "r02n01", "r02n02")  # the virtual_inventory fixture's, in play order
 
@@ -196,7 +196,8 @@ def test_a_tag_of_a_playbook_without_tags_says_it_has_none(clusterctl, virtual_i
 def test_limit_matching_nothing_names_the_groups(clusterctl, virtual_inventory, tmp_path, replay):
     code, _, err = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r09n01", "--plan")
     assert code == 2 and err.count("\n") == 1
-    assert f"error: --limit 'r09n01' matches no host in {virtual_inventory} (groups: consul_servers, rack_r01, rack_r02" in err
+    assert (f"error: --limit 'r09n01' matches no host in {virtual_inventory}; did you mean 'r02n01'? (groups: "
+            "consul_servers, rack_r01, rack_r02") in err
     assert "hosts=None" not in err and "WARNING" not in err
 
 
@@ -206,64 +207,56 @@ def test_mask_secrets_keeps_the_key_and_hides_the_value():
         "+consul_token = ********", "-  password: ********", "+pool x iburst", '+  "api_key": ********']
 
 
-def test_a_provision_run_is_recorded_for_virtual_up(clusterctl, brought_up_inventory, tmp_path, replay,
+def test_provision_writes_nothing_beside_the_machines(clusterctl, brought_up_inventory, tmp_path, replay,
                                                      monkeypatch):
-    from cluster import run_state
+    """Production keeps no simulator record: the fact "provisioned" is the machines' own stamp."""
+    from sim.hosts import lifecycle
 
     monkeypatch.chdir(tmp_path)
     replay.events, replay.rc = GOOD_EVENTS, 0
-    provision(clusterctl, brought_up_inventory, tmp_path, "--check")
-    assert run_state.provisioned_since_up(brought_up_inventory) is None  # a dry run changes nothing
-    provision(clusterctl, brought_up_inventory, tmp_path)
-    assert run_state.provisioned_since_up(brought_up_inventory) is not None
+    state = lifecycle.state_dir(brought_up_inventory)
+    before = sorted(state.rglob("*"))
+    for args in (("--check",), ()):
+        assert provision(clusterctl, brought_up_inventory, tmp_path, *args)[0] == 0
+    assert sorted(state.rglob("*")) == before == []
+    assert not (tmp_path / ".state" / "inventories").exists()
 
 
-def test_the_provisioned_record_is_the_inventorys_from_any_directory(clusterctl, brought_up_inventory, tmp_path,
-                                                                      replay, monkeypatch):
-    """Provisioning from one directory and `virtual up` from another wiped the cluster without a word: the
-    record was kept under the current directory (./.state/inventories)."""
-    from cluster import run_state
-    from sim.hosts import simulate
+def test_virtual_up_reads_the_machines_stamp_from_any_directory(clusterctl, brought_up_inventory, tmp_path,
+                                                               monkeypatch):
+    """A cluster provisioned from one directory is not wiped by `virtual up` from another: the stamp is in the
+    machine, not under a current directory."""
+    from sim.hosts import lifecycle
     from sim.hosts.machines import MachineState
 
-    here, there = tmp_path / "here", tmp_path / "there"
-    here.mkdir(), there.mkdir()
-    replay.events, replay.rc = GOOD_EVENTS, 0
-    monkeypatch.chdir(here)
-    assert provision(clusterctl, brought_up_inventory, tmp_path)[0] == 0
+    there = tmp_path / "there"
+    there.mkdir()
+    stamp_provisioned(brought_up_inventory, "r01n01")
     monkeypatch.chdir(there)
-    assert run_state.provisioned_since_up(brought_up_inventory) is not None
-    monkeypatch.setattr(simulate, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
-    monkeypatch.setattr(simulate, "up", lambda *args: pytest.fail("the provisioned machines were replaced"))
+    monkeypatch.setattr(lifecycle, "status", lambda inv: [MachineState("r01n01", "running", [], "127.0.1.11")])
+    monkeypatch.setattr(lifecycle, "up", lambda *args: pytest.fail("the provisioned machines were replaced"))
     code, _, err = clusterctl("virtual", "up", "-i", str(brought_up_inventory))
     assert code == 2 and "up and provisioned at" in err
-    assert not (here / ".state").exists() and not (there / ".state").exists()  # nothing left in either
+    assert not (there / ".state").exists()
 
 
-def test_provisioning_an_inventory_without_machines_writes_no_record(clusterctl, virtual_inventory, tmp_path,
-                                                                     replay, monkeypatch):
-    from cluster import run_state
+def test_provisioning_an_inventory_without_machines_creates_no_state_dir(clusterctl, virtual_inventory, tmp_path,
+                                                                         replay, monkeypatch):
+    from sim.hosts import lifecycle
 
     monkeypatch.chdir(tmp_path)
     replay.events, replay.rc = GOOD_EVENTS, 0
     assert provision(clusterctl, virtual_inventory, tmp_path)[0] == 0
-    assert run_state.provisioned_since_up(virtual_inventory) is None
-    assert not run_state.record_path(virtual_inventory).parent.exists()  # never created for the record
+    assert not lifecycle.state_dir(virtual_inventory).exists()
     assert not (tmp_path / ".state" / "inventories").exists()
-
-
-def test_the_record_is_in_the_simulators_state_dir():
-    from cluster import run_state
-    from sim.hosts import state_dir
-
-    assert run_state.VIRTUAL_STATE_DIR == state_dir.STATE_DIR_NAME
 
 
 def test_a_limit_part_matching_nothing_is_an_error_too(clusterctl, virtual_inventory, tmp_path, replay):
     # `--limit r01n01,r0n02` ran on r01n01 alone and said nothing of the typo (Ansible's own warning is off)
     code, out, err = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r01n01,r0n02")
     assert (code, out) == (2, "") and err.count("\n") == 1
-    assert err.startswith(f"error: --limit 'r01n01,r0n02': 'r0n02' matches no host in {virtual_inventory} (groups: ")
+    assert err.startswith(f"error: --limit 'r01n01,r0n02': 'r0n02' matches no host in {virtual_inventory}; did you "
+                          "mean 'r02n02'? (groups: ")
     assert not replay.calls  # nothing ran
     # exclusions, intersections and patterns that match keep working
     code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "rack_r01:!r01n02:&all", "--plan")
@@ -301,3 +294,21 @@ def test_plan_names_each_play_its_batching_and_roles(clusterctl, virtual_invento
         "consul_agent -> eas_agent",
         "play 3: Reboot the Consul servers one at a time, one host at a time", "  roles: (tasks only)"]
     assert not (tmp_path / "run").exists()
+
+
+def test_plan_as_json_is_the_plan_and_json_needs_plan(clusterctl, virtual_inventory):
+    import json as json_module
+
+    code, out, _ = clusterctl("provision", "-i", str(virtual_inventory), "--plan", "--json", "--limit", "r01n01")
+    assert code == 0
+    plan = json_module.loads(out)
+    assert plan["limit"] == "r01n01" and plan["batches"] and all(b == ["r01n01"] for b in plan["batches"])
+    assert [p["name"] for p in plan["plays"]][:1] == ["Start the Consul servers together"]
+    code, _, err = clusterctl("provision", "-i", str(virtual_inventory), "--json")
+    assert code == 2 and "--json prints the plan: use it with --plan" in err
+
+
+def test_a_mistyped_playbook_is_named_with_its_near_miss_and_the_list(clusterctl, virtual_inventory):
+    code, _, err = clusterctl("provision", "-i", str(virtual_inventory), "--playbook", "rolling-restrat.yml", "--plan")
+    assert code == 2 and "did you mean 'rolling-restart.yml'? (playbooks: consul-servers-reboot.yml" in err
+    assert "site.yml" in err

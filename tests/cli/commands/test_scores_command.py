@@ -60,7 +60,7 @@ def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
 def test_scores_consul_unreachable_is_one_line(capsys):
     code, out, err = run_cli(capsys, "scores", "--consul", "127.0.0.1:9")
     assert code == 3 and err.startswith("error: cannot reach Consul at 127.0.0.1:9 (")
-    assert err.count("\n") == 1 and "CONSUL_HTTP_ADDR" in err
+    assert err.count("\n") == 1 and "address from --consul" in err
 
 
 def test_scores_lists_inventory_ius_that_publish_nothing(consul_addr, capsys):
@@ -79,7 +79,7 @@ SECRET = "7f3b2d1e-9c4a-4e8f-b1d6-2a5c8e0f4b73"
 
 def test_scores_reads_an_acl_consul_with_a_0600_token_file(capsys, tmp_path, monkeypatch):
     from devconsul.server import DevConsulServer
-    from eas_agent.scorebody import IUScore, ScoreBody
+    from eas_wire.scorebody import IUScore, ScoreBody
 
     monkeypatch.delenv("CONSUL_HTTP_TOKEN", raising=False)
     token = tmp_path / "consul.token"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from preflight.checks import (
     consul,
 )
-from preflight.consul_io import ServiceState
+from preflight.consul import ServiceState
 from preflight.profiles import profile_of
 from preflight.result import Verdict
 from tests.preflight.helpers import node

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from cluster.errors import ExitCode
+from common.errors import ExitCode
 from preflight import parsers
 from preflight.checks import dcgm_diag, gpu_health, nvlink
 from preflight.result import Verdict

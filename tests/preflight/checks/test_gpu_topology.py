@@ -123,3 +123,21 @@ def test_unreadable_topology_is_an_error_with_the_evidence(reply):
     [result] = gpu_topology.CHECK.run(context(t, node(rdma_nics=FIXTURE_NICS)))
     assert result.verdict is Verdict.ERROR
     assert "nvidia-smi topo -m" in result.reason
+
+
+def test_a_matrix_read_with_parse_warnings_says_so_in_every_result():
+    """A row whose cells ran together is not read: the results carry the parse's warnings, and a PASS says it
+    was read with warnings (it never passes silently on a GPU whose NUMA affinity nobody saw)."""
+    text = hgx_topo()
+    row = next(line for line in text.split("\n") if line.startswith("GPU1 "))
+    damaged = text.replace(row, row.replace(" NV18 ", " NV18NV18 ", 1).replace("NV18NV18  ", "NV18NV18 ", 1), 1)
+    results = run_topology(damaged)
+    assert results and all(r.evidence["parse_warnings"] for r in results)
+    assert all("row GPU1 has 'NV18NV18'" in r.evidence["parse_warnings"][0] for r in results)
+    assert all(r.evidence["parse_warnings"][0].startswith("`nvidia-smi topo -m` line ") for r in results)
+    passed = [r for r in results if r.verdict is Verdict.PASS]
+    assert passed and all(r.reason.endswith("(read with 1 parse warning)") for r in passed)
+
+
+def test_a_clean_matrix_has_no_parse_warnings_in_its_evidence():
+    assert all("parse_warnings" not in r.evidence for r in run_topology(hgx_topo()))

@@ -90,3 +90,22 @@ def test_shuffled_and_mutated_lines_parse_or_raise_parse_error(kind):
                 parse(kind, "\n".join(mutated))
             except ParseError:
                 pass
+
+
+def test_non_breaking_spaces_are_spaces_with_one_warning_for_every_line():
+    from preflight.parsers.common import paste_lines
+
+    kept, warnings = paste_lines("a\u00a0\u00a0b\nc d\ne\u202ff\u2007g\n")
+    assert [line.text for line in kept] == ["a  b", "c d", "e f g", ""]
+    assert warnings == ["line 1: read non-breaking spaces as spaces (and 1 more line): a copy from a web page or chat"]
+
+
+def test_parse_warnings_are_the_paste_and_the_parser_warnings_in_line_order():
+    from preflight.parsers import parse_warnings
+
+    class Parsed:
+        warnings = ("line 3: row GPU1 has 4 cells, expected 5 (cells run together?): no facts taken from it",)
+
+    text = "$ nvidia-smi topo -m\nx\ny\nz  <== here\n"
+    assert [w.split(":")[0] for w in parse_warnings(text, Parsed())] == ["line 1", "line 3", "line 4"]
+    assert parse_warnings(text, object()) == [w for w in parse_warnings(text, Parsed()) if "row GPU1" not in w]

@@ -76,3 +76,38 @@ def test_two_runs_read_the_last():
     b = (DIR / "intel-sapphire-rapids-intel_idle-c6-disabled.txt").read_text()
     assert cpupower.parse(a + b).states[-1].disabled is True
     assert cpupower.parse(b + a).states[-1].disabled is False
+
+
+def test_a_paste_without_its_header_is_read_when_every_state_is_there():
+    whole = load("intel-sapphire-rapids-intel_idle-c6-disabled.txt")
+    for name in ("headerless-from-analyzing-cpu.txt", "headerless-from-number-of-states.txt"):
+        info = load(name)
+        assert info.driver is None and states(info) == states(whole), name
+        assert info.warnings[0].startswith("line 1: no 'CPUidle driver:'/'CPUidle governor:' header"), name
+    assert "read as CPU 0's idle states" in load("headerless-from-number-of-states.txt").warnings[1]
+    assert load("intel-sapphire-rapids-intel_idle-c6-disabled.txt").warnings == ()
+
+
+def test_a_paste_without_its_header_and_missing_a_state_is_refused():
+    text = (DIR / "headerless-from-analyzing-cpu.txt").read_text()
+    cut = text[: text.index("C6 (DISABLED)")]
+    with pytest.raises(ParseError, match="CPU 0 lists 3 of 4 idle states"):
+        cpupower.parse(cut)
+
+
+def test_a_driver_line_without_a_driver_and_with_states_is_still_refused():
+    text = (DIR / "intel-sapphire-rapids-intel_idle-c6-disabled.txt").read_text()
+    with pytest.raises(ParseError, match="idle states without a 'CPUidle driver:' line"):
+        cpupower.parse(text.replace("CPUidle driver: intel_idle", "CPUidle driver:"))
+
+
+def test_newer_cpupower_residency_lines_are_not_read_and_break_nothing():
+    info = load("amd-bc250-acpi_idle-residency-lines-cpu12.txt")
+    assert info.driver == "acpi_idle" and list(info.cpus) == [12]
+    assert states(info) == [("POLL", False, 0), ("C1", False, 1), ("C2", False, 350), ("C3", False, 400)]
+
+
+def test_silent_output_names_states_without_their_blocks_and_is_refused_naming_silent():
+    with pytest.raises(ParseError, match=r"names its 4 idle states but shows none of them \(`cpupower idle-info "
+                                         r"--silent`\?\)"):
+        load("garbage-silent-amd-bc250-all-cpus-state-names-only.txt")

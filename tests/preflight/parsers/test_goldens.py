@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.parsers import PARSERS, ParseError, paste_warnings, to_contract_json
+from preflight.parsers import PARSERS, ParseError, parse_warnings, to_contract_json
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "preflight"
 UPDATE = os.environ.get("CLUSTERCTL_UPDATE_GOLDENS") == "1"
@@ -43,7 +43,7 @@ def golden_of(kind: str, text: str) -> dict:
         result = parser(text, now=NOW) if kind in WITH_NOW else parser(text)
     except ParseError as exc:
         return {"error": str(exc)}
-    return to_contract_json(kind, result, paste_warnings(text))
+    return to_contract_json(kind, result, parse_warnings(text, result))
 
 
 def test_every_fixture_directory_is_a_registered_kind():

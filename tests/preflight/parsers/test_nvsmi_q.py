@@ -129,3 +129,25 @@ def test_one_gpu_cut_before_its_health_sections_is_truncated():
 
 def test_whole_output_keeps_the_attached_count():
     assert load("h100-sxm-driver550-dram-uncorrectable-remap-pending.txt").attached == 8
+
+
+def test_an_elided_paste_is_read_as_far_as_it_goes_naming_the_gpus_not_shown():
+    report = load("pasted-first-and-last-of-8-gpus-elided-between.txt")
+    whole = load("h100-sxm-driver535-full-q-clean.txt")
+    assert [g.bus_id for g in report.gpus] == [whole.gpus[0].bus_id, whole.gpus[7].bus_id]
+    assert report.gpus == [whole.gpus[0], whole.gpus[7]] and report.attached == 8
+    assert report.warnings == ("line 80: lines elided: 2 of 8 attached GPUs shown, no facts about the other 6",)
+
+
+def test_an_elided_section_is_null_and_named():
+    report = load("pasted-elided-after-first-gpu-ecc-mode.txt")
+    (gpu,) = report.gpus
+    assert gpu.ecc_mode_current == "Enabled" and gpu.volatile_uncorrectable is None and gpu.remap_pending is None
+    assert any("GPU 00000000:18:00.0 shows no ECC Errors section" in w for w in report.warnings)
+    assert any("1 of 8 attached GPUs shown" in w for w in report.warnings)
+
+
+def test_the_same_shortfall_without_an_elision_marker_is_still_a_cut_output():
+    text = (DIR / "pasted-first-and-last-of-8-gpus-elided-between.txt").read_text().replace("\n...\n", "\n\n")
+    with pytest.raises(ParseError, match="output ends after 2 of 8 attached GPUs"):
+        nvsmi_q.parse(text)

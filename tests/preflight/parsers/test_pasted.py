@@ -197,6 +197,8 @@ def test_elision_lines_are_dropped_and_reported(marker):
 # reported (fixture -> its line numbers); nothing else in a real output is.
 PROMPTED = {
     "chrony/two-runs-crlf-unsynced-then-synced.txt": [1, 15],
+    "cpupower/amd-bc250-acpi_idle-residency-lines-cpu12.txt": [1],
+    "cpupower/garbage-silent-amd-bc250-all-cpus-state-names-only.txt": [1],
     "cpupower/intel-skylake-sp-deep-states-disabled-two-cpus.txt": [1],
     "dcgm_diag/dcgm4.2-r2-pcie-width-fail-gpu5.txt": [1],
     "ibping/flood-c1000-quiet.txt": [1],
@@ -210,6 +212,7 @@ PROMPTED = {
     "nccl/two-runs-complete-then-crashed.txt": [20],
     "perftest/h100-ndr-ib_write_bw-report-gbits.txt": [1],
     "perftest/h100-ndr-ib_write_lat-perftest23.txt": [1],
+    "topo/tesla-p4-single-gpu-numa-affinity-na-tabs.txt": [1],
     "topo/two-pastes-second-cut-short.txt": [1, 19],
 }
 

@@ -116,3 +116,39 @@ def test_gpu_helpers():
     assert (t.gpu("GPU4").index, t.gpu("GPU4").numa_node) == (4, 7)
     assert load("v100-sxm2-dgx1-driver418-tabs-cpu-affinity-only.txt").gpu("GPU0").numa_node is None
     assert t.gpu("GPU9") is None
+
+
+def test_a_row_whose_cells_ran_together_is_reported_and_no_fact_is_taken_from_it():
+    topology = load("h200-sxm-hgx-driver550-tabs-lost-tab.txt")
+    whole = load("h200-sxm-hgx-driver550-tabs.txt")
+    assert [w.split(":")[0] for w in topology.warnings] == ["line 5", "line 7"]
+    assert "row GPU3 has 18 cells, expected 19" in topology.warnings[0]
+    assert "row GPU5 has 'NV18NV18' where a link token belongs" in topology.warnings[1]
+    assert [g.name for g in topology.gpus] == [g.name for g in whole.gpus]
+    assert topology.gpu("GPU3") == topo.TopoGpu("GPU3", None, None, None)  # not the shifted NUMA column
+    assert "GPU3" not in topology.links and "GPU5" not in topology.links
+    # a pair is read from the other device's row (the matrix is symmetric)
+    assert topology.link("GPU3", "GPU2") == "NV18" and topology.nvlinks("GPU5", "GPU6") == 18
+    assert topology.token("GPU3", "NIC3") == "PIX"
+    assert {g.name: g for g in topology.gpus if g.name not in ("GPU3", "GPU5")} == {
+        g.name: g for g in whole.gpus if g.name not in ("GPU3", "GPU5")}
+
+
+@pytest.mark.parametrize("row, problem", [
+    ("GPU1\tNV18\t X \tNV180-47,96-143\t0\t\tN/A", "has 'NV180-47,96-143' where a link token belongs"),
+    ("GPU1\tNV18\t X \tNV18\t0-47,96-1430", "has 4 cells, expected 5"),
+    ("GPU1\tNV18\t X \tNV18\t0-47,96-143\t0\tN/A", "has 6 cells, expected 5"),
+])
+def test_a_gpu_row_with_the_wrong_cell_count_is_damaged_not_read(row, problem):
+    text = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity\n"
+            "GPU0\t X \tNV18\tNV18\t0-47,96-143\t0\n" + row + "\n"
+            "GPU2\tNV18\tNV18\t X \t0-47,96-143\t0\n")
+    topology = topo.parse(text)
+    assert topology.warnings == (f"line 3: row GPU1 {problem} (cells run together?): no facts taken from it",)
+    assert "GPU1" not in topology.links and topology.gpu("GPU1").cpu_affinity is None
+
+
+def test_a_row_cut_short_is_still_a_truncated_output():
+    text = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV18\t0-47\nGPU1\tNV18\n"
+    with pytest.raises(ParseError, match="row GPU1 has 1 cells, expected 2"):
+        topo.parse(text)

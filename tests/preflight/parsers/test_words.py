@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from preflight.parsers import ParseError, parse, words
+from preflight.parsers import ParseError, parse
+from preflight.parsers import single_value as words
 
 
 def test_pm_qos_reads_ods_right_aligned_number_and_nothing_wider_than_32_bits():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cluster.errors import ExitCode
+from common.errors import ExitCode
 from preflight import history, report
 from preflight import progress as progress_view
 from tests.cli import samples
@@ -98,7 +98,7 @@ def test_host_text_is_never_markup():
 
 
 def test_plurals():
-    from cluster.text import plural
+    from common.text import plural
 
     assert (plural(1, "node"), plural(4, "node"), plural(1, "peer"), plural(0, "failure")) == (
         "1 node", "4 nodes", "1 peer", "0 failures")
@@ -135,10 +135,19 @@ def test_the_suggested_diff_command_names_a_non_default_state_dir(clusterctl, vi
     state = tmp_path / "my state"
     code, out, _ = clusterctl("preflight", "-i", str(virtual_inventory), "--state-dir", str(state), columns=300)
     run_id = history.runs(state)[0].id
-    assert f"clusterctl preflight diff previous {run_id} --state-dir '{state}')" in out
+    assert f"clusterctl preflight diff previous {run_id} -i {virtual_inventory} --state-dir '{state}')" in out
     code, out, _ = clusterctl("preflight", "-i", str(virtual_inventory), columns=300)
     run_id = history.runs(history.DEFAULT_STATE_DIR)[0].id
-    assert f"clusterctl preflight diff previous {run_id})" in out
+    assert f"clusterctl preflight diff previous {run_id} -i {virtual_inventory})" in out
+
+
+def test_json_alone_is_stdout_as_every_other_commands_json(clusterctl, virtual_inventory, fake_run, tmp_path):
+    code, out, err = clusterctl("preflight", "-i", str(virtual_inventory), "--state-dir", str(tmp_path / "state"),
+                                "--json")
+    assert code == 1 and json.loads(out)["summary"]["verdicts"]["FAIL"] == 3 and "exit code 1" in err
+    code, out, _ = clusterctl("preflight", "-i", str(virtual_inventory), "--json", "--state-dir",
+                              str(tmp_path / "state"))
+    assert code == 1 and json.loads(out)["summary"]["verdicts"]["FAIL"] == 3  # not a file named --state-dir
 
 
 def test_json_dash_is_stdout_and_the_table_goes_to_stderr(clusterctl, virtual_inventory, fake_run, tmp_path):
@@ -205,6 +214,51 @@ def test_diff_fix_is_listed_after_regressions(tmp_path):
     b = save(tmp_path, [r("r01", "a", "nccl", "PASS", "OK", "ok"), r("r01", "b", "nccl", "FAIL", "X", "bad")], ["nccl"])
     kinds = [c.kind for c in history.diff(history.load(tmp_path, a.id), history.load(tmp_path, b.id)).changes]
     assert kinds == ["regression", "fixed"]
+
+
+def test_diff_refuses_latest_and_previous_of_two_inventories(clusterctl, tmp_path):
+    """Two clusters whose host names match, run from one directory: previous/latest compare one cluster
+    with the other unless -i scopes them to one inventory; run ids compare them anyway, with a note."""
+    r = samples.r
+    state = tmp_path / "state"
+
+    def run_of(inventory: str, verdict: str, code: str, started: int):
+        outcome = samples.outcome()
+        outcome.results[:] = [r("r01", "a", "nccl", verdict, code, "x")]
+        return history.save(state, report.to_json(outcome), {
+            "inventory": inventory, "inventory_path": str(tmp_path / inventory), "checks": ["nccl"]}, started)
+
+    prod_1 = run_of("prod", "PASS", "OK", 1_800_000_000)
+    staging = run_of("staging", "FAIL", "NCCL_BW", 1_800_000_100)
+    prod_2 = run_of("prod", "PASS", "OK", 1_800_000_200)
+    code, out, err = clusterctl("preflight", "diff", "previous", "latest", "--state-dir", str(state))
+    assert (code, out) == (2, "")
+    assert err == (f"error: {state}: previous ({staging.id}) and latest ({prod_2.id}) are runs of different "
+                   "inventories (staging vs prod): pass -i INVENTORY to compare one inventory's runs, or two run "
+                   "ids to compare them anyway\n")
+    code, out, err = clusterctl("preflight", "diff", "previous", "latest", "-i", str(tmp_path / "prod"),
+                                "--state-dir", str(state))
+    assert (code, err) == (0, "") and out.strip() == f"no verdict changed from {prod_1.id} to {prod_2.id}"
+    code, out, err = clusterctl("preflight", "diff", staging.id, prod_2.id, "--state-dir", str(state))
+    assert code == 0 and err == "note: comparing runs of different inventories (staging vs prod)\n"
+
+
+def test_history_says_where_the_state_dir_is_and_which_checks_each_run_covered(clusterctl, tmp_path, monkeypatch):
+    from preflight.checks import BY_NAME
+
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = clusterctl("preflight", "history")
+    assert out.strip() == f"no runs saved under .state/preflight (in {tmp_path})"
+    state = tmp_path / ".state" / "preflight"
+    for checks, started in ((list(BY_NAME), 1_800_000_000), (["versions"], 1_800_000_100)):
+        history.save(state, report.to_json(samples.outcome()), {"inventory": "inventory/prod", "checks": checks},
+                     started)
+    code, out, _ = clusterctl("preflight", "history", columns=200)
+    assert code == 0 and f"preflight runs in .state/preflight (in {tmp_path})" in out
+    rows = [line for line in out.splitlines() if "inventory/prod" in line]
+    assert f"all {len(BY_NAME)}" in rows[0] and "versions" in rows[1]
+    code, out, _ = clusterctl("preflight", "history", "-i", "inventory/other")
+    assert out.strip() == f"no runs saved for inventory/other under .state/preflight (in {tmp_path})"
 
 
 def test_a_green_run_is_a_line_not_an_empty_table():
