@@ -3,7 +3,8 @@
 ``POST /v1/completions`` and ``/v1/chat/completions``: the body is read (bounded), parsed (a malformed one
 is a 400 carrying the parse error, in vLLM's error shape), sized (:mod:`edge.tokens`), routed
 (:class:`edge.routing.Router`) and sent unchanged to the chosen IU; the answer is passed through chunk by
-chunk as it arrives (SSE streams and plain JSON alike; nothing is buffered), with ``X-Eas-IU`` naming the IU.
+chunk as it arrives (SSE streams and plain JSON alike; nothing is buffered), with ``X-Eas-IU`` naming the IU
+and the pick's view of it (:func:`routing_headers`: what ``clusterctl edge calibrate`` checks the scores by).
 Whatever the IU answers (a 404 for an unknown model, a 400) is the client's answer, as from vLLM itself.
 ``GET /v1/models`` is answered by one routable IU.
 
@@ -151,6 +152,20 @@ class EdgeState:
                 break
 
 
+def routing_headers(decision: Decision) -> dict[str, str]:
+    """How the pick saw the chosen IU: ``X-Eas-Pick`` (the mode), ``X-Eas-Score`` (its published score, s),
+    ``X-Eas-Expected-S`` (the TTFT pick predicted there: score + work sent since + own prefill) and
+    ``X-Eas-Prefill-S`` (this request's own prefill there, from the IU's published prefill rate)."""
+    headers = {"X-Eas-Pick": decision.mode}
+    if decision.entry is not None and decision.entry.score is not None:
+        headers["X-Eas-Score"] = f"{decision.entry.score:.4f}"
+    if decision.expected_s is not None:
+        headers["X-Eas-Expected-S"] = f"{decision.expected_s:.4f}"
+    if decision.cost_s is not None:
+        headers["X-Eas-Prefill-S"] = f"{decision.cost_s:.4f}"
+    return headers
+
+
 def _upstream_url(entry, path: str) -> str:
     return f"http://{entry.address}:{entry.port}{path}"
 
@@ -218,7 +233,7 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
         except BaseException:  # cancelled (shutdown cut the request): the slot must not leak
             state.release(iu_id, handle=handle)
             raise
-        return await _relay(state, request, upstream, iu_id, arrived, stream, handle)
+        return await _relay(state, request, upstream, iu_id, arrived, stream, handle, routing_headers(decision))
     return error_response(502, "the IUs tried did not accept the connection (retried once)", "BadGatewayError")
 
 
@@ -229,10 +244,11 @@ def _unavailable(state: EdgeState, exc: Unavailable) -> web.Response:
 
 
 async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.ClientResponse, iu_id: str,
-                 arrived: float, stream: bool, handle=None) -> web.StreamResponse:
+                 arrived: float, stream: bool, handle=None, routing: dict | None = None) -> web.StreamResponse:
     """Pass the IU's answer through as it arrives; the slot is released however it ends."""
     failed = False
-    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id}
+    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id,
+               **(routing or {})}
     if "Content-Encoding" in upstream.headers:  # bytes pass through undecoded (auto_decompress=False)
         headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
     response = web.StreamResponse(status=upstream.status, headers=headers)
