@@ -12,12 +12,14 @@ load is sent (:mod:`operate.loadgen`, open loop) and for every answered request:
   move the median of three or more).
 
 Per unit: bias (mean predicted - measured: negative = the unit looks less loaded than it is, so it draws
-more than its share), mean absolute error, and the correlation of predicted with measured. A unit is
-flagged when its bias is off the pool's median bias by more than ``max(BIAS_FLOOR_S, the pool's median
-MAE)`` (what every unit shares, such as a common prefill-rate error or the edge-to-unit hop, is not the
-unit's fault), or when its predictions do not follow its waits (correlation below :data:`MIN_CORRELATION`
-while its waits vary by more than :data:`MIN_WAIT_SPREAD_S`). Units with fewer than :data:`MIN_SAMPLES`
-answered requests get no verdict.
+more than its share), mean absolute error, the correlation of predicted with measured, and the scale (mean
+predicted / mean measured). A unit is flagged when both its bias is off the pool's median bias by more than
+:data:`BIAS_FLOOR_S` and its scale is off the pool's median scale by more than a factor
+:data:`SCALE_LIMIT` (what every unit shares, such as a common prefill-rate error or the edge-to-unit hop,
+is not the unit's fault; waits vary a lot from request to request, so a unit is compared in aggregate, and
+a ratio does not grow with the load the way an absolute error does), or when its predictions do not follow
+its waits (correlation below :data:`MIN_CORRELATION` while its waits vary by more than
+:data:`MIN_WAIT_SPREAD_S`). Units with fewer than :data:`MIN_SAMPLES` answered requests get no verdict.
 
 Circuit breaker (:func:`breaker_share`): while a unit is in maintenance (or scored out), the requests the
 edge sends it are counted: the check passes only at zero.
@@ -42,6 +44,7 @@ from operate.loadgen import Generator, Outcome, plan
 from operate.scenario import Scenario
 
 BIAS_FLOOR_S = 0.05
+SCALE_LIMIT = 1.5
 MIN_CORRELATION = 0.3
 MIN_WAIT_SPREAD_S = 0.05
 MIN_SAMPLES = 20
@@ -66,6 +69,7 @@ class UnitCalibration:
     bias_s: float
     mae_s: float
     correlation: float | None
+    scale: float | None = None  # mean predicted / mean measured wait (None: no measured wait)
     flags: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
@@ -75,7 +79,7 @@ class UnitCalibration:
         return {"unit": self.unit, "samples": self.samples, "mean_score_s": r(self.mean_score_s),
                 "mean_predicted_wait_s": r(self.mean_predicted_s), "mean_measured_wait_s": r(self.mean_wait_s),
                 "bias_s": r(self.bias_s), "mae_s": r(self.mae_s), "correlation": r(self.correlation),
-                "flags": list(self.flags)}
+                "scale": r(self.scale), "flags": list(self.flags)}
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ class Calibration:
         table = Table(title=f"score calibration ({self.endpoint}, reference prefill "
                             f"{self.reference_prefill_tps:,.0f} tokens/s)", title_justify="left")
         for name in ("unit", "requests", "score ms", "predicted wait ms", "measured wait ms", "bias ms",
-                     "MAE ms", "corr", "verdict"):
+                     "MAE ms", "corr", "scale", "verdict"):
             table.add_column(name, justify="left" if name in ("unit", "verdict") else "right")
         for u in self.units:
             verdict = (Text("misleads: " + ", ".join(u.flags), style="red") if u.flags else
@@ -129,7 +133,8 @@ class Calibration:
             table.add_row(u.unit, str(u.samples), "-" if u.mean_score_s is None else f"{u.mean_score_s * 1000:,.0f}",
                           f"{u.mean_predicted_s * 1000:,.0f}", f"{u.mean_wait_s * 1000:,.0f}",
                           f"{u.bias_s * 1000:+,.0f}", f"{u.mae_s * 1000:,.0f}",
-                          "-" if u.correlation is None else f"{u.correlation:.2f}", verdict)
+                          "-" if u.correlation is None else f"{u.correlation:.2f}",
+                          "-" if u.scale is None else f"{u.scale:.2f}", verdict)
         lines = [table]
         if self.breaker is not None:
             b = self.breaker
@@ -183,21 +188,29 @@ def judge(by_unit: dict[str, list[Sample]]) -> list[UnitCalibration]:
         waits = [s.wait_s for s in samples]
         scores = [s.score_s for s in samples if s.score_s is not None]
         errors = [p - w for p, w in zip(predicted, waits, strict=True)]
+        mean_wait = statistics.fmean(waits)
         rows.append(UnitCalibration(unit, len(samples), statistics.fmean(scores) if scores else None,
-                                    statistics.fmean(predicted), statistics.fmean(waits), statistics.fmean(errors),
-                                    statistics.fmean(abs(e) for e in errors), _correlation(predicted, waits)))
+                                    statistics.fmean(predicted), mean_wait, statistics.fmean(errors),
+                                    statistics.fmean(abs(e) for e in errors), _correlation(predicted, waits),
+                                    statistics.fmean(predicted) / mean_wait if mean_wait > 0 else None))
     judged = [r for r in rows if r.samples >= MIN_SAMPLES]
     if not judged:
         return rows
     median_bias = statistics.median(r.bias_s for r in judged)
-    tolerance = max(BIAS_FLOOR_S, statistics.median(r.mae_s for r in judged))
+    scales = [r.scale for r in judged if r.scale is not None]
+    median_scale = statistics.median(scales) if scales else None
     out = []
     for r in rows:
         flags = []
         if r.samples >= MIN_SAMPLES:
-            if abs(r.bias_s - median_bias) > tolerance:
+            off_scale = (r.scale is None or median_scale is None or median_scale <= 0 or r.scale <= 0
+                         or not 1 / SCALE_LIMIT <= r.scale / median_scale <= SCALE_LIMIT)
+            if abs(r.bias_s - median_bias) > BIAS_FLOOR_S and off_scale:
                 direction = "reads low" if r.bias_s < median_bias else "reads high"
-                flags.append(f"bias {(r.bias_s - median_bias) * 1000:+,.0f} ms vs pool ({direction})")
+                scale = "-" if r.scale is None else f"{r.scale:.2f}"
+                pool = "-" if median_scale is None else f"{median_scale:.2f}"
+                flags.append(f"{direction}: bias {(r.bias_s - median_bias) * 1000:+,.0f} ms, scale {scale} vs pool "
+                             f"{pool}")
             spread = statistics.pstdev(s.wait_s for s in by_unit[r.unit])
             if spread > MIN_WAIT_SPREAD_S and (r.correlation is None or r.correlation < MIN_CORRELATION):
                 flags.append("does not follow its waits" if r.correlation is None else

@@ -115,7 +115,7 @@ class _Reader:
 
     def fail(self, field: str, problem: str, value=None) -> ScenarioError:
         got = "" if value is None else f" (got {value!r})"
-        return ScenarioError(f"{self.source}: {field}: {problem}{got}")
+        return ScenarioError(f"{self.source}: {field or '(top level)'}: {problem}{got}")
 
     def mapping(self, value, field: str, allowed: set[str], required: set[str]) -> dict:
         if not isinstance(value, dict):

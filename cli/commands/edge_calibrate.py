@@ -20,8 +20,8 @@ from common.errors import ClusterctlError, ExitCode
 _EXAMPLES = examples(
     "clusterctl edge calibrate --endpoint http://127.0.0.1:8080 --rate 6 --requests 1000",
     "clusterctl edge calibrate --endpoint 127.0.0.1:8080 --breaker-unit r01n02-iu1 --consul 127.0.0.1:8500",
-    note="A unit is flagged when its bias is off the pool's by more than max(50 ms, the pool's median MAE), or "
-         "its predictions do not follow its waits (operate/calibrate.py). Exit codes: 0 no unit misleads, 1 a "
+    note="A unit is flagged when its bias is off the pool's by more than 50 ms and its predicted/measured "
+         "scale by more than 1.5x, or its predictions do not follow its waits (operate/calibrate.py). Exit codes: 0 no unit misleads, 1 a "
          "unit flagged or the breaker check failed, 2 bad input or an endpoint that is not the EAS edge.",
 )
 
