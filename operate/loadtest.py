@@ -72,7 +72,8 @@ def _ms(value: float | None) -> str:
 
 def verdict_table(result: Result) -> Table:
     title = f"{result.scenario.name} at {result.rate:g} req/s for {result.duration_s:g} s ({result.endpoint})"
-    table = Table(title=title + (" [interrupted: partial]" if result.interrupted else ""), title_justify="left")
+    table = Table(title=title + (" (interrupted: partial results)" if result.interrupted else ""),
+                  title_justify="left")
     for name in ("class", "reqs", "errors", "TTFT p50/p90/p99 ms", "ITL p50/p99 ms", "E2E p50/p99 ms",
                  "SLO", "p99 ms", "verdict"):
         table.add_column(name, justify="left" if name in ("class", "SLO", "verdict", "errors") else "right")
