@@ -1,16 +1,16 @@
 """How fast can ``clusterctl loadtest``'s generator send on time? Its ceiling, so a load test measures the
 cluster, not itself.
 
-The generator (operate/loadgen.py, asyncio, as ``clusterctl loadtest`` runs it) sends the article's mix
+The generator (operate/loadgen.py, asyncio, as ``clusterctl loadtest`` runs it) sends the production mix
 (token-id prompts of ~327 / ~4,218 / ~12,842 tokens: ~12 KB of JSON per request on average) open-loop at
 each rate for ``--duration`` seconds to a trivial upstream: an aiohttp server on 127.0.0.x in a process of
 its own that reads each body and streams 4 tokens back at once. Per rate: the scheduling lag (actual send
 minus planned, p50/p99/max), the generator's CPU per request (its process CPU time over the run / requests
 sent: the upstream's CPU is not in it) and the errors.
 
-Target: p99 lag <= 1 ms at >= 100 req/s of the article mix (a 4-node virtual cluster's goodput is a few
-tens of requests per second; the article's largest single scenario, A at 800 QPS, is a 1,024-GPU
-cluster's, for which a load test runs several generators).
+Target: p99 lag <= 1 ms at >= 100 req/s of the production mix (a 4-node virtual cluster's goodput is a few
+tens of requests per second; a 1,024-GPU cluster's A class alone is ~800 req/s, for which a load test
+runs several generators).
 
     .venv/bin/python bench/loadgen.py [--rates 25,50,100,200,400] [--duration 10] [--results]
 """
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"target >= {TARGET_RATE:g} req/s: {verdict}")
     print(line)
     results.record(args.results, script=__file__, numbers={"rows": rows, "highest_rate": best and best["rate"]},
-                   summary=line, target=f"p99 scheduling lag <= 1 ms at >= {TARGET_RATE:g} req/s of the article mix",
+                   summary=line, target=f"p99 scheduling lag <= 1 ms at >= {TARGET_RATE:g} req/s of the production mix",
                    verdict=results.verdict_of(line), argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
                    measures="the load generator's ceiling: open-loop rate held with p99 send lag <= 1 ms, CPU/request")
     return 0

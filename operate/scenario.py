@@ -2,7 +2,7 @@
 
 A scenario is data (docs/loadtest.md has the format)::
 
-    name: article-mix
+    name: production-mix
     classes:
       A:
         share: 0.65                            # of the requests; the shares sum to 1
@@ -25,7 +25,7 @@ import yaml
 
 from common.errors import UsageError
 
-DEFAULT_SCENARIO = Path(__file__).parent / "scenarios" / "article-mix.yml"
+DEFAULT_SCENARIO = Path(__file__).parent / "scenarios" / "production-mix.yml"
 SHARE_TOLERANCE = 1e-6
 MAX_TOKENS = 1 << 20  # a sanity bound on a distribution's mean: no context is a million tokens
 _TOP_FIELDS = {"name", "description", "classes", "max_model_len"}
@@ -203,7 +203,7 @@ def parse_scenario(data, source: str = "<scenario>") -> Scenario:
 
 
 def load_scenario(path: str | Path | None = None) -> Scenario:
-    """The scenario file at ``path`` (None: the built-in article mix)."""
+    """The scenario file at ``path`` (None: the built-in production mix)."""
     path = Path(path) if path is not None else DEFAULT_SCENARIO
     try:
         text = path.read_text()

@@ -3,7 +3,7 @@
 Each agent's body carries, per IU, the mean GPU utilisation of the IU's GPUs (component ``gpu_util_pct``,
 read from NVML each cycle). A :class:`UtilisationSampler` reads every body once a second in a thread and
 keeps (seconds since its start, IU, percent); :func:`summary` gives the mean per unit, the mean over units
-and the variance across units (the article's "GPU utilisation variance" across the pool, §4.7).
+and the variance across units (how evenly the pool is loaded).
 """
 
 from __future__ import annotations

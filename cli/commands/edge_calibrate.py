@@ -37,12 +37,13 @@ _EXAMPLES = examples(
 @click.option("--breaker-unit", default=None, metavar="IU",
               help="Also check the circuit breaker: put IU in Consul maintenance, send --breaker-requests, count "
                    "those that reached it (must be 0), then take it out of maintenance.")
-@click.option("--breaker-requests", default=100, show_default=True, type=click.IntRange(10, 100_000))
+@click.option("--breaker-requests", default=100, show_default=True, type=click.IntRange(10, 100_000),
+              help="Requests sent while --breaker-unit is in maintenance.")
 @click.option("--consul", "consul_addr", default=None,
               help="The Consul agent the breaker unit is registered with, HOST:PORT (default CONSUL_HTTP_ADDR).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Write the report here: JSON, Markdown and a PNG of predicted against measured waits.")
-@click.option("--seed", default=1, show_default=True, type=int)
+@click.option("--seed", default=1, show_default=True, type=int, help="Seed of the arrivals and request sizes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
 def calibrate(endpoint, rate, requests, scenario_path, prefill_tps, breaker_unit, breaker_requests, consul_addr,
               out_dir, seed, as_json) -> None:

@@ -21,7 +21,7 @@ _EXAMPLES = examples(
     "clusterctl loadtest --endpoint http://127.0.0.1:8080 --rate 4 --duration 120",
     "clusterctl loadtest --endpoint 127.0.0.1:8080 --sweep 2:12:2 --duration 60 --out reports/lt",
     "clusterctl loadtest --endpoint 127.0.0.1:8080 --scenario my-mix.yml --consul 127.0.0.1:8500",
-    note="The default scenario is the design article's mix (A 65% ~327 prompt tokens, B 30% ~4,218, C 5% "
+    note="The default scenario is the production mix (A 65% ~327 prompt tokens, B 30% ~4,218, C 5% "
          "~12,842; p99 TTFT <= 850 / 2,200 / 5,500 ms): docs/loadtest.md. Exit codes: 0 every SLO met, 1 an "
          "SLO missed, 2 bad input or an unreachable endpoint, 130 interrupted (partial results printed).",
 )
@@ -35,7 +35,7 @@ def endpoint_option(f):
 
 def scenario_option(f):
     return click.option("--scenario", "scenario_path", default=None, type=click.Path(dir_okay=False),
-                        help="Scenario file (YAML; default: the article's mix, operate/scenarios/article-mix.yml)."
+                        help="Scenario file (YAML; default: the production mix, operate/scenarios/production-mix.yml)."
                         )(f)
 
 

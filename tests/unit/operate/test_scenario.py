@@ -1,4 +1,4 @@
-"""Scenario files: the default is the article's mix; every malformed file is one ScenarioError line naming
+"""Scenario files: the default is the production mix; every malformed file is one ScenarioError line naming
 the file, the field and the value (exit 2)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def error_of(data) -> str:
     return message
 
 
-def test_the_default_file_is_the_articles_mix_with_ttft_limits():
+def test_the_default_file_is_the_production_mix_with_ttft_limits():
     scenario = load_scenario()
     got = {k.name: (k.share, k.prompt.mean, k.slo.ttft_p99_ms, k.slo.e2e_p99_ms) for k in scenario.classes}
     assert got == {"A": (0.65, 327, 850, None), "B": (0.30, 4218, 2200, None), "C": (0.05, 12842, 5500, None)}
