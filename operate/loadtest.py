@@ -42,10 +42,11 @@ class Result:
     interrupted: bool = False
     utilisation: dict | None = None  # operate.utilisation.summary, when the agents' data was read
     utilisation_samples: list = field(default_factory=list)
+    min_samples: int = stats.MIN_SAMPLES  # a class with fewer requests is judged "too few"
 
     def __post_init__(self):
         self.by_class = stats.class_stats(self.outcomes, self.scenario, self.elapsed_s)
-        self.verdicts = stats.verdicts(self.by_class, self.scenario)
+        self.verdicts = stats.verdicts(self.by_class, self.scenario, self.min_samples)
         self.lag = stats.lag_summary(self.outcomes)
 
     @property
@@ -194,7 +195,7 @@ class Progress:
 
 async def run_async(endpoint: str, scenario: Scenario, rate: float, duration_s: float, *, seed: int = 1,
                     model: str | None = None, timeout_s: float = 60.0, console: Console | None = None,
-                    sampler=None, check_endpoint: bool = True) -> Result:
+                    sampler=None, check_endpoint: bool = True, min_samples: int = stats.MIN_SAMPLES) -> Result:
     if check_endpoint:
         served = await probe(endpoint)
         model = model or served
@@ -231,7 +232,7 @@ async def run_async(endpoint: str, scenario: Scenario, rate: float, duration_s: 
         util_samples = list(sampler.samples)
         util = summary(util_samples) if util_samples else None
     return Result(scenario, endpoint, rate, duration_s, list(outcomes), elapsed, len(planned),
-                  interrupted or generator.stopped, util, util_samples or [])
+                  interrupted or generator.stopped, util, util_samples or [], min_samples)
 
 
 def run(endpoint: str, scenario: Scenario, rate: float, duration_s: float, **kwargs) -> Result:

@@ -86,9 +86,11 @@ def emit(result, out_dir: str | None, as_json: bool) -> None:
 @click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds one request may take before it counts as a timeout.")
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the arrivals and request sizes.")
+@click.option("--min-samples", default=50, show_default=True, type=click.IntRange(1, None),
+              help="Requests a class needs for its p99 to be judged (fewer: 'too few', never met).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
 def command(endpoint, rate, sweep, duration, scenario_path, out_dir, consul_addr, datacenter, timeout_s, seed,
-            as_json) -> None:
+            min_samples, as_json) -> None:
     """Send a scenario's traffic mix open-loop and judge each class against its p99 latency targets."""
     from operate import loadtest
     from operate.rates import parse_endpoint, parse_rate, parse_sweep
@@ -100,7 +102,7 @@ def command(endpoint, rate, sweep, duration, scenario_path, out_dir, consul_addr
     single = parse_rate(rate)
     factory = sampler_factory(consul_addr, datacenter)
     console = None if as_json else app.current().err_console
-    common = {"seed": seed, "timeout_s": timeout_s, "console": console}
+    common = {"seed": seed, "timeout_s": timeout_s, "console": console, "min_samples": min_samples}
     if rates:
         result = loadtest.sweep(endpoint, scenario, rates, duration, sampler_factory=factory, **common)
         interrupted = any(r.interrupted for r in result.results)

@@ -44,13 +44,14 @@ def test_a_short_run_through_the_edge_judges_each_slo_and_writes_the_report(tmp_
     out = tmp_path / "report"
     with live_pool(tmp_path, consul_addr, nodes=2) as (edge, _):
         code = run_cli(["loadtest", "--endpoint", f"http://{edge.address}", "--rate", "14", "--duration", "9",
-                        "--scenario", str(scenario), "--out", str(out), "--consul", consul_addr, "--json"])
+                        "--scenario", str(scenario), "--out", str(out), "--consul", consul_addr, "--min-samples", "40",
+                        "--json"])
     result = json.loads(capsys.readouterr().out)
     assert code == 1, result  # an SLO missed
     verdicts = {(v["class"], v["metric"]): v["verdict"] for v in result["slo"]}
     assert verdicts == {("easy", "ttft"): "met", ("easy", "e2e"): "met", ("impossible", "ttft"): "not met"}, result
     easy = result["classes"]["easy"]
-    assert easy["errors"] == {} and easy["ok"] == easy["requests"] >= 50
+    assert easy["errors"] == {} and easy["ok"] == easy["requests"] >= 40
     assert 0 < easy["latency_s"]["ttft"]["p50"] <= easy["latency_s"]["ttft"]["p99"] < 3.0
     assert 0 < easy["latency_s"]["itl"]["p50"] < 0.2  # the simulated engine's ~17 ms decode step, 50 ms ticks
     assert result["generator_lag"]["p99_s"] < 0.1
