@@ -116,12 +116,14 @@ def test_errors_are_counted_by_kind():
 
 
 def test_ctrl_c_prints_the_partial_results_and_exits_130(tmp_path, consul_addr):
+    scenario = tmp_path / "two.yml"
+    scenario.write_text(yaml.safe_dump(TWO_CLASSES))  # 16-token answers: some finish within seconds
     with live_pool(tmp_path, consul_addr, nodes=2) as (edge, _):
         env = {**os.environ, "COLUMNS": "200"}
         process = subprocess.Popen([sys.executable, "-m", "cli.main", "loadtest", "--endpoint",
-                                    f"http://{edge.address}", "--rate", "10", "--duration", "60"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        time.sleep(4.0)
+                                    f"http://{edge.address}", "--rate", "10", "--duration", "60", "--scenario",
+                                    str(scenario)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        time.sleep(5.0)
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=20)
     assert process.returncode == 130, (out, err)
