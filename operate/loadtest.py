@@ -53,6 +53,11 @@ class Result:
     def passed(self) -> bool:
         return not self.interrupted and stats.all_met(self.verdicts)
 
+    @property
+    def missed(self) -> bool:
+        """Some SLO judged and not met (a class with too few requests is not judged)."""
+        return any(v.verdict == stats.MISSED for v in self.verdicts)
+
     def as_dict(self) -> dict:
         return {"scenario": self.scenario.name, "scenario_file": self.scenario.source, "endpoint": self.endpoint,
                 "rate_per_s": self.rate, "duration_s": self.duration_s, "elapsed_s": round(self.elapsed_s, 3),
@@ -135,8 +140,9 @@ class SweepResult:
         for r in self.results:
             errors = sum(sum(s.errors.values()) for s in r.by_class.values())
             met = sum(v.met for v in r.verdicts)
+            verdict = ("met", "green") if r.passed else ("not met", "red") if r.missed else ("too few", "yellow")
             table.add_row(f"{r.rate:g}", str(len(r.outcomes)), str(errors), f"{met}/{len(r.verdicts)}",
-                          Text("met" if r.passed else "not met", style="green" if r.passed else "red"))
+                          Text(verdict[0], style=verdict[1]))
         goodput = self.goodput
         line = (f"goodput: {goodput:g} req/s (the highest rate at which every class met its SLOs)" if goodput
                 is not None else "goodput: none of the rates met every SLO")
@@ -241,8 +247,8 @@ def run(endpoint: str, scenario: Scenario, rate: float, duration_s: float, **kwa
 
 
 def sweep(endpoint: str, scenario: Scenario, rates: list[float], duration_s: float, **kwargs) -> SweepResult:
-    """Each rate in ascending order for ``duration_s``; stops at the first rate that misses (higher rates
-    only load the cluster more) or at Ctrl-C."""
+    """Each rate in ascending order for ``duration_s``; stops at the first rate that misses an SLO (higher
+    rates only load the cluster more; a rate with a class too small to judge goes on) or at Ctrl-C."""
     results: list[Result] = []
     sampler_factory = kwargs.pop("sampler_factory", None)
     kwargs["model"] = kwargs.get("model") or asyncio.run(probe(endpoint))
@@ -252,6 +258,6 @@ def sweep(endpoint: str, scenario: Scenario, rates: list[float], duration_s: flo
         results.append(result)
         if result.interrupted:
             return SweepResult(results)
-        if not result.passed:
+        if result.missed:
             return SweepResult(results, stopped_early=i < len(rates) - 1)
     return SweepResult(results)

@@ -73,7 +73,7 @@ def emit(result, out_dir: str | None, as_json: bool) -> None:
 @click.option("--rate", default="2", show_default=True, help="Requests per second (Poisson arrivals).")
 @click.option("--sweep", default=None, metavar="RATES",
               help="Rates to try in turn, LO:HI:STEP or R1,R2,...: reports the goodput (the highest rate at "
-                   "which every class met its SLOs); stops at the first rate that misses.")
+                   "which every class met its SLOs); stops at the first rate that misses one.")
 @click.option("--duration", default=60.0, show_default=True, type=click.FloatRange(1, 86400),
               help="Seconds of sending per rate (answers still streaming are awaited).")
 @scenario_option
