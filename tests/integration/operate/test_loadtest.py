@@ -130,3 +130,15 @@ def test_ctrl_c_prints_the_partial_results_and_exits_130(tmp_path, consul_addr):
     assert "interrupted: partial results" in out and "NOT MET" in out, out
     finished, planned = map(int, re.search(r"(\d+) of (\d+) requests finished", out).groups())
     assert 0 < finished < planned, out
+
+
+def test_calibrate_through_an_endpoint_that_is_not_the_edge_is_exit_2(tmp_path, capsys):
+    from sim.vllm.server import SimulatedIU
+
+    scenario = tmp_path / "two.yml"
+    scenario.write_text(yaml.safe_dump(TWO_CLASSES))
+    with SimulatedIU("127.0.0.1", 0, arrival_rate=0) as iu:
+        code = run_cli(["edge", "calibrate", "--endpoint", f"http://{iu.address}", "--rate", "20", "--requests", "10",
+                        "--scenario", str(scenario)])
+    assert code == 2
+    assert "no answer named its unit (no X-Eas-IU header)" in capsys.readouterr().err
