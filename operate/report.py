@@ -15,6 +15,7 @@ carry every number).
 
 from __future__ import annotations
 
+import io
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -25,7 +26,7 @@ PLOT_CLASSES_COLOURS = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:p
 
 
 def render_text(renderable, width: int = 140) -> str:
-    console = Console(width=width, record=True, file=open("/dev/null", "w"), color_system=None)  # noqa: SIM115
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(renderable)
     return console.export_text()
 
