@@ -4,7 +4,8 @@
 beyond) and summarised (:mod:`edge.body`: a malformed or too deeply nested one is a 400), routed among the
 IUs serving its ``model`` (an IU's Consul ``Meta.model``; a model no IU serves is a 404 ``model_not_found``)
 by :class:`edge.routing.Router`, and sent unchanged to the chosen IU; the answer is passed through chunk by
-chunk as it arrives (SSE streams and plain JSON alike; nothing is buffered), with ``X-Eas-IU`` naming the IU.
+chunk as it arrives (SSE streams and plain JSON alike; nothing is buffered), with ``X-Eas-IU`` naming the IU
+and the pick's view of it (:func:`routing_headers`: what ``clusterctl edge calibrate`` checks the scores by).
 An IU's error answer (a 404 for an unknown model, a 400) is the client's answer, rewritten into OpenAI's
 error shape (:mod:`edge.errors`), as is every error the edge answers itself (with ``X-Edge-Reason``).
 ``GET /v1/models`` is answered by one routable IU.
@@ -156,6 +157,20 @@ class EdgeState:
         self.admission.released()  # a slot freed: the oldest waiter tries again
 
 
+def routing_headers(decision: Decision) -> dict[str, str]:
+    """How the pick saw the chosen IU: ``X-Eas-Pick`` (the mode), ``X-Eas-Score`` (its published score, s),
+    ``X-Eas-Expected-S`` (the TTFT pick predicted there: score + work sent since + own prefill) and
+    ``X-Eas-Prefill-S`` (this request's own prefill there, from the IU's published prefill rate)."""
+    headers = {"X-Eas-Pick": decision.mode}
+    if decision.entry is not None and decision.entry.score is not None:
+        headers["X-Eas-Score"] = f"{decision.entry.score:.4f}"
+    if decision.expected_s is not None:
+        headers["X-Eas-Expected-S"] = f"{decision.expected_s:.4f}"
+    if decision.cost_s is not None:
+        headers["X-Eas-Prefill-S"] = f"{decision.cost_s:.4f}"
+    return headers
+
+
 def _upstream_url(entry, path: str) -> str:
     return f"http://{entry.address}:{entry.port}{path}"
 
@@ -261,7 +276,7 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
             raise
         if upstream.status >= 400:
             return await _upstream_error(state, upstream, iu_id, handle)
-        return await _relay(state, request, upstream, iu_id, arrived, stream, handle)
+        return await _relay(state, request, upstream, iu_id, arrived, stream, handle, routing_headers(decision))
     return error_response(502, "the IUs tried did not accept the connection (retried once)", "upstream_connect")
 
 
@@ -305,12 +320,13 @@ async def _upstream_error(state: EdgeState, upstream: aiohttp.ClientResponse, iu
 
 
 async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.ClientResponse, iu_id: str,
-                 arrived: float, stream: bool, handle=None) -> web.StreamResponse:
+                 arrived: float, stream: bool, handle=None, routing: dict | None = None) -> web.StreamResponse:
     """Pass the IU's answer through as it arrives; the slot is released however it ends. An IU silent for
     ``stream_idle_timeout_s`` mid-stream is cut and ejected; a non-streamed answer past the edge's own
     ``upstream_timeout_s`` is cut without blaming the IU."""
     failed = False
-    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id}
+    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id,
+               **(routing or {})}
     if "Content-Encoding" in upstream.headers:  # bytes pass through undecoded (auto_decompress=False)
         headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
     response = web.StreamResponse(status=upstream.status, headers=headers)

@@ -59,6 +59,22 @@ def test_stream_passes_through_chunk_by_chunk_and_plain_answers_too(pool):
         assert metric(edge, "eas_edge_requests_total", 'code="200",endpoint="/v1/completions"') == 1
 
 
+def test_answer_headers_say_how_the_pick_saw_the_chosen_iu(pool):
+    scores = {"n0-iu0": 0.2, "n1-iu0": 0.7}
+    for node in pool.nodes:
+        pool.publish_kv(node, {f"{node}-iu0": scores[f"{node}-iu0"]})
+    with running_edge(pool) as edge:
+        wait_for(lambda: {e.score for e in edge.state.view.snapshot().scored} == set(scores.values()), 10,
+                 "both scores read")
+        status, headers, _ = post(edge.url("/v1/completions"), completion(tokens=2))  # 60 prompt tokens
+        assert status == 200
+        chosen = headers["X-Eas-IU"]
+        assert headers["X-Eas-Pick"] == "p2c"
+        assert float(headers["X-Eas-Score"]) == scores[chosen]
+        assert float(headers["X-Eas-Prefill-S"]) == pytest.approx(60 / 12000.0, abs=1e-4)  # published prefill_tps
+        assert float(headers["X-Eas-Expected-S"]) >= scores[chosen] + 60 / 12000.0 - 1e-4
+
+
 def test_malformed_json_is_400_with_the_parse_error_and_unknown_model_is_404(pool):
     with running_edge(pool) as edge:
         status, _, body = post(edge.url("/v1/completions"), b'{"model": "x", "prompt": ')
