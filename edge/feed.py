@@ -188,8 +188,8 @@ class AgentFeed:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
             if answer.content_type != STREAM_CONTENT_TYPE:
                 index = int(answer.headers.get(INDEX_HEADER, "0"))
-                async with asyncio.timeout(self.wait_s + 5.0):  # the stream's timeout has no total
-                    body = json.loads(await read_capped(answer, MAX_BODY_BYTES))
+                # the stream's timeout has no total (wait_for, not asyncio.timeout: the edge runs on 3.10)
+                body = json.loads(await asyncio.wait_for(read_capped(answer, MAX_BODY_BYTES), self.wait_s + 5.0))
                 self.connected[node], self.streaming[node] = True, False
                 if not index:  # 0: the agent's first cycle has not ended ("{}")
                     return 0, False, index

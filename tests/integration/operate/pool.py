@@ -18,10 +18,11 @@ from eas_agent.publisher import Backoff
 from eas_agent.score import DrainParams, Scorer
 from edge.config import EdgeConfig, PushConfig
 from sim.vllm.node import SimulatedNode
-from tests.edge.helpers import RunningEdge, free_port
+from sim.vllm.registration import IUService, register_on_catalog_node
 from tests.helpers import wait_for
+from tests.helpers.edge import RunningEdge, free_port
 
-FAST = {"interval_s": 0.1, "heartbeat_s": 0.5, "check_ttl_s": 1.5, "min_write_interval_s": 0.2,
+FAST = {"interval_s": 0.1, "heartbeat_s": 0.5, "min_write_interval_s": 0.2,
         "write_rate_per_s": 5.0, "scrape_timeout_s": 0.4, "frozen_after_s": 1.0}
 TRUE_PREFILL_TPS = 12_600.0  # the simulated engine's (sim/vllm/loadmodel.py: roofline of 70B on 4 x H100)
 
@@ -58,7 +59,11 @@ def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = Non
             node = stack.enter_context(SimulatedNode(f"n{n + 1}", "r1", tmp_path, rates=[0.0],
                                                      consul_addr=consul_addr, host=f"127.0.202.{n + 1}",
                                                      warmup_s=0.0, seed=n))
-            node.register_services(io)
+            host, port = node.ius[0].address.rsplit(":", 1)
+            # one dev Consul stands in for every node's agent: each IU on its own catalog node, as the edge
+            # takes an IU's owner from its catalog node only
+            register_on_catalog_node(io, IUService(node.iu_id(0), node.name, node.rack, host, int(port),
+                                                   (0, 1, 2, 3), 0), host)
             ius[node.iu_id(0)] = node.ius[0]
             prior = liar_prior if n == liar else TRUE_PREFILL_TPS
             agents.append(stack.enter_context(_agent(node, agent_port, prior)))

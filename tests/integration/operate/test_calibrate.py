@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from consul_io import layout
 from consul_io.client import ConsulIO
 from operate import calibrate
 from operate.scenario import load_scenario, parse_scenario
@@ -25,6 +26,26 @@ def production_prompts_short_outputs():
     return parse_scenario(data, "production-prompts")
 
 
+class NodeAgent(ConsulIO):
+    """The unit's node agent as the one dev Consul stands in for it: maintenance is agent-local in Consul
+    (``PUT /v1/agent/service/maintenance/:id`` on the agent holding the service), and these IUs sit on catalog
+    nodes with no agent of their own, so the agent's effect is written where that agent would sync it: the
+    critical ``_service_maintenance:<id>`` check on the IU's catalog node."""
+
+    def __init__(self, address: str, node: str, node_address: str):
+        super().__init__(address)
+        self.node, self.node_address = node, node_address
+
+    def service_maintenance(self, service_id: str, enable: bool, reason: str = "") -> None:
+        check_id = layout.maintenance_check(service_id)
+        if enable:
+            check = {"CheckID": check_id, "Name": "Service Maintenance Mode", "Status": "critical",
+                     "Notes": reason, "ServiceID": service_id}
+            assert self.client.catalog.register(self.node, self.node_address, check=check, token=self.token)
+        else:
+            assert self.client.catalog.deregister(self.node, check_id=check_id, token=self.token)
+
+
 def test_a_unit_scoring_with_a_wrong_prefill_rate_is_flagged_and_the_breaker_holds(tmp_path, consul_addr):
     with live_pool(tmp_path, consul_addr, nodes=3, liar=2, liar_prior=20 * TRUE_PREFILL_TPS) as (edge, ius):
         endpoint = f"http://{edge.address}"
@@ -40,6 +61,6 @@ def test_a_unit_scoring_with_a_wrong_prefill_rate_is_flagged_and_the_breaker_hol
         assert result.reference_prefill_tps < 2 * TRUE_PREFILL_TPS
         assert not result.passed
 
-        with calibrate.out_of_rotation(ConsulIO(consul_addr), "n1-iu0", endpoint):
+        with calibrate.out_of_rotation(NodeAgent(consul_addr, "n1", "127.0.202.1"), "n1-iu0", endpoint):
             breaker = calibrate.breaker_share(endpoint, production_prompts_short_outputs(), "n1-iu0", rate=10.0, requests=40, seed=4)
         assert breaker.requests == 40 and breaker.sent_to_unit == 0 and breaker.passed
