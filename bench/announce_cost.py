@@ -162,7 +162,7 @@ def run(nodes: int, rate: float, window: float) -> list[dict]:
     """The push row, then the announce row."""
     from consul_io import layout
     from consul_io.client import ConsulIO
-    from sim.vllm.registration import IUService, register_iu_service
+    from sim.vllm.registration import IUService, register_on_catalog_node
 
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     port = free_port()
@@ -185,8 +185,8 @@ def run(nodes: int, rate: float, window: float) -> list[dict]:
             for n in range(nodes):
                 node = f"node{n:03d}"
                 for k in (0, 1):
-                    register_iu_service(io, IUService(layout.iu_id(node, k), node, "r1", f"127.{NET}.0.{n + 1}",
-                                                      8000 + k, (k,), k), http_check=False)
+                    register_on_catalog_node(io, IUService(layout.iu_id(node, k), node, "r1", f"127.{NET}.0.{n + 1}",
+                                                           8000 + k, (k,), k), f"127.{NET}.0.{n + 1}")
             return [measure(mode, consul.address, port, token_file, rate, window, agents, nodes)
                     for mode in ("push", "announce")]
         finally:

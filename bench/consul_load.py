@@ -8,8 +8,7 @@ burst on a random IU every 30 s for 10 s ("x1.0"; "x1.4" and "x1.8" scale every 
 one IU's capacity and queues build). Targets: <= 1 write/s per node steady, >= 10x fewer than naive,
 reader-side score age p99 <= one heartbeat.
 
-Counted as Consul (Raft) writes: KV puts + TTL-check *status* changes (Consul servers see a TTL check's
-status change at once; output-only refreshes are synced every 5 min).
+Counted as Consul (Raft) writes: the KV puts, the agent's only writes (it keeps no TTL checks).
 
     .venv/bin/python bench/consul_load.py [--nodes 32] [--duration 600]
 """
@@ -37,19 +36,6 @@ WARMUP_S = 30.0
 MAX_WRITES_PER_NODE_S = 1.0  # the write budget
 MIN_FEWER_THAN_NAIVE = 10.0
 MAX_AGE_P99_S = 2.0  # one heartbeat
-
-
-class CountingStore(MemoryStore):
-    """Counts check status transitions (Raft writes) apart from refreshes (agent-local)."""
-
-    def __init__(self):
-        super().__init__()
-        self.transitions = 0
-
-    def update_ttl_check(self, iu_id, status, note=""):
-        if self.checks.get(iu_id, (None,))[0] != status:
-            self.transitions += 1
-        super().update_ttl_check(iu_id, status, note)
 
 
 class Trace:
@@ -88,7 +74,7 @@ def run(
     models = [LoadModel(arrival_rate=1.0, seed=seed * 1000 + i) for i in range(ius)]
     collectors = [VllmCollector(fetch=lambda: "") for _ in range(ius)]
     scorers = [Scorer("drain") for _ in range(ius)]
-    store = CountingStore()
+    store = MemoryStore()
     publishers = []
     for n in range(nodes):
         ids = [layout.iu_id(f"n{n:03d}", i) for i in range(IUS_PER_NODE)]
@@ -99,7 +85,6 @@ def run(
             rack="r",
             iu_ids=ids,
             heartbeat_s=heartbeat_s,
-            ttl_s=3 * heartbeat_s,
             min_write_interval_s=min_write_interval_s,
             cycle_s=INTERVAL_S,
             rng=random.Random(n),
@@ -109,9 +94,8 @@ def run(
     trace = Trace(rng, ius, load_scale)
     ages: list[float] = []
     scores: list[float] = []
-    steady_writes = steady_transitions = 0
     steps = int(duration / INTERVAL_S)
-    writes_before = transitions_before = 0
+    writes_before = 0
     for k in range(1, steps + 1):
         t = k * INTERVAL_S
         if k % 25 == 0:  # every 5 s of simulated time
@@ -132,9 +116,8 @@ def run(
             if t >= WARMUP_S:
                 ages.append(t + rng.uniform(0, INTERVAL_S) - pub.stats.last_write)
         if abs(t - WARMUP_S) < 1e-9:
-            writes_before, transitions_before = store.writes, store.transitions
+            writes_before = store.writes
     steady_writes = store.writes - writes_before
-    steady_transitions = store.transitions - transitions_before
     steady_s = duration - WARMUP_S
     ages.sort()
     reasons: dict[str, int] = {}
@@ -143,7 +126,7 @@ def run(
             reasons[reason] = reasons.get(reason, 0) + count
     return {
         "kv_per_node_s": steady_writes / nodes / steady_s,
-        "raft_per_node_s": (steady_writes + steady_transitions) / nodes / steady_s,
+        "raft_per_node_s": steady_writes / nodes / steady_s,
         "naive_per_node_s": 5.0 * IUS_PER_NODE,
         "age_p50": ages[len(ages) // 2],
         "age_p99": ages[int(len(ages) * 0.99)],

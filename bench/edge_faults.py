@@ -41,7 +41,7 @@ from edge_procs import ROOT, DevConsul
 from consul_io.client import ConsulIO
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
-from sim.vllm.registration import IUService, register_iu_service
+from sim.vllm.registration import IUService, register_on_catalog_node
 
 MODEL = "meta-llama/Meta-Llama-3-70B-Instruct"
 SLOTS = 8  # streams in flight per IU at --load 1.0
@@ -54,7 +54,8 @@ class Unit:
     def __init__(self, iu_id: str, io: ConsulIO):
         self.iu_id, self.port, self.process = iu_id, None, None
         self.start()
-        register_iu_service(io, IUService(iu_id, iu_id, "r1", "127.0.0.1", self.port, (0,), 0), http_check=False)
+        # on a catalog node of its own, as its node agent would sync it (one Consul stands in for every node)
+        register_on_catalog_node(io, IUService(iu_id, iu_id, "r1", "127.0.0.1", self.port, (0,), 0), "127.0.0.1")
 
     def start(self) -> None:
         port = self.port or 0

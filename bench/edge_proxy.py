@@ -169,14 +169,15 @@ def overhead(rates: list[float], duration: float, rounds: int, consul, loops: li
 def _overhead(rates: list[float], duration: float, rounds: int, consul, loops: list[str], client_loop: str,
               proxy_cpus: set[int] | None) -> list[dict]:
     from consul_io.client import ConsulIO
-    from sim.vllm.registration import IUService, register_iu_service
+    from sim.vllm.registration import IUService, register_on_catalog_node
 
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(CHUNKS), str(CHUNK_GAP_S), client_loop],
                                 stdout=subprocess.PIPE, text=True)
     ports = [int(p) for p in upstream.stdout.readline().split()]
     io = ConsulIO(consul.address)
     for k, port in enumerate(ports):
-        register_iu_service(io, IUService(layout.iu_id("bench", k), "bench", "r1", "127.0.0.1", port, (k,), 0), http_check=False)
+        register_on_catalog_node(io, IUService(layout.iu_id("bench", k), "bench", "r1", "127.0.0.1", port, (k,), 0),
+                                 "127.0.0.1")
     # heartbeat_s beyond the reader's bound on purpose: it is clamped to MAX_HEARTBEAT_S, the longest a body lasts
     body = ScoreBody(node="bench", rack="r1", ts=time.time(), heartbeat_s=3600.0, ius={
         layout.iu_id("bench", k): IUScore(score=0.01, status="passing", components={"prefill_tps": 12000.0})
@@ -244,7 +245,7 @@ def push_cost(nodes: int, window: float, consul) -> dict:
     import socket
 
     from consul_io.client import ConsulIO
-    from sim.vllm.registration import IUService, register_iu_service
+    from sim.vllm.registration import IUService, register_on_catalog_node
 
     with socket.socket() as probe:  # a port free on loopback, used by every agent on its own address
         probe.bind(("127.0.0.1", 0))
@@ -256,8 +257,8 @@ def push_cost(nodes: int, window: float, consul) -> dict:
     io = ConsulIO(consul.address)
     for n in range(nodes):
         for k in (0, 1):
-            register_iu_service(io, IUService(layout.iu_id(f"node{n:03d}", k), f"node{n:03d}", "r1", f"127.0.201.{n + 1}",
-                                             8000 + k, (k,), k), http_check=False)
+            register_on_catalog_node(io, IUService(layout.iu_id(f"node{n:03d}", k), f"node{n:03d}", "r1",
+                                                   f"127.0.201.{n + 1}", 8000 + k, (k,), k), f"127.0.201.{n + 1}")
     try:
         time.sleep(2.0)
         a0 = cpu_seconds(agents.pid)

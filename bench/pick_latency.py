@@ -48,8 +48,9 @@ def build_view(
             )
             health.append(
                 {
+                    "Node": {"Node": node},
                     "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000 + i},
-                    "Checks": [{"CheckID": layout.score_check_id(iu), "Status": "passing"}],
+                    "Checks": [{"CheckID": layout.health_check_id(iu), "Status": "passing"}],
                 }
             )
         body = ScoreBody(node=node, rack=node[:3], ts=ts, heartbeat_s=2.0, seq=1, ius=ius_of_node)
@@ -84,8 +85,8 @@ def time_flushes(ius: int, flushes: int, changed_fraction: float, rng: random.Ra
     clock = [1_000_000.0]
     view = PoolView(detector=AnomalyDetector(), clock=lambda: clock[0])
     nodes = [f"r{n // 8:02d}n{n % 8:02d}" for n in range(ius // 4)]
-    view.apply_health([{"Service": {"ID": layout.iu_id(node, i), "Address": "127.0.0.1", "Port": 8000 + i},
-                        "Checks": [{"CheckID": layout.score_check_id(layout.iu_id(node, i)), "Status": "passing"}]}
+    view.apply_health([{"Node": {"Node": node}, "Service": {"ID": layout.iu_id(node, i), "Address": "127.0.0.1", "Port": 8000 + i},
+                        "Checks": [{"CheckID": layout.health_check_id(layout.iu_id(node, i)), "Status": "passing"}]}
                        for node in nodes for i in range(4)])
 
     def body(node: str, seq: int) -> ScoreBody:

@@ -35,6 +35,8 @@ COMMANDS: dict[str, Lazy] = {
     "agent": Lazy("cli.commands.agent", "EAS agent helpers (parse a saved vLLM /metrics scrape)."),
     "scores": Lazy("cli.commands.scores", "Show the load scores the EAS agents publish to Consul."),
     "edge": Lazy("cli.commands.edge", "The edge: an OpenAI-compatible router in front of the IUs (eas-edge)."),
+    "loadtest": Lazy("cli.commands.loadtest",
+                     "Send a traffic mix to an OpenAI-compatible endpoint and judge it against latency SLOs."),
     "demo": Lazy("cli.commands.demo", "Run the whole toolkit end to end on a temporary virtual cluster."),
     "completion": Lazy("cli.commands.completion", "Print the shell completion script (bash, zsh, fish)."),
 }

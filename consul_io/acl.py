@@ -2,20 +2,25 @@
 
 Rules use Consul's rule language (https://developer.hashicorp.com/consul/docs/secure/acl/rule). Each token
 from the vault is linked to exactly the policy below; ``roles/consul_agent`` creates policies and tokens
-through a server (``clusterctl.infra.consul_acl``) and ``tests/integration/consul_io/test_acl.py`` holds each one
-to what it must and must not allow.
+through a server (``clusterctl.infra.consul_acl``).
 
-| Token (vault variable)                          | Policy                    | May                                          |
+| Token (vault variable)                          | Policy                    | Rules                                        |
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
 | file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` (config_file_service_registration) |
 | operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, reads |
-| eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; TTL checks on ``vllm-iu``; reads |
+| eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; reads the score keys, nodes |
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes and the score keys   |
 
-Consul grants service rights by service *name*: every IU is ``vllm-iu``, so a token that may write IU checks
-(eas-agent) or maintenance (operator) may do so for any IU; the agent endpoints only act on the agent's own
-services, which is what confines the eas-agent to its node in practice. That limit is Consul's, not ours.
+What each token can then do, and what it can do beyond its job, is the table "What each token can do" in
+docs/contracts/consul-layout.md, which ``tests/integration/consul_io/test_acl.py`` performs cell by cell. In short:
+Consul grants service rights by service *name* and every IU is ``vllm-iu``, so the registration and operator
+tokens may write any IU's registration, checks and maintenance, through ``catalog/register`` on any catalog
+node too (it needs ``node:write`` only for the node's own entry). The eas-agent token has no service rights:
+Consul requires ``service:write`` on the service both to update a check on it and to take it out of
+maintenance, so an agent that kept TTL checks could bypass the preflight gate; it publishes its verdict in its
+score key only. The edge's reader takes an
+IU's owner from its catalog node, not from what the registrant wrote (edge/pool/view.py).
 """
 
 from __future__ import annotations
@@ -46,7 +51,6 @@ def eas_agent_policy(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) ->
     prefix = kv_prefix.strip("/")
     return (f'key "{prefix}/{datacenter}/{node}" {{ policy = "write" }}\n'
             f'key_prefix "{prefix}/" {{ policy = "read" }}\n'
-            f'service "{SERVICE}" {{ policy = "write" }}\n'
             'node_prefix "" { policy = "read" }\n')
 
 

@@ -253,26 +253,7 @@ class ConsulIO:
         return self._call("GET agent/self", self.client.http.get, CB.json(), "/v1/agent/self",
                           headers=self.client.prepare_headers(self.token), with_token=False) or {}
 
-    # -- agent checks and services --------------------------------------------------------------------
-    def register_ttl_check(self, iu: str, ttl_s: float) -> None:
-        check_id = layout.score_check_id(iu)
-        ok = self._call(
-            f"register check {check_id}",
-            self.client.agent.check.register,
-            f"EAS load score {iu}",
-            check=consul.Check.ttl(go_duration(ttl_s)),
-            check_id=check_id,
-            service_id=iu,
-        )
-        if not ok:
-            raise ConsulUnavailable(f"register check {check_id}: refused (is service {iu} registered?)")
-
-    def update_ttl_check(self, iu: str, status: str, note: str = "") -> None:
-        check = self.client.agent.check
-        fn = {"passing": check.ttl_pass, "warning": check.ttl_warn, "critical": check.ttl_fail}[status]
-        check_id = layout.score_check_id(iu)
-        self._call(f"update check {check_id}", fn, check_id, notes=note or None)
-
+    # -- agent services -------------------------------------------------------------------------------
     def register_service(self, service_id: str, address: str, port: int, *, tags: list[str], meta: dict,
                          http_check: str | None = None) -> None:
         """Register a ``vllm-iu`` instance on this agent (provisioning does it with a definition file; the

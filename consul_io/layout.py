@@ -21,7 +21,6 @@ IU_ID_INFIX = "-iu"  # IU ids are "<node>-iu<index>" (cluster/model.py builds th
 SERVICE_MAINT_PREFIX = "_service_maintenance:"
 NODE_MAINT_CHECK = "_node_maintenance"
 SERF_HEALTH_CHECK = "serfHealth"  # Consul's gossip health check of every node
-SCORE_CHECK_PREFIX = "eas:"  # the agent's TTL check on each IU: "eas:<iu id>"
 SERVICE_DEFINITION_GLOB = "vllm-iu-*.json"  # the consul_agent role's definition files in the config dir
 # Every IU instance carries these two tags (the edge reads the node from the tag when Meta has none).
 RACK_TAG_PREFIX = "rack:"
@@ -72,10 +71,6 @@ def is_maintenance_check(check_id: str) -> bool:
 def maintained_service(check_id: str) -> str | None:
     """The service ID a service maintenance check holds in maintenance; None for any other check."""
     return check_id.removeprefix(SERVICE_MAINT_PREFIX) if check_id.startswith(SERVICE_MAINT_PREFIX) else None
-
-
-def score_check_id(iu: str) -> str:
-    return f"{SCORE_CHECK_PREFIX}{iu}"
 
 
 def health_check_id(iu: str) -> str:

@@ -209,7 +209,9 @@ class Demo:
         # A canary host first, then the rest: the default 1,10%,50%,100% adds batches that 4 nodes don't need.
         # (Before them, the Consul server's own play; after them, the servers' one-at-a-time reboots.)
         self.step(STEP_TITLES[2])
-        self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%",
+        # --allow-reboot: the nodes boot with an older driver than the pin; they restart into the pinned one
+        # (Fabric Manager starts only then).
+        self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%", "--allow-reboot",
                         "--run-dir", str(self.evidence / "runs"),
                         expect=(0,), what="provisioning")
 

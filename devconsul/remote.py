@@ -93,7 +93,7 @@ class RemoteCatalog:
                     entry.node = node
                 topics += more
             if body.get("Service"):
-                defn = parse_service(body["Service"])
+                defn = parse_service(_catalog_service(body["Service"]))
                 svc = Service(defn.id, defn.name, defn.tags, defn.address, defn.port, defn.meta, defn.weights,
                               defn.enable_tag_override, defn.kind, defn.tagged_addresses)
                 old = entry.services.get(svc.id)
@@ -255,3 +255,15 @@ class Membership:
         status = {"alive": 1, "left": 3, "failed": 4}
         return [{"Name": m.name, "Addr": m.address, "Port": 8301, "Status": status[m.status],
                  "Tags": {"role": "node", "dc": "dc1", "id": m.node_id}} for m in self.members.values()]
+
+
+def _catalog_service(payload: object) -> object:
+    """A catalog registration's service in the agent definition's shape: the catalog names the service in
+    ``Service`` (https://developer.hashicorp.com/consul/api-docs/catalog#service), an agent definition in
+    ``Name`` (this project's client agents send that one)."""
+    if not isinstance(payload, dict):
+        return payload
+    named = next((v for k, v in payload.items() if k.lower() == "service"), None)
+    if named is None or any(k.lower() == "name" for k in payload):
+        return payload
+    return {**{k: v for k, v in payload.items() if k.lower() != "service"}, "Name": named}

@@ -193,7 +193,6 @@ class Agent:
             iu_ids=[iu.id for iu in config.ius],
             profile=config.profile,
             heartbeat_s=config.heartbeat_s,
-            ttl_s=config.ttl_s,
             min_write_interval_s=config.min_write_interval_s,
             write_rate_per_s=config.write_rate_per_s,
             write_burst=config.write_burst,

@@ -52,8 +52,6 @@ class AgentConfig:
     gpu_backend: str = "nvml"
     sysfs_root: str = "/sys"
     scrape_timeout_s: float = 0.15
-    # TTL of the per-IU Consul check; the agent refreshes at a third of it. Default 3 heartbeats.
-    check_ttl_s: float | None = None
     # Smallest gap between two KV writes of this node (level changes inside it wait for the next slot;
     # an urgent rise does not). eas_agent/publisher.py explains the three write settings.
     min_write_interval_s: float = 1.0
@@ -86,10 +84,6 @@ class AgentConfig:
             return read_token_file(self.announce_token_file, kind="announce")
         except TokenError as exc:
             raise ConfigError(self.source, "announce_token_file", str(exc)) from None
-
-    @property
-    def ttl_s(self) -> float:
-        return self.check_ttl_s if self.check_ttl_s is not None else 3 * self.heartbeat_s
 
     @property
     def listen_host(self) -> str:
@@ -147,7 +141,6 @@ TOP_LEVEL = {
     "sysfs_root",
     "ius",
     "scrape_timeout_s",
-    "check_ttl_s",
     "min_write_interval_s",
     "write_rate_per_s",
     "write_burst",
@@ -196,9 +189,6 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         if iu.id in seen:
             raise ConfigError(path, f"ius[{i}].id", f"duplicate IU id {iu.id!r}")
         seen.add(iu.id)
-    ttl = f.get("check_ttl_s", float, None)
-    if ttl is not None and ttl < heartbeat:
-        raise f.fail("check_ttl_s", f"must be >= heartbeat_s ({heartbeat}), got {ttl}")
     timeout = f.positive("scrape_timeout_s", 0.15)
     burst = f.positive("write_burst", 2.0)
     if burst < 1:
@@ -218,7 +208,6 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         gpu_backend=backend,
         sysfs_root=f.get("sysfs_root", str, "/sys"),
         scrape_timeout_s=timeout,
-        check_ttl_s=ttl,
         min_write_interval_s=f.get("min_write_interval_s", float, 1.0),
         write_rate_per_s=f.positive("write_rate_per_s", 0.95),
         write_burst=burst,

@@ -20,11 +20,13 @@ next urgent rise (it waits while fewer than 2 are left; a status change needs on
 must not go stale) and leaves the bucket at most one token in debt. Writes use CAS on the key's last
 ModifyIndex, so two agents claiming one node cannot silently overwrite each other.
 
-Each IU also has a TTL check ``eas:<iu-id>`` (:func:`consul_io.layout.score_check_id`) whose status carries the meaning (Consul servers only see
-output-only updates every 5 minutes): updated on transitions and refreshed at a third of its TTL.
+The key is the agent's only output in Consul: each IU's status in the body is its verdict, and a body older
+than three heartbeats tells readers the agent stopped publishing. The agent holds no Consul service rights
+(no TTL checks): a token that may update an IU's check may also take the IU out of maintenance, since Consul
+requires ``service:write`` on the service for both, and that would let the agent bypass the preflight gate.
 
 Consul unavailable: the caller keeps collecting; this class skips writes during an exponential backoff with
-full jitter and, on recovery, re-registers the checks and catches up with one write of the current state.
+full jitter and, on recovery, catches up with one write of the current state.
 
 Time is explicit (``now`` arguments) so benchmarks drive it with a simulated clock; the store is any
 :class:`ScoreStore` (``consul_io.client.ConsulIO`` in production, ``sim.memstore.MemoryStore`` in simulations).
@@ -54,10 +56,6 @@ class ScoreStore(Protocol):
     def kv_read(self, key: str) -> tuple[int, str | None]: ...
 
     def kv_cas_write(self, key: str, value: str, cas: int) -> int | None: ...
-
-    def register_ttl_check(self, iu_id: str, ttl_s: float) -> None: ...
-
-    def update_ttl_check(self, iu_id: str, status: str, note: str = "") -> None: ...
 
 
 class Quantizer:
@@ -130,7 +128,6 @@ class PublisherStats:
     deferred: int = 0  # changes held back by min_write_interval_s or the token bucket
     cas_conflicts: int = 0
     errors: int = 0
-    check_updates: int = 0
     last_error: str = ""
     last_write: float | None = None
     write_reasons: dict[str, int] = field(default_factory=dict)
@@ -141,9 +138,6 @@ class _Published:
     level: int | None = None
     score: float | None = None  # the score last written (urgent rises are measured from it)
     status: str | None = None
-    check_status: str | None = None
-    check_note: str = ""
-    check_refreshed: float = -math.inf
 
 
 class Publisher:
@@ -157,7 +151,6 @@ class Publisher:
         iu_ids: list[str],
         profile: str = "drain",
         heartbeat_s: float = 2.0,
-        ttl_s: float = 6.0,
         min_write_interval_s: float = 1.0,
         write_rate_per_s: float = WRITE_RATE_PER_S,
         write_burst: float = WRITE_BURST,
@@ -169,7 +162,7 @@ class Publisher:
     ):
         self.store, self.key, self.node, self.rack = store, key, node, rack
         self.iu_ids = list(iu_ids)
-        self.profile, self.heartbeat_s, self.ttl_s = profile, heartbeat_s, ttl_s
+        self.profile, self.heartbeat_s = profile, heartbeat_s
         self.min_write_interval_s = min_write_interval_s
         if write_rate_per_s <= 0 or write_burst < 1:
             raise ValueError(f"write_rate_per_s must be > 0 and write_burst >= 1, got {write_rate_per_s}, {write_burst}")
@@ -187,7 +180,7 @@ class Publisher:
         self.levels: dict[str, int | None] = {iu: None for iu in self.iu_ids}
         self.modify_index: int | None = None
         self.seq = 0  # of the last write known to have reached the store; strictly increasing, never reused
-        self.needs_setup = True  # register checks (again after an outage: Consul may have lost them)
+        self.catch_up = True  # write the current state at the first cycle, and again after an outage
         self.stats = PublisherStats()
         self.last_body: ScoreBody | None = None
         self.stopped = False  # after stop(): a step still in flight on another thread must not undo it
@@ -199,7 +192,7 @@ class Publisher:
     def write_reason(
         self, now: float, results: dict[str, ScoreResult], levels: dict[str, int | None]
     ) -> str | None:
-        if self.stats.last_write is None or self.needs_setup:
+        if self.stats.last_write is None or self.catch_up:
             return "first"
         reason = None
         for iu, result in results.items():
@@ -253,19 +246,14 @@ class Publisher:
             self.stats.skips += 1
             return False
         try:
-            if self.needs_setup:
-                for iu in self.iu_ids:
-                    self.store.register_ttl_check(iu, self.ttl_s)
-                    self.published[iu].check_status = None  # force a status update after (re)registration
             written = self._maybe_write(now, results)
-            self._update_checks(now, results)
-            self.needs_setup = False
+            self.catch_up = False
             self.backoff.succeeded()
             return written
         except ConsulUnavailable as exc:
             self.stats.errors += 1
             self.stats.last_error = str(exc)
-            self.needs_setup = True
+            self.catch_up = True
             self.modify_index = None
             self.backoff.failed(now, self.rng)
             return False
@@ -324,24 +312,8 @@ class Publisher:
             stored_seq = 0
         self.seq = max(self.seq, stored_seq)
 
-    def _update_checks(self, now: float, results: dict[str, ScoreResult]) -> None:
-        for iu, result in results.items():
-            if self.stopped:
-                return
-            published = self.published[iu]
-            note = result.reason or (f"score {result.score}" if result.score is not None else "")
-            changed = result.status != published.check_status
-            if changed or now - published.check_refreshed >= self.ttl_s / 3:
-                self.store.update_ttl_check(iu, result.status, note)
-                published.check_status, published.check_note, published.check_refreshed = (
-                    result.status,
-                    note,
-                    now,
-                )
-                self.stats.check_updates += 1
-
     def stop(self, now: float, results: dict[str, ScoreResult] | None = None) -> None:
-        """Mark every IU critical ("agent stopping") in checks and KV; best effort, never raises."""
+        """Mark every IU critical ("agent stopping") in the KV; best effort, never raises."""
         self.stopped = True
         stopping = {
             iu: ScoreResult(
@@ -352,11 +324,6 @@ class Publisher:
             )
             for iu in self.iu_ids
         }
-        for iu in self.iu_ids:
-            try:
-                self.store.update_ttl_check(iu, CRITICAL, "agent stopping")
-            except ConsulUnavailable:
-                break
         try:
             self._write(now, stopping, {iu: None for iu in self.iu_ids})
         except ConsulUnavailable as exc:

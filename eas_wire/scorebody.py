@@ -21,10 +21,11 @@ which checks every field. The reader's rules (why each exists):
   :data:`MAX_COLLECTOR_ERROR` characters). A bad entry is dropped with a reason naming the node, the IU and
   the field; the body's other IUs are kept.
 
-Every node's agent currently shares one Consul token, so any node can write any node's key; the reader's
-further checks (the key names the body's node, each IU belongs to that node in Consul's catalog, ``ts``
-clamped to now plus a tolerance) live in the edge's reader (edge/pool/view.py), which knows the key and
-the catalog.
+Each node's agent may write only its own key (its token's policy, consul_io/acl.py), but a node running
+third-party model code may be an attacker's, so a body is never trusted beyond its node: the reader's
+further checks (the key names the body's node, each IU is named as that node's and is registered on it in
+Consul's catalog, ``ts`` clamped to now plus a tolerance) live in the edge's reader (edge/pool/view.py),
+which knows the key and the catalog.
 
 **Score terms.** ``components`` stays a free object on the wire: the agent publishes each profile's terms and
 their inputs, and ``clusterctl scores`` shows them all. The few that readers act on are declared in

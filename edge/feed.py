@@ -58,11 +58,12 @@ class EdgeView(PoolView):
     blank_bad_scores = True
 
     def node_addresses(self) -> dict[str, str]:
-        """node -> the address of its IUs' services (where its agent listens)."""
+        """node -> the address of its IUs' services (where its agent listens): only registrations on that
+        catalog node that passed the view's ownership checks, so no node can name another's agent address."""
         addresses: dict[str, str] = {}
         with self.lock:
-            services = list(self.health.values())
-        for _health, service, node in services:  # node: the IU's owner as the view resolved it
+            services = list(self.health.items())
+        for (node, _iu), (_health, service) in services:
             address = service.get("Address")
             if node and address:
                 addresses.setdefault(node, address)
@@ -78,7 +79,7 @@ class EdgeView(PoolView):
         if cached is not None and cached[0] is health:
             return cached[1]
         models = {}
-        for iu_id, (_health, service, _node) in health.items():
+        for (_node, iu_id), (_health, service) in health.items():
             meta = service.get("Meta")
             model = meta.get("model") if isinstance(meta, dict) else None
             models[iu_id] = model if isinstance(model, str) and model else None
@@ -187,8 +188,8 @@ class AgentFeed:
                 raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status)
             if answer.content_type != STREAM_CONTENT_TYPE:
                 index = int(answer.headers.get(INDEX_HEADER, "0"))
-                async with asyncio.timeout(self.wait_s + 5.0):  # the stream's timeout has no total
-                    body = json.loads(await read_capped(answer, MAX_BODY_BYTES))
+                # the stream's timeout has no total (wait_for, not asyncio.timeout: the edge runs on 3.10)
+                body = json.loads(await asyncio.wait_for(read_capped(answer, MAX_BODY_BYTES), self.wait_s + 5.0))
                 self.connected[node], self.streaming[node] = True, False
                 if not index:  # 0: the agent's first cycle has not ended ("{}")
                     return 0, False, index

@@ -98,6 +98,13 @@ class _StateCollector:
         for reason, count in sorted(s.view.ignored.items()):
             ignored.add_metric([reason], count)
         yield ignored
+        registrations = GaugeMetricFamily("eas_edge_registrations_rejected", "IU registrations in Consul's last "
+                                          "listing that are never routed (ID, Meta.node or node: tag disagree "
+                                          "with the catalog node, or one ID on two nodes), by reason.",
+                                          labels=["reason"])
+        for reason, count in sorted(s.view.rejected_registrations.items()):
+            registrations.add_metric([reason], count)
+        yield registrations
         yield CounterMetricFamily("eas_edge_consul_errors", "Failed Consul watch queries.",
                                   value=s.watcher.errors if s.watcher else 0)
         feed = s.feed

@@ -5,7 +5,8 @@ beyond) and summarised (:mod:`edge.body`: a malformed or too deeply nested one i
 IUs serving its ``model`` (an IU's Consul ``Meta.model``; a model no IU serves is a 404 ``model_not_found``)
 by :class:`edge.routing.Router`, and sent unchanged to the chosen IU; once the IU's first body chunk has come
 the answer is passed through chunk by chunk as it arrives (:mod:`edge.upstream`), with ``X-Eas-IU`` naming
-the IU.
+the IU and the pick's view of it (:func:`routing_headers`: what ``clusterctl edge calibrate`` checks the
+scores by).
 An IU's error answer (a 404 for an unknown model, a 400) is the client's answer, rewritten into OpenAI's
 error shape (:mod:`edge.errors`), as is every error the edge answers itself (with ``X-Edge-Reason``).
 ``GET /v1/models`` is answered by one routable IU.
@@ -174,6 +175,24 @@ class EdgeState:
     @staticmethod
     def upstream_url(entry, path: str) -> str:
         return _upstream_url(entry, path)
+
+    @staticmethod
+    def routing_headers(decision: Decision) -> dict[str, str]:
+        return routing_headers(decision)
+
+
+def routing_headers(decision: Decision) -> dict[str, str]:
+    """How the pick saw the chosen IU: ``X-Eas-Pick`` (the mode), ``X-Eas-Score`` (its published score, s),
+    ``X-Eas-Expected-S`` (the TTFT pick predicted there: score + work sent since + own prefill) and
+    ``X-Eas-Prefill-S`` (this request's own prefill there, from the IU's published prefill rate)."""
+    headers = {"X-Eas-Pick": decision.mode}
+    if decision.entry is not None and decision.entry.score is not None:
+        headers["X-Eas-Score"] = f"{decision.entry.score:.4f}"
+    if decision.expected_s is not None:
+        headers["X-Eas-Expected-S"] = f"{decision.expected_s:.4f}"
+    if decision.cost_s is not None:
+        headers["X-Eas-Prefill-S"] = f"{decision.cost_s:.4f}"
+    return headers
 
 
 def _upstream_url(entry, path: str) -> str:

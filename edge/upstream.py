@@ -64,6 +64,7 @@ class Opened:
     iu_id: str
     upstream: aiohttp.ClientResponse
     first: bytes
+    routing: dict  # the pick's view of the IU (edge/proxy.py routing_headers)
 
 
 class Answered(Exception):
@@ -164,7 +165,7 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             state.release(iu_id, "neutral", call.handle)
             raise
         state.router.first_byte(iu_id, call.handle)
-        return Opened(iu_id, upstream, first)
+        return Opened(iu_id, upstream, first, state.routing_headers(decision))
     if last_error is not None:
         raise Answered(last_error)
     raise Answered(error_response(502, f"no IU answered: {len(call.tried)} tried, each failed before its "
@@ -261,7 +262,8 @@ async def relay(state, request: web.Request, call: Call, opened: Opened, chat: b
     sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
     text = StreamText(_json(call.raw), chat) if sse and call.stream else None
     resumable = text is not None and text.resumable
-    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id}
+    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), "X-Eas-IU": iu_id,
+               **opened.routing}
     if "Content-Encoding" in upstream.headers:  # bytes pass through undecoded (auto_decompress=False)
         headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
         resumable = False

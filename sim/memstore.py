@@ -1,4 +1,4 @@
-"""An in-memory Consul for the publisher: the KV's CAS semantics and TTL check states, no HTTP.
+"""An in-memory Consul for the publisher: the KV's CAS semantics, no HTTP.
 
 For simulated-time benchmarks (bench/routesim, bench/consul_load.py) and unit tests; the publisher takes any
 ``eas_agent.publisher.ScoreStore`` and gets ``consul_io.client.ConsulIO`` in production.
@@ -15,9 +15,7 @@ class MemoryStore:
     def __init__(self):
         self.kv: dict[str, tuple[int, str]] = {}
         self.index = 0
-        self.checks: dict[str, tuple[str, str]] = {}
         self.writes = 0
-        self.check_updates = 0
         self.available = True
 
     def _up(self) -> None:
@@ -37,12 +35,3 @@ class MemoryStore:
         self.kv[key] = (self.index, value)
         self.writes += 1
         return self.index
-
-    def register_ttl_check(self, iu_id: str, ttl_s: float) -> None:
-        self._up()
-        self.checks.setdefault(iu_id, ("critical", "registered"))
-
-    def update_ttl_check(self, iu_id: str, status: str, note: str = "") -> None:
-        self._up()
-        self.checks[iu_id] = (status, note)
-        self.check_updates += 1

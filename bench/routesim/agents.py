@@ -192,7 +192,7 @@ class AgentFleet:
         self.write_listeners: list = []
         self.cycle_listeners: list = []
         self.health_listeners: list = []
-        self._health_seen: dict[str, str] = {}
+        self._health_delivered = False
         for agent in self.agents:  # agents are not synchronised: each starts at its own phase
             loop.schedule(rng.uniform(0.0, interval_s), self._cycle, agent)
 
@@ -204,9 +204,8 @@ class AgentFleet:
                 listener(now)
         for listener in self.cycle_listeners:
             listener(agent, now)
-        statuses = {iu: status for iu, (status, _note) in self.store.checks.items()}
-        if statuses != self._health_seen:
-            self._health_seen = statuses
+        if not self._health_delivered:  # the listing is static: registrations and their health checks
+            self._health_delivered = True
             for listener in self.health_listeners:
                 listener(now)
 
@@ -220,18 +219,17 @@ class AgentFleet:
                 for key, (index, value) in sorted(self.store.kv.items())]
 
     def health_entries(self) -> list[dict]:
-        """What GET /v1/health/service/vllm-iu answers: each IU's service and its checks."""
+        """What GET /v1/health/service/vllm-iu answers: each IU's service and its checks (the agents keep no
+        checks of their own: their verdicts are in their score keys)."""
         entries = []
         for agent in self.agents:
             for iu in agent.config.ius:
-                status, note = self.store.checks.get(iu.id, ("critical", "not registered"))
                 entries.append({
                     "Node": {"Node": agent.config.node},
                     "Service": {"ID": iu.id, "Service": layout.SERVICE_NAME, "Address": "127.0.0.1",
                                 "Port": 8000 + iu.numa_node,
                                 "Meta": {"node": agent.config.node, "rack": agent.config.rack}},
                     "Checks": [{"CheckID": layout.SERF_HEALTH_CHECK, "Status": "passing"},
-                               {"CheckID": f"service:{iu.id}", "Status": "passing"},
-                               {"CheckID": layout.score_check_id(iu.id), "Status": status, "Notes": note}],
+                               {"CheckID": layout.health_check_id(iu.id), "Status": "passing"}],
                 })
         return entries

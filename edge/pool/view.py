@@ -6,13 +6,21 @@ that ``pick`` reads); per node the newer of the KV and the polled body is used. 
 (:class:`~edge.pool.watch.ConsulWatcher`, :class:`~edge.pool.watch.ScoresPoller`, the
 edge's push feed) lives elsewhere and only calls those methods.
 
-Nothing read from the KV or from ``/scores`` is trusted (every node's agent shares one token, so any node
-can write any node's key): each body is checked against :class:`~eas_wire.scorebody.ScoreBody`'s schema, a
-body must name the node its key names, each IU must belong to that node in Consul's catalog
-(``Service.Meta.node``, else a ``node:`` tag, else the catalog node), and a body's timestamp counts as at most
+Nothing read from the KV or from ``/scores`` is trusted: each body is checked against
+:class:`~eas_wire.scorebody.ScoreBody`'s schema, a body must name the node its key names, each IU in it must be
+named as one of that node's IUs (``<node>-iu<k>``), and a body's timestamp counts as at most
 :data:`TS_TOLERANCE_S` after the moment this reader first saw it. Bad bodies and IU entries are skipped and
 counted (``rejected_bodies``, ``rejected_ius``, the last reasons in ``problems``), each on its own: whatever
 one entry holds never stops the others.
+
+Nor is what a registrant writes into a service: GPU nodes run third-party model code, so any node's tokens
+may be an attacker's. An IU belongs to the catalog node it is registered on (``Node.Node``, which only that
+node's agent token may write), and the health map is keyed by (catalog node, service ID). A registration is
+never routable, and is counted by reason in ``rejected_registrations`` (``eas_edge_registrations_rejected``),
+when its ID is not ``<catalog node>-iu<k>``, when its ``Meta.node`` or a ``node:`` tag names another node,
+or when the same ID is registered on more than one node (every copy is dropped: the reader cannot tell which
+is the impostor). Addresses, and with them the agent each node is followed at, come only from registrations
+that pass.
 
 Health is read without ``?passing``: that filter would also hide IUs in ``warning`` (score unknown), which
 the fail-open path must still see; the view derives passing / warning / critical / maintenance itself.
@@ -120,7 +128,9 @@ class PoolView:
         self.clock = clock
         self.bodies: dict[str, _Seen] = {}  # node -> last valid KV body
         self.polled: dict[str, _Seen] = {}  # node -> last valid body from the agent's /scores
-        self.health: dict[str, tuple[str, dict, str]] = {}  # iu -> (health, service, owning node or "")
+        # (catalog node, IU id) -> (health, service) of the registrations that passed the ownership checks
+        self.health: dict[tuple[str, str], tuple[str, dict]] = {}
+        self.rejected_registrations: Counter[str] = Counter()  # reason -> registrations in Consul's last listing
         self.health_known = False
         self.lock = threading.Lock()
         self._snapshot = Snapshot((), (), (), 0.0, 0.0)
@@ -139,7 +149,7 @@ class PoolView:
         every cycle)."""
         if what == "body":
             self.rejected_bodies += 1
-        else:
+        elif what == "iu":
             self.rejected_ius += 1
         self.problems.append(problem)
         now = time.monotonic()
@@ -180,7 +190,7 @@ class PoolView:
     # -- inputs -------------------------------------------------------------------------------------
     def apply_kv(self, entries: list[dict]) -> None:
         """The whole KV prefix listing (replaces what Consul said before). Each entry is checked on its own:
-        whatever one entry holds costs that entry, never the others (any node can write any key)."""
+        whatever one entry holds costs that entry, never the others (a node's writer may be an attacker)."""
         received = self.clock()
         bodies: dict[str, _Seen] = {}
         for entry in entries if isinstance(entries, list) else ():
@@ -242,18 +252,40 @@ class PoolView:
         return merged
 
     def apply_health(self, entries: list[dict]) -> None:
-        health = {}
+        """Consul's listing of every IU instance with its checks (replaces the one before). Ownership is the
+        catalog node's; see the module docstring for what is dropped and counted."""
+        accepted: dict[tuple[str, str], tuple[str, dict]] = {}
+        rejected: Counter[str] = Counter()
+        problems: list[str] = []
         for entry in entries if isinstance(entries, list) else ():
             if not isinstance(entry, dict):
                 continue
             service = entry.get("Service")
             if not isinstance(service, dict) or not isinstance(service.get("ID"), str):
                 continue
+            node, iu_id = _catalog_node(entry), service["ID"]
+            reason = registration_problem(node, service)
+            if reason is not None:
+                rejected[reason] += 1
+                problems.append(f"registration {iu_id!r} on node {node!r}: {reason}")
+                continue
             checks = entry.get("Checks")
             checks = [c for c in checks if isinstance(c, dict)] if isinstance(checks, list) else []
-            health[service["ID"]] = (health_of(checks), service, _owner(entry, service))
+            accepted[(node, iu_id)] = (health_of(checks), service)
+        nodes_of: dict[str, list[str]] = {}
+        for node, iu_id in accepted:
+            nodes_of.setdefault(iu_id, []).append(node)
+        for iu_id, nodes in nodes_of.items():
+            if len(nodes) > 1:  # a node cannot prove which copy is its own: none of them is used
+                for node in nodes:
+                    del accepted[(node, iu_id)]
+                rejected["id_on_two_nodes"] += len(nodes)
+                problems.append(f"registration {iu_id!r}: on nodes {sorted(nodes)}")
         with self.lock:
-            self.health, self.health_known = health, True
+            self.health, self.health_known = accepted, True
+            self.rejected_registrations = rejected
+            for problem in problems:
+                self._reject("registration", problem)
         self._rebuild()
 
     # -- output -------------------------------------------------------------------------------------
@@ -268,10 +300,10 @@ class PoolView:
         acked = body.announced.get(self.edge_id, 0) if self.edge_id and body.announced else 0
         entries = []
         for iu_id, iu in body.ius.items():
-            health, service, owner = self.health.get(iu_id, ("unknown", {}, ""))
-            if owner and owner != node:
-                self._reject("iu", f"node {node}: IU {iu_id} belongs to node {owner} in Consul")
+            if not layout.is_iu_of(iu_id, node):
+                self._reject("iu", f"node {node}: IU {iu_id} is not named as one of its IUs")
                 continue
+            health, service = self.health.get((node, iu_id), ("unknown", {}))
             entries.append(
                 IUEntry(
                     iu_id=iu_id,
@@ -306,9 +338,9 @@ class PoolView:
                     built[node] = (seen, self.health, self.edge_id, self._entries_of(node, seen))
                 entries.extend(built[node][3])
             self._built = built
-            known = {e.iu_id for e in entries}
-            for iu_id, (health, service, owner) in self.health.items():  # registered but never scored
-                if iu_id not in known:
+            known = {(e.node, e.iu_id) for e in entries}
+            for (owner, iu_id), (health, service) in self.health.items():  # registered but never scored
+                if (owner, iu_id) not in known:
                     meta = service.get("Meta") if isinstance(service.get("Meta"), dict) else {}
                     rack = meta.get("rack", "")
                     entries.append(
@@ -342,20 +374,28 @@ class _Seen:
     received: float  # reader's clock when this exact body was first seen
 
 
-def _owner(entry: dict, service: dict) -> str:
-    """The node an IU service belongs to: the agent's ``Meta.node``, else a ``node:`` tag, else the catalog
-    node it is registered on."""
+def _catalog_node(entry: dict) -> str:
+    node = entry.get("Node")
+    name = node.get("Node") if isinstance(node, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def registration_problem(node: str, service: dict) -> str | None:
+    """Why an IU registration on catalog node ``node`` must not be routed (a reason label), None when its
+    ID, ``Meta.node`` and ``node:`` tags agree with the catalog."""
+    if not node:
+        return "no_catalog_node"
+    if not layout.is_iu_of(service["ID"], node):
+        return "id_not_of_node"
     meta = service.get("Meta")
-    if isinstance(meta, dict) and isinstance(meta.get("node"), str) and meta["node"]:
-        return meta["node"]
+    claimed = meta.get("node") if isinstance(meta, dict) else None
+    if claimed is not None and claimed != node:
+        return "meta_node_mismatch"
     tags = service.get("Tags")
     for tag in tags if isinstance(tags, list) else ():
-        if isinstance(tag, str) and (owner := layout.tagged_node(tag)) is not None:
-            return owner
-    node = entry.get("Node")
-    if isinstance(node, dict) and isinstance(node.get("Node"), str):
-        return node["Node"]
-    return ""
+        if isinstance(tag, str) and layout.tagged_node(tag) not in (None, node):
+            return "node_tag_mismatch"
+    return None
 
 
 def _address(service: dict) -> str | None:

@@ -11,7 +11,9 @@ Every entry mirrors a package of NVIDIA's CUDA repository for Ubuntu 22.04
 | nvidia-utils-550 | same | `/usr/bin/nvidia-smi` (the simulated hardware answers) |
 | nvidia-compute-utils-550 | same | `/usr/bin/nvidia-persistenced` + Ubuntu's unit, which passes `--no-persistence-mode` |
 | libnvidia-compute-550, nvidia-kernel-common-550, nvidia-kernel-source-550-open | same | marker libraries/sources |
-| nvidia-fabricmanager-550 | 550.127.08-1, 550.90.07-1 | `nv-fabricmanager` + NVIDIA's unit; refuses to start on a driver of another version |
+| nvidia-dkms-550-open | same | postinst as dkms's: builds the module only with the running kernel's headers |
+| nvidia-fabricmanager-550 | 550.127.08-1, 550.90.07-1 | `nv-fabricmanager` + NVIDIA's unit; refuses a loaded module of another version |
+| linux-headers-$(uname -r) | 1.0-0clusterctl1 | the `/lib/modules/<release>/build` link dkms looks for |
 | cuda-toolkit-12-4 | 12.4.1-1 | `/usr/local/cuda-12.4` with `nvcc --version` and `version.json` |
 | libnccl2, libnccl-dev | 2.21.5-1+cuda12.4, 2.20.5-1+cuda12.4 | `libnccl.so.2.x.y`, `nccl.h` with NCCL_MAJOR/MINOR/PATCH |
 | datacenter-gpu-manager | 1:3.3.9 | `nv-hostengine`, `dcgmi` and DCGM's `nvidia-dcgm.service` |
@@ -22,10 +24,13 @@ preinstalled and FM pinned to 550.127.08). NVIDIA's Fabric Manager package does 
 (NVIDIA/apt-packaging-fabric-manager, debian/templates/control.in: `Depends: ${misc:Depends}, libc6,
 systemd-coredump`), so apt happily installs a skewed pair, exactly as on a real host.
 
+How the driver stand-ins behave against the loaded kernel module, and the sources: README.md beside this file.
+
 Where the vendor ships a hardware tool, the stand-in is a two-line launcher of the simulated host's stub
 program (``SIM_TOOL``, provided by the machine: see sim/hosts); daemons are small POSIX shell programs that
 check what the real daemon checks at start (versions, arguments) and then idle. What is simplified, and why:
-- the kernel module packages carry no module (the machines share this machine's kernel);
+- the module DKMS "builds" is a file holding its version (the machines share this machine's kernel; see
+  sim/hosts/nvidia_module.py for how it is loaded at boot);
 - cuda-toolkit-12-4 is one package (NVIDIA's pulls ~40 cuda-* packages; only the path and version matter to
   the roles and preflight);
 - nv-hostengine does not listen on 127.0.0.1:5555: every machine shares this machine's network namespace,
@@ -35,6 +40,16 @@ check what the real daemon checks at start (versions, arguments) and then idle. 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from sim.aptrepo.kernel import (
+    DKMS_POSTINST,
+    DKMS_POSTRM,
+    HEADERS_POSTINST,
+    HEADERS_POSTRM,
+    HEADERS_VERSION,
+    KERNEL,
+    LOADED_MODULE,
+)
 
 ARCH = "amd64"
 # The multi-call stub program every machine provides (sim/hosts binds it in); CLUSTERCTL_SIM_TOOL names the tool.
@@ -83,11 +98,14 @@ class StandIn:
         return tuple(f.path for f in self.files if f.path.startswith("/etc/"))
 
 
-def sim_tool_launcher(tool: str, vendor_release: str) -> PackageFile:
+def sim_tool_launcher(tool: str, vendor_release: str, nvml: str | None = None) -> PackageFile:
+    """``nvml``: the driver version of the user-space library the tool loads (NVML), which must match the
+    loaded kernel module's."""
+    library = f"CLUSTERCTL_SIM_NVML_VERSION={nvml} " if nvml else ""
     return PackageFile(
         f"/usr/bin/{tool}",
         f"#!/bin/sh\n# Stand-in for {tool} {vendor_release} (clusterctl virtual cluster): the simulated hardware answers.\n"
-        f'CLUSTERCTL_SIM_TOOL={tool} exec {SIM_TOOL} "$@"\n',
+        f'{library}CLUSTERCTL_SIM_TOOL={tool} exec {SIM_TOOL} "$@"\n',
         0o755,
     )
 
@@ -116,7 +134,8 @@ WantedBy=multi-user.target
 PERSISTENCED = """\
 #!/bin/sh
 # Stand-in for nvidia-persistenced {version}: validates its arguments like the real daemon, forks, writes its pid
-# file and records whether persistence mode is on (/var/run/nvidia-persistenced/persistence_mode).
+# file and records whether persistence mode is on (/var/run/nvidia-persistenced/persistence_mode). Like the real
+# daemon it cannot initialize without a loaded NVIDIA kernel module of its own version.
 set -eu
 user=root mode=Enabled
 while [ $# -gt 0 ]; do
@@ -132,10 +151,16 @@ while [ $# -gt 0 ]; do
   shift
 done
 id "$user" >/dev/null 2>&1 || {{ echo "nvidia-persistenced failed to initialize: unknown user '$user'" >&2; exit 1; }}
-mkdir -p /var/run/nvidia-persistenced
-echo "$mode" > /var/run/nvidia-persistenced/persistence_mode
+{loaded_module}if [ "$loaded" != "{version}" ]; then
+  echo "nvidia-persistenced: NVIDIA kernel module ${{loaded:-not loaded}}, library {version}" >&2
+  echo "nvidia-persistenced failed to initialize. Check syslog for more details." >&2
+  exit 1
+fi
+run="${{CLUSTERCTL_SIM_ROOT:-}}/var/run/nvidia-persistenced"
+mkdir -p "$run"
+echo "$mode" > "$run/persistence_mode"
 setsid sleep infinity </dev/null >/dev/null 2>&1 &
-echo $! > /var/run/nvidia-persistenced/nvidia-persistenced.pid
+echo $! > "$run/nvidia-persistenced.pid"
 echo "nvidia-persistenced: Started (persistence mode $mode, user $user)"
 """
 
@@ -157,11 +182,12 @@ ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.
 WantedBy=multi-user.target
 """
 
-# Fabric Manager refuses a driver of another version (the driver/Fabric Manager skew the nvidia_stack role pins against).
+# Fabric Manager compares itself with the LOADED kernel module (what /proc/driver/nvidia/version says), not with
+# the installed packages: after a driver upgrade it refuses to start until the node reboots.
 FABRICMANAGER = """\
 #!/bin/sh
-# Stand-in for NVIDIA Fabric Manager {version}: like the real daemon it refuses to run against a driver of another
-# version, then forks and writes its pid file.
+# Stand-in for NVIDIA Fabric Manager {version}: like the real daemon it refuses to run against a loaded kernel
+# module of another version, then forks and writes its pid file.
 set -eu
 config=""
 while [ $# -gt 0 ]; do
@@ -173,15 +199,15 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -r "$config" ] || {{ echo "nv-fabricmanager: failed to open config file $config" >&2; exit 1; }}
-driver=$(dpkg-query -W -f='${{Version}}' nvidia-kernel-common-{branch} 2>/dev/null | cut -d- -f1 || true)
-if [ "$driver" != "{version}" ]; then
-  echo "fabric manager NVIDIA GPU driver interface version {version} don't match with driver version ${{driver:-(none)}}." \\
+{loaded_module}if [ "$loaded" != "{version}" ]; then
+  echo "fabric manager NVIDIA GPU driver interface version {version} don't match with driver version $loaded." \\
        "Please update with matching NVIDIA driver package." >&2
   exit 1
 fi
-mkdir -p /var/run/nvidia-fabricmanager
+run="${{CLUSTERCTL_SIM_ROOT:-}}/var/run/nvidia-fabricmanager"
+mkdir -p "$run"
 setsid sleep infinity </dev/null >/dev/null 2>&1 &
-echo $! > /var/run/nvidia-fabricmanager/nv-fabricmanager.pid
+echo $! > "$run/nv-fabricmanager.pid"
 """
 
 FABRICMANAGER_CFG = """\
@@ -313,16 +339,21 @@ def nvidia_packages(keyring: bytes, repo_url: str) -> list[StandIn]:
                            _marker(f"{libs}/libnvidia-ml.so.{version}", "NVML"))),
             StandIn("nvidia", f"nvidia-utils-{b}", pkg_version, "NVIDIA driver support binaries", **_NVIDIA,
                     depends=(f"libnvidia-compute-{b} {exact}",),
-                    files=(sim_tool_launcher("nvidia-smi", version),)),
+                    files=(sim_tool_launcher("nvidia-smi", version, nvml=version),)),
             StandIn("nvidia", f"nvidia-compute-utils-{b}", pkg_version, "NVIDIA compute utilities", **_NVIDIA,
                     depends=(f"libnvidia-compute-{b} {exact}",),
-                    files=(PackageFile("/usr/bin/nvidia-persistenced", PERSISTENCED.format(version=version), 0o755),
+                    files=(PackageFile("/usr/bin/nvidia-persistenced",
+                                       PERSISTENCED.format(version=version, loaded_module=LOADED_MODULE), 0o755),
                            PackageFile("/lib/systemd/system/nvidia-persistenced.service", PERSISTENCED_UNIT)),
                     postinst=_system_user_postinst("nvidia-persistenced")),
         ]
+        packages.append(
+            StandIn("nvidia", f"nvidia-dkms-{b}-open", pkg_version, "NVIDIA DKMS package (open kernel module)",
+                    **_NVIDIA, depends=(f"nvidia-kernel-common-{b} {exact}", f"nvidia-kernel-source-{b}-open {exact}"),
+                    postinst=DKMS_POSTINST.format(version=version), postrm=DKMS_POSTRM))
         driver_deps = tuple(f"{name} {exact}" for name in (
-            f"nvidia-kernel-common-{b}", f"nvidia-kernel-source-{b}-open", f"libnvidia-compute-{b}",
-            f"nvidia-utils-{b}", f"nvidia-compute-utils-{b}"))
+            f"nvidia-kernel-common-{b}", f"nvidia-kernel-source-{b}-open", f"nvidia-dkms-{b}-open",
+            f"libnvidia-compute-{b}", f"nvidia-utils-{b}", f"nvidia-compute-utils-{b}"))
         packages += [
             StandIn("nvidia", f"nvidia-driver-{b}-open", pkg_version, "NVIDIA driver (open kernel) metapackage",
                     **_NVIDIA, depends=driver_deps),
@@ -331,10 +362,15 @@ def nvidia_packages(keyring: bytes, repo_url: str) -> list[StandIn]:
             StandIn("nvidia", f"nvidia-fabricmanager-{b}", f"{version}-1", "Fabric Manager for NVSwitch based systems",
                     **_NVIDIA, depends=("libc6",),
                     files=(PackageFile("/usr/bin/nv-fabricmanager",
-                                       FABRICMANAGER.format(version=version, branch=b), 0o755),
+                                       FABRICMANAGER.format(version=version, loaded_module=LOADED_MODULE), 0o755),
                            PackageFile("/lib/systemd/system/nvidia-fabricmanager.service", FABRICMANAGER_UNIT),
                            PackageFile("/usr/share/nvidia/nvswitch/fabricmanager.cfg", FABRICMANAGER_CFG))),
         ]
+    packages.append(StandIn(
+        "nvidia", f"linux-headers-{KERNEL}", HEADERS_VERSION, f"Header files related to Linux kernel {KERNEL}",
+        section="devel", **_NVIDIA,
+        files=(_marker(f"/usr/src/linux-headers-{KERNEL}/Makefile", f"kernel headers of {KERNEL}"),),
+        postinst=HEADERS_POSTINST.format(kernel=KERNEL), postrm=HEADERS_POSTRM.format(kernel=KERNEL)))
     name, version, cuda = CUDA_TOOLKIT
     packages.append(StandIn(
         "nvidia", name, version, f"CUDA Toolkit {cuda} meta-package", section="multiverse/devel", **_NVIDIA,

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import sim
 from sim.aptrepo.catalog import SIM_TOOL
-from sim.hosts import limits, stubs, sysfs
+from sim.hosts import limits, nvidia_module, stubs, sysfs
 from sim.hosts.hardware import Hardware
 from sim.hosts.nspawn import (
     SUPERVISOR,
@@ -176,8 +176,11 @@ def prepare_host(paths: HostPaths, sim_host: SimHost, public_key: str) -> str:
     host_key = _host_key(etc / "ssh", paths.host)
     units = etc / "systemd" / "system"
     _write(units / PROC_UNIT, _proc_unit())
+    _write(units / nvidia_module.LOAD_UNIT, nvidia_module.load_unit())
     (units / "sysinit.target.wants").mkdir(parents=True, exist_ok=True)
-    os.symlink(f"../{PROC_UNIT}", units / "sysinit.target.wants" / PROC_UNIT)
+    for unit in (PROC_UNIT, nvidia_module.LOAD_UNIT):
+        os.symlink(f"../{unit}", units / "sysinit.target.wants" / unit)
+    nvidia_module.seed(upper, hw.versions.get("driver", ""))
     if hw.unreachable:  # the `unreachable` fault: the machine runs, its sshd does not
         os.symlink("/dev/null", units / "ssh.service")
     return f"{sim_host.address} {host_key}\n"

@@ -40,3 +40,16 @@ def register_iu_service(io: ConsulIO, service: IUService, http_check: bool = Tru
         meta=registration["meta"],
         http_check=services.health_url(service.address, service.port) if http_check else None,
     )
+
+
+def register_on_catalog_node(io: ConsulIO, service: IUService, node_address: str) -> None:
+    """Put the instance on catalog node ``service.node`` (``PUT /v1/catalog/register``), where that node's own
+    agent would sync it: for simulations in which one Consul stands in for every node's agent. The edge takes
+    an IU's owner from its catalog node only, so an instance registered on the one agent would belong to that
+    agent's node. No agent runs checks for it (the catalog holds no TTL or HTTP runner)."""
+    registration = services.iu_registration(service.iu_id, service.node, service.rack, service.address,
+                                            service.port, service.gpus, service.numa_node, model=service.model)
+    entity = {"Service": registration["name"], "ID": registration["id"], "Address": registration["address"],
+              "Port": registration["port"], "Tags": registration["tags"], "Meta": registration["meta"]}
+    if not io.client.catalog.register(service.node, node_address, service=entity, token=io.token):
+        raise RuntimeError(f"catalog registration of {service.iu_id} on {service.node} refused")

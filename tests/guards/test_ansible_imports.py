@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("common", "cluster", "preflight", "provision", "consul_io", "eas_agent", "eas_wire", "edge", "cli", "devconsul",
-            "sim", "demo",
+            "sim", "demo", "operate",
             "bench")
 ALLOWED = "cluster/ansible/"
 # Ansible plugins (loaded by Ansible, so they import it) and the tests (which drive Ansible on purpose).

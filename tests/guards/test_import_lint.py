@@ -36,7 +36,7 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCTION = ("common", "cluster", "provision", "preflight", "eas_agent", "eas_wire", "edge", "cli", "consul_io", "playbooks",
-              "collections")
+              "collections", "operate")
 # The simulators themselves, what runs them (the demo, the benchmarks, the dev Consul server) and the tests.
 NOT_PRODUCTION = {"sim", "demo", "bench", "devconsul", "tests"}
 LAZY_ALLOWED = {"cli/commands/virtual.py"}
@@ -50,6 +50,7 @@ FLOORS = {
     "consul_io": 1, "devconsul": 1,  # the one Consul client and names; the dev Consul server
     "cluster": 2, "eas_agent": 2,  # the model; the node agent
     "preflight": 3, "provision": 3, "edge": 3, "playbooks": 3, "collections": 3,
+    "operate": 3,  # operations on a running cluster: load tests, score calibration
     "sim": 4,  # scaffolding above everything it simulates, below what runs it
     "cli": 5,
     "demo": 6, "bench": 6,  # applications above the CLI

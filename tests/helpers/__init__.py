@@ -63,3 +63,43 @@ def module_imports(tree: ast.AST) -> Iterator[tuple[str, int, bool]]:
 def python_packages(repo: Path) -> set[str]:
     """The repository's top-level folders that hold Python code (the import lints say where each one stands)."""
     return {d.name for d in repo.iterdir() if d.is_dir() and not d.name.startswith(".") and any(d.rglob("*.py"))}
+
+
+class ConsulCluster:
+    """A dev Consul server and one client agent per node, as on real nodes: what a node registers through its
+    own agent lands on its own catalog node, which is the only ownership the edge's reader accepts. Agents
+    sync their changes to the server at once (status and output alike)."""
+
+    def __init__(self):
+        import socket
+
+        from devconsul.agentconfig import AgentSettings
+        from devconsul.server import DevConsulServer
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.rpc_port = sock.getsockname()[1]
+        self._settings, self._server_class = AgentSettings, DevConsulServer
+        self.server = DevConsulServer(addr="127.0.0.1:0", failure_timeout=5.0, agent=AgentSettings(
+            "consul-server", server=True, server_port=self.rpc_port, check_update_interval=0)).start()
+        self.address = self.server.address
+        self.agents: dict[str, object] = {}
+
+    def agent(self, node: str) -> str:
+        """The HTTP address of ``node``'s client agent (started on first use)."""
+        if node not in self.agents:
+            settings = self._settings(node, server=False, retry_join=[f"127.0.0.1:{self.rpc_port}"],
+                                      leave_on_terminate=True, check_update_interval=0)
+            self.agents[node] = self._server_class(addr="127.0.0.1:0", agent=settings).start()
+        return self.agents[node].address
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            agent.stop(leave=False)
+        self.server.stop()
+
+    def __enter__(self) -> ConsulCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -19,12 +19,13 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from consul_io import layout
 from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_wire.scorebody import IUScore, ScoreBody
 from edge.config import EdgeConfig, PushConfig
 from edge.main import Edge
-from sim.vllm.registration import IUService, register_iu_service
+from sim.vllm.registration import IUService, register_on_catalog_node
 from sim.vllm.server import SimulatedIU
 from tests.helpers import wait_for as shared_wait_for
 
@@ -71,14 +72,25 @@ class Pool:
                 sim = SimulatedIU(address, 0, arrival_rate=0).start()
                 iu_id = f"{node}-iu{i}"
                 self.ius[iu_id] = sim
-                register_iu_service(self.io, IUService(iu_id, node, "r1", address, int(sim.address.rsplit(":", 1)[1]),
-                                                      (i,), 0), http_check=False)
+                self.register(IUService(iu_id, node, "r1", address, int(sim.address.rsplit(":", 1)[1]), (i,), 0))
             if agents:
                 self.agents[node] = AgentHttpServer(address, self.agent_port, AgentMetrics())
                 self.agents[node].start()
 
     def node_of(self, iu_id: str) -> str:
         return iu_id.split("-", 1)[0]
+
+    def register(self, service: IUService) -> None:
+        """The IU on its own catalog node (one Consul stands in for every node's agent here)."""
+        register_on_catalog_node(self.io, service, self.nodes.get(service.node, service.address))
+
+    def maintenance(self, iu_id: str, reason: str) -> None:
+        """Consul's maintenance mode as the IU's node agent syncs it: the critical check
+        ``_service_maintenance:<id>`` on the service."""
+        check = {"CheckID": layout.maintenance_check(iu_id), "Name": "Service Maintenance Mode", "Status": "critical",
+                 "Notes": reason, "ServiceID": iu_id}
+        node = self.node_of(iu_id)
+        assert self.io.client.catalog.register(node, self.nodes[node], check=check, token=self.io.token)
 
     def publish_kv(self, node: str, scores: dict, **kwargs) -> None:
         key = f"clusterctl/eas/dc1/{node}"
@@ -220,8 +232,7 @@ class ScriptedIU:
 
         self.port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
         declared = {"model": model} if model else {}
-        register_iu_service(pool.io, IUService(iu_id, iu_id.split("-")[0], "r1", address, self.port, (0,), 0,
-                                               **declared), http_check=False)
+        pool.register(IUService(iu_id, iu_id.split("-")[0], "r1", address, self.port, (0,), 0, **declared))
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)

@@ -91,6 +91,19 @@ class VirtualCluster:
                     snap[str(path.relative_to(self.inventory))] = (st.st_size, st.st_mtime_ns)
         return snap
 
+    def driver_state(self) -> dict[str, tuple]:
+        """host -> (loaded NVIDIA module version, Fabric Manager's state, persistenced's state)."""
+        state = {}
+        for host in self.hosts:
+            loaded = self.on_host(host, "cat", "/sys/module/nvidia/version").stdout.strip()
+            daemons = self.on_host(host, "systemctl", "is-active", "nvidia-fabricmanager", "nvidia-persistenced")
+            state[host] = (loaded, *daemons.stdout.split())
+        return state
+
+    def iu_states(self) -> dict[str, str]:
+        """host -> `systemctl is-active` of its first IU."""
+        return {host: self.on_host(host, "systemctl", "is-active", "vllm-iu@0").stdout.strip() for host in self.hosts}
+
     def provision(self, name: str, *args: str) -> subprocess.CompletedProcess:
         run_dir = self.inventory.parent / f"run-{name}"
         result = clusterctl("provision", "-i", str(self.inventory), "--run-dir", str(run_dir), *args, env=self.env)

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from sim.hosts import nvidia_module
 from sim.hosts.hardware import Hardware
 from sim.hosts.stubs import TOOLS, UNDELAYED_TOOLS
 
@@ -61,6 +62,14 @@ def main() -> None:
     except OSError as exc:
         sys.exit(f"{tool}: no simulated hardware description ({exc}); is this a simulated host?")
     log_call(tool, args)
+    if tool == "nvidia-smi":
+        # It answers only through the loaded kernel module, and reports that module's version.
+        loaded = nvidia_module.loaded_version()
+        refused = nvidia_module.nvidia_smi_gate(os.environ.get(nvidia_module.NVML_ENV), loaded)
+        if refused:
+            print(refused[1])
+            sys.exit(refused[0])
+        hw.versions["driver"] = str(loaded)
     if tool not in UNDELAYED_TOOLS and hw.hang is not None and (not hw.hang or tool in hw.hang):
         while True:  # the `hang` fault: never return, like a tool stuck on a wedged GPU or fabric
             time.sleep(3600)

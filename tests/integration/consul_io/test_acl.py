@@ -115,7 +115,9 @@ def test_operator_token_sets_maintenance_and_markers_and_nothing_else(server, to
     assert op.put("/v1/agent/maintenance", params={"enable": "true"}).status_code == 403  # node maintenance
 
 
-def test_eas_agent_token_writes_only_its_own_score_key_and_iu_checks(server, tokens):
+def test_eas_agent_token_writes_only_its_own_score_key_and_cannot_release_an_iu(server, tokens):
+    """The agent runs next to third-party model code: its token must not take an IU out of maintenance (the
+    preflight gate) nor register anything; it publishes only its own score key."""
     admin = _api(server, MANAGEMENT)
     admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
     eas = _api(server, tokens["eas_agent"])
@@ -123,11 +125,11 @@ def test_eas_agent_token_writes_only_its_own_score_key_and_iu_checks(server, tok
     assert eas.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}").status_code == 403
     assert eas.get("/v1/kv/clusterctl/eas/", params={"recurse": ""}).status_code == 200
     assert eas.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}").status_code == 403
-    check = {"Name": "EAS load score n1-iu0", "CheckID": "eas:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
-    assert eas.put("/v1/agent/check/register", data=json.dumps(check)).status_code == 200
-    # Consul's limit (consul_io/acl.py): TTL checks on vllm-iu need service:write on vllm-iu, and so does
-    # maintenance; the ACL system cannot tell them apart, so this token could clear maintenance too.
-    assert eas.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}).status_code == 200
+    check = {"Name": "a check on n1-iu0", "CheckID": "c", "ServiceID": "n1-iu0", "TTL": "30s"}
+    assert eas.put("/v1/agent/check/register", data=json.dumps(check)).status_code == 403
+    assert admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
+    assert eas.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}).status_code == 403
+    assert eas.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9"}).status_code == 403
     assert eas.put("/v1/agent/check/register", data=json.dumps({"Name": "node-level", "TTL": "30s"})).status_code == 403
 
 
@@ -205,7 +207,7 @@ def test_the_filter_is_the_python_readers_token_rule(tmp_path):
 def test_the_maintenance_filter_reads_which_services_consul_holds_in_maintenance():
     checks = {"_service_maintenance:n1-iu0": {"CheckID": "_service_maintenance:n1-iu0", "Notes": "clusterctl rolling restart"},
               "_service_maintenance:n1-iu1": {"CheckID": "_service_maintenance:n1-iu1"},
-              "_node_maintenance": {"Notes": "node"}, "eas:n1-iu0": {"Notes": "score"},
+              "_node_maintenance": {"Notes": "node"}, "serfHealth": {"Notes": "gossip"},
               "vllm-iu:n1-iu0:health": {}}
     assert _filters()["consul_maintenance"](checks) == {"n1-iu0": "clusterctl rolling restart", "n1-iu1": None}
     assert _filters()["consul_maintenance"]({}) == {}
@@ -247,3 +249,128 @@ def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(
     assert module.ensure(url, MANAGEMENT, acl2["policies"], acl2["tokens"], check=False) == ([], [])
     for token in ("operator", "edge", "registration"):
         assert _api(server, shared[token]).get("/v1/acl/token/self").status_code == 200
+
+
+CAPABILITIES = REPO / "docs/contracts/consul-layout.md"
+TOKEN_COLUMNS = {"agent": "agent", "registration": "registration", "operator": "operator", "eas-agent": "eas_agent",
+                 "edge": "edge"}
+
+
+def _capability_table() -> tuple[list[str], dict[str, list[bool]]]:
+    """(token kinds in column order, action -> allowed per column) from the contract page's table."""
+    section = CAPABILITIES.read_text().split("\n## What each token can do\n", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    kinds = [TOKEN_COLUMNS[cell] for cell in header[1:]]
+    table = {}
+    for row in rows[1:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert all(c in ("yes", "no") for c in cells[1:]), row
+        table[cells[0]] = [c == "yes" for c in cells[1:]]
+    return kinds, table
+
+
+def _allowed(answer) -> bool:
+    assert answer.status_code in (200, 403, 404), (answer.status_code, answer.text)
+    return answer.status_code == 200
+
+
+def _read_some(answer) -> bool:
+    return _allowed(answer) and bool(answer.json())
+
+
+def _with_service_maintenance(admin: Api, api: Api):
+    assert admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
+    return _allowed(api.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}))
+
+
+# The table's first column -> the request that performs it with the token under test (node n1's tokens; the
+# server's own node is n1, n2 a node another agent registered).
+ACTIONS = {
+    "register an IU on its own node (`agent/service/register`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9", "Port": 8009})),
+    "register an IU on another node (`catalog/register`, node `n2` unchanged)": lambda admin, api: _allowed(
+        api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True,
+                                              "Service": {"Service": "vllm-iu", "ID": "n2-iu9", "Port": 8009}})),
+    "register a service other than `vllm-iu`": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"})),
+    "register node `n2` or change its address": lambda admin, api: _allowed(
+        api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.99"})),
+    "update a TTL check on an IU (`agent/check/pass`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/check/pass/ttl:n1-iu0")),
+    "put an IU into maintenance": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"})),
+    "take an IU out of maintenance": _with_service_maintenance,
+    "put the node into maintenance (`agent/maintenance`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/maintenance", params={"enable": "true"})),
+    "write its own score key `clusterctl/eas/<dc>/n1`": lambda admin, api: _allowed(
+        api.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"{}")),
+    "write another node's score key": lambda admin, api: _allowed(api.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}")),
+    "write a release marker `clusterctl/preflight/<dc>/<iu>`": lambda admin, api: _allowed(
+        api.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}")),
+    "read the IU listing (`health/service/vllm-iu`)": lambda admin, api: _read_some(
+        api.get("/v1/health/service/vllm-iu")),
+    "read the score keys": lambda admin, api: _read_some(api.get("/v1/kv/clusterctl/eas/", params={"recurse": ""})),
+    "create or change ACL policies and tokens": lambda admin, api: _allowed(
+        api.put("/v1/acl/policy", json={"Name": "extra", "Rules": ""})),
+}
+
+
+@pytest.mark.parametrize("kind", list(TOKEN_COLUMNS.values()))
+def test_each_token_can_do_what_the_contract_table_says_and_nothing_else(server, tokens, kind):
+    """Every cell of docs/contracts/consul-layout.md's token table, performed with that token against the
+    dev server's ACL enforcement; each action on a fresh state (what the one before changed is undone)."""
+    kinds, table = _capability_table()
+    assert set(table) == set(ACTIONS), "the table's actions and this test's must be the same list"
+    admin, api = _api(server, MANAGEMENT), _api(server, tokens[kind])
+    check = {"Name": "a TTL check of n1-iu0", "CheckID": "ttl:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
+    wrong = []
+    for action, allowed in table.items():
+        assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0", "Port": 8000,
+                                                              "Check": check}).status_code == 200
+        assert admin.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.2", "Service": {
+            "Service": "vllm-iu", "ID": "n2-iu0", "Port": 8000}}).status_code == 200
+        assert admin.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}").status_code == 200
+        if ACTIONS[action](admin, api) != allowed[kinds.index(kind)]:
+            wrong.append(action)
+        admin.put("/v1/agent/maintenance", params={"enable": "false"})
+        admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"})
+    assert not wrong, f"the {kind} token's cells are wrong for: {wrong}"
+
+
+def test_another_nodes_tokens_cannot_steer_this_nodes_iu(server, tokens):
+    """A compromised node n2 uses its tokens (the role's policies) to register n1's IU id, and an IU claiming n1
+    in its meta, on its own catalog node, both at an address it controls. Its eas-agent token may register
+    nothing; its registration token may (service:write on vllm-iu, node unchanged), but the edge, reading with
+    its own token, keeps routing n1-iu0 to n1's registration, follows n1's agent at n1's address, and counts
+    both impostors."""
+    from collections import Counter
+
+    from consul_io.client import ConsulIO
+    from edge.feed import EdgeView
+
+    n2 = {**tokens, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    acl = _filters()["consul_node_acl"]("n2", "dc1", n2)
+    _module("consul_acl").ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)
+    own = {"Name": "vllm-iu", "ID": "n1-iu0", "Address": "127.0.0.1", "Port": 8000,
+           "Tags": ["rack:r1", "node:n1"], "Meta": {"node": "n1", "rack": "r1"}}
+    assert _api(server, MANAGEMENT).put("/v1/agent/service/register", json=own).status_code == 200
+    # n2's agent registers its node, as it does when it joins
+    assert _api(server, n2["agent"]).put("/v1/catalog/register", json={
+        "Node": "n2", "Address": "127.0.0.2"}).status_code == 200
+    for token, iu, status in ((n2["eas_agent"], "n1-iu0", 403), (n2["registration"], "n1-iu0", 200),
+                              (n2["registration"], "n2-iu1", 200)):
+        impostor = {"Service": "vllm-iu", "ID": iu, "Address": "127.0.66.66", "Port": 8000,
+                    "Tags": ["rack:r1", "node:n1"], "Meta": {"node": "n1", "rack": "r1"}}
+        answer = _api(server, token).put("/v1/catalog/register", json={
+            "Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True, "Service": impostor})
+        # Consul's rule: service:write on the name; only the node's own entry needs node:write
+        assert answer.status_code == status, answer.text
+    _, listing = ConsulIO(server.address, token=tokens["edge"]).health_service()
+    assert sorted((e["Node"]["Node"], e["Service"]["ID"]) for e in listing) == [
+        ("n1", "n1-iu0"), ("n2", "n1-iu0"), ("n2", "n2-iu1")]
+    view = EdgeView()
+    view.apply_health(listing)
+    assert [(e.node, e.iu_id, e.address) for e in view.snapshot().healthy] == [("n1", "n1-iu0", "127.0.0.1")]
+    assert view.node_addresses() == {"n1": "127.0.0.1"}
+    assert view.rejected_registrations == Counter(id_not_of_node=1, meta_node_mismatch=1)

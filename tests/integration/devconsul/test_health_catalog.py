@@ -159,3 +159,18 @@ def test_autopilot_health_needs_operator_read(dev_server):
     denied = Api(server.address).get("/v1/operator/autopilot/health")
     assert denied.status_code == 403 and "lacks permission 'operator:read'" in denied.text
     assert Api(server.address, management).get("/v1/operator/autopilot/health").json()["Healthy"] is True
+
+
+def test_catalog_register_names_the_service_in_its_service_field(api, name):
+    """Register Entity (https://developer.hashicorp.com/consul/api-docs/catalog#register-entity): the service
+    object names the service in ``Service``; the instance is listed on the node the request names."""
+    node = f"{name}-node"
+    service = {"ID": f"{name}-0", "Service": name, "Address": "127.0.0.21", "Port": 8000, "Meta": {"k": "v"}}
+    try:
+        answer = api.put("/v1/catalog/register", json={"Node": node, "Address": "127.0.0.21", "Service": service})
+        assert answer.status_code == 200, answer.text
+        [entry] = api.get(f"/v1/health/service/{name}").json()
+        assert entry["Node"]["Node"] == node and entry["Service"]["Service"] == name
+        assert entry["Service"]["ID"] == f"{name}-0" and entry["Service"]["Meta"] == {"k": "v"}
+    finally:
+        api.put("/v1/catalog/deregister", json={"Node": node})

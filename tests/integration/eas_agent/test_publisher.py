@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def test_consul_down_and_back(tmp_path, tally):
     data = tmp_path / "consul"
-    server = DevConsulServer(addr="127.0.0.1:0", data_dir=data).start()
+    server = DevConsulServer(addr="127.0.0.1:0", data_dir=data, node_name="n1").start()  # n1's own agent
     address = server.address
     register(address, "n1-iu0", "n1")
     agent = agent_for("n1", address, [lambda: GOOD])
@@ -34,7 +34,7 @@ def test_consul_down_and_back(tmp_path, tally):
         assert thread.is_alive() and all(t.is_alive() for t in watcher.threads)
         assert agent.publisher.stats.errors > 0 and agent.cycles > 10
         before = agent.publisher.seq
-        server = DevConsulServer(addr=address, data_dir=data).start()  # back, same port, same state
+        server = DevConsulServer(addr=address, data_dir=data, node_name="n1").start()  # back, same port and state
         wait_for(lambda: stored_seq(address, "n1") > before, 10, "the agent to catch up after the outage")
         wait_for(lambda: view.snapshot().scored and watcher.updates > 2, 10, "the reader to resume")
         assert all(t.is_alive() for t in watcher.threads)

@@ -60,7 +60,7 @@ def test_agent_scores_blocking_query_answers_on_the_next_cycle():
 def healthy_view(clock, ius_of: dict) -> EdgeView:
     """An EdgeView to which Consul reported each IU (node -> its IU ids) registered and passing."""
     view = EdgeView(detector=AnomalyDetector(), clock=clock)
-    view.apply_health([{"Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": node}},
+    view.apply_health([{"Node": {"Node": node}, "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": node}},
                         "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]}
                        for node, ius in ius_of.items() for iu in ius])
     return view
@@ -68,20 +68,20 @@ def healthy_view(clock, ius_of: dict) -> EdgeView:
 
 def test_nonsense_scores_are_ignored_and_counted():
     counts: Counter = Counter()
-    body = body_of("n0", {"a": -1.0, "b": math.nan, "c": "x", "d": 0.2, "e": None})
+    body = body_of("n0", {"n0-iu0": -1.0, "n0-iu1": math.nan, "n0-iu2": "x", "n0-iu3": 0.2, "n0-iu4": None})
     clean, problems = ScoreBody.from_json(json.loads(json.dumps(body)), blank_bad_scores=True, counts=counts)
-    assert {iu: v.score for iu, v in clean.ius.items()} == {"a": None, "b": None, "c": None, "d": 0.2, "e": None}
-    assert not problems and clean.ius["a"].status == "warning" and "ignored score_negative" in clean.ius["a"].reason
+    assert {iu: v.score for iu, v in clean.ius.items()} == {"n0-iu0": None, "n0-iu1": None, "n0-iu2": None, "n0-iu3": 0.2, "n0-iu4": None}
+    assert not problems and clean.ius["n0-iu0"].status == "warning" and "ignored score_negative" in clean.ius["n0-iu0"].reason
     assert counts == Counter(score_negative=1, score_not_finite=1, score_not_a_number=1)
     for bad, reason in (({"node": "n0", "ius": {}, "ts": "yesterday"}, "ts_invalid"),
                         (["not", "a", "body"], "body_malformed")):
         with pytest.raises(BodyError) as info:
             ScoreBody.from_json(bad, blank_bad_scores=True, counts=counts)
         assert info.value.reason == reason
-    view = healthy_view(time.time, {"n0": "abcde"})
+    view = healthy_view(time.time, {"n0": ["n0-iu0", "n0-iu1", "n0-iu2", "n0-iu3", "n0-iu4"]})
     view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body).encode()}, {"Key": "k/n1", "Value": b"{not json"}])
-    assert {e.iu_id for e in view.snapshot().scored} == {"d"}
-    assert {e.iu_id for e in view.snapshot().healthy} == {"a", "b", "c", "d", "e"}  # fail-open may use them
+    assert {e.iu_id for e in view.snapshot().scored} == {"n0-iu3"}
+    assert {e.iu_id for e in view.snapshot().healthy} == {"n0-iu0", "n0-iu1", "n0-iu2", "n0-iu3", "n0-iu4"}  # fail-open may use them
     assert view.ignored["body_unparseable"] == 1
 
 
@@ -128,8 +128,8 @@ def test_an_agent_before_its_first_cycle_is_waited_for_not_counted_as_a_bad_body
 
 
 def test_router_prices_its_ledger_in_prefill_seconds_and_tells_saturated_from_none():
-    view = healthy_view(lambda: 100.0, {"n0": "ab"})
-    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.0, "b": 0.0}, ts=100.0,
+    view = healthy_view(lambda: 100.0, {"n0": ["n0-iu0", "n0-iu1"]})
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"n0-iu0": 0.0, "n0-iu1": 0.0}, ts=100.0,
                                                                prefill_tps=8000.0))}])
     router = Router(random.Random(1), max_inflight_per_iu=1)
     snapshot = view.snapshot()
@@ -147,7 +147,11 @@ def test_router_prices_its_ledger_in_prefill_seconds_and_tells_saturated_from_no
     router.done(second.iu_id)
     router.eject(second.iu_id, 100.0)
     assert router.choose(snapshot, 100.0, prompt_tokens=10).mode == "none"
-    assert router.choose(snapshot, 106.0, prompt_tokens=10).iu_id is not None  # ejections expire
+    # an ejection that ran out holds the IU out until its probe answers (edge/ejection.py)
+    assert router.choose(snapshot, 106.0, prompt_tokens=10).iu_id is None
+    for iu_id in router.outliers.due(106.0):
+        router.outcome(iu_id, 106.0, "ok", 2)
+    assert router.choose(snapshot, 106.0, prompt_tokens=10).iu_id is not None
 
 
 def test_token_estimate():
@@ -253,20 +257,20 @@ def test_the_edge_imports_nothing_outside_its_own_dependencies():
 def test_pick_prices_the_request_and_the_ledger_in_prefill_seconds():
     from edge.pool import EdgeLedger, pick
 
-    view = healthy_view(lambda: 100.0, {"n0": ["fast"], "n1": ["slow"]})
-    fast = body_of("n0", {"fast": 0.1}, ts=100.0, prefill_tps=20000.0)
-    slow = body_of("n1", {"slow": 0.1}, ts=100.0, prefill_tps=5000.0)
+    view = healthy_view(lambda: 100.0, {"n0": ["n0-iu0"], "n1": ["n1-iu0"]})
+    fast = body_of("n0", {"n0-iu0": 0.1}, ts=100.0, prefill_tps=20000.0)
+    slow = body_of("n1", {"n1-iu0": 0.1}, ts=100.0, prefill_tps=5000.0)
     view.apply_kv([{"Key": f"k/{b['node']}", "Value": json.dumps(b)} for b in (fast, slow)])
     rng, ledger = random.Random(3), EdgeLedger()
     # same score: a 10k-token prompt costs 0.5 s on one and 2 s on the other
-    assert {pick(view.snapshot(), ledger, 100.0, rng, prompt_tokens=10_000).iu_id for _ in range(20)} == {"fast"}
-    # 1 s of prefill this edge sent to "fast" since its score outweighs the difference for a small prompt
-    ledger.on_sent("fast", 100.0, cost_s=1.0)
-    assert {pick(view.snapshot(), ledger, 100.0, rng, prompt_tokens=100).iu_id for _ in range(20)} == {"slow"}
+    assert {pick(view.snapshot(), ledger, 100.0, rng, prompt_tokens=10_000).iu_id for _ in range(20)} == {"n0-iu0"}
+    # 1 s of prefill this edge sent to the fast IU since its score outweighs the difference for a small prompt
+    ledger.on_sent("n0-iu0", 100.0, cost_s=1.0)
+    assert {pick(view.snapshot(), ledger, 100.0, rng, prompt_tokens=100).iu_id for _ in range(20)} == {"n1-iu0"}
     # without a prompt size the old rule: requests since the score at the IU's request_cost_s (0.05 s)
     ledger2 = EdgeLedger()
-    ledger2.on_sent("fast", 100.0)
-    assert ledger2.sent_cost_since("fast", 99.0, default_cost_s=0.05) == pytest.approx(0.05)
+    ledger2.on_sent("n0-iu0", 100.0)
+    assert ledger2.sent_cost_since("n0-iu0", 99.0, default_cost_s=0.05) == pytest.approx(0.05)
 
 
 def test_ledger_sums_match_the_entries_as_they_age_out():
@@ -304,13 +308,13 @@ def test_every_address_field_is_read_by_one_hostport_helper():
 def test_an_overdue_stream_marks_its_iu_busier_than_its_score():
     # both IUs score 0: the one holding this edge's stream past its predicted first byte is avoided until
     # that byte arrives (not: the stale score alone, so a coin toss between a held IU and a free one)
-    view = healthy_view(lambda: 100.0, {"n0": "ab"})
-    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.0, "b": 0.0}, ts=100.0,
+    view = healthy_view(lambda: 100.0, {"n0": ["n0-iu0", "n0-iu1"]})
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"n0-iu0": 0.0, "n0-iu1": 0.0}, ts=100.0,
                                                                prefill_tps=8000.0))}])
     router = Router(random.Random(1))
     first = router.choose(view.snapshot(), 100.0, prompt_tokens=800)
     assert first.expected_s == pytest.approx(0.1)  # score 0 + its own 800 / 8000 tokens/s
-    held, other = first.iu_id, ({"a", "b"} - {first.iu_id}).pop()
+    held, other = first.iu_id, ({"n0-iu0", "n0-iu1"} - {first.iu_id}).pop()
     router.sent(held, 100.0, first.cost_s, handle="r1", expected_s=first.expected_s)
     assert router.ledger.overdue_s(held, 100.05) == 0.0 and router.ledger.overdue_s(held, 101.1) == pytest.approx(1.0)
     # 1.1 s later its first byte is 1 s overdue: every request prefers the other IU, though both score 0
@@ -330,31 +334,31 @@ def test_a_long_prompt_still_queued_is_counted_at_its_real_cost_by_scores_newer_
     # prompt is predicted admitted (then the score's admitted-prefill term has its real tokens). Dropped at the
     # first newer score, the IU would look 1.3 s emptier than it is.
     router = Router(random.Random(1))
-    router.sent("a", 100.0, 1.5, handle="r1", expected_s=2.0, queued_as_s=0.2)
-    assert router.ledger.sent_cost_since("a", 99.9, default_cost_s=0.2) == pytest.approx(1.5)  # older score
-    assert router.ledger.sent_cost_since("a", 100.1, default_cost_s=0.2) == pytest.approx(1.3)
-    assert router.ledger.sent_cost_since("a", 100.5, default_cost_s=0.2) == pytest.approx(1.3)
-    assert router.ledger.sent_cost_since("a", 100.6, default_cost_s=0.2) == 0.0  # admitted: the score has it
-    router.sent("b", 100.0, 0.05, expected_s=0.1, queued_as_s=0.2)  # shorter than the mean: nothing kept
-    assert router.ledger.sent_cost_since("b", 100.01, default_cost_s=0.2) == 0.0
+    router.sent("n0-iu0", 100.0, 1.5, handle="r1", expected_s=2.0, queued_as_s=0.2)
+    assert router.ledger.sent_cost_since("n0-iu0", 99.9, default_cost_s=0.2) == pytest.approx(1.5)  # older score
+    assert router.ledger.sent_cost_since("n0-iu0", 100.1, default_cost_s=0.2) == pytest.approx(1.3)
+    assert router.ledger.sent_cost_since("n0-iu0", 100.5, default_cost_s=0.2) == pytest.approx(1.3)
+    assert router.ledger.sent_cost_since("n0-iu0", 100.6, default_cost_s=0.2) == 0.0  # admitted: the score has it
+    router.sent("n0-iu1", 100.0, 0.05, expected_s=0.1, queued_as_s=0.2)  # shorter than the mean: nothing kept
+    assert router.ledger.sent_cost_since("n0-iu1", 100.01, default_cost_s=0.2) == 0.0
 
     # through choose(): both IUs score 0.1 at ts 100.1; the one holding the queued long prompt is avoided
-    view = healthy_view(lambda: 100.2, {"n0": "ab"})
-    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.1, "b": 0.1}, ts=100.1,
+    view = healthy_view(lambda: 100.2, {"n0": ["n0-iu0", "n0-iu1"]})
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"n0-iu0": 0.1, "n0-iu1": 0.1}, ts=100.1,
                                                                prefill_tps=8000.0))}])
     router = Router(random.Random(2))
     first = router.choose(view.snapshot(), 100.0, prompt_tokens=12000)
     assert first.queued_as_s == view.snapshot().by_id()[first.iu_id].request_cost_s
     router.sent(first.iu_id, 100.0, first.cost_s, "r1", first.expected_s + 0.5, first.queued_as_s)
-    other = ({"a", "b"} - {first.iu_id}).pop()
+    other = ({"n0-iu0", "n0-iu1"} - {first.iu_id}).pop()
     picks = {router.choose(view.snapshot(), 100.2, prompt_tokens=10).iu_id for _ in range(20)}
     assert picks == {other}
 
 
 def test_the_queued_prompt_rule_applies_to_fresh_scores_only():
     # a score 1 s old (Consul-only ages): its predicted queue wait is too rough to keep the excess on
-    view = healthy_view(lambda: 101.0, {"n0": "ab"})
-    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"a": 0.1, "b": 0.1}, ts=100.0,
+    view = healthy_view(lambda: 101.0, {"n0": ["n0-iu0", "n0-iu1"]})
+    view.apply_kv([{"Key": "k/n0", "Value": json.dumps(body_of("n0", {"n0-iu0": 0.1, "n0-iu1": 0.1}, ts=100.0,
                                                                prefill_tps=8000.0))}])
     router = Router(random.Random(2))
     assert router.choose(view.snapshot(), 101.0, prompt_tokens=12000).queued_as_s is None

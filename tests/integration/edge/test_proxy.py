@@ -61,6 +61,22 @@ def test_stream_passes_through_chunk_by_chunk_and_plain_answers_too(pool):
         assert metric(edge, "eas_edge_requests_total", 'code="200",endpoint="/v1/completions"') == 1
 
 
+def test_answer_headers_say_how_the_pick_saw_the_chosen_iu(pool):
+    scores = {"n0-iu0": 0.2, "n1-iu0": 0.7}
+    for node in pool.nodes:
+        pool.publish_kv(node, {f"{node}-iu0": scores[f"{node}-iu0"]})
+    with running_edge(pool) as edge:
+        wait_for(lambda: {e.score for e in edge.state.view.snapshot().scored} == set(scores.values()), 10,
+                 "both scores read")
+        status, headers, _ = post(edge.url("/v1/completions"), completion(tokens=2))  # 60 prompt tokens
+        assert status == 200
+        chosen = headers["X-Eas-IU"]
+        assert headers["X-Eas-Pick"] == "p2c"
+        assert float(headers["X-Eas-Score"]) == scores[chosen]
+        assert float(headers["X-Eas-Prefill-S"]) == pytest.approx(60 / 12000.0, abs=1e-4)  # published prefill_tps
+        assert float(headers["X-Eas-Expected-S"]) >= scores[chosen] + 60 / 12000.0 - 1e-4
+
+
 def test_malformed_json_is_400_with_the_parse_error_and_unknown_model_is_404(pool):
     with running_edge(pool) as edge:
         status, _, body = post(edge.url("/v1/completions"), b'{"model": "x", "prompt": ')
@@ -78,13 +94,13 @@ def test_malformed_json_is_400_with_the_parse_error_and_unknown_model_is_404(poo
 
 
 def test_maintenance_and_critical_ius_never_get_traffic(pool):
-    pool.io.service_maintenance("n1-iu0", True, "test")
+    pool.maintenance("n1-iu0", "test")
     with running_edge(pool) as edge:
         with urllib.request.urlopen(edge.url("/healthz"), timeout=5) as answer:
             assert json.load(answer)["routable_ius"] == 1
         served = {post(edge.url("/v1/completions"), completion(tokens=1))[1]["X-Eas-IU"] for _ in range(12)}
         assert served == {"n0-iu0"}
-        pool.io.service_maintenance("n0-iu0", True, "test")
+        pool.maintenance("n0-iu0", "test")
         wait_for(lambda: not edge.state.view.snapshot().healthy, 5, "both IUs out of the view")
         status, headers, body = post(edge.url("/v1/completions"), completion(tokens=1))
         assert status == 503 and headers["Retry-After"] == "1" and b"no healthy IU" in body
@@ -266,7 +282,7 @@ def test_consul_lost_later_keeps_routing_then_fails_open(consul_addr):
 def canned_iu(pool: Pool, iu_id: str, host: str, address: str, answer: bytes) -> tuple[socket.socket, list[bytes]]:
     """The pool's only routable IU becomes ``iu_id`` at ``host`` (its Consul address), a loopback listener
     on ``address`` that reads one request per connection, keeps it, sends ``answer`` and closes."""
-    from sim.vllm.registration import IUService, register_iu_service
+    from sim.vllm.registration import IUService
 
     listener = socket.socket()
     listener.bind((address, 0))
@@ -285,9 +301,8 @@ def canned_iu(pool: Pool, iu_id: str, host: str, address: str, answer: bytes) ->
 
     threading.Thread(target=serve, daemon=True).start()
     pool.ius["n0-iu0"].stop()
-    pool.io.service_maintenance("n0-iu0", True, f"only {iu_id}")
-    register_iu_service(pool.io, IUService(iu_id, iu_id.split("-")[0], "r1", host, listener.getsockname()[1], (0,), 0),
-                        http_check=False)
+    pool.maintenance("n0-iu0", f"only {iu_id}")
+    pool.register(IUService(iu_id, iu_id.split("-")[0], "r1", host, listener.getsockname()[1], (0,), 0))
     return listener, seen
 
 

@@ -162,20 +162,10 @@ def test_the_server_hides_dot_paths_and_listings_and_refuses_other_addresses(ser
         make_server(repos.root, "0.0.0.0", 0)
 
 
-def test_fabric_manager_refuses_a_driver_of_another_version(tmp_path):
+def test_fabric_manager_reports_its_version(tmp_path):
     script = tmp_path / "nv-fabricmanager"
-    script.write_text(catalog.FABRICMANAGER.format(version="550.127.08", branch="550"))
+    script.write_text(catalog.FABRICMANAGER.format(version="550.127.08", loaded_module=catalog.LOADED_MODULE))
     script.chmod(0o755)
-    config = tmp_path / "fm.cfg"
-    config.write_text(catalog.FABRICMANAGER_CFG)
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "dpkg-query").write_text("#!/bin/sh\necho 550.90.07-0ubuntu1\n")
-    (fake / "dpkg-query").chmod(0o755)
-    done = subprocess.run([str(script), "-c", str(config)], capture_output=True, text=True,
-                          env={"PATH": f"{fake}:/usr/bin:/bin"})
-    assert done.returncode == 1
-    assert "version 550.127.08 don't match with driver version 550.90.07" in done.stderr
     version = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert version.stdout.strip() == "Fabric Manager version is : 550.127.08"
 
@@ -245,3 +235,100 @@ def test_consul_standin_agent_serves_notifies_systemd_and_stops_on_sigterm(tmp_p
         time.sleep(0.1)
     else:
         pytest.fail("the stand-in agent still serves after SIGTERM")
+
+
+# ------------------------------------------------------------- the driver stand-ins against the loaded module
+
+
+def stand_in(tmp_path: Path, name: str, text: str) -> Path:
+    script = tmp_path / name
+    script.write_text(text)
+    script.chmod(0o755)
+    return script
+
+
+def fake_root(tmp_path: Path, loaded: str | None, installed: str = "550.127.08") -> dict[str, str]:
+    """A root whose kernel has ``loaded`` (None: no NVIDIA module) and whose dpkg has ``installed``: the
+    environment the stand-ins run in."""
+    root = tmp_path / "root"
+    if loaded:
+        (root / "sys/module/nvidia").mkdir(parents=True)
+        (root / "sys/module/nvidia/version").write_text(loaded + "\n")
+    root.mkdir(exist_ok=True)
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "dpkg-query").write_text(f"#!/bin/sh\necho {installed}-0ubuntu1\n")
+    (fake / "dpkg-query").chmod(0o755)
+    return {"PATH": f"{fake}:/usr/bin:/bin", "CLUSTERCTL_SIM_ROOT": str(root)}
+
+
+def test_fabric_manager_refuses_a_loaded_module_of_another_version_even_with_matching_packages(tmp_path):
+    """The real FM reads the loaded module's version: after an upgrade it refuses until the node reboots."""
+    fm = stand_in(tmp_path, "nv-fabricmanager",
+                  catalog.FABRICMANAGER.format(version="550.127.08", loaded_module=catalog.LOADED_MODULE))
+    config = tmp_path / "fm.cfg"
+    config.write_text(catalog.FABRICMANAGER_CFG)
+    done = subprocess.run([str(fm), "-c", str(config)], capture_output=True, text=True,
+                          env=fake_root(tmp_path, loaded="550.90.07", installed="550.127.08"))
+    assert done.returncode == 1
+    assert ("fabric manager NVIDIA GPU driver interface version 550.127.08 don't match with driver version "
+            "550.90.07. Please update with matching NVIDIA driver package.") in done.stderr
+
+
+def test_fabric_manager_starts_on_its_own_loaded_module(tmp_path):
+    fm = stand_in(tmp_path, "nv-fabricmanager",
+                  catalog.FABRICMANAGER.format(version="550.127.08", loaded_module=catalog.LOADED_MODULE))
+    config = tmp_path / "fm.cfg"
+    config.write_text(catalog.FABRICMANAGER_CFG)
+    env = fake_root(tmp_path, loaded="550.127.08", installed="550.90.07")
+    done = subprocess.run([str(fm), "-c", str(config)], capture_output=True, text=True, env=env)
+    pid_file = Path(env["CLUSTERCTL_SIM_ROOT"]) / "var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
+    try:
+        assert done.returncode == 0, done.stderr
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("loaded", [None, "550.90.07"])
+def test_persistenced_fails_without_a_loaded_module_of_its_version(tmp_path, loaded):
+    daemon = stand_in(tmp_path, "nvidia-persistenced",
+                      catalog.PERSISTENCED.format(version="550.127.08", loaded_module=catalog.LOADED_MODULE))
+    done = subprocess.run([str(daemon), "--user", "root", "--persistence-mode"], capture_output=True, text=True,
+                          env=fake_root(tmp_path, loaded=loaded))
+    assert done.returncode == 1
+    assert "nvidia-persistenced failed to initialize. Check syslog for more details." in done.stderr
+
+
+def dkms_postinst(tmp_path: Path, version: str) -> Path:
+    package = next(p for p in catalog.nvidia_packages(b"key", "http://127.0.9.254/repo")
+                   if p.name == f"nvidia-dkms-{catalog.DRIVER_BRANCH}-open" and p.version.startswith(version))
+    assert package.postinst is not None
+    return stand_in(tmp_path, "postinst", package.postinst)
+
+
+def test_the_driver_builds_a_module_for_the_running_kernel_only_with_its_headers(tmp_path):
+    """dkms_common.postinst: without /lib/modules/$(uname -r)/build no module for the running kernel, only a
+    notice, and the install succeeds; the module the replaced version built is gone either way."""
+    kernel = os.uname().release
+    env = fake_root(tmp_path, loaded="550.90.07")
+    modules = Path(env["CLUSTERCTL_SIM_ROOT"]) / "lib/modules" / kernel
+    (modules / "updates/dkms").mkdir(parents=True)
+    (modules / "updates/dkms/nvidia.ko").write_text("550.90.07\n")
+    postinst = dkms_postinst(tmp_path, "550.127.08")
+    done = subprocess.run([str(postinst), "configure"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0
+    assert (f"Module build for kernel {kernel} was skipped since the\n"
+            "kernel headers for this kernel do not seem to be installed.") in done.stdout
+    assert not (modules / "updates/dkms/nvidia.ko").exists()
+    (modules / "build").mkdir()
+    again = subprocess.run([str(postinst), "configure"], capture_output=True, text=True, env=env)
+    assert again.returncode == 0
+    assert (modules / "updates/dkms/nvidia.ko").read_text().strip() == "550.127.08"
+
+
+def test_the_driver_metapackage_pulls_the_dkms_package_and_the_repo_has_the_running_kernel_s_headers():
+    packages = catalog.nvidia_packages(b"key", "http://127.0.9.254/repo")
+    headless = next(p for p in packages if p.name == f"nvidia-headless-{catalog.DRIVER_BRANCH}-open")
+    assert any(d.startswith(f"nvidia-dkms-{catalog.DRIVER_BRANCH}-open ") for d in headless.depends)
+    assert f"linux-headers-{os.uname().release}" in {p.name for p in packages}

@@ -2,9 +2,10 @@
 
 `clusterctl virtual create` (3 nodes in 2 racks, the last rack RoCE) + `up` in a tmp dir; one host gets a
 different CPU topology so that CPU lists provably come from the host's sysfs. The eas-agent token is a
-vault-encrypted variable on r01n01. site.yml runs once in --check --diff (must change nothing), then for real,
-then again (must change nothing). `down` always runs in teardown. (The cluster's class and inventory are in
-tests/helpers/provision.py.)
+vault-encrypted variable on r01n01. site.yml runs once in --check --diff (must change nothing), then for real
+(the machines' preinstalled driver is not the pin: it ends "reboot pending"), then with --allow-reboot (the
+machines restart into the pinned driver), then again (must change nothing). `down` always runs in teardown.
+(The cluster's class and inventory are in tests/helpers/provision.py.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def provisioned(tmp_path_factory) -> VirtualCluster:
         cluster.provision("check", "--check", "--diff", "--batches", "100%")
         cluster.snapshots["after-check"] = cluster.upper_snapshot()
         cluster.provision("first", "--batches", "100%")
+        cluster.snapshots["driver-after-first"] = cluster.driver_state()
+        cluster.snapshots["ius-after-first"] = cluster.iu_states()
+        cluster.provision("reboot", "--batches", "100%", "--allow-reboot")
+        cluster.snapshots["driver-after-reboot"] = cluster.driver_state()
         cluster.provision("second", "--batches", "100%")
         yield cluster
     finally:

@@ -23,7 +23,7 @@ from sim.aptrepo.catalog import DRIVER_BRANCH, DRIVER_VERSIONS
 from tests.helpers.devconsul import wait_until
 from tests.helpers.provision import NCCL_TESTS_BIN, TOKEN, ansible_playbook, clusterctl, stats_of
 
-# The module's fixture provisions 3 simulated hosts three times (check, first run, rerun): ~3.5 CPU-minutes,
+# The module's fixture provisions 3 simulated hosts four times (check, first run, reboot, rerun): ~3.5 CPU-minutes,
 # far more wall time when other work shares the 2 cores.
 pytestmark = [pytest.mark.machines(order=9), pytest.mark.timeout(1800)]
 
@@ -120,6 +120,54 @@ def test_first_run_succeeds_on_every_host(provisioned):
     assert not stats["failures"] and not stats["dark"]
     assert all(stats["changed"][h] > 10 for h in provisioned.hosts)
     assert "rollout complete: 3 hosts" in run.stdout
+
+
+def test_a_run_without_allow_reboot_leaves_the_daemons_stopped_and_says_which_driver_is_loaded(provisioned):
+    """The machines boot with their preinstalled driver (550.90.07), the pin is 550.127.08: the packages are
+    installed and the module built, but the old module stays loaded until a reboot, so Fabric Manager and
+    persistenced (which refuse another loaded module) are enabled, not started, and the recap says why."""
+    pin, old = DRIVER_VERSIONS
+    run = provisioned.runs["first"]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("reboot pending on 3 hosts"))
+    for host in provisioned.hosts:
+        assert f"{host} (" in line and f"NVIDIA driver: loaded {old}, pinned {pin}" in line, line
+    assert provisioned.snapshots["driver-after-first"] == {h: (old, "inactive", "inactive") for h in provisioned.hosts}
+    # The IUs wait for the reboot too (enabled, not started): vLLM could not use the GPUs on the old driver.
+    assert provisioned.snapshots["ius-after-first"] == {h: "inactive" for h in provisioned.hosts}
+
+
+def test_allow_reboot_restarts_the_machines_into_the_pinned_driver_and_starts_its_daemons(provisioned):
+    pin = DRIVER_VERSIONS[0]
+    run = provisioned.runs["reboot"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert provisioned.snapshots["driver-after-reboot"] == {h: (pin, "active", "active") for h in provisioned.hosts}
+    events = (provisioned.run_dirs["reboot"] / "events.jsonl").read_text()
+    assert "Check that the node booted into the pinned NVIDIA driver" in events
+    assert "reboot pending" not in provisioned.runs["second"].stdout
+
+
+def test_a_driver_bump_previews_in_check_mode_then_reboots_into_the_new_pin(provisioned):
+    """Pin A -> pin B on a provisioned host: --check reports the reboot the bump needs and changes nothing (the
+    installed packages are still A's); the run with --allow-reboot installs B, builds its module, restarts the
+    machine into it and starts Fabric Manager on it. Then back to A the same way."""
+    host = OTHER_TOPOLOGY_HOST
+    pin, other = DRIVER_VERSIONS
+    host_vars = provisioned.inventory / "host_vars" / f"{host}.yml"
+    original = host_vars.read_text()
+    try:
+        host_vars.write_text(original + f"nvidia_stack_driver_version: '{other}'\n")
+        check = provisioned.provision("bump-check", "--limit", host, "--tags", "nvidia_stack", "--check")
+        assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-2000:]
+        assert f"{host} (NVIDIA driver: loaded {pin}, pinned {other})" in " ".join(check.stdout.split())
+        assert provisioned.driver_state()[host] == (pin, "active", "active")
+        bump = provisioned.provision("bump", "--limit", host, "--tags", "nvidia_stack", "--allow-reboot")
+        assert bump.returncode == 0, bump.stdout[-3000:] + bump.stderr[-2000:]
+        assert provisioned.driver_state()[host] == (other, "active", "active")
+    finally:
+        host_vars.write_text(original)
+        back = provisioned.provision("bump-back", "--limit", host, "--tags", "nvidia_stack", "--allow-reboot")
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-2000:]
+    assert provisioned.driver_state()[host] == (pin, "active", "active")
 
 
 def test_second_run_changes_nothing(provisioned):

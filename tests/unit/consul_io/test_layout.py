@@ -24,7 +24,6 @@ SPELLINGS = {
     "maintenance prefix": re.compile(r"""["']_service_maintenance"""),
     "score KV prefix": re.compile(r"""["']clusterctl/eas"""),
     "preflight KV prefix": re.compile(r"""["']clusterctl/preflight"""),
-    "score check id": re.compile(r"""f["']eas:\{"""),
     "IU id format": re.compile(r"""-iu\{"""),
     "ACL policy name": re.compile(r"""["'](vllm-iu-registration|clusterctl-operator|clusterctl-edge)["']"""
                                   r"""|f["'](consul-agent|eas-agent)-\{"""),
@@ -151,7 +150,6 @@ def test_key_and_id_formats():
     assert layout.score_key("dc2", "n", kv_prefix="/custom/") == "custom/dc2/n"
     assert layout.score_prefix("dc1") == "clusterctl/eas/dc1/"
     assert layout.marker_key("dc1", "r01n01-iu0") == "clusterctl/preflight/dc1/r01n01-iu0"
-    assert layout.score_check_id("n1-iu0") == "eas:n1-iu0"
     assert layout.maintenance_check("n1-iu0") == "_service_maintenance:n1-iu0"
     assert layout.service_definition_file("n1-iu0") == "vllm-iu-n1-iu0.json"
     assert layout.acl_policy("agent", "n1") == "consul-agent-n1"

@@ -45,7 +45,7 @@ def write(tmp_path, text):
 def test_documented_example_loads(tmp_path):
     config = load_config(write(tmp_path, GOOD))
     assert config.node == "r01n01" and config.ius[0].gpus == (0, 1, 2, 3)
-    assert config.kv_key == "clusterctl/eas/dc1/r01n01" and config.ttl_s == 6.0
+    assert config.kv_key == "clusterctl/eas/dc1/r01n01"
     assert config.consul.token_file == "/etc/eas-agent/consul.token"
 
 

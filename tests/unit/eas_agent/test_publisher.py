@@ -33,7 +33,6 @@ def make(store=None, **kw):
         rack="r1",
         iu_ids=IUS,
         heartbeat_s=2.0,
-        ttl_s=6.0,
         min_write_interval_s=0.5,
         rng=random.Random(1),
     )
@@ -64,10 +63,10 @@ def test_heartbeat_and_level_changes_drive_writes():
     assert body["heartbeat_s"] == 2.0 and "clock_offset_s" in body and body["rack"] == "r1"
 
 
-def test_status_transition_writes_and_updates_check_at_once():
+def test_status_transition_is_written_at_once_with_its_reason():
+    """The body is the agent's only verdict (it keeps no TTL checks), so a status change is written at once."""
     store, pub = make()
     pub.step(0.0, results(1.0))
-    assert store.checks["n1-iu0"] == ("passing", "score 1.0")
     pub.step(
         0.6,
         {
@@ -75,17 +74,19 @@ def test_status_transition_writes_and_updates_check_at_once():
             "n1-iu1": ScoreResult(0.5, "passing", ""),
         },
     )
-    assert store.checks["n1-iu0"] == ("warning", "missing vllm:num_requests_waiting")
-    assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["ius"]["n1-iu0"]["score"] is None
+    iu = json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["ius"]["n1-iu0"]
+    assert (iu["score"], iu["status"], iu["reason"]) == (None, "warning", "missing vllm:num_requests_waiting")
+    assert pub.stats.write_reasons == {"first": 1, "status": 1}
 
 
-def test_checks_refreshed_before_ttl_without_kv_writes():
+def test_publishing_is_kv_writes_only():
+    """Between heartbeats an unchanged state costs no Consul request at all."""
     store, pub = make()
     pub.step(0.0, results(1.0))
-    updates = store.check_updates
-    for i in range(1, 11):  # 2 s of cycles: ttl/3 = 2 s refresh
-        pub.step(i * 0.2, results(1.0))
-    assert store.check_updates == updates + len(IUS)
+    writes = store.writes
+    for i in range(1, 9):  # 1.6 s of cycles, under the 2 s heartbeat
+        assert pub.step(i * 0.2, results(1.0)) is False
+    assert store.writes == writes
 
 
 class CountingStore(MemoryStore):
@@ -149,9 +150,8 @@ def test_stop_marks_everything_critical():
     store, pub = make()
     pub.step(0.0, results(1.0))
     pub.stop(0.5, results(1.0))
-    assert all(store.checks[iu] == ("critical", "agent stopping") for iu in IUS)
     body = json.loads(store.kv["clusterctl/eas/dc1/n1"][1])
-    assert {iu["status"] for iu in body["ius"].values()} == {"critical"}
+    assert {(iu["status"], iu["reason"]) for iu in body["ius"].values()} == {("critical", "agent stopping")}
 
 
 def test_nothing_is_published_after_stop():
@@ -159,7 +159,7 @@ def test_nothing_is_published_after_stop():
     pub.step(0.0, results(1.0))
     pub.stop(0.5)
     assert pub.step(3.0, results(9.0)) is False  # a late cycle from the publishing thread changes nothing
-    assert store.checks["n1-iu0"] == ("critical", "agent stopping")
+    assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["ius"]["n1-iu0"]["reason"] == "agent stopping"
 
 
 class LosesAnswerAfterPut(MemoryStore):

@@ -19,3 +19,16 @@ def test_every_play_escalates_privilege():
     assert plays
     assert [(name, play.get("hosts")) for name, play in plays
             if not any(k.endswith("import_playbook") for k in play) and play.get("become") is not True] == []
+
+
+def test_handlers_run_even_when_a_later_task_fails_the_host():
+    """A failure after the grub drop-in was written would otherwise lose update-grub for good."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(REPO / "ansible.cfg")
+    assert config.getboolean("defaults", "force_handlers")
+    plays = [(path.name, play) for path in sorted((REPO / "playbooks").glob("*.yml"))
+             for play in yaml.safe_load(path.read_text())]
+    assert [(name, play.get("name")) for name, play in plays
+            if not any(k.endswith("import_playbook") for k in play) and play.get("force_handlers") is not True] == []

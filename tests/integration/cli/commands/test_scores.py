@@ -8,7 +8,7 @@ import time
 import pytest
 
 from consul_io.client import ConsulIO
-from sim.vllm.registration import IUService, register_iu_service
+from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
@@ -17,13 +17,9 @@ pytestmark = pytest.mark.integration
 def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     io = ConsulIO(consul_addr)
-    for i in (0, 1):
-        register_iu_service(
-            io,
-            IUService(f"r01n01-iu{i}", "r01n01", "r01", "127.0.0.1", 8000 + i, (0, 1), 0), http_check=False
-        )
-        io.register_ttl_check(f"r01n01-iu{i}", 30.0)
-    io.update_ttl_check("r01n01-iu0", "passing", "score 0.2")
+    for i in (0, 1):  # on catalog node r01n01, where that node's agent would put them
+        register_on_catalog_node(io, IUService(f"r01n01-iu{i}", "r01n01", "r01", "127.0.0.1", 8000 + i, (0, 1), 0),
+                                 "127.0.0.1")
     body = {
         "node": "r01n01",
         "rack": "r01",
@@ -51,9 +47,7 @@ def test_scores_json_and_table(consul_addr, capsys, monkeypatch):
     assert code == 0, err
     rows = {r["iu"]: r for r in json.loads(out)}
     assert rows["r01n01-iu0"]["score"] == 0.2 and rows["r01n01-iu0"]["health"] == "passing"
-    assert (
-        rows["r01n01-iu1"]["score"] is None and rows["r01n01-iu1"]["health"] == "critical"
-    )  # TTL never passed
+    assert rows["r01n01-iu1"]["score"] is None and rows["r01n01-iu1"]["health"] == "passing"  # no score: warning
     assert rows["r01n01-iu0"]["age_s"] < 5 and not rows["r01n01-iu0"]["stale"]
     code, out, _ = run_cli(capsys, "scores", "--consul", consul_addr)
     assert code == 0 and "r01n01-iu0" in out and "queue_s 0.1 + step_s 0.1" in out  # the score's terms
@@ -87,7 +81,7 @@ def test_scores_reads_an_acl_consul_with_a_0600_token_file(capsys, tmp_path, mon
     token = tmp_path / "consul.token"
     token.write_text(SECRET + "\n")
     token.chmod(0o600)
-    with DevConsulServer(addr="127.0.0.1:0", acl_token=SECRET) as server:
+    with DevConsulServer(addr="127.0.0.1:0", acl_token=SECRET, node_name="r01n01") as server:
         io = ConsulIO(server.address, token=SECRET)
         register_iu_service(io, IUService("r01n01-iu0", "r01n01", "r01", "127.0.0.1", 8000, (0,), 0),
                             http_check=False)

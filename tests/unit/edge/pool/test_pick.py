@@ -40,10 +40,11 @@ def kv_entry(node, ius, ts, heartbeat_s=2.0, offset=None):
 
 
 def health_entry(iu, status="passing", maintenance=False):
-    checks = [{"CheckID": f"eas:{iu}", "Status": status}]
+    checks = [{"CheckID": f"vllm-iu:{iu}:health", "Status": status}]
     if maintenance:
         checks.append({"CheckID": f"_service_maintenance:{iu}", "Status": "critical"})
     return {
+        "Node": {"Node": iu.split("-")[0], "Address": "127.0.0.1"},
         "Service": {
             "ID": iu,
             "Address": "127.0.0.1",

@@ -96,7 +96,7 @@ def test_ius_must_belong_to_the_bodys_node_in_the_catalog():
     )
     by_id = view.snapshot().by_id()
     assert by_id["n1-iu0"].node == "n1" and by_id["n1-iu0"].score == 5.0
-    assert "belongs to node n1" in view.problems[-1]
+    assert "node n2: IU n1-iu0 is not named as one of its IUs" in view.problems[-1]
 
 
 def test_far_future_timestamp_is_clamped_and_goes_stale():
@@ -138,7 +138,7 @@ def test_schema_round_trips_what_the_publisher_writes():
 
 
 # JSON reads "1" followed by 400 zeros as a Python int that no float can hold: math.isfinite(), float() and
-# comparisons with floats raise OverflowError on it. Any node can write it (every agent shares one token).
+# comparisons with floats raise OverflowError on it. A compromised node can write it under its own key.
 HUGE = 10**400
 HUGE_PLACES = {
     "ts": lambda body: body.update(ts=HUGE),
@@ -222,6 +222,62 @@ def test_a_kv_value_that_is_no_string_is_skipped():
     view.apply_kv([{"Key": "clusterctl/eas/dc1/n2", "Value": 5}, kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
     assert [e.iu_id for e in view.snapshot().scored] == ["n1-iu0"]  # guards against: TypeError (len of an int) out of apply_kv
     assert view.rejected_bodies == 1 and view.ignored["reader_error"] == 1
+
+
+def registration(node, iu, address="127.0.0.1", meta_node=None, tags=None, catalog_node=...):
+    """One health listing entry: ``iu`` registered on catalog node ``node`` (``catalog_node`` overrides the
+    listing's Node, None leaves it out)."""
+    entry = health_entry(iu)
+    entry["Service"].update(Address=address, Meta={"node": meta_node or node, "rack": "r"}, Tags=tags or [])
+    if catalog_node is None:
+        del entry["Node"]
+    else:
+        entry["Node"] = {"Node": node if catalog_node is ... else catalog_node}
+    return entry
+
+
+def test_ownership_is_the_catalog_node_and_an_impostor_registration_is_never_routable():
+    """n2's token registers n1's IU id on its own catalog node, pointing at an attacker address: the edge keeps
+    routing n1-iu0 to n1's own registration, follows n1's agent there, and counts the impostor."""
+    view = EdgeView(detector=AnomalyDetector(), clock=Clock(100.0))
+    view.apply_health([registration("n1", "n1-iu0"), registration("n2", "n2-iu0", "127.0.0.2"),
+                       registration("n2", "n1-iu0", "127.0.66.66", meta_node="n1", tags=["node:n1"])])
+    view.apply_kv([kv_entry("n1", {"n1-iu0": (1.0, "passing", 1.0, 1)}, 100.0),
+                   kv_entry("n2", {"n2-iu0": (1.0, "passing", 1.0, 1)}, 100.0)])
+    entries = view.snapshot().entries
+    assert [(e.node, e.iu_id, e.address) for e in entries] == [("n1", "n1-iu0", "127.0.0.1"),
+                                                               ("n2", "n2-iu0", "127.0.0.2")]
+    assert view.node_addresses() == {"n1": "127.0.0.1", "n2": "127.0.0.2"}
+    assert view.rejected_registrations == Counter(id_not_of_node=1)
+
+
+@pytest.mark.parametrize("impostor, reason", [
+    (registration("n2", "n2-iu1", meta_node="n1"), "meta_node_mismatch"),
+    (registration("n2", "n2-iu1", tags=["rack:r", "node:n1"]), "node_tag_mismatch"),
+    (registration("n2", "n2-iu1", catalog_node=None), "no_catalog_node"),
+    (registration("n2", "iu7"), "id_not_of_node"),
+])
+def test_a_registration_whose_claims_disagree_with_the_catalog_is_dropped_and_counted(impostor, reason):
+    view = EdgeView(detector=AnomalyDetector(), clock=Clock(100.0))
+    view.apply_health([registration("n1", "n1-iu0"), impostor])
+    assert [e.iu_id for e in view.snapshot().healthy] == ["n1-iu0"]
+    assert view.rejected_registrations == Counter({reason: 1}) and reason in view.problems[-1]
+
+
+def test_one_id_registered_on_two_nodes_is_routable_on_neither():
+    """The ID rule makes two accepted copies impossible for names of the form <node>-iu<k>; the reader still
+    refuses to choose between two catalog nodes if a listing ever holds them (a node renamed in between)."""
+    view = EdgeView(detector=AnomalyDetector(), clock=Clock(100.0))
+    view.apply_health([registration("n1", "n1-iu0"), registration("n2", "n2-iu0")])
+    import edge.pool.view as view_module
+
+    real = view_module.registration_problem
+    try:
+        view_module.registration_problem = lambda node, service: None  # both copies pass the per-entry checks
+        view.apply_health([registration("n1", "n1-iu0"), registration("n2", "n1-iu0", "127.0.66.66")])
+    finally:
+        view_module.registration_problem = real
+    assert view.snapshot().entries == () and view.rejected_registrations == Counter(id_on_two_nodes=2)
 
 
 def body(node: str, ius: dict, ts: float, announced: dict | None = None) -> dict:
@@ -321,8 +377,8 @@ def hostile_body(rng: random.Random):
 def test_malformed_score_bodies_never_break_the_reader(tally, reader):
     rng = random.Random(1502)
     view = reader(detector=AnomalyDetector(), clock=lambda: 100.0)
-    health = [{"Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": iu.split("-")[0]}},
-               "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}]} for iu in ("n1-iu0", "n2-iu0")]
+    health = [{"Node": {"Node": iu.split("-")[0]}, "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": iu.split("-")[0]}},
+               "Checks": [{"CheckID": f"vllm-iu:{iu}:health", "Status": "passing"}]} for iu in ("n1-iu0", "n2-iu0")]
     view.apply_health(health)
     good = {"Key": "clusterctl/eas/dc1/n1", "Value": json.dumps(
         {"node": "n1", "rack": "r1", "ts": 100.0, "heartbeat_s": 2.0, "seq": 1,

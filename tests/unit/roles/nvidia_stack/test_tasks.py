@@ -108,8 +108,11 @@ def test_nvidia_repository_comes_from_cuda_keyring_with_a_forced_refresh():
     assert "_nvidia_stack_keyring is changed" in refresh["when"]
     names = [t["name"] for t in tasks]
     assert names.index(refresh["name"]) < names.index("Install the driver and Fabric Manager at the exact driver version")
-    services = _task(tasks, "Enable and start nvidia-persistenced and, on NVSwitch systems, Fabric Manager")
-    assert "nvidia-fabricmanager.service" in services["loop"] and services["ansible.builtin.systemd_service"]["enabled"]
+    enable = _task(tasks, "Enable nvidia-persistenced and, on NVSwitch systems, Fabric Manager")
+    assert enable["loop"] == "{{ _nvidia_stack_daemons }}" and enable["ansible.builtin.systemd_service"]["enabled"]
+    daemons = _task(_role_tasks("nvidia_stack", "main.yml"), "Read this node's layout from the cluster model and "
+                    "name the packages")["ansible.builtin.set_fact"]["_nvidia_stack_daemons"]
+    assert "nvidia-fabricmanager.service" in daemons
 
 
 def test_iu_units_start_after_fabric_manager_with_writable_dirs():
@@ -138,3 +141,87 @@ def test_the_cuda_keyring_deb_is_skipped_only_when_dpkg_has_its_version(deb, ins
     variables = {"nvidia_stack_keyring_deb": deb, "_nvidia_stack_installed": installed}
     variables.update({k: _templar(variables)(v) for k, v in keyring["vars"].items()})
     assert _templar(variables)("{{ " + keyring["when"] + " }}") is runs
+
+
+def _driver_state(loaded: str, installed: dict[str, str], pin: str = "550.127.08") -> dict:
+    """What the role works out from its first command's output on a host with ``loaded`` (the module's version,
+    "" for none) and ``installed`` packages, pinned to ``pin``."""
+    tasks = _role_tasks("nvidia_stack", "packages.yml")
+    lines = ([f"{name}\t{version}\tinstalled" for name, version in installed.items()]
+             + ["running-kernel\t6.8.0-45-generic", f"loaded-nvidia-module\t{loaded}"])
+    variables = {"_nvidia_stack_dpkg": {"stdout_lines": lines}, "nvidia_stack_driver_version": pin,
+                 "_nvidia_stack_fm_pair": ["nvidia-kernel-common-550", "nvidia-fabricmanager-550"]}
+    work_out = _task(tasks, "Work out what is installed")
+    render = _templar(variables)
+    render = _templar({**variables, **{k: render(v) for k, v in work_out["vars"].items()}})
+    facts = {k: render(v) for k, v in work_out["ansible.builtin.set_fact"].items()}
+    note = _task(tasks, "Note whether the loaded NVIDIA driver is the pinned one")["ansible.builtin.set_fact"]
+    render = _templar({**variables, **facts})
+    return {**facts, **{k: render(v) for k, v in note.items()}}
+
+
+@pytest.mark.parametrize(("loaded", "reason"), [
+    ("550.90.07", "NVIDIA driver: loaded 550.90.07, pinned 550.127.08"),  # the packages are at the pin already
+    ("", "NVIDIA driver: loaded none, pinned 550.127.08"),
+])
+def test_the_driver_reboot_reason_comes_from_the_loaded_module_on_every_run(loaded, reason):
+    """A run that failed after the install, or a node that came with another driver, still needs the reboot:
+    the reason is the loaded module against the pin, not whether this run's apt changed something."""
+    state = _driver_state(loaded, {"nvidia-kernel-common-550": "550.127.08-0ubuntu1",
+                                   "nvidia-fabricmanager-550": "550.127.08-1"})
+    assert state["_nvidia_stack_reboot_reasons"] == [reason]
+    assert state["_nvidia_stack_driver_ready"] is False and state["_nvidia_stack_at_pin"] is True
+    assert state["_nvidia_stack_kernel"] == "6.8.0-45-generic"
+    ready = _driver_state("550.127.08", {"nvidia-kernel-common-550": "550.90.07-0ubuntu1"})
+    assert ready["_nvidia_stack_reboot_reasons"] == [] and ready["_nvidia_stack_driver_ready"] is True
+    assert ready["_nvidia_stack_at_pin"] is False
+
+
+def test_the_daemons_are_enabled_but_started_only_on_the_pinned_driver_and_verified_after_the_reboot():
+    tasks = _role_tasks("nvidia_stack", "packages.yml")
+    names = [t["name"] for t in tasks]
+    headers = _task(tasks, "Install the running kernel's headers before the driver")
+    assert headers["clusterctl.infra.apt_packages"]["name"] == ["linux-headers-{{ _nvidia_stack_kernel }}"]
+    assert names.index(headers["name"]) < names.index("Install the driver and Fabric Manager at the exact driver "
+                                                      "version")
+    assert "state" not in _task(tasks, "Enable nvidia-persistenced and, on NVSwitch systems, Fabric Manager")[
+        "ansible.builtin.systemd_service"]
+    start = _task(tasks, "Start nvidia-persistenced and Fabric Manager on the pinned driver")
+    assert "_nvidia_stack_driver_ready | bool" in start["when"]
+    handler = yaml.safe_load((REPO / "roles/nvidia_stack/handlers/main.yml").read_text())[0]
+    assert any("_nvidia_stack_driver_ready" in condition for condition in handler["when"])
+    reboot = yaml.safe_load((REPO / "playbooks/tasks/reboot.yml").read_text())
+    verify = _task(reboot, "Verify the NVIDIA driver the node booted into")
+    assert verify["ansible.builtin.include_role"] == {"name": "nvidia_stack", "tasks_from": "verify.yml",
+                                                       "apply": {"tags": ["always"]}}
+    assert [t["name"] for t in reboot].index("Reboot the host") < [t["name"] for t in reboot].index(verify["name"])
+
+
+def test_check_mode_previews_a_driver_bump_without_the_skew_check_or_unit_lookups():
+    tasks = _role_tasks("nvidia_stack", "packages.yml")
+    # the old pin file stays in check mode: apt would find no candidate for the new pin
+    for name in ("Install the driver and Fabric Manager at the exact driver version", "Install the CUDA toolkit and NCCL"):
+        assert _task(tasks, name)["when"] == "not ansible_check_mode or _nvidia_stack_apt_resolves | bool"
+    note = _task(tasks, "Note whether the loaded NVIDIA driver is the pinned one")["ansible.builtin.set_fact"]
+    assert "_nvidia_stack_pins is not changed" in note["_nvidia_stack_apt_resolves"]
+    assert _task(_role_tasks("nvidia_stack", "main.yml"), "Pin the driver, Fabric Manager and NCCL versions and write "
+                 "/etc/nccl.conf")["register"] == "_nvidia_stack_pins"
+    assert _task(tasks, "Check that the driver and Fabric Manager are exactly the pinned version")["when"] == (
+        "not ansible_check_mode")
+    for name in ("Enable nvidia-persistenced and, on NVSwitch systems, Fabric Manager",
+                 "Start nvidia-persistenced and Fabric Manager on the pinned driver"):
+        when = _task(tasks, name)["when"]
+        assert "not ansible_check_mode or _nvidia_stack_at_pin | bool" in ([when] if isinstance(when, str) else when)
+
+
+def test_ius_wait_for_the_pinned_driver_and_a_start_limit_hit_before_does_not_block_the_rerun():
+    tasks = _role_tasks("inference_unit", "main.yml")
+    names = [t["name"] for t in tasks]
+    start = _task(tasks, "Enable and start each IU")
+    assert start["ansible.builtin.systemd_service"]["state"] == (
+        "{{ 'started' if _nvidia_stack_driver_ready | default(true) | bool else omit }}")
+    reset = _task(tasks, "Clear the start limit of IUs that failed before")
+    assert names.index(reset["name"]) < names.index(start["name"])
+    argv = _templar({"_inference_unit_node": {"ius": [{"index": 0}, {"index": 1}]}})(
+        reset["ansible.builtin.command"]["argv"])
+    assert argv == ["systemctl", "reset-failed", "vllm-iu@0.service", "vllm-iu@1.service"]

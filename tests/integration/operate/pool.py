@@ -1,0 +1,76 @@
+"""A real pool on loopback for the operations tests: simulated vLLM IUs (one per node, no background load),
+the real agent of each node scoring them (in a thread, pushing its body to the edge and writing it to the
+dev Consul), and the real edge in front.
+
+Each node has its own loopback address (127.0.202.N: away from the virtual cluster's 127.0.R.N and the edge
+tests' 127.0.200.N) so the edge finds each agent at ``<IU address>:<agent port>`` as in production.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
+
+from consul_io.client import ConsulIO
+from eas_agent.agent import Agent, IUPipeline
+from eas_agent.publisher import Backoff
+from eas_agent.score import DrainParams, Scorer
+from edge.config import EdgeConfig, PushConfig
+from sim.vllm.node import SimulatedNode
+from sim.vllm.registration import IUService, register_on_catalog_node
+from tests.helpers import wait_for
+from tests.helpers.edge import RunningEdge, free_port
+
+FAST = {"interval_s": 0.1, "heartbeat_s": 0.5, "min_write_interval_s": 0.2,
+        "write_rate_per_s": 5.0, "scrape_timeout_s": 0.4, "frozen_after_s": 1.0}
+TRUE_PREFILL_TPS = 12_600.0  # the simulated engine's (sim/vllm/loadmodel.py: roofline of 70B on 4 x H100)
+
+
+@contextmanager
+def _agent(node: SimulatedNode, agent_port: int, prefill_tps_prior: float):
+    address = node.ius[0].address.rsplit(":", 1)[0]
+    config = node.write_config(listen=f"{address}:{agent_port}", **FAST)
+    pipeline = IUPipeline(config, 0)
+    # the prior prefill rate, kept (no decay): the lying unit's agent believes in a rate its IU does not have
+    pipeline.scorer = Scorer(config.profile, DrainParams(prefill_tps_prior=prefill_tps_prior,
+                                                         capacity_half_life_s=1e9,
+                                                         frozen_after_s=config.frozen_after_s))
+    agent = Agent(config, gpu_backend=node.gpu_backend(), backoff=Backoff(base_s=0.1, cap_s=0.5),
+                  pipelines=[pipeline])
+    thread = threading.Thread(target=agent.run, name=f"agent-{config.node}", daemon=True)
+    thread.start()
+    try:
+        yield agent
+    finally:
+        agent.request_stop()
+        thread.join(6)
+
+
+@contextmanager
+def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = None, liar_prior: float = 0.0):
+    """(edge, {iu id: SimulatedIU}): ``nodes`` nodes, node ``liar``'s agent scoring with ``liar_prior`` as its
+    prefill rate; every other agent with the true rate as its prior."""
+    io = ConsulIO(consul_addr)
+    agent_port = free_port("127.0.202.1")
+    with ExitStack() as stack:
+        ius, agents = {}, []
+        for n in range(nodes):
+            node = stack.enter_context(SimulatedNode(f"n{n + 1}", "r1", tmp_path, rates=[0.0],
+                                                     consul_addr=consul_addr, host=f"127.0.202.{n + 1}",
+                                                     warmup_s=0.0, seed=n))
+            host, port = node.ius[0].address.rsplit(":", 1)
+            # one dev Consul stands in for every node's agent: each IU on its own catalog node, as the edge
+            # takes an IU's owner from its catalog node only
+            register_on_catalog_node(io, IUService(node.iu_id(0), node.name, node.rack, host, int(port),
+                                                   (0, 1, 2, 3), 0), host)
+            ius[node.iu_id(0)] = node.ius[0]
+            prior = liar_prior if n == liar else TRUE_PREFILL_TPS
+            agents.append(stack.enter_context(_agent(node, agent_port, prior)))
+        config = EdgeConfig(listen="127.0.0.1:0", consul=replace(EdgeConfig().consul, address=consul_addr),
+                            push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
+                            queue_timeout_s=5.0, seed=1)
+        edge = RunningEdge(config)
+        stack.callback(edge.close)
+        wait_for(lambda: len(edge.state.view.snapshot().scored) == nodes, 20, f"{nodes} scored IUs at the edge")
+        yield edge, ius

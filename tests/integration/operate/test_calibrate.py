@@ -1,0 +1,66 @@
+"""Score calibration through a real pool: a unit whose agent believes in a prefill rate 20 times its engine's
+is flagged, the honest units are not, and a unit in maintenance gets no request (the breaker, measured)."""
+
+from __future__ import annotations
+
+import pytest
+
+from consul_io import layout
+from consul_io.client import ConsulIO
+from operate import calibrate
+from operate.scenario import load_scenario, parse_scenario
+from tests.integration.operate.pool import TRUE_PREFILL_TPS, live_pool
+
+pytestmark = pytest.mark.integration
+
+
+def production_prompts_short_outputs():
+    """The production prompt mix with ~24-token answers: the queue waits are the prefills', and a test need
+    not wait ~10 s for a 614-token answer to stream out."""
+    data = {"name": "production-prompts", "classes": {}}
+    for klass in load_scenario().classes:
+        data["classes"][klass.name] = {"share": klass.share,
+                                       "prompt_tokens": {"mean": klass.prompt.mean, "sigma": klass.prompt.sigma},
+                                       "output_tokens": {"mean": 24, "sigma": 0.3},
+                                       "slo": {"ttft_p99_ms": klass.slo.ttft_p99_ms}}
+    return parse_scenario(data, "production-prompts")
+
+
+class NodeAgent(ConsulIO):
+    """The unit's node agent as the one dev Consul stands in for it: maintenance is agent-local in Consul
+    (``PUT /v1/agent/service/maintenance/:id`` on the agent holding the service), and these IUs sit on catalog
+    nodes with no agent of their own, so the agent's effect is written where that agent would sync it: the
+    critical ``_service_maintenance:<id>`` check on the IU's catalog node."""
+
+    def __init__(self, address: str, node: str, node_address: str):
+        super().__init__(address)
+        self.node, self.node_address = node, node_address
+
+    def service_maintenance(self, service_id: str, enable: bool, reason: str = "") -> None:
+        check_id = layout.maintenance_check(service_id)
+        if enable:
+            check = {"CheckID": check_id, "Name": "Service Maintenance Mode", "Status": "critical",
+                     "Notes": reason, "ServiceID": service_id}
+            assert self.client.catalog.register(self.node, self.node_address, check=check, token=self.token)
+        else:
+            assert self.client.catalog.deregister(self.node, check_id=check_id, token=self.token)
+
+
+def test_a_unit_scoring_with_a_wrong_prefill_rate_is_flagged_and_the_breaker_holds(tmp_path, consul_addr):
+    with live_pool(tmp_path, consul_addr, nodes=3, liar=2, liar_prior=20 * TRUE_PREFILL_TPS) as (edge, ius):
+        endpoint = f"http://{edge.address}"
+        result = calibrate.run(endpoint, production_prompts_short_outputs(), rate=10.0, requests=160, seed=3)
+        by_unit = {u.unit: u for u in result.units}
+        assert set(by_unit) == set(ius), result.as_dict()
+        assert all(u.samples >= calibrate.MIN_SAMPLES for u in result.units), result.as_dict()
+        assert result.flagged == ["n3-iu0"], result.as_dict()
+        liar = by_unit["n3-iu0"]
+        assert liar.bias_s < min(by_unit[u].bias_s for u in ("n1-iu0", "n2-iu0")) - calibrate.BIAS_FLOOR_S
+        assert liar.flags[0].startswith("reads low")
+        # the pool's reference rate is the honest units' published one, not the liar's
+        assert result.reference_prefill_tps < 2 * TRUE_PREFILL_TPS
+        assert not result.passed
+
+        with calibrate.out_of_rotation(NodeAgent(consul_addr, "n1", "127.0.202.1"), "n1-iu0", endpoint):
+            breaker = calibrate.breaker_share(endpoint, production_prompts_short_outputs(), "n1-iu0", rate=10.0, requests=40, seed=4)
+        assert breaker.requests == 40 and breaker.sent_to_unit == 0 and breaker.passed
