@@ -55,7 +55,8 @@ class Unit:
         self.iu_id, self.port, self.process = iu_id, None, None
         self.start()
         # on a catalog node of its own, as its node agent would sync it (one Consul stands in for every node)
-        register_on_catalog_node(io, IUService(iu_id, iu_id, "r1", "127.0.0.1", self.port, (0,), 0), "127.0.0.1")
+        register_on_catalog_node(io, IUService(iu_id, iu_id.split("-")[0], "r1", "127.0.0.1", self.port, (0,), 0),
+                                 "127.0.0.1")
 
     def start(self) -> None:
         port = self.port or 0
@@ -147,7 +148,10 @@ def run(units: int = 4, load: float = 0.5, repeats: int = 5, baseline_s: float =
 
         router.sent = sent
         try:
+            waited = time.monotonic() + 30
             while len(edge.state.view.snapshot().healthy) < units:
+                if time.monotonic() > waited:
+                    raise SystemExit(f"the edge sees {len(edge.state.view.snapshot().healthy)} of {units} IUs")
                 time.sleep(0.05)
             routable = {unit.iu_id: _routable(router, unit.iu_id) for unit in pool}
             outcomes, faults, rate, duration = asyncio.run(_drive(
