@@ -93,6 +93,7 @@ class Fault:
     iu_id: str
     at: float
     until: float  # the IU answers again (SIGCONT sent, or restarted)
+    quiet_until: float  # the restart began: its CPU (on this host, not the IU's machine) is left out of TTFT
     sends: list = field(default_factory=list)  # times the edge sent a request to it while down
     back: float | None = None  # the edge's first request to it after ``until``
 
@@ -208,12 +209,14 @@ async def _drive(url, pool, load, repeats, baseline_s, stall_s, kill_s, settle_s
                 unit.signal(signal.SIGKILL)
                 unit.process.wait()
                 await asyncio.sleep(kill_s)
+                quiet_until = time.monotonic()
                 await asyncio.to_thread(unit.start)
             else:
                 unit.signal(signal.SIGSTOP)
                 await asyncio.sleep(stall_s)
+                quiet_until = time.monotonic()
                 unit.signal(signal.SIGCONT)
-            faults.append(Fault(kind, unit.iu_id, at, time.monotonic()))
+            faults.append(Fault(kind, unit.iu_id, at, time.monotonic(), quiet_until))
             await asyncio.sleep(settle_s)
             for _ in range(200):  # the next trial starts with the whole pool in rotation
                 if all(check() for check in routable.values()):
@@ -248,8 +251,7 @@ def summarise(outcomes: list[Outcome], faults: list[Fault], baseline_s: float, r
         of_kind = [f for f in faults if f.kind == kind]
         touched = [o for o in done if any(during(o, f) for f in of_kind)]
         failed = [o for o in touched if not o.ok]
-        # sent while the IU was down: the restart's own CPU (on this host, not the IU's machine) is left out
-        in_fault = [o.ttft for o in touched if o.ttft is not None and any(f.at <= o.started < f.until
+        in_fault = [o.ttft for o in touched if o.ttft is not None and any(f.at <= o.started < f.quiet_until
                                                                            for f in of_kind)]
         last_send = max((max(f.sends) - f.at if f.sends else 0.0) for f in of_kind)
         backs = [f.back - f.until for f in of_kind if f.back is not None]
