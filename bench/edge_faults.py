@@ -244,8 +244,9 @@ def summarise(outcomes: list[Outcome], faults: list[Fault], baseline_s: float, r
     def during(o: Outcome, fault: Fault) -> bool:
         return o.started < fault.until + 2.0 and (o.ended or 0) > fault.at
 
+    # the quiet window before each fault, whole pool in rotation (not the recoveries, not a restart's CPU)
     baseline = [o.ttft for o in done if o.ttft is not None
-                and not any(f.at - baseline_s <= o.started and during(o, f) for f in faults)]
+                and any(f.at - baseline_s <= o.started and o.ended < f.at for f in faults)]
     base_p99 = percentile(baseline, 0.99)
     for kind in sorted({f.kind for f in faults}):
         of_kind = [f for f in faults if f.kind == kind]
