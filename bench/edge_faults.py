@@ -1,6 +1,7 @@
 """What clients see when an IU's engine is killed or stalled under load, against the edge's fault targets.
 
-A local pool: ``--units`` simulated vLLM IUs, each its own process (``python -m sim.vllm``) on 127.0.0.1, so
+A local pool: ``--units`` simulated vLLM IUs, each its own process (``python -m sim.vllm``) on its own
+loopback address (``--loopback``: the dev Consul on .1, the edge on .2, IU n on .(11 + n)), so
 one can be killed (SIGKILL) or stalled (SIGSTOP, then SIGCONT); a dev Consul; the edge (edge.main.Edge) on a
 thread of this process, its router's sends recorded; streamed completions at ``--load`` (mean streams in
 flight per IU = load x 8, the rate calibrated from a first stream's duration; the edge's per-IU cap is its
@@ -45,25 +46,25 @@ from sim.vllm.registration import IUService, register_on_catalog_node
 
 MODEL = "meta-llama/Meta-Llama-3-70B-Instruct"
 SLOTS = 8  # streams in flight per IU at --load 1.0
+LOOPBACK = "127.0.61"  # the first three octets of the bench's addresses (--loopback)
 TARGET_SILENCE_S, TARGET_KILLED_S, TARGET_STALLED_S, TARGET_TTFT_RATIO = 5.0, 2.0, 5.0, 1.15
 
 
 class Unit:
     """One simulated vLLM IU in a process of its own."""
 
-    def __init__(self, iu_id: str, io: ConsulIO):
-        self.iu_id, self.port, self.process = iu_id, None, None
+    def __init__(self, iu_id: str, io: ConsulIO, host: str):
+        self.iu_id, self.host, self.port, self.process = iu_id, host, None, None
         self.start()
         # on a catalog node of its own, as its node agent would sync it (one Consul stands in for every node)
-        register_on_catalog_node(io, IUService(iu_id, iu_id.split("-")[0], "r1", "127.0.0.1", self.port, (0,), 0),
-                                 "127.0.0.1")
+        register_on_catalog_node(io, IUService(iu_id, iu_id.split("-")[0], "r1", host, self.port, (0,), 0), host)
 
     def start(self) -> None:
         port = self.port or 0
-        self.process = subprocess.Popen([sys.executable, "-m", "sim.vllm", "--iu", f"127.0.0.1:{port}:0",
+        self.process = subprocess.Popen([sys.executable, "-m", "sim.vllm", "--iu", f"{self.host}:{port}:0",
                                          "--warmup-s", "0"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
         line = self.process.stdout.readline()  # its metrics URL: the server listens
-        self.port = int(line.split("127.0.0.1:", 1)[1].split("/", 1)[0])
+        self.port = int(line.split(f"{self.host}:", 1)[1].split("/", 1)[0])
 
     def signal(self, sig: int) -> None:
         os.kill(self.process.pid, sig)
@@ -127,12 +128,12 @@ async def one_stream(session: aiohttp.ClientSession, url: str, idle_s: float, ou
 
 def run(units: int = 4, load: float = 0.5, repeats: int = 5, baseline_s: float = 4.0, stall_s: float = 8.0,
         kill_s: float = 5.0, settle_s: float = 4.0, client_idle_s: float = 6.0, kinds=("kill", "stall"),
-        seed: int = 1) -> dict:
+        seed: int = 1, loopback: str = LOOPBACK) -> dict:
     rng = random.Random(seed)
-    with DevConsul() as consul:
+    with DevConsul(f"{loopback}.1") as consul:
         io = ConsulIO(consul.address)
-        pool = [Unit(f"u{n}-iu0", io) for n in range(units)]
-        config = EdgeConfig(listen="127.0.0.1:0", consul=replace(EdgeConfig().consul, address=consul.address),
+        pool = [Unit(f"u{n}-iu0", io, f"{loopback}.{11 + n}") for n in range(units)]
+        config = EdgeConfig(listen=f"{loopback}.2:0", consul=replace(EdgeConfig().consul, address=consul.address),
                             push=PushConfig(enabled=False), seed=seed)
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -304,10 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-s", type=float, default=8.0)
     parser.add_argument("--client-idle-s", type=float, default=6.0, help="the client's read timeout")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--loopback", default=LOOPBACK, help="first three octets of the services' loopback "
+                        "addresses (127.X.Y): Consul on .1, the edge on .2, the IUs from .11")
     results.add_argument(parser, __file__)
     args = parser.parse_args(argv)
     numbers = run(units=args.units, load=args.load, repeats=args.repeats, stall_s=args.stall_s,
-                  client_idle_s=args.client_idle_s, seed=args.seed)
+                  client_idle_s=args.client_idle_s, seed=args.seed, loopback=args.loopback)
     print(f"{numbers['requests']} streams at {numbers['rate_per_s']} req/s ({args.load * SLOTS:g} in flight per "
           f"IU x {args.units} IUs; a stream takes {numbers['stream_s']} s)")
     print(f"the edge resumed {numbers['streams_resumed']} streams and moved {numbers['requests_moved']} requests "
