@@ -4,8 +4,9 @@
 runs this very class in simulated time and the proxy runs it in real time: what the benchmark's ``ours``
 rows measure is what ships.
 
-Per request: the IUs at this edge's per-IU concurrency cap, ejected for their results (:mod:`edge.ejection`)
-or already tried for this request are removed from the snapshot's candidates; then
+Per request: the IUs at this edge's per-IU concurrency cap, ejected for their results (:mod:`edge.ejection`),
+silent (:mod:`edge.liveness`: the proxy's relayed streams, on the monotonic clock; never in a simulation,
+which relays none) or already tried for this request are removed from the snapshot's candidates; then
 ``pick()`` with the request's prompt size; the chosen IU's ledger entry is the request's prefill seconds on
 that IU (prompt tokens / its measured ``prefill_tps``). A streamed request is also awaited until its first
 byte (``sent(..., handle, expected_s)`` then ``first_byte``): while one is overdue past the TTFT pick
@@ -22,6 +23,7 @@ import random
 from dataclasses import dataclass
 
 from edge.ejection import Outliers
+from edge.liveness import Liveness
 from edge.pool import EdgeLedger, IUEntry, Snapshot, pick
 from edge.pool.pick import prefill_cost_s
 from edge.pool.prefix import NO_PREFIX, Cached, HomeRing, PrefixIndex, PromptPrefix, cached_tokens
@@ -68,10 +70,13 @@ class Router:
         self._home_ring: HomeRing | None = None
         self.ledger = EdgeLedger(announcing)
         self.outliers = Outliers(eject_s)
+        self.liveness = Liveness()  # IUs whose streams all went silent (a stalled engine's first sign)
         self.full: set[str] = set()  # IUs at the cap (kept on sent/done: no scan of every IU per request)
 
-    def blocked(self, now: float, exclude: set[str] | frozenset = frozenset()) -> set[str]:
+    def blocked(self, now: float, exclude: set[str] | frozenset = frozenset(), pool_size: int = 0) -> set[str]:
         blocked = set(exclude)
+        if self.liveness.relaying:
+            blocked.update(self.liveness.silent(pool_size))
         if self.outliers.ejected or self.outliers.records:
             blocked.update(self.outliers.blocked(now))
         blocked.update(self.full)
@@ -132,7 +137,7 @@ class Router:
         (edge/pool/prefix.py; :meth:`cached`)."""
         if not snapshot.healthy:
             return Decision(None, "none")
-        blocked = self.blocked(now, exclude)
+        blocked = self.blocked(now, exclude, len(snapshot.healthy))
         usable = without(snapshot, blocked) if blocked else snapshot
         if not usable.healthy:
             routable_left = any(e.iu_id not in exclude and e.iu_id not in self.ejected for e in snapshot.healthy)

@@ -36,6 +36,7 @@ from edge.admission import Busy, Unavailable
 from edge.ejection import stalled_first_byte
 from edge.errors import error_response, sse_error_event
 from edge.limits import is_local_resource_error
+from edge.liveness import first_byte_due
 from edge.pool.prefix import NO_PREFIX, PromptPrefix
 from edge.resume import StreamText
 
@@ -67,6 +68,7 @@ class Opened:
     upstream: aiohttp.ClientResponse
     first: bytes
     routing: dict  # the pick's view of the IU (edge/proxy.py routing_headers; empty without debug_headers)
+    ttft_s: float  # from sending the request to its first chunk
 
 
 class Answered(Exception):
@@ -116,11 +118,14 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             state.release(iu_id, "failed", call.handle)
             state.metrics.upstream_errors_of[iu_id, "no_address"].inc()
             continue
-        # a streamed first byte is due by the stall rule; any request leaves an IU ejected meanwhile
-        deadline = time.monotonic() + stalled_first_byte(decision.expected_s) if call.stream else None
+        # a streamed first byte is due by the stall rule, and sooner on an IU whose streams all went silent
+        # (edge/liveness.py); any request leaves an IU ejected meanwhile
+        sent = time.monotonic()
+        watch = Watch(iu_id, sent + stalled_first_byte(decision.expected_s), sent + first_byte_due(
+            decision.expected_s, state.router.liveness.ttft.get(iu_id))) if call.stream else Watch(iu_id)
         try:
-            upstream = await _watched(state, iu_id, state.session.post(
-                url_of(entry, call.path), data=body, headers=call.headers, **timeout), deadline)
+            upstream = await _watched(state, watch, state.session.post(
+                url_of(entry, call.path), data=body, headers=call.headers, **timeout))
         except Stalled as exc:
             moved = _moved(state, call, iu_id, exc.outcome, exc.reason, None)
             continue
@@ -151,7 +156,7 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
         if upstream.status >= 400:
             raise Answered(await state.upstream_error(upstream, iu_id, call.handle))
         try:
-            first = await _watched(state, iu_id, upstream.content.readany(), deadline)
+            first = await _watched(state, watch, upstream.content.readany())
         except Stalled as exc:
             upstream.close()
             moved = _moved(state, call, iu_id, exc.outcome, exc.reason, None)
@@ -168,7 +173,7 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             state.release(iu_id, "neutral", call.handle)
             raise
         state.router.first_byte(iu_id, call.handle)
-        return Opened(iu_id, upstream, first, state.routing_headers(decision))
+        return Opened(iu_id, upstream, first, state.routing_headers(decision), time.monotonic() - sent)
     if last_error is not None:
         raise Answered(last_error)
     raise Answered(error_response(502, f"no IU answered: {len(call.tried)} tried, each failed before its "
@@ -176,24 +181,37 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
 
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
-WATCH_SLICE_S = 0.25  # how often a request awaiting its first byte looks whether its IU was ejected meanwhile
+WATCH_SLICE_S = 0.1  # how often a request awaiting its first byte looks whether its IU was ejected or silent
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What ends a request's wait for its first byte on ``iu_id`` (monotonic times; None: no such rule)."""
+
+    iu_id: str
+    stalled_at: float | None = None  # the stall rule (edge/ejection.py): the IU's failure
+    silent_after: float | None = None  # moved from then on while the IU is silent (edge/liveness.py)
 
 
 class Stalled(Exception):
-    """No first byte by the stall rule (the IU's failure), or the IU was ejected meanwhile (already judged)."""
+    """No first byte by the stall rule (the IU's failure), or the IU was ejected meanwhile (already judged),
+    or went silent (a sign, not yet a judgement)."""
 
     def __init__(self, reason: str, outcome: str):
         super().__init__(reason)
         self.reason, self.outcome = reason, outcome
 
 
-async def _watched(state, iu_id: str, awaitable, deadline: float | None):
-    """``awaitable``'s result, unless ``deadline`` (monotonic) passes first or ``iu_id`` is ejected while it
-    waits (its other streams went silent: this request is stuck behind the same stalled engine)."""
+async def _watched(state, watch: Watch, awaitable):
+    """``awaitable``'s result, unless the stall rule's time passes first, or the IU is ejected while it waits
+    (its other streams went silent past ``stream_stall_s``), or is silent now and the request waited past
+    its first byte's due time: in both, this request is stuck behind the same stalled engine."""
     task = asyncio.ensure_future(awaitable)
+    liveness, iu_id = state.router.liveness, watch.iu_id
     try:
         while True:
-            left = WATCH_SLICE_S if deadline is None else min(WATCH_SLICE_S, deadline - time.monotonic())
+            now = time.monotonic()
+            left = WATCH_SLICE_S if watch.stalled_at is None else min(WATCH_SLICE_S, watch.stalled_at - now)
             if left <= 0:
                 raise Stalled("stalled", "definitive")
             done, _ = await asyncio.wait((task,), timeout=left)
@@ -201,6 +219,9 @@ async def _watched(state, iu_id: str, awaitable, deadline: float | None):
                 return task.result()
             if state.router.outliers.is_out(iu_id):
                 raise Stalled("ejected", "neutral")
+            if (watch.silent_after is not None and time.monotonic() >= watch.silent_after and iu_id in
+                    liveness.relaying and liveness.is_silent(iu_id, len(state.view.snapshot().healthy))):
+                raise Stalled("silent", "neutral")
     except BaseException:
         if not task.done():
             task.cancel()
@@ -277,6 +298,9 @@ async def relay(state, request: web.Request, call: Call, opened: Opened, chat: b
     outcome, splice = "ok", False
     stall_s = state.config.stream_stall_s if resumable else None
     chunk = opened.first
+    liveness = state.router.liveness if sse else None  # a stream's bytes tell whether its engine steps
+    if liveness is not None:
+        liveness.started(iu_id, opened.ttft_s)
     state.metrics.ttft_of["true" if call.stream else "false"].observe(time.monotonic() - call.arrived)
     try:
         await response.prepare(request)
@@ -288,6 +312,8 @@ async def relay(state, request: web.Request, call: Call, opened: Opened, chat: b
             await response.write(text.relay(chunk, splice) if resumable else chunk)
             try:
                 chunk = await _next_chunk(upstream, stall_s)
+                if liveness is not None:
+                    liveness.byte(iu_id)
                 continue
             except CUT as exc:
                 kind, outcome = _cut_kind(exc, stall_s is not None)
@@ -295,6 +321,8 @@ async def relay(state, request: web.Request, call: Call, opened: Opened, chat: b
                 log.warning("IU %s: answer cut (%s): %s", iu_id, kind, type(exc).__name__)
             upstream.close()
             state.release(iu_id, outcome, call.handle)
+            if liveness is not None:
+                liveness.ended(iu_id)
             cut_from, upstream = iu_id, None
             if not sse:  # a plain answer cannot carry an error after its status: cut it, never "complete"
                 if request.transport is not None:
@@ -307,6 +335,7 @@ async def relay(state, request: web.Request, call: Call, opened: Opened, chat: b
                                                      f"upstream_{kind}"))
                 break
             upstream, iu_id, chunk, splice, outcome = opened.upstream, opened.iu_id, opened.first, True, "ok"
+            liveness.started(iu_id, opened.ttft_s)
             await response.write(_splice_comment(state, iu_id, cut_from, kind))
         await response.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -318,6 +347,8 @@ async def relay(state, request: web.Request, call: Call, opened: Opened, chat: b
         if upstream is not None:
             _finish(upstream)
             state.release(iu_id, outcome if upstream.content.at_eof() else "neutral", call.handle)
+            if liveness is not None:
+                liveness.ended(iu_id)
     return response
 
 

@@ -122,3 +122,40 @@ def test_a_request_awaiting_its_first_byte_leaves_an_iu_ejected_meanwhile(consul
             # moved when s-iu0 was ejected (its other streams went silent), not 5 s later by its own rule
             assert status == 200 and headers["X-Eas-IU"] == "s-iu1" and time.monotonic() - started < 2.0
             assert metric(edge, "eas_edge_retries_total", 'reason="ejected"') == 1
+
+
+def test_a_request_on_an_iu_whose_streams_all_went_silent_is_moved_before_any_stall_rule(consul_addr):
+    engine = {"stalled": False}
+
+    async def stallable(request):  # one engine: when it stops stepping, every stream and request waits
+        if engine["stalled"]:
+            await asyncio.sleep(30)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(300):
+            if engine["stalled"]:
+                await asyncio.sleep(30)
+            await response.write(b'data: {"choices": [{"text": "tok"}]}\n\n')
+            await asyncio.sleep(0.01)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    with scripted_pool(consul_addr, ("s-iu0", stallable), ("s-iu1", sse_chunks(3, 0.01))) as (pool, ius):
+        with running_edge(pool, push=None) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 2, 5, "the stand-ins in the view")
+            router = edge.state.router
+            router.ejected["s-iu1"] = time.time() + 0.5  # both requests go to s-iu0 first
+            long = threading.Thread(target=stream, args=(edge.url("/v1/completions"), completion(max_tokens=300)))
+            long.start()
+            wait_for(lambda: router.liveness.relaying.get("s-iu0"), 3, "a stream relayed from s-iu0")
+            router.ejected["s-iu1"] = time.time() + 0.15
+            engine["stalled"] = True
+            started = time.monotonic()
+            status, headers, lines = stream(edge.url("/v1/completions"), completion())
+            took = time.monotonic() - started
+            # moved once s-iu0 was silent past its floor, not 3 s later (stream_stall_s) nor 5 s (the floor)
+            assert status == 200 and headers["X-Eas-IU"] == "s-iu1" and lines[-1][1] == b"data: [DONE]"
+            assert took < 1.5 and metric(edge, "eas_edge_retries_total", 'reason="silent"') == 1
+            assert "s-iu0" not in router.ejected  # silence steers; only the stall rule ejects
+            long.join(10)
+            assert "s-iu0" in router.ejected  # the silent stream, cut at stream_stall_s: a stall
