@@ -44,8 +44,8 @@ class EdgeMetrics:
         self.score_age = Histogram("eas_edge_score_age_seconds",
                                    "Age of the chosen IU's score when a request was routed on it.",
                                    buckets=AGE_BUCKETS, registry=r)
-        self.retries = Counter("eas_edge_retries", "Requests moved to another IU after a failure before the "
-                               "first byte reached the client, by reason.", ["reason"], registry=r)
+        self.retries = Counter("eas_edge_retries", "Requests moved to another IU before the first byte reached "
+                               "the client, after a failure or while their IU was silent, by reason.", ["reason"], registry=r)
         self.resumed = Counter("eas_edge_resumed", "Streams cut mid-way and resumed on another IU, by the cut's "
                                "kind.", ["reason"], registry=r)
         self.ejections = Counter("eas_edge_ejections", "IUs ejected for their results, by the failure that "
