@@ -134,8 +134,11 @@ def on_cpus(cpus: set[int] | None):
 class DevConsul:
     """The dev Consul in its own process, so the load generator's CPU does not slow the edge's watches."""
 
+    def __init__(self, host: str = "127.0.0.1"):
+        self.host = host  # a loopback address of the bench's own: its services never share one with another run
+
     def __enter__(self):
-        self.process = subprocess.Popen([sys.executable, "-m", "cli.main", "dev", "consul", "--addr", "127.0.0.1:0",
+        self.process = subprocess.Popen([sys.executable, "-m", "cli.main", "dev", "consul", "--addr", f"{self.host}:0",
                                          "--log-level", "warn"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, cwd=ROOT)
         line = self.process.stdout.readline()

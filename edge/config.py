@@ -26,7 +26,9 @@
     max_queue: 512                # requests waiting for a slot (oldest first); beyond: 429 + Retry-After
     queue_timeout_s: 5            # a longer wait: 429 + Retry-After (the predicted wait)
     retry_after_s: 1              # the Retry-After of a 503 (no routable IU)
-    connect_timeout_s: 1          # to an IU; a failure before any byte reached the client: retry once
+    connect_timeout_s: 1          # to an IU
+    max_attempts: 3               # IUs tried for a request failing before its first byte (edge/upstream.py)
+    stream_stall_s: 3             # a resumable stream silent this long is resumed on another IU
     upstream_timeout_s: 600       # a whole non-streamed answer (its first byte comes at its end)
     stream_idle_timeout_s: 60     # a stream silent this long is cut and its IU ejected (no total limit)
     max_connections: 4096         # open client connections; beyond: 503 and closed (lowered to fit the
@@ -34,7 +36,7 @@
     header_timeout_s: 10          # a new connection's first request head must arrive within this
     keepalive_timeout_s: 75       # an idle kept-alive client connection is closed after this
     max_body_bytes: 8388608       # request bodies; beyond: 413 (a 128k-token prompt as token ids ~1 MiB)
-    eject_s: 5                    # an IU that failed a connection or died mid-stream is skipped this long
+    eject_s: 2                    # an ejected IU's backoff, doubled once by a failed probe (edge/ejection.py)
     prefix_routing: true          # cost a request's prompt prefix cached on an IU as no prefill there
                                   # (edge/pool/prefix.py); false: every prompt costs its full prefill
     drain_timeout_s: 30           # on SIGTERM: stop accepting, let streams finish this long
@@ -107,13 +109,18 @@ class EdgeConfig:
     queue_timeout_s: float = 5.0
     retry_after_s: float = 1.0
     connect_timeout_s: float = 1.0
+    max_attempts: int = 3
+    stream_stall_s: float = 3.0
     upstream_timeout_s: float = 600.0
     stream_idle_timeout_s: float = 60.0
     max_connections: int = 4096
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 75.0
     max_body_bytes: int = 8 * 1024 * 1024
-    eject_s: float = 5.0
+    # 2 s, not longer: an IU comes back only after the edge's own GET /health probe answers
+    # (edge/ejection.py), so a short backoff costs a still-dead IU one probe, not a client request, and a
+    # restarted engine is back in rotation within 2 x eject_s (docs/decisions/0018-edge-eject-backoff.md)
+    eject_s: float = 2.0
     prefix_routing: bool = True
     drain_timeout_s: float = 30.0
     seed: int | None = None
@@ -177,7 +184,8 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop", "stream_idle_timeout_s", "max_connections", "header_timeout_s", "keepalive_timeout_s",
-               "max_body_bytes", "debug_headers", "prefix_routing"} | ACCESS_FIELDS)
+               "max_body_bytes", "debug_headers", "prefix_routing", "max_attempts", "stream_stall_s"}
+              | ACCESS_FIELDS)
     return EdgeConfig(
         listen=address(f, "listen", "127.0.0.1:8080"),
         datacenter=f.get("datacenter", str, layout.DEFAULT_DATACENTER),
@@ -190,13 +198,15 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         queue_timeout_s=f.positive("queue_timeout_s", 5.0),
         retry_after_s=f.positive("retry_after_s", 1.0),
         connect_timeout_s=f.positive("connect_timeout_s", 1.0),
+        max_attempts=_count(f, "max_attempts", 3, 1),
+        stream_stall_s=f.positive("stream_stall_s", 3.0),
         upstream_timeout_s=f.positive("upstream_timeout_s", 600.0),
         stream_idle_timeout_s=f.positive("stream_idle_timeout_s", 60.0),
         max_connections=_count(f, "max_connections", 4096, 1),
         header_timeout_s=f.positive("header_timeout_s", 10.0),
         keepalive_timeout_s=f.positive("keepalive_timeout_s", 75.0),
         max_body_bytes=_count(f, "max_body_bytes", 8 * 1024 * 1024, 1024),
-        eject_s=f.positive("eject_s", 5.0),
+        eject_s=f.positive("eject_s", 2.0),
         prefix_routing=f.get("prefix_routing", bool, True),
         drain_timeout_s=f.positive("drain_timeout_s", 30.0),
         seed=f.get("seed", int, None),

@@ -44,8 +44,14 @@ class EdgeMetrics:
         self.score_age = Histogram("eas_edge_score_age_seconds",
                                    "Age of the chosen IU's score when a request was routed on it.",
                                    buckets=AGE_BUCKETS, registry=r)
-        self.retries = Counter("eas_edge_retries", "Requests retried on another IU after a connection failure "
-                               "before any byte reached the client.", registry=r)
+        self.retries = Counter("eas_edge_retries", "Requests moved to another IU before the first byte reached "
+                               "the client, after a failure or while their IU was silent, by reason.", ["reason"], registry=r)
+        self.resumed = Counter("eas_edge_resumed", "Streams cut mid-way and resumed on another IU, by the cut's "
+                               "kind.", ["reason"], registry=r)
+        self.ejections = Counter("eas_edge_ejections", "IUs ejected for their results, by the failure that "
+                                 "ejected them (definitive, failed: the consecutive ones).", ["outcome"], registry=r)
+        self.probes = Counter("eas_edge_probes", "Half-open probes (GET /health) of ejected IUs, by outcome "
+                              "(ok: back in rotation).", ["outcome"], registry=r)
         self.upstream_errors = Counter("eas_edge_upstream_errors", "Failures talking to an IU, by kind.",
                                        ["iu", "kind"], registry=r)
         self.rejected = Counter("eas_edge_rejected", "Requests the edge turned away itself (429 busy, 503 "
@@ -60,6 +66,8 @@ class EdgeMetrics:
         # upstream_errors_of[iu, kind], rejected_of[reason]
         self.requests_of, self.ttft_of, self.picks_of = (LabelCache(m) for m in (self.requests, self.ttft, self.picks))
         self.upstream_errors_of, self.rejected_of = LabelCache(self.upstream_errors), LabelCache(self.rejected)
+        self.retries_of, self.resumed_of = LabelCache(self.retries), LabelCache(self.resumed)
+        self.ejections_of, self.probes_of = LabelCache(self.ejections), LabelCache(self.probes)
 
     def watch(self, state) -> None:
         """Scrape-time gauges from the proxy's state (``edge.proxy.EdgeState``)."""

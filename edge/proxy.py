@@ -4,22 +4,22 @@ the admin listener (:mod:`edge.admin`); client keys are checked before any body 
 ``POST /v1/completions`` and ``/v1/chat/completions``: the body is read (at most ``max_body_bytes``: 413
 beyond) and summarised (:mod:`edge.body`: a malformed or too deeply nested one is a 400), routed among the
 IUs serving its ``model`` (an IU's Consul ``Meta.model``; a model no IU serves is a 404 ``model_not_found``)
-by :class:`edge.routing.Router`, and sent unchanged to the chosen IU; the answer is passed through chunk by
-chunk as it arrives (SSE streams and plain JSON alike; nothing is buffered), with ``X-Eas-IU`` naming the IU
-when the config's ``debug_headers`` is on, with the pick's view of it (:func:`routing_headers`: what
+by :class:`edge.routing.Router`, and sent unchanged to the chosen IU; once the IU's first body chunk has come
+the answer is passed through chunk by chunk as it arrives (:mod:`edge.upstream`), with ``X-Eas-IU`` naming
+the IU when the config's ``debug_headers`` is on, with the pick's view of it (:func:`routing_headers`: what
 ``clusterctl edge calibrate`` checks the scores by).
 An IU's error answer (a 404 for an unknown model, a 400) is the client's answer, rewritten into OpenAI's
 error shape (:mod:`edge.errors`), as is every error the edge answers itself (with ``X-Edge-Reason``).
 ``GET /v1/models`` is answered by one routable IU.
 
 Faults:
-- connection failure (refused, reset, timed out before the answer's headers) before any byte reached the
-  client: the IU is ejected for ``eject_s`` and the request is retried once on another IU; never after;
+- an IU that fails before its first body chunk (refused, reset, timed out, a 5xx, a stalled first token):
+  the request moves to another IU, up to ``max_attempts`` (:mod:`edge.upstream`); a stream cut mid-way is
+  resumed on another IU when the edge can (:mod:`edge.resume`); the IU's results decide its ejection
+  (:mod:`edge.ejection`);
 - the edge's own shortage (out of descriptors, buffers, local ports) on connecting: 503 ``edge_resources``,
   no IU ejected, ``/healthz`` 503 for a few seconds;
-- the IU dies mid-stream or a stream is silent for ``stream_idle_timeout_s``: the client's stream ends with
-  an SSE ``error`` event, and the IU is ejected; a non-streamed answer past ``upstream_timeout_s`` (the
-  edge's own deadline) is cut without ejecting its IU;
+- a non-streamed answer past ``upstream_timeout_s`` (the edge's own deadline) is cut without blaming its IU;
 - the client leaves: its handler is cancelled (aiohttp's ``handler_cancellation``), which closes the IU's
   connection (the engine aborts the request) or takes the request out of the queue before it is sent;
 - every routable IU at ``max_inflight_per_iu``: the request waits in a bounded FIFO queue
@@ -42,12 +42,13 @@ from edge.announce import AnnounceSender
 from edge.auth import Authenticator
 from edge.body import BodyReader, BodySummary, BodyTooLarge
 from edge.config import EdgeConfig
-from edge.errors import MAX_UPSTREAM_ERROR_BYTES, error_response, normalise_upstream_error, sse_error_event
+from edge.errors import MAX_UPSTREAM_ERROR_BYTES, error_response, normalise_upstream_error
 from edge.feed import AgentFeed, EdgeView
-from edge.limits import BodyTooLong, head_arrived, is_local_resource_error, read_capped
+from edge.limits import BodyTooLong, head_arrived, read_capped
 from edge.metrics import EdgeMetrics
 from edge.pool.prefix import NO_PREFIX, PromptPrefix
 from edge.routing import Decision, Router
+from edge.upstream import RETRYABLE, Answered, Call, open_first, probe_due, relay
 
 log = logging.getLogger("edge.proxy")
 # Never the client's Authorization: the IUs take the edge's own key (upstream_api_key_file), and a client's
@@ -55,8 +56,6 @@ log = logging.getLogger("edge.proxy")
 FORWARD_HEADERS = ("Content-Type", "Accept", "OpenAI-Organization", "X-Request-Id")
 MODELS_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 MAX_MODELS_BYTES = 1 << 20  # an IU's /v1/models (a few hundred bytes per model)
-RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-             asyncio.TimeoutError)
 MODELS_CACHED = 64
 LOCAL_TROUBLE_S = 5.0  # /healthz answers 503 this long after the edge ran short of its own resources
 __all__ = ["Busy", "EdgeState", "Unavailable", "make_app"]
@@ -76,6 +75,7 @@ class EdgeState:
     bodies: BodyReader | None = None
     auth: Authenticator | None = None  # client keys (None: not checked)
     upstream_headers: dict = field(default_factory=dict)  # the IUs' key as Authorization, when configured
+    probes: set = field(default_factory=set)  # half-open probes in flight (edge/ejection.py)
     awaiting_head: set = field(default_factory=set)  # client connections before their first request head
     active: int = 0  # requests being handled (graceful shutdown waits for 0)
     draining: bool = False
@@ -114,6 +114,8 @@ class EdgeState:
         awaited. ``not_serving``: IUs that serve another model than the request's."""
         started = time.monotonic()
         blocked = exclude | not_serving if not_serving else exclude
+        if self.router.outliers.records or self.router.outliers.ejected:
+            probe_due(self)
 
         def attempt(queued: bool) -> Decision | None:
             decision = self.decide(prompt_tokens, blocked, prefix)
@@ -162,11 +164,32 @@ class EdgeState:
             return
         sender.announce(entry.node, agent, decision.iu_id, prompt_tokens, seq, now)
 
-    def release(self, iu_id: str, failed: bool = False, handle=None) -> None:
+    def release(self, iu_id: str, outcome: str = "ok", handle=None) -> None:
+        """Free ``iu_id``'s slot; ``outcome`` (ok, failed, definitive, neutral) feeds outlier ejection."""
         self.router.done(iu_id, handle)
-        if failed:
-            self.router.eject(iu_id, time.time())
+        pool_size = len(self.view.snapshot().healthy)
+        if self.router.outcome(iu_id, time.time(), outcome, pool_size):
+            self.metrics.ejections_of[outcome].inc()
+            log.warning("IU %s ejected (%s failure)", iu_id, outcome)
         self.admission.released()  # a slot freed: the oldest waiter tries again
+
+    # what edge/upstream.py needs of the proxy's answers
+    def unavailable(self, exc: Unavailable | Busy) -> web.Response:
+        return _unavailable(self, exc)
+
+    def local_trouble(self, exc: BaseException) -> web.Response:
+        return _local_trouble(self, exc)
+
+    async def upstream_error(self, upstream: aiohttp.ClientResponse, iu_id: str, handle) -> web.Response:
+        return await _upstream_error(self, upstream, iu_id, handle)
+
+    @staticmethod
+    def upstream_url(entry, path: str) -> str:
+        return _upstream_url(entry, path)
+
+    def routing_headers(self, decision: Decision) -> dict[str, str]:
+        """The pick's view of the IU, only with ``debug_headers`` on: internal scores, like IU ids."""
+        return routing_headers(decision) if self.config.debug_headers else {}
 
 
 def routing_headers(decision: Decision) -> dict[str, str]:
@@ -242,60 +265,15 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
     not_serving = _not_serving(state, summary.model)
     if not_serving is None:
         return error_response(404, f"The model `{summary.model}` does not exist.", "model_not_found", "model")
-    prompt_tokens, stream = summary.prompt_tokens, summary.stream
     headers = {**{h: request.headers[h] for h in FORWARD_HEADERS if h in request.headers}, **state.upstream_headers}
-    # streams are judged by idle time, not total time; a non-streamed answer by the session's total
-    timeout = {"timeout": state.stream_timeout} if stream else {}
-    tried: set[str] = set()
-    handle = object() if stream else None  # this request in the ledger's awaited first bytes
-    for attempt in (1, 2):
-        try:
-            decision = await state.acquire(prompt_tokens, tried, handle, not_serving, summary.prefix)
-        except (Unavailable, Busy) as exc:
-            return _unavailable(state, exc)
-        iu_id, entry = decision.iu_id, decision.entry
-        tried.add(iu_id)
-        if entry is None or not entry.address or not entry.port:
-            state.release(iu_id, failed=True, handle=handle)
-            state.metrics.upstream_errors_of[iu_id, "no_address"].inc()
-            continue
-        try:
-            upstream = await state.session.post(_upstream_url(entry, request.path), data=raw, headers=headers,
-                                                **timeout)
-        except RETRYABLE as exc:
-            if is_local_resource_error(exc):  # the edge's own shortage: no IU is blamed, nothing retried
-                state.release(iu_id, handle=handle)
-                return _local_trouble(state, exc)
-            if _own_deadline(exc):  # a non-streamed answer still generating at upstream_timeout_s
-                state.release(iu_id, handle=handle)
-                state.metrics.upstream_errors_of[iu_id, "deadline"].inc()
-                return error_response(504, f"IU {iu_id} did not answer within upstream_timeout_s "
-                                      f"({state.config.upstream_timeout_s:g} s)", "upstream_deadline")
-            state.release(iu_id, failed=True, handle=handle)
-            state.metrics.upstream_errors_of[iu_id, "connect"].inc()
-            log.warning("IU %s: %s before any byte was sent; %s", iu_id, type(exc).__name__,
-                        "retrying on another IU" if attempt == 1 else "giving up")
-            if attempt == 1:
-                state.metrics.retries.inc()
-            continue
-        except aiohttp.ClientError as exc:  # the IU answered something that is not HTTP: not retried
-            state.release(iu_id, failed=True, handle=handle)
-            state.metrics.upstream_errors_of[iu_id, "protocol"].inc()
-            return error_response(502, f"IU {iu_id} answered with a broken response: {type(exc).__name__}",
-                                  "upstream_protocol")
-        except BaseException:  # cancelled (the client left, or shutdown cut the request): no slot may leak
-            state.release(iu_id, handle=handle)
-            raise
-        if upstream.status >= 400:
-            return await _upstream_error(state, upstream, iu_id, handle)
-        routing = routing_headers(decision) if state.config.debug_headers else None  # internal scores, like IU ids
-        return await _relay(state, request, upstream, iu_id, arrived, stream, handle, routing)
-    return error_response(502, "the IUs tried did not accept the connection (retried once)", "upstream_connect")
-
-
-def _own_deadline(exc: BaseException) -> bool:
-    """The session's total timeout (the edge's own deadline), not a connect or idle timeout (the IU's)."""
-    return isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError)
+    call = Call(request.path, raw, headers, summary.stream, summary.prompt_tokens, not_serving, arrived,
+                object() if summary.stream else None,  # a stream's token in the ledger's awaited first bytes
+                prefix=summary.prefix)
+    try:
+        opened = await open_first(state, call, raw)
+    except Answered as answer:
+        return answer.response
+    return await relay(state, request, call, opened, chat)
 
 
 def _unavailable(state: EdgeState, exc: Unavailable | Busy) -> web.Response:
@@ -317,7 +295,8 @@ def _local_trouble(state: EdgeState, exc: BaseException) -> web.Response:
 
 async def _upstream_error(state: EdgeState, upstream: aiohttp.ClientResponse, iu_id: str, handle
                           ) -> web.Response:
-    """An IU's error answer (status >= 400), read within a cap and passed on in OpenAI's shape."""
+    """An IU's error answer (status >= 400), read within a cap and passed on in OpenAI's shape; a 5xx
+    counts against the IU (edge/ejection.py), a 4xx is the request's."""
     try:
         raw = await read_capped(upstream, MAX_UPSTREAM_ERROR_BYTES)
     except BodyTooLong:
@@ -327,61 +306,9 @@ async def _upstream_error(state: EdgeState, upstream: aiohttp.ClientResponse, iu
     finally:
         upstream.release()
         state.router.first_byte(iu_id, handle)
-        state.release(iu_id, handle=handle)
+        state.release(iu_id, "failed" if upstream.status >= 500 else "ok", handle)
     return web.Response(body=normalise_upstream_error(upstream.status, raw), status=upstream.status,
                         content_type="application/json", headers=state.iu_headers(iu_id))
-
-
-async def _relay(state: EdgeState, request: web.Request, upstream: aiohttp.ClientResponse, iu_id: str,
-                 arrived: float, stream: bool, handle=None, routing: dict | None = None) -> web.StreamResponse:
-    """Pass the IU's answer through as it arrives; the slot is released however it ends. An IU silent for
-    ``stream_idle_timeout_s`` mid-stream is cut and ejected; a non-streamed answer past the edge's own
-    ``upstream_timeout_s`` is cut without blaming the IU."""
-    failed = False
-    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"), **state.iu_headers(iu_id),
-               **(routing or {})}
-    if "Content-Encoding" in upstream.headers:  # bytes pass through undecoded (auto_decompress=False)
-        headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
-    response = web.StreamResponse(status=upstream.status, headers=headers)
-    sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-    first = True
-    try:
-        await response.prepare(request)
-        while True:
-            try:
-                chunk = await upstream.content.readany()  # whatever arrived: no buffering beyond one read
-            except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-                idle = isinstance(exc, aiohttp.SocketTimeoutError)
-                own_deadline = _own_deadline(exc)
-                failed = not own_deadline  # the edge's own deadline is not the IU's failure
-                kind = "deadline" if own_deadline else ("idle" if idle else "mid_stream")
-                state.metrics.upstream_errors_of[iu_id, kind].inc()
-                log.warning("IU %s: answer cut (%s): %s", iu_id, kind, type(exc).__name__)
-                if not sse:  # a plain answer cannot carry an error after its status: cut it, never "complete"
-                    if request.transport is not None:
-                        request.transport.close()
-                    return response
-                what = f"silent for {state.config.stream_idle_timeout_s:g} s" if idle else type(exc).__name__
-                await response.write(sse_error_event(f"upstream IU {iu_id} failed mid-stream: {what}",
-                                                     f"upstream_{kind}"))
-                break
-            if not chunk:
-                break
-            await response.write(chunk)
-            if first:
-                first = False
-                state.router.first_byte(iu_id, handle)  # no longer overdue, whatever the status
-                state.metrics.ttft_of["true" if stream else "false"].observe(time.monotonic() - arrived)
-        await response.write_eof()
-    except ConnectionResetError:
-        pass  # the client went away (our write failed); the IU is fine
-    finally:
-        if upstream.content.at_eof():
-            upstream.release()  # keep-alive to the IU
-        else:
-            upstream.close()  # unfinished (the client left): closing tells the engine to abort the request
-        state.release(iu_id, failed=failed, handle=handle)
-    return response
 
 
 async def _models(request: web.Request) -> web.Response:

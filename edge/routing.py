@@ -4,8 +4,9 @@
 runs this very class in simulated time and the proxy runs it in real time: what the benchmark's ``ours``
 rows measure is what ships.
 
-Per request: the IUs at this edge's per-IU concurrency cap, ejected (a failed connection or a stream that
-died, for ``eject_s``) or already tried for this request are removed from the snapshot's candidates; then
+Per request: the IUs at this edge's per-IU concurrency cap, ejected for their results (:mod:`edge.ejection`),
+silent (:mod:`edge.liveness`: the proxy's relayed streams, on the monotonic clock; never in a simulation,
+which relays none) or already tried for this request are removed from the snapshot's candidates; then
 ``pick()`` with the request's prompt size; the chosen IU's ledger entry is the request's prefill seconds on
 that IU (prompt tokens / its measured ``prefill_tps``). A streamed request is also awaited until its first
 byte (``sent(..., handle, expected_s)`` then ``first_byte``): while one is overdue past the TTFT pick
@@ -21,6 +22,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from edge.ejection import Outliers
+from edge.liveness import Liveness
 from edge.pool import EdgeLedger, IUEntry, Snapshot, pick
 from edge.pool.pick import prefill_cost_s
 from edge.pool.prefix import NO_PREFIX, Cached, HomeRing, PrefixIndex, PromptPrefix, cached_tokens
@@ -57,7 +60,7 @@ def without(snapshot: Snapshot, blocked: set[str]) -> Snapshot:
 
 
 class Router:
-    def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 5.0,
+    def __init__(self, rng: random.Random, max_inflight_per_iu: int = 1 << 30, eject_s: float = 2.0,
                  announcing: bool = False, prefix: PrefixIndex | None = None):
         """``announcing``: this edge announces its requests to the node agents (edge/announce.py): the ledger
         numbers them and leaves the ones a score acknowledges out of their IU's cost. ``prefix``: the index of
@@ -66,17 +69,16 @@ class Router:
         self.prefix = prefix
         self._home_ring: HomeRing | None = None
         self.ledger = EdgeLedger(announcing)
-        self.ejected: dict[str, float] = {}  # iu -> until
+        self.outliers = Outliers(eject_s)
+        self.liveness = Liveness()  # IUs whose streams all went silent (a stalled engine's first sign)
         self.full: set[str] = set()  # IUs at the cap (kept on sent/done: no scan of every IU per request)
 
-    def blocked(self, now: float, exclude: set[str] | frozenset = frozenset()) -> set[str]:
+    def blocked(self, now: float, exclude: set[str] | frozenset = frozenset(), pool_size: int = 0) -> set[str]:
         blocked = set(exclude)
-        if self.ejected:
-            for iu_id, until in list(self.ejected.items()):
-                if until <= now:
-                    del self.ejected[iu_id]
-                else:
-                    blocked.add(iu_id)
+        if self.liveness.relaying:
+            blocked.update(self.liveness.silent(pool_size))
+        if self.outliers.ejected or self.outliers.records:
+            blocked.update(self.outliers.blocked(now))
         blocked.update(self.full)
         return blocked
 
@@ -119,6 +121,15 @@ class Router:
             ring = snapshot.memo["home_ring"] = self._home_ring
         return ring
 
+    @property
+    def ejected(self) -> dict[str, float]:
+        """IU -> until: the IUs ejected for their results (:mod:`edge.ejection`)."""
+        return self.outliers.ejected
+
+    @ejected.setter
+    def ejected(self, ejected: dict[str, float]) -> None:
+        self.outliers.ejected = ejected
+
     def choose(self, snapshot: Snapshot, now: float, prompt_tokens: int | None,
                exclude: set[str] | frozenset = frozenset(), prefix: PromptPrefix = NO_PREFIX) -> Decision:
         """Decide (no side effect on the ledger: :meth:`sent` records the request once it is sent).
@@ -126,7 +137,7 @@ class Router:
         (edge/pool/prefix.py; :meth:`cached`)."""
         if not snapshot.healthy:
             return Decision(None, "none")
-        blocked = self.blocked(now, exclude)
+        blocked = self.blocked(now, exclude, len(snapshot.healthy))
         usable = without(snapshot, blocked) if blocked else snapshot
         if not usable.healthy:
             routable_left = any(e.iu_id not in exclude and e.iu_id not in self.ejected for e in snapshot.healthy)
@@ -167,7 +178,19 @@ class Router:
             self.full.discard(iu_id)
 
     def eject(self, iu_id: str, now: float) -> None:
-        self.ejected[iu_id] = now + self.eject_s
+        """Eject at once (a definitive failure), within the cap on the ejected share."""
+        self.outcome(iu_id, now, "definitive", 1 << 30)
+
+    def outcome(self, iu_id: str, now: float, result: str, pool_size: int) -> bool:
+        """A request's end on ``iu_id``: ``ok``, ``failed``, ``definitive`` (:mod:`edge.ejection`) or
+        ``neutral`` (the edge's own fault, the client left). True when the IU was ejected by it."""
+        if result == "ok":
+            self.outliers.succeeded(iu_id)
+        elif result == "neutral":
+            self.outliers.released(iu_id)
+        else:
+            return self.outliers.failed(iu_id, now, pool_size, definitive=result == "definitive")
+        return False
 
     def inflight(self, iu_id: str) -> int:
         return self.ledger.inflight.get(iu_id, 0)

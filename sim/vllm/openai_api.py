@@ -4,8 +4,13 @@ edge proxies): ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream
 
 Prompt size: the edge's estimate (``edge.tokens``: token ids exactly, text at 4 characters per token), so
 the edge prices a request as the simulated engine will count it. The sim's own ``prompt_tokens`` field (an integer) overrides both, so tests can size work directly.
-Errors use vLLM's ``ErrorResponse`` shape (``object: error``, ``message``, ``type``, ``code``); an unknown
-``model`` is a 404 ``NotFoundError`` as vLLM answers it.
+It answers as vLLM ``VLLM_VERSION`` does (``GET /version``): errors in that version's ``ErrorResponse`` shape,
+``{"error": {"message", "type", "param", "code"}}`` with vLLM's class name as ``type`` and the HTTP status as
+the integer ``code`` (vLLM's ``ErrorInfo``; releases before 0.10.2 answered the flat ``{"object": "error",
+...}``); an unknown ``model`` is a 404 ``NotFoundError``. ``stream_options.include_usage`` ends a stream with
+a usage event whose ``choices`` is empty, before ``[DONE]``; chat's ``continue_final_message`` (with
+``add_generation_prompt: false``; both true is a 400, as is continuing a final message that is not the
+assistant's) continues the last message, whose text counts in the prompt.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from edge.tokens import estimate_prompt_tokens
 from sim.vllm.workload import MAX_MODEL_LEN
 
 MODEL_NAME = "meta-llama/Meta-Llama-3-70B-Instruct"
+VLLM_VERSION = "0.11.0"
 
 
 class ApiError(Exception):
@@ -29,7 +35,7 @@ class ApiError(Exception):
 
 
 def error_body(code: int, message: str, kind: str) -> bytes:
-    return json.dumps({"object": "error", "message": message, "type": kind, "param": None, "code": code}).encode()
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
 
 
 def prompt_tokens_of(body: dict, chat: bool) -> int:
@@ -60,11 +66,42 @@ def parse_request(raw: bytes, chat: bool, served: str = MODEL_NAME) -> tuple[dic
     output = body.get("max_tokens", body.get("max_completion_tokens", 16))
     if not isinstance(output, int) or isinstance(output, bool) or output <= 0:
         raise ApiError(400, f"max_tokens must be a positive integer, got {output!r}")
+    if chat:
+        _check_continuation(body)
     prompt = prompt_tokens_of(body, chat)
     if prompt + output > MAX_MODEL_LEN:  # vLLM's check; the engine could never hold such a sequence's KV
         raise ApiError(400, f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
                        f"requested {prompt + output} tokens ({prompt} in the messages, {output} in the completion).")
     return body, prompt, output
+
+
+def _check_continuation(body: dict) -> None:
+    """vLLM's checks on ``continue_final_message`` (its chat request's model validator)."""
+    if not body.get("continue_final_message"):
+        return
+    if body.get("add_generation_prompt", True):
+        raise ApiError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict) \
+            or messages[-1].get("role") != "assistant":
+        raise ApiError(400, "continue_final_message requires the final message to be the assistant's")
+
+
+def wants_usage(body: dict) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def usage_event(rid: str, chat: bool, prompt: int, completion: int, served: str = MODEL_NAME) -> bytes:
+    """The last event of a stream asked for ``include_usage``: no choices, the request's usage."""
+    event = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+             "created": int(time.time()), "model": served, "choices": [],
+             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+def version_body() -> bytes:
+    return json.dumps({"version": VLLM_VERSION}).encode()
 
 
 def models_body(served: str = MODEL_NAME) -> bytes:

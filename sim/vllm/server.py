@@ -141,6 +141,8 @@ class SimulatedIU:
                     return self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
                 if self.path.startswith("/health"):
                     return self._send(200 if sim.healthy else 503, b"", "text/plain")
+                if self.path.startswith("/version"):
+                    return self._send(200, openai_api.version_body(), "application/json")
                 if self.path.startswith("/v1/models"):
                     return self._send(200, openai_api.models_body(), "application/json")
                 return self._send(404, b"not found\n", "text/plain")
@@ -162,13 +164,14 @@ class SimulatedIU:
                                       "application/json")
                 rid = f"cmpl-sim-{next(sim.ids)}"
                 if body.get("stream"):
-                    return self._stream(rid, chat, prompt, output)
+                    return self._stream(rid, chat, prompt, output, openai_api.wants_usage(body))
                 answer = sim.complete(prompt, output)
                 if answer is None:
-                    return self._send(504, b"request did not finish in time\n", "text/plain")
+                    return self._send(504, openai_api.error_body(504, "request did not finish in time",
+                                                                 "InternalServerError"), "application/json")
                 return self._send(200, openai_api.completion_body(rid, chat, prompt, answer), "application/json")
 
-            def _stream(self, rid: str, chat: bool, prompt: int, output: int) -> None:
+            def _stream(self, rid: str, chat: bool, prompt: int, output: int, usage: bool) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -187,6 +190,8 @@ class SimulatedIU:
                     done = sent >= output
                     self._chunk(openai_api.chunk_event(rid, chat, event["new_tokens"],
                                                        finish="length" if done else None))
+                if usage:
+                    self._chunk(openai_api.usage_event(rid, chat, prompt, sent))
                 self._chunk(openai_api.DONE_EVENT)
                 self._chunk(b"")
 

@@ -210,6 +210,7 @@ class ScriptedIU:
     def __init__(self, pool: Pool, iu_id: str, address: str, handler, model: str | None = None):
         self.seen: list[tuple[float, dict]] = []
         self.cancelled: list[float] = []
+        self.healthy = True  # GET /health: 200, else 503
 
         async def entry(request):
             self.seen.append((time.monotonic(), json.loads(await request.read())))
@@ -219,7 +220,11 @@ class ScriptedIU:
                 self.cancelled.append(time.monotonic())
                 raise
 
+        async def health(request):
+            return web.Response(status=200 if self.healthy else 503)
+
         app = web.Application()
+        app.router.add_get("/health", health)
         app.router.add_post("/v1/completions", entry)
         app.router.add_post("/v1/chat/completions", entry)
         self.loop = asyncio.new_event_loop()

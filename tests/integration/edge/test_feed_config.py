@@ -147,7 +147,11 @@ def test_router_prices_its_ledger_in_prefill_seconds_and_tells_saturated_from_no
     router.done(second.iu_id)
     router.eject(second.iu_id, 100.0)
     assert router.choose(snapshot, 100.0, prompt_tokens=10).mode == "none"
-    assert router.choose(snapshot, 106.0, prompt_tokens=10).iu_id is not None  # ejections expire
+    # an ejection that ran out holds the IU out until its probe answers (edge/ejection.py)
+    assert router.choose(snapshot, 106.0, prompt_tokens=10).iu_id is None
+    for iu_id in router.outliers.due(106.0):
+        router.outcome(iu_id, 106.0, "ok", 2)
+    assert router.choose(snapshot, 106.0, prompt_tokens=10).iu_id is not None
 
 
 def test_token_estimate():

@@ -132,7 +132,7 @@ def test_an_edge_with_few_descriptors_raises_its_limit_and_survives_a_crowd_of_i
         assert post(f"http://{address}/v1/completions", completion())[0] == 200
         with urllib.request.urlopen(f"http://{admin}/metrics", timeout=5) as answer:
             text = answer.read().decode()
-        assert 'kind="connect"' not in text and "eas_edge_retries_total 0.0" in text
+        assert 'kind="connect"' not in text and "eas_edge_retries_total{" not in text
     finally:
         for conn in crowd:
             conn.close()

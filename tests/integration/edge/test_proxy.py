@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -10,6 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from aiohttp import web
 
 from tests.helpers.edge import (
     MODEL,
@@ -109,41 +111,82 @@ def test_maintenance_and_critical_ius_never_get_traffic(pool):
             assert 'eas_edge_rejected_total{reason="no_healthy_iu"} 1.0' in answer.read().decode()
 
 
-def test_connection_failure_before_any_byte_is_retried_once_on_another_iu(pool):
+def test_connection_failure_before_any_byte_is_retried_on_another_iu(pool):
     pool.ius["n1-iu0"].stop()  # registered and healthy in Consul, nothing listening
     with running_edge(pool) as edge:
         results = [post(edge.url("/v1/completions"), completion(tokens=1)) for _ in range(8)]
         assert all(status == 200 and headers["X-Eas-IU"] == "n0-iu0" for status, headers, _ in results)
-        retries = metric(edge, "eas_edge_retries_total")
-        assert retries >= 1  # the first pick of the dead IU was retried; then it is ejected and skipped
+        retries = metric(edge, "eas_edge_retries_total", 'reason="connect"')
+        assert retries == 1  # the first pick of the dead IU was retried; refused: ejected at once, skipped
         assert metric(edge, "eas_edge_upstream_errors_total", 'iu="n1-iu0",kind="connect"') == retries
+        assert metric(edge, "eas_edge_ejections_total", 'outcome="definitive"') == 1
 
 
-def test_two_dead_ius_one_retry_then_502(pool):
+def test_two_dead_ius_each_tried_once_then_502_and_only_half_ejected(pool):
     for sim in pool.ius.values():
         sim.stop()
     with running_edge(pool) as edge:
         status, _, body = post(edge.url("/v1/completions"), completion(tokens=1))
-        assert status == 502 and b"retried once" in body
-        assert metric(edge, "eas_edge_retries_total") == 1
+        assert status == 502 and b"2 tried, each failed before its first byte" in body
+        assert metric(edge, "eas_edge_retries_total", 'reason="connect"') == 1  # moved once, then none left
+        # at most half the pool is ejected at once: the second stays routable, so is tried again
+        assert len(edge.state.router.ejected) == 1 and edge.state.router.outliers.refused_by_cap == 1
         status, headers, body = post(edge.url("/v1/completions"), completion(tokens=1))
-        assert status == 503 and headers["Retry-After"] == "1"  # both ejected: nothing routable for eject_s
+        assert status == 502 and headers["X-Edge-Reason"] == "upstream_connect"
 
 
-def test_iu_dying_mid_stream_ends_the_stream_with_an_error_event_and_is_skipped(pool):
+def test_a_stream_cut_by_its_ius_death_is_resumed_on_another_as_one_stream(pool):
     pool.ius["n0-iu0"].die_after_tokens = 5
     with running_edge(pool) as edge:
         edge.state.router.rng.random = lambda: 0.0  # pick n0-iu0 first (sampling index 0)
-        status, headers, lines = stream(edge.url("/v1/completions"), completion(tokens=40))
-        assert status == 200 and headers["X-Eas-IU"] == "n0-iu0"
-        assert lines[-2][1] == b"event: error"
-        error = json.loads(lines[-1][1][6:])["error"]
-        assert error["type"] == "server_error" and error["code"] == "upstream_mid_stream"
-        assert "n0-iu0 failed mid-stream" in error["message"]
-        assert b"[DONE]" not in b"".join(line for _, line in lines)
+        status, headers, lines = stream(edge.url("/v1/completions"),
+                                        completion(tokens=40, stream_options={"include_usage": True}))
+        assert status == 200 and headers["X-Eas-IU"] == "n0-iu0" and headers["X-Edge-Resumable"] == "1"
+        assert [line for _, line in lines if line.startswith(b":")] == [
+            b": resumed on n1-iu0 after n0-iu0 mid_stream"]
+        assert lines[-1][1] == b"data: [DONE]"
+        events = [json.loads(line[6:]) for _, line in lines if line.startswith(b"data: {")]
+        assert len({e["id"] for e in events}) == 1
+        text = "".join(c["text"] for e in events for c in e["choices"])
+        assert text.count("tok") == 40  # 5 from n0-iu0, the rest continued by n1-iu0
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 40
+        # the continuation asked for the prompt plus the text so far, and only what was left
+        assert metric(edge, "eas_edge_resumed_total", 'reason="mid_stream"') == 1
         assert metric(edge, "eas_edge_upstream_errors_total", 'iu="n0-iu0",kind="mid_stream"') == 1
-        served = {stream(edge.url("/v1/completions"), completion(tokens=2))[1]["X-Eas-IU"] for _ in range(4)}
-        assert served == {"n1-iu0"}  # ejected for eject_s
+        assert pool.ius["n1-iu0"].model.success_total == 1
+
+
+def test_a_chat_stream_is_resumed_by_continuing_the_partial_assistant_message(consul_addr):
+    def cut_after(events: int):
+        async def handler(request):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b'data: {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"role": '
+                                 b'"assistant", "content": ""}}]}\n\n')
+            for n in range(events):
+                await response.write(b'data: {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": '
+                                     b'{"content": "w%d "}}]}\n\n' % n)
+                await asyncio.sleep(0.01)
+            request.transport.close()  # the engine dies: no last chunk
+            return response
+        return handler
+
+    with scripted_pool(consul_addr, ("s-iu0", cut_after(3)), ("s-iu1", sse_chunks(2, 0.01))) as (pool, ius):
+        with running_edge(pool, push=None) as edge:
+            wait_for(lambda: len(edge.state.view.snapshot().healthy) == 2, 5, "the stand-ins in the view")
+            messages = [{"role": "user", "content": "count"}]
+            for _ in range(20):  # fail-open picks among the two: until one lands on the dying stand-in
+                status, headers, lines = stream(edge.url("/v1/chat/completions"),
+                                                {"model": MODEL, "messages": messages, "max_tokens": 10})
+                if headers["X-Eas-IU"] == "s-iu0":
+                    break
+            assert status == 200 and headers["X-Eas-IU"] == "s-iu0" and lines[-1][1] == b"data: [DONE]"
+            continued = ius[1].seen[-1][1]
+            assert continued["messages"] == messages + [{"role": "assistant", "content": "w0 w1 w2 "}]
+            assert continued["continue_final_message"] is True and continued["add_generation_prompt"] is False
+            assert continued["max_tokens"] == 7
+            events = [json.loads(line[6:]) for _, line in lines if line.startswith(b"data: {")]
+            assert {e["id"] for e in events} == {"chatcmpl-1"}
 
 
 def test_per_iu_cap_queues_then_429_with_retry_after(consul_addr):
@@ -312,7 +355,8 @@ def test_a_long_stream_that_is_never_idle_completes_and_an_idle_one_is_cut_and_b
             assert status == 200 and headers["X-Eas-IU"] == "s-iu1" and time.monotonic() - started < 2.5
             assert lines[-2][1] == b"event: error" and b"silent for 1 s" in lines[-1][1]
             assert metric(edge, "eas_edge_upstream_errors_total", 'iu="s-iu1",kind="idle"') == 1
-            assert "s-iu1" in edge.state.router.ejected  # silence is the IU's failure
+            # silence is the IU's failure: it would be ejected, but s-iu0 is, and at most half the pool may be
+            assert edge.state.router.outliers.refused_by_cap == 1
 
 
 def test_a_client_that_leaves_cancels_its_upstream_request_and_a_queued_one_is_never_sent(consul_addr):
@@ -345,6 +389,7 @@ def test_a_client_that_leaves_cancels_its_upstream_request_and_a_queued_one_is_n
             time.sleep(0.3)
             assert len(iu.seen) == 1  # the queued request never reached the IU
             assert edge.state.router.inflight("s-iu0") == 0
+            assert "s-iu0" not in edge.state.router.outliers.records  # a client that left is not the IU's failure
 
 
 def test_requests_go_only_to_the_ius_serving_their_model_and_an_unknown_model_is_a_404(consul_addr):
