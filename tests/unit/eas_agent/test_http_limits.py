@@ -60,7 +60,7 @@ def connect_from(agent: AgentHttpServer, source: str) -> socket.socket:
 
 def client_from(agent: AgentHttpServer, source: str) -> http.client.HTTPConnection:
     host, port = agent.server.server_address[:2]
-    return http.client.HTTPConnection(host, port, timeout=3, source_address=(source, 0))
+    return http.client.HTTPConnection(host, port, timeout=10, source_address=(source, 0))  # not a measure: room for a loaded host
 
 
 def get(agent: AgentHttpServer, source: str, path: str, headers: dict | None = None) -> http.client.HTTPResponse:
