@@ -104,17 +104,20 @@ def node_maintenance(agent) -> str | None:
 
 
 def _run(tmp_path: Path, server, agent, between: list[dict] | None = None, agent_token: str = TOKENS["agent"],
-         **extra) -> subprocess.CompletedProcess:
-    """node_drain.yml, a record of the edges' view (the moment the reboot would start), ``between`` (what the
-    reboot does to the IUs), a marker, node_release.yml."""
-    play = [{"hosts": NODE, "gather_facts": False, "tasks": [
-        {"name": "Drain", "ansible.builtin.import_tasks": str(REPO / "playbooks/tasks/node_drain.yml")},
+         record_view: bool = True, **extra) -> subprocess.CompletedProcess:
+    """node_drain.yml, a record of the edges' view at the moment the reboot would start (``record_view``),
+    ``between`` (what the reboot does to the IUs), node_release.yml."""
+    record = [
         {"name": "What the edges see when the reboot starts", "ansible.builtin.uri": {
             "url": f"http://{server.address}/v1/health/service/vllm-iu?passing=1",
             "headers": {"X-Consul-Token": TOKENS["edge"]}, "return_content": True}, "register": "view"},
         {"name": "Record it", "ansible.builtin.copy": {
             "dest": str(tmp_path / "view-at-reboot.json"), "content": "{{ view.json | map(attribute='Service.ID') | list | to_json }}",
             "mode": "0644"}},
+    ] if record_view else []
+    play = [{"hosts": NODE, "gather_facts": False, "tasks": [
+        {"name": "Drain", "ansible.builtin.import_tasks": str(REPO / "playbooks/tasks/node_drain.yml")},
+        *record,
         *(between or []),
         {"name": "Release", "ansible.builtin.import_tasks": str(REPO / "playbooks/tasks/node_release.yml")},
     ]}]
@@ -169,3 +172,15 @@ def test_a_token_that_may_not_set_maintenance_stops_the_host_before_the_reboot(t
     assert "Put the node into Consul maintenance" in done.stdout
     assert not (tmp_path / "view-at-reboot.json").exists()
     assert node_maintenance(agent) is None and edge_view(server) == [f"{NODE}-iu0", f"{NODE}-iu1"]
+
+
+def test_a_node_whose_agent_does_not_answer_has_nothing_to_drain(tmp_path):
+    """A fresh host (no Consul yet) or an agent that is down, which the servers already see: nothing in rotation."""
+
+    class Nowhere:
+        address = f"{ADDRESS}:1"  # nothing listens there
+
+    done = _run(tmp_path, Nowhere, Nowhere, record_view=False)
+    assert done.returncode == 0, done.stdout[-4000:]
+    for task in ("Put the node into Consul maintenance", "Take the node out of Consul maintenance"):
+        assert "skipping" in done.stdout.split(f"TASK [{task}]", 1)[1].split("TASK [", 1)[0], task
