@@ -7,8 +7,11 @@ What the roles install decides the list: NVIDIA's CUDA apt repository (driver, F
 ``repos/<distro><release>/``), HashiCorp's apt repository (Consul) and Debian-family packages (``apt``,
 ``dkms``, ``linux-headers-$(uname -r)``). NVIDIA's CUDA Installation Guide for Linux, "System Requirements"
 (docs.nvidia.com/cuda/cuda-installation-guide-linux/, table "Native Linux Distribution Support") lists
-Ubuntu 24.04 and 22.04 and Debian 12 among the Debian-family releases its repositories carry, and the roles'
-``meta/main.yml`` platforms are exactly Ubuntu jammy/noble and Debian bookworm. An RPM distribution has no
+Ubuntu 24.04 and 22.04 and Debian 12 (since CUDA 12.3, as NVIDIA/nvidia-docker#1791 quotes it) among the
+Debian-family releases its repositories carry, and the roles' ``meta/main.yml`` platforms are exactly Ubuntu
+jammy/noble and Debian bookworm. The driver's package names in ``nvidia_stack_driver_packages`` are those of
+NVIDIA's Ubuntu repositories; its Debian repository packages the driver differently
+(NVIDIA/apt-packaging-fabric-manager#2), so a Debian 12 node sets them for its repository. An RPM distribution has no
 apt; an older Ubuntu or Debian gets repository paths, package names and DKMS packaging the roles were never
 run against. The playbooks assert the same rule before changing anything (``playbooks/tasks/supported_os.yml``,
 through the ``supported_os_problem`` filter), so preflight and provisioning never disagree.
