@@ -65,7 +65,8 @@ class OsSupport(Check):
         problem = unsupported(found)
         if problem is not None:
             return [self.result(node, Verdict.FAIL, "OS_UNSUPPORTED", problem, **evidence)]
-        return [self.result(node, Verdict.PASS, "OS_OK", f"{found.pretty_name}, kernel {facts['kernel']}", **evidence)]
+        kernel = f", kernel {facts['kernel']}" if facts["kernel"] else ""  # a pasted os-release shows none
+        return [self.result(node, Verdict.PASS, "OS_OK", found.pretty_name + kernel, **evidence)]
 
 
 CHECK = OsSupport()
