@@ -57,6 +57,8 @@ JUDGED: dict[str, Judged] = {
     "chrony": Judged("time_sync", lambda r: None, lambda r, node, profile: r, "nothing"),
     "cpupower": Judged("cstates", lambda r: None, _cstates_facts,
                        "no kernel argument and no PM QoS request holding the CPUs out of deep states"),
+    "os-release": Judged("os_support", lambda r: None, lambda r, node, profile: {"os": r, "kernel": None},
+                         "nothing (the kernel, which os-release does not show, is not judged)"),
 }
 
 

@@ -7,6 +7,12 @@
 - ``consul_marker_key``: the preflight release marker of an IU.
 - ``consul_maintenance``: the agent's checks (``GET /v1/agent/checks``) -> service ID -> the reason (Notes)
   of each service that Consul holds in maintenance.
+- ``consul_node_maintenance``: the reason (Notes) of the node's maintenance among checks (the agent's
+  ``GET /v1/agent/checks`` mapping, or the catalog's ``GET /v1/health/node/<node>`` list), None when the node is
+  not in maintenance.
+- ``consul_serving_ius``: the agent's checks -> the IU service IDs in rotation (every check passing or warning,
+  no maintenance); ``under_node_maintenance=True`` judges them as if the node were not in maintenance (the IUs
+  a drained node would put back).
 - ``consul_token``: the token rule (roles/consul_agent/README.md): ``consul_token | consul_token(consul_token_file)``
   is the vault value when set, else the token read from the 0600 file on the controller; a bad file fails
   naming it. The same function as every Python reader's (cluster.settings.Consul.operator_token).
@@ -94,6 +100,36 @@ def consul_maintenance(checks: Any) -> dict[str, Any]:
             if (service := layout.maintained_service(str(check_id))) is not None}
 
 
+def _check_list(checks: Any, what: str) -> list[dict]:
+    if isinstance(checks, dict):
+        return [c for c in checks.values() if isinstance(c, dict)]
+    if isinstance(checks, list):
+        return [c for c in checks if isinstance(c, dict)]
+    raise AnsibleFilterError(f"{what}: expected Consul checks (a mapping or a list), got {type(checks).__name__}")
+
+
+def consul_node_maintenance(checks: Any) -> str | None:
+    for check in _check_list(checks, "consul_node_maintenance"):
+        if check.get("CheckID") == layout.NODE_MAINT_CHECK:
+            return str(check.get("Notes") or "")
+    return None
+
+
+def consul_serving_ius(checks: Any, under_node_maintenance: bool = False) -> list[str]:
+    """IU service IDs whose every own check passes (or warns), with no service maintenance; none while the node is
+    in maintenance unless ``under_node_maintenance``. Node-level checks other than maintenance (serfHealth) are not
+    the agent's to report: the agent answering is its own gossip health."""
+    listed = _check_list(checks, "consul_serving_ius")
+    if not under_node_maintenance and any(c.get("CheckID") == layout.NODE_MAINT_CHECK for c in listed):
+        return []
+    states: dict[str, list[str]] = {}
+    for check in listed:
+        if check.get("ServiceName") == layout.SERVICE_NAME and check.get("ServiceID"):
+            maintenance = layout.is_maintenance_check(str(check.get("CheckID")))
+            states.setdefault(str(check["ServiceID"]), []).append("maintenance" if maintenance else str(check.get("Status")))
+    return sorted(iu for iu, found in states.items() if all(s in ("passing", "warning") for s in found))
+
+
 def consul_token(value: Any, path: Any = "") -> str:
     try:
         return settings.Consul(token=value, token_file=str(path or "") or None).operator_token() or ""
@@ -105,4 +141,5 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"consul_bind_ip": consul_bind_ip, "consul_node_acl": consul_node_acl,
                 "consul_marker_key": consul_marker_key, "consul_maintenance": consul_maintenance,
+                "consul_node_maintenance": consul_node_maintenance, "consul_serving_ius": consul_serving_ius,
                 "consul_token": consul_token}

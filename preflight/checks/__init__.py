@@ -21,7 +21,9 @@ from preflight.checks import (
     nccl,
     numa_pinning,
     nvlink,
+    os_support,
     pcie_link,
+    secure_boot,
     time_sync,
     versions,
 )
@@ -45,6 +47,8 @@ CHECKS: tuple[Check, ...] = (
     dcqcn.CHECK,
     numa_pinning.CHECK,
     time_sync.CHECK,
+    os_support.CHECK,
+    secure_boot.CHECK,
     versions.CHECK,
     consul.CHECK,
 )

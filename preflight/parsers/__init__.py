@@ -59,6 +59,8 @@ _KINDS: dict[str, tuple[str, str]] = {
     "kernel-xids": ("kernel_log", "parse_xids"),
     "fabricmanager-version": ("versions", "parse_fabricmanager"),
     "ofed-info": ("versions", "parse_ofed_info"),
+    "os-release": ("os_release", "parse"),
+    "mokutil-sb-state": ("secure_boot", "parse"),
     # one-word outputs (cstates, ib_link_health, dcqcn, gpu_health, versions)
     "pm-qos": ("single_value", "parse_pm_qos"),
     "date-epoch": ("single_value", "parse_epoch"),

@@ -19,5 +19,5 @@ GPU generation, ``sim_hardware`` overrides, the model's ``gpu_count``/``gpu_numa
 with ``sim_faults`` applied (:mod:`sim.hosts.faults`). The simulated trees come from
 :mod:`sim.hosts.sysfs`; the stub tools (:mod:`sim.hosts.stubs`: nvidia-smi, ibstat, ibping,
 ib_write_lat/bw, all_reduce_perf, chronyc, mlnx_qos, lscpu, numactl, cpupower, dmesg, journalctl,
-systemctl show/cat, ofed_info, nv-fabricmanager, update-grub, sysctl --system) print the real tools' formats from it and log every call.
+systemctl show/cat, ofed_info, nv-fabricmanager, update-grub, sysctl --system, mokutil --sb-state) print the real tools' formats from it and log every call.
 """

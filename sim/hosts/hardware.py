@@ -16,6 +16,7 @@ says the node is. Faults (:mod:`sim.hosts.faults`) are applied on top of the res
     ib_latency_us, ib_bw_gbps                                             ib_write_lat / ib_write_bw
     nccl_busbw_gbs: {8: 480, 4: 365}                                      all_reduce_perf bus bandwidth
     clock_offset_us                                                       chronyc tracking
+    secure_boot                                                           mokutil --sb-state; DKMS module refused at boot
     versions: {driver, cuda, nccl, ofed, fabric_manager}                  what the tools report
     product_name, sys_vendor                                              DMI
 
@@ -150,6 +151,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "clock_offset_us": 18.0,
     "clock_source": "127.0.9.123",  # a loopback NTP server name: nothing here talks to private ranges
     "sim_command_delay_s": 0.0,
+    "secure_boot": False,  # firmware Secure Boot; the machines' DKMS key is never enrolled (no console)
 }
 
 _IB_NETDEV = re.compile(r"^ib[ps](\d+)s(\d+)")  # predictable names: ibp<bus>s<slot>, decimal
@@ -252,6 +254,7 @@ class Hardware:
     command_delay_s: float = 0.0
     hang: list[str] | None = None  # tools that never return; [] = every stub
     unreachable: bool = False
+    secure_boot: bool = False
 
     @property
     def vcpus(self) -> int:
@@ -420,6 +423,7 @@ def resolve(host: str, hostvars: Mapping[str, Any]) -> Hardware:
         hca_board_id=str(hca_defaults["board_id"]),
         hca_ca_type=str(hca_defaults["ca_type"]),
         command_delay_s=float(hostvars.get("sim_command_delay_s", s["sim_command_delay_s"])),
+        secure_boot=bool(s["secure_boot"]),
     )
 
 

@@ -10,7 +10,12 @@ installs meanwhile. The machine reproduces that:
   running kernel's headers are installed, as dkms does;
 - a boot unit (``LOAD_UNIT``, before sysinit.target) "loads" the file's version: it exposes it as
   ``/sys/module/nvidia/version`` and ``/proc/driver/nvidia/version``, under the machine's /run, which every boot
-  starts empty. Only a reboot (a machine restart) changes what the daemons and ``nvidia-smi`` see.
+  starts empty. Only a reboot (a machine restart) changes what the daemons and ``nvidia-smi`` see;
+- under Secure Boot (the hardware description's ``secure_boot``) the kernel loads only modules signed by a key it
+  trusts. DKMS signs with the host's own MOK, trusted once enrolled through MokManager at the console, which a
+  machine never has: the boot's load is refused as systemd-modules-load reports it, "Failed to insert module
+  'nvidia': Key was rejected by service" (kernel/module/signing.c ``module_sig_check``: EKEYREJECTED when
+  signatures are enforced, as under Secure Boot), and no module is loaded.
 
 ``nvidia-smi`` then answers as the real one does: exit 9 "couldn't communicate with the NVIDIA driver" with no
 module loaded, exit 18 "Driver/library version mismatch" when the installed library (the package's version)
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from sim.hosts.state_dir import SIM_RUN_DIR
 
 KERNEL = os.uname().release  # the machines share this machine's kernel
 MODULE_FILE = f"usr/lib/modules/{KERNEL}/updates/dkms/nvidia.ko"  # /lib is a link to usr/lib on the image
@@ -35,6 +42,9 @@ NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVI
 NO_DRIVER_EXIT = 9  # nvidia-smi(1), RETURN VALUE: "NVIDIA driver is not loaded"
 MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
 MISMATCH_EXIT = 18  # NVML_ERROR_LIB_RM_VERSION_MISMATCH
+REJECTED = "Failed to insert module 'nvidia': Key was rejected by service"  # strerror(EKEYREJECTED)
+# host.json's '"secure_boot": true' (sim.hosts.machines writes the hardware there), as a grep pattern without quotes
+SECURE_BOOT_PATTERN = "secure_boot...true"
 
 
 def seed(upper: Path, version: str) -> None:
@@ -50,6 +60,9 @@ def load_unit() -> str:
     module, driver = f"{KERNEL_RUN_DIR}/module", f"{KERNEL_RUN_DIR}/driver"
     script = (
         f'ko=/lib/modules/$(uname -r)/updates/dkms/nvidia.ko; [ -f "$ko" ] || exit 0; '
+        # no single quote may appear inside the unit's sh -c '...': printf's octal escape writes them
+        f"if grep -q {SECURE_BOOT_PATTERN} {SIM_RUN_DIR}/host.json 2>/dev/null; then "
+        f'printf "{REJECTED.replace(chr(39), chr(92) + "047")}\\n" >&2; exit 0; fi; '
         f'v=$(tr -cd 0-9. < "$ko"); mkdir -p {module}/nvidia {driver}/nvidia; '
         f'echo "$v" > {module}/nvidia/version; '
         f'printf "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  '

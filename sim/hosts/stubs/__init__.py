@@ -32,10 +32,11 @@ TOOLS: dict[str, str] = {
     "nvbandwidth": "gpu_depth:nvbandwidth",
     "dcgmi": "gpu_depth:dcgmi",
     "update-grub": "boot:update_grub",
+    "mokutil": "boot:mokutil",
     "sysctl": "sysctl:sysctl",
 }
 # Tools Ansible itself calls while provisioning: no call delay, no hang (those model slow hardware probes).
-UNDELAYED_TOOLS = frozenset({"systemctl", "update-grub", "sysctl"})
+UNDELAYED_TOOLS = frozenset({"systemctl", "update-grub", "sysctl", "mokutil"})
 PROGRAM = "clusterctl-sim-tool"
 REAL_SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -32,3 +34,39 @@ def test_handlers_run_even_when_a_later_task_fails_the_host():
              for play in yaml.safe_load(path.read_text())]
     assert [(name, play.get("name")) for name, play in plays
             if not any(k.endswith("import_playbook") for k in play) and play.get("force_handlers") is not True] == []
+
+
+def test_every_provisioning_play_checks_the_os_before_it_changes_anything():
+    """Only the hold check may come before it: every pre_task before it is an assert that changes nothing."""
+    plays = [(path.name, play) for path in sorted((REPO / "playbooks").glob("*.yml"))
+             for play in yaml.safe_load(path.read_text()) if play.get("roles")]
+    assert plays
+    first = {name: [next(iter(v for k, v in task.items() if k.endswith("import_tasks")), None)
+                    for task in play.get("pre_tasks", [])][:2] for name, play in plays}
+    assert {name: steps for name, steps in first.items()
+            if steps != ["tasks/hold.yml", "tasks/supported_os.yml"]} == {}
+
+
+def _names_and_imports(tasks: list[dict]) -> list[str]:
+    """Each task's import (tasks/*.yml) or, for others, its name; blocks flattened in order."""
+    out = []
+    for task in tasks:
+        if "block" in task:
+            out += _names_and_imports(task["block"])
+            continue
+        imported = next((v for k, v in task.items() if k.endswith("import_tasks")), None)
+        out.append(Path(imported).name if imported else task.get("name", ""))
+    return out
+
+
+@pytest.mark.parametrize("tasks_of", [
+    lambda: yaml.safe_load((REPO / "playbooks/tasks/reboot.yml").read_text()),
+    lambda: yaml.safe_load((REPO / "playbooks/consul-servers-reboot.yml").read_text())[0]["tasks"],
+], ids=["tasks/reboot.yml", "consul-servers-reboot.yml"])
+def test_every_reboot_is_drained_before_and_released_after(tasks_of):
+    """A node with IUs in rotation never reboots under the edges: node maintenance before, cleared after."""
+    steps = _names_and_imports(tasks_of())
+    reboot = steps.index("Reboot the host")
+    assert steps.count("Reboot the host") == 1
+    assert steps[reboot - 1] == "node_drain.yml"
+    assert "node_release.yml" in steps[reboot + 1:]

@@ -144,3 +144,14 @@ def test_stdin_at_a_terminal_says_what_to_paste(capsys, monkeypatch):
     code, out, err = run_cli(capsys, "preflight", "parse", "nccl", "-", "--json")
     assert code == 0 and err == "reading nccl output from stdin (paste it, then Ctrl-D)\n"
     assert json.loads(out)["avg_busbw_gbps"] == 20.3
+
+
+@pytest.mark.parametrize("fixture, verdict, code, reason", [
+    ("ubuntu24.04.1-noble.txt", "PASS", "OS_OK", "Ubuntu 24.04.1 LTS"),
+    ("ubuntu20.04.6-focal.txt", "FAIL", "OS_UNSUPPORTED", "Ubuntu 20.04.6 LTS (ID=ubuntu, VERSION_ID=20.04) is not a "
+     "supported OS; the roles support Debian 12, Ubuntu 22.04, Ubuntu 24.04")])
+def test_a_pasted_os_release_gets_the_os_support_verdict(fixture, verdict, code, reason):
+    text = (FIXTURES / "os_release" / fixture).read_text()
+    results, assumed = judge("os-release", parsers.parse("os-release", text), [], "h100-sxm", None)
+    [result] = results
+    assert (result.verdict.value, result.code, result.reason) == (verdict, code, reason)

@@ -20,9 +20,9 @@ KIND_DIRS = {kind: FIXTURES / kind.replace("-", "_") for kind in PARSERS}
 def test_registry_has_exactly_the_contract_kinds():
     assert sorted(PARSERS) == [
         "chrony", "cmdline", "cpulist", "cpupower", "date-epoch", "dcgm-diag", "dpkg-version", "ecn-switch",
-        "fabricmanager-version", "ibping", "ibstat", "kernel-links", "kernel-xids", "mlnx-qos", "mlxlink", "nccl",
+        "fabricmanager-version", "ibping", "ibstat", "kernel-links", "kernel-xids", "mlnx-qos", "mlxlink", "mokutil-sb-state", "nccl",
         "nvbandwidth", "nvlink-errors", "nvlink-status", "nvsmi-pci", "nvsmi-perf", "nvsmi-q", "ofed-info",
-        "perftest", "pm-qos", "sysfs", "systemctl-is-active", "systemctl-show", "topo",
+        "os-release", "perftest", "pm-qos", "sysfs", "systemctl-is-active", "systemctl-show", "topo",
     ]
 
 
