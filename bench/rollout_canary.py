@@ -50,6 +50,7 @@ from sim.vllm.registration import IUService, register_on_catalog_node  # noqa: E
 from sim.vllm.server import SimulatedIU  # noqa: E402
 
 NET = "127.0.65"
+DC = layout.DEFAULT_DATACENTER
 PLAN = Path(__file__).resolve().parents[1] / "operate" / "rollouts" / "ci-short.yml"
 CASES = {"good": {}, "slow": {"slowdown": 2.0}, "errors": {"error_fraction": 0.02}, "abort": {}}
 CLIENTS = 24
@@ -77,7 +78,7 @@ class Cluster:
             port = int(sim.address.rsplit(":", 1)[1])
             register_on_catalog_node(self.io, IUService(f"{node}-iu0", node, "r1", address, port, (0,), 0,
                                                         revision=revision), address)
-            self.io.kv_put(layout.score_key("dc1", node), body_of(node, [f"{node}-iu0"]))
+            self.io.kv_put(layout.score_key(DC, node), body_of(node, [f"{node}-iu0"]))
             self.sims.append(sim)
             self.revision_of[f"{node}-iu0"] = revision
 
@@ -160,9 +161,9 @@ def run_case(case: str, plan_path: Path = PLAN) -> dict:
         watcher.start()
         try:
             time.sleep(1.0)  # stable only, before the rollout
-            index, doc, _ = begin(cluster.io, plan, "dc1", time.time())
+            index, doc, _ = begin(cluster.io, plan, DC, time.time())
             events.append((time.time(), doc.state, doc.effective_weight))
-            controller = Controller(cluster.io, plan, "dc1",
+            controller = Controller(cluster.io, plan, DC,
                                     on_event=lambda d, text: events.append((time.time(), d.state, d.effective_weight)))
             aborted_at = None
             if case == "abort":
@@ -172,10 +173,10 @@ def run_case(case: str, plan_path: Path = PLAN) -> dict:
                     time.sleep(0.05)
                 time.sleep(2.0)
                 aborted_at = time.time()
-                operate(cluster.io, "dc1", lambda d: abort_doc(d, time.time(), "bench: operator abort"))
+                operate(cluster.io, DC, lambda d: abort_doc(d, time.time(), "bench: operator abort"))
                 runner.join(plan.interval_s * 3 + 5)
                 time.sleep(1.0)
-                final = operate(cluster.io, "dc1", lambda d: d)
+                final = operate(cluster.io, DC, lambda d: d)
             else:
                 final = controller.run(doc, index)
                 time.sleep(0.5)
