@@ -3,12 +3,14 @@ processes, a client load through them and the rollout controller (operate/rollou
 (operate/rollouts/ci-short.yml: 20% / 50% / 100%, gates every second).
 
 Cases: ``good`` (the canary is the same simulated engine: promotes through every step), ``slow`` (a canary
-engine 2x slower: rolled back), ``errors`` (a canary answering 500 to 2% of requests: rolled back), ``abort``
-(an operator's abort at the 50% step: every edge back on stable). Printed per case, each against its target:
+engine 2x slower: rolled back), ``errors`` (a canary answering 500 to 2% of requests: rolled back), ``ecc`` (at
+20%, a canary node's agent reports volatile uncorrectable ECC errors, in the body it publishes: rolled back),
+``abort`` (an operator's abort at the 50% step: every edge back on stable). Printed per case, each against its target:
 
 - rollback: from the evidence (the moment the edges had counted ``min_requests`` answers on each side in the step,
   and for ``errors`` a failed one on the canary; read every 20 ms) to the last edge applying weight 0; target: one
-  gate interval, plus the deciding evaluation's own time (its scrape, judgement and write, printed);
+  gate interval, plus the deciding evaluation's own time (its scrape, judgement and write, printed); for
+  ``ecc`` the evidence is the body's write;
 - abort: from the abort's write to the later of the last edge applying weight 0 and the start of the last
   request an edge still sent to the canary; target: 2 s;
 - affected: the canary's share of all requests until the end, at most the step's weight (+2 points).
@@ -42,6 +44,8 @@ from bench.edge_procs import start_edge  # noqa: E402
 from consul_io import layout  # noqa: E402
 from consul_io.client import ConsulIO  # noqa: E402
 from devconsul.server import DevConsulServer  # noqa: E402
+from eas_agent.collectors.gpu import GpuReading  # noqa: E402
+from eas_agent.score import gpu_problem  # noqa: E402
 from operate.rollout_gates import parse_edge_metrics  # noqa: E402
 from operate.rollout_plan import load_plan  # noqa: E402
 from operate.rollout_run import Controller, abort_doc, begin, operate  # noqa: E402
@@ -52,16 +56,18 @@ from sim.vllm.server import SimulatedIU  # noqa: E402
 NET = "127.0.65"
 DC = layout.DEFAULT_DATACENTER
 PLAN = Path(__file__).resolve().parents[1] / "operate" / "rollouts" / "ci-short.yml"
-CASES = {"good": {}, "slow": {"slowdown": 2.0}, "errors": {"error_fraction": 0.02}, "abort": {}}
+CASES = {"good": {}, "slow": {"slowdown": 2.0}, "errors": {"error_fraction": 0.02}, "ecc": {}, "abort": {}}
 CLIENTS = 24
 BODY = json.dumps({"model": MODEL_NAME, "prompt": "word " * 60, "max_tokens": 16}).encode()
 
 
-def body_of(node: str, ius: list[str]) -> str:
-    """A fresh score body for ``node`` (every IU equal: the split, not the scores, is under test)."""
+def body_of(node: str, ius: list[str], problem: tuple[str, str] = ("passing", "")) -> str:
+    """A fresh score body for ``node`` (every IU equal: the split, not the scores, is under test); ``problem``:
+    the (status, reason) its agent holds the IUs in."""
+    status, reason = problem
     return json.dumps({"node": node, "rack": "r1", "profile": "drain", "seq": 1, "ts": time.time(),
                        "clock_offset_s": None, "heartbeat_s": 120.0,
-                       "ius": {iu: {"score": 0.05, "level": 0, "status": "passing", "reason": "",
+                       "ius": {iu: {"score": 0.05, "level": 0, "status": status, "reason": reason,
                                     "components": {"prefill_tps": 12000.0, "request_cost_s": 0.05}} for iu in ius}})
 
 
@@ -81,6 +87,12 @@ class Cluster:
             self.io.kv_put(layout.score_key(DC, node), body_of(node, [f"{node}-iu0"]))
             self.sims.append(sim)
             self.revision_of[f"{node}-iu0"] = revision
+
+    def ecc_errors(self, node: str) -> None:
+        """``node``'s GPU reports volatile uncorrectable ECC errors: its body as its agent words it
+        (eas_agent/score.py ``gpu_problem``)."""
+        problem = gpu_problem((GpuReading(index=0, ecc_volatile_uncorrectable=3),))
+        self.io.kv_put(layout.score_key(DC, node), body_of(node, [f"{node}-iu0"], problem))
 
     def stop(self) -> None:
         for sim in self.sims:
@@ -166,14 +178,17 @@ def run_case(case: str, plan_path: Path = PLAN) -> dict:
             controller = Controller(cluster.io, plan, DC,
                                     on_event=lambda d, text: events.append((time.time(), d.state, d.effective_weight)))
             aborted_at = None
-            if case == "abort":
+            if case in ("abort", "ecc"):  # something happens during a step: an abort at 50%, ECC errors at 20%
                 runner = threading.Thread(target=lambda: controller.run(doc, index), daemon=True)
                 runner.start()
-                while not any(w == 0.5 for _, _, w in events):
+                while not any(w == (0.5 if case == "abort" else 0.2) for _, _, w in events):
                     time.sleep(0.05)
-                time.sleep(2.0)
+                time.sleep(2.0 if case == "abort" else 1.0)
                 aborted_at = time.time()
-                operate(cluster.io, DC, lambda d: abort_doc(d, time.time(), "bench: operator abort"))
+                if case == "abort":
+                    operate(cluster.io, DC, lambda d: abort_doc(d, time.time(), "bench: operator abort"))
+                else:
+                    cluster.ecc_errors("n2")  # a canary node
                 runner.join(plan.interval_s * 3 + 5)
                 time.sleep(1.0)
                 final = operate(cluster.io, DC, lambda d: d)
@@ -210,7 +225,7 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
         row["target"] = "promoted through every step"
         row["met"] = final.state == "promoted" and final.step == len(plan.steps) - 1
         return row
-    evidence = evidence_at(plan, weights, events, errors=case == "errors")
+    evidence = aborted_at if case == "ecc" else evidence_at(plan, weights, events, errors=case == "errors")
     row["rollback_s"] = round(zero_at - evidence, 3) if zero_at and evidence else None
     row["evaluation_s"] = round(took_s, 3)
     weight = max(w for _, _, w in events if w < 1.0)

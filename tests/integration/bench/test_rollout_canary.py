@@ -1,6 +1,7 @@
 """bench/rollout_canary.py end to end: through two real eas-edge processes, a good canary promotes through every
-step, a 2x slower one and one failing 2% of requests are rolled back within one gate interval of the evidence
-with at most their step's share of requests on the canary, and an abort puts every edge on stable within 2 s.
+step; a 2x slower one, one failing 2% of requests and one whose node reports ECC errors are rolled back within
+one gate interval of the evidence with at most their step's share of requests on the canary; an abort puts
+every edge on stable within 2 s.
 The measured table is printed (``-s`` shows it; a failure shows it always)."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def test_good_promotes_bad_rolls_back_abort_returns_to_stable():
     print("\n" + rollout_canary.table(rows))
     by_case = {row["case"]: row for row in rows}
     assert by_case["good"]["state"] == "promoted"
-    assert by_case["slow"]["state"] == by_case["errors"]["state"] == by_case["abort"]["state"] == "aborted"
+    assert {by_case[case]["state"] for case in ("slow", "errors", "ecc", "abort")} == {"aborted"}
     assert "ttft_p99_ratio" in by_case["slow"]["reason"] and "error_rate" in by_case["errors"]["reason"]
+    assert "ecc_events" in by_case["ecc"]["reason"]
     assert [row["case"] for row in rows if not row["met"]] == []
