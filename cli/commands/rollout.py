@@ -3,7 +3,8 @@
 Glue: options -> :mod:`operate.rollout_plan` (the file), :mod:`operate.rollout_run` (the state machine, the
 controller, the Consul document) -> :mod:`operate.rollout_report` (the table, the report files). The state is
 the document in Consul, so ``status``, ``pause``, ``resume`` and ``abort`` work from any controller, and ``start``
-with the same file takes up a rollout a stopped controller left. Exit codes: 0 promoted (or, for the other
+with the same file takes up a rollout a stopped controller left; a paused rollout keeps ``start`` waiting (still
+judging: a failure still aborts) until an operator resumes or aborts it. Exit codes: 0 promoted (or, for the other
 commands, done), 1 aborted by its gates or an operator, 2 bad input (nothing written to Consul), 3 Consul
 unreachable.
 """
