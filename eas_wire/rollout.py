@@ -66,6 +66,7 @@ class RolloutDoc:
     reason: str = ""
     history: tuple[Event, ...] = ()
     step_started: float = 0.0  # when the current step's weight was first applied (its hold counts from here)
+    steps: tuple[tuple[float, float], ...] = ()  # the plan's (weight, hold seconds): any controller's status shows them
 
     @property
     def effective_weight(self) -> float:
@@ -75,7 +76,7 @@ class RolloutDoc:
     def to_json(self) -> dict:
         return {"version": VERSION, "name": self.name, "stable": self.stable, "canary": self.canary,
                 "weight": self.weight, "state": self.state, "step": self.step, "updated": self.updated,
-                "step_started": self.step_started, "reason": self.reason,
+                "step_started": self.step_started, "reason": self.reason, "steps": [list(x) for x in self.steps],
                 "history": [e.to_json() for e in self.history[-MAX_HISTORY:]]}
 
     def dumps(self) -> str:
@@ -146,7 +147,19 @@ def parse(raw: object) -> RolloutDoc:
     updated = _number(raw, "updated", 0, 1e11)
     step_started = _number(raw, "step_started", 0, 1e11) if "step_started" in raw else updated
     return RolloutDoc(name, stable, canary, weight, state, step, updated, _text(raw, "reason", required=False),
-                      tuple(_event(e, n) for n, e in enumerate(history)), step_started)
+                      tuple(_event(e, n) for n, e in enumerate(history)), step_started, _steps(raw.get("steps", [])))
+
+
+def _steps(raw: object) -> tuple[tuple[float, float], ...]:
+    if not isinstance(raw, list) or len(raw) > 1000:
+        raise RolloutError("steps", raw, "not a list of [weight, hold seconds]")
+    steps = []
+    for n, item in enumerate(raw):
+        if not isinstance(item, list) or len(item) != 2:
+            raise RolloutError(f"steps[{n}]", item, "not a [weight, hold seconds] pair")
+        pair = {"weight": item[0], "hold": item[1]}
+        steps.append((_number(pair, "weight", 0, 1, f"steps[{n}]."), _number(pair, "hold", 0, 1e9, f"steps[{n}].")))
+    return tuple(steps)
 
 
 def loads(text: str | bytes) -> RolloutDoc:

@@ -11,31 +11,29 @@ from rich.table import Table
 
 from eas_wire.rollout import RolloutDoc
 from operate.report import _pyplot, _save, render_text
-from operate.rollout_plan import RolloutPlan
 
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) if ts else "-"
 
 
-def _hold(doc: RolloutDoc, plan: RolloutPlan | None, now: float) -> str:
-    if plan is None or doc.step >= len(plan.steps) or doc.state not in ("progressing", "promoted"):
+def _hold(doc: RolloutDoc, now: float) -> str:
+    if doc.step >= len(doc.steps) or doc.state not in ("progressing", "promoted"):
         return "-"
-    left = plan.steps[doc.step].hold_s - (now - doc.step_started)
+    left = doc.steps[doc.step][1] - (now - doc.step_started)
     return "over" if left <= 0 else f"{left:.0f} s left"
 
 
-def status_table(doc: RolloutDoc, plan: RolloutPlan | None = None, now: float | None = None,
-                 history: int = 12) -> Table:
+def status_table(doc: RolloutDoc, now: float | None = None, history: int = 12) -> Table:
     """The rollout at a glance, then its last ``history`` events (with their reasons)."""
     now = time.time() if now is None else now
     table = Table(title=f"rollout {doc.name}: {doc.state}", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    steps = f" of {len(plan.steps)}" if plan is not None else ""
+    steps = f" of {len(doc.steps)}" if doc.steps else ""
     for name, value in (("stable", doc.stable), ("canary", doc.canary),
                         ("canary weight", f"{doc.effective_weight * 100:g}%"),
-                        ("step", f"{doc.step + 1}{steps} (since {_when(doc.step_started)}, hold {_hold(doc, plan, now)})"),
+                        ("step", f"{doc.step + 1}{steps} (since {_when(doc.step_started)}, hold {_hold(doc, now)})"),
                         ("reason", doc.reason or "-"), ("updated", _when(doc.updated))):
         table.add_row(name, value)
     events = Table(title="history", title_justify="left")
@@ -49,14 +47,14 @@ def status_table(doc: RolloutDoc, plan: RolloutPlan | None = None, now: float | 
     return grid
 
 
-def write(doc: RolloutDoc, plan: RolloutPlan, evaluations: list, out_dir: str | Path) -> list[Path]:
+def write(doc: RolloutDoc, evaluations: list, out_dir: str | Path) -> list[Path]:
     """``rollout.json`` (the document and every evaluation), ``rollout.md``, ``rollout.png`` (with matplotlib)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = [{"ts": ts, "weight": weight, "gates": [r.to_json() for r in results]}
             for ts, weight, results in evaluations]
     (out / "rollout.json").write_text(json.dumps({"document": doc.to_json(), "evaluations": rows}, indent=2) + "\n")
-    (out / "rollout.md").write_text(f"# Rollout {doc.name}\n\n```\n{render_text(status_table(doc, plan))}```\n")
+    (out / "rollout.md").write_text(f"# Rollout {doc.name}\n\n```\n{render_text(status_table(doc))}```\n")
     written = [out / "rollout.json", out / "rollout.md"]
     plt = _pyplot()
     if plt is not None and evaluations:

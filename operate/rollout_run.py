@@ -60,7 +60,8 @@ def _event(doc: RolloutDoc, now: float, event: str, weight: float, reason: str =
 
 def start_doc(plan: RolloutPlan, now: float) -> RolloutDoc:
     first = plan.steps[0].weight
-    doc = RolloutDoc(plan.name, plan.stable, plan.canary, first, "progressing", 0, now, "", (), now)
+    doc = RolloutDoc(plan.name, plan.stable, plan.canary, first, "progressing", 0, now, "", (), now,
+                     tuple((s.weight, s.hold_s) for s in plan.steps))
     return replace(doc, history=_event(doc, now, "start", first, f"step 1 of {len(plan.steps)}"))
 
 

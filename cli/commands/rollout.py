@@ -88,9 +88,9 @@ def start(rollout_file, consul_addr, datacenter, token_file, out_dir) -> None:
         doc = controller.run(doc, index)
     except ConsulUnavailable as exc:
         raise _unreachable(io, exc) from exc
-    console.print(status_table(doc, plan))
+    console.print(status_table(doc))
     if out_dir:
-        for path in write(doc, plan, controller.evaluations, out_dir):
+        for path in write(doc, controller.evaluations, out_dir):
             console.print(f"wrote {path}")
     if doc.state == "aborted":
         raise ClusterctlError(f"rollout {doc.name} aborted: {doc.reason}", ExitCode.FAILED)

@@ -25,6 +25,8 @@ def test_a_document_round_trips():
     assert (doc.stable, doc.canary, doc.weight, doc.state, doc.effective_weight) == ("vllm-0.6+m", "vllm-0.7+m", 0.05,
                                                                                      "progressing", 0.05)
     assert loads(doc.dumps()) == doc
+    planned = parse(document(steps=[[0.05, 172800], [1, 0]]))
+    assert planned.steps == ((0.05, 172800.0), (1.0, 0.0)) and loads(planned.dumps()) == planned
 
 
 @pytest.mark.parametrize(("changes", "field", "value"), [
@@ -40,6 +42,8 @@ def test_a_document_round_trips():
     ({"step": -1}, "step", "-1"),
     ({"history": [{"ts": 1.0, "event": "x", "weight": 2}]}, "history[0].weight", "2"),
     ({"history": "none"}, "history", "'none'"),
+    ({"steps": [[0.05, 3600], [1.5, 0]]}, "steps[1].weight", "1.5"),
+    ({"steps": [[0.05]]}, "steps[0]", "[0.05]"),
 ])
 def test_a_bad_field_is_one_error_naming_it_and_its_value(changes, field, value):
     with pytest.raises(RolloutError) as caught:

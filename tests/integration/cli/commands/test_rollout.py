@@ -4,6 +4,7 @@ status, pause, resume and abort work on the document from any controller; a seco
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -79,6 +80,8 @@ def test_pause_resume_abort_from_another_controller_and_start_takes_it_up(consul
     address, io = consul
     path = rollout_file(tmp_path, steps=[{"weight": 20, "hold": "1h"}, {"weight": 100, "hold": "1s"}])
     begin(io, load_plan(path), "dc1", time.time())  # a controller that then stopped
+    code, out, _ = run_cli(capsys, "rollout", "status", "--consul", address)
+    assert code == 0 and re.search(r"step\s+\S\s+1 of 2 \(since .*hold \d+ s left\)", out)
     for verb, state in (("pause", "paused"), ("resume", "progressing")):
         code, _, err = run_cli(capsys, "rollout", verb, "--consul", address)
         assert code == 0, err
