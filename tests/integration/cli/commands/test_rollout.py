@@ -76,7 +76,8 @@ def test_start_drives_the_rollout_to_promotion_and_status_shows_it(consul, tmp_p
     assert code == 2 and "rollout r is aborted: nothing to pause" in err
 
 
-def test_pause_resume_abort_from_another_controller_and_start_takes_it_up(consul, tmp_path, capsys):
+def test_pause_resume_abort_from_another_controller_and_start_takes_it_up(consul, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     address, io = consul
     path = rollout_file(tmp_path, steps=[{"weight": 20, "hold": "1h"}, {"weight": 100, "hold": "1s"}])
     begin(io, load_plan(path), "dc1", time.time())  # a controller that then stopped
