@@ -14,7 +14,7 @@ node with :func:`cluster.model.build_node` and call these, so no template rebuil
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cluster.model import Node
@@ -37,6 +37,21 @@ def agent_ius(node: Node) -> list[dict[str, Any]]:
         }
         for iu in node.ius
     ]
+
+
+# The inventory values a revision is composed of (their roles' variables), and what stands for one left unset
+REVISION_PARTS = (("vllm-", "inference_unit_vllm_version", "unknown"), ("", "inference_unit_served_model_name", "any"),
+                  ("driver-", "nvidia_stack_driver_version", "unknown"))
+
+
+def iu_revision(hostvars: Mapping[str, Any], explicit: str | None = None) -> str:
+    """What a node's IUs run (``Meta.revision``): ``explicit`` when given, else composed from the node's
+    inventory values (``vllm-<version>+<served model>+driver-<version>``). Only the inventory's: the roles'
+    own defaults are not visible in every play that renders the definitions, and a revision that differed
+    between plays would flip on every run."""
+    if explicit:
+        return explicit
+    return "+".join(f"{prefix}{hostvars.get(name) or unset}" for prefix, name, unset in REVISION_PARTS)
 
 
 def health_url(address: str, port: int) -> str:
