@@ -14,7 +14,7 @@ node with :func:`cluster.model.build_node` and call these, so no template rebuil
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cluster.model import Node
@@ -39,16 +39,33 @@ def agent_ius(node: Node) -> list[dict[str, Any]]:
     ]
 
 
+# The inventory values a revision is composed of (their roles' variables), and what stands for one left unset
+REVISION_PARTS = (("vllm-", "inference_unit_vllm_version", "unknown"), ("", "inference_unit_served_model_name", "any"),
+                  ("driver-", "nvidia_stack_driver_version", "unknown"))
+
+
+def iu_revision(hostvars: Mapping[str, Any], explicit: str | None = None) -> str:
+    """What a node's IUs run (``Meta.revision``): ``explicit`` when given, else composed from the node's
+    inventory values (``vllm-<version>+<served model>+driver-<version>``). Only the inventory's: the roles'
+    own defaults are not visible in every play that renders the definitions, and a revision that differed
+    between plays would flip on every run."""
+    if explicit:
+        return explicit
+    return "+".join(f"{prefix}{hostvars.get(name) or unset}" for prefix, name, unset in REVISION_PARTS)
+
+
 def health_url(address: str, port: int) -> str:
     """The IU's vLLM ``/health``, which its Consul check calls."""
     return f"http://{address}:{port}/health"
 
 
 def iu_registration(iu: str, node: str, rack: str, address: str, port: int, gpus: Sequence[int],
-                    numa_node: int | None, model: str | None = None) -> dict[str, Any]:
+                    numa_node: int | None, model: str | None = None, revision: str | None = None) -> dict[str, Any]:
     """One IU's ``vllm-iu`` instance: name, ID (the IU id), address, port, tags and meta (Consul meta values
     are strings; an IU without one NUMA node has ``numa_node`` ""). ``model``: the name it serves
-    (``Meta.model``, which the edge routes a request's ``model`` on); without it the IU takes any model."""
+    (``Meta.model``, which the edge routes a request's ``model`` on); without it the IU takes any model.
+    ``revision``: what the IU runs (``Meta.revision``: vLLM version, model, driver), which a traffic rollout
+    (``clusterctl rollout``) shifts requests between; without it the IU is on the stable side of any rollout."""
     registration = {
         "name": IU_SERVICE_NAME,
         "id": iu,
@@ -64,17 +81,22 @@ def iu_registration(iu: str, node: str, rack: str, address: str, port: int, gpus
     }
     if model:
         registration["meta"]["model"] = model
+    if revision:
+        registration["meta"]["revision"] = revision
     return registration
 
 
-def iu_service_definitions(node: Node, interval: str, timeout: str) -> dict[str, dict[str, Any]]:
+def iu_service_definitions(node: Node, interval: str, timeout: str,
+                           revision: str | None = None) -> dict[str, dict[str, Any]]:
     """IU id -> its Consul service definition file's content (``{"service": {...}}``).
 
-    ``interval``/``timeout``: the ``/health`` check's, Consul duration strings (``10s``).
+    ``interval``/``timeout``: the ``/health`` check's, Consul duration strings (``10s``); ``revision``: what
+    the node's IUs run (``Meta.revision``; :func:`iu_registration`).
     """
     return {
         iu.id: {"service": {
-            **iu_registration(iu.id, node.name, node.rack, node.address, iu.port, iu.gpus, iu.numa_node),
+            **iu_registration(iu.id, node.name, node.rack, node.address, iu.port, iu.gpus, iu.numa_node,
+                               revision=revision),
             "checks": [{
                 "id": layout.health_check_id(iu.id),
                 "name": f"vLLM /health of {iu.id}",

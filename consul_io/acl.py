@@ -8,9 +8,9 @@ through a server (``clusterctl.infra.consul_acl``).
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
 | file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` (config_file_service_registration) |
-| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, reads |
+| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, the rollout document, reads |
 | eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; reads the score keys, nodes |
-| edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes and the score keys   |
+| edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes, the score keys and the rollout document |
 
 What each token can then do, and what it can do beyond its job, is the table "What each token can do" in
 docs/contracts/consul-layout.md, which ``tests/integration/consul_io/test_acl.py`` performs cell by cell. In short:
@@ -25,7 +25,7 @@ IU's owner from its catalog node, not from what the registrant wrote (edge/pool/
 
 from __future__ import annotations
 
-from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, acl_policy
+from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, ROLLOUT_PREFIX, acl_policy
 from consul_io.layout import SERVICE_NAME as SERVICE
 
 
@@ -42,6 +42,7 @@ def registration_policy() -> str:
 def operator_policy() -> str:
     return (f'service "{SERVICE}" {{ policy = "write" }}\n'
             f'key_prefix "{PREFLIGHT_PREFIX}/" {{ policy = "write" }}\n'
+            f'key_prefix "{ROLLOUT_PREFIX}/" {{ policy = "write" }}\n'
             'node_prefix "" { policy = "read" }\n'
             'service_prefix "" { policy = "read" }\n'
             'agent_prefix "" { policy = "read" }\n')
@@ -57,7 +58,8 @@ def eas_agent_policy(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) ->
 def edge_policy(kv_prefix: str = EAS_PREFIX) -> str:
     return (f'service "{SERVICE}" {{ policy = "read" }}\n'
             'node_prefix "" { policy = "read" }\n'
-            f'key_prefix "{kv_prefix.strip("/")}/" {{ policy = "read" }}\n')
+            f'key_prefix "{kv_prefix.strip("/")}/" {{ policy = "read" }}\n'
+            f'key_prefix "{ROLLOUT_PREFIX}/" {{ policy = "read" }}\n')
 
 
 def node_policies(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> dict[str, str]:

@@ -222,6 +222,14 @@ class ConsulIO:
         )
         return int(idx or 0), entries or []
 
+    def kv_entry(self, key: str, index: int | None = None, wait_s: float | None = None) -> tuple[int, list]:
+        """``key``'s entry as a listing of at most one (a blocking query when ``index`` is given). Unlike a
+        recursive listing, which Consul filters by the token's rights (a key it may not read looks absent), a
+        key the token may not read is an error here."""
+        wait = go_duration(wait_s) if (index and wait_s) else None
+        idx, entry = self._call(f"GET kv/{key}", self.client.kv.get, key, index=index or None, wait=wait)
+        return int(idx or 0), [entry] if entry else []
+
     # -- health and agent -----------------------------------------------------------------------------
     def health_service(
         self, index: int | None = None, wait_s: float | None = None, passing: bool = False

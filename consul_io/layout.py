@@ -29,6 +29,7 @@ NODE_TAG_PREFIX = "node:"
 # -- KV -------------------------------------------------------------------------------------------------
 EAS_PREFIX = "clusterctl/eas"  # score bodies: <prefix>/<dc>/<node> (docs/contracts/score-body.md)
 PREFLIGHT_PREFIX = "clusterctl/preflight"  # release markers: <prefix>/<dc>/<iu id>
+ROLLOUT_PREFIX = "clusterctl/rollout"  # the traffic rollout document: <prefix>/<dc>/document (eas_wire/rollout.py)
 DEFAULT_DATACENTER = "dc1"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8500"
 
@@ -102,6 +103,16 @@ def score_prefix(datacenter: str, kv_prefix: str = EAS_PREFIX) -> str:
 
 def score_key(datacenter: str, node: str, kv_prefix: str = EAS_PREFIX) -> str:
     return f"{score_prefix(datacenter, kv_prefix)}{node}"
+
+
+def rollout_prefix(datacenter: str) -> str:
+    """The KV prefix the edges watch for the rollout document (with the trailing slash)."""
+    return f"{ROLLOUT_PREFIX}/{datacenter}/"
+
+
+def rollout_key(datacenter: str) -> str:
+    """The KV key of ``datacenter``'s traffic rollout document (``clusterctl rollout`` writes, edges read)."""
+    return f"{rollout_prefix(datacenter)}document"
 
 
 def acl_policy(kind: str, node: str) -> str:

@@ -39,6 +39,7 @@ from edge.metrics import EdgeMetrics
 from edge.pool import ConsulWatcher
 from edge.pool.prefix import PrefixIndex
 from edge.proxy import EdgeState, make_app
+from edge.rollout import RolloutFollower
 from edge.routing import Router
 
 log = logging.getLogger("edge")
@@ -93,6 +94,7 @@ class Edge:
         router = Router(rng, config.max_inflight_per_iu, config.eject_s, announcing=config.announce.enabled,
                         prefix=prefix)
         self.state = EdgeState(config, view, router, EdgeMetrics())
+        self.state.rollout = RolloutFollower(config.datacenter, self.state.metrics.registry)
         self.state.metrics.watch(self.state)
         self.runner: web.AppRunner | None = None
         self.site: CappedSite | None = None
@@ -108,11 +110,16 @@ class Edge:
         except ConsulUnavailable as exc:  # nothing is contacted here: the address contradicts the scheme
             raise ConfigError(self.config.source, "consul.address", str(exc)) from None
         watcher = ConsulWatcher(self.state.view, io, kv_prefix=c.kv_prefix, dc=self.config.datacenter)
+        rollout = self.state.rollout
         try:
             watcher.refresh_once()
+            # the split is known before the first request: an edge that may not read it does not serve
+            rollout.apply_kv(io.kv_entry(rollout.key)[1])
         except ConsulUnavailable as exc:
             raise StartupError(f"cannot reach Consul at {c.address} (consul.address): {exc}") from exc
         self.state.watcher = watcher.start()
+        watcher.follow(lambda i: io.kv_entry(rollout.key, index=i, wait_s=watcher.wait_s), rollout.apply_kv,
+                       "eas-watch-rollout")
 
     async def start(self) -> str:
         """Connect, start feeds and listen; returns the listening HOST:PORT."""

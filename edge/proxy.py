@@ -42,11 +42,13 @@ from edge.announce import AnnounceSender
 from edge.auth import Authenticator
 from edge.body import BodyReader, BodySummary, BodyTooLarge
 from edge.config import EdgeConfig
+from edge.eligible import excluded
 from edge.errors import MAX_UPSTREAM_ERROR_BYTES, error_response, normalise_upstream_error
 from edge.feed import AgentFeed, EdgeView
 from edge.limits import BodyTooLong, head_arrived, read_capped
 from edge.metrics import EdgeMetrics
 from edge.pool.prefix import NO_PREFIX, PromptPrefix
+from edge.rollout import RolloutFollower
 from edge.routing import Decision, Router
 from edge.upstream import RETRYABLE, Answered, Call, open_first, probe_due, relay
 
@@ -81,6 +83,7 @@ class EdgeState:
     draining: bool = False
     local_trouble_until: float = 0.0  # monotonic: the edge ran short of descriptors or buffers until then
     not_serving_of: tuple = (None, {})  # (the IU -> model map they were made from, model -> _not_serving)
+    rollout: RolloutFollower = field(default_factory=RolloutFollower)  # the traffic split (edge/rollout.py)
 
     def __post_init__(self):
         if self.admission is None:
@@ -164,9 +167,11 @@ class EdgeState:
             return
         sender.announce(entry.node, agent, decision.iu_id, prompt_tokens, seq, now)
 
-    def release(self, iu_id: str, outcome: str = "ok", handle=None) -> None:
-        """Free ``iu_id``'s slot; ``outcome`` (ok, failed, definitive, neutral) feeds outlier ejection."""
+    def release(self, iu_id: str, outcome: str = "ok", handle=None, status: int = 0) -> None:
+        """Free ``iu_id``'s slot; ``outcome`` (ok, failed, definitive, neutral) feeds outlier ejection and the
+        rollout's error count, ``status`` an IU's own HTTP error status."""
         self.router.done(iu_id, handle)
+        self.rollout.finished(iu_id, outcome == "failed", status)
         pool_size = len(self.view.snapshot().healthy)
         if self.router.outcome(iu_id, time.time(), outcome, pool_size):
             self.metrics.ejections_of[outcome].inc()
@@ -229,30 +234,6 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _not_serving(state: EdgeState, model: str | None) -> frozenset[str] | None:
-    """The IUs that declare another model than ``model`` (empty: none do, or the request names none); None
-    when every registered IU declares its model and none is ``model``."""
-    models = state.view.unit_models()
-    if not model or not models:
-        return frozenset()
-    seen, by_model = state.not_serving_of
-    # a new Consul answer invalidates the sets; the model field is the client's, so it cannot grow them
-    if seen is not models or len(by_model) >= MODELS_CACHED:
-        by_model = {}
-        state.not_serving_of = (models, by_model)
-    if model not in by_model:
-        by_model[model] = _not_serving_in(models, model)
-    return by_model[model]
-
-
-def _not_serving_in(models: dict[str, str | None], model: str) -> frozenset[str] | None:
-    if model in models.values():
-        return frozenset(iu for iu, served in models.items() if served is not None and served != model)
-    if None in models.values():  # some IUs take any model: vLLM answers for the name
-        return frozenset(iu for iu, served in models.items() if served is not None)
-    return None
-
-
 async def _proxy_completion(state: EdgeState, request: web.Request, arrived: float) -> web.StreamResponse:
     chat = request.path.startswith("/v1/chat/")
     try:
@@ -262,7 +243,7 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
     summary: BodySummary = await state.bodies.summarize(raw, chat)
     if summary.error is not None:
         return error_response(400, summary.error, summary.reason)
-    not_serving = _not_serving(state, summary.model)
+    not_serving = excluded(state, summary.model)
     if not_serving is None:
         return error_response(404, f"The model `{summary.model}` does not exist.", "model_not_found", "model")
     headers = {**{h: request.headers[h] for h in FORWARD_HEADERS if h in request.headers}, **state.upstream_headers}
@@ -306,7 +287,7 @@ async def _upstream_error(state: EdgeState, upstream: aiohttp.ClientResponse, iu
     finally:
         upstream.release()
         state.router.first_byte(iu_id, handle)
-        state.release(iu_id, "failed" if upstream.status >= 500 else "ok", handle)
+        state.release(iu_id, "failed" if upstream.status >= 500 else "ok", handle, status=upstream.status)
     return web.Response(body=normalise_upstream_error(upstream.status, raw), status=upstream.status,
                         content_type="application/json", headers=state.iu_headers(iu_id))
 

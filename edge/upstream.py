@@ -302,6 +302,7 @@ async def relay(state, request: web.Request, call: Call, opened: Opened, chat: b
     if liveness is not None:
         liveness.started(iu_id, opened.ttft_s)
     state.metrics.ttft_of["true" if call.stream else "false"].observe(time.monotonic() - call.arrived)
+    state.rollout.first_byte(iu_id, time.monotonic() - call.arrived)
     try:
         await response.prepare(request)
         while True:

@@ -107,15 +107,16 @@ class Scenario:
         return chosen.name, prompt, output
 
 
-class _Reader:
-    """Field checks that raise one ScenarioError line: ``<file>: <field>: <problem> (got <value>)``."""
+class FieldReader:
+    """Field checks that raise one error line: ``<file>: <field>: <problem> (got <value>)`` (a ScenarioError,
+    or ``error``: the rollout file's reader shares these checks)."""
 
-    def __init__(self, source: str):
-        self.source = source
+    def __init__(self, source: str, error: type[UsageError] = ScenarioError):
+        self.source, self.error = source, error
 
-    def fail(self, field: str, problem: str, value=None) -> ScenarioError:
+    def fail(self, field: str, problem: str, value=None) -> UsageError:
         got = "" if value is None else f" (got {value!r})"
-        return ScenarioError(f"{self.source}: {field or '(top level)'}: {problem}{got}")
+        return self.error(f"{self.source}: {field or '(top level)'}: {problem}{got}")
 
     def mapping(self, value, field: str, allowed: set[str], required: set[str]) -> dict:
         if not isinstance(value, dict):
@@ -172,7 +173,7 @@ class _Reader:
 
 def parse_scenario(data, source: str = "<scenario>") -> Scenario:
     """The scenario in ``data`` (decoded YAML); :class:`ScenarioError` for anything not as documented."""
-    read = _Reader(source)
+    read = FieldReader(source)
     top = read.mapping(data, "", _TOP_FIELDS, {"name", "classes"})
     name = read.text(top["name"], "name")
     classes_data = top["classes"]

@@ -69,6 +69,7 @@ class IUEntry:
     weight: float = 1.0  # anomaly de-weighting: 0 = gated, (0, 1) = sampled less often
     ramp_start: float | None = None  # new/recovered IU: weight ramps up from here
     anomaly: str | None = None
+    revision: str | None = None  # what the IU runs (its service's Meta.revision; a rollout's stable or canary)
     # the last of this edge's announce sequence numbers the score counts (the body's ``announced``; 0: none)
     acked: int = field(default=0, compare=False)
     # the components readers act on, typed and range-checked (None: read from ``components``)
@@ -319,6 +320,7 @@ class PoolView:
                     terms=iu.terms,
                     address=_address(service),
                     port=_port(service),
+                    revision=_revision(service),
                     acked=acked,
                 )
             )
@@ -406,6 +408,12 @@ def _address(service: dict) -> str | None:
 def _port(service: dict) -> int | None:
     port = service.get("Port")
     return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None
+
+
+def _revision(service: dict) -> str | None:
+    meta = service.get("Meta")
+    revision = meta.get("revision") if isinstance(meta, dict) else None
+    return revision if isinstance(revision, str) and revision else None
 
 
 def _with_verdict(entry: IUEntry, verdict) -> IUEntry:

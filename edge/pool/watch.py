@@ -97,6 +97,13 @@ class ConsulWatcher:
             self.threads.append(thread)
         return self
 
+    def follow(self, fetch, apply, name: str) -> None:
+        """One more rate-limited blocking-query loop on this watcher's terms (``fetch(index)`` -> (index,
+        entries), ``apply(entries)`` on each change): another part of Consul the edge reads."""
+        thread = threading.Thread(target=self._loop, args=(fetch, apply), name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
     def stop(self) -> None:
         self.stopping.set()
 

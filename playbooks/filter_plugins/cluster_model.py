@@ -123,8 +123,11 @@ def eas_agent_config(hostname: str, hostvars: Any) -> list[dict[str, Any]]:
     return services.agent_ius(node_of(hostname, hostvars))
 
 
-def consul_iu_services(hostname: str, hostvars: Any, interval: str, timeout: str) -> dict[str, dict[str, Any]]:
-    return services.iu_service_definitions(node_of(hostname, hostvars), interval, timeout)
+def consul_iu_services(hostname: str, hostvars: Any, interval: str, timeout: str,
+                       revision: str = "") -> dict[str, dict[str, Any]]:
+    """The IU definitions; ``revision`` empty: composed from the node's inventory values (services.iu_revision)."""
+    return services.iu_service_definitions(node_of(hostname, hostvars), interval, timeout,
+                                           services.iu_revision(hostvars, str(revision or "")))
 
 
 def kernel_args(value: Any, hostname: str) -> list[str]:

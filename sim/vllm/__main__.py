@@ -32,11 +32,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-file", default=None)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--warmup-s", type=float, default=30.0)
+    parser.add_argument("--slowdown", type=float, default=1.0, help="engine this many times slower (>= 1)")
+    parser.add_argument("--error-fraction", type=float, default=0.0, help="share of completions answered 500")
     args = parser.parse_args(argv)
     if args.gpu_file:
         write_fake_gpu_file(args.gpu_file, fake_gpus(args.gpus, utilization=60))
     sims = [
-        SimulatedIU(host, port, schema=args.schema, arrival_rate=rate, seed=i, warmup_s=args.warmup_s).start()
+        SimulatedIU(host, port, schema=args.schema, arrival_rate=rate, seed=i, warmup_s=args.warmup_s,
+                    slowdown=args.slowdown, error_fraction=args.error_fraction).start()
         for i, (host, port, rate) in enumerate(args.iu)
     ]
     done = threading.Event()

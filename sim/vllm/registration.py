@@ -25,13 +25,14 @@ class IUService:
     gpus: tuple[int, ...]
     numa_node: int | None
     model: str | None = None  # the served model name (Meta.model); None: not declared
+    revision: str | None = None  # what it runs (Meta.revision, a rollout's stable or canary); None: not declared
 
 
 def register_iu_service(io: ConsulIO, service: IUService, http_check: bool = True) -> None:
     """The instance the role's definition file holds (``cluster.services.iu_registration``, the one shape);
     a 1 s HTTP check on /health unless told not to."""
     registration = services.iu_registration(service.iu_id, service.node, service.rack, service.address,
-                                            service.port, service.gpus, service.numa_node, service.model)
+                                            service.port, service.gpus, service.numa_node, service.model, service.revision)
     io.register_service(
         registration["id"],
         registration["address"],
@@ -48,7 +49,8 @@ def register_on_catalog_node(io: ConsulIO, service: IUService, node_address: str
     an IU's owner from its catalog node only, so an instance registered on the one agent would belong to that
     agent's node. No agent runs checks for it (the catalog holds no TTL or HTTP runner)."""
     registration = services.iu_registration(service.iu_id, service.node, service.rack, service.address,
-                                            service.port, service.gpus, service.numa_node, model=service.model)
+                                            service.port, service.gpus, service.numa_node, model=service.model,
+                                            revision=service.revision)
     entity = {"Service": registration["name"], "ID": registration["id"], "Address": registration["address"],
               "Port": registration["port"], "Tags": registration["tags"], "Meta": registration["meta"]}
     if not io.client.catalog.register(service.node, node_address, service=entity, token=io.token):

@@ -7,13 +7,20 @@ and the OpenAI-compatible completions API (``openai_api``: streaming SSE or not)
 
 The load model is advanced lazily to the current time on each request, so an idle server costs nothing and
 no background thread is needed besides the HTTP one. Controls (``set_arrival_rate``, ``hang``, ``fail``)
-let tests and the demo drive different loads and faults.
+let tests and the demo drive different loads and faults; two more make a bad canary for traffic rollouts:
+
+- ``slowdown`` (>= 1): the engine runs that many times slower (its model time runs at 1/slowdown of real
+  time: prefill, decode and its own background load alike), as a slower build or driver would;
+- ``error_fraction`` (0..1): that share of completion requests is answered ``500`` in vLLM's error shape
+  (``{"object": "error", ..., "type": "InternalServerError", "code": 500}``, as vLLM's OpenAI server answers
+  an engine exception: ``vllm/entrypoints/openai/protocol.py`` ``ErrorResponse``), before the engine sees it.
 """
 
 from __future__ import annotations
 
 import hmac
 import itertools
+import random
 import threading
 import time
 
@@ -38,9 +45,18 @@ class SimulatedIU:
         clock=time.monotonic,
         warmup_s: float = 0.0,
         api_key: str | None = None,
+        slowdown: float = 1.0,
+        error_fraction: float = 0.0,
     ):
         """``warmup_s``: the model starts that long in the past, so the first scrape shows a steady state."""
+        if not slowdown >= 1.0 or not 0.0 <= error_fraction <= 1.0:
+            raise ValueError(f"slowdown {slowdown!r} (>= 1) or error_fraction {error_fraction!r} (0..1) out of range")
+        if slowdown != 1.0:
+            origin = clock()
+            clock = (lambda real: lambda: origin + (real() - origin) / slowdown)(clock)
         self.clock = clock
+        self.errors = random.Random(seed ^ 0x5EED)
+        self.error_fraction = error_fraction
         self.api_key = api_key
         self.model = LoadModel(params, arrival_rate=arrival_rate, seed=seed, start=clock() - warmup_s)
         self.exposition = VllmExposition(self.model, schema)
@@ -161,6 +177,9 @@ class SimulatedIU:
                     return self._send(exc.code, exc.body(), "application/json")
                 except ValueError as exc:  # Content-Length
                     return self._send(400, openai_api.error_body(400, str(exc), "BadRequestError"),
+                                      "application/json")
+                if sim.error_fraction and sim.errors.random() < sim.error_fraction:
+                    return self._send(500, openai_api.error_body(500, "simulated engine error", "InternalServerError"),
                                       "application/json")
                 rid = f"cmpl-sim-{next(sim.ids)}"
                 if body.get("stream"):

@@ -279,6 +279,11 @@ def _read_some(answer) -> bool:
     return _allowed(answer) and bool(answer.json())
 
 
+def _read_rollout(admin: Api, api: Api) -> bool:
+    assert admin.put("/v1/kv/clusterctl/rollout/dc1/document", data=b"{}").status_code == 200
+    return _read_some(api.get("/v1/kv/clusterctl/rollout/dc1/document"))
+
+
 def _with_service_maintenance(admin: Api, api: Api):
     assert admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
     return _allowed(api.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}))
@@ -311,6 +316,9 @@ ACTIONS = {
     "read the IU listing (`health/service/vllm-iu`)": lambda admin, api: _read_some(
         api.get("/v1/health/service/vllm-iu")),
     "read the score keys": lambda admin, api: _read_some(api.get("/v1/kv/clusterctl/eas/", params={"recurse": ""})),
+    "write the rollout document `clusterctl/rollout/<dc>/document`": lambda admin, api: _allowed(
+        api.put("/v1/kv/clusterctl/rollout/dc1/document", data=b"{}")),
+    "read the rollout document": lambda admin, api: _read_rollout(admin, api),
     "create or change ACL policies and tokens": lambda admin, api: _allowed(
         api.put("/v1/acl/policy", json={"Name": "extra", "Rules": ""})),
 }

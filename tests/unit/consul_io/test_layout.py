@@ -24,6 +24,7 @@ SPELLINGS = {
     "maintenance prefix": re.compile(r"""["']_service_maintenance"""),
     "score KV prefix": re.compile(r"""["']clusterctl/eas"""),
     "preflight KV prefix": re.compile(r"""["']clusterctl/preflight"""),
+    "rollout KV prefix": re.compile(r"""["']clusterctl/rollout"""),
     "IU id format": re.compile(r"""-iu\{"""),
     "ACL policy name": re.compile(r"""["'](vllm-iu-registration|clusterctl-operator|clusterctl-edge)["']"""
                                   r"""|f["'](consul-agent|eas-agent)-\{"""),

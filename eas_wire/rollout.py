@@ -1,0 +1,197 @@
+"""The traffic rollout document: what ``clusterctl rollout`` writes to Consul KV and every edge follows.
+
+One JSON object per datacenter (key: ``consul_io.layout.rollout_key``)::
+
+    {"version": 1, "name": "vllm-0.7", "stable": "<revision>", "canary": "<revision>", "weight": 0.05,
+     "state": "progressing", "step": 0, "updated": 1767225600.0, "reason": "",
+     "history": [{"ts": 1767225600.0, "event": "start", "weight": 0.05, "reason": "", "evidence": {}}]}
+
+A revision is an IU's ``Meta.revision`` (what it runs: vLLM version, model, driver). ``weight`` is the share of
+requests the edges send to the canary's IUs; an IU whose revision is not the canary's serves the rest. The
+state's weight is fixed where the state says so: ``aborted`` is 0 (every request on stable), ``promoted`` is 1.
+
+:func:`parse` is strict: the first field that is missing, of the wrong type or out of range is one
+:class:`RolloutError` naming the field and its value. The edge keeps its last good document on an error, the
+CLI refuses to write one. :class:`CanaryCounter` is how an edge turns the weight into per-request choices.
+
+Standard library only: the edge and the CLI import it (tests/guards/test_import_lint.py: ``eas_wire`` is the
+ground floor).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+VERSION = 1
+STATES = ("progressing", "paused", "aborted", "promoted")
+# Consul meta values are at most 512 characters; a revision names a build, so a narrow alphabet keeps it a
+# token in tables, logs and shell commands
+REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:/@-]{0,199}")
+MAX_HISTORY = 200  # events kept in the document (a 4-step rollout writes ~10)
+MAX_DOCUMENT_BYTES = 256 << 10
+
+
+class RolloutError(ValueError):
+    def __init__(self, field_name: str, value: object, why: str):
+        self.field, self.value, self.why = field_name, value, why
+        shown = repr(value)
+        super().__init__(f"rollout document: {field_name} = {shown[:120]}: {why}")
+
+
+@dataclass(frozen=True)
+class Event:
+    ts: float
+    event: str  # start | step | pause | resume | abort | promote | gate | resume_controller
+    weight: float
+    reason: str = ""
+    evidence: dict = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict:
+        return {"ts": self.ts, "event": self.event, "weight": self.weight, "reason": self.reason,
+                "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
+class RolloutDoc:
+    name: str
+    stable: str
+    canary: str
+    weight: float
+    state: str
+    step: int = 0
+    updated: float = 0.0
+    reason: str = ""
+    history: tuple[Event, ...] = ()
+    step_started: float = 0.0  # when the current step's weight was first applied (its hold counts from here)
+    steps: tuple[tuple[float, float], ...] = ()  # the plan's (weight, hold seconds): any controller's status shows them
+
+    @property
+    def effective_weight(self) -> float:
+        """The canary's share the edges apply."""
+        return 0.0 if self.state == "aborted" else 1.0 if self.state == "promoted" else self.weight
+
+    def to_json(self) -> dict:
+        return {"version": VERSION, "name": self.name, "stable": self.stable, "canary": self.canary,
+                "weight": self.weight, "state": self.state, "step": self.step, "updated": self.updated,
+                "step_started": self.step_started, "reason": self.reason, "steps": [list(x) for x in self.steps],
+                "history": [e.to_json() for e in self.history[-MAX_HISTORY:]]}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+
+def _number(raw: dict, name: str, low: float, high: float, where: str = "") -> float:
+    value = raw.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RolloutError(where + name, value, "not a finite number")
+    if not low <= value <= high:
+        raise RolloutError(where + name, value, f"not in [{low:g}, {high:g}]")
+    return float(value)
+
+
+def _text(raw: dict, name: str, where: str = "", required: bool = True) -> str:
+    value = raw.get(name, None if required else "")
+    if not isinstance(value, str):
+        raise RolloutError(where + name, value, "not a string")
+    if len(value) > 2000:
+        raise RolloutError(where + name, value[:40] + "...", "longer than 2000 characters")
+    return value
+
+
+def check_revision(name: str, value: object) -> str:
+    if not isinstance(value, str) or not REVISION_RE.fullmatch(value):
+        raise RolloutError(name, value, "not a revision (1-200 of A-Z a-z 0-9 . _ + : / @ -, starting with a "
+                                        "letter or digit)")
+    return value
+
+
+def _event(raw: object, n: int) -> Event:
+    where = f"history[{n}]."
+    if not isinstance(raw, dict):
+        raise RolloutError(f"history[{n}]", raw, "not an object")
+    evidence = raw.get("evidence", {})
+    if not isinstance(evidence, dict):
+        raise RolloutError(where + "evidence", evidence, "not an object")
+    return Event(_number(raw, "ts", 0, 1e11, where), _text(raw, "event", where), _number(raw, "weight", 0, 1, where),
+                 _text(raw, "reason", where, required=False), evidence)
+
+
+def parse(raw: object) -> RolloutDoc:
+    """The document of decoded JSON ``raw``; :class:`RolloutError` at the first bad field."""
+    if not isinstance(raw, dict):
+        raise RolloutError("(document)", type(raw).__name__, "not a JSON object")
+    if raw.get("version") != VERSION:
+        raise RolloutError("version", raw.get("version"), f"this reader knows version {VERSION}")
+    name = _text(raw, "name")
+    stable = check_revision("stable", raw.get("stable"))
+    canary = check_revision("canary", raw.get("canary"))
+    if canary == stable:
+        raise RolloutError("canary", canary, "the same revision as stable")
+    weight = _number(raw, "weight", 0, 1)
+    state = raw.get("state")
+    if state not in STATES:
+        raise RolloutError("state", state, f"not one of {', '.join(STATES)}")
+    if state == "aborted" and weight != 0:
+        raise RolloutError("weight", weight, "an aborted rollout's weight is 0")
+    if state == "promoted" and weight != 1:
+        raise RolloutError("weight", weight, "a promoted rollout's weight is 1")
+    step = raw.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1000:
+        raise RolloutError("step", step, "not a whole number in [0, 999]")
+    history = raw.get("history", [])
+    if not isinstance(history, list):
+        raise RolloutError("history", history, "not a list")
+    updated = _number(raw, "updated", 0, 1e11)
+    step_started = _number(raw, "step_started", 0, 1e11) if "step_started" in raw else updated
+    return RolloutDoc(name, stable, canary, weight, state, step, updated, _text(raw, "reason", required=False),
+                      tuple(_event(e, n) for n, e in enumerate(history)), step_started, _steps(raw.get("steps", [])))
+
+
+def _steps(raw: object) -> tuple[tuple[float, float], ...]:
+    if not isinstance(raw, list) or len(raw) > 1000:
+        raise RolloutError("steps", raw, "not a list of [weight, hold seconds]")
+    steps = []
+    for n, item in enumerate(raw):
+        if not isinstance(item, list) or len(item) != 2:
+            raise RolloutError(f"steps[{n}]", item, "not a [weight, hold seconds] pair")
+        pair = {"weight": item[0], "hold": item[1]}
+        steps.append((_number(pair, "weight", 0, 1, f"steps[{n}]."), _number(pair, "hold", 0, 1e9, f"steps[{n}].")))
+    return tuple(steps)
+
+
+def loads(text: str | bytes) -> RolloutDoc:
+    """:func:`parse` of a KV value (JSON text)."""
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise RolloutError("(document)", f"{len(text)} bytes", f"more than {MAX_DOCUMENT_BYTES}")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise RolloutError("(document)", str(text)[:40], f"not JSON ({exc})") from None
+    return parse(raw)
+
+
+class CanaryCounter:
+    """Per-request choice of the canary at share ``weight``, by credit (smooth weighted round robin): each
+    request adds ``weight`` to the credit and goes to the canary when the credit reaches 1, which takes 1.
+
+    Deterministic and exact: after n requests at one weight the canary had floor(n * weight) or one more, on
+    each edge, so E edges together are within E requests of the weight at any moment, where random draws
+    stray by ~sqrt(n * w * (1 - w)) (at 5% and 1,000 requests: 7). A weight change keeps the credit, clamped
+    below 1, so no burst follows it."""
+
+    def __init__(self):
+        self.credit = 0.0
+
+    def take(self, weight: float) -> bool:
+        if weight <= 0.0:
+            return False
+        if weight >= 1.0:
+            return True
+        self.credit = min(self.credit, 1.0) + weight
+        if self.credit >= 1.0 - 1e-12:
+            self.credit -= 1.0
+            return True
+        return False

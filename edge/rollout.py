@@ -1,0 +1,150 @@
+"""The edge's side of a traffic rollout: which revision each request goes to, and what each revision did.
+
+The rollout document (``eas_wire/rollout.py``, KV ``consul_io.layout.rollout_key``) names a stable and a canary
+revision and the canary's share of requests. :class:`RolloutFollower` keeps the last good document (the
+watcher's blocking query on its key feeds :meth:`apply_kv`; a single-key read, so a token that may not read it
+is an error, where a listing would hide the key):
+
+- the key is absent: no rollout, every IU serves every request;
+- the value does not parse, or Consul cannot be read: the last good document stays (counted in
+  ``eas_edge_rollout_read_errors``); the controller's abort therefore reaches an edge only through Consul;
+- at start the document is read once before serving (``edge/main.py``): an edge whose token may not read it
+  does not start, so no edge serves without knowing the split.
+
+Per request, :meth:`split` draws the side once (:class:`~eas_wire.rollout.CanaryCounter`: the share is exact
+within one request per edge) and adds the other side's IUs to the IUs the request may not use. The proxy keeps
+that set for every attempt of the request, so its retry stays on its revision, and queued requests wait in the
+queue of their side. An IU belongs to the canary when its ``Meta.revision`` is the canary's; every other IU
+(the stable revision, or none declared) is on the stable side. When the drawn side has no routable IU left
+for the request, the request is not restricted (``eas_edge_rollout_fallbacks``): a canary with no unit up
+costs no request a 503.
+
+The outcome of each request is counted by the revision of the IU that served it (:meth:`finished`,
+:meth:`first_byte`): ``eas_edge_rollout_requests``, ``eas_edge_rollout_errors`` and
+``eas_edge_rollout_ttft_seconds``, which the controller's gates compare, canary against stable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from consul_io import layout
+from eas_wire.rollout import CanaryCounter, RolloutDoc, RolloutError, loads
+from edge.pool.view import Snapshot
+
+log = logging.getLogger("edge.rollout")
+# 5 ms .. ~73 s in steps of 25%: a p99 read from these buckets is within 12.5% of the true one, which the
+# gates' ratios (canary p99 over stable p99, failing at 1.5x in the shipped examples) need
+ROLLOUT_TTFT_BUCKETS = tuple(round(0.005 * 1.25 ** k, 6) for k in range(44))
+ERROR_KINDS = ("failed", "status_5xx")  # a connection or stream that failed; an IU's own 5xx answer
+
+
+class RolloutFollower:
+    def __init__(self, datacenter: str = layout.DEFAULT_DATACENTER, registry: CollectorRegistry | None = None,
+                 clock=time.time):
+        self.key = layout.rollout_key(datacenter)
+        self.doc: RolloutDoc | None = None
+        self.counter = CanaryCounter()
+        self.clock = clock
+        self.applied_at = 0.0  # when the current document was taken (this edge's clock)
+        self.read_errors = 0
+        self.last_error: str | None = None
+        self._sides: tuple[object, object, frozenset, frozenset] | None = None  # (snapshot, doc, canary, stable)
+        self._side_of: dict[str, str] = {}  # IU -> revision label (the doc's stable or canary)
+        registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter("eas_edge_rollout_requests", "Requests finished on an IU, by the rollout revision "
+                                "of that IU (only while a rollout document is in force).", ["revision"],
+                                registry=registry)
+        self.errors = Counter("eas_edge_rollout_errors", "Requests that failed on an IU (failed: connection or "
+                              "stream; status_5xx: the IU's 5xx answer), by its rollout revision.",
+                              ["revision", "kind"], registry=registry)
+        self.ttft = Histogram("eas_edge_rollout_ttft_seconds", "Time to the first byte from an IU, by its rollout "
+                              "revision.", ["revision"], buckets=ROLLOUT_TTFT_BUCKETS, registry=registry)
+        self.fallbacks = Counter("eas_edge_rollout_fallbacks", "Requests whose drawn revision had no routable IU "
+                                 "for them (served by any IU).", registry=registry)
+        self.weight = Gauge("eas_edge_rollout_weight", "The canary's share this edge applies (-1: no rollout).",
+                            registry=registry)
+        self.read_errors_metric = Counter("eas_edge_rollout_read_errors", "Rollout documents that did not parse "
+                                          "(the last good one stays).", registry=registry)
+        self.weight.set(-1)
+
+    # -- the document ---------------------------------------------------------------------------------
+    def apply_kv(self, entries: list) -> None:
+        """The document's KV entry as a listing of at most one (``ConsulIO.kv_entry``, through
+        :meth:`ConsulWatcher.follow`); an empty listing: no rollout."""
+        value = None
+        for entry in entries if isinstance(entries, list) else ():
+            if isinstance(entry, dict) and entry.get("Key") == self.key:
+                value = entry.get("Value")
+        if not value:
+            if self.doc is not None:
+                log.info("rollout %s: document removed; every IU serves every request", self.doc.name)
+            self._take(None)
+            return
+        try:
+            doc = loads(value)
+        except RolloutError as exc:
+            self.read_errors += 1
+            self.read_errors_metric.inc()
+            self.last_error = str(exc)
+            log.warning("%s: %s; keeping the last good document", self.key, exc)
+            return
+        if doc != self.doc:
+            log.info("rollout %s: %s, canary %s at %.4g", doc.name, doc.state, doc.canary, doc.effective_weight)
+            self._take(doc)
+
+    def _take(self, doc: RolloutDoc | None) -> None:
+        self.doc, self.applied_at = doc, self.clock()
+        self.weight.set(doc.effective_weight if doc is not None else -1)
+
+    # -- per request ----------------------------------------------------------------------------------
+    def sides(self, snapshot: Snapshot) -> tuple[frozenset, frozenset]:
+        """(canary IUs, stable-side IUs) of ``snapshot`` under the current document (kept per snapshot)."""
+        doc, cached = self.doc, self._sides
+        if cached is not None and cached[0] is snapshot and cached[1] is doc:
+            return cached[2], cached[3]
+        canary = frozenset(e.iu_id for e in snapshot.entries if e.revision == doc.canary)
+        stable = frozenset(e.iu_id for e in snapshot.entries if e.iu_id not in canary)
+        self._side_of = {**{iu: doc.stable for iu in stable}, **{iu: doc.canary for iu in canary}}
+        self._sides = (snapshot, doc, canary, stable)
+        return canary, stable
+
+    def split(self, snapshot: Snapshot, not_serving: frozenset[str]) -> frozenset[str]:
+        """``not_serving`` plus the IUs of the side this request does not go to (see the module docstring)."""
+        doc = self.doc
+        if doc is None:
+            return not_serving
+        canary, stable = self.sides(snapshot)
+        to_canary = self.counter.take(doc.effective_weight)
+        mine, other = (canary, stable) if to_canary else (stable, canary)
+        if not other:
+            return not_serving
+        if not any(e.iu_id in mine and e.iu_id not in not_serving for e in snapshot.healthy):
+            self.fallbacks.inc()
+            return not_serving
+        return not_serving | other
+
+    def _revision(self, iu_id: str) -> str | None:
+        if self.doc is None:
+            return None
+        return self._side_of.get(iu_id, self.doc.stable)
+
+    def first_byte(self, iu_id: str, seconds: float) -> None:
+        revision = self._revision(iu_id)
+        if revision is not None and math.isfinite(seconds):
+            self.ttft.labels(revision).observe(seconds)
+
+    def finished(self, iu_id: str, failed: bool, status: int = 0) -> None:
+        """A request's slot on ``iu_id`` released: ``failed`` (its connection or stream failed) or ``status``
+        (the IU's error answer: a 5xx is the IU's failure, a 4xx the client's)."""
+        revision = self._revision(iu_id)
+        if revision is not None:
+            self.requests.labels(revision).inc()
+            if failed:
+                self.errors.labels(revision, "failed").inc()
+            elif status >= 500:
+                self.errors.labels(revision, "status_5xx").inc()
