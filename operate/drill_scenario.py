@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from operate.drill_faults import KINDS, SCOPE
-from operate.scenario import DEFAULT_SCENARIO, Scenario, ScenarioError, _Reader, load_scenario
+from operate.scenario import DEFAULT_SCENARIO, FieldReader, Scenario, ScenarioError, load_scenario
 
 DRILLS_DIR = Path(__file__).parent / "drills"
 _TOP = {"name", "description", "load", "faults", "checks"}
@@ -82,7 +82,7 @@ class Drill:
         return "node" if any(f.scope == "node" for f in self.faults) else "unit"
 
 
-def _mix(read: _Reader, value, base: Path | None) -> Scenario:
+def _mix(read: FieldReader, value, base: Path | None) -> Scenario:
     name = read.text(value, "load.mix")
     if "/" not in name and not name.endswith((".yml", ".yaml")):
         path = DEFAULT_SCENARIO.parent / f"{name}.yml"
@@ -98,7 +98,7 @@ def _mix(read: _Reader, value, base: Path | None) -> Scenario:
 
 def parse_drill(data, source: str = "<drill>", base: Path | None = None) -> Drill:
     """The drill in ``data`` (decoded YAML); ``base``: the folder a relative ``mix`` file is read from."""
-    read = _Reader(source)
+    read = FieldReader(source)
     top = read.mapping(data, "", _TOP, {"name", "load", "faults"})
     name = read.text(top["name"], "name")
     load = read.mapping(top["load"], "load", _LOAD, {"rate_per_s", "duration_s"})

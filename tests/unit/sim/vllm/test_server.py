@@ -52,8 +52,8 @@ def test_failing_requests_are_answered_500_in_vllms_error_shape():
     with SimulatedIU(HOST, 0, arrival_rate=0, error_fraction=1.0) as sim:
         status, answer = post(sim.address)
         assert status == 500
-        assert answer == {"object": "error", "message": "simulated engine error", "type": "InternalServerError",
-                          "param": None, "code": 500}
+        assert answer == {"error": {"message": "simulated engine error", "type": "InternalServerError",
+                                    "param": None, "code": 500}}
         assert sim.model.success_total == 0  # the engine never saw it
 
 
