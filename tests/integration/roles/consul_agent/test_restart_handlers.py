@@ -23,6 +23,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -51,7 +52,9 @@ exec {python} "$@"
 
 
 class Leaders:
-    """One ``/v1/status/leader`` per server: "" from its restart until REJOIN_S after, then the leader."""
+    """One ``/v1/status/leader`` per server: "" from its restart until REJOIN_S after, then the leader; and each
+    server's agent API for node maintenance (``PUT /v1/agent/maintenance``, ``/v1/agent/checks``,
+    ``/v1/health/node/:node``), which the reboot's drain uses."""
 
     def __init__(self, log: Path, never_rejoins: str = "", forming_s: float = 0.0):
         self.log, self.never_rejoins = log, never_rejoins
@@ -59,7 +62,16 @@ class Leaders:
         self.formed_at = 0.0
         self.refused_forming = 0
         self.first_leader_after_restart: dict[str, float] = {}
+        self.maintenance: dict[str, str] = {}  # host -> reason: node maintenance set on its agent
         self.servers = {host: self._serve(host) for host in SERVERS}
+
+    def node_checks(self, host: str) -> list[dict]:
+        """The node's checks as Consul lists them: only node maintenance's ``_node_maintenance`` (these servers
+        register no services), critical, its notes the reason."""
+        if host not in self.maintenance:
+            return []
+        return [{"Node": host, "CheckID": "_node_maintenance", "Name": "Node Maintenance Mode", "Status": "critical",
+                 "Notes": self.maintenance[host], "ServiceID": "", "ServiceName": ""}]
 
     def restarted_at(self, host: str) -> float | None:
         times = [e["at"] for e in _events(self.log) if e["host"] == host and "restart" in e["argv"]]
@@ -86,11 +98,26 @@ class Leaders:
                                 "SerfStatus": "alive", "Leader": h == "srv1"} for h in SERVERS]
                     return self._answer(200, {"Healthy": all(s["Healthy"] for s in servers),
                                               "FailureTolerance": 1, "Servers": servers})
+                if self.path == "/v1/agent/checks":  # the agent's own checks, keyed by check ID
+                    return self._answer(200, {c["CheckID"]: c for c in leaders.node_checks(host)})
+                if self.path == f"/v1/health/node/{host}":
+                    return self._answer(200, leaders.node_checks(host))
                 if self.path != "/v1/status/leader":
                     return self._answer(404, "404 page not found")
                 if leaders.restarted_at(host) is not None and not leaders.down(host, now):
                     leaders.first_leader_after_restart.setdefault(host, now)
                 return self._answer(200, "" if leaders.down(host, now) else "127.0.0.1:8300")
+
+            def do_PUT(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's name
+                url = urlsplit(self.path)  # PUT /v1/agent/maintenance?enable=true|false&reason=...
+                if url.path != "/v1/agent/maintenance":
+                    return self._answer(404, "404 page not found")
+                query = parse_qs(url.query)
+                if query.get("enable") == ["true"]:
+                    leaders.maintenance[host] = query.get("reason", ["Maintenance mode is enabled for this node"])[0]
+                else:
+                    leaders.maintenance.pop(host, None)
+                return self._answer(200, "")
 
             def _answer(self, status: int, payload: object) -> None:
                 body = json.dumps(payload).encode()
