@@ -34,7 +34,14 @@ import sys
 import zipfile
 from pathlib import Path
 
-from provision.wheels import REPO_ROOT, REQUIRES_PYTHON, build_agent_wheel, build_edge_wheel, normalize, write_wheel
+from provision.wheels import (
+    REPO_ROOT,
+    REQUIRES_PYTHON,
+    build_agent_wheel,
+    build_edge_wheel,
+    normalize,
+    write_wheel,
+)
 from sim.nvml_standin import MODULE_FILE as NVML_STANDIN
 
 VLLM_VERSION = "0.6.6.post1"
