@@ -80,4 +80,4 @@ def test_every_playbook_with_roles_writes_the_stamp_first_on_every_host():
             with_roles.append(playbook.name)
             pre = [(t.get("ansible.builtin.import_tasks"), t.get("tags")) for t in play.get("pre_tasks", [])]
             assert pre[:2] == [("tasks/hold.yml", ["always"]), ("tasks/provisioned.yml", ["always"])], playbook.name
-    assert "site.yml" in with_roles and len(with_roles) == 7
+    assert "site.yml" in with_roles and len(with_roles) == 9
