@@ -22,7 +22,7 @@ from cluster import load_cluster
 from tests.helpers.devconsul import wait_until
 from tests.helpers.provision import VirtualCluster, clusterctl
 
-# site.yml on two machines once, then the edges play once: about half of test_site_virtual's cost.
+# site.yml (with its reboot) on two machines once, then the edges play once: about half of test_site_virtual's cost.
 pytestmark = [pytest.mark.machines(order=8), pytest.mark.timeout(1500)]
 
 BALANCER = "http://127.0.1.5:8080"
@@ -41,7 +41,9 @@ def cluster(tmp_path_factory) -> VirtualCluster:
     up = clusterctl("virtual", "up", "-i", str(inventory))
     assert up.returncode == 0, up.stderr
     try:
-        cluster.provision("site", "--batches", "100%")
+        # --allow-reboot: the IUs start only on the pinned driver (test_site_virtual says why); the edges and
+        # HAProxy come back with their machines
+        cluster.provision("site", "--batches", "100%", "--allow-reboot")
         yield cluster
     finally:
         down = clusterctl("virtual", "down", "-i", str(inventory))
