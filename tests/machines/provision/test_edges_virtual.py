@@ -88,7 +88,10 @@ def model(cluster) -> str:
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     _release(cluster)
     assert wait_until(lambda: all(_healthz(e)["status"] == "ok" for e in EDGES), 90), {e: _healthz(e) for e in EDGES}
-    assert wait_until(lambda: _call("/v1/models")[0] == 200, 30), _call("/v1/models")
+    if not wait_until(lambda: _call("/v1/models")[0] == 200, 30):
+        status = cluster.on_host("r01n01", "sh", "-c", "systemctl status haproxy --no-pager -l; "
+                                 "journalctl -u haproxy -n 40 --no-pager; ss -ltnp | grep 8080")
+        pytest.fail(f"HAProxy answers {_call('/v1/models')}:\n{status.stdout}\n{status.stderr}")
     return json.loads(_call("/v1/models")[1])["data"][0]["id"]
 
 

@@ -468,7 +468,7 @@ def test_eas_agent_config_and_token(provisioned):
 
 # ---------------------------------------------------------------------------- systemd-analyze verify
 
-UNITS = ("cpu-dma-latency.service", "vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service")
+UNITS = ("cpu-dma-latency.service", "vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service", "eas-edge.service")
 
 
 def test_units_pass_systemd_analyze_verify(provisioned):
@@ -491,7 +491,7 @@ def test_units_pass_systemd_analyze_verify(provisioned):
 # ------------------------------------------------------------------- a changed template restarts
 
 SERVICES = ("chrony.service", "vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service", "consul.service",
-            "nvidia-fabricmanager.service", "nvidia-persistenced.service")
+            "nvidia-fabricmanager.service", "nvidia-persistenced.service", "eas-edge.service", "haproxy.service")
 
 
 def main_pids(provisioned, host: str) -> dict[str, int]:
