@@ -43,7 +43,9 @@ def cluster(tmp_path_factory) -> VirtualCluster:
     try:
         # --allow-reboot: the IUs start only on the pinned driver (test_site_virtual says why); the edges and
         # HAProxy come back with their machines
-        cluster.provision("site", "--batches", "100%", "--allow-reboot")
+        if cluster.provision("site", "--batches", "100%", "--allow-reboot").returncode != 0:
+            # what the balancer's host says of HAProxy, read before the machines go
+            cluster.snapshots["haproxy"] = cluster.on_host("r01n01", "sh", "-c", "journalctl -u haproxy -n 30 --no-pager")
         yield cluster
     finally:
         down = clusterctl("virtual", "down", "-i", str(inventory))
@@ -85,7 +87,8 @@ def _chat(model: str, stream: bool = False, tokens: int = 8) -> dict:
 @pytest.fixture(scope="module")
 def model(cluster) -> str:
     run = cluster.runs["site"]
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    haproxy = cluster.snapshots.get("haproxy")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-1000:] + (haproxy.stdout if haproxy else "")
     _release(cluster)
     assert wait_until(lambda: all(_healthz(e)["status"] == "ok" for e in EDGES), 90), {e: _healthz(e) for e in EDGES}
     if not wait_until(lambda: _call("/v1/models")[0] == 200, 30):
