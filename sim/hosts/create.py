@@ -72,6 +72,9 @@ eas_agent_listen: "{{ ansible_host }}:9105"
 # does each edge's /metrics (the default 127.0.0.1:9180 would be one port for every edge).
 consul_http_addr: "{{ ansible_host }}:8500"
 eas_edge_admin_listen: "{{ ansible_host }}:9180"
+# The machines inherit this host's descriptor limit (hard 20000 on the development host): HAProxy needs about
+# two per connection and exits at start when its maxconn does not fit.
+edge_balancer_maxconn: 4000
 # Nothing leaves loopback: chrony's source is the package server's address (no NTP answers there), not a pool.
 chrony_pools: []
 chrony_servers: [127.0.255.1]
