@@ -7,7 +7,7 @@ through a server (``clusterctl.infra.consul_acl``).
 | Token (vault variable)                          | Policy                    | Rules                                        |
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
-| file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` (config_file_service_registration) |
+| file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` and ``eas-edge`` (config_file_service_registration) |
 | operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, the rollout document, reads |
 | eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; reads the score keys, nodes |
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes, the score keys and the rollout document |
@@ -26,6 +26,7 @@ IU's owner from its catalog node, not from what the registrant wrote (edge/pool/
 from __future__ import annotations
 
 from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, ROLLOUT_PREFIX, acl_policy
+from consul_io.layout import EDGE_SERVICE_NAME as EDGE_SERVICE
 from consul_io.layout import SERVICE_NAME as SERVICE
 
 
@@ -36,7 +37,8 @@ def agent_policy(node: str) -> str:
 
 
 def registration_policy() -> str:
-    return f'service "{SERVICE}" {{ policy = "write" }}\n'
+    # The file services of a node: its IUs and, on a host of the edges group, its edge (roles/eas_edge).
+    return f'service "{SERVICE}" {{ policy = "write" }}\nservice "{EDGE_SERVICE}" {{ policy = "write" }}\n'
 
 
 def operator_policy() -> str:

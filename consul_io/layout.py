@@ -15,6 +15,7 @@ from __future__ import annotations
 
 # -- services and checks ------------------------------------------------------------------------------------
 SERVICE_NAME = "vllm-iu"  # every IU is one instance of this service; its service ID is the IU id
+EDGE_SERVICE_NAME = "eas-edge"  # every edge (roles/eas_edge) is one instance of this service, ID eas-edge-<host>
 IU_ID_INFIX = "-iu"  # IU ids are "<node>-iu<index>" (cluster/model.py builds them with iu_id())
 # Consul's own check ids for maintenance mode (https://developer.hashicorp.com/consul/api-docs/agent/service
 # #enable-maintenance-mode): a critical check "_service_maintenance:<service id>", "_node_maintenance" for a node.

@@ -94,9 +94,10 @@ def test_agent_token_registers_its_node_but_cannot_set_maintenance(server, token
     assert agent.get("/v1/health/service/vllm-iu").json()  # service:read
 
 
-def test_registration_token_writes_vllm_iu_only(server, tokens):
+def test_registration_token_writes_vllm_iu_and_the_edge_s_service_only(server, tokens):
     reg = _api(server, tokens["registration"])
     assert reg.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9"}).status_code == 200
+    assert reg.put("/v1/agent/service/register", json={"Name": "eas-edge", "ID": "eas-edge-n1"}).status_code == 200
     assert reg.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"}).status_code == 403
     assert reg.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
 
@@ -297,7 +298,9 @@ ACTIONS = {
     "register an IU on another node (`catalog/register`, node `n2` unchanged)": lambda admin, api: _allowed(
         api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True,
                                               "Service": {"Service": "vllm-iu", "ID": "n2-iu9", "Port": 8009}})),
-    "register a service other than `vllm-iu`": lambda admin, api: _allowed(
+    "register the edge's service `eas-edge` (`agent/service/register`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "eas-edge", "ID": "eas-edge-n1", "Port": 8080})),
+    "register a service other than `vllm-iu` and `eas-edge`": lambda admin, api: _allowed(
         api.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"})),
     "register node `n2` or change its address": lambda admin, api: _allowed(
         api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.99"})),
