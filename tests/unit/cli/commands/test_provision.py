@@ -333,7 +333,7 @@ def test_no_limit_and_no_terminal_is_refused_before_any_host_is_contacted(cluste
     code, out, err = whole_inventory(clusterctl, virtual_inventory, tmp_path)
     assert code == 2 and out == "" and replay.calls == [] and not (tmp_path / "run").exists()
     assert one_line(err) == (
-        f"error: no --limit: this would run site.yml on all 4 hosts of {virtual_inventory} in 4 batches, and there "
+        f"error: no --limit: this would run site.yml on all 4 hosts of {virtual_inventory} in 7 batches, and there "
         "is no terminal to confirm it; pass --yes to run it on every host, or --limit PATTERN for fewer (--plan "
         "shows the batches)")
     code, _, _ = whole_inventory(clusterctl, virtual_inventory, tmp_path, "--yes")
@@ -352,7 +352,7 @@ def test_a_terminal_is_asked_naming_hosts_and_batches_and_no_runs_nothing(cluste
     replay.calls = []
     monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
     code, out, err = whole_inventory(clusterctl, virtual_inventory, tmp_path)
-    question = f"no --limit: run site.yml on all 4 hosts of {virtual_inventory} in 4 batches? [y/N]: "
+    question = f"no --limit: run site.yml on all 4 hosts of {virtual_inventory} in 7 batches? [y/N]: "
     assert code == 2 and replay.calls == [] and not (tmp_path / "run").exists()
     assert err == question + "error: not confirmed: no host was contacted\n"
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
