@@ -36,6 +36,7 @@ import sim
 from sim.aptrepo.catalog import SIM_TOOL
 from sim.hosts import limits, nvidia_module, stubs, sysfs
 from sim.hosts.hardware import Hardware
+from sim.hosts.machine_paths import SIM_RUN_DIR
 from sim.hosts.nspawn import (
     SUPERVISOR,
     _comm,
@@ -54,7 +55,6 @@ from sim.hosts.nspawn import leftovers as leftovers
 from sim.hosts.nspawn import status as status
 from sim.hosts.state_dir import (
     NVML_FILE,
-    SIM_RUN_DIR,
     HostPaths,
     Layout,
     _real_dir,

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.hosts.machine_paths import SIM_RUN_DIR
 from sim.hosts.state_dir import (
     HOSTNAME,
-    SIM_RUN_DIR,
     HostPaths,
     Layout,
     MachineError,

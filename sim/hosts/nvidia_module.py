@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sim.hosts.state_dir import SIM_RUN_DIR
+from sim.hosts.machine_paths import SIM_RUN_DIR
 
 KERNEL = os.uname().release  # the machines share this machine's kernel
 MODULE_FILE = f"usr/lib/modules/{KERNEL}/updates/dkms/nvidia.ko"  # /lib is a link to usr/lib on the image

@@ -29,7 +29,6 @@ from pathlib import Path
 from cluster import spec
 
 STATE_DIR_NAME = ".sim"
-SIM_RUN_DIR = "/run/clusterctl-sim"  # where a machine sees its own state/ dir
 NVML_FILE = "nvml.json"  # in state/: what NVML answers there, through the stand-in pynvml (its DEFAULT_FILE)
 # A DNS label, or dotted labels (the inventory's rule, cluster.spec.HOSTNAME): a host name becomes a directory
 # name and a machine name, so nothing else ('..', '/', a leading dot or dash) may reach a path. nspawn's

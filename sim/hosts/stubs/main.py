@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from sim.hosts import nvidia_module
+from sim.hosts import machine_paths, nvidia_module
 from sim.hosts.hardware import Hardware
 from sim.hosts.stubs import TOOLS, UNDELAYED_TOOLS
 
-SIM_RUN_DIR = Path(os.environ.get("CLUSTERCTL_SIM_RUN_DIR", "/run/clusterctl-sim"))
+SIM_RUN_DIR = Path(os.environ.get("CLUSTERCTL_SIM_RUN_DIR", machine_paths.SIM_RUN_DIR))
 
 
 class StubUsageError(Exception):

@@ -147,7 +147,14 @@ def test_the_edges_lose_the_node_before_the_reboot_and_get_it_back_after(tmp_pat
 
 def test_an_iu_that_does_not_come_back_keeps_the_node_out_of_rotation(tmp_path, cluster):
     server, agent, _ = cluster
-    down = [{"name": "The reboot leaves iu1 failing", "ansible.builtin.uri": {"url": f"http://{ADDRESS}:8001/down"}}]
+    check = f"vllm-iu:{NODE}-iu1:health"
+    down = [{"name": "The reboot leaves iu1 failing", "ansible.builtin.uri": {"url": f"http://{ADDRESS}:8001/down"}},
+            # as after a real reboot, where the agent starts the node's checks critical: the release must not
+            # read the check's last passing result from before the fault (its interval is 1 s)
+            {"name": "Wait until the agent holds iu1 critical", "register": "iu1",
+             "ansible.builtin.uri": {"url": f"http://{agent.address}/v1/agent/checks",
+                                     "headers": {"X-Consul-Token": MANAGEMENT}},
+             "until": f"iu1.json['{check}'].Status == 'critical'", "retries": 50, "delay": 0.2}]
     done = _run(tmp_path, server, agent, down, clusterctl_release_timeout_s=4)
     assert done.returncode == 2, done.stdout[-4000:]
     assert (f"{NODE}: stays in Consul maintenance: {NODE}-iu1 did not pass their checks within 4 s of the reboot"

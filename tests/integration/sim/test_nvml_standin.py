@@ -90,7 +90,8 @@ def test_the_standin_needs_nothing_but_the_standard_library_and_python_310():
 
 
 def test_its_default_file_is_where_virtual_up_writes_the_machines_gpus():
-    from sim.hosts.state_dir import NVML_FILE, SIM_RUN_DIR
+    from sim.hosts.machine_paths import SIM_RUN_DIR
+    from sim.hosts.state_dir import NVML_FILE
 
     standin = nvml_standin.load("/nonexistent")
     assert standin.DEFAULT_FILE == f"{SIM_RUN_DIR}/{NVML_FILE}"
