@@ -93,6 +93,8 @@ CHECKS = [
     "numa_pinning",
     "time_sync",
     "versions",
+    "os_support",
+    "secure_boot",
     # the deeper checks run here too; of the faults above only nvlink_down makes them FAIL (gpu_bandwidth, nvlink)
     # or WARN (dcgm_diag), as listed in EXPECTED
     "pcie_link",

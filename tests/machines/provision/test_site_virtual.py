@@ -425,8 +425,10 @@ def test_consul_service_definitions(provisioned):
             service = json.loads(provisioned.read(host, f"/etc/consul.d/vllm-iu-{iu.id}.json"))["service"]
             assert (service["name"], service["id"], service["port"]) == ("vllm-iu", iu.id, iu.port)
             assert service["tags"] == [f"rack:{node.rack}", f"node:{host}"]
+            # the revision from the inventory's pins (vLLM, model, driver), none of which this inventory sets
             assert service["meta"] == {"gpus": iu.cuda_visible_devices, "numa_node": str(iu.numa_node),
-                                       "node": host, "rack": node.rack}
+                                       "node": host, "rack": node.rack,
+                                       "revision": "vllm-unknown+any+driver-unknown"}
             (check,) = service["checks"]
             assert check["http"] == f"http://{node.address}:{iu.port}/health"
             assert int(check["interval"].rstrip("s")) <= 15
