@@ -192,16 +192,18 @@ class EdgeState:
     def upstream_url(entry, path: str) -> str:
         return _upstream_url(entry, path)
 
-    def routing_headers(self, decision: Decision) -> dict[str, str]:
+    def routing_headers(self, decision: Decision, tried: int = 1) -> dict[str, str]:
         """The pick's view of the IU, only with ``debug_headers`` on: internal scores, like IU ids."""
-        return routing_headers(decision) if self.config.debug_headers else {}
+        return routing_headers(decision, tried) if self.config.debug_headers else {}
 
 
-def routing_headers(decision: Decision) -> dict[str, str]:
+def routing_headers(decision: Decision, tried: int = 1) -> dict[str, str]:
     """How the pick saw the chosen IU: ``X-Eas-Pick`` (the mode), ``X-Eas-Score`` (its published score, s),
-    ``X-Eas-Expected-S`` (the TTFT pick predicted there: score + work sent since + own prefill) and
-    ``X-Eas-Prefill-S`` (this request's own prefill there, from the IU's published prefill rate)."""
-    headers = {"X-Eas-Pick": decision.mode}
+    ``X-Eas-Expected-S`` (the TTFT pick predicted there: score + work sent since + own prefill),
+    ``X-Eas-Prefill-S`` (this request's own prefill there, from the IU's published prefill rate) and
+    ``X-Eas-Tried`` (how many IUs were tried for the request, this one included: above 1, its wait began at
+    another IU, so its TTFT is not this IU's alone)."""
+    headers = {"X-Eas-Pick": decision.mode, "X-Eas-Tried": str(tried)}
     if decision.entry is not None and decision.entry.score is not None:
         headers["X-Eas-Score"] = f"{decision.entry.score:.4f}"
     if decision.expected_s is not None:

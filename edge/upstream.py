@@ -173,7 +173,8 @@ async def open_first(state, call: Call, body: bytes) -> Opened:
             state.release(iu_id, "neutral", call.handle)
             raise
         state.router.first_byte(iu_id, call.handle)
-        return Opened(iu_id, upstream, first, state.routing_headers(decision), time.monotonic() - sent)
+        return Opened(iu_id, upstream, first, state.routing_headers(decision, len(call.tried)),
+                      time.monotonic() - sent)
     if last_error is not None:
         raise Answered(last_error)
     raise Answered(error_response(502, f"no IU answered: {len(call.tried)} tried, each failed before its "

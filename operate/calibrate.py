@@ -11,6 +11,10 @@ load is sent (:mod:`operate.loadgen`, open loop) and for every answered request:
   given, else the median over units of the rates they publish: one unit publishing a wrong rate cannot
   move the median of three or more).
 
+A request the edge moved to another unit before its first byte (``X-Eas-Tried`` above 1: the first unit
+went silent or failed) is counted as rerouted and left out: its TTFT began at another unit, and charging it
+to the unit that answered would flag an honest unit for a misleading one's wait.
+
 Per unit: bias (mean predicted - measured: negative = the unit looks less loaded than it is, so it draws
 more than its share), mean absolute error, the correlation of predicted with measured, and the scale (mean
 predicted / mean measured). A unit is flagged when both its bias is off the pool's median bias by more than
@@ -101,6 +105,7 @@ class Calibration:
     samples_by_unit: dict[str, list[Sample]]
     requests: int
     unrouted: int  # answered without the edge's headers, or failed
+    rerouted: int = 0  # answered by a unit other than the first tried: left out of every unit's samples
     breaker: BreakerCheck | None = None
     errors: Counter = field(default_factory=Counter)
 
@@ -117,7 +122,7 @@ class Calibration:
             "unit": self.breaker.unit, "requests": self.breaker.requests,
             "sent_to_unit": self.breaker.sent_to_unit, "passed": self.breaker.passed}
         return {"endpoint": self.endpoint, "reference_prefill_tps": round(self.reference_prefill_tps, 1),
-                "requests": self.requests, "unrouted": self.unrouted, "errors": dict(self.errors),
+                "requests": self.requests, "unrouted": self.unrouted, "rerouted": self.rerouted, "errors": dict(self.errors),
                 "units": [u.as_dict() for u in self.units], "flagged": self.flagged, "breaker": breaker,
                 "passed": self.passed}
 
@@ -144,7 +149,9 @@ class Calibration:
         flagged = self.flagged
         lines.append(Text(f"{len(flagged)} of {len(self.units)} units flagged" +
                           (f": {', '.join(flagged)}" if flagged else "") +
-                          (f"; {self.unrouted} requests failed or unrouted" if self.unrouted else "")))
+                          (f"; {self.unrouted} requests failed or unrouted" if self.unrouted else "") +
+                          (f"; {self.rerouted} rerouted before their first byte (left out)" if self.rerouted
+                           else "")))
         return Group(*lines)
 
 
@@ -164,10 +171,14 @@ def reference_rate(outcomes: list[Outcome]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
+def rerouted(outcome: Outcome) -> bool:
+    return outcome.tried is not None and outcome.tried > 1
+
+
 def samples_of(outcomes: list[Outcome], prefill_tps: float) -> dict[str, list[Sample]]:
     by_unit: dict[str, list[Sample]] = {}
     for o in outcomes:
-        if not o.ok or o.iu is None or o.ttft_s is None:
+        if not o.ok or o.iu is None or o.ttft_s is None or rerouted(o):
             continue
         if o.expected_s is not None and o.prefill_s is not None:
             predicted = max(0.0, o.expected_s - o.prefill_s)
@@ -232,7 +243,7 @@ def calibration_of(endpoint: str, outcomes: list[Outcome], prefill_tps: float | 
     by_unit = samples_of(routed, rate)
     errors = Counter(o.error for o in outcomes if not o.ok)
     return Calibration(endpoint, rate, judge(by_unit), by_unit, len(outcomes), len(outcomes) - len(routed),
-                       errors=errors)
+                       sum(1 for o in routed if rerouted(o)), errors=errors)
 
 
 async def drive(endpoint: str, scenario: Scenario, rate: float, requests: int, *, seed: int = 1,

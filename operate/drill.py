@@ -26,7 +26,7 @@ from cluster.model import Cluster, Node
 from common.errors import UsageError
 from operate import loadtest
 from operate.drill_faults import FaultError, FaultStep, Target
-from operate.drill_measure import ConsulSample, FaultWindow, judge, measure, timeline
+from operate.drill_measure import ConsulSample, FaultWindow, judge, measure, sent_at, timeline
 from operate.drill_scenario import CHECKS, Drill
 from operate.loadgen import Generator, plan
 
@@ -209,10 +209,12 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
                     log: Callable[[str], None] = lambda line: None) -> DrillResult:
     model = await loadtest.probe(endpoint)  # unreachable: exit 2 before anything is touched
     rate = rate or drill.rate_per_s
-    planned = plan(drill.mix, rate, drill.duration_s, drill.seed)
+    planned = plan(drill.mix, rate, drill.planned_s, drill.seed)
     generator = Generator(endpoint, model, drill.timeout_s, drill.seed)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    recovered = asyncio.Event()  # the faulted unit answered in full a request sent after the last undo
+    load_s = drill.planned_s
     steps: list[FaultStep] = []
     windows: list[FaultWindow] = []
     restored: list[str] = []
@@ -230,9 +232,15 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
         generator.stop()
         stop.set()
 
+    def on_done(outcome) -> None:
+        if (outcome.ok and outcome.iu in target.iu_ids and len(windows) == len(drill.faults)
+                and sent_at(outcome) >= windows[-1].undone):
+            recovered.set()
+
     async def faults(start: float) -> None:
         try:
             await schedule_faults(start)
+            await end_load(start)
         except BaseException:  # a crash of the schedule ends the load at once; the undos run below
             generator.stop()
             stop.set()
@@ -262,6 +270,29 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
             windows.append(FaultWindow(spec.kind, target.label, at, undone))
             note(f"{undone:6.1f} s  undone: {'; '.join(lines)}")
 
+    async def end_load(start: float) -> None:
+        """After ``duration_s``: end the load once the faulted unit serves again, or at its recovery deadline."""
+        nonlocal load_s
+        if stop.is_set() or len(windows) != len(drill.faults):
+            return
+        deadline = drill.recovery_deadline(windows[-1].at, windows[-1].undone)
+        if deadline is None:
+            return  # the plan ends at duration_s
+        await _wait(stop, start + drill.duration_s - loop.time())
+        if not recovered.is_set() and not stop.is_set():
+            waits = [asyncio.ensure_future(recovered.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, timeout=max(0.0, start + deadline - loop.time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
+        if stop.is_set():
+            return
+        load_s = loop.time() - start
+        if load_s > drill.duration_s + 1:
+            note(f"{load_s:6.1f} s  load ends: {target.label} "
+                 + ("served again" if recovered.is_set() else "had not served again by its recovery limit"))
+        generator.finish()
+
     handled = False
     with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread: no signal handler
         loop.add_signal_handler(signal.SIGINT, on_sigint)
@@ -270,7 +301,7 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
     started = time.monotonic()
     try:
         with watch or contextlib.nullcontext():
-            load = asyncio.create_task(generator.run(planned))
+            load = asyncio.create_task(generator.run(planned, on_done))
             while generator.started is None and not load.done():
                 await asyncio.sleep(0)
             schedule = asyncio.create_task(faults(generator.started or loop.time()))
@@ -287,8 +318,9 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
                 log(f"restored: {line}")
     t0 = generator.started or loop.time()
     samples = [ConsulSample(s.t - t0, s.iu, s.status) for s in watch.samples] if watch else []
-    result = loadtest.Result(drill.mix, endpoint, rate, drill.duration_s, list(outcomes), time.monotonic() - started,
-                             len(planned), interrupted or generator.stopped and error is None)
+    result = loadtest.Result(drill.mix, endpoint, rate, min(load_s, drill.planned_s), list(outcomes),
+                             time.monotonic() - started, generator.sent if generator.finishing else len(planned),
+                             interrupted or generator.stopped and error is None)
     return DrillResult(drill, target.label, target.iu_ids, endpoint, rate, result, windows, samples, restored,
                        events, error, watch is not None)
 

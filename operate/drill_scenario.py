@@ -14,8 +14,10 @@ pass/fail (YAML, strict; docs/drills.md has the format and the library in operat
       blast_radius_errors_max: 0       # failed requests on every other unit
 
 ``mix``: a scenario of operate/scenarios by name, or a file (relative to the drill file). Faults may not
-overlap (one target, one fault at a time) and each must end before the load does. A check left out is not
-judged. Strict: anything else is one :class:`ScenarioError` line naming the file, the field and the value
+overlap (one target, one fault at a time) and each must end before the load does. The load runs
+``duration_s``, and past it until the faulted unit serves again or its recovery limit runs out
+(:meth:`Drill.recovery_deadline`): a vLLM restart that loads weights for minutes is measured, not cut off. A
+check left out is not judged. Strict: anything else is one :class:`ScenarioError` line naming the file, the field and the value
 (exit 2, nothing touched).
 """
 
@@ -27,7 +29,14 @@ from pathlib import Path
 import yaml
 
 from operate.drill_faults import KINDS, SCOPE
-from operate.scenario import DEFAULT_SCENARIO, FieldReader, Scenario, ScenarioError, load_scenario
+from operate.scenario import (
+    DEFAULT_SCENARIO,
+    FieldReader,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    yaml_problem,
+)
 
 DRILLS_DIR = Path(__file__).parent / "drills"
 _TOP = {"name", "description", "load", "faults", "checks"}
@@ -40,12 +49,15 @@ CHECKS = {
     "route_away_s_max": ("seconds from the fault to the last request routed to the faulted unit", 3600),
     "consul_critical_s_max": ("seconds from the fault until Consul shows the unit critical", 3600),
     "ttft_p99_ratio_max": ("p99 TTFT during the fault over the baseline's", 1000),
-    "recover_s_max": ("seconds from the undo until the unit serves again", 86400),
-    "serving_again_s_max": ("seconds from the fault until the unit streams a first token again", 86400),
+    "recover_s_max": ("seconds from the undo until the unit serves again", 3600),
+    "serving_again_s_max": ("seconds from the fault until the unit streams a first token again", 3600),
     "blast_radius_errors_max": ("failed requests on units other than the faulted one", 1e9),
     "served_during_fault_max": ("requests the faulted unit answered in full during the fault", 1e9),
 }
 MAX_DURATION_S = 86400.0
+# the longest an undo's commands may take (two, each within drill_faults.COMMAND_TIMEOUT_S): the load is
+# planned this much past the last fault's end so its recovery limit is still covered after a slow undo
+UNDO_ALLOWANCE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,25 @@ class Drill:
     description: str = ""
     seed: int = 1
     timeout_s: float = 60.0
+
+    def recovery_deadline(self, last_at: float, last_undone: float) -> float | None:
+        """Until when (seconds into the load) the load waits past ``duration_s`` for the faulted unit to serve
+        again, given when the last fault was injected and undone: its recovery checks' limits; None when the
+        drill judges no recovery (the load ends at ``duration_s``)."""
+        ends = []
+        if "recover_s_max" in self.checks:
+            ends.append(last_undone + self.checks["recover_s_max"])
+        if "serving_again_s_max" in self.checks:
+            ends.append(last_at + self.checks["serving_again_s_max"])
+        return max(self.duration_s, *ends) if ends else None
+
+    @property
+    def planned_s(self) -> float:
+        """How long a load is planned: ``duration_s``, or the recovery deadline after an undo as slow as
+        :data:`UNDO_ALLOWANCE_S` when that is later."""
+        last = self.faults[-1]
+        deadline = self.recovery_deadline(last.at_s, last.end_s + UNDO_ALLOWANCE_S)
+        return self.duration_s if deadline is None else deadline
 
     @property
     def scope(self) -> str:
@@ -151,9 +182,7 @@ def load_drill(name_or_path: str) -> Drill:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ScenarioError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        raise ScenarioError(f"{path}: {yaml_problem(exc)}") from None
     return parse_drill(data, str(path), path.parent)
 
 

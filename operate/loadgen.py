@@ -16,8 +16,8 @@ could cache.
 Per request: time to first token (first content chunk), end to end (last byte), mean inter-token latency
 ((last token - first token) / (tokens - 1)), and on failure its kind: ``http_<status>``, ``cut_stream``
 (the stream ended without ``[DONE]``, or with the edge's ``error`` event), ``timeout`` or ``connect``.
-The edge's routing headers (``X-Eas-IU``, ``X-Eas-Score``, ``X-Eas-Expected-S``, ``X-Eas-Prefill-S``) are
-kept for calibration.
+The edge's routing headers (``X-Eas-IU``, ``X-Eas-Score``, ``X-Eas-Expected-S``, ``X-Eas-Prefill-S``,
+``X-Eas-Tried``) are kept for calibration.
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ TOKEN_POOL = 1 << 16
 # The event loop's timers wake late by up to ~1 ms (epoll's timeout is whole milliseconds, rounded up): the
 # generator sleeps until this much before a send and yields to the loop for the rest, so sends keep time.
 SPIN_S = 0.0015
+FINISH_POLL_S = 0.25
 TOKEN_ID_RANGE = (1000, 30000)
 EDGE_HEADERS = {"iu": "X-Eas-IU", "score": "X-Eas-Score", "expected_s": "X-Eas-Expected-S",
-                "prefill_s": "X-Eas-Prefill-S"}
+                "prefill_s": "X-Eas-Prefill-S", "tried": "X-Eas-Tried"}
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Outcome:
     score: float | None = None
     expected_s: float | None = None
     prefill_s: float | None = None
+    tried: float | None = None  # IUs the edge tried for it: above 1, its TTFT began at another IU
 
     @property
     def ok(self) -> bool:
@@ -203,7 +205,8 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: O
 
 
 class Generator:
-    """Sends a plan open-loop against ``endpoint`` (``http://host:port``); ``stop()`` ends it early."""
+    """Sends a plan open-loop against ``endpoint`` (``http://host:port``); ``stop()`` ends it early (the
+    requests in flight cancelled), ``finish()`` sends no more of it (those in flight run to their end)."""
 
     def __init__(self, endpoint: str, model: str | None = None, timeout_s: float = 60.0, seed: int = 0):
         self.url = endpoint.rstrip("/") + "/v1/completions"
@@ -211,11 +214,17 @@ class Generator:
         self.pool = TokenPool(seed)
         self.outcomes: list[Outcome] = []
         self.inflight = 0
+        self.sent = 0
         self.stopped = False
+        self.finishing = False
         self.started: float | None = None
 
     def stop(self) -> None:
         self.stopped = True
+
+    def finish(self) -> None:
+        """Send nothing more of the plan; the requests in flight run to their end."""
+        self.finishing = True
 
     async def run(self, planned: list[Planned], on_done: Callable[[Outcome], None] | None = None,
                   session: aiohttp.ClientSession | None = None) -> list[Outcome]:
@@ -243,16 +252,17 @@ class Generator:
 
         try:
             for request in planned:
-                if self.stopped:
+                if self.stopped or self.finishing:
                     break
                 body = request_body(self.pool, request, self.model)  # built before its time, not after
                 due = start + request.at
-                if due - loop.time() > SPIN_S:
-                    await asyncio.sleep(due - loop.time() - SPIN_S)
-                while loop.time() < due:  # the last stretch: yield to the loop (I/O keeps flowing) until due
+                while due - loop.time() > SPIN_S and not self.finishing:  # a finish is seen within a wake
+                    await asyncio.sleep(min(due - loop.time() - SPIN_S, FINISH_POLL_S))
+                while loop.time() < due and not self.finishing:  # the last stretch: yield to the loop until due
                     await asyncio.sleep(0)
-                if self.stopped:
+                if self.stopped or self.finishing:
                     break
+                self.sent += 1
                 task = asyncio.create_task(one(request, body))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)

@@ -33,7 +33,7 @@ import yaml
 from common.errors import UsageError
 from eas_wire.rollout import REVISION_RE
 from eas_wire.rollout import RolloutError as DocumentError
-from operate.scenario import FieldReader
+from operate.scenario import FieldReader, yaml_problem
 
 INCONCLUSIVE = ("pause", "continue", "abort")
 # metric -> (what it is, where it comes from, the bound a gate on it takes: max or min)
@@ -178,9 +178,7 @@ def load_plan(path: str | Path) -> RolloutPlan:
     except OSError as exc:
         raise RolloutPlanError(f"{path}: cannot read the rollout file: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise RolloutPlanError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        raise RolloutPlanError(f"{path}: {yaml_problem(exc)}") from None
     return parse_plan(data, str(path))
 
 

@@ -203,6 +203,13 @@ def parse_scenario(data, source: str = "<scenario>") -> Scenario:
     return Scenario(name, tuple(classes), source, read.text(top.get("description", ""), "description"), max_len)
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong with a YAML file, for one error line: where (when PyYAML knows) and PyYAML's problem."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    return f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
+
+
 def load_scenario(path: str | Path | None = None) -> Scenario:
     """The scenario file at ``path`` (None: the built-in production mix)."""
     path = Path(path) if path is not None else DEFAULT_SCENARIO
@@ -213,7 +220,5 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ScenarioError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        raise ScenarioError(f"{path}: {yaml_problem(exc)}") from None
     return parse_scenario(data, str(path))

@@ -98,12 +98,13 @@ def process_pool(tmp_path, consul_addr, monkeypatch):
         yield edge.address, units_dir
 
 
-def write_drill(tmp_path, kind: str, at_s: float = 5, hold_s: float = 5, duration_s: float = 16):
+def write_drill(tmp_path, kind: str, at_s: float = 5, hold_s: float = 5, duration_s: float = 16,
+                recover_s_max: float = 6):
     (tmp_path / "mix.yml").write_text(yaml.safe_dump(MIX))
     drill = {"name": f"test-{kind}", "load": {"mix": "mix.yml", "rate_per_s": 6, "duration_s": duration_s,
                                               "seed": 3, "timeout_s": 8},
              "faults": [{"kind": kind, "at_s": at_s, "hold_s": hold_s}],
-             "checks": {"failed_not_streaming_max": 0, "route_away_s_max": 2, "recover_s_max": 6,
+             "checks": {"failed_not_streaming_max": 0, "route_away_s_max": 2, "recover_s_max": recover_s_max,
                         "blast_radius_errors_max": 0}}
     path = tmp_path / f"{kind}.yml"
     path.write_text(yaml.safe_dump(drill, sort_keys=False))
@@ -111,8 +112,8 @@ def write_drill(tmp_path, kind: str, at_s: float = 5, hold_s: float = 5, duratio
     return path
 
 
-def run_drill(tmp_path, edge_address: str, consul_addr: str, kind: str) -> tuple[int, dict]:
-    path = write_drill(tmp_path, kind)
+def run_drill(tmp_path, edge_address: str, consul_addr: str, kind: str, **drill) -> tuple[int, dict]:
+    path = write_drill(tmp_path, kind, **drill)
     try:
         main(["drill", str(path), "-i", str(tmp_path / "hosts.yml"), "--endpoint", f"http://{edge_address}",
               "--target", "n1-iu0", "--consul", consul_addr, "--out", str(tmp_path / "report"), "--json"])
@@ -173,3 +174,21 @@ def test_ctrl_c_during_a_fault_undoes_it_says_so_and_exits_130(tmp_path, consul_
     assert process.returncode == 130, (out, err)
     assert f"undone: n1-iu0: SIGCONT to PID {pid}" in err, err
     assert "interrupted" in out and "FAILED" in out, out
+
+
+def test_the_load_runs_past_its_duration_until_a_slow_restart_serves_again(tmp_path, consul_addr, monkeypatch):
+    with process_pool(tmp_path, consul_addr, monkeypatch) as (edge_address, units_dir):
+        # the undo's start brings up an engine that loads for 5 s before it listens, as vLLM loads weights
+        units.declare(units_dir, UNIT, ["sh", "-c", 'sleep 5 && exec "$0" "$@"', *iu_argv(1)],
+                      tmp_path / "n1-iu0.log")
+        code, result = run_drill(tmp_path, edge_address, consul_addr, "graceful_stop", at_s=3, hold_s=3,
+                                 duration_s=8, recover_s_max=25)
+    fault = result["faults"][0]
+    assert result["error"] is None and not result["interrupted"], result["events"]
+    # served again only after the nominal end of the load (8 s): measured because the load waited for it
+    assert fault["recover_s"] is not None and fault["undone_s"] + fault["recover_s"] > 8, fault
+    assert fault["recover_s"] >= 5, fault
+    assert any("load ends: n1-iu0 served again" in line for line in result["events"]), result["events"]
+    # and the load ended soon after, not at the recovery limit
+    assert result["load"]["elapsed_s"] < fault["undone_s"] + 25, result["load"]
+    assert code == 0 and result["passed"], result["checks"]

@@ -4,6 +4,7 @@ what every unit shares is not; the reference prefill rate is the pool's median."
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -72,3 +73,14 @@ def test_an_endpoint_that_names_no_unit_is_a_usage_error():
     with pytest.raises(calibrate.ClusterctlError, match="no X-Eas-IU header") as caught:
         calibrate.calibration_of("http://127.0.0.1:9", plain)
     assert caught.value.exit_code == 2
+
+
+def test_an_answer_moved_from_another_unit_is_counted_as_rerouted_and_charged_to_no_unit():
+    rng = random.Random(4)
+    honest = [outcome(u, 1000, 0.1, 0.1 + w, 0.1 + w) for u in ("a", "b", "c") for w in
+              (rng.uniform(0.0, 0.3) for _ in range(30))]
+    # a misleading unit left before the first byte: the answer came from "a" after seconds spent there
+    moved = [replace(outcome("a", 1000, 0.1, 3.0 + rng.uniform(0, 1), 0.15), tried=2) for _ in range(30)]
+    result = calibrate.calibration_of("http://127.0.0.1:9", honest + moved)
+    assert result.rerouted == 30 and result.as_dict()["rerouted"] == 30
+    assert result.flagged == [] and {u.unit: u.samples for u in result.units} == {"a": 30, "b": 30, "c": 30}

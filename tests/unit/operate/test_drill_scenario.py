@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import ExitCode
 from operate.drill_faults import KINDS
-from operate.drill_scenario import library, load_drill, parse_drill, resolve
+from operate.drill_scenario import UNDO_ALLOWANCE_S, library, load_drill, parse_drill, resolve
 from operate.scenario import ScenarioError
 
 pytestmark = pytest.mark.unit
@@ -53,6 +53,17 @@ def test_a_valid_drill():
     assert [(f.kind, f.at_s, f.end_s) for f in drill.faults] == [("engine_crash", 10.0, 20.0)]
     node = parse_drill(with_("faults", [{"kind": "consul_agent_down", "at_s": 1, "hold_s": 2}]), "d.yml")
     assert node.scope == "node"
+
+
+def test_a_drill_judging_recovery_plans_its_load_past_its_duration_to_the_recovery_limit():
+    plain = parse_drill(VALID, "d.yml")
+    assert plain.recovery_deadline(10, 21) is None and plain.planned_s == 60
+    judged = parse_drill(with_("checks", {"recover_s_max": 300, "serving_again_s_max": 200}), "d.yml")
+    assert judged.recovery_deadline(10, 21) == 321  # the later of undo + 300 and fault + 200
+    assert judged.recovery_deadline(10, 11) == max(60, 311)
+    assert judged.planned_s == 20 + UNDO_ALLOWANCE_S + 300  # covers an undo as slow as the allowance
+    quick = parse_drill(with_("checks", {"recover_s_max": 5}), "d.yml")
+    assert quick.recovery_deadline(10, 21) == 60  # never before the load's own end
 
 
 @pytest.mark.parametrize(("data", "expected"), [

@@ -19,7 +19,7 @@ def test_a_calibration_is_written_as_json_markdown_and_a_plot(tmp_path):
     by_unit = {u: [Sample(u, w * k, w * k, w, 1000) for w in (rng.uniform(0, 0.5) for _ in range(30))]
                for u, k in (("u1", 1.0), ("u2", 1.1), ("u3", 0.2))}
     cal = calibrate.Calibration("http://127.0.0.1:9", 12600.0, calibrate.judge(by_unit), by_unit, 90, 0,
-                                calibrate.BreakerCheck("u1", 40, 0))
+                                breaker=calibrate.BreakerCheck("u1", 40, 0))
     written, note = report.write(cal, tmp_path)
     assert note is None and sorted(p.name for p in written) == ["calibration.json", "calibration.md",
                                                                 "calibration.png"]
