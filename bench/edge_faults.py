@@ -40,7 +40,7 @@ import results
 from edge_procs import ROOT, DevConsul
 
 from consul_io.client import ConsulIO
-from edge.config import EdgeConfig, PushConfig
+from edge.config import AccessConfig, EdgeConfig, PushConfig
 from edge.main import Edge
 from sim.vllm.registration import IUService, register_on_catalog_node
 
@@ -134,7 +134,8 @@ def run(units: int = 4, load: float = 0.5, repeats: int = 5, baseline_s: float =
         io = ConsulIO(consul.address)
         pool = [Unit(f"u{n}-iu0", io, f"{loopback}.{11 + n}") for n in range(units)]
         config = EdgeConfig(listen=f"{loopback}.2:0", consul=replace(EdgeConfig().consul, address=consul.address),
-                            push=PushConfig(enabled=False), seed=seed)
+                            push=PushConfig(enabled=False), seed=seed,
+                            access=AccessConfig(admin_listen=f"{loopback}.2:0"))
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, daemon=True)
         thread.start()

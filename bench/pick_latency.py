@@ -49,7 +49,7 @@ def build_view(
             health.append(
                 {
                     "Node": {"Node": node},
-                    "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000 + i},
+                    "Service": {"Service": layout.iu_service(node), "ID": iu, "Address": "127.0.0.1", "Port": 8000 + i},
                     "Checks": [{"CheckID": layout.health_check_id(iu), "Status": "passing"}],
                 }
             )
@@ -85,7 +85,7 @@ def time_flushes(ius: int, flushes: int, changed_fraction: float, rng: random.Ra
     clock = [1_000_000.0]
     view = PoolView(detector=AnomalyDetector(), clock=lambda: clock[0])
     nodes = [f"r{n // 8:02d}n{n % 8:02d}" for n in range(ius // 4)]
-    view.apply_health([{"Node": {"Node": node}, "Service": {"ID": layout.iu_id(node, i), "Address": "127.0.0.1", "Port": 8000 + i},
+    view.apply_health([{"Node": {"Node": node}, "Service": {"Service": layout.iu_service(node), "ID": layout.iu_id(node, i), "Address": "127.0.0.1", "Port": 8000 + i},
                         "Checks": [{"CheckID": layout.health_check_id(layout.iu_id(node, i)), "Status": "passing"}]}
                        for node in nodes for i in range(4)])
 

@@ -75,7 +75,7 @@ counting, ages, delivered = False, [], [0] * edges
 
 def follower():
     view = EdgeView(detector=AnomalyDetector())
-    view.apply_health([{"Node": {"Node": "node000"}, "Service": {"ID": layout.iu_id("node000", i), "Address": host, "Port": 8000 + i,
+    view.apply_health([{"Node": {"Node": "node000"}, "Service": {"Service": layout.iu_service("node000"), "ID": layout.iu_id("node000", i), "Address": host, "Port": 8000 + i,
                                     "Meta": {"node": "node000"}},
                         "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]} for i in (0, 1)])
     return view

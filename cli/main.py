@@ -39,6 +39,8 @@ COMMANDS: dict[str, Lazy] = {
                      "Send a traffic mix to an OpenAI-compatible endpoint and judge it against latency SLOs."),
     "drill": Lazy("cli.commands.drill",
                   "Fault drills: a unit or node faulted under load, what clients saw, recovery (--list)."),
+    "remediate": Lazy("cli.commands.remediate",
+                      "Bring an unhealthy unit back (drain, restart, GPU reset) or mark its node for repair."),
     "rollout": Lazy("cli.commands.rollout",
                     "Shift traffic to a new revision in gated steps; roll back by itself when it is worse."),
     "demo": Lazy("cli.commands.demo", "Run the whole toolkit end to end on a temporary virtual cluster."),

@@ -2,8 +2,8 @@
 
 - :func:`agent_ius`: the ``ius`` list of eas-agent's config (schema: ``eas_agent/config.py``), rendered by
   the eas_agent role through the ``eas_agent_config`` filter.
-- :func:`iu_service_definitions`: one Consul service definition per IU (the ``vllm-iu`` service, its
-  ``/health`` check), rendered by the consul_agent role through the ``consul_iu_services`` filter.
+- :func:`iu_service_definitions`: one Consul service definition per IU (an instance of the node's
+  ``vllm-iu-<node>`` service, its ``/health`` check), rendered by the consul_agent role through the ``consul_iu_services`` filter.
 - :func:`iu_registration`: one IU's instance (name, ID, address, port, tags, meta) without its checks:
   the definitions above hold it, and the simulators register it through the API
   (``sim/vllm/registration.py``), so a simulated IU is tagged exactly as a provisioned one.
@@ -19,8 +19,6 @@ from typing import Any
 
 from cluster.model import Node
 from consul_io import layout
-
-IU_SERVICE_NAME = layout.SERVICE_NAME
 
 
 def agent_ius(node: Node) -> list[dict[str, Any]]:
@@ -61,13 +59,14 @@ def health_url(address: str, port: int) -> str:
 
 def iu_registration(iu: str, node: str, rack: str, address: str, port: int, gpus: Sequence[int],
                     numa_node: int | None, model: str | None = None, revision: str | None = None) -> dict[str, Any]:
-    """One IU's ``vllm-iu`` instance: name, ID (the IU id), address, port, tags and meta (Consul meta values
-    are strings; an IU without one NUMA node has ``numa_node`` ""). ``model``: the name it serves
+    """One IU's instance of its node's service ``vllm-iu-<node>`` (``layout.iu_service``): name, ID (the IU
+    id), address, port, tags and meta (Consul meta values are strings; an IU without one NUMA node has
+    ``numa_node`` ""). ``model``: the name it serves
     (``Meta.model``, which the edge routes a request's ``model`` on); without it the IU takes any model.
     ``revision``: what the IU runs (``Meta.revision``: vLLM version, model, driver), which a traffic rollout
     (``clusterctl rollout``) shifts requests between; without it the IU is on the stable side of any rollout."""
     registration = {
-        "name": IU_SERVICE_NAME,
+        "name": layout.iu_service(node),
         "id": iu,
         "address": address,
         "port": port,

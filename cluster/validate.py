@@ -157,9 +157,10 @@ def check_duplicate_addresses(hosts: Mapping[str, Mapping[str, Any]]) -> list[Pr
 
 
 # Tokens Consul links to ONE node's policy (consul_agent's acl.yml, consul_io.acl.node_policies): node:write
-# for the Consul agent, that node's score keys for its eas-agent. Shared between nodes, each node's run
+# for the Consul agent, that node's own IU service for its file-service registrations, that node's score
+# keys for its eas-agent. Shared between nodes, each node's run
 # re-links the token to its own policy, and every other node's agent is refused (403).
-NODE_TOKENS = ("consul_agent_acl_agent_token", "eas_agent_consul_token")
+NODE_TOKENS = ("consul_agent_acl_agent_token", "consul_agent_acl_registration_token", "eas_agent_consul_token")
 
 
 def _secret_identity(value: Any) -> str | None:

@@ -7,27 +7,35 @@ through a server (``clusterctl.infra.consul_acl``).
 | Token (vault variable)                          | Policy                    | Rules                                        |
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
-| file services (``..._registration_token``)      | ``vllm-iu-registration``  | write ``vllm-iu`` and ``eas-edge`` (config_file_service_registration) |
-| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | ``vllm-iu`` maintenance, the preflight markers, the rollout document, reads |
+| file services (``..._registration_token``)      | ``vllm-iu-registration-<node>`` | write ``vllm-iu-<node>`` and ``eas-edge-<node>`` (config_file_service_registration) |
+| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | every ``vllm-iu-`` service (maintenance), the preflight markers, the rollout document, repair records, reads |
 | eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; reads the score keys, nodes |
-| edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read ``vllm-iu``, nodes, the score keys and the rollout document |
+| edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read the ``vllm-iu-`` services, nodes, the score keys and the rollout document |
 
 What each token can then do, and what it can do beyond its job, is the table "What each token can do" in
 docs/contracts/consul-layout.md, which ``tests/integration/consul_io/test_acl.py`` performs cell by cell. In short:
-Consul grants service rights by service *name* and every IU is ``vllm-iu``, so the registration and operator
-tokens may write any IU's registration, checks and maintenance, through ``catalog/register`` on any catalog
-node too (it needs ``node:write`` only for the node's own entry). The eas-agent token has no service rights:
-Consul requires ``service:write`` on the service both to update a check on it and to take it out of
-maintenance, so an agent that kept TTL checks could bypass the preflight gate; it publishes its verdict in its
-score key only. The edge's reader takes an
-IU's owner from its catalog node, not from what the registrant wrote (edge/pool/view.py).
+Consul grants service rights by service *name* only, so each node's IUs are instances of that node's own
+service ``vllm-iu-<node>`` and a node's registration token may write that one name (an exact rule: a prefix
+rule for node ``a`` would match node ``a-b``'s name too). It can still put an instance of its own name on
+another catalog node through ``catalog/register`` (Consul asks ``node:write`` only for the node's own entry);
+the edge's reader routes an instance only when its service name is its catalog node's (edge/pool/view.py),
+so such an instance is counted and never routed. The eas-agent token has no service rights: Consul requires
+``service:write`` on the service both to update a check on it and to take it out of maintenance, so an agent
+that kept TTL checks could bypass the preflight gate; it publishes its verdict in its score key only.
 """
 
 from __future__ import annotations
 
-from consul_io.layout import EAS_PREFIX, PREFLIGHT_PREFIX, ROLLOUT_PREFIX, acl_policy
-from consul_io.layout import EDGE_SERVICE_NAME as EDGE_SERVICE
-from consul_io.layout import SERVICE_NAME as SERVICE
+from consul_io.layout import (
+    EAS_PREFIX,
+    IU_SERVICE_PREFIX,
+    PREFLIGHT_PREFIX,
+    REPAIR_PREFIX,
+    ROLLOUT_PREFIX,
+    acl_policy,
+    edge_service,
+    iu_service,
+)
 
 
 def agent_policy(node: str) -> str:
@@ -36,15 +44,17 @@ def agent_policy(node: str) -> str:
     return f'node "{node}" {{ policy = "write" }}\nservice_prefix "" {{ policy = "read" }}\n'
 
 
-def registration_policy() -> str:
+def registration_policy(node: str) -> str:
     # The file services of a node: its IUs and, on a host of the edges group, its edge (roles/eas_edge).
-    return f'service "{SERVICE}" {{ policy = "write" }}\nservice "{EDGE_SERVICE}" {{ policy = "write" }}\n'
+    return (f'service "{iu_service(node)}" {{ policy = "write" }}\n'
+            f'service "{edge_service(node)}" {{ policy = "write" }}\n')
 
 
 def operator_policy() -> str:
-    return (f'service "{SERVICE}" {{ policy = "write" }}\n'
+    return (f'service_prefix "{IU_SERVICE_PREFIX}" {{ policy = "write" }}\n'
             f'key_prefix "{PREFLIGHT_PREFIX}/" {{ policy = "write" }}\n'
             f'key_prefix "{ROLLOUT_PREFIX}/" {{ policy = "write" }}\n'
+            f'key_prefix "{REPAIR_PREFIX}/" {{ policy = "write" }}\n'
             'node_prefix "" { policy = "read" }\n'
             'service_prefix "" { policy = "read" }\n'
             'agent_prefix "" { policy = "read" }\n')
@@ -58,7 +68,7 @@ def eas_agent_policy(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) ->
 
 
 def edge_policy(kv_prefix: str = EAS_PREFIX) -> str:
-    return (f'service "{SERVICE}" {{ policy = "read" }}\n'
+    return (f'service_prefix "{IU_SERVICE_PREFIX}" {{ policy = "read" }}\n'
             'node_prefix "" { policy = "read" }\n'
             f'key_prefix "{kv_prefix.strip("/")}/" {{ policy = "read" }}\n'
             f'key_prefix "{ROLLOUT_PREFIX}/" {{ policy = "read" }}\n')
@@ -69,7 +79,7 @@ def node_policies(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> di
     :func:`consul_io.layout.acl_policy`'s."""
     rules = {
         "agent": agent_policy(node),
-        "registration": registration_policy(),
+        "registration": registration_policy(node),
         "operator": operator_policy(),
         "eas_agent": eas_agent_policy(node, datacenter, kv_prefix),
         "edge": edge_policy(kv_prefix),

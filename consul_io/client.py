@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import json
-import stat
 from pathlib import Path
 
 import consul
@@ -33,6 +32,7 @@ import requests
 from consul.callback import CB
 
 from consul_io import layout
+from eas_wire.private_file import read_private_text
 
 DEFAULT_TIMEOUT_S = 2.0  # the agent and the edge; preflight gives 10 s (a loaded node answers slowly)
 
@@ -52,16 +52,7 @@ def read_token_file(path: str | Path, kind: str = "Consul") -> str:
     e.g. ``"announce"`` (the edges' and agents' announce channel), "the announce token file"."""
     path = Path(path)
     secret = "Consul ACL token" if kind == "Consul" else f"{kind} token"
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text()
-    except OSError as exc:
-        raise TokenError(f"{path}: cannot read the {kind} token file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise TokenError(f"{path}: not a text file (a {kind} token file holds one token)") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise TokenError(f"{path}: readable by group/others (mode {stat.S_IMODE(mode):04o}); chmod 600 it "
-                         f"(it holds the {secret})")
+    text = read_private_text(path, f"the {kind} token file", f"the {secret}", error=TokenError)
     token = text.strip()
     if not token or any(c.isspace() for c in token):
         raise TokenError(f"{path}: must hold one {secret} (found {'nothing' if not token else 'whitespace'})")
@@ -234,17 +225,30 @@ class ConsulIO:
     def health_service(
         self, index: int | None = None, wait_s: float | None = None, passing: bool = False
     ) -> tuple[int, list]:
-        """Every ``vllm-iu`` instance with its checks (a blocking query when ``index`` is given)."""
+        """Every IU instance with its checks: the entries of each node's service ``vllm-iu-<node>`` the token
+        may read (``GET catalog/services`` names them, ``GET health/service/<name>`` lists each).
+
+        The index is the larger of the checks' (``GET health/state/any``) and the service catalog's: Consul's
+        indexes are one Raft sequence, so any later registration or check change answers with a larger one.
+        With ``index`` the call first blocks on the checks (status, maintenance, a deregistration: what moves
+        an IU in or out of rotation); a registration whose checks are unchanged (a new address) shows within
+        ``wait_s``, when that query returns anyway."""
         wait = go_duration(wait_s) if (index and wait_s) else None
-        idx, entries = self._call(
-            f"GET health/service/{layout.SERVICE_NAME}",
-            self.client.health.service,
-            layout.SERVICE_NAME,
-            index=index or None,
-            wait=wait,
-            passing=passing or None,
-        )
-        return int(idx or 0), entries or []
+        checks_index, _ = self._call("GET health/state/any", self.client.health.state, "any",
+                                     index=index or None, wait=wait)
+        services_index, services = self._call("GET catalog/services", self.client.catalog.services)
+        entries = []
+        for name in sorted(n for n in (services or {}) if layout.is_iu_service(n)):
+            _, listed = self._call(f"GET health/service/{name}", self.client.health.service, name,
+                                   passing=passing or None)
+            entries.extend(listed or [])
+        return max(int(checks_index or 0), int(services_index or 0)), entries
+
+    def node_ius(self, node: str) -> list:
+        """``node``'s IU instances with their checks (``GET health/service/vllm-iu-<node>``: one request)."""
+        name = layout.iu_service(node)
+        _, entries = self._call(f"GET health/service/{name}", self.client.health.service, name)
+        return entries or []
 
     def health_node(self, node: str) -> list:
         _, checks = self._call(f"GET health/node/{node}", self.client.health.node, node)
@@ -262,15 +266,16 @@ class ConsulIO:
                           headers=self.client.prepare_headers(self.token), with_token=False) or {}
 
     # -- agent services -------------------------------------------------------------------------------
-    def register_service(self, service_id: str, address: str, port: int, *, tags: list[str], meta: dict,
+    def register_service(self, name: str, service_id: str, address: str, port: int, *, tags: list[str], meta: dict,
                          http_check: str | None = None) -> None:
-        """Register a ``vllm-iu`` instance on this agent (provisioning does it with a definition file; the
-        simulators and tests call this, through sim/vllm/registration.py)."""
+        """Register an IU instance of service ``name`` (its node's ``vllm-iu-<node>``) on this agent
+        (provisioning does it with a definition file; the simulators and tests call this, through
+        sim/vllm/registration.py)."""
         check = consul.Check.http(http_check, "1s", timeout="1s") if http_check else None
         self._call(
             f"register service {service_id}",
             self.client.agent.service.register,
-            layout.SERVICE_NAME,
+            name,
             service_id=service_id,
             address=address,
             port=port,

@@ -14,8 +14,13 @@ all load it.
 from __future__ import annotations
 
 # -- services and checks ------------------------------------------------------------------------------------
-SERVICE_NAME = "vllm-iu"  # every IU is one instance of this service; its service ID is the IU id
-EDGE_SERVICE_NAME = "eas-edge"  # every edge (roles/eas_edge) is one instance of this service, ID eas-edge-<host>
+# Each node's IUs are instances of that node's own service "vllm-iu-<node>" (iu_service()); the service ID is
+# the IU id. Consul grants service rights by service name only, so one name per node is what lets a node's
+# registration token write its own IUs and no other node's (consul_io/acl.py).
+SERVICE_NAME = "vllm-iu"  # the family: every IU service's name is "vllm-iu-<node>"
+IU_SERVICE_PREFIX = f"{SERVICE_NAME}-"
+EDGE_SERVICE_NAME = "eas-edge"  # the family: each edge host's service is "eas-edge-<node>", ID eas-edge-<node>
+EDGE_SERVICE_PREFIX = f"{EDGE_SERVICE_NAME}-"
 IU_ID_INFIX = "-iu"  # IU ids are "<node>-iu<index>" (cluster/model.py builds them with iu_id())
 # Consul's own check ids for maintenance mode (https://developer.hashicorp.com/consul/api-docs/agent/service
 # #enable-maintenance-mode): a critical check "_service_maintenance:<service id>", "_node_maintenance" for a node.
@@ -31,6 +36,7 @@ NODE_TAG_PREFIX = "node:"
 EAS_PREFIX = "clusterctl/eas"  # score bodies: <prefix>/<dc>/<node> (docs/contracts/score-body.md)
 PREFLIGHT_PREFIX = "clusterctl/preflight"  # release markers: <prefix>/<dc>/<iu id>
 ROLLOUT_PREFIX = "clusterctl/rollout"  # the traffic rollout document: <prefix>/<dc>/document (eas_wire/rollout.py)
+REPAIR_PREFIX = "clusterctl/repair"  # nodes marked for repair by clusterctl remediate: <prefix>/<dc>/<node>
 DEFAULT_DATACENTER = "dc1"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8500"
 
@@ -39,7 +45,7 @@ DEFAULT_HTTP_ADDR = "127.0.0.1:8500"
 # each token to its policy through the consul_node_acl filter). "{node}" is the node's name.
 ACL_POLICIES = {
     "agent": "consul-agent-{node}",
-    "registration": "vllm-iu-registration",
+    "registration": "vllm-iu-registration-{node}",
     "operator": "clusterctl-operator",
     "eas_agent": "eas-agent-{node}",
     "edge": "clusterctl-edge",
@@ -59,6 +65,22 @@ def is_iu_of(iu: str, node: str) -> bool:
     """Whether ``iu`` is named as one of ``node``'s IUs ("<node>-iu<n>")."""
     head, sep, index = iu.rpartition(IU_ID_INFIX)
     return bool(sep) and head == node and index.isdigit()
+
+
+def iu_service(node: str) -> str:
+    """The Consul service name of ``node``'s IUs ("r01n01" -> "vllm-iu-r01n01")."""
+    return f"{IU_SERVICE_PREFIX}{node}"
+
+
+def edge_service(node: str) -> str:
+    """The Consul service name of the edge on ``node`` ("r01n01" -> "eas-edge-r01n01"): one name per host, as
+    for the IUs, so a node's registration token writes its own edge and no other host's."""
+    return f"{EDGE_SERVICE_PREFIX}{node}"
+
+
+def is_iu_service(name: str) -> bool:
+    """Whether ``name`` is some node's IU service (``vllm-iu-<node>``)."""
+    return name.startswith(IU_SERVICE_PREFIX) and len(name) > len(IU_SERVICE_PREFIX)
 
 
 def maintenance_check(service_id: str) -> str:
@@ -124,3 +146,8 @@ def acl_policy(kind: str, node: str) -> str:
 def marker_key(datacenter: str, iu: str) -> str:
     """KV key that records that preflight released this IU; without it the role keeps the IU in maintenance."""
     return f"{PREFLIGHT_PREFIX}/{datacenter}/{iu}"
+
+
+def repair_key(datacenter: str, node: str) -> str:
+    """KV key recording that ``clusterctl remediate`` took ``node`` out for repair, and why."""
+    return f"{REPAIR_PREFIX}/{datacenter}/{node}"

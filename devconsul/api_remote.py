@@ -1,8 +1,9 @@
 """Server endpoints that client agents use: catalog writes and the stand-ins for Consul's RPC and gossip.
 
 - ``PUT /v1/catalog/register`` and ``PUT /v1/catalog/deregister`` (https://developer.hashicorp.com/consul/
-  api-docs/catalog, ACL Required ``node:write,service:write``): a service needs ``service:write`` on its name;
-  the node itself (a new node, a changed address, node-level checks, or no ``SkipNodeUpdate``) needs
+  api-docs/catalog, ACL Required ``node:write,service:write``): a service needs ``service:write`` on its name
+  and on the name of the instance with its ID that it replaces, a check on another service of the node on
+  that service's name; the node itself (a new node, a changed address, node-level checks, or no ``SkipNodeUpdate``) needs
   ``node:write``, as catalog_endpoint.go's vetRegisterWithAuthorizer decides.
 - ``PUT /v1/internal/devconsul/member`` (``?leave`` to leave): a client agent's heartbeat, standing in for
   Serf (see ``devconsul.remote``). Gossip is not ACL-protected in Consul but by the gossip key; here the
@@ -51,18 +52,36 @@ def handle_catalog_write(server, req: Request, rest: str) -> Response:
     return Response(payload=True)
 
 
+def _field(obj: dict, *names: str) -> str:
+    return str(next((v for k, v in obj.items() if k.lower() in names), "") or "")
+
+
 def _vet_register(server, req: Request, body: dict) -> None:
+    """catalog_endpoint.go's vetRegisterWithAuthorizer: ``service:write`` on the service's name and on the name
+    of the service it overwrites (same ID on that node: "effectively a delete"); a service-level check on
+    another service of the node needs ``service:write`` on that service's name;
+    the node itself or a node-level check needs ``node:write``."""
     node = str(body.get("Node") or "")
-    service = body.get("Service")
-    if isinstance(service, dict):
-        name = next((v for k, v in service.items() if k.lower() in ("service", "name")), "")
-        check(req, "service", "write", str(name))
+    service = body.get("Service") if isinstance(body.get("Service"), dict) else None
+    service_id = _field(service, "id") if service else ""
+    if service is not None:
+        check(req, "service", "write", _field(service, "service", "name"))
+    checks = [c for c in list(body.get("Checks") or []) + ([body["Check"]] if body.get("Check") else [])
+              if isinstance(c, dict)]
     with server.state.lock:
         entry = server.remote.nodes.get(node)
         node_changes = (entry is None or not body.get("SkipNodeUpdate")
                         or entry.node.address != str(body.get("Address") or ""))
-    checks = list(body.get("Checks") or []) + ([body["Check"]] if body.get("Check") else [])
-    node_checks = any(isinstance(c, dict) and not (c.get("ServiceID") or c.get("service_id")) for c in checks)
+        services = dict(entry.services) if entry else {}
+    if service is not None and (overwritten := services.get(service_id or _field(service, "service", "name"))):
+        check(req, "service", "write", overwritten.name)
+    for chk in checks:
+        target = _field(chk, "serviceid", "service_id")
+        if not target or (service is not None and target == service_id):
+            continue
+        if target in services:  # an unknown ID is refused by the registration itself (remote.register)
+            check(req, "service", "write", services[target].name)
+    node_checks = any(not _field(c, "serviceid", "service_id") for c in checks)
     if node_changes or node_checks:
         check(req, "node", "write", node)
 

@@ -99,9 +99,15 @@ def _require(server, req: Request) -> None:
     elif path == "/v1/agent/maintenance":
         check(req, "node", "write", node)
     elif path == "/v1/agent/service/register":
+        # agent.go's vetServiceRegisterWithAuthorizer: the new name, and the name of the service it replaces
         body = req.json_body()
         name = body.get("Name") or body.get("name") if isinstance(body, dict) else None
         check(req, "service", "write", str(name or ""))
+        service_id = (body.get("ID") or body.get("id") or name) if isinstance(body, dict) else None
+        with server.state.lock:
+            existing = server.catalog.services.get(str(service_id or ""))
+        if existing is not None:
+            check(req, "service", "write", existing.name)
     elif path.startswith("/v1/agent/service/"):
         service_id = path.rsplit("/", 1)[-1]
         with server.state.lock:

@@ -201,6 +201,7 @@ class Agent:
             cycle_s=config.interval_s,
             backoff=backoff,
             clock_offset=clock_offset,
+            streamed=lambda: self.http is not None and self.http.edge_streams > 0,
         )
         self.metrics = AgentMetrics()
         self.http = (

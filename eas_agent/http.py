@@ -144,6 +144,7 @@ class AgentHttpServer:
         self.announce, self.edge_keys, self.clock = announce, edge_keys, clock
         self.streams_by_address: dict[str, int] = {}  # anonymous streams held, per client address
         self.streams_per_address = streams_per_address
+        self.edge_streams = 0  # /scores streams held by edges (signed requests): the publisher writes less then
         self.scores_json = b"{}"  # the latest ScoreBody, serialized once when set
         self.index = 0  # of scores_json; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
@@ -274,6 +275,9 @@ class AgentHttpServer:
                         self.close_connection = True
                         return self._send(429, _error(f"at most {owner.streams_per_address} streams per client "
                                                       "address"), "application/json", {"Connection": "close"})
+                if not anonymous:
+                    with owner.lock:
+                        owner.edge_streams += 1
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", STREAM_CONTENT_TYPE)
@@ -283,11 +287,13 @@ class AgentHttpServer:
                     self.close_connection = True
                     owner.stream_bodies(self.wfile.write, max_s=ANONYMOUS_MAX_STREAM_S if anonymous else MAX_STREAM_S)
                 finally:
-                    if anonymous:
-                        with owner.lock:
+                    with owner.lock:
+                        if anonymous:
                             owner.streams_by_address[address] -= 1
                             if not owner.streams_by_address[address]:
                                 del owner.streams_by_address[address]
+                        else:
+                            owner.edge_streams -= 1
 
             def do_POST(self):  # noqa: N802
                 code, body, read = self._announce()

@@ -20,6 +20,13 @@ next urgent rise (it waits while fewer than 2 are left; a status change needs on
 must not go stale) and leaves the bucket at most one token in debt. Writes use CAS on the key's last
 ModifyIndex, so two agents claiming one node cannot silently overwrite each other.
 
+While edges read the node's bodies on its ``/scores`` stream (``streamed``: the agent's HTTP server holds an
+edge's signed stream), those edges route on each cycle's body and the KV is what the others fall back to:
+a level change that is not urgent then waits for the heartbeat (which writes the current state), while
+urgent rises and status changes are still written at once. The KV-only readers lose level moves of less
+than ``urgent_rise_s`` for up to a heartbeat; the write rate drops by the share of level writes
+(docs/decisions/0024-cache-routing-targets.md).
+
 The key is the agent's only output in Consul: each IU's status in the body is its verdict, and a body older
 than three heartbeats tells readers the agent stopped publishing. The agent holds no Consul service rights
 (no TTL checks): a token that may update an IU's check may also take the IU out of maintenance, since Consul
@@ -159,6 +166,7 @@ class Publisher:
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
         clock_offset=lambda: None,
+        streamed=lambda: False,
     ):
         self.store, self.key, self.node, self.rack = store, key, node, rack
         self.iu_ids = list(iu_ids)
@@ -176,6 +184,7 @@ class Publisher:
         self.backoff = backoff or Backoff()
         self.rng = rng or random.Random()
         self.clock_offset = clock_offset
+        self.streamed = streamed  # () -> True while an edge reads this node's bodies on its /scores stream
         self.published = {iu: _Published() for iu in self.iu_ids}
         self.levels: dict[str, int | None] = {iu: None for iu in self.iu_ids}
         self.modify_index: int | None = None
@@ -204,11 +213,11 @@ class Publisher:
                         and result.score - published.score >= self.urgent_rise_s):
                     return "rise"
                 reason = "level"
-        if reason is not None:
+        if reason is not None and not self.streamed():
             return reason
         if now - self.stats.last_write + self.cycle_s > self.heartbeat_s + 1e-9:
             return "heartbeat"
-        return None
+        return None  # a level change while streamed: the streams carry it, the heartbeat writes it
 
     def body(
         self,

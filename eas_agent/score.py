@@ -32,7 +32,10 @@ that is re-zeroed whenever the IU is idle (nothing running or waiting: the true 
 difference is drift), at the first reading and after a counter reset (a vLLM restart: counters drop), and
 lowered whenever the difference falls below it, so the backlog is never negative. Between idle moments the
 drift is not removed: an IU that never idles while preempting can look busier than it is. Older vLLM (V0,
-V1 before the prefix-cache counters) has no ``prefix_cache_queries_total``: the term is 0 there.
+V1 before the prefix-cache counters) has no ``prefix_cache_queries_total``: the term is 0 there. Tokens the
+prefix cache holds are not prefilled: V1 adds a lookup's hits to ``prefix_cache_hits_total`` with its queries
+at admission, so the backlog counts only the share of the tokens looked up since the previous reading that
+missed (a conversation's turn of 10,000 tokens with 9,000 cached is 1,000 tokens of prefill, not 10,000).
 
 ``prefill_tps``/``decode_tps`` are the IU's measured capacities: a decaying peak of the windowed token rates
 (an IU is only measured at capacity while it is saturated; the peak halves every ``capacity_half_life_s``
@@ -133,8 +136,14 @@ class AdmittedBacklog:
     def __init__(self):
         self.offset: float | None = None
         self.last: tuple[float, float] | None = None  # (queries, prompt_tokens) of the previous reading
+        self.last_hits: float | None = None  # prefix_cache_hits_total of the previous reading
+        self.hit_share = 0.0  # of the prompt tokens looked up since the previous reading, the share found cached
 
     def update(self, m: VllmMetrics) -> float:
+        """Prompt tokens admitted and still to be computed: the admitted tokens less the share of them the
+        prefix cache held (vLLM V1 counts a lookup's hits with its queries at admission, and a hit is not
+        prefilled). The share is that of the lookups since the previous reading (the backlog is the most
+        recently admitted prompts); without new lookups the previous share stands."""
         queries, prompt = m.prefix_cache_queries_total, m.prompt_tokens_total
         if queries is None or prompt is None:  # V0 or V1 before the prefix-cache counters: no term
             return 0.0
@@ -143,8 +152,13 @@ class AdmittedBacklog:
         idle = not m.num_requests_running and not m.num_requests_waiting
         if self.offset is None or reset or idle or difference < self.offset:
             self.offset = difference
-        self.last = (queries, prompt)
-        return difference - self.offset
+        hits = m.prefix_cache_hits_total
+        if hits is None or reset or self.last is None or self.last_hits is None or hits < self.last_hits:
+            self.hit_share = 0.0
+        elif queries > self.last[0]:
+            self.hit_share = min(1.0, max(0.0, (hits - self.last_hits) / (queries - self.last[0])))
+        self.last, self.last_hits = (queries, prompt), hits
+        return (difference - self.offset) * (1.0 - self.hit_share)
 
 
 def gpu_problem(gpus: tuple[GpuReading, ...]) -> tuple[str, str] | None:
@@ -171,16 +185,22 @@ def gpu_problem(gpus: tuple[GpuReading, ...]) -> tuple[str, str] | None:
 
 
 def gpu_components(gpus: tuple[GpuReading, ...]) -> dict[str, float | None]:
-    """Shown with the score for on-call (not part of it): mean utilization, least free memory."""
+    """Shown with the score for on-call (not part of it): mean utilization, least free memory, the IU's GPUs'
+    XID events since the agent started and the latest one's XID."""
     utils = [g.utilization_pct for g in gpus if g.utilization_pct is not None]
     free = [
         g.memory_total_mib - g.memory_used_mib
         for g in gpus
         if g.memory_total_mib is not None and g.memory_used_mib is not None
     ]
+    sources = [g for g in gpus if g.xid_events is not None]
+    latest = max((g for g in sources if g.xid_order), key=lambda g: g.xid_order, default=None)
     return {
         "gpu_util_pct": round(sum(utils) / len(utils), 1) if utils else None,
         "gpu_min_free_mib": round(min(free)) if free else None,
+        # read by the rollout's XID gate (operate/rollout_gates.py): a counter, None without an event source
+        "xid_events": sum(g.xid_events for g in sources) if sources else None,
+        "xid_last": latest.xid_last if latest else None,
     }
 
 
@@ -189,14 +209,16 @@ def _unknown(reason: str, components: dict | None = None, status: str = WARNING)
 
 
 def _health_gate(inputs: IUInputs) -> ScoreResult | None:
+    # an unscored IU still shows its GPUs: the XIDs that come with a lost GPU or a dead engine among them
+    gpu = gpu_components(inputs.gpus) if inputs.gpus else None
     problem = gpu_problem(inputs.gpus)
     if problem and problem[0] == CRITICAL:
-        return _unknown(problem[1], status=CRITICAL)
+        return _unknown(problem[1], gpu, status=CRITICAL)
     if inputs.vllm.metrics is None:
-        return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}")
+        return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}", gpu)
     bad = _bad_numbers(inputs.vllm)
     if bad:
-        return _unknown("non-finite or negative input: " + ", ".join(bad))
+        return _unknown("non-finite or negative input: " + ", ".join(bad), gpu)
     return None
 
 

@@ -12,5 +12,6 @@ the other.
 - :mod:`eas_wire.signing`: the edges' Ed25519 signatures on announce batches and stream requests (the
   agents hold only public keys);
 - :mod:`eas_wire.fields`: the YAML field reader both config files use, so both read and fail alike;
+- :mod:`eas_wire.private_file`: the one rule both sides read a secret's file by (owner-only, mode 0600);
 - :mod:`eas_wire.fetch`: one HTTP GET within a deadline (the agent's vLLM scrape, a reader's ``/scores`` poll).
 """

@@ -154,6 +154,8 @@ class ScoreTerms(NamedTuple):
     kv_usage: float | None = None  # vLLM's KV-cache usage, a fraction
     admitted_prefill_tokens: float | None = None  # admitted, prefill not yet done
     prefix_hit_rate: float | None = None  # prefix-cache hits / queries (tokens); -1: caching off (vLLM V0)
+    xid_events: float | None = None  # the IU's GPUs' critical XID events since its agent started, a counter
+    xid_last: float | None = None  # the latest of them, its XID number
 
     @classmethod
     def of(cls, components: Mapping) -> tuple[ScoreTerms, list[str]]:
@@ -182,6 +184,8 @@ DECLARED_TERMS: dict[str, TermRange] = {
     "kv_usage": TermRange(0.0, maximum=1.0),
     "admitted_prefill_tokens": TermRange(0.0, unit="tokens"),
     "prefix_hit_rate": TermRange(-1.0, maximum=1.0),
+    "xid_events": TermRange(0.0, unit="events"),
+    "xid_last": TermRange(0.0, maximum=float(2**32 - 1)),
 }
 _RANGES = tuple((name, DECLARED_TERMS[name]) for name in ScoreTerms._fields)  # KeyError: a term without a range
 NO_TERMS = ScoreTerms()

@@ -1,6 +1,6 @@
 """eas-edge: an OpenAI-compatible reverse proxy in front of a pool of vLLM inference units (IUs).
 
-Membership and health come from Consul (``vllm-iu`` services and their checks, through the pool reader
+Membership and health come from Consul (each node's ``vllm-iu-<node>`` service and its checks, through the pool reader
 :mod:`edge.pool`); scores from the agents' KV snapshot and, fresher, from one stream per node of the agent's
 ``GET /scores?stream=1`` (:mod:`edge.feed`; docs/contracts/scores-stream.md); every request is routed with
 ``pick()`` (:mod:`edge.routing`) and proxied by :mod:`edge.proxy` (aiohttp), streams chunk by chunk.

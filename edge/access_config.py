@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 from consul_io.client import TokenError, read_token_file
 from eas_wire.fields import ConfigError, Fields, address, split_hostport
+from eas_wire.private_file import PrivateFileError, read_private_text
 from edge.auth import KeysFileError, KeyTable, read_keys_file
 
 DEFAULT_ADMIN_LISTEN = "127.0.0.1:9180"
@@ -75,12 +74,9 @@ class AccessConfig:
         if not self.tls:
             return None
         try:
-            mode = Path(self.tls_key_file).stat().st_mode
-        except OSError as exc:
-            raise ConfigError(source, "tls.key_file", f"{self.tls_key_file}: {exc.strerror or exc}") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(source, "tls.key_file", f"{self.tls_key_file}: readable by group/others (mode "
-                              f"{stat.S_IMODE(mode):04o}); chmod 600 it")
+            read_private_text(self.tls_key_file, "the TLS key file", "the edge's TLS private key")
+        except PrivateFileError as exc:
+            raise ConfigError(source, "tls.key_file", str(exc)) from None
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         try:

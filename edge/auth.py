@@ -20,7 +20,6 @@ import hashlib
 import hmac
 import re
 import secrets
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from eas_wire.private_file import read_private_text
 from edge.errors import error_response
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -71,15 +71,7 @@ class KeyTable:
 
 def read_keys_file(path: str | Path) -> KeyTable:
     path = Path(path)
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text()
-    except OSError as exc:
-        raise KeysFileError(f"{path}: cannot read the API keys file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise KeysFileError(f"{path}: not a text file") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise KeysFileError(f"{path}: readable by group/others (mode {stat.S_IMODE(mode):04o}); chmod 600 it")
+    text = read_private_text(path, "the API keys file", error=KeysFileError)
     entries = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()

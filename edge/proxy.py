@@ -165,7 +165,7 @@ class EdgeState:
         if agent is None:
             self.router.ledger.unannounce((seq,))
             return
-        sender.announce(entry.node, agent, decision.iu_id, prompt_tokens, seq, now)
+        sender.announce(entry.node, agent, decision.iu_id, decision.prefill_tokens(prompt_tokens), seq, now)
 
     def release(self, iu_id: str, outcome: str = "ok", handle=None, status: int = 0) -> None:
         """Free ``iu_id``'s slot; ``outcome`` (ok, failed, definitive, neutral) feeds outlier ejection and the

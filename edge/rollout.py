@@ -21,7 +21,9 @@ costs no request a 503.
 
 The outcome of each request is counted by the revision of the IU that served it (:meth:`finished`,
 :meth:`first_byte`): ``eas_edge_rollout_requests``, ``eas_edge_rollout_errors`` and
-``eas_edge_rollout_ttft_seconds``, which the controller's gates compare, canary against stable.
+``eas_edge_rollout_ttft_seconds``, which the controller's gates compare, canary against stable; and the time to
+first byte per IU (``eas_edge_rollout_unit_ttft_seconds``, a sum and a count: two series per IU, not a
+histogram's dozens), whose means the cross-unit jitter gate spreads out side by side.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import math
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 from consul_io import layout
 from eas_wire.rollout import CanaryCounter, RolloutDoc, RolloutError, loads
@@ -64,6 +66,8 @@ class RolloutFollower:
                               ["revision", "kind"], registry=registry)
         self.ttft = Histogram("eas_edge_rollout_ttft_seconds", "Time to the first byte from an IU, by its rollout "
                               "revision.", ["revision"], buckets=ROLLOUT_TTFT_BUCKETS, registry=registry)
+        self.unit_ttft = Summary("eas_edge_rollout_unit_ttft_seconds", "Time to the first byte from each IU, by "
+                                 "its rollout revision (sum and count).", ["revision", "iu"], registry=registry)
         self.fallbacks = Counter("eas_edge_rollout_fallbacks", "Requests whose drawn revision had no routable IU "
                                  "for them (served by any IU).", registry=registry)
         self.weight = Gauge("eas_edge_rollout_weight", "The canary's share this edge applies (-1: no rollout).",
@@ -137,6 +141,7 @@ class RolloutFollower:
         revision = self._revision(iu_id)
         if revision is not None and math.isfinite(seconds):
             self.ttft.labels(revision).observe(seconds)
+            self.unit_ttft.labels(revision, iu_id).observe(seconds)
 
     def finished(self, iu_id: str, failed: bool, status: int = 0) -> None:
         """A request's slot on ``iu_id`` released: ``failed`` (its connection or stream failed) or ``status``

@@ -39,6 +39,11 @@ class Decision:
     queued_as_s: float | None = None  # what the IU's score counts a request waiting there as (its mean request)
     cached_tokens: int = 0  # of the prompt, tokens estimated in the chosen IU's prefix cache
 
+    def prefill_tokens(self, prompt_tokens: int) -> int:
+        """Of a ``prompt_tokens`` prompt, the tokens the chosen IU is expected to prefill: those not estimated
+        in its prefix cache, at least one (vLLM always computes a prompt's last token)."""
+        return max(1, prompt_tokens - self.cached_tokens)
+
 
 # Pushed scores are at most ~0.22 s old at pick (200 ms agent cycle + transit + the 20 ms apply interval).
 QUEUED_RULE_MAX_AGE_S = 0.3

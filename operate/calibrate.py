@@ -19,9 +19,13 @@ Per unit: bias (mean predicted - measured: negative = the unit looks less loaded
 more than its share), mean absolute error, the correlation of predicted with measured, and the scale (mean
 predicted / mean measured). A unit is flagged when both its bias is off the pool's median bias by more than
 :data:`BIAS_FLOOR_S` and its scale is off the pool's median scale by more than a factor
-:data:`SCALE_LIMIT` (what every unit shares, such as a common prefill-rate error or the edge-to-unit hop,
-is not the unit's fault; waits vary a lot from request to request, so a unit is compared in aggregate, and
-a ratio does not grow with the load the way an absolute error does), or when its predictions do not follow
+:data:`SCALE_LIMIT` beyond the scale's own sampling error (what every unit shares, such as a common
+prefill-rate error or the edge-to-unit hop, is not the unit's fault; waits vary a lot from request to
+request, so a unit is compared in aggregate, and a ratio does not grow with the load the way an absolute
+error does). The sampling error is the standard error of the log of the scale (a ratio of two means: the
+delta method), and the scale must be off by more than the limit at the near end of its one-sided 95%
+interval (:data:`Z_ONE_SIDED_95` standard errors): a few dozen answers of an honest unit, queued behind
+bursts its stale score drew, scatter its scale by more than 1.5x on their own. A unit is also flagged when its predictions do not follow
 its waits (correlation below :data:`MIN_CORRELATION` while its waits vary by more than
 :data:`MIN_WAIT_SPREAD_S`). Units with fewer than :data:`MIN_SAMPLES` answered requests get no verdict.
 
@@ -32,6 +36,7 @@ edge sends it are counted: the check passes only at zero.
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 from collections import Counter
@@ -52,6 +57,7 @@ SCALE_LIMIT = 1.5
 MIN_CORRELATION = 0.3
 MIN_WAIT_SPREAD_S = 0.05
 MIN_SAMPLES = 20
+Z_ONE_SIDED_95 = 1.645
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,21 @@ def samples_of(outcomes: list[Outcome], prefill_tps: float) -> dict[str, list[Sa
     return by_unit
 
 
+def log_scale_se(samples: list[Sample]) -> float:
+    """The standard error of log(mean predicted / mean measured) over ``samples`` (the delta method for a
+    ratio of means, with the covariance of the pairs); 0 when it cannot be estimated."""
+    n = len(samples)
+    predicted, waits = [s.predicted_s for s in samples], [s.wait_s for s in samples]
+    if n < 3:
+        return 0.0
+    mp, mw = statistics.fmean(predicted), statistics.fmean(waits)
+    if mp <= 0 or mw <= 0:
+        return 0.0
+    variance = (statistics.variance(predicted) / mp ** 2 + statistics.variance(waits) / mw ** 2
+                - 2 * statistics.covariance(predicted, waits) / (mp * mw)) / n
+    return math.sqrt(max(variance, 0.0))
+
+
 def judge(by_unit: dict[str, list[Sample]]) -> list[UnitCalibration]:
     """Per unit numbers and flags (module docstring)."""
     rows = []
@@ -215,7 +236,8 @@ def judge(by_unit: dict[str, list[Sample]]) -> list[UnitCalibration]:
         flags = []
         if r.samples >= MIN_SAMPLES:
             off_scale = (r.scale is None or median_scale is None or median_scale <= 0 or r.scale <= 0
-                         or not 1 / SCALE_LIMIT <= r.scale / median_scale <= SCALE_LIMIT)
+                         or abs(math.log(r.scale / median_scale)) - Z_ONE_SIDED_95 * log_scale_se(by_unit[r.unit])
+                         > math.log(SCALE_LIMIT))
             if abs(r.bias_s - median_bias) > BIAS_FLOOR_S and off_scale:
                 direction = "reads low" if r.bias_s < median_bias else "reads high"
                 scale = "-" if r.scale is None else f"{r.scale:.2f}"

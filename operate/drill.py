@@ -75,7 +75,7 @@ def becomes(hostvars: dict) -> bool:
 
 
 class ConsulWatch:
-    """Samples the health of the target's ``vllm-iu`` instances (worst check status, or missing)."""
+    """Samples the health of the target's IU instances (worst check status, or missing)."""
 
     def __init__(self, io, ius: tuple[str, ...], clock: Callable[[], float]):
         self.io, self.ius, self.clock = io, ius, clock
@@ -122,6 +122,7 @@ class DrillResult:
     events: list[str] = field(default_factory=list)
     error: str | None = None
     consul_watched: bool = False
+    remediations: list[dict] = field(default_factory=list)  # recovery: remediate: each ladder's outcome
 
     def __post_init__(self):
         self.measures = measure(self.load.outcomes, self.windows, self.faulted_ius, self.consul_samples)
@@ -146,7 +147,8 @@ class DrillResult:
                 "faulted_ius": list(self.faulted_ius), "endpoint": self.endpoint, "rate_per_s": self.rate,
                 "duration_s": self.drill.duration_s, "passed": self.passed, "interrupted": self.interrupted,
                 "error": self.error, "restored": self.restored, "events": self.events,
-                "consul_watched": self.consul_watched,
+                "consul_watched": self.consul_watched, "recovery": self.drill.recovery,
+                "remediations": self.remediations,
                 "faults": [m.as_dict() for m in self.measures], "checks": [v.as_dict() for v in self.verdicts],
                 "timeline": self.timeline, "load": self.load.as_dict()}
 
@@ -206,7 +208,13 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
 
 
 async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, consul_io=None, rate: float | None = None,
-                    log: Callable[[str], None] = lambda line: None) -> DrillResult:
+                    log: Callable[[str], None] = lambda line: None, remediate: Callable[[], object] | None = None,
+                    ) -> DrillResult:
+    """``remediate`` (a drill with ``recovery: remediate``): runs clusterctl remediate's ladder on the target
+    and returns its :class:`operate.remediate.Outcome`; it runs after each fault's hold, before the fault's
+    undo (then a no-op: the unit is running again), and the fault counts as undone when it returns."""
+    if drill.recovery == "remediate" and remediate is None:
+        raise UsageError(f"{drill.source}: recovery: remediate needs Consul (--consul): the ladder drains the unit")
     model = await loadtest.probe(endpoint)  # unreachable: exit 2 before anything is touched
     rate = rate or drill.rate_per_s
     planned = plan(drill.mix, rate, drill.planned_s, drill.seed)
@@ -219,6 +227,7 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
     windows: list[FaultWindow] = []
     restored: list[str] = []
     events: list[str] = []
+    remediations: list[dict] = []
     error: str | None = None
     interrupted = False
 
@@ -264,6 +273,12 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
             at = loop.time() - start
             note(f"{at:6.1f} s  {spec.kind} on {target.label}: {'; '.join(step.done)}")
             await _wait(stop, start + spec.end_s - loop.time())
+            if drill.recovery == "remediate" and not stop.is_set():
+                outcome = await asyncio.to_thread(remediate)
+                remediations.append(outcome.as_dict())
+                note(f"{loop.time() - start:6.1f} s  remediate {target.label}: {outcome.state}: {outcome.message}")
+                if not outcome.ok:
+                    error = f"remediate: {outcome.message}"
             lines = await asyncio.to_thread(step.undo)
             restored.extend(lines)
             undone = loop.time() - start
@@ -322,7 +337,7 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
                              time.monotonic() - started, generator.sent if generator.finishing else len(planned),
                              interrupted or generator.stopped and error is None)
     return DrillResult(drill, target.label, target.iu_ids, endpoint, rate, result, windows, samples, restored,
-                       events, error, watch is not None)
+                       events, error, watch is not None, remediations)
 
 
 def run(drill: Drill, target: Target, transport, endpoint: str, **kwargs) -> DrillResult:

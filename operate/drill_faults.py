@@ -75,6 +75,30 @@ class Target:
         return (self.iu.id,) if self.iu is not None else tuple(iu.id for iu in self.node.ius)
 
 
+class HostStepError(ClusterctlError):
+    """A command on the target host failed, timed out or found the host unreachable: exit 1."""
+
+    def __init__(self, message: str):
+        super().__init__(message, ExitCode.FAILED)
+
+
+def host_command(target: Target, argv: Sequence[str]) -> list[str]:
+    """``argv`` as run on the target: through ``sudo -n`` when the host becomes root."""
+    return ["sudo", "-n", "--", *argv] if target.become else list(argv)
+
+
+def run_on(target: Target, transport, argv: Sequence[str], *, check: bool = True,
+           timeout_s: float = COMMAND_TIMEOUT_S):
+    """Run ``argv`` on the target's host; with ``check`` a HostStepError naming the host, the command and how
+    it ended (unreachable, timed out, its exit and last line) unless it succeeded."""
+    result = transport.run(target.node, host_command(target, argv), timeout_s)
+    if check and not result.ok:
+        why = "unreachable" if result.unreachable else "timed out" if result.timed_out else result.ended()
+        detail = result.last_line()
+        raise HostStepError(f"{target.node.name}: `{shlex.join(argv)}` {why}" + (f": {detail}" if detail else ""))
+    return result
+
+
 @dataclass(frozen=True)
 class Undo:
     description: str
@@ -92,16 +116,13 @@ class FaultStep:
     done: list[str] = field(default_factory=list)  # what inject did, in order
 
     def command(self, argv) -> list[str]:
-        return ["sudo", "-n", "--", *argv] if self.target.become else list(argv)
+        return host_command(self.target, argv)
 
     def run(self, *argv: str, check: bool = True):
-        result = self.transport.run(self.target.node, self.command(argv), COMMAND_TIMEOUT_S)
-        if check and not result.ok:
-            why = "unreachable" if result.unreachable else "timed out" if result.timed_out else result.ended()
-            detail = result.last_line()
-            raise FaultError(f"{self.target.node.name}: `{shlex.join(argv)}` {why}"
-                             + (f": {detail}" if detail else ""))
-        return result
+        try:
+            return run_on(self.target, self.transport, argv, check=check)
+        except HostStepError as exc:
+            raise FaultError(str(exc)) from None
 
     def record(self, description: str, *commands: Sequence[str]) -> None:
         self.undos.append(Undo(description, tuple(tuple(c) for c in commands)))
@@ -141,27 +162,28 @@ def engine_stall(step: FaultStep) -> None:
     step.done.append(f"SIGSTOP to {step.target.unit} MainPID {pid}")
 
 
-def _start(unit: str, verb: str = "start") -> list[tuple[str, ...]]:
+def start_commands(unit: str, verb: str = "start") -> list[tuple[str, ...]]:
     """Start (or restart) a unit past its start limit: the vLLM unit allows StartLimitBurst starts an hour
     (roles/inference_unit), and a drill's own restarts (a unit that exits at start is restarted every
     RestartSec) must not leave it refused. ``reset-failed`` resets the start rate limit counter (systemctl(1))."""
     return [("systemctl", "reset-failed", unit), ("systemctl", verb, unit)]
 
 
-def engine_crash(step: FaultStep) -> None:
+def _signal_engine(step: FaultStep, signal: str, undo_note: str = "") -> None:
+    """``kill -<signal>`` the unit's MainPID; the undo starts the unit (``undo_note``: what that start means)."""
     unit = step.target.unit
     pid = main_pid(step)
-    step.record(f"{unit} started (a no-op when systemd restarted it)", *_start(unit))
-    step.run("kill", "-KILL", str(pid))
-    step.done.append(f"SIGKILL to {unit} MainPID {pid}")
+    step.record(f"{unit} started{undo_note}", *start_commands(unit))
+    step.run("kill", f"-{signal}", str(pid))
+    step.done.append(f"SIG{signal} to {unit} MainPID {pid}")
+
+
+def engine_crash(step: FaultStep) -> None:
+    _signal_engine(step, "KILL", " (a no-op when systemd restarted it)")
 
 
 def graceful_stop(step: FaultStep) -> None:
-    unit = step.target.unit
-    pid = main_pid(step)
-    step.record(f"{unit} started", *_start(unit))
-    step.run("kill", "-TERM", str(pid))
-    step.done.append(f"SIGTERM to {unit} MainPID {pid}")
+    _signal_engine(step, "TERM")
 
 
 def model_path(step: FaultStep) -> str:
@@ -186,14 +208,14 @@ def weights_missing(step: FaultStep) -> None:
         names += found
     if not names:
         raise FaultError(f"{step.target.label}: {path} holds no weight files ({', '.join(WEIGHT_PATTERNS)})")
-    step.record(f"{unit} restarted with its weights", *_start(unit, "restart"))
+    step.record(f"{unit} restarted with its weights", *start_commands(unit, "restart"))
     step.record(f"{len(names)} weight files moved back to {path}",
                 ["find", aside, "-maxdepth", "1", "-type", "f", "-exec", "mv", "-t", path, "{}", "+"],
                 ["rmdir", aside])
     step.run("mkdir", "-p", aside)
     step.run("mv", "-t", aside, *names)
     step.done.append(f"{len(names)} weight files of {path} moved to {aside}")
-    for argv in _start(unit, "restart"):
+    for argv in start_commands(unit, "restart"):
         step.run(*argv, check=False)  # vLLM exiting at start is the point
     step.done.append(f"{unit} restarted without its weights")
 

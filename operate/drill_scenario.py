@@ -39,7 +39,12 @@ from operate.scenario import (
 )
 
 DRILLS_DIR = Path(__file__).parent / "drills"
-_TOP = {"name", "description", "load", "faults", "checks"}
+_TOP = {"name", "description", "load", "faults", "checks", "recovery"}
+# recovery: remediate -> the ladder (operate/remediate.py) brings the unit back instead of the fault's undo;
+# only after faults the ladder can repair (a restart that gets a frozen or weightless unit nowhere would only
+# race the undo)
+RECOVERIES = ("undo", "remediate")
+REMEDIABLE = ("engine_crash", "graceful_stop")
 _LOAD = {"mix", "rate_per_s", "duration_s", "seed", "timeout_s"}
 _FAULT = {"kind", "at_s", "hold_s"}
 # check -> (what it bounds, the upper limit of a sane value)
@@ -87,6 +92,7 @@ class Drill:
     description: str = ""
     seed: int = 1
     timeout_s: float = 60.0
+    recovery: str = "undo"  # or "remediate": clusterctl remediate's ladder after each fault's hold
 
     def recovery_deadline(self, last_at: float, last_undone: float) -> float | None:
         """Until when (seconds into the load) the load waits past ``duration_s`` for the faulted unit to serve
@@ -159,8 +165,14 @@ def parse_drill(data, source: str = "<drill>", base: Path | None = None) -> Dril
         faults.append(fault)
     checks_data = read.mapping(top.get("checks", {}), "checks", set(CHECKS), set())
     checks = {key: read.number(value, f"checks.{key}", 0, CHECKS[key][1]) for key, value in checks_data.items()}
+    recovery = read.text(top.get("recovery", "undo"), "recovery")
+    if recovery not in RECOVERIES:
+        raise read.fail("recovery", f"expected one of {', '.join(RECOVERIES)}", recovery)
+    if recovery == "remediate" and any(f.kind not in REMEDIABLE for f in faults):
+        raise read.fail("recovery", f"the ladder repairs only {', '.join(REMEDIABLE)} faults; this drill has "
+                                    f"{', '.join(sorted({f.kind for f in faults} - set(REMEDIABLE)))}", recovery)
     return Drill(name, mix, rate, duration, tuple(faults), checks, source,
-                 read.text(top.get("description", ""), "description"), seed, timeout)
+                 read.text(top.get("description", ""), "description"), seed, timeout, recovery)
 
 
 def resolve(name_or_path: str) -> Path:

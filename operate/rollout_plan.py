@@ -18,8 +18,7 @@ the file, the field and the value (:class:`RolloutPlanError`, exit 2), before an
       - {metric: ttft_p99_ratio, max: 1.5}
 
 Metrics a gate may name (:data:`METRICS`): what the edges' ``eas_edge_rollout_*`` metrics, Consul's checks and
-the agents' score bodies reach. ``xid_events`` is refused: the agents read no XID source (NVML's event set
-is not collected), so no gate could ever see one.
+the agents' score bodies reach.
 """
 
 from __future__ import annotations
@@ -42,11 +41,12 @@ METRICS = {
     "ttft_p99_s": ("canary p99 TTFT, seconds", "edges", "max"),
     "error_rate": ("canary's failed requests / its requests", "edges", "max"),
     "error_rate_delta": ("canary error rate - stable error rate", "edges", "max"),
+    "ttft_jitter_delta": ("spread (stdev/mean) of canary IUs' mean TTFT - the same of stable's", "edges", "max"),
     "health_check_success": ("share of canary IUs' Consul check samples passing", "consul", "min"),
     "gpu_util_variance": ("variance of canary IUs' GPU utilisation (fraction 0..1)", "agents", "max"),
     "ecc_events": ("canary IUs the agents report critical for volatile uncorrectable ECC errors", "agents", "max"),
+    "xid_events": ("critical XID events on canary IUs' GPUs in the step (NVML's XID events)", "agents", "max"),
 }
-NOT_COLLECTED = {"xid_events": "the agents read no XID source (NVML's event set is not collected)"}
 _TOP = {"name", "stable", "canary", "steps", "interval", "min_requests", "failure_limit", "inconclusive", "edges",
         "gates", "description"}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -134,8 +134,6 @@ def _gates(read: FieldReader, value) -> tuple[Gate, ...]:
         field = f"gates[{n}]"
         data = read.mapping(item, field, {"metric", "max", "min"}, {"metric"})
         metric = data["metric"]
-        if metric in NOT_COLLECTED:
-            raise read.fail(f"{field}.metric", f"not available: {NOT_COLLECTED[metric]}", metric)
         if metric not in METRICS:
             raise read.fail(f"{field}.metric", f"unknown metric; expected one of {', '.join(METRICS)}", metric)
         bound = METRICS[metric][2]

@@ -40,7 +40,7 @@ from operate.rollout_plan import RolloutPlan, RolloutPlanError, document_error
 
 ACTIVE = ("progressing", "paused")
 # gates that compare the canary with stable: without stable traffic (the last step) they cannot be judged
-COMPARATIVE = ("ttft_p99_ratio", "error_rate_delta")
+COMPARATIVE = ("ttft_p99_ratio", "error_rate_delta", "ttft_jitter_delta")
 
 
 @dataclass
@@ -165,7 +165,9 @@ class Controller:
         self.took_s: list[float] = []  # each evaluation's own time: sampling, scraping, judging, writing
 
     def _progress(self) -> StepProgress:
-        return StepProgress(self.scrape(self.plan.edges))
+        progress = StepProgress(self.scrape(self.plan.edges))
+        progress.consul.sample(self.io, self.plan, self.dc)  # the agents' XID counters as the step begins
+        return progress
 
     def run(self, doc: RolloutDoc, index: int) -> RolloutDoc:
         progress, step = self._progress(), (doc.step, doc.step_started)

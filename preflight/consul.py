@@ -70,8 +70,8 @@ def agent_alive(node: Node) -> dict[str, Any]:
 
 
 def iu_services(node: Node) -> dict[str, ServiceState]:
-    """IU id -> its registration, for the IUs of this node (matched by service ID)."""
-    _, entries = client(node).health_service()
+    """IU id -> its registration, for the IUs of this node (its service ``vllm-iu-<node>``, matched by ID)."""
+    entries = client(node).node_ius(node.name)
     wanted = {iu.id for iu in node.ius}
     found = {}
     for entry in entries:

@@ -119,6 +119,7 @@ class ScoresSink:
     def __init__(self):
         self.body: ScoreBody | None = None
         self.version = 0
+        self.edge_streams = 0  # edges reading the node's bodies on signed streams (routesim.announce.AnnouncePush)
 
     def set_scores(self, body: ScoreBody) -> None:
         self.body = body
@@ -219,14 +220,14 @@ class AgentFleet:
                 for key, (index, value) in sorted(self.store.kv.items())]
 
     def health_entries(self) -> list[dict]:
-        """What GET /v1/health/service/vllm-iu answers: each IU's service and its checks (the agents keep no
+        """What the IU listing (``GET /v1/health/service/vllm-iu-<node>`` per node) answers: each IU's service and its checks (the agents keep no
         checks of their own: their verdicts are in their score keys)."""
         entries = []
         for agent in self.agents:
             for iu in agent.config.ius:
                 entries.append({
                     "Node": {"Node": agent.config.node},
-                    "Service": {"ID": iu.id, "Service": layout.SERVICE_NAME, "Address": "127.0.0.1",
+                    "Service": {"ID": iu.id, "Service": layout.iu_service(agent.config.node), "Address": "127.0.0.1",
                                 "Port": 8000 + iu.numa_node,
                                 "Meta": {"node": agent.config.node, "rack": agent.config.rack}},
                     "Checks": [{"CheckID": layout.SERF_HEALTH_CHECK, "Status": "passing"},

@@ -108,6 +108,8 @@ class AnnouncePush(AgentPush):
         self.nodes = nodes
         self.announce_pushes = 0  # bodies pushed because of an announce batch (cycle bodies not counted)
         super().__init__(fleet, view, loop)
+        for agent in fleet.agents:  # an announcing edge holds a signed stream to every agent
+            agent.sink.edge_streams += 1
         nodes.listeners.append(self._on_batch)
         nodes.pushers.append(self)
 
@@ -134,7 +136,9 @@ class AnnounceEdge(ScoredEdge):
 
     def pick(self, request: TraceRequest, now: float) -> int:
         chosen = super().pick(request, now)
-        self.sender.announce(Announcement(self.iu_ids[chosen], request.prompt, self.ledger.seq, now), now)
+        # as edge/proxy.py announces: the tokens the chosen IU is expected to prefill (its prefix cache's left out)
+        tokens = self.decision.prefill_tokens(request.prompt) if self.decision is not None else request.prompt
+        self.sender.announce(Announcement(self.iu_ids[chosen], tokens, self.ledger.seq, now), now)
         return chosen
 
 

@@ -27,7 +27,7 @@ from edge.config import EdgeConfig, PushConfig
 from edge.feed import EdgeView
 from edge.pool import PoolView, pick
 from edge.pool.prefix import PrefixIndex, PromptPrefix
-from edge.routing import Router
+from edge.routing import Decision, Router
 from sim.vllm.eventloop import EventLoop
 
 from .agents import DATACENTER, KV_PREFIX, AgentFleet, SimNodeAgent
@@ -48,6 +48,7 @@ class ScoredEdge:
         self.index_of = {iu: i for i, iu in enumerate(iu_ids)}
         self.modes: dict[str, int] = {}
         self.seen: dict[int, tuple[float | None, float]] = {}  # rid -> (published score, its age) at pick
+        self.decision: Decision | None = None  # the router's, for the last request picked (None: argmin, fail-open)
 
     def _argmin(self, now: float) -> str | None:
         snapshot = self.view.snapshot()
@@ -59,12 +60,14 @@ class ScoredEdge:
         return ties[int(self.rng.random() * len(ties))].iu_id
 
     def pick(self, request: TraceRequest, now: float) -> int:
+        self.decision = None
         if self.mode == "argmin":
             iu_id, mode, cost, expected, queued_as = self._argmin(now), "argmin", None, None, None
         else:
             prefix = PromptPrefix(request.blocks, request.home_key, request.context)
             decision = self.router.choose(self.view.snapshot(), now, request.prompt, prefix=prefix)
             iu_id, mode, cost, expected = decision.iu_id, decision.mode, decision.cost_s, decision.expected_s
+            self.decision = decision if iu_id is not None else None
             queued_as = decision.queued_as_s
         if iu_id is None:  # nothing known yet (the first instants of a run), or every IU at the cap: any IU
             iu_id, mode = self.iu_ids[int(self.rng.random() * len(self.iu_ids))], mode if mode != "none" else "none"

@@ -88,8 +88,18 @@ def command(scenario, list_only, inventory, endpoint, target, consul_addr, rate,
 
         io = ConsulIO(addr, token=os.environ.get("CONSUL_HTTP_TOKEN") or None, timeout_s=2.0)
     transport = RoutingTransport()
+    ladder = None
+    if plan.recovery == "remediate" and io is not None:
+        from consul_io.layout import DEFAULT_DATACENTER
+        from operate.remediate import Remediation
+
+        def ladder():
+            return Remediation(cluster_of(loaded), chosen, transport, io,
+                               chosen.node.settings.consul.dc or DEFAULT_DATACENTER, reason=f"drill {plan.name}",
+                               log=lambda line: current.err_console.print(f"  remediate {line.strip()}",
+                                                                          highlight=False)).run()
     try:
-        result = drills.run(plan, chosen, transport, endpoint, consul_io=io, rate=rate,
+        result = drills.run(plan, chosen, transport, endpoint, consul_io=io, rate=rate, remediate=ladder,
                             log=lambda line: current.err_console.print(line, highlight=False))
     finally:
         transport.close()

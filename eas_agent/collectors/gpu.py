@@ -1,4 +1,5 @@
-"""GPU collector: per-GPU memory, utilization and volatile uncorrectable ECC through NVML (nvidia-ml-py).
+"""GPU collector: per-GPU memory, utilization, volatile uncorrectable ECC and XID events through NVML
+(nvidia-ml-py).
 
 Only cheap NVML calls run at cycle rate (nvmlDeviceGetMemoryInfo, nvmlDeviceGetUtilizationRates,
 nvmlDeviceGetTotalEccErrors): no per-process queries (nvmlDeviceGetComputeRunningProcesses takes
@@ -8,13 +9,24 @@ milliseconds and holds the driver lock). vLLM preallocates GPU memory, so free m
 NVML is the only source, on GPU nodes and on the virtual cluster's machines alike: those install a stand-in
 ``nvidia-ml-py`` from the virtual cluster's package index (sim/nvml_standin), which this module cannot tell
 from the real one.
+
+XID events: the driver's critical errors (the ``NVRM: Xid`` lines of the kernel log) as NVML's event API
+delivers them. Each GPU gets an event set registered for ``nvmlEventTypeXidCriticalError`` when its handle is
+taken (NVML records from registration on: earlier XIDs are not counted), and each read drains it without
+waiting (``nvmlEventSetWait(set, 0)``, at most :data:`MAX_EVENTS_PER_READ`: a storm of XIDs cannot stretch a
+cycle). The count is the agent's since it started, a counter (a restarted agent counts from 0 again);
+a GPU whose event registration NVML refuses (``Not Supported``: no event support on the platform) has no
+count (None), never 0.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Protocol
+
+MAX_EVENTS_PER_READ = 64
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,9 @@ class GpuReading:
     ecc_volatile_uncorrectable: int | None = None  # None: ECC disabled / not supported
     lost: bool = False  # fell off the bus / NVML cannot reach it
     error: str | None = None
+    xid_events: int | None = None  # critical XID events since the agent started; None: no event source
+    xid_last: int | None = None  # the latest of them, its XID number
+    xid_order: int = 0  # when xid_last came, as the node's backend orders its XIDs (0: none yet)
 
 
 class GpuReadings(tuple):
@@ -83,11 +98,55 @@ class NvmlBackend:
         except nvml.NVMLError as exc:
             raise GpuBackendError(f"NVML: cannot initialise ({exc}); is the NVIDIA driver loaded?") from exc
         self.handles: dict[int, object] = {}
+        self.event_sets: dict[int, object | None] = {}  # GPU -> its XID event set; None: NVML refused one
+        self.xids: dict[int, tuple[int, int | None, int]] = {}  # GPU -> (count, last XID, its order)
+        self.order = itertools.count(1)
 
     def _handle(self, index: int):
         if index not in self.handles:
             self.handles[index] = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            self._register(index, self.handles[index])
         return self.handles[index]
+
+    def _register(self, index: int, handle) -> None:
+        nvml, event_set = self.nvml, None
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+            nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+        except nvml.NVMLError:  # Not Supported (no events on this platform), or the GPU went: no XID source
+            self._free(event_set)
+            event_set = None
+        self.event_sets[index] = event_set
+
+    def _free(self, event_set) -> None:
+        if event_set is not None:
+            try:
+                self.nvml.nvmlEventSetFree(event_set)
+            except self.nvml.NVMLError:
+                pass
+
+    def _drop(self, index: int) -> None:
+        """Forget a GPU's handle and event set (taken again, and registered again, at the next read)."""
+        self.handles.pop(index, None)
+        self._free(self.event_sets.pop(index, None))
+
+    def _drain(self, index: int) -> tuple[int | None, int | None, int]:
+        """(XID events so far, the last one's XID, its order) of a GPU; (None, None, 0) without an event set."""
+        nvml, event_set = self.nvml, self.event_sets.get(index)
+        count, last, order = self.xids.get(index, (0, None, 0))
+        if event_set is None:
+            return (count, last, order) if index in self.xids else (None, None, 0)
+        for _ in range(MAX_EVENTS_PER_READ):
+            try:
+                event = nvml.nvmlEventSetWait(event_set, 0)
+            except nvml.NVMLError_Timeout:  # nothing recorded since the last read
+                break
+            except nvml.NVMLError:  # lost or unreadable: the next read's memory call reports it
+                break
+            if event.eventType == nvml.nvmlEventTypeXidCriticalError:
+                count, last, order = count + 1, int(event.eventData), next(self.order)
+        self.xids[index] = (count, last, order)
+        return count, last, order
 
     def read(self, indices: tuple[int, ...]) -> list[GpuReading]:
         nvml = self.nvml
@@ -98,11 +157,13 @@ class NvmlBackend:
                 memory = nvml.nvmlDeviceGetMemoryInfo(handle)
                 utilization = nvml.nvmlDeviceGetUtilizationRates(handle)
             except nvml.NVMLError as exc:
-                self.handles.pop(index, None)
+                self._drop(index)
                 lost = isinstance(exc, getattr(nvml, "NVMLError_GpuIsLost", ())) or isinstance(
                     exc, getattr(nvml, "NVMLError_Unknown", ())
                 )
-                readings.append(GpuReading(index=index, lost=lost, error=f"NVML: {exc}"))
+                xid_events, xid_last, xid_order = self.xids.get(index, (None, None, 0))  # a counter never falls
+                readings.append(GpuReading(index=index, lost=lost, error=f"NVML: {exc}", xid_events=xid_events,
+                                           xid_last=xid_last, xid_order=xid_order))
                 continue
             try:
                 ecc = int(
@@ -112,6 +173,7 @@ class NvmlBackend:
                 )
             except nvml.NVMLError:  # ECC disabled or not supported on this board
                 ecc = None
+            xid_events, xid_last, xid_order = self._drain(index)
             readings.append(
                 GpuReading(
                     index=index,
@@ -119,11 +181,16 @@ class NvmlBackend:
                     memory_total_mib=memory.total / 2**20,
                     utilization_pct=float(utilization.gpu),
                     ecc_volatile_uncorrectable=ecc,
+                    xid_events=xid_events,
+                    xid_last=xid_last,
+                    xid_order=xid_order,
                 )
             )
         return readings
 
     def close(self) -> None:
+        for index in list(self.event_sets):
+            self._drop(index)
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError:

@@ -17,7 +17,9 @@ Nor is what a registrant writes into a service: GPU nodes run third-party model 
 may be an attacker's. An IU belongs to the catalog node it is registered on (``Node.Node``, which only that
 node's agent token may write), and the health map is keyed by (catalog node, service ID). A registration is
 never routable, and is counted by reason in ``rejected_registrations`` (``eas_edge_registrations_rejected``),
-when its ID is not ``<catalog node>-iu<k>``, when its ``Meta.node`` or a ``node:`` tag names another node,
+when its service is not its catalog node's own ``vllm-iu-<node>`` (the name only that node's registration
+token may write: another node's token can still place an instance of its own name on any catalog node
+through ``catalog/register``), when its ID is not ``<catalog node>-iu<k>``, when its ``Meta.node`` or a ``node:`` tag names another node,
 or when the same ID is registered on more than one node (every copy is dropped: the reader cannot tell which
 is the impostor). Addresses, and with them the agent each node is followed at, come only from registrations
 that pass.
@@ -384,9 +386,11 @@ def _catalog_node(entry: dict) -> str:
 
 def registration_problem(node: str, service: dict) -> str | None:
     """Why an IU registration on catalog node ``node`` must not be routed (a reason label), None when its
-    ID, ``Meta.node`` and ``node:`` tags agree with the catalog."""
+    service name, ID, ``Meta.node`` and ``node:`` tags agree with the catalog."""
     if not node:
         return "no_catalog_node"
+    if service.get("Service") != layout.iu_service(node):
+        return "service_not_of_node"
     if not layout.is_iu_of(service["ID"], node):
         return "id_not_of_node"
     meta = service.get("Meta")

@@ -1,6 +1,6 @@
 """What keeps a :class:`~edge.pool.view.PoolView` fresh from this process's side.
 
-:class:`ConsulWatcher` holds blocking queries on the score KV prefix and on ``health/service/vllm-iu``, each
+:class:`ConsulWatcher` holds blocking queries on the score KV prefix and on the IU services' health (``vllm-iu-<node>``), each
 loop waiting at least ``min_interval_s`` between queries so a busy index cannot turn the watch into a busy
 loop. :class:`ScoresPoller` optionally overlays bodies polled from the agents' ``GET /scores`` (fresher: every
 cycle instead of level changes and heartbeats). Both survive any exception with a (jittered) backoff; what

@@ -67,9 +67,7 @@ def consul_node_acl(node: str, datacenter: str, tokens: dict[str, Any], kv_prefi
     policies = acl.node_policies(node, datacenter, kv_prefix)
     descriptions = {
         "agent": f"consul agent token of {node}",
-        # One secret for every node (a group variable): a node's name in its description would make each
-        # node's run rewrite it, so no rerun of two nodes reported changed=0.
-        "registration": "config_file_service_registration (every node)",
+        "registration": f"config_file_service_registration of {node}",
         "operator": "clusterctl operator (maintenance, preflight release)",
         "eas_agent": f"eas-agent of {node}",
         "edge": "edge (read-only)",
@@ -124,7 +122,7 @@ def consul_serving_ius(checks: Any, under_node_maintenance: bool = False) -> lis
         return []
     states: dict[str, list[str]] = {}
     for check in listed:
-        if check.get("ServiceName") == layout.SERVICE_NAME and check.get("ServiceID"):
+        if layout.is_iu_service(str(check.get("ServiceName") or "")) and check.get("ServiceID"):
             maintenance = layout.is_maintenance_check(str(check.get("CheckID")))
             states.setdefault(str(check["ServiceID"]), []).append("maintenance" if maintenance else str(check.get("Status")))
     return sorted(iu for iu, found in states.items() if all(s in ("passing", "warning") for s in found))

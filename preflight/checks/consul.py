@@ -1,4 +1,4 @@
-"""consul: the Consul agent the node uses answers and every IU of the node is registered as ``vllm-iu``.
+"""consul: the Consul agent the node uses answers and every IU of the node is registered as an instance of its ``vllm-iu-<node>``.
 
 ``gather`` reads through :mod:`preflight.consul` (the only module that talks to Consul); ``evaluate``
 (pure) judges what it read. An IU in maintenance
@@ -33,7 +33,7 @@ class Consul(Check):
     codes = {
         "CONSUL_AGENT_DOWN": "no Consul agent answers at consul_http_addr",
         "CONSUL_NODE_UNHEALTHY": "Consul's serfHealth for this node is not passing",
-        "CONSUL_SERVICE_MISSING": "an IU of the node is not registered as vllm-iu",
+        "CONSUL_SERVICE_MISSING": "an IU of the node is not registered as an instance of its vllm-iu-<node>",
     }
 
     def gather(self, ctx: NodeContext) -> ConsulFacts:

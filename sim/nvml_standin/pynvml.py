@@ -12,12 +12,39 @@ The file (``CLUSTERCTL_SIM_NVML_FILE``, else /run/clusterctl-sim/nvml.json, wher
 every machine), written by sim/vllm/fake_gpu.py and re-read when it changes::
 
     {"gpus": [{"index": 0, "memory_total_mib": 81559, "memory_used_mib": 74120, "utilization_gpu_pct": 93,
-               "utilization_memory_pct": 61, "ecc_volatile_uncorrectable": 0, "lost": false}]}
+               "utilization_memory_pct": 61, "ecc_volatile_uncorrectable": 0, "lost": false, "xid": [79]}]}
 
 As NVML answers: a file that cannot be read or parsed is a driver that is not loaded (``nvmlInit`` fails);
 ``lost: true``, or a GPU the file stopped listing after its handle was taken, is ``NVMLError_GpuIsLost``;
 an index the file does not list is ``NVMLError_InvalidArgument``; ``ecc_volatile_uncorrectable: null`` is
 ECC disabled (``NVMLError_NotSupported``). Only stdlib: it runs on the machines' own Python.
+
+XID events (``xid``: the XID codes the driver logged for the GPU, oldest first; absent is none). NVML's event
+API as the NVML reference manual ("Event Handling Methods", nvmlDeviceRegisterEvents, nvmlEventSetWait_v2,
+nvmlEventData_t) describes it, with nvidia-ml-py's wrappers (``nvmlEventSetWait`` calls the ``_v2``):
+
+=========================================  ================================================================
+call / situation                           answer (the stand-in's as NVML's)
+=========================================  ================================================================
+any event call before ``nvmlInit``         ``NVMLError_Uninitialized``
+``nvmlDeviceRegisterEvents``               records from now: "all events that occurred before this call are
+                                           not recorded" (the GPU's ``xid`` entries so far are skipped)
+  a bit outside ``nvmlEventTypeAll``       ``NVMLError_InvalidArgument`` ("eventTypes is invalid")
+  a type other than XID critical errors    ``NVMLError_NotSupported`` ("some of requested event types"); the
+  (the only events the file carries)       set stays usable, nothing of the call registered
+  a lost GPU                               ``NVMLError_GpuIsLost``
+  a set already freed                      ``NVMLError_InvalidArgument`` (NVML: undefined, a freed pointer)
+``nvmlEventSetFree``                       the set is unusable after (``NVMLError_InvalidArgument``)
+``nvmlEventSetWait(set, timeoutms)``       the next recorded event at once, else waits up to ``timeoutms``
+                                           for one (the file re-read every 10 ms), then ``NVMLError_Timeout``
+  an event                                 ``eventType`` ``nvmlEventTypeXidCriticalError``, ``eventData``
+                                           the XID; every XID is its own event (Linux: "every Xid error event
+                                           would return the associated event data")
+  a registered GPU lost                    ``NVMLError_GpuIsLost``
+=========================================  ================================================================
+
+``c_nvmlEventData_t`` has nvidia-ml-py's fields; its ``device`` holds the stand-in's handle (a Python object:
+nvidia-ml-py's is a pointer to the driver's device), the one ``nvmlDeviceGetHandleByIndex`` returned.
 """
 
 from __future__ import annotations
@@ -25,7 +52,8 @@ from __future__ import annotations
 import json
 import operator
 import os
-from ctypes import Structure, c_uint, c_ulonglong
+import time
+from ctypes import Structure, c_uint, c_ulonglong, py_object
 
 FILE_ENV = "CLUSTERCTL_SIM_NVML_FILE"
 DEFAULT_FILE = "/run/clusterctl-sim/nvml.json"
@@ -37,6 +65,7 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 NVML_ERROR_UNKNOWN = 999
@@ -46,6 +75,12 @@ NVML_AGGREGATE_ECC = 1
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 nvmlMemory_v2 = 0x02000028
+
+nvmlEventTypeNone = 0
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlEventTypeAll = 0x000000000000FF9F  # nvidia-ml-py's: every event type NVML defines
+_EVENTS_IN_FILE = nvmlEventTypeXidCriticalError
+_WAIT_POLL_S = 0.01
 
 
 class NVMLError(Exception):
@@ -58,6 +93,7 @@ class NVMLError(Exception):
         NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
         NVML_ERROR_NOT_SUPPORTED: "Not Supported",
         NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+        NVML_ERROR_TIMEOUT: "Timeout",
         NVML_ERROR_GPU_IS_LOST: "GPU is lost",
         NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
         NVML_ERROR_UNKNOWN: "Unknown Error",
@@ -111,6 +147,11 @@ class c_nvmlUtilization_t(Structure):
     _fields_ = [("gpu", c_uint), ("memory", c_uint)]
 
 
+class c_nvmlEventData_t(Structure):
+    _fields_ = [("device", py_object), ("eventType", c_ulonglong), ("eventData", c_ulonglong),
+                ("gpuInstanceId", c_uint), ("computeInstanceId", c_uint)]
+
+
 class _Device:
     """An opaque handle, as nvidia-ml-py's c_nvmlDevice_t is to its callers."""
 
@@ -134,6 +175,9 @@ def _checked(gpu: dict, seen: dict[int, dict]) -> dict:
     index = gpu["index"]
     if type(index) is not int or index < 0 or index in seen:
         raise ValueError(f"GPU index {index!r}: expected a unique integer >= 0")
+    xid = gpu.get("xid", [])
+    if type(xid) is not list or any(type(code) is not int or not 0 <= code < 2**32 for code in xid):
+        raise ValueError(f"GPU {index}: xid {xid!r}: expected a list of XID numbers")
     if gpu.get("lost"):
         return gpu
     values = [(key, gpu.get(key)) for key in _NUMBERS]
@@ -232,3 +276,68 @@ def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
     if gpu.get("ecc_volatile_uncorrectable") is None:
         raise _fail(NVML_ERROR_NOT_SUPPORTED, f"ECC disabled on GPU {handle.index} in {_path()}")
     return int(gpu["ecc_volatile_uncorrectable"])
+
+
+class _EventSet:
+    """An opaque event set, as nvidia-ml-py's c_nvmlEventSet_t is to its callers: GPU index -> how many of its
+    ``xid`` entries were there when it was registered or have been delivered."""
+
+    __slots__ = ("seen", "handles", "freed")
+
+    def __init__(self):
+        self.seen: dict[int, int] = {}
+        self.handles: dict[int, _Device] = {}
+        self.freed = False
+
+
+def nvmlEventSetCreate():
+    _initialised()
+    return _EventSet()
+
+
+def nvmlDeviceRegisterEvents(handle, eventTypes, eventSet):
+    gpu = _gpu(handle)
+    if not isinstance(eventSet, _EventSet) or eventSet.freed or eventTypes & ~nvmlEventTypeAll:
+        raise _fail(NVML_ERROR_INVALID_ARGUMENT)
+    if eventTypes & ~_EVENTS_IN_FILE:
+        raise _fail(NVML_ERROR_NOT_SUPPORTED, "the file holds XID events only")
+    if eventTypes and handle.index not in eventSet.seen:
+        eventSet.seen[handle.index] = len(gpu.get("xid", []))
+        eventSet.handles[handle.index] = handle
+    return None
+
+
+def _next_event(eventSet: _EventSet) -> c_nvmlEventData_t | None:
+    gpus = _initialised()
+    for index, seen in eventSet.seen.items():
+        gpu = gpus.get(index)
+        if gpu is None or gpu.get("lost"):
+            raise _fail(NVML_ERROR_GPU_IS_LOST, f"GPU {index} in {_path()}")
+        xid = gpu.get("xid", [])
+        if len(xid) > seen:
+            eventSet.seen[index] = seen + 1
+            return c_nvmlEventData_t(device=eventSet.handles[index], eventType=nvmlEventTypeXidCriticalError,
+                                     eventData=xid[seen], gpuInstanceId=0, computeInstanceId=0)
+    return None
+
+
+def nvmlEventSetWait(eventSet, timeoutms):
+    _initialised()
+    if not isinstance(eventSet, _EventSet) or eventSet.freed:
+        raise _fail(NVML_ERROR_INVALID_ARGUMENT)
+    deadline = time.monotonic() + operator.index(timeoutms) / 1000
+    while True:
+        event = _next_event(eventSet)
+        if event is not None:
+            return event
+        if time.monotonic() >= deadline:
+            raise _fail(NVML_ERROR_TIMEOUT)
+        time.sleep(min(_WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def nvmlEventSetFree(eventSet):
+    _initialised()
+    if not isinstance(eventSet, _EventSet) or eventSet.freed:
+        raise _fail(NVML_ERROR_INVALID_ARGUMENT)
+    eventSet.freed = True
+    return None

@@ -5,6 +5,8 @@ reader and the shape it accepts: sim/nvml_standin/pynvml.py. What this writes::
                "memory_used_mib": 74120, "utilization_gpu_pct": 93, "utilization_memory_pct": 61,
                "ecc_volatile_uncorrectable": 0, "lost": false}]}
 
+A GPU's ``xid`` (optional: the XIDs its driver logged, oldest first) is what NVML's XID events deliver.
+
 81559 MiB is what NVML reports as total memory on an H100 SXM5 80GB (nvidia-smi "FB Memory Usage").
 vLLM preallocates gpu_memory_utilization (0.9) of it, so "used" sits near 0.9 x total whatever the load.
 """

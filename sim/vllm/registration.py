@@ -1,4 +1,4 @@
-"""Register a simulated IU as Consul service ``vllm-iu``: what the consul_agent role's definition file
+"""Register a simulated IU as an instance of its node's Consul service ``vllm-iu-<node>``: what the consul_agent role's definition file
 (``/etc/consul.d/vllm-iu-<id>.json``, roles/consul_agent/templates/iu-service.json.j2) does on a real node.
 
 Only simulators, tests and benchmarks register services through the API; production never does (the
@@ -34,6 +34,7 @@ def register_iu_service(io: ConsulIO, service: IUService, http_check: bool = Tru
     registration = services.iu_registration(service.iu_id, service.node, service.rack, service.address,
                                             service.port, service.gpus, service.numa_node, service.model, service.revision)
     io.register_service(
+        registration["name"],
         registration["id"],
         registration["address"],
         registration["port"],

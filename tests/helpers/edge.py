@@ -23,6 +23,7 @@ from consul_io import layout
 from consul_io.client import ConsulIO
 from eas_agent.http import AgentHttpServer, AgentMetrics
 from eas_wire.scorebody import IUScore, ScoreBody
+from edge.access_config import DEFAULT_ADMIN_LISTEN
 from edge.config import AccessConfig, EdgeConfig, PushConfig
 from edge.main import Edge
 from sim.vllm.registration import IUService, register_on_catalog_node
@@ -112,6 +113,9 @@ class RunningEdge:
     """The edge on its own event loop thread (as ``eas-edge`` runs it), for synchronous tests."""
 
     def __init__(self, config: EdgeConfig):
+        if config.access.admin_listen == DEFAULT_ADMIN_LISTEN:  # one fixed port: two tests at once collide
+            host = config.listen.rsplit(":", 1)[0]
+            config = replace(config, access=replace(config.access, admin_listen=f"{host}:0"))
         self.edge = Edge(config)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-edge", daemon=True)

@@ -69,42 +69,48 @@ def test_creating_again_changes_nothing_and_a_changed_rule_is_updated(server, to
     assert ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)[1]
 
 
-def test_a_token_every_node_shares_is_unchanged_by_the_next_node(server, tokens):
-    """The registration token is one secret for the whole cluster (one group variable): ensuring node n2's
-    tokens after n1's must not rewrite it (a node name in its description flipped it on every run: a rerun
-    of two nodes reported changed=1)."""
+def test_the_tokens_every_node_shares_are_unchanged_by_the_next_node(server, tokens):
+    """The operator and edge tokens are one secret each for the whole cluster (group variables): ensuring node
+    n2's tokens after n1's must not rewrite them (a node name in a shared token's description flipped it on
+    every run: a rerun of two nodes reported changed=1). The registration token is n2's own."""
     ensure = _module("consul_acl").ensure
-    n2 = {**tokens, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    n2 = {**tokens, **{kind: str(uuid.uuid4()) for kind in ("agent", "registration", "eas_agent")}}
     acl = _filters()["consul_node_acl"]("n2", "dc1", n2)
     created, updated = ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)
-    assert sorted(created) == ["policy consul-agent-n2", "policy eas-agent-n2",
-                               "token consul agent token of n2", "token eas-agent of n2"] and not updated
+    assert sorted(created) == ["policy consul-agent-n2", "policy eas-agent-n2", "policy vllm-iu-registration-n2",
+                               "token config_file_service_registration of n2", "token consul agent token of n2",
+                               "token eas-agent of n2"] and not updated
     n1 = _filters()["consul_node_acl"]("n1", "dc1", tokens)
     assert ensure(f"http://{server.address}", MANAGEMENT, n1["policies"], n1["tokens"], check=False) == ([], [])
 
 
 def test_agent_token_registers_its_node_but_cannot_set_maintenance(server, tokens):
     admin = _api(server, MANAGEMENT)
-    assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"}).status_code == 200
+    assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu0"}).status_code == 200
     agent = _api(server, tokens["agent"])
     node = {"Node": "n1", "Address": "127.0.0.2", "Checks": [{"CheckID": "x", "Name": "x", "Status": "passing"}]}
     assert agent.put("/v1/catalog/register", json={**node, "Node": "n2"}).status_code == 403
     denied = agent.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"})
-    assert denied.status_code == 403 and "'service:write' on \"vllm-iu\"" in denied.text
-    assert agent.get("/v1/health/service/vllm-iu").json()  # service:read
+    assert denied.status_code == 403 and "'service:write' on \"vllm-iu-n1\"" in denied.text
+    assert agent.get("/v1/health/service/vllm-iu-n1").json()  # service:read
 
 
-def test_registration_token_writes_vllm_iu_and_the_edge_s_service_only(server, tokens):
+def test_registration_token_writes_its_own_nodes_iu_and_edge_services_only(server, tokens):
     reg = _api(server, tokens["registration"])
-    assert reg.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9"}).status_code == 200
-    assert reg.put("/v1/agent/service/register", json={"Name": "eas-edge", "ID": "eas-edge-n1"}).status_code == 200
-    assert reg.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"}).status_code == 403
+    assert reg.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu9"}).status_code == 200
+    assert reg.put("/v1/agent/service/register", json={"Name": "eas-edge-n1", "ID": "eas-edge-n1"}).status_code == 200
+    for name in ("vllm-iu-n2", "vllm-iu", "vllm-iu-n1x", "eas-edge", "eas-edge-n2", "ssh"):
+        assert reg.put("/v1/agent/service/register", json={"Name": name, "ID": "x"}).status_code == 403, name
+    # the same ID under a name it may write replaces n1-iu9 only with write on n1-iu9's name too
+    assert _api(server, MANAGEMENT).put("/v1/agent/service/register", json={
+        "Name": "vllm-iu-n2", "ID": "n2-iu0"}).status_code == 200
+    assert reg.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n2-iu0"}).status_code == 403
     assert reg.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
 
 
 def test_operator_token_sets_maintenance_and_markers_and_nothing_else(server, tokens):
     admin = _api(server, MANAGEMENT)
-    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu0"})
     op = _api(server, tokens["operator"])
     assert op.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
     assert op.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}").status_code == 200
@@ -120,7 +126,7 @@ def test_eas_agent_token_writes_only_its_own_score_key_and_cannot_release_an_iu(
     """The agent runs next to third-party model code: its token must not take an IU out of maintenance (the
     preflight gate) nor register anything; it publishes only its own score key."""
     admin = _api(server, MANAGEMENT)
-    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu0"})
     eas = _api(server, tokens["eas_agent"])
     assert eas.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"{}").status_code == 200
     assert eas.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}").status_code == 403
@@ -130,16 +136,16 @@ def test_eas_agent_token_writes_only_its_own_score_key_and_cannot_release_an_iu(
     assert eas.put("/v1/agent/check/register", data=json.dumps(check)).status_code == 403
     assert admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 200
     assert eas.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"}).status_code == 403
-    assert eas.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9"}).status_code == 403
+    assert eas.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu9"}).status_code == 403
     assert eas.put("/v1/agent/check/register", data=json.dumps({"Name": "node-level", "TTL": "30s"})).status_code == 403
 
 
 def test_edge_token_reads_and_writes_nothing(server, tokens):
     admin = _api(server, MANAGEMENT)
-    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0"})
+    admin.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu0"})
     admin.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"{}")
     edge = _api(server, tokens["edge"])
-    assert [e["Service"]["ID"] for e in edge.get("/v1/health/service/vllm-iu").json()] == ["n1-iu0"]
+    assert [e["Service"]["ID"] for e in edge.get("/v1/health/service/vllm-iu-n1").json()] == ["n1-iu0"]
     assert edge.get("/v1/kv/clusterctl/eas/", params={"recurse": ""}).json()[0]["Key"] == "clusterctl/eas/dc1/n1"
     assert edge.put("/v1/kv/clusterctl/eas/dc1/n1", data=b"x").status_code == 403
     assert edge.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"}).status_code == 403
@@ -221,15 +227,16 @@ def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(
     "SecretID is already in use"). n2's run must adopt what n1 made, not fail (r02n02's first run failed at
     this task when four nodes provisioned at once)."""
     module = _module("consul_acl")
-    shared = {kind: str(uuid.uuid4()) for kind in ("registration", "operator", "edge")}
-    n1 = {**shared, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
-    n2 = {**shared, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
+    shared = {kind: str(uuid.uuid4()) for kind in ("operator", "edge")}
+    own = ("agent", "registration", "eas_agent")
+    n1 = {**shared, **{kind: str(uuid.uuid4()) for kind in own}}
+    n2 = {**shared, **{kind: str(uuid.uuid4()) for kind in own}}
     acl1 = _filters()["consul_node_acl"]("n1", "dc1", n1)
     acl2 = _filters()["consul_node_acl"]("n2", "dc1", n2)
     url = f"http://{server.address}"
     real_call, interleaved, started = module.call, [], []
 
-    shared_names = {"vllm-iu-registration", "clusterctl-operator", "clusterctl-edge"}
+    shared_names = {"clusterctl-operator", "clusterctl-edge"}
 
     def call(url_, method, path, token, body=None, timeout=30):
         # n2 has read a shared one as missing and is about to create it: n1 creates it first
@@ -243,12 +250,13 @@ def test_a_shared_policy_or_token_created_by_another_node_in_between_is_adopted(
     created, updated = module.ensure(url, MANAGEMENT, acl2["policies"], acl2["tokens"], check=False)
     monkeypatch.setattr(module, "call", real_call)
     assert interleaved and any(made.startswith(raced.rsplit("/", 1)[-1]) for made in interleaved[0][0])
-    # n2 made its own two policies and two tokens; nothing of n1's was rewritten
-    assert not updated and {"policy consul-agent-n2", "policy eas-agent-n2", "token consul agent token of n2",
-                            "token eas-agent of n2"} <= set(created)
+    # n2 made its own three policies and three tokens; nothing of n1's was rewritten
+    assert not updated and {"policy consul-agent-n2", "policy eas-agent-n2", "policy vllm-iu-registration-n2",
+                            "token consul agent token of n2", "token eas-agent of n2",
+                            "token config_file_service_registration of n2"} <= set(created)
     assert module.ensure(url, MANAGEMENT, acl1["policies"], acl1["tokens"], check=False) == ([], [])
     assert module.ensure(url, MANAGEMENT, acl2["policies"], acl2["tokens"], check=False) == ([], [])
-    for token in ("operator", "edge", "registration"):
+    for token in ("operator", "edge"):
         assert _api(server, shared[token]).get("/v1/acl/token/self").status_code == 200
 
 
@@ -293,22 +301,32 @@ def _with_service_maintenance(admin: Api, api: Api):
 # The table's first column -> the request that performs it with the token under test (node n1's tokens; the
 # server's own node is n1, n2 a node another agent registered).
 ACTIONS = {
-    "register an IU on its own node (`agent/service/register`)": lambda admin, api: _allowed(
-        api.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu9", "Port": 8009})),
-    "register an IU on another node (`catalog/register`, node `n2` unchanged)": lambda admin, api: _allowed(
+    "register an IU on its own node (`agent/service/register`, `vllm-iu-n1`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu9", "Port": 8009})),
+    "register an IU of another node (`vllm-iu-n2`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "vllm-iu-n2", "ID": "n2-iu9", "Port": 8009})),
+    "put an instance of `vllm-iu-n1` on catalog node `n2` (`catalog/register`, `n2` unchanged)": lambda admin, api:
+        _allowed(api.put("/v1/catalog/register", json={
+            "Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True,
+            "Service": {"Service": "vllm-iu-n1", "ID": "n2-iu9", "Port": 8009}})),
+    "replace another node's IU (`catalog/register` with `n2-iu0`'s ID)": lambda admin, api: _allowed(
         api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True,
-                                              "Service": {"Service": "vllm-iu", "ID": "n2-iu9", "Port": 8009}})),
-    "register the edge's service `eas-edge` (`agent/service/register`)": lambda admin, api: _allowed(
-        api.put("/v1/agent/service/register", json={"Name": "eas-edge", "ID": "eas-edge-n1", "Port": 8080})),
-    "register a service other than `vllm-iu` and `eas-edge`": lambda admin, api: _allowed(
+                                              "Service": {"Service": "vllm-iu-n1", "ID": "n2-iu0", "Port": 8009}})),
+    "deregister another node's IU (`catalog/deregister`)": lambda admin, api: _allowed(
+        api.put("/v1/catalog/deregister", json={"Node": "n2", "ServiceID": "n2-iu0"})),
+    "register its own edge's service `eas-edge-n1` (`agent/service/register`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "eas-edge-n1", "ID": "eas-edge-n1", "Port": 8080})),
+    "register another host's edge service (`eas-edge-n2`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "eas-edge-n2", "ID": "eas-edge-n2", "Port": 8080})),
+    "register a service that is neither its IUs' nor its edge's": lambda admin, api: _allowed(
         api.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"})),
     "register node `n2` or change its address": lambda admin, api: _allowed(
         api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.99"})),
-    "update a TTL check on an IU (`agent/check/pass`)": lambda admin, api: _allowed(
+    "update a TTL check on its own IU (`agent/check/pass`)": lambda admin, api: _allowed(
         api.put("/v1/agent/check/pass/ttl:n1-iu0")),
-    "put an IU into maintenance": lambda admin, api: _allowed(
+    "put its own IU into maintenance": lambda admin, api: _allowed(
         api.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "true"})),
-    "take an IU out of maintenance": _with_service_maintenance,
+    "take its own IU out of maintenance": _with_service_maintenance,
     "put the node into maintenance (`agent/maintenance`)": lambda admin, api: _allowed(
         api.put("/v1/agent/maintenance", params={"enable": "true"})),
     "write its own score key `clusterctl/eas/<dc>/n1`": lambda admin, api: _allowed(
@@ -316,12 +334,14 @@ ACTIONS = {
     "write another node's score key": lambda admin, api: _allowed(api.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}")),
     "write a release marker `clusterctl/preflight/<dc>/<iu>`": lambda admin, api: _allowed(
         api.put("/v1/kv/clusterctl/preflight/dc1/n1-iu0", data=b"{}")),
-    "read the IU listing (`health/service/vllm-iu`)": lambda admin, api: _read_some(
-        api.get("/v1/health/service/vllm-iu")),
+    "read the IU listing (`health/service/vllm-iu-n1`)": lambda admin, api: _read_some(
+        api.get("/v1/health/service/vllm-iu-n1")),
     "read the score keys": lambda admin, api: _read_some(api.get("/v1/kv/clusterctl/eas/", params={"recurse": ""})),
     "write the rollout document `clusterctl/rollout/<dc>/document`": lambda admin, api: _allowed(
         api.put("/v1/kv/clusterctl/rollout/dc1/document", data=b"{}")),
     "read the rollout document": lambda admin, api: _read_rollout(admin, api),
+    "write a repair record `clusterctl/repair/<dc>/<node>`": lambda admin, api: _allowed(
+        api.put("/v1/kv/clusterctl/repair/dc1/n1", data=b"{}")),
     "create or change ACL policies and tokens": lambda admin, api: _allowed(
         api.put("/v1/acl/policy", json={"Name": "extra", "Rules": ""})),
 }
@@ -337,51 +357,13 @@ def test_each_token_can_do_what_the_contract_table_says_and_nothing_else(server,
     check = {"Name": "a TTL check of n1-iu0", "CheckID": "ttl:n1-iu0", "ServiceID": "n1-iu0", "TTL": "30s"}
     wrong = []
     for action, allowed in table.items():
-        assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu", "ID": "n1-iu0", "Port": 8000,
+        assert admin.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu0", "Port": 8000,
                                                               "Check": check}).status_code == 200
         assert admin.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.2", "Service": {
-            "Service": "vllm-iu", "ID": "n2-iu0", "Port": 8000}}).status_code == 200
+            "Service": "vllm-iu-n2", "ID": "n2-iu0", "Port": 8000}}).status_code == 200
         assert admin.put("/v1/kv/clusterctl/eas/dc1/n2", data=b"{}").status_code == 200
         if ACTIONS[action](admin, api) != allowed[kinds.index(kind)]:
             wrong.append(action)
         admin.put("/v1/agent/maintenance", params={"enable": "false"})
         admin.put("/v1/agent/service/maintenance/n1-iu0", params={"enable": "false"})
     assert not wrong, f"the {kind} token's cells are wrong for: {wrong}"
-
-
-def test_another_nodes_tokens_cannot_steer_this_nodes_iu(server, tokens):
-    """A compromised node n2 uses its tokens (the role's policies) to register n1's IU id, and an IU claiming n1
-    in its meta, on its own catalog node, both at an address it controls. Its eas-agent token may register
-    nothing; its registration token may (service:write on vllm-iu, node unchanged), but the edge, reading with
-    its own token, keeps routing n1-iu0 to n1's registration, follows n1's agent at n1's address, and counts
-    both impostors."""
-    from collections import Counter
-
-    from consul_io.client import ConsulIO
-    from edge.feed import EdgeView
-
-    n2 = {**tokens, "agent": str(uuid.uuid4()), "eas_agent": str(uuid.uuid4())}
-    acl = _filters()["consul_node_acl"]("n2", "dc1", n2)
-    _module("consul_acl").ensure(f"http://{server.address}", MANAGEMENT, acl["policies"], acl["tokens"], check=False)
-    own = {"Name": "vllm-iu", "ID": "n1-iu0", "Address": "127.0.0.1", "Port": 8000,
-           "Tags": ["rack:r1", "node:n1"], "Meta": {"node": "n1", "rack": "r1"}}
-    assert _api(server, MANAGEMENT).put("/v1/agent/service/register", json=own).status_code == 200
-    # n2's agent registers its node, as it does when it joins
-    assert _api(server, n2["agent"]).put("/v1/catalog/register", json={
-        "Node": "n2", "Address": "127.0.0.2"}).status_code == 200
-    for token, iu, status in ((n2["eas_agent"], "n1-iu0", 403), (n2["registration"], "n1-iu0", 200),
-                              (n2["registration"], "n2-iu1", 200)):
-        impostor = {"Service": "vllm-iu", "ID": iu, "Address": "127.0.66.66", "Port": 8000,
-                    "Tags": ["rack:r1", "node:n1"], "Meta": {"node": "n1", "rack": "r1"}}
-        answer = _api(server, token).put("/v1/catalog/register", json={
-            "Node": "n2", "Address": "127.0.0.2", "SkipNodeUpdate": True, "Service": impostor})
-        # Consul's rule: service:write on the name; only the node's own entry needs node:write
-        assert answer.status_code == status, answer.text
-    _, listing = ConsulIO(server.address, token=tokens["edge"]).health_service()
-    assert sorted((e["Node"]["Node"], e["Service"]["ID"]) for e in listing) == [
-        ("n1", "n1-iu0"), ("n2", "n1-iu0"), ("n2", "n2-iu1")]
-    view = EdgeView()
-    view.apply_health(listing)
-    assert [(e.node, e.iu_id, e.address) for e in view.snapshot().healthy] == [("n1", "n1-iu0", "127.0.0.1")]
-    assert view.node_addresses() == {"n1": "127.0.0.1"}
-    assert view.rejected_registrations == Counter(id_not_of_node=1, meta_node_mismatch=1)

@@ -63,7 +63,7 @@ def stored_seq(address: str, node: str) -> int:
 
 
 def register(address: str, iu: str, node: str) -> None:
-    body = {"Name": "vllm-iu", "ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": node}}
+    body = {"Name": f"vllm-iu-{node}", "ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": node}}
     assert requests.put(f"http://{address}/v1/agent/service/register", data=json.dumps(body), timeout=5).ok
 
 

@@ -60,7 +60,7 @@ def test_agent_scores_blocking_query_answers_on_the_next_cycle():
 def healthy_view(clock, ius_of: dict) -> EdgeView:
     """An EdgeView to which Consul reported each IU (node -> its IU ids) registered and passing."""
     view = EdgeView(detector=AnomalyDetector(), clock=clock)
-    view.apply_health([{"Node": {"Node": node}, "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": node}},
+    view.apply_health([{"Node": {"Node": node}, "Service": {"Service": f"vllm-iu-{node}", "ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": node}},
                         "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]}
                        for node, ius in ius_of.items() for iu in ius])
     return view

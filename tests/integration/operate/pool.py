@@ -67,7 +67,7 @@ def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = Non
             ius[node.iu_id(0)] = node.ius[0]
             prior = liar_prior if n == liar else TRUE_PREFILL_TPS
             agents.append(stack.enter_context(node_agent(node, agent_port, prior)))
-        config = EdgeConfig(listen="127.0.0.1:0", consul=replace(EdgeConfig().consul, address=consul_addr),
+        config = EdgeConfig(listen="127.0.202.9:0", consul=replace(EdgeConfig().consul, address=consul_addr),
                             push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
                             queue_timeout_s=5.0, seed=1, debug_headers=True)
         edge = RunningEdge(config)

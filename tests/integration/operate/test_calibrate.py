@@ -49,7 +49,7 @@ class NodeAgent(ConsulIO):
 def test_a_unit_scoring_with_a_wrong_prefill_rate_is_flagged_and_the_breaker_holds(tmp_path, consul_addr):
     with live_pool(tmp_path, consul_addr, nodes=3, liar=2, liar_prior=20 * TRUE_PREFILL_TPS) as (edge, ius):
         endpoint = f"http://{edge.address}"
-        result = calibrate.run(endpoint, production_prompts_short_outputs(), rate=10.0, requests=160, seed=3)
+        result = calibrate.run(endpoint, production_prompts_short_outputs(), rate=10.0, requests=300, seed=3)
         by_unit = {u.unit: u for u in result.units}
         assert set(by_unit) == set(ius), result.as_dict()
         assert all(u.samples >= calibrate.MIN_SAMPLES for u in result.units), result.as_dict()

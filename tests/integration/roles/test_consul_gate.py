@@ -71,7 +71,7 @@ def cluster(monkeypatch, tiny_http):
         "n1", server=False, retry_join=[f"127.0.0.1:{rpc}"], acl_enabled=True, default_policy="deny",
         tokens={"agent": TOKENS["agent"], "config_file_service_registration": TOKENS["registration"]},
         check_update_interval=0)).start()
-    services = [{"name": "vllm-iu", "id": f"n1-iu{n}", "port": 8000 + n,
+    services = [{"name": "vllm-iu-n1", "id": f"n1-iu{n}", "port": 8000 + n,
                  "checks": [{"id": f"vllm-iu:n1-iu{n}:health", "http": tiny_http.url, "interval": "1s"}]}
                 for n in (0, 1)]
     agent.finish_write(load_file_services(agent, services))
@@ -106,7 +106,7 @@ def _maintenance(agent) -> set[str]:
 
 
 def _catalog(server) -> dict[str, set[str]]:
-    entries = Api(server.address, MANAGEMENT).get("/v1/health/service/vllm-iu").json()
+    entries = Api(server.address, MANAGEMENT).get("/v1/health/service/vllm-iu-n1").json()
     return {e["Service"]["ID"]: {c["CheckID"] for c in e["Checks"]} for e in entries}
 
 

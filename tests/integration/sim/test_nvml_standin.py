@@ -46,7 +46,8 @@ def test_the_walk_finds_the_calls_the_backend_makes():
     assert {"nvmlInit", "nvmlShutdown", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetMemoryInfo",
             "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetCount", "NVMLError",
             "NVMLError_GpuIsLost", "NVMLError_Unknown", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
-            "NVML_VOLATILE_ECC"} <= used, used
+            "NVML_VOLATILE_ECC", "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait",
+            "nvmlEventSetFree", "nvmlEventTypeXidCriticalError", "NVMLError_Timeout"} <= used, used
 
 
 @pytest.mark.parametrize("name", sorted(nvml_names_the_agent_uses()))

@@ -38,7 +38,8 @@ def virtual_copy(tmp_path, consul_addr):
 
 
 def maintenance(client) -> set[str]:
-    _, entries = client.health.service("vllm-iu")
+    _, names = client.catalog.services()
+    entries = [e for name in names if name.startswith("vllm-iu-") for e in client.health.service(name)[1]]
     return {
         e["Service"]["ID"]
         for e in entries

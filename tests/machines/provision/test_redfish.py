@@ -1,134 +1,34 @@
-"""cpu_cstates through Redfish against local HTTPS BMCs with the four vendors' personalities.
-
-Each fake keeps current and pending BIOS attributes and behaves like its vendor where the role can get it wrong:
-- Dell iDRAC: needs ``@Redfish.SettingsApplyTime`` to schedule the BIOS job; SysProfile must be Custom.
-- HPE iLO 5/6: every ``@odata.id`` ends in "/" (a built ``.../1//Bios`` is a 404); MinProcIdlePower and
-  MinProcIdlePkgState are read-only unless WorkloadProfile is Custom in the same or an earlier PATCH (400).
-- Supermicro: attribute names carry a per-BIOS hash suffix (``CPUC6Report#0840``); the settings object is
-  ``Bios/SD``; an unknown name is a 400 PropertyUnknown.
-- Lenovo XCC1: ``Enable``/``Disable`` spellings (``Disabled`` is a 400), C-state settings need
-  OperatingModes_ChooseOperatingMode "Custom Mode"; the settings object is ``Bios/Pending``.
-Any 400 loses the whole PATCH, so a role that sends a wrong name or spelling fails the host.
+"""cpu_cstates through Redfish against local HTTPS BMCs with the four vendors' personalities (sim/redfish_bmc.py:
+each keeps current and pending BIOS attributes, serves its attribute registry and answers like its vendor,
+including how it fails; its docstring is the behaviour table with the sources). Any 400 loses the whole PATCH,
+so a role that sends a wrong name or spelling fails the host.
 
 The role must run every request on the controller (the fake checks the client's mount namespace: a simulated
 host's processes have their own), PATCH only what differs, report "reboot pending", send nothing on the second
 run, report attributes the BIOS lacks instead of PATCHing them, stop on an unknown vendor naming it, and never
-print the BMC password.
+print the BMC password. tests/integration/roles/test_cpu_cstates_redfish.py runs the Redfish step alone against
+the stricter platforms (an HGX baseboard among the Systems, a BMC that requires If-Match).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
-import ssl
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
+from sim import redfish_bmc
+from sim.redfish_bmc import EXPECTED_PATCH, PASSWORD, PERSONALITIES, USER, FakeBmc
 from tests.helpers.provision import ansible_playbook, clusterctl
 
 pytestmark = [pytest.mark.machines(order=0), pytest.mark.timeout(1200)]  # site.yml (cpu_cstates only) on four simulated hosts, one BMC vendor each
 
-USER, PASSWORD = "root", "bmc-Pa55-word-for-test"
 REPO = Path(__file__).resolve().parents[3]
-
-
-class FakeBmc:
-    """One vendor's Redfish BIOS resources. ``rules(patch, next_boot)`` returns an error text or None."""
-
-    def __init__(self, manufacturer: str, system: str, bios: str, settings: str, current: dict[str, str],
-                 allowed: dict[str, set[str]], gated: tuple[str, str, set[str]] | None = None,
-                 apply_time_required: bool = False):
-        self.manufacturer, self.system, self.bios, self.settings = manufacturer, system, bios, settings
-        self.current = dict(current)
-        self.allowed = allowed  # attribute -> accepted values
-        self.gated = gated  # (gate attribute, gate value, attributes read-only unless the gate is set)
-        self.apply_time_required = apply_time_required
-        self.pending: dict[str, str] = {}
-        self.patches: list[dict] = []
-        self.rejected: list[str] = []
-        self.unauthorized = 0
-        self.clients_mount_ns: set[str] = set()
-
-    def check(self, body: dict) -> str | None:
-        attributes = body.get("Attributes", {})
-        for name, value in attributes.items():
-            if name not in self.current:
-                return f"PropertyUnknown: {name}"
-            if value not in self.allowed.get(name, {value}):
-                return f"PropertyValueNotInList: {name}={value}"
-        if self.gated:
-            gate, gate_value, locked = self.gated
-            next_boot = {**self.current, **self.pending, **attributes}
-            if next_boot[gate] != gate_value and locked & set(attributes):
-                return f"PropertyNotWritable: {sorted(locked & set(attributes))} unless {gate}={gate_value}"
-        if self.apply_time_required and "@Redfish.SettingsApplyTime" not in body:
-            return "no @Redfish.SettingsApplyTime: no BIOS job would be scheduled"
-        return None
-
-    def handler(self):
-        bmc = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _authorized(self) -> bool:
-                bmc.clients_mount_ns.add(_client_mount_ns(self.client_address[1]))
-                expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-                if self.headers.get("Authorization") != expected:
-                    bmc.unauthorized += 1
-                    self.send_response(401)
-                    self.end_headers()
-                    return False
-                return True
-
-            def _json(self, body: dict, status: int = 200) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if not self._authorized():
-                    return
-                routes = {
-                    "/redfish/v1/Systems": {"Members": [{"@odata.id": bmc.system}]},
-                    bmc.system: {"Manufacturer": bmc.manufacturer, "Bios": {"@odata.id": bmc.bios}},
-                    bmc.bios: {"Attributes": bmc.current,
-                               "@Redfish.Settings": {"SettingsObject": {"@odata.id": bmc.settings}}},
-                    bmc.settings: {"Attributes": bmc.pending},
-                }
-                if self.path in routes:
-                    self._json(routes[self.path])
-                else:
-                    self._json({"error": f"not found: {self.path}"}, 404)
-
-            def do_PATCH(self):
-                if not self._authorized():
-                    return
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path != bmc.settings:
-                    self._json({"error": f"not found: {self.path}"}, 404)
-                    return
-                bmc.patches.append(body)
-                error = bmc.check(body)
-                if error:
-                    bmc.rejected.append(error)
-                    self._json({"error": {"message": error}}, 400)
-                    return
-                bmc.pending.update(body["Attributes"])
-                self._json({}, 202)
-
-        return Handler
 
 
 def _client_socket_inode(tcp_table: str, client_port: int) -> str | None:
@@ -165,57 +65,8 @@ def _client_mount_ns(client_port: int) -> str:
     return "unknown"
 
 
-def dell() -> FakeBmc:
-    s = "/redfish/v1/Systems/System.Embedded.1"
-    return FakeBmc("Dell Inc.", s, f"{s}/Bios", f"{s}/Bios/Settings",
-                   {"SysProfile": "PerfPerWattOptimizedDapc", "ProcCStates": "Enabled", "ProcC1E": "Disabled",
-                    "LogicalProc": "Enabled"},
-                   {"SysProfile": {"PerfPerWattOptimizedDapc", "PerfOptimized", "Custom"},
-                    "ProcCStates": {"Enabled", "Disabled"}, "ProcC1E": {"Enabled", "Disabled"}},
-                   gated=("SysProfile", "Custom", {"ProcCStates", "ProcC1E"}), apply_time_required=True)
-
-
-def hpe() -> FakeBmc:
-    return FakeBmc("HPE", "/redfish/v1/Systems/1/", "/redfish/v1/Systems/1/Bios/", "/redfish/v1/Systems/1/Bios/Settings/",
-                   {"WorkloadProfile": "GeneralPowerEfficientCompute", "MinProcIdlePower": "C6",
-                    "MinProcIdlePkgState": "C6Retention"},
-                   {"WorkloadProfile": {"GeneralPowerEfficientCompute", "LowLatency", "Custom"},
-                    "MinProcIdlePower": {"C6", "C1E", "NoCStates"},
-                    "MinProcIdlePkgState": {"C6Retention", "C6NonRetention", "NoState"}},
-                   gated=("WorkloadProfile", "Custom", {"MinProcIdlePower", "MinProcIdlePkgState"}))
-
-
-def supermicro() -> FakeBmc:
-    s = "/redfish/v1/Systems/1"
-    return FakeBmc("Supermicro", s, f"{s}/Bios", f"{s}/Bios/SD",
-                   {"CPUC6Report#0840": "Enable", "EnhancedHaltState(C1E)#0841": "Disable",
-                    "PackageCState#0843": "C6(Retention) state", "Hyper-Threading#0021": "Enable"},
-                   {"CPUC6Report#0840": {"Enable", "Disable", "Auto"},
-                    "EnhancedHaltState(C1E)#0841": {"Enable", "Disable"},
-                    "PackageCState#0843": {"C0/C1 state", "C2 state", "C6(Retention) state", "Auto"}})
-
-
-def lenovo() -> FakeBmc:
-    s = "/redfish/v1/Systems/1"
-    return FakeBmc("Lenovo", s, f"{s}/Bios", f"{s}/Bios/Pending",
-                   {"OperatingModes_ChooseOperatingMode": "Maximum Efficiency", "Processors_CStates": "Enable",
-                    "Processors_C1EnhancedMode": "Enable"},
-                   {"OperatingModes_ChooseOperatingMode": {"Maximum Efficiency", "Maximum Performance", "Custom Mode"},
-                    "Processors_CStates": {"Enable", "Disable"}, "Processors_C1EnhancedMode": {"Enable", "Disable"}},
-                   gated=("OperatingModes_ChooseOperatingMode", "Custom Mode",
-                          {"Processors_CStates", "Processors_C1EnhancedMode"}))
-
-
-# vendor -> (fake, the one PATCH a correct role sends)
-VENDORS = {
-    "dell": (dell, {"Attributes": {"SysProfile": "Custom", "ProcCStates": "Disabled"},
-                    "@Redfish.SettingsApplyTime": {"ApplyTime": "OnReset"}}),
-    "hpe": (hpe, {"Attributes": {"WorkloadProfile": "Custom", "MinProcIdlePower": "NoCStates",
-                                 "MinProcIdlePkgState": "NoState"}}),
-    "supermicro": (supermicro, {"Attributes": {"CPUC6Report#0840": "Disable", "PackageCState#0843": "C0/C1 state"}}),
-    "lenovo": (lenovo, {"Attributes": {"OperatingModes_ChooseOperatingMode": "Custom Mode",
-                                       "Processors_CStates": "Disable", "Processors_C1EnhancedMode": "Disable"}}),
-}
+# vendor -> (stand-in, the one PATCH a correct role sends)
+VENDORS = {vendor: (PERSONALITIES[vendor], EXPECTED_PATCH[vendor]) for vendor in PERSONALITIES}
 
 
 @pytest.fixture(scope="module")
@@ -242,13 +93,10 @@ def tls(tmp_path_factory):
 
 
 def serve(fake: FakeBmc, tls) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), fake.handler())
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tls[1], tls[0])
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    fake.address = f"127.0.0.1:{server.server_address[1]}"
-    return server
+    """The stand-in on 127.0.0.1, where the mount namespace of each client's socket can be looked up."""
+    fake.clients_mount_ns = set()
+    fake.on_request = lambda client: fake.clients_mount_ns.add(_client_mount_ns(client[1]))
+    return redfish_bmc.serve(fake, str(tls[1]), str(tls[0]), "127.0.0.1")
 
 
 def run_role(hosts, fake: FakeBmc, tmp_path: Path, **extra) -> tuple[int, str]:
@@ -313,7 +161,7 @@ def test_redfish_patches_only_what_differs_with_each_vendors_rules(hosts, tls):
 def test_render_only_stages_no_bios_change_and_reports_what_differs(hosts, tls, tmp_path):
     """Render-only touches nothing that applies at the next boot (playbooks/README.md, "Render only"): no PATCH,
     the differing attributes reported as not staged and no "reboot pending" for them; a normal run stages them."""
-    fake = dell()
+    fake = redfish_bmc.dell()
     server = serve(fake, tls)
     try:
         rc, out = run_role(hosts, fake, tmp_path, clusterctl_render_only=True)
@@ -332,7 +180,7 @@ def test_render_only_stages_no_bios_change_and_reports_what_differs(hosts, tls, 
 
 
 def test_attributes_the_bios_lacks_are_reported_not_patched(hosts, tls, tmp_path):
-    fake = dell()
+    fake = redfish_bmc.dell()
     del fake.current["ProcC1E"]  # an older BIOS without the C1E switch
     fake.current["ProcCStates"] = "Disabled"
     fake.current["SysProfile"] = "Custom"
@@ -347,7 +195,7 @@ def test_attributes_the_bios_lacks_are_reported_not_patched(hosts, tls, tmp_path
 
 
 def test_an_unknown_vendor_stops_the_host_naming_it(hosts, tls, tmp_path):
-    fake = dell()
+    fake = redfish_bmc.dell()
     fake.manufacturer = "NVIDIA"
     server = serve(fake, tls)
     try:
@@ -362,9 +210,14 @@ def test_an_unknown_vendor_stops_the_host_naming_it(hosts, tls, tmp_path):
 
 def test_every_redfish_request_runs_on_the_controller_throttled():
     """Static companion of the namespace check: every uri task is delegated to localhost and throttled."""
+    def walk(tasks):
+        for task in tasks:
+            yield task
+            yield from walk(task.get("block", []))
+
     tasks = yaml.safe_load((REPO / "roles/cpu_cstates/tasks/redfish.yml").read_text())
-    uri_tasks = [t for t in tasks if "ansible.builtin.uri" in t]
-    assert len(uri_tasks) >= 5
+    uri_tasks = [t for t in walk(tasks) if "ansible.builtin.uri" in t]
+    assert len(uri_tasks) >= 8
     for task in uri_tasks:
         assert task.get("delegate_to") == "localhost", task["name"]
         assert re.fullmatch(r"\{\{ cpu_cstates_redfish_throttle \}\}", str(task.get("throttle"))), task["name"]

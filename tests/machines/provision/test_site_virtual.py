@@ -423,7 +423,7 @@ def test_consul_service_definitions(provisioned):
         node = cluster.node(host)
         for iu in node.ius:
             service = json.loads(provisioned.read(host, f"/etc/consul.d/vllm-iu-{iu.id}.json"))["service"]
-            assert (service["name"], service["id"], service["port"]) == ("vllm-iu", iu.id, iu.port)
+            assert (service["name"], service["id"], service["port"]) == (f"vllm-iu-{host}", iu.id, iu.port)
             assert service["tags"] == [f"rack:{node.rack}", f"node:{host}"]
             # the revision from the inventory's pins (vLLM, model, driver), none of which this inventory sets
             assert service["meta"] == {"gpus": iu.cuda_visible_devices, "numa_node": str(iu.numa_node),
@@ -704,13 +704,16 @@ def _status(address: str, path: str, token: str, method: str = "PUT") -> int:
         return exc.code
 
 
-def _maintenance_notes(token: str, index: int = 0, wait: str = "") -> tuple[int, dict[str, str]]:
-    """(X-Consul-Index, IU -> its maintenance reason, "" when not in maintenance) from the server's health."""
-    query = f"?index={index}&wait={wait}" if index else ""
-    request = urllib.request.Request(f"http://{SERVER}/v1/health/service/vllm-iu{query}",
-                                     headers={"X-Consul-Token": token})
-    with urllib.request.urlopen(request, timeout=30) as resp:
-        entries, got = json.loads(resp.read()), int(resp.headers["X-Consul-Index"])
+def _iu_listing(token: str, index: int = 0, wait_s: float = 0.0) -> tuple[int, list[dict]]:
+    """(index, every IU instance of every node's vllm-iu-<node>) from the server, as the edge reads it."""
+    from consul_io.client import ConsulIO
+
+    return ConsulIO(SERVER, token=token, timeout_s=10).health_service(index=index or None, wait_s=wait_s or None)
+
+
+def _maintenance_notes(token: str, index: int = 0, wait_s: float = 0.0) -> tuple[int, dict[str, str]]:
+    """(index, IU -> its maintenance reason, "" when not in maintenance) from the server's health."""
+    got, entries = _iu_listing(token, index, wait_s)
     return got, {e["Service"]["ID"]: next((c["Notes"] for c in e["Checks"]
                                            if c["CheckID"].startswith("_service_maintenance:")), "")
                  for e in entries}
@@ -749,7 +752,7 @@ def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_the
     cluster = load_cluster(inventory)
 
     def in_maintenance() -> dict[str, bool]:
-        entries = _get(SERVER, "/v1/health/service/vllm-iu", management)
+        entries = _iu_listing(management)[1]
         return {e["Service"]["ID"]: any(c["CheckID"].startswith("_service_maintenance:") for c in e["Checks"])
                 for e in entries}
 
@@ -761,7 +764,7 @@ def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_the
     agent_token = provisioned.on_host("r01n02", "sh", "-c", "grep -o 'agent = \"[^\"]*' /etc/consul.d/consul.hcl")
     token = agent_token.stdout.strip().rsplit('"', 1)[-1]
     assert token and _status("127.0.1.12:8500", "/v1/agent/service/maintenance/r01n02-iu0?enable=false", token) == 403
-    assert _get(SERVER, "/v1/health/service/vllm-iu", "") == []
+    assert _get(SERVER, "/v1/catalog/services", "") == {}
     # a token nobody created is refused outright, on the node's agent as on the server
     assert _status("127.0.1.12:8500", "/v1/agent/services", "00000000-dead-4bad-8bad-000000000000", "GET") == 403
     # restart and reload of an agent keep its IUs in maintenance (no reaping, maintenance persisted)
@@ -816,7 +819,7 @@ def _rolling_restart_keeps_an_operator_quarantine(provisioned, cluster, operator
     def watch() -> None:
         at = index
         while not stop.is_set():
-            at, notes = _maintenance_notes(management, at, "2s")
+            at, notes = _maintenance_notes(management, at, 2.0)
             seen.extend(sorted(notes.items()))
 
     watcher = threading.Thread(target=watch, daemon=True)

@@ -136,7 +136,7 @@ def test_the_roles_service_definition_agrees_with_layout():
 
     node = build_node("r01n01", {"ansible_host": "127.0.1.11", "rack": "r01", "gpu_model": "h100-sxm"})
     definitions = iu_service_definitions(node, "10s", "2s")
-    assert {d["service"]["name"] for d in definitions.values()} == {layout.SERVICE_NAME}
+    assert {d["service"]["name"] for d in definitions.values()} == {layout.iu_service("r01n01")} == {"vllm-iu-r01n01"}
     assert set(definitions) == {layout.iu_id("r01n01", 0), layout.iu_id("r01n01", 1)}
     tasks = (REPO / "roles/consul_agent/tasks/main.yml").read_text()
     assert layout.service_definition_file("{id}") in tasks
@@ -155,7 +155,10 @@ def test_key_and_id_formats():
     assert layout.service_definition_file("n1-iu0") == "vllm-iu-n1-iu0.json"
     assert layout.acl_policy("agent", "n1") == "consul-agent-n1"
     assert layout.acl_policy("eas_agent", "n1") == "eas-agent-n1"
-    assert layout.acl_policy("registration", "n1") == "vllm-iu-registration"
+    assert layout.acl_policy("registration", "n1") == "vllm-iu-registration-n1"
+    assert layout.iu_service("r01n01") == "vllm-iu-r01n01"
+    assert layout.is_iu_service("vllm-iu-r01n01") and layout.is_iu_service("vllm-iu-a-b")
+    assert not any(map(layout.is_iu_service, ("vllm-iu", "vllm-iu-", "vllm-iux", "ssh")))
     assert layout.health_check_id("n1-iu0") == "vllm-iu:n1-iu0:health"
     assert (layout.rack_tag("r01"), layout.node_tag("n1")) == ("rack:r01", "node:n1")
     assert (layout.tagged_node("node:n1"), layout.tagged_node("node:"), layout.tagged_node("rack:r01")) == (

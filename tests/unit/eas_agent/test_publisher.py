@@ -268,3 +268,19 @@ def test_publisher_never_writes_non_finite_json():
         "x": None,
         "y": 1.0,
     }
+
+
+def test_while_edges_stream_a_level_change_waits_for_the_heartbeat_rises_and_statuses_do_not():
+    streamed = [True]
+    store, pub = make(streamed=lambda: streamed[0])
+    assert pub.step(0.0, results(1.0)) is True  # first write
+    assert pub.step(1.0, results(1.3)) is False  # a level change: the streams carry it
+    assert pub.step(1.8, results(1.3)) is False
+    assert pub.step(2.0, results(1.3)) is True  # the heartbeat (the last cycle within 2 s) writes the state
+    assert json.loads(store.kv["clusterctl/eas/dc1/n1"][1])["ius"]["n1-iu0"]["score"] == 1.3
+    assert pub.step(2.4, results(2.0)) is True  # an urgent rise (>= 0.5 s above the written score): at once
+    assert pub.step(4.0, results(2.0, status0="warning")) is True  # a status change: at once
+    assert pub.stats.write_reasons == {"first": 1, "heartbeat": 1, "rise": 1, "status": 1}
+    streamed[0] = False  # no edge streams any more: the KV is every reader's source again
+    assert pub.step(5.5, results(1.0, status0="warning")) is True
+    assert pub.stats.write_reasons["level"] == 1

@@ -130,6 +130,17 @@ def test_lost_gpu_or_ecc_is_critical():
     assert ecc.status == "critical" and "3 volatile uncorrectable ECC" in ecc.reason
 
 
+def test_an_iu_without_a_score_still_publishes_its_xid_events():
+    """XIDs come with the failures that leave an IU unscored (a GPU off the bus, an engine that died on a GPU
+    fault): the rollout's XID gate must still see them."""
+    xids = (GpuReading(index=0, lost=True, error="GPU is lost", xid_events=2, xid_last=79, xid_order=5),
+            *gpus(xid_events=1, xid_last=13, xid_order=3)[1:])
+    lost = drain(reading(), gpu=xids)
+    down = drain(VllmReading(metrics=None, error="connection refused"), gpu=gpus(xid_events=1, xid_last=13))
+    assert (lost.status, lost.components["xid_events"], lost.components["xid_last"]) == ("critical", 5, 79)
+    assert (down.score, down.components["xid_events"]) == (None, 4)
+
+
 def test_seed_formula_with_littles_law_age():
     inputs = IUInputs(
         "n-iu0",
@@ -269,3 +280,35 @@ def test_admitted_backlog_without_prefix_cache_counter_is_zero():
         assert result.score is not None and result.status == "passing"
         assert result.components["admitted_prefill_tokens"] == 0 and result.components["prefill_s"] == 0.0
 
+
+
+def cached_reading(queries, prompt, hits, running=4.0) -> VllmReading:
+    base = backlog_reading(queries, prompt, running=running)
+    return replace(base, metrics=replace(base.metrics, prefix_cache_hits_total=hits))
+
+
+def test_admitted_backlog_leaves_out_what_the_prefix_cache_held():
+    """A conversation's turn of 10,000 tokens whose first 9,000 were cached costs 1,000 tokens of prefill:
+    vLLM V1 counts the lookup's 9,000 hits with its 10,000 queries at admission."""
+    scorer = Scorer("drain", PARAMS)
+    scorer.score(IUInputs("n-iu0", cached_reading(5_000.0, 4_000.0, 0.0, running=0.0), gpus()), 0.0)
+    admitted = scorer.score(IUInputs("n-iu0", cached_reading(15_000.0, 4_000.0, 9_000.0), gpus()), 0.2)
+    assert admitted.components["admitted_prefill_tokens"] == 1_000
+    assert admitted.components["prefill_s"] == pytest.approx(1_000 / admitted.components["prefill_tps"], rel=1e-3)
+    waiting = scorer.score(IUInputs("n-iu0", cached_reading(15_000.0, 4_000.0, 9_000.0), gpus()), 0.4)
+    assert waiting.components["admitted_prefill_tokens"] == 1_000  # no new lookup: the share stands
+    uncached = scorer.score(IUInputs("n-iu0", cached_reading(17_000.0, 14_000.0, 9_000.0), gpus()), 0.6)
+    assert uncached.components["admitted_prefill_tokens"] == 2_000  # a 2,000-token prompt found nothing cached
+
+
+def test_admitted_backlog_counts_every_token_without_a_hits_counter_or_after_a_reset():
+    scorer = Scorer("drain", PARAMS)
+    scorer.score(IUInputs("n-iu0", backlog_reading(5_000.0, 4_000.0, running=0.0), gpus()), 0.0)
+    plain = scorer.score(IUInputs("n-iu0", backlog_reading(15_000.0, 4_000.0), gpus()), 0.2)
+    assert plain.components["admitted_prefill_tokens"] == 10_000  # no prefix_cache_hits: nothing left out
+    scorer = Scorer("drain", PARAMS)
+    scorer.score(IUInputs("n-iu0", cached_reading(50_000.0, 40_000.0, 30_000.0, running=0.0), gpus()), 0.0)
+    restarted = scorer.score(IUInputs("n-iu0", cached_reading(10_000.0, 0.0, 500.0), gpus()), 0.2)
+    assert restarted.components["admitted_prefill_tokens"] == 0  # counters dropped: re-zeroed, no share known
+    after = scorer.score(IUInputs("n-iu0", cached_reading(14_000.0, 0.0, 2_500.0), gpus()), 0.4)
+    assert after.components["admitted_prefill_tokens"] == 2_000  # 4,000 admitted, half of them cached

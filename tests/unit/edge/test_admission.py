@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 def one_iu_state(**config) -> EdgeState:
     view = EdgeView()
-    view.apply_health([{"Node": {"Node": "n0"}, "Service": {"ID": "n0-iu0", "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": "n0"}},
+    view.apply_health([{"Node": {"Node": "n0"}, "Service": {"Service": "vllm-iu-n0", "ID": "n0-iu0", "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": "n0"}},
                         "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]}])
     return EdgeState(replace(EdgeConfig(), **config), view, Router(random.Random(1), max_inflight_per_iu=1),
                      EdgeMetrics())
@@ -86,7 +86,7 @@ def test_a_request_for_another_model_never_waits_behind_a_queue_it_does_not_comp
     async def scenario():
         state = one_iu_state(max_queue=8, queue_timeout_s=5.0)
         state.view.apply_health([
-            {"Node": {"Node": f"n{n}"}, "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000 + n, "Meta": {"node": f"n{n}", "model": m}},
+            {"Node": {"Node": f"n{n}"}, "Service": {"Service": f"vllm-iu-n{n}", "ID": iu, "Address": "127.0.0.1", "Port": 8000 + n, "Meta": {"node": f"n{n}", "model": m}},
              "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]}
             for n, (iu, m) in enumerate((("n0-iu0", "model-a"), ("n1-iu0", "model-b")))])
         not_a, not_b = frozenset({"n1-iu0"}), frozenset({"n0-iu0"})

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 
 def view_of_one_node() -> EdgeView:
     view = EdgeView(detector=AnomalyDetector())
-    view.apply_health([{"Node": {"Node": "n0"}, "Service": {"ID": "n0-iu0", "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": "n0"}},
+    view.apply_health([{"Node": {"Node": "n0"}, "Service": {"Service": "vllm-iu-n0", "ID": "n0-iu0", "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": "n0"}},
                         "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]}])
     return view
 

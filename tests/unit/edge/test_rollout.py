@@ -102,4 +102,5 @@ def test_outcomes_are_counted_by_the_revision_of_the_iu_that_served():
     assert 'eas_edge_rollout_errors_total{kind="status_5xx",revision="new"} 1.0' in text
     assert 'eas_edge_rollout_errors_total{kind="failed",revision="old"} 1.0' in text
     assert 'eas_edge_rollout_ttft_seconds_count{revision="new"} 1.0' in text
+    assert 'eas_edge_rollout_unit_ttft_seconds_sum{iu="n4-iu0",revision="new"} 0.3' in text  # per IU: jitter
     assert "eas_edge_rollout_weight 0.5" in text

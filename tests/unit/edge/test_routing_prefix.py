@@ -36,7 +36,7 @@ def view(scores: dict[str, float], hit_rate=None):
             "ius": {iu: {"score": s, "status": "passing", "reason": "", "components": components}
                     for iu, s in scores.items()}}
     pool = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
-    pool.apply_health([{"Node": {"Node": "n1"}, "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000,
+    pool.apply_health([{"Node": {"Node": "n1"}, "Service": {"Service": "vllm-iu-n1", "ID": iu, "Address": "127.0.0.1", "Port": 8000,
                                     "Meta": {"node": "n1", "rack": "r"}},
                         "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}]} for iu in scores])
     pool.apply_kv([{"Key": "clusterctl/eas/dc1/n1", "Value": json.dumps(body).encode()}])

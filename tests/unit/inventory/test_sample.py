@@ -33,7 +33,7 @@ def test_inventory_validate_accepts_the_sample_without_a_vault_password(clusterc
     monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
     code, out, err = clusterctl("inventory", "validate", "-i", str(SAMPLE))
     assert code == 0
-    assert err == (f"{SAMPLE}: note: 25 vault-encrypted values not checked for placeholders (no vault password: "
+    assert err == (f"{SAMPLE}: note: 32 vault-encrypted values not checked for placeholders (no vault password: "
                    "pass --vault-password-file to check them)\n")
     assert out.strip() == f"{SAMPLE}: OK (8 hosts)"
 
@@ -45,10 +45,11 @@ def test_validate_and_plan_refuse_the_sample_placeholders_naming_files_never_val
         code, out, err = clusterctl(*command, "-i", str(SAMPLE), "--vault-password-file", str(vault_password_file))
         assert code == 2 and "REPLACE-ME: " not in err.replace("(REPLACE-ME: ...)", ""), err
         assert ("group_vars/all/vault.yml: consul_agent_gossip_key, consul_agent_acl_management_token, "
-                "consul_agent_acl_registration_token, consul_token, consul_edge_token, consul_agent_tls_ca_pem, "
+                "consul_token, consul_edge_token, consul_agent_tls_ca_pem, "
                 "bmc_password, inference_unit_api_key: still placeholders (REPLACE-ME: ...)") in err, err
         assert ("host_vars/r01n01.yml, host_vars/r01n02.yml, host_vars/r01n03.yml, ... (+5) (8 files): "
-                "consul_agent_acl_agent_token, eas_agent_consul_token: still placeholders") in err, err
+                "consul_agent_acl_agent_token, consul_agent_acl_registration_token, eas_agent_consul_token: "
+                "still placeholders") in err, err
         assert "plan:" not in out
 
 
@@ -67,7 +68,7 @@ def test_plan_without_the_vault_password_is_one_line(clusterctl, monkeypatch):
     code, out, err = clusterctl("provision", "-i", str(SAMPLE), "--plan")
     assert code == 2 and out == ""
     assert err.splitlines() == [
-        f"error: {SAMPLE}: 25 values in 10 files (first: consul_agent_gossip_key (group_vars/all/vault.yml:6, "
+        f"error: {SAMPLE}: 32 values in 10 files (first: consul_agent_gossip_key (group_vars/all/vault.yml:6, "
         "hosts: r01n01, r01n02, r01n03 and 5 more)): vault-encrypted, and no vault password was given "
         "(--vault-password-file or ANSIBLE_VAULT_PASSWORD_FILE)"]
 
@@ -79,7 +80,7 @@ def test_plan_with_a_wrong_vault_password_is_one_line(clusterctl, monkeypatch, t
     wrong.chmod(0o600)
     code, _, err = clusterctl("provision", "-i", str(SAMPLE), "--plan", "--vault-password-file", str(wrong))
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert err.startswith(f"error: {SAMPLE}: 25 values in 10 files (first: consul_agent_gossip_key") and \
+    assert err.startswith(f"error: {SAMPLE}: 32 values in 10 files (first: consul_agent_gossip_key") and \
         "cannot decrypt: Decryption failed" in err
 
 

@@ -3,7 +3,9 @@ what every unit shares is not; the reference prefill rate is the pool's median."
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -45,6 +47,29 @@ def test_a_unit_reading_high_or_at_random_is_flagged():
     assert rows["hi"].flags and rows["hi"].flags[0].startswith("reads high")
     assert any(f.startswith("correlation") for f in rows["rnd"].flags)
     assert not any(rows[u].flags for u in ("u1", "u2", "u3"))
+
+
+def heavy_tailed(unit: str, rng: random.Random, scale: float, n: int = 40) -> list[Sample]:
+    """Waits as an open-loop queue gives them (exponential) and predictions scattered around ``scale`` x
+    the wait (log-normal): the spread a few dozen real answers show."""
+    out = []
+    for _ in range(n):
+        wait = rng.expovariate(1 / 0.25)
+        predicted = scale * wait * rng.lognormvariate(0, 0.8) / math.exp(0.32)
+        out.append(Sample(unit, predicted, predicted, wait, 1000))
+    return out
+
+
+def test_a_scale_off_by_its_sampling_noise_is_not_flagged_and_a_liars_is():
+    rng = random.Random(0)
+    by_unit = {u: heavy_tailed(u, rng, 1.3) for u in ("a", "b")}
+    by_unit["c"] = heavy_tailed("c", rng, 2.2)  # honest, drawn unlucky: 1.54x the pool's median scale
+    by_unit["liar"] = heavy_tailed("liar", rng, 0.35)
+    rows = {r.unit: r for r in calibrate.judge(by_unit)}
+    median = statistics.median(r.scale for r in rows.values())
+    assert rows["c"].scale / median > calibrate.SCALE_LIMIT
+    assert calibrate.log_scale_se(by_unit["c"]) > 0.1
+    assert [u for u, r in rows.items() if r.flags] == ["liar"]
 
 
 def test_few_samples_get_no_verdict():

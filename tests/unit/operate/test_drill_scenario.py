@@ -104,3 +104,13 @@ def test_a_mix_file_is_read_relative_to_the_drill_file(tmp_path):
     drill.write_text("name: d\nload: {mix: mix.yml, rate_per_s: 1, duration_s: 30}\n"
                      "faults: [{kind: graceful_stop, at_s: 5, hold_s: 5}]\n")
     assert load_drill(str(drill)).mix.name == "own"
+
+
+def test_recovery_is_the_undo_by_default_or_the_remediation_ladder_for_faults_it_repairs():
+    assert parse_drill(VALID).recovery == "undo"
+    assert parse_drill(with_("recovery", "remediate")).recovery == "remediate"
+    assert error_of(with_("recovery", "reboot")) == "d.yml: recovery: expected one of undo, remediate (got 'reboot')"
+    stall = with_("recovery", "remediate")
+    stall["faults"][0]["kind"] = "engine_stall"
+    assert error_of(stall) == ("d.yml: recovery: the ladder repairs only engine_crash, graceful_stop faults; this "
+                               "drill has engine_stall (got 'remediate')")

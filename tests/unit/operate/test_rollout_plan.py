@@ -40,10 +40,10 @@ def test_the_shipped_rollouts_parse():
      "f.yml: steps[0].hold: expected a duration like 30s, 5m, 48h or 2d (got 'two days')"),
     ({"gates": [{"metric": "p99_latency", "max": 1}]},
      "f.yml: gates[0].metric: unknown metric; expected one of ttft_p99_ratio, ttft_p99_s, error_rate, "
-     "error_rate_delta, health_check_success, gpu_util_variance, ecc_events (got 'p99_latency')"),
-    ({"gates": [{"metric": "xid_events", "max": 0}]},
-     "f.yml: gates[0].metric: not available: the agents read no XID source (NVML's event set is not collected) "
-     "(got 'xid_events')"),
+     "error_rate_delta, ttft_jitter_delta, health_check_success, gpu_util_variance, ecc_events, xid_events "
+     "(got 'p99_latency')"),
+    ({"gates": [{"metric": "xid_events", "min": 0}]},
+     "f.yml: gates[0]: xid_events takes a max (and nothing else) (got {'min': 0})"),
     ({"gates": [{"metric": "health_check_success", "max": 1}]},
      "f.yml: gates[0]: health_check_success takes a min (and nothing else) (got {'max': 1})"),
     ({"canary": "old"}, "f.yml: canary: the same revision as stable (got 'old')"),

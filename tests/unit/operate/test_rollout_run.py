@@ -3,11 +3,21 @@ evidence, the failure limit, the inconclusive rule, the last step, and operators
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from operate.rollout_gates import FAIL, INCONCLUSIVE, PASS, EdgeTotals, GateResult
 from operate.rollout_plan import parse_plan
-from operate.rollout_run import StepProgress, abort_doc, on_evaluation, pause_doc, resume_doc, start_doc
+from operate.rollout_run import (
+    Controller,
+    StepProgress,
+    abort_doc,
+    on_evaluation,
+    pause_doc,
+    resume_doc,
+    start_doc,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -89,3 +99,41 @@ def test_an_aborted_rollout_stays_aborted():
     p = plan()
     doc = abort_doc(start_doc(p, 0.0), 1.0, "operator")
     assert on_evaluation(doc, p, progress(), results(PASS), 100.0) is doc
+
+
+class ConsulWithAgents:
+    """The rollout document and the agents' bodies as the controller reads them; a canary GPU's XID arrives
+    while the controller sleeps before the step's first evaluation."""
+
+    def __init__(self, doc):
+        self.doc, self.index, self.xids = doc.dumps(), 1, 0
+
+    def kv_read(self, key):
+        return self.index, self.doc
+
+    def kv_cas_write(self, key, value, cas):
+        self.doc, self.index = value, self.index + 1
+        return self.index
+
+    def health_service(self):
+        return 1, [{"Service": {"ID": "n2-iu0", "Meta": {"revision": "new"}}, "Checks": []}]
+
+    def kv_list(self, prefix):
+        unit = {"score": 0.1, "status": "passing", "components": {"xid_events": self.xids, "xid_last": 79}}
+        return 1, [{"Key": prefix + "n2", "Value": json.dumps({"node": "n2", "ts": 1.0, "ius": {"n2-iu0": unit}})}]
+
+
+def test_an_xid_before_the_steps_first_evaluation_is_the_steps():
+    p = parse_plan({"name": "r", "stable": "old", "canary": "new", "edges": ["e:1"], "interval": "1s",
+                    "steps": [{"weight": 5, "hold": "10s"}, {"weight": 100, "hold": "1s"}],
+                    "gates": [{"metric": "xid_events", "max": 0}]})
+    consul, now = ConsulWithAgents(start_doc(p, 0.0)), [0.0]
+
+    def sleep(seconds):
+        consul.xids = 1  # the counter the step began with was 0
+        now[0] += seconds
+
+    controller = Controller(consul, p, "dc1", clock=lambda: now[0], sleep=sleep, scrape=lambda edges: EdgeTotals())
+    doc = controller.run(start_doc(p, 0.0), 1)
+    assert (doc.state, doc.reason) == ("aborted", "gate failed: xid_events 1 (gate xid_events <= 0): new XID "
+                                                  "events: n2-iu0 1 (latest Xid 79) over 1 canary IUs")

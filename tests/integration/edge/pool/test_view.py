@@ -28,7 +28,7 @@ def test_impostor_registrations_through_consul_are_never_routable(consul_addr):
     victim, attacker = f"own{suffix}a", f"own{suffix}b"
 
     def register(node, address, iu, service_address, meta_node):
-        service = {"Service": "vllm-iu", "ID": iu, "Address": service_address, "Port": 8000,
+        service = {"Service": f"vllm-iu-{node}", "ID": iu, "Address": service_address, "Port": 8000,
                    "Tags": ["rack:r1", f"node:{meta_node}"], "Meta": {"node": meta_node, "rack": "r1"}}
         answer = api.put("/v1/catalog/register", json={"Node": node, "Address": address, "Service": service})
         assert answer.status_code == 200, answer.text

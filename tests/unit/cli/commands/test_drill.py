@@ -51,3 +51,15 @@ def test_drills_allowed_must_be_a_boolean(clusterctl, tmp_path):
     code, _, err = clusterctl("drill", "engine-crash", "-i", inventory(tmp_path, drills_allowed="yes"),
                               "--endpoint", "127.0.67.9:1", columns=300)
     assert code == 2 and "drills_allowed" in err and "must be true or false" in err
+
+
+def test_a_drill_recovered_by_the_ladder_needs_consul_before_anything_is_touched(clusterctl, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-programs"))
+    monkeypatch.delenv("CONSUL_HTTP_ADDR", raising=False)
+    drill = tmp_path / "d.yml"
+    drill.write_text("name: d\nrecovery: remediate\nload: {rate_per_s: 1, duration_s: 10}\n"
+                     "faults: [{kind: engine_crash, at_s: 1, hold_s: 1}]\n")
+    code, _, err = clusterctl("drill", str(drill), "-i", inventory(tmp_path, drills_allowed=True), "--endpoint",
+                              "127.0.73.9:1", columns=300)
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: {drill}: recovery: remediate needs Consul (--consul): the ladder drains the unit"]

@@ -58,16 +58,46 @@ def test_network_rdma_counters_are_4_byte_units(tmp_path):
     assert missing.mb_per_s is None and missing.missing == ("ibp24s0",) and missing.error == "cannot read ibp24s0"
 
 
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_Timeout(NVMLError):  # noqa: N801 (nvidia-ml-py's name)
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801
+    pass
+
+
+def event_calls(calls: list, pending: dict[str, list[int]], supported: bool = True) -> dict:
+    """NVML's XID event calls over ``pending`` (handle -> the XIDs its set will deliver)."""
+
+    def register(handle, types_, event_set):
+        calls.append("register")
+        if not supported:
+            raise NVMLError_NotSupported()
+        event_set.append(handle)
+
+    def wait(event_set, timeoutms):
+        calls.append("wait")
+        assert timeoutms == 0  # never blocks the cycle
+        if not pending.get(event_set[0]):
+            raise NVMLError_Timeout()
+        return types.SimpleNamespace(eventType=8, eventData=pending[event_set[0]].pop(0))
+
+    return dict(NVMLError_Timeout=NVMLError_Timeout, nvmlEventTypeXidCriticalError=8,
+                nvmlEventSetCreate=lambda: calls.append("create") or [], nvmlDeviceRegisterEvents=register,
+                nvmlEventSetWait=wait, nvmlEventSetFree=lambda event_set: calls.append("free"))
+
+
 def test_nvml_backend_uses_only_cheap_calls(monkeypatch):
     calls = []
-
-    class NVMLError(Exception):
-        pass
-
     fake = types.SimpleNamespace(
         NVMLError=NVMLError,
         NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
         NVML_VOLATILE_ECC=0,
+        **event_calls(calls, {}),
         nvmlInit=lambda: calls.append("init"),
         nvmlShutdown=lambda: calls.append("shutdown"),
         nvmlDeviceGetHandleByIndex=lambda i: calls.append("handle") or f"h{i}",
@@ -84,8 +114,36 @@ def test_nvml_backend_uses_only_cheap_calls(monkeypatch):
     backend.read((0, 1))
     readings = backend.read((0, 1))
     assert readings[0].utilization_pct == 91 and readings[0].memory_used_mib == 70 * 1024
-    assert calls.count("handle") == 2  # handles cached across cycles
-    assert set(calls) == {"init", "handle", "memory", "util", "ecc"}  # no per-process queries
+    assert calls.count("handle") == 2 and calls.count("register") == 2  # handles and event sets kept
+    assert set(calls) == {"init", "handle", "create", "register", "memory", "util", "ecc", "wait"}
+    assert readings[0].xid_events == 0 and readings[0].xid_last is None
+
+
+def cheap_nvml(calls: list, pending: dict[str, list[int]], supported: bool = True) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        NVMLError=NVMLError, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1, NVML_VOLATILE_ECC=0, nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=1, total=2),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50, memory=10),
+        nvmlDeviceGetTotalEccErrors=lambda h, kind, counter: 0, **event_calls(calls, pending, supported))
+
+
+def test_xid_events_are_counted_per_gpu_and_a_storm_is_drained_over_cycles():
+    pending = {"h0": [79], "h1": [13] * (gpu_module.MAX_EVENTS_PER_READ + 6)}
+    backend = NvmlBackend(nvml=cheap_nvml([], pending))
+    first = backend.read((0, 1))
+    assert [(r.xid_events, r.xid_last) for r in first] == [(1, 79), (gpu_module.MAX_EVENTS_PER_READ, 13)]
+    pending["h0"].append(48)
+    second = backend.read((0, 1))
+    assert [(r.xid_events, r.xid_last) for r in second] == [(2, 48), (gpu_module.MAX_EVENTS_PER_READ + 6, 13)]
+    assert second[1].xid_order > second[0].xid_order > first[1].xid_order  # in the order they were drained
+
+
+def test_a_gpu_whose_xid_events_nvml_refuses_has_no_count_not_zero():
+    calls = []
+    backend = NvmlBackend(nvml=cheap_nvml(calls, {}, supported=False))
+    assert [(r.xid_events, r.error) for r in backend.read((0,))] == [(None, None)]
+    assert calls == ["create", "register", "free"]  # the refused set is given back
 
 
 def test_nvml_backend_without_driver_is_a_clear_error(monkeypatch):

@@ -46,6 +46,7 @@ def health_entry(iu, status="passing", maintenance=False):
     return {
         "Node": {"Node": iu.split("-")[0], "Address": "127.0.0.1"},
         "Service": {
+            "Service": f"vllm-iu-{iu.split('-')[0]}",
             "ID": iu,
             "Address": "127.0.0.1",
             "Port": 8000,

@@ -224,11 +224,13 @@ def test_a_kv_value_that_is_no_string_is_skipped():
     assert view.rejected_bodies == 1 and view.ignored["reader_error"] == 1
 
 
-def registration(node, iu, address="127.0.0.1", meta_node=None, tags=None, catalog_node=...):
-    """One health listing entry: ``iu`` registered on catalog node ``node`` (``catalog_node`` overrides the
-    listing's Node, None leaves it out)."""
+def registration(node, iu, address="127.0.0.1", meta_node=None, tags=None, catalog_node=..., service=None):
+    """One health listing entry: ``iu`` registered on catalog node ``node`` as an instance of ``service`` (by
+    default that node's own ``vllm-iu-<node>``); ``catalog_node`` overrides the listing's Node, None leaves it
+    out."""
     entry = health_entry(iu)
-    entry["Service"].update(Address=address, Meta={"node": meta_node or node, "rack": "r"}, Tags=tags or [])
+    entry["Service"].update(Service=service or f"vllm-iu-{node}", Address=address,
+                            Meta={"node": meta_node or node, "rack": "r"}, Tags=tags or [])
     if catalog_node is None:
         del entry["Node"]
     else:
@@ -256,6 +258,8 @@ def test_ownership_is_the_catalog_node_and_an_impostor_registration_is_never_rou
     (registration("n2", "n2-iu1", tags=["rack:r", "node:n1"]), "node_tag_mismatch"),
     (registration("n2", "n2-iu1", catalog_node=None), "no_catalog_node"),
     (registration("n2", "iu7"), "id_not_of_node"),
+    (registration("n2", "n2-iu1", service="vllm-iu-n1"), "service_not_of_node"),
+    (registration("n2", "n2-iu1", service="vllm-iu"), "service_not_of_node"),
 ])
 def test_a_registration_whose_claims_disagree_with_the_catalog_is_dropped_and_counted(impostor, reason):
     view = EdgeView(detector=AnomalyDetector(), clock=Clock(100.0))
@@ -377,7 +381,7 @@ def hostile_body(rng: random.Random):
 def test_malformed_score_bodies_never_break_the_reader(tally, reader):
     rng = random.Random(1502)
     view = reader(detector=AnomalyDetector(), clock=lambda: 100.0)
-    health = [{"Node": {"Node": iu.split("-")[0]}, "Service": {"ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": iu.split("-")[0]}},
+    health = [{"Node": {"Node": iu.split("-")[0]}, "Service": {"Service": f"vllm-iu-{iu.split('-')[0]}", "ID": iu, "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": iu.split("-")[0]}},
                "Checks": [{"CheckID": f"vllm-iu:{iu}:health", "Status": "passing"}]} for iu in ("n1-iu0", "n2-iu0")]
     view.apply_health(health)
     good = {"Key": "clusterctl/eas/dc1/n1", "Value": json.dumps(

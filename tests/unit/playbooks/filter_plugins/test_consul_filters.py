@@ -25,7 +25,7 @@ F = _filters()
 
 def check(check_id: str, status: str, service: str = "", notes: str = "") -> dict:
     return {"CheckID": check_id, "Status": status, "ServiceID": service, "Notes": notes,
-            "ServiceName": "vllm-iu" if service else ""}
+            "ServiceName": f"vllm-iu-{service.split('-')[0]}" if service else ""}
 
 
 AGENT = {

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.unit
 class Recording:
     """Stands in for ConsulIO: what register_iu_service sends to the agent."""
 
-    def register_service(self, service_id, address, port, *, tags, meta, http_check=None):
-        self.sent = {"id": service_id, "address": address, "port": port, "tags": tags, "meta": meta}
+    def register_service(self, name, service_id, address, port, *, tags, meta, http_check=None):
+        self.sent = {"name": name, "id": service_id, "address": address, "port": port, "tags": tags, "meta": meta}
         self.http_check = http_check
 
 
@@ -31,6 +31,7 @@ def test_a_simulated_iu_is_registered_as_the_roles_definition_file_defines_it(nu
     definition = iu_service_definitions(node, "10s", "2s")[iu.id]["service"]
     io = Recording()
     register_iu_service(io, IUService(iu.id, node.name, node.rack, node.address, iu.port, iu.gpus, iu.numa_node))
-    assert io.sent == {key: definition[key] for key in ("id", "address", "port", "tags", "meta")}
+    assert io.sent == {key: definition[key] for key in ("name", "id", "address", "port", "tags", "meta")}
+    assert definition["name"] == "vllm-iu-r01n01"
     assert io.http_check == definition["checks"][0]["http"] == "http://127.0.1.11:8001/health"
     assert definition["meta"]["numa_node"] == ("1" if numa_node is not None else "")
