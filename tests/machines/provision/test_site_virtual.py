@@ -729,7 +729,18 @@ def _release(node) -> list[str]:
     return sorted(release_passed([node], RunOutcome([passed], 0.0, 0.0, None, ["consul"]))[node.name])
 
 
-def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_them(provisioned, tmp_path):
+@pytest.fixture
+def group_vars_kept(provisioned):
+    """The inventory's group_vars as they were before the test, whatever it wrote (test_site_virtual_edges runs
+    on the same cluster next)."""
+    path = provisioned.inventory / "group_vars" / "all.yml"
+    original = path.read_text()
+    yield path
+    path.write_text(original)
+
+
+def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_them(provisioned, tmp_path,
+                                                                                   group_vars_kept):
     """The consul_agent, eas_agent and inference_unit roles ran for real over SSH (consul from the stand-in
     HashiCorp repository, the venvs from the local package index, their units started), consul.service joined to
     the server with ACLs on (default deny), gossip key and TLS as rendered. In order: every IU in the catalog and in
@@ -740,7 +751,7 @@ def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_the
     vLLM units makes their checks critical within the check interval and the reader drops them; stopping a node's
     consul.service makes the server fail the node (serfHealth) and its IUs leave the pool."""
     inventory = provisioned.inventory
-    group_vars = inventory / "group_vars" / "all.yml"
+    group_vars = group_vars_kept
     secrets = yaml.safe_load(group_vars.read_text())
     management, operator = secrets["consul_agent_acl_management_token"], secrets["consul_token"]
     # The token rule's file half (a 0600 file on the controller), read by rolling-restart.yml and preflight's release

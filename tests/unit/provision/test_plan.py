@@ -240,6 +240,14 @@ def test_plan_uses_inventory_order_and_roles():
         ["consul_agent"], ["inference_unit", "consul_agent", "eas_agent"], [], [], []]
 
 
+def test_a_playbook_of_one_group_plans_only_its_hosts():
+    """edges.yml on the virtual inventory: the edges, then the balancer; the nodes without an edge are not
+    hosts of the run (counted as never started, they would fail a run that did all it had to)."""
+    plan = prov.make_plan(REPO / "inventory" / "virtual", "edges.yml", None, [], prov.DEFAULT_BATCHES)
+    assert plan.hosts == ("r01n01", "r02n01")
+    assert [list(b) for b in plan.batches] == [["r01n01"], ["r02n01"], ["r01n01"]]
+
+
 def test_playbooks_use_batches_and_stop_on_failure():
     for path in (REPO / "playbooks").glob("*.yml"):
         for play in prov.playbook_plays(path):

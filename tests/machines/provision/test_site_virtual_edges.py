@@ -1,5 +1,9 @@
-"""The edges and their balancer as site.yml provisions them: two edges (r01n01, r02n01) behind HAProxy on its
-own address (127.0.1.5:8080), on a two-node virtual cluster whose IUs preflight has released.
+"""The edges and their balancer as site.yml provisions them, on test_site_virtual's cluster (the package's
+``provisioned``): two edges (r01n01, r02n01) behind HAProxy on its own address (127.0.1.5:8080).
+
+Run after test_site_virtual (the file order; both ``machines(order=9)``), whose last test stops two nodes'
+Consul agents: the module's first fixture starts every agent again and releases every node, as a passed
+preflight would, so that the IUs are routable whatever that test left.
 
 Through HAProxy: a chat completion is answered; the edge carrying a stream is stopped (systemd's SIGTERM: a
 drain) and the stream still ends with [DONE] while every new request is answered by the other edge; the
@@ -9,7 +13,6 @@ at a time while requests keep being answered."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import urllib.error
@@ -20,37 +23,12 @@ import yaml
 
 from cluster import load_cluster
 from tests.helpers.devconsul import wait_until
-from tests.helpers.provision import VirtualCluster, clusterctl
+from tests.helpers.provision import VirtualCluster
 
-# site.yml (with its reboot) on two machines once, then the edges play once: about half of test_site_virtual's cost.
-pytestmark = [pytest.mark.machines(order=8), pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.machines(order=9), pytest.mark.timeout(900)]
 
 BALANCER = "http://127.0.1.5:8080"
 EDGES = {"r01n01": "127.0.1.11:8080", "r02n01": "127.0.2.11:8080"}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> VirtualCluster:
-    inventory = tmp_path_factory.mktemp("edges") / "inventory"
-    created = clusterctl("virtual", "create", "-i", str(inventory), "--nodes", "2", "--racks", "2", "--fabric", "ib",
-                         "--faults", "none")
-    assert created.returncode == 0, created.stderr
-    with (inventory / "group_vars" / "all.yml").open("a") as f:
-        f.write("eas_agent_interval_s: 1.0\n")  # no load scores read here (test_site_virtual says why)
-    cluster = VirtualCluster(inventory, ("r01n01", "r02n01"), dict(os.environ))
-    up = clusterctl("virtual", "up", "-i", str(inventory))
-    assert up.returncode == 0, up.stderr
-    try:
-        # --allow-reboot: the IUs start only on the pinned driver (test_site_virtual says why); the edges and
-        # HAProxy come back with their machines
-        # site.yml with its reboot took 500 s with the host's other work at a load of ~7 and passed 600 s at ~15
-        if cluster.provision("site", "--batches", "100%", "--allow-reboot", timeout=1000).returncode != 0:
-            # what the balancer's host says of HAProxy, read before the machines go
-            cluster.snapshots["haproxy"] = cluster.on_host("r01n01", "sh", "-c", "journalctl -u haproxy -n 30 --no-pager")
-        yield cluster
-    finally:
-        down = clusterctl("virtual", "down", "-i", str(inventory))
-        assert down.returncode == 0, down.stderr
 
 
 def _release(cluster: VirtualCluster) -> None:
@@ -61,7 +39,9 @@ def _release(cluster: VirtualCluster) -> None:
 
     for node in load_cluster(cluster.inventory).nodes():
         passed = CheckResult(node.rack, node.name, None, "consul", Verdict.PASS, "stand-in for a passed run", {})
-        release_passed([node], RunOutcome([passed], 0.0, 0.0, None, ["consul"]))
+        outcome = RunOutcome([passed], 0.0, 0.0, None, ["consul"])
+        released = release_passed([node], outcome)  # an IU already released is left as it is
+        assert node.name in released, (node.name, outcome.results[-1].reason)
 
 
 def _call(path: str, body: dict | None = None, base: str = BALANCER, timeout: float = 60) -> tuple[int, bytes]:
@@ -86,17 +66,32 @@ def _chat(model: str, stream: bool = False, tokens: int = 8) -> dict:
 
 
 @pytest.fixture(scope="module")
+def cluster(provisioned) -> VirtualCluster:
+    return provisioned
+
+
+@pytest.fixture(scope="module")
 def model(cluster) -> str:
-    run = cluster.runs["site"]
-    haproxy = cluster.snapshots.get("haproxy")
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-1000:] + (haproxy.stdout if haproxy else "")
-    _release(cluster)
+    run = cluster.runs["first"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-1000:]
+    for host in cluster.hosts:
+        assert cluster.on_host(host, "systemctl", "start", "consul.service").returncode == 0
+    assert wait_until(lambda: _released(cluster), 60)
     assert wait_until(lambda: all(_healthz(e)["status"] == "ok" for e in EDGES), 90), {e: _healthz(e) for e in EDGES}
     if not wait_until(lambda: _call("/v1/models")[0] == 200, 30):
         status = cluster.on_host("r01n01", "sh", "-c", "systemctl status haproxy --no-pager -l; "
                                  "journalctl -u haproxy -n 40 --no-pager; ss -ltnp | grep 8080")
         pytest.fail(f"HAProxy answers {_call('/v1/models')}:\n{status.stdout}\n{status.stderr}")
     return json.loads(_call("/v1/models")[1])["data"][0]["id"]
+
+
+def _released(cluster: VirtualCluster) -> bool:
+    """Every node released; False while a node's agent has not rejoined (its release is retried)."""
+    try:
+        _release(cluster)
+    except AssertionError:
+        return False
+    return True
 
 
 def _open_files(cluster: VirtualCluster, host: str, pid: str) -> tuple[int, int]:
