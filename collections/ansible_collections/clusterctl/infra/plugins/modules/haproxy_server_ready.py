@@ -118,7 +118,7 @@ def parse_servers_state(text: str, backend: str) -> dict[str, dict[str, str]]:
     for line in lines[1:]:
         if line.startswith("#"):
             continue
-        row = dict(zip(header, line.split()))
+        row = dict(zip(header, line.split(), strict=False))  # a later HAProxy may add columns
         if row.get("be_name") == backend and "srv_name" in row:
             rows[row["srv_name"]] = row
     return rows
