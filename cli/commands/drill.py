@@ -76,10 +76,10 @@ def command(scenario, list_only, inventory, endpoint, target, consul_addr, rate,
     loaded = load_inventory(inventory, vault_secrets=vault.secrets_for(vault_password_file))
     become = {name: drills.becomes(hostvars) for name, hostvars in loaded.selected.items()}
     chosen = drills.pick_target(cluster_of(loaded), plan, target, become)
-    endpoint, origin = resolve_endpoint(endpoint, loaded=loaded)
     why = drills.refusal(loaded.selected.get(chosen.node.name, {}), chosen.node, inventory)
     if why and not override:
         raise UsageError(why)
+    endpoint, origin = resolve_endpoint(endpoint, loaded=loaded)
     current = app.current()
     announce(endpoint, origin)
     addr = consul_addr or chosen.node.settings.consul.http_addr or os.environ.get("CONSUL_HTTP_ADDR")
