@@ -47,8 +47,8 @@ _EXAMPLES = examples(
               help="Write the report here: JSON, Markdown and a PNG of predicted against measured waits.")
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the arrivals and request sizes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
-def calibrate(endpoint, inventory, vault_password_file, rate, requests, scenario_path, prefill_tps, breaker_unit, breaker_requests, consul_addr,
-              out_dir, seed, as_json) -> None:
+def calibrate(endpoint, inventory, vault_password_file, rate, requests, scenario_path, prefill_tps, breaker_unit,
+              breaker_requests, consul_addr, out_dir, seed, as_json) -> None:
     """Send a mixed load through the edge and check, unit by unit, its scores against the waits measured."""
     from operate import calibrate as calibration
     from operate.rates import parse_rate
