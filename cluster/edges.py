@@ -10,6 +10,10 @@ Both groups name hosts of the inventory (GPU nodes: the edges share their machin
 docs/decisions/0020-edges-on-the-nodes.md). The rules here relate them to the rest: an edge's port must not
 be one its node already serves (an IU's vLLM, the agent, Consul), a balancer needs edges to send to and an
 address of its own. Each problem names the host, the variable and the value.
+
+Clients (``clusterctl loadtest``, ``edge calibrate``, ``drill``) reach the edges where :func:`client_endpoint`
+says: the balancer when there is one, else an edge. Each balancer answers about its edges on HAProxy's stats
+socket (:func:`stats_socket`), which ``playbooks/edges.yml`` asks before it restarts the next edge.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ DEFAULT_AGENT_PORT = 9105  # the eas_agent role's eas_agent_listen port
 # role's list; every node runs a Consul agent.
 CONSUL_PORTS = (8300, 8301, 8302, 8500, 8501, 8502, 8503, 8600)
 WILDCARDS = ("0.0.0.0", "::")
+# Where a balancer's HAProxy answers ``show servers state`` (its ``stats socket``, read-only ``level user``):
+# the directory is the Debian package's own (/usr/lib/tmpfiles.d/haproxy.conf creates /run/haproxy).
+DEFAULT_STATS_SOCKET = "/run/haproxy/stats.sock"
+BALANCER_BACKEND = "edges"  # the HAProxy backend holding the edges, one server per edge host
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,27 @@ def balancers_of(hosts: Mapping[str, Mapping[str, Any]]) -> tuple[Endpoint, ...]
                  for name in sorted(hosts) if in_group(hosts[name], BALANCERS_GROUP))
 
 
+def client_endpoint(hosts: Mapping[str, Mapping[str, Any]]) -> tuple[str, Endpoint] | None:
+    """Where clients reach the edges, as ("balancer" or "edge", its endpoint): the first balancer (host-name
+    order) when the ``balancers`` group has a host, else the first edge; None when the inventory has neither
+    group (call after validation)."""
+    for kind, found in (("balancer", balancers_of(hosts)), ("edge", edges_of(hosts))):
+        if found:
+            return kind, found[0]
+    return None
+
+
+def url_of(endpoint: Endpoint) -> str:
+    """``http://ADDRESS:PORT`` (an IPv6 address in brackets): the edges serve plain HTTP."""
+    address = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
+    return f"http://{address}:{endpoint.port}"
+
+
+def stats_socket(hv: Mapping[str, Any]) -> str:
+    """The balancer's ``edge_balancer_stats_socket``, else :data:`DEFAULT_STATS_SOCKET`."""
+    return str(hv.get("edge_balancer_stats_socket") or DEFAULT_STATS_SOCKET)
+
+
 def _served_ports(name: str, hv: Mapping[str, Any]) -> dict[int, str]:
     """Ports the node already serves -> what serves them (an unreadable layout is another rule's problem)."""
     served = dict.fromkeys(CONSUL_PORTS, "Consul")
@@ -133,6 +162,10 @@ def check_edge_host(host: str, hv: Mapping[str, Any]) -> list[Problem]:
                                     "reach the edges at, on an address no host of the inventory has"))
         else:
             listens.append(("edge_balancer_listen", hv["edge_balancer_listen"]))
+        socket = hv.get("edge_balancer_stats_socket")
+        if socket is not None and not (isinstance(socket, str) and socket.startswith("/") and len(socket) <= 107):
+            problems.append(Problem(host, "edge_balancer_stats_socket", socket,
+                                    "expected an absolute path of at most 107 characters (a UNIX socket's limit)"))
     served = _served_ports(host, hv)
     for variable, listen in listens:
         parsed = _hostport(listen)

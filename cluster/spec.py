@@ -361,6 +361,7 @@ class HostVars:
     # -- the edges and their balancers (cluster.edges: their shapes and the rules relating them)
     eas_edge_listen: str | None = var(None, text)
     edge_balancer_listen: str | None = var(None, text)
+    edge_balancer_stats_socket: str | None = var(None, text)
     # -- checked for a role, never read by Python (the module docstring says why)
     cpu_cstates_extra_kernel_args: tuple[str, ...] = var((), kernel_args)
 

@@ -151,13 +151,15 @@ def cluster_edges(names: Any, hostvars: Any, listen: str | None = None) -> list[
 
 
 def cluster_balancer(hostname: str, hostvars: Any, everyone: Any) -> dict[str, Any]:
-    """This balancer ({host, listen, address, port}) and the edges it sends to (``edges``), after the rules of
-    :mod:`cluster.edges` over every host (``groups['all']``): a balancer needs edges and an address of its own."""
+    """This balancer ({host, listen, address, port}), its HAProxy stats socket (``stats_socket``) and backend
+    (``backend``) and the edges it sends to (``edges``), after the rules of :mod:`cluster.edges` over every host
+    (``groups['all']``): a balancer needs edges and an address of its own."""
     hosts = {str(name): _model_vars(hostvars[name]) for name in everyone}
     name = str(hostname)
     _stop_on(edges.check_edge_host(name, hosts[name]) + [p for p in edges.check_groups(hosts) if p.host == name])
     balancer = next(b for b in edges.balancers_of(hosts) if b.host == name)
-    return {**balancer.to_json(), "edges": [edge.to_json() for edge in edges.edges_of(hosts)]}
+    return {**balancer.to_json(), "stats_socket": edges.stats_socket(hosts[name]), "backend": edges.BALANCER_BACKEND,
+            "edges": [edge.to_json() for edge in edges.edges_of(hosts)]}
 
 
 class FilterModule:

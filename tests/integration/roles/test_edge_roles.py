@@ -6,8 +6,6 @@ the play with host, variable and value."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 
@@ -15,7 +13,7 @@ import pytest
 import yaml
 
 from edge.config import load_edge_config
-from tests.helpers import GOLDEN, REPO
+from tests.helpers import GOLDEN, REPO, haproxy
 from tests.helpers.provision import create_inventory
 
 pytestmark = pytest.mark.integration
@@ -93,20 +91,8 @@ def test_the_balancer_sends_to_both_edges_and_checks_their_healthz(rendered):
     assert service["checks"][0]["http"] == "http://127.0.1.11:8080/healthz"
 
 
-def haproxy() -> str:
-    """The haproxy binary; installed from Debian's archive when missing (root only)."""
-    found = shutil.which("haproxy") or (os.path.exists("/usr/sbin/haproxy") and "/usr/sbin/haproxy")
-    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "install", "-y", "-qq", "haproxy"], env=env, capture_output=True, timeout=300)
-        found = shutil.which("haproxy") or (os.path.exists("/usr/sbin/haproxy") and "/usr/sbin/haproxy")
-    if not found:
-        pytest.skip("haproxy is not installed and cannot be (apt-get install haproxy needs root)")
-    return found
-
-
 def test_haproxy_accepts_the_configuration_and_refuses_a_broken_one(rendered, tmp_path):
-    binary = haproxy()
+    binary = haproxy.binary()
     checked = subprocess.run([binary, "-c", "-f", str(rendered / "haproxy.cfg")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     broken = tmp_path / "haproxy.cfg"

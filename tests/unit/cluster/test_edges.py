@@ -90,3 +90,32 @@ def test_an_ipv6_edge_is_bracketed_and_a_bare_one_is_refused():
     assert edges.edges_of({"n1": hv})[0].address == "fd00::1"
     assert edges.check_edge_host("n1", {**hv, "eas_edge_listen": "fd00::1:8080"})[0].message.startswith(
         "expected HOST:PORT")
+
+
+def test_clients_reach_the_first_balancer_else_the_first_edge():
+    hosts = {
+        "n1": {"ansible_host": "127.0.76.1", "group_names": ["edges"]},
+        "n2": {"ansible_host": "127.0.76.2", "group_names": ["edges", "balancers"],
+               "edge_balancer_listen": "0.0.0.0:8081"},
+        "n3": {"ansible_host": "127.0.76.3", "group_names": ["balancers"], "edge_balancer_listen": "127.0.76.5:8080"},
+    }
+    kind, found = edges.client_endpoint(hosts)
+    assert (kind, found.host, edges.url_of(found)) == ("balancer", "n2", "http://127.0.76.2:8081")  # a wildcard
+    del hosts["n2"]
+    kind, found = edges.client_endpoint(hosts)
+    assert (kind, found.host, edges.url_of(found)) == ("balancer", "n3", "http://127.0.76.5:8080")
+    del hosts["n3"]
+    kind, found = edges.client_endpoint(hosts)
+    assert (kind, found.host, edges.url_of(found)) == ("edge", "n1", "http://127.0.76.1:8080")
+    assert edges.client_endpoint({"n9": {"ansible_host": "127.0.76.9", "group_names": ["rack_r1"]}}) is None
+
+
+def test_the_balancer_s_stats_socket_is_an_absolute_path_that_fits_a_unix_socket():
+    balancer = {"ansible_host": "127.0.76.1", "group_names": ["balancers"], "edge_balancer_listen": "127.0.76.5:80"}
+    assert edges.stats_socket(balancer) == "/run/haproxy/stats.sock"
+    assert edges.stats_socket({**balancer, "edge_balancer_stats_socket": "/run/lb/s.sock"}) == "/run/lb/s.sock"
+    assert edges.check_edge_host("n1", {**balancer, "edge_balancer_stats_socket": "/run/lb/s.sock"}) == []
+    for bad in ("run/haproxy/stats.sock", "/" + "s" * 107, 7):
+        [problem] = edges.check_edge_host("n1", {**balancer, "edge_balancer_stats_socket": bad})
+        assert (problem.variable, problem.value) == ("edge_balancer_stats_socket", bad)
+        assert problem.message.startswith("expected an absolute path of at most 107 characters")
