@@ -358,6 +358,10 @@ class HostVars:
     drills_allowed: bool = var(False, strict_bool)
     # -- the agent
     eas_agent_listen: str | None = var(None, text)
+    # -- the edges and their balancers (cluster.edges: their shapes and the rules relating them)
+    eas_edge_listen: str | None = var(None, text)
+    edge_balancer_listen: str | None = var(None, text)
+    edge_balancer_stats_socket: str | None = var(None, text)
     # -- checked for a role, never read by Python (the module docstring says why)
     cpu_cstates_extra_kernel_args: tuple[str, ...] = var((), kernel_args)
 

@@ -4,7 +4,7 @@ Runs on resolved host variables before anything contacts a host. Each variable's
 declared in :class:`cluster.spec.HostVars` and applied by the first and last rules
 (:func:`cluster.spec.check_layout_variables`, :func:`cluster.spec.check_setting_types`); the rules here relate
 variables to each other (a layout against the GPU count, ports against the IUs, a host's rack groups,
-Redfish against the BMC variables). Rules are small functions
+Redfish against the BMC variables; the edges and balancers groups in :mod:`cluster.edges`). Rules are small functions
 ``check_<what>(host, hostvars) -> problems`` so that each can be read (and tested) on its own.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from cluster import model, spec
+from cluster import edges, model, spec
 from cluster.spec import Problem
 from common.text import plural
 
@@ -134,6 +134,7 @@ HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
     check_gpu_layout,
     check_ports,
     check_redfish,
+    edges.check_edge_host,
     spec.check_setting_types,
 )
 
@@ -199,6 +200,7 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
             problems += rule(name, selected[name])
     problems += [p for p in check_duplicate_addresses(everyone or selected) if p.host in selected]
     problems += [p for p in check_shared_node_tokens(everyone or selected) if p.host in selected]
+    problems += [p for p in edges.check_groups(everyone or selected) if p.host in selected]
     return problems
 
 

@@ -45,10 +45,7 @@ SITE_PREFIX = "site_"
 SITE_LIST = "site_variables"
 PLACEHOLDER = "REPLACE-ME"
 # Read by sim/ (the simulated machines of a virtual inventory) and by the virtual inventory's own templates.
-# eas_edge_announce_private_key: the edge's announce key, which `make demo` hands its edge (the edge has no
-# role; on a real site the key lives in the site's vault and reaches the edge host as its announce.key_file)
-SIMULATOR = ("sim_hardware", "sim_faults", "sim_command_delay_s", "consul_virtual_token_seed",
-             "eas_edge_announce_private_key")
+SIMULATOR = ("sim_hardware", "sim_faults", "sim_command_delay_s", "consul_virtual_token_seed")
 
 
 class _KeysOnly(yaml.SafeLoader):

@@ -7,7 +7,7 @@ through a server (``clusterctl.infra.consul_acl``).
 | Token (vault variable)                          | Policy                    | Rules                                        |
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
-| file services (``..._registration_token``)      | ``vllm-iu-registration-<node>`` | write ``vllm-iu-<node>`` (config_file_service_registration) |
+| file services (``..._registration_token``)      | ``vllm-iu-registration-<node>`` | write ``vllm-iu-<node>`` and ``eas-edge-<node>`` (config_file_service_registration) |
 | operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | every ``vllm-iu-`` service (maintenance), the preflight markers, the rollout document, repair records, reads |
 | eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; reads the score keys, nodes |
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read the ``vllm-iu-`` services, nodes, the score keys and the rollout document |
@@ -33,6 +33,7 @@ from consul_io.layout import (
     REPAIR_PREFIX,
     ROLLOUT_PREFIX,
     acl_policy,
+    edge_service,
     iu_service,
 )
 
@@ -44,7 +45,9 @@ def agent_policy(node: str) -> str:
 
 
 def registration_policy(node: str) -> str:
-    return f'service "{iu_service(node)}" {{ policy = "write" }}\n'
+    # The file services of a node: its IUs and, on a host of the edges group, its edge (roles/eas_edge).
+    return (f'service "{iu_service(node)}" {{ policy = "write" }}\n'
+            f'service "{edge_service(node)}" {{ policy = "write" }}\n')
 
 
 def operator_policy() -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 # registration token write its own IUs and no other node's (consul_io/acl.py).
 SERVICE_NAME = "vllm-iu"  # the family: every IU service's name is "vllm-iu-<node>"
 IU_SERVICE_PREFIX = f"{SERVICE_NAME}-"
+EDGE_SERVICE_NAME = "eas-edge"  # the family: each edge host's service is "eas-edge-<node>", ID eas-edge-<node>
+EDGE_SERVICE_PREFIX = f"{EDGE_SERVICE_NAME}-"
 IU_ID_INFIX = "-iu"  # IU ids are "<node>-iu<index>" (cluster/model.py builds them with iu_id())
 # Consul's own check ids for maintenance mode (https://developer.hashicorp.com/consul/api-docs/agent/service
 # #enable-maintenance-mode): a critical check "_service_maintenance:<service id>", "_node_maintenance" for a node.
@@ -68,6 +70,12 @@ def is_iu_of(iu: str, node: str) -> bool:
 def iu_service(node: str) -> str:
     """The Consul service name of ``node``'s IUs ("r01n01" -> "vllm-iu-r01n01")."""
     return f"{IU_SERVICE_PREFIX}{node}"
+
+
+def edge_service(node: str) -> str:
+    """The Consul service name of the edge on ``node`` ("r01n01" -> "eas-edge-r01n01"): one name per host, as
+    for the IUs, so a node's registration token writes its own edge and no other host's."""
+    return f"{EDGE_SERVICE_PREFIX}{node}"
 
 
 def is_iu_service(name: str) -> bool:

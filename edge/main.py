@@ -7,10 +7,12 @@
 Flags override the file's fields. Start-up reads Consul once: if it cannot be reached the edge exits 2
 with one line naming the address (an edge that starts blind would only answer 503); an unusable announce
 key file is one line naming ``announce.key_file`` and exit 2 too. Later Consul outages
-keep the last view (and pushed scores) and fail open once scores are stale. Shutdown: the listener closes
-(``/healthz`` says draining first, so a load balancer stops sending), in-flight requests and streams get
-``drain_timeout_s`` to finish, then the rest is cut; the announcements still queued are sent (waiting at
-most a second) before the connections close.
+keep the last view (and pushed scores) and fail open once scores are stale. Shutdown (SIGTERM, systemd's
+stop): the listener closes (``/healthz`` says draining first, so a load balancer stops sending) and kept-alive
+client connections end (idle ones at once, busy ones after their answer: a balancer's next request then opens
+a connection, which goes to another edge), in-flight requests and streams get ``drain_timeout_s`` to finish,
+then the rest is cut; the announcements still queued are sent (waiting at most a second) before the
+connections close.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ class Edge:
         self.admin_runner: web.AppRunner | None = None
         self.admin_address: str | None = None
         self.stopped = asyncio.Event()
+        self.busy: set = set()  # client connections with a request in progress (aiohttp RequestHandler)
 
     def connect_consul(self) -> None:
         c = self.config.consul
@@ -152,7 +155,9 @@ class Edge:
         # a client that leaves cancels its handler: the IU's connection closes (the engine aborts the
         # request) or the request leaves the queue unsent; request heads are bounded by aiohttp's line and
         # field sizes, idle kept-alive connections by keepalive_timeout
-        self.runner = web.AppRunner(make_app(self.state), access_log=None, handler_cancellation=True,
+        app = make_app(self.state)
+        app.middlewares.insert(0, self._track_busy)
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                     shutdown_timeout=self.config.drain_timeout_s,
                                     keepalive_timeout=self.config.keepalive_timeout_s,
                                     max_line_size=HEAD_LINE_BYTES, max_field_size=HEAD_LINE_BYTES)
@@ -187,12 +192,38 @@ class Edge:
         state.draining = True
         if self.site is not None:
             await self.site.stop()  # the listener closes; accepted connections keep being served
+        self._end_keepalive()
         deadline = time.monotonic() + self.config.drain_timeout_s
         while state.active and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if state.active:
             log.warning("drain timeout: cutting %d requests still in flight", state.active)
         await self.close()
+
+    def _end_keepalive(self) -> None:
+        """Kept-alive client connections end: idle ones now, busy ones after their answer (``_track_busy``).
+        A load balancer reuses its connections to an edge, and a request it sent on one to this draining edge
+        would be answered 503 ("draining"); on a connection of its own it goes to another edge. A busy one is
+        not closed now: a closing connection reads no more bytes, and a request whose body is still arriving
+        would never get it. (A request whose head arrived in the instant before, not yet handled, sees its
+        connection close unanswered, which a balancer retries elsewhere: HAProxy's retry-on empty-response.)"""
+        server = self.runner.server if self.runner is not None else None
+        for connection in list(server.connections if server is not None else ()):
+            if connection not in self.busy:
+                connection.force_close()
+
+    @web.middleware
+    async def _track_busy(self, request: web.Request, handler):
+        """The connections with a request in progress (outermost middleware: from the request's head on);
+        during a drain each is closed once its answer is done."""
+        connection = request.protocol
+        self.busy.add(connection)
+        try:
+            return await handler(request)
+        finally:
+            self.busy.discard(connection)
+            if self.state.draining:
+                connection.close()
 
     async def close(self) -> None:
         if self.state.feed is not None:

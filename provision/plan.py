@@ -317,7 +317,8 @@ def make_plan(
     return Plan(
         inventory=Path(inventory).resolve(),
         playbook=path,
-        hosts=tuple(h for h in everyone if h in loaded.selected),
+        # the hosts some play runs on: a playbook of one group (edges.yml) leaves the others out of the run
+        hosts=tuple(h for h in everyone if h in loaded.selected and any(h in b for b in batches)),
         batches=tuple(tuple(b) for b in batches),
         batch_sizes=tuple(batch_sizes),
         roles=tuple(step for play in plays for step in play.roles),

@@ -15,13 +15,15 @@ import os
 import click
 
 from cli import app
+from cli.endpoint import announce, endpoint_option, resolve_endpoint
 from cli.help import examples
 from cli.options import vault_password_file_option
 from common.errors import ExitCode, UsageError
 
 _EXAMPLES = examples(
     "clusterctl drill --list",
-    "clusterctl drill engine-crash -i inventory/virtual --endpoint 127.0.1.1:8080 --target r01n01-iu0",
+    "clusterctl drill engine-crash -i inventory/virtual --target r01n01-iu0",
+    "clusterctl drill engine-crash -i inventory/virtual --endpoint 127.0.1.11:8080 --target r01n01-iu0",
     "clusterctl drill my-drill.yml -i inventory/prod --endpoint edge1:8080 --out reports/drill --rate 20",
     note="The edge must answer with X-Eas-IU (its debug_headers: true) for the routing measures. Hosts need "
          "'drills_allowed: true' in the inventory. Exit codes: 0 every check met, 1 a check not met, 2 bad "
@@ -41,7 +43,7 @@ def _list() -> None:
 @click.option("--list", "list_only", is_flag=True, help="Show the drill library and exit.")
 @click.option("-i", "--inventory", "inventory", default=None, type=click.Path(path_type=str),
               help="Ansible inventory (file or directory) holding the target.")
-@click.option("--endpoint", default=None, metavar="URL", help="http://HOST:PORT of the edge the load goes through.")
+@endpoint_option
 @click.option("--target", default=None, help="IU id (or node name) to fault (default: the first IU).")
 @click.option("--consul", "consul_addr", default=None,
               help="Consul HOST:PORT whose health of the target is sampled (default: the target's "
@@ -60,27 +62,26 @@ def command(scenario, list_only, inventory, endpoint, target, consul_addr, rate,
     if list_only:
         _list()
         return
-    if not scenario or not inventory or not endpoint:
-        missing = [n for n, v in (("SCENARIO", scenario), ("-i/--inventory", inventory), ("--endpoint", endpoint))
-                   if not v]
+    if not scenario or not inventory:
+        missing = [n for n, v in (("SCENARIO", scenario), ("-i/--inventory", inventory)) if not v]
         raise UsageError(f"drill: missing {', '.join(missing)} (or --list for the library)")
     from cli.commands.loadtest import emit
     from cluster.ansible import vault
     from cluster.ansible.inventory import cluster_of, load_inventory
     from operate import drill as drills
     from operate.drill_scenario import load_drill
-    from operate.rates import parse_endpoint
     from preflight.transport import RoutingTransport
 
     plan = load_drill(scenario)
-    endpoint = parse_endpoint(endpoint)
     loaded = load_inventory(inventory, vault_secrets=vault.secrets_for(vault_password_file))
     become = {name: drills.becomes(hostvars) for name, hostvars in loaded.selected.items()}
     chosen = drills.pick_target(cluster_of(loaded), plan, target, become)
     why = drills.refusal(loaded.selected.get(chosen.node.name, {}), chosen.node, inventory)
     if why and not override:
         raise UsageError(why)
+    endpoint, origin = resolve_endpoint(endpoint, loaded=loaded)
     current = app.current()
+    announce(endpoint, origin)
     addr = consul_addr or chosen.node.settings.consul.http_addr or os.environ.get("CONSUL_HTTP_ADDR")
     io = None
     if addr:

@@ -13,11 +13,13 @@ import os
 import click
 
 from cli import app
-from cli.commands.loadtest import emit, endpoint_option, scenario_option
+from cli.commands.loadtest import emit, scenario_option
+from cli.endpoint import announce, endpoint_options, resolve_endpoint
 from cli.help import examples
 from common.errors import ClusterctlError, ExitCode
 
 _EXAMPLES = examples(
+    "clusterctl edge calibrate -i inventory/prod --rate 6 --requests 1000",
     "clusterctl edge calibrate --endpoint http://127.0.0.1:8080 --rate 6 --requests 1000",
     "clusterctl edge calibrate --endpoint 127.0.0.1:8080 --breaker-unit r01n02-iu1 --consul 127.0.0.1:8500",
     note="A unit is flagged when its bias is off the pool's by more than 50 ms and its predicted/measured "
@@ -27,7 +29,7 @@ _EXAMPLES = examples(
 
 
 @click.command("calibrate", epilog=_EXAMPLES)
-@endpoint_option
+@endpoint_options
 @click.option("--rate", default="4", show_default=True, help="Requests per second (Poisson arrivals).")
 @click.option("--requests", default=1000, show_default=True, type=click.IntRange(10, 1_000_000),
               help="Requests to send for the calibration.")
@@ -45,14 +47,14 @@ _EXAMPLES = examples(
               help="Write the report here: JSON, Markdown and a PNG of predicted against measured waits.")
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the arrivals and request sizes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
-def calibrate(endpoint, rate, requests, scenario_path, prefill_tps, breaker_unit, breaker_requests, consul_addr,
-              out_dir, seed, as_json) -> None:
+def calibrate(endpoint, inventory, vault_password_file, rate, requests, scenario_path, prefill_tps, breaker_unit,
+              breaker_requests, consul_addr, out_dir, seed, as_json) -> None:
     """Send a mixed load through the edge and check, unit by unit, its scores against the waits measured."""
     from operate import calibrate as calibration
-    from operate.rates import parse_endpoint, parse_rate
+    from operate.rates import parse_rate
     from operate.scenario import load_scenario
 
-    endpoint = parse_endpoint(endpoint)
+    endpoint, origin = resolve_endpoint(endpoint, inventory, vault_password_file)
     scenario = load_scenario(scenario_path)
     per_s = parse_rate(rate)
     io = None
@@ -63,6 +65,7 @@ def calibrate(endpoint, rate, requests, scenario_path, prefill_tps, breaker_unit
         from consul_io.client import ConsulIO
 
         io = ConsulIO(addr, token=os.environ.get("CONSUL_HTTP_TOKEN") or None, timeout_s=3.0)
+    announce(endpoint, origin)
     if not as_json:
         app.current().err_console.print(f"calibrating: {requests} requests at {per_s:g}/s through {endpoint}")
     result = calibration.run(endpoint, scenario, per_s, requests, prefill_tps=prefill_tps, seed=seed)

@@ -14,10 +14,12 @@ import os
 import click
 
 from cli import app
+from cli.endpoint import announce, endpoint_options, resolve_endpoint
 from cli.help import examples
 from common.errors import ExitCode
 
 _EXAMPLES = examples(
+    "clusterctl loadtest -i inventory/prod --rate 4 --duration 120",
     "clusterctl loadtest --endpoint http://127.0.0.1:8080 --rate 4 --duration 120",
     "clusterctl loadtest --endpoint 127.0.0.1:8080 --sweep 2:12:2 --duration 60 --out reports/lt",
     "clusterctl loadtest --endpoint 127.0.0.1:8080 --scenario my-mix.yml --consul 127.0.0.1:8500",
@@ -25,12 +27,6 @@ _EXAMPLES = examples(
          "~12,842; p99 TTFT <= 850 / 2,200 / 5,500 ms): docs/loadtest.md. Exit codes: 0 every SLO met, 1 an "
          "SLO missed, 2 bad input or an unreachable endpoint, 130 interrupted (partial results printed).",
 )
-
-
-def endpoint_option(f):
-    return click.option("--endpoint", required=True, metavar="URL",
-                        help="http://HOST:PORT of an OpenAI-compatible server (the EAS edge); the inventory "
-                             "declares no edge address, so it is always given.")(f)
 
 
 def scenario_option(f):
@@ -69,7 +65,7 @@ def emit(result, out_dir: str | None, as_json: bool) -> None:
 
 
 @click.command("loadtest", epilog=_EXAMPLES)
-@endpoint_option
+@endpoint_options
 @click.option("--rate", default="2", show_default=True, help="Requests per second (Poisson arrivals).")
 @click.option("--sweep", default=None, metavar="RATES",
               help="Rates to try in turn, LO:HI:STEP or R1,R2,...: reports the goodput (the highest rate at "
@@ -89,18 +85,19 @@ def emit(result, out_dir: str | None, as_json: bool) -> None:
 @click.option("--min-samples", default=50, show_default=True, type=click.IntRange(1, None),
               help="Requests a class needs for its p99 to be judged (fewer: 'too few', never met).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
-def command(endpoint, rate, sweep, duration, scenario_path, out_dir, consul_addr, datacenter, timeout_s, seed,
+def command(endpoint, inventory, vault_password_file, rate, sweep, duration, scenario_path, out_dir, consul_addr, datacenter, timeout_s, seed,
             min_samples, as_json) -> None:
     """Send a scenario's traffic mix open-loop and judge each class against its p99 latency targets."""
     from operate import loadtest
-    from operate.rates import parse_endpoint, parse_rate, parse_sweep
+    from operate.rates import parse_rate, parse_sweep
     from operate.scenario import load_scenario
 
-    endpoint = parse_endpoint(endpoint)
+    endpoint, origin = resolve_endpoint(endpoint, inventory, vault_password_file)
     scenario = load_scenario(scenario_path)
     rates = parse_sweep(sweep) if sweep else None
     single = parse_rate(rate)
     factory = sampler_factory(consul_addr, datacenter)
+    announce(endpoint, origin)
     console = None if as_json else app.current().err_console
     common = {"seed": seed, "timeout_s": timeout_s, "console": console, "min_samples": min_samples}
     if rates:

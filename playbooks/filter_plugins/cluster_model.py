@@ -1,5 +1,6 @@
 """The roles' one Python surface onto the cluster model: ``cluster_node``, ``cluster_consul``,
-``eas_agent_config``, ``consul_iu_services``, ``kernel_args``.
+``eas_agent_config``, ``consul_iu_services``, ``kernel_args``; ``cluster_edges`` and ``cluster_balancer``
+(the ``edges`` and ``balancers`` groups, :mod:`cluster.edges`).
 
 Each takes the host's name and its hostvars and builds the node with the same code as clusterctl
 (:func:`cluster.model.build_node`), after the same per-host validation (:mod:`cluster.validate`): a
@@ -51,10 +52,10 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from cluster import model, services, settings, spec, validate
+    from cluster import edges, model, services, settings, spec, validate
 except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from cluster import model, services, settings, spec, validate
+    from cluster import edges, model, services, settings, spec, validate
 from consul_io import layout  # noqa: E402 (found through the same path as cluster)
 
 
@@ -137,7 +138,32 @@ def kernel_args(value: Any, hostname: str) -> list[str]:
     return list(value or [])
 
 
+def cluster_edges(names: Any, hostvars: Any, listen: str | None = None) -> list[dict[str, Any]]:
+    """The edges among ``names`` (``groups['edges']``, or one host's ``[inventory_hostname]``) as
+    :func:`cluster.edges.edges_of` reads them: {host, listen, address, port}, each host's variables checked.
+    ``listen``: the edge role's ``eas_edge_listen`` for the one host named (a role default or ``-e`` value
+    that is no inventory variable)."""
+    hosts = {str(name): _model_vars(hostvars[name]) for name in names or []}
+    if listen is not None:
+        hosts = {name: {**variables, "eas_edge_listen": listen} for name, variables in hosts.items()}
+    _stop_on([p for name, variables in hosts.items() for p in edges.check_edge_host(name, variables)])
+    return [edge.to_json() for edge in edges.edges_of(hosts)]
+
+
+def cluster_balancer(hostname: str, hostvars: Any, everyone: Any) -> dict[str, Any]:
+    """This balancer ({host, listen, address, port}), its HAProxy stats socket (``stats_socket``) and backend
+    (``backend``) and the edges it sends to (``edges``), after the rules of :mod:`cluster.edges` over every host
+    (``groups['all']``): a balancer needs edges and an address of its own."""
+    hosts = {str(name): _model_vars(hostvars[name]) for name in everyone}
+    name = str(hostname)
+    _stop_on(edges.check_edge_host(name, hosts[name]) + [p for p in edges.check_groups(hosts) if p.host == name])
+    balancer = next(b for b in edges.balancers_of(hosts) if b.host == name)
+    return {**balancer.to_json(), "stats_socket": edges.stats_socket(hosts[name]), "backend": edges.BALANCER_BACKEND,
+            "edges": [edge.to_json() for edge in edges.edges_of(hosts)]}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"cluster_node": cluster_node, "cluster_consul": cluster_consul, "eas_agent_config": eas_agent_config,
-                "consul_iu_services": consul_iu_services, "kernel_args": kernel_args}
+                "consul_iu_services": consul_iu_services, "kernel_args": kernel_args, "cluster_edges": cluster_edges,
+                "cluster_balancer": cluster_balancer}

@@ -5,7 +5,8 @@ loopback (127.0.R.10+N) so simulated services never leave the machine; ``net`` m
 127.<net>.R.10+N, so two virtual clusters can be up at once (``clusterctl demo`` uses its own, beside any
 inventory on the default addresses). ``group_vars/all.yml`` holds the
 board (GPU model, NICs) and the simulated-host switches; ``host_vars/<host>.yml`` the per-host faults
-and, on RoCE racks, the Ethernet NICs. ``inventory/virtual`` itself is this module's output for
+and, on RoCE racks, the Ethernet NICs. The ``edges`` and ``balancers`` groups place two edges and their
+HAProxy on node machines (:func:`edge_placement` says where and why). ``inventory/virtual`` itself is this module's output for
 ``--nodes 4 --racks 2 --fabric mixed`` (a test keeps them identical).
 """
 
@@ -23,6 +24,7 @@ from common.text import plural
 from sim import consul_security
 
 FABRICS = ("ib", "roce", "mixed")
+BALANCER_PORT = 8080  # HAProxy's client port on the balancer's own address (edge_placement)
 
 # NIC n sits under the PCIe switch of GPU 2n (PIX), two buses after it; netdev names are the predictable
 # names udev gives ConnectX-7 ports at those addresses (ibp<bus>s0 for IB, enp<bus>s0np0 for Ethernet).
@@ -66,8 +68,13 @@ sim_command_delay_s: 0.0
 # package index's nvidia-ml-py is a stand-in answering from the file `virtual up` writes from the host's
 # hardware (sim/nvml_standin).
 eas_agent_listen: "{{ ansible_host }}:9105"
-# Machines share this network namespace: each Consul agent listens on its machine's own address.
+# Machines share this network namespace: each Consul agent listens on its machine's own address, and so
+# does each edge's /metrics (the default 127.0.0.1:9180 would be one port for every edge).
 consul_http_addr: "{{ ansible_host }}:8500"
+eas_edge_admin_listen: "{{ ansible_host }}:9180"
+# The machines inherit this host's descriptor limit (hard 20000 on the development host): HAProxy needs about
+# two per connection and exits at start when its maxconn does not fit.
+edge_balancer_maxconn: 4000
 # Nothing leaves loopback: chrony's source is the package server's address (no NTP answers there), not a pool.
 chrony_pools: []
 chrony_servers: [127.0.255.1]
@@ -141,6 +148,17 @@ def plan(nodes: int, racks: int, fabric: str, faults: str, net: int = 0) -> list
     return hosts
 
 
+def edge_placement(hosts: list[PlannedHost], net: int = 0) -> tuple[list[PlannedHost], str]:
+    """The edges and the balancer's address: two edges (the fewest that can take over from each other), on the
+    first node of the first and of the last rack (one rack: its first two nodes), sharing those machines rather
+    than booting machines of their own (CI has two cores: a machine per edge and balancer would add three
+    booted systems for two small processes); the balancer runs on the first edge's machine, on an address of
+    its own below the first node's (127.<net>.1.5:8080), since the edge there holds the node's address."""
+    firsts = list({h.rack: h for h in reversed(hosts)}.values())[::-1]
+    edges = [firsts[0], firsts[-1]] if len(firsts) > 1 else hosts[:2]
+    return edges, f"127.{net}.1.5:{BALANCER_PORT}"
+
+
 def _flow(value) -> str:
     """One YAML flow item: {kind: nvlink_down, gpus: [2, 3]}."""
     return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1000).strip()
@@ -169,6 +187,9 @@ def render(nodes: int, racks: int, gpu_model: str = "h100-sxm", fabric: str = "i
     if roce_hosts and len(roce_hosts) < len(hosts):
         lines += ["    roce:", "      hosts:"] + [f"        {name}:" for name in roce_hosts]
     lines += ["    consul_servers:", "      hosts:", f"        {hosts[0].name}:"]
+    edge_hosts, balancer = edge_placement(hosts, net)
+    lines += ["    edges:", "      hosts:"] + [f"        {h.name}:" for h in edge_hosts]
+    lines += ["    balancers:", "      hosts:", f"        {edge_hosts[0].name}: {{edge_balancer_listen: '{balancer}'}}"]
     default_roce = fabric == "roce"
     files = {
         "hosts.yml": "\n".join(lines) + "\n",

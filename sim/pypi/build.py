@@ -1,22 +1,25 @@
-"""A local PEP 503 package index for the virtual cluster: what the eas_agent and inference_unit roles install.
+"""A local PEP 503 package index for the virtual cluster: what the eas_agent, eas_edge and inference_unit roles
+install.
 
     <root>/simple/index.html, <root>/simple/<project>/index.html   (links with #sha256= and data-requires-python)
     <root>/files/*.whl
 
 It holds:
-- ``clusterctl-eas-agent``: the agent's own wheel, built from the checkout (provision/wheels.py);
+- ``clusterctl-eas-agent`` and ``clusterctl-eas-edge``: the agent's and the edge's own wheels, built from the
+  checkout (provision/wheels.py);
 - ``vllm`` 0.6.6.post1 (the version inference_unit pins): a stand-in whose ``vllm serve`` checks its environment
   and runs the simulated vLLM server (sim/pypi/vllm_cli.py; sim.vllm vendored as ``vllm._sim.vllm`` so the wheel
   needs nothing of this checkout at run time);
 - ``nvidia-ml-py``: a stand-in (sim/nvml_standin/pynvml.py) answering the agent's NVML calls from the machine's
   GPU file, at the version of the real one this controller runs (whose signatures it is tested against) with a
   local label saying what it is; the real one, which needs libnvidia-ml and a driver, is not in the index;
-- the other wheels both depend on, at the versions this controller runs (the same as the constraints file the role
+- the other wheels these depend on, at the versions this controller runs (the same as the constraints file the role
   gets), fetched once with ``pip download`` from the index pip is configured with and cached outside the
   checkout. On a real site that is the site's mirror; here it is PyPI.
 
 Served like the apt stand-ins by sim.aptrepo.serve (loopback only). Roles get
-``<url>/simple`` as inference_unit_pip_index_url / eas_agent_index_url, never a public index.
+``<url>/simple`` as inference_unit_pip_index_url / eas_agent_index_url (eas_edge_index_url defaults to it),
+never a public index.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ import sys
 import zipfile
 from pathlib import Path
 
-from provision.wheels import REPO_ROOT, REQUIRES_PYTHON, build_agent_wheel, normalize, write_wheel
+from provision.wheels import (
+    REPO_ROOT,
+    REQUIRES_PYTHON,
+    build_agent_wheel,
+    build_edge_wheel,
+    normalize,
+    write_wheel,
+)
 from sim.nvml_standin import MODULE_FILE as NVML_STANDIN
 
 VLLM_VERSION = "0.6.6.post1"
@@ -42,6 +52,9 @@ NVML_STANDIN_VERSION = f"{importlib.metadata.version(NVML_DIST)}+clusterctl.stan
 AGENT_CLOSURE = ("click", "psutil", "py-consul", "prometheus-client", "PyYAML", "requests",
                  "certifi", "charset-normalizer", "idna", "urllib3", "cryptography", "cffi", "pycparser")
 VLLM_CLOSURE = ("prometheus-client",)
+# The edge's (edge/requirements.txt) beyond the agent's: aiohttp's closure for the machines' Python 3.11.
+EDGE_CLOSURE = ("aiohttp", "aiohappyeyeballs", "aiosignal", "attrs", "frozenlist", "multidict", "propcache", "yarl",
+                "typing-extensions")
 
 
 def pins(names: tuple[str, ...]) -> list[str]:
@@ -140,9 +153,9 @@ def build_index(root: Path, cache: Path) -> dict[str, Path]:
     if root.exists():
         shutil.rmtree(root)
     files = root / "files"
-    own = {"clusterctl-eas-agent": build_agent_wheel(files), "vllm": build_vllm_standin(files),
-           NVML_DIST: build_nvml_standin(files)}
-    for wheel in download(cache, sorted(set(pins(AGENT_CLOSURE) + pins(VLLM_CLOSURE)))):
+    own = {"clusterctl-eas-agent": build_agent_wheel(files), "clusterctl-eas-edge": build_edge_wheel(files),
+           "vllm": build_vllm_standin(files), NVML_DIST: build_nvml_standin(files)}
+    for wheel in download(cache, sorted(set(pins(AGENT_CLOSURE) + pins(EDGE_CLOSURE) + pins(VLLM_CLOSURE)))):
         shutil.copy2(wheel, files / wheel.name)
     projects: dict[str, list[Path]] = {}
     for wheel in sorted(files.glob("*.whl")):

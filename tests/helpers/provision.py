@@ -104,11 +104,11 @@ class VirtualCluster:
         """host -> `systemctl is-active` of its first IU."""
         return {host: self.on_host(host, "systemctl", "is-active", "vllm-iu@0").stdout.strip() for host in self.hosts}
 
-    def provision(self, name: str, *args: str) -> subprocess.CompletedProcess:
+    def provision(self, name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
         run_dir = self.inventory.parent / f"run-{name}"
         # --yes: a run without --limit asks a terminal first, and this one's stdin may be the developer's
         result = clusterctl("provision", "-i", str(self.inventory), "--run-dir", str(run_dir), "--yes", *args,
-                            env=self.env)
+                            env=self.env, timeout=timeout)
         self.runs[name], self.run_dirs[name] = result, run_dir
         return result
 

@@ -95,10 +95,11 @@ def test_agent_token_registers_its_node_but_cannot_set_maintenance(server, token
     assert agent.get("/v1/health/service/vllm-iu-n1").json()  # service:read
 
 
-def test_registration_token_writes_its_own_nodes_iu_service_only(server, tokens):
+def test_registration_token_writes_its_own_nodes_iu_and_edge_services_only(server, tokens):
     reg = _api(server, tokens["registration"])
     assert reg.put("/v1/agent/service/register", json={"Name": "vllm-iu-n1", "ID": "n1-iu9"}).status_code == 200
-    for name in ("vllm-iu-n2", "vllm-iu", "vllm-iu-n1x", "ssh"):
+    assert reg.put("/v1/agent/service/register", json={"Name": "eas-edge-n1", "ID": "eas-edge-n1"}).status_code == 200
+    for name in ("vllm-iu-n2", "vllm-iu", "vllm-iu-n1x", "eas-edge", "eas-edge-n2", "ssh"):
         assert reg.put("/v1/agent/service/register", json={"Name": name, "ID": "x"}).status_code == 403, name
     # the same ID under a name it may write replaces n1-iu9 only with write on n1-iu9's name too
     assert _api(server, MANAGEMENT).put("/v1/agent/service/register", json={
@@ -313,7 +314,11 @@ ACTIONS = {
                                               "Service": {"Service": "vllm-iu-n1", "ID": "n2-iu0", "Port": 8009}})),
     "deregister another node's IU (`catalog/deregister`)": lambda admin, api: _allowed(
         api.put("/v1/catalog/deregister", json={"Node": "n2", "ServiceID": "n2-iu0"})),
-    "register a service that is no IU": lambda admin, api: _allowed(
+    "register its own edge's service `eas-edge-n1` (`agent/service/register`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "eas-edge-n1", "ID": "eas-edge-n1", "Port": 8080})),
+    "register another host's edge service (`eas-edge-n2`)": lambda admin, api: _allowed(
+        api.put("/v1/agent/service/register", json={"Name": "eas-edge-n2", "ID": "eas-edge-n2", "Port": 8080})),
+    "register a service that is neither its IUs' nor its edge's": lambda admin, api: _allowed(
         api.put("/v1/agent/service/register", json={"Name": "ssh", "ID": "ssh"})),
     "register node `n2` or change its address": lambda admin, api: _allowed(
         api.put("/v1/catalog/register", json={"Node": "n2", "Address": "127.0.0.99"})),

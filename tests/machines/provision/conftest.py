@@ -1,4 +1,4 @@
-"""A provisioned virtual cluster shared by the provisioning tests of one module.
+"""A provisioned virtual cluster shared by the site tests: test_site_virtual, then test_site_virtual_edges.
 
 `clusterctl virtual create` (3 nodes in 2 racks, the last rack RoCE) + `up` in a tmp dir; one host gets a
 different CPU topology so that CPU lists provably come from the host's sysfs. The eas-agent token is a
@@ -17,7 +17,9 @@ import pytest
 from tests.helpers.provision import VirtualCluster, clusterctl, write_inventory
 
 
-@pytest.fixture(scope="module")
+# One cluster for both modules (package scope): a second provisioning of the same three machines for the edges
+# alone cost CI ~7 minutes. Nothing else in this package asks for it.
+@pytest.fixture(scope="package")
 def provisioned(tmp_path_factory) -> VirtualCluster:
     inventory = tmp_path_factory.mktemp("provision") / "inventory"
     write_inventory(inventory)

@@ -173,16 +173,17 @@ RENDERED = ["/etc/nccl.conf", "/etc/apt/preferences.d/clusterctl-nvidia.pref",
             "/etc/sysctl.d/60-clusterctl-numa.conf", "/etc/default/grub.d/60-clusterctl-cstates.cfg",
             "/etc/systemd/system/cpu-dma-latency.service", "/etc/systemd/system/roce-dcqcn.service",
             "/usr/local/sbin/roce-dcqcn", "/etc/clusterctl/firewall.nft",
-            "/etc/systemd/system/clusterctl-firewall.service"]
+            "/etc/systemd/system/clusterctl-firewall.service", "/etc/eas-edge/edge.yml",
+            "/etc/systemd/system/eas-edge.service", "/etc/consul.d/eas-edge.json", "/etc/haproxy/haproxy.cfg"]
 # Every unit a normal run enables or starts, restarts or reloads.
 UNITS = ["vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service", "consul.service", "chrony.service",
          "nvidia-persistenced.service", "nvidia-fabricmanager.service", "cpu-dma-latency.service",
-         "roce-dcqcn.service", "clusterctl-firewall.service"]
+         "roce-dcqcn.service", "clusterctl-firewall.service", "eas-edge.service", "haproxy.service"]
 NOT_RUNNING = ["vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service", "consul.service", "chrony.service"]
 # What a normal run installs: stand-in vendor packages and Debian's own.
 PACKAGES = ["chrony", "consul", "cuda-keyring", "nvidia-headless-550-open", "nvidia-utils-550",
-            "nvidia-fabricmanager-550", "cuda-toolkit-12-4", "libnccl2", "rdma-core", "perftest", "nftables"]
-VENVS = ["/opt/vllm/venv", "/opt/eas-agent/venv"]
+            "nvidia-fabricmanager-550", "cuda-toolkit-12-4", "libnccl2", "rdma-core", "perftest", "nftables", "haproxy"]
+VENVS = ["/opt/vllm/venv", "/opt/eas-agent/venv", "/opt/eas-edge/venv"]
 
 
 def _state(inventory: Path) -> dict:

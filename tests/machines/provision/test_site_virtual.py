@@ -74,6 +74,10 @@ RENDERED = [
     (IB_HOST, "/etc/consul.d/consul.hcl", "consul.hcl"),
     (IB_HOST, "/etc/clusterctl/firewall.nft", "host-firewall-r01n01.nft"),
     (IB_HOST, "/etc/systemd/system/clusterctl-firewall.service", "clusterctl-firewall.service"),
+    (IB_HOST, "/etc/eas-edge/edge.yml", "eas-edge-config-r01n01.yml"),
+    (IB_HOST, "/etc/systemd/system/eas-edge.service", "eas-edge.service"),
+    (IB_HOST, "/etc/consul.d/eas-edge.json", "consul-eas-edge-r01n01.json"),
+    (IB_HOST, "/etc/haproxy/haproxy.cfg", "haproxy.cfg"),
 ]
 # Template -> golden file(s) of RENDERED. consul.hcl holds the virtual inventory's secrets, which are test
 # values committed in inventory/virtual (never a real cluster's).
@@ -97,6 +101,10 @@ TEMPLATE_GOLDENS = {
     "consul_agent/consul.hcl.j2": ("consul.hcl",),
     "host_firewall/firewall.nft.j2": ("host-firewall-r01n01.nft",),
     "host_firewall/clusterctl-firewall.service.j2": ("clusterctl-firewall.service",),
+    "eas_edge/edge.yml.j2": ("eas-edge-config-r01n01.yml",),
+    "eas_edge/eas-edge.service.j2": ("eas-edge.service",),
+    "eas_edge/edge-service.json.j2": ("consul-eas-edge-r01n01.json",),
+    "edge_balancer/haproxy.cfg.j2": ("haproxy.cfg",),
 }
 NO_GOLDEN_YET: set[str] = set()
 # CLUSTERCTL_WRITE_MISSING_GOLDEN=1 writes a golden file that does not exist yet from the host (to be
@@ -462,7 +470,7 @@ def test_eas_agent_config_and_token(provisioned):
 
 # ---------------------------------------------------------------------------- systemd-analyze verify
 
-UNITS = ("cpu-dma-latency.service", "vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service")
+UNITS = ("cpu-dma-latency.service", "vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service", "eas-edge.service")
 
 
 def test_units_pass_systemd_analyze_verify(provisioned):
@@ -485,7 +493,7 @@ def test_units_pass_systemd_analyze_verify(provisioned):
 # ------------------------------------------------------------------- a changed template restarts
 
 SERVICES = ("chrony.service", "vllm-iu@0.service", "vllm-iu@1.service", "eas-agent.service", "consul.service",
-            "nvidia-fabricmanager.service", "nvidia-persistenced.service")
+            "nvidia-fabricmanager.service", "nvidia-persistenced.service", "eas-edge.service", "haproxy.service")
 
 
 def main_pids(provisioned, host: str) -> dict[str, int]:
@@ -614,7 +622,8 @@ def test_inventory_errors_stop_before_any_host(provisioned, tmp_path):
 
 def test_a_failing_batch_stops_the_rollout(provisioned):
     """r01n02 is put on hold (injected failure): batches 1-2 (r01n01: the Consul servers' play, then its batch
-    of the main play) are done, batch 3 fails, batch 4 (and the servers' reboot play, 5) never runs."""
+    of the main play) are done, batch 3 fails, batch 4 (and the edges' 5-6, the balancer's 7 and the servers'
+    reboot play, 8) never runs."""
     host_vars = provisioned.inventory / "host_vars" / "r01n02.yml"
     original = host_vars.read_text()
     host_vars.write_text(original + 'clusterctl_hold: "injected failure for the batch test"\n')
@@ -624,7 +633,7 @@ def test_a_failing_batch_stops_the_rollout(provisioned):
         host_vars.write_text(original)
     assert result.returncode == 1
     out = " ".join(result.stdout.split())
-    assert "rollout stopped in batch 3/5" in out
+    assert "rollout stopped in batch 3/8" in out
     assert "failed/unreachable: r01n02" in out and "done: r01n01" in out and "not started: r02n01" in out
     assert "injected failure for the batch test" in out
     stats = stats_of(provisioned.run_dirs["held"] / "events.jsonl")
@@ -667,7 +676,7 @@ def test_a_host_unreachable_over_ssh_stops_the_rollout_with_the_reason(provision
             path.write_text(text)
     assert result.returncode == 1
     out = " ".join(result.stdout.split())
-    assert "rollout stopped in batch 3/5" in out and "not started: r02n01" in out
+    assert "rollout stopped in batch 3/8" in out and "not started: r02n01" in out
     assert "r01n02: unreachable:" in out and reason in out, out[-2000:]
 
 
@@ -720,7 +729,18 @@ def _release(node) -> list[str]:
     return sorted(release_passed([node], RunOutcome([passed], 0.0, 0.0, None, ["consul"]))[node.name])
 
 
-def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_them(provisioned, tmp_path):
+@pytest.fixture
+def group_vars_kept(provisioned):
+    """The inventory's group_vars as they were before the test, whatever it wrote (test_site_virtual_edges runs
+    on the same cluster next)."""
+    path = provisioned.inventory / "group_vars" / "all.yml"
+    original = path.read_text()
+    yield path
+    path.write_text(original)
+
+
+def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_them(provisioned, tmp_path,
+                                                                                   group_vars_kept):
     """The consul_agent, eas_agent and inference_unit roles ran for real over SSH (consul from the stand-in
     HashiCorp repository, the venvs from the local package index, their units started), consul.service joined to
     the server with ACLs on (default deny), gossip key and TLS as rendered. In order: every IU in the catalog and in
@@ -731,7 +751,7 @@ def test_agents_hold_every_iu_and_the_rolling_restart_and_release_go_through_the
     vLLM units makes their checks critical within the check interval and the reader drops them; stopping a node's
     consul.service makes the server fail the node (serfHealth) and its IUs leave the pool."""
     inventory = provisioned.inventory
-    group_vars = inventory / "group_vars" / "all.yml"
+    group_vars = group_vars_kept
     secrets = yaml.safe_load(group_vars.read_text())
     management, operator = secrets["consul_agent_acl_management_token"], secrets["consul_token"]
     # The token rule's file half (a 0600 file on the controller), read by rolling-restart.yml and preflight's release

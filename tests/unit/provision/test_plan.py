@@ -20,8 +20,8 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[3]
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
 EXPECTED_ROLES = [
-    "chrony", "consul_agent", "cpu_cstates", "eas_agent", "host_firewall", "inference_unit", "numa_tuning",
-    "nvidia_stack", "rdma_network",
+    "chrony", "consul_agent", "cpu_cstates", "eas_agent", "eas_edge", "edge_balancer", "host_firewall",
+    "inference_unit", "numa_tuning", "nvidia_stack", "rdma_network",
 ]
 
 
@@ -232,18 +232,28 @@ def test_plan_uses_inventory_order_and_roles():
     plan = prov.make_plan(REPO / "inventory" / "virtual", "site.yml", None, ["inference"], prov.DEFAULT_BATCHES)
     assert plan.hosts == ("r01n01", "r01n02", "r02n01", "r02n02")
     # the Consul server (r01n01) first in a play of its own, then the batched play over every host, then the
-    # servers' reboot play (tasks only: one server per batch)
-    assert [list(b) for b in plan.batches] == [["r01n01"], ["r01n01"], ["r01n02"], ["r02n01", "r02n02"], ["r01n01"]]
+    # edges one at a time and the balancer (their roles not tagged inference), then the servers' reboot play
+    # (tasks only: one server per batch)
+    assert [list(b) for b in plan.batches] == [["r01n01"], ["r01n01"], ["r01n02"], ["r02n01", "r02n02"], ["r01n01"],
+                                               ["r02n01"], ["r01n01"], ["r01n01"]]
     assert [[s.role for s in p.roles] for p in plan.plays] == [
-        ["consul_agent"], ["inference_unit", "consul_agent", "eas_agent"], []]
+        ["consul_agent"], ["inference_unit", "consul_agent", "eas_agent"], [], [], []]
+
+
+def test_a_playbook_of_one_group_plans_only_its_hosts():
+    """edges.yml on the virtual inventory: the edges, then the balancer; the nodes without an edge are not
+    hosts of the run (counted as never started, they would fail a run that did all it had to)."""
+    plan = prov.make_plan(REPO / "inventory" / "virtual", "edges.yml", None, [], prov.DEFAULT_BATCHES)
+    assert plan.hosts == ("r01n01", "r02n01")
+    assert [list(b) for b in plan.batches] == [["r01n01"], ["r02n01"], ["r01n01"]]
 
 
 def test_playbooks_use_batches_and_stop_on_failure():
     for path in (REPO / "playbooks").glob("*.yml"):
         for play in prov.playbook_plays(path):
             assert play.get("max_fail_percentage") is not None, f"{path.name}: no max_fail_percentage"
-            if path.name == "rolling-restart.yml":
-                assert play["serial"] == 1
+            if path.name == "rolling-restart.yml" or play["hosts"] in ("edges", "balancers"):  # edges.yml, imported
+                assert play["serial"] == 1  # or run alone: one node, one edge, one balancer at a time
             elif play["name"] == "Reboot the Consul servers one at a time":  # consul-servers-reboot.yml
                 assert (play["hosts"], play["serial"]) == ("consul_servers", 1)
             elif play["hosts"] == "consul_servers":  # consul-servers.yml, imported or run alone

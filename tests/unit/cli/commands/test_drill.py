@@ -27,7 +27,7 @@ def test_list_shows_the_library(clusterctl):
 
 def test_missing_arguments_are_named(clusterctl):
     code, _, err = clusterctl("drill", "engine-crash")
-    assert code == 2 and "drill: missing -i/--inventory, --endpoint (or --list for the library)" in err
+    assert code == 2 and "drill: missing -i/--inventory (or --list for the library)" in err
 
 
 def test_a_bad_drill_file_is_one_line_exit_2(clusterctl, tmp_path):

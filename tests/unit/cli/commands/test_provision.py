@@ -43,6 +43,9 @@ EVENTS = [
 GOOD_EVENTS = [e for e in EVENTS[:6]] + [
     ev("playbook_on_play_start"),
     *[ev("runner_on_ok", host=h, task="Write chrony.conf", res={"changed": False}) for h in HOSTS[1:]],
+    # playbooks/edges.yml: the edges one at a time (r01n01, r02n01), then the balancer (r01n01)
+    *[e for h in ("r01n01", "r02n01", "r01n01") for e in (
+        ev("playbook_on_play_start"), ev("runner_on_ok", host=h, task="Write the edge config", res={"changed": False}))],
     ev("playbook_on_play_start"),  # playbooks/consul-servers-reboot.yml: r01n01, nothing to reboot for
     ev("runner_on_skipped", host="r01n01", task="Wait until every other Consul server is healthy"),
     ev("playbook_on_stats", ok={h: 1 for h in HOSTS}, changed={"r01n01": 1}),
@@ -79,20 +82,20 @@ def test_piped_output_is_one_line_per_event_as_it_happens(clusterctl, virtual_in
     assert code == 1
     lines = out.splitlines()
     expected = [
-        "batch 1/4 started: 1 host (r01n01), play 'Start the Consul servers together'",
+        "batch 1/7 started: 1 host (r01n01), play 'Start the Consul servers together'",
         "r01n01: partly done",
-        "batch 1/4 finished in",
-        "batch 2/4 started: 1 host (r01n01), play 'Provision GPU inference nodes'",
-        "r01n01: done",  # (the servers' reboot play, batch 4, provisions nothing)
-        "batch 2/4 finished in",
-        "batch 3/4 started: 3 hosts (r01n02, r02n01, r02n02)",
+        "batch 1/7 finished in",
+        "batch 2/7 started: 1 host (r01n01), play 'Provision GPU inference nodes'",
+        "batch 2/7 finished in",  # r01n01's edge (batch 4) and balancer (6) are to come
+        "batch 3/7 started: 3 hosts (r01n02, r02n01, r02n02)",
         "r01n02: FAILED Check that there is a time source: no time source [/] (chrony_servers and chrony_pools",
     ]
     positions = [next(i for i, line in enumerate(lines) if line.startswith(e)) for e in expected]
     assert positions == sorted(positions), out  # in the order they happened, before the recap
     assert positions[-1] < next(i for i, line in enumerate(lines) if "provision recap" in line)
     # empty categories are left out; hosts that never started say so
-    assert lines[-2] == "rollout stopped in batch 3/4: failed/unreachable: r01n02; done: r01n01; not started: r02n01, r02n02"
+    assert " ".join(" ".join(lines[-3:-1]).split()) == ("rollout stopped in batch 3/7: failed/unreachable: r01n02; partly done (their "
+                                      "later batch never started): r01n01; not started: r02n01, r02n02")
     assert "│ r02n01 │     3 │ not started │" in out
 
 
@@ -101,17 +104,18 @@ def test_plain_flag_on_a_terminal_too(clusterctl, virtual_inventory, tmp_path, r
     monkeypatch.setenv("FORCE_COLOR", "0")
     monkeypatch.setattr("rich.console.Console.is_terminal", property(lambda self: True))
     code, out, _ = provision(clusterctl, virtual_inventory, tmp_path)
-    assert "batch 1/4 started" not in out  # the live view (transient) instead of lines
+    assert "batch 1/7 started" not in out  # the live view (transient) instead of lines
     code, out, _ = provision(clusterctl, virtual_inventory, tmp_path, "--plain")
-    assert "batch 1/4 started: 1 host (r01n01)" in out
+    assert "batch 1/7 started: 1 host (r01n01)" in out
 
 
-def test_live_view_shows_a_finished_host_as_ok_while_the_next_batch_runs(virtual_inventory):
+def test_live_view_shows_a_host_with_batches_to_come_as_partly_done_while_the_next_batch_runs(virtual_inventory):
     plan = make_plan(virtual_inventory, batch_sizes=[1, "100%"])
     rollout = Rollout(plan)
     for event in EVENTS[:8]:  # batch 3 has started, r01n02 is running
         rollout.handle(event)
-    assert (rollout.hosts["r01n01"].status, rollout.hosts["r01n02"].status) == ("ok", "running")
+    # r01n01 is done with the nodes' plays; its edge and its balancer (edges.yml) are still to come
+    assert (rollout.hosts["r01n01"].status, rollout.hosts["r01n02"].status) == ("partial", "running")
     assert rollout.hosts["r02n01"].label == "not started"
 
 
@@ -199,7 +203,7 @@ def test_limit_matching_nothing_names_the_groups(clusterctl, virtual_inventory, 
     code, _, err = provision(clusterctl, virtual_inventory, tmp_path, "--limit", "r09n01", "--plan")
     assert code == 2 and err.count("\n") == 1
     assert (f"error: --limit 'r09n01' matches no host in {virtual_inventory}; did you mean 'r02n01'? (groups: "
-            "consul_servers, rack_r01, rack_r02") in err
+            "balancers, consul_servers, edges, rack_r01, rack_r02") in err
     assert "hosts=None" not in err and "WARNING" not in err
 
 
@@ -295,7 +299,7 @@ def test_plan_names_each_play_its_batching_and_roles(clusterctl, virtual_invento
         "play 2: Provision GPU inference nodes, batches 1,50%",
         "  roles: cpu_cstates -> numa_tuning -> nvidia_stack -> rdma_network -> chrony -> inference_unit -> "
         "consul_agent -> eas_agent -> host_firewall",
-        "play 3: Reboot the Consul servers one at a time, one host at a time", "  roles: (tasks only)"]
+        "play 3: Edges, one at a time, one host at a time", "  roles: eas_edge"]
     assert not (tmp_path / "run").exists()
 
 
@@ -329,7 +333,7 @@ def test_no_limit_and_no_terminal_is_refused_before_any_host_is_contacted(cluste
     code, out, err = whole_inventory(clusterctl, virtual_inventory, tmp_path)
     assert code == 2 and out == "" and replay.calls == [] and not (tmp_path / "run").exists()
     assert one_line(err) == (
-        f"error: no --limit: this would run site.yml on all 4 hosts of {virtual_inventory} in 4 batches, and there "
+        f"error: no --limit: this would run site.yml on all 4 hosts of {virtual_inventory} in 7 batches, and there "
         "is no terminal to confirm it; pass --yes to run it on every host, or --limit PATTERN for fewer (--plan "
         "shows the batches)")
     code, _, _ = whole_inventory(clusterctl, virtual_inventory, tmp_path, "--yes")
@@ -348,7 +352,7 @@ def test_a_terminal_is_asked_naming_hosts_and_batches_and_no_runs_nothing(cluste
     replay.calls = []
     monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
     code, out, err = whole_inventory(clusterctl, virtual_inventory, tmp_path)
-    question = f"no --limit: run site.yml on all 4 hosts of {virtual_inventory} in 4 batches? [y/N]: "
+    question = f"no --limit: run site.yml on all 4 hosts of {virtual_inventory} in 7 batches? [y/N]: "
     assert code == 2 and replay.calls == [] and not (tmp_path / "run").exists()
     assert err == question + "error: not confirmed: no host was contacted\n"
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
