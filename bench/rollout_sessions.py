@@ -16,7 +16,7 @@ Measured per mode, from the IU that answered each turn (``X-Eas-IU``):
 
 - flip-flop: the share of (session, weight) pairs whose turns landed on both revisions, and the share of
   consecutive turns of a session at one weight that changed revision;
-- moved back: sessions on the canary at one weight and on stable at a higher one;
+- moved back: sessions with a turn on the canary at one weight and a turn on stable at a higher one;
 - the canary's share at each weight: of sessions in the keyed modes (tolerance 4 * sqrt(w (1 - w) / n) over n
   sessions), of requests without a key;
 - after the abort: turns answered by the canary;
@@ -181,8 +181,9 @@ def measure(mode: str, phases: dict, aborted: dict, revision_of: dict, sessions:
     steps = sum(max(0, len(sides[w][s]) - 1) for w, s in pairs)
     on_canary = {w: {s for s, turns in sides[w].items() if turns and all(turns)} for w in sides}
     weights = sorted(sides)
-    moved_back = len({s for lower, higher in zip(weights, weights[1:], strict=False) for s in on_canary[lower]
-                      if sides[higher][s] and not all(sides[higher][s])})
+    # a turn on the canary at one weight, a turn on stable at a higher one
+    moved_back = len({s for lower, higher in zip(weights, weights[1:], strict=False) for s in sides[lower]
+                      if any(sides[lower][s]) and not all(sides[higher][s])})
     share, share_ok = {}, {}
     for w in weights:
         if mode == "none":  # requests: the counter is exact within one request per edge

@@ -4,11 +4,13 @@ One JSON object per datacenter (key: ``consul_io.layout.rollout_key``)::
 
     {"version": 1, "name": "vllm-0.7", "stable": "<revision>", "canary": "<revision>", "weight": 0.05,
      "state": "progressing", "step": 0, "updated": 1767225600.0, "reason": "",
+     "session_salt": "<32 hex digits>",
      "history": [{"ts": 1767225600.0, "event": "start", "weight": 0.05, "reason": "", "evidence": {}}]}
 
 A revision is an IU's ``Meta.revision`` (what it runs: vLLM version, model, driver). ``weight`` is the share of
 requests the edges send to the canary's IUs; an IU whose revision is not the canary's serves the rest. The
 state's weight is fixed where the state says so: ``aborted`` is 0 (every request on stable), ``promoted`` is 1.
+``session_salt`` (optional) keys the hash that places sessions; ``clusterctl rollout start`` draws it.
 
 :func:`parse` is strict: the first field that is missing, of the wrong type or out of range is one
 :class:`RolloutError` naming the field and its value. The edge keeps its last good document on an error, the
