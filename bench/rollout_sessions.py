@@ -28,7 +28,7 @@ canary after the abort, no key in the logs. The ``none`` row is the baseline and
 Everything listens on 127.0.73.N (``--net`` names another 127.0.R)::
 
     .venv/bin/python bench/rollout_sessions.py
-    .venv/bin/python bench/rollout_sessions.py --sessions 240 --turns 4 --results
+    .venv/bin/python bench/rollout_sessions.py --conversations 240 --turns 4 --results
 """
 
 from __future__ import annotations
@@ -222,15 +222,15 @@ TARGET = ("with a session key (X-Session-Id or user): no session on both revisio
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=120, help="conversations per mode (default 120)")
+    parser.add_argument("--conversations", type=int, default=120, help="sessions per mode (default 120)")
     parser.add_argument("--turns", type=int, default=3, help="turns of each conversation at each weight (default 3)")
     parser.add_argument("--net", default=NET, help=f"the loopback 127.0.R every listener takes (default {NET})")
     results.add_argument(parser, __file__)
     args = parser.parse_args(argv)
-    if args.sessions < 8 or args.turns < 2:
-        parser.error("--sessions must be at least 8 and --turns at least 2")
+    if args.conversations < 8 or args.turns < 2:
+        parser.error("--conversations must be at least 8 and --turns at least 2")
     load = f"load average {os.getloadavg()[0]:.1f} at start"
-    rows = [run_mode(mode, args.sessions, args.turns, args.net) for mode in MODES]
+    rows = [run_mode(mode, args.conversations, args.turns, args.net) for mode in MODES]
     print(table(rows))
     keyed = [r for r in rows if r["met"] is not None]
     met = all(r["met"] for r in keyed)

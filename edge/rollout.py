@@ -18,12 +18,12 @@ weight): every turn of a conversation on one revision, on every edge alike, and 
 there as the weight rises; nothing is kept per session, and the key is reduced to a digest when the request
 is read and never logged. A request without one is drawn by the credit counter
 (:class:`~eas_wire.rollout.CanaryCounter`: the share is exact within one request per edge), which keyed
-requests leave alone. The proxy keeps
-that set for every attempt of the request, so its retry stays on its revision, and queued requests wait in the
-queue of their side. An IU belongs to the canary when its ``Meta.revision`` is the canary's; every other IU
-(the stable revision, or none declared) is on the stable side. When the drawn side has no routable IU left
-for the request, the request is not restricted (``eas_edge_rollout_fallbacks``): a canary with no unit up
-costs no request a 503.
+requests leave alone. The proxy keeps that set for every attempt of the request, so its retry stays on its
+revision, and queued requests wait in the queue of their side. An IU belongs to the canary when its
+``Meta.revision`` is the canary's; every other IU (the stable revision, or none declared) is on the stable
+side. When the chosen side has no routable IU left for the request, the request is not restricted
+(``eas_edge_rollout_fallbacks``): a canary with no unit up costs no request a 503, and a keyed session
+moves for that request rather than fail.
 
 The outcome of each request is counted by the revision of the IU that served it (:meth:`finished`,
 :meth:`first_byte`): ``eas_edge_rollout_requests``, ``eas_edge_rollout_errors`` and

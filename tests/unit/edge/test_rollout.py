@@ -179,3 +179,12 @@ def test_choices_are_counted_by_how_they_were_made():
     text = generate_latest(registry).decode()
     assert 'eas_edge_rollout_choices_total{by="session"} 1.0' in text
     assert 'eas_edge_rollout_choices_total{by="counter"} 2.0' in text
+
+
+def test_a_session_whose_side_has_no_routable_iu_is_served_by_the_other_and_counted():
+    registry = CollectorRegistry()
+    follower = RolloutFollower(registry=registry)
+    follower.apply_kv(kv(1.0, "promoted", session_salt=SALT))  # every session on the canary
+    down = snapshot(entry(1, "old"), entry(4, "new", "critical"))
+    assert follower.split(down, frozenset(), SESSIONS[0]) == frozenset()
+    assert b"eas_edge_rollout_fallbacks_total 1.0" in generate_latest(registry)
