@@ -114,11 +114,13 @@ app.router.add_post("/v1/completions", completions)
 run_on(LOOP, main())
 '''
 
-def start_edge(consul: str, extra: list[str], cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
-    """An eas-edge process; (process, client HOST:PORT). Its /metrics address is ``process.admin_address``."""
+def start_edge(consul: str, extra: list[str], cpus: set[int] | None = None, stderr=None
+               ) -> tuple[subprocess.Popen, str]:
+    """An eas-edge process; (process, client HOST:PORT). Its /metrics address is ``process.admin_address``;
+    ``stderr``: where its log goes (a file; None: this process's stderr)."""
     process = subprocess.Popen([sys.executable, "-m", "edge", "--consul", consul, "--listen", "127.0.0.1:0",
                                 "--admin-listen", "127.0.0.1:0", "--log-level", "warning", *extra],
-                               stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=on_cpus(cpus))
+                               stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT, preexec_fn=on_cpus(cpus))
     line, admin = process.stdout.readline(), process.stdout.readline()
     if "listening on http://" not in line or "admin on http://" not in admin:
         raise SystemExit(f"eas-edge did not start: {line!r}")

@@ -4,15 +4,18 @@ One JSON object per datacenter (key: ``consul_io.layout.rollout_key``)::
 
     {"version": 1, "name": "vllm-0.7", "stable": "<revision>", "canary": "<revision>", "weight": 0.05,
      "state": "progressing", "step": 0, "updated": 1767225600.0, "reason": "",
+     "session_salt": "<32 hex digits>",
      "history": [{"ts": 1767225600.0, "event": "start", "weight": 0.05, "reason": "", "evidence": {}}]}
 
 A revision is an IU's ``Meta.revision`` (what it runs: vLLM version, model, driver). ``weight`` is the share of
 requests the edges send to the canary's IUs; an IU whose revision is not the canary's serves the rest. The
 state's weight is fixed where the state says so: ``aborted`` is 0 (every request on stable), ``promoted`` is 1.
+``session_salt`` (optional) keys the hash that places sessions; ``clusterctl rollout start`` draws it.
 
 :func:`parse` is strict: the first field that is missing, of the wrong type or out of range is one
 :class:`RolloutError` naming the field and its value. The edge keeps its last good document on an error, the
-CLI refuses to write one. :class:`CanaryCounter` is how an edge turns the weight into per-request choices.
+CLI refuses to write one. :class:`CanaryCounter` is how an edge turns the weight into per-request choices;
+:func:`session_on_canary` how it places a request that carries a session key (decision 0028).
 
 Standard library only: the edge and the CLI import it (tests/guards/test_import_lint.py: ``eas_wire`` is the
 ground floor).
@@ -20,6 +23,7 @@ ground floor).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -32,6 +36,8 @@ STATES = ("progressing", "paused", "aborted", "promoted")
 REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:/@-]{0,199}")
 MAX_HISTORY = 200  # events kept in the document (a 4-step rollout writes ~10)
 MAX_DOCUMENT_BYTES = 256 << 10
+SESSION_SALT_RE = re.compile(r"[0-9a-f]{32}")  # 16 random bytes, hex: written by ``clusterctl rollout start``
+SESSION_DIGEST_BYTES = 32
 
 
 class RolloutError(ValueError):
@@ -67,17 +73,29 @@ class RolloutDoc:
     history: tuple[Event, ...] = ()
     step_started: float = 0.0  # when the current step's weight was first applied (its hold counts from here)
     steps: tuple[tuple[float, float], ...] = ()  # the plan's (weight, hold seconds): any controller's status shows them
+    session_salt: str = ""  # the key of the sessions' hash (hex); "": derived from the name and the revisions
 
     @property
     def effective_weight(self) -> float:
         """The canary's share the edges apply."""
         return 0.0 if self.state == "aborted" else 1.0 if self.state == "promoted" else self.weight
 
+    def session_key(self) -> bytes:
+        """The key of :func:`session_point` under this rollout: the same on every edge (it is in the document),
+        another for the next rollout, so the sessions that meet a canary first differ from rollout to rollout."""
+        if self.session_salt:
+            return bytes.fromhex(self.session_salt)
+        named = "\0".join((self.name, self.stable, self.canary)).encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(named, digest_size=32, person=b"eas-rollout-salt").digest()
+
     def to_json(self) -> dict:
-        return {"version": VERSION, "name": self.name, "stable": self.stable, "canary": self.canary,
-                "weight": self.weight, "state": self.state, "step": self.step, "updated": self.updated,
-                "step_started": self.step_started, "reason": self.reason, "steps": [list(x) for x in self.steps],
-                "history": [e.to_json() for e in self.history[-MAX_HISTORY:]]}
+        doc = {"version": VERSION, "name": self.name, "stable": self.stable, "canary": self.canary,
+               "weight": self.weight, "state": self.state, "step": self.step, "updated": self.updated,
+               "step_started": self.step_started, "reason": self.reason, "steps": [list(x) for x in self.steps],
+               "history": [e.to_json() for e in self.history[-MAX_HISTORY:]]}
+        if self.session_salt:
+            doc["session_salt"] = self.session_salt
+        return doc
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
@@ -146,8 +164,12 @@ def parse(raw: object) -> RolloutDoc:
         raise RolloutError("history", history, "not a list")
     updated = _number(raw, "updated", 0, 1e11)
     step_started = _number(raw, "step_started", 0, 1e11) if "step_started" in raw else updated
+    salt = raw.get("session_salt", "")
+    if salt != "" and (not isinstance(salt, str) or not SESSION_SALT_RE.fullmatch(salt)):
+        raise RolloutError("session_salt", salt, "not 32 lowercase hex digits")
     return RolloutDoc(name, stable, canary, weight, state, step, updated, _text(raw, "reason", required=False),
-                      tuple(_event(e, n) for n, e in enumerate(history)), step_started, _steps(raw.get("steps", [])))
+                      tuple(_event(e, n) for n, e in enumerate(history)), step_started, _steps(raw.get("steps", [])),
+                      salt)
 
 
 def _steps(raw: object) -> tuple[tuple[float, float], ...]:
@@ -195,3 +217,26 @@ class CanaryCounter:
             self.credit -= 1.0
             return True
         return False
+
+
+def session_digest(key: bytes) -> bytes:
+    """A session's identity from the client's key (its ``X-Session-Id`` or the body's ``user``): a fixed-size
+    hash, so the key itself is neither kept nor passed on, whatever its length or bytes."""
+    return hashlib.blake2b(key, digest_size=SESSION_DIGEST_BYTES, person=b"eas-session").digest()
+
+
+def session_point(rollout_key: bytes, digest: bytes) -> float:
+    """Where a session falls in [0, 1) under one rollout: a hash keyed with the rollout's
+    :meth:`RolloutDoc.session_key`, uniform over sessions; a client that does not know the key cannot pick a
+    session id for a side, and the key differs from rollout to rollout."""
+    mac = hashlib.blake2b(digest, key=rollout_key, digest_size=8).digest()
+    return (int.from_bytes(mac, "big") >> 11) / 2.0 ** 53  # 53 bits: every point is a float below 1
+
+
+def session_on_canary(point: float, weight: float) -> bool:
+    """A session's side at ``weight``: the canary when its point is below the weight. Every turn of a session
+    lands on one side at a fixed weight; as the weight rises the canary's sessions stay on it (the set only
+    grows); at 0 (abort) every session is on stable and at 1 every one on the canary (points are below 1).
+    Over n sessions the canary's share is binomial: within 4 * sqrt(w * (1 - w) / n) of the weight but for
+    about 6 in 100,000 rollouts."""
+    return point < weight

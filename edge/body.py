@@ -1,7 +1,8 @@
 """A completion request's body: read within a size cap, parsed, and reduced to what routing needs.
 
 The edge forwards the client's bytes unchanged; from the decoded body it needs only the model, whether it
-streams, and the prompt's size (:mod:`edge.tokens`): :func:`summarize` reduces it to a
+streams, the prompt's size (:mod:`edge.tokens`) and the digest of OpenAI's ``user`` field (a session key under a
+traffic rollout, :mod:`edge.rollout`; only the digest leaves): :func:`summarize` reduces it to a
 :class:`BodySummary`, or to the 400 the client gets (invalid JSON, JSON nested deeper than the decoder
 allows, not an object).
 
@@ -25,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from eas_wire.rollout import session_digest
 from edge.pool.prefix import NO_PREFIX, PromptPrefix, prompt_prefix
 from edge.tokens import estimate_prompt_tokens, prompt_parts
 
@@ -40,6 +42,7 @@ class BodySummary:
     stream: bool = False
     prompt_tokens: int | None = None
     prefix: PromptPrefix = NO_PREFIX  # the prompt's block hashes and conversation (edge/pool/prefix.py)
+    user_session: bytes | None = None  # the digest of a non-empty string ``user`` (eas_wire/rollout.py)
     error: str | None = None  # why the body is a 400 (None: usable)
     reason: str | None = None  # the 400's machine-readable code
 
@@ -55,10 +58,13 @@ def summarize(raw: bytes, chat: bool) -> BodySummary:
     if not isinstance(body, dict):
         return BodySummary(error=f"invalid JSON body: expected an object, got {type(body).__name__}",
                            reason="invalid_json")
-    model = body.get("model")
+    model, user = body.get("model"), body.get("user")
     return BodySummary(model=model if isinstance(model, str) else None, stream=bool(body.get("stream")),
                        prompt_tokens=estimate_prompt_tokens(body, chat),
-                       prefix=prompt_prefix(prompt_parts(body, chat)))
+                       prefix=prompt_prefix(prompt_parts(body, chat)),
+                       # JSON's \ud800 escapes decode to lone surrogates, which surrogatepass encodes
+                       user_session=session_digest(user.encode("utf-8", "surrogatepass"))
+                       if isinstance(user, str) and user else None)
 
 
 def _warm_up(padding: bytes) -> BodySummary:

@@ -2,8 +2,9 @@
 
 - By model: the IUs whose Consul ``Meta.model`` declares another model than the request's (an IU that declares
   none takes any model: vLLM answers for the name); no IU for the model at all is the proxy's 404.
-- By rollout revision: under a traffic rollout the request is drawn to the stable or the canary side
-  (:mod:`edge.rollout`) and the other side's IUs are added, so its retry stays on its revision.
+- By rollout revision: under a traffic rollout the request is given the stable or the canary side
+  (:mod:`edge.rollout`: by its session key's hash, else by the credit counter) and the other side's IUs are
+  added, so its retry stays on its revision.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ if TYPE_CHECKING:
 MODELS_CACHED = 64
 
 
-def excluded(state: EdgeState, model: str | None) -> frozenset[str] | None:
-    """The IUs the request may not use; None when no registered IU serves ``model``."""
+def excluded(state: EdgeState, model: str | None, session: bytes | None = None) -> frozenset[str] | None:
+    """The IUs the request may not use; None when no registered IU serves ``model``. ``session``: the
+    request's session digest (``edge.rollout.session_of``)."""
     not_serving = _not_serving(state, model)
-    return None if not_serving is None else state.rollout.split(state.view.snapshot(), not_serving)
+    return None if not_serving is None else state.rollout.split(state.view.snapshot(), not_serving, session)
 
 
 def _not_serving(state: EdgeState, model: str | None) -> frozenset[str] | None:

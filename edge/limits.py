@@ -11,6 +11,9 @@
   buffers, local ports), never the IU's fault: the proxy answers 503 and ejects nobody.
 - :func:`read_capped`: an answer's body read up to a byte cap, so a hostile or broken peer cannot make the
   edge buffer hundreds of MiB.
+- :class:`MalformedHeadLog`: aiohttp logs a request head it refuses (a header line over the cap, bytes no
+  header may hold) with a traceback whose message quotes the client's bytes: a session key, an API key. The
+  filter keeps one line (the peer, the error's class and status) without them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import resource
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from edge.errors import REASON_HEADER, error_body
 
@@ -151,3 +155,25 @@ class CappedSite(web.TCPSite):
 def head_arrived(awaiting_head: set, request: web.BaseRequest) -> None:
     """A request head arrived on its connection: no head deadline for it any more."""
     awaiting_head.discard(request.protocol)
+
+
+class MalformedHeadLog(logging.Filter):
+    """On ``aiohttp.server``: a refused request head is logged as one line without the client's bytes (see the
+    module docstring); every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg, record.args = "refused a malformed request head from %s: %s (%s)", (
+                peer, type(exc).__name__, exc.code)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+MALFORMED_HEAD_LOG = MalformedHeadLog()
+
+
+def quiet_malformed_heads() -> None:
+    """Install :class:`MalformedHeadLog` on aiohttp's server logger (once, however often called)."""
+    logging.getLogger("aiohttp.server").addFilter(MALFORMED_HEAD_LOG)

@@ -36,7 +36,7 @@ from edge.announce import AnnounceSender, edge_id
 from edge.auth import Authenticator
 from edge.config import EVENT_LOOPS, ConfigError, EdgeConfig, load_edge_config
 from edge.feed import AgentFeed, EdgeView
-from edge.limits import CappedSite, connection_cap, raise_fd_limit
+from edge.limits import CappedSite, connection_cap, quiet_malformed_heads, raise_fd_limit
 from edge.metrics import EdgeMetrics
 from edge.pool import ConsulWatcher
 from edge.pool.prefix import PrefixIndex
@@ -154,7 +154,8 @@ class Edge:
                                                   rtt=self.state.metrics.announce_rtt.observe)
         # a client that leaves cancels its handler: the IU's connection closes (the engine aborts the
         # request) or the request leaves the queue unsent; request heads are bounded by aiohttp's line and
-        # field sizes, idle kept-alive connections by keepalive_timeout
+        # field sizes, idle kept-alive connections by keepalive_timeout; a refused head's bytes stay out of the log
+        quiet_malformed_heads()
         app = make_app(self.state)
         app.middlewares.insert(0, self._track_busy)
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,

@@ -11,13 +11,19 @@ is an error, where a listing would hide the key):
 - at start the document is read once before serving (``edge/main.py``): an edge whose token may not read it
   does not start, so no edge serves without knowing the split.
 
-Per request, :meth:`split` draws the side once (:class:`~eas_wire.rollout.CanaryCounter`: the share is exact
-within one request per edge) and adds the other side's IUs to the IUs the request may not use. The proxy keeps
-that set for every attempt of the request, so its retry stays on its revision, and queued requests wait in the
-queue of their side. An IU belongs to the canary when its ``Meta.revision`` is the canary's; every other IU
-(the stable revision, or none declared) is on the stable side. When the drawn side has no routable IU left
-for the request, the request is not restricted (``eas_edge_rollout_fallbacks``): a canary with no unit up
-costs no request a 503.
+Per request, :meth:`split` chooses the side once and adds the other side's IUs to the IUs the request may not
+use. A request with a session key (:func:`session_of`: the ``X-Session-Id`` header, else the body's OpenAI
+``user``) goes where its session's keyed hash puts it (:func:`~eas_wire.rollout.session_point` against the
+weight): every turn of a conversation on one revision, on every edge alike, and a session on the canary stays
+there as the weight rises; nothing is kept per session, and the key is reduced to a digest when the request
+is read and never logged. A request without one is drawn by the credit counter
+(:class:`~eas_wire.rollout.CanaryCounter`: the share is exact within one request per edge), which keyed
+requests leave alone. The proxy keeps that set for every attempt of the request, so its retry stays on its
+revision, and queued requests wait in the queue of their side. An IU belongs to the canary when its
+``Meta.revision`` is the canary's; every other IU (the stable revision, or none declared) is on the stable
+side. When the chosen side has no routable IU left for the request, the request is not restricted
+(``eas_edge_rollout_fallbacks``): a canary with no unit up costs no request a 503, and a keyed session
+moves for that request rather than fail.
 
 The outcome of each request is counted by the revision of the IU that served it (:meth:`finished`,
 :meth:`first_byte`): ``eas_edge_rollout_requests``, ``eas_edge_rollout_errors`` and
@@ -35,7 +41,15 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 from consul_io import layout
-from eas_wire.rollout import CanaryCounter, RolloutDoc, RolloutError, loads
+from eas_wire.rollout import (
+    CanaryCounter,
+    RolloutDoc,
+    RolloutError,
+    loads,
+    session_digest,
+    session_on_canary,
+    session_point,
+)
 from edge.pool.view import Snapshot
 
 log = logging.getLogger("edge.rollout")
@@ -43,6 +57,16 @@ log = logging.getLogger("edge.rollout")
 # gates' ratios (canary p99 over stable p99, failing at 1.5x in the shipped examples) need
 ROLLOUT_TTFT_BUCKETS = tuple(round(0.005 * 1.25 ** k, 6) for k in range(44))
 ERROR_KINDS = ("failed", "status_5xx")  # a connection or stream that failed; an IU's own 5xx answer
+SESSION_HEADER = "X-Session-Id"
+
+
+def session_of(header: str | None, user_digest: bytes | None) -> bytes | None:
+    """The request's session digest: its ``X-Session-Id`` (not empty), else the digest of its body's ``user``
+    (:mod:`edge.body`), else None. Any header value hashes: aiohttp caps a header line at 8 KiB and decodes
+    bytes that are not UTF-8 as lone surrogates, which ``surrogatepass`` encodes back."""
+    if header:
+        return session_digest(header.encode("utf-8", "surrogatepass"))
+    return user_digest
 
 
 class RolloutFollower:
@@ -51,6 +75,7 @@ class RolloutFollower:
         self.key = layout.rollout_key(datacenter)
         self.doc: RolloutDoc | None = None
         self.counter = CanaryCounter()
+        self._keyed: tuple[RolloutDoc | None, bytes] = (None, b"")  # (document, its key of the sessions' hash)
         self.clock = clock
         self.applied_at = 0.0  # when the current document was taken (this edge's clock)
         self.read_errors = 0
@@ -68,6 +93,9 @@ class RolloutFollower:
                               "revision.", ["revision"], buckets=ROLLOUT_TTFT_BUCKETS, registry=registry)
         self.unit_ttft = Summary("eas_edge_rollout_unit_ttft_seconds", "Time to the first byte from each IU, by "
                                  "its rollout revision (sum and count).", ["revision", "iu"], registry=registry)
+        self.choices = Counter("eas_edge_rollout_choices", "Requests given a side while a rollout document is in "
+                               "force, by how (session: the session key's hash; counter: no key).", ["by"],
+                               registry=registry)
         self.fallbacks = Counter("eas_edge_rollout_fallbacks", "Requests whose drawn revision had no routable IU "
                                  "for them (served by any IU).", registry=registry)
         self.weight = Gauge("eas_edge_rollout_weight", "The canary's share this edge applies (-1: no rollout).",
@@ -117,13 +145,20 @@ class RolloutFollower:
         self._sides = (snapshot, doc, canary, stable)
         return canary, stable
 
-    def split(self, snapshot: Snapshot, not_serving: frozenset[str]) -> frozenset[str]:
-        """``not_serving`` plus the IUs of the side this request does not go to (see the module docstring)."""
+    def split(self, snapshot: Snapshot, not_serving: frozenset[str], session: bytes | None = None
+              ) -> frozenset[str]:
+        """``not_serving`` plus the IUs of the side this request does not go to; ``session``: its session
+        digest (:func:`session_of`), None without a key (see the module docstring)."""
         doc = self.doc
         if doc is None:
             return not_serving
         canary, stable = self.sides(snapshot)
-        to_canary = self.counter.take(doc.effective_weight)
+        if session is None:
+            to_canary = self.counter.take(doc.effective_weight)
+            self.choices.labels("counter").inc()
+        else:
+            to_canary = session_on_canary(session_point(self._session_key(doc), session), doc.effective_weight)
+            self.choices.labels("session").inc()
         mine, other = (canary, stable) if to_canary else (stable, canary)
         if not other:
             return not_serving
@@ -131,6 +166,15 @@ class RolloutFollower:
             self.fallbacks.inc()
             return not_serving
         return not_serving | other
+
+    def _session_key(self, doc: RolloutDoc) -> bytes:
+        """``doc``'s key of the sessions' hash, kept with the document it came from (the watcher's thread
+        replaces the document; a key of another document must never be paired with this one)."""
+        keyed = self._keyed
+        if keyed[0] is not doc:
+            keyed = (doc, doc.session_key())
+            self._keyed = keyed
+        return keyed[1]
 
     def _revision(self, iu_id: str) -> str | None:
         if self.doc is None:

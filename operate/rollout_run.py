@@ -19,6 +19,7 @@ hold counted from the step's start.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 
@@ -59,9 +60,11 @@ def _event(doc: RolloutDoc, now: float, event: str, weight: float, reason: str =
 
 
 def start_doc(plan: RolloutPlan, now: float) -> RolloutDoc:
+    """The first step's document; its session salt is new, so which sessions meet the canary first is drawn
+    again for every rollout (eas_wire/rollout.py ``session_point``)."""
     first = plan.steps[0].weight
     doc = RolloutDoc(plan.name, plan.stable, plan.canary, first, "progressing", 0, now, "", (), now,
-                     tuple((s.weight, s.hold_s) for s in plan.steps))
+                     tuple((s.weight, s.hold_s) for s in plan.steps), secrets.token_hex(16))
     return replace(doc, history=_event(doc, now, "start", first, f"step 1 of {len(plan.steps)}"))
 
 

@@ -1,13 +1,23 @@
-"""The rollout document's strict parser and the per-request share."""
+"""The rollout document's strict parser, the per-request share, and the sessions' placement: a keyed hash of
+the session against the weight."""
 
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
 
-from eas_wire.rollout import CanaryCounter, RolloutError, loads, parse
+from eas_wire.rollout import (
+    CanaryCounter,
+    RolloutError,
+    loads,
+    parse,
+    session_digest,
+    session_on_canary,
+    session_point,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -44,6 +54,9 @@ def test_a_document_round_trips():
     ({"history": "none"}, "history", "'none'"),
     ({"steps": [[0.05, 3600], [1.5, 0]]}, "steps[1].weight", "1.5"),
     ({"steps": [[0.05]]}, "steps[0]", "[0.05]"),
+    ({"session_salt": "ABCDEF0123456789abcdef0123456789"}, "session_salt", "'ABCDEF0123456789abcdef0123456789'"),
+    ({"session_salt": "00" * 15}, "session_salt", "'" + "00" * 15 + "'"),
+    ({"session_salt": 7}, "session_salt", "7"),
 ])
 def test_a_bad_field_is_one_error_naming_it_and_its_value(changes, field, value):
     with pytest.raises(RolloutError) as caught:
@@ -89,3 +102,61 @@ def test_a_weight_change_brings_no_burst():
     assert 4 <= sum(after) <= 6
     assert [counter.take(0.0) for _ in range(5)] == [False] * 5
     assert [counter.take(1.0) for _ in range(5)] == [True] * 5
+
+
+SALT = "0123456789abcdef0123456789abcdef"
+SESSIONS = [session_digest(f"conversation-{n}".encode()) for n in range(20000)]
+
+
+def points(salt: str = SALT) -> list[float]:
+    key = parse(document(session_salt=salt)).session_key()
+    return [session_point(key, s) for s in SESSIONS]
+
+
+def test_the_salt_round_trips_and_without_one_the_key_is_the_rollouts_own():
+    salted = parse(document(session_salt=SALT))
+    assert loads(salted.dumps()) == salted and salted.session_key() == bytes.fromhex(SALT)
+    plain = parse(document())
+    assert "session_salt" not in plain.to_json()  # an edge that predates the field reads the same document
+    assert plain.session_key() == parse(document(weight=0.5, step=1)).session_key()  # steps keep the key
+    assert plain.session_key() != parse(document(name="r2")).session_key()  # the next rollout draws again
+
+
+@pytest.mark.parametrize("weight", [0.01, 0.05, 0.2, 0.5, 0.999])
+@pytest.mark.parametrize("salt", [SALT, "f" * 32, "00" * 16])
+def test_the_canary_share_of_sessions_is_the_weight_within_four_sigma(weight, salt):
+    """The stated tolerance: 4 * sqrt(w (1 - w) / n) over n sessions (20,000: 0.0014 at 1%, 0.014 at 50%)."""
+    share = sum(session_on_canary(p, weight) for p in points(salt)) / len(SESSIONS)
+    assert abs(share - weight) <= 4 * math.sqrt(weight * (1 - weight) / len(SESSIONS))
+
+
+def test_every_turn_of_a_session_lands_on_one_side_at_a_fixed_weight():
+    key = parse(document(session_salt=SALT)).session_key()
+    for n in range(200):
+        turns = {session_on_canary(session_point(key, session_digest(f"conversation-{n}".encode())), 0.2)
+                 for _ in range(5)}
+        assert len(turns) == 1
+
+
+def test_as_the_weight_rises_no_session_leaves_the_canary_and_at_zero_every_session_is_on_stable():
+    placed = points()
+    weights = (0.05, 0.2, 0.5, 1.0)
+    on_canary = [{n for n, p in enumerate(placed) if session_on_canary(p, w)} for w in weights]
+    for lower, higher in zip(on_canary, on_canary[1:], strict=False):
+        assert lower <= higher and len(higher) > len(lower)
+    assert len(on_canary[-1]) == len(SESSIONS)  # promoted: every point is below 1
+    assert not any(session_on_canary(p, 0.0) for p in placed)  # aborted
+    assert all(0.0 <= p < 1.0 for p in placed)
+
+
+def test_another_rollout_puts_other_sessions_first_on_the_canary():
+    first, second = points(SALT), points("f" * 32)
+    early = [{n for n, p in enumerate(ps) if p < 0.05} for ps in (first, second)]
+    assert len(early[0] & early[1]) < 0.15 * len(early[0])  # about 5% overlap: independent draws
+
+
+def test_any_key_hashes_and_the_key_is_not_kept():
+    huge, raw = b"x" * (1 << 20), bytes(range(256)) * 4  # a megabyte; every byte value, not UTF-8
+    for key in (huge, raw, "\ud800\udfff".encode("utf-8", "surrogatepass"), b"\x00"):
+        digest = session_digest(key)
+        assert len(digest) == 32 and key not in digest and 0.0 <= session_point(b"k" * 32, digest) < 1.0

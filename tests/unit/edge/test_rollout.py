@@ -1,4 +1,5 @@
-"""The edge's rollout split: which IUs a request may use, the share, the last good document, the counts."""
+"""The edge's rollout split: which IUs a request may use, the share, sessions kept on their side, the last good
+document, the counts."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from consul_io import layout
+from eas_wire.rollout import session_digest, session_on_canary, session_point
+from edge.body import summarize
 from edge.pool import IUEntry
 from edge.pool.view import Snapshot
-from edge.rollout import RolloutFollower
+from edge.rollout import RolloutFollower, session_of
 
 pytestmark = pytest.mark.unit
 KEY = layout.rollout_key("dc1")
@@ -104,3 +107,84 @@ def test_outcomes_are_counted_by_the_revision_of_the_iu_that_served():
     assert 'eas_edge_rollout_ttft_seconds_count{revision="new"} 1.0' in text
     assert 'eas_edge_rollout_unit_ttft_seconds_sum{iu="n4-iu0",revision="new"} 0.3' in text  # per IU: jitter
     assert "eas_edge_rollout_weight 0.5" in text
+
+
+SALT = "00112233445566778899aabbccddeeff"
+SESSIONS = [session_digest(f"chat-{n}".encode()) for n in range(2000)]
+
+
+def sides_of(follower: RolloutFollower, sessions=SESSIONS) -> list[bool]:
+    """Per session, whether its request went to the canary (the stable side's IUs excluded)."""
+    return [follower.split(POOL, frozenset(), s) == STABLE for s in sessions]
+
+
+def test_a_session_keeps_its_side_at_a_fixed_weight_and_every_edge_gives_it_the_same():
+    edges = [RolloutFollower(), RolloutFollower()]
+    for edge in edges:
+        edge.apply_kv(kv(0.2, session_salt=SALT))
+    turns = [sides_of(edges[turn % 2]) for turn in range(4)]  # four turns, alternating edges
+    assert all(t == turns[0] for t in turns)
+    key = edges[0].doc.session_key()
+    assert turns[0] == [session_on_canary(session_point(key, s), 0.2) for s in SESSIONS]  # no per-edge state
+    assert abs(sum(turns[0]) / len(SESSIONS) - 0.2) <= 4 * (0.2 * 0.8 / len(SESSIONS)) ** 0.5
+
+
+def test_as_the_weight_rises_a_session_never_moves_back_to_stable_and_abort_takes_every_one_to_stable():
+    follower, seen = RolloutFollower(), []
+    for weight in (0.05, 0.2, 0.5):
+        follower.apply_kv(kv(weight, session_salt=SALT, step=len(seen)))
+        seen.append(sides_of(follower))
+    for lower, higher in zip(seen, seen[1:], strict=False):
+        assert all(h for low, h in zip(lower, higher, strict=True) if low)
+    follower.apply_kv(kv(0.0, "aborted", session_salt=SALT))
+    assert not any(sides_of(follower))
+    follower.apply_kv(kv(1.0, "promoted", session_salt=SALT))
+    assert all(sides_of(follower))
+
+
+def test_keyed_requests_leave_the_counter_of_requests_without_a_key_alone():
+    """A flood of sessions (hostile keys included) cannot steer the split of anyone else's requests."""
+    quiet, flooded = RolloutFollower(), RolloutFollower()
+    for follower in (quiet, flooded):
+        follower.apply_kv(kv(0.2, session_salt=SALT))
+    hostile = [session_of("\udcff" * 4000, None), session_of(None, session_digest(b"\xff\xfe" * 10000))]
+    expected = [quiet.split(POOL, frozenset()) for _ in range(500)]
+    got = []
+    for _ in range(500):
+        for key in hostile:
+            flooded.split(POOL, frozenset(), key)
+        got.append(flooded.split(POOL, frozenset()))
+    assert got == expected and abs(sum(e == STABLE for e in got) - 100) <= 1
+
+
+def test_the_header_comes_before_the_user_field_and_an_empty_one_is_no_key():
+    user = summarize(json.dumps({"model": "m", "prompt": "p", "user": "alice"}).encode(), chat=False).user_session
+    assert user == session_digest(b"alice")
+    assert session_of("conv-1", user) == session_digest(b"conv-1")
+    assert session_of("", user) == user and session_of(None, None) is None
+    for absent in ("", 7, None, ["alice"]):  # only a non-empty string is a key (vLLM refuses a non-string)
+        assert summarize(json.dumps({"user": absent}).encode(), chat=True).user_session is None
+    # a lone surrogate from a JSON escape, and a header's bytes that are not UTF-8 (aiohttp: surrogateescape)
+    assert summarize(b'{"user": "\\ud800"}', chat=False).user_session == session_digest(b"\xed\xa0\x80")
+    assert session_of(b"\xff\xfe".decode("utf-8", "surrogateescape"), None) is not None
+
+
+def test_choices_are_counted_by_how_they_were_made():
+    registry = CollectorRegistry()
+    follower = RolloutFollower(registry=registry)
+    follower.apply_kv(kv(0.5))
+    follower.split(POOL, frozenset(), SESSIONS[0])
+    follower.split(POOL, frozenset())
+    follower.split(POOL, frozenset())
+    text = generate_latest(registry).decode()
+    assert 'eas_edge_rollout_choices_total{by="session"} 1.0' in text
+    assert 'eas_edge_rollout_choices_total{by="counter"} 2.0' in text
+
+
+def test_a_session_whose_side_has_no_routable_iu_is_served_by_the_other_and_counted():
+    registry = CollectorRegistry()
+    follower = RolloutFollower(registry=registry)
+    follower.apply_kv(kv(1.0, "promoted", session_salt=SALT))  # every session on the canary
+    down = snapshot(entry(1, "old"), entry(4, "new", "critical"))
+    assert follower.split(down, frozenset(), SESSIONS[0]) == frozenset()
+    assert b"eas_edge_rollout_fallbacks_total 1.0" in generate_latest(registry)

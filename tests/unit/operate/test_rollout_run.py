@@ -95,6 +95,17 @@ def test_paused_takes_no_step_but_a_failure_still_aborts_and_resume_restarts_the
     assert on_evaluation(resumed, p, progress(), results(PASS), 65.0) is resumed
 
 
+def test_each_start_draws_a_salt_for_its_sessions_and_every_step_keeps_it():
+    """The edges place a session by a hash keyed with the document's salt: kept through the steps (a session
+    stays where it is), new for the next rollout (other sessions meet its canary first)."""
+    p = plan()
+    doc = start_doc(p, 0.0)
+    assert doc.session_salt != start_doc(p, 0.0).session_salt and len(doc.session_salt) == 32
+    stepped = on_evaluation(doc, p, progress(), results(PASS), 10.0)
+    assert stepped.step == 1 and stepped.session_salt == doc.session_salt
+    assert abort_doc(pause_doc(stepped, 11.0, "operator"), 12.0, "operator").session_salt == doc.session_salt
+
+
 def test_an_aborted_rollout_stays_aborted():
     p = plan()
     doc = abort_doc(start_doc(p, 0.0), 1.0, "operator")
