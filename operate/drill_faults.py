@@ -21,6 +21,10 @@ node_hang          node    ``systemctl freeze`` (cgroup freezer: every process  
                            where they run: nothing on the node answers, its
                            connections hang; sshd is left running, so the undo
                            can reach the node
+edge_restart       edge    ``systemctl restart --no-block eas-edge.service``     ``systemctl start
+                           on the node that runs the edge: systemd's SIGTERM,    eas-edge.service`` (a no-op once
+                           the edge drains (its listener closed, requests in     the restart finished)
+                           flight given ``drain_timeout_s``), then starts again
 =================  ======  ====================================================  ================================
 
 The unit of IU ``N`` is ``vllm-iu@N.service`` and its model directory is ``VLLM_MODEL_PATH`` of
@@ -47,6 +51,7 @@ UNIT_TEMPLATE = "vllm-iu@{index}.service"
 ENV_FILE_TEMPLATE = "/etc/vllm-iu/{index}.env"  # inference_unit_env_dir (roles/inference_unit/defaults)
 CONSUL_UNIT = "consul.service"
 AGENT_UNIT = "eas-agent.service"  # roles/eas_agent
+EDGE_UNIT = "eas-edge.service"
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 ASIDE_SUFFIX = ".drill-aside"
 
@@ -259,8 +264,20 @@ def node_hang(step: FaultStep) -> None:
             step.done.append(f"{unit} not running on {node.name}: nothing to freeze")
 
 
+def edge_restart(step: FaultStep) -> None:
+    node = step.target.node.name
+    if step.run("systemctl", "is-active", EDGE_UNIT, check=False).stdout.strip() != "active":
+        raise FaultError(f"{node}: {EDGE_UNIT} is not running: no edge to restart there")
+    step.record(f"{EDGE_UNIT} started (a no-op once its restart finished)", ["systemctl", "start", EDGE_UNIT])
+    # --no-block: the fault takes effect when systemd sends the SIGTERM, not when the drain and start are over
+    step.run("systemctl", "restart", "--no-block", EDGE_UNIT)
+    step.done.append(f"{EDGE_UNIT} restarting on {node} (SIGTERM: the edge drains, then starts again)")
+
+
 INJECTORS = {"engine_stall": engine_stall, "engine_crash": engine_crash, "graceful_stop": graceful_stop,
-             "weights_missing": weights_missing, "consul_agent_down": consul_agent_down, "node_hang": node_hang}
+             "weights_missing": weights_missing, "consul_agent_down": consul_agent_down, "node_hang": node_hang,
+             "edge_restart": edge_restart}
 SCOPE = {"engine_stall": "unit", "engine_crash": "unit", "graceful_stop": "unit", "weights_missing": "unit",
-         "consul_agent_down": "node", "node_hang": "node"}
+         "consul_agent_down": "node", "node_hang": "node",
+         "edge_restart": "edge"}
 KINDS = tuple(INJECTORS)

@@ -149,3 +149,16 @@ def test_node_hang_refuses_a_node_whose_engine_is_down_after_thawing_what_it_fro
     with pytest.raises(FaultError, match=r"n1-iu1: vllm-iu@1.service is not running \(MainPID 0\): a hang of n1"):
         step.inject()
     assert step.undo() == ["n1: vllm-iu@0.service thawed"]  # the drill's undo puts back what the fault did
+
+
+def test_edge_restart_asks_systemd_for_the_restart_without_waiting_for_the_drain():
+    host = ScriptedHost({("systemctl", "is-active"): (0, "active\n")})
+    step = FaultStep("edge_restart", Target(NODE), host)
+    step.inject()
+    assert host.calls == [("systemctl", "is-active", "eas-edge.service"),
+                          ("systemctl", "restart", "--no-block", "eas-edge.service")]
+    assert step.undo() == ["n1: eas-edge.service started (a no-op once its restart finished)"]
+    down = FaultStep("edge_restart", Target(NODE), ScriptedHost({("systemctl", "is-active"): (3, "inactive\n")}))
+    with pytest.raises(FaultError, match=r"n1: eas-edge.service is not running: no edge to restart there"):
+        down.inject()
+    assert down.undo() == []
