@@ -10,6 +10,8 @@ Declared units live in ``$CLUSTERCTL_TEST_UNITS`` (a folder): ``<unit>.json`` ho
 - ``stop UNIT``: SIGTERM then SIGCONT (systemd sends both, so a frozen process sees the TERM), SIGKILL after
   10 s (TimeoutStopSec);
 - ``restart UNIT``: stop, then start;
+- ``--no-block`` with start, stop or restart: the job runs on its own and the command returns at once (systemctl(1):
+  "Do not synchronously wait for the requested operation to finish");
 - ``is-active UNIT``: ``active`` (exit 0) or ``inactive`` (exit 3);
 - ``reset-failed UNIT``: nothing to reset here (no start limit), exit 0;
 - ``freeze UNIT`` / ``thaw UNIT``: SIGSTOP / SIGCONT to the MainPID. systemctl(1): freeze suspends "all
@@ -112,6 +114,11 @@ def main(argv: list[str]) -> int:
     if not (units_dir / f"{unit}.json").is_file():
         print(f"Failed to {verb} {unit}: Unit {unit} not found.", file=sys.stderr)
         return 5
+    if "--no-block" in argv and verb in ("start", "stop", "restart"):
+        subprocess.Popen([sys.executable, __file__, verb, unit], env={**os.environ, ENV: str(units_dir)},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+        return 0
     if verb == "start":
         return start(units_dir, unit)
     if verb == "stop":
