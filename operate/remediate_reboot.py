@@ -10,7 +10,7 @@ breaker                     judged for every unit of the node (the reboot takes 
                             ``tasks/node_drain.yml`` (Consul node maintenance with the node's agent token, the
                             edges' view within ``clusterctl_drain_view_timeout_s`` 60 s, requests in flight within
                             ``clusterctl_drain_inflight_timeout_s`` 120 s), ``ansible.builtin.reboot`` (back within
-                            ``clusterctl_reboot_timeout_s`` 1800 s), the NVIDIA driver it booted into, then
+                            ``clusterctl_reboot_timeout_s`` 1800 s), the loaded NVIDIA driver the one it ran before, then
                             ``tasks/node_release.yml`` (the units that served before pass again within
                             ``clusterctl_release_timeout_s`` 900 s, then the node maintenance off)
 verify                      the ladder's own: the unit ``active`` and its ``/health`` 200 within ``--verify-s``
