@@ -22,8 +22,8 @@ release     the unit's maintenance off (only a maintenance this    the maintenan
 
 The drain always runs first (or finds the unit already in maintenance); the ladder then starts at ``start``,
 or, when none is given, at the rung the XID catalogue (:mod:`operate.xid_catalog`) names for the unit's latest
-XID (``xid_last`` in its node's score body in Consul; restart when it names none), and climbs one rung each time the unit is
-not healthy within ``verify_s`` after one. A step that cannot be carried out (the host unreachable, sudo
+XID (``xid_last`` in its node's score body in Consul; restart when it names none), and climbs one rung each
+time the unit is not healthy within ``verify_s`` after one. A step that cannot be carried out (the host unreachable, sudo
 refused, ``nvidia-smi`` failing the reset) **stops** the ladder: the unit stays drained and the outcome says
 what it was left as; nothing further is tried on a host that does not do what it is told.
 
