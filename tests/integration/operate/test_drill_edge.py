@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import types
+import urllib.request
 from contextlib import ExitStack
 
 import pytest
@@ -40,8 +41,7 @@ def host(n: int) -> str:
 
 
 def serves(address: str) -> bool:
-    import urllib.request
-
+    """The edge answers ``GET /v1/models`` (it listens and has its view of the units)."""
     try:
         with urllib.request.urlopen(f"http://{address}/v1/models", timeout=1) as answer:
             return answer.status == 200
