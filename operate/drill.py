@@ -65,7 +65,7 @@ def pick_target(cluster: Cluster, drill: Drill, name: str | None, become: dict[s
             iu = node.ius[0]
         else:
             iu = None
-    return Target(node, None if drill.scope == "node" else iu, bool((become or {}).get(node.name)))
+    return Target(node, iu if drill.scope == "unit" else None, bool((become or {}).get(node.name)))
 
 
 def becomes(hostvars: dict) -> bool:
@@ -171,6 +171,7 @@ def measure_table(result: DrillResult) -> Table:
     for i, m in enumerate(result.measures):
         rows = [("route_away_s", m.route_away_s, " s"), ("consul_critical_s", m.consul_critical_s, " s"),
                 ("failed_not_streaming", m.failed_not_streaming, ""), ("failed_streaming", m.failed_streaming, ""),
+                ("failed_in_flight", m.failed_in_flight, ""),
                 ("blast_radius_errors", m.blast_radius_errors, ""), ("served_during_fault", m.served_during_fault, ""),
                 ("ttft_p99_baseline_s", m.ttft_p99_baseline_s, " s"), ("ttft_p99_fault_s", m.ttft_p99_fault_s, " s"),
                 ("ttft_p99_ratio", m.ttft_p99_ratio, "x"), ("recover_s", m.recover_s, " s"),
@@ -217,6 +218,8 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
         raise UsageError(f"{drill.source}: recovery: remediate needs Consul (--consul): the ladder drains the unit")
     model = await loadtest.probe(endpoint)  # unreachable: exit 2 before anything is touched
     rate = rate or drill.rate_per_s
+    # the units whose requests count as the faulted ones: none when the edge in front of them all restarts
+    faulted = () if drill.scope == "edge" else target.iu_ids
     planned = plan(drill.mix, rate, drill.planned_s, drill.seed)
     generator = Generator(endpoint, model, drill.timeout_s, drill.seed)
     loop = asyncio.get_running_loop()
@@ -242,7 +245,7 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
         stop.set()
 
     def on_done(outcome) -> None:
-        if (outcome.ok and outcome.iu in target.iu_ids and len(windows) == len(drill.faults)
+        if (outcome.ok and outcome.iu in faulted and len(windows) == len(drill.faults)
                 and sent_at(outcome) >= windows[-1].undone):
             recovered.set()
 
@@ -312,7 +315,7 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
     with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread: no signal handler
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         handled = True
-    watch = ConsulWatch(consul_io, target.iu_ids, time.monotonic) if consul_io is not None else None
+    watch = ConsulWatch(consul_io, faulted, time.monotonic) if consul_io is not None else None
     started = time.monotonic()
     try:
         with watch or contextlib.nullcontext():
@@ -336,7 +339,7 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
     result = loadtest.Result(drill.mix, endpoint, rate, min(load_s, drill.planned_s), list(outcomes),
                              time.monotonic() - started, generator.sent if generator.finishing else len(planned),
                              interrupted or generator.stopped and error is None)
-    return DrillResult(drill, target.label, target.iu_ids, endpoint, rate, result, windows, samples, restored,
+    return DrillResult(drill, target.label, faulted, endpoint, rate, result, windows, samples, restored,
                        events, error, watch is not None, remediations)
 
 

@@ -15,6 +15,16 @@ weights_missing    unit    the model directory's weight files (``*.safetensors``
                            then ``systemctl restart``: vLLM must exit with an
                            error, never serve
 consul_agent_down  node    ``systemctl stop consul.service``                     ``systemctl start consul.service``
+node_hang          node    ``systemctl freeze`` (cgroup freezer: every process   ``systemctl thaw`` each, in the
+                           of the unit suspended) of each IU unit of the node,   reverse order
+                           then of ``eas-agent.service`` and ``consul.service``
+                           where they run: nothing on the node answers, its
+                           connections hang; sshd is left running, so the undo
+                           can reach the node
+edge_restart       edge    ``systemctl restart --no-block eas-edge.service``     ``systemctl start
+                           on the node that runs the edge: systemd's SIGTERM,    eas-edge.service`` (a no-op once
+                           the edge drains (its listener closed, requests in     the restart finished)
+                           flight given ``drain_timeout_s``), then starts again
 =================  ======  ====================================================  ================================
 
 The unit of IU ``N`` is ``vllm-iu@N.service`` and its model directory is ``VLLM_MODEL_PATH`` of
@@ -40,6 +50,8 @@ COMMAND_TIMEOUT_S = 60.0  # systemctl restart waits for the unit's ExecStop; vLL
 UNIT_TEMPLATE = "vllm-iu@{index}.service"
 ENV_FILE_TEMPLATE = "/etc/vllm-iu/{index}.env"  # inference_unit_env_dir (roles/inference_unit/defaults)
 CONSUL_UNIT = "consul.service"
+AGENT_UNIT = "eas-agent.service"  # roles/eas_agent
+EDGE_UNIT = "eas-edge.service"
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 ASIDE_SUFFIX = ".drill-aside"
 
@@ -226,8 +238,46 @@ def consul_agent_down(step: FaultStep) -> None:
     step.done.append(f"{CONSUL_UNIT} stopped on {step.target.node.name}")
 
 
+def _freeze(step: FaultStep, unit: str) -> None:
+    step.record(f"{unit} thawed", ["systemctl", "thaw", unit])
+    step.run("systemctl", "freeze", unit)
+    step.done.append(f"{unit} frozen")
+
+
+def node_hang(step: FaultStep) -> None:
+    """Every serving process of the node suspended: its engines first (a unit that is not running is a fault
+    that cannot be injected: nothing would hang), then the agent and the Consul agent where they run (a node
+    without them still hangs; it is said which were left). A Consul agent that is a server is frozen too: one
+    server of three down keeps the quorum, as a hung machine would."""
+    node = step.target.node
+    for iu in node.ius:
+        unit = UNIT_TEMPLATE.format(index=iu.index)
+        out = step.run("systemctl", "show", "--property", "MainPID", "--value", unit).stdout.strip()
+        if not out.isdigit() or int(out) == 0:
+            raise FaultError(f"{iu.id}: {unit} is not running (MainPID {out or 'empty'}): a hang of {node.name} "
+                             f"would leave it as it is")
+        _freeze(step, unit)
+    for unit in (AGENT_UNIT, CONSUL_UNIT):
+        if step.run("systemctl", "is-active", unit, check=False).stdout.strip() == "active":
+            _freeze(step, unit)
+        else:
+            step.done.append(f"{unit} not running on {node.name}: nothing to freeze")
+
+
+def edge_restart(step: FaultStep) -> None:
+    node = step.target.node.name
+    if step.run("systemctl", "is-active", EDGE_UNIT, check=False).stdout.strip() != "active":
+        raise FaultError(f"{node}: {EDGE_UNIT} is not running: no edge to restart there")
+    step.record(f"{EDGE_UNIT} started (a no-op once its restart finished)", ["systemctl", "start", EDGE_UNIT])
+    # --no-block: the fault takes effect when systemd sends the SIGTERM, not when the drain and start are over
+    step.run("systemctl", "restart", "--no-block", EDGE_UNIT)
+    step.done.append(f"{EDGE_UNIT} restarting on {node} (SIGTERM: the edge drains, then starts again)")
+
+
 INJECTORS = {"engine_stall": engine_stall, "engine_crash": engine_crash, "graceful_stop": graceful_stop,
-             "weights_missing": weights_missing, "consul_agent_down": consul_agent_down}
+             "weights_missing": weights_missing, "consul_agent_down": consul_agent_down, "node_hang": node_hang,
+             "edge_restart": edge_restart}
 SCOPE = {"engine_stall": "unit", "engine_crash": "unit", "graceful_stop": "unit", "weights_missing": "unit",
-         "consul_agent_down": "node"}
+         "consul_agent_down": "node", "node_hang": "node",
+         "edge_restart": "edge"}
 KINDS = tuple(INJECTORS)

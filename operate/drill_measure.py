@@ -13,7 +13,8 @@ Per fault (``at``: the step returned, the fault in effect; ``undone``: the undo 
 - failed requests of the fault's segment (from the previous undo to the next fault), split into
   ``failed_streaming`` (from a faulted unit, after a token had arrived: the stream the client was reading was
   cut), ``failed_not_streaming`` (no token yet, on a faulted unit or none named: the edge could have sent it
-  elsewhere) and ``blast_radius_errors`` (failed on another unit);
+  elsewhere) and ``blast_radius_errors`` (failed on another unit); across that split, ``failed_in_flight``:
+  those sent before ``at`` (in flight when the fault took effect: an edge's drain promises them an answer);
 - ``served_during_fault``: requests a faulted unit answered in full, sent in [at, undone);
 - p99 TTFT of the answered requests before the first fault (the baseline) and during [at, undone), and their
   ratio;
@@ -64,6 +65,7 @@ class FaultMeasure:
     consul_critical_s: float | None
     failed_not_streaming: int
     failed_streaming: int
+    failed_in_flight: int
     blast_radius_errors: int
     served_during_fault: int
     ttft_p99_baseline_s: float | None
@@ -134,6 +136,7 @@ def measure(outcomes: Sequence[Outcome], windows: Sequence[FaultWindow], faulted
             still_routed=last is not None and last >= w.undone - STILL_ROUTED_S,
             consul_critical_s=min(critical) - w.at if critical else None,
             failed_not_streaming=len(failed) - streaming - elsewhere, failed_streaming=streaming,
+            failed_in_flight=sum(1 for o in failed if sent_at(o) < w.at),
             blast_radius_errors=elsewhere,
             served_during_fault=sum(1 for o in during if o.ok and o.iu in faulted),
             ttft_p99_baseline_s=baseline,

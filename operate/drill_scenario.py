@@ -51,6 +51,7 @@ _FAULT = {"kind", "at_s", "hold_s"}
 CHECKS = {
     "failed_not_streaming_max": ("failed requests that had not started streaming", 1e9),
     "failed_streaming_max": ("failed requests cut while streaming from the faulted unit", 1e9),
+    "failed_in_flight_max": ("failed requests sent before the fault took effect (in flight when it hit)", 1e9),
     "route_away_s_max": ("seconds from the fault to the last request routed to the faulted unit", 3600),
     "consul_critical_s_max": ("seconds from the fault until Consul shows the unit critical", 3600),
     "ttft_p99_ratio_max": ("p99 TTFT during the fault over the baseline's", 1000),
@@ -115,8 +116,10 @@ class Drill:
 
     @property
     def scope(self) -> str:
-        """"node" when any fault takes a whole node, else "unit"."""
-        return "node" if any(f.scope == "node" for f in self.faults) else "unit"
+        """"edge" for an edge's restart (the node that runs it; no unit of it is faulted), "node" when any fault
+        takes a whole node, else "unit"."""
+        scopes = {f.scope for f in self.faults}
+        return "edge" if "edge" in scopes else "node" if "node" in scopes else "unit"
 
 
 def _mix(read: FieldReader, value, base: Path | None) -> Scenario:
@@ -162,6 +165,9 @@ def parse_drill(data, source: str = "<drill>", base: Path | None = None) -> Dril
         if faults and at < faults[-1].end_s:
             raise read.fail(f"{field}.at_s", f"overlaps the fault before it (undone at {faults[-1].end_s:g} s): "
                                              f"one fault at a time", item["at_s"])
+        if faults and (fault.scope == "edge") != (faults[0].scope == "edge"):
+            raise read.fail(f"{field}.kind", "an edge's restart and a fault of units or nodes have different "
+                                             "targets: one drill each", kind)
         faults.append(fault)
     checks_data = read.mapping(top.get("checks", {}), "checks", set(CHECKS), set())
     checks = {key: read.number(value, f"checks.{key}", 0, CHECKS[key][1]) for key, value in checks_data.items()}

@@ -9,6 +9,10 @@ drain       the unit into Consul maintenance (its own reason),     the ``_servic
 restart     ``systemctl reset-failed`` + ``restart vllm-iu@N``     ``is-active`` and the unit's ``/health`` 200
 reset       ``systemctl stop``, ``nvidia-smi --gpu-reset -i G``    as restart
             for each GPU of the unit, ``systemctl start``
+reboot      the breaker for the whole node, then                   as restart
+            ``playbooks/node-reboot.yml`` on the node (its units
+            drained, the reboot, the units that served released:
+            :mod:`operate.remediate_reboot`)
 repair      every unit of the node into maintenance ("node         each of them listed in maintenance
             marked for repair"), the record                        (the node stays out: people repair it)
             ``clusterctl/repair/<dc>/<node>`` in Consul KV
@@ -16,14 +20,15 @@ release     the unit's maintenance off (only a maintenance this    the maintenan
             command set)
 ==========  =====================================================  ==============================================
 
-The drain always runs first (or finds the unit already in maintenance); the ladder then starts at ``start``
-(restart by default; reset when the GPU is known to be at fault) and climbs one rung each time the unit is
-not healthy within ``verify_s`` after one. A step that cannot be carried out (the host unreachable, sudo
+The drain always runs first (or finds the unit already in maintenance); the ladder then starts at ``start``,
+or, when none is given, at the rung the XID catalogue (:mod:`operate.xid_catalog`) names for the unit's latest
+XID (``xid_last`` in its node's score body in Consul; restart when it names none), and climbs one rung each
+time the unit is not healthy within ``verify_s`` after one. A step that cannot be carried out (the host unreachable, sudo
 refused, ``nvidia-smi`` failing the reset) **stops** the ladder: the unit stays drained and the outcome says
 what it was left as; nothing further is tried on a host that does not do what it is told.
 
 The breaker (:mod:`operate.remediate_breaker`) is judged from Consul before the drain and again before the
-repair rung (which takes the whole node out). Host commands go through preflight's transport and
+reboot and repair rungs (which take the whole node out). Host commands go through preflight's transport and
 :func:`operate.drill_faults.run_on` (``sudo -n`` under ``ansible_become``), Consul through :mod:`consul_io`.
 Without ``apply`` nothing is touched: :meth:`Remediation.plan` lists what would run.
 """
@@ -43,8 +48,9 @@ from common.errors import UsageError
 from consul_io import layout
 from operate.drill_faults import HostStepError, Target, run_on, start_commands
 from operate.remediate_breaker import Limits, Verdict, judge
+from operate.remediate_reboot import PLAYBOOK, RebootRun, node_maintenance
+from operate.xid_catalog import RUNGS, Catalog, first_rung, load_catalog, xid_last
 
-RUNGS = ("restart", "reset", "repair")
 REASON_PREFIX = "clusterctl remediate"
 VERIFY_S = 300.0  # vLLM loads a 70B model's weights in minutes; the issue's bound for a unit back is 5 minutes
 CONSUL_SETTLE_S = 15.0  # a maintenance change reaches the catalog within a few anti-entropy rounds at worst
@@ -114,6 +120,8 @@ class Outcome:
     plan: list[str] = field(default_factory=list)
     took_s: float = 0.0
     healthy_s: float | None = None  # from the start until the unit was verified healthy
+    start: str = ""  # the first rung after the drain
+    start_why: str = ""  # named by the operator, or what the XID catalogue made of the unit's latest XID
 
     @property
     def ok(self) -> bool:
@@ -124,7 +132,7 @@ class Outcome:
                 "took_s": round(self.took_s, 3),
                 "healthy_s": None if self.healthy_s is None else round(self.healthy_s, 3),
                 "steps": [s.as_dict() for s in self.steps], "breaker": [v.as_dict() for v in self.verdicts],
-                "left": self.left, "plan": self.plan}
+                "left": self.left, "plan": self.plan, "start": self.start, "start_why": self.start_why}
 
 
 class Stop(Exception):
@@ -143,7 +151,7 @@ class Remediation:
     io: object  # consul_io.client.ConsulIO of the agent the target's units are registered on
     datacenter: str = layout.DEFAULT_DATACENTER
     limits: Limits = field(default_factory=Limits)
-    start: str = "restart"
+    start: str | None = None  # None: from the XID catalogue and the unit's score body
     reason: str = "unhealthy"
     verify_s: float = VERIFY_S
     settle_s: float = CONSUL_SETTLE_S
@@ -153,10 +161,15 @@ class Remediation:
     running: Callable[[str], float] = in_flight
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # node name, reason -> what the reboot playbook did (operate.remediate_reboot.PlaybookReboot); None: the
+    # reboot rung cannot run here, which stops the ladder there
+    reboot: Callable[[str, str], RebootRun] | None = None
+    catalog: Catalog | None = None  # None: the shipped operate/xid_catalog.yml, read when it is needed
 
     def __post_init__(self):
-        if self.start not in RUNGS:
+        if self.start is not None and self.start not in RUNGS:
             raise UsageError(f"--from: unknown rung {self.start!r}; expected one of {', '.join(RUNGS)}")
+        self.start_why = "named by the operator (--from)" if self.start is not None else ""
         self.iu = self.target.iu
         self.unit = self.target.unit
         self.url = health_url(self.target.node.address, self.iu.port)
@@ -166,8 +179,20 @@ class Remediation:
         self.set_maintenance = False  # this command put the unit into maintenance, so it takes it out
 
     # -- the plan ---------------------------------------------------------------------------------------
+    def choose_start(self) -> str:
+        """The first rung: the operator's, else the XID catalogue's for the unit's latest XID (read from Consul)."""
+        if self.start is None:
+            _, body = self.io.kv_read(layout.score_key(self.datacenter, self.target.node.name))
+            xid, seen = xid_last(body, self.iu.id)
+            self.catalog = self.catalog or load_catalog()
+            self.start, self.start_why = first_rung(self.catalog, xid, seen)
+            self.start_why = f"from the XID catalogue: {self.start_why}"
+        self.outcome.start, self.outcome.start_why = self.start, self.start_why
+        return self.start
+
     def plan(self) -> list[str]:
         node, iu, unit = self.target.node.name, self.iu.id, self.unit
+        start = self.choose_start()
         gpus = ",".join(str(g) for g in self.iu.gpus)
         lines = [f"breaker: at most {self.limits.max_unit_share:.0%} of the units and "
                  f"{self.limits.max_nodes_per_rack} node(s) per rack out of rotation, judged from Consul",
@@ -176,9 +201,13 @@ class Remediation:
         rungs = {"restart": f"restart: on {node}: systemctl reset-failed {unit}; systemctl restart {unit}",
                  "reset": f"reset: on {node}: systemctl stop {unit}; nvidia-smi --gpu-reset -i G for G in {gpus}; "
                           f"systemctl start {unit}",
+                 "reboot": f"reboot: the breaker judged for the whole node; playbooks/{PLAYBOOK} --limit {node} (every "
+                           f"unit of {node} drained by Consul node maintenance, the reboot, the driver checked, the "
+                           f"units that served released)",
                  "repair": f"repair: every unit of {node} into maintenance (node marked for repair), the record "
                            f"{layout.repair_key(self.datacenter, node)}; the breaker judged for the whole node"}
-        for rung in RUNGS[RUNGS.index(self.start):]:
+        lines.insert(1, f"first rung: {self.start_why}")
+        for rung in RUNGS[RUNGS.index(start):]:
             check = (f"; healthy when active and {self.url} answers 200 within {self.verify_s:g} s, else the "
                      f"next rung" if rung != "repair" else "")
             lines.append(rungs[rung] + check)
@@ -195,6 +224,7 @@ class Remediation:
     def run(self) -> Outcome:
         self.t0 = self.clock()
         self.outcome.plan = self.plan()
+        self.note("start", self.start_why)
         try:
             self._ladder()
         except Stop as stop:
@@ -217,7 +247,10 @@ class Remediation:
             if rung == "repair":
                 self._repair()
                 raise Stop("repair", f"{self.target.node.name} marked for repair: {self.iu.id} did not come back")
-            self._step(rung, self._restart if rung == "restart" else self._reset)
+            if rung == "reboot":
+                self._reboot()
+            else:
+                self._step(rung, self._restart if rung == "restart" else self._reset)
             if self._verify(rung):
                 self.outcome.healthy_s = self.now()
                 self._release()
@@ -340,6 +373,20 @@ class Remediation:
         self.outcome.steps.append(Step("release", at, self.now() - at, True, did))
         self.note("release", "; ".join(did))
 
+    def _reboot(self) -> None:
+        node = self.target.node.name
+        self._breaker(tuple(iu.id for iu in self.target.node.ius))
+        at = self.now()
+        if self.reboot is None:
+            done = RebootRun(False, [], "no inventory to run the reboot playbook with")
+        else:
+            self.note("reboot", f"playbooks/{PLAYBOOK} --limit {node}")
+            done = self.reboot(node, f"{REASON_PREFIX}: {self.iu.id} {self.reason}")
+        self.outcome.steps.append(Step("reboot", at, self.now() - at, done.ok, done.did, done.detail))
+        self.note("reboot", "; ".join(done.did + ([] if done.ok else [f"FAILED: {done.detail}"])))
+        if not done.ok:
+            raise Stop("stopped", f"reboot could not be carried out: {done.detail}")
+
     def _repair(self) -> None:
         node = self.target.node
         ius = tuple(iu.id for iu in node.ius)
@@ -378,5 +425,14 @@ class Remediation:
                            for s in self.outcome.steps)
         if not drained:
             return [f"{iu}: untouched (not drained)"]
-        return [f"{iu}: in maintenance (out of rotation)" + (f"; {self.unit} stopped" if stopped_unit else "")
+        left = [f"{iu}: in maintenance (out of rotation)" + (f"; {self.unit} stopped" if stopped_unit else "")
                 + "; clear it with `clusterctl preflight --release` once the unit is fixed"]
+        if any(s.rung == "reboot" for s in self.outcome.steps):
+            try:
+                why = node_maintenance(self.io.health_service()[1], tuple(i.id for i in self.target.node.ius))
+            except Exception as exc:  # what it was left as is still worth saying without Consul's word on the node
+                why = f"unknown: Consul did not answer ({exc})"
+            if why is not None:
+                left.append(f"{node}: in Consul node maintenance ({why}): the reboot playbook's drain; it clears it "
+                            f"on a rerun that completes, or `consul maint -disable` on the node")
+        return left

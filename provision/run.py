@@ -38,8 +38,10 @@ class RunResult:
 def run_playbook(
     plan: Plan, run_dir: Path, *, check: bool = False, diff: bool = False, forks: int | None = None,
     vault_password_file: Path | None = None, allow_reboot: bool = False,
-    on_event: Callable[[Rollout], None] | None = None,
+    on_event: Callable[[Rollout], None] | None = None, extravars: Mapping[str, Any] | None = None,
 ) -> RunResult:
+    """``extravars``: more ``-e`` variables (a caller's own, such as the reboot reason), beside the batches and
+    ``clusterctl_allow_reboot``, which they cannot replace."""
     import ansible_runner  # heavy (imports ansible): only when a playbook runs
 
     run_dir = prepare_run_dir(run_dir)  # 0700; events.jsonl 0600 (they carry task results)
@@ -63,7 +65,8 @@ def run_playbook(
             tags=",".join(plan.tags) or None,
             forks=forks,
             cmdline=playbook_args(check=check, diff=diff, vault_password_file=vault_password_file) or None,
-            extravars={"clusterctl_batches": list(plan.batch_sizes), "clusterctl_allow_reboot": allow_reboot},
+            extravars={**(extravars or {}), "clusterctl_batches": list(plan.batch_sizes),
+                       "clusterctl_allow_reboot": allow_reboot},
             envvars=runner_env(),
             event_handler=handler,
             quiet=True,

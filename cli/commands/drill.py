@@ -73,7 +73,8 @@ def command(scenario, list_only, inventory, endpoint, target, consul_addr, rate,
     from preflight.transport import RoutingTransport
 
     plan = load_drill(scenario)
-    loaded = load_inventory(inventory, vault_secrets=vault.secrets_for(vault_password_file))
+    secrets = vault.secrets_for(vault_password_file)
+    loaded = load_inventory(inventory, vault_secrets=secrets)
     become = {name: drills.becomes(hostvars) for name, hostvars in loaded.selected.items()}
     chosen = drills.pick_target(cluster_of(loaded), plan, target, become)
     why = drills.refusal(loaded.selected.get(chosen.node.name, {}), chosen.node, inventory)
@@ -93,12 +94,20 @@ def command(scenario, list_only, inventory, endpoint, target, consul_addr, rate,
     if plan.recovery == "remediate" and io is not None:
         from consul_io.layout import DEFAULT_DATACENTER
         from operate.remediate import Remediation
+        from operate.remediate_reboot import PlaybookReboot
+        from operate.xid_catalog import load_catalog
+
+        catalog = load_catalog()  # a broken catalogue is exit 2 before the load starts
+
+        def log_ladder(line: str) -> None:
+            current.err_console.print(f"  remediate {line.strip()}", highlight=False)
 
         def ladder():
+            # no rung named: the XID catalogue's for the unit's latest XID, as clusterctl remediate without --from
             return Remediation(cluster_of(loaded), chosen, transport, io,
                                chosen.node.settings.consul.dc or DEFAULT_DATACENTER, reason=f"drill {plan.name}",
-                               log=lambda line: current.err_console.print(f"  remediate {line.strip()}",
-                                                                          highlight=False)).run()
+                               log=log_ladder, catalog=catalog,
+                               reboot=PlaybookReboot(inventory, secrets, vault_password_file, log=log_ladder)).run()
     try:
         result = drills.run(plan, chosen, transport, endpoint, consul_io=io, rate=rate, remediate=ladder,
                             log=lambda line: current.err_console.print(line, highlight=False))

@@ -1,5 +1,6 @@
-"""``clusterctl remediate``: the action ladder (drain, restart, GPU reset, mark the node for repair) on one
-inference unit, behind the breaker; a plan only unless ``--apply``.
+"""``clusterctl remediate``: the action ladder (drain, restart, GPU reset, node reboot, mark the node for repair)
+on one inference unit, behind the breaker, starting at the rung the XID catalogue names for the unit's latest
+XID unless ``--from`` names one; a plan only unless ``--apply``.
 
 Glue: the inventory, the target IU, the transport preflight uses (:class:`preflight.transport.RoutingTransport`)
 and the node's Consul agent -> :mod:`operate.remediate` -> the steps and what the unit was left as. Exit codes:
@@ -22,10 +23,13 @@ from common.errors import ClusterctlError, ExitCode, UsageError
 
 _EXAMPLES = examples(
     "clusterctl remediate -i inventory/prod --target r12n03-iu1                 # the plan: nothing touched",
+    "clusterctl remediate -i inventory/prod --target r12n03-iu1 --apply         # first rung from its latest XID",
     "clusterctl remediate -i inventory/prod --target r12n03-iu1 --apply --reason 'XID 13 storm'",
     "clusterctl remediate -i inventory/prod --target r12n03-iu0 --from reset --apply   # GPU at fault: reset first",
-    note="Rungs: drain (Consul maintenance), restart, reset (nvidia-smi --gpu-reset of the unit's GPUs), repair "
-         "(every unit of the node in maintenance and a record in Consul KV). A rung whose unit is not healthy "
+    note="Rungs: drain (Consul maintenance), restart, reset (nvidia-smi --gpu-reset of the unit's GPUs), reboot "
+         "(playbooks/node-reboot.yml on the node), repair (every unit of the node in maintenance and a record in "
+         "Consul KV). Without --from the first rung is the XID catalogue's (operate/xid_catalog.yml) for the "
+         "unit's xid_last in its score body, restart when there is none. A rung whose unit is not healthy "
          "within --verify-s leads to the next; a step that cannot be carried out stops with the unit drained. "
          "The breaker refuses when more than --max-unit-share of the units, or more than --max-nodes-per-rack "
          "nodes of the rack, would be out. docs/remediation.md.",
@@ -36,8 +40,10 @@ _EXAMPLES = examples(
 @click.option("-i", "--inventory", "inventory", required=True, type=click.Path(path_type=str),
               help="Ansible inventory (file or directory) holding the unit.")
 @click.option("--target", required=True, help="IU id of the unhealthy unit (e.g. r12n03-iu1).")
-@click.option("--from", "start", default="restart", show_default=True,
-              type=click.Choice(["restart", "reset", "repair"]), help="The first rung after the drain.")
+@click.option("--from", "start", default=None,
+              type=click.Choice(["restart", "reset", "reboot", "repair"]),
+              help="The first rung after the drain (default: the XID catalogue's for the unit's latest XID, else "
+                   "restart).")
 @click.option("--reason", default="unhealthy", show_default=True,
               help="Why: goes into the maintenance reason and the repair record.")
 @click.option("--apply", "apply", is_flag=True, help="Carry the ladder out (without it: the plan, nothing touched).")
@@ -61,10 +67,14 @@ def command(inventory, target, start, reason, apply, consul_addr, verify_s, max_
     from operate import remediate
     from operate.drill import becomes
     from operate.remediate_breaker import Limits
+    from operate.remediate_reboot import PlaybookReboot
+    from operate.xid_catalog import load_catalog
     from preflight.transport import RoutingTransport
 
     limits = Limits(max_unit_share, max_nodes_per_rack)
-    loaded = load_inventory(inventory, vault_secrets=vault.secrets_for(vault_password_file))
+    catalog = load_catalog()  # a broken catalogue is exit 2 before anything is contacted
+    secrets = vault.secrets_for(vault_password_file)
+    loaded = load_inventory(inventory, vault_secrets=secrets)
     become = {name: becomes(hostvars) for name, hostvars in loaded.selected.items()}
     cluster = cluster_of(loaded)
     chosen = remediate.find_target(cluster, target, become)
@@ -82,9 +92,13 @@ def command(inventory, target, start, reason, apply, consul_addr, verify_s, max_
                          f"{exc}") from None
     current = app.current()
     transport = RoutingTransport()
+
+    def log(line: str) -> None:
+        current.err_console.print(line, highlight=False)
+
+    reboot = PlaybookReboot(inventory, secrets, vault_password_file, log=log)
     ladder = remediate.Remediation(cluster, chosen, transport, io, settings.dc or layout.DEFAULT_DATACENTER,
-                                   limits, start, reason, verify_s,
-                                   log=lambda line: current.err_console.print(line, highlight=False))
+                                   limits, start, reason, verify_s, log=log, reboot=reboot, catalog=catalog)
     try:
         outcome = ladder.run() if apply else _planned(ladder)
     except ConsulUnavailable as exc:
@@ -108,6 +122,7 @@ def _planned(ladder):
     from operate.remediate import Outcome
     from operate.remediate_breaker import judge
 
+    plan = ladder.plan()
     _, entries = ladder.io.health_service()
     verdict = judge(ladder.cluster, entries, ladder.target.node.name, (ladder.iu.id,), ladder.limits)
     key = layout.repair_key(ladder.datacenter, ladder.target.node.name)
@@ -115,7 +130,8 @@ def _planned(ladder):
     return Outcome(ladder.iu.id, "planned", "plan only: pass --apply to carry it out" +
                    (f" (it would be refused now: the node is marked for repair, {key})" if marked
                     else f" (it would stop now: {verdict.reason})" if verdict.open else ""),
-                   verdicts=[verdict], left=[f"{ladder.iu.id}: untouched"], plan=ladder.plan())
+                   verdicts=[verdict], left=[f"{ladder.iu.id}: untouched"], plan=plan, start=ladder.start,
+                   start_why=ladder.start_why)
 
 
 def _table(outcome):
@@ -140,6 +156,8 @@ def _table(outcome):
                           Text("ok", style="green") if s.ok else Text("FAILED", style="red"),
                           "; ".join(s.did + ([s.detail] if s.detail else [])))
         parts.append(steps)
+    if outcome.start_why and outcome.state != "planned":  # the plan lists it as its second step
+        parts.append(Text(f"first rung: {outcome.start_why}"))
     for verdict in outcome.verdicts:
         parts.append(Text(verdict.reason))
     parts += [Text(f"left: {line}") for line in outcome.left]

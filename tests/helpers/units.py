@@ -10,8 +10,14 @@ Declared units live in ``$CLUSTERCTL_TEST_UNITS`` (a folder): ``<unit>.json`` ho
 - ``stop UNIT``: SIGTERM then SIGCONT (systemd sends both, so a frozen process sees the TERM), SIGKILL after
   10 s (TimeoutStopSec);
 - ``restart UNIT``: stop, then start;
+- ``--no-block`` with start, stop or restart: the job runs on its own and the command returns at once (systemctl(1):
+  "Do not synchronously wait for the requested operation to finish");
 - ``is-active UNIT``: ``active`` (exit 0) or ``inactive`` (exit 3);
-- ``reset-failed UNIT``: nothing to reset here (no start limit), exit 0.
+- ``reset-failed UNIT``: nothing to reset here (no start limit), exit 0;
+- ``freeze UNIT`` / ``thaw UNIT``: SIGSTOP / SIGCONT to the MainPID. systemctl(1): freeze suspends "all
+  processes contained within the cgroup corresponding to the unit" (the cgroup freezer) until thaw; a declared
+  unit here is one process. The unit stays ``active`` (its FreezerState changes, not its ActiveState). A unit
+  that is not running cannot be frozen: exit 1 with a line on stderr.
 
 Unlike systemd it restarts nothing by itself (no ``Restart=on-failure``): a drill's undo starts the unit.
 """
@@ -108,6 +114,11 @@ def main(argv: list[str]) -> int:
     if not (units_dir / f"{unit}.json").is_file():
         print(f"Failed to {verb} {unit}: Unit {unit} not found.", file=sys.stderr)
         return 5
+    if "--no-block" in argv and verb in ("start", "stop", "restart"):
+        subprocess.Popen([sys.executable, __file__, verb, unit], env={**os.environ, ENV: str(units_dir)},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+        return 0
     if verb == "start":
         return start(units_dir, unit)
     if verb == "stop":
@@ -116,6 +127,13 @@ def main(argv: list[str]) -> int:
         stop(units_dir, unit)
         return start(units_dir, unit)
     if verb == "reset-failed":
+        return 0
+    if verb in ("freeze", "thaw"):
+        pid = main_pid(units_dir, unit)
+        if not pid:
+            print(f"Failed to {verb} unit {unit}: unit is not active", file=sys.stderr)
+            return 1
+        os.kill(pid, signal.SIGSTOP if verb == "freeze" else signal.SIGCONT)
         return 0
     if verb == "is-active":
         running = bool(main_pid(units_dir, unit))

@@ -81,8 +81,8 @@ def test_without_apply_it_plans_and_touches_nothing(fleet, capsys):
     pid = units.main_pid(units_dir, UNIT)
     code, outcome = remediate(capsys, inventory, consul)
     assert code == 0 and outcome["state"] == "planned", outcome
-    assert [line.split(":")[0] for line in outcome["plan"]] == ["breaker", "drain", "restart", "reset", "repair",
-                                                                "release"]
+    assert [line.split(":")[0] for line in outcome["plan"]] == ["breaker", "first rung", "drain", "restart", "reset",
+                                                                "reboot", "repair", "release"]
     assert outcome["breaker"][0]["open"] is False and outcome["steps"] == []
     assert units.main_pid(units_dir, UNIT) == pid and layout.maintenance_check("n1-iu0") not in checks(io, "n1-iu0")
 

@@ -126,3 +126,39 @@ def test_a_host_with_ansible_become_gets_every_command_and_undo_through_sudo():
     step.undo()
     assert host.calls == [("sudo", "-n", "--", *SHOW), ("sudo", "-n", "--", "kill", "-STOP", "77"),
                           ("sudo", "-n", "--", "kill", "-CONT", "77")]
+
+
+def test_node_hang_freezes_every_engine_then_the_agents_and_thaws_them_newest_first():
+    host = ScriptedHost({("systemctl", "show"): (0, "4242\n"), ("systemctl", "is-active", "eas-agent.service"):
+                         (0, "active\n"), ("systemctl", "is-active", "consul.service"): (3, "inactive\n")})
+    step = FaultStep("node_hang", Target(NODE), host)
+    step.inject()
+    frozen = [c for c in host.calls if c[1] == "freeze"]
+    assert frozen == [("systemctl", "freeze", u) for u in ("vllm-iu@0.service", "vllm-iu@1.service",
+                                                            "eas-agent.service")]
+    assert step.done[-1] == "consul.service not running on n1: nothing to freeze"
+    host.calls.clear()
+    assert step.undo() == [f"n1: {u} thawed" for u in ("eas-agent.service", "vllm-iu@1.service", "vllm-iu@0.service")]
+    assert host.calls == [("systemctl", "thaw", u) for u in ("eas-agent.service", "vllm-iu@1.service",
+                                                             "vllm-iu@0.service")]
+
+
+def test_node_hang_refuses_a_node_whose_engine_is_down_after_thawing_what_it_froze():
+    host = ScriptedHost({SHOW: (0, "0\n"), ("systemctl", "show"): (0, "4242\n")})
+    step = FaultStep("node_hang", Target(NODE), host)
+    with pytest.raises(FaultError, match=r"n1-iu1: vllm-iu@1.service is not running \(MainPID 0\): a hang of n1"):
+        step.inject()
+    assert step.undo() == ["n1: vllm-iu@0.service thawed"]  # the drill's undo puts back what the fault did
+
+
+def test_edge_restart_asks_systemd_for_the_restart_without_waiting_for_the_drain():
+    host = ScriptedHost({("systemctl", "is-active"): (0, "active\n")})
+    step = FaultStep("edge_restart", Target(NODE), host)
+    step.inject()
+    assert host.calls == [("systemctl", "is-active", "eas-edge.service"),
+                          ("systemctl", "restart", "--no-block", "eas-edge.service")]
+    assert step.undo() == ["n1: eas-edge.service started (a no-op once its restart finished)"]
+    down = FaultStep("edge_restart", Target(NODE), ScriptedHost({("systemctl", "is-active"): (3, "inactive\n")}))
+    with pytest.raises(FaultError, match=r"n1: eas-edge.service is not running: no edge to restart there"):
+        down.inject()
+    assert down.undo() == []

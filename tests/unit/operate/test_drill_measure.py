@@ -37,6 +37,7 @@ def test_one_fault_measured_from_what_was_recorded():
     assert m.route_away_s == pytest.approx(1.2) and not m.still_routed
     assert m.consul_critical_s == pytest.approx(1.0)
     assert (m.failed_streaming, m.failed_not_streaming, m.blast_radius_errors) == (1, 2, 1)
+    assert m.failed_in_flight == 1  # the stream sent at 9.8 s, cut by the fault at 10
     assert m.served_during_fault == 0 and m.requests_during_fault == 17
     assert (m.ttft_p99_baseline_s, m.ttft_p99_fault_s) == (0.1, 0.3) and m.ttft_p99_ratio == pytest.approx(3.0)
     assert m.recover_s == pytest.approx(2.5)
@@ -84,3 +85,13 @@ def test_timeline_per_second():
     assert line["failed"][11] == 1 and line["failed"][13] == 1
     assert line["faulted_share"][0] == 0.5 and line["faulted_share"][15] == 0.0
     assert line["ttft_p99_s"][15] == 0.3 and line["ttft_p99_s"][20] is None
+
+
+def test_an_edge_restart_has_no_faulted_unit_and_counts_what_it_cut_in_flight():
+    """Requests sent before the restart and failing are what the edge's drain promised to finish; those sent
+    while its listener was closed were refused (no unit named)."""
+    outcomes = [sent(1.0, "a"), sent(4.8, "b", error="cut_stream", streamed=True), sent(5.2, None, error="connect"),
+                sent(5.4, None, error="connect"), sent(8.0, "a")]
+    (m,) = measure(outcomes, [FaultWindow("edge_restart", "n1", 5.0, 7.0)], ())
+    assert (m.failed_in_flight, m.failed_not_streaming, m.blast_radius_errors) == (1, 2, 1)
+    assert m.route_away_s == 0.0 and m.recover_s is None

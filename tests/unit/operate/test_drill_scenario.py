@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import yaml
 
 from common.errors import ExitCode
 from operate.drill_faults import KINDS
@@ -89,7 +90,7 @@ def test_bad_input_is_one_line_naming_the_field_and_value(data, expected):
 
 def test_an_unreadable_or_invalid_file_names_the_file_and_the_library(tmp_path):
     with pytest.raises(ScenarioError, match=r"missing\.yml: cannot read the drill file: .* \(the library: "
-                                            r"consul-agent-down, engine-crash"):
+                                            r"consul-agent-down, edge-restart, engine-crash"):
         load_drill(str(tmp_path / "missing.yml"))
     bad = tmp_path / "bad.yml"
     bad.write_text("name: [unclosed\n")
@@ -114,3 +115,13 @@ def test_recovery_is_the_undo_by_default_or_the_remediation_ladder_for_faults_it
     stall["faults"][0]["kind"] = "engine_stall"
     assert error_of(stall) == ("d.yml: recovery: the ladder repairs only engine_crash, graceful_stop faults; this "
                                "drill has engine_stall (got 'remediate')")
+
+
+def test_an_edge_restart_targets_the_edges_host_and_is_not_mixed_with_unit_faults():
+    drill = load_drill("edge-restart")
+    assert drill.scope == "edge" and drill.checks["failed_in_flight_max"] == 0
+    data = yaml.safe_load(resolve("edge-restart").read_text())
+    data["faults"].append({"kind": "engine_crash", "at_s": 75, "hold_s": 5})
+    with pytest.raises(ScenarioError, match=r"faults\[1\]\.kind: an edge's restart and a fault of units or nodes "
+                                            r"have different targets: one drill each \(got 'engine_crash'\)"):
+        parse_drill(data, "mixed.yml")

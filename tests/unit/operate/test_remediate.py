@@ -13,6 +13,7 @@ from consul_io import layout
 from operate.drill_faults import Target
 from operate.remediate import RUNNING, Remediation
 from operate.remediate_breaker import Limits
+from operate.remediate_reboot import RebootRun
 from preflight.transport import CommandResult
 
 pytestmark = pytest.mark.unit
@@ -113,9 +114,13 @@ def test_the_plan_names_every_rung_from_the_start_and_touches_nothing():
     plan = ladder(host, consul, start="reset", reason="XID 48").plan()
     assert plan == [
         "breaker: at most 10% of the units and 1 node(s) per rack out of rotation, judged from Consul",
+        "first rung: named by the operator (--from)",
         "drain: n1-iu1 into Consul maintenance (clusterctl remediate: XID 48); verified listed within 3 s; then up "
         "to 5 s for its requests in flight to finish",
         f"reset: on n1: systemctl stop {UNIT}; nvidia-smi --gpu-reset -i G for G in 4,5,6,7; systemctl start {UNIT}; "
+        "healthy when active and http://127.0.73.1:8001/health answers 200 within 10 s, else the next rung",
+        "reboot: the breaker judged for the whole node; playbooks/node-reboot.yml --limit n1 (every unit of n1 "
+        "drained by Consul node maintenance, the reboot, the driver checked, the units that served released); "
         "healthy when active and http://127.0.73.1:8001/health answers 200 within 10 s, else the next rung",
         "repair: every unit of n1 into maintenance (node marked for repair), the record clusterctl/repair/dc1/n1; "
         "the breaker judged for the whole node",
@@ -166,9 +171,12 @@ def test_a_unit_still_unhealthy_after_the_restart_gets_its_gpus_reset():
 
 def test_an_active_unit_whose_health_fails_is_not_healthy():
     host, consul = Host(), Consul()
-    outcome = ladder(host, consul, healthy=lambda: False, start="reset", limits=Limits(0.5)).run()
+    rebooted = []
+    outcome = ladder(host, consul, healthy=lambda: False, start="reset", limits=Limits(0.5),
+                     reboot=lambda node, why: rebooted.append(node) or RebootRun(True, [f"{node} rebooted"])).run()
     assert outcome.state == "repair" and not outcome.ok
-    assert [s.rung for s in outcome.steps] == ["drain", "reset", "verify reset", "repair"]
+    assert [s.rung for s in outcome.steps] == ["drain", "reset", "verify reset", "reboot", "verify reboot", "repair"]
+    assert rebooted == ["n1"]
 
 
 def test_a_failing_reset_stops_the_ladder_with_the_unit_stopped_and_drained():
@@ -254,3 +262,70 @@ def test_a_node_marked_for_repair_is_refused_before_anything_is_touched():
     assert again.state == "refused" and not again.ok and host.calls == [] and consul.calls == calls
     assert again.message.startswith("n1 is marked for repair (clusterctl/repair/dc1/n1): delete the record once")
     assert again.left == ["n1-iu1: untouched"]
+
+
+def score_body(xid: int) -> str:
+    return json.dumps({"node": "n1", "ts": 1.0, "ius": {"n1-iu1": {
+        "score": None, "status": "critical", "components": {"xid_events": 1, "xid_last": xid}}}})
+
+
+def test_without_a_named_rung_the_units_latest_xid_picks_the_first_one():
+    host, consul = Host(active_after=("systemctl", "start")), Consul()
+    consul.kv[layout.score_key("dc1", "n1")] = score_body(95)  # uncontained memory error: NVIDIA's RESET_GPU
+    remediation = ladder(host, consul)
+    plan = remediation.plan()
+    assert plan[1].startswith("first rung: from the XID catalogue: reset: xid_last 95 in its score body (1 events): "
+                              "XID 95 ROBUST_CHANNEL_UNCONTAINED_ERROR, NVIDIA's immediate action RESET_GPU")
+    assert [line.split(":")[0] for line in plan[3:]] == ["reset", "reboot", "repair", "release"]
+    outcome = remediation.run()
+    assert outcome.state == "released" and actions(host) == RESET  # no restart first: it cannot clear a GPU fault
+    assert outcome.as_dict()["start"] == "reset"
+
+
+def test_a_unit_without_an_xid_starts_at_the_restart():
+    host, consul = Host(), Consul()
+    outcome = ladder(host, consul).run()
+    assert outcome.start == "restart" and outcome.start_why == (
+        "from the XID catalogue: restart: no score body for its node in Consul")
+
+
+def test_a_gpu_fallen_off_the_bus_reboots_the_node_then_verifies_the_unit():
+    host, consul = Host(active_after=None), Consul()
+    consul.kv[layout.score_key("dc1", "n1")] = score_body(79)
+    reboots = []
+
+    def reboot(node, why):
+        reboots.append((node, why))
+        host.active = True  # the unit starts with the node
+        return RebootRun(True, ["ansible-playbook node-reboot.yml --limit n1", "n1 rebooted"])
+
+    outcome = ladder(host, consul, reboot=reboot, limits=Limits(0.5), reason="XID 79").run()
+    assert outcome.state == "released", outcome.message
+    assert [(s.rung, s.ok) for s in outcome.steps] == [("drain", True), ("reboot", True), ("verify reboot", True),
+                                                       ("release", True)]
+    assert reboots == [("n1", "clusterctl remediate: n1-iu1 XID 79")] and actions(host) == []
+    assert len(outcome.verdicts) == 2  # before the drain, and before the reboot takes the whole node out
+    assert consul.maintenance == {}
+
+
+def test_the_breaker_judges_the_whole_node_before_a_reboot():
+    host, consul = Host(active_after=None), Consul()
+    consul.kv[layout.score_key("dc1", "n1")] = score_body(79)
+    reboots = []
+    outcome = ladder(host, consul, reboot=lambda node, why: reboots.append(node)).run()  # 6 units, 10%: one
+    assert outcome.state == "breaker" and reboots == []
+    assert [s.rung for s in outcome.steps] == ["drain"]
+    assert outcome.left[0].startswith("n1-iu1: in maintenance (out of rotation)")
+
+
+def test_a_reboot_that_cannot_be_carried_out_stops_the_ladder_short_of_the_repair():
+    host, consul = Host(active_after=None), Consul()
+    refused = "n1: Reboot the host: Running ansible.builtin.reboot with local connection would reboot the control node"
+    outcome = ladder(host, consul, start="reboot", limits=Limits(0.5),
+                     reboot=lambda node, why: RebootRun(False, ["ansible-playbook node-reboot.yml --limit n1"],
+                                                        refused)).run()
+    assert outcome.state == "stopped" and outcome.message == f"reboot could not be carried out: {refused}"
+    assert [(s.rung, s.ok) for s in outcome.steps] == [("drain", True), ("reboot", False)]
+    assert consul.kv == {} and "n1-iu1" in consul.maintenance  # not marked for repair; still drained
+    nothing = ladder(Host(), Consul(), start="reboot", limits=Limits(0.5)).run()  # no playbook runner given
+    assert nothing.state == "stopped" and nothing.message.endswith("no inventory to run the reboot playbook with")

@@ -62,7 +62,8 @@ def _names_and_imports(tasks: list[dict]) -> list[str]:
 @pytest.mark.parametrize("tasks_of", [
     lambda: yaml.safe_load((REPO / "playbooks/tasks/reboot.yml").read_text()),
     lambda: yaml.safe_load((REPO / "playbooks/consul-servers-reboot.yml").read_text())[0]["tasks"],
-], ids=["tasks/reboot.yml", "consul-servers-reboot.yml"])
+    lambda: yaml.safe_load((REPO / "playbooks/node-reboot.yml").read_text())[0]["tasks"],
+], ids=["tasks/reboot.yml", "consul-servers-reboot.yml", "node-reboot.yml"])
 def test_every_reboot_is_drained_before_and_released_after(tasks_of):
     """A node with IUs in rotation never reboots under the edges: node maintenance before, cleared after."""
     steps = _names_and_imports(tasks_of())
@@ -70,3 +71,13 @@ def test_every_reboot_is_drained_before_and_released_after(tasks_of):
     assert steps.count("Reboot the host") == 1
     assert steps[reboot - 1] == "node_drain.yml"
     assert "node_release.yml" in steps[reboot + 1:]
+
+
+def test_the_remediation_reboot_refuses_what_provisioning_reboots_elsewhere():
+    """A Consul server reboots one at a time while the others are healthy (consul-servers-reboot.yml), and a host
+    on hold or in render-only mode is not touched: all before the drain."""
+    [play] = yaml.safe_load((REPO / "playbooks/node-reboot.yml").read_text())
+    pre = _names_and_imports(play["pre_tasks"])
+    assert pre == ["Refuse to run in render-only mode", "hold.yml", "Refuse to reboot a Consul server here"]
+    assert "groups['consul_servers']" in play["pre_tasks"][2]["ansible.builtin.assert"]["that"]
+    assert play["serial"] == 1 and play["max_fail_percentage"] == 0

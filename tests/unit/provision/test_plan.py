@@ -252,8 +252,8 @@ def test_playbooks_use_batches_and_stop_on_failure():
     for path in (REPO / "playbooks").glob("*.yml"):
         for play in prov.playbook_plays(path):
             assert play.get("max_fail_percentage") is not None, f"{path.name}: no max_fail_percentage"
-            if path.name == "rolling-restart.yml" or play["hosts"] in ("edges", "balancers"):  # edges.yml, imported
-                assert play["serial"] == 1  # or run alone: one node, one edge, one balancer at a time
+            if path.name in ("rolling-restart.yml", "node-reboot.yml") or play["hosts"] in ("edges", "balancers"):
+                assert play["serial"] == 1  # one node, one edge, one balancer at a time (edges.yml, imported)
             elif play["name"] == "Reboot the Consul servers one at a time":  # consul-servers-reboot.yml
                 assert (play["hosts"], play["serial"]) == ("consul_servers", 1)
             elif play["hosts"] == "consul_servers":  # consul-servers.yml, imported or run alone

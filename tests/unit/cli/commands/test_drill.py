@@ -21,7 +21,7 @@ def inventory(tmp_path, **more) -> str:
 def test_list_shows_the_library(clusterctl):
     code, out, _ = clusterctl("drill", "--list", columns=200)
     assert code == 0
-    for name in ("engine-crash", "engine-stall", "graceful-stop", "weights-missing", "consul-agent-down"):
+    for name in ("engine-crash", "engine-stall", "graceful-stop", "weights-missing", "consul-agent-down", "node-hang", "edge-restart"):
         assert name in out
 
 
@@ -37,7 +37,7 @@ def test_a_bad_drill_file_is_one_line_exit_2(clusterctl, tmp_path):
     assert code == 2
     assert err.strip().splitlines() == [f"error: {bad}: faults[0].kind: unknown fault kind; expected one of "
                                         f"engine_stall, engine_crash, graceful_stop, weights_missing, "
-                                        f"consul_agent_down (got 'meteor')"]
+                                        f"consul_agent_down, node_hang, edge_restart (got 'meteor')"]
 
 
 def test_a_host_without_drills_allowed_is_refused_before_anything_is_contacted(clusterctl, tmp_path, monkeypatch):
