@@ -10,8 +10,7 @@ each, registered as the roles register them (each node's service ``vllm-iu-<node
 per IU). Two readers refresh it in turn, each with its own HTTP session and counting its requests:
 
 - ``every service``: ``GET health/state/any`` + ``GET catalog/services`` + ``GET health/service/<name>`` for
-  every IU service, on every refresh (what ``ConsulIO.health_service`` did while each node had its own
-  service and the reader kept nothing between refreshes);
+  every IU service, on every refresh (a reader that keeps nothing between refreshes);
 - ``what changed``: the shipped ``ConsulIO.health_service`` (``consul_io/iu_listing.py``).
 
 Three cases per size: ``idle`` (nothing changed: a blocking query that ran out its wait), ``one check`` (one

@@ -2,8 +2,8 @@
 
 Each node's IUs are instances of its own service ``vllm-iu-<node>`` (decision 0021), and Consul's HTTP API
 lists instances with their address, meta and checks one service name at a time
-(``GET /v1/health/service/:service``). Reading every name on every refresh cost a reader 2 + (number of
-nodes) requests. :class:`IUListing` keeps each service's last listing and reads again only what Consul says
+(``GET /v1/health/service/:service``). Reading every name on every refresh would cost a reader 2 + (number
+of nodes) requests. :class:`IUListing` keeps each service's last listing and reads again only what Consul says
 changed, from two requests that list the whole cluster:
 
 - ``GET /v1/health/state/any`` (filtered to node checks and IU checks): every check with its node, service

@@ -369,7 +369,9 @@ class AclStore:
             self.policies[rec["id"]] = Policy(**rec)
         for rec in snap.get("tokens", []):
             self.tokens[rec["accessor"]] = Token(**rec)
-        self.bootstrap_index = int(snap.get("bootstrap_index") or self.bootstrap_index)
+        # a data directory written before the bootstrap was recorded: a management token means bootstrapped
+        managed = [t.create_index for t in self.tokens.values() if GLOBAL_MANAGEMENT_ID in t.policies]
+        self.bootstrap_index = int(snap.get("bootstrap_index") or 0) or min(managed, default=self.bootstrap_index)
 
 
 def authorizer_from_export(data: dict) -> Authorizer:
