@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: consul_acl
 short_description: Bootstrap Consul's ACLs and ensure ACL policies and tokens, with secrets chosen by the caller
 description:
-  - First makes sure the cluster's ACLs are bootstrapped with I(management_token): when that token is
+  - First makes sure the cluster's ACLs are bootstrapped with I(management_token). When that token is
     unknown, C(PUT /v1/acl/bootstrap) with it as C(BootstrapSecret) (Consul's one-time bootstrap, so no
     server's configuration needs C(initial_management)). A cluster bootstrapped with another token is an
     error saying so; one bootstrapped with this token (or with it as C(initial_management)) is left as it is.
@@ -25,7 +25,7 @@ options:
     type: str
     required: true
   management_token:
-    description: The management token (a UUID): the bootstrap token of the cluster's ACLs.
+    description: The management token (a UUID), the bootstrap token of the cluster's ACLs.
     type: str
     required: true
     no_log: true
