@@ -10,6 +10,7 @@ Redfish against the BMC variables; the edges and balancers groups in :mod:`clust
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -127,6 +128,25 @@ def check_host_name(host: str, hv: Mapping[str, Any]) -> list[Problem]:
                     f"{spec.MAX_HOSTNAME} in all): it becomes IU ids, Consul names and file names on the node")]
 
 
+CANONICAL_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def check_management_token(host: str, hv: Mapping[str, Any]) -> list[Problem]:
+    """The consul_agent role bootstraps Consul's ACLs with the management token as the bootstrap token's
+    SecretID (``PUT /v1/acl/bootstrap``), which Consul takes only as a UUID. A plain value is checked here
+    (never printed); an inline vault value is never decrypted here, and a template is the inventory's own."""
+    from cluster.ansible import vault  # the one module that knows Ansible's vault types
+
+    value = hv.get("consul_agent_acl_management_token")
+    if _off(hv.get("consul_agent_acl_enabled")) or vault.ciphertext(value) is not None or not isinstance(value, str):
+        return []
+    if value == "" or "{{" in value or CANONICAL_UUID.fullmatch(value):
+        return []
+    return [Problem(host, "consul_agent_acl_management_token", None,
+                    "not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx): the consul_agent role bootstraps Consul's "
+                    "ACLs with it (PUT /v1/acl/bootstrap), which takes only a UUID; `uuidgen` makes one")]
+
+
 HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
     check_host_name,
     spec.check_layout_variables,
@@ -135,6 +155,7 @@ HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
     check_ports,
     check_redfish,
     edges.check_edge_host,
+    check_management_token,
     spec.check_setting_types,
 )
 

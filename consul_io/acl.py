@@ -8,7 +8,7 @@ through a server (``clusterctl.infra.consul_acl``).
 |-------------------------------------------------|---------------------------|----------------------------------------------|
 | node agent (``consul_agent_acl_agent_token``)   | ``consul-agent-<node>``   | write its own node, read services            |
 | file services (``..._registration_token``)      | ``vllm-iu-registration-<node>`` | write ``vllm-iu-<node>`` and ``eas-edge-<node>`` (config_file_service_registration) |
-| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | every ``vllm-iu-`` service (maintenance), the preflight markers, the rollout document, repair records, reads |
+| operator (``consul_token``/``consul_token_file``) | ``clusterctl-operator``   | every ``vllm-iu-`` service (maintenance), the preflight markers, the rollout document, repair records, reads, the servers' health (``operator`` read) |
 | eas-agent (``eas_agent_consul_token``)          | ``eas-agent-<node>``      | its own score key; reads the score keys, nodes |
 | edge (``consul_edge_token``)                    | ``clusterctl-edge``       | read the ``vllm-iu-`` services, nodes, the score keys and the rollout document |
 
@@ -57,7 +57,10 @@ def operator_policy() -> str:
             f'key_prefix "{REPAIR_PREFIX}/" {{ policy = "write" }}\n'
             'node_prefix "" { policy = "read" }\n'
             'service_prefix "" { policy = "read" }\n'
-            'agent_prefix "" { policy = "read" }\n')
+            'agent_prefix "" { policy = "read" }\n'
+            # autopilot's health, which a server's restart and reboot wait on (the role's handlers,
+            # consul-servers-reboot.yml): no server holds the management token for it
+            'operator = "read"\n')
 
 
 def eas_agent_policy(node: str, datacenter: str, kv_prefix: str = EAS_PREFIX) -> str:

@@ -31,7 +31,7 @@ import consul
 import requests
 from consul.callback import CB
 
-from consul_io import layout
+from consul_io import iu_listing, layout
 from eas_wire.private_file import read_private_text
 
 DEFAULT_TIMEOUT_S = 2.0  # the agent and the edge; preflight gives 10 s (a loaded node answers slowly)
@@ -140,6 +140,7 @@ class ConsulIO:
             connections_timeout=timeout_s,
         )
         _read_environment_once(self.client.http)
+        self.iu_listing = iu_listing.IUListing()
 
     def _call(self, what: str, fn, *args, with_token: bool = True, **kwargs):
         """``fn(*args, token=..., **kwargs)``; ``with_token=False`` for the few py-consul calls without a token
@@ -226,22 +227,26 @@ class ConsulIO:
         self, index: int | None = None, wait_s: float | None = None, passing: bool = False
     ) -> tuple[int, list]:
         """Every IU instance with its checks: the entries of each node's service ``vllm-iu-<node>`` the token
-        may read (``GET catalog/services`` names them, ``GET health/service/<name>`` lists each).
+        may read, as ``GET health/service/<name>`` lists them (``passing``: only entries whose checks all pass,
+        as Consul's ``?passing``).
 
-        The index is the larger of the checks' (``GET health/state/any``) and the service catalog's: Consul's
-        indexes are one Raft sequence, so any later registration or check change answers with a larger one.
-        With ``index`` the call first blocks on the checks (status, maintenance, a deregistration: what moves
-        an IU in or out of rotation); a registration whose checks are unchanged (a new address) shows within
-        ``wait_s``, when that query returns anyway."""
+        Two requests list the cluster (``GET health/state/any``, ``GET catalog/services``); a service is read
+        again only when they show it changed (:class:`consul_io.iu_listing.IUListing`). The index is the larger
+        of the checks' and the service catalog's: Consul's indexes are one Raft sequence, so any later
+        registration or check change answers with a larger one. With ``index`` the call first blocks on the
+        checks (status, maintenance, a deregistration: what moves an IU in or out of rotation); a registration
+        whose checks are unchanged (a new address) shows within ``wait_s``, when that query returns anyway."""
         wait = go_duration(wait_s) if (index and wait_s) else None
-        checks_index, _ = self._call("GET health/state/any", self.client.health.state, "any",
-                                     index=index or None, wait=wait)
+        checks_index, checks = self._call("GET health/state/any", self.client.health.state, "any",
+                                          index=index or None, wait=wait, filter_expr=iu_listing.CHECKS_FILTER)
         services_index, services = self._call("GET catalog/services", self.client.catalog.services)
-        entries = []
-        for name in sorted(n for n in (services or {}) if layout.is_iu_service(n)):
-            _, listed = self._call(f"GET health/service/{name}", self.client.health.service, name,
-                                   passing=passing or None)
-            entries.extend(listed or [])
+
+        def read(name: str) -> list:
+            return self._call(f"GET health/service/{name}", self.client.health.service, name)[1]
+
+        entries = self.iu_listing.refresh(checks or [], int(services_index or 0), services or {}, read)
+        if passing:
+            entries = [e for e in entries if iu_listing.all_passing(e)]
         return max(int(checks_index or 0), int(services_index or 0)), entries
 
     def node_ius(self, node: str) -> list:

@@ -211,9 +211,31 @@ class AclStore:
                                          "Builtin Policy that grants unlimited access", "")}
         self.tokens: dict[str, Token] = {
             ANONYMOUS_ACCESSOR: Token(ANONYMOUS_ACCESSOR, "anonymous", "Anonymous Token")}
-        if initial_management:
-            self._put_token(Token(str(uuid.uuid5(uuid.NAMESPACE_OID, "initial-management:" + initial_management)),
-                                  initial_management, "Initial Management Token", [GLOBAL_MANAGEMENT_ID]))
+        self.bootstrap_index = 0  # the index of the bootstrap (Consul's "reset index"); 0: not bootstrapped
+        if initial_management:  # Consul creates it through its bootstrap: /v1/acl/bootstrap is refused after
+            token = self._put_token(Token(str(uuid.uuid5(uuid.NAMESPACE_OID, "initial-management:" + initial_management)),
+                                          initial_management, "Initial Management Token", [GLOBAL_MANAGEMENT_ID]))
+            self.bootstrap_index = token.create_index
+
+    def bootstrap(self, secret: str = "") -> Token:
+        """``PUT /v1/acl/bootstrap`` (https://developer.hashicorp.com/consul/api-docs/acl#bootstrap-acls): the
+        first management token, once, with ``secret`` (``BootstrapSecret``, a UUID) as its SecretID or a new
+        one. A cluster bootstrapped before (through this call or ``initial_management``) answers 403
+        "Permission denied: ACL bootstrap no longer allowed (reset index: N)", as Consul does."""
+        if secret:
+            try:
+                uuid.UUID(secret)
+            except ValueError:
+                raise AclError(400, "Invalid bootstrap secret: not a UUID") from None
+        with self.state.lock:
+            if self.bootstrap_index:
+                raise AclError(403, "Permission denied: ACL bootstrap no longer allowed "
+                                    f"(reset index: {self.bootstrap_index})")
+            token = self._put_token(Token(str(uuid.uuid4()), secret or str(uuid.uuid4()),
+                                          "Bootstrap Token (Global Management)", [GLOBAL_MANAGEMENT_ID],
+                                          create_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+            self.bootstrap_index = token.create_index
+            return token
 
     # -- resolution -----------------------------------------------------------------------------
     def resolve(self, secret: str) -> Authorizer:
@@ -340,13 +362,16 @@ class AclStore:
     # -- persistence ----------------------------------------------------------------------------
     def snapshot(self) -> dict:
         return {"policies": [asdict(p) for p in self.policies.values()],
-                "tokens": [asdict(t) for t in self.tokens.values()]}
+                "tokens": [asdict(t) for t in self.tokens.values()], "bootstrap_index": self.bootstrap_index}
 
     def restore(self, snap: dict) -> None:
         for rec in snap.get("policies", []):
             self.policies[rec["id"]] = Policy(**rec)
         for rec in snap.get("tokens", []):
             self.tokens[rec["accessor"]] = Token(**rec)
+        # a data directory written before the bootstrap was recorded: a management token means bootstrapped
+        managed = [t.create_index for t in self.tokens.values() if GLOBAL_MANAGEMENT_ID in t.policies]
+        self.bootstrap_index = int(snap.get("bootstrap_index") or 0) or min(managed, default=self.bootstrap_index)
 
 
 def authorizer_from_export(data: dict) -> Authorizer:

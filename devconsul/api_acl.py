@@ -1,7 +1,9 @@
 """``/v1/acl/*``: policies and tokens (https://developer.hashicorp.com/consul/api-docs/acl/policies,
 .../acl/tokens). Create is ``PUT /v1/acl/policy`` / ``PUT /v1/acl/token``; read, update and delete take the ID
 in the path; ``GET /v1/acl/token/self`` reads the request's own token (no ``acl`` rule needed); the lists are
-``/v1/acl/policies`` and ``/v1/acl/tokens``. With ACLs off every path answers 401 "ACL support disabled",
+``/v1/acl/policies`` and ``/v1/acl/tokens``; ``PUT /v1/acl/bootstrap`` makes the first management token once
+(https://developer.hashicorp.com/consul/api-docs/acl#bootstrap-acls: no rule; the body's optional
+``BootstrapSecret`` becomes its SecretID). With ACLs off every path answers 401 "ACL support disabled",
 as Consul does.
 """
 
@@ -34,6 +36,11 @@ def _body(req: Request, fields) -> dict:
 
 def _route(server, store, req: Request, rest: str) -> Response:
     method = req.method
+    if rest == "bootstrap":
+        if method != "PUT":
+            raise ApiError(405, f"method {method} not allowed")
+        secret = _body(req, ("BootstrapSecret",)).get("BootstrapSecret") or ""
+        return _changed(server, store.token_api(store.bootstrap(str(secret))))
     if rest == "policy" and method == "PUT":
         policy = store.put_policy(_body(req, POLICY_FIELDS))
         return _changed(server, policy.api())

@@ -11,10 +11,11 @@
 - ``/v1/status/leader|peers``; https://developer.hashicorp.com/consul/api-docs/status
 - ``/v1/operator/autopilot/health`` (one server: itself, healthy, FailureTolerance 0)
 ``?filter`` (:mod:`devconsul.bexpr`, Consul's filter language:
-https://developer.hashicorp.com/consul/api-docs/features/filtering) works on ``/v1/health/service/:service``
+https://developer.hashicorp.com/consul/api-docs/features/filtering) works on ``/v1/health/service/:service``,
+the three check lists (``/v1/health/checks/:service``, ``/v1/health/state/:state``, ``/v1/health/node/:node``)
 and ``/v1/catalog/service/:service``, with the selectors those pages list (Node.*, Service.ID/Service/Tags/
-Meta/Port/Address, Checks.* for health; ID, Node, ServiceID/ServiceTags/ServiceMeta/ServicePort/... for the
-catalog). On the other endpoints it is refused with 400 rather than silently ignored; ``?near`` is not
+Meta/Port/Address, Checks.* for a service's health; Node, CheckID, Name, Status, ServiceID, ServiceName,
+ServiceTags, ... for a check; ID, Node, ServiceID/ServiceTags/ServiceMeta/ServicePort/... for the catalog). On the other endpoints it is refused with 400 rather than silently ignored; ``?near`` is not
 implemented.
 """
 
@@ -53,7 +54,7 @@ def _match(svc, name: str, tags: list[str]) -> bool:
 
 def handle_health(server, req: Request, rest: str) -> Response:
     kind, _, arg = rest.partition("/")
-    _reads_only(req, filterable=kind == "service" and bool(arg))
+    _reads_only(req, filterable=kind in ("service", "checks", "state", "node") and bool(arg))
     catalog = server.catalog
     if kind == "service" and arg:
         passing = req.flag("passing")
@@ -81,6 +82,7 @@ def handle_health(server, req: Request, rest: str) -> Response:
     if kind in ("checks", "state", "node") and arg:
         if kind == "state" and arg not in ("any", "passing", "warning", "critical"):
             raise ApiError(400, f"Invalid state: {arg}")
+        check_filter = bexpr.parse(req.get("filter"), bexpr.HEALTH_CHECK_FIELDS) if req.get("filter") else None
 
         def wanted(node, check) -> bool:
             if kind == "checks":
@@ -93,11 +95,14 @@ def handle_health(server, req: Request, rest: str) -> Response:
             found, dropped = [], False
             for node, _, checks in _views(server):
                 for check in _by_id(checks):
-                    if wanted(node, check):
-                        if check_visible(req, check):
-                            found.append(check.api())
-                        else:
-                            dropped = True
+                    if not wanted(node, check):
+                        continue
+                    if not check_visible(req, check):
+                        dropped = True
+                        continue
+                    shown = check.api()
+                    if check_filter is None or bexpr.evaluate(check_filter, shown):  # after the ACL filter
+                        found.append(shown)
             return filtered(Response(payload=found), dropped)
 
         return blocking_read(server, req, lambda: catalog.checks_index, build_checks, ANY_CATALOG)

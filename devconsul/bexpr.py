@@ -310,6 +310,7 @@ _CHECK = {"Node": "value", "CheckID": "value", "Name": "value", "Status": "value
           "Output": "value", "ServiceID": "value", "ServiceName": "value", "ServiceTags": "list",
           "Type": "value"}
 HEALTH_SERVICE_FIELDS = {"Node": _NODE, "Service": _SERVICE, "Checks": _CHECK}
+HEALTH_CHECK_FIELDS = _CHECK  # one check of /v1/health/checks, /state and /node ("Filtering" under each)
 CATALOG_SERVICE_FIELDS = {
     **{k: "value" for k in ("ID", "Node", "Address", "Datacenter", "ServiceID", "ServiceName", "ServiceAddress",
                             "ServicePort", "ServiceKind", "ServiceEnableTagOverride")},

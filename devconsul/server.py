@@ -70,14 +70,17 @@ class DevConsulServer:
         connection_timeout_s: float = CONNECTION_TIMEOUT_S,
         agent: AgentSettings | None = None,
         ae_interval: float = 60.0,
+        acl_enabled: bool | None = None,
         failure_timeout: float = FAILURE_TIMEOUT_S,
     ):
         host, _, port = addr.rpartition(":")
         self._bind = (host.strip("[]") or "127.0.0.1", int(port))
         self.data_dir = Path(data_dir) if data_dir else None
         if agent is None:  # the plain dev server: one node, its own leader; --acl-token-file turns ACLs on
+            # (acl_enabled=True without a token: ACLs on and not bootstrapped, for PUT /v1/acl/bootstrap)
             agent = AgentSettings(node_name or socket.gethostname(), server=True, check_update_interval=check_update_interval,
-                                  acl_enabled=bool(acl_token), default_policy="deny",
+                                  acl_enabled=bool(acl_token) if acl_enabled is None else acl_enabled,
+                                  default_policy="deny",
                                   tokens={"initial_management": acl_token} if acl_token else {})
             self._rpc_bind = None
         else:

@@ -342,6 +342,8 @@ ACTIONS = {
     "read the rollout document": lambda admin, api: _read_rollout(admin, api),
     "write a repair record `clusterctl/repair/<dc>/<node>`": lambda admin, api: _allowed(
         api.put("/v1/kv/clusterctl/repair/dc1/n1", data=b"{}")),
+    "read the servers' health (`operator/autopilot/health`)": lambda admin, api: _allowed(
+        api.get("/v1/operator/autopilot/health")),
     "create or change ACL policies and tokens": lambda admin, api: _allowed(
         api.put("/v1/acl/policy", json={"Name": "extra", "Rules": ""})),
 }

@@ -7,7 +7,9 @@ Contract (runs against a real Consul too, with CONSUL_HTTP_ADDR):
 - https://developer.hashicorp.com/consul/api-docs/health#filtering-2 (List Service Instances: selectors
   Node.*, Service.ID/Service/Tags/Meta/Port/Address, Checks.*) and
   https://developer.hashicorp.com/consul/api-docs/catalog#filtering-1 (List Nodes for Service: ServiceID,
-  ServiceTags, ServiceMeta, ServicePort, Node, ...).
+  ServiceTags, ServiceMeta, ServicePort, Node, ...); the check lists (List Checks for Node, List Checks for
+  Service, List Checks in State) take ``filter`` too, over a check's Node, CheckID, Name, Status, ServiceID,
+  ServiceName, ServiceTags, ...
 - https://developer.hashicorp.com/consul/api-docs/api-structure#default-acl-policy: "All API responses for
   Consul versions after 1.9 will include an HTTP response header X-Consul-Default-ACL-Policy set to either
   "allow" or "deny" ... This value is returned even if ACLs are disabled."
@@ -70,6 +72,22 @@ def test_catalog_service_filter(api, three):
     assert _ids(resp, lambda e: e["ServiceID"][-1]) == ["b"]
     resp = api.get(f"/v1/catalog/service/{three}", params={"filter": '"rack:r2" in ServiceTags'})
     assert _ids(resp, lambda e: e["ServiceID"][-1]) == ["c"]
+
+
+@pytest.mark.parametrize(("path", "expr", "want"), [
+    ("/v1/health/state/any", 'ServiceName == "{name}" and Status == "critical"', ["b"]),
+    ("/v1/health/state/passing", 'ServiceID matches "-[bc]$"', ["c"]),
+    ("/v1/health/checks/{name}", '"node:n1" in ServiceTags or ServiceID == "{name}-c"', ["a", "c"]),
+    ("/v1/health/state/any", 'ServiceName matches "^{name}$" and ServiceID is not empty', ["a", "b", "c"]),
+])
+def test_check_list_filter(api, three, path, expr, want):
+    """What a reader of every IU check sends: the check lists filter each check by its own fields."""
+    resp = api.get(path.format(name=three), params={"filter": expr.format(name=three)})
+    assert _ids(resp, lambda c: c["ServiceID"][-1]) == want
+
+
+def test_check_list_bad_selector_is_a_400(api):
+    assert api.get("/v1/health/state/any", params={"filter": "Service.ID == \"x\""}).status_code == 400
 
 
 @pytest.mark.parametrize("expr", ["Service.Nope == 1", "Service.Port ==", "(Service.Port == 1", "Service == 1"])

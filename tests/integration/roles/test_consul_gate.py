@@ -1,6 +1,7 @@
 """The consul_agent role's live tasks (tasks/acl.yml and tasks/maintenance.yml) run by ansible-playbook against a
-Consul stand-in server and a client agent holding the file-defined IU services: the policies and tokens are
-created, the file services reach the catalog only through the registration token, and the preflight gate holds
+Consul stand-in server and a client agent holding the file-defined IU services: the server's configuration has
+no management token (as the role renders it), the first run bootstraps the ACLs with the vault's, the policies
+and tokens are created, the file services reach the catalog only through the registration token, and the preflight gate holds
 over runs: released IUs stay released, a re-registered IU (reaped, reloaded) goes back into maintenance, and a
 refused maintenance call fails the host."""
 
@@ -65,8 +66,8 @@ def cluster(monkeypatch, tiny_http):
     monkeypatch.setattr(agentlink, "RETRY_FAIL_S", 0.5)  # Consul retries in 15 s; the test need not wait
     rpc = _free_port()
     server = DevConsulServer(addr="127.0.0.1:0", agent=AgentSettings(
-        "srv", server=True, server_port=rpc, acl_enabled=True, default_policy="deny",
-        tokens={"initial_management": MANAGEMENT}), check_update_interval=0).start()
+        "srv", server=True, server_port=rpc, acl_enabled=True, default_policy="deny"),
+        check_update_interval=0).start()
     agent = DevConsulServer(addr="127.0.0.1:0", agent=AgentSettings(
         "n1", server=False, retry_join=[f"127.0.0.1:{rpc}"], acl_enabled=True, default_policy="deny",
         tokens={"agent": TOKENS["agent"], "config_file_service_registration": TOKENS["registration"]},

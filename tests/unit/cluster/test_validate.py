@@ -180,3 +180,22 @@ def test_a_group_level_problem_is_one_line_not_one_per_host():
         "r01n01, r01n02, r02n01, ... (+1) (4 hosts): gpu_count=6: not divisible by iu_size=4",
         "r01n01: iu_size='four': must be one of 1/2/4/8",
     ]
+
+
+@pytest.mark.parametrize("token", ["s3cr3t-mgmt", "0c4d5e6f7a8b4c9d8e0f1a2b3c4d5e6f", "0c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e6f\n"])
+def test_a_management_token_that_is_no_uuid_is_refused_without_printing_it(tmp_path, capsys, token):
+    """Consul's ACL bootstrap, which the role runs with this token, takes only a UUID."""
+    all_vars = GOOD_GROUP_VARS + f"consul_agent_acl_management_token: {json.dumps(token)}\n"
+    code, _, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, all_vars))
+    assert code == 2, err
+    assert "consul_agent_acl_management_token: not a UUID" in err and token.strip() not in err
+
+
+@pytest.mark.parametrize("value", [
+    "0c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e6f", "\"{{ 'management' | to_uuid }}\"", "''",
+    "management\nconsul_agent_acl_enabled: false"])
+def test_a_uuid_a_vault_value_or_a_template_passes(tmp_path, capsys, value):
+    for all_vars in (GOOD_GROUP_VARS + f"consul_agent_acl_management_token: {value}\n",
+                     GOOD_GROUP_VARS + inline("consul_agent_acl_management_token", "management")):
+        code, out, err = run_cli(capsys, "inventory", "validate", "-i", inventory(tmp_path, ONE_RACK, all_vars))
+        assert code == 0 and "OK (2 hosts)" in out, err

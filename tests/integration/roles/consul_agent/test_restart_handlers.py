@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[4]
 HANDLERS = REPO / "roles" / "consul_agent" / "handlers" / "main.yml"
 SERVERS = ("srv1", "srv2", "srv3")
 REJOIN_S = 1.0
-MANAGEMENT = "5e3c1d2a-0b7f-4c8e-9a6d-3f2e1b0c9d8a"  # the servers' initial_management in this test's inventory
+OPERATOR = "5e3c1d2a-0b7f-4c8e-9a6d-3f2e1b0c9d8a"  # the operator token (operator:read) of this test's inventory
 
 FAKE_SYSTEMCTL = """#!{python}
 import json, os, sys, time
@@ -88,7 +88,7 @@ class Leaders:
             def do_GET(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's name
                 now = time.time()
                 if self.path == "/v1/operator/autopilot/health":
-                    if self.headers.get("X-Consul-Token") != MANAGEMENT:
+                    if self.headers.get("X-Consul-Token") != OPERATOR:
                         return self._answer(403, "Permission denied: token lacks permission 'operator:read'")
                     leaders.formed_at = leaders.formed_at or now + leaders.forming_s
                     if now < leaders.formed_at:
@@ -180,7 +180,7 @@ def servers(tmp_path):
         inventory = tmp_path / "hosts.json"
         inventory.write_text(json.dumps({"all": {"children": {"consul_servers": {"hosts": hosts}}, "vars": {
             "clusterctl_render_only": False, "consul_agent_server": True, "consul_agent_acl_enabled": True,
-            "consul_agent_acl_management_token": MANAGEMENT,
+            "consul_agent_acl_operator_token": OPERATOR,
             "consul_agent_restart_timeout_s": timeout_s}}}))
         playbook = tmp_path / "restart.yml"
         playbook.write_text(
@@ -206,7 +206,7 @@ def test_servers_restart_one_at_a_time_each_after_the_last_found_a_leader(server
                                                                            leaders.first_leader_after_restart)
     # ... so at no moment were two servers down: a 3-server cluster keeps its quorum throughout
     assert set(leaders.first_leader_after_restart) == set(SERVERS)
-    assert MANAGEMENT not in done.stdout
+    assert OPERATOR not in done.stdout
 
 
 def test_a_server_without_a_leader_stops_the_run_before_the_next_is_restarted(servers):
@@ -221,7 +221,7 @@ def test_a_server_without_a_leader_stops_the_run_before_the_next_is_restarted(se
             "take the quorum down (unhealthy servers: srv2") in " ".join(done.stdout.split()), done.stdout[-3000:]
     restarted = {h for h in SERVERS if leaders.restarted_at(h) is not None}
     assert restarted == {"srv1", "srv2"}, restarted  # srv3 untouched: one server down, never two
-    assert MANAGEMENT not in done.stdout
+    assert OPERATOR not in done.stdout
 
 
 def test_a_cluster_still_forming_is_waited_for_not_refused(servers):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.roles.consul_agent.test_restart_handlers import (
-    MANAGEMENT,
+    OPERATOR,
     SERVERS,
     Leaders,
     ansible_playbook,
@@ -51,7 +51,7 @@ def reboot_play(tmp_path):
                  for host in SERVERS}
         inventory = tmp_path / "hosts.json"
         inventory.write_text(json.dumps({"all": {"children": {"consul_servers": {"hosts": hosts}}, "vars": {
-            "consul_agent_acl_management_token": MANAGEMENT, "clusterctl_consul_healthy_timeout_s": timeout_s,
+            "consul_token": OPERATOR, "clusterctl_consul_healthy_timeout_s": timeout_s,
             "ansible_become": False}}}))
         return ansible_playbook(inventory, PLAY), leaders
 
@@ -72,7 +72,7 @@ def test_a_server_stays_up_while_another_server_is_unhealthy(reboot_play):
             "quorum down (unhealthy servers: srv2") in out, out[-3000:]
     assert LOCAL_REBOOT_REFUSED not in out  # no server got to its reboot
     assert "srv3" not in out.split("PLAY RECAP")[0]  # serial 1: the run stopped before the next server's turn
-    assert MANAGEMENT not in done.stdout
+    assert OPERATOR not in done.stdout
 
 
 def test_servers_take_their_turn_one_at_a_time_and_only_those_that_need_it(reboot_play):

@@ -1,13 +1,18 @@
 #!/usr/bin/python
 # Part of clusterctl. Apache-2.0.
-"""Ensure Consul ACL policies and tokens (with SecretIDs from the vault) exist as given."""
+"""Bootstrap Consul's ACLs with the vault's management token, and ensure ACL policies and tokens (with SecretIDs
+from the vault) exist as given."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: consul_acl
-short_description: Ensure Consul ACL policies and tokens, with secrets chosen by the caller
+short_description: Bootstrap Consul's ACLs and ensure ACL policies and tokens, with secrets chosen by the caller
 description:
+  - First makes sure the cluster's ACLs are bootstrapped with I(management_token). When that token is
+    unknown, C(PUT /v1/acl/bootstrap) with it as C(BootstrapSecret) (Consul's one-time bootstrap, so no
+    server's configuration needs C(initial_management)). A cluster bootstrapped with another token is an
+    error saying so; one bootstrapped with this token (or with it as C(initial_management)) is left as it is.
   - Creates or updates each policy (by name) and each token (by its SecretID, so the secret can live in a
     vault and be rendered into configuration before the token exists). A token is found with
     C(GET /v1/acl/token/self) using its own secret; a missing one is created with C(PUT /v1/acl/token) and
@@ -20,7 +25,7 @@ options:
     type: str
     required: true
   management_token:
-    description: A token with C(acl = "write").
+    description: The management token (a UUID), the bootstrap token of the cluster's ACLs.
     type: str
     required: true
     no_log: true
@@ -43,7 +48,7 @@ author: clusterctl maintainers
 
 RETURN = r"""
 created:
-  description: Policy names and token descriptions created.
+  description: Policy names and token descriptions created; C(ACL bootstrap) when this run bootstrapped.
   type: list
   returned: always
 updated:
@@ -106,6 +111,33 @@ def _read_token(url: str, secret: str, description: str, timeout: int) -> dict |
     return None
 
 
+BOOTSTRAP_REFUSED = "ACL bootstrap no longer allowed"  # Consul's 403 once a cluster is bootstrapped
+
+
+def bootstrap(url: str, management: str, check: bool, timeout: int) -> bool:
+    """Make sure the cluster's ACLs are bootstrapped with ``management``: True when this call bootstrapped them
+    (in check mode: would). Several nodes' runs may race here; the loser's 403 is read as "bootstrapped",
+    and then the token must work, or the cluster was bootstrapped with another one."""
+    status, found = call(url, "GET", "/v1/acl/token/self", management, timeout=timeout)
+    if status == 200:
+        return False
+    if status != 403:
+        _need(status, found, "read the management token")
+    if check:
+        return True
+    status, made = call(url, "PUT", "/v1/acl/bootstrap", "", {"BootstrapSecret": management}, timeout)
+    if status == 200:
+        return True
+    if status == 403 and BOOTSTRAP_REFUSED in str(made):
+        if call(url, "GET", "/v1/acl/token/self", management, timeout=timeout)[0] == 200:
+            return False
+        raise ConsulError("the cluster's ACLs were bootstrapped with another management token than "
+                          f"consul_agent_acl_management_token (Consul: {str(made).strip()[:200]}): put that token "
+                          "in the vault, or reset the ACL bootstrap as Consul documents it")
+    _need(status, made, "ACL bootstrap")
+    return False
+
+
 def _find_or_create(read, create, check: bool, what: str, created: list[str]) -> dict | None:
     """What ``read()`` finds, compared and updated by the caller; None when it was missing and ``create()``
     made it (or, in check mode, would: ``what`` appended to ``created``). A create Consul refuses because
@@ -129,15 +161,19 @@ def ensure(url: str, management: str, policies: list[dict], tokens: list[dict], 
     created: list[str] = []
     updated: list[str] = []
     deadline = time.monotonic() + timeout
-    while True:  # an agent that just started may not have a leader yet
+    while True:  # an agent that just started may not have a leader yet ("" until one is elected)
         try:
-            status, _ = call(url, "GET", "/v1/status/leader", "", timeout=timeout)
-            if status == 200:
+            status, leader = call(url, "GET", "/v1/status/leader", "", timeout=timeout)
+            if status == 200 and leader:
                 break
         except ConsulError:
             if time.monotonic() > deadline:
                 raise
+        if time.monotonic() > deadline:
+            raise ConsulError(f"no Consul leader known at {url} within {timeout}s")
         time.sleep(1)
+    if bootstrap(url, management, check, timeout):
+        created.append("ACL bootstrap")
     # Every node ensures the shared policies and tokens (registration, operator, edge), and a batch runs its
     # nodes in parallel forks: another node can create one between this node's read and its create, which
     # Consul refuses ("already exists", "SecretID is already in use"). A refused create is read again and,
