@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from tests.helpers import GOLDEN, REPO
+from tests.helpers import GOLDEN, REPO, role_tasks
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +23,7 @@ def _templar(variables: dict):
 
 
 def _role_tasks(role: str, file: str) -> list[dict]:
-    return yaml.safe_load((REPO / "roles" / role / "tasks" / file).read_text())
+    return role_tasks(role, file)
 
 
 def _task(tasks: list[dict], name: str) -> dict:
