@@ -229,6 +229,9 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
     assert "Types: deb" in provisioned.read(host, "/etc/apt/sources.list.d/hashicorp.sources")
     # dpkg leaves a deleted conffile deleted on a plain reinstall: the role must ask for it back
     assert "cuda-archive-keyring.gpg" in provisioned.read(host, CUDA_LIST)
+    # dpkg puts NVIDIA's entry back (the stand-in's, like the real one, names NVIDIA's server): the role points
+    # it at the inventory's repository again
+    assert "developer.download.nvidia.com" not in provisioned.read(host, CUDA_LIST)
     again = provisioned.provision("after-repair", "--batches", "100%", "--limit", host)
     assert again.returncode == 0, again.stdout[-3000:]
     assert stats_of(provisioned.run_dirs["after-repair"] / "events.jsonl")["changed"] == {}
