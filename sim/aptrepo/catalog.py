@@ -13,6 +13,7 @@ Every entry mirrors a package of NVIDIA's CUDA repository for Ubuntu 22.04
 | libnvidia-compute-550, nvidia-kernel-common-550, nvidia-kernel-source-550-open | same | marker libraries/sources |
 | nvidia-dkms-550-open | same | postinst as dkms's: builds the module only with the running kernel's headers |
 | nvidia-fabricmanager-550 | 550.127.08-1, 550.90.07-1 | `nv-fabricmanager` + NVIDIA's unit; refuses a loaded module of another version |
+| libnvidia-nscq-550 | 550.127.08-1, 550.90.07-1 | `libnvidia-nscq.so.<version>` (DCGM's NVSwitch library; its version must be the driver's) |
 | linux-headers-$(uname -r) | 1.0-0clusterctl1 | the `/lib/modules/<release>/build` link dkms looks for |
 | cuda-toolkit-12-4 | 12.4.1-1 | `/usr/local/cuda-12.4` with `nvcc --version` and `version.json` |
 | libnccl2, libnccl-dev | 2.21.5-1+cuda12.4, 2.20.5-1+cuda12.4 | `libnccl.so.2.x.y`, `nccl.h` with NCCL_MAJOR/MINOR/PATCH |
@@ -363,6 +364,10 @@ def nvidia_packages(keyring: bytes) -> list[StandIn]:
                     **_NVIDIA, depends=driver_deps),
             StandIn("nvidia", f"nvidia-headless-{b}-open", pkg_version, "NVIDIA headless metapackage (open kernel)",
                     **_NVIDIA, depends=driver_deps),
+            # NVIDIA/apt-packaging-libnvidia-nscq: libnvidia-nscq-<branch>_<driver version>-1, which "must match
+            # the NVIDIA driver installed"; no dependency on the driver, like Fabric Manager's.
+            StandIn("nvidia", f"libnvidia-nscq-{b}", f"{version}-1", "NVSwitch Configuration and Query library",
+                    **_NVIDIA, files=(_marker(f"{libs}/libnvidia-nscq.so.{version}", "NSCQ"),)),
             StandIn("nvidia", f"nvidia-fabricmanager-{b}", f"{version}-1", "Fabric Manager for NVSwitch based systems",
                     **_NVIDIA, depends=("libc6",),
                     files=(PackageFile("/usr/bin/nv-fabricmanager",

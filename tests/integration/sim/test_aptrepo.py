@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sim.aptrepo import build_repositories, catalog, serve
 from sim.aptrepo.consul_standin import ConfigError, parse_hcl
@@ -92,6 +93,27 @@ def test_apt_verifies_the_signature_and_resolves_pinned_versions(served, tmp_pat
     skew = apt("apt-get", *options, "-s", "install", "nvidia-driver-550-open=550.127.08-0ubuntu1",
                "nvidia-fabricmanager-550=550.90.07-1")
     assert skew.returncode == 0, "apt installs a skewed driver/FM pair, as on a real host"
+
+
+def test_the_role_s_dcgm_specs_resolve_with_nscq_at_the_driver_version_and_the_host_engine_unit(served, tmp_path):
+    """What nvidia_stack installs for preflight's `dcgmi diag`: DCGM under its real name and unit, and NSCQ
+    (DCGM's NVSwitch library) at exactly the driver's version."""
+    repos, _ = served
+    defaults = yaml.safe_load((ROOT / "roles/nvidia_stack/defaults/main.yml").read_text())
+    options = apt_root(tmp_path, repos)
+    assert apt("apt-get", *options, "update").returncode == 0
+    plan = apt("apt-get", *options, "-s", "install", *defaults["nvidia_stack_dcgm_packages"],
+               f"libnvidia-nscq-550={defaults['nvidia_stack_driver_version']}-*")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "Inst datacenter-gpu-manager (1:3.3.9" in plan.stdout
+    assert f"Inst libnvidia-nscq-550 ({defaults['nvidia_stack_driver_version']}-1" in plan.stdout
+    dcgm = next(p for p in repos.packages() if p["Package"] == "datacenter-gpu-manager")
+    unpacked = tmp_path / "dcgm"
+    subprocess.run(["dpkg-deb", "-x", str(repos.root / "nvidia/compute/cuda/repos/ubuntu2204/x86_64" /
+                                         dcgm["Filename"]), str(unpacked)], check=True)
+    unit = (unpacked / "usr/lib/systemd/system/nvidia-dcgm.service").read_text()
+    assert "ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm" in unit
+    assert (unpacked / "usr/bin/dcgmi").is_file()
 
 
 def test_apt_rejects_a_repository_signed_by_another_key(served, tmp_path):

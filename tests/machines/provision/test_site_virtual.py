@@ -155,6 +155,15 @@ def test_allow_reboot_restarts_the_machines_into_the_pinned_driver_and_starts_it
     assert "reboot pending" not in provisioned.runs["second"].stdout
 
 
+def test_dcgm_comes_from_its_package_and_its_host_engine_runs_on_the_pinned_driver(provisioned):
+    """preflight's gate runs `dcgmi diag` against nv-hostengine: the role installs DCGM and runs its unit."""
+    for host in provisioned.hosts:
+        version = provisioned.on_host(host, "dpkg-query", "-W", "-f=${Version}", "datacenter-gpu-manager")
+        assert version.stdout == "1:3.3.9", (host, version.stdout, version.stderr)
+        active = provisioned.on_host(host, "systemctl", "is-active", "nvidia-dcgm.service")
+        assert active.stdout.strip() == "active", host
+
+
 def test_a_driver_bump_previews_in_check_mode_then_reboots_into_the_new_pin(provisioned):
     """Pin A -> pin B on a provisioned host: --check reports the reboot the bump needs and changes nothing (the
     installed packages are still A's); the run with --allow-reboot installs B, builds its module, restarts the
