@@ -110,7 +110,8 @@ def test_nvidia_repository_comes_from_cuda_keyring_with_a_forced_refresh():
     names = [t["name"] for t in tasks]
     assert names.index(refresh["name"]) < names.index("Install the driver and Fabric Manager at the exact driver version")
     enable = _task(tasks, "Enable nvidia-persistenced, DCGM and, on NVSwitch systems, Fabric Manager")
-    assert enable["loop"].startswith("{{ _nvidia_stack_daemons ") and enable["ansible.builtin.systemd_service"]["enabled"]
+    assert enable["vars"]["_nvidia_stack_units"].startswith("{{ _nvidia_stack_daemons\n")
+    assert enable["ansible.builtin.systemd_service"]["enabled"]
     daemons = _task(_role_tasks("nvidia_stack", "main.yml"), "Read this node's layout from the cluster model and "
                     "name the packages")["ansible.builtin.set_fact"]["_nvidia_stack_daemons"]
     assert "nvidia-fabricmanager.service" in daemons
@@ -218,8 +219,8 @@ def test_dcgm_is_installed_and_its_host_engine_runs_with_the_other_daemons(nvswi
     for check_mode, installed, listed in [(False, {}, True), (True, {}, False),  # check mode: no unit to look up yet
                                           (True, {"datacenter-gpu-manager": "1:3.3.9"}, True)]:
         state = {**variables, "ansible_check_mode": check_mode, "_nvidia_stack_installed": installed}
-        state["_nvidia_stack_units_present"] = _templar(state)(enable["vars"]["_nvidia_stack_units_present"])
-        assert ("nvidia-dcgm.service" in _templar(state)(enable["loop"])) is listed
+        assert enable["loop"] == "{{ _nvidia_stack_units }}"
+        assert ("nvidia-dcgm.service" in _templar(state)(enable["vars"]["_nvidia_stack_units"])) is listed
     without = _nvidia_vars(nvswitch, nvidia_stack_dcgm_packages=[])
     assert "nvidia-dcgm.service" not in without["_nvidia_stack_daemons"]
     assert not [spec for spec in without["_nvidia_stack_driver_specs"] if "nscq" in spec]
