@@ -93,6 +93,7 @@ def role_run(tmp_path: Path, repos) -> list[str]:
         "_nvidia_stack_repo": f"{repos.nvidia_repo_url}/ubuntu2204/x86_64",
         # what tasks/packages.yml read from dpkg first: the keyring installed, none of its files missing
         "_nvidia_stack_installed": {"cuda-keyring": "1.1-1"}, "_nvidia_stack_dpkg": {"stdout_lines": []},
+        "clusterctl_proxy_env": {},
     }))
     return [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local", str(play),
             "-e", f"@{tmp_path / 'extra.json'}"]
