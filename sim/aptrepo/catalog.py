@@ -6,13 +6,14 @@ Every entry mirrors a package of NVIDIA's CUDA repository for Ubuntu 22.04
 
 | package | versions | what the stand-in carries |
 |---|---|---|
-| cuda-keyring | 1.1-1 | `/usr/share/keyrings/cuda-archive-keyring.gpg` + `cuda-ubuntu2204-x86_64.list`, as NVIDIA's |
+| cuda-keyring | 1.1-1 | `/usr/share/keyrings/cuda-archive-keyring.gpg` + `cuda-ubuntu2204-x86_64.list` naming NVIDIA's server, as NVIDIA's |
 | nvidia-driver-550-open, nvidia-headless-550-open | 550.127.08-0ubuntu1, 550.90.07-0ubuntu1 | metapackages with Ubuntu's exact-version dependencies |
 | nvidia-utils-550 | same | `/usr/bin/nvidia-smi` (the simulated hardware answers) |
 | nvidia-compute-utils-550 | same | `/usr/bin/nvidia-persistenced` + Ubuntu's unit, which passes `--no-persistence-mode` |
 | libnvidia-compute-550, nvidia-kernel-common-550, nvidia-kernel-source-550-open | same | marker libraries/sources |
 | nvidia-dkms-550-open | same | postinst as dkms's: builds the module only with the running kernel's headers |
 | nvidia-fabricmanager-550 | 550.127.08-1, 550.90.07-1 | `nv-fabricmanager` + NVIDIA's unit; refuses a loaded module of another version |
+| libnvidia-nscq-550 | 550.127.08-1, 550.90.07-1 | `libnvidia-nscq.so.<version>` (DCGM's NVSwitch library; its version must be the driver's) |
 | linux-headers-$(uname -r) | 1.0-0clusterctl1 | the `/lib/modules/<release>/build` link dkms looks for |
 | cuda-toolkit-12-4 | 12.4.1-1 | `/usr/local/cuda-12.4` with `nvcc --version` and `version.json` |
 | libnccl2, libnccl-dev | 2.21.5-1+cuda12.4, 2.20.5-1+cuda12.4 | `libnccl.so.2.x.y`, `nccl.h` with NCCL_MAJOR/MINOR/PATCH |
@@ -60,6 +61,8 @@ DRIVER_VERSIONS = ("550.127.08", "550.90.07")  # current pin first, then the old
 NCCL_VERSIONS = ("2.21.5-1+cuda12.4", "2.20.5-1+cuda12.4")
 CUDA_TOOLKIT = ("cuda-toolkit-12-4", "12.4.1-1", "12.4")
 DCGM_VERSION = "1:3.3.9"
+# What the real cuda-keyring 1.1-1 of the ubuntu2204/x86_64 repository writes into its .list.
+KEYRING_REPO_URL = "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"
 CONSUL_VERSIONS = ("1.20.1-1", "1.19.2-1")
 
 
@@ -311,16 +314,18 @@ def _marker(path: str, what: str) -> PackageFile:
     return PackageFile(path, f"clusterctl stand-in: {what}\n")
 
 
-def nvidia_packages(keyring: bytes, repo_url: str) -> list[StandIn]:
-    """NVIDIA's packages; ``keyring`` is the repository's public key (binary), ``repo_url`` the flat repo URL."""
+def nvidia_packages(keyring: bytes) -> list[StandIn]:
+    """NVIDIA's packages; ``keyring`` is the repository's public key (binary)."""
     packages = [
         StandIn(
             "nvidia", "cuda-keyring", "1.1-1", "GPG keyring for the CUDA repository", section="multiverse/devel",
             architecture="all", **_NVIDIA,
             files=(
                 PackageFile("/usr/share/keyrings/cuda-archive-keyring.gpg", keyring),
+                # NVIDIA's server, wherever the deb was fetched from: a mirror or the stand-in server is not
+                # where the real keyring points apt (see README.md, "cuda-keyring's entry").
                 PackageFile("/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list",
-                            f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {repo_url} /\n"),
+                            f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {KEYRING_REPO_URL} /\n"),
             ),
         )
     ]
@@ -359,6 +364,10 @@ def nvidia_packages(keyring: bytes, repo_url: str) -> list[StandIn]:
                     **_NVIDIA, depends=driver_deps),
             StandIn("nvidia", f"nvidia-headless-{b}-open", pkg_version, "NVIDIA headless metapackage (open kernel)",
                     **_NVIDIA, depends=driver_deps),
+            # NVIDIA/apt-packaging-libnvidia-nscq: libnvidia-nscq-<branch>_<driver version>-1, which "must match
+            # the NVIDIA driver installed"; no dependency on the driver, like Fabric Manager's.
+            StandIn("nvidia", f"libnvidia-nscq-{b}", f"{version}-1", "NVSwitch Configuration and Query library",
+                    **_NVIDIA, files=(_marker(f"{libs}/libnvidia-nscq.so.{version}", "NSCQ"),)),
             StandIn("nvidia", f"nvidia-fabricmanager-{b}", f"{version}-1", "Fabric Manager for NVSwitch based systems",
                     **_NVIDIA, depends=("libc6",),
                     files=(PackageFile("/usr/bin/nv-fabricmanager",

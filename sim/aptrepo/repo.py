@@ -6,7 +6,7 @@
         dists/<suite>/{Release,Release.gpg,InRelease}, pool/main/c/consul/*.deb, gpg (armored key, HashiCorp's URL)
 
 One throwaway ed25519 key signs both (its GNUPGHOME is a short-lived 0700 temp dir, deleted after the build). A build is
-keyed by its recipe (the catalog, the consul stand-in's sources and the URL baked into cuda-keyring): an
+keyed by its recipe (the catalog, the consul stand-in's sources and the URL it is served at): an
 unchanged recipe reuses the tree, a changed one rebuilds it; concurrent builders serialize on a lock file.
 """
 
@@ -128,7 +128,7 @@ def _build_signed(root: Path, gnupg: Path, base_url: str) -> str:
 
     flat = root / NVIDIA_PATH / NVIDIA_DISTRO / NVIDIA_ARCH
     flat.mkdir(parents=True)
-    for package in catalog.nvidia_packages(binary, f"{base_url}/{NVIDIA_PATH}/{NVIDIA_DISTRO}/{NVIDIA_ARCH}/"):
+    for package in catalog.nvidia_packages(binary):
         build_deb(package, flat)
     _index(flat, flat, ".")
     _release(flat, gnupg, fingerprint, {"Origin": "NVIDIA", "Label": "NVIDIA CUDA", "Architectures": "amd64 all"})

@@ -14,6 +14,17 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "fixtures" / "golden" / "provision"  # what the roles render, byte for byte
 
 
+def role_tasks(role: str, file: str) -> list[dict]:
+    """A role's task file as Ansible runs it: each ``import_tasks`` of a sibling file replaced by its tasks."""
+    import yaml
+
+    tasks = []
+    for task in yaml.safe_load((REPO / "roles" / role / "tasks" / file).read_text()):
+        imported = task.get("ansible.builtin.import_tasks")
+        tasks += role_tasks(role, imported) if imported else [task]
+    return tasks
+
+
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     """Run ``clusterctl ARGS`` in-process; return (exit code, stdout, stderr)."""
     try:

@@ -150,3 +150,6 @@ def test_the_ius_a_change_touches():
     assert changed("/etc/vllm-iu/api-key.env") == ius  # the key every IU reads: all
     assert changed("/etc/chrony/chrony.conf") == [] == changed()
     assert plugin.inference_units_changed(ius, None, "/etc/vllm-iu") == []
+    # vLLM installed anew under the running IUs: all of them, whatever files changed
+    assert plugin.inference_units_changed(ius, None, "/etc/vllm-iu", {"changed": True}) == ius
+    assert plugin.inference_units_changed(ius, None, "/etc/vllm-iu", {"changed": False}) == []

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sim.aptrepo import build_repositories, catalog, serve
 from sim.aptrepo.consul_standin import ConfigError, parse_hcl
@@ -94,6 +95,27 @@ def test_apt_verifies_the_signature_and_resolves_pinned_versions(served, tmp_pat
     assert skew.returncode == 0, "apt installs a skewed driver/FM pair, as on a real host"
 
 
+def test_the_role_s_dcgm_specs_resolve_with_nscq_at_the_driver_version_and_the_host_engine_unit(served, tmp_path):
+    """What nvidia_stack installs for preflight's `dcgmi diag`: DCGM under its real name and unit, and NSCQ
+    (DCGM's NVSwitch library) at exactly the driver's version."""
+    repos, _ = served
+    defaults = yaml.safe_load((ROOT / "roles/nvidia_stack/defaults/main.yml").read_text())
+    options = apt_root(tmp_path, repos)
+    assert apt("apt-get", *options, "update").returncode == 0
+    plan = apt("apt-get", *options, "-s", "install", *defaults["nvidia_stack_dcgm_packages"],
+               f"libnvidia-nscq-550={defaults['nvidia_stack_driver_version']}-*")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "Inst datacenter-gpu-manager (1:3.3.9" in plan.stdout
+    assert f"Inst libnvidia-nscq-550 ({defaults['nvidia_stack_driver_version']}-1" in plan.stdout
+    dcgm = next(p for p in repos.packages() if p["Package"] == "datacenter-gpu-manager")
+    unpacked = tmp_path / "dcgm"
+    subprocess.run(["dpkg-deb", "-x", str(repos.root / "nvidia/compute/cuda/repos/ubuntu2204/x86_64" /
+                                         dcgm["Filename"]), str(unpacked)], check=True)
+    unit = (unpacked / "usr/lib/systemd/system/nvidia-dcgm.service").read_text()
+    assert "ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm" in unit
+    assert (unpacked / "usr/bin/dcgmi").is_file()
+
+
 def test_apt_rejects_a_repository_signed_by_another_key(served, tmp_path):
     repos, _ = served
     other = build_repositories(tmp_path / "other", repos.base_url + "/other")
@@ -134,8 +156,9 @@ def test_packages_carry_the_vendor_unit_files(served, tmp_path):
     conffiles = subprocess.run(["dpkg-deb", "-I", str(consul), "conffiles"], capture_output=True, text=True).stdout
     assert "/etc/consul.d/consul.hcl" in conffiles
     keyring_list = extract(flat / "cuda-keyring_1.1-1_all.deb", "/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list")
-    assert keyring_list == (f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
-                            f"{repos.nvidia_repo_url}/ubuntu2204/x86_64/ /\n")
+    # NVIDIA's server, not the one the deb came from: a role that leaves it fails apt on a mirrored site
+    assert keyring_list == ("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                            "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/ /\n")
 
 
 def test_an_unchanged_recipe_reuses_the_build_and_a_changed_one_rebuilds(served, tmp_path):
@@ -301,7 +324,7 @@ def test_persistenced_fails_without_a_loaded_module_of_its_version(tmp_path, loa
 
 
 def dkms_postinst(tmp_path: Path, version: str) -> Path:
-    package = next(p for p in catalog.nvidia_packages(b"key", "http://127.0.9.254/repo")
+    package = next(p for p in catalog.nvidia_packages(b"key")
                    if p.name == f"nvidia-dkms-{catalog.DRIVER_BRANCH}-open" and p.version.startswith(version))
     assert package.postinst is not None
     return stand_in(tmp_path, "postinst", package.postinst)
@@ -328,7 +351,7 @@ def test_the_driver_builds_a_module_for_the_running_kernel_only_with_its_headers
 
 
 def test_the_driver_metapackage_pulls_the_dkms_package_and_the_repo_has_the_running_kernel_s_headers():
-    packages = catalog.nvidia_packages(b"key", "http://127.0.9.254/repo")
+    packages = catalog.nvidia_packages(b"key")
     headless = next(p for p in packages if p.name == f"nvidia-headless-{catalog.DRIVER_BRANCH}-open")
     assert any(d.startswith(f"nvidia-dkms-{catalog.DRIVER_BRANCH}-open ") for d in headless.depends)
     assert f"linux-headers-{os.uname().release}" in {p.name for p in packages}

@@ -163,6 +163,15 @@ def test_allow_reboot_restarts_the_machines_into_the_pinned_driver_and_starts_it
     assert "reboot pending" not in provisioned.runs["second"].stdout
 
 
+def test_dcgm_comes_from_its_package_and_its_host_engine_runs_on_the_pinned_driver(provisioned):
+    """preflight's gate runs `dcgmi diag` against nv-hostengine: the role installs DCGM and runs its unit."""
+    for host in provisioned.hosts:
+        version = provisioned.on_host(host, "dpkg-query", "-W", "-f=${Version}", "datacenter-gpu-manager")
+        assert version.stdout == "1:3.3.9", (host, version.stdout, version.stderr)
+        active = provisioned.on_host(host, "systemctl", "is-active", "nvidia-dcgm.service")
+        assert active.stdout.strip() == "active", host
+
+
 def test_a_driver_bump_previews_in_check_mode_then_reboots_into_the_new_pin(provisioned):
     """Pin A -> pin B on a provisioned host: --check reports the reboot the bump needs and changes nothing (the
     installed packages are still A's); the run with --allow-reboot installs B, builds its module, restarts the
@@ -237,6 +246,9 @@ def test_a_rerun_repairs_drift_that_the_host_state_shortcut_must_not_hide(provis
     assert "Types: deb" in provisioned.read(host, "/etc/apt/sources.list.d/hashicorp.sources")
     # dpkg leaves a deleted conffile deleted on a plain reinstall: the role must ask for it back
     assert "cuda-archive-keyring.gpg" in provisioned.read(host, CUDA_LIST)
+    # dpkg puts NVIDIA's entry back (the stand-in's, like the real one, names NVIDIA's server): the role points
+    # it at the inventory's repository again
+    assert "developer.download.nvidia.com" not in provisioned.read(host, CUDA_LIST)
     again = provisioned.provision("after-repair", "--batches", "100%", "--limit", host)
     assert again.returncode == 0, again.stdout[-3000:]
     assert stats_of(provisioned.run_dirs["after-repair"] / "events.jsonl")["changed"] == {}

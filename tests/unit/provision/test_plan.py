@@ -50,6 +50,9 @@ def test_role_has_every_part(role):
     assert list((base / "templates").glob("*.j2")), f"{role}: no templates"
 
 
+SHARED_SETTINGS = ("clusterctl_render_only", "clusterctl_proxy_env")
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_spec_and_defaults_name_the_same_variables(role):
     spec, defaults = _spec(role), _defaults(role)
@@ -57,8 +60,9 @@ def test_spec_and_defaults_name_the_same_variables(role):
         f"{role}: only in spec: {sorted(set(spec) - set(defaults))}, only in defaults: {sorted(set(defaults) - set(spec))}"
     )
     for name, option in spec.items():
-        # clusterctl_render_only: the one switch every role shares (playbooks/README.md, "Render only").
-        assert name.startswith(role + "_") or name == "clusterctl_render_only", f"{role}: {name} is not role-prefixed"
+        # The settings one inventory value gives every role: clusterctl_render_only (playbooks/README.md, "Render
+        # only") and clusterctl_proxy_env (the site's proxy for what a role fetches itself).
+        assert name.startswith(role + "_") or name in SHARED_SETTINGS, f"{role}: {name} is not role-prefixed"
         assert option.get("type"), f"{role}: {name} has no type"
         assert option.get("description"), f"{role}: {name} has no description"
 

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[4]
 BINARIES = ("all_reduce_perf", "all_gather_perf", "reduce_scatter_perf")
 
-def run_role(tmp_path: Path, src: str, sha256: str, check: bool = False) -> subprocess.CompletedProcess:
+def run_role(tmp_path: Path, src: str, sha256: str, check: bool = False,
+             proxy_env: dict | None = None) -> subprocess.CompletedProcess:
     play = tmp_path / "play.yml"
     play.write_text(yaml.safe_dump([{
         "name": "nccl-tests", "hosts": "localhost", "gather_facts": False,
@@ -39,9 +40,12 @@ def run_role(tmp_path: Path, src: str, sha256: str, check: bool = False) -> subp
         "nvidia_stack_nccl_tests_src": src, "nvidia_stack_nccl_tests_sha256": sha256,
         "nvidia_stack_nccl_tests_dir": str(tmp_path / "opt"), "nvidia_stack_nccl_tests_bin_dir": str(tmp_path / "bin"),
         "nvidia_stack_nccl_tests_build_packages": [], "nvidia_stack_cuda_home": "/usr/local/cuda-12.4",
+        "clusterctl_proxy_env": proxy_env or {},
     }))
+    # no proxy but the one the role is given: sudo's env_reset leaves a host's fetches without the login's
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "no_proxy")}
     return ansible_playbook(Path("localhost,"), "-c", "local", str(play), "-e", f"@{tmp_path / 'extra.json'}",
-                            *(["--check"] if check else []))
+                            *(["--check"] if check else []), env=env)
 
 
 def recap(done: subprocess.CompletedProcess) -> dict[str, int]:
@@ -137,3 +141,45 @@ def test_check_mode_on_a_fresh_host_reports_without_failing_or_writing(tmp_path)
     done = run_role(tmp_path, str(tmp_path / "nccl-tests.tar.gz"), sha, check=True)
     assert done.returncode == 0, done.stdout[-3000:]
     assert recap(done)["changed"] > 0 and not (tmp_path / "opt").exists()
+
+
+class ForwardProxy(http.server.BaseHTTPRequestHandler):
+    """An HTTP proxy on loopback: answers a request for any absolute URL from its directory, by file name."""
+
+    directory: Path
+    asked: list[str]
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.asked.append(self.path)
+        file = self.directory / self.path.rsplit("/", 1)[-1]
+        if not self.path.startswith("http://") or not file.is_file():
+            self.send_error(404)
+            return
+        body = file.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args):
+        pass
+
+
+def test_a_download_goes_through_the_proxy_the_role_is_given(tmp_path):
+    """Where the host reaches the source only through the site's proxy (here: a loopback address where nothing
+    listens), the fetch takes clusterctl_proxy_env; without it the download cannot connect."""
+    (tmp_path / "www").mkdir()
+    sha = nccl_tests_source(tmp_path / "www/nccl-tests.tar.gz", "2.13.11")
+    handler = type("Handler", (ForwardProxy,), {"directory": tmp_path / "www", "asked": []})
+    server = http.server.ThreadingHTTPServer(("127.0.71.3", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    src = "http://127.0.71.4:9/nccl-tests.tar.gz"  # unreachable directly
+    try:
+        direct = run_role(tmp_path, src, sha)
+        assert direct.returncode != 0 and handler.asked == [], direct.stdout[-3000:]
+        proxied = run_role(tmp_path, src, sha, proxy_env={"http_proxy": f"http://127.0.71.3:{server.server_address[1]}"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proxied.returncode == 0, proxied.stdout[-3000:]
+    assert handler.asked == [src] and (tmp_path / "bin/all_reduce_perf").exists()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.helpers import REPO
+from tests.helpers import REPO, role_tasks
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +22,7 @@ def _templar(variables: dict):
     return lambda text: templar.template(trust_as_template(text))
 
 
-TASKS = yaml.safe_load((REPO / "roles/nvidia_stack/tasks/packages.yml").read_text())
+TASKS = role_tasks("nvidia_stack", "packages.yml")
 
 
 def _task(name: str) -> dict:

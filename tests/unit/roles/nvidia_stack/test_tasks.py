@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from tests.helpers import GOLDEN, REPO
+from tests.helpers import GOLDEN, REPO, role_tasks
 
 pytestmark = pytest.mark.unit
 
@@ -23,21 +23,22 @@ def _templar(variables: dict):
 
 
 def _role_tasks(role: str, file: str) -> list[dict]:
-    return yaml.safe_load((REPO / "roles" / role / "tasks" / file).read_text())
+    return role_tasks(role, file)
 
 
 def _task(tasks: list[dict], name: str) -> dict:
     return next(t for t in tasks if t["name"] == name)
 
 
-def _nvidia_vars(nvswitch: bool) -> dict:
+def _nvidia_vars(nvswitch: bool, **overrides) -> dict:
     defaults = yaml.safe_load((REPO / "roles/nvidia_stack/defaults/main.yml").read_text())
-    variables = {**defaults, "nvidia_stack_nvswitch": nvswitch}
+    variables = {**defaults, "nvidia_stack_nvswitch": nvswitch, **overrides}
     render = _templar(variables)
     variables["nvidia_stack_driver_packages"] = [render(p) for p in defaults["nvidia_stack_driver_packages"]]
     facts = _task(_role_tasks("nvidia_stack", "main.yml"),
                   "Read this node's layout from the cluster model and name the packages")["ansible.builtin.set_fact"]
-    for name in ("_nvidia_stack_driver_specs", "_nvidia_stack_fm_pair"):
+    for name in ("_nvidia_stack_driver_specs", "_nvidia_stack_fm_pair", "_nvidia_stack_dcgm_names",
+                 "_nvidia_stack_daemons"):
         variables[name] = _templar(variables)(facts[name])
     return variables
 
@@ -46,7 +47,7 @@ def _nvidia_vars(nvswitch: bool) -> dict:
 def test_every_driver_package_and_fm_is_asked_for_at_exactly_the_driver_version(nvswitch):
     specs = _nvidia_vars(nvswitch)["_nvidia_stack_driver_specs"]
     assert specs == ["nvidia-headless-550-open=550.127.08-*", "nvidia-utils-550=550.127.08-*"] + (
-        ["nvidia-fabricmanager-550=550.127.08-*"] if nvswitch else [])
+        ["nvidia-fabricmanager-550=550.127.08-*", "libnvidia-nscq-550=550.127.08-*"] if nvswitch else [])
     install = _task(_role_tasks("nvidia_stack", "packages.yml"),
                     "Install the driver and Fabric Manager at the exact driver version")["clusterctl.infra.apt_packages"]
     assert install["name"] == "{{ _nvidia_stack_driver_specs }}" and install["allow_downgrade"] is True
@@ -108,8 +109,9 @@ def test_nvidia_repository_comes_from_cuda_keyring_with_a_forced_refresh():
     assert "_nvidia_stack_keyring is changed" in refresh["when"]
     names = [t["name"] for t in tasks]
     assert names.index(refresh["name"]) < names.index("Install the driver and Fabric Manager at the exact driver version")
-    enable = _task(tasks, "Enable nvidia-persistenced and, on NVSwitch systems, Fabric Manager")
-    assert enable["loop"] == "{{ _nvidia_stack_daemons }}" and enable["ansible.builtin.systemd_service"]["enabled"]
+    enable = _task(tasks, "Enable nvidia-persistenced, DCGM and, on NVSwitch systems, Fabric Manager")
+    assert enable["vars"]["_nvidia_stack_units"].startswith("{{ _nvidia_stack_daemons\n")
+    assert enable["ansible.builtin.systemd_service"]["enabled"]
     daemons = _task(_role_tasks("nvidia_stack", "main.yml"), "Read this node's layout from the cluster model and "
                     "name the packages")["ansible.builtin.set_fact"]["_nvidia_stack_daemons"]
     assert "nvidia-fabricmanager.service" in daemons
@@ -184,9 +186,9 @@ def test_the_daemons_are_enabled_but_started_only_on_the_pinned_driver_and_verif
     assert headers["clusterctl.infra.apt_packages"]["name"] == ["linux-headers-{{ _nvidia_stack_kernel }}"]
     assert names.index(headers["name"]) < names.index("Install the driver and Fabric Manager at the exact driver "
                                                       "version")
-    assert "state" not in _task(tasks, "Enable nvidia-persistenced and, on NVSwitch systems, Fabric Manager")[
+    assert "state" not in _task(tasks, "Enable nvidia-persistenced, DCGM and, on NVSwitch systems, Fabric Manager")[
         "ansible.builtin.systemd_service"]
-    start = _task(tasks, "Start nvidia-persistenced and Fabric Manager on the pinned driver")
+    start = _task(tasks, "Start nvidia-persistenced, DCGM and Fabric Manager on the pinned driver")
     assert "_nvidia_stack_driver_ready | bool" in start["when"]
     handler = yaml.safe_load((REPO / "roles/nvidia_stack/handlers/main.yml").read_text())[0]
     assert any("_nvidia_stack_driver_ready" in condition for condition in handler["when"])
@@ -195,6 +197,33 @@ def test_the_daemons_are_enabled_but_started_only_on_the_pinned_driver_and_verif
     assert verify["ansible.builtin.include_role"] == {"name": "nvidia_stack", "tasks_from": "verify.yml",
                                                        "apply": {"tags": ["always"]}}
     assert [t["name"] for t in reboot].index("Reboot the host") < [t["name"] for t in reboot].index(verify["name"])
+
+
+@pytest.mark.parametrize("nvswitch", [True, False])
+def test_dcgm_is_installed_and_its_host_engine_runs_with_the_other_daemons(nvswitch):
+    """preflight's gate runs `dcgmi diag` against nv-hostengine: no image or driver package brings DCGM."""
+    variables = _nvidia_vars(nvswitch)
+    assert variables["nvidia_stack_dcgm_packages"] == ["datacenter-gpu-manager=1:3.3.9"]
+    assert variables["_nvidia_stack_dcgm_names"] == ["datacenter-gpu-manager"]
+    assert "nvidia-dcgm.service" in variables["_nvidia_stack_daemons"]
+    tasks = _role_tasks("nvidia_stack", "packages.yml")
+    install = _task(tasks, "Install DCGM")
+    assert install["clusterctl.infra.apt_packages"]["name"] == "{{ nvidia_stack_dcgm_packages }}"
+    names = [t["name"] for t in tasks]
+    assert names.index("Install DCGM") < names.index("Enable nvidia-persistenced, DCGM and, on NVSwitch systems, "
+                                                     "Fabric Manager")
+    verify = yaml.safe_load((REPO / "roles/nvidia_stack/tasks/verify.yml").read_text())
+    start = next(t for t in verify if t["name"].startswith("Start nvidia-persistenced, DCGM"))
+    assert "nvidia-dcgm.service" in _templar(variables)(start["loop"])
+    enable = _task(tasks, "Enable nvidia-persistenced, DCGM and, on NVSwitch systems, Fabric Manager")
+    for check_mode, installed, listed in [(False, {}, True), (True, {}, False),  # check mode: no unit to look up yet
+                                          (True, {"datacenter-gpu-manager": "1:3.3.9"}, True)]:
+        state = {**variables, "ansible_check_mode": check_mode, "_nvidia_stack_installed": installed}
+        assert enable["loop"] == "{{ _nvidia_stack_units }}"
+        assert ("nvidia-dcgm.service" in _templar(state)(enable["vars"]["_nvidia_stack_units"])) is listed
+    without = _nvidia_vars(nvswitch, nvidia_stack_dcgm_packages=[])
+    assert "nvidia-dcgm.service" not in without["_nvidia_stack_daemons"]
+    assert not [spec for spec in without["_nvidia_stack_driver_specs"] if "nscq" in spec]
 
 
 def test_check_mode_previews_a_driver_bump_without_the_skew_check_or_unit_lookups():
@@ -208,8 +237,8 @@ def test_check_mode_previews_a_driver_bump_without_the_skew_check_or_unit_lookup
                  "/etc/nccl.conf")["register"] == "_nvidia_stack_pins"
     assert _task(tasks, "Check that the driver and Fabric Manager are exactly the pinned version")["when"] == (
         "not ansible_check_mode")
-    for name in ("Enable nvidia-persistenced and, on NVSwitch systems, Fabric Manager",
-                 "Start nvidia-persistenced and Fabric Manager on the pinned driver"):
+    for name in ("Enable nvidia-persistenced, DCGM and, on NVSwitch systems, Fabric Manager",
+                 "Start nvidia-persistenced, DCGM and Fabric Manager on the pinned driver"):
         when = _task(tasks, name)["when"]
         assert "not ansible_check_mode or _nvidia_stack_at_pin | bool" in ([when] if isinstance(when, str) else when)
 
