@@ -47,7 +47,7 @@ def test_the_fetching_tasks_are_found():
     assert ("nvidia_stack", "Install cuda-keyring (NVIDIA's repository entry and signing key)") in names
     assert ("consul_agent", "Fetch the repository's signing key") in names
     assert ("inference_unit", "Install the pinned vLLM into its virtualenv") in names
-    assert {role for role, _, _ in fetching_tasks()} == {"nvidia_stack", "consul_agent", "eas_agent", "inference_unit"}
+    assert {role for role, _, _ in fetching_tasks()} == {"nvidia_stack", "consul_agent", "eas_agent", "eas_edge", "inference_unit"}
 
 
 def test_every_fetch_from_the_host_takes_the_proxy_environment():
