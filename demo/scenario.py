@@ -188,8 +188,10 @@ class Demo:
                        "announce_key": secrets["eas_edge_announce_private_key"], "iu": secrets["inference_unit_api_key"]}
         hosts = yaml.safe_load((self.inventory / "hosts.yml").read_text())
         servers = list(hosts["all"]["children"]["consul_servers"]["hosts"])
+        # a host's address is in the group that defines it; the edges and balancers groups name the same
+        # hosts again with their own settings only
         addresses = {name: spec["ansible_host"] for group in hosts["all"]["children"].values()
-                     for name, spec in (group.get("hosts") or {}).items() if spec}
+                     for name, spec in (group.get("hosts") or {}).items() if spec and "ansible_host" in spec}
         if not servers or servers[0] == faulty:
             raise DemoError(f"the inventory's consul_servers group {servers} must name a healthy node")
         self.consul_addr = f"{addresses[servers[0]]}:8500"
