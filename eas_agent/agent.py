@@ -127,7 +127,7 @@ class IUPipeline:
             for name, run in runs.items():
                 if not run.ok:
                     metrics.collector_errors.labels(name, self.iu.id).inc()
-        inputs = IUInputs(self.iu.id, reading, gpus, net, self.iu.kv_cache_gb, RATE_WINDOW_S)
+        inputs = IUInputs(self.iu.id, reading, gpus, net, self.iu.kv_cache_gb, RATE_WINDOW_S, self.config.xid_hold_s)
         return self.scorer.score(inputs, now).with_collectors(runs)
 
 

@@ -63,6 +63,8 @@ class AgentConfig:
     urgent_rise_s: float | None = None
     # Token counters still this long while requests run -> the IU's status is warning (hung engine).
     frozen_after_s: float = 10.0
+    # A catalogued XID that takes a unit out (eas_agent/xid_verdict.py) keeps it critical this long after it.
+    xid_hold_s: float = 600.0
     # The announce channel (eas_agent/announce.py, POST /announce): the file holding the edges' public keys
     # (None: the channel is off), each announced prompt's token cap (the served model's context), each
     # edge's announcements per second and the node's, all edges together.
@@ -147,6 +149,7 @@ TOP_LEVEL = {
     "write_burst",
     "urgent_rise_s",
     "frozen_after_s",
+    "xid_hold_s",
     "announce_keys_file",
     "announce_max_prompt_tokens",
     "announce_rate_per_s",
@@ -217,6 +220,7 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         write_burst=burst,
         urgent_rise_s=None if data.get("urgent_rise_s") is None else f.positive("urgent_rise_s", 0.5),
         frozen_after_s=f.positive("frozen_after_s", 10.0),
+        xid_hold_s=f.positive("xid_hold_s", 600.0),
         **_announce_fields(f),
         source=str(path),
     )

@@ -62,6 +62,7 @@ from eas_agent.collectors.gpu import GpuReading
 from eas_agent.collectors.network import NetReading
 from eas_agent.collectors.vllm import VllmReading
 from eas_agent.vllm_metrics import VllmMetrics
+from eas_agent.xid_verdict import XID_HOLD_S, xid_verdict
 from eas_wire.scorebody import CollectorRun, no_collectors
 
 PASSING, WARNING, CRITICAL = "passing", "warning", "critical"
@@ -86,6 +87,7 @@ class IUInputs:
     net: NetReading | None = None
     kv_cache_gb: float | None = None  # configured KV pool size (seed profile)
     window_s: float = 5.0  # the collectors' rate window
+    xid_hold_s: float = XID_HOLD_S  # how long a catalogued XID keeps the IU critical (eas_agent/xid_verdict.py)
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,7 @@ def gpu_components(gpus: tuple[GpuReading, ...]) -> dict[str, float | None]:
         # read by the rollout's XID gate (operate/rollout_gates.py): a counter, None without an event source
         "xid_events": sum(g.xid_events for g in sources) if sources else None,
         "xid_last": latest.xid_last if latest else None,
+        "xid_last_at": latest.xid_last_at if latest else None,
     }
 
 
@@ -208,12 +211,15 @@ def _unknown(reason: str, components: dict | None = None, status: str = WARNING)
     return ScoreResult(score=None, status=status, reason=reason, components=components or {})
 
 
-def _health_gate(inputs: IUInputs) -> ScoreResult | None:
+def _health_gate(inputs: IUInputs, now: float) -> ScoreResult | None:
     # an unscored IU still shows its GPUs: the XIDs that come with a lost GPU or a dead engine among them
     gpu = gpu_components(inputs.gpus) if inputs.gpus else None
     problem = gpu_problem(inputs.gpus)
     if problem and problem[0] == CRITICAL:
         return _unknown(problem[1], gpu, status=CRITICAL)
+    xid = xid_verdict(inputs.gpus, now, inputs.xid_hold_s)
+    if xid:
+        return _unknown(xid, gpu, status=CRITICAL)
     if inputs.vllm.metrics is None:
         return _unknown(f"vLLM metrics unavailable: {inputs.vllm.error}", gpu)
     bad = _bad_numbers(inputs.vllm)
@@ -255,7 +261,7 @@ def drain_score(
     params: DrainParams = DrainParams(),
     admitted: AdmittedBacklog | None = None,
 ) -> ScoreResult:
-    gated = _health_gate(inputs)
+    gated = _health_gate(inputs, now)
     if gated:
         return gated
     reading, m = inputs.vllm, inputs.vllm.metrics
@@ -353,7 +359,7 @@ def _weighted(profile: str, terms: dict[str, float]) -> float:
 def seed_score(
     inputs: IUInputs, now: float, frozen_after_s: float = DrainParams.frozen_after_s
 ) -> ScoreResult:
-    gated = _health_gate(inputs)
+    gated = _health_gate(inputs, now)
     if gated:
         return gated
     m = inputs.vllm.metrics

@@ -156,6 +156,9 @@ class ScoreTerms(NamedTuple):
     prefix_hit_rate: float | None = None  # prefix-cache hits / queries (tokens); -1: caching off (vLLM V0)
     xid_events: float | None = None  # the IU's GPUs' critical XID events since its agent started, a counter
     xid_last: float | None = None  # the latest of them, its XID number
+    # when the agent received xid_last from NVML: unix seconds on the agent's clock (the body's ``ts`` clock);
+    # absent from an older agent's body (read as None: the XID's age unknown)
+    xid_last_at: float | None = None
 
     @classmethod
     def of(cls, components: Mapping) -> tuple[ScoreTerms, list[str]]:
@@ -186,6 +189,7 @@ DECLARED_TERMS: dict[str, TermRange] = {
     "prefix_hit_rate": TermRange(-1.0, maximum=1.0),
     "xid_events": TermRange(0.0, unit="events"),
     "xid_last": TermRange(0.0, maximum=float(2**32 - 1)),
+    "xid_last_at": TermRange(0.0, above=True, unit="s"),
 }
 _RANGES = tuple((name, DECLARED_TERMS[name]) for name in ScoreTerms._fields)  # KeyError: a term without a range
 NO_TERMS = ScoreTerms()

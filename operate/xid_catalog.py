@@ -137,3 +137,23 @@ def first_rung(catalog: Catalog, xid: int | None, seen: str) -> tuple[str, str]:
         return DEFAULT_RUNG, f"{DEFAULT_RUNG}: {seen}; XID {xid} is not in the catalogue ({catalog.path})"
     why = f"; {row.note}" if row.note else ""
     return row.rung, f"{row.rung}: {seen}: XID {xid} {row.mnemonic}, NVIDIA's immediate action {row.bucket}{why}"
+
+
+AGENT_TABLE_HEADER = ('"""The XID catalogue as the agent acts on it (read by eas_agent/xid_verdict.py): XID -> (mnemonic,\n'
+                      'NVIDIA\'s Resolution Bucket, remediation rung). Generated from operate/xid_catalog.yml by\n'
+                      '``python -m operate.xid_catalog > eas_agent/xid_actions.py``; a unit test keeps the two equal."""\n')
+
+
+def agent_table(catalog: Catalog) -> dict[int, tuple[str, str, str]]:
+    """What the agent's copy (``eas_agent/xid_actions.py``: the agent is installed without this package) must
+    hold: each row's mnemonic, bucket and rung by XID."""
+    return {x: (r.mnemonic, r.bucket, r.rung) for x, r in sorted(catalog.rows.items())}
+
+
+def agent_table_source(catalog: Catalog) -> str:
+    rows = "".join(f"    {x}: ({', '.join(json.dumps(v) for v in row)}),\n" for x, row in agent_table(catalog).items())
+    return f"{AGENT_TABLE_HEADER}\nSOURCE = {json.dumps(catalog.source)}\nXID_ACTIONS = {{\n{rows}}}\n"
+
+
+if __name__ == "__main__":
+    print(agent_table_source(load_catalog()), end="")

@@ -14,7 +14,10 @@ XID events: the driver's critical errors (the ``NVRM: Xid`` lines of the kernel 
 delivers them. Each GPU gets an event set registered for ``nvmlEventTypeXidCriticalError`` when its handle is
 taken (NVML records from registration on: earlier XIDs are not counted), and each read drains it without
 waiting (``nvmlEventSetWait(set, 0)``, at most :data:`MAX_EVENTS_PER_READ`: a storm of XIDs cannot stretch a
-cycle). The count is the agent's since it started, a counter (a restarted agent counts from 0 again);
+cycle). NVML's event record (``nvmlEventData_t``: device, eventType, eventData, gpuInstanceId,
+computeInstanceId; NVML API reference, "Event Handling Methods") carries no time, so an XID's time
+(``xid_last_at``) is the agent's wall clock at the read that drained it: at most one read interval after the
+driver raised it, on the clock the body's ``ts`` is on. The count is the agent's since it started, a counter (a restarted agent counts from 0 again);
 a GPU whose event registration NVML refuses (``Not Supported``: no event support on the platform) has no
 count (None), never 0.
 """
@@ -23,10 +26,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 MAX_EVENTS_PER_READ = 64
+NO_XIDS = (None, None, 0, None)  # a GPU without an XID event source
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class GpuReading:
     xid_events: int | None = None  # critical XID events since the agent started; None: no event source
     xid_last: int | None = None  # the latest of them, its XID number
     xid_order: int = 0  # when xid_last came, as the node's backend orders its XIDs (0: none yet)
+    xid_last_at: float | None = None  # the wall clock (unix s) of the read that drained xid_last
 
 
 class GpuReadings(tuple):
@@ -88,18 +95,19 @@ class NvmlBackend:
     ``nvml``: the bindings module, by default ``import pynvml``; an agent run inside a simulator's process is
     handed its own instance of the stand-in (sim.nvml_standin.nvml_backend), so that every call below runs."""
 
-    def __init__(self, nvml=None):
+    def __init__(self, nvml=None, clock: Callable[[], float] = time.time):
         if nvml is None:
             import pynvml as nvml
 
-        self.nvml = nvml
+        self.nvml, self.clock = nvml, clock
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
             raise GpuBackendError(f"NVML: cannot initialise ({exc}); is the NVIDIA driver loaded?") from exc
         self.handles: dict[int, object] = {}
         self.event_sets: dict[int, object | None] = {}  # GPU -> its XID event set; None: NVML refused one
-        self.xids: dict[int, tuple[int, int | None, int]] = {}  # GPU -> (count, last XID, its order)
+        # GPU -> (count, last XID, its order, when it was drained)
+        self.xids: dict[int, tuple[int, int | None, int, float | None]] = {}
         self.order = itertools.count(1)
 
     def _handle(self, index: int):
@@ -130,12 +138,13 @@ class NvmlBackend:
         self.handles.pop(index, None)
         self._free(self.event_sets.pop(index, None))
 
-    def _drain(self, index: int) -> tuple[int | None, int | None, int]:
-        """(XID events so far, the last one's XID, its order) of a GPU; (None, None, 0) without an event set."""
+    def _drain(self, index: int) -> tuple[int | None, int | None, int, float | None]:
+        """(XID events so far, the last one's XID, its order, when it was drained) of a GPU; (None, None, 0,
+        None) without an event set."""
         nvml, event_set = self.nvml, self.event_sets.get(index)
-        count, last, order = self.xids.get(index, (0, None, 0))
+        count, last, order, at = self.xids.get(index, (0, None, 0, None))
         if event_set is None:
-            return (count, last, order) if index in self.xids else (None, None, 0)
+            return (count, last, order, at) if index in self.xids else NO_XIDS
         for _ in range(MAX_EVENTS_PER_READ):
             try:
                 event = nvml.nvmlEventSetWait(event_set, 0)
@@ -144,9 +153,9 @@ class NvmlBackend:
             except nvml.NVMLError:  # lost or unreadable: the next read's memory call reports it
                 break
             if event.eventType == nvml.nvmlEventTypeXidCriticalError:
-                count, last, order = count + 1, int(event.eventData), next(self.order)
-        self.xids[index] = (count, last, order)
-        return count, last, order
+                count, last, order, at = count + 1, int(event.eventData), next(self.order), self.clock()
+        self.xids[index] = (count, last, order, at)
+        return count, last, order, at
 
     def read(self, indices: tuple[int, ...]) -> list[GpuReading]:
         nvml = self.nvml
@@ -161,9 +170,9 @@ class NvmlBackend:
                 lost = isinstance(exc, getattr(nvml, "NVMLError_GpuIsLost", ())) or isinstance(
                     exc, getattr(nvml, "NVMLError_Unknown", ())
                 )
-                xid_events, xid_last, xid_order = self.xids.get(index, (None, None, 0))  # a counter never falls
+                xid_events, xid_last, xid_order, xid_at = self.xids.get(index, NO_XIDS)  # a counter never falls
                 readings.append(GpuReading(index=index, lost=lost, error=f"NVML: {exc}", xid_events=xid_events,
-                                           xid_last=xid_last, xid_order=xid_order))
+                                           xid_last=xid_last, xid_order=xid_order, xid_last_at=xid_at))
                 continue
             try:
                 ecc = int(
@@ -173,7 +182,7 @@ class NvmlBackend:
                 )
             except nvml.NVMLError:  # ECC disabled or not supported on this board
                 ecc = None
-            xid_events, xid_last, xid_order = self._drain(index)
+            xid_events, xid_last, xid_order, xid_at = self._drain(index)
             readings.append(
                 GpuReading(
                     index=index,
@@ -184,6 +193,7 @@ class NvmlBackend:
                     xid_events=xid_events,
                     xid_last=xid_last,
                     xid_order=xid_order,
+                    xid_last_at=xid_at,
                 )
             )
         return readings

@@ -141,6 +141,17 @@ def test_an_iu_without_a_score_still_publishes_its_xid_events():
     assert (down.score, down.components["xid_events"]) == (None, 4)
 
 
+def test_a_recent_catalogued_xid_gates_the_score_critical_until_its_hold_ends():
+    recent = drain(reading(), gpu=gpus(xid_events=1, xid_last=95, xid_order=1, xid_last_at=-10.0))
+    assert (recent.status, recent.score) == ("critical", None)
+    assert recent.reason.startswith("GPU 0: XID 95 ROBUST_CHANNEL_UNCONTAINED_ERROR 10 s ago")
+    assert recent.components["xid_last"] == 95 and recent.components["xid_last_at"] == -10.0
+    held = drain_score(IUInputs("n-iu0", reading(), gpus(xid_last=95, xid_order=1, xid_last_at=-10.0),
+                                xid_hold_s=5.0), Capacity(PARAMS.prefill_tps_prior, 300),
+                       Capacity(PARAMS.decode_tps_prior, 300), 0.0, PARAMS)
+    assert held.status == "passing" and held.score is not None
+
+
 def test_seed_formula_with_littles_law_age():
     inputs = IUInputs(
         "n-iu0",

@@ -43,6 +43,7 @@ def test_declared_terms_are_read_typed_and_ints_stay_ints():
     ("request_cost_s", -1.0), ("request_cost_s", 0), ("prefill_tps", -5), ("prefill_tps", 0.0),
     ("announced_s", -0.5), ("tokens_total", -1), ("running", -3), ("waiting", -1), ("kv_usage", 1.5),
     ("admitted_prefill_tokens", -10), ("xid_events", -1), ("xid_last", -1), ("xid_last", 2**32),
+    ("xid_last_at", 0), ("xid_last_at", -1.0),
 ])
 def test_a_declared_term_out_of_range_is_dropped_and_counted_the_entry_kept(name, value):
     entry, counts = read({name: value, "queue_s": 0.3})
@@ -54,6 +55,7 @@ def test_a_declared_term_out_of_range_is_dropped_and_counted_the_entry_kept(name
 @pytest.mark.parametrize(("name", "value"), [
     ("request_cost_s", 1e-9), ("announced_s", 0), ("kv_usage", 0), ("kv_usage", 1), ("running", 0),
     ("prefix_hit_rate", -1), ("prefix_hit_rate", 1), ("xid_events", 0), ("xid_last", 2**32 - 1),
+    ("xid_last_at", 1_700_000_000.25),
 ])
 def test_the_range_edges_are_kept(name, value):
     entry, counts = read({name: value})
@@ -63,7 +65,7 @@ def test_the_range_edges_are_kept(name, value):
 def test_every_declared_term_has_a_range_and_a_field():
     assert list(DECLARED_TERMS) == list(ScoreTerms._fields) == [
         "request_cost_s", "prefill_tps", "announced_s", "tokens_total", "running", "waiting", "kv_usage",
-        "admitted_prefill_tokens", "prefix_hit_rate", "xid_events", "xid_last"]
+        "admitted_prefill_tokens", "prefix_hit_rate", "xid_events", "xid_last", "xid_last_at"]
     assert ScoreTerms.of({}) == (NO_TERMS, [])
 
 

@@ -139,6 +139,15 @@ def test_xid_events_are_counted_per_gpu_and_a_storm_is_drained_over_cycles():
     assert second[1].xid_order > second[0].xid_order > first[1].xid_order  # in the order they were drained
 
 
+def test_an_xids_time_is_the_wall_clock_of_the_read_that_drained_it():
+    pending, clock = {"h0": [95]}, iter([1000.5, 1002.0])
+    backend = NvmlBackend(nvml=cheap_nvml([], pending), clock=lambda: next(clock))
+    assert [(r.xid_last, r.xid_last_at) for r in backend.read((0, 1))] == [(95, 1000.5), (None, None)]
+    assert backend.read((0,))[0].xid_last_at == 1000.5  # nothing new: the time stays the XID's
+    pending["h0"].append(79)
+    assert (backend.read((0,))[0].xid_last, backend.read((0,))[0].xid_last_at) == (79, 1002.0)
+
+
 def test_a_gpu_whose_xid_events_nvml_refuses_has_no_count_not_zero():
     calls = []
     backend = NvmlBackend(nvml=cheap_nvml(calls, {}, supported=False))
