@@ -22,7 +22,8 @@ release     the unit's maintenance off (only a maintenance this    the maintenan
 
 The drain always runs first (or finds the unit already in maintenance); the ladder then starts at ``start``,
 or, when none is given, at the rung the XID catalogue (:mod:`operate.xid_catalog`) names for the unit's latest
-XID (``xid_last`` in its node's score body in Consul; restart when it names none), and climbs one rung each
+XID (``xid_last`` in its node's score body in Consul, counted only when its ``xid_last_at`` is younger than
+``xid_max_age_s``; restart when it names none), and climbs one rung each
 time the unit is not healthy within ``verify_s`` after one. A step that cannot be carried out (the host unreachable, sudo
 refused, ``nvidia-smi`` failing the reset) **stops** the ladder: the unit stays drained and the outcome says
 what it was left as; nothing further is tried on a host that does not do what it is told.
@@ -49,7 +50,7 @@ from consul_io import layout
 from operate.drill_faults import HostStepError, Target, run_on, start_commands
 from operate.remediate_breaker import Limits, Verdict, judge
 from operate.remediate_reboot import PLAYBOOK, RebootRun, node_maintenance
-from operate.xid_catalog import RUNGS, Catalog, first_rung, load_catalog, xid_last
+from operate.xid_catalog import RUNGS, XID_MAX_AGE_S, Catalog, first_rung, load_catalog, xid_last
 
 REASON_PREFIX = "clusterctl remediate"
 VERIFY_S = 300.0  # vLLM loads a 70B model's weights in minutes; the issue's bound for a unit back is 5 minutes
@@ -165,6 +166,8 @@ class Remediation:
     # reboot rung cannot run here, which stops the ladder there
     reboot: Callable[[str, str], RebootRun] | None = None
     catalog: Catalog | None = None  # None: the shipped operate/xid_catalog.yml, read when it is needed
+    xid_max_age_s: float = XID_MAX_AGE_S  # an older xid_last no longer picks the first rung
+    wall_clock: Callable[[], float] = time.time  # unix s, to age the XID against the agent's stamps
 
     def __post_init__(self):
         if self.start is not None and self.start not in RUNGS:
@@ -183,7 +186,7 @@ class Remediation:
         """The first rung: the operator's, else the XID catalogue's for the unit's latest XID (read from Consul)."""
         if self.start is None:
             _, body = self.io.kv_read(layout.score_key(self.datacenter, self.target.node.name))
-            xid, seen = xid_last(body, self.iu.id)
+            xid, seen = xid_last(body, self.iu.id, self.wall_clock(), self.xid_max_age_s)
             self.catalog = self.catalog or load_catalog()
             self.start, self.start_why = first_rung(self.catalog, xid, seen)
             self.start_why = f"from the XID catalogue: {self.start_why}"

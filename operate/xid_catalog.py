@@ -31,6 +31,9 @@ OTHER_BUCKETS = ("IGNORE", "WORKFLOW_XID_45", "WORKFLOW_XID_48", "WORKFLOW_NVLIN
 NVIDIA_DOCS = "https://docs.nvidia.com/"
 MAX_XID = 2**32 - 1  # NVML's event data is an unsigned int
 DEFAULT_RUNG = "restart"
+# An XID older than this no longer picks the first rung: an hour covers an alert being acted on; a unit's own
+# (re)start is no sign the fault is gone (a GPU off the bus makes systemd restart the engine again and again).
+XID_MAX_AGE_S = 3600.0
 _TOP = {"source", "xids"}
 _ROW = {"xid", "mnemonic", "bucket", "rung", "note"}
 
@@ -107,9 +110,15 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
     return parse_catalog(data, str(path))
 
 
-def xid_last(body_text: str | None, iu: str) -> tuple[int | None, str]:
+def xid_last(body_text: str | None, iu: str, now: float | None = None, max_age_s: float = XID_MAX_AGE_S
+             ) -> tuple[int | None, str]:
     """The unit's latest XID from its node's score body (the raw KV value) and where it came from; None with
-    the reason when the body is missing, unreadable, or names none for the unit."""
+    the reason when the body is missing, unreadable, names none for the unit, or (given ``now``, unix s on
+    this machine's clock) names one received more than ``max_age_s`` ago.
+
+    The XID's age: on the agent's clock from ``xid_last_at`` to the body's ``ts`` (both stamped by the agent,
+    so exact whatever the two clocks' offset), plus the body's own age on this clock (``now - ts``, at least 0).
+    A body without ``xid_last_at`` (an agent that does not send it) keeps the XID, as before the agent sent it."""
     if body_text is None:
         return None, "no score body for its node in Consul"
     try:
@@ -125,7 +134,15 @@ def xid_last(body_text: str | None, iu: str) -> tuple[int | None, str]:
         return None, f"its score body entry is malformed ({exc})"
     if terms.xid_last is None:
         return None, "its score body names no XID (none seen since its agent started, or NVML gave no events)"
-    return int(terms.xid_last), f"xid_last {int(terms.xid_last)} in its score body ({terms.xid_events or 0:g} events)"
+    xid, events = int(terms.xid_last), f"{terms.xid_events or 0:g} events"
+    ts = body.get("ts")
+    if now is None or terms.xid_last_at is None or not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        return xid, f"xid_last {xid} in its score body ({events})"
+    age = (ts - terms.xid_last_at) + max(0.0, now - ts)
+    if age > max_age_s:
+        return None, (f"its xid_last {xid} was received {age:.0f} s ago, more than {max_age_s:g} s "
+                      f"(--xid-max-age-s): too old to say what is wrong now")
+    return xid, f"xid_last {xid} in its score body, received {max(0.0, age):.0f} s ago ({events})"
 
 
 def first_rung(catalog: Catalog, xid: int | None, seen: str) -> tuple[str, str]:

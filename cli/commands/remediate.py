@@ -44,6 +44,8 @@ _EXAMPLES = examples(
               type=click.Choice(["restart", "reset", "reboot", "repair"]),
               help="The first rung after the drain (default: the XID catalogue's for the unit's latest XID, else "
                    "restart).")
+@click.option("--xid-max-age-s", default=3600.0, show_default=True, type=click.FloatRange(1, None),
+              help="Without --from: an xid_last received longer ago than this no longer picks the first rung.")
 @click.option("--reason", default="unhealthy", show_default=True,
               help="Why: goes into the maintenance reason and the repair record.")
 @click.option("--apply", "apply", is_flag=True, help="Carry the ladder out (without it: the plan, nothing touched).")
@@ -57,7 +59,7 @@ _EXAMPLES = examples(
               help="Breaker: the most nodes of one rack with a unit out of rotation at once.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON instead of the table.")
 @vault_password_file_option
-def command(inventory, target, start, reason, apply, consul_addr, verify_s, max_unit_share, max_nodes_per_rack,
+def command(inventory, target, start, xid_max_age_s, reason, apply, consul_addr, verify_s, max_unit_share, max_nodes_per_rack,
             as_json, vault_password_file) -> None:
     """Bring an unhealthy unit back (drain, restart, GPU reset) or take its node out for repair."""
     from cluster.ansible import vault
@@ -98,7 +100,8 @@ def command(inventory, target, start, reason, apply, consul_addr, verify_s, max_
 
     reboot = PlaybookReboot(inventory, secrets, vault_password_file, log=log)
     ladder = remediate.Remediation(cluster, chosen, transport, io, settings.dc or layout.DEFAULT_DATACENTER,
-                                   limits, start, reason, verify_s, log=log, reboot=reboot, catalog=catalog)
+                                   limits, start, reason, verify_s, log=log, reboot=reboot, catalog=catalog,
+                                   xid_max_age_s=xid_max_age_s)
     try:
         outcome = ladder.run() if apply else _planned(ladder)
     except ConsulUnavailable as exc:

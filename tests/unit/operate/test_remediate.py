@@ -282,6 +282,19 @@ def test_without_a_named_rung_the_units_latest_xid_picks_the_first_one():
     assert outcome.as_dict()["start"] == "reset"
 
 
+def test_an_xid_older_than_the_window_no_longer_picks_the_first_rung():
+    host, consul = Host(), Consul()
+    consul.kv[layout.score_key("dc1", "n1")] = json.dumps({"node": "n1", "ts": 10_000.0, "ius": {"n1-iu1": {
+        "score": None, "status": "critical", "components": {"xid_events": 1, "xid_last": 79, "xid_last_at": 6_000.0}}}})
+    old = ladder(host, consul)
+    old.wall_clock = lambda: 10_010.0
+    assert old.choose_start() == "restart" and "xid_last 79 was received 4010 s ago, more than 3600 s" in old.start_why
+    young = ladder(host, consul)
+    young.wall_clock, young.xid_max_age_s = (lambda: 10_010.0), 5000.0
+    assert young.choose_start() == "reboot" and "received 4010 s ago" in young.start_why
+    assert host.calls == []
+
+
 def test_a_unit_without_an_xid_starts_at_the_restart():
     host, consul = Host(), Consul()
     outcome = ladder(host, consul).run()

@@ -92,6 +92,26 @@ def test_the_latest_xid_comes_from_the_units_entry_in_its_score_body():
     assert xid_last(body("n1-iu0", {"xid_last": -5}), "n1-iu0")[0] is None
 
 
+def at(ts: float, xid_last_at: float | None) -> str:
+    components = {"xid_events": 1, "xid_last": 95, **({} if xid_last_at is None else {"xid_last_at": xid_last_at})}
+    return json.dumps({"node": "n1", "ts": ts, "ius": {"n1-iu0": {"score": None, "status": "critical",
+                                                                  "components": components}}})
+
+
+def test_an_xid_counts_only_while_younger_than_the_window_aged_on_the_agents_clock():
+    # received 100 s before the body (agent's clock), the body read 20 s after its ts (this clock)
+    assert xid_last(at(5000.0, 4900.0), "n1-iu0", now=5020.0, max_age_s=3600) == (
+        95, "xid_last 95 in its score body, received 120 s ago (1 events)")
+    # an agent clock 1000 s ahead of this one: the age is still the agent's own 100 s plus the body's 0
+    assert xid_last(at(6000.0, 5900.0), "n1-iu0", now=5020.0, max_age_s=3600)[0] == 95
+    assert xid_last(at(5000.0, 4900.0), "n1-iu0", now=5020.0, max_age_s=119) == (
+        None, "its xid_last 95 was received 120 s ago, more than 119 s (--xid-max-age-s): too old to say what "
+              "is wrong now")
+    # no xid_last_at (an agent that does not send it), or no clock given: the XID counts, as it always did
+    assert xid_last(at(5000.0, None), "n1-iu0", now=1e9) == (95, "xid_last 95 in its score body (1 events)")
+    assert xid_last(at(5000.0, 10.0), "n1-iu0")[0] == 95
+
+
 def test_the_first_rung_names_where_it_came_from():
     catalog = load_catalog()
     assert first_rung(catalog, 79, "xid_last 79") == (
