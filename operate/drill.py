@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from rich.text import Text
 
 from cluster.model import Cluster, Node
 from common.errors import UsageError
+from consul_io import layout
 from operate import loadtest
 from operate.drill_faults import FaultError, FaultStep, Target
 from operate.drill_measure import ConsulSample, FaultWindow, judge, measure, sent_at, timeline
@@ -75,10 +77,12 @@ def becomes(hostvars: dict) -> bool:
 
 
 class ConsulWatch:
-    """Samples the health of the target's IU instances (worst check status, or missing)."""
+    """Samples the health of the target's IU instances: the worst of their checks' statuses and the status the
+    node's agent gives each in its score body (``score_key``: the agent's only output in Consul, its verdict on
+    what no check sees, such as a GPU off the bus), or missing when the catalog does not list the instance."""
 
-    def __init__(self, io, ius: tuple[str, ...], clock: Callable[[], float]):
-        self.io, self.ius, self.clock = io, ius, clock
+    def __init__(self, io, ius: tuple[str, ...], clock: Callable[[], float], score_key: str | None = None):
+        self.io, self.ius, self.clock, self.score_key = io, ius, clock, score_key
         self.samples: list[ConsulSample] = []
         self.errors = 0
         self.stop_event = threading.Event()
@@ -97,7 +101,21 @@ class ConsulWatch:
                 sid = (entry.get("Service") or {}).get("ID")
                 statuses = {c.get("Status") for c in entry.get("Checks") or []}
                 seen[sid] = next((s for s in ("critical", "warning") if s in statuses), "passing")
+            for iu, verdict in self._verdicts().items():
+                if iu in seen and verdict in ("critical", "warning") and seen[iu] != "critical":
+                    seen[iu] = verdict
             self.samples += [ConsulSample(t, iu, seen.get(iu, "missing")) for iu in self.ius]
+
+    def _verdicts(self) -> dict[str, str]:
+        """IU -> the status its agent published; {} without a key, a body or one that cannot be read."""
+        if self.score_key is None:
+            return {}
+        try:
+            _, text = self.io.kv_read(self.score_key)
+            ius = json.loads(text).get("ius") if text else None
+        except Exception:  # a body that cannot be read adds nothing to the checks' view
+            return {}
+        return {iu: str(e.get("status")) for iu, e in (ius or {}).items() if isinstance(e, dict)}
 
     def __enter__(self) -> ConsulWatch:
         self.thread.start()
@@ -315,7 +333,8 @@ async def run_async(drill: Drill, target: Target, transport, endpoint: str, *, c
     with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread: no signal handler
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         handled = True
-    watch = ConsulWatch(consul_io, faulted, time.monotonic) if consul_io is not None else None
+    score_key = layout.score_key(target.node.settings.consul.dc or layout.DEFAULT_DATACENTER, target.node.name)
+    watch = ConsulWatch(consul_io, faulted, time.monotonic, score_key) if consul_io is not None else None
     started = time.monotonic()
     try:
         with watch or contextlib.nullcontext():

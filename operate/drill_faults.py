@@ -25,7 +25,26 @@ edge_restart       edge    ``systemctl restart --no-block eas-edge.service``    
                            on the node that runs the edge: systemd's SIGTERM,    eas-edge.service`` (a no-op once
                            the edge drains (its listener closed, requests in     the restart finished)
                            flight given ``drain_timeout_s``), then starts again
+gpu_lost           unit    the unit's first GPU off the bus: XID 79 (NVIDIA's    the GPU answers NVML again, its
+                           Xid catalog: ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_   lost mark off in the driver's
+                           BUS, "GPU has fallen off the bus.") added to the      view, the XID 79 taken out of
+                           driver's kernel log (``dmesg``, ``journalctl -k``)    both (the counts as they were)
+                           and NVML's XID events, and every NVML call on it
+                           ``NVMLError_GpuIsLost`` (NVML_ERROR_GPU_IS_LOST: "the
+                           GPU has fallen off the bus or has otherwise become
+                           inaccessible"); ``nvidia-smi`` exits 15
+ib_port_down       node    every HCA port of the node Down / Disabled, as        each port back to the State and
+                           ``ibstat`` prints a port whose link is disabled       Physical state it had
+                           (infiniband-diags ibstat.c; sysfs ``ports/1/state``
+                           ``1: DOWN``, ``phys_state`` ``3: Disabled``,
+                           Documentation/ABI/stable/sysfs-class-infiniband):
+                           the fabric's ``ibping`` from other hosts gets no
+                           answer
 =================  ======  ====================================================  ================================
+
+``gpu_lost`` and ``ib_port_down`` change the state the node's GPU and HCA readers read (the virtual cluster's
+driver and HCA stand-ins: :mod:`operate.drill_devices`), on the host and through the same transport as every
+other step; a host without that state fails the step, nothing changed.
 
 The unit of IU ``N`` is ``vllm-iu@N.service`` and its model directory is ``VLLM_MODEL_PATH`` of
 ``/etc/vllm-iu/N.env`` (roles/inference_unit). Commands run as the inventory's connection user, under
@@ -39,12 +58,14 @@ first, carries on past one that fails, and returns one line per undo saying what
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cluster.model import IU, Node
 from common.errors import ClusterctlError, ExitCode
+from operate.drill_devices import PORT_DOWN, XID_FALLEN_OFF_THE_BUS, device_command
 
 COMMAND_TIMEOUT_S = 60.0  # systemctl restart waits for the unit's ExecStop; vLLM's stop takes seconds
 UNIT_TEMPLATE = "vllm-iu@{index}.service"
@@ -274,10 +295,42 @@ def edge_restart(step: FaultStep) -> None:
     step.done.append(f"{EDGE_UNIT} restarting on {node} (SIGTERM: the edge drains, then starts again)")
 
 
+def _device_state(step: FaultStep, *argv) -> object:
+    out = step.run(*device_command(*argv)).stdout
+    try:
+        return json.loads(out)
+    except ValueError:
+        raise FaultError(f"{step.target.node.name}: `{argv[0]}` answered {out.strip()[:80]!r}, not JSON") from None
+
+
+def gpu_lost(step: FaultStep) -> None:
+    iu = step.target.iu
+    if iu is None or not iu.gpus:
+        raise FaultError(f"{step.target.label}: gpu_lost needs a unit with GPUs")
+    gpu = iu.gpus[0]
+    before = _device_state(step, "gpu-state", gpu)
+    step.record(f"GPU {gpu} back on the bus (NVML answers it, its XID {XID_FALLEN_OFF_THE_BUS} lines gone)",
+                device_command("gpu-restore", gpu, before))
+    step.run(*device_command("gpu-lost", gpu, XID_FALLEN_OFF_THE_BUS))
+    step.done.append(f"GPU {gpu} of {step.target.unit} off the bus: XID {XID_FALLEN_OFF_THE_BUS} in the kernel log "
+                     f"and NVML's events, NVML answers GPU is lost")
+
+
+def ib_port_down(step: FaultStep) -> None:
+    node = step.target.node.name
+    before = _device_state(step, "hca-state")
+    if not isinstance(before, dict) or not before:
+        raise FaultError(f"{node}: no HCA ports to take down")
+    step.record(f"ports of {', '.join(before)} back to " + ", ".join(f"{s}/{p}" for s, p in before.values()),
+                device_command("hca-set", before))
+    step.run(*device_command("hca-set", {device: PORT_DOWN for device in before}))
+    step.done.append(f"{node}: ports of {', '.join(before)} {'/'.join(PORT_DOWN)}")
+
+
 INJECTORS = {"engine_stall": engine_stall, "engine_crash": engine_crash, "graceful_stop": graceful_stop,
              "weights_missing": weights_missing, "consul_agent_down": consul_agent_down, "node_hang": node_hang,
-             "edge_restart": edge_restart}
+             "edge_restart": edge_restart, "gpu_lost": gpu_lost, "ib_port_down": ib_port_down}
 SCOPE = {"engine_stall": "unit", "engine_crash": "unit", "graceful_stop": "unit", "weights_missing": "unit",
-         "consul_agent_down": "node", "node_hang": "node",
+         "gpu_lost": "unit", "consul_agent_down": "node", "node_hang": "node", "ib_port_down": "node",
          "edge_restart": "edge"}
 KINDS = tuple(INJECTORS)

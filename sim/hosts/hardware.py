@@ -169,6 +169,7 @@ class Gpu:
     retired_pending: bool = False
     row_remap_pending: bool = False
     xid_events: list[int] = field(default_factory=list)
+    lost: bool = False  # fallen off the bus (XID 79): nvidia-smi cannot get its handle
     # Preflight depth (stubs/gpu_depth.py): PCIe link as trained, NVLink state/error growth, clock events,
     # nvbandwidth values (None: the architecture's reference value), a failing DCGM test.
     pcie_gen: int = 5

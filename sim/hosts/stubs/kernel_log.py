@@ -2,8 +2,8 @@
 
 XID lines are what the NVIDIA driver (NVRM) logs, e.g. ``NVRM: Xid (PCI:0000:18:00): 48, pid=..., name=...,
 An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer ...`` and XID 63
-``Row Remapper: New row ... marked for remapping, reset gpu to activate.`` (NVIDIA "XID Errors" document,
-r555). dmesg prints ``[seconds.micros] text``; journalctl -k prints ``Mon DD HH:MM:SS host kernel: text``;
+``Row Remapper: New row ... marked for remapping, reset gpu to activate.`` and XID 79 ``GPU has fallen off the
+bus.`` (NVIDIA "XID Errors" document, r555). dmesg prints ``[seconds.micros] text``; journalctl -k prints ``Mon DD HH:MM:SS host kernel: text``;
 ``--grep``/``-g PATTERN`` keeps the messages the pattern matches (case-sensitive unless all lower case, as
 journalctl's) and exits 1 when none does; nothing shown prints ``-- No entries --`` unless ``-q``.
 """
@@ -20,6 +20,7 @@ _XID_TEXT = {
     48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, "
         "subpartition 0.",
     63: "Row Remapper: New row (0x00000000003ffa0c) marked for remapping, reset gpu to activate.",
+    79: "GPU has fallen off the bus.",
 }
 
 

@@ -5,6 +5,12 @@ Formats are those of the R550-R565 drivers on HGX H100 (real captures: NVIDIA/nc
 SYS-821GE-TNHR, driver 550.54.15, and thamada/nvidia-smi ``nvsim/H100SXMx8_smi.py``, driver 565.57.01):
 ``-q`` puts the colon at column 42; the summary table's three columns are 41, 24 and 22 characters wide;
 ``topo -m`` cells are tab separated with `` X `` on the diagonal and a ``NIC Legend``.
+
+A GPU that fell off the bus (``lost``, the drill's ``gpu_lost``): NVML cannot get its handle, so every call
+first prints ``Unable to determine the device handle for GPU0000:CB:00.0: Unknown Error`` for it (the line
+nvidia-smi prints after an XID 79: leptonai/gpud's nvidia-smi error fixtures), answers for the other GPUs,
+and exits 15, nvidia-smi(1)'s RETURN VALUE for "the GPU has fallen off the bus or has otherwise become
+inaccessible". Naming only lost GPUs with ``-i`` prints the line alone.
 """
 
 from __future__ import annotations
@@ -319,7 +325,24 @@ def _selected_gpus(hw: Hardware, ids: str | None) -> list[Gpu]:
     return chosen
 
 
+GPU_IS_LOST_EXIT = 15  # nvidia-smi(1), RETURN VALUE
+
+
 def main(hw: Hardware, args: list[str]) -> int:
+    lost = [g for g in hw.gpus if g.lost]
+    if not lost:
+        return answer(hw, args)
+    for gpu in lost:
+        print(f"Unable to determine the device handle for GPU{gpu.bus_id[4:]}: Unknown Error")
+    hw.gpus = [g for g in hw.gpus if not g.lost]
+    try:
+        code = answer(hw, args) if hw.gpus else 0
+    except StubUsageError:  # -i naming only lost GPUs: nothing else to say
+        code = 0
+    return code or GPU_IS_LOST_EXIT
+
+
+def answer(hw: Hardware, args: list[str]) -> int:
     if args[:1] == ["topo"]:
         flags = set(args[1:])
         if flags & {"-m", "--matrix"}:
