@@ -77,6 +77,8 @@ elif op == "gpu-restore":
     n, k = gpu(nvml, index, NVML), gpu(hw, index, HOST)
     n["lost"], k["lost"] = nvml_lost, host_lost
     n["xid"], k["xid_events"] = n.get("xid", [])[:nvml_xids], k["xid_events"][:host_xids]
+    if not n["xid"]:
+        del n["xid"]  # absent is none, as the file was written
     save(NVML, nvml)
     save(HOST, host)
 elif op == "hca-state":

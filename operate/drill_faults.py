@@ -120,6 +120,11 @@ def host_command(target: Target, argv: Sequence[str]) -> list[str]:
     return ["sudo", "-n", "--", *argv] if target.become else list(argv)
 
 
+def shown(argv: Sequence[str]) -> str:
+    """A command as messages name it: a program passed inline (``python3 -c``, several lines) as <program>."""
+    return shlex.join("<program>" if "\n" in arg else arg for arg in argv)
+
+
 def run_on(target: Target, transport, argv: Sequence[str], *, check: bool = True,
            timeout_s: float = COMMAND_TIMEOUT_S):
     """Run ``argv`` on the target's host; with ``check`` a HostStepError naming the host, the command and how
@@ -128,7 +133,7 @@ def run_on(target: Target, transport, argv: Sequence[str], *, check: bool = True
     if check and not result.ok:
         why = "unreachable" if result.unreachable else "timed out" if result.timed_out else result.ended()
         detail = result.last_line()
-        raise HostStepError(f"{target.node.name}: `{shlex.join(argv)}` {why}" + (f": {detail}" if detail else ""))
+        raise HostStepError(f"{target.node.name}: `{shown(argv)}` {why}" + (f": {detail}" if detail else ""))
     return result
 
 
@@ -172,7 +177,7 @@ class FaultStep:
             for argv in undo.commands:
                 result = self.transport.run(self.target.node, self.command(argv), COMMAND_TIMEOUT_S)
                 if not result.ok:
-                    failed = f"`{shlex.join(argv)}` {result.ended()}: {result.last_line() or 'no output'}"
+                    failed = f"`{shown(argv)}` {result.ended()}: {result.last_line() or 'no output'}"
                     break
             lines.append(f"{self.target.label}: {undo.description}" if failed is None
                          else f"{self.target.label}: NOT restored ({undo.description}): {failed}")

@@ -162,3 +162,39 @@ def test_edge_restart_asks_systemd_for_the_restart_without_waiting_for_the_drain
     with pytest.raises(FaultError, match=r"n1: eas-edge.service is not running: no edge to restart there"):
         down.inject()
     assert down.undo() == []
+
+
+def device_op(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """A device command's operation and JSON arguments (the program text left out)."""
+    assert argv[:2] == ("python3", "-c")
+    return argv[3:]
+
+
+def test_gpu_lost_reads_the_gpus_state_records_its_undo_then_takes_it_off_the_bus():
+    host = ScriptedHost({("python3", "-c"): (0, "[2, false, 1, false]\n")})
+    step = FaultStep("gpu_lost", IU1, host)
+    step.inject()
+    assert [device_op(c) for c in host.calls] == [("gpu-state", "4"), ("gpu-lost", "4", "79")]  # IU 1: GPUs 4-7
+    assert step.done == ["GPU 4 of vllm-iu@1.service off the bus: XID 79 in the kernel log and NVML's events, "
+                         "NVML answers GPU is lost"]
+    assert step.undo() == ["n1-iu1: GPU 4 back on the bus (NVML answers it, its XID 79 lines gone)"]
+    assert device_op(host.calls[-1]) == ("gpu-restore", "4", "[2, false, 1, false]")
+
+
+def test_a_host_without_the_gpus_state_fails_the_step_with_nothing_to_undo():
+    host = ScriptedHost({("python3", "-c"): (1, "")})
+    step = FaultStep("gpu_lost", IU1, host)
+    with pytest.raises(FaultError, match=r"^n1: `python3 -c '<program>' gpu-state 4` exited 1: Operation not permitted$"):
+        step.inject()
+    assert step.undos == [] and len(host.calls) == 1
+
+
+def test_ib_port_down_takes_every_port_down_and_puts_back_the_states_they_had():
+    before = '{"mlx5_0": ["Active", "LinkUp"], "mlx5_1": ["Down", "Polling"]}'
+    host = ScriptedHost({("python3", "-c"): (0, before + "\n")})
+    step = FaultStep("ib_port_down", Target(NODE), host)
+    step.inject()
+    assert [device_op(c) for c in host.calls] == [
+        ("hca-state",), ("hca-set", '{"mlx5_0": ["Down", "Disabled"], "mlx5_1": ["Down", "Disabled"]}')]
+    assert step.undo() == ["n1: ports of mlx5_0, mlx5_1 back to Active/LinkUp, Down/Polling"]
+    assert device_op(host.calls[-1]) == ("hca-set", before)
