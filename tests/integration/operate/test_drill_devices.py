@@ -3,7 +3,7 @@ the drill's local transport (``ansible_connection: local``) against a host state
 stand-ins' own environment variables name it, as ``/run/clusterctl-sim`` on a machine), then read back by the
 stand-ins themselves: the stub ``nvidia-smi``, ``dmesg`` and ``ibstat`` (the multi-call program a machine
 runs) and the stand-in nvidia-ml-py (sim/nvml_standin). The drill of ``gpu_lost`` through the real edge and
-agents is in test_drill_gpu_lost.py."""
+agents is in test_drill_hardware.py."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""The ``gpu_lost`` drill for real on loopback: node n1 is this machine (``ansible_connection: local``), its
+"""The ``gpu_lost`` and ``ib_port_down`` drills for real on loopback: node n1 is this machine (``ansible_connection: local``), its
 unit a simulated vLLM on 127.0.73.21 scored by the real agent reading its GPUs through the stand-in
-nvidia-ml-py; the drill's host program takes GPU 0 off the bus in the files the stand-ins read (named by their
+nvidia-ml-py; the drill's host program takes GPU 0 off the bus, or n1's HCA ports down, in the files the stand-ins read (named by their
 environment variables, as /run/clusterctl-sim on a machine). n2 and n3 serve beside it; the dev Consul agent
 (127.0.73.20) holds the units and the agents' bodies, the real edge (127.0.73.29) in front. Measured: how long
 until Consul shows n1's unit critical (the agent's verdict in its body: the engine's own HTTP check still
-passes) and the edge stops sending to it, and that nothing else failed."""
+passes) and the edge stops sending to it, and that nothing else failed; with the fabric down, that nothing
+failed at all (a unit serves within its node)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from devconsul.server import DevConsulServer
 from edge.access_config import AccessConfig
 from edge.config import EdgeConfig, PushConfig
 from sim import nvml_standin
+from sim.hosts import create
 from sim.hosts.hardware import resolve
 from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
@@ -68,7 +70,7 @@ def pool(tmp_path, monkeypatch):
                 gpu_file = node.gpu_file
                 monkeypatch.setenv(nvml_standin.FILE_ENV, str(gpu_file))  # the host program's NVML file
                 monkeypatch.setenv("CLUSTERCTL_SIM_RUN_DIR", str(run_dir))
-                hw = resolve("n1", {"gpu_count": 4})
+                hw = resolve("n1", {"gpu_count": 4, "rdma_nics": create.nics("h100-sxm", False)})
                 (run_dir / "host.json").write_text(json.dumps({"hardware": hw.to_json(), "address": host(1)}))
             else:
                 register_on_catalog_node(io, service, host(n))
@@ -83,26 +85,31 @@ def pool(tmp_path, monkeypatch):
         yield edge.address, server.address, inventory, gpu_file, run_dir
 
 
+def run_drill(tmp_path, drill: dict, inventory, edge_address: str, consul: str, target: str, capsys):
+    """(drill.json, exit code) of ``clusterctl drill`` with ``drill`` against ``target``; its tables printed."""
+    (tmp_path / "mix.yml").write_text(yaml.safe_dump(MIX))
+    (tmp_path / "drill.yml").write_text(yaml.safe_dump(drill, sort_keys=False))
+    try:
+        main(["drill", str(tmp_path / "drill.yml"), "-i", str(inventory), "--endpoint", f"http://{edge_address}",
+              "--target", target, "--consul", consul, "--out", str(tmp_path / "report"), "--json"])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    with capsys.disabled():
+        print(f"\n{(tmp_path / 'report' / 'drill.md').read_text()}")
+    return json.loads((tmp_path / "report" / "drill.json").read_text()), code
+
+
 def test_a_gpu_off_the_bus_goes_critical_in_consul_and_out_of_the_edges_rotation(pool, tmp_path, capsys):
     edge_address, consul, inventory, gpu_file, run_dir = pool
     files = {path: path.read_text() for path in (gpu_file, run_dir / "host.json")}
-    (tmp_path / "mix.yml").write_text(yaml.safe_dump(MIX))
     drill = {"name": "test-gpu-lost", "load": {"mix": "mix.yml", "rate_per_s": 6, "duration_s": 18, "seed": 3,
                                                "timeout_s": 8},
              "faults": [{"kind": "gpu_lost", "at_s": 4, "hold_s": 8}],
              "checks": {"consul_critical_s_max": 15, "route_away_s_max": 5, "blast_radius_errors_max": 0,
                         "failed_not_streaming_max": 0}}
-    (tmp_path / "drill.yml").write_text(yaml.safe_dump(drill, sort_keys=False))
-    try:
-        main(["drill", str(tmp_path / "drill.yml"), "-i", str(inventory), "--endpoint", f"http://{edge_address}",
-              "--target", "n1-iu0", "--consul", consul, "--out", str(tmp_path / "report"), "--json"])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    result = json.loads((tmp_path / "report" / "drill.json").read_text())
+    result, code = run_drill(tmp_path, drill, inventory, edge_address, consul, "n1-iu0", capsys)
     fault = result["faults"][0]
-    with capsys.disabled():
-        print(f"\n{(tmp_path / 'report' / 'drill.md').read_text()}")
     assert result["error"] is None and not result["interrupted"], result["events"]
     assert fault["kind"] == "gpu_lost" and fault["target"] == "n1-iu0"
     assert any("GPU 0 of vllm-iu@0.service off the bus" in e for e in result["events"]), result["events"]
@@ -112,3 +119,22 @@ def test_a_gpu_off_the_bus_goes_critical_in_consul_and_out_of_the_edges_rotation
     assert fault["route_away_s"] is not None and fault["route_away_s"] <= 5, fault
     assert fault["blast_radius_errors"] == 0 and fault["failed_not_streaming"] == 0, fault
     assert result["passed"] == (code == 0) and result["passed"], result
+
+
+def test_the_nodes_fabric_down_fails_no_request_and_comes_back_as_it_was(pool, tmp_path, capsys):
+    edge_address, consul, inventory, _, run_dir = pool
+    before = json.loads((run_dir / "host.json").read_text())
+    drill = {"name": "test-ib-port-down", "load": {"mix": "mix.yml", "rate_per_s": 6, "duration_s": 14, "seed": 4,
+                                                   "timeout_s": 8},
+             "faults": [{"kind": "ib_port_down", "at_s": 4, "hold_s": 6}],
+             "checks": {"failed_not_streaming_max": 0, "blast_radius_errors_max": 0}}
+    result, code = run_drill(tmp_path, drill, inventory, edge_address, consul, "n1", capsys)
+    fault = result["faults"][0]
+    assert result["error"] is None and fault["kind"] == "ib_port_down" and fault["target"] == "n1", result["events"]
+    hcas = [h["device"] for h in before["hardware"]["hcas"]]
+    assert any(f"n1: ports of {', '.join(hcas)} Down/Disabled" in e for e in result["events"]), result["events"]
+    assert result["restored"] == [f"n1: ports of {', '.join(hcas)} back to " + ", ".join(["Active/LinkUp"] * len(hcas))]
+    assert json.loads((run_dir / "host.json").read_text()) == before
+    assert fault["failed_not_streaming"] == 0 and fault["failed_streaming"] == 0 and fault["blast_radius_errors"] == 0
+    assert fault["served_during_fault"] > 0  # the unit kept serving: its GPUs talk over NVLink, not the fabric
+    assert result["passed"] and code == 0, result
