@@ -42,9 +42,9 @@ ib_port_down       node    every HCA port of the node Down / Disabled, as       
                            answer
 =================  ======  ====================================================  ================================
 
-``gpu_lost`` and ``ib_port_down`` change the state the node's GPU and HCA readers read (the virtual cluster's
-driver and HCA stand-ins: :mod:`operate.drill_devices`), on the host and through the same transport as every
-other step; a host without that state fails the step, nothing changed.
+``gpu_lost`` and ``ib_port_down`` run the host's device tool (``clusterctl-drill-device``,
+:mod:`operate.drill_devices`: the virtual cluster's machines carry it); a host without it fails the step,
+nothing changed.
 
 The unit of IU ``N`` is ``vllm-iu@N.service`` and its model directory is ``VLLM_MODEL_PATH`` of
 ``/etc/vllm-iu/N.env`` (roles/inference_unit). Commands run as the inventory's connection user, under
@@ -120,11 +120,6 @@ def host_command(target: Target, argv: Sequence[str]) -> list[str]:
     return ["sudo", "-n", "--", *argv] if target.become else list(argv)
 
 
-def shown(argv: Sequence[str]) -> str:
-    """A command as messages name it: a program passed inline (``python3 -c``, several lines) as <program>."""
-    return shlex.join("<program>" if "\n" in arg else arg for arg in argv)
-
-
 def run_on(target: Target, transport, argv: Sequence[str], *, check: bool = True,
            timeout_s: float = COMMAND_TIMEOUT_S):
     """Run ``argv`` on the target's host; with ``check`` a HostStepError naming the host, the command and how
@@ -133,7 +128,7 @@ def run_on(target: Target, transport, argv: Sequence[str], *, check: bool = True
     if check and not result.ok:
         why = "unreachable" if result.unreachable else "timed out" if result.timed_out else result.ended()
         detail = result.last_line()
-        raise HostStepError(f"{target.node.name}: `{shown(argv)}` {why}" + (f": {detail}" if detail else ""))
+        raise HostStepError(f"{target.node.name}: `{shlex.join(argv)}` {why}" + (f": {detail}" if detail else ""))
     return result
 
 
@@ -177,7 +172,7 @@ class FaultStep:
             for argv in undo.commands:
                 result = self.transport.run(self.target.node, self.command(argv), COMMAND_TIMEOUT_S)
                 if not result.ok:
-                    failed = f"`{shown(argv)}` {result.ended()}: {result.last_line() or 'no output'}"
+                    failed = f"`{shlex.join(argv)}` {result.ended()}: {result.last_line() or 'no output'}"
                     break
             lines.append(f"{self.target.label}: {undo.description}" if failed is None
                          else f"{self.target.label}: NOT restored ({undo.description}): {failed}")

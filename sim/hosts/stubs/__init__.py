@@ -34,9 +34,11 @@ TOOLS: dict[str, str] = {
     "update-grub": "boot:update_grub",
     "mokutil": "boot:mokutil",
     "sysctl": "sysctl:sysctl",
+    "clusterctl-drill-device": "drill_device:main",
 }
 # Tools Ansible itself calls while provisioning: no call delay, no hang (those model slow hardware probes).
-UNDELAYED_TOOLS = frozenset({"systemctl", "update-grub", "sysctl", "mokutil"})
+# The drills' device tool is no probe either: a drill's undo must not hang on the `hang` fault.
+UNDELAYED_TOOLS = frozenset({"systemctl", "update-grub", "sysctl", "mokutil", "clusterctl-drill-device"})
 PROGRAM = "clusterctl-sim-tool"
 REAL_SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")
 

@@ -1,8 +1,9 @@
-"""``gpu_lost`` and ``ib_port_down`` on what the virtual cluster's stand-ins read: the host program run through
-the drill's local transport (``ansible_connection: local``) against a host state of this test's own (the
-stand-ins' own environment variables name it, as ``/run/clusterctl-sim`` on a machine), then read back by the
-stand-ins themselves: the stub ``nvidia-smi``, ``dmesg`` and ``ibstat`` (the multi-call program a machine
-runs) and the stand-in nvidia-ml-py (sim/nvml_standin). The drill of ``gpu_lost`` through the real edge and
+"""``gpu_lost`` and ``ib_port_down`` on what the virtual cluster's stand-ins read: the steps run through the
+drill's local transport (``ansible_connection: local``), the host's device tool the machines' stub
+``clusterctl-drill-device`` on PATH, against a host state of this test's own (named by the stand-ins' own
+environment variables, as ``/run/clusterctl-sim`` on a machine); then read back by the stand-ins themselves:
+the stub ``nvidia-smi``, ``dmesg`` and ``ibstat`` (the multi-call program a machine runs) and the stand-in
+nvidia-ml-py (sim/nvml_standin). The drill of ``gpu_lost`` through the real edge and
 agents is in test_drill_hardware.py."""
 
 from __future__ import annotations
@@ -93,9 +94,17 @@ def test_ib_port_down_takes_the_nodes_ports_down_in_ibstat_and_its_undo_brings_t
     assert [line.strip() for line in tool("ibstat").stdout.splitlines() if "state:" in line.lower()] == states
 
 
-def test_a_host_without_the_stand_ins_state_fails_the_step_naming_the_file(host, tmp_path, monkeypatch):
+def test_a_host_without_the_state_fails_the_step_naming_the_file(host, tmp_path, monkeypatch):
     monkeypatch.setenv(nvml_standin.FILE_ENV, str(tmp_path / "nowhere.json"))
     step = FaultStep("gpu_lost", Target(NODE, NODE.ius[0]), RoutingTransport())
-    with pytest.raises(FaultError, match=r"nowhere.json: No such file or directory: this host has no such state"):
+    with pytest.raises(FaultError, match=r"`clusterctl-drill-device gpu-state 0` exited 1: clusterctl-drill-device: \S+nowhere.json: No such file"):
         step.inject()
     assert step.undos == [] and "lost" not in (host / "host.json").read_text().replace('"lost": false', "")
+
+
+def test_a_host_without_the_device_tool_fails_the_step_with_nothing_changed(host, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    step = FaultStep("ib_port_down", Target(NODE), RoutingTransport())
+    with pytest.raises(FaultError, match=r"^n1: `clusterctl-drill-device hca-state` did not finish: .*No such file or directory"):
+        step.inject()
+    assert step.undos == []

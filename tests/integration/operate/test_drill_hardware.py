@@ -1,16 +1,18 @@
-"""The ``gpu_lost`` and ``ib_port_down`` drills for real on loopback: node n1 is this machine (``ansible_connection: local``), its
-unit a simulated vLLM on 127.0.73.21 scored by the real agent reading its GPUs through the stand-in
-nvidia-ml-py; the drill's host program takes GPU 0 off the bus, or n1's HCA ports down, in the files the stand-ins read (named by their
-environment variables, as /run/clusterctl-sim on a machine). n2 and n3 serve beside it; the dev Consul agent
-(127.0.73.20) holds the units and the agents' bodies, the real edge (127.0.73.29) in front. Measured: how long
-until Consul shows n1's unit critical (the agent's verdict in its body: the engine's own HTTP check still
-passes) and the edge stops sending to it, and that nothing else failed; with the fabric down, that nothing
-failed at all (a unit serves within its node)."""
+"""The ``gpu_lost`` and ``ib_port_down`` drills for real on loopback: node n1 is this machine (``ansible_connection:
+local``), its unit a simulated vLLM on 127.0.73.21 scored by the real agent reading its GPUs through the stand-in
+nvidia-ml-py; the host's device tool (the machines' stub ``clusterctl-drill-device``) takes GPU 0 off the bus, or
+n1's HCA ports down, in the files the stand-ins read (named by their environment variables, as /run/clusterctl-
+sim on a machine). n2 and n3 serve beside it; the dev Consul agent (127.0.73.20) holds the units and the agents'
+bodies, the real edge (127.0.73.29) in front. Measured: how long until Consul shows n1's unit critical (the
+agent's verdict in its body: the engine's own HTTP check still passes) and the edge stops sending to it, and that
+nothing else failed; with the fabric down, that nothing failed at all (a unit serves within its node)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import types
 from contextlib import ExitStack
 from dataclasses import replace
@@ -24,7 +26,7 @@ from devconsul.server import DevConsulServer
 from edge.access_config import AccessConfig
 from edge.config import EdgeConfig, PushConfig
 from sim import nvml_standin
-from sim.hosts import create
+from sim.hosts import create, stubs
 from sim.hosts.hardware import resolve
 from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
@@ -47,6 +49,8 @@ def host(n: int) -> str:
 def pool(tmp_path, monkeypatch):
     """(edge address, Consul address, inventory, n1's GPU file, n1's host state dir)."""
     _, inventory = drilled_nodes(tmp_path, monkeypatch, host, PORT, NODES)
+    stubs.install(tmp_path / "stubs", sys.executable)  # n1's device tool, as a machine carries it
+    monkeypatch.setenv("PATH", f"{tmp_path / 'stubs'}{os.pathsep}{os.environ['PATH']}")
     with ExitStack() as stack:
         server = stack.enter_context(DevConsulServer(addr=f"{host(0)}:0", node_name="n1"))
         io = ConsulIO(server.address)

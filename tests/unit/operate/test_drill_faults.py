@@ -165,13 +165,13 @@ def test_edge_restart_asks_systemd_for_the_restart_without_waiting_for_the_drain
 
 
 def device_op(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """A device command's operation and JSON arguments (the program text left out)."""
-    assert argv[:2] == ("python3", "-c")
-    return argv[3:]
+    """A device command's operation and JSON arguments."""
+    assert argv[0] == "clusterctl-drill-device"
+    return argv[1:]
 
 
 def test_gpu_lost_reads_the_gpus_state_records_its_undo_then_takes_it_off_the_bus():
-    host = ScriptedHost({("python3", "-c"): (0, "[2, false, 1, false]\n")})
+    host = ScriptedHost({("clusterctl-drill-device",): (0, "[2, false, 1, false]\n")})
     step = FaultStep("gpu_lost", IU1, host)
     step.inject()
     assert [device_op(c) for c in host.calls] == [("gpu-state", "4"), ("gpu-lost", "4", "79")]  # IU 1: GPUs 4-7
@@ -182,16 +182,16 @@ def test_gpu_lost_reads_the_gpus_state_records_its_undo_then_takes_it_off_the_bu
 
 
 def test_a_host_without_the_gpus_state_fails_the_step_with_nothing_to_undo():
-    host = ScriptedHost({("python3", "-c"): (1, "")})
+    host = ScriptedHost({("clusterctl-drill-device",): (1, "")})
     step = FaultStep("gpu_lost", IU1, host)
-    with pytest.raises(FaultError, match=r"^n1: `python3 -c '<program>' gpu-state 4` exited 1: Operation not permitted$"):
+    with pytest.raises(FaultError, match=r"^n1: `clusterctl-drill-device gpu-state 4` exited 1: Operation not permitted$"):
         step.inject()
     assert step.undos == [] and len(host.calls) == 1
 
 
 def test_ib_port_down_takes_every_port_down_and_puts_back_the_states_they_had():
     before = '{"mlx5_0": ["Active", "LinkUp"], "mlx5_1": ["Down", "Polling"]}'
-    host = ScriptedHost({("python3", "-c"): (0, before + "\n")})
+    host = ScriptedHost({("clusterctl-drill-device",): (0, before + "\n")})
     step = FaultStep("ib_port_down", Target(NODE), host)
     step.inject()
     assert [device_op(c) for c in host.calls] == [

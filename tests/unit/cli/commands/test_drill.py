@@ -37,7 +37,7 @@ def test_a_bad_drill_file_is_one_line_exit_2(clusterctl, tmp_path):
     assert code == 2
     assert err.strip().splitlines() == [f"error: {bad}: faults[0].kind: unknown fault kind; expected one of "
                                         f"engine_stall, engine_crash, graceful_stop, weights_missing, "
-                                        f"consul_agent_down, node_hang, edge_restart (got 'meteor')"]
+                                        f"consul_agent_down, node_hang, edge_restart, gpu_lost, ib_port_down (got 'meteor')"]
 
 
 def test_a_host_without_drills_allowed_is_refused_before_anything_is_contacted(clusterctl, tmp_path, monkeypatch):
