@@ -31,11 +31,12 @@ from pathlib import Path
 
 from sim.hosts import machine_paths
 from sim.hosts.hardware import Hardware
-from sim.hosts.state_dir import NVML_FILE
 from sim.hosts.stubs.main import SIM_RUN_DIR
 
-NVML_FILE_ENV = "CLUSTERCTL_SIM_NVML_FILE"  # sim/nvml_standin/pynvml.py's FILE_ENV and DEFAULT_FILE
-NVML_DEFAULT = f"{machine_paths.SIM_RUN_DIR}/{NVML_FILE}"
+# sim/nvml_standin/pynvml.py's FILE_ENV and DEFAULT_FILE (that package imports the agent, which a machine's own
+# python3 does not have; tests/integration/operate/test_drill_devices.py reads the file through it)
+NVML_FILE_ENV = "CLUSTERCTL_SIM_NVML_FILE"
+NVML_DEFAULT = f"{machine_paths.SIM_RUN_DIR}/nvml.json"
 
 
 class DeviceError(Exception):
