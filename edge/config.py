@@ -44,6 +44,9 @@
     event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it);
                                   # docs/decisions/0005-uvloop-optional.md
     debug_headers: false          # true: answers carry X-Eas-IU (the internal IU id that served them)
+    rollout_request_key: true     # under a rollout, a request without a session key is placed by its own key
+                                  # (credential, endpoint, Idempotency-Key or body): a client's retry of it
+                                  # meets the same revision; false: the credit counter (an exact share)
 
 Every field is optional. Errors name the file and the field (``edge.yml: push.agent_port: ...``); the field
 reader (eas_wire.fields) and the Consul block (consul_io.config) are the agent config's too, so both files
@@ -126,6 +129,7 @@ class EdgeConfig:
     seed: int | None = None
     event_loop: str = "asyncio"
     debug_headers: bool = False  # X-Eas-IU names internal IU ids: for an operator, not for clients
+    rollout_request_key: bool = True  # a request without a session key is placed by its own key (edge/rollout.py)
     source: str = "<flags>"
 
     def __post_init__(self):
@@ -184,7 +188,8 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop", "stream_idle_timeout_s", "max_connections", "header_timeout_s", "keepalive_timeout_s",
-               "max_body_bytes", "debug_headers", "prefix_routing", "max_attempts", "stream_stall_s"}
+               "max_body_bytes", "debug_headers", "prefix_routing", "max_attempts", "stream_stall_s",
+               "rollout_request_key"}
               | ACCESS_FIELDS)
     return EdgeConfig(
         listen=address(f, "listen", "127.0.0.1:8080"),
@@ -212,6 +217,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         seed=f.get("seed", int, None),
         event_loop=f.choice("event_loop", EVENT_LOOPS, "asyncio"),
         debug_headers=f.get("debug_headers", bool, False),
+        rollout_request_key=f.get("rollout_request_key", bool, True),
         source=str(path),
     )
 

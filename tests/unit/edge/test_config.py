@@ -1,4 +1,5 @@
-"""The edge's ``announce:`` config, its key file, its flag, the edge id, and ``debug_headers``."""
+"""The edge's ``announce:`` config, its key file, its flag, the edge id, ``debug_headers`` and
+``rollout_request_key``."""
 
 from __future__ import annotations
 
@@ -114,6 +115,16 @@ def test_debug_headers_is_off_unless_the_file_turns_it_on(tmp_path):
     assert load_edge_config(None).debug_headers is False
     path.write_text("debug_headers: true\n")
     assert load_edge_config(path).debug_headers is True
+
+
+def test_rollout_request_key_is_on_unless_the_file_turns_it_off_and_must_be_a_boolean(tmp_path):
+    path = tmp_path / "edge.yml"
+    assert load_edge_config(None).rollout_request_key is True
+    path.write_text("rollout_request_key: false\n")
+    assert load_edge_config(path).rollout_request_key is False
+    path.write_text("rollout_request_key: sometimes\n")
+    with pytest.raises(ConfigError, match="rollout_request_key"):
+        load_edge_config(path)
 
 
 def test_edge_id_is_the_sanitized_name_the_key_s_id_and_a_new_nonce_each_time(monkeypatch):
