@@ -193,7 +193,7 @@ def test_no_session_key_and_no_idempotency_key_stands_in_for_a_request_key():
 
 @pytest.mark.parametrize("weight", [0.01, 0.05, 0.2, 0.5])
 def test_the_canary_share_of_distinct_requests_without_a_session_key_is_the_weight_within_four_sigma(weight):
-    """20,000 distinct prompts from 50 clients: 4 sigma is 0.0028 at 5%, 0.014 at 50%."""
+    """20,000 distinct prompts from 50 clients: 4 sigma is 0.0062 at 5%, 0.014 at 50%."""
     key = parse(document(session_salt=SALT)).session_key()
     placed = [session_point(key, request_digest(f"Bearer sk-{n % 50}".encode(), "/v1/completions",
                                                 body_digest(f'{{"prompt": "question {n}"}}'.encode())))
