@@ -7,7 +7,7 @@ Phases: the rollout document at 5%, 20% and 50% (one session salt, as ``clusterc
 it), then aborted; at each weight every session sends ``--turns`` turns, after the abort one. Modes, over the
 same conversations:
 
-- ``none``: no session key: each request is drawn by the edge's credit counter (the baseline);
+- ``none``: no session key: each turn is another request, placed by its own request key (the baseline);
 - ``header``: an ``X-Session-Id`` header; every eighth key carries bytes that are not UTF-8 and one is 7,000
   characters long;
 - ``user``: the body's OpenAI ``user`` field;

@@ -18,14 +18,15 @@ weight): every turn of a conversation on one revision, on every edge alike, and 
 there as the weight rises; nothing is kept per session, and the key is reduced to a digest when the request
 is read and never logged. A request without one is placed the same way by its request key
 (:func:`placement_of`, with ``rollout_request_key``, the default): the hash of its ``Authorization`` value,
-its endpoint and its ``Idempotency-Key``, else its body's bytes (:func:`~eas_wire.rollout.request_digest`), so a
-client that retries a failed or timed-out request (the OpenAI SDKs send the same body again, with
-``x-stainless-retry-count`` raised) meets the same revision, and a bad canary's errors stay the canary's
+its endpoint and its ``Idempotency-Key``, else its body's bytes (:func:`~eas_wire.rollout.request_digest`).
+A client that retries a failed or timed-out request (the OpenAI Python SDK sends the same body again, with
+``x-stainless-retry-count`` raised) so meets the same revision, and a bad canary's errors stay the canary's
 rather than being retried onto stable. Distinct requests fall independently: their canary share is binomial
 around the weight. With ``rollout_request_key: false`` a request without a session key is drawn by the
 credit counter (:class:`~eas_wire.rollout.CanaryCounter`: the share is exact within one request per edge,
-but a client's retry is drawn afresh), which keyed requests leave alone. The proxy keeps that set for every attempt of the request, so its retry stays on its
-revision, and queued requests wait in the queue of their side. An IU belongs to the canary when its
+but a client's retry is drawn afresh), which keyed requests leave alone. The proxy keeps the side's set for
+every attempt of the request, so the edge's own retry stays on its revision, and queued requests wait in the
+queue of their side. An IU belongs to the canary when its
 ``Meta.revision`` is the canary's; every other IU (the stable revision, or none declared) is on the stable
 side. When the chosen side has no routable IU left for the request, the request is not restricted
 (``eas_edge_rollout_fallbacks``): a canary with no unit up costs no request a 503, and a keyed session
