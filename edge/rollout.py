@@ -16,15 +16,17 @@ use. A request with a session key (:func:`session_of`: the ``X-Session-Id`` head
 ``user``) goes where its session's keyed hash puts it (:func:`~eas_wire.rollout.session_point` against the
 weight): every turn of a conversation on one revision, on every edge alike, and a session on the canary stays
 there as the weight rises; nothing is kept per session, and the key is reduced to a digest when the request
-is read and never logged. A request without one is placed the same way by its request key
-(:func:`placement_of`, with ``rollout_request_key``, the default): the hash of its ``Authorization`` value,
-its endpoint and its ``Idempotency-Key``, else its body's bytes (:func:`~eas_wire.rollout.request_digest`).
-A client that retries a failed or timed-out request (the OpenAI Python SDK sends the same body again, with
-``x-stainless-retry-count`` raised) so meets the same revision, and a bad canary's errors stay the canary's
-rather than being retried onto stable. Distinct requests fall independently: their canary share is binomial
-around the weight. With ``rollout_request_key: false`` a request without a session key is drawn by the
-credit counter (:class:`~eas_wire.rollout.CanaryCounter`: the share is exact within one request per edge,
-but a client's retry is drawn afresh), which keyed requests leave alone. The proxy keeps the side's set for
+is read and never logged. A request without one that says it may be retried (an ``Idempotency-Key``, or the
+``x-stainless-retry-count`` that the OpenAI and other Stainless SDKs send on every attempt, 0 on the first)
+is placed the same way by its request key (:func:`placement_of`): the hash of its ``Authorization`` value, its
+endpoint and its ``Idempotency-Key``, else its body's bytes (:func:`~eas_wire.rollout.request_digest`). The
+SDK's retry of a failed or timed-out request sends the same body again, so it meets the same revision, and a
+bad canary's errors stay the canary's rather than being retried onto stable; distinct requests fall
+independently, binomially around the weight. Any other request is drawn by the credit counter
+(:class:`~eas_wire.rollout.CanaryCounter`: the share is exact within one request per edge), which keyed
+requests leave alone: many clients send one body over and over (probes, load generators), and a key would
+put every copy on one side. ``rollout_request_key`` (``signalled``, the default; ``always``; ``never``) says
+which requests the request key places. The proxy keeps the side's set for
 every attempt of the request, so the edge's own retry stays on its revision, and queued requests wait in the
 queue of their side. An IU belongs to the canary when its
 ``Meta.revision`` is the canary's; every other IU (the stable revision, or none declared) is on the stable
@@ -69,6 +71,9 @@ SESSION_HEADER = "X-Session-Id"
 # the IETF draft (draft-ietf-httpapi-idempotency-key-header) and Stripe's API name it so; the OpenAI Python SDK
 # does not send it (its base client's ``_idempotency_header`` is None), so its retries are known by the body
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+# sent on every attempt by the OpenAI Python SDK (0 on the first; openai 3.63.0 ``_build_headers``) and the
+# other Stainless-generated SDKs: a client that will retry, with the same body
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
 
 
 def session_of(header: str | None, user_digest: bytes | None) -> bytes | None:
@@ -81,21 +86,24 @@ def session_of(header: str | None, user_digest: bytes | None) -> bytes | None:
 
 
 def placement_of(headers, path: str, user_digest: bytes | None, body: bytes | None,
-                 by_request: bool = True) -> tuple[bytes | None, str]:
+                 uses: str = "signalled") -> tuple[bytes | None, str]:
     """What places a request, and how (the ``by`` of ``eas_edge_rollout_choices``): its session key
-    (:func:`session_of`), ``"session"``; else, with ``by_request`` and its body's digest ``body``, its request
-    key (:func:`~eas_wire.rollout.request_digest` of its ``Authorization`` value, ``path`` and its
-    ``Idempotency-Key`` or ``body``), ``"request"``; else (None, ``"counter"``).
+    (:func:`session_of`), ``"session"``; else its request key (:func:`~eas_wire.rollout.request_digest` of its
+    ``Authorization`` value, ``path`` and its ``Idempotency-Key`` or ``body``, its body's digest),
+    ``"request"``, when ``uses`` (``rollout_request_key``) is ``always``, or ``signalled`` and the request
+    carries ``Idempotency-Key`` or ``x-stainless-retry-count``; else (None, ``"counter"``).
 
     Nothing here is a choice a client does not already have with a session key: every key is hashed with the
     rollout's salt before it meets the weight, so a client can only try requests and watch where its own
-    land, and no header names a side or carries a digest that would be used as it is."""
+    land (as it can by sending a request again under the counter), and no header names a side or carries a
+    digest that would be used as it is."""
     session = session_of(headers.get(SESSION_HEADER), user_digest)
     if session is not None:
         return session, "session"
-    if not by_request or body is None:
-        return None, "counter"
     idempotency = headers.get(IDEMPOTENCY_HEADER) or None
+    signalled = idempotency is not None or RETRY_COUNT_HEADER in headers
+    if body is None or uses == "never" or (uses == "signalled" and not signalled):
+        return None, "counter"
     credential = headers.get("Authorization") or ""
     return request_digest(credential.encode("utf-8", "surrogatepass"), path, body,
                           None if idempotency is None else idempotency.encode("utf-8", "surrogatepass")), "request"

@@ -1,5 +1,5 @@
 """bench/rollout_sessions.py end to end: through three real eas-edge processes, conversations without a session
-key flip-flop between the revisions (the baseline: each turn is another request), and with one
+key flip-flop between the revisions (the baseline: each request drawn by the credit counter), and with one
 (``X-Session-Id``, or the body's ``user``) every turn of a session stays on one revision at each weight, none
 moves back to stable as the weight rises, the canary's share of sessions is the weight within 4 sigma,
 nothing reaches the canary after the abort and no key appears in the edges' debug logs. A request retried
@@ -27,7 +27,7 @@ def test_sessions_with_a_key_and_retried_requests_never_flip_flop_and_without_a_
     print("\n" + rollout_sessions.table(rows))
     by_mode = {row["mode"]: row for row in rows}
     assert by_mode["none"]["flip_flop"] > 0.2  # the measurement sees flips where they happen
-    assert all(by_mode["none"]["share_ok"].values())  # requests without a key: binomial around the weight
+    assert all(by_mode["none"]["share_ok"].values())  # requests without a key: the counter's exact share
     assert by_mode["retry-counter"]["flip_flop"] > 0.2 and all(by_mode["retry-counter"]["share_ok"].values())
     retried = by_mode["retry"]
     assert (retried["flip_flop"], retried["canary_after_abort"], retried["keys_in_logs"]) == (0, 0, 0)

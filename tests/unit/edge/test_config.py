@@ -117,14 +117,16 @@ def test_debug_headers_is_off_unless_the_file_turns_it_on(tmp_path):
     assert load_edge_config(path).debug_headers is True
 
 
-def test_rollout_request_key_is_on_unless_the_file_turns_it_off_and_must_be_a_boolean(tmp_path):
+def test_rollout_request_key_is_signalled_unless_the_file_says_always_or_never(tmp_path):
     path = tmp_path / "edge.yml"
-    assert load_edge_config(None).rollout_request_key is True
-    path.write_text("rollout_request_key: false\n")
-    assert load_edge_config(path).rollout_request_key is False
-    path.write_text("rollout_request_key: sometimes\n")
-    with pytest.raises(ConfigError, match="rollout_request_key"):
-        load_edge_config(path)
+    assert load_edge_config(None).rollout_request_key == "signalled"
+    for value in ("always", "never"):
+        path.write_text(f"rollout_request_key: {value}\n")
+        assert load_edge_config(path).rollout_request_key == value
+    for bad in ("sometimes", "false"):
+        path.write_text(f"rollout_request_key: {bad}\n")
+        with pytest.raises(ConfigError, match="rollout_request_key"):
+            load_edge_config(path)
 
 
 def test_edge_id_is_the_sanitized_name_the_key_s_id_and_a_new_nonce_each_time(monkeypatch):

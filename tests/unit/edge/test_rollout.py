@@ -216,7 +216,7 @@ def test_a_retried_request_without_a_session_key_meets_the_same_revision_on_ever
 
 
 @pytest.mark.parametrize("weight", [0.05, 0.2, 0.5])
-def test_requests_without_any_key_split_by_the_weight_within_four_sigma(weight):
+def test_distinct_sdk_requests_without_a_session_key_split_by_the_weight_within_four_sigma(weight):
     follower = RolloutFollower()
     follower.apply_kv(kv(weight, session_salt=SALT))
     to_canary = sum(follower.split(POOL, frozenset(), *attempt(chat(n), 0)) == STABLE for n in range(8000))
@@ -234,9 +234,25 @@ def test_a_session_key_comes_first_then_the_idempotency_key_then_the_body():
     assert attempt(body, 0, **{"Idempotency-Key": "idem-7"}) == (keyed, "request")
     assert attempt(chat(2), 3, **{"Idempotency-Key": "idem-7"}) == (keyed, "request")  # the client's key wins
     assert attempt(body, 0, **{"Idempotency-Key": ""}) == (by_body, "request")  # an empty one is none
-    # without the request key (rollout_request_key: false) the counter draws
-    assert placement_of(CIMultiDict(), "/v1/completions", None, body_digest(b"{}"), by_request=False) == (None,
-                                                                                                         "counter")
+    # rollout_request_key: never: the counter draws even for an SDK's request
+    assert placement_of(CIMultiDict({"x-stainless-retry-count": "1"}), "/v1/completions", None,
+                        body_digest(b"{}"), "never") == (None, "counter")
+
+
+def test_only_a_request_that_says_it_may_be_retried_is_placed_by_its_own_key_unless_told_always():
+    """Probes and load generators send one body over and over without either header: the counter spreads
+    them by the weight, where a key would put every copy on one side."""
+    digest = body_digest(b'{"prompt": "ping"}')
+    plain = CIMultiDict({"Authorization": "Bearer sk-probe"})
+    assert placement_of(plain, "/v1/completions", None, digest) == (None, "counter")
+    assert placement_of(plain, "/v1/completions", None, digest, "always")[1] == "request"
+    for signal in ({"X-Stainless-Retry-Count": "0"}, {"Idempotency-Key": "i-1"}):
+        assert placement_of(CIMultiDict({**plain, **signal}), "/v1/completions", None, digest)[1] == "request"
+    follower = RolloutFollower()
+    follower.apply_kv(kv(0.2, session_salt=SALT))
+    probes = [follower.split(POOL, frozenset(), *placement_of(plain, "/v1/completions", None, digest))
+              for _ in range(1000)]
+    assert sum(p == STABLE for p in probes) == 200  # the counter's exact share, copies or not
 
 
 def test_nothing_else_a_client_sends_moves_its_request():
