@@ -17,7 +17,7 @@ use. A request with a session key (:func:`session_of`: the ``X-Session-Id`` head
 weight): every turn of a conversation on one revision, on every edge alike, and a session on the canary stays
 there as the weight rises; nothing is kept per session, and the key is reduced to a digest when the request
 is read and never logged. A request without one that says it may be retried (an ``Idempotency-Key``, or the
-``x-stainless-retry-count`` that the OpenAI and other Stainless SDKs send on every attempt, 0 on the first)
+``x-stainless-retry-count`` that the OpenAI Python SDK sends on every attempt, 0 on the first)
 is placed the same way by its request key (:func:`placement_of`): the hash of its ``Authorization`` value, its
 endpoint and its ``Idempotency-Key``, else its body's bytes (:func:`~eas_wire.rollout.request_digest`). The
 SDK's retry of a failed or timed-out request sends the same body again, so it meets the same revision, and a
@@ -71,8 +71,8 @@ SESSION_HEADER = "X-Session-Id"
 # the IETF draft (draft-ietf-httpapi-idempotency-key-header) and Stripe's API name it so; the OpenAI Python SDK
 # does not send it (its base client's ``_idempotency_header`` is None), so its retries are known by the body
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-# sent on every attempt by the OpenAI Python SDK (0 on the first; openai 3.63.0 ``_build_headers``) and the
-# other Stainless-generated SDKs: a client that will retry, with the same body
+# sent on every attempt by the OpenAI Python SDK (0 on the first; openai 3.63.0 ``_build_headers``, from the
+# Stainless-generated base client): a client that will retry, with the same body
 RETRY_COUNT_HEADER = "x-stainless-retry-count"
 
 
