@@ -10,20 +10,28 @@ same conversations:
 - ``none``: no session key: each request is drawn by the edge's credit counter (the baseline);
 - ``header``: an ``X-Session-Id`` header; every eighth key carries bytes that are not UTF-8 and one is 7,000
   characters long;
-- ``user``: the body's OpenAI ``user`` field.
+- ``user``: the body's OpenAI ``user`` field;
+- ``retry-counter`` and ``retry``: retries without a session key: each "session" is one request sent ``--turns``
+  times with the same body and credential (``Authorization: Bearer <key>``), ``x-stainless-retry-count``
+  0, 1, ... as the OpenAI Python SDK sends it, each attempt through the next edge; ``retry-counter`` on edges
+  with ``rollout_request_key: never`` (the credit counter: the baseline), ``retry`` on the default edges (the
+  request's own key).
 
 Measured per mode, from the IU that answered each turn (``X-Eas-IU``):
 
 - flip-flop: the share of (session, weight) pairs whose turns landed on both revisions, and the share of
   consecutive turns of a session at one weight that changed revision;
 - moved back: sessions with a turn on the canary at one weight and a turn on stable at a higher one;
-- the canary's share at each weight: of sessions in the keyed modes (tolerance 4 * sqrt(w (1 - w) / n) over n
-  sessions), of requests without a key;
+- the canary's share at each weight: of sessions in the keyed modes and of requests in ``retry`` (tolerance
+  4 * sqrt(w (1 - w) / n) over n), of requests in ``none`` and ``retry-counter`` (the counter: within one
+  request per edge);
 - after the abort: turns answered by the canary;
 - keys in the logs: session keys found in the edges' debug logs.
 
 Target (keyed modes): no flip-flop, no session moved back, every share within its tolerance, no turn on the
-canary after the abort, no key in the logs. The ``none`` row is the baseline and has no target.
+canary after the abort, no key in the logs. ``retry``: no request whose attempts met both revisions, every
+share within its tolerance, nothing on the canary after the abort, no credential in the logs (moved back is
+no target: each weight sends other requests). The ``none`` and ``retry-counter`` rows are baselines.
 
 Everything listens on 127.0.73.N (``--net`` names another 127.0.R)::
 
@@ -64,7 +72,9 @@ NET = "127.0.73"
 DC = layout.DEFAULT_DATACENTER
 STABLE, CANARY = "vllm-0.6+sim", "vllm-0.7+sim"
 WEIGHTS = (0.05, 0.2, 0.5)
-MODES = ("none", "header", "user")
+MODES = ("none", "header", "user", "retry-counter", "retry")
+RETRY_MODES = ("retry-counter", "retry")
+BASELINES = ("none", "retry-counter")
 EDGES = 3
 CLIENTS = 12
 
@@ -78,10 +88,13 @@ def session_keys(n: int) -> list[str]:
     return keys
 
 
-def turn(edge: str, mode: str, key: str, text: str) -> str | None:
-    """One turn through ``edge``; the IU that answered (None: no answer)."""
+def turn(edge: str, mode: str, key: str, text: str, attempt: int = 0) -> str | None:
+    """One turn through ``edge`` (in the retry modes: attempt ``attempt`` of one request, ``key`` its client's
+    API key); the IU that answered (None: no answer)."""
     body = {"model": MODEL_NAME, "prompt": text, "max_tokens": 2, **({"user": key} if mode == "user" else {})}
-    headers = {"Content-Type": "application/json", **({"X-Session-Id": key} if mode == "header" else {})}
+    headers = {"Content-Type": "application/json", **({"X-Session-Id": key} if mode == "header" else {}),
+               **({"Authorization": f"Bearer {key}", "x-stainless-retry-count": str(attempt)}
+                  if mode in RETRY_MODES else {})}
     request = urllib.request.Request(f"http://{edge}/v1/completions", data=json.dumps(body).encode(),
                                      headers=headers)
     try:
@@ -96,7 +109,8 @@ def conversations(edges: list[str], mode: str, keys: list[str], turns: int, phas
     """Every session's ``turns`` turns in order (sessions side by side on ``CLIENTS`` threads), turn t of
     session s through edge (s + t) mod E: {session: [IU per turn]}."""
     def session(s: int) -> list:
-        return [turn(edges[(s + t) % len(edges)], mode, keys[s], f"session {s} {phase} turn {t}")
+        return [turn(edges[(s + t) % len(edges)], mode, keys[s],
+                     f"session {s} {phase}" + ("" if mode in RETRY_MODES else f" turn {t}"), t)
                 for t in range(turns)]
 
     with ThreadPoolExecutor(CLIENTS) as pool:
@@ -138,7 +152,7 @@ def run_mode(mode: str, sessions: int, turns: int, net: str = NET) -> dict:
             sims.append(sim)
             revision_of[f"{node}-iu0"] = revision
         config = Path(tmp) / "edge.yml"
-        config.write_text("debug_headers: true\n")
+        config.write_text("debug_headers: true\n" + ("rollout_request_key: never\n" if mode == "retry-counter" else ""))
         logs = [Path(tmp) / f"edge{k}.log" for k in range(EDGES)]
         edges = []
         try:
@@ -166,8 +180,8 @@ def run_mode(mode: str, sessions: int, turns: int, net: str = NET) -> dict:
     row = measure(mode, phases, aborted, revision_of, sessions)
     row.update({"turns": turns, "fallbacks": int(fallbacks), "keys_in_logs": in_logs,
                 "log_lines": log_text.count(b"\n")})
-    row["met"] = None if mode == "none" else (
-        row["flip_flop"] == 0 and row["moved_back"] == 0 and all(row["share_ok"].values())
+    row["met"] = None if mode in BASELINES else (
+        row["flip_flop"] == 0 and (row["moved_back"] == 0 or mode == "retry") and all(row["share_ok"].values())
         and row["canary_after_abort"] == 0 and in_logs == 0 and row["unanswered"] == 0)
     return row
 
@@ -186,7 +200,7 @@ def measure(mode: str, phases: dict, aborted: dict, revision_of: dict, sessions:
                       if any(sides[lower][s]) and not all(sides[higher][s])})
     share, share_ok = {}, {}
     for w in weights:
-        if mode == "none":  # requests: the counter is exact within one request per edge
+        if mode in BASELINES:  # requests: the counter is exact within one request per edge
             flat = [c for turns in sides[w].values() for c in turns]
             share[w] = sum(flat) / max(1, len(flat))
             share_ok[w] = abs(sum(flat) - w * len(flat)) <= EDGES
@@ -217,7 +231,8 @@ def table(rows: list[dict]) -> str:
 
 TARGET = ("with a session key (X-Session-Id or user): no session on both revisions at one weight, none moved back "
           "to stable as the weight rose, the canary's share of sessions within 4 sigma of the weight, nothing on the "
-          "canary after abort, no key in the edges' debug logs")
+          "canary after abort, no key in the edges' debug logs; retries without a session key: every attempt of a "
+          "request on one revision, the canary's share of requests within 4 sigma, no credential in the logs")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,8 @@ state's weight is fixed where the state says so: ``aborted`` is 0 (every request
 :func:`parse` is strict: the first field that is missing, of the wrong type or out of range is one
 :class:`RolloutError` naming the field and its value. The edge keeps its last good document on an error, the
 CLI refuses to write one. :class:`CanaryCounter` is how an edge turns the weight into per-request choices;
-:func:`session_on_canary` how it places a request that carries a session key (decision 0028).
+:func:`session_on_canary` how it places a request that carries a session key (decision 0028), and one that
+carries none by :func:`request_digest` (decision 0034).
 
 Standard library only: the edge and the CLI import it (tests/guards/test_import_lint.py: ``eas_wire`` is the
 ground floor).
@@ -240,3 +241,29 @@ def session_on_canary(point: float, weight: float) -> bool:
     Over n sessions the canary's share is binomial: within 4 * sqrt(w * (1 - w) / n) of the weight but for
     about 6 in 100,000 rollouts."""
     return point < weight
+
+
+def body_digest(raw: bytes) -> bytes:
+    """The digest of a request body's bytes, as the client sent them: a client's retry of one request sends
+    the same bytes (the OpenAI SDKs serialise the same arguments again; only headers such as
+    ``x-stainless-retry-count`` change between attempts)."""
+    return hashlib.blake2b(raw, digest_size=SESSION_DIGEST_BYTES, person=b"eas-body").digest()
+
+
+def request_digest(credential: bytes, path: str, body: bytes, idempotency_key: bytes | None = None) -> bytes:
+    """The identity of one request that carries no session key, for :func:`session_point`: who sent it
+    (``credential``: its ``Authorization`` value), to which endpoint (``path``) and what: its
+    ``Idempotency-Key`` when it has one, else ``body`` (:func:`body_digest` of its body). Every attempt of a
+    request that a client retries has the same three, so it lands on the same side at a fixed weight; distinct
+    requests fall independently, so their canary share is binomial around the weight.
+
+    Its own hash (personalisation ``eas-request``, fields length-prefixed and the last one tagged), apart from
+    :func:`session_digest`: no ``X-Session-Id`` or ``user`` value, and no Idempotency-Key, hashes to the
+    digest of another request. The credential goes in, so two clients' identical bodies fall independently;
+    only the digest comes out."""
+    what = b"body\0" + body if idempotency_key is None else b"idempotency-key\0" + idempotency_key
+    mac = hashlib.blake2b(digest_size=SESSION_DIGEST_BYTES, person=b"eas-request")
+    for value in (credential, path.encode("utf-8", "surrogatepass"), what):
+        mac.update(len(value).to_bytes(8, "big"))
+        mac.update(value)
+    return mac.digest()

@@ -1,8 +1,10 @@
 """A completion request's body: read within a size cap, parsed, and reduced to what routing needs.
 
 The edge forwards the client's bytes unchanged; from the decoded body it needs only the model, whether it
-streams, the prompt's size (:mod:`edge.tokens`) and the digest of OpenAI's ``user`` field (a session key under a
-traffic rollout, :mod:`edge.rollout`; only the digest leaves): :func:`summarize` reduces it to a
+streams, the prompt's size (:mod:`edge.tokens`), the digest of OpenAI's ``user`` field (a session key under a
+traffic rollout, :mod:`edge.rollout`; only the digest leaves) and the digest of the body's bytes (what places a
+request without a session key, so that a client's retry of it lands on the same revision): :func:`summarize`
+reduces it to a
 :class:`BodySummary`, or to the 400 the client gets (invalid JSON, JSON nested deeper than the decoder
 allows, not an object).
 
@@ -26,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from eas_wire.rollout import session_digest
+from eas_wire.rollout import body_digest, session_digest
 from edge.pool.prefix import NO_PREFIX, PromptPrefix, prompt_prefix
 from edge.tokens import estimate_prompt_tokens, prompt_parts
 
@@ -43,6 +45,7 @@ class BodySummary:
     prompt_tokens: int | None = None
     prefix: PromptPrefix = NO_PREFIX  # the prompt's block hashes and conversation (edge/pool/prefix.py)
     user_session: bytes | None = None  # the digest of a non-empty string ``user`` (eas_wire/rollout.py)
+    body_digest: bytes | None = None  # the digest of the body's bytes (eas_wire/rollout.py ``body_digest``)
     error: str | None = None  # why the body is a 400 (None: usable)
     reason: str | None = None  # the 400's machine-readable code
 
@@ -64,7 +67,8 @@ def summarize(raw: bytes, chat: bool) -> BodySummary:
                        prefix=prompt_prefix(prompt_parts(body, chat)),
                        # JSON's \ud800 escapes decode to lone surrogates, which surrogatepass encodes
                        user_session=session_digest(user.encode("utf-8", "surrogatepass"))
-                       if isinstance(user, str) and user else None)
+                       if isinstance(user, str) and user else None,
+                       body_digest=body_digest(raw))
 
 
 def _warm_up(padding: bytes) -> BodySummary:

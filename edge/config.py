@@ -44,6 +44,11 @@
     event_loop: asyncio           # or uvloop (pip install uvloop; exit 2 without it);
                                   # docs/decisions/0005-uvloop-optional.md
     debug_headers: false          # true: answers carry X-Eas-IU (the internal IU id that served them)
+    rollout_request_key: signalled  # under a rollout, which requests without a session key are placed by
+                                  # their own key (credential, endpoint, Idempotency-Key or body), so a
+                                  # client's retry meets the same revision: signalled (those that carry
+                                  # Idempotency-Key or x-stainless-retry-count), always, or never (the
+                                  # credit counter for all: an exact share); edge/rollout.py
 
 Every field is optional. Errors name the file and the field (``edge.yml: push.agent_port: ...``); the field
 reader (eas_wire.fields) and the Consul block (consul_io.config) are the agent config's too, so both files
@@ -65,6 +70,7 @@ from eas_wire.signing import Ed25519PrivateKey, load_private
 from edge.access_config import ACCESS_FIELDS, AccessConfig, load_access
 
 EVENT_LOOPS = ("asyncio", "uvloop")  # the edge's event loop (edge.main.loop_factory)
+REQUEST_KEY_USES = ("signalled", "always", "never")  # rollout_request_key (edge.rollout.placement_of)
 __all__ = ["AccessConfig", "AnnounceConfig", "ConfigError", "EVENT_LOOPS", "EdgeConfig", "PushConfig", "load_edge_config",
            "parse_edge_config"]
 
@@ -126,6 +132,7 @@ class EdgeConfig:
     seed: int | None = None
     event_loop: str = "asyncio"
     debug_headers: bool = False  # X-Eas-IU names internal IU ids: for an operator, not for clients
+    rollout_request_key: str = "signalled"  # which requests without a session key their own key places
     source: str = "<flags>"
 
     def __post_init__(self):
@@ -184,7 +191,8 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
     f.unknown({"listen", "datacenter", "consul", "push", "announce", "max_inflight_per_iu", "max_queue", "queue_timeout_s",
                "retry_after_s", "connect_timeout_s", "upstream_timeout_s", "eject_s", "drain_timeout_s", "seed",
                "event_loop", "stream_idle_timeout_s", "max_connections", "header_timeout_s", "keepalive_timeout_s",
-               "max_body_bytes", "debug_headers", "prefix_routing", "max_attempts", "stream_stall_s"}
+               "max_body_bytes", "debug_headers", "prefix_routing", "max_attempts", "stream_stall_s",
+               "rollout_request_key"}
               | ACCESS_FIELDS)
     return EdgeConfig(
         listen=address(f, "listen", "127.0.0.1:8080"),
@@ -212,6 +220,7 @@ def parse_edge_config(data: Any, path: str | Path = "<config>") -> EdgeConfig:
         seed=f.get("seed", int, None),
         event_loop=f.choice("event_loop", EVENT_LOOPS, "asyncio"),
         debug_headers=f.get("debug_headers", bool, False),
+        rollout_request_key=f.choice("rollout_request_key", REQUEST_KEY_USES, "signalled"),
         source=str(path),
     )
 

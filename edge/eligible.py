@@ -3,7 +3,8 @@
 - By model: the IUs whose Consul ``Meta.model`` declares another model than the request's (an IU that declares
   none takes any model: vLLM answers for the name); no IU for the model at all is the proxy's 404.
 - By rollout revision: under a traffic rollout the request is given the stable or the canary side
-  (:mod:`edge.rollout`: by its session key's hash, else by the credit counter) and the other side's IUs are
+  (:mod:`edge.rollout`: by its session key's hash, else its request key's, else by the credit counter) and the
+  other side's IUs are
   added, so its retry stays on its revision.
 """
 
@@ -17,11 +18,12 @@ if TYPE_CHECKING:
 MODELS_CACHED = 64
 
 
-def excluded(state: EdgeState, model: str | None, session: bytes | None = None) -> frozenset[str] | None:
-    """The IUs the request may not use; None when no registered IU serves ``model``. ``session``: the
-    request's session digest (``edge.rollout.session_of``)."""
+def excluded(state: EdgeState, model: str | None, session: bytes | None = None, by: str = "session"
+             ) -> frozenset[str] | None:
+    """The IUs the request may not use; None when no registered IU serves ``model``. ``session`` and ``by``:
+    the request's digest and how it was made (``edge.rollout.placement_of``)."""
     not_serving = _not_serving(state, model)
-    return None if not_serving is None else state.rollout.split(state.view.snapshot(), not_serving, session)
+    return None if not_serving is None else state.rollout.split(state.view.snapshot(), not_serving, session, by)
 
 
 def _not_serving(state: EdgeState, model: str | None) -> frozenset[str] | None:

@@ -48,7 +48,7 @@ from edge.feed import AgentFeed, EdgeView
 from edge.limits import BodyTooLong, head_arrived, read_capped
 from edge.metrics import EdgeMetrics
 from edge.pool.prefix import NO_PREFIX, PromptPrefix
-from edge.rollout import SESSION_HEADER, RolloutFollower, session_of
+from edge.rollout import RolloutFollower, placement_of
 from edge.routing import Decision, Router
 from edge.upstream import RETRYABLE, Answered, Call, open_first, probe_due, relay
 
@@ -245,8 +245,9 @@ async def _proxy_completion(state: EdgeState, request: web.Request, arrived: flo
     summary: BodySummary = await state.bodies.summarize(raw, chat)
     if summary.error is not None:
         return error_response(400, summary.error, summary.reason)
-    session = session_of(request.headers.get(SESSION_HEADER), summary.user_session)
-    not_serving = excluded(state, summary.model, session)
+    key, by = placement_of(request.headers, request.path, summary.user_session, summary.body_digest,
+                           state.config.rollout_request_key)
+    not_serving = excluded(state, summary.model, key, by)
     if not_serving is None:
         return error_response(404, f"The model `{summary.model}` does not exist.", "model_not_found", "model")
     headers = {**{h: request.headers[h] for h in FORWARD_HEADERS if h in request.headers}, **state.upstream_headers}

@@ -16,10 +16,19 @@ use. A request with a session key (:func:`session_of`: the ``X-Session-Id`` head
 ``user``) goes where its session's keyed hash puts it (:func:`~eas_wire.rollout.session_point` against the
 weight): every turn of a conversation on one revision, on every edge alike, and a session on the canary stays
 there as the weight rises; nothing is kept per session, and the key is reduced to a digest when the request
-is read and never logged. A request without one is drawn by the credit counter
+is read and never logged. A request without one that says it may be retried (an ``Idempotency-Key``, or the
+``x-stainless-retry-count`` that the OpenAI Python SDK sends on every attempt, 0 on the first)
+is placed the same way by its request key (:func:`placement_of`): the hash of its ``Authorization`` value, its
+endpoint and its ``Idempotency-Key``, else its body's bytes (:func:`~eas_wire.rollout.request_digest`). The
+SDK's retry of a failed or timed-out request sends the same body again, so it meets the same revision, and a
+bad canary's errors stay the canary's rather than being retried onto stable; distinct requests fall
+independently, binomially around the weight. Any other request is drawn by the credit counter
 (:class:`~eas_wire.rollout.CanaryCounter`: the share is exact within one request per edge), which keyed
-requests leave alone. The proxy keeps that set for every attempt of the request, so its retry stays on its
-revision, and queued requests wait in the queue of their side. An IU belongs to the canary when its
+requests leave alone: many clients send one body over and over (probes, load generators), and a key would
+put every copy on one side. ``rollout_request_key`` (``signalled``, the default; ``always``; ``never``) says
+which requests the request key places. The proxy keeps the side's set for
+every attempt of the request, so the edge's own retry stays on its revision, and queued requests wait in the
+queue of their side. An IU belongs to the canary when its
 ``Meta.revision`` is the canary's; every other IU (the stable revision, or none declared) is on the stable
 side. When the chosen side has no routable IU left for the request, the request is not restricted
 (``eas_edge_rollout_fallbacks``): a canary with no unit up costs no request a 503, and a keyed session
@@ -46,6 +55,7 @@ from eas_wire.rollout import (
     RolloutDoc,
     RolloutError,
     loads,
+    request_digest,
     session_digest,
     session_on_canary,
     session_point,
@@ -58,6 +68,12 @@ log = logging.getLogger("edge.rollout")
 ROLLOUT_TTFT_BUCKETS = tuple(round(0.005 * 1.25 ** k, 6) for k in range(44))
 ERROR_KINDS = ("failed", "status_5xx")  # a connection or stream that failed; an IU's own 5xx answer
 SESSION_HEADER = "X-Session-Id"
+# the IETF draft (draft-ietf-httpapi-idempotency-key-header) and Stripe's API name it so; the OpenAI Python SDK
+# does not send it (its base client's ``_idempotency_header`` is None), so its retries are known by the body
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+# sent on every attempt by the OpenAI Python SDK (0 on the first; openai 3.63.0 ``_build_headers``, from the
+# Stainless-generated base client): a client that will retry, with the same body
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
 
 
 def session_of(header: str | None, user_digest: bytes | None) -> bytes | None:
@@ -67,6 +83,30 @@ def session_of(header: str | None, user_digest: bytes | None) -> bytes | None:
     if header:
         return session_digest(header.encode("utf-8", "surrogatepass"))
     return user_digest
+
+
+def placement_of(headers, path: str, user_digest: bytes | None, body: bytes | None,
+                 uses: str = "signalled") -> tuple[bytes | None, str]:
+    """What places a request, and how (the ``by`` of ``eas_edge_rollout_choices``): its session key
+    (:func:`session_of`), ``"session"``; else its request key (:func:`~eas_wire.rollout.request_digest` of its
+    ``Authorization`` value, ``path`` and its ``Idempotency-Key`` or ``body``, its body's digest),
+    ``"request"``, when ``uses`` (``rollout_request_key``) is ``always``, or ``signalled`` and the request
+    carries ``Idempotency-Key`` or ``x-stainless-retry-count``; else (None, ``"counter"``).
+
+    Nothing here is a choice a client does not already have with a session key: every key is hashed with the
+    rollout's salt before it meets the weight, so a client can only try requests and watch where its own
+    land (as it can by sending a request again under the counter), and no header names a side or carries a
+    digest that would be used as it is."""
+    session = session_of(headers.get(SESSION_HEADER), user_digest)
+    if session is not None:
+        return session, "session"
+    idempotency = headers.get(IDEMPOTENCY_HEADER) or None
+    signalled = idempotency is not None or RETRY_COUNT_HEADER in headers
+    if body is None or uses == "never" or (uses == "signalled" and not signalled):
+        return None, "counter"
+    credential = headers.get("Authorization") or ""
+    return request_digest(credential.encode("utf-8", "surrogatepass"), path, body,
+                          None if idempotency is None else idempotency.encode("utf-8", "surrogatepass")), "request"
 
 
 class RolloutFollower:
@@ -94,8 +134,8 @@ class RolloutFollower:
         self.unit_ttft = Summary("eas_edge_rollout_unit_ttft_seconds", "Time to the first byte from each IU, by "
                                  "its rollout revision (sum and count).", ["revision", "iu"], registry=registry)
         self.choices = Counter("eas_edge_rollout_choices", "Requests given a side while a rollout document is in "
-                               "force, by how (session: the session key's hash; counter: no key).", ["by"],
-                               registry=registry)
+                               "force, by how (session: the session key's hash; request: the request key's hash; "
+                               "counter: no key).", ["by"], registry=registry)
         self.fallbacks = Counter("eas_edge_rollout_fallbacks", "Requests whose drawn revision had no routable IU "
                                  "for them (served by any IU).", registry=registry)
         self.weight = Gauge("eas_edge_rollout_weight", "The canary's share this edge applies (-1: no rollout).",
@@ -145,10 +185,11 @@ class RolloutFollower:
         self._sides = (snapshot, doc, canary, stable)
         return canary, stable
 
-    def split(self, snapshot: Snapshot, not_serving: frozenset[str], session: bytes | None = None
-              ) -> frozenset[str]:
-        """``not_serving`` plus the IUs of the side this request does not go to; ``session``: its session
-        digest (:func:`session_of`), None without a key (see the module docstring)."""
+    def split(self, snapshot: Snapshot, not_serving: frozenset[str], session: bytes | None = None,
+              by: str = "session") -> frozenset[str]:
+        """``not_serving`` plus the IUs of the side this request does not go to; ``session``: its session or
+        request digest (:func:`placement_of`, which also gives ``by``), None without a key (see the module
+        docstring)."""
         doc = self.doc
         if doc is None:
             return not_serving
@@ -158,7 +199,7 @@ class RolloutFollower:
             self.choices.labels("counter").inc()
         else:
             to_canary = session_on_canary(session_point(self._session_key(doc), session), doc.effective_weight)
-            self.choices.labels("session").inc()
+            self.choices.labels(by).inc()
         mine, other = (canary, stable) if to_canary else (stable, canary)
         if not other:
             return not_serving

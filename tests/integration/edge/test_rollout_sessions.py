@@ -2,7 +2,9 @@
 every turn of a session lands where the keyed hash of its key puts it (eas_wire/rollout.py), whichever edge
 takes it; a canary session stays on the canary as the weight rises and abort takes every session to stable;
 a hostile key (8 KB of bytes that are not UTF-8, or longer than aiohttp's header cap) is served or refused
-like any request and moves nothing but itself; no key reaches the edges' logs."""
+like any request and moves nothing but itself; no key reaches the edges' logs. A request without a session key
+that its client retries (the same body and credential, ``x-stainless-retry-count`` raised, through another
+edge) meets the revision its request key puts it on every time."""
 
 from __future__ import annotations
 
@@ -18,7 +20,14 @@ import pytest
 from consul_io import layout
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from eas_wire.rollout import RolloutDoc, session_digest, session_on_canary, session_point
+from eas_wire.rollout import (
+    RolloutDoc,
+    body_digest,
+    request_digest,
+    session_digest,
+    session_on_canary,
+    session_point,
+)
 from edge.config import AccessConfig, EdgeConfig
 from edge.rollout import session_of
 from sim.vllm.openai_api import MODEL_NAME
@@ -144,3 +153,26 @@ def test_a_hostile_key_is_served_on_its_own_side_or_refused_by_the_header_cap(cl
     # the other sessions are where they were: nothing a key sends is kept or shared
     assert [revision_of[served_by(edges[1], {"X-Session-Id": k})] for k in KEYS] == [predicted(doc, k) for k in KEYS]
     assert hostile[:32].decode("latin-1") not in caplog.text and "xxxxxxxx" not in caplog.text
+
+
+def test_a_retried_request_without_a_session_key_meets_one_revision_through_every_edge(cluster, caplog):
+    io, edges, revision_of = cluster
+    doc = put(io, 0.5, edges=edges)
+    caplog.set_level(logging.DEBUG)
+    sides = []
+    for n in range(24):
+        raw = json.dumps({"model": MODEL_NAME, "prompt": f"question {n}", "max_tokens": 2}).encode()
+        credential = f"Bearer sk-retry-client-{n % 4}-6b1e"
+        point = session_point(doc.session_key(), request_digest(credential.encode(), "/v1/completions",
+                                                                body_digest(raw)))
+        attempts = set()
+        for retry in range(3):  # the OpenAI SDK's attempts: the same bytes, the retry count raised
+            request = urllib.request.Request(edges[(n + retry) % 3].url("/v1/completions"), data=raw, headers={
+                "Content-Type": "application/json", "Authorization": credential,
+                "x-stainless-retry-count": str(retry)})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                attempts.add(revision_of[answer.headers["X-Eas-IU"]])
+        assert attempts == {CANARY if session_on_canary(point, 0.5) else STABLE}, n
+        sides.append(attempts.pop())
+    assert STABLE in sides and CANARY in sides
+    assert "sk-retry-client" not in caplog.text

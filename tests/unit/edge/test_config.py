@@ -1,4 +1,5 @@
-"""The edge's ``announce:`` config, its key file, its flag, the edge id, and ``debug_headers``."""
+"""The edge's ``announce:`` config, its key file, its flag, the edge id, ``debug_headers`` and
+``rollout_request_key``."""
 
 from __future__ import annotations
 
@@ -114,6 +115,18 @@ def test_debug_headers_is_off_unless_the_file_turns_it_on(tmp_path):
     assert load_edge_config(None).debug_headers is False
     path.write_text("debug_headers: true\n")
     assert load_edge_config(path).debug_headers is True
+
+
+def test_rollout_request_key_is_signalled_unless_the_file_says_always_or_never(tmp_path):
+    path = tmp_path / "edge.yml"
+    assert load_edge_config(None).rollout_request_key == "signalled"
+    for value in ("always", "never"):
+        path.write_text(f"rollout_request_key: {value}\n")
+        assert load_edge_config(path).rollout_request_key == value
+    for bad in ("sometimes", "false"):
+        path.write_text(f"rollout_request_key: {bad}\n")
+        with pytest.raises(ConfigError, match="rollout_request_key"):
+            load_edge_config(path)
 
 
 def test_edge_id_is_the_sanitized_name_the_key_s_id_and_a_new_nonce_each_time(monkeypatch):

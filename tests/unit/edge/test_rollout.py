@@ -1,19 +1,20 @@
-"""The edge's rollout split: which IUs a request may use, the share, sessions kept on their side, the last good
-document, the counts."""
+"""The edge's rollout split: which IUs a request may use, the share, sessions and retried requests kept on their
+side, the last good document, the counts."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, generate_latest
 
 from consul_io import layout
-from eas_wire.rollout import session_digest, session_on_canary, session_point
+from eas_wire.rollout import body_digest, request_digest, session_digest, session_on_canary, session_point
 from edge.body import summarize
 from edge.pool import IUEntry
 from edge.pool.view import Snapshot
-from edge.rollout import RolloutFollower, session_of
+from edge.rollout import RolloutFollower, placement_of, session_of
 
 pytestmark = pytest.mark.unit
 KEY = layout.rollout_key("dc1")
@@ -188,3 +189,90 @@ def test_a_session_whose_side_has_no_routable_iu_is_served_by_the_other_and_coun
     down = snapshot(entry(1, "old"), entry(4, "new", "critical"))
     assert follower.split(down, frozenset(), SESSIONS[0]) == frozenset()
     assert b"eas_edge_rollout_fallbacks_total 1.0" in generate_latest(registry)
+
+
+def attempt(body: dict, retry: int, **headers: str) -> tuple[bytes | None, str]:
+    """One attempt of a chat request as the OpenAI Python SDK sends it: the same body bytes on every attempt,
+    ``x-stainless-retry-count`` raised on each retry (openai 3.63.0, ``_base_client._build_headers``)."""
+    raw = json.dumps(body).encode()
+    sent = CIMultiDict({"Authorization": "Bearer sk-eas-client-1", "x-stainless-retry-count": str(retry), **headers})
+    summary = summarize(raw, chat=True)
+    return placement_of(sent, "/v1/chat/completions", summary.user_session, summary.body_digest)
+
+
+def chat(n: int) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": f"question {n}"}], "max_tokens": 8}
+
+
+def test_a_retried_request_without_a_session_key_meets_the_same_revision_on_every_edge():
+    edges = [RolloutFollower(), RolloutFollower(), RolloutFollower()]
+    for edge in edges:
+        edge.apply_kv(kv(0.2, session_salt=SALT))
+    sides = [{edges[retry % 3].split(POOL, frozenset(), *attempt(chat(n), retry)) for retry in range(4)}
+             for n in range(2000)]
+    assert all(len(s) == 1 for s in sides)  # four attempts through three edges: one revision
+    share = sum(s == {STABLE} for s in sides) / len(sides)
+    assert abs(share - 0.2) <= 4 * (0.2 * 0.8 / len(sides)) ** 0.5
+
+
+@pytest.mark.parametrize("weight", [0.05, 0.2, 0.5])
+def test_distinct_sdk_requests_without_a_session_key_split_by_the_weight_within_four_sigma(weight):
+    follower = RolloutFollower()
+    follower.apply_kv(kv(weight, session_salt=SALT))
+    to_canary = sum(follower.split(POOL, frozenset(), *attempt(chat(n), 0)) == STABLE for n in range(8000))
+    assert abs(to_canary / 8000 - weight) <= 4 * (weight * (1 - weight) / 8000) ** 0.5
+
+
+def test_a_session_key_comes_first_then_the_idempotency_key_then_the_body():
+    body = chat(1)
+    assert attempt(body, 0, **{"X-Session-Id": "conv-1"}) == (session_digest(b"conv-1"), "session")
+    assert attempt({**body, "user": "alice"}, 0) == (session_digest(b"alice"), "session")
+    by_body = request_digest(b"Bearer sk-eas-client-1", "/v1/chat/completions", body_digest(json.dumps(body).encode()))
+    assert attempt(body, 0) == (by_body, "request")
+    keyed = request_digest(b"Bearer sk-eas-client-1", "/v1/chat/completions", body_digest(json.dumps(body).encode()),
+                           b"idem-7")
+    assert attempt(body, 0, **{"Idempotency-Key": "idem-7"}) == (keyed, "request")
+    assert attempt(chat(2), 3, **{"Idempotency-Key": "idem-7"}) == (keyed, "request")  # the client's key wins
+    assert attempt(body, 0, **{"Idempotency-Key": ""}) == (by_body, "request")  # an empty one is none
+    # rollout_request_key: never: the counter draws even for an SDK's request
+    assert placement_of(CIMultiDict({"x-stainless-retry-count": "1"}), "/v1/completions", None,
+                        body_digest(b"{}"), "never") == (None, "counter")
+
+
+def test_only_a_request_that_says_it_may_be_retried_is_placed_by_its_own_key_unless_told_always():
+    """Probes and load generators send one body over and over without either header: the counter spreads
+    them by the weight, where a key would put every copy on one side."""
+    digest = body_digest(b'{"prompt": "ping"}')
+    plain = CIMultiDict({"Authorization": "Bearer sk-probe"})
+    assert placement_of(plain, "/v1/completions", None, digest) == (None, "counter")
+    assert placement_of(plain, "/v1/completions", None, digest, "always")[1] == "request"
+    for signal in ({"X-Stainless-Retry-Count": "0"}, {"Idempotency-Key": "i-1"}):
+        assert placement_of(CIMultiDict({**plain, **signal}), "/v1/completions", None, digest)[1] == "request"
+    follower = RolloutFollower()
+    follower.apply_kv(kv(0.2, session_salt=SALT))
+    probes = [follower.split(POOL, frozenset(), *placement_of(plain, "/v1/completions", None, digest))
+              for _ in range(1000)]
+    assert sum(p == STABLE for p in probes) == 200  # the counter's exact share, copies or not
+
+
+def test_nothing_else_a_client_sends_moves_its_request():
+    """Retry counters, timeouts, request ids or headers that look like a choice are not part of the key."""
+    body = chat(5)
+    plain = attempt(body, 0)
+    for noise in ({"x-stainless-read-timeout": "600"}, {"X-Request-Id": "r-1"}, {"X-Eas-Revision": "new"},
+                  {"X-Canary": "always"}, {"X-Session-Affinity": "x"}, {"OpenAI-Organization": "org"}):
+        assert attempt(body, 7, **noise) == plain, noise
+    assert attempt(body, 0, Authorization="Bearer sk-eas-client-2") != plain  # another client falls apart
+
+
+def test_requests_placed_by_their_own_key_leave_the_counter_alone_and_are_counted():
+    registry = CollectorRegistry()
+    follower, quiet = RolloutFollower(registry=registry), RolloutFollower()
+    for edge in (follower, quiet):
+        edge.apply_kv(kv(0.2, session_salt=SALT))
+    got, expected = [], [quiet.split(POOL, frozenset()) for _ in range(100)]
+    for n in range(100):
+        follower.split(POOL, frozenset(), *attempt(chat(n), 0))
+        got.append(follower.split(POOL, frozenset()))
+    assert got == expected
+    assert 'eas_edge_rollout_choices_total{by="request"} 100.0' in generate_latest(registry).decode()
