@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
+from eas_wire.placed import Placement, PlacedError, placed_from_json
+
 STATUSES = ("passing", "warning", "critical")
 DEFAULT_HEARTBEAT_S = 2.0  # a body without heartbeat_s (and an IU never scored) is read with this one
 MIN_HEARTBEAT_S = 0.1
@@ -296,6 +298,9 @@ class ScoreBody:
     # /scores only: edge id -> the last of its announce sequence numbers this body's scores count
     # (docs/contracts/announce.md); None: the agent has no announce channel (or this is the KV's body)
     announced: Mapping[str, int] | None = None
+    # /scores only: prompts the announce channel says were sent to this node's IUs within the last
+    # RELAY_WINDOW_S, with a few block hashes each (eas_wire/placed.py); every edge's prefix index learns them
+    placed: tuple[Placement, ...] = ()
 
     def to_json(self) -> dict:
         body = {
@@ -312,6 +317,8 @@ class ScoreBody:
             body["published_seq"] = self.published_seq
         if self.announced is not None:
             body["announced"] = dict(self.announced)
+        if self.placed:
+            body["placed"] = [p.to_json() for p in self.placed]
         return body
 
     def dumps(self) -> str:
@@ -370,7 +377,17 @@ class ScoreBody:
                 counts[exc.reason] += 1
                 problems.append(f"node {node}: {exc}")
                 announced = None
+        placed: tuple[Placement, ...] = ()
+        if obj.get("placed") is not None:
+            try:
+                placed, dropped = placed_from_json(obj["placed"], entries, MAX_SEQ)
+            except PlacedError as exc:  # the scores stay usable: only the relay of placements is lost
+                placed, dropped = (), 1
+                problems.append(f"node {node}: {exc}")
+            if dropped:
+                counts["placed_invalid"] += dropped
         body = cls(
+            placed=placed,
             announced=announced,
             published_seq=published if isinstance(published, int) and not isinstance(published, bool) else None,
             node=node,

@@ -159,6 +159,14 @@ class Router:
         queued_as = entry.request_cost_s if fresh else None
         return Decision(choice.iu_id, choice.mode, entry, cost, choice.expected_s, queued_as, hit)
 
+    def learn(self, placements) -> None:
+        """Prompts other edges sent (the agents' relay, edge/pool/prefix.py's ``RelayedPlacements``): (IU,
+        (depth, hash) blocks) each, into the prefix index."""
+        if self.prefix is not None:
+            record = self.prefix.record_blocks
+            for iu_id, blocks in placements:
+                record(iu_id, blocks)
+
     def sent(self, iu_id: str, now: float, cost_s: float | None = None, handle=None,
              expected_s: float | None = None, queued_as_s: float | None = None, prefix_hashes=None) -> int:
         """Record a request sent to ``iu_id``; returns its announce sequence number (0 when not announcing).
