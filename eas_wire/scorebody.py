@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
-from eas_wire.placed import Placement, PlacedError, placed_from_json
+from eas_wire.placed import PlacedError, Placement, placed_from_json
 
 STATUSES = ("passing", "warning", "critical")
 DEFAULT_HEARTBEAT_S = 2.0  # a body without heartbeat_s (and an IU never scored) is read with this one
