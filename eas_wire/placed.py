@@ -27,8 +27,9 @@ MAX_BLOCKS = 16  # per prompt: its last block and up to 15 sampled depths (edge/
 MAX_DEPTH = 2048  # edge/pool/prefix.py's MAX_HASHED_BLOCKS: 32k tokens
 MAX_HASH = (1 << 64) - 1
 MAX_PLACED = 64  # per body: a node's IUs are sent a few requests per 200 ms cycle at full load
-RELAY_WINDOW_S = 1.0  # a body carries the placements of the last second: an edge that misses a few bodies
-#                       (its feed keeps the newest of each 20 ms) still reads every placement once
+RELAY_WINDOW_S = 0.5  # a body carries the placements of the last half second (at least two cycles' bodies):
+#                       an edge that misses a few bodies (its feed keeps the newest of each 20 ms) still
+#                       reads every placement once
 
 Blocks = tuple[tuple[int, int], ...]
 
@@ -38,15 +39,16 @@ class PlacedError(ValueError):
 
 
 def blocks_from_json(obj, where: str = "blocks") -> Blocks:
-    """``[[depth, hash], ...]`` checked (see the module docstring); raises :class:`PlacedError`."""
-    if not isinstance(obj, list):
+    """``[[depth, hash], ...]`` checked (see the module docstring); raises :class:`PlacedError`. Every edge
+    reads every placement once: one plain loop with exact type tests (a bool is no depth or hash)."""
+    if type(obj) is not list:
         raise PlacedError(f"{where} {str(obj)[:80]!r} is not a list")
     if len(obj) > MAX_BLOCKS:
         raise PlacedError(f"{where} has {len(obj)} entries (more than {MAX_BLOCKS})")
     pairs = []
     last = 0
     for pair in obj:
-        if not (isinstance(pair, list) and len(pair) == 2 and all(_int(x) for x in pair)):
+        if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not int or type(pair[1]) is not int:
             raise PlacedError(f"{where} entry {str(pair)[:80]!r} is not [depth, hash]")
         depth, h = pair
         if not last < depth <= MAX_DEPTH:
@@ -72,22 +74,29 @@ class Placement:
         return {"seq": self.seq, "iu": self.iu, "blocks": blocks_to_json(self.blocks)}
 
 
-def placed_from_json(obj, ius, max_seq: int) -> tuple[tuple[Placement, ...], int]:
+def placed_from_json(obj, ius, max_seq: int, after: int = 0) -> tuple[tuple[Placement, ...], int]:
     """(the usable placements of a body's ``placed`` in order, how many were dropped): one naming an IU not
     in the body's ``ius`` (a node speaks only for its own IUs) or malformed is dropped, the others kept;
-    raises :class:`PlacedError` when ``placed`` itself is not a list of at most :data:`MAX_PLACED`."""
+    raises :class:`PlacedError` when ``placed`` itself is not a list of at most :data:`MAX_PLACED`.
+
+    ``after``: the last relay number the reader already holds from this node; placements up to it are
+    skipped unread (a body repeats a window of them: each is checked once), unless the body's last one is
+    below it (the agent restarted and numbers from 1 again)."""
     if not isinstance(obj, list):
         raise PlacedError(f"placed {str(obj)[:80]!r} is not a list")
     if len(obj) > MAX_PLACED:
         raise PlacedError(f"placed has {len(obj)} entries (more than {MAX_PLACED})")
+    newest = obj[-1].get("seq") if obj and isinstance(obj[-1], dict) else None
+    last = after if _int(newest) and newest >= after else 0
     kept: list[Placement] = []
     dropped = 0
-    last = 0
     for item in obj:
         try:
             if not isinstance(item, dict):
                 raise PlacedError("not an object")
             seq, iu = item.get("seq"), item.get("iu")
+            if _int(seq) and 0 < seq <= last == after:
+                continue  # read before
             if not _int(seq) or not last < seq <= max_seq:
                 raise PlacedError(f"seq {str(seq)[:40]!r} is not increasing")
             if not isinstance(iu, str) or iu not in ius:

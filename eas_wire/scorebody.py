@@ -326,14 +326,15 @@ class ScoreBody:
 
     @classmethod
     def from_json(
-        cls, obj, *, blank_bad_scores: bool = False, counts: Counter | None = None
+        cls, obj, *, blank_bad_scores: bool = False, counts: Counter | None = None, placed_after: int = 0
     ) -> tuple[ScoreBody, list[str]]:
         """(body, problems): the problems name each IU entry that was dropped. Raises :class:`BodyError`
         when the body as a whole is unusable.
 
         ``blank_bad_scores`` (the edge): an IU whose score is nonsense is kept with an unknown score (out of
         the power-of-two choice, still usable by the fail-open path) instead of being dropped. ``counts`` gets
-        one count per ignored score or dropped entry, by :attr:`BodyError.reason`."""
+        one count per ignored score or dropped entry, by :attr:`BodyError.reason`. ``placed_after``: the last
+        relay number the reader holds from this node (its ``placed`` up to it are skipped unread)."""
         if not isinstance(obj, dict):
             raise BodyError(f"body is {type(obj).__name__}, not an object")
         ius = obj.get("ius")
@@ -380,7 +381,7 @@ class ScoreBody:
         placed: tuple[Placement, ...] = ()
         if obj.get("placed") is not None:
             try:
-                placed, dropped = placed_from_json(obj["placed"], entries, MAX_SEQ)
+                placed, dropped = placed_from_json(obj["placed"], entries, MAX_SEQ, placed_after)
             except PlacedError as exc:  # the scores stay usable: only the relay of placements is lost
                 placed, dropped = (), 1
                 problems.append(f"node {node}: {exc}")

@@ -109,6 +109,7 @@ class AnnouncePush(AgentPush):
     def __init__(self, nodes: AnnounceNodes, fleet: AgentFleet, view: EdgeView, loop: EventLoop):
         self.nodes = nodes
         self.announce_pushes = 0  # bodies pushed because of an announce batch (cycle bodies not counted)
+        self.placed_carried = 0  # relayed placements in the bodies pushed to this edge (each once per body)
         super().__init__(fleet, view, loop)
         for agent in fleet.agents:  # an announcing edge holds a signed stream to every agent
             agent.sink.edge_streams += 1
@@ -125,6 +126,7 @@ class AnnouncePush(AgentPush):
     def _push(self, agent: SimNodeAgent, now: float) -> None:
         body = self.nodes.body(agent)
         if body is not None:
+            self.placed_carried += len(body.placed)
             self.loop.schedule(now + self.latency_s, self._arrive, (agent.config.node, body))
 
 

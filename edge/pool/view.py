@@ -171,7 +171,10 @@ class PoolView:
         if isinstance(raw, ScoreBody):
             return raw
         try:
-            body, problems = ScoreBody.from_json(raw, blank_bad_scores=self.blank_bad_scores, counts=self.ignored)
+            node = raw.get("node") if isinstance(raw, dict) else None
+            after = self.relayed.last_seq.get(node, 0) if isinstance(node, str) else 0
+            body, problems = ScoreBody.from_json(raw, blank_bad_scores=self.blank_bad_scores, counts=self.ignored,
+                                                 placed_after=after)
         except BodyError as exc:
             self.ignored[exc.reason] += 1
             self._reject("body", f"{where}: {exc}")

@@ -141,3 +141,14 @@ def test_a_prompt_another_edge_sent_is_found_on_its_iu_through_the_agents_relay(
     assert choices(pool, edge_b, prefix=next_turn)["n1-iu5"] == 400
     assert choices(pool, lambda seed: Router(random.Random(seed), prefix=PrefixIndex()),
                    prefix=next_turn)["n1-iu5"] < 60  # what edge B did with only its own index: plain p2c
+
+
+def test_the_home_is_not_presumed_where_the_index_knows_the_conversation_is():
+    key = next(k for k in range(1, 100) if home_iu(k, IUS) == "n1-iu1")
+    home = home_iu(key, IUS)
+    pool = view(spread(0.04))  # the holder, n1-iu5, is 0.2 s busier than n1-iu0
+    turn = PromptPrefix((*HASHES, 900, 901, 902), key, 4_400)  # the previous prompt and its ~300-token reply
+    decision = router_with(0).choose(pool.snapshot(), 100.05, 4_700, prefix=turn)
+    assert decision.iu_id == "n1-iu5" and decision.cached_tokens == 4_096
+    unknown = Router(random.Random(0), prefix=PrefixIndex()).choose(pool.snapshot(), 100.05, 4_700, prefix=turn)
+    assert unknown.iu_id == home and unknown.cached_tokens == 4_400  # nothing known: the home is presumed
