@@ -86,3 +86,14 @@ def test_a_placed_value_that_is_no_list_costs_only_the_relay():
     assert typed.placed == () and set(typed.ius) == IUS and counts["placed_invalid"] == 1
     assert any(f"more than {MAX_PLACED}" in p for p in problems)
     assert placed_from_json([], IUS, 10) == ((), 0)
+
+
+def test_a_reader_skips_the_placements_it_holds_unless_the_agent_restarted():
+    placed = [{"seq": s, "iu": "n1-iu0", "blocks": [[8, s]]} for s in (3, 4, 5)]
+    placed[0]["blocks"] = "never read"  # held already: skipped unread, not counted
+    counts = Counter()
+    typed, _ = ScoreBody.from_json(body(placed), counts=counts, placed_after=3)
+    assert [p.seq for p in typed.placed] == [4, 5] and not counts
+    restarted = [{"seq": s, "iu": "n1-iu0", "blocks": [[8, s]]} for s in (1, 2)]  # numbered from 1 again
+    assert [p.seq for p in ScoreBody.from_json(body(restarted), placed_after=5)[0].placed] == [1, 2]
+    assert placed_from_json(placed[1:], IUS, 10, after=5) == ((), 0)  # all held
