@@ -192,7 +192,10 @@ def main() -> None:
                    summary=f"{len(ius)} IUs: hashing + routing {statistics.median(off):.0f} -> "
                            f"{statistics.median(on):.0f} us per request; edge {edge_ms:.2f} -> "
                            f"{edge_ms + added_ms:.2f} ms CPU per request ({ratio:.2f}x); index at its bound "
-                           f"{entries:,} hashes, {used / 2**20:.1f} MiB")
+                           f"{entries:,} hashes, {used / 2**20:.1f} MiB; relay per placement "
+                           f"{relay['bytes_per_placement']} bytes, read {relay['read_us_per_placement']:.1f} us "
+                           f"(again {relay['reread_us_per_placement']:.1f} us), learnt "
+                           f"{relay['learn_us_per_placement']:.1f} us")
 
 
 if __name__ == "__main__":

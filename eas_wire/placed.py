@@ -27,9 +27,10 @@ MAX_BLOCKS = 16  # per prompt: its last block and up to 15 sampled depths (edge/
 MAX_DEPTH = 2048  # edge/pool/prefix.py's MAX_HASHED_BLOCKS: 32k tokens
 MAX_HASH = (1 << 64) - 1
 MAX_PLACED = 64  # per body: a node's IUs are sent a few requests per 200 ms cycle at full load
-RELAY_WINDOW_S = 0.5  # a body carries the placements of the last half second (at least two cycles' bodies):
-#                       an edge that misses a few bodies (its feed keeps the newest of each 20 ms) still
-#                       reads every placement once
+RELAY_WINDOW_S = 0.25  # a body carries the placements of the last quarter second, more than one agent cycle
+#                        (200 ms): a follower that falls behind gets the latest body only (eas_agent/http.py),
+#                        and still reads each placement unless it read no body of the node for that long;
+#                        each placement is decoded again in every body that repeats it (bench/prefix_cost.py)
 
 Blocks = tuple[tuple[int, int], ...]
 

@@ -25,11 +25,11 @@ def test_accepted_blocks_are_relayed_numbered_and_only_for_the_window():
     node = NodeAnnouncements(IUS)
     node.receive("edge-a.1", [Announcement("n1-iu0", 500, 1, NOW, BLOCKS),
                               Announcement("n1-iu1", 90, 2, NOW)], NOW)  # no blocks: nothing to relay
-    node.receive("edge-b.2", [Announcement("n1-iu1", 700, 1, NOW + 0.5, BLOCKS)], NOW + 0.5)
-    node.receive("edge-a.1", [Announcement("n1-iu0", 500, 1, NOW + 0.6, BLOCKS)], NOW + 0.6)  # replayed: refused
-    assert node.body(base(NOW + 0.4)).placed == (Placement(1, "n1-iu0", BLOCKS), Placement(2, "n1-iu1", BLOCKS))
-    # a second later the first placement has left the window; every edge read it in the bodies before
-    assert node.body(base(NOW + RELAY_WINDOW_S + 0.2)).placed == (Placement(2, "n1-iu1", BLOCKS),)
+    node.receive("edge-b.2", [Announcement("n1-iu1", 700, 1, NOW + 0.1, BLOCKS)], NOW + 0.1)
+    node.receive("edge-a.1", [Announcement("n1-iu0", 500, 1, NOW + 0.1, BLOCKS)], NOW + 0.1)  # replayed: refused
+    assert node.body(base(NOW + 0.05)).placed == (Placement(1, "n1-iu0", BLOCKS), Placement(2, "n1-iu1", BLOCKS))
+    # once the window has passed the first placement has left it; every edge read it in the bodies before
+    assert node.body(base(NOW + RELAY_WINDOW_S + 0.05)).placed == (Placement(2, "n1-iu1", BLOCKS),)
     assert base(NOW).placed == ()  # the body the Publisher writes to the KV carries none
 
 
