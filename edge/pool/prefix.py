@@ -1,4 +1,4 @@
-"""Which IU probably holds a request's prompt prefix in its KV cache: an index of what this edge sent.
+"""Which IU probably holds a request's prompt prefix in its KV cache: an index of what every edge sent.
 
 vLLM caches a prompt in blocks of 16 tokens, each block's hash chained on its parent's
 (sim/vllm/prefixcache.py cites the code), and a new prompt skips the prefill of its longest run of leading
@@ -13,9 +13,11 @@ cut into chunks of ``CHARS_PER_BLOCK`` characters (16 tokens at ~4 characters pe
 rate for Llama-3's tokenizer), and chunk i's hash is blake2b(hash of chunk i-1 + chunk i). A chunk stands for
 about one vLLM block: the estimate is "about this many tokens are cached", which is what the cost needs.
 
-What is kept (:class:`PrefixIndex`): per IU, the hashes of every ``stride``-th chunk of each prompt sent
-there and of its last full chunk, least recently sent first, at most ``max_blocks_per_iu`` per IU (older
-ones are the first the IU's own LRU eviction would have dropped too). A match is the deepest recorded
+What is kept (:class:`PrefixIndex`): per IU, the hashes of every ``stride``-th chunk of each prompt this edge
+sent there and of its last full chunk, and the few chunks (:func:`relay_blocks`) of each prompt any edge
+sent there, which its announcement carried to the IU's node agent and the agent's ``/scores`` body relayed
+(eas_wire/placed.py, :class:`RelayedPlacements`); least recently sent first, at most ``max_blocks_per_iu``
+per IU (older ones are the first the IU's own LRU eviction would have dropped too). A match is the deepest recorded
 chunk of the request per IU; the estimate is that many chunks' tokens, at most the prompt minus one token.
 
 What corrects it: the IU's published prefix-cache hit rate (``ScoreTerms.prefix_hit_rate``): an IU that
