@@ -10,6 +10,13 @@ index holds the edge's recent traffic: multi-turn conversations (8 system prompt
 turns adding ~500-character messages) until every IU's index is full. Memory: tracemalloc of the index at
 its bound (``DEFAULT_MAX_BLOCKS_PER_IU`` per IU).
 
+The relay (eas_wire/placed.py): every edge reads every edge's placements in the agents' /scores bodies. Per
+placement: the bytes it adds to a body, the CPU of reading it in a body (JSON decode and the body's checks,
+with and without ``RELAYED`` placements of ``MAX_BLOCKS`` blocks each; the first time, and again in a later
+body, where the reader skips what it holds) and of learning it into a full index.
+A placement rides in every body of its node for ``RELAY_WINDOW_S``; route_sim.py's multi-turn rows count
+how many bodies carry each one (``relay`` in its output), which with these costs gives the relay's CPU.
+
 Target: the edge's CPU per request with prefix routing <= 1.5x without: the whole edge's CPU per request
 measured by ``edge_proxy.py`` (bench/results/edge_proxy.json) plus the median added here.
 """
@@ -30,9 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
 
 from consul_io import layout  # noqa: E402
+from eas_wire.placed import Placement  # noqa: E402
 from eas_wire.scorebody import IUScore, ScoreBody  # noqa: E402
 from edge.pool import AnomalyDetector, PoolView  # noqa: E402
-from edge.pool.prefix import PrefixIndex, prompt_prefix  # noqa: E402
+from edge.pool.prefix import PrefixIndex, prompt_prefix, relay_blocks  # noqa: E402
 from edge.routing import Router  # noqa: E402
 from edge.tokens import estimate_prompt_tokens, prompt_parts  # noqa: E402
 
@@ -43,8 +51,10 @@ def pool(nodes: int, rng: random.Random) -> PoolView:
     clock = [1_000_000.0]
     view = PoolView(detector=AnomalyDetector(), clock=lambda: clock[0])
     names = [f"r{n // 16:02d}n{n % 16:02d}" for n in range(nodes)]
-    view.apply_health([{"Service": {"ID": layout.iu_id(node, i), "Address": "127.0.0.1", "Port": 8000 + i},
-                        "Checks": [{"CheckID": layout.score_check_id(layout.iu_id(node, i)), "Status": "passing"}]}
+    view.apply_health([{"Node": {"Node": node},
+                        "Service": {"Service": layout.iu_service(node), "ID": layout.iu_id(node, i),
+                                    "Address": "127.0.74.1", "Port": 8000 + i, "Meta": {"node": node, "rack": node[:3]}},
+                        "Checks": [{"CheckID": layout.health_check_id(layout.iu_id(node, i)), "Status": "passing"}]}
                        for node in names for i in range(2)])
     view.apply_polled([ScoreBody(node=node, rack=node[:3], ts=clock[0], heartbeat_s=2.0, seq=1, ius={
         layout.iu_id(node, i): IUScore(score=round(rng.uniform(0.05, 0.5), 4), status="passing", components={
@@ -100,6 +110,43 @@ def index_memory(ius: list[str], rng: random.Random) -> tuple[int, int]:
     return used, index.entries()
 
 
+RELAYED = 8  # placements in one body: a busy node's second of requests
+
+
+def relay_cost(rng: random.Random, reps: int = 2000) -> dict:
+    """Per relayed placement: body bytes, µs to read it in a body (the first time; again, when the reader skips
+    it), µs to learn it into a full index."""
+    ius = {layout.iu_id("r00n00", i): IUScore(score=0.1, status="passing", components={
+        "request_cost_s": 0.08, "prefill_tps": 12_600.0, "running": 10}) for i in range(2)}
+    placed = tuple(Placement(k + 1, layout.iu_id("r00n00", k % 2),
+                             relay_blocks(tuple(rng.getrandbits(64) for _ in range(rng.randint(200, 1500)))))
+                   for k in range(RELAYED))
+    texts = [ScoreBody(node="r00n00", ts=1e9, ius=ius, placed=p).dumps() for p in ((), placed)]
+
+    def read_us(text: str, after: int = 0) -> float:
+        start = time.perf_counter_ns()
+        for _ in range(reps):
+            ScoreBody.from_json(json.loads(text), placed_after=after)
+        return (time.perf_counter_ns() - start) / 1000 / reps
+
+    without = min(read_us(texts[0]) for _ in range(3))
+    with_placed = min(read_us(texts[1]) for _ in range(3))
+    repeated = min(read_us(texts[1], RELAYED) for _ in range(3))  # every placement read before: skipped
+    index = PrefixIndex()
+    for iu_id in ius:
+        for _ in range(index.max_blocks // 8 + 1):
+            index.record(iu_id, tuple(rng.getrandbits(64) for _ in range(64)))
+    router = Router(random.Random(1), prefix=index)
+    learnt = [(p.iu, p.blocks) for p in placed] * (reps // RELAYED)
+    start = time.perf_counter_ns()
+    router.learn(learnt)
+    learn_us = (time.perf_counter_ns() - start) / 1000 / len(learnt)
+    return {"bytes_per_placement": round((len(texts[1]) - len(texts[0])) / RELAYED),
+            "read_us_per_placement": round((with_placed - without) / RELAYED, 2),
+            "reread_us_per_placement": round((repeated - without) / RELAYED, 2),
+            "learn_us_per_placement": round(learn_us, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=128)
@@ -119,14 +166,20 @@ def main() -> None:
     edge_ms = json.loads((Path(__file__).parent / "results" / "edge_proxy.json").read_text())["numbers"][
         "edge_cpu_ms_per_request"]
     ratio = (edge_ms + added_ms) / edge_ms
-    ius = [e.iu_id for e in view.snapshot().entries]
+    ius = [e.iu_id for e in view.snapshot().healthy]
+    if len(ius) != 2 * args.nodes:
+        raise SystemExit(f"prefix_cost: {len(ius)} of {2 * args.nodes} IUs routable: the pool is not what it measures")
     used, entries = index_memory(ius, rng)
+    relay = relay_cost(rng)
     verdict = "met" if ratio <= LIMIT else "not met"
     print(f"CPU per request (tokens estimate + hashing + choose + sent), median: prefix routing off "
           f"{statistics.median(off):.1f} us, on {statistics.median(on):.1f} us (p99 "
           f"{sorted(off)[int(0.99 * len(off))]:.1f} / {sorted(on)[int(0.99 * len(on))]:.1f} us)")
     print(f"the edge's CPU per request (edge_proxy.py) {edge_ms:.2f} ms -> {edge_ms + added_ms:.2f} ms")
     print(f"index at its bound over {len(ius)} IUs: {entries:,} hashes, {used / 2**20:.1f} MiB")
+    print(f"relay, per placement: {relay['bytes_per_placement']} bytes in a body, read in a body "
+          f"{relay['read_us_per_placement']:.1f} us the first time, {relay['reread_us_per_placement']:.1f} us "
+          f"again (skipped), learnt {relay['learn_us_per_placement']:.1f} us")
     print(f"target: the edge's CPU per request with prefix routing {ratio:.2f}x without (<= {LIMIT:g}x): "
           f"{verdict.replace('not', 'NOT')}")
     results.record(args.results, script=__file__,
@@ -135,11 +188,14 @@ def main() -> None:
                    numbers={"off_median_us": round(statistics.median(off), 1),
                             "on_median_us": round(statistics.median(on), 1), "edge_cpu_ms": edge_ms,
                             "ratio": round(ratio, 3),
-                            "index_entries": entries, "index_mib": round(used / 2**20, 2)},
+                            "index_entries": entries, "index_mib": round(used / 2**20, 2), **relay},
                    summary=f"{len(ius)} IUs: hashing + routing {statistics.median(off):.0f} -> "
                            f"{statistics.median(on):.0f} us per request; edge {edge_ms:.2f} -> "
                            f"{edge_ms + added_ms:.2f} ms CPU per request ({ratio:.2f}x); index at its bound "
-                           f"{entries:,} hashes, {used / 2**20:.1f} MiB")
+                           f"{entries:,} hashes, {used / 2**20:.1f} MiB; relay per placement "
+                           f"{relay['bytes_per_placement']} bytes, read {relay['read_us_per_placement']:.1f} us "
+                           f"(again {relay['reread_us_per_placement']:.1f} us), learnt "
+                           f"{relay['learn_us_per_placement']:.1f} us")
 
 
 if __name__ == "__main__":

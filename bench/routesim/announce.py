@@ -4,7 +4,7 @@ The rows ``ours (push + announce + Consul)`` are the shipped push path plus the 
 (docs/contracts/announce.md has the protocol; edge/announce.py the edge's sender):
 
 - edge: every request it sends is announced to the chosen IU's node agent as (iu, prompt tokens, sequence
-  number, send time); announcements are batched per node and leave at the edge's next tick (every
+  number, send time, a few of its block hashes: edge/pool/prefix.py's relay_blocks); announcements are batched per node and leave at the edge's next tick (every
   ``batch_s``, 10 ms, the edges' ticks spread over the interval) and reach the agent ``transit_s`` (0.5 ms)
   later on a connection already open;
 - agent: the shipped :class:`~eas_agent.announce.NodeAnnouncements` of the node's real ``Agent``
@@ -12,7 +12,8 @@ The rows ``ours (push + announce + Consul)`` are the shipped push path plus the 
   :class:`~eas_agent.announce.AnnounceScorer` around the drain scorer (the agent wraps them itself), and the
   body it serves is :meth:`~eas_agent.announce.NodeAnnouncements.body` of the last cycle's body, pushed to
   every edge the way cycle bodies are (``PUSH_LATENCY_S`` transit, then the edge's apply interval, 20 ms);
-- edge: the shipped ``EdgeView`` with its ``edge_id`` set (entries carry the body's acknowledgement), the
+- edge: the shipped ``EdgeView`` with its ``edge_id`` set (it reads the bodies' relayed placements, which the
+  router's prefix index takes before each pick, as edge/proxy.py does) (entries carry the body's acknowledgement), the
   shipped ``Router`` whose ``EdgeLedger`` announces (sequence numbers; acknowledged requests leave its cost)
   and the shipped anomaly detector (it judges ``score - announced_s``).
 
@@ -28,6 +29,7 @@ import math
 from eas_agent.announce import NodeAnnouncements
 from eas_wire.announce import Announcement
 from edge.feed import EdgeView
+from edge.pool.prefix import relay_blocks
 from sim.vllm.eventloop import EventLoop
 
 from .agents import AgentFleet, SimNodeAgent
@@ -107,6 +109,7 @@ class AnnouncePush(AgentPush):
     def __init__(self, nodes: AnnounceNodes, fleet: AgentFleet, view: EdgeView, loop: EventLoop):
         self.nodes = nodes
         self.announce_pushes = 0  # bodies pushed because of an announce batch (cycle bodies not counted)
+        self.placed_carried = 0  # relayed placements in the bodies pushed to this edge (each once per body)
         super().__init__(fleet, view, loop)
         for agent in fleet.agents:  # an announcing edge holds a signed stream to every agent
             agent.sink.edge_streams += 1
@@ -123,6 +126,7 @@ class AnnouncePush(AgentPush):
     def _push(self, agent: SimNodeAgent, now: float) -> None:
         body = self.nodes.body(agent)
         if body is not None:
+            self.placed_carried += len(body.placed)
             self.loop.schedule(now + self.latency_s, self._arrive, (agent.config.node, body))
 
 
@@ -138,7 +142,8 @@ class AnnounceEdge(ScoredEdge):
         chosen = super().pick(request, now)
         # as edge/proxy.py announces: the tokens the chosen IU is expected to prefill (its prefix cache's left out)
         tokens = self.decision.prefill_tokens(request.prompt) if self.decision is not None else request.prompt
-        self.sender.announce(Announcement(self.iu_ids[chosen], tokens, self.ledger.seq, now), now)
+        blocks = relay_blocks(request.blocks) if self.router.prefix is not None else ()
+        self.sender.announce(Announcement(self.iu_ids[chosen], tokens, self.ledger.seq, now, blocks), now)
         return chosen
 
 
