@@ -8,9 +8,13 @@ tests' 127.0.200.N) so the edge finds each agent at ``<IU address>:<agent port>`
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from pathlib import Path
+
+import yaml
 
 from consul_io.client import ConsulIO
 from eas_agent.agent import Agent, IUPipeline
@@ -19,12 +23,26 @@ from eas_agent.score import DrainParams, Scorer
 from edge.config import EdgeConfig, PushConfig
 from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_on_catalog_node
-from tests.helpers import wait_for
+from tests.helpers import units, wait_for
 from tests.helpers.edge import RunningEdge, free_port
 
 FAST = {"interval_s": 0.1, "heartbeat_s": 0.5, "min_write_interval_s": 0.2,
         "write_rate_per_s": 5.0, "scrape_timeout_s": 0.4, "frozen_after_s": 1.0}
 TRUE_PREFILL_TPS = 12_600.0  # the simulated engine's (sim/vllm/loadmodel.py: roofline of 70B on 4 x H100)
+
+
+def drilled_nodes(tmp_path: Path, monkeypatch, address_of, port: int, nodes: int = 3) -> tuple[Path, Path]:
+    """(units dir, hosts.yml) of a drill on loopback: the ``systemctl`` stand-in first on PATH, and an
+    inventory of ``nodes`` nodes allowed to be drilled, n1 being this machine (``ansible_connection: local``)."""
+    units_dir = tmp_path / "units"
+    units.install(tmp_path / "bin", units_dir)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    hosts = {f"n{n}": {"ansible_host": address_of(n), "rack": f"r{n}", "gpu_model": "h100-sxm", "gpu_count": 4,
+                       "iu_size": 4, "iu_ports": [port], "drills_allowed": True} for n in range(1, nodes + 1)}
+    hosts["n1"]["ansible_connection"] = "local"
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    return units_dir, inventory
 
 
 @contextmanager

@@ -8,7 +8,6 @@ flight at the restart all answered (the drain's promise), and how many were refu
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import types
@@ -25,7 +24,7 @@ from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_on_catalog_node
 from tests.helpers import units, wait_for
 from tests.helpers.edge import free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, node_agent
+from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +51,7 @@ def serves(address: str) -> bool:
 @pytest.fixture
 def pool(tmp_path, monkeypatch):
     """(edge address, Consul address, units dir, inventory): the edge serving, every unit scored."""
-    units_dir = tmp_path / "units"
-    units.install(tmp_path / "bin", units_dir)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    hosts = {f"n{n}": {"ansible_host": host(n), "rack": f"r{n}", "gpu_model": "h100-sxm", "gpu_count": 4,
-                       "iu_size": 4, "iu_ports": [PORT], "drills_allowed": True} for n in range(1, NODES + 1)}
-    hosts["n1"]["ansible_connection"] = "local"
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    units_dir, inventory = drilled_nodes(tmp_path, monkeypatch, host, PORT, NODES)
     with ExitStack() as stack:
         server = stack.enter_context(DevConsulServer(addr=f"{host(0)}:0"))
         io = ConsulIO(server.address)
@@ -87,7 +80,7 @@ def pool(tmp_path, monkeypatch):
         units.declare(units_dir, EDGE, [sys.executable, "-m", "edge", "--config", str(config)], tmp_path / "edge.log")
         units.start(units_dir, EDGE)
         wait_for(lambda: serves(edge_address), 30, "the edge answering /v1/models")
-        yield edge_address, server.address, units_dir, tmp_path / "hosts.yml"
+        yield edge_address, server.address, units_dir, inventory
 
 
 def test_an_edge_restarted_mid_load_answers_every_request_it_had_in_flight(pool, tmp_path, capsys):

@@ -30,7 +30,7 @@ from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
 from tests.helpers import units, wait_for
 from tests.helpers.edge import RunningEdge, free_port
-from tests.integration.operate.pool import FAST, TRUE_PREFILL_TPS, node_agent
+from tests.integration.operate.pool import FAST, TRUE_PREFILL_TPS, drilled_nodes, node_agent
 
 pytestmark = pytest.mark.integration
 
@@ -55,13 +55,7 @@ def simulated(tmp_path, n: int, consul: str) -> SimulatedNode:
 @pytest.fixture
 def pool(tmp_path, monkeypatch):
     """(edge address, Consul address, units dir, inventory): every unit scored at the edge."""
-    units_dir = tmp_path / "units"
-    units.install(tmp_path / "bin", units_dir)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    hosts = {f"n{n}": {"ansible_host": host(n), "rack": f"r{n}", "gpu_model": "h100-sxm", "gpu_count": 4,
-                       "iu_size": 4, "iu_ports": [PORT], "drills_allowed": True} for n in range(1, NODES + 1)}
-    hosts["n1"]["ansible_connection"] = "local"
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    units_dir, inventory = drilled_nodes(tmp_path, monkeypatch, host, PORT, NODES)
     with ExitStack() as stack:
         server = stack.enter_context(DevConsulServer(addr=f"{host(0)}:0", node_name="n1"))
         io = ConsulIO(server.address)
@@ -95,7 +89,7 @@ def pool(tmp_path, monkeypatch):
         edge = RunningEdge(config)
         stack.callback(edge.close)
         wait_for(lambda: len(edge.state.view.snapshot().scored) == NODES, 30, f"{NODES} scored IUs at the edge")
-        yield edge.address, server.address, units_dir, tmp_path / "hosts.yml"
+        yield edge.address, server.address, units_dir, inventory
 
 
 def state(pid: int) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import threading
 import time
@@ -30,7 +29,7 @@ from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
 from tests.helpers import units, wait_for
 from tests.helpers.edge import RunningEdge, free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, node_agent
+from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent
 from tests.integration.operate.test_remediate import PORT, UNIT, host, main_code
 
 pytestmark = pytest.mark.integration
@@ -43,13 +42,7 @@ RATE, LOAD_S, REMEDIATE_AT_S = 6.0, 14.0, 3.0
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     """(edge address, Consul address, units dir, inventory): n1's unit serving, every unit scored."""
-    units_dir = tmp_path / "units"
-    units.install(tmp_path / "bin", units_dir)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    hosts = {f"n{n}": {"ansible_host": host(n), "rack": f"r{n}", "gpu_model": "h100-sxm", "gpu_count": 4,
-                       "iu_size": 4, "iu_ports": [PORT], "drills_allowed": True} for n in (1, 2, 3)}
-    hosts["n1"]["ansible_connection"] = "local"
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    units_dir, inventory = drilled_nodes(tmp_path, monkeypatch, host, PORT, 3)
     (tmp_path / "mix.yml").write_text(yaml.safe_dump(MIX))
     with ExitStack() as stack:
         server = stack.enter_context(DevConsulServer(addr=f"{host(0)}:0", node_name="n1"))
@@ -81,7 +74,7 @@ def served(tmp_path, monkeypatch):
         edge = RunningEdge(config)
         stack.callback(edge.close)
         wait_for(lambda: len(edge.state.view.snapshot().scored) == 3, 20, "3 scored IUs at the edge")
-        yield edge.address, server.address, units_dir, tmp_path / "hosts.yml"
+        yield edge.address, server.address, units_dir, inventory
 
 
 def test_restarting_a_serving_unit_costs_clients_nothing(served, tmp_path, capsys):
