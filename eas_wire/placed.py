@@ -21,6 +21,8 @@ blocks (1 .. :data:`MAX_DEPTH`, strictly increasing), hash an integer in [0, 2**
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_BLOCKS = 16  # per prompt: its last block and up to 15 sampled depths (edge/pool/prefix.py's relay_blocks)
@@ -29,8 +31,9 @@ MAX_HASH = (1 << 64) - 1
 MAX_PLACED = 64  # per body: a node's IUs are sent a few requests per 200 ms cycle at full load
 RELAY_WINDOW_S = 0.25  # a body carries the placements of the last quarter second, more than one agent cycle
 #                        (200 ms): a follower that falls behind gets the latest body only (eas_agent/http.py),
-#                        and still reads each placement unless it read no body of the node for that long;
-#                        each placement is decoded again in every body that repeats it (bench/prefix_cost.py)
+#                        and still reads each placement unless it read no body of the node for that long.
+#                        A stream line carries only those not yet written to that stream (:func:`first_unsent`):
+#                        every edge decodes each placement once; a blocking query's answer repeats the window
 
 Blocks = tuple[tuple[int, int], ...]
 
@@ -73,6 +76,18 @@ class Placement:
 
     def to_json(self) -> dict:
         return {"seq": self.seq, "iu": self.iu, "blocks": blocks_to_json(self.blocks)}
+
+
+def first_unsent(placed: Sequence[Placement], sent: int) -> int:
+    """The index in ``placed`` (in relay-number order, as a body holds them) of the first placement numbered
+    after ``sent``, the last one already written to a stream: the stream's next line carries
+    ``placed[first_unsent(placed, sent):]``, so that each follower decodes each placement once instead of in
+    every body of the window (with 16 edges that decoding was most of the relay's CPU, bench/prefix_cost.py)."""
+    return bisect_right(placed, sent, key=_seq)
+
+
+def _seq(placement: Placement) -> int:
+    return placement.seq
 
 
 def placed_from_json(obj, ius, max_seq: int, after: int = 0) -> tuple[tuple[Placement, ...], int]:

@@ -25,9 +25,11 @@ serialises and parses its bodies). What the simulation does not model is in edge
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from eas_agent.announce import NodeAnnouncements
 from eas_wire.announce import Announcement
+from eas_wire.placed import first_unsent
 from edge.feed import EdgeView
 from edge.pool.prefix import relay_blocks
 from sim.vllm.eventloop import EventLoop
@@ -110,6 +112,7 @@ class AnnouncePush(AgentPush):
         self.nodes = nodes
         self.announce_pushes = 0  # bodies pushed because of an announce batch (cycle bodies not counted)
         self.placed_carried = 0  # relayed placements in the bodies pushed to this edge (each once per body)
+        self.sent: dict[str, int] = {}  # node -> the relay number of the last placement pushed to this edge
         super().__init__(fleet, view, loop)
         for agent in fleet.agents:  # an announcing edge holds a signed stream to every agent
             agent.sink.edge_streams += 1
@@ -126,8 +129,17 @@ class AnnouncePush(AgentPush):
     def _push(self, agent: SimNodeAgent, now: float) -> None:
         body = self.nodes.body(agent)
         if body is not None:
+            node = agent.config.node
+            if body.placed:  # as the agent's stream writes it: the placements not yet written to this edge
+                sent = self.sent.get(node, 0)
+                self.sent[node] = body.placed[-1].seq
+                body = replace(body, placed=body.placed[first_unsent(body.placed, sent):])
             self.placed_carried += len(body.placed)
             self.loop.schedule(now + self.latency_s, self._arrive, (agent.config.node, body))
+
+    def _arrive(self, item, now: float) -> None:
+        self.view.read_placed(item[1])  # as edge/feed.py reads a line's placements: as it arrives
+        super()._arrive(item, now)
 
 
 class AnnounceEdge(ScoredEdge):

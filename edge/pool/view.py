@@ -241,6 +241,13 @@ class PoolView:
             return None
         return key_node, seen
 
+    def read_placed(self, body: ScoreBody) -> None:
+        """The relayed placements of one pushed body (checked by :meth:`parse`), as it arrives: a stream line
+        carries each placement once (eas_agent/http.py), so they are read before a newer body of the node
+        replaces this one in the feed's queue (:meth:`apply_polled` reads them again: nothing twice)."""
+        with self.lock:
+            self.relayed.read(body.node, body.placed)
+
     def apply_polled(self, bodies: list) -> None:
         """Bodies from agents' ``GET /scores`` (decoded JSON in the KV's shape, or already a
         :class:`ScoreBody`): used where newer than the KV's. Each is checked on its own (:meth:`parse`)."""

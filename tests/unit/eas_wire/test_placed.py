@@ -10,7 +10,15 @@ from collections import Counter
 import pytest
 
 from eas_wire.announce import Announcement, batch_json, parse_batch
-from eas_wire.placed import MAX_BLOCKS, MAX_PLACED, PlacedError, Placement, blocks_from_json, placed_from_json
+from eas_wire.placed import (
+    MAX_BLOCKS,
+    MAX_PLACED,
+    PlacedError,
+    Placement,
+    blocks_from_json,
+    first_unsent,
+    placed_from_json,
+)
 from eas_wire.scorebody import IUScore, ScoreBody
 
 pytestmark = pytest.mark.unit
@@ -97,3 +105,9 @@ def test_a_reader_skips_the_placements_it_holds_unless_the_agent_restarted():
     restarted = [{"seq": s, "iu": "n1-iu0", "blocks": [[8, s]]} for s in (1, 2)]  # numbered from 1 again
     assert [p.seq for p in ScoreBody.from_json(body(restarted), placed_after=5)[0].placed] == [1, 2]
     assert placed_from_json(placed[1:], IUS, 10, after=5) == ((), 0)  # all held
+
+
+def test_first_unsent_is_where_the_placements_after_the_last_written_one_start():
+    placed = tuple(Placement(seq, "n1-iu0", BLOCKS) for seq in (4, 5, 7))
+    assert [first_unsent(placed, sent) for sent in (0, 3, 4, 5, 6, 7, 9)] == [0, 0, 1, 2, 2, 3, 3]
+    assert first_unsent((), 5) == 0
