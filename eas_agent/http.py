@@ -139,6 +139,14 @@ def with_placed(bare: bytes, fragments: tuple[bytes, ...]) -> bytes:
     return b"".join((bare[:-1], b',"placed":[', b",".join(fragments), b"]}"))
 
 
+def stream_line(bare: bytes, placed: tuple[Placement, ...], fragments: tuple[bytes, ...], sent: int
+                ) -> tuple[bytes, int]:
+    """(the stream line of a body, the relay number of the last placement written with it): ``bare`` with the
+    serialized ``fragments`` of the ``placed`` numbered after ``sent``."""
+    line = frame(with_placed(bare, fragments[first_unsent(placed, sent):]))
+    return line, placed[-1].seq if placed else sent
+
+
 def _error(message: str) -> bytes:
     return json.dumps({"error": message}).encode() + b"\n"
 
@@ -214,9 +222,8 @@ class AgentHttpServer:
             if not fresh:
                 write(HEARTBEAT)
             else:
-                start = first_unsent(placed, sent)
-                sent = placed[-1].seq if placed else sent
-                write(frame(with_placed(bare, fragments[start:])))
+                line, sent = stream_line(bare, placed, fragments, sent)
+                write(line)
             if time.monotonic() >= deadline:
                 return
 
