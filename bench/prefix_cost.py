@@ -285,7 +285,7 @@ def main() -> None:
               " | ".join(f"{ratios[form][n]:.2f}x" for n in EDGE_COUNTS) + " |")
     print(f"target: the edge's CPU per request with prefix routing and the relay at {max(EDGE_COUNTS)} edges "
           f"{worst:.2f}x without (<= {LIMIT:g}x): {verdict.replace('not', 'NOT')}")
-    summary_ratios = ", ".join(f"{n} {ratios['stream'][n]:.2f}x" for n in EDGE_COUNTS)
+    summary_ratios = " / ".join(f"{ratios['stream'][n]:.2f}x" for n in EDGE_COUNTS)
     results.record(args.results, script=__file__,
                    target=f"the edge's CPU per request with prefix routing and the relay at {max(EDGE_COUNTS)} "
                           f"edges <= {LIMIT:g}x without prefix routing",
@@ -302,7 +302,7 @@ def main() -> None:
                            f"its bound {entries:,} hashes, {used / 2**20:.1f} MiB; relay per placement "
                            f"{relay['bytes_per_placement']} bytes, {at['stream_us_per_placement']:.1f} us read from "
                            f"stream lines ({at['window_us_per_placement']:.1f} us from whole-window bodies); edge "
-                           f"CPU per request with the relay at 1 / 4 / 16 edges: {summary_ratios}")
+                           f"CPU per request with the relay at {' / '.join(map(str, EDGE_COUNTS))} edges: {summary_ratios}")
 
 if __name__ == "__main__":
     main()
