@@ -27,6 +27,13 @@ to one IU between two scrapes is at most :data:`ANNOUNCED_PROMPTS_PER_SCRAPE` pr
 at its prefill rate, and at most :data:`~eas_wire.scorebody.MAX_ANNOUNCED_EDGES` edges are remembered. What an
 announcement adds ends at the next scrape by construction; a FIFO entry lasts at most until vLLM reports
 fewer waiting requests. The KV body never carries announcements (``Publisher`` writes the scrape's body).
+
+The relay (eas_wire/placed.py): an accepted announcement's ``blocks`` (a few of its prompt's block hashes)
+become a placement numbered by this agent; the ``/scores`` body carries those of the last
+:data:`~eas_wire.placed.RELAY_WINDOW_S` (at most :data:`~eas_wire.placed.MAX_PLACED`), so every edge's prefix
+index learns what every edge sent to this node's IUs. What a forged edge can do with it: name hashes for this
+node's IUs, at its announce rate; each edge's index holds a bounded number per IU (edge/pool/prefix.py), so
+the worst is a misplaced prefix estimate for those IUs until real placements push it out.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from dataclasses import replace
 
 from eas_agent.score import SCORE_TERMS, IUInputs, Scorer, ScoreResult, effective_prefill_tps
 from eas_wire.announce import AnnounceError, Announcement, batch_seqs, parse_batch
+from eas_wire.placed import MAX_PLACED, RELAY_WINDOW_S, Placement
 from eas_wire.scorebody import MAX_ANNOUNCED_EDGES, ScoreBody
 from eas_wire.signing import edge_key_id
 
@@ -152,6 +160,8 @@ class NodeAnnouncements:
         self.acked: OrderedDict[str, int] = OrderedDict()  # edge -> last seq counted; least recently heard first
         self.buckets: dict[str, list[float]] = {}  # edge -> [tokens left, when refilled]
         self.counts: Counter[str] = Counter()  # accepted, and ignored ones by reason (the agent's metrics)
+        self.placed: deque[tuple[float, Placement]] = deque(maxlen=MAX_PLACED)  # (received, placement)
+        self.placed_seq = 0
 
     def scorer(self, iu_id: str, inner: Scorer) -> AnnounceScorer:
         """``inner`` (the IU's scorer) with the waiting prompts' announced sizes."""
@@ -213,17 +223,22 @@ class NodeAnnouncements:
             for a in accepted:  # under the lock: a body never acknowledges what its scores do not hold yet
                 if not self.prompts[a.iu].announce(a.tokens, a.sent):
                     ignored["announced_capped"] += 1  # counted, its addition cut at the IU's bound
+                if a.blocks:
+                    self.placed_seq += 1
+                    self.placed.append((now, Placement(self.placed_seq, a.iu, a.blocks)))
             self.counts["accepted"] += len(accepted)
             self.counts.update(ignored)
         return [a.seq for a in accepted]
 
     def body(self, base: ScoreBody) -> ScoreBody:
-        """``base`` (the last cycle's body) with what announcements added since its scrape and the edges'
-        acknowledgements, both read under the lock :meth:`receive` holds: what a body acknowledges, its
+        """``base`` (the last cycle's body) with what announcements added since its scrape, the edges'
+        acknowledgements and the placements of the relay window, read under the lock :meth:`receive` holds: what a body acknowledges, its
         scores hold."""
         with self.lock:
             announced = dict(self.acked)
             added = {iu_id: prompts.added_s for iu_id, prompts in self.prompts.items()}
+            since = base.ts - RELAY_WINDOW_S
+            placed = tuple(p for received, p in self.placed if received >= since)
         ius = {}
         for iu_id, entry in base.ius.items():
             extra = added.get(iu_id, 0.0)
@@ -233,4 +248,4 @@ class NodeAnnouncements:
             score = round(max(0.0, entry.score + extra), 4)
             ius[iu_id] = replace(entry, score=score,
                                  components={**entry.components, "announced_s": round(score - entry.score, 4)})
-        return replace(base, ius=ius, announced=announced)
+        return replace(base, ius=ius, announced=announced, placed=placed)

@@ -8,7 +8,9 @@ stream (``?stream=1``, the edge's push channel: each body costs one write per st
 costs an HTTP request to parse, a thread to wake and an answer to frame per follower per body; with 16 edges
 and the announce channel's extra bodies that was most of the agent's CPU, bench/push_fanout.py). A stream
 follower that falls behind gets the latest body, not every one in between; a stream also ends when a write
-stalls for the connection timeout. The framing, limits and errors: docs/contracts/scores-stream.md.
+stalls for the connection timeout. A stream's line carries only the relayed placements (eas_wire/placed.py)
+not yet written to that stream; a blocking query's answer carries the whole relay window. The framing, limits
+and errors: docs/contracts/scores-stream.md.
 
 ``POST /announce`` (only with ``announce_keys_file`` configured; 404 otherwise) is the announce channel's
 receiving end (eas_agent/announce.py): batches signed by an edge key (eas_agent/announce_keys.py); its
@@ -50,7 +52,8 @@ from eas_agent.serving import (
     QuietHTTPServer,  # noqa: F401 - re-exported
 )
 from eas_wire.announce import ANNOUNCE_PATH, MAX_BATCH_BYTES, AnnounceError, answer_json
-from eas_wire.scorebody import STATUSES, ScoreBody
+from eas_wire.placed import Placement, first_unsent
+from eas_wire.scorebody import STATUSES, ScoreBody, dumps
 from eas_wire.signing import SIGNATURE_HEADER, SignatureError, request_message
 from eas_wire.stream import (
     HEARTBEAT,
@@ -128,6 +131,22 @@ class AgentMetrics:
 Announce = Callable[[object, str], tuple[int, dict, list]]
 
 
+def with_placed(bare: bytes, fragments: tuple[bytes, ...]) -> bytes:
+    """A body's compact JSON ``bare`` (without ``placed``) with ``placed`` the serialized ``fragments``: the
+    same bytes :meth:`ScoreBody.dumps` writes (``placed`` is its last key)."""
+    if not fragments:
+        return bare
+    return b"".join((bare[:-1], b',"placed":[', b",".join(fragments), b"]}"))
+
+
+def stream_line(bare: bytes, placed: tuple[Placement, ...], fragments: tuple[bytes, ...], sent: int
+                ) -> tuple[bytes, int]:
+    """(the stream line of a body, the relay number of the last placement written with it): ``bare`` with the
+    serialized ``fragments`` of the ``placed`` numbered after ``sent``."""
+    line = frame(with_placed(bare, fragments[first_unsent(placed, sent):]))
+    return line, placed[-1].seq if placed else sent
+
+
 def _error(message: str) -> bytes:
     return json.dumps({"error": message}).encode() + b"\n"
 
@@ -146,6 +165,11 @@ class AgentHttpServer:
         self.streams_per_address = streams_per_address
         self.edge_streams = 0  # /scores streams held by edges (signed requests): the publisher writes less then
         self.scores_json = b"{}"  # the latest ScoreBody, serialized once when set
+        # the same body without its placements, and its placements each serialized once: a stream's line
+        # is the bare body with the placements not yet written to that stream (stream_bodies)
+        self.scores_bare = b"{}"
+        self.scores_placed: tuple[Placement, ...] = ()
+        self.scores_fragments: tuple[bytes, ...] = ()
         self.index = 0  # of scores_json; +1 per set_scores (the blocking query's index)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -166,18 +190,26 @@ class AgentHttpServer:
         return f"{host}:{port}"
 
     def set_scores(self, body: ScoreBody) -> None:
-        encoded = body.dumps().encode()
+        obj = body.to_json()
+        obj.pop("placed", None)
+        bare = dumps(obj).encode()
+        fragments = tuple(dumps(p.to_json()).encode() for p in body.placed)
+        encoded = with_placed(bare, fragments)
         with self.lock:
             self.scores_json = encoded
+            self.scores_bare, self.scores_placed, self.scores_fragments = bare, body.placed, fragments
             self.index += 1
             self.changed.notify_all()
 
     def stream_bodies(self, write, heartbeat_s: float = STREAM_HEARTBEAT_S, max_s: float = MAX_STREAM_S) -> None:
         """Write each new body as one line to ``write`` (the first as soon as a cycle has made one; an empty
         line after ``heartbeat_s`` without one) until ``max_s`` has passed, the server stops, or ``write``
-        raises (the reader went away or stalled: the handler's socket timeout)."""
+        raises (the reader went away or stalled: the handler's socket timeout). A line carries the relayed
+        placements numbered after the last one written to this stream: each placement reaches each follower
+        once (a reconnected follower gets the window again and skips what it holds)."""
         deadline = time.monotonic() + max_s
         index = 0  # the index before the first cycle's body: wait for a body, never stream "{}"
+        sent = 0  # the relay number of the last placement written to this stream
         while True:
             with self.lock:
                 self.changed.wait_for(lambda seen=index: self.index != seen or self.closing,
@@ -185,8 +217,13 @@ class AgentHttpServer:
                 if self.closing:
                     return
                 fresh = self.index != index
-                index, body = self.index, self.scores_json
-            write(frame(body) if fresh else HEARTBEAT)
+                index, bare, placed, fragments = (self.index, self.scores_bare, self.scores_placed,
+                                                  self.scores_fragments)
+            if not fresh:
+                write(HEARTBEAT)
+            else:
+                line, sent = stream_line(bare, placed, fragments, sent)
+                write(line)
             if time.monotonic() >= deadline:
                 return
 

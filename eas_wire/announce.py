@@ -5,7 +5,7 @@ the edge's (batching, backoff, the ledger) edge/announce.py.
     POST /announce
     X-Eas-Signature: key=<key id>,ts=<time>,nonce=<hex>,sig=<Ed25519 signature> (eas_wire/signing.py)
     {"edge": "edge-a.6b1f0c2d9e4a7781.3f9c2b1d", "announcements": [{"iu": "r01n01-iu0", "tokens": 1834, "seq": 17,
-                                                   "sent": 1764780000.123}, ...]}
+                                                   "sent": 1764780000.123, "blocks": [[8, 5012...], ...]}, ...]}
 
     200 {"accepted": 1, "ignored": {"unknown_iu": 1}, "ignored_seqs": [18]}
 
@@ -15,7 +15,10 @@ the edge's (batching, backoff, the ledger) edge/announce.py.
 - ``seq``: per edge, +1 per request sent (to any IU); an edge sends each node's batches one at a time and
   in order, so "the node has everything up to ``seq``" is one number;
 - ``sent``: the edge's clock when it sent the request to vLLM; the agent compares it with its own
-  (both NTP-disciplined, as the score's ``ts`` already assumes).
+  (both NTP-disciplined, as the score's ``ts`` already assumes);
+- ``blocks`` (optional): a few of the prompt's block hashes with their depths (eas_wire/placed.py), which the
+  agent relays to every edge in its ``/scores`` body; malformed ones are dropped (``blocks_invalid``) and
+  the announcement kept.
 """
 
 from __future__ import annotations
@@ -26,18 +29,20 @@ from collections import Counter
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
+from eas_wire.placed import Blocks, PlacedError, blocks_from_json, blocks_to_json
 from eas_wire.scorebody import EDGE_ID, MAX_SEQ
 
 ANNOUNCE_PATH = "/announce"
 MAX_BATCH_ITEMS = 512  # an edge batches 10 ms of one node's requests: a few at most
-MAX_BATCH_BYTES = 64 * 1024
+MAX_BATCH_BYTES = 384 * 1024  # 512 announcements of ~700 bytes, each with its 16 blocks
 SENT_TOLERANCE_S = 5.0  # chrony keeps nodes within ~1 ms; 5 s is a broken clock or a replay, not skew
 # Why an announcement was not counted: by the batch's reader (parse_batch) and by the agent's state
 # (``replayed``: at or below the last number counted for that edge; ``rate_limited``: the edge's bucket is
 # empty; ``node_rate_limited``: the node's bucket, shared by all edges, is). ``tokens_capped`` and
 # ``announced_capped`` (what it adds cut at the IU's bound) are counted and the announcement kept.
 IGNORED_REASONS = ("malformed", "unknown_iu", "tokens_invalid", "seq_invalid", "sent_out_of_range",
-                   "tokens_capped", "replayed", "rate_limited", "node_rate_limited", "announced_capped")
+                   "tokens_capped", "replayed", "rate_limited", "node_rate_limited", "announced_capped",
+                   "blocks_invalid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class Announcement:
     tokens: int
     seq: int
     sent: float
+    blocks: Blocks = ()  # (depth, hash) pairs of the prompt's leading blocks (eas_wire/placed.py)
 
 
 class AnnounceError(ValueError):
@@ -92,7 +98,13 @@ def parse_batch(obj, ius: Container[str], now: float, max_prompt_tokens: int | N
             if max_prompt_tokens is not None and tokens > max_prompt_tokens:
                 ignored["tokens_capped"] += 1  # kept, at the cap
                 tokens = max_prompt_tokens
-            kept.append(Announcement(iu, tokens, seq, float(sent)))
+            blocks: Blocks = ()
+            if item.get("blocks") is not None:
+                try:
+                    blocks = blocks_from_json(item["blocks"])
+                except PlacedError:
+                    ignored["blocks_invalid"] += 1  # kept, without blocks: its tokens still count
+            kept.append(Announcement(iu, tokens, seq, float(sent), blocks))
             last_seq = seq
     return edge, kept, ignored
 
@@ -105,7 +117,8 @@ def batch_seqs(obj) -> list[int]:
 
 def batch_json(edge: str, announcements: Iterable[Announcement]) -> bytes:
     """The body of one ``POST /announce`` (compact JSON)."""
-    items = [{"iu": a.iu, "tokens": a.tokens, "seq": a.seq, "sent": a.sent} for a in announcements]
+    items = [{"iu": a.iu, "tokens": a.tokens, "seq": a.seq, "sent": a.sent,
+              **({"blocks": blocks_to_json(a.blocks)} if a.blocks else {})} for a in announcements]
     return json.dumps({"edge": edge, "announcements": items}, separators=(",", ":")).encode()
 
 

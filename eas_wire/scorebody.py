@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
+from eas_wire.placed import PlacedError, Placement, placed_from_json
+
 STATUSES = ("passing", "warning", "critical")
 DEFAULT_HEARTBEAT_S = 2.0  # a body without heartbeat_s (and an IU never scored) is read with this one
 MIN_HEARTBEAT_S = 0.1
@@ -300,6 +302,9 @@ class ScoreBody:
     # /scores only: edge id -> the last of its announce sequence numbers this body's scores count
     # (docs/contracts/announce.md); None: the agent has no announce channel (or this is the KV's body)
     announced: Mapping[str, int] | None = None
+    # /scores only: prompts the announce channel says were sent to this node's IUs within the last
+    # RELAY_WINDOW_S, with a few block hashes each (eas_wire/placed.py); every edge's prefix index learns them
+    placed: tuple[Placement, ...] = ()
 
     def to_json(self) -> dict:
         body = {
@@ -316,6 +321,8 @@ class ScoreBody:
             body["published_seq"] = self.published_seq
         if self.announced is not None:
             body["announced"] = dict(self.announced)
+        if self.placed:
+            body["placed"] = [p.to_json() for p in self.placed]
         return body
 
     def dumps(self) -> str:
@@ -323,14 +330,15 @@ class ScoreBody:
 
     @classmethod
     def from_json(
-        cls, obj, *, blank_bad_scores: bool = False, counts: Counter | None = None
+        cls, obj, *, blank_bad_scores: bool = False, counts: Counter | None = None, placed_after: int = 0
     ) -> tuple[ScoreBody, list[str]]:
         """(body, problems): the problems name each IU entry that was dropped. Raises :class:`BodyError`
         when the body as a whole is unusable.
 
         ``blank_bad_scores`` (the edge): an IU whose score is nonsense is kept with an unknown score (out of
         the power-of-two choice, still usable by the fail-open path) instead of being dropped. ``counts`` gets
-        one count per ignored score or dropped entry, by :attr:`BodyError.reason`."""
+        one count per ignored score or dropped entry, by :attr:`BodyError.reason`. ``placed_after``: the last
+        relay number the reader holds from this node (its ``placed`` up to it are skipped unread)."""
         if not isinstance(obj, dict):
             raise BodyError(f"body is {type(obj).__name__}, not an object")
         ius = obj.get("ius")
@@ -374,7 +382,17 @@ class ScoreBody:
                 counts[exc.reason] += 1
                 problems.append(f"node {node}: {exc}")
                 announced = None
+        placed: tuple[Placement, ...] = ()
+        if obj.get("placed") is not None:
+            try:
+                placed, dropped = placed_from_json(obj["placed"], entries, MAX_SEQ, placed_after)
+            except PlacedError as exc:  # the scores stay usable: only the relay of placements is lost
+                placed, dropped = (), 1
+                problems.append(f"node {node}: {exc}")
+            if dropped:
+                counts["placed_invalid"] += dropped
         body = cls(
+            placed=placed,
             announced=announced,
             published_seq=published if isinstance(published, int) and not isinstance(published, bool) else None,
             node=node,

@@ -87,7 +87,7 @@ def edge_id(key: Ed25519PrivateKey, name: str | None = None) -> str:
 class _Node:
     name: str
     agent: str  # HOST:PORT of its agent
-    pending: list = field(default_factory=list)  # (iu, tokens, seq, sent), in sequence order
+    pending: list = field(default_factory=list)  # (iu, tokens, seq, sent, blocks), in sequence order
     timer: asyncio.TimerHandle | None = None
     inflight: asyncio.Task | None = None
     down_until: float = 0.0  # loop time: announcements until then are dropped (the agent failed)
@@ -118,9 +118,11 @@ class AnnounceSender:
         self.closing = self.closed = False
 
     # -- the request path ---------------------------------------------------------------------------------
-    def announce(self, node: str, agent_address: str, iu: str, tokens: int, seq: int, sent: float) -> None:
-        """Queue request ``seq`` (``tokens`` prompt tokens sent to ``iu`` at wall time ``sent``) for the agent
-        of ``node`` at ``agent_address`` (HOST:PORT). Never waits."""
+    def announce(self, node: str, agent_address: str, iu: str, tokens: int, seq: int, sent: float,
+                 blocks: tuple = ()) -> None:
+        """Queue request ``seq`` (``tokens`` prompt tokens sent to ``iu`` at wall time ``sent``; ``blocks``: a
+        few of its block hashes for the agent to relay, eas_wire/placed.py) for the agent of ``node`` at
+        ``agent_address`` (HOST:PORT). Never waits."""
         n = self.nodes.get(node)
         if n is None:
             n = self.nodes[node] = _Node(node, agent_address)
@@ -130,7 +132,7 @@ class AnnounceSender:
         if self.closed or len(n.pending) >= MAX_BATCH_ITEMS or (n.down_until and loop.time() < n.down_until):
             self._drop([seq])
             return
-        n.pending.append((iu, tokens, seq, sent))
+        n.pending.append((iu, tokens, seq, sent, blocks))
         if n.timer is None and n.inflight is None:
             self._schedule(n, loop)
 
@@ -143,7 +145,7 @@ class AnnounceSender:
         """Drop what is queued for ``n`` (one dropped batch), never sent."""
         if n.pending:
             self.batches["dropped"] += 1
-            self._drop([seq for _iu, _tokens, seq, _sent in n.pending])
+            self._drop([item[2] for item in n.pending])
             n.pending = []
 
     def _schedule(self, n: _Node, loop: asyncio.AbstractEventLoop) -> None:
@@ -159,7 +161,7 @@ class AnnounceSender:
         n.inflight = asyncio.get_running_loop().create_task(self._post(n, batch), name=f"announce-{n.name}")
 
     async def _post(self, n: _Node, batch: list) -> None:
-        seqs = [seq for _iu, _tokens, seq, _sent in batch]
+        seqs = [item[2] for item in batch]
         data = batch_json(self.edge, (Announcement(*item) for item in batch))
         loop = asyncio.get_running_loop()
         started = loop.time()

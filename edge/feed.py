@@ -238,6 +238,7 @@ class AgentFeed:
         if typed.node != node:  # a mis-addressed agent must not overwrite another node's scores
             self.view.ignored["node_mismatch"] += 1
             return
+        self.view.read_placed(typed)  # now: a newer line of the node replaces this body before the flush
         self.pending[node] = typed
         self.last_push[node] = time.monotonic()
         self._schedule_flush()

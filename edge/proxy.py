@@ -47,7 +47,7 @@ from edge.errors import MAX_UPSTREAM_ERROR_BYTES, error_response, normalise_upst
 from edge.feed import AgentFeed, EdgeView
 from edge.limits import BodyTooLong, head_arrived, read_capped
 from edge.metrics import EdgeMetrics
-from edge.pool.prefix import NO_PREFIX, PromptPrefix
+from edge.pool.prefix import NO_PREFIX, PromptPrefix, relay_blocks
 from edge.rollout import RolloutFollower, placement_of
 from edge.routing import Decision, Router
 from edge.upstream import RETRYABLE, Answered, Call, open_first, probe_due, relay
@@ -107,6 +107,7 @@ class EdgeState:
 
     # -- slots --------------------------------------------------------------------------------------
     def decide(self, prompt_tokens: int | None, exclude: set[str], prefix: PromptPrefix = NO_PREFIX) -> Decision:
+        self.router.learn(self.view.relayed.take())  # what the other edges sent, relayed by the agents
         return self.router.choose(self.view.snapshot(), time.time(), prompt_tokens, exclude, prefix)
 
     async def acquire(self, prompt_tokens: int | None, exclude: set[str], handle=None,
@@ -143,14 +144,15 @@ class EdgeState:
         seq = self.router.sent(decision.iu_id, now, decision.cost_s, handle, decision.expected_s,
                                decision.queued_as_s, prefix_hashes)
         if seq:
-            self.announce(decision, prompt_tokens, seq, now)
+            self.announce(decision, prompt_tokens, seq, now, prefix_hashes)
         if queued_since is not None:
             self.metrics.queued.observe(time.monotonic() - queued_since)
         self.metrics.picks_of[decision.mode].inc()
         if decision.entry is not None and decision.entry.score is not None:
             self.metrics.score_age.observe(max(0.0, now - decision.entry.ts))
 
-    def announce(self, decision: Decision, prompt_tokens: int | None, seq: int, now: float) -> None:
+    def announce(self, decision: Decision, prompt_tokens: int | None, seq: int, now: float,
+                 prefix_hashes=()) -> None:
         """Queue request ``seq``'s announcement for its IU's node agent (the push feed's agent address for that
         node, else the IU's service address at the push port). A request whose prompt size is unknown, or
         whose IU has no node or address, is not announced: the ledger counts it by time."""
@@ -165,7 +167,8 @@ class EdgeState:
         if agent is None:
             self.router.ledger.unannounce((seq,))
             return
-        sender.announce(entry.node, agent, decision.iu_id, decision.prefill_tokens(prompt_tokens), seq, now)
+        sender.announce(entry.node, agent, decision.iu_id, decision.prefill_tokens(prompt_tokens), seq, now,
+                        relay_blocks(prefix_hashes) if self.router.prefix is not None else ())
 
     def release(self, iu_id: str, outcome: str = "ok", handle=None, status: int = 0) -> None:
         """Free ``iu_id``'s slot; ``outcome`` (ok, failed, definitive, neutral) feeds outlier ejection and the

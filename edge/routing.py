@@ -94,7 +94,10 @@ class Router:
         Three sources: the prompts this edge sent (the index), a prefix common to many IUs (cached on all),
         and the conversation's home IU (``home_key``: edge/pool/prefix.py's rendezvous hash, the same at
         every edge), presumed to hold the conversation so far (``context_tokens``, the messages before the
-        last) unless it publishes prefix caching off (hit rate -1)."""
+        last) unless it publishes prefix caching off (hit rate -1) or the index knows an IU holding at least
+        half of that context: with every edge's placements relayed (:meth:`learn`) the index knows where the
+        previous turn went (the previous prompt; the reply after it is never in the index, hence half), and
+        a presumed home would outbid the IU that really holds it."""
         if self.prefix is None or not prompt_tokens:
             return None
         by_id = _by_id(snapshot)
@@ -112,7 +115,8 @@ class Router:
             entry = by_id.get(home)
             rate = entry.terms.prefix_hit_rate if entry is not None else None
             presumed = min(context_tokens, prompt_tokens - 1) if rate is None or rate >= 0 else 0
-            if home is not None and presumed > cached[home]:
+            known = max(cached.values(), default=0)  # the deepest of the prompt the index places on an IU
+            if home is not None and presumed > cached[home] and 2 * known < presumed:
                 cached[home] = presumed
         return cached if cached or cached.default else None
 
@@ -158,6 +162,14 @@ class Router:
         fresh = entry is not None and entry.score is not None and now - entry.ts <= QUEUED_RULE_MAX_AGE_S
         queued_as = entry.request_cost_s if fresh else None
         return Decision(choice.iu_id, choice.mode, entry, cost, choice.expected_s, queued_as, hit)
+
+    def learn(self, placements) -> None:
+        """Prompts other edges sent (the agents' relay, edge/pool/prefix.py's ``RelayedPlacements``): (IU,
+        (depth, hash) blocks) each, into the prefix index."""
+        if self.prefix is not None:
+            record = self.prefix.record_blocks
+            for iu_id, blocks in placements:
+                record(iu_id, blocks)
 
     def sent(self, iu_id: str, now: float, cost_s: float | None = None, handle=None,
              expected_s: float | None = None, queued_as_s: float | None = None, prefix_hashes=None) -> int:

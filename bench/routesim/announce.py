@@ -4,7 +4,7 @@ The rows ``ours (push + announce + Consul)`` are the shipped push path plus the 
 (docs/contracts/announce.md has the protocol; edge/announce.py the edge's sender):
 
 - edge: every request it sends is announced to the chosen IU's node agent as (iu, prompt tokens, sequence
-  number, send time); announcements are batched per node and leave at the edge's next tick (every
+  number, send time, a few of its block hashes: edge/pool/prefix.py's relay_blocks); announcements are batched per node and leave at the edge's next tick (every
   ``batch_s``, 10 ms, the edges' ticks spread over the interval) and reach the agent ``transit_s`` (0.5 ms)
   later on a connection already open;
 - agent: the shipped :class:`~eas_agent.announce.NodeAnnouncements` of the node's real ``Agent``
@@ -12,7 +12,8 @@ The rows ``ours (push + announce + Consul)`` are the shipped push path plus the 
   :class:`~eas_agent.announce.AnnounceScorer` around the drain scorer (the agent wraps them itself), and the
   body it serves is :meth:`~eas_agent.announce.NodeAnnouncements.body` of the last cycle's body, pushed to
   every edge the way cycle bodies are (``PUSH_LATENCY_S`` transit, then the edge's apply interval, 20 ms);
-- edge: the shipped ``EdgeView`` with its ``edge_id`` set (entries carry the body's acknowledgement), the
+- edge: the shipped ``EdgeView`` with its ``edge_id`` set (it reads the bodies' relayed placements, which the
+  router's prefix index takes before each pick, as edge/proxy.py does) (entries carry the body's acknowledgement), the
   shipped ``Router`` whose ``EdgeLedger`` announces (sequence numbers; acknowledged requests leave its cost)
   and the shipped anomaly detector (it judges ``score - announced_s``).
 
@@ -24,10 +25,13 @@ serialises and parses its bodies). What the simulation does not model is in edge
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from eas_agent.announce import NodeAnnouncements
 from eas_wire.announce import Announcement
+from eas_wire.placed import first_unsent
 from edge.feed import EdgeView
+from edge.pool.prefix import relay_blocks
 from sim.vllm.eventloop import EventLoop
 
 from .agents import AgentFleet, SimNodeAgent
@@ -107,6 +111,8 @@ class AnnouncePush(AgentPush):
     def __init__(self, nodes: AnnounceNodes, fleet: AgentFleet, view: EdgeView, loop: EventLoop):
         self.nodes = nodes
         self.announce_pushes = 0  # bodies pushed because of an announce batch (cycle bodies not counted)
+        self.placed_carried = 0  # relayed placements in the bodies pushed to this edge (each once per body)
+        self.sent: dict[str, int] = {}  # node -> the relay number of the last placement pushed to this edge
         super().__init__(fleet, view, loop)
         for agent in fleet.agents:  # an announcing edge holds a signed stream to every agent
             agent.sink.edge_streams += 1
@@ -123,7 +129,17 @@ class AnnouncePush(AgentPush):
     def _push(self, agent: SimNodeAgent, now: float) -> None:
         body = self.nodes.body(agent)
         if body is not None:
+            node = agent.config.node
+            if body.placed:  # as the agent's stream writes it: the placements not yet written to this edge
+                sent = self.sent.get(node, 0)
+                self.sent[node] = body.placed[-1].seq
+                body = replace(body, placed=body.placed[first_unsent(body.placed, sent):])
+            self.placed_carried += len(body.placed)
             self.loop.schedule(now + self.latency_s, self._arrive, (agent.config.node, body))
+
+    def _arrive(self, item, now: float) -> None:
+        self.view.read_placed(item[1])  # as edge/feed.py reads a line's placements: as it arrives
+        super()._arrive(item, now)
 
 
 class AnnounceEdge(ScoredEdge):
@@ -138,7 +154,8 @@ class AnnounceEdge(ScoredEdge):
         chosen = super().pick(request, now)
         # as edge/proxy.py announces: the tokens the chosen IU is expected to prefill (its prefix cache's left out)
         tokens = self.decision.prefill_tokens(request.prompt) if self.decision is not None else request.prompt
-        self.sender.announce(Announcement(self.iu_ids[chosen], tokens, self.ledger.seq, now), now)
+        blocks = relay_blocks(request.blocks) if self.router.prefix is not None else ()
+        self.sender.announce(Announcement(self.iu_ids[chosen], tokens, self.ledger.seq, now, blocks), now)
         return chosen
 
 

@@ -86,8 +86,12 @@ def run_workload(workload: str, seed: int, load: float, duration: float, warmup:
         rows.append(PrefixRow(workload, scenario.label, len(ttft), 1e3 * percentile(ttft, 50),
                               1e3 * percentile(ttft, 99), good / result.window_s, good / max(1, len(ttft)),
                               result.extra.get("prefix_hit_rate", 0.0)))
+        relay = result.extra.get("announce", {})
+        carried = (f", relay: each edge read {relay['placed_learnt_per_edge']:,.0f} placements, "
+                   f"{relay['placed_carried_per_edge'] / max(1, relay['placed_learnt_per_edge']):.1f} bodies each"
+                   if relay.get("placed_learnt_per_edge") else "")
         err.print(f"  seed {seed} {workload} {scenario.label}: p99 {rows[-1].ttft_p99_ms:,.0f} ms, "
-                  f"{time.process_time() - t0:.1f} s CPU", highlight=False)
+                  f"{time.process_time() - t0:.1f} s CPU{carried}", highlight=False)
     return rows
 
 

@@ -65,6 +65,7 @@ class ScoredEdge:
             iu_id, mode, cost, expected, queued_as = self._argmin(now), "argmin", None, None, None
         else:
             prefix = PromptPrefix(request.blocks, request.home_key, request.context)
+            self.router.learn(self.view.relayed.take())  # as edge/proxy.py's decide: the agents' relay
             decision = self.router.choose(self.view.snapshot(), now, request.prompt, prefix=prefix)
             iu_id, mode, cost, expected = decision.iu_id, decision.mode, decision.cost_s, decision.expected_s
             self.decision = decision if iu_id is not None else None

@@ -154,7 +154,11 @@ def run_scenario(scenario: Scenario, trace: list[TraceRequest], own_prefill: lis
         if design:
             extra["announce"] = {"requests": len(trace), "batches": design.batches,
                                  "announcements": design.announcements,
-                                 "announce_pushes": sum(p.announce_pushes for p in design.pushers)}
+                                 "announce_pushes": sum(p.announce_pushes for p in design.pushers),
+                                 "placed_carried_per_edge": sum(p.placed_carried for p in design.pushers)
+                                 / max(1, len(design.pushers)),
+                                 "placed_learnt_per_edge": sum(e.view.relayed.read_total for e in edges)
+                                 / max(1, len(edges))}
     queries = sum(u.counters.prefix_cache_queries for u in pool.units)
     extra["prefix_hit_rate"] = sum(u.counters.prefix_cache_hits for u in pool.units) / queries if queries else 0.0
     writes = writes_at["end"] - writes_at["start"] if fleet is not None else None

@@ -1,4 +1,4 @@
-"""Which IU probably holds a request's prompt prefix in its KV cache: an index of what this edge sent.
+"""Which IU probably holds a request's prompt prefix in its KV cache: an index of what every edge sent.
 
 vLLM caches a prompt in blocks of 16 tokens, each block's hash chained on its parent's
 (sim/vllm/prefixcache.py cites the code), and a new prompt skips the prefill of its longest run of leading
@@ -13,9 +13,11 @@ cut into chunks of ``CHARS_PER_BLOCK`` characters (16 tokens at ~4 characters pe
 rate for Llama-3's tokenizer), and chunk i's hash is blake2b(hash of chunk i-1 + chunk i). A chunk stands for
 about one vLLM block: the estimate is "about this many tokens are cached", which is what the cost needs.
 
-What is kept (:class:`PrefixIndex`): per IU, the hashes of every ``stride``-th chunk of each prompt sent
-there and of its last full chunk, least recently sent first, at most ``max_blocks_per_iu`` per IU (older
-ones are the first the IU's own LRU eviction would have dropped too). A match is the deepest recorded
+What is kept (:class:`PrefixIndex`): per IU, the hashes of every ``stride``-th chunk of each prompt this edge
+sent there and of its last full chunk, and the few chunks (:func:`relay_blocks`) of each prompt any edge
+sent there, which its announcement carried to the IU's node agent and the agent's ``/scores`` body relayed
+(eas_wire/placed.py, :class:`RelayedPlacements`); least recently sent first, at most ``max_blocks_per_iu``
+per IU (older ones are the first the IU's own LRU eviction would have dropped too). A match is the deepest recorded
 chunk of the request per IU; the estimate is that many chunks' tokens, at most the prompt minus one token.
 
 What corrects it: the IU's published prefix-cache hit rate (``ScoreTerms.prefix_hit_rate``): an IU that
@@ -28,9 +30,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
+
+from consul_io.layout import is_iu_of
+from eas_wire.placed import MAX_BLOCKS as MAX_RELAYED_BLOCKS
+from eas_wire.placed import MAX_DEPTH
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_BLOCK = 16  # vLLM's default --block-size
@@ -38,7 +44,9 @@ CHARS_PER_BLOCK = CHARS_PER_TOKEN * TOKENS_PER_BLOCK
 DEFAULT_STRIDE = 8  # record every 8th block (128 tokens): an 8x smaller index, matches to within 127 tokens
 DEFAULT_MAX_BLOCKS_PER_IU = 512
 COMMON_SHARE = 0.5  # a prefix sent to half the IUs (and at least 4) is everywhere (see PrefixIndex.match)
-MAX_HASHED_BLOCKS = 2048  # 32k tokens: a longer prompt's tail is matched as uncached
+MAX_HASHED_BLOCKS = MAX_DEPTH  # 32k tokens: a longer prompt's tail is matched as uncached
+RELAY_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # x stride (relay_blocks)
+MAX_PENDING_PLACED = 8192  # relayed placements not yet taken: seconds of a 128-node pool's requests
 
 
 def text_block_hashes(parts: Iterable[str], chars_per_block: int = CHARS_PER_BLOCK,
@@ -87,16 +95,23 @@ class PrefixIndex:
         self.holders: dict[int, str | tuple[str, ...]] = {}  # hash -> the IU(s) recorded holding it
 
     def record(self, iu_id: str, hashes: Sequence[int]) -> None:
-        """The prompt with these block hashes was sent to ``iu_id``."""
+        """The prompt with these block hashes was sent to ``iu_id`` (by this edge)."""
         if not hashes:
+            return
+        last = len(hashes) - 1
+        blocks = [(depth + 1, hashes[depth]) for depth in range(self.stride - 1, last, self.stride)]
+        blocks.append((last + 1, hashes[last]))
+        self.record_blocks(iu_id, blocks)
+
+    def record_blocks(self, iu_id: str, blocks: Sequence[tuple[int, int]]) -> None:
+        """A prompt with these (depth, hash) blocks was sent to ``iu_id`` (by any edge: relayed by its agent)."""
+        if not blocks:
             return
         held = self.per_iu.get(iu_id)
         if held is None:
             held = self.per_iu[iu_id] = OrderedDict()
-        last = len(hashes) - 1
-        for depth in range(self.stride - 1, last, self.stride):
-            self._add(iu_id, held, hashes[depth], depth + 1)
-        self._add(iu_id, held, hashes[last], last + 1)
+        for depth, h in blocks:
+            self._add(iu_id, held, h, depth)
         while len(held) > self.max_blocks:
             old, _ = held.popitem(last=False)
             self._drop_holder(old, iu_id)
@@ -237,3 +252,51 @@ def cached_tokens(blocks: int, prompt_tokens: int, hit_rate: float | None,
 
 
 NO_PREFIX = PromptPrefix()
+
+
+def relay_blocks(hashes: Sequence[int], stride: int = DEFAULT_STRIDE) -> tuple[tuple[int, int], ...]:
+    """The (depth, hash) pairs an announcement carries for a prompt with these block hashes (at most
+    ``eas_wire.placed.MAX_BLOCKS``): its last block (what the next turn of its conversation starts with) and
+    the blocks at ``stride`` x 1, 2, 3, 4, 6, 8, 12, ... (about 1.4x apart: a prompt sharing only some leading
+    blocks (a system prompt, a template) matches within ~30% of the shared depth)."""
+    last = len(hashes)
+    if not last:
+        return ()
+    depths = [d for d in RELAY_DEPTHS if d * stride < last][:MAX_RELAYED_BLOCKS - 1]
+    return (*((d * stride, hashes[d * stride - 1]) for d in depths), (last, hashes[last - 1]))
+
+
+class RelayedPlacements:
+    """Placements relayed in the agents' bodies (eas_wire/placed.py) that the router has not taken yet,
+    oldest first, at most ``max_pending`` (the oldest go first if the router falls behind: a hint lost,
+    never a wrong one); per node the last relay number read, so that each placement is taken once although a
+    body repeats a second of them. Read by the feed (any thread), taken by the router."""
+
+    def __init__(self, max_pending: int = MAX_PENDING_PLACED):
+        self.pending: deque[tuple[str, tuple[tuple[int, int], ...]]] = deque(maxlen=max_pending)
+        self.last_seq: dict[str, int] = {}
+        self.read_total = 0
+
+    def read(self, node: str, placed) -> None:
+        """The ``placed`` of one body of ``node`` (its IUs only: the body's reader checked them). A relay
+        number below the last one read means the agent restarted: its numbering starts again."""
+        if not placed:
+            return
+        last = self.last_seq.get(node, 0)
+        if placed[-1].seq < last:
+            last = 0
+        for placement in placed:
+            if placement.seq > last and is_iu_of(placement.iu, node):
+                self.pending.append((placement.iu, placement.blocks))
+                self.read_total += 1
+        self.last_seq[node] = placed[-1].seq
+
+    def take(self) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
+        """The placements read since the last call, oldest first."""
+        taken = []
+        pop = self.pending.popleft
+        try:
+            while True:
+                taken.append(pop())
+        except IndexError:
+            return taken

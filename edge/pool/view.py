@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from consul_io import layout
 from eas_wire.scorebody import DEFAULT_HEARTBEAT_S, BodyError, ScoreBody, ScoreTerms
 from edge.pool.anomaly import AnomalyDetector
+from edge.pool.prefix import RelayedPlacements
 
 log = logging.getLogger("edge.pool")
 STALE_HEARTBEATS = 3
@@ -146,6 +147,7 @@ class PoolView:
         # node -> (the body, the health map and the edge id its entries were built from, those entries): a
         # rebuild builds entries only for nodes whose body (or Consul's health) changed since the last one
         self._built: dict[str, tuple[_Seen, dict, str | None, list[IUEntry]]] = {}
+        self.relayed = RelayedPlacements()  # the announce channel's placements, for the router's prefix index
 
     def _reject(self, what: str, problem: str) -> None:
         """Count and remember a skipped body or IU entry; log at most once a minute (a writer can repeat it
@@ -169,7 +171,10 @@ class PoolView:
         if isinstance(raw, ScoreBody):
             return raw
         try:
-            body, problems = ScoreBody.from_json(raw, blank_bad_scores=self.blank_bad_scores, counts=self.ignored)
+            node = raw.get("node") if isinstance(raw, dict) else None
+            after = self.relayed.last_seq.get(node, 0) if isinstance(node, str) else 0
+            body, problems = ScoreBody.from_json(raw, blank_bad_scores=self.blank_bad_scores, counts=self.ignored,
+                                                 placed_after=after)
         except BodyError as exc:
             self.ignored[exc.reason] += 1
             self._reject("body", f"{where}: {exc}")
@@ -236,6 +241,13 @@ class PoolView:
             return None
         return key_node, seen
 
+    def read_placed(self, body: ScoreBody) -> None:
+        """The relayed placements of one pushed body (checked by :meth:`parse`), as it arrives: a stream line
+        carries each placement once (eas_agent/http.py), so they are read before a newer body of the node
+        replaces this one in the feed's queue (:meth:`apply_polled` reads them again: nothing twice)."""
+        with self.lock:
+            self.relayed.read(body.node, body.placed)
+
     def apply_polled(self, bodies: list) -> None:
         """Bodies from agents' ``GET /scores`` (decoded JSON in the KV's shape, or already a
         :class:`ScoreBody`): used where newer than the KV's. Each is checked on its own (:meth:`parse`)."""
@@ -244,6 +256,7 @@ class PoolView:
         with self.lock:
             for seen in valid:
                 self.polled[seen.body.node] = seen
+                self.relayed.read(seen.body.node, seen.body.placed)
         self._rebuild()
 
     def _bodies(self) -> dict[str, _Seen]:

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from eas_wire.announce import MAX_BATCH_ITEMS
+from eas_wire.placed import blocks_to_json
 from eas_wire.signing import (
     SIGNATURE_HEADER,
     SignatureError,
@@ -29,9 +30,10 @@ from edge.config import AnnounceConfig, EdgeConfig
 from edge.feed import EdgeView
 from edge.metrics import EdgeMetrics
 from edge.pool import IUEntry
+from edge.pool.prefix import prompt_prefix, relay_blocks
 from edge.proxy import EdgeState
 from edge.routing import Decision, Router
-from edge.tokens import estimate_prompt_tokens
+from edge.tokens import estimate_prompt_tokens, prompt_parts
 from tests.helpers.edge import MODEL, Pool, body_of, metric, post, running_edge, wait_for
 
 pytestmark = pytest.mark.integration
@@ -510,9 +512,12 @@ def test_the_proxy_announces_a_routed_completion_to_its_node_agent_and_reads_the
             agent = agents.agents[pool.node_of(iu)]
             wait_for(lambda: agent.posts, 5, "the announcement at the IU's node agent")
             assert signed_by_key(agent.posts[0])
+            # with the prompt's relayed block hashes: the agent relays them to every edge (eas_wire/placed.py)
+            blocks = relay_blocks(prompt_prefix(prompt_parts(body, False)).hashes)
+            assert blocks
             assert agent.posts[0]["body"] == {"edge": edge_id, "announcements": [
                 {"iu": iu, "tokens": estimate_prompt_tokens(body, chat=False), "seq": state.router.ledger.seq,
-                 "sent": agent.posts[0]["body"]["announcements"][0]["sent"]}]}
+                 "sent": agent.posts[0]["body"]["announcements"][0]["sent"], "blocks": blocks_to_json(blocks)}]}
             assert state.router.ledger.seq == 1 and abs(agent.posts[0]["body"]["announcements"][0]["sent"]
                                                         - time.time()) < 5
             other = [a for a in agents.agents.values() if a is not agent]

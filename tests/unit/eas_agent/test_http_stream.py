@@ -11,7 +11,8 @@ import urllib.request
 import pytest
 
 from eas_agent.http import MAX_CONNECTIONS, AgentHttpServer, AgentMetrics
-from eas_wire.scorebody import ScoreBody
+from eas_wire.placed import Placement
+from eas_wire.scorebody import IUScore, ScoreBody
 from eas_wire.stream import STREAM_CONTENT_TYPE
 
 pytestmark = pytest.mark.unit
@@ -45,6 +46,35 @@ def test_a_stream_carries_every_body_as_a_line_over_one_answer_from_the_first_cy
             assert json.loads(answer.readline())["seq"] == 3
     finally:
         server.stop()
+
+
+def test_a_stream_line_carries_each_placement_once_and_a_blocking_answer_the_whole_window():
+    """With 16 edges, decoding the placements every body of the relay window repeated was most of the relay's
+    CPU at each edge: a stream writes each placement once."""
+    server = AgentHttpServer("127.0.71.1", 0, AgentMetrics())
+    server.start()  # stream_bodies is called here, as the handler of an edge's stream does
+    lines: list[bytes] = []
+    windows = ((1, 2), (1, 2, 3), (2, 3), (3, 4, 5))  # what NodeAnnouncements.body gives, cycle after cycle
+    ius = {"n-iu0": IUScore(0.1, "passing")}
+    writer = threading.Thread(target=server.stream_bodies, args=(lines.append,), kwargs={"heartbeat_s": 60.0})
+    try:
+        writer.start()
+        for k, window in enumerate(windows, 1):
+            placed = tuple(Placement(seq, "n-iu0", ((8, seq),)) for seq in window)
+            scores = ScoreBody(node="n", ts=float(k), ius=ius, seq=k, placed=placed)
+            server.set_scores(scores)
+            assert server.scores_json == scores.dumps().encode()  # a blocking query's answer: the whole window
+            deadline = time.monotonic() + 5
+            while len(lines) < k and time.monotonic() < deadline:
+                time.sleep(0.005)
+    finally:
+        server.stop()
+        writer.join(5)
+    read = [ScoreBody.from_json(json.loads(line))[0] for line in lines]
+    assert [body.seq for body in read] == [1, 2, 3, 4]
+    assert [[p.seq for p in body.placed] for body in read] == [[1, 2], [3], [], [4, 5]]
+    assert "placed" not in json.loads(lines[2])  # nothing new: the line is the body alone
+    assert read[3].placed[0] == Placement(4, "n-iu0", ((8, 4),))
 
 
 def test_a_quiet_stream_gets_heartbeats_and_ends_after_its_time_and_when_the_agent_stops():

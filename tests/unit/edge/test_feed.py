@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from eas_agent.http import AgentHttpServer, AgentMetrics
+from eas_wire.placed import Placement
 from eas_wire.stream import STREAM_CONTENT_TYPE
 from edge.feed import AgentFeed, EdgeView
 from edge.pool import AnomalyDetector
@@ -21,9 +23,9 @@ from tests.helpers.edge import body_of, typed
 pytestmark = pytest.mark.unit
 
 
-def view_of_one_node() -> EdgeView:
+def view_of_one_node(address: str = "127.0.0.1") -> EdgeView:
     view = EdgeView(detector=AnomalyDetector())
-    view.apply_health([{"Node": {"Node": "n0"}, "Service": {"Service": "vllm-iu-n0", "ID": "n0-iu0", "Address": "127.0.0.1", "Port": 8000, "Meta": {"node": "n0"}},
+    view.apply_health([{"Node": {"Node": "n0"}, "Service": {"Service": "vllm-iu-n0", "ID": "n0-iu0", "Address": address, "Port": 8000, "Meta": {"node": "n0"}},
                         "Checks": [{"CheckID": "serfHealth", "Status": "passing"}]}])
     return view
 
@@ -59,11 +61,11 @@ async def following_agent(handler, until, **kwargs) -> tuple[AgentFeed, EdgeView
         await runner.cleanup()
 
 
-async def following(port: int, until, **kwargs) -> tuple[AgentFeed, EdgeView]:
-    """A feed on one node's agent at ``port`` until ``until(view)`` holds (5 s at most); stopped after."""
-    view = view_of_one_node()
+async def following(port: int, until, address: str = "127.0.0.1", **kwargs) -> tuple[AgentFeed, EdgeView]:
+    """A feed on one node's agent at ``address:port`` until ``until(view)`` holds (5 s at most); stopped after."""
+    view = view_of_one_node(address)
     async with aiohttp.ClientSession() as session:
-        feed = AgentFeed(view, session, port, apply_interval_s=0.01, reconcile_s=60.0, **kwargs).start()
+        feed = AgentFeed(view, session, port, **{"apply_interval_s": 0.01, "reconcile_s": 60.0, **kwargs}).start()
         try:
             for _ in range(500):
                 await asyncio.sleep(0.01)
@@ -99,6 +101,32 @@ def test_the_feed_reads_every_body_of_a_real_agent_over_one_request():
         assert score_of(view) == 0.1 and not feed.errors
         # every body reached the feed (the view folds them every 10 ms, so it shows most of them)
         assert len({s for s in seen if s is not None}) >= 5
+
+    asyncio.run(run())
+
+
+def test_every_relayed_placement_of_a_real_agent_is_read_once_though_its_lines_arrive_faster_than_the_flush():
+    """A stream line carries each placement once: the feed reads a line's placements as it arrives, since a
+    newer line of the node replaces the body queued for the next flush."""
+    async def run() -> None:
+        server = AgentHttpServer("127.0.71.1", 0, AgentMetrics())
+        server.start()
+        try:
+            async def publish() -> None:
+                await asyncio.sleep(0.05)
+                for k in range(1, 7):  # a window of three, a body per placement, faster than the 0.2 s flush
+                    placed = tuple(Placement(seq, "n0-iu0", ((8, seq),)) for seq in range(max(1, k - 2), k + 1))
+                    server.set_scores(replace(typed(body_of("n0", {"n0-iu0": k / 100})), seq=k, placed=placed))
+                    await asyncio.sleep(0.01)
+
+            publisher = asyncio.get_running_loop().create_task(publish())
+            feed, view = await following(server.server.server_address[1], lambda v: v.relayed.read_total >= 6
+                                         and score_of(v) == 0.06, "127.0.71.1", apply_interval_s=0.2)
+            await publisher
+        finally:
+            server.stop()
+        assert not feed.errors and score_of(view) == 0.06
+        assert view.relayed.take() == [("n0-iu0", ((8, seq),)) for seq in range(1, 7)]
 
     asyncio.run(run())
 

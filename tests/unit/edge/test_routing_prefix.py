@@ -1,6 +1,7 @@
 """edge/routing.py with the prefix index: a prompt's cached prefix costs no prefill on the IU holding it,
 that IU is a candidate beside the sampled pair ("sticky") until its wait outgrows the prefill it saves
-("until saturated"), an IU reporting caching off gets no credit, and a conversation's home is agreed."""
+("until saturated"), an IU reporting caching off gets no credit, a conversation's home is agreed, and a
+prompt another edge sent is found through the agents' relay."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from collections import Counter
 
 import pytest
 
+from eas_agent.announce import NodeAnnouncements
+from eas_wire.announce import Announcement, batch_json
+from eas_wire.scorebody import ScoreBody
+from eas_wire.signing import edge_key_id
 from edge.pool import AnomalyDetector, PoolView
-from edge.pool.prefix import PrefixIndex, PromptPrefix, home_iu
+from edge.pool.prefix import PrefixIndex, PromptPrefix, home_iu, relay_blocks
 from edge.routing import Router
 
 pytestmark = pytest.mark.unit
@@ -27,7 +32,7 @@ class Clock:
         return self.t
 
 
-def view(scores: dict[str, float], hit_rate=None):
+def score_body(scores: dict[str, float], hit_rate=None) -> dict:
     components = {"request_cost_s": 0.1, "prefill_tps": 10_000.0, "tokens_total": 1000.0, "running": 1,
                   "waiting": 0}
     if hit_rate is not None:
@@ -35,6 +40,11 @@ def view(scores: dict[str, float], hit_rate=None):
     body = {"node": "n1", "rack": "r1", "ts": 100.0, "heartbeat_s": 2.0, "seq": 1,
             "ius": {iu: {"score": s, "status": "passing", "reason": "", "components": components}
                     for iu, s in scores.items()}}
+    return body
+
+
+def view(scores: dict[str, float], hit_rate=None):
+    body = score_body(scores, hit_rate)
     pool = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
     pool.apply_health([{"Node": {"Node": "n1"}, "Service": {"Service": "vllm-iu-n1", "ID": iu, "Address": "127.0.0.1", "Port": 8000,
                                     "Meta": {"node": "n1", "rack": "r"}},
@@ -104,3 +114,41 @@ def test_sent_records_the_prompt_for_the_next_request():
     router = Router(random.Random(1), prefix=PrefixIndex())
     router.sent("n1-iu2", 100.0, 0.01, prefix_hashes=HASHES)
     assert router.prefix.match(HASHES)[0] == {"n1-iu2": 256}
+
+
+def test_a_prompt_another_edge_sent_is_found_on_its_iu_through_the_agents_relay():
+    """Edge A sends a prompt to n1-iu5 and announces it with its relay blocks; n1's agent relays them in its
+    /scores body; edge B, which never saw the prompt, keeps the conversation's next turn on n1-iu5."""
+    agent = NodeAnnouncements(IUS)
+    sender = Router(random.Random(0), announcing=True, prefix=PrefixIndex())
+    seq = sender.sent("n1-iu5", 100.0, 0.01, prefix_hashes=HASHES)
+    batch = batch_json("edge-a.3f9c2b1d", [Announcement("n1-iu5", 4096, seq, 100.0, relay_blocks(HASHES))])
+    agent.receive_json(json.loads(batch), 100.0, edge_key_id("edge-a.3f9c2b1d"))
+    base = ScoreBody.from_json(score_body(spread(0.04)))[0]
+    pushed = json.loads(agent.body(base).dumps())  # what edge B's feed decodes from the stream
+
+    pool = view(spread(0.04))
+    pool.apply_polled([pushed])
+    placements = pool.relayed.take()
+    assert placements == [("n1-iu5", relay_blocks(HASHES))]
+
+    def edge_b(seed):
+        router = Router(random.Random(seed), prefix=PrefixIndex())
+        router.learn(placements)
+        return router
+
+    next_turn = PromptPrefix((*HASHES, 900, 901))
+    assert choices(pool, edge_b, prefix=next_turn)["n1-iu5"] == 400
+    assert choices(pool, lambda seed: Router(random.Random(seed), prefix=PrefixIndex()),
+                   prefix=next_turn)["n1-iu5"] < 60  # what edge B did with only its own index: plain p2c
+
+
+def test_the_home_is_not_presumed_where_the_index_knows_the_conversation_is():
+    key = next(k for k in range(1, 100) if home_iu(k, IUS) == "n1-iu1")
+    home = home_iu(key, IUS)
+    pool = view(spread(0.04))  # the holder, n1-iu5, is 0.2 s busier than n1-iu0
+    turn = PromptPrefix((*HASHES, 900, 901, 902), key, 4_400)  # the previous prompt and its ~300-token reply
+    decision = router_with(0).choose(pool.snapshot(), 100.05, 4_700, prefix=turn)
+    assert decision.iu_id == "n1-iu5" and decision.cached_tokens == 4_096
+    unknown = Router(random.Random(0), prefix=PrefixIndex()).choose(pool.snapshot(), 100.05, 4_700, prefix=turn)
+    assert unknown.iu_id == home and unknown.cached_tokens == 4_400  # nothing known: the home is presumed

@@ -1,17 +1,22 @@
 """edge/pool/prefix.py: consistent text hashing, the per-IU index (bounded, common prefixes, forgetting),
-the conversation key and its home IU, and the cached-token estimate with V0's caching-off sentinel."""
+the conversation key and its home IU, the cached-token estimate with V0's caching-off sentinel, and the
+blocks an announcement relays and the placements an edge reads back."""
 
 from __future__ import annotations
 
 import pytest
 
+from eas_wire.placed import MAX_BLOCKS, Placement, blocks_from_json
 from edge.pool.prefix import (
     CHARS_PER_BLOCK,
+    MAX_HASHED_BLOCKS,
     PrefixIndex,
+    RelayedPlacements,
     cached_tokens,
     conversation_key,
     home_iu,
     prompt_prefix,
+    relay_blocks,
     text_block_hashes,
 )
 
@@ -75,3 +80,33 @@ def test_cached_tokens_respects_the_caching_off_sentinel():
     assert cached_tokens(10, 1000, 0.3) == 160
     assert cached_tokens(10, 1000, -1.0) == 0
     assert cached_tokens(100, 1000, None) == 999
+
+
+def test_relay_blocks_carry_the_last_block_and_sampled_depths_the_index_matches():
+    hashes = tuple(range(101, 101 + 300))  # 300 blocks
+    blocks = relay_blocks(hashes, stride=8)
+    assert len(blocks) <= MAX_BLOCKS and blocks[-1] == (300, hashes[-1])
+    assert [d for d, _ in blocks[:-1]] == [8, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    assert all(h == hashes[d - 1] for d, h in blocks)
+    assert relay_blocks((), 8) == () and relay_blocks((7,), 8) == ((1, 7),)
+    longest = relay_blocks(tuple(range(MAX_HASHED_BLOCKS)), 8)
+    assert len(longest) == MAX_BLOCKS and blocks_from_json([list(p) for p in longest]) == longest
+    index = PrefixIndex(stride=8)
+    index.record_blocks("n1-iu3", blocks)
+    next_turn = hashes + (9001, 9002)  # the conversation goes on: its last prompt's blocks lead this one
+    assert index.match(next_turn) == ({"n1-iu3": 300}, 0)
+    other_question = hashes[:70] + (5, 6, 7)  # shares the first 70 blocks: matched at the deepest sampled
+    assert index.match(other_question) == ({"n1-iu3": 64}, 0)
+
+
+def test_relayed_placements_are_taken_once_per_relay_number_and_bounded():
+    relayed = RelayedPlacements(max_pending=3)
+    first = (Placement(1, "n1-iu0", ((8, 1),)), Placement(2, "n1-iu1", ((8, 2),)))
+    relayed.read("n1", first)
+    relayed.read("n1", (*first, Placement(3, "n1-iu0", ((8, 3),))))  # the next body repeats the window
+    relayed.read("n1", (Placement(4, "n2-iu0", ((8, 4),)),))  # an IU not of the body's node: never
+    assert relayed.take() == [("n1-iu0", ((8, 1),)), ("n1-iu1", ((8, 2),)), ("n1-iu0", ((8, 3),))]
+    assert relayed.take() == []
+    relayed.read("n1", (Placement(1, "n1-iu0", ((8, 9),)),))  # numbering below the last: the agent restarted
+    relayed.read("n2", tuple(Placement(s, "n2-iu0", ((8, s),)) for s in range(1, 6)))
+    assert relayed.take() == [("n2-iu0", ((8, s),)) for s in (3, 4, 5)]  # the oldest went first

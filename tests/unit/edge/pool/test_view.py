@@ -397,3 +397,14 @@ def test_malformed_score_bodies_never_break_the_reader(tally, reader):
             assert e.score is None or (math.isfinite(e.score) and e.score >= 0)
             assert e.stale_after <= 100.0 + 2.0 + 3 * 60.0
     tally.inputs(f"score bodies under the KV prefix ({reader.__name__})", n)
+
+
+def test_pushed_placements_are_queued_once_each_for_the_router():
+    view = fresh_view()
+    window = [{"seq": s, "iu": "n2-iu0", "blocks": [[8, s]]} for s in (1, 2)]
+    view.apply_polled([good_body() | {"placed": window}])
+    view.apply_polled([good_body(ts=100.2) | {"placed": [*window, {"seq": 3, "iu": "n2-iu0", "blocks": [[8, 3]]}]}])
+    view.apply_kv([raw_entry("n1", good_body("n1") | {"placed": [{"seq": 9, "iu": "n1-iu0", "blocks": [[8, 9]]}]})])
+    # the KV's body never relays (only the agent's stream does); each pushed placement is taken once
+    assert view.relayed.take() == [("n2-iu0", ((8, 1),)), ("n2-iu0", ((8, 2),)), ("n2-iu0", ((8, 3),))]
+    assert view.relayed.take() == [] and view.relayed.last_seq == {"n2": 3}
