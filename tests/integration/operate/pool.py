@@ -3,7 +3,8 @@ the real agent of each node scoring them (in a thread, pushing its body to the e
 dev Consul), and the real edge in front.
 
 Each node has its own loopback address (127.0.202.N: away from the virtual cluster's 127.0.R.N and the edge
-tests' 127.0.200.N) so the edge finds each agent at ``<IU address>:<agent port>`` as in production.
+tests' 127.0.200.N; a bench names its own 127.0.R) so the edge finds each agent at ``<IU address>:<agent
+port>`` as in production.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests.helpers.edge import RunningEdge, free_port
 
 FAST = {"interval_s": 0.1, "heartbeat_s": 0.5, "min_write_interval_s": 0.2,
         "write_rate_per_s": 5.0, "scrape_timeout_s": 0.4, "frozen_after_s": 1.0}
+POOL_NET = "127.0.202"  # live_pool's nodes are POOL_NET.1, .2, ...; its edge POOL_NET.9
 TRUE_PREFILL_TPS = 12_600.0  # the simulated engine's (sim/vllm/loadmodel.py: roofline of 70B on 4 x H100)
 
 
@@ -66,16 +68,17 @@ def node_agent(node: SimulatedNode, agent_port: int, prefill_tps_prior: float):
 
 
 @contextmanager
-def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = None, liar_prior: float = 0.0):
-    """(edge, {iu id: SimulatedIU}): ``nodes`` nodes, node ``liar``'s agent scoring with ``liar_prior`` as its
-    prefill rate; every other agent with the true rate as its prior."""
+def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = None, liar_prior: float = 0.0,
+              net: str = POOL_NET):
+    """(edge, {iu id: SimulatedIU}): ``nodes`` nodes on ``net``.N, node ``liar``'s agent scoring with
+    ``liar_prior`` as its prefill rate; every other agent with the true rate as its prior."""
     io = ConsulIO(consul_addr)
-    agent_port = free_port("127.0.202.1")
+    agent_port = free_port(f"{net}.1")
     with ExitStack() as stack:
         ius, agents = {}, []
         for n in range(nodes):
             node = stack.enter_context(SimulatedNode(f"n{n + 1}", "r1", tmp_path, rates=[0.0],
-                                                     consul_addr=consul_addr, host=f"127.0.202.{n + 1}",
+                                                     consul_addr=consul_addr, host=f"{net}.{n + 1}",
                                                      warmup_s=0.0, seed=n))
             host, port = node.ius[0].address.rsplit(":", 1)
             # one dev Consul stands in for every node's agent: each IU on its own catalog node, as the edge
@@ -85,7 +88,7 @@ def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = Non
             ius[node.iu_id(0)] = node.ius[0]
             prior = liar_prior if n == liar else TRUE_PREFILL_TPS
             agents.append(stack.enter_context(node_agent(node, agent_port, prior)))
-        config = EdgeConfig(listen="127.0.202.9:0", consul=replace(EdgeConfig().consul, address=consul_addr),
+        config = EdgeConfig(listen=f"{net}.9:0", consul=replace(EdgeConfig().consul, address=consul_addr),
                             push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
                             queue_timeout_s=5.0, seed=1, debug_headers=True)
         edge = RunningEdge(config)
