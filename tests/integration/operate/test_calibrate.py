@@ -1,5 +1,5 @@
-"""Score calibration through a real pool: a unit whose agent believes in a prefill rate 20 times its engine's
-is flagged, the honest units are not, every unit is decided (calibrate sends more requests until each has the
+"""Score calibration through a real pool: a unit whose agent believes its engine 20 times faster than it is
+(prefill and decode) is flagged, the honest units are not, every unit is decided (calibrate sends more requests until each has the
 clean answers its verdict needs), and a unit in maintenance gets no request (the breaker, measured).
 
 bench/calibrate_power.py runs this calibration repeatedly, quiet and beside CPU burners, and counts misses and
@@ -11,6 +11,7 @@ import pytest
 
 from consul_io import layout
 from consul_io.client import ConsulIO
+from eas_agent.score import DrainParams
 from operate import calibrate
 from operate.scenario import load_scenario, parse_scenario
 from tests.integration.operate.pool import POOL_NET, TRUE_PREFILL_TPS, live_pool
@@ -18,10 +19,14 @@ from tests.integration.operate.pool import POOL_NET, TRUE_PREFILL_TPS, live_pool
 pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # measured waits: load-sensitive
 
 LIAR = "n3-iu0"  # live_pool's third node (liar=2)
-LIAR_PRIOR = 20 * TRUE_PREFILL_TPS  # the liar's agent believes in 20x its engine's prefill rate
+# The liar's agent believes its engine 20x faster than it is, in prefill and in decode: with the prefill rate
+# alone its decode-step term still carried its score, and under CPU load (scrapes timing out, every unit's
+# score staler) its scale came within 1.3-1.6x of the pool's, where no amount of answers flags it.
+LIAR_PRIOR = 20 * TRUE_PREFILL_TPS
+LIAR_DECODE_PRIOR = 20 * DrainParams.decode_tps_prior
 REQUESTS, MAX_REQUESTS = 300, 1500  # calibrate sends more while a unit is undecided (fewer clean answers under load)
-# The liar's scale reads 2.3-2.7x below the pool's (bench/calibrate_power.py): no unit is decided before its
-# answers would flag a unit 2.2x off with 99% power, so the liar is flagged in at least 99 runs of 100.
+# The liar's scale reads 2.4-3.4x below the pool's, quiet or loaded (bench/calibrate_power.py): no unit is
+# decided before its answers would flag a unit 2.2x off with 99% power.
 DETECT_SCALE = 2.2
 
 
@@ -58,7 +63,8 @@ class NodeAgent(ConsulIO):
 
 
 def test_a_unit_scoring_with_a_wrong_prefill_rate_is_flagged_and_the_breaker_holds(tmp_path, consul_addr):
-    with live_pool(tmp_path, consul_addr, nodes=3, liar=2, liar_prior=LIAR_PRIOR) as (edge, ius):
+    with live_pool(tmp_path, consul_addr, nodes=3, liar=2, liar_prior=LIAR_PRIOR,
+                   liar_decode_prior=LIAR_DECODE_PRIOR) as (edge, ius):
         endpoint = f"http://{edge.address}"
         result = calibrate.run(endpoint, production_prompts_short_outputs(), rate=10.0, requests=REQUESTS,
                                max_requests=MAX_REQUESTS, detect_scale=DETECT_SCALE, seed=3)
