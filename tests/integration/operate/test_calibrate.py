@@ -1,6 +1,7 @@
 """Score calibration through a real pool: a unit whose agent believes its engine 20 times faster than it is
-(prefill and decode) is flagged, the honest units are not, every unit is decided (calibrate sends more requests until each has the
-clean answers its verdict needs), and a unit in maintenance gets no request (the breaker, measured).
+(prefill and decode) is flagged, the honest units are not, every unit is decided (calibrate sends more
+requests until each has the clean answers its verdict needs), and a unit in maintenance gets no request (the
+breaker, measured).
 
 bench/calibrate_power.py runs this calibration repeatedly, quiet and beside CPU burners, and counts misses and
 false flags."""
@@ -20,13 +21,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # measured waits: 
 
 LIAR = "n3-iu0"  # live_pool's third node (liar=2)
 # The liar's agent believes its engine 20x faster than it is, in prefill and in decode: with the prefill rate
-# alone its decode-step term still carried its score, and under CPU load (scrapes timing out, every unit's
-# score staler) its scale came within 1.3-1.6x of the pool's, where no amount of answers flags it.
+# alone its decode-step term still carried its score, and under CPU load its scale came within 1.3-1.6x of
+# the pool's, where no amount of answers flags it.
 LIAR_PRIOR = 20 * TRUE_PREFILL_TPS
 LIAR_DECODE_PRIOR = 20 * DrainParams.decode_tps_prior
 REQUESTS, MAX_REQUESTS = 300, 1500  # calibrate sends more while a unit is undecided (fewer clean answers under load)
-# The liar's scale reads 2.4-3.4x below the pool's, quiet or loaded (bench/calibrate_power.py): no unit is
-# decided before its answers would flag a unit 2.2x off with 99% power.
+# The liar's scale reads 1.8-3.2x below the pool's median (bench/calibrate_power.py; under CPU load an honest
+# unit's own scale can fall and drag the three-unit median toward it): no unit is decided before its answers
+# would flag a unit 2.2x off with 99% power.
 DETECT_SCALE = 2.2
 
 
