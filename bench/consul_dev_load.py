@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import http.client
 import json
 import multiprocessing as mp
 import os
-import re
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
+from edge_procs import DevConsul
 
 WATCH_PREFIX = "bench/watch/"
 NODE_KEYS = 64
@@ -199,18 +197,6 @@ def watch_under_load(addr: str, watchers: int, rate: float, seconds: float, serv
 
 # -- driver -----------------------------------------------------------------------------------
 
-def _start_server() -> tuple[subprocess.Popen, str]:
-    clusterctl = Path(sys.executable).parent / "clusterctl"
-    proc = subprocess.Popen([str(clusterctl), "dev", "consul", "--addr", "127.0.0.1:0", "--log-level", "warn"],
-                            stderr=subprocess.PIPE, text=True)
-    banner = proc.stderr.readline()
-    match = re.search(r"http://(127\.0\.0\.1:\d+)", banner)
-    if not match:
-        proc.kill()
-        raise SystemExit(f"dev server did not start: {banner}")
-    return proc, match.group(1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--addr", help="benchmark this agent instead of starting a dev server")
@@ -219,8 +205,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500.0)
     parser.add_argument("--watch-seconds", type=float, default=10.0)
     args = parser.parse_args()
-    proc, addr = (None, args.addr) if args.addr else _start_server()
-    try:
+    with contextlib.nullcontext() if args.addr else DevConsul() as server:
+        addr = args.addr or server.address
         print(f"target: {addr} ({'given' if args.addr else 'clusterctl dev consul, own process'})")
         conn = _conn(addr)
         for i in range(16):
@@ -237,7 +223,7 @@ def main() -> None:
               f"{'wakeups/s':>9} {'stale p50 ms':>12} {'stale p99 ms':>12} {'errors':>6} | kept up | "
               f"{'server CPU':>10} {'ms/write':>8} {'load avg':>8}")
         for count in (int(n) for n in args.watchers.split(",")):
-            res = watch_under_load(addr, count, args.rate, args.watch_seconds, proc.pid if proc else None)
+            res = watch_under_load(addr, count, args.rate, args.watch_seconds, server.process.pid if server else None)
             print(f"{res['watchers']:>8} | {res['target_rate']:>10.0f} {res['achieved_rate']:>8.1f} "
                   f"{res['write_p99_ms']:>12.2f} | {res['wakeups_per_s']:>9.0f} {res['stale_p50_ms']:>12.1f} "
                   f"{res['stale_p99_ms']:>12.1f} {res['errors']:>6} | {'yes' if res['kept_up'] else 'NO ':>7} | "
@@ -245,10 +231,6 @@ def main() -> None:
         print("stale = watcher wake-up time minus the newest write's send time; server CPU in % of one core,"
               " ms/write = server CPU per write including the wake-ups it caused;"
               f" {os.cpu_count()} CPUs shared with everything else running")
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(15)
 
 
 if __name__ == "__main__":

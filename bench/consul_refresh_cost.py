@@ -27,9 +27,7 @@ moved); that row is printed, not judged.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import requests  # noqa: E402
 import results  # noqa: E402
+from edge_procs import DevConsul  # noqa: E402
 from verdict import shown  # noqa: E402
 
 from consul_io import layout  # noqa: E402
@@ -141,30 +140,14 @@ def report(table: dict[int, dict], numbers: dict) -> list[str]:
     return lines
 
 
-def _start_server() -> tuple[subprocess.Popen, str]:
-    clusterctl = Path(sys.executable).parent / "clusterctl"
-    proc = subprocess.Popen([str(clusterctl), "dev", "consul", "--addr", f"{HOST}:0", "--log-level", "warn"],
-                            stderr=subprocess.PIPE, text=True)
-    banner = proc.stderr.readline()
-    match = re.search(rf"http://({re.escape(HOST)}:\d+)", banner)
-    if not match:
-        proc.kill()
-        raise SystemExit(f"dev server did not start: {banner}")
-    return proc, match.group(1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="4,32,128", help="cluster sizes, comma-separated")
     parser.add_argument("--repeat", type=int, default=15, help="refreshes per case and size")
     results.add_argument(parser, __file__)
     args = parser.parse_args()
-    proc, address = _start_server()
-    try:
-        table = {size: measure(address, size, args.repeat) for size in (int(n) for n in args.nodes.split(","))}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with DevConsul(HOST) as server:
+        table = {size: measure(server.address, size, args.repeat) for size in (int(n) for n in args.nodes.split(","))}
     numbers: dict = {"ius_per_node": IUS_PER_NODE, "refreshes_per_cell": args.repeat}
     lines = report(table, numbers)
     print("\n".join(lines))

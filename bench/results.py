@@ -63,6 +63,11 @@ def host_load() -> str:
     return f"load average {one:.1f} {five:.1f} {fifteen:.1f} at the end, {os.cpu_count()} CPUs"
 
 
+def load_at_start() -> str:
+    """The host's one-minute load average as a run starting now records it."""
+    return f"load average {os.getloadavg()[0]:.1f} at start"
+
+
 def check(result: dict, where: str = "result") -> dict:
     missing = [key for key in REQUIRED if key not in result]
     if missing:
@@ -121,6 +126,25 @@ def record(path: Path | None, *, script: str, numbers: dict, target: str | None,
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return result
+
+
+def record_met(path: Path | None, met: bool, *, script: str, argv: list[str] | None, **fields) -> int:
+    """:func:`record` with the verdict ``met`` or ``not met`` for a script whose ``main(argv)`` takes its
+    arguments (None: the command line's); the script's exit code, 0 when met."""
+    record(path, script=script, verdict="met" if met else "not met",
+           argv=[script, *(sys.argv[1:] if argv is None else argv)], **fields)
+    return 0 if met else 1
+
+
+def exit_with(main, script: str) -> None:
+    """``sys.exit(main())``; a failed subprocess (a stand-in, an edge that did not start) is one line naming
+    the script instead of a traceback."""
+    import subprocess
+
+    try:
+        sys.exit(main())
+    except subprocess.SubprocessError as exc:
+        sys.exit(f"{Path(script).stem}: {exc}")
 
 
 def load(directory: Path = RESULTS) -> list[dict]:

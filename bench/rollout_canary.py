@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -309,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--net", default=NET, help=f"the loopback 127.0.R every listener takes (default {NET})")
     results.add_argument(parser, __file__)
     args = parser.parse_args(argv)
-    load = f"load average {os.getloadavg()[0]:.1f} at start"
+    load = results.load_at_start()
     rows = [run_case(case, net=args.net) for case in args.case or CASES]
     print(table(rows))
     for row in rows:
@@ -322,16 +321,11 @@ def main(argv: list[str] | None = None) -> int:
                if key in r}
     summary = "; ".join(f"{r['case']}: {r['state']}" + (f" in {r['rollback_s']} s" if r.get("rollback_s") else "")
                         + (f" {r['abort_to_stable_s']} s" if "abort_to_stable_s" in r else "") for r in rows)
-    results.record(args.results, script=__file__, numbers=numbers, host=load,
-                   argv=[__file__, *(sys.argv[1:] if argv is None else argv)],
-                   target="good promoted; slow, one slow unit (jitter), 2% errors, ECC and XID rolled back within one gate interval (+ the "
-                          "deciding evaluation's time) at most their step's share; abort on stable within 2 s",
-                   verdict="met" if met else "not met", summary=summary)
-    return 0 if met else 1
+    return results.record_met(args.results, met, script=__file__, argv=argv, numbers=numbers, host=load,
+                              target="good promoted; slow, one slow unit (jitter), 2% errors, ECC and XID rolled back "
+                                     "within one gate interval (+ the deciding evaluation's time) at most their step's "
+                                     "share; abort on stable within 2 s", summary=summary)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except subprocess.SubprocessError as exc:
-        sys.exit(f"rollout_canary: {exc}")
+    results.exit_with(main, __file__)

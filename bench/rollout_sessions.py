@@ -44,9 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
@@ -244,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.conversations < 8 or args.turns < 2:
         parser.error("--conversations must be at least 8 and --turns at least 2")
-    load = f"load average {os.getloadavg()[0]:.1f} at start"
+    load = results.load_at_start()
     rows = [run_mode(mode, args.conversations, args.turns, args.net) for mode in MODES]
     print(table(rows))
     keyed = [r for r in rows if r["met"] is not None]
@@ -256,14 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     numbers.update({f"{r['mode']}_share_{w}": v for r in rows for w, v in r["share"].items()})
     summary = "; ".join(f"{r['mode']}: flip-flop {r['flip_flop']:.3f}, turns changed {r['turn_changes']:.3f}, moved "
                         f"back {r['moved_back']}, after abort {r['canary_after_abort']}" for r in rows)
-    results.record(args.results, script=__file__, numbers=numbers, host=load,
-                   argv=[__file__, *(sys.argv[1:] if argv is None else argv)], target=TARGET,
-                   verdict="met" if met else "not met", summary=summary)
-    return 0 if met else 1
+    return results.record_met(args.results, met, script=__file__, argv=argv, numbers=numbers, host=load,
+                              target=TARGET, summary=summary)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except subprocess.SubprocessError as exc:
-        sys.exit(f"rollout_sessions: {exc}")
+    results.exit_with(main, __file__)

@@ -36,6 +36,17 @@ def endpoint_options(f):
     return endpoint_option(f)
 
 
+def load_checked(inventory: str, vault_password_file: Path | None = None):
+    """The inventory loaded and validated (every problem at once, the edges' and balancers' among them: exit 2,
+    nothing sent), for a command that reads no inventory of its own."""
+    from cluster.ansible import inventory as inventories
+    from cluster.ansible import vault
+
+    loaded = inventories.load_inventory(inventory, vault_secrets=vault.secrets_for(vault_password_file))
+    inventories.cluster_of(loaded)
+    return loaded
+
+
 def resolve_endpoint(endpoint: str | None, inventory: str | None = None, vault_password_file: Path | None = None,
                      loaded=None) -> tuple[str, str]:
     """(``http://HOST:PORT``, where it came from, for the operator's log line).
@@ -52,12 +63,9 @@ def resolve_endpoint(endpoint: str | None, inventory: str | None = None, vault_p
         raise UsageError(f"no endpoint to send to: {HINT}, or -i INVENTORY whose 'balancers' or 'edges' group "
                          "names it")
     from cluster import edges
-    from cluster.ansible import inventory as inventories
-    from cluster.ansible import vault
 
     if loaded is None:
-        loaded = inventories.load_inventory(inventory, vault_secrets=vault.secrets_for(vault_password_file))
-        inventories.cluster_of(loaded)  # every problem at once, the edges' and balancers' among them
+        loaded = load_checked(inventory, vault_password_file)
     found = edges.client_endpoint(loaded.everyone)
     if found is None:
         raise UsageError(f"{loaded.path}: no host in the '{edges.BALANCERS_GROUP}' or '{edges.EDGES_GROUP}' group "

@@ -25,9 +25,18 @@ request, so a unit is compared in aggregate, and a ratio does not grow with the 
 error does). The sampling error is the standard error of the log of the scale (a ratio of two means: the
 delta method), and the scale must be off by more than the limit at the near end of its one-sided 95%
 interval (:data:`Z_ONE_SIDED_95` standard errors): a few dozen answers of an honest unit, queued behind
-bursts its stale score drew, scatter its scale by more than 1.5x on their own. A unit is also flagged when its predictions do not follow
-its waits (correlation below :data:`MIN_CORRELATION` while its waits vary by more than
-:data:`MIN_WAIT_SPREAD_S`). Units with fewer than :data:`MIN_SAMPLES` answered requests get no verdict.
+bursts its stale score drew, scatter its scale by more than 1.5x on their own. A unit is also flagged when its
+predictions do not follow its waits (correlation below :data:`MIN_CORRELATION` while its waits vary by more than
+:data:`MIN_WAIT_SPREAD_S`).
+
+A unit not flagged is cleared only when its answers could have flagged it: at its standard error, a unit whose
+scale were off by ``detect_scale`` (default :data:`DETECT_SCALE`) would be flagged with 99% power
+(:func:`max_log_se`). Otherwise, and with
+fewer than :data:`MIN_SAMPLES` clean answers, its verdict is "insufficient evidence", with the clean answers it
+needs (the standard error shrinks as one over the root of their count), never a silent pass: under load more
+answers are rerouted and left out, and a fixed request count then says less. :func:`run` keeps sending, in
+rounds sized from what the undecided units need and their share of the clean answers, until every unit is
+decided or ``max_requests`` were sent.
 
 Circuit breaker (:func:`breaker_share`): while a unit is in maintenance (or scored out), the requests the
 edge sends it are counted: the check passes only at zero.
@@ -40,8 +49,9 @@ import math
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rich.console import Group
 from rich.table import Table
@@ -58,6 +68,15 @@ MIN_CORRELATION = 0.3
 MIN_WAIT_SPREAD_S = 0.05
 MIN_SAMPLES = 20
 Z_ONE_SIDED_95 = 1.645
+DETECT_SCALE = 2.5  # a unit whose scale is off the pool's by this factor must not pass for lack of answers
+Z_POWER_99 = 2.326
+MIN_ROUND = 50  # requests: a round smaller than this costs its ramp for little
+
+
+def max_log_se(detect_scale: float = DETECT_SCALE) -> float:
+    """The largest standard error of log(scale) at which a unit off the pool's scale by ``detect_scale`` is
+    flagged with 99% power: its estimate, normal around the truth, beyond the limit by the one-sided 95% margin."""
+    return (math.log(detect_scale) - math.log(SCALE_LIMIT)) / (Z_ONE_SIDED_95 + Z_POWER_99)
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,16 @@ class UnitCalibration:
     correlation: float | None
     scale: float | None = None  # mean predicted / mean measured wait (None: no measured wait)
     flags: tuple[str, ...] = ()
+    log_se: float = 0.0  # the standard error of log(scale) (:func:`log_scale_se`)
+    needs: int = 0  # clean answers a unit not flagged needs for a verdict (0: decided)
+
+    @property
+    def undecided(self) -> bool:
+        return not self.flags and self.needs > 0
+
+    @property
+    def verdict(self) -> str:
+        return "misleads" if self.flags else "insufficient evidence" if self.undecided else "ok"
 
     def as_dict(self) -> dict:
         def r(v):
@@ -89,7 +118,8 @@ class UnitCalibration:
         return {"unit": self.unit, "samples": self.samples, "mean_score_s": r(self.mean_score_s),
                 "mean_predicted_wait_s": r(self.mean_predicted_s), "mean_measured_wait_s": r(self.mean_wait_s),
                 "bias_s": r(self.bias_s), "mae_s": r(self.mae_s), "correlation": r(self.correlation),
-                "scale": r(self.scale), "flags": list(self.flags)}
+                "scale": r(self.scale), "log_scale_se": r(self.log_se), "verdict": self.verdict,
+                "needs_samples": self.needs, "flags": list(self.flags)}
 
 
 @dataclass(frozen=True)
@@ -112,6 +142,7 @@ class Calibration:
     requests: int
     unrouted: int  # answered without the edge's headers, or failed
     rerouted: int = 0  # answered by a unit other than the first tried: left out of every unit's samples
+    rounds: int = 1  # batches sent (:func:`run` sends more while a unit is undecided)
     breaker: BreakerCheck | None = None
     errors: Counter = field(default_factory=Counter)
 
@@ -120,16 +151,21 @@ class Calibration:
         return [u.unit for u in self.units if u.flags]
 
     @property
+    def undecided(self) -> list[str]:
+        return [u.unit for u in self.units if u.undecided]
+
+    @property
     def passed(self) -> bool:
-        return not self.flagged and (self.breaker is None or self.breaker.passed)
+        return not self.flagged and not self.undecided and (self.breaker is None or self.breaker.passed)
 
     def as_dict(self) -> dict:
         breaker = None if self.breaker is None else {
             "unit": self.breaker.unit, "requests": self.breaker.requests,
             "sent_to_unit": self.breaker.sent_to_unit, "passed": self.breaker.passed}
         return {"endpoint": self.endpoint, "reference_prefill_tps": round(self.reference_prefill_tps, 1),
-                "requests": self.requests, "unrouted": self.unrouted, "rerouted": self.rerouted, "errors": dict(self.errors),
-                "units": [u.as_dict() for u in self.units], "flagged": self.flagged, "breaker": breaker,
+                "requests": self.requests, "rounds": self.rounds, "unrouted": self.unrouted, "rerouted": self.rerouted,
+                "errors": dict(self.errors), "units": [u.as_dict() for u in self.units], "flagged": self.flagged,
+                "undecided": self.undecided, "breaker": breaker,
                 "passed": self.passed}
 
     def render(self) -> Group:
@@ -140,7 +176,8 @@ class Calibration:
             table.add_column(name, justify="left" if name in ("unit", "verdict") else "right")
         for u in self.units:
             verdict = (Text("misleads: " + ", ".join(u.flags), style="red") if u.flags else
-                       Text("too few", style="yellow") if u.samples < MIN_SAMPLES else Text("ok", style="green"))
+                       Text(f"insufficient evidence: needs ~{u.needs} clean answers", style="yellow") if u.undecided
+                       else Text("ok", style="green"))
             table.add_row(u.unit, str(u.samples), "-" if u.mean_score_s is None else f"{u.mean_score_s * 1000:,.0f}",
                           f"{u.mean_predicted_s * 1000:,.0f}", f"{u.mean_wait_s * 1000:,.0f}",
                           f"{u.bias_s * 1000:+,.0f}", f"{u.mae_s * 1000:,.0f}",
@@ -153,8 +190,11 @@ class Calibration:
             lines.append(Text(f"circuit breaker: {b.unit} got {b.sent_to_unit} of {b.requests} requests while out "
                               f"of rotation: {'passed' if b.passed else 'FAILED'}", style=style))
         flagged = self.flagged
+        undecided = self.undecided
         lines.append(Text(f"{len(flagged)} of {len(self.units)} units flagged" +
                           (f": {', '.join(flagged)}" if flagged else "") +
+                          (f"; {len(undecided)} undecided (insufficient evidence): {', '.join(undecided)}"
+                           if undecided else "") +
                           (f"; {self.unrouted} requests failed or unrouted" if self.unrouted else "") +
                           (f"; {self.rerouted} rerouted before their first byte (left out)" if self.rerouted
                            else "")))
@@ -212,8 +252,18 @@ def log_scale_se(samples: list[Sample]) -> float:
     return math.sqrt(max(variance, 0.0))
 
 
-def judge(by_unit: dict[str, list[Sample]]) -> list[UnitCalibration]:
-    """Per unit numbers and flags (module docstring)."""
+def needed_samples(samples: int, log_se: float, detect_scale: float = DETECT_SCALE) -> int:
+    """Clean answers a unit with ``samples`` at standard error ``log_se`` needs for a verdict (0: it has them)."""
+    if samples < MIN_SAMPLES:
+        return MIN_SAMPLES
+    limit = max_log_se(detect_scale)
+    if log_se <= limit:
+        return 0
+    return math.ceil(samples * (log_se / limit) ** 2)
+
+
+def judge(by_unit: dict[str, list[Sample]], detect_scale: float = DETECT_SCALE) -> list[UnitCalibration]:
+    """Per unit numbers, flags and what an undecided unit needs (module docstring)."""
     rows = []
     for unit, samples in sorted(by_unit.items()):
         predicted = [s.predicted_s for s in samples]
@@ -224,11 +274,10 @@ def judge(by_unit: dict[str, list[Sample]]) -> list[UnitCalibration]:
         rows.append(UnitCalibration(unit, len(samples), statistics.fmean(scores) if scores else None,
                                     statistics.fmean(predicted), mean_wait, statistics.fmean(errors),
                                     statistics.fmean(abs(e) for e in errors), _correlation(predicted, waits),
-                                    statistics.fmean(predicted) / mean_wait if mean_wait > 0 else None))
+                                    statistics.fmean(predicted) / mean_wait if mean_wait > 0 else None,
+                                    log_se=log_scale_se(samples)))
     judged = [r for r in rows if r.samples >= MIN_SAMPLES]
-    if not judged:
-        return rows
-    median_bias = statistics.median(r.bias_s for r in judged)
+    median_bias = statistics.median(r.bias_s for r in judged) if judged else 0.0
     scales = [r.scale for r in judged if r.scale is not None]
     median_scale = statistics.median(scales) if scales else None
     out = []
@@ -236,8 +285,7 @@ def judge(by_unit: dict[str, list[Sample]]) -> list[UnitCalibration]:
         flags = []
         if r.samples >= MIN_SAMPLES:
             off_scale = (r.scale is None or median_scale is None or median_scale <= 0 or r.scale <= 0
-                         or abs(math.log(r.scale / median_scale)) - Z_ONE_SIDED_95 * log_scale_se(by_unit[r.unit])
-                         > math.log(SCALE_LIMIT))
+                         or abs(math.log(r.scale / median_scale)) - Z_ONE_SIDED_95 * r.log_se > math.log(SCALE_LIMIT))
             if abs(r.bias_s - median_bias) > BIAS_FLOOR_S and off_scale:
                 direction = "reads low" if r.bias_s < median_bias else "reads high"
                 scale = "-" if r.scale is None else f"{r.scale:.2f}"
@@ -248,11 +296,13 @@ def judge(by_unit: dict[str, list[Sample]]) -> list[UnitCalibration]:
             if spread > MIN_WAIT_SPREAD_S and (r.correlation is None or r.correlation < MIN_CORRELATION):
                 flags.append("does not follow its waits" if r.correlation is None else
                              f"correlation {r.correlation:.2f}")
-        out.append(UnitCalibration(**{**r.__dict__, "flags": tuple(flags)}))
+        needs = 0 if flags else needed_samples(r.samples, r.log_se, detect_scale)
+        out.append(replace(r, flags=tuple(flags), needs=needs))
     return out
 
 
-def calibration_of(endpoint: str, outcomes: list[Outcome], prefill_tps: float | None = None) -> Calibration:
+def calibration_of(endpoint: str, outcomes: list[Outcome], prefill_tps: float | None = None,
+                   detect_scale: float = DETECT_SCALE) -> Calibration:
     routed = [o for o in outcomes if o.ok and o.iu is not None]
     if outcomes and not any(o.iu for o in outcomes):
         raise ClusterctlError(f"{endpoint}: no answer named its unit (no X-Eas-IU header): calibration needs the "
@@ -264,7 +314,7 @@ def calibration_of(endpoint: str, outcomes: list[Outcome], prefill_tps: float | 
                               f"--prefill-tps was given", ExitCode.USAGE)
     by_unit = samples_of(routed, rate)
     errors = Counter(o.error for o in outcomes if not o.ok)
-    return Calibration(endpoint, rate, judge(by_unit), by_unit, len(outcomes), len(outcomes) - len(routed),
+    return Calibration(endpoint, rate, judge(by_unit, detect_scale), by_unit, len(outcomes), len(outcomes) - len(routed),
                        sum(1 for o in routed if rerouted(o)), errors=errors)
 
 
@@ -278,10 +328,34 @@ async def drive(endpoint: str, scenario: Scenario, rate: float, requests: int, *
     return await Generator(endpoint, model, timeout_s, seed).run(planned)
 
 
-def run(endpoint: str, scenario: Scenario, rate: float, requests: int = 1000, *, prefill_tps: float | None = None,
-        **kwargs) -> Calibration:
-    outcomes = asyncio.run(drive(endpoint, scenario, rate, requests, **kwargs))
-    return calibration_of(endpoint, outcomes, prefill_tps)
+def more_requests(result: Calibration) -> int:
+    """Requests likely to bring every undecided unit the clean answers it needs: what each lacks over its share
+    of the requests sent so far (as many as were sent for a unit with no answer yet), the largest, a tenth more."""
+    wanted = 0.0
+    for u in result.units:
+        if u.undecided:
+            share = u.samples / result.requests if result.requests else 0.0
+            wanted = max(wanted, (u.needs - u.samples) / share if share > 0 else result.requests)
+    return math.ceil(wanted * 11 / 10)
+
+
+def run(endpoint: str, scenario: Scenario, rate: float, requests: int = 1000, *, max_requests: int | None = None,
+        prefill_tps: float | None = None, detect_scale: float = DETECT_SCALE, seed: int = 1,
+        progress: Callable[[str], None] | None = None, **kwargs) -> Calibration:
+    """``requests`` requests, then more rounds (:func:`more_requests`, at least :data:`MIN_ROUND`) while a unit is
+    undecided, up to ``max_requests`` in all (None: 3 x ``requests``); each round its own seed."""
+    limit = 3 * requests if max_requests is None else max(max_requests, requests)
+    outcomes = asyncio.run(drive(endpoint, scenario, rate, requests, seed=seed, **kwargs))
+    result = calibration_of(endpoint, outcomes, prefill_tps, detect_scale)
+    while result.undecided and len(outcomes) < limit:
+        extra = min(max(more_requests(result), MIN_ROUND), limit - len(outcomes))
+        if progress:
+            progress(f"insufficient evidence for {', '.join(result.undecided)}: {extra} more requests")
+        outcomes += asyncio.run(drive(endpoint, scenario, rate, extra, seed=seed + 1000 * result.rounds, **kwargs))
+        rounds = result.rounds + 1
+        result = calibration_of(endpoint, outcomes, prefill_tps, detect_scale)
+        result.rounds = rounds
+    return result
 
 
 def breaker_share(endpoint: str, scenario: Scenario, unit: str, rate: float, requests: int, **kwargs) -> BreakerCheck:

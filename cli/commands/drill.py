@@ -10,11 +10,9 @@ unreachable edge: nothing touched), 130 Ctrl-C (everything the drill changed is 
 
 from __future__ import annotations
 
-import os
-
 import click
 
-from cli import app
+from cli import app, consul_target
 from cli.endpoint import announce, endpoint_option, resolve_endpoint
 from cli.help import examples
 from cli.options import vault_password_file_option
@@ -83,12 +81,9 @@ def command(scenario, list_only, inventory, endpoint, target, consul_addr, rate,
     endpoint, origin = resolve_endpoint(endpoint, loaded=loaded)
     current = app.current()
     announce(endpoint, origin)
-    addr = consul_addr or chosen.node.settings.consul.http_addr or os.environ.get("CONSUL_HTTP_ADDR")
-    io = None
-    if addr:
-        from consul_io.client import ConsulIO
-
-        io = ConsulIO(addr, token=os.environ.get("CONSUL_HTTP_TOKEN") or None, timeout_s=2.0)
+    consul = consul_target.resolve_consul(consul_addr, loaded, node=chosen.node, optional=True)
+    consul_target.announce(consul)
+    io = None if consul is None else consul.io(timeout_s=2.0)
     transport = RoutingTransport()
     ladder = None
     if plan.recovery == "remediate" and io is not None:

@@ -4,17 +4,20 @@ Glue: options -> :mod:`operate.loadtest` (the run or the sweep) -> the verdict t
 report files (:mod:`operate.report`). Exit codes: 0 every SLO met (a sweep: some rate met them all), 1 an
 SLO missed, 2 bad input (a scenario file, an option, an unreachable endpoint: nothing was judged), 130
 Ctrl-C (the partial results are printed first).
+
+GPU utilisation comes from the agents' score bodies in Consul: ``--consul``, else the inventory's
+``consul_http_addr`` (:mod:`cli.consul_target`), else ``CONSUL_HTTP_ADDR``; an inventory whose hosts set no
+``consul_http_addr`` is exit 2 naming it, unless ``CONSUL_HTTP_ADDR`` is set.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
-from cli import app
-from cli.endpoint import announce, endpoint_options, resolve_endpoint
+from cli import app, consul_target
+from cli.endpoint import announce, endpoint_options, load_checked, resolve_endpoint
 from cli.help import examples
 from common.errors import ExitCode
 
@@ -35,17 +38,16 @@ def scenario_option(f):
                         )(f)
 
 
-def sampler_factory(consul_addr: str | None, datacenter: str | None):
-    """A factory of GPU utilisation samplers over the agents' bodies, or None without a Consul address."""
-    addr = consul_addr or os.environ.get("CONSUL_HTTP_ADDR")
-    if not addr:
+def sampler_factory(target, datacenter: str | None):
+    """A factory of GPU utilisation samplers over the agents' bodies (:class:`cli.consul_target.ConsulTarget`),
+    or None without a Consul agent to read."""
+    if target is None:
         return None
     from consul_io import layout
-    from consul_io.client import ConsulIO
     from operate.utilisation import UtilisationSampler
 
-    io = ConsulIO(addr, token=os.environ.get("CONSUL_HTTP_TOKEN") or None, timeout_s=3.0)
-    return lambda: UtilisationSampler(io, datacenter or layout.DEFAULT_DATACENTER)
+    io = target.io(timeout_s=3.0)
+    return lambda: UtilisationSampler(io, datacenter or target.dc or layout.DEFAULT_DATACENTER)
 
 
 def emit(result, out_dir: str | None, as_json: bool) -> None:
@@ -77,7 +79,8 @@ def emit(result, out_dir: str | None, as_json: bool) -> None:
               help="Write the report here: JSON, Markdown and PNG plots.")
 @click.option("--consul", "consul_addr", default=None,
               help="Consul HOST:PORT holding the agents' score bodies: GPU utilisation per unit over the run "
-                   "(default CONSUL_HTTP_ADDR; without either, none is read).")
+                   "(default: the inventory's (-i) consul_http_addr, else CONSUL_HTTP_ADDR; without any, none is "
+                   "read).")
 @click.option("--dc", "datacenter", default=None, help="Datacenter of the score keys (default dc1).")
 @click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds one request may take before it counts as a timeout.")
@@ -92,12 +95,15 @@ def command(endpoint, inventory, vault_password_file, rate, sweep, duration, sce
     from operate.rates import parse_rate, parse_sweep
     from operate.scenario import load_scenario
 
-    endpoint, origin = resolve_endpoint(endpoint, inventory, vault_password_file)
+    loaded = load_checked(inventory, vault_password_file) if inventory and not (endpoint and consul_addr) else None
+    endpoint, origin = resolve_endpoint(endpoint, inventory, vault_password_file, loaded=loaded)
     scenario = load_scenario(scenario_path)
     rates = parse_sweep(sweep) if sweep else None
     single = parse_rate(rate)
-    factory = sampler_factory(consul_addr, datacenter)
+    consul = consul_target.resolve_consul(consul_addr, loaded)
+    factory = sampler_factory(consul, datacenter)
     announce(endpoint, origin)
+    consul_target.announce(consul)
     console = None if as_json else app.current().err_console
     common = {"seed": seed, "timeout_s": timeout_s, "console": console, "min_samples": min_samples}
     if rates:

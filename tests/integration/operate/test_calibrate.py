@@ -1,5 +1,10 @@
-"""Score calibration through a real pool: a unit whose agent believes in a prefill rate 20 times its engine's
-is flagged, the honest units are not, and a unit in maintenance gets no request (the breaker, measured)."""
+"""Score calibration through a real pool: a unit whose agent believes its engine 20 times faster than it is
+(prefill and decode) is flagged, the honest units are not, every unit is decided (calibrate sends more
+requests until each has the clean answers its verdict needs), and a unit in maintenance gets no request (the
+breaker, measured).
+
+bench/calibrate_power.py runs this calibration repeatedly, quiet and beside CPU burners, and counts misses and
+false flags."""
 
 from __future__ import annotations
 
@@ -7,11 +12,24 @@ import pytest
 
 from consul_io import layout
 from consul_io.client import ConsulIO
+from eas_agent.score import DrainParams
 from operate import calibrate
 from operate.scenario import load_scenario, parse_scenario
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, live_pool
+from tests.integration.operate.pool import POOL_NET, TRUE_PREFILL_TPS, live_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # measured waits: load-sensitive
+
+LIAR = "n3-iu0"  # live_pool's third node (liar=2)
+# The liar's agent believes its engine 20x faster than it is, in prefill and in decode: with the prefill rate
+# alone its decode-step term still carried its score, and under CPU load its scale came within 1.3-1.6x of
+# the pool's, where no amount of answers flags it.
+LIAR_PRIOR = 20 * TRUE_PREFILL_TPS
+LIAR_DECODE_PRIOR = 20 * DrainParams.decode_tps_prior
+REQUESTS, MAX_REQUESTS = 300, 1500  # calibrate sends more while a unit is undecided (fewer clean answers under load)
+# The liar's scale reads 1.8-3.2x below the pool's median (bench/calibrate_power.py; under CPU load an honest
+# unit's own scale can fall and drag the three-unit median toward it): no unit is decided before its answers
+# would flag a unit 2.2x off with 99% power.
+DETECT_SCALE = 2.2
 
 
 def production_prompts_short_outputs():
@@ -47,20 +65,22 @@ class NodeAgent(ConsulIO):
 
 
 def test_a_unit_scoring_with_a_wrong_prefill_rate_is_flagged_and_the_breaker_holds(tmp_path, consul_addr):
-    with live_pool(tmp_path, consul_addr, nodes=3, liar=2, liar_prior=20 * TRUE_PREFILL_TPS) as (edge, ius):
+    with live_pool(tmp_path, consul_addr, nodes=3, liar=2, liar_prior=LIAR_PRIOR,
+                   liar_decode_prior=LIAR_DECODE_PRIOR) as (edge, ius):
         endpoint = f"http://{edge.address}"
-        result = calibrate.run(endpoint, production_prompts_short_outputs(), rate=10.0, requests=300, seed=3)
+        result = calibrate.run(endpoint, production_prompts_short_outputs(), rate=10.0, requests=REQUESTS,
+                               max_requests=MAX_REQUESTS, detect_scale=DETECT_SCALE, seed=3)
         by_unit = {u.unit: u for u in result.units}
         assert set(by_unit) == set(ius), result.as_dict()
-        assert all(u.samples >= calibrate.MIN_SAMPLES for u in result.units), result.as_dict()
-        assert result.flagged == ["n3-iu0"], result.as_dict()
-        liar = by_unit["n3-iu0"]
+        assert result.undecided == [], result.as_dict()  # every unit decided: the liar's miss is not a silent pass
+        assert result.flagged == [LIAR], result.as_dict()
+        liar = by_unit[LIAR]
         assert liar.bias_s < min(by_unit[u].bias_s for u in ("n1-iu0", "n2-iu0")) - calibrate.BIAS_FLOOR_S
         assert liar.flags[0].startswith("reads low")
         # the pool's reference rate is the honest units' published one, not the liar's
         assert result.reference_prefill_tps < 2 * TRUE_PREFILL_TPS
         assert not result.passed
 
-        with calibrate.out_of_rotation(NodeAgent(consul_addr, "n1", "127.0.202.1"), "n1-iu0", endpoint):
+        with calibrate.out_of_rotation(NodeAgent(consul_addr, "n1", f"{POOL_NET}.1"), "n1-iu0", endpoint):
             breaker = calibrate.breaker_share(endpoint, production_prompts_short_outputs(), "n1-iu0", rate=10.0, requests=40, seed=4)
         assert breaker.requests == 40 and breaker.sent_to_unit == 0 and breaker.passed

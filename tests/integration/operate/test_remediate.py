@@ -8,7 +8,6 @@ counts them, nothing touches them). The ladder's real commands run: ``systemctl 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -18,8 +17,8 @@ from cli.main import main
 from consul_io import layout
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
-from tests.helpers import units, wait_for
+from tests.helpers import units
+from tests.integration.operate.pool import n1_serving, stand_in_units
 
 pytestmark = pytest.mark.integration
 
@@ -35,9 +34,7 @@ def host(n: int) -> str:
 def fleet(tmp_path, monkeypatch):
     """(consul address, ConsulIO, units dir, inventory path): n1's unit running and registered, n2 and n3
     listed in the catalog, every check passing."""
-    units_dir = tmp_path / "units"
-    units.install(tmp_path / "bin", units_dir)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    units_dir = stand_in_units(tmp_path, monkeypatch)
     hosts = {f"n{n}": {"ansible_host": host(n), "rack": "r1", "gpu_model": "h100-sxm", "gpu_count": 4,
                        "iu_size": 4, "iu_ports": [PORT]} for n in (1, 2, 3)}
     hosts["n1"]["ansible_connection"] = "local"  # the ladder's host steps run here; n2 and n3 are never touched
@@ -45,17 +42,8 @@ def fleet(tmp_path, monkeypatch):
     inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     with DevConsulServer(addr=f"{host(0)}:0", node_name="n1") as server:
         io = ConsulIO(server.address)
-        register_iu_service(io, IUService("n1-iu0", "n1", "r1", host(1), PORT, (0, 1, 2, 3), 0), http_check=False)
-        for n in (2, 3):
-            register_on_catalog_node(io, IUService(f"n{n}-iu0", f"n{n}", "r1", host(n), PORT, (0, 1, 2, 3), 0),
-                                     host(n))
-        units.declare(units_dir, UNIT, units.sim_vllm_argv(f"{host(1)}:{PORT}"), tmp_path / "n1-iu0.log")
-        units.start(units_dir, UNIT)
-        try:
-            wait_for(lambda: units.answers_health(f"{host(1)}:{PORT}"), 20, "n1's simulated vLLM answering /health")
+        with n1_serving(io, units_dir, tmp_path, host, PORT, UNIT):
             yield server.address, io, units_dir, inventory
-        finally:
-            units.stop_all(units_dir)
 
 
 def main_code(argv: list[str]) -> int:

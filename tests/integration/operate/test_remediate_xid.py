@@ -12,7 +12,6 @@ sees that the chain reached the reboot, drained, and stopped there."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
@@ -22,8 +21,8 @@ from cli.main import main
 from consul_io import layout
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
-from tests.helpers import units, wait_for
+from tests.helpers import units
+from tests.integration.operate.pool import n1_serving, stand_in_units
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +39,7 @@ def host(n: int) -> str:
 def fleet(tmp_path, monkeypatch):
     """(consul address, ConsulIO, units dir, inventory path): n1's unit serving and registered on the agent n1,
     n2 and n3 listed in the catalog. The working directory is the test's own (the runner's run dirs go there)."""
-    units_dir = tmp_path / "units"
-    units.install(tmp_path / "bin", units_dir)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    units_dir = stand_in_units(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     with DevConsulServer(addr=f"{host(0)}:0", node_name="n1") as server:
         hosts = {f"n{n}": {"ansible_host": host(n), "rack": "r1", "gpu_model": "h100-sxm", "gpu_count": 4,
@@ -54,17 +51,8 @@ def fleet(tmp_path, monkeypatch):
         inventory = tmp_path / "hosts.yml"
         inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
         io = ConsulIO(server.address)
-        register_iu_service(io, IUService("n1-iu0", "n1", "r1", host(1), PORT, (0, 1, 2, 3), 0), http_check=False)
-        for n in (2, 3):
-            register_on_catalog_node(io, IUService(f"n{n}-iu0", f"n{n}", "r1", host(n), PORT, (0, 1, 2, 3), 0),
-                                     host(n))
-        units.declare(units_dir, UNIT, units.sim_vllm_argv(f"{host(1)}:{PORT}"), tmp_path / "n1-iu0.log")
-        units.start(units_dir, UNIT)
-        try:
-            wait_for(lambda: units.answers_health(f"{host(1)}:{PORT}"), 20, "n1's simulated vLLM answering /health")
+        with n1_serving(io, units_dir, tmp_path, host, PORT, UNIT):
             yield server.address, io, units_dir, inventory
-        finally:
-            units.stop_all(units_dir)
 
 
 def publish_xid(io: ConsulIO, xid: int) -> None:

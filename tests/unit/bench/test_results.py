@@ -160,3 +160,14 @@ def test_the_routing_benchmark_records_its_default_modes_verdict_and_every_numbe
                                  "0.774; 16 edges p99 / 1 edge 1.061")
     one_seed = route_sim.shipped_result([SeedCheck(f"95% {shipped} p99 TTFT / least-conn", (1,), (1.01,), 1.0)])
     assert one_seed["verdict"] == "not met" and one_seed["numbers"][f"95% {shipped} p99 TTFT / least-conn"]["ci95"] is None
+
+
+def test_record_met_writes_the_verdict_and_the_reproducing_command(tmp_path):
+    path = tmp_path / "r.json"
+    fields = {"numbers": {"x": 1}, "target": "x <= 1", "summary": "x 1", "host": "load average 0.1 at start"}
+    assert results.record_met(path, True, script="bench/demo.py", argv=["--n", "3"], **fields) == 0
+    written = json.loads(path.read_text())
+    assert written["verdict"] == "met" and written["command"] == ".venv/bin/python bench/demo.py --n 3"
+    assert results.record_met(path, False, script="bench/demo.py", argv=[], **fields) == 1
+    assert json.loads(path.read_text())["verdict"] == "not met"
+

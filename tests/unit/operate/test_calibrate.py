@@ -109,3 +109,78 @@ def test_an_answer_moved_from_another_unit_is_counted_as_rerouted_and_charged_to
     result = calibrate.calibration_of("http://127.0.0.1:9", honest + moved)
     assert result.rerouted == 30 and result.as_dict()["rerouted"] == 30
     assert result.flagged == [] and {u.unit: u.samples for u in result.units} == {"a": 30, "b": 30, "c": 30}
+
+
+def test_a_unit_whose_answers_could_not_have_flagged_a_liar_is_undecided_not_passed():
+    rng = random.Random(5)
+    by_unit = {u: heavy_tailed(u, rng, 1.0, n=200) for u in ("a", "b")}
+    by_unit["thin"] = heavy_tailed("thin", rng, 1.0, n=30)  # honest, but too few answers to clear it
+    result = calibrate.Calibration("http://127.0.0.1:9", 10_000.0, calibrate.judge(by_unit), by_unit, 430, 0)
+    rows = {r.unit: r for r in result.units}
+    assert rows["thin"].log_se > calibrate.max_log_se()
+    assert rows["thin"].verdict == "insufficient evidence" and rows["thin"].needs > 30
+    assert result.undecided == ["thin"] and result.flagged == [] and not result.passed
+    assert "insufficient evidence" in result.as_dict()["units"][2]["verdict"]
+    # the standard error shrinks as 1 / sqrt(n): the count asked for brings it under the limit
+    assert rows["thin"].log_se * math.sqrt(30 / rows["thin"].needs) <= calibrate.max_log_se()
+    assert {rows[u].verdict for u in ("a", "b")} == {"ok"}
+
+
+def test_too_few_answers_are_undecided_and_a_flag_needs_no_more():
+    rng = random.Random(6)
+    by_unit = {u: unit_samples(u, rng, 1.0) for u in ("u1", "u2", "u3")}
+    by_unit["few"] = unit_samples("few", rng, 1.0, n=calibrate.MIN_SAMPLES - 1)
+    by_unit["liar"] = unit_samples("liar", rng, 0.1)
+    rows = {r.unit: r for r in calibrate.judge(by_unit)}
+    assert rows["few"].undecided and rows["few"].needs == calibrate.MIN_SAMPLES
+    assert rows["liar"].flags and rows["liar"].needs == 0 and rows["liar"].verdict == "misleads"
+
+
+def test_a_smaller_detection_scale_asks_for_more_answers():
+    rng = random.Random(7)
+    samples = heavy_tailed("u", rng, 1.0, n=120)
+    se = calibrate.log_scale_se(samples)
+    assert calibrate.max_log_se(2.2) < calibrate.max_log_se(2.5) < se
+    assert calibrate.needed_samples(120, se, 2.2) > calibrate.needed_samples(120, se, 2.5) > 120
+
+
+def test_more_requests_are_sized_from_the_undecided_units_share():
+    rows = [calibrate.UnitCalibration("a", 100, None, 0.2, 0.2, 0.0, 0.1, 0.9, 1.0, needs=0),
+            calibrate.UnitCalibration("b", 50, None, 0.2, 0.2, 0.0, 0.1, 0.9, 1.0, needs=150)]
+    result = calibrate.Calibration("http://127.0.0.1:9", 10_000.0, rows, {}, 200, 0)
+    # b answered a quarter of the requests and lacks 100 answers: 400 requests, a tenth more
+    assert calibrate.more_requests(result) == 440
+
+
+def test_run_sends_more_rounds_until_every_unit_is_decided(monkeypatch):
+    rounds = []
+
+    async def drive(endpoint, scenario, rate, requests, *, seed=1, **kwargs):
+        rounds.append((requests, seed))
+        rng = random.Random(seed)
+        out = []
+        for i in range(requests):
+            unit = ("a", "b", "c")[i % 3]
+            wait = rng.expovariate(1 / 0.25)
+            predicted = wait * rng.lognormvariate(0, 0.5)
+            out.append(outcome(unit, 1000, 0.1, 0.1 + wait, 0.1 + predicted))
+        return out
+
+    monkeypatch.setattr(calibrate, "drive", drive)
+    seen = []
+    result = calibrate.run("http://127.0.0.1:9", None, 10.0, 90, max_requests=5000, seed=3, progress=seen.append)
+    assert result.undecided == [] and result.rounds == len(rounds) > 1
+    assert result.requests == sum(n for n, _ in rounds) and len({s for _, s in rounds}) == len(rounds)
+    assert all(n >= calibrate.MIN_ROUND for n, _ in rounds[1:]) and "insufficient evidence" in seen[0]
+
+
+def test_run_stops_at_max_requests_and_says_who_is_undecided(monkeypatch):
+    async def drive(endpoint, scenario, rate, requests, *, seed=1, **kwargs):
+        rng = random.Random(seed)
+        return [outcome(("a", "b", "c")[i % 3], 1000, 0.1, 0.1 + w, 0.1 + w * rng.lognormvariate(0, 1.5))
+                for i, w in enumerate(rng.expovariate(4) for _ in range(requests))]
+
+    monkeypatch.setattr(calibrate, "drive", drive)
+    result = calibrate.run("http://127.0.0.1:9", None, 10.0, 90, max_requests=200)
+    assert result.requests == 200 and result.undecided and not result.passed
+    assert "undecided (insufficient evidence)" in str(result.render().renderables[-1])
