@@ -17,8 +17,9 @@ weights_missing    unit    the model directory's weight files (``*.safetensors``
 consul_agent_down  node    ``systemctl stop consul.service``                     ``systemctl start consul.service``
 node_hang          node    ``systemctl freeze`` (cgroup freezer: every process   ``systemctl thaw`` each, in the
                            of the unit suspended) of each IU unit of the node,   reverse order
-                           then of ``eas-agent.service`` and ``consul.service``
-                           where they run: nothing on the node answers, its
+                           then of ``eas-edge.service``, ``haproxy.service``,
+                           ``eas-agent.service`` and ``consul.service`` where
+                           they run: nothing on the node answers, its
                            connections hang; sshd is left running, so the undo
                            can reach the node
 edge_restart       edge    ``systemctl restart --no-block eas-edge.service``     ``systemctl start
@@ -52,6 +53,7 @@ ENV_FILE_TEMPLATE = "/etc/vllm-iu/{index}.env"  # inference_unit_env_dir (roles/
 CONSUL_UNIT = "consul.service"
 AGENT_UNIT = "eas-agent.service"  # roles/eas_agent
 EDGE_UNIT = "eas-edge.service"
+BALANCER_UNIT = "haproxy.service"  # roles/edge_balancer
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 ASIDE_SUFFIX = ".drill-aside"
 
@@ -246,9 +248,11 @@ def _freeze(step: FaultStep, unit: str) -> None:
 
 def node_hang(step: FaultStep) -> None:
     """Every serving process of the node suspended: its engines first (a unit that is not running is a fault
-    that cannot be injected: nothing would hang), then the agent and the Consul agent where they run (a node
-    without them still hangs; it is said which were left). A Consul agent that is a server is frozen too: one
-    server of three down keeps the quorum, as a hung machine would."""
+    that cannot be injected: nothing would hang), then the edge and the balancer, the agent and the Consul agent
+    where they run (a node without them still hangs; it is said which were left). An edge or a balancer left
+    answering on a hung machine would hide what its clients see when the machine really hangs: the balancer's
+    checks time out instead of being refused. A Consul agent that is a server is frozen too: one server of three
+    down keeps the quorum, as a hung machine would."""
     node = step.target.node
     for iu in node.ius:
         unit = UNIT_TEMPLATE.format(index=iu.index)
@@ -257,7 +261,7 @@ def node_hang(step: FaultStep) -> None:
             raise FaultError(f"{iu.id}: {unit} is not running (MainPID {out or 'empty'}): a hang of {node.name} "
                              f"would leave it as it is")
         _freeze(step, unit)
-    for unit in (AGENT_UNIT, CONSUL_UNIT):
+    for unit in (EDGE_UNIT, BALANCER_UNIT, AGENT_UNIT, CONSUL_UNIT):
         if step.run("systemctl", "is-active", unit, check=False).stdout.strip() == "active":
             _freeze(step, unit)
         else:

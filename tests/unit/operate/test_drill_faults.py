@@ -128,19 +128,19 @@ def test_a_host_with_ansible_become_gets_every_command_and_undo_through_sudo():
                           ("sudo", "-n", "--", "kill", "-CONT", "77")]
 
 
-def test_node_hang_freezes_every_engine_then_the_agents_and_thaws_them_newest_first():
-    host = ScriptedHost({("systemctl", "show"): (0, "4242\n"), ("systemctl", "is-active", "eas-agent.service"):
-                         (0, "active\n"), ("systemctl", "is-active", "consul.service"): (3, "inactive\n")})
+def test_node_hang_freezes_every_engine_then_the_edge_and_the_agents_and_thaws_them_newest_first():
+    host = ScriptedHost({("systemctl", "show"): (0, "4242\n"), ("systemctl", "is-active", "consul.service"):
+                         (3, "inactive\n"), ("systemctl", "is-active", "haproxy.service"): (4, "inactive\n"),
+                         ("systemctl", "is-active"): (0, "active\n")})
     step = FaultStep("node_hang", Target(NODE), host)
     step.inject()
-    frozen = [c for c in host.calls if c[1] == "freeze"]
-    assert frozen == [("systemctl", "freeze", u) for u in ("vllm-iu@0.service", "vllm-iu@1.service",
-                                                            "eas-agent.service")]
-    assert step.done[-1] == "consul.service not running on n1: nothing to freeze"
+    frozen = ("vllm-iu@0.service", "vllm-iu@1.service", "eas-edge.service", "eas-agent.service")
+    assert [c for c in host.calls if c[1] == "freeze"] == [("systemctl", "freeze", u) for u in frozen]
+    assert [d for d in step.done if "nothing to freeze" in d] == [
+        f"{u} not running on n1: nothing to freeze" for u in ("haproxy.service", "consul.service")]
     host.calls.clear()
-    assert step.undo() == [f"n1: {u} thawed" for u in ("eas-agent.service", "vllm-iu@1.service", "vllm-iu@0.service")]
-    assert host.calls == [("systemctl", "thaw", u) for u in ("eas-agent.service", "vllm-iu@1.service",
-                                                             "vllm-iu@0.service")]
+    assert step.undo() == [f"n1: {u} thawed" for u in reversed(frozen)]
+    assert host.calls == [("systemctl", "thaw", u) for u in reversed(frozen)]
 
 
 def test_node_hang_refuses_a_node_whose_engine_is_down_after_thawing_what_it_froze():
