@@ -143,6 +143,28 @@ def answers(urls: list[str]) -> dict[str, str]:
         return dict(zip(urls, pool.map(answer, urls), strict=True))
 
 
+SUSPENDED = r"""for unit in "$@"; do
+  group=$(systemctl show -p ControlGroup --value "$unit")
+  procs=$(cat "/sys/fs/cgroup/systemd$group/cgroup.procs" 2>/dev/null || cat "/sys/fs/cgroup$group/cgroup.procs")
+  echo "$unit|$(systemctl show -p FreezerState --value "$unit")|$(for p in $procs; do ps -o stat= -p "$p"; done | cut -c1 | sort -u | tr -d '\n')"
+done"""
+
+
+def suspended(cluster, units: list[str]) -> dict[str, str]:
+    """unit -> 'suspended' (systemd's freezer has it frozen, or every process of its cgroup is stopped: the
+    SIGSTOP where the host has no freezer), 'running' (not frozen, none stopped), else what was seen."""
+    seen = {}
+    for line in cluster.on_host(HOST, "sh", "-c", SUSPENDED, "sh", *units).stdout.splitlines():
+        unit, freezer, states = line.split("|")
+        if freezer == "frozen" or states == "T":
+            seen[unit] = "suspended"
+        elif freezer in ("running", "") and states and "T" not in states:
+            seen[unit] = "running"
+        else:
+            seen[unit] = f"freezer {freezer!r}, process states {states!r}"
+    return seen
+
+
 def test_node_hang_freezes_every_serving_process_and_the_undo_thaws_them(cluster, target, transport):
     node = target.node
     engines = [f"vllm-iu@{iu.index}.service" for iu in node.ius]
@@ -155,14 +177,15 @@ def test_node_hang_freezes_every_serving_process_and_the_undo_thaws_them(cluster
     step = FaultStep("node_hang", Target(node, become=True), transport)
     step.inject()
     try:
-        states = {u: cluster.on_host(HOST, "systemctl", "show", "-p", "FreezerState", "--value", u).stdout.strip()
-                  for u in units}
+        held = suspended(cluster, units)
         hung = answers(served)
     finally:
         restored = step.undo()
-    assert states == dict.fromkeys(units, "frozen"), states
+    assert held == dict.fromkeys(units, "suspended"), (held, step.done)
     assert hung == dict.fromkeys(served, "timed out"), hung  # connections hang: not refused, not answered
-    assert restored == [f"{HOST}: {u} thawed" for u in reversed(units)]
+    assert [line.split(": ", 1)[1].split()[0] for line in restored] == list(reversed(units)), restored
+    assert not [line for line in restored if "NOT restored" in line], restored
+    assert suspended(cluster, units) == dict.fromkeys(units, "running")
     wait_for(lambda: set(answers(served).values()) == {"answered"}, 60, "every service of r01n01 answering again")
     assert {unit: main_pid(cluster, unit) for unit in units} == pids  # suspended, not replaced
 
