@@ -121,7 +121,9 @@ class VirtualCluster:
                 return False
         return True
 
-    def provision(self, name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    # A bound on one run, not a target: on a loaded two-core host the first run (every role, the driver
+    # install) took over 600 s.
+    def provision(self, name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
         run_dir = self.inventory.parent / f"run-{name}"
         # --yes: a run without --limit asks a terminal first, and this one's stdin may be the developer's
         result = clusterctl("provision", "-i", str(self.inventory), "--run-dir", str(run_dir), "--yes", *args,
