@@ -16,11 +16,15 @@ weights_missing    unit    the model directory's weight files (``*.safetensors``
                            error, never serve
 consul_agent_down  node    ``systemctl stop consul.service``                     ``systemctl start consul.service``
 node_hang          node    ``systemctl freeze`` (cgroup freezer: every process   ``systemctl thaw`` each, in the
-                           of the unit suspended) of each IU unit of the node,   reverse order
-                           then of ``eas-agent.service`` and ``consul.service``
-                           where they run: nothing on the node answers, its
+                           of the unit suspended) of each IU unit of the node,   reverse order (SIGCONT to every
+                           then of ``eas-edge.service``, ``haproxy.service``,    process of a unit that was
+                           ``eas-agent.service`` and ``consul.service`` where    stopped by SIGSTOP)
+                           they run: nothing on the node answers, its
                            connections hang; sshd is left running, so the undo
-                           can reach the node
+                           can reach the node. Where systemd has no freezer
+                           (no unified cgroup hierarchy: cgroup v1 or hybrid),
+                           ``systemctl kill --signal=SIGSTOP`` stops every
+                           process of the unit instead
 edge_restart       edge    ``systemctl restart --no-block eas-edge.service``     ``systemctl start
                            on the node that runs the edge: systemd's SIGTERM,    eas-edge.service`` (a no-op once
                            the edge drains (its listener closed, requests in     the restart finished)
@@ -73,6 +77,7 @@ ENV_FILE_TEMPLATE = "/etc/vllm-iu/{index}.env"  # inference_unit_env_dir (roles/
 CONSUL_UNIT = "consul.service"
 AGENT_UNIT = "eas-agent.service"  # roles/eas_agent
 EDGE_UNIT = "eas-edge.service"
+BALANCER_UNIT = "haproxy.service"  # roles/edge_balancer
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 ASIDE_SUFFIX = ".drill-aside"
 
@@ -126,10 +131,15 @@ def run_on(target: Target, transport, argv: Sequence[str], *, check: bool = True
     it ended (unreachable, timed out, its exit and last line) unless it succeeded."""
     result = transport.run(target.node, host_command(target, argv), timeout_s)
     if check and not result.ok:
-        why = "unreachable" if result.unreachable else "timed out" if result.timed_out else result.ended()
-        detail = result.last_line()
-        raise HostStepError(f"{target.node.name}: `{shlex.join(argv)}` {why}" + (f": {detail}" if detail else ""))
+        raise HostStepError(failure(target, argv, result))
     return result
+
+
+def failure(target: Target, argv: Sequence[str], result) -> str:
+    """How ``argv`` failed on the target: the host, the command, unreachable / timed out / its exit, last line."""
+    why = "unreachable" if result.unreachable else "timed out" if result.timed_out else result.ended()
+    detail = result.last_line()
+    return f"{target.node.name}: `{shlex.join(argv)}` {why}" + (f": {detail}" if detail else "")
 
 
 @dataclass(frozen=True)
@@ -259,17 +269,34 @@ def consul_agent_down(step: FaultStep) -> None:
     step.done.append(f"{CONSUL_UNIT} stopped on {step.target.node.name}")
 
 
+# systemd's answer to `systemctl freeze` when the cgroup freezer is not available to it (src/core/unit.c: the
+# freezer needs the unified cgroup hierarchy; a cgroup v1 or hybrid host, as systemd 252 in a hybrid container).
+NO_FREEZER = "does not support freezing"
+
+
 def _freeze(step: FaultStep, unit: str) -> None:
+    """``unit``'s processes suspended: by the cgroup freezer, else (no freezer on this host) by SIGSTOP to each
+    of them, which no process can catch or ignore either."""
     step.record(f"{unit} thawed", ["systemctl", "thaw", unit])
-    step.run("systemctl", "freeze", unit)
-    step.done.append(f"{unit} frozen")
+    frozen = step.run("systemctl", "freeze", unit, check=False)
+    if frozen.ok:
+        step.done.append(f"{unit} frozen")
+        return
+    if NO_FREEZER not in frozen.stderr + frozen.stdout:
+        raise FaultError(failure(step.target, ["systemctl", "freeze", unit], frozen))
+    step.undos.pop()  # systemd refused before it changed anything: nothing to thaw
+    step.record(f"{unit} continued (SIGCONT to every process)", ["systemctl", "kill", "--signal=SIGCONT", unit])
+    step.run("systemctl", "kill", "--signal=SIGSTOP", unit)
+    step.done.append(f"{unit} stopped (SIGSTOP to every process: no cgroup freezer on {step.target.node.name})")
 
 
 def node_hang(step: FaultStep) -> None:
     """Every serving process of the node suspended: its engines first (a unit that is not running is a fault
-    that cannot be injected: nothing would hang), then the agent and the Consul agent where they run (a node
-    without them still hangs; it is said which were left). A Consul agent that is a server is frozen too: one
-    server of three down keeps the quorum, as a hung machine would."""
+    that cannot be injected: nothing would hang), then the edge and the balancer, the agent and the Consul agent
+    where they run (a node without them still hangs; it is said which were left). An edge or a balancer left
+    answering on a hung machine would hide what its clients see when the machine really hangs: the balancer's
+    checks time out instead of being refused. A Consul agent that is a server is frozen too: one server of three
+    down keeps the quorum, as a hung machine would."""
     node = step.target.node
     for iu in node.ius:
         unit = UNIT_TEMPLATE.format(index=iu.index)
@@ -278,7 +305,7 @@ def node_hang(step: FaultStep) -> None:
             raise FaultError(f"{iu.id}: {unit} is not running (MainPID {out or 'empty'}): a hang of {node.name} "
                              f"would leave it as it is")
         _freeze(step, unit)
-    for unit in (AGENT_UNIT, CONSUL_UNIT):
+    for unit in (EDGE_UNIT, BALANCER_UNIT, AGENT_UNIT, CONSUL_UNIT):
         if step.run("systemctl", "is-active", unit, check=False).stdout.strip() == "active":
             _freeze(step, unit)
         else:

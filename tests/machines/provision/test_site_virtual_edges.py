@@ -21,7 +21,6 @@ import urllib.request
 import pytest
 import yaml
 
-from cluster import load_cluster
 from tests.helpers.devconsul import wait_until
 from tests.helpers.provision import VirtualCluster
 
@@ -29,19 +28,6 @@ pytestmark = [pytest.mark.machines(order=9), pytest.mark.timeout(900)]
 
 BALANCER = "http://127.0.1.5:8080"
 EDGES = {"r01n01": "127.0.1.11:8080", "r02n01": "127.0.2.11:8080"}
-
-
-def _release(cluster: VirtualCluster) -> None:
-    """preflight's release of every node (preflight/release.py), as after a passed run: the IUs become routable."""
-    from preflight.release import release_passed
-    from preflight.result import CheckResult, Verdict
-    from preflight.runner import RunOutcome
-
-    for node in load_cluster(cluster.inventory).nodes():
-        passed = CheckResult(node.rack, node.name, None, "consul", Verdict.PASS, "stand-in for a passed run", {})
-        outcome = RunOutcome([passed], 0.0, 0.0, None, ["consul"])
-        released = release_passed([node], outcome)  # an IU already released is left as it is
-        assert node.name in released, (node.name, outcome.results[-1].reason)
 
 
 def _call(path: str, body: dict | None = None, base: str = BALANCER, timeout: float = 60) -> tuple[int, bytes]:
@@ -74,24 +60,13 @@ def cluster(provisioned) -> VirtualCluster:
 def model(cluster) -> str:
     run = cluster.runs["first"]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-1000:]
-    for host in cluster.hosts:
-        assert cluster.on_host(host, "systemctl", "start", "consul.service").returncode == 0
-    assert wait_until(lambda: _released(cluster), 60)
+    assert wait_until(cluster.release_every_node, 60)
     assert wait_until(lambda: all(_healthz(e)["status"] == "ok" for e in EDGES), 90), {e: _healthz(e) for e in EDGES}
     if not wait_until(lambda: _call("/v1/models")[0] == 200, 30):
         status = cluster.on_host("r01n01", "sh", "-c", "systemctl status haproxy --no-pager -l; "
                                  "journalctl -u haproxy -n 40 --no-pager; ss -ltnp | grep 8080")
         pytest.fail(f"HAProxy answers {_call('/v1/models')}:\n{status.stdout}\n{status.stderr}")
     return json.loads(_call("/v1/models")[1])["data"][0]["id"]
-
-
-def _released(cluster: VirtualCluster) -> bool:
-    """Every node released; False while a node's agent has not rejoined (its release is retried)."""
-    try:
-        _release(cluster)
-    except AssertionError:
-        return False
-    return True
 
 
 def _open_files(cluster: VirtualCluster, host: str, pid: str) -> tuple[int, int]:

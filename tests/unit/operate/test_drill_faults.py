@@ -128,19 +128,43 @@ def test_a_host_with_ansible_become_gets_every_command_and_undo_through_sudo():
                           ("sudo", "-n", "--", "kill", "-CONT", "77")]
 
 
-def test_node_hang_freezes_every_engine_then_the_agents_and_thaws_them_newest_first():
-    host = ScriptedHost({("systemctl", "show"): (0, "4242\n"), ("systemctl", "is-active", "eas-agent.service"):
-                         (0, "active\n"), ("systemctl", "is-active", "consul.service"): (3, "inactive\n")})
+def test_node_hang_freezes_every_engine_then_the_edge_and_the_agents_and_thaws_them_newest_first():
+    host = ScriptedHost({("systemctl", "show"): (0, "4242\n"), ("systemctl", "is-active", "consul.service"):
+                         (3, "inactive\n"), ("systemctl", "is-active", "haproxy.service"): (4, "inactive\n"),
+                         ("systemctl", "is-active"): (0, "active\n")})
     step = FaultStep("node_hang", Target(NODE), host)
     step.inject()
-    frozen = [c for c in host.calls if c[1] == "freeze"]
-    assert frozen == [("systemctl", "freeze", u) for u in ("vllm-iu@0.service", "vllm-iu@1.service",
-                                                            "eas-agent.service")]
-    assert step.done[-1] == "consul.service not running on n1: nothing to freeze"
+    frozen = ("vllm-iu@0.service", "vllm-iu@1.service", "eas-edge.service", "eas-agent.service")
+    assert [c for c in host.calls if c[1] == "freeze"] == [("systemctl", "freeze", u) for u in frozen]
+    assert [d for d in step.done if "nothing to freeze" in d] == [
+        f"{u} not running on n1: nothing to freeze" for u in ("haproxy.service", "consul.service")]
     host.calls.clear()
-    assert step.undo() == [f"n1: {u} thawed" for u in ("eas-agent.service", "vllm-iu@1.service", "vllm-iu@0.service")]
-    assert host.calls == [("systemctl", "thaw", u) for u in ("eas-agent.service", "vllm-iu@1.service",
-                                                             "vllm-iu@0.service")]
+    assert step.undo() == [f"n1: {u} thawed" for u in reversed(frozen)]
+    assert host.calls == [("systemctl", "thaw", u) for u in reversed(frozen)]
+
+
+NO_FREEZER = "Failed to freeze unit {}: Unit '{}' does not support freezing."  # systemd 252 on cgroup v1/hybrid
+
+
+def test_node_hang_stops_every_process_of_each_unit_where_systemd_has_no_freezer():
+    host = ScriptedHost({("systemctl", "show"): (0, "4242\n"), ("systemctl", "is-active"): (3, "inactive\n"),
+                         ("systemctl", "freeze"): (1, NO_FREEZER.format("vllm-iu@0.service", "vllm-iu@0.service"))})
+    step = FaultStep("node_hang", Target(NODE), host)
+    step.inject()
+    engines = ("vllm-iu@0.service", "vllm-iu@1.service")
+    assert [c for c in host.calls if c[1] == "kill"] == [("systemctl", "kill", "--signal=SIGSTOP", u) for u in engines]
+    assert step.done[:2] == [f"{u} stopped (SIGSTOP to every process: no cgroup freezer on n1)" for u in engines]
+    host.calls.clear()
+    assert step.undo() == [f"n1: {u} continued (SIGCONT to every process)" for u in reversed(engines)]
+    assert host.calls == [("systemctl", "kill", "--signal=SIGCONT", u) for u in reversed(engines)]
+
+
+def test_node_hang_fails_on_any_other_freeze_error_and_names_it():
+    host = ScriptedHost({("systemctl", "show"): (0, "4242\n"), ("systemctl", "freeze"): (1, "Access denied")})
+    step = FaultStep("node_hang", Target(NODE), host)
+    with pytest.raises(FaultError, match=r"n1: `systemctl freeze vllm-iu@0.service` exited 1: "):
+        step.inject()
+    assert not [c for c in host.calls if c[1] == "kill"]
 
 
 def test_node_hang_refuses_a_node_whose_engine_is_down_after_thawing_what_it_froze():
