@@ -29,6 +29,7 @@ from cluster.spec import Problem
 EDGES_GROUP = "edges"
 BALANCERS_GROUP = "balancers"
 DEFAULT_EDGE_PORT = 8080
+DEFAULT_ADMIN_LISTEN = "127.0.0.1:9180"  # the eas_edge role's eas_edge_admin_listen
 DEFAULT_AGENT_PORT = 9105  # the eas_agent role's eas_agent_listen port
 # Consul's agent ports (server RPC, LAN and WAN serf, HTTP, HTTPS, gRPC, gRPC-TLS, DNS): the host_firewall
 # role's list; every node runs a Consul agent.
@@ -93,6 +94,13 @@ def edge_listen(name: str, hv: Mapping[str, Any]) -> str:
         return str(raw)
     address = _node_address(name, hv)
     return f"[{address}]:{DEFAULT_EDGE_PORT}" if ":" in address else f"{address}:{DEFAULT_EDGE_PORT}"
+
+
+def admin_url(name: str, hv: Mapping[str, Any]) -> str:
+    """``http://HOST:PORT`` of the edge's ``/metrics`` (its own listener, never the client port): the edge's
+    ``eas_edge_admin_listen``, else the role's default, which answers on the edge's host only."""
+    listen = str(hv.get("eas_edge_admin_listen") or DEFAULT_ADMIN_LISTEN)
+    return url_of(_endpoint(name, hv, listen))
 
 
 def _endpoint(name: str, hv: Mapping[str, Any], listen: str) -> Endpoint:

@@ -360,6 +360,7 @@ class HostVars:
     eas_agent_listen: str | None = var(None, text)
     # -- the edges and their balancers (cluster.edges: their shapes and the rules relating them)
     eas_edge_listen: str | None = var(None, text)
+    eas_edge_admin_listen: str | None = var(None, text)
     edge_balancer_listen: str | None = var(None, text)
     edge_balancer_stats_socket: str | None = var(None, text)
     # -- checked for a role, never read by Python (the module docstring says why)

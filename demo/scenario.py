@@ -15,14 +15,14 @@ Steps, each the real command or library a cluster uses; only the hosts are simul
    maintenance;
 4. every node's ``eas-agent.service`` publishes its scores;
 5. ``clusterctl preflight --release``: the faulty node FAILs, healthy IUs leave maintenance;
-6. ``eas-edge`` (a process, the deployable router) in front of the IUs, following every agent's pushed
-   scores and announcing each request it routes to that IU's node agent (the announce channel); the
-   production request mix is sent to it over HTTP for ``--duration`` seconds, with a live table of scores,
-   latencies and the edge's metrics.
+6. the production request mix, sent over HTTP for ``--duration`` seconds to the edges' load balancer
+   (HAProxy, the ``edge_balancer`` role's) in front of the two edges (``eas-edge.service``, the ``eas_edge``
+   role's), each following every agent's pushed scores and announcing each request it routes to that IU's
+   node agent (the announce channel); a live table of scores, latencies and the edges' metrics.
 
-Nothing on the nodes is started by the demo: what serves is what provisioning started. Every process the
-demo starts itself (the edge) is stopped by PID at the end (or on Ctrl-C); the temp dir (inventory, secrets,
-logs) is removed unless --keep. The evidence it points at on the way (provisioning's events, the preflight
+Nothing on the nodes is started by the demo: what serves is what provisioning started, from inventory values
+the demo adds before it (a throwaway client key, the debug headers that name the IU that answered). The temp
+dir (inventory, secrets) is removed unless --keep. The evidence it points at on the way (provisioning's events, the preflight
 run) is kept under ``.state/demo/`` in the working directory, as preflight and provision keep theirs under
 ``.state/``; the ending names it, says what was shown, whether the numbers met their targets and what to type
 next (:mod:`demo.view` draws it all).
@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,6 @@ from common.errors import ClusterctlError
 from common.text import plural
 from demo.traffic import DemoEdge, edge_counters
 from demo.view import Ending, ending, latency_lines, preflight_report, routing_panels, step_heading
-from sim.processes import ProcessSet, tail
 
 # The demo's machines live on 127.42.R.N, not the default 127.0.R.N of `clusterctl virtual create`: a demo then
 # runs beside a virtual inventory that is up (a developer's, or the test suite's machine tests) instead of
@@ -74,7 +72,7 @@ STEP_TITLES = {
     3: "3/6 the IUs provisioning started (vllm-iu@N, a stand-in vLLM)",
     4: "4/6 eas-agent.service on every node (the eas_agent role's)",
     5: "5/6 clusterctl preflight --release",
-    6: "6/6 routing the production mix at {rate:.1f} req/s for {duration:.0f}s through eas-edge",
+    6: "6/6 the production mix at {rate:.1f} req/s for {duration:.0f}s through HAProxy",
 }
 # Where each run's evidence stays (relative to the working directory, as preflight's and provision's defaults)
 EVIDENCE_DIR = Path(".state") / "demo"
@@ -93,14 +91,11 @@ def run(console: Console, nodes: int, racks: int, duration: float, rate: float |
     workdir = Path(tempfile.mkdtemp(prefix="clusterctl-demo-"))
     EVIDENCE_DIR.mkdir(parents=True, exist_ok=True)
     evidence = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%SZ-", time.gmtime()), dir=EVIDENCE_DIR))
-    (workdir / "logs").mkdir()
-    processes = ProcessSet(workdir / "logs")
     inventory = workdir / "inventory"
     started = time.monotonic()
     try:
-        shown = Demo(inventory, workdir, processes, seed, console, evidence).run(nodes, racks, duration, rate)
+        shown = Demo(inventory, workdir, seed, console, evidence).run(nodes, racks, duration, rate)
     finally:
-        processes.stop()
         if (inventory / "hosts.yml").exists():
             from sim.hosts import lifecycle
 
@@ -130,19 +125,13 @@ def clusterctl_command() -> str:
         return str(here)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Demo:
-    def __init__(self, inventory: Path, workdir: Path, processes: ProcessSet, seed: int, console: Console,
-                 evidence: Path):
-        self.inventory, self.workdir, self.processes, self.seed = inventory, workdir, processes, seed
+    def __init__(self, inventory: Path, workdir: Path, seed: int, console: Console, evidence: Path):
+        self.inventory, self.workdir, self.seed = inventory, workdir, seed
         self.console, self.evidence = console, evidence
         self.consul_addr = ""  # the server machine's HTTP API, known once the inventory is written
         self.tokens: dict[str, str] = {}  # operator and edge tokens from the inventory's (throwaway) secrets
+        self.client_key = ""  # the demo tenant's key: the edges hold only its hash (role eas_edge)
 
     def step(self, title: str) -> None:
         self.console.print(step_heading(title, self.console.width))
@@ -172,20 +161,23 @@ class Demo:
             "# Injected by clusterctl demo: an NVLink pair down and a GPU in thermal slowdown; preflight must catch both.\n"
             "sim_faults:\n" + "".join(f"  - {json.dumps(f)}\n" for f in FAULTY_NODE_FAULTS)
         )
-        self.configure_consul(faulty)
+        self.configure_inventory(faulty)
         cluster = load_cluster(self.inventory)
         result = lifecycle.up(str(self.inventory))
         self.console.print(f"{len(result.hosts)} machines up in {result.seconds:.2f}s; [red]{faulty}[/] has "
                            f"{FAULTS_IN_WORDS} (injected: preflight must catch both)")
         return cluster
 
-    def configure_consul(self, faulty: str) -> None:
+    def configure_inventory(self, faulty: str) -> None:
         """Inventory values only: the controller's tools read the operator token from a 0600 file
-        (``consul_token_file``); every machine's agent listens on its own address (the inventory's)."""
+        (``consul_token_file``); every machine's agent listens on its own address (the inventory's); the edges
+        take the demo tenant's client key and answer with the IU that served (their debug headers)."""
+        from edge.auth import new_key
+
         group_vars = self.inventory / "group_vars" / "all.yml"
         secrets = yaml.safe_load(group_vars.read_text())
-        self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"],
-                       "announce_key": secrets["eas_edge_announce_private_key"], "iu": secrets["inference_unit_api_key"]}
+        self.tokens = {"operator": secrets["consul_token"], "edge": secrets["consul_edge_token"]}
+        self.client_key = new_key()
         hosts = yaml.safe_load((self.inventory / "hosts.yml").read_text())
         servers = list(hosts["all"]["children"]["consul_servers"]["hosts"])
         # a host's address is in the group that defines it; the edges and balancers groups name the same
@@ -198,7 +190,11 @@ class Demo:
         token_file = self.write_secret("consul.token", self.tokens["operator"])
         with open(group_vars, "a") as vars_file:
             vars_file.write("\n# The demo: the operator token for preflight and the playbooks in a 0600 file.\n"
-                            f"consul_datacenter: dc1\nconsul_token_file: {token_file}\n")
+                            f"consul_datacenter: dc1\nconsul_token_file: {token_file}\n"
+                            "# The demo's clients: one tenant's key (the edges keep its hash); each answer names the\n"
+                            "# IU that served it, for the live table (internal ids: never on a production edge).\n"
+                            + yaml.safe_dump({"eas_edge_client_keys": [{"tenant": "demo", "key": self.client_key}],
+                                              "eas_edge_debug_headers": True}, sort_keys=False))
 
     def write_secret(self, name: str, text: str) -> Path:
         path = self.workdir / name
@@ -319,24 +315,22 @@ class Demo:
         from edge.pool import ConsulWatcher, PoolView
 
         rate = rate or 0.8 * len(released)
-        edge_url, admin_url, client_key = self.start_edge(cluster)
+        edge_url, admin_urls = self.edges()
+        self.wait_http(f"{edge_url}/healthz", "the edges' load balancer (an edge with a routable IU)", timeout_s=90.0)
         self.refused_without_keys(cluster, released, edge_url)
         self.step(STEP_TITLES[6].format(rate=rate, duration=duration))
         view = PoolView()
         watcher = ConsulWatcher(view, ConsulIO(self.consul_addr, token=self.tokens["edge"]), wait_s=2.0).start()
         expected = {iu.id: (n.rack, n.name) for n in cluster.nodes() for iu in n.ius}
-        edge = DemoEdge(edge_url, rate, seed=self.seed, api_key=client_key).start()
+        edge = DemoEdge(edge_url, rate, seed=self.seed, api_key=self.client_key).start()
         end = time.monotonic() + duration
         try:
             with Live(console=self.console, refresh_per_second=2, transient=False) as live:
                 while time.monotonic() < end:
-                    live.update(routing_panels(edge.summary(), edge_counters(admin_url),
+                    live.update(routing_panels(edge.summary(), edge_counters(admin_urls),
                                                rows(view, expected, time.time()), end - time.monotonic(),
                                                # a line spare: the cursor's, below the view
                                                self.console.width, self.console.height - 1))
-                    dead = [c.name for c in self.processes.failed()]
-                    if dead:
-                        raise DemoError(f"{', '.join(dead)} exited early; see logs with --keep")
                     time.sleep(0.5)
         finally:
             edge.stop()
@@ -355,32 +349,17 @@ class Demo:
             raise DemoError(f"requests were routed to IUs still in maintenance: {sorted(unreleased)}")
         return summary
 
-    def start_edge(self, cluster: Cluster) -> tuple[str, str, str]:
-        """eas-edge as a process, on loopback, following the agents (the port of eas_agent_listen); its client
-        URL, its admin URL (/metrics) and the demo tenant's API key."""
-        from edge.auth import hash_key, new_key
+    def edges(self) -> tuple[str, list[str]]:
+        """Where the clients send (the inventory's balancer, as ``clusterctl loadtest`` finds it) and each edge's
+        /metrics, from the inventory provisioning used."""
+        from cluster import edges
+        from cluster.ansible import inventory as inventories
 
-        listen, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        client_key = new_key()  # the clients' key: the edge holds only its hash
-        agent_port = str(next(iter(cluster.nodes())).settings.agent.listen).rsplit(":", 1)[1]
-        edge = str(Path(sys.executable).with_name("eas-edge"))
-        config = self.workdir / "edge.yml"  # the edge's tokens go in files, never on a command line
-        config.write_text(yaml.safe_dump({
-            "consul": {"address": self.consul_addr,
-                       "token_file": str(self.write_secret("edge.token", self.tokens["edge"]))},
-            # the agents hold its public key (role eas_agent, eas_edge_public_keys): each request routed is
-            # announced to its node's agent, signed, whose pushed scores then count it for every edge
-            "announce": {"key_file": str(self.write_secret("announce.key", self.tokens["announce_key"]))},
-            "debug_headers": True,  # the demo's traffic reads X-Eas-IU to show where each request went
-            "auth": {"keys_file": str(self.write_secret("api-keys", f"demo {hash_key(client_key)}"))},
-            # the IUs refuse /v1 requests without their key (role inference_unit: VLLM_API_KEY); the edge holds it
-            "upstream_api_key_file": str(self.write_secret("iu-api-key", self.tokens["iu"])),
-            "admin_listen": admin,
-        }))
-        self.processes.start("eas-edge", [edge, "--config", str(config), "--listen", listen,
-                                          "--agent-port", agent_port, "--log-level", "warning"])
-        self.wait_http(f"http://{listen}/healthz", "eas-edge (a routable IU)")  # 503 until an IU is routable
-        return f"http://{listen}", f"http://{admin}", client_key
+        hosts = inventories.load_inventory(self.inventory).everyone
+        found = edges.client_endpoint(hosts)
+        if found is None:
+            raise DemoError(f"{self.inventory / 'hosts.yml'}: no 'balancers' or 'edges' group to send to")
+        return edges.url_of(found[1]), [edges.admin_url(e.host, hosts[e.host]) for e in edges.edges_of(hosts)]
 
     def refused_without_keys(self, cluster: Cluster, released: list[str], edge_url: str) -> None:
         """The edge answers 401 to a request without a client key, and an IU refuses one without its own key:
@@ -407,5 +386,4 @@ class Demo:
                     return
             except OSError:
                 time.sleep(0.2)
-        logs = "\n".join(f"{c.name}: {tail(c.log, 3)}" for c in self.processes.children)
-        raise DemoError(f"{what} not answering at {url} after {timeout_s:.0f}s\n{logs}")
+        raise DemoError(f"{what} not answering at {url} after {timeout_s:.0f}s")

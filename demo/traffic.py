@@ -139,15 +139,21 @@ class DemoEdge:
         }
 
 
-def edge_counters(admin_url: str) -> dict | str:
-    """The edge's own /metrics (on its admin listener), summed into what the live panel says (:func:`demo.view.edge_line`): picks by
-    mode, requests in flight, queued, rejected and retried, agents pushing scores, scores ignored and,
-    announcing, its announcements and batches by result; or why /metrics could not be read."""
-    try:
-        with urllib.request.urlopen(f"{admin_url}/metrics", timeout=1) as answer:
-            return counters_of(answer.read().decode())
-    except OSError as exc:
-        return str(exc)
+def edge_counters(admin_urls: list[str]) -> dict | str:
+    """The edges' own /metrics (each on its admin listener), summed into what the live panel says
+    (:func:`demo.view.edge_line`): picks by mode, requests in flight, queued, rejected and retried, agents
+    pushing scores, scores ignored and, announcing, announcements and batches by result; ``edges``: how many
+    answered, ``unread``: why the others did not. Why none could be read, when none could."""
+    texts, unread = [], []
+    for url in admin_urls:
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=1) as answer:
+                texts.append(answer.read().decode())
+        except OSError as exc:
+            unread.append(f"{url}: {exc}")
+    if not texts:
+        return "; ".join(unread) or "no edge"
+    return {**counters_of(*texts), "edges": len(texts), "unread": unread}
 
 
 SUMMED = {"eas_edge_inflight": "inflight", "eas_edge_queue_depth": "queued", "eas_edge_retries_total": "retried",
@@ -157,9 +163,10 @@ BY_LABEL = {"eas_edge_picks_total": ("picks", "mode"), "eas_edge_announcements_t
             "eas_edge_announce_batches_total": ("announce_batches", "result")}
 
 
-def counters_of(text: str) -> dict:
+def counters_of(*texts: str) -> dict:
+    """Each edge's /metrics text, summed."""
     values: dict = {}
-    for family in text_string_to_metric_families(text):
+    for family in (f for text in texts for f in text_string_to_metric_families(text)):
         for sample in family.samples:
             if sample.name in SUMMED:
                 values[SUMMED[sample.name]] = values.get(SUMMED[sample.name], 0) + sample.value

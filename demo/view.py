@@ -69,13 +69,16 @@ def edge_line(counts: dict | str) -> str:
     they could not be read."""
     if isinstance(counts, str):
         return f"eas-edge /metrics unavailable: {counts}"
+    edges = int(counts.get("edges", 1))
     picks = counts.get("picks", {})
     routed = sum(picks.get(mode, 0) for mode in ("p2c", "single", "fail_open"))
     # rejections and retries only when there are any: the line stays within 80 columns when all is well
     held = [f", {counts.get(key, 0):.0f} {key}" for key in ("rejected", "retried") if counts.get(key)]
-    first = (f"eas-edge: {routed:.0f} routed ({picks.get('fail_open', 0):.0f} fail-open), "
+    first = (f"{'eas-edge' if edges == 1 else f'{edges} edges'}: {routed:.0f} routed ({picks.get('fail_open', 0):.0f} fail-open), "
              f"{counts.get('inflight', 0):.0f} in flight, {counts.get('queued', 0):.0f} queued" + "".join(held))
-    second = [f"{plural(int(counts.get('agents_pushing', 0)), 'agent')} pushing scores"]
+    pushing = int(counts.get("agents_pushing", 0))  # an agent pushes to every edge: one stream each
+    second = [f"{plural(pushing, 'agent')} pushing scores" if edges == 1 else
+              f"{plural(pushing, 'agent stream')} pushing scores"]
     if counts.get("scores_ignored"):
         second.append(f"{counts['scores_ignored']:.0f} scores ignored")
     announced = counts.get("announced", {})
@@ -83,6 +86,8 @@ def edge_line(counts: dict | str) -> str:
         failed = int(counts.get("announce_batches", {}).get("failed", 0))
         second.append(f"{announced.get('sent', 0):.0f} requests announced "
                       f"({plural(failed, 'batch', 'batches')} failed)")
+    if counts.get("unread"):
+        second.append(f"/metrics of {plural(len(counts['unread']), 'edge')} unavailable")
     return first + "\n" + "; ".join(second)
 
 

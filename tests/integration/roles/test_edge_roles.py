@@ -12,6 +12,7 @@ import sys
 import pytest
 import yaml
 
+from edge.auth import hash_key, read_keys_file
 from edge.config import load_edge_config
 from tests.helpers import GOLDEN, REPO, haproxy
 from tests.helpers.provision import create_inventory
@@ -48,13 +49,13 @@ PLAYBOOK = """\
 """
 
 
-def render(work, host_vars: str = "") -> subprocess.CompletedProcess:
+def render(work, host_vars: str = "", files: dict = FILES) -> subprocess.CompletedProcess:
     create_inventory(work / "inventory")
     if host_vars:
         (work / "inventory/host_vars").mkdir(exist_ok=True)
         (work / "inventory/host_vars/r01n01.yml").write_text(host_vars)
-    files = json.dumps({name: str(template) for name, (template, _) in FILES.items()})
-    (work / "play.yml").write_text(PLAYBOOK.format(work=work, files=files))
+    templates = json.dumps({name: str(template) for name, (template, _) in files.items()})
+    (work / "play.yml").write_text(PLAYBOOK.format(work=work, files=templates))
     extra = json.dumps({"ansible_connection": "local", "ansible_python_interpreter": sys.executable})
     playbook = REPO / ".venv/bin/ansible-playbook"
     return subprocess.run([str(playbook) if playbook.exists() else "ansible-playbook", "-i", str(work / "inventory"),
@@ -119,3 +120,19 @@ def test_the_rendered_config_is_yaml_with_no_secret_in_it(rendered):
     for secret in ("consul_edge_token", "eas_edge_announce_private_key", "inference_unit_api_key"):
         assert str(inventory[secret]) not in text
     assert config["auth"] is None  # the virtual edges listen on loopback: no client keys needed there
+
+
+def test_client_keys_reach_the_edge_as_their_hashes_only(tmp_path):
+    keys = {"demo": "sk-eas-" + "a" * 43, "team-b.2": "sk-eas-" + "b" * 43}
+    host_vars = yaml.safe_dump({"eas_edge_client_keys": [{"tenant": t, "key": k} for t, k in keys.items()],
+                                "eas_edge_debug_headers": True})
+    done = render(tmp_path, host_vars, {**FILES, "api-keys": (EDGE_TEMPLATES / "api-keys.j2", None)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = (tmp_path / "api-keys").read_text()
+    assert not any(key in text for key in keys.values())
+    (tmp_path / "api-keys").chmod(0o600)  # as the role writes it
+    table = read_keys_file(tmp_path / "api-keys")  # the edge's own reader, as it starts
+    assert sorted(table.entries) == sorted((t, bytes.fromhex(hash_key(k).split(":")[1])) for t, k in keys.items())
+    config = load_edge_config(tmp_path / "edge.yml")
+    assert config.debug_headers is True
+

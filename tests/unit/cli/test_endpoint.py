@@ -47,8 +47,8 @@ def test_a_given_endpoint_wins_and_the_inventory_is_not_read(tmp_path):
 
 
 def test_an_ipv6_balancer_is_bracketed(tmp_path):
-    path = inventory(tmp_path, balancer="[fd00::5]:8080")
-    assert resolve_endpoint(None, path)[0] == "http://[fd00::5]:8080"
+    path = inventory(tmp_path, balancer="[::1]:8080")
+    assert resolve_endpoint(None, path)[0] == "http://[::1]:8080"
 
 
 def test_an_inventory_without_edges_names_itself_and_what_to_pass(tmp_path):

@@ -84,11 +84,18 @@ def test_the_model_reads_the_edges_and_the_balancer():
     assert edges.check_groups(hosts) == [] and all(edges.check_edge_host(n, hv) == [] for n, hv in hosts.items())
 
 
+def test_an_edges_metrics_are_at_its_admin_listen_else_the_roles_default():
+    hv = {"ansible_host": "127.0.77.1", "group_names": ["edges"]}
+    assert edges.admin_url("n1", hv) == "http://127.0.0.1:9180"  # the role's: reachable on the edge's host only
+    assert edges.admin_url("n1", {**hv, "eas_edge_admin_listen": "127.0.77.1:9181"}) == "http://127.0.77.1:9181"
+    assert edges.admin_url("n1", {**hv, "eas_edge_admin_listen": "0.0.0.0:9180"}) == "http://127.0.77.1:9180"
+
+
 def test_an_ipv6_edge_is_bracketed_and_a_bare_one_is_refused():
-    hv = {"ansible_host": "fd00::1", "group_names": ["edges"]}
-    assert edges.edge_listen("n1", hv) == "[fd00::1]:8080"
-    assert edges.edges_of({"n1": hv})[0].address == "fd00::1"
-    assert edges.check_edge_host("n1", {**hv, "eas_edge_listen": "fd00::1:8080"})[0].message.startswith(
+    hv = {"ansible_host": "::1", "group_names": ["edges"]}
+    assert edges.edge_listen("n1", hv) == "[::1]:8080"
+    assert edges.edges_of({"n1": hv})[0].address == "::1"
+    assert edges.check_edge_host("n1", {**hv, "eas_edge_listen": "::1:8080"})[0].message.startswith(
         "expected HOST:PORT")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 
 import pytest
+import yaml
 from rich.console import Console
 
 from demo.scenario import Demo
@@ -18,9 +19,21 @@ def test_consul_is_configured_from_an_inventory_with_edges_and_a_balancer(tmp_pa
     inventory = tmp_path / "inventory"
     create.write(inventory, 2, 2, faults="none")
     assert "balancers" in (inventory / "hosts.yml").read_text()
-    demo = Demo(inventory, tmp_path, processes=None, seed=1, console=Console(file=None), evidence=tmp_path)
-    demo.configure_consul("r02n01")
+    demo = Demo(inventory, tmp_path, seed=1, console=Console(file=None), evidence=tmp_path)
+    demo.configure_inventory("r02n01")
     assert demo.consul_addr == "127.0.1.11:8500"
     token_file = tmp_path / "consul.token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert f"consul_token_file: {token_file}" in (inventory / "group_vars" / "all.yml").read_text()
+
+
+def test_the_clients_go_to_the_provisioned_balancer_with_a_key_the_edges_are_given(tmp_path):
+    inventory = tmp_path / "inventory"
+    create.write(inventory, 2, 2, faults="none")
+    demo = Demo(inventory, tmp_path, seed=1, console=Console(file=None), evidence=tmp_path)
+    demo.configure_inventory("r02n01")
+    group_vars = yaml.safe_load((inventory / "group_vars" / "all.yml").read_text())
+    assert group_vars["eas_edge_client_keys"] == [{"tenant": "demo", "key": demo.client_key}] and demo.client_key
+    assert group_vars["eas_edge_debug_headers"] is True  # the live table names the IU each answer came from
+    # the balancer (HAProxy on the first edge's machine), and each edge's /metrics on its own address
+    assert demo.edges() == ("http://127.0.1.5:8080", ["http://127.0.1.11:9180", "http://127.0.2.11:9180"])

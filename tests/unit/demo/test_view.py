@@ -101,6 +101,12 @@ def test_the_edges_counters_in_an_operators_words():
     assert "5 in flight, 7 queued, 2 rejected\n4 agents" in view.edge_line(traffic.counters_of(busy))
     assert "announced" not in view.edge_line(traffic.counters_of(without_announce))
     assert view.edge_line("connection refused") == "eas-edge /metrics unavailable: connection refused"
+    # two edges behind the balancer: their counters summed, each agent's stream to each edge counted once
+    both = {**traffic.counters_of(METRICS, METRICS), "edges": 2, "unread": []}
+    assert view.edge_line(both) == ("2 edges: 566 routed (2 fail-open), 10 in flight, 0 queued\n"
+                                    "8 agent streams pushing scores; 564 requests announced (2 batches failed)")
+    one_read = {**traffic.counters_of(METRICS), "edges": 1, "unread": ["http://127.0.1.11:9180: timed out"]}
+    assert view.edge_line(one_read).endswith("; /metrics of 1 edge unavailable")
 
 
 def test_step_5_shows_preflights_report_without_what_the_demo_says_itself():
