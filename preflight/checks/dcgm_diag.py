@@ -13,8 +13,9 @@ Judgement (``evaluate``, pure):
   ``DCGM_FALSE_PASS``; a run that passed while ``nvidia-smi nvlink -s`` shows inactive links
   (NVIDIA/DCGM#198: level 2 passes with every NVLink down) -> WARN ``DCGM_CROSS_CHECK`` pointing at the
   nvlink check, whose FAIL stands: a DCGM pass never overrides another check's FAIL;
-- no host engine (``nv-hostengine`` not running / not reachable) or no ``dcgmi`` -> ERROR
-  ``DCGM_NO_HOSTENGINE`` / ``GATHER``, never PASS;
+- no host engine (``nv-hostengine`` not running / not reachable) -> ERROR ``DCGM_NO_HOSTENGINE``; no
+  ``dcgmi`` (DCGM's package is not installed: no driver or image brings it) -> ERROR ``DCGM_NOT_INSTALLED``;
+  never PASS;
 - a run that tested nothing is not a pass: no test with status Pass, Fail or Warn (empty
   ``test_categories``, or every test skipped) -> ERROR ``DCGM_NOTHING_RUN``; at level 2 and above, a
   Hardware, Integration or Stress test that did not run (Skip: NVIDIA/DCGM#139 skips PCIe, memory,
@@ -22,7 +23,7 @@ Judgement (``evaluate``, pure):
   ``DCGM_SKIPPED`` naming them, FAIL at depth full (the onboarding gate relies on them).
 
 Fault codes: DCGM_FR_* (DCGM's own), DCGM_TEST_FAILED, DCGM_WARN, DCGM_FALSE_PASS, DCGM_CROSS_CHECK,
-DCGM_NO_HOSTENGINE, DCGM_NOTHING_RUN, DCGM_SKIPPED, DCGM_OK.
+DCGM_NO_HOSTENGINE, DCGM_NOT_INSTALLED, DCGM_NOTHING_RUN, DCGM_SKIPPED, DCGM_OK.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from preflight.result import CheckResult, Verdict
 
 # dcgmi diag reference: level 1 seconds, level 2 ~2 min, level 3 ~15 min, level 4 longer: x2-x4 headroom.
 LEVEL_TIMEOUT_S = {1: 120.0, 2: 600.0, 3: 2400.0, 4: 10800.0}
+COMMAND_NOT_FOUND = 127  # the shell's status for a program not on PATH
+DCGM_PACKAGE = "datacenter-gpu-manager"  # NVIDIA's DCGM 3 package, the one nvidia_stack installs
 _NO_ENGINE = ("host engine", "hostengine", "Unable to establish a connection")
 RAN = ("Pass", "Fail", "Warn")  # a test with any other status (Skip, Not Run) tested nothing
 # DCGM's test categories that exercise the GPUs (Deployment checks the software stack only).
@@ -56,6 +59,7 @@ class DcgmDiagCheck(Check):
         "DCGM_FALSE_PASS": "a DCGM result passed while logging an error (DCGM#284)",
         "DCGM_CROSS_CHECK": "DCGM passed while nvidia-smi shows inactive NVLinks (DCGM#198); see nvlink",
         "DCGM_NO_HOSTENGINE": "dcgmi could not reach nv-hostengine",
+        "DCGM_NOT_INSTALLED": "no dcgmi on the host: DCGM's package is not installed",
         "DCGM_NOTHING_RUN": "dcgmi diag ran no test (none listed, or every one skipped): ERROR",
         "DCGM_SKIPPED": "at level >= 2, DCGM skipped a hardware, integration or stress test (WARN; FAIL at depth full)",
     }
@@ -70,6 +74,10 @@ class DcgmDiagCheck(Check):
             raise GatherError(f"`{command_line(command)}` timed out", command=command_line(command),
                               partial_output=excerpt(result.stdout))
         if "{" not in result.stdout:
+            if result.rc == COMMAND_NOT_FOUND:
+                raise GatherError(f"no dcgmi on this host: DCGM's package ({DCGM_PACKAGE}) is not installed; "
+                                  "provisioning installs it (nvidia_stack)",
+                                  code="DCGM_NOT_INSTALLED", command=command_line(command), output=excerpt(text))
             if any(marker in text for marker in _NO_ENGINE):
                 raise GatherError(f"dcgmi cannot reach nv-hostengine: {result.last_line()}",
                                   code="DCGM_NO_HOSTENGINE", command=command_line(command), output=excerpt(text))

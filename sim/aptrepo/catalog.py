@@ -35,7 +35,8 @@ check what the real daemon checks at start (versions, arguments) and then idle. 
 - cuda-toolkit-12-4 is one package (NVIDIA's pulls ~40 cuda-* packages; only the path and version matter to
   the roles and preflight);
 - nv-hostengine does not listen on 127.0.0.1:5555: every machine shares this machine's network namespace,
-  so one port would collide; `dcgmi` answers from the simulated hardware instead.
+  so one port would collide. It writes its pid to ``DCGM_HOSTENGINE_PID`` instead, and `dcgmi` answers from
+  the simulated hardware while that process runs, else with dcgmi's own connection error.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from sim.aptrepo.kernel import (
     KERNEL,
     LOADED_MODULE,
 )
+from sim.hosts.machine_paths import DCGM_HOSTENGINE_PID
 
 ARCH = "amd64"
 # The multi-call stub program every machine provides (sim/hosts binds it in); CLUSTERCTL_SIM_TOOL names the tool.
@@ -254,8 +256,9 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ "$foreground" = yes ] && exec sleep infinity
-setsid sleep infinity </dev/null >/dev/null 2>&1 &
+# Where the real one opens 127.0.0.1:5555, the stand-in records its pid: dcgmi reaches it while that lives.
+if [ "$foreground" = yes ]; then echo $$ > {pid_file}; exec sleep infinity; fi
+setsid sh -c 'echo $$ > {pid_file}; exec sleep infinity' </dev/null >/dev/null 2>&1 &
 """
 
 # HashiCorp's consul.service from the consul deb (.release/linux/package/usr/lib/systemd/system/consul.service).
@@ -404,7 +407,8 @@ def nvidia_packages(keyring: bytes) -> list[StandIn]:
     dcgm = DCGM_VERSION.split(":")[-1]
     packages.append(StandIn(
         "nvidia", "datacenter-gpu-manager", DCGM_VERSION, "NVIDIA Datacenter GPU Management Tools", **_NVIDIA,
-        files=(PackageFile("/usr/bin/nv-hostengine", NV_HOSTENGINE.format(version=dcgm), 0o755),
+        files=(PackageFile("/usr/bin/nv-hostengine",
+                           NV_HOSTENGINE.format(version=dcgm, pid_file=DCGM_HOSTENGINE_PID), 0o755),
                sim_tool_launcher("dcgmi", dcgm),
                PackageFile("/usr/lib/systemd/system/nvidia-dcgm.service", DCGM_UNIT)),
         postinst=_system_user_postinst("nvidia-dcgm"),

@@ -26,6 +26,7 @@ import devconsul
 from sim.aptrepo import catalog
 from sim.aptrepo.catalog import PackageFile, StandIn
 from sim.aptrepo.deb import build_deb, control_text
+from sim.hosts import machine_paths
 
 NVIDIA_PATH = "nvidia/compute/cuda/repos"
 NVIDIA_DISTRO, NVIDIA_ARCH = "ubuntu2204", "x86_64"
@@ -77,7 +78,7 @@ def consul_standin_files() -> tuple[PackageFile, ...]:
 def recipe(base_url: str) -> str:
     """A digest of everything that decides the built tree."""
     digest = hashlib.sha256(base_url.encode())
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in [*sorted(Path(__file__).parent.glob("*.py")), Path(machine_paths.__file__)]:
         digest.update(path.name.encode() + path.read_bytes())
     for item in consul_standin_files():
         digest.update(item.path.encode() + (item.content.encode() if isinstance(item.content, str) else item.content))

@@ -5,3 +5,7 @@ Imports nothing: the machines see only the ``sim`` and ``preflight`` packages (r
 """
 
 SIM_RUN_DIR = "/run/clusterctl-sim"  # where a machine sees its own state/ dir
+# Where the stand-in nv-hostengine (DCGM's package, sim/aptrepo) keeps its pid while it runs, in place of its
+# TCP listener on 127.0.0.1:5555 (machines share one network namespace): the stand-in dcgmi reaches a host
+# engine only while that process lives. /run is the machine's own tmpfs, so a restart forgets it.
+DCGM_HOSTENGINE_PID = "/run/nv-hostengine.pid"

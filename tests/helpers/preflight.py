@@ -232,5 +232,21 @@ class VirtualInventory:
             ]
         self.run_on(host, "sh", "-s", stdin="\n".join(script) + "\n")
 
+    def install_dcgm(self, host: str) -> None:
+        """Install DCGM's stand-in package from the served NVIDIA repository and start its host engine, as
+        nvidia_stack does on a provisioned host (a machine has no dcgmi of its own); one shell."""
+        from sim.aptrepo import catalog, repo
+        from sim.hosts import repos
+
+        package = next(p for p in catalog.nvidia_packages(b"") if p.name == "datacenter-gpu-manager")
+        url = f"{repos.APT_URL}/{repo.NVIDIA_PATH}/{repo.NVIDIA_DISTRO}/{repo.NVIDIA_ARCH}/{package.filename}"
+        deb = f"/var/cache/apt/archives/{package.filename}"
+        self.run_on(host, "sh", "-s", stdin=(
+            "set -e\n"
+            f"python3 -c 'import shutil, sys, urllib.request; shutil.copyfileobj(urllib.request.urlopen(sys.argv[1],"
+            f" timeout=20), open(sys.argv[2], \"wb\"))' {url} {deb}\n"
+            f"dpkg -i {deb} >/dev/null\n"
+            "systemctl enable --now nvidia-dcgm.service\n"))
+
     def down(self) -> None:
         self.clusterctl("virtual", "down", str(self.root))

@@ -29,13 +29,16 @@ TOOLS: dict[str, str] = {
     "systemctl": "systemctl:main",
     "ofed_info": "versions:ofed_info",
     "nv-fabricmanager": "versions:nv_fabricmanager",
-    "nvbandwidth": "gpu_depth:nvbandwidth",
+    "nvbandwidth": "gpu_depth:nvbandwidth",  # stands in for a build from NVIDIA's source (sim/aptrepo/README.md)
     "dcgmi": "gpu_depth:dcgmi",
     "update-grub": "boot:update_grub",
     "mokutil": "boot:mokutil",
     "sysctl": "sysctl:sysctl",
     "clusterctl-drill-device": "drill_device:main",
 }
+# Tools only a vendor package puts on a host: the machine has none of its own (a real host has no dcgmi until
+# DCGM's package is installed), and the package's launcher (sim/aptrepo) runs this program under that name.
+PACKAGE_TOOLS = frozenset({"dcgmi"})
 # Tools Ansible itself calls while provisioning: no call delay, no hang (those model slow hardware probes).
 # The drills' device tool is no probe either: a drill's undo must not hang on the `hang` fault.
 UNDELAYED_TOOLS = frozenset({"systemctl", "update-grub", "sysctl", "mokutil", "clusterctl-drill-device"})
@@ -44,7 +47,8 @@ REAL_SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")
 
 
 def install(bin_dir: Path, python: str, lib_dir: str | None = None) -> None:
-    """Write the multi-call program into ``bin_dir`` and link every tool name to it. ``python`` runs it;
+    """Write the multi-call program into ``bin_dir`` and link every tool name but :data:`PACKAGE_TOOLS` to it.
+    ``python`` runs it;
     ``lib_dir`` (where the ``sim`` package is, when ``python`` cannot import it by itself: a machine's own
     /usr/bin/python3 with the package bound in read-only) goes first on its sys.path."""
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -56,6 +60,8 @@ def install(bin_dir: Path, python: str, lib_dir: str | None = None) -> None:
     )
     program.chmod(0o755)
     for tool in TOOLS:
+        if tool in PACKAGE_TOOLS:
+            continue
         if tool == "systemctl":
             _write_systemctl_front(bin_dir / tool)
         else:

@@ -19,8 +19,10 @@ A100 SXM4 ~26 GB/s (PCIe Gen4, azurehpc gates at 24) and ~270 GB/s.
 from __future__ import annotations
 
 import json
+import os
 import time
 
+from sim.hosts import machine_paths
 from sim.hosts.hardware import Gpu, Hardware
 from sim.hosts.stubs.main import StubUsageError
 
@@ -165,9 +167,30 @@ FAILURE = {"memory": (52, "Faulty memory detected on GPU {gpu}."),
            "software": (25, "Graphics processes are active on GPU {gpu}.")}
 
 
+# dcgmi without a host engine (DCGM's dcgmi/Command.cpp: Connect() prints the first line, Execute() returns
+# DCGM_ST_CONNECTION_NOT_VALID, -21, whose error string is the second; NVIDIA/DCGM#43, #57).
+NO_HOSTENGINE = ("Error: unable to establish a connection to the specified host: localhost\n"
+                 "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.")
+CONNECTION_NOT_VALID_EXIT = 256 - 21
+HOSTENGINE_PID_FILE = machine_paths.DCGM_HOSTENGINE_PID
+
+
+def hostengine_running(pid_file: str | None = None) -> bool:
+    """Whether the stand-in nv-hostengine that wrote ``pid_file`` still runs (see machine_paths)."""
+    try:
+        with open(pid_file or HOSTENGINE_PID_FILE) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return False
+    return os.path.exists(f"/proc/{pid}")
+
+
 def dcgmi(hw: Hardware, args: list[str]) -> int:
     if args[:1] != ["diag"]:
         raise StubUsageError("only `dcgmi diag -r N -j` is simulated")
+    if not hostengine_running():
+        print(NO_HOSTENGINE)
+        return CONNECTION_NOT_VALID_EXIT
     level = int(args[args.index("-r") + 1]) if "-r" in args and args.index("-r") + 1 < len(args) else 1
     categories: dict[str, list] = {}
     failed = False

@@ -50,6 +50,8 @@ def depth_run(tmp_path_factory):
     inv.up()
     try:
         cluster = load_cluster(inv.root)
+        for node in cluster.nodes():
+            inv.install_dcgm(node.name)  # dcgm_diag needs DCGM's package, as on a real host
         profiles = {n.name: profile_of(n) for n in cluster.nodes()}
         transport = RoutingTransport()
         try:

@@ -123,6 +123,7 @@ def faulty_run(tmp_path_factory):
             if name != "r05n01":  # unreachable
                 # r04n03's IU 1 unit is pinned to the other socket: the numa_pinning fault.
                 inv.install_iu_units(name, {0: 0, 1: 0 if name == "r04n03" else 1})
+                inv.install_dcgm(name)
         cluster = load_cluster(inv.root)
         profiles = {n.name: profile_of(n) for n in cluster.nodes()}
         transport = RoutingTransport()

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.machines(order=6)
 
 @pytest.fixture
 def virtual_copy(tmp_path, consul_addr):
-    """`virtual create --nodes 4 --racks 2` pointed at the dev Consul, every IU registered in maintenance
-    and its vllm-iu unit pinned to its NUMA node (what provisioning leaves behind)."""
+    """`virtual create --nodes 4 --racks 2` pointed at the dev Consul, every IU registered in maintenance,
+    its vllm-iu unit pinned to its NUMA node and DCGM's host engine running (what provisioning leaves behind)."""
     inv = VirtualInventory(
         tmp_path / "virtual", nodes=4, racks=2, group_vars={"consul_http_addr": consul_addr}
     )
@@ -31,6 +31,7 @@ def virtual_copy(tmp_path, consul_addr):
         nodes = list(load_cluster(inv.root).nodes())
         for n in nodes:
             inv.install_iu_units(n.name, {iu.index: iu.numa_node for iu in n.ius})
+            inv.install_dcgm(n.name)
         clients = [register(consul_addr, n) for n in nodes]
         yield inv, clients[0]
     finally:

@@ -170,6 +170,11 @@ def test_dcgm_comes_from_its_package_and_its_host_engine_runs_on_the_pinned_driv
         assert version.stdout == "1:3.3.9", (host, version.stdout, version.stderr)
         active = provisioned.on_host(host, "systemctl", "is-active", "nvidia-dcgm.service")
         assert active.stdout.strip() == "active", host
+        # preflight's `dcgmi` is the package's (the machine has none of its own) and reaches the host engine
+        found = provisioned.on_host(host, "sh", "-c", "command -v dcgmi")
+        assert found.stdout.strip() == "/usr/bin/dcgmi", (host, found.stdout)
+        diag = provisioned.on_host(host, "dcgmi", "diag", "-r", "1", "-j")
+        assert diag.returncode == 0 and "DCGM GPU Diagnostic" in diag.stdout, (host, diag.stdout[-500:])
 
 
 def test_a_driver_bump_previews_in_check_mode_then_reboots_into_the_new_pin(provisioned):

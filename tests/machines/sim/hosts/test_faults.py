@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import time
 
 import pytest
 
 from sim.hosts import create, faults, hardware, sysfs
+from sim.hosts.stubs import gpu_depth, peers
 from sim.hosts.stubs import main as stub_main
-from sim.hosts.stubs import peers
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.machines(order=4)
@@ -63,6 +64,9 @@ def observe(tmp_path, monkeypatch, hw: hardware.Hardware, peer: hardware.Hardwar
             json.dumps({"hardware": host.to_json(), "state_dir": str(state_dir)}))
     peers.write_index(state_dir, {hw.host: (hw, "127.0.1.11"), peer.host: (peer, "127.0.1.12")})
     monkeypatch.setattr(stub_main, "SIM_RUN_DIR", state_dir / hw.host / "state")
+    engine_pid = state_dir / hw.host / "state" / "nv-hostengine.pid"
+    engine_pid.write_text(f"{os.getpid()}\n")  # DCGM's host engine runs (this process), as once provisioned
+    monkeypatch.setattr(gpu_depth, "HOSTENGINE_PID_FILE", str(engine_pid))
     monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)
     calls = {
         "nvidia-smi": ("nvidia-smi", []),

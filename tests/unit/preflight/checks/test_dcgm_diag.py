@@ -79,6 +79,14 @@ def test_dcgm_missing_host_engine_is_error_not_pass():
     assert "Host engine connection invalid" in result.evidence["output"]
 
 
+def test_a_host_without_dcgm_is_an_error_that_names_the_package():
+    """DCGM is a package of its own (datacenter-gpu-manager): no driver or image brings dcgmi."""
+    t = ScriptedTransport()  # answers every command with exit 127, "command not found"
+    result = dcgm_diag.CHECK.run(context(t))[0]
+    assert (result.verdict, result.code) == (Verdict.ERROR, "DCGM_NOT_INSTALLED")
+    assert "datacenter-gpu-manager" in result.reason and "provision" in result.reason
+
+
 def test_dcgm_level_from_depth_or_option_and_json_judged_on_nonzero_exit():
     t = ScriptedTransport().on("n1", "dcgmi", reply=(1, fixture_text("dcgm_diag", "dcgm3.3-h100-r2-memory-fail-gpu3.txt")))
     t.on("n1", *nvlink.STATUS, reply=fixture_text("nvlink_status", "h100-sxm-driver550-18-links-26.562.txt"))

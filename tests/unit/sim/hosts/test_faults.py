@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from preflight.checks import dcgm_diag, gpu_throttle, nvlink
 from preflight.profiles import profile_for
 from preflight.result import Verdict
 from sim.hosts import create, faults, hardware
+from sim.hosts.stubs import gpu_depth
 from sim.hosts.stubs import main as stub_main
 from tests.helpers.preflight import node
 
@@ -40,6 +42,8 @@ def performance(tmp_path, monkeypatch, host: str, hostvars: dict) -> str:
     state.mkdir(parents=True)
     (state / "host.json").write_text(json.dumps({"hardware": hw.to_json(), "state_dir": str(tmp_path)}))
     monkeypatch.setattr(stub_main, "SIM_RUN_DIR", state)
+    (state / "nv-hostengine.pid").write_text(f"{os.getpid()}\n")  # DCGM's host engine runs: this process
+    monkeypatch.setattr(gpu_depth, "HOSTENGINE_PID_FILE", str(state / "nv-hostengine.pid"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert stub_main.run_tool("nvidia-smi", gpu_throttle.PERFORMANCE[1:], hw) == 0
@@ -79,6 +83,8 @@ def tool(tmp_path, monkeypatch, host: str, hv: dict, argv: list[str]) -> tuple[i
     state.mkdir(parents=True, exist_ok=True)
     (state / "host.json").write_text(json.dumps({"hardware": hw.to_json(), "state_dir": str(tmp_path)}))
     monkeypatch.setattr(stub_main, "SIM_RUN_DIR", state)
+    (state / "nv-hostengine.pid").write_text(f"{os.getpid()}\n")  # DCGM's host engine runs: this process
+    monkeypatch.setattr(gpu_depth, "HOSTENGINE_PID_FILE", str(state / "nv-hostengine.pid"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = stub_main.run_tool(argv[0], argv[1:], hw)
