@@ -48,6 +48,26 @@ def unsupported(found: OsRelease) -> str | None:
             f"the roles support {supported_names()}")
 
 
+def repository_mismatch(found: OsRelease, nvidia_distro: str | None, consul_suite: str | None) -> str | None:
+    """Why a repository the roles add is another release's (naming the variable, its value and this host's), or
+    None. NVIDIA names its CUDA repositories ``<ID><VERSION_ID without dots>`` (ubuntu2204, ubuntu2404, debian12:
+    the CUDA installation guide's ``$distro``); HashiCorp's apt suites are release codenames (jammy, noble,
+    bookworm: the ``$(lsb_release -cs)`` of HashiCorp's install instructions). A variable the play does not
+    carry (None) is not checked."""
+    problems = []
+    distro = f"{found.id}{(found.version_id or '').replace('.', '')}"
+    if nvidia_distro is not None and str(nvidia_distro) != distro:
+        problems.append(f"nvidia_stack_repo_distro={nvidia_distro} is NVIDIA's repository for another release; "
+                        f"this host's is {distro}")
+    codename = found.version_codename
+    if consul_suite is not None and codename and str(consul_suite) != codename:
+        problems.append(f"consul_agent_repo_suite={consul_suite} is HashiCorp's suite for another release; "
+                        f"this host's is {codename}")
+    if not problems:
+        return None
+    return f"{found.pretty_name} runs here: " + "; ".join(problems)
+
+
 class OsSupport(Check):
     name = "os_support"
     codes = {"OS_UNSUPPORTED": "the distribution or its release is not one the roles support"}

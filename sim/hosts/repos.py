@@ -77,8 +77,10 @@ def inventory_values() -> dict[str, object]:
     return {
         "nvidia_stack_repo_url": f"{APT_URL}/{NVIDIA_PATH}",
         "consul_agent_repo_url": f"{APT_URL}/{HASHICORP_PATH}",
-        # The machines are Debian 12; the stand-in HashiCorp repository has a suite per release, as HashiCorp's.
-        "consul_agent_repo_suite": "bookworm",
+        # The machines say they run Ubuntu 22.04 (their os-release; the files underneath are Debian 12's), and
+        # the provisioning plays check that the suite is that release's, as on a real host. HashiCorp's
+        # packages (and the stand-in's) are the same in every suite.
+        "consul_agent_repo_suite": "jammy",
         # The stand-in repositories' signing key is made when they are built, and the build records its
         # fingerprint beside them (sim.aptrepo.repo, RECIPE_FILE): the pin a real site sets to HashiCorp's,
         # read on the controller from that record (never from the repository server, which serves the key).

@@ -62,3 +62,15 @@ def test_a_host_without_os_release_is_an_error_not_a_pass():
          .on("n1", "uname", "-r", reply="6.1.0-28-amd64\n"))
     [result] = os_support.CHECK.run(context(t))
     assert result.verdict is Verdict.ERROR
+
+
+@pytest.mark.parametrize(("name", "distro", "suite"), [("debian12-bookworm.txt", "debian12", "bookworm"),
+                                                        ("ubuntu22.04.5-jammy.txt", "ubuntu2204", "jammy"),
+                                                        ("ubuntu24.04.1-noble.txt", "ubuntu2404", "noble")])
+def test_each_supported_release_names_its_own_repositories(name, distro, suite):
+    found = parsed("os-release", name)
+    assert os_support.repository_mismatch(found, distro, suite) is None
+    assert os_support.repository_mismatch(found, None, None) is None  # a play without the roles checks nothing
+    wrong = os_support.repository_mismatch(found, "ubuntu2004", "focal")
+    assert f"nvidia_stack_repo_distro=ubuntu2004 is NVIDIA's repository for another release; this host's is {distro}" in wrong
+    assert f"consul_agent_repo_suite=focal is HashiCorp's suite for another release; this host's is {suite}" in wrong
