@@ -129,6 +129,7 @@ def test_client_keys_reach_the_edge_as_their_hashes_only(tmp_path):
     done = render(tmp_path, host_vars, {**FILES, "api-keys": (EDGE_TEMPLATES / "api-keys.j2", None)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = (tmp_path / "api-keys").read_text()
+    assert text == (GOLDEN / "eas-edge-api-keys").read_text()
     assert not any(key in text for key in keys.values())
     (tmp_path / "api-keys").chmod(0o600)  # as the role writes it
     table = read_keys_file(tmp_path / "api-keys")  # the edge's own reader, as it starts
