@@ -54,7 +54,15 @@ from cluster.model import Cluster, Node
 from common.errors import ClusterctlError
 from common.text import plural
 from demo.traffic import DemoEdge, edge_counters
-from demo.view import Ending, ending, latency_lines, preflight_report, routing_panels, step_heading
+from demo.view import (
+    Ending,
+    ending,
+    latency_lines,
+    preflight_report,
+    routing_panels,
+    step_heading,
+    turns_line,
+)
 
 # The demo's machines live on 127.42.R.N, not the default 127.0.R.N of `clusterctl virtual create`: a demo then
 # runs beside a virtual inventory that is up (a developer's, or the test suite's machine tests) instead of
@@ -341,7 +349,8 @@ class Demo:
                 thread.join(timeout=watcher.wait_s + 5)
         summary = edge.summary(window_s=duration)
         self.console.print()
-        self.console.print(Panel(Text(latency_lines(summary)), title="whole run", title_align="left"))
+        self.console.print(Panel(Text(latency_lines(summary) + "\n" + turns_line(summary)), title="whole run",
+                                 title_align="left"))
         if summary["completed_total"] == 0:
             raise DemoError("no request completed")
         unreleased = set(summary["sent_to"]) - set(released)

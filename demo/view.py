@@ -64,6 +64,16 @@ def latency_lines(s: dict) -> str:
             f"{s['unroutable']} unroutable")
 
 
+def turns_line(s: dict) -> str:
+    """What the clients sent (:class:`demo.traffic.DemoPrompts`): how many requests continued a conversation,
+    the prompts a unit's prefix cache can serve ("hit" in the scores table)."""
+    turns = s.get("turns") or {}
+    sent = turns.get("single", 0) + turns.get("next", 0)
+    share = f" ({turns.get('next', 0) / sent:.0%})" if sent else ""
+    return (f"prompts: {turns.get('next', 0)} of {sent} sent{share} were a conversation's next turn (its last "
+            f"prompt and answer first), the others single turns of unique token ids")
+
+
 def edge_line(counts: dict | str) -> str:
     """The edge's own /metrics (:func:`demo.traffic.edge_counters`) in an operator's words; a string is why
     they could not be read."""

@@ -98,6 +98,15 @@ def inputs_text(components: dict) -> str:
     return ", ".join(parts)
 
 
+def hit_text(components: dict) -> str:
+    """The unit's prefix-cache hit rate (hit tokens / looked-up tokens, ``eas_agent.score``) as a percentage;
+    ``off`` when the engine has prefix caching off (-1), ``-`` when its score carries none."""
+    rate = components.get("prefix_hit_rate")
+    if not isinstance(rate, int | float) or isinstance(rate, bool):
+        return "-"
+    return "off" if rate < 0 else f"{rate * 100:.0f}%"
+
+
 # the detector's verdicts (edge/pool/anomaly.py) in an operator's words; "busy" is no anomaly (shown dim)
 FLAG_WORDS = {"frozen": "stuck", "ramp": "warming up", "high_outlier": "odd score", "busy": "busy"}
 NARROW = 100  # below this many columns a flag is its word alone (its why is in the wide table and --json)
@@ -133,20 +142,26 @@ def flag_why(row: dict, data: list[dict], short: bool = False) -> str:
     return word
 
 
-CAPTION = "score = the sum of its terms (weighted ones: weight x value; zeros left out); every component: --json"
+CAPTION = ("score = the sum of its terms (weighted ones: weight x value; zeros left out); hit = prefix-cache "
+           "hit rate; every component: --json")
 
 
 def table(data: list[dict], title: str, width: int = 160, caption: str | None = CAPTION) -> Table:
     """The scores table laid out for ``width`` columns: narrow terminals get the IU, score, its terms,
-    health and flag (its word alone below :data:`NARROW` columns); wide ones the rack, node and the inputs
+    prefix-cache hit rate, health and flag (its word alone below :data:`NARROW` columns); wide ones the rack, node and the inputs
     too. Cells fold, never cut to "..."."""
     wide = width >= WIDE
     t = Table(title=title, title_justify="left", caption_justify="left", caption=caption)
     columns = ["IU"] + (["rack", "node"] if wide else []) + ["score", "= terms"]
-    columns += (["inputs"] if wide else []) + ["age", "health", "flag"]
+    columns += (["inputs"] if wide else []) + ["hit", "age", "health", "flag"]
+    # the health column wraps at "maintenance" below WIDE, leaving a term and its value ("prefill_s 1.95")
+    # and a flag's first words ("stuck: no new tokens") room for one line
+    limits = {} if wide else {"health": {"max_width": 11}} if width < NARROW else {
+        "health": {"max_width": 16}, "= terms": {"max_width": 18}}
     for column in columns:
-        t.add_column(column, justify="right" if column in ("score", "age") else "left",
-                     overflow="fold", no_wrap=column in ("IU", "rack", "node", "score", "age"))
+        t.add_column(column, justify="right" if column in ("score", "hit", "age") else "left",
+                     overflow="fold", no_wrap=column in ("IU", "rack", "node", "score", "hit", "age"),
+                     **limits.get(column, {}))
     for r in data:
         age = "-" if r["age_s"] is None else f"{r['age_s']:.1f}s" + (" stale" if r["stale"] else "")
         score = "-" if r["score"] is None else f"{r['score']:.4g}"
@@ -155,7 +170,7 @@ def table(data: list[dict], title: str, width: int = 160, caption: str | None = 
             health.append(f" ({r['reason']})")
         cells = [Text(r["iu"])] + ([Text(r["rack"]), Text(r["node"])] if wide else [])
         cells += [score, Text(terms_text(r["components"]))]
-        cells += ([Text(inputs_text(r["components"]))] if wide else [])
+        cells += ([Text(inputs_text(r["components"]))] if wide else []) + [hit_text(r["components"])]
         flag_style = "dim" if r["anomaly"] == "busy" else "yellow"
         cells += [age, health, Text(flag_why(r, data, short=width < NARROW), style=flag_style)]
         t.add_row(*cells)

@@ -37,7 +37,7 @@ class Seq:
                  "blocks", "reply_blocks")
 
     def __init__(self, rid: int, prompt: int, output: int, arrival: float, own_prefill: float, edge: int,
-                 blocks: tuple[int, ...] = (), reply_blocks: tuple[int, ...] = ()):
+                 blocks: tuple[int, ...] | None = (), reply_blocks: tuple[int, ...] = ()):
         self.rid = rid
         self.prompt = prompt
         self.output = output
@@ -54,7 +54,8 @@ class Seq:
         self.edge = edge
         self.iu_index = -1
         self.scheduled: float | None = None  # first admission from the waiting queue (vLLM's queue time ends)
-        self.blocks = blocks  # the prompt's full blocks' chained hashes (sim.vllm.prefixcache.block_hashes)
+        # the prompt's full blocks' chained hashes (sim.vllm.prefixcache); None: a prompt of unknown content
+        self.blocks = blocks
         self.reply_blocks = reply_blocks  # the blocks prompt + reply complete (cached when the request ends)
 
 
@@ -70,6 +71,7 @@ class IUCounters:
     received_prompt_tokens: int = 0  # prompts handed to this IU (the network collector's ingress bytes)
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache at admission (vLLM V1)
     prefix_cache_hits: int = 0  # of those, tokens found cached (their prefill is skipped)
+    prefix_cache_queries_unknown: int = 0  # of the queries, those of prompts of unknown content (blocks None)
     busy_s: float = 0.0
 
 
@@ -195,6 +197,8 @@ class InferenceUnit:
                 seq.scheduled = now
             self.waiting_tokens -= seq.target - seq.computed
             self.counters.prefix_cache_queries += seq.target
+            if seq.blocks is None:
+                self.counters.prefix_cache_queries_unknown += seq.target
             if cached:  # the cached blocks are the sequence's: their prefill is skipped
                 cached = cache.hit_tokens(seq.blocks, seq.target)
                 self.counters.prefix_cache_hits += cached

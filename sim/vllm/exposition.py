@@ -220,7 +220,7 @@ class VllmExposition:
         else:
             self.swapped.set(0)
             self.cpu_kv.set(0)
-            self.hit_rate.set(m.p.prefix_hit_fraction if m.prefix_queries_total else 0)
+            self.hit_rate.set(m.prefix_hit_rate)
         events = m.drain_events()
         for ttft in events.first_tokens:
             self.h_ttft.observe(ttft)
@@ -257,7 +257,7 @@ def model_metrics(model: LoadModel, schema: str = "v1") -> VllmMetrics:
         request_success_total=float(model.success_total),
         prefix_cache_queries_total=float(model.prefix_queries_total) if schema == "v1" else None,
         prefix_cache_hits_total=float(model.prefix_hits_total) if schema == "v1" else None,
-        prefix_cache_hit_rate=None if schema == "v1" else model.p.prefix_hit_fraction,
+        prefix_cache_hit_rate=None if schema == "v1" else model.prefix_hit_rate,
         prompt_tokens_sum=float(model.finished_prompt_sum),
         prompt_tokens_count=float(model.success_total),
         generation_tokens_sum=float(model.finished_generation_sum),

@@ -18,18 +18,24 @@ Differences from the engine alone, and why:
   so it can look idle) and requests submitted meanwhile stall in the API server, invisible to /metrics;
   on recovery engine time resumes where it stopped. ``Request`` times are engine times, so their
   differences (TTFT, e2e) exclude the hang.
-- Prefix-cache hits: this mix shares no prefixes with the route simulator's, but the demo's panel shows a
-  hit rate; hits are ``prefix_hit_fraction`` of the looked-up tokens.
+- Prefix-cache hits: a request submitted with its prompt's token ids (the OpenAI API's prompts) is hashed
+  in blocks as vLLM hashes it (``sim.vllm.prefixcache.token_block_hashes``), so the engine's prefix cache
+  decides its hits: a conversation's next turn hits the blocks of the turn before, unique prompts miss. A
+  prompt of unknown content (the Poisson arrivals, a request sized by ``prompt_tokens`` alone) has no
+  blocks to look up; ``prefix_hit_fraction`` of its looked-up tokens count as hits, so an idle IU's
+  background load still shows a hit rate.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sim.vllm.engine import InferenceUnit, Seq
 from sim.vllm.eventloop import EventLoop
+from sim.vllm.prefixcache import token_block_hashes
 from sim.vllm.roofline import IUModel
 
 
@@ -42,7 +48,7 @@ class ModelParams:
     output_mean_tokens: float = 220.0
     output_sigma: float = 0.8
     max_model_len: int = 32_768
-    prefix_hit_fraction: float = 0.25  # share of looked-up prompt tokens served from the prefix cache
+    prefix_hit_fraction: float = 0.25  # hits among looked-up tokens of prompts of unknown content
     engine: IUModel = field(default_factory=IUModel)
 
 
@@ -124,14 +130,17 @@ class LoadModel:
         self.arrival_rate = rate
         self._schedule_arrival()
 
-    def submit(self, prompt: int, output: int) -> Request:
-        """An explicit request (a routing benchmark or the demo's edge sends these instead of Poisson arrivals)."""
+    def submit(self, prompt: int, output: int, token_ids: Sequence[int] | None = None) -> Request:
+        """An explicit request (a routing benchmark or the demo's edge sends these instead of Poisson arrivals);
+        ``token_ids``: the prompt's (its first ``prompt`` ids are hashed for the prefix cache), None when its
+        content is unknown."""
         if prompt < 1 or output < 1 or prompt + output > self.p.max_model_len:
             # a sequence longer than max_model_len could be re-prefilled forever on a KV cache too small for it
             raise ValueError(f"a request needs >= 1 prompt and output token and at most max_model_len "
                              f"{self.p.max_model_len} in all, got {prompt} and {output}")
         self._ids += 1
-        seq = Seq(self._ids, prompt, output, self.engine_now, 0.0, 0)
+        blocks = None if token_ids is None else token_block_hashes(token_ids[:prompt], self.unit.cache.block_size)
+        seq = Seq(self._ids, prompt, output, self.engine_now, 0.0, 0, blocks)
         request = self._requests[seq.rid] = Request(seq, self)
         if self._hung:
             self._stalled.append(seq)
@@ -195,10 +204,16 @@ class LoadModel:
 
     @property
     def prefix_hits_total(self) -> int:
-        """The engine's own hits (prompts that carry block hashes) plus ``prefix_hit_fraction`` of the
-        looked-up tokens of those that do not (the load generator's prompts have no content)."""
+        """The engine's own hits (prompts whose token ids were hashed) plus ``prefix_hit_fraction`` of the
+        looked-up tokens of prompts of unknown content (the load generator's have none)."""
         c = self.unit.counters
-        return c.prefix_cache_hits + int((c.prefix_cache_queries - c.prefix_cache_hits) * self.p.prefix_hit_fraction)
+        return c.prefix_cache_hits + int(c.prefix_cache_queries_unknown * self.p.prefix_hit_fraction)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Hits over looked-up tokens since the start (V0's ``vllm:gpu_prefix_cache_hit_rate``; 0 before any)."""
+        queries = self.prefix_queries_total
+        return self.prefix_hits_total / queries if queries else 0.0
 
     def drain_events(self) -> Events:
         events, self.events = self.events, Events()
@@ -227,7 +242,7 @@ class LoadModel:
         prompt = self._lognormal(self.p.prompt_mean_tokens, self.p.prompt_sigma, self.p.max_model_len // 2)
         output = self._lognormal(self.p.output_mean_tokens, self.p.output_sigma, self.p.max_model_len // 4)
         self._ids += 1
-        seq = Seq(self._ids, prompt, output, when, 0.0, 0)
+        seq = Seq(self._ids, prompt, output, when, 0.0, 0, None)
         self._requests[seq.rid] = Request(seq, self)
         self.unit.submit(seq, when)
         self.loop.schedule(when + self.rng.expovariate(self.arrival_rate), self._arrive, version)

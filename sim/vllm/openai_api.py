@@ -4,6 +4,9 @@ edge proxies): ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream
 
 Prompt size: the edge's estimate (``edge.tokens``: token ids exactly, text at 4 characters per token), so
 the edge prices a request as the simulated engine will count it. The sim's own ``prompt_tokens`` field (an integer) overrides both, so tests can size work directly.
+Prompt content (:func:`prompt_token_ids`, what the engine's prefix cache hashes): token ids as sent; text
+as one id per 4-character piece (the same estimate, so equal leading text gives equal leading ids); chat
+as its messages' roles and text in order. A ``prompt_tokens`` request, or a batch, has no known content.
 It answers as vLLM ``VLLM_VERSION`` does (``GET /version``): errors in that version's ``ErrorResponse`` shape,
 ``{"error": {"message", "type", "param", "code"}}`` with vLLM's class name as ``type`` and the HTTP status as
 the integer ``code`` (vLLM's ``ErrorInfo``; releases before 0.10.2 answered the flat ``{"object": "error",
@@ -17,8 +20,9 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 
-from edge.tokens import estimate_prompt_tokens
+from edge.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens, prompt_parts
 from sim.vllm.workload import MAX_MODEL_LEN
 
 MODEL_NAME = "meta-llama/Meta-Llama-3-70B-Instruct"
@@ -50,6 +54,20 @@ def prompt_tokens_of(body: dict, chat: bool) -> int:
         raise ApiError(400, "messages (a list of {role, content})" if chat else
                        "prompt (text or token ids) or prompt_tokens is required")
     return tokens
+
+
+def prompt_token_ids(body: dict, chat: bool) -> list[int] | None:
+    """The prompt's token ids as the simulated engine hashes them (module docstring); None when unknown."""
+    if body.get("prompt_tokens") is not None:
+        return None
+    prompt = body.get("prompt")
+    if not chat and isinstance(prompt, list) and prompt \
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    if chat or isinstance(prompt, str):
+        text = "".join(prompt_parts(body, chat)).encode()
+        return [zlib.crc32(text[i:i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN)] or None
+    return None
 
 
 def parse_request(raw: bytes, chat: bool, served: str = MODEL_NAME) -> tuple[dict, int, int]:

@@ -13,7 +13,8 @@ is needed, then the least recently used goes first (V1's free-block queue).
 The simulation has no token ids: a prompt is a sequence of *segments* (a system template, a conversation's
 messages, a reply), each a (content id, tokens) pair, and a block's "token ids" are the pieces of segments
 it covers. :func:`block_hashes` chains them as vLLM chains token ids, so two prompts share exactly the
-leading blocks whose tokens they share.
+leading blocks whose tokens they share. A request that does carry its prompt (the stand-in server's OpenAI
+API) is hashed from its token ids by :func:`token_block_hashes`, chained the same way.
 
 Memory: cached blocks live in the KV memory running sequences do not use (:meth:`PrefixCache.fit`); the
 engine counts a hit's blocks against the admitted sequence like any other (vLLM shares them between
@@ -45,6 +46,17 @@ def block_hashes(segments: Sequence[tuple[int, int]], block_size: int = DEFAULT_
                 parent = hash((parent, tuple(pieces)))  # tuples of ints hash the same in every process
                 hashes.append(parent)
                 pieces, room = [], block_size
+    return tuple(hashes)
+
+
+def token_block_hashes(token_ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[int, ...]:
+    """The chained hash of every full block of a prompt given as token ids (vLLM's ``hash_block_tokens``:
+    the parent block's hash and this block's ids); a trailing partial block has none."""
+    hashes: list[int] = []
+    parent = 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        hashes.append(parent)
     return tuple(hashes)
 
 

@@ -89,22 +89,25 @@ class SimulatedIU:
             self.model.advance(self.clock())
             self.model.set_arrival_rate(rate)
 
-    def complete(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0) -> dict | None:
+    def complete(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0,
+                 token_ids: list[int] | None = None) -> dict | None:
         """Serve one request through the load model, blocking until it finishes in model time.
 
         Returns its TTFT and end-to-end latency (seconds), or None when it did not finish within timeout_s
         (a hung engine). Like a non-streaming completion call, the answer arrives once the request is done.
         """
-        events = list(self.generate(prompt_tokens, max_tokens, timeout_s))
+        events = list(self.generate(prompt_tokens, max_tokens, timeout_s, token_ids))
         return events[-1] if events and "ttft_s" in events[-1] else None
 
-    def generate(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0):
+    def generate(self, prompt_tokens: int, max_tokens: int, timeout_s: float = 120.0,
+                 token_ids: list[int] | None = None):
         """Yield ``{"new_tokens": n}`` as the load model generates them (every TICK_S), then the summary dict
         of :meth:`complete` once finished; stops without a summary after ``timeout_s``. A preempted request
-        regenerates tokens it had (recompute): only tokens beyond those already yielded count as new."""
+        regenerates tokens it had (recompute): only tokens beyond those already yielded count as new.
+        ``token_ids``: the prompt's, hashed for the prefix cache (None: content unknown)."""
         with self.lock:
             self.model.advance(self.clock())
-            request = self.model.submit(prompt_tokens, max_tokens)
+            request = self.model.submit(prompt_tokens, max_tokens, token_ids)
         deadline, sent = self.clock() + timeout_s, 0
         while self.clock() < deadline:
             time.sleep(TICK_S)
@@ -182,21 +185,23 @@ class SimulatedIU:
                     return self._send(500, openai_api.error_body(500, "simulated engine error", "InternalServerError"),
                                       "application/json")
                 rid = f"cmpl-sim-{next(sim.ids)}"
+                token_ids = openai_api.prompt_token_ids(body, chat)
                 if body.get("stream"):
-                    return self._stream(rid, chat, prompt, output, openai_api.wants_usage(body))
-                answer = sim.complete(prompt, output)
+                    return self._stream(rid, chat, prompt, output, openai_api.wants_usage(body), token_ids)
+                answer = sim.complete(prompt, output, token_ids=token_ids)
                 if answer is None:
                     return self._send(504, openai_api.error_body(504, "request did not finish in time",
                                                                  "InternalServerError"), "application/json")
                 return self._send(200, openai_api.completion_body(rid, chat, prompt, answer), "application/json")
 
-            def _stream(self, rid: str, chat: bool, prompt: int, output: int, usage: bool) -> None:
+            def _stream(self, rid: str, chat: bool, prompt: int, output: int, usage: bool,
+                        token_ids: list[int] | None) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 sent = 0
-                for event in sim.generate(prompt, output):
+                for event in sim.generate(prompt, output, token_ids=token_ids):
                     if "new_tokens" not in event:
                         break
                     limit = sim.die_after_tokens

@@ -223,3 +223,9 @@ def test_the_demos_own_pool_fits_80x24_whole():
     assert len(re.findall(r"r0\dn0\d-iu\d", text)) == 8
     busy = next(line for line in text.splitlines() if "r02n01-iu0" in line)
     assert busy.rstrip(" │").endswith("busy")  # its flag is the one word, not a paragraph
+
+
+def test_the_whole_run_says_how_many_requests_continued_a_conversation():
+    line = view.turns_line({**score_samples.SUMMARY, "turns": {"single": 170, "next": 70}})
+    assert line.startswith("prompts: 70 of 240 sent (29%) were a conversation's next turn")
+    assert view.turns_line(score_samples.SUMMARY).startswith("prompts: 0 of 0 sent were")

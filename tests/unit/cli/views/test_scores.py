@@ -26,6 +26,8 @@ def test_scores_table_snapshot(width, monkeypatch):
     check_snapshot(f"scores_{width or 'piped'}.txt", text)
     if width:
         assert all(len(line) <= width for line in text.splitlines())
+        borders = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+        assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in borders), "the table is wider than the terminal"
     else:  # piped: the wide layout, each IU's row on one line whatever its flag says
         assert all(len([line for line in text.splitlines() if f"{r['iu']} " in line]) == 1
                    for r in score_samples.rows())
@@ -39,6 +41,18 @@ def test_scores_table_snapshot(width, monkeypatch):
     if width and width >= 100:  # room for what the flag means
         assert "stuck: no new tokens" in text and "warming up: new or" in text
     assert "[/]" in text  # the agent's text as it is, not as markup
+
+
+def test_the_hit_column_is_the_prefix_hit_rate_in_percent():
+    assert scores.hit_text({"prefix_hit_rate": 0.315}) == "32%"
+    assert scores.hit_text({"prefix_hit_rate": 1.0}) == "100%"
+    assert scores.hit_text({"prefix_hit_rate": 0}) == "0%"
+    assert scores.hit_text({"prefix_hit_rate": -1.0}) == "off"  # vLLM V0's sentinel: prefix caching off
+    assert scores.hit_text({}) == "-" and scores.hit_text({"prefix_hit_rate": None}) == "-"
+    lines = render_at(scores_table, 80).splitlines()
+    assert [c.strip() for c in lines[2].split("┃")[1:-1]] == ["IU", "score", "= terms", "hit", "age", "health", "flag"]
+    row = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in lines if line.startswith("│ r0")}
+    assert (row["r01n01-iu0"], row["r01n01-iu1"], row["r01n02-iu1"], row["r02n02-iu0"]) == ("32%", "off", "0%", "-")
 
 
 def test_cells_say_it_all():

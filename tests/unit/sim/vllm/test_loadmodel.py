@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from eas_agent.collectors.vllm import VllmCollector
@@ -89,3 +91,35 @@ def test_completion_endpoint_serves_a_request_through_the_model():
         assert sim.model.success_total == 1 and sim.model.prompt_tokens_total == 327
         status, body = _post(sim.address, b'{"max_tokens": 3}')
         assert status == 400 and b"prompt_tokens" in body
+
+
+def _hits_of(prompts: list[list[int]]) -> tuple[int, int]:
+    """(hit tokens, looked-up tokens) after serving ``prompts`` one after another on an otherwise idle IU."""
+    model = LoadModel(arrival_rate=0.0)
+    t = 0.0
+    for ids in prompts:
+        request = model.submit(len(ids), 8, ids)
+        while request.finished_at is None:
+            t += 0.5
+            model.advance(t)
+    return model.prefix_hits_total, model.prefix_queries_total
+
+
+def test_prompts_with_token_ids_hit_the_blocks_an_earlier_prompt_computed():
+    rng = random.Random(3)
+    first = [rng.randrange(128_000) for _ in range(1000)]
+    second = first + [rng.randrange(128_000) for _ in range(300)]  # the next turn: the first prompt, then more
+    hits, queries = _hits_of([first, second])
+    assert queries == 2300 and hits == 992  # the first prompt's 62 full blocks of 16
+    unique = [[rng.randrange(128_000) for _ in range(1000)] for _ in range(3)]
+    assert _hits_of(unique) == (0, 3000)
+    assert _hits_of([[1] * 1008, [1] * 1008])[0] == 1007  # equal prompts of 63 full blocks: all but the last token
+
+
+def test_prompts_of_unknown_content_keep_the_configured_hit_fraction():
+    model = LoadModel(ModelParams(prefix_hit_fraction=0.25), arrival_rate=0.0)
+    request = model.submit(1000, 8)
+    model.advance(30.0)
+    assert request.finished_at is not None
+    assert (model.prefix_hits_total, model.prefix_queries_total) == (250, 1000)
+    assert model.prefix_hit_rate == 0.25

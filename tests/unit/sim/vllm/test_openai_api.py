@@ -39,3 +39,18 @@ def test_include_usage_ends_with_a_usage_event_without_choices():
     usage = json.loads(openai_api.usage_event("cmpl-1", False, 10, 4)[6:])
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 10, "completion_tokens": 4,
                                                          "total_tokens": 14}
+
+
+def test_the_prompt_content_the_engine_hashes():
+    assert openai_api.prompt_token_ids({"prompt": [5, 6, 7]}, chat=False) == [5, 6, 7]
+    assert openai_api.prompt_token_ids({"prompt": [5, 6], "prompt_tokens": 900}, chat=False) is None
+    assert openai_api.prompt_token_ids({"prompt": [[1, 2], [3]]}, chat=False) is None  # a batch
+    text = "You are a helpful assistant. " * 8
+    ids = openai_api.prompt_token_ids({"prompt": text}, chat=False)
+    assert len(ids) == len(text) // 4 and ids == openai_api.prompt_token_ids({"prompt": text + "More?"}, chat=False)[:len(ids)]
+    chat = [{"role": "system", "content": text}, {"role": "user", "content": "Hi"}]
+    turn = openai_api.prompt_token_ids({"messages": chat}, chat=True)
+    longer = chat + [{"role": "assistant", "content": "Hello"}, {"role": "user", "content": "And?"}]
+    assert openai_api.prompt_token_ids({"messages": longer}, chat=True)[:len(turn) - 1] == turn[:-1]
+    other = [{"role": "system", "content": "Be brief. " + text}, chat[1]]
+    assert openai_api.prompt_token_ids({"messages": other}, chat=True)[:4] != turn[:4]

@@ -7,7 +7,7 @@ import pytest
 
 from sim.vllm.engine import InferenceUnit, Seq
 from sim.vllm.eventloop import EventLoop
-from sim.vllm.prefixcache import PrefixCache, block_hashes
+from sim.vllm.prefixcache import PrefixCache, block_hashes, token_block_hashes
 from sim.vllm.roofline import IUModel
 
 pytestmark = pytest.mark.unit
@@ -20,6 +20,18 @@ def test_blocks_chain_on_their_parents_and_only_full_blocks_count():
     assert b[:2] == a and len(b) == 3
     c = block_hashes([(9, 16), (1, 32)], 16)
     assert not set(c) & set(a)  # the same tokens after another first block hash differently
+
+
+def test_token_id_blocks_chain_on_their_parents_and_only_full_blocks_count():
+    ids = list(range(1000, 1040))
+    a = token_block_hashes(ids, 16)
+    assert len(a) == 2  # 40 ids: two full blocks
+    assert token_block_hashes(ids + [7] * 30, 16)[:2] == a  # a longer prompt with this prefix: the same leading blocks
+    moved = token_block_hashes([5] * 16 + ids, 16)
+    assert not set(moved) & set(a)  # the same ids after another first block hash differently
+    assert token_block_hashes(ids[:15], 16) == ()
+    changed = token_block_hashes(ids[:17] + [0] + ids[18:], 16)
+    assert changed[0] == a[0] and changed[1] != a[1]  # one id changed: its block and all after it differ
 
 
 def test_the_hit_is_the_leading_run_and_never_the_whole_prompt():
