@@ -22,6 +22,7 @@ from consul_io.client import ConsulIO
 from eas_agent.agent import Agent, IUPipeline
 from eas_agent.publisher import Backoff
 from eas_agent.score import DrainParams, Scorer
+from edge.access_config import AccessConfig
 from edge.config import EdgeConfig, PushConfig
 from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
@@ -118,10 +119,20 @@ def live_pool(tmp_path, consul_addr: str, nodes: int = 3, liar: int | None = Non
             prior = liar_prior if n == liar else TRUE_PREFILL_TPS
             decode = liar_decode_prior if n == liar else DrainParams.decode_tps_prior
             agents.append(stack.enter_context(node_agent(node, agent_port, prior, decode)))
-        config = EdgeConfig(listen=f"{net}.9:0", consul=replace(EdgeConfig().consul, address=consul_addr),
-                            push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
-                            queue_timeout_s=5.0, seed=1, debug_headers=True)
-        edge = RunningEdge(config)
-        stack.callback(edge.close)
-        wait_for(lambda: len(edge.state.view.snapshot().scored) == nodes, 20, f"{nodes} scored IUs at the edge")
+        edge = pushed_edge(stack, f"{net}.9", consul_addr, agent_port, nodes, admin=False)
         yield edge, ius
+
+
+def pushed_edge(stack: ExitStack, address: str, consul_addr: str, agent_port: int, scored: int,
+                timeout_s: float = 20.0, admin: bool = True) -> RunningEdge:
+    """An edge listening on ``address`` that follows the agents' pushed scores (``agent_port``, applied every
+    20 ms) and names the IU that answered, closed with ``stack``, once ``scored`` IUs are scored at it; its
+    /metrics on ``address`` too when ``admin``."""
+    access = {"access": AccessConfig(admin_listen=f"{address}:0")} if admin else {}
+    config = EdgeConfig(listen=f"{address}:0", consul=replace(EdgeConfig().consul, address=consul_addr),
+                        push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
+                        queue_timeout_s=5.0, seed=1, debug_headers=True, **access)
+    edge = RunningEdge(config)
+    stack.callback(edge.close)
+    wait_for(lambda: len(edge.state.view.snapshot().scored) == scored, timeout_s, f"{scored} scored IUs at the edge")
+    return edge

@@ -13,20 +13,17 @@ import subprocess
 import sys
 import types
 from contextlib import ExitStack, contextmanager
-from dataclasses import replace
 
 import pytest
 import yaml
 
 from cli.main import main
 from consul_io.client import ConsulIO
-from edge.access_config import AccessConfig
-from edge.config import EdgeConfig, PushConfig
 from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_on_catalog_node
 from tests.helpers import units, wait_for
-from tests.helpers.edge import RunningEdge, free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, node_agent
+from tests.helpers.edge import free_port
+from tests.integration.operate.pool import TRUE_PREFILL_TPS, node_agent, pushed_edge
 
 pytestmark = pytest.mark.integration
 
@@ -75,13 +72,7 @@ def process_pool(tmp_path, consul_addr, monkeypatch):
             register_on_catalog_node(io, IUService(node.iu_id(0), node.name, node.rack, host(n), PORT, (0, 1, 2, 3),
                                                    0), host(n))
             stack.enter_context(node_agent(node, agent_port, TRUE_PREFILL_TPS))
-        config = EdgeConfig(listen=f"{host(9)}:0", consul=replace(EdgeConfig().consul, address=consul_addr),
-                            push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
-                            queue_timeout_s=5.0, seed=1, debug_headers=True,
-                            access=AccessConfig(admin_listen=f"{host(9)}:0"))
-        edge = RunningEdge(config)
-        stack.callback(edge.close)
-        wait_for(lambda: len(edge.state.view.snapshot().scored) == NODES, 20, f"{NODES} scored IUs at the edge")
+        edge = pushed_edge(stack, host(9), consul_addr, agent_port, NODES)
         yield edge.address, units_dir
 
 

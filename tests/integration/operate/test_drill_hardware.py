@@ -15,7 +15,6 @@ import subprocess
 import sys
 import types
 from contextlib import ExitStack
-from dataclasses import replace
 
 import pytest
 import yaml
@@ -23,16 +22,14 @@ import yaml
 from cli.main import main
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from edge.access_config import AccessConfig
-from edge.config import EdgeConfig, PushConfig
 from sim import nvml_standin
 from sim.hosts import create, stubs
 from sim.hosts.hardware import resolve
 from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
 from tests.helpers import units, wait_for
-from tests.helpers.edge import RunningEdge, free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent
+from tests.helpers.edge import free_port
+from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent, pushed_edge
 
 pytestmark = pytest.mark.integration
 
@@ -79,13 +76,7 @@ def pool(tmp_path, monkeypatch):
             else:
                 register_on_catalog_node(io, service, host(n))
             stack.enter_context(node_agent(node, agent_port, TRUE_PREFILL_TPS))
-        config = EdgeConfig(listen=f"{host(9)}:0", consul=replace(EdgeConfig().consul, address=server.address),
-                            push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
-                            queue_timeout_s=5.0, seed=1, debug_headers=True,
-                            access=AccessConfig(admin_listen=f"{host(9)}:0"))
-        edge = RunningEdge(config)
-        stack.callback(edge.close)
-        wait_for(lambda: len(edge.state.view.snapshot().scored) == NODES, 30, f"{NODES} scored IUs at the edge")
+        edge = pushed_edge(stack, host(9), server.address, agent_port, NODES, timeout_s=30)
         yield edge.address, server.address, inventory, gpu_file, run_dir
 
 

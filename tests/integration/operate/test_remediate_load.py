@@ -14,22 +14,19 @@ import threading
 import time
 import types
 from contextlib import ExitStack
-from dataclasses import replace
 
 import pytest
 import yaml
 
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
-from edge.access_config import AccessConfig
-from edge.config import EdgeConfig, PushConfig
 from operate.loadgen import Generator, plan
 from operate.scenario import load_scenario
 from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
 from tests.helpers import units, wait_for
-from tests.helpers.edge import RunningEdge, free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent
+from tests.helpers.edge import free_port
+from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent, pushed_edge
 from tests.integration.operate.test_remediate import PORT, UNIT, host, main_code
 
 pytestmark = pytest.mark.integration
@@ -67,13 +64,7 @@ def served(tmp_path, monkeypatch):
             node.ius[0].server.server_close()  # the in-process IU is replaced by the process on PORT
             node.ius = [types.SimpleNamespace(address=f"{host(n)}:{PORT}")]
             stack.enter_context(node_agent(node, agent_port, TRUE_PREFILL_TPS))
-        config = EdgeConfig(listen=f"{host(9)}:0", consul=replace(EdgeConfig().consul, address=server.address),
-                            push=PushConfig(agent_port=agent_port, wait_s=2.0, apply_interval_s=0.02),
-                            queue_timeout_s=5.0, seed=1, debug_headers=True,
-                            access=AccessConfig(admin_listen=f"{host(9)}:0"))
-        edge = RunningEdge(config)
-        stack.callback(edge.close)
-        wait_for(lambda: len(edge.state.view.snapshot().scored) == 3, 20, "3 scored IUs at the edge")
+        edge = pushed_edge(stack, host(9), server.address, agent_port, 3)
         yield edge.address, server.address, units_dir, inventory
 
 
