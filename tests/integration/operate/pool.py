@@ -10,8 +10,9 @@ port>`` as in production.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -136,3 +137,11 @@ def pushed_edge(stack: ExitStack, address: str, consul_addr: str, agent_port: in
     stack.callback(edge.close)
     wait_for(lambda: len(edge.state.view.snapshot().scored) == scored, timeout_s, f"{scored} scored IUs at the edge")
     return edge
+
+
+def sim_engines(stack: ExitStack, addresses: Iterable[str]) -> None:
+    """A simulated vLLM process listening on each of ``addresses`` (HOST:PORT), stopped with ``stack``."""
+    for address in addresses:
+        proc = subprocess.Popen(units.sim_vllm_argv(address), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stack.callback(proc.wait, 10)
+        stack.callback(proc.terminate)

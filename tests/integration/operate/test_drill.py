@@ -23,7 +23,7 @@ from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_on_catalog_node
 from tests.helpers import units, wait_for
 from tests.helpers.edge import free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, node_agent, pushed_edge
+from tests.integration.operate.pool import TRUE_PREFILL_TPS, node_agent, pushed_edge, sim_engines
 
 pytestmark = pytest.mark.integration
 
@@ -59,10 +59,7 @@ def process_pool(tmp_path, consul_addr, monkeypatch):
         stack.callback(units.stop_all, units_dir)
         units.declare(units_dir, UNIT, units.sim_vllm_argv(f"{host(1)}:{PORT}"), tmp_path / "n1-iu0.log")
         units.start(units_dir, UNIT)
-        for n in range(2, NODES + 1):
-            proc = subprocess.Popen(units.sim_vllm_argv(f"{host(n)}:{PORT}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            stack.callback(proc.wait, 10)
-            stack.callback(proc.terminate)
+        sim_engines(stack, (f"{host(n)}:{PORT}" for n in range(2, NODES + 1)))
         for n in range(1, NODES + 1):
             wait_for(lambda n=n: units.answers_health(f"{host(n)}:{PORT}"), 20, f"n{n}'s simulated vLLM answering /health")
             node = SimulatedNode(f"n{n}", "r1", tmp_path, rates=[0.0], consul_addr=consul_addr, host=host(n),

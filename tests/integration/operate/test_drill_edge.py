@@ -8,7 +8,6 @@ flight at the restart all answered (the drain's promise), and how many were refu
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import types
 import urllib.request
@@ -24,7 +23,7 @@ from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_on_catalog_node
 from tests.helpers import units, wait_for
 from tests.helpers.edge import free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent
+from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent, sim_engines
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +56,7 @@ def pool(tmp_path, monkeypatch):
         io = ConsulIO(server.address)
         stack.callback(units.stop_all, units_dir)
         agent_port = free_port(host(1))
-        for n in range(1, NODES + 1):
-            proc = subprocess.Popen(units.sim_vllm_argv(f"{host(n)}:{PORT}"), stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-            stack.callback(proc.wait, 10)
-            stack.callback(proc.terminate)
+        sim_engines(stack, (f"{host(n)}:{PORT}" for n in range(1, NODES + 1)))
         for n in range(1, NODES + 1):
             wait_for(lambda n=n: units.answers_health(f"{host(n)}:{PORT}"), 20, f"n{n}'s engine answering /health")
             node = SimulatedNode(f"n{n}", f"r{n}", tmp_path / f"n{n}", rates=[0.0], consul_addr=server.address,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import types
 from contextlib import ExitStack
@@ -29,7 +28,13 @@ from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
 from tests.helpers import units, wait_for
 from tests.helpers.edge import free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent, pushed_edge
+from tests.integration.operate.pool import (
+    TRUE_PREFILL_TPS,
+    drilled_nodes,
+    node_agent,
+    pushed_edge,
+    sim_engines,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +57,7 @@ def pool(tmp_path, monkeypatch):
         server = stack.enter_context(DevConsulServer(addr=f"{host(0)}:0", node_name="n1"))
         io = ConsulIO(server.address)
         agent_port = free_port(host(1))
-        for n in range(1, NODES + 1):
-            proc = subprocess.Popen(units.sim_vllm_argv(f"{host(n)}:{PORT}"), stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-            stack.callback(proc.wait, 10)
-            stack.callback(proc.terminate)
+        sim_engines(stack, (f"{host(n)}:{PORT}" for n in range(1, NODES + 1)))
         run_dir = tmp_path / "n1-run"
         run_dir.mkdir()
         for n in range(1, NODES + 1):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import types
 from contextlib import ExitStack
@@ -27,7 +26,14 @@ from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
 from tests.helpers import units, wait_for
 from tests.helpers.edge import free_port
-from tests.integration.operate.pool import FAST, TRUE_PREFILL_TPS, drilled_nodes, node_agent, pushed_edge
+from tests.integration.operate.pool import (
+    FAST,
+    TRUE_PREFILL_TPS,
+    drilled_nodes,
+    node_agent,
+    pushed_edge,
+    sim_engines,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -60,11 +66,7 @@ def pool(tmp_path, monkeypatch):
         agent_port = free_port(host(1))
         units.declare(units_dir, ENGINE, units.sim_vllm_argv(f"{host(1)}:{PORT}"), tmp_path / "n1-iu0.log")
         units.start(units_dir, ENGINE)
-        for n in range(2, NODES + 1):
-            proc = subprocess.Popen(units.sim_vllm_argv(f"{host(n)}:{PORT}"), stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-            stack.callback(proc.wait, 10)
-            stack.callback(proc.terminate)
+        sim_engines(stack, (f"{host(n)}:{PORT}" for n in range(2, NODES + 1)))
         for n in range(1, NODES + 1):
             wait_for(lambda n=n: units.answers_health(f"{host(n)}:{PORT}"), 20, f"n{n}'s engine answering /health")
             node = simulated(tmp_path / f"n{n}", n, server.address)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import threading
 import time
 import types
@@ -26,7 +25,13 @@ from sim.vllm.node import SimulatedNode
 from sim.vllm.registration import IUService, register_iu_service, register_on_catalog_node
 from tests.helpers import units, wait_for
 from tests.helpers.edge import free_port
-from tests.integration.operate.pool import TRUE_PREFILL_TPS, drilled_nodes, node_agent, pushed_edge
+from tests.integration.operate.pool import (
+    TRUE_PREFILL_TPS,
+    drilled_nodes,
+    node_agent,
+    pushed_edge,
+    sim_engines,
+)
 from tests.integration.operate.test_remediate import PORT, UNIT, host, main_code
 
 pytestmark = pytest.mark.integration
@@ -47,10 +52,7 @@ def served(tmp_path, monkeypatch):
         stack.callback(units.stop_all, units_dir)
         units.declare(units_dir, UNIT, units.sim_vllm_argv(f"{host(1)}:{PORT}"), tmp_path / "n1-iu0.log")
         units.start(units_dir, UNIT)
-        for n in (2, 3):
-            proc = subprocess.Popen(units.sim_vllm_argv(f"{host(n)}:{PORT}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            stack.callback(proc.wait, 10)
-            stack.callback(proc.terminate)
+        sim_engines(stack, (f"{host(n)}:{PORT}" for n in (2, 3)))
         agent_port = free_port(host(1))
         for n in (1, 2, 3):
             wait_for(lambda n=n: units.answers_health(f"{host(n)}:{PORT}"), 20, f"n{n}'s simulated vLLM answering /health")
