@@ -10,8 +10,12 @@ mean TTFT against stable's; rolled back), ``errors`` (a canary answering 500 to 
 the stand-in nvidia-ml-py and its GPU components, reaches the body: rolled back), ``abort`` (an operator's abort at the 50% step: every edge back on stable). Printed per case, each against its target:
 
 - rollback: from the evidence (the moment the edges had counted ``min_requests`` answers on each side in the step,
-  and for ``errors`` a failed one on the canary; read every 20 ms) to the last edge applying weight 0; target: one
-  gate interval, plus the deciding evaluation's own time (its scrape, judgement and write, printed); for
+  and for ``errors`` a failed one on the canary; read every 20 ms) to the last edge applying weight 0, in two
+  parts, each against its own target: *decide*, from the evidence to the abort's write, at most one gate interval
+  plus the deciding evaluation's time from its tick (a late wake-up, its read, scrape, judgement and write,
+  printed); *apply*, from the write to the last edge reading weight 0, at most 0.5 s (``APPLY_S``: the edges
+  hold a blocking query on the key and wake on the write, so this is their wake-up plus this bench's readings of
+  two edges, which a loaded 2-core host stretches to ~0.2 s; an edge that polled instead would miss it); for
   ``ecc`` and ``xid`` the evidence is the body's write;
 - abort: from the abort's write to the later of the last edge applying weight 0 and the start of the last
   request an edge still sent to the canary; target: 2 s;
@@ -59,6 +63,7 @@ from sim.vllm.server import SimulatedIU  # noqa: E402
 NET = "127.0.65"
 DC = layout.DEFAULT_DATACENTER
 PLAN = Path(__file__).resolve().parents[1] / "operate" / "rollouts" / "ci-short.yml"
+APPLY_S = 0.5
 CASES = {"good": {}, "slow": {"slowdown": 2.0}, "jitter": {"slowdown": 2.0, "one_unit": True},
          "errors": {"error_fraction": 0.02}, "ecc": {}, "xid": {}, "abort": {}}
 DURING_STEP = {"abort": 0.5, "ecc": 0.2, "xid": 0.2}  # something happens during this step (the canary's weight)
@@ -261,14 +266,18 @@ def measure(case, plan, final, answers, weights, events, revision_of, aborted_at
         return row
     evidence = aborted_at if case in ("ecc", "xid") else evidence_at(plan, weights, events, errors=case == "errors",
                                                                       per_unit=case == "jitter")
+    decided_at = next((t for t, state, _ in events if state == "aborted"), None)
     row["rollback_s"] = round(zero_at - evidence, 3) if zero_at and evidence else None
+    row["decide_s"] = round(decided_at - evidence, 3) if decided_at and evidence else None
+    row["apply_s"] = round(zero_at - decided_at, 3) if zero_at and decided_at else None
     row["evaluation_s"] = round(took_s, 3)
     weight = max(w for _, _, w in events if w < 1.0)
     # the decision reads what the edges counted when its evaluation began, and is written when it ends
     bound = plan.interval_s + took_s
-    row["target"] = (f"rollback_s <= {bound:.2f} (one gate interval + the evaluation's {took_s:.2f} s); "
-                     f"canary share <= {weight + 0.02:g}")
-    row["met"] = (final.state == "aborted" and row["rollback_s"] is not None and row["rollback_s"] <= bound
+    row["target"] = (f"decide_s <= {bound:.2f} (one gate interval + the evaluation's {took_s:.2f} s); "
+                     f"apply_s <= {APPLY_S}; canary share <= {weight + 0.02:g}")
+    row["met"] = (final.state == "aborted" and row["decide_s"] is not None and row["decide_s"] <= bound
+                  and row["apply_s"] is not None and row["apply_s"] <= APPLY_S
                   and row["canary_share"] <= weight + 0.02)
     return row
 
@@ -293,12 +302,13 @@ def evidence_at(plan, readings, events, errors: bool, per_unit: bool = False) ->
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| case | end state | requests | canary share | rollback / abort s | target | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| case | end state | requests | canary share | rollback / abort s | decide + apply s | target "
+             "| verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seconds = r.get("rollback_s", r.get("abort_to_stable_s", "-"))
-        lines.append(f"| {r['case']} | {r['state']} | {r['requests']} | {r['canary_share']:.3f} | {seconds} | "
-                     f"{r['target']} | {'met' if r['met'] else 'NOT met'} |")
+        parts = f"{r['decide_s']} + {r['apply_s']}" if "decide_s" in r else "-"
+        lines.append(f"| {r['case']} | {r['state']} | {r['requests']} | {r['canary_share']:.3f} | {seconds} "
+                     f"| {parts} | {r['target']} | {'met' if r['met'] else 'NOT met'} |")
     return "\n".join(lines)
 
 
@@ -316,14 +326,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['jitter_delta_max']}")
     met = all(r["met"] for r in rows)
     numbers = {f"{r['case']}_{key}": r[key] for r in rows
-               for key in ("state", "requests", "canary_share", "rollback_s", "evaluation_s", "abort_to_stable_s",
+               for key in ("state", "requests", "canary_share", "rollback_s", "decide_s", "apply_s", "evaluation_s",
+                           "abort_to_stable_s",
                            "jitter_delta_max")
                if key in r}
     summary = "; ".join(f"{r['case']}: {r['state']}" + (f" in {r['rollback_s']} s" if r.get("rollback_s") else "")
                         + (f" {r['abort_to_stable_s']} s" if "abort_to_stable_s" in r else "") for r in rows)
     return results.record_met(args.results, met, script=__file__, argv=argv, numbers=numbers, host=load,
                               target="good promoted; slow, one slow unit (jitter), 2% errors, ECC and XID rolled back "
-                                     "within one gate interval (+ the deciding evaluation's time) at most their step's "
+                                     "within one gate interval (+ the deciding evaluation's time; the edges apply it "
+                                     "within 0.5 s) at most their step's "
                                      "share; abort on stable within 2 s", summary=summary)
 
 

@@ -165,7 +165,9 @@ class Controller:
         self.io, self.plan, self.dc = io, plan, datacenter
         self.on_event, self.clock, self.sleep, self.scrape = on_event, clock, sleep, scrape
         self.evaluations: list[tuple[float, float, list[GateResult]]] = []  # (time, weight, results)
-        self.took_s: list[float] = []  # each evaluation's own time: sampling, scraping, judging, writing
+        # each evaluation's time from its tick: a late wake-up, the document's read, sampling, scraping, judging,
+        # writing (what a decision waits for beyond the cadence)
+        self.took_s: list[float] = []
 
     def _progress(self) -> StepProgress:
         progress = StepProgress(self.scrape(self.plan.edges))
@@ -181,6 +183,7 @@ class Controller:
                 return doc
             tick += self.plan.interval_s  # evaluations keep their cadence however long one takes
             self.sleep(max(0.0, tick - self.clock()))
+            began = min(tick, self.clock())
             index, current = read_doc(self.io, self.dc)
             if current is None:
                 raise RolloutPlanError(f"{layout.rollout_key(self.dc)}: the rollout document was removed")
@@ -190,7 +193,6 @@ class Controller:
                 if (doc.step, doc.step_started) != step:
                     progress, step = self._progress(), (doc.step, doc.step_started)
                 continue
-            began = self.clock()
             progress.consul.sample(self.io, self.plan, self.dc)
             results = evaluate(self.plan, self.scrape(self.plan.edges).since(progress.base), progress.consul)
             now = self.clock()

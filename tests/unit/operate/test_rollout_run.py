@@ -148,3 +148,20 @@ def test_an_xid_before_the_steps_first_evaluation_is_the_steps():
     doc = controller.run(start_doc(p, 0.0), 1)
     assert (doc.state, doc.reason) == ("aborted", "gate failed: xid_events 1 (gate xid_events <= 0): new XID "
                                                   "events: n2-iu0 1 (latest Xid 79) over 1 canary IUs")
+
+
+def test_an_evaluations_time_counts_from_its_tick_so_a_late_wake_up_is_in_it():
+    """The bound a decision is held to (one interval + the deciding evaluation's time) must include a wake-up
+    that a loaded host delays: the decision waited for it as much as for the scrape."""
+    p = parse_plan({"name": "r", "stable": "old", "canary": "new", "edges": ["e:1"], "interval": "1s",
+                    "steps": [{"weight": 5, "hold": "10s"}, {"weight": 100, "hold": "1s"}],
+                    "gates": [{"metric": "xid_events", "max": 0}]})
+    consul, now = ConsulWithAgents(start_doc(p, 0.0)), [0.0]
+
+    def sleep(seconds):
+        consul.xids = 1
+        now[0] += seconds + 0.2  # woken 0.2 s after the tick
+
+    controller = Controller(consul, p, "dc1", clock=lambda: now[0], sleep=sleep, scrape=lambda edges: EdgeTotals())
+    assert controller.run(start_doc(p, 0.0), 1).state == "aborted"
+    assert controller.took_s == [pytest.approx(0.2)]
