@@ -69,10 +69,11 @@ def test_trace_is_the_same_whatever_the_edge_count():
     assert shares["A"] == pytest.approx(0.65, abs=0.05) and shares["C"] == pytest.approx(0.05, abs=0.03)
 
 
-def _quick_run(tmp_path: Path, name: str, seeds: str = "3") -> subprocess.Popen:
-    args = [sys.executable, str(BENCH / "route_sim.py"), "--quick", "--seeds", seeds, "--requests", "200",
-            "--warmup", "10", "--loads", "0.8", "--edge-counts", "1,4", "--staleness-ms", "1000", "--plot", "", "--no-before",
-            "--json", str(tmp_path / name)]
+def _quick_run(tmp_path: Path, name: str, seeds: str = "3", workloads: str = "mix",
+               requests: int = 200) -> subprocess.Popen:
+    args = [sys.executable, str(BENCH / "route_sim.py"), "--quick", "--seeds", seeds, "--requests", str(requests),
+            "--warmup", "10", "--loads", "0.8", "--edge-counts", "1,4", "--staleness-ms", "1000", "--plot", "",
+            "--no-before", "--workloads", workloads, "--json", str(tmp_path / name)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -195,3 +196,20 @@ def test_the_before_rows_score_without_the_admitted_prefill_term():
     scored(scorer, 0.0, 0.0, 0.0, running=0.0)
     result = scored(scorer, 12_000.0, 0.0, 1.0)
     assert result.components["admitted_prefill_tokens"] == 0 and result.components["prefill_s"] == 0.0
+
+
+def test_the_prefix_workloads_print_their_tables_and_every_target(tmp_path):
+    """The multi-turn and shared-prefix workloads (one seed, short traces): each has its table, each target
+    and reference line is printed with a verdict only on targets, and the mix's comparison rides along."""
+    run = _quick_run(tmp_path, "prefix.json", seeds="4",
+                     workloads="multi-turn,shared-prefix", requests=60)
+    stdout, stderr = run.communicate(timeout=480)
+    assert run.returncode == 0, stderr
+    lines = stdout.splitlines()
+    for workload in ("multi-turn", "shared-prefix"):
+        assert any(f"{workload}: means over seeds 4" in line for line in lines), stdout
+        assert any(line.startswith(f"target: {workload}: p99 TTFT") for line in lines), stdout
+        assert any(line.startswith(f"reference: {workload}: p99 TTFT") and "oracle" in line for line in lines)
+    assert any(line.startswith("target: mix: p99 TTFT") for line in lines), stdout
+    assert any("16 edges / 1 edge" in line for line in lines), stdout
+    assert not any(line.startswith("reference:") and line.rstrip().endswith("met") for line in lines)
