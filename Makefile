@@ -68,7 +68,7 @@ ansible-checks: $(STAMP)
 
 # Two workers on CI's two cores: the machine tests in order on one, the rest beside them (tests/conftest.py).
 pytest: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2 --dist loadscope --durations=25
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -n 2 --dist loadscope --durations=60
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
