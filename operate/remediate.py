@@ -33,9 +33,9 @@ answer that the reset cannot clear it now: the reboot can). A step that cannot b
 unreachable, sudo refused, a program missing) **stops** the ladder: the unit stays drained and the outcome says
 what it was left as; nothing further is tried on a host that does not do what it is told.
 
-The breaker (:mod:`operate.remediate_breaker`) is judged from Consul before the drain and again before the
-reboot and repair rungs and a GPU reset of the whole board (which take the whole node out). Host commands go through preflight's transport and
-:func:`operate.drill_faults.run_on` (``sudo -n`` under ``ansible_become``), Consul through :mod:`consul_io`.
+The breaker (:mod:`operate.remediate_breaker`) is judged from Consul before the drain and again before what
+takes the whole node out (a board's GPU reset, the reboot, the repair). Host commands: preflight's transport
+and :func:`operate.drill_faults.run_on` (``sudo -n`` under ``ansible_become``); Consul: :mod:`consul_io`.
 Without ``apply`` nothing is touched: :meth:`Remediation.plan` lists what would run.
 """
 
@@ -330,8 +330,7 @@ class Remediation:
                 self.io.service_maintenance(iu.id, True, f"{REASON_PREFIX}: GPU reset of the board for {self.iu.id}")
                 self.board_drained.append(iu)
                 did.append(f"{iu.id} in maintenance")
-        if not self._wait("the board's units in maintenance", lambda: all(self._in_maintenance(iu.id) for iu in others),
-                          self.settle_s):
+        if not self._wait("the board in maintenance", lambda: all(self._in_maintenance(i.id) for i in others), self.settle_s):
             raise Stop("stopped", f"gpu_reset: not every unit of {self.target.node.name} was listed in maintenance "
                                   f"within {self.settle_s:g} s")
         urls = [health_url(self.target.node.address, iu.port).removesuffix("/health") + "/metrics" for iu in others]
@@ -424,8 +423,10 @@ class Remediation:
 
     def _left(self) -> list[str]:
         state, iu, node = self.outcome.state, self.iu.id, self.target.node.name
+        board = [f"{b.id}: in maintenance for the board's GPU reset; clear it with `clusterctl preflight --release`"
+                 for b in self.board_drained]
         if state == "released":
-            return [f"{iu}: serving, in rotation"]
+            return [f"{iu}: serving, in rotation", *board]
         if state in ("planned", "refused"):
             return [f"{iu}: untouched"]
         if state == "repair":
@@ -437,8 +438,7 @@ class Remediation:
             return [f"{iu}: untouched (not drained)"]
         left = [f"{iu}: in maintenance (out of rotation)" + (f"; {self.unit} stopped" if stopped_unit else "")
                 + "; clear it with `clusterctl preflight --release` once the unit is fixed"]
-        left += [f"{iu.id}: in maintenance for the board's GPU reset; clear it with `clusterctl preflight --release`"
-                 for iu in self.board_drained]
+        left += board
         if any(s.rung == "reboot" for s in self.outcome.steps):
             try:
                 why = node_maintenance(self.io.health_service()[1], tuple(i.id for i in self.target.node.ius))

@@ -109,18 +109,19 @@ def reset(hw: Hardware, gpus: list[Gpu], run_dir: Path, fabric_manager: Callable
         for gpu in unsupported:
             print(f"Unable to reset GPU {gpu.bus_id}: Not Supported")
         return NOT_SUPPORTED_EXIT
-    nvswitch = hw.nvlink_links > 0 and len(hw.gpus) > 1
-    individual = hw.gpu_architecture in INDIVIDUAL_RESET_ARCHITECTURES and (fabric_manager or fabric_manager_active)()
+    linked = any(hw.nvlink.values())  # the simulated boards are HGX: NVLink through NVSwitches
+    architecture_ok = hw.gpu_architecture in INDIVIDUAL_RESET_ARCHITECTURES
+    individual = architecture_ok and (not linked or (fabric_manager or fabric_manager_active)())
     named = {g.index for g in gpus}
-    if nvswitch and not individual:
-        missing = [g for g in hw.gpus if g.index not in named]
+    if not individual:
+        missing = [g for g in hw.gpus if g.index not in named and any(hw.nvlinks(g.index, n) for n in named)]
         if missing:
             print(f"Unable to reset GPU {gpus[0].bus_id}: its NVLink peers must be reset in the same command: "
                   + ", ".join(f"GPU {g.bus_id}" for g in missing))
             return PEERS_EXIT
     held = gpu_clients.holders(run_dir)
     # no compute process may run on any GPU of the system when individual reset is not feasible
-    watched = hw.gpus if nvswitch and not individual else gpus
+    watched = gpus if individual else hw.gpus
     busy = [g for g in watched if g.persistence_mode or held.get(g.index)]
     if busy:
         print("The following GPUs could not be reset:")

@@ -44,7 +44,7 @@ def broken(change) -> dict:
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda d: d["xids"][0].update(rung="reinstall"),
-     "cat.yml: xids[0] (XID 8).rung: expected one of restart, reset, reboot, repair (got 'reinstall')"),
+     "cat.yml: xids[0] (XID 8).rung: expected one of restart, gpu_reset, reboot, repair (got 'reinstall')"),
     (lambda d: d["xids"][0].update(bucket="RESTART_GPU"),
      "cat.yml: xids[0] (XID 8).bucket: not one of NVIDIA's buckets this catalogue knows (RESTART_APP, RESET_GPU, "
      "RESTART_BM, CONTACT_SUPPORT, IGNORE, WORKFLOW_XID_45, WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR) (got 'RESTART_GPU')"),
