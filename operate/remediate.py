@@ -307,7 +307,7 @@ class Remediation:
         try:
             scope = job.scope()
             self.note("gpu_reset", f"scope: {scope.why}")
-            if scope.board:
+            if scope.ius != (self.iu,):
                 self._drain_board(scope)
             done = job.carry_out(scope)
         except HostStepError as exc:

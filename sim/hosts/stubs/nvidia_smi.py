@@ -319,7 +319,10 @@ def _selected_gpus(hw: Hardware, ids: str | None) -> list[Gpu]:
         return hw.gpus
     chosen = []
     for token in ids.split(","):
-        match = [g for g in hw.gpus if token in (str(g.index), g.uuid) or g.bus_id.endswith(token.upper())]
+        # an index, UUID, serial or PCI bus id (nvidia-smi(1), -i); only a bus id has a colon, so "0" is GPU 0,
+        # not every GPU whose bus id ends in 0
+        match = [g for g in hw.gpus if token in (str(g.index), g.uuid, g.serial)
+                 or (":" in token and g.bus_id.endswith(token.upper()))]
         if not match:
             raise StubUsageError(f"No devices were found matching {token!r}")
         chosen += match
