@@ -80,14 +80,6 @@ def test_a_live_cuda_process_on_any_gpu_blocks_a_board_reset(board, capsys, monk
     assert gpu_reset.reset(hw, hw.gpus[4:], run_dir, lambda: True) == 0
 
 
-def test_a_client_that_exited_no_longer_holds_its_gpus(board):
-    _, run_dir = board
-    dead = max(int(p) for p in os.listdir("/proc") if p.isdigit()) + 100_000  # no such process
-    gpu_clients.register_self({gpu_clients.RUN_DIR_ENV: str(run_dir), "CUDA_VISIBLE_DEVICES": "4"}, pid=dead)
-    assert gpu_clients.holders(run_dir) == {}
-    assert gpu_clients.register_self({gpu_clients.RUN_DIR_ENV: str(run_dir)}) is None  # no visible GPUs
-
-
 def test_a_gpu_that_cannot_be_reset_is_not_supported_exit_3(board, capsys):
     hw, run_dir = board
     hw.gpus[5].reset_supported = False
