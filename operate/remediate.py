@@ -7,8 +7,12 @@ rung        what it does                                           verified by (
 drain       the unit into Consul maintenance (its own reason),     the ``_service_maintenance:<iu>`` check listed;
             then its requests in flight left to finish             ``vllm:num_requests_running`` 0 (or no answer)
 restart     ``systemctl reset-failed`` + ``restart vllm-iu@N``     ``is-active`` and the unit's ``/health`` 200
-reset       ``systemctl stop``, ``nvidia-smi --gpu-reset -i G``    as restart
-            for each GPU of the unit, ``systemctl start``
+gpu_reset   the scope (:mod:`operate.gpu_reset`): the unit's GPUs  as restart (every unit of the board, each
+            where Fabric Manager runs, else the whole NVSwitch     released once healthy); a reset nvidia-smi
+            board (every unit of the node drained, breaker for     refuses goes to the next rung with its
+            the node); the units stopped, the NVML/DCGM clients    reason
+            stopped and persistence mode off, one ``nvidia-smi
+            --gpu-reset``, all put back, the units started
 reboot      the breaker for the whole node, then                   as restart
             ``playbooks/node-reboot.yml`` on the node (its units
             drained, the reboot, the units that served released:
@@ -24,13 +28,14 @@ The drain always runs first (or finds the unit already in maintenance); the ladd
 or, when none is given, at the rung the XID catalogue (:mod:`operate.xid_catalog`) names for the unit's latest
 XID (``xid_last`` in its node's score body in Consul, counted only when its ``xid_last_at`` is younger than
 ``xid_max_age_s``; restart when it names none), and climbs one rung each
-time the unit is not healthy within ``verify_s`` after one. A step that cannot be carried out (the host unreachable, sudo
-refused, ``nvidia-smi`` failing the reset) **stops** the ladder: the unit stays drained and the outcome says
+time the unit is not healthy within ``verify_s`` after one, or ``nvidia-smi`` refuses the GPU reset (NVIDIA's
+answer that the reset cannot clear it now: the reboot can). A step that cannot be carried out (the host
+unreachable, sudo refused, a program missing) **stops** the ladder: the unit stays drained and the outcome says
 what it was left as; nothing further is tried on a host that does not do what it is told.
 
-The breaker (:mod:`operate.remediate_breaker`) is judged from Consul before the drain and again before the
-reboot and repair rungs (which take the whole node out). Host commands go through preflight's transport and
-:func:`operate.drill_faults.run_on` (``sudo -n`` under ``ansible_become``), Consul through :mod:`consul_io`.
+The breaker (:mod:`operate.remediate_breaker`) is judged from Consul before the drain and again before what
+takes the whole node out (a board's GPU reset, the reboot, the repair). Host commands: preflight's transport
+and :func:`operate.drill_faults.run_on` (``sudo -n`` under ``ansible_become``); Consul: :mod:`consul_io`.
 Without ``apply`` nothing is touched: :meth:`Remediation.plan` lists what would run.
 """
 
@@ -47,8 +52,10 @@ from cluster.model import Cluster
 from cluster.services import health_url
 from common.errors import UsageError
 from consul_io import layout
-from operate.drill_faults import HostStepError, Target, run_on, start_commands
-from operate.remediate_breaker import Limits, Verdict, judge
+from operate.drill_faults import UNIT_TEMPLATE, HostStepError, Target, run_on, start_commands
+from operate.gpu_reset import FABRIC_MANAGER_UNIT, GPU_CLIENT_UNITS, GpuReset, ResetScope
+from operate.remediate_breaker import Limits, judge
+from operate.remediate_outcome import Outcome, Step, Stop
 from operate.remediate_reboot import PLAYBOOK, RebootRun, node_maintenance
 from operate.xid_catalog import RUNGS, XID_MAX_AGE_S, Catalog, first_rung, load_catalog, xid_last
 
@@ -93,58 +100,6 @@ def find_target(cluster: Cluster, name: str, become: dict[str, bool] | None = No
 
 
 @dataclass
-class Step:
-    rung: str
-    at_s: float
-    took_s: float
-    ok: bool
-    did: list[str]
-    detail: str = ""
-
-    def as_dict(self) -> dict:
-        return {"rung": self.rung, "at_s": round(self.at_s, 3), "took_s": round(self.took_s, 3), "ok": self.ok,
-                "did": self.did, "detail": self.detail}
-
-
-@dataclass
-class Outcome:
-    """``state``: planned (nothing touched), released (healthy and back in rotation), repair (the node marked
-    for repair), stopped (a step could not be carried out), breaker (refused by the breaker), refused (the node
-    is marked for repair: nothing touched), interrupted."""
-
-    target: str
-    state: str
-    message: str
-    steps: list[Step] = field(default_factory=list)
-    verdicts: list[Verdict] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)  # what the unit and its node are left as
-    plan: list[str] = field(default_factory=list)
-    took_s: float = 0.0
-    healthy_s: float | None = None  # from the start until the unit was verified healthy
-    start: str = ""  # the first rung after the drain
-    start_why: str = ""  # named by the operator, or what the XID catalogue made of the unit's latest XID
-
-    @property
-    def ok(self) -> bool:
-        return self.state in ("planned", "released")
-
-    def as_dict(self) -> dict:
-        return {"target": self.target, "state": self.state, "ok": self.ok, "message": self.message,
-                "took_s": round(self.took_s, 3),
-                "healthy_s": None if self.healthy_s is None else round(self.healthy_s, 3),
-                "steps": [s.as_dict() for s in self.steps], "breaker": [v.as_dict() for v in self.verdicts],
-                "left": self.left, "plan": self.plan, "start": self.start, "start_why": self.start_why}
-
-
-class Stop(Exception):
-    """The ladder ends here; the outcome's state and message."""
-
-    def __init__(self, state: str, message: str):
-        super().__init__(message)
-        self.state, self.message = state, message
-
-
-@dataclass
 class Remediation:
     cluster: Cluster
     target: Target
@@ -180,6 +135,7 @@ class Remediation:
         self.outcome = Outcome(self.iu.id, "planned", "")
         self.t0 = 0.0
         self.set_maintenance = False  # this command put the unit into maintenance, so it takes it out
+        self.board_drained: list = []  # the board's other units this command put into maintenance for a reset
 
     # -- the plan ---------------------------------------------------------------------------------------
     def choose_start(self) -> str:
@@ -202,8 +158,11 @@ class Remediation:
                  f"drain: {iu} into Consul maintenance ({REASON_PREFIX}: {self.reason}); verified listed within "
                  f"{self.settle_s:g} s; then up to {self.drain_s:g} s for its requests in flight to finish"]
         rungs = {"restart": f"restart: on {node}: systemctl reset-failed {unit}; systemctl restart {unit}",
-                 "reset": f"reset: on {node}: systemctl stop {unit}; nvidia-smi --gpu-reset -i G for G in {gpus}; "
-                          f"systemctl start {unit}",
+                 "gpu_reset": f"gpu_reset: on {node}: GPUs {gpus} alone if {FABRIC_MANAGER_UNIT} is active, "
+                              f"else every GPU of the NVSwitch board (every unit of {node} drained, the breaker "
+                              f"judged for the node); the units stopped, {' and '.join(GPU_CLIENT_UNITS)} stopped "
+                              f"and persistence mode off, nvidia-smi --gpu-reset, all put back, the units started; "
+                              f"a reset nvidia-smi refuses goes to the next rung",
                  "reboot": f"reboot: the breaker judged for the whole node; playbooks/{PLAYBOOK} --limit {node} (every "
                            f"unit of {node} drained by Consul node maintenance, the reboot, the driver checked, the "
                            f"units that served released)",
@@ -252,11 +211,15 @@ class Remediation:
                 raise Stop("repair", f"{self.target.node.name} marked for repair: {self.iu.id} did not come back")
             if rung == "reboot":
                 self._reboot()
+            elif rung == "gpu_reset":
+                if not self._gpu_reset():
+                    continue  # nvidia-smi refused: the reset cannot clear it, the next rung can
             else:
-                self._step(rung, self._restart if rung == "restart" else self._reset)
+                self._step(rung, self._restart)
             if self._verify(rung):
                 self.outcome.healthy_s = self.now()
                 self._release()
+                self._release_board()
                 self.outcome.state = "released"
                 self.outcome.message = f"{self.iu.id} healthy after {rung} and back in rotation"
                 return
@@ -330,25 +293,68 @@ class Remediation:
         self.outcome.steps.append(Step("drain", at, self.now() - at, True, did))
         self.note("drain", "; ".join(did))
 
-    def _run(self, did: list[str], *argv: str) -> None:
-        run_on(self.target, self.transport, argv)
-        did.append(" ".join(argv))
-
     def _restart(self, did: list[str]) -> None:
         for argv in start_commands(self.unit, "restart"):
-            self._run(did, *argv)
+            run_on(self.target, self.transport, argv)
+            did.append(" ".join(argv))
 
-    def _reset(self, did: list[str]) -> None:
-        self._run(did, "systemctl", "stop", self.unit)
-        for gpu in self.iu.gpus:
-            # nvidia-smi refuses a reset while any process holds the GPU, and on boards whose GPUs must be
-            # reset together: both fail the step, which stops the ladder with the unit stopped and drained
-            self._run(did, "nvidia-smi", "--gpu-reset", "-i", str(gpu))
-        for argv in start_commands(self.unit):
-            self._run(did, *argv)
+    def _gpu_reset(self) -> bool:
+        """The GPU reset in the scope NVIDIA allows; True when the GPUs were reset and the units started, False
+        when nvidia-smi refused (said, with its reason); a command that cannot run stops the ladder."""
+        job = GpuReset(self.target.node, self.iu, lambda argv, check: run_on(self.target, self.transport, argv,
+                                                                             check=check))
+        at = self.now()
+        try:
+            scope = job.scope()
+            self.note("gpu_reset", f"scope: {scope.why}")
+            if scope.ius != (self.iu,):
+                self._drain_board(scope)
+            done = job.carry_out(scope)
+        except HostStepError as exc:
+            self.outcome.steps.append(Step("gpu_reset", at, self.now() - at, False, job.result.did, str(exc)))
+            self.note("gpu_reset", f"FAILED: {exc}")
+            raise Stop("stopped", f"gpu_reset could not be carried out: {exc}") from None
+        detail = scope.why if done.ok else f"nvidia-smi refused the reset: {done.detail}; the next rung"
+        self.outcome.steps.append(Step("gpu_reset", at, self.now() - at, done.ok, done.did, detail))
+        self.note("gpu_reset", "; ".join(done.did) if done.ok else f"REFUSED: {done.detail}: the next rung")
+        return done.ok
 
-    def _active(self) -> bool:
-        result = run_on(self.target, self.transport, ("systemctl", "is-active", self.unit), check=False)
+    def _drain_board(self, scope: ResetScope) -> None:
+        """Every other unit of the board out of rotation before the reset stops it (the breaker judged for the
+        whole node first); their requests in flight left to finish, as the target's were."""
+        self._breaker(tuple(iu.id for iu in scope.ius))
+        at, did = self.now(), []
+        others = [iu for iu in scope.ius if iu.id != self.iu.id]
+        for iu in others:
+            if not self._in_maintenance(iu.id):
+                self.io.service_maintenance(iu.id, True, f"{REASON_PREFIX}: GPU reset of the board for {self.iu.id}")
+                self.board_drained.append(iu)
+                did.append(f"{iu.id} in maintenance")
+        if not self._wait("the board in maintenance", lambda: all(self._in_maintenance(i.id) for i in others), self.settle_s):
+            raise Stop("stopped", f"gpu_reset: not every unit of {self.target.node.name} was listed in maintenance "
+                                  f"within {self.settle_s:g} s")
+        urls = [health_url(self.target.node.address, iu.port).removesuffix("/health") + "/metrics" for iu in others]
+        if not self._wait("the board's requests in flight finished", lambda: all(self.running(u) == 0 for u in urls),
+                          self.drain_s):
+            did.append(f"requests still in flight after {self.drain_s:g} s: going ahead")
+        self.outcome.steps.append(Step("drain board", at, self.now() - at, True, did))
+        self.note("drain board", "; ".join(did) or "every unit already in maintenance")
+
+    def _release_board(self) -> None:
+        """The board's other units back in rotation once each is healthy; one that is not stays out, said."""
+        for iu in list(self.board_drained):
+            unit = UNIT_TEMPLATE.format(index=iu.index)
+            url = health_url(self.target.node.address, iu.port)
+            if not self._wait(f"{unit} active and {url} 200", lambda u=unit, h=url: self._active(u) and self.probe(h),
+                              self.verify_s):
+                self.note("release", f"{iu.id} not healthy within {self.verify_s:g} s: left in maintenance")
+                continue
+            self.io.service_maintenance(iu.id, False)
+            self.board_drained.remove(iu)
+            self.note("release", f"{iu.id} healthy: out of maintenance")
+
+    def _active(self, unit: str | None = None) -> bool:
+        result = run_on(self.target, self.transport, ("systemctl", "is-active", unit or self.unit), check=False)
         return result.ok and result.stdout.strip() == "active"
 
     def _verify(self, rung: str) -> bool:
@@ -417,19 +423,22 @@ class Remediation:
 
     def _left(self) -> list[str]:
         state, iu, node = self.outcome.state, self.iu.id, self.target.node.name
+        board = [f"{b.id}: in maintenance for the board's GPU reset; clear it with `clusterctl preflight --release`"
+                 for b in self.board_drained]
         if state == "released":
-            return [f"{iu}: serving, in rotation"]
+            return [f"{iu}: serving, in rotation", *board]
         if state in ("planned", "refused"):
             return [f"{iu}: untouched"]
         if state == "repair":
             return [f"{node}: every unit in maintenance, marked for repair ({layout.repair_key(self.datacenter, node)})"]
         drained = any(s.rung == "drain" and s.ok for s in self.outcome.steps)
-        stopped_unit = any(s.rung == "reset" and not s.ok and any(d.startswith("systemctl stop") for d in s.did)
+        stopped_unit = any(s.rung == "gpu_reset" and not s.ok and any(d.startswith("systemctl stop") for d in s.did)
                            for s in self.outcome.steps)
         if not drained:
             return [f"{iu}: untouched (not drained)"]
         left = [f"{iu}: in maintenance (out of rotation)" + (f"; {self.unit} stopped" if stopped_unit else "")
                 + "; clear it with `clusterctl preflight --release` once the unit is fixed"]
+        left += board
         if any(s.rung == "reboot" for s in self.outcome.steps):
             try:
                 why = node_maintenance(self.io.health_service()[1], tuple(i.id for i in self.target.node.ius))

@@ -23,9 +23,9 @@ from eas_wire.scorebody import BodyError, IUScore
 from operate.scenario import FieldReader, yaml_problem
 
 CATALOG_FILE = Path(__file__).with_name("xid_catalog.yml")
-RUNGS = ("restart", "reset", "reboot", "repair")  # the order the ladder climbs them
+RUNGS = ("restart", "gpu_reset", "reboot", "repair")  # the order the ladder climbs them
 # NVIDIA's buckets that name one action, and the rung that carries it out
-BUCKET_RUNG = {"RESTART_APP": "restart", "RESET_GPU": "reset", "RESTART_BM": "reboot", "CONTACT_SUPPORT": "repair"}
+BUCKET_RUNG = {"RESTART_APP": "restart", "RESET_GPU": "gpu_reset", "RESTART_BM": "reboot", "CONTACT_SUPPORT": "repair"}
 # buckets that name no single action: a row with one must say in its note why its rung
 OTHER_BUCKETS = ("IGNORE", "WORKFLOW_XID_45", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR")
 NVIDIA_DOCS = "https://docs.nvidia.com/"

@@ -25,8 +25,8 @@ _EXAMPLES = examples(
     "clusterctl remediate -i inventory/prod --target r12n03-iu1                 # the plan: nothing touched",
     "clusterctl remediate -i inventory/prod --target r12n03-iu1 --apply         # first rung from its latest XID",
     "clusterctl remediate -i inventory/prod --target r12n03-iu1 --apply --reason 'XID 13 storm'",
-    "clusterctl remediate -i inventory/prod --target r12n03-iu0 --from reset --apply   # GPU at fault: reset first",
-    note="Rungs: drain (Consul maintenance), restart, reset (nvidia-smi --gpu-reset of the unit's GPUs), reboot "
+    "clusterctl remediate -i inventory/prod --target r12n03-iu0 --from gpu_reset --apply   # GPU at fault: reset first",
+    note="Rungs: drain (Consul maintenance), restart, gpu_reset (nvidia-smi --gpu-reset of the unit's GPUs, or of the whole NVSwitch board when Fabric Manager is not running; a refused reset goes to the reboot), reboot "
          "(playbooks/node-reboot.yml on the node), repair (every unit of the node in maintenance and a record in "
          "Consul KV). Without --from the first rung is the XID catalogue's (operate/xid_catalog.yml) for the "
          "unit's xid_last in its score body, restart when there is none. A rung whose unit is not healthy "
@@ -41,7 +41,7 @@ _EXAMPLES = examples(
               help="Ansible inventory (file or directory) holding the unit.")
 @click.option("--target", required=True, help="IU id of the unhealthy unit (e.g. r12n03-iu1).")
 @click.option("--from", "start", default=None,
-              type=click.Choice(["restart", "reset", "reboot", "repair"]),
+              type=click.Choice(["restart", "gpu_reset", "reboot", "repair"]),
               help="The first rung after the drain (default: the XID catalogue's for the unit's latest XID, else "
                    "restart).")
 @click.option("--xid-max-age-s", default=3600.0, show_default=True, type=click.FloatRange(1, None),

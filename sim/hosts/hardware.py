@@ -170,6 +170,9 @@ class Gpu:
     row_remap_pending: bool = False
     xid_events: list[int] = field(default_factory=list)
     lost: bool = False  # fallen off the bus (XID 79): nvidia-smi cannot get its handle
+    # nvidia-persistenced runs on an HGX node (roles/nvidia_stack): Enabled, and a client of the GPU for a reset
+    persistence_mode: bool = True
+    reset_supported: bool = True  # False: nvidia-smi --gpu-reset answers Not Supported for it
     # Preflight depth (stubs/gpu_depth.py): PCIe link as trained, NVLink state/error growth, clock events,
     # nvbandwidth values (None: the architecture's reference value), a failing DCGM test.
     pcie_gen: int = 5

@@ -13,6 +13,7 @@ import argparse
 import signal
 import threading
 
+from sim.hosts import gpu_clients
 from sim.vllm.fake_gpu import fake_gpus, write_fake_gpu_file
 from sim.vllm.server import SimulatedIU
 
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slowdown", type=float, default=1.0, help="engine this many times slower (>= 1)")
     parser.add_argument("--error-fraction", type=float, default=0.0, help="share of completions answered 500")
     args = parser.parse_args(argv)
+    gpu_clients.register_self()  # a CUDA process holds its visible GPUs (a simulated host's nvidia-smi reads it)
     if args.gpu_file:
         write_fake_gpu_file(args.gpu_file, fake_gpus(args.gpus, utilization=60))
     sims = [

@@ -1,5 +1,6 @@
 """``nvidia-smi`` of a simulated HGX board: the summary table, ``-L``, ``-q [-d ...] [-i N]``,
-``--query-gpu=... --format=csv[,noheader][,nounits]`` and ``topo -m`` / ``topo -mp``.
+``--query-gpu=... --format=csv[,noheader][,nounits]``, ``topo -m`` / ``topo -mp``, and ``-r/--gpu-reset`` and
+``-pm`` (sim/hosts/stubs/gpu_reset.py: their behaviour table and sources).
 
 Formats are those of the R550-R565 drivers on HGX H100 (real captures: NVIDIA/nccl#1264, Supermicro
 SYS-821GE-TNHR, driver 550.54.15, and thamada/nvidia-smi ``nvsim/H100SXMx8_smi.py``, driver 565.57.01):
@@ -18,8 +19,8 @@ from __future__ import annotations
 import time
 
 from sim.hosts.hardware import Gpu, Hardware, cpulist
-from sim.hosts.stubs import gpu_depth
-from sim.hosts.stubs.main import StubUsageError
+from sim.hosts.stubs import gpu_depth, gpu_reset
+from sim.hosts.stubs.main import SIM_RUN_DIR, StubUsageError
 
 QUERY_COLUMN = 42  # "    Product Name                          : ..." (key padded to column 42)
 
@@ -50,7 +51,7 @@ def _gpu_sections(hw: Hardware, gpu: Gpu) -> list[tuple[str, list[str]]]:
             _kv(4, "Product Architecture", hw.gpu_architecture),
             _kv(4, "Display Mode", "Enabled"),
             _kv(4, "Display Active", "Disabled"),
-            _kv(4, "Persistence Mode", "Enabled"),
+            _kv(4, "Persistence Mode", "Enabled" if gpu.persistence_mode else "Disabled"),
             _kv(4, "Addressing Mode", "None"),
             _kv(4, "MIG Mode"), _kv(8, "Current", "Disabled"), _kv(8, "Pending", "Disabled"),
             _kv(4, "Accounting Mode", "Disabled"),
@@ -179,7 +180,7 @@ def summary(hw: Hardware) -> str:
     for gpu in hw.gpus:
         power = f"{round(71.5 + 3.1 * gpu.index)}W"
         out += [
-            f"|{gpu.index:>4}  {hw.gpu_name:<29}{'On':>4}  |{gpu.bus_id:>19} {'Off':>3} |{gpu.ecc_uncorrectable:>21} |",
+            f"|{gpu.index:>4}  {hw.gpu_name:<29}{'On' if gpu.persistence_mode else 'Off':>4}  |{gpu.bus_id:>19} {'Off':>3} |{gpu.ecc_uncorrectable:>21} |",
             f"| {'N/A':>3}   {29 + gpu.index % 3:>2}C    P0{power:>16} / {str(hw.gpu_power_limit_w) + 'W':>5} "
             f"|{'1MiB':>11} / {str(hw.gpu_memory_mib) + 'MiB':>9} |{'0%':>8}{'Default':>13} |",
             f"|{'':41}|{'':24}|{'Disabled':>21} |",
@@ -217,7 +218,7 @@ def _query_fields(hw: Hardware, gpu: Gpu) -> dict[str, tuple[str, str]]:
         "pci.bus_id": (gpu.bus_id, ""),
         "driver_version": (hw.versions["driver"], ""),
         "vbios_version": ("96.00.74.00.01", ""),
-        "persistence_mode": ("Enabled", ""),
+        "persistence_mode": ("Enabled" if gpu.persistence_mode else "Disabled", ""),
         "pstate": ("P0", ""),
         "compute_cap": ("8.0" if hw.gpu_architecture == "Ampere" else "9.0", ""),
         "memory.total": (f"{hw.gpu_memory_mib} MiB", "MiB"),
@@ -318,7 +319,10 @@ def _selected_gpus(hw: Hardware, ids: str | None) -> list[Gpu]:
         return hw.gpus
     chosen = []
     for token in ids.split(","):
-        match = [g for g in hw.gpus if token in (str(g.index), g.uuid) or g.bus_id.endswith(token.upper())]
+        # an index, UUID, serial or PCI bus id (nvidia-smi(1), -i); only a bus id has a colon, so "0" is GPU 0,
+        # not every GPU whose bus id ends in 0
+        match = [g for g in hw.gpus if token in (str(g.index), g.uuid, g.serial)
+                 or (":" in token and g.bus_id.endswith(token.upper()))]
         if not match:
             raise StubUsageError(f"No devices were found matching {token!r}")
         chosen += match
@@ -363,13 +367,17 @@ def answer(hw: Hardware, args: list[str]) -> int:
         if arg.startswith("--") and "=" in arg:
             key, value = arg.split("=", 1)
             options[key] = value
-        elif arg in ("-i", "--id", "-d", "--display") and rest:
-            options[{"--id": "-i", "--display": "-d"}.get(arg, arg)] = rest.pop(0)
+        elif arg in ("-i", "--id", "-d", "--display", "-pm", "--persistence-mode") and rest:
+            options[{"--id": "-i", "--display": "-d", "--persistence-mode": "-pm"}.get(arg, arg)] = rest.pop(0)
         elif arg.startswith("-i") and len(arg) > 2:
             options["-i"] = arg[2:]
         else:
             options[arg] = None
     gpus = _selected_gpus(hw, options.get("-i") or options.get("--id"))
+    if "-r" in options or "--gpu-reset" in options:
+        return gpu_reset.reset(hw, gpus, SIM_RUN_DIR)
+    if "-pm" in options:
+        return gpu_reset.persistence(hw, gpus, options["-pm"] or "", SIM_RUN_DIR)
     if "--query-gpu" in options:
         fields = [f.strip() for f in (options["--query-gpu"] or "").split(",") if f.strip()]
         fmt = {f.strip() for f in (options.get("--format") or "").split(",")}

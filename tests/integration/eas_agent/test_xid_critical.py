@@ -65,7 +65,7 @@ def test_an_xid_that_takes_the_unit_out_marks_it_critical_naming_the_xid(agent):
     seen = time.time() - logged
     unit = entries(io, "n1")["n1-iu1"]
     assert unit["reason"].startswith("GPU 5: XID 95 ROBUST_CHANNEL_UNCONTAINED_ERROR "), unit
-    assert unit["reason"].endswith("(NVIDIA's action RESET_GPU; remediation rung reset)"), unit
+    assert unit["reason"].endswith("(NVIDIA's action RESET_GPU; remediation rung gpu_reset)"), unit
     assert unit["components"]["xid_last"] == 95 and logged - 1 <= unit["components"]["xid_last_at"] <= time.time()
     assert entries(io, "n1")["n1-iu0"]["status"] == "passing"  # the other unit's GPUs logged nothing
     # the hold over, the unit comes back (its GPUs answer NVML and show no uncorrectable errors)

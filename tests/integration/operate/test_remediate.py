@@ -3,7 +3,7 @@ unit ``vllm-iu@0.service`` a simulated vLLM process (``python -m sim.vllm`` on 1
 ``systemctl`` stand-in (tests/helpers/units.py), registered on the dev Consul's agent (127.0.73.1) so the
 ladder's maintenance goes through the agent API as on a node; n2 and n3 are catalog entries only (the breaker
 counts them, nothing touches them). The ladder's real commands run: ``systemctl restart``, ``is-active``,
-``nvidia-smi --gpu-reset`` (absent here: the step fails as on a host without the driver's tools)."""
+``nvidia-smi`` for the GPU reset (absent here: the step fails as on a host without the driver's tools)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_without_apply_it_plans_and_touches_nothing(fleet, capsys):
     pid = units.main_pid(units_dir, UNIT)
     code, outcome = remediate(capsys, inventory, consul)
     assert code == 0 and outcome["state"] == "planned", outcome
-    assert [line.split(":")[0] for line in outcome["plan"]] == ["breaker", "first rung", "drain", "restart", "reset",
+    assert [line.split(":")[0] for line in outcome["plan"]] == ["breaker", "first rung", "drain", "restart", "gpu_reset",
                                                                 "reboot", "repair", "release"]
     assert outcome["breaker"][0]["open"] is False and outcome["steps"] == []
     assert units.main_pid(units_dir, UNIT) == pid and layout.maintenance_check("n1-iu0") not in checks(io, "n1-iu0")
@@ -92,7 +92,7 @@ def test_a_crashed_unit_is_drained_restarted_verified_and_released(fleet, capsys
     assert outcome["healthy_s"] < 300  # the issue's five minutes
 
 
-def test_a_unit_that_will_not_come_back_climbs_to_reset_and_stops_when_the_reset_cannot_run(fleet, tmp_path, capsys):
+def test_a_unit_that_will_not_come_back_climbs_to_gpu_reset_and_stops_when_nvidia_smi_cannot_run(fleet, tmp_path, capsys):
     consul, io, units_dir, inventory = fleet
     units.stop(units_dir, UNIT)
     # an engine that dies at start, as vLLM does on a GPU it cannot use
@@ -101,9 +101,10 @@ def test_a_unit_that_will_not_come_back_climbs_to_reset_and_stops_when_the_reset
     code, outcome = remediate(capsys, inventory, consul, "--apply", "--verify-s", "2")
     assert code == 1 and outcome["state"] == "stopped", outcome
     rungs = [(s["rung"], s["ok"]) for s in outcome["steps"]]
-    assert rungs == [("drain", True), ("restart", True), ("verify restart", False), ("reset", False)], rungs
+    assert rungs == [("drain", True), ("restart", True), ("verify restart", False), ("gpu_reset", False)], rungs
     reset = outcome["steps"][-1]
-    assert reset["did"] == [f"systemctl stop {UNIT}"] and "nvidia-smi --gpu-reset -i 0" in reset["detail"]
+    assert reset["did"] == [f"systemctl stop {UNIT}"], reset
+    assert "`nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader -i 0,1,2,3`" in reset["detail"], reset
     assert outcome["left"] == [f"n1-iu0: in maintenance (out of rotation); {UNIT} stopped; clear it with "
                                "`clusterctl preflight --release` once the unit is fixed"]
     # stopped on the failure: still drained, nothing of the repair rung done

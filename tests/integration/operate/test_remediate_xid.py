@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,6 +22,8 @@ from cli.main import main
 from consul_io import layout
 from consul_io.client import ConsulIO
 from devconsul.server import DevConsulServer
+from sim.hosts import gpu_clients, nvidia_module
+from sim.hosts.hardware import resolve
 from tests.helpers import units
 from tests.integration.operate.pool import n1_serving, stand_in_units
 
@@ -91,16 +94,49 @@ def test_the_plan_starts_where_the_units_latest_xid_says(fleet, capsys):
     assert named["start"] == "restart" and named["start_why"] == "named by the operator (--from)"
 
 
-def test_an_uncontained_memory_error_skips_the_restart_for_the_gpu_reset(fleet, capsys):
+def stand_in_nvidia_smi(tmp_path, monkeypatch) -> Path:
+    """The simulated hosts' ``nvidia-smi`` on PATH (ahead of none: this machine has no driver), answering from an
+    H100 board of n1's four GPUs with the driver loaded; the run dir (host.json, calls.log) is returned."""
+    run_dir, root = tmp_path / "sim-run", tmp_path / "sim-root"
+    run_dir.mkdir()
+    (root / "sys/module/nvidia").mkdir(parents=True)
+    hw = resolve("n1", {"gpu_model": "h100-sxm", "gpu_count": 4})
+    (root / "sys/module/nvidia/version").write_text(hw.versions["driver"] + "\n")
+    (run_dir / "host.json").write_text(json.dumps({"hardware": hw.to_json()}))
+    monkeypatch.setenv(nvidia_module.ROOT_ENV, str(root))
+    monkeypatch.setenv(gpu_clients.RUN_DIR_ENV, str(run_dir))
+    script = tmp_path / "bin" / "nvidia-smi"  # stand_in_units put tmp_path/bin first on PATH
+    script.write_text(f"#!/bin/sh\nCLUSTERCTL_SIM_TOOL=nvidia-smi exec {sys.executable} -c "
+                      f"'from sim.hosts.stubs.main import main; main()' \"$@\"\n")
+    script.chmod(0o755)
+    return run_dir
+
+
+def test_an_uncontained_memory_error_resets_the_board_without_a_restart_first(fleet, tmp_path, monkeypatch, capsys):
     consul, io, units_dir, inventory = fleet
+    run_dir = stand_in_nvidia_smi(tmp_path, monkeypatch)
     publish_xid(io, 95)  # NVIDIA: RESET_GPU; a restart of the engine would not clear it
     pid = units.main_pid(units_dir, UNIT)
-    code, outcome = remediate(capsys, inventory, consul, "--apply", "--verify-s", "5")
-    # no nvidia-smi on this machine: the reset step cannot run, and the ladder stops there, the unit drained
-    assert code == 1 and outcome["state"] == "stopped", outcome
-    assert [(s["rung"], s["ok"]) for s in outcome["steps"]] == [("drain", True), ("reset", False)]
-    assert outcome["steps"][1]["did"] == [f"systemctl stop {UNIT}"]
-    assert pid and not units.main_pid(units_dir, UNIT)  # stopped for the reset, never restarted first
+    code, outcome = remediate(capsys, inventory, consul, "--apply", "--verify-s", "30")
+    with capsys.disabled():
+        print(f"\ngpu_reset rung: healthy after {outcome['healthy_s']:.2f} s; steps: "
+              + ", ".join(f"{s['rung']} {s['took_s']:.2f} s" for s in outcome["steps"]))
+    assert code == 0 and outcome["state"] == "released", outcome
+    assert [(s["rung"], s["ok"]) for s in outcome["steps"]] == [("drain", True), ("gpu_reset", True),
+                                                                ("verify gpu_reset", True), ("release", True)]
+    reset = outcome["steps"][1]
+    # no Fabric Manager here: the whole board in one command, persistence mode off around it
+    assert reset["detail"].startswith("nvidia-fabricmanager.service not active on n1"), reset
+    assert reset["did"] == [f"systemctl stop {UNIT}",
+                            "nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader -i 0,1,2,3",
+                            "nvidia-smi -pm 0 -i 0,1,2,3", "nvidia-smi --gpu-reset", "nvidia-smi -pm 1 -i 0,1,2,3",
+                            f"systemctl reset-failed {UNIT}", f"systemctl start {UNIT}"], reset
+    calls = [json.loads(line)["argv"][1:] for line in (run_dir / "calls.log").read_text().splitlines()]
+    assert ["--gpu-reset"] in calls
+    board = json.loads((run_dir / "host.json").read_text())["hardware"]["gpus"]
+    assert all(g["persistence_mode"] for g in board)  # put back as it was
+    new_pid = units.main_pid(units_dir, UNIT)
+    assert pid and new_pid and new_pid != pid and layout.maintenance_check("n1-iu0") not in node_checks(io)
 
 
 def test_the_reboot_rung_drains_the_node_through_the_provisioning_playbooks(fleet, capsys):
@@ -142,8 +178,8 @@ def test_a_drills_recovery_by_the_ladder_starts_where_the_xid_says(fleet, tmp_pa
         code = exc.code
     result = json.loads(capsys.readouterr().out)
     [ladder] = result["remediations"]
-    assert ladder["start"] == "reset" and "XID 95" in ladder["start_why"], ladder
-    assert [(s["rung"], s["ok"]) for s in ladder["steps"]] == [("drain", True), ("reset", False)]
-    assert code == 1 and result["error"].startswith("remediate: reset could not be carried out"), result["error"]
+    assert ladder["start"] == "gpu_reset" and "XID 95" in ladder["start_why"], ladder
+    assert [(s["rung"], s["ok"]) for s in ladder["steps"]] == [("drain", True), ("gpu_reset", False)]
+    assert code == 1 and result["error"].startswith("remediate: gpu_reset could not be carried out"), result["error"]
     # the drill's own undo still put the unit back
     assert units.main_pid(units_dir, UNIT) and result["restored"][0].startswith(f"n1-iu0: {UNIT} started")

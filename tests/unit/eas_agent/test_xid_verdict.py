@@ -22,8 +22,8 @@ def gpu(index: int, xid: int | None, at: float | None) -> GpuReading:
 
 
 @pytest.mark.parametrize(("xid", "rung", "bucket"), [
-    (79, "reboot", "RESTART_BM"), (48, "reset", "WORKFLOW_XID_48"), (94, "restart", "RESTART_APP"),
-    (95, "reset", "RESET_GPU"), (119, "reset", "RESET_GPU"), (120, "reset", "RESET_GPU"),
+    (79, "reboot", "RESTART_BM"), (48, "gpu_reset", "WORKFLOW_XID_48"), (94, "restart", "RESTART_APP"),
+    (95, "gpu_reset", "RESET_GPU"), (119, "gpu_reset", "RESET_GPU"), (120, "gpu_reset", "RESET_GPU"),
 ])
 def test_a_recent_catalogued_xid_with_an_action_marks_the_unit_critical_naming_it(xid, rung, bucket):
     reason = xid_verdict([gpu(0, None, None), gpu(1, xid, NOW - 12.4)], NOW)
@@ -49,7 +49,7 @@ def test_an_xid_older_than_the_hold_or_without_a_time_no_longer_counts():
 
 
 def test_a_clock_stepped_back_still_counts_the_xid_as_new():
-    assert xid_verdict([gpu(0, 95, NOW + 5)], NOW).endswith("0 s ago (NVIDIA's action RESET_GPU; remediation rung reset)")
+    assert xid_verdict([gpu(0, 95, NOW + 5)], NOW).endswith("0 s ago (NVIDIA's action RESET_GPU; remediation rung gpu_reset)")
 
 
 def test_the_newest_xid_that_takes_the_unit_out_names_the_reason():

@@ -26,20 +26,24 @@ UNIT = "vllm-iu@1.service"
 
 
 class Host:
-    """Answers argv by its first words (exit code, stdout); ``is-active`` answers ``active`` from the moment
-    ``active_after`` commands matching it have run; records every command."""
+    """Answers argv by its first words (exit code, stdout); ``is-active`` of a unit in ``services`` answers from
+    it, of any other unit ``active`` from the moment ``active_after`` commands matching it have run; records
+    every command."""
 
-    def __init__(self, answers=None, active_after: tuple[str, ...] | None = ("systemctl", "restart")):
+    def __init__(self, answers=None, active_after: tuple[str, ...] | None = ("systemctl", "restart"),
+                 services: dict[str, bool] | None = None):
         self.answers = answers or {}
         self.active_after = active_after
         self.active = False
+        self.services = {"nvidia-fabricmanager.service": True, **(services or {})}
         self.calls: list[tuple[str, ...]] = []
 
     def run(self, host, argv, timeout):
         argv = tuple(argv)
         self.calls.append(argv)
         if argv[:2] == ("systemctl", "is-active"):
-            return CommandResult(0 if self.active else 3, "active\n" if self.active else "inactive\n", "", 0.01)
+            active = self.services.get(argv[2], self.active)
+            return CommandResult(0 if active else 3, "active\n" if active else "inactive\n", "", 0.01)
         rc, out = next((a for p, a in self.answers.items() if argv[:len(p)] == p), (0, ""))
         if rc is None:
             return CommandResult(None, "", "ssh: connect to host 127.0.73.1 port 22: No route to host", 0.01,
@@ -101,8 +105,21 @@ def ladder(host: Host, consul: Consul, healthy=lambda: True, running=lambda: 0.0
 
 
 RESTART = [("systemctl", "reset-failed", UNIT), ("systemctl", "restart", UNIT)]
-RESET = [("systemctl", "stop", UNIT), *[("nvidia-smi", "--gpu-reset", "-i", str(g)) for g in (4, 5, 6, 7)],
+PERSISTENCE = ("nvidia-smi", "--query-gpu=index,persistence_mode", "--format=csv,noheader", "-i", "4,5,6,7")
+# Fabric Manager active on an H100 board: the unit's four GPUs in one command (nvidia-smi(1)); the agent holds
+# NVML handles, persistence mode holds the GPUs: both off for the reset, both back after
+RESET = [("systemctl", "stop", UNIT), ("systemctl", "stop", "eas-agent.service"), PERSISTENCE,
+         ("nvidia-smi", "-pm", "0", "-i", "4,5,6,7"), ("nvidia-smi", "--gpu-reset", "-i", "4,5,6,7"),
+         ("nvidia-smi", "-pm", "1", "-i", "4,5,6,7"), ("systemctl", "start", "eas-agent.service"),
          ("systemctl", "reset-failed", UNIT), ("systemctl", "start", UNIT)]
+PM_ON = "4, Enabled\n5, Enabled\n6, Enabled\n7, Enabled\n"
+
+
+def gpu_host(answers=None, **kwargs) -> Host:
+    """A host whose agent runs and whose GPUs are in persistence mode (roles/nvidia_stack's daemons)."""
+    return Host({PERSISTENCE: (0, PM_ON), **(answers or {})},
+                services={"eas-agent.service": True, "nvidia-dcgm.service": False, **kwargs.pop("services", {})},
+                **kwargs)
 
 
 def actions(host: Host) -> list[tuple[str, ...]]:
@@ -111,14 +128,17 @@ def actions(host: Host) -> list[tuple[str, ...]]:
 
 def test_the_plan_names_every_rung_from_the_start_and_touches_nothing():
     host, consul = Host(), Consul()
-    plan = ladder(host, consul, start="reset", reason="XID 48").plan()
+    plan = ladder(host, consul, start="gpu_reset", reason="XID 48").plan()
     assert plan == [
         "breaker: at most 10% of the units and 1 node(s) per rack out of rotation, judged from Consul",
         "first rung: named by the operator (--from)",
         "drain: n1-iu1 into Consul maintenance (clusterctl remediate: XID 48); verified listed within 3 s; then up "
         "to 5 s for its requests in flight to finish",
-        f"reset: on n1: systemctl stop {UNIT}; nvidia-smi --gpu-reset -i G for G in 4,5,6,7; systemctl start {UNIT}; "
-        "healthy when active and http://127.0.73.1:8001/health answers 200 within 10 s, else the next rung",
+        "gpu_reset: on n1: GPUs 4,5,6,7 alone if nvidia-fabricmanager.service is active, else every GPU of the "
+        "NVSwitch board (every unit of n1 drained, the breaker judged for the node); the units stopped, "
+        "eas-agent.service and nvidia-dcgm.service stopped and persistence mode off, nvidia-smi --gpu-reset, all put "
+        "back, the units started; a reset nvidia-smi refuses goes to the next rung; healthy when active and "
+        "http://127.0.73.1:8001/health answers 200 within 10 s, else the next rung",
         "reboot: the breaker judged for the whole node; playbooks/node-reboot.yml --limit n1 (every unit of n1 "
         "drained by Consul node maintenance, the reboot, the driver checked, the units that served released); "
         "healthy when active and http://127.0.73.1:8001/health answers 200 within 10 s, else the next rung",
@@ -158,34 +178,36 @@ def test_in_flight_sums_vllms_gauge_over_its_labels():
 
 
 def test_a_unit_still_unhealthy_after_the_restart_gets_its_gpus_reset():
-    host = Host(active_after=("systemctl", "start"))  # the restarted engine dies again; after the reset it serves
+    host = gpu_host(active_after=("systemctl", "start", UNIT))  # the restarted engine dies again; reset, it serves
     consul = Consul()
     outcome = ladder(host, consul).run()
     assert outcome.state == "released", outcome.message
     assert actions(host) == RESTART + RESET
     assert [(s.rung, s.ok) for s in outcome.steps] == [
-        ("drain", True), ("restart", True), ("verify restart", False), ("reset", True), ("verify reset", True),
+        ("drain", True), ("restart", True), ("verify restart", False), ("gpu_reset", True), ("verify gpu_reset", True),
         ("release", True)]
     assert outcome.steps[2].detail == "not healthy within 10 s: the next rung"
 
 
 def test_an_active_unit_whose_health_fails_is_not_healthy():
-    host, consul = Host(), Consul()
+    host, consul = gpu_host(), Consul()
     rebooted = []
-    outcome = ladder(host, consul, healthy=lambda: False, start="reset", limits=Limits(0.5),
+    outcome = ladder(host, consul, healthy=lambda: False, start="gpu_reset", limits=Limits(0.5),
                      reboot=lambda node, why: rebooted.append(node) or RebootRun(True, [f"{node} rebooted"])).run()
     assert outcome.state == "repair" and not outcome.ok
-    assert [s.rung for s in outcome.steps] == ["drain", "reset", "verify reset", "reboot", "verify reboot", "repair"]
+    assert [s.rung for s in outcome.steps] == ["drain", "gpu_reset", "verify gpu_reset", "reboot", "verify reboot",
+                                               "repair"]
     assert rebooted == ["n1"]
 
 
-def test_a_failing_reset_stops_the_ladder_with_the_unit_stopped_and_drained():
-    host = Host({("nvidia-smi", "--gpu-reset", "-i", "5"): (3, "")}, active_after=None)
+def test_a_reset_nvidia_smi_cannot_run_stops_the_ladder_with_the_unit_stopped_and_drained():
+    host = gpu_host({PERSISTENCE: (127, "")}, active_after=None)  # no nvidia-smi on the host
     consul = Consul()
     outcome = ladder(host, consul).run()
     assert outcome.state == "stopped"
-    assert outcome.message.startswith("reset could not be carried out: n1: `nvidia-smi --gpu-reset -i 5` ")
-    assert actions(host) == RESTART + RESET[:3]  # nothing after the failed GPU reset
+    assert outcome.message.startswith(f"gpu_reset could not be carried out: n1: `{' '.join(PERSISTENCE)}` exited 127")
+    # nothing reset, and what the reset step stopped besides the unit is started again
+    assert actions(host) == RESTART + RESET[:3] + [("systemctl", "start", "eas-agent.service")]
     assert consul.maintenance == {"n1-iu1": "clusterctl remediate: unhealthy"} and consul.kv == {}
     assert outcome.left == [f"n1-iu1: in maintenance (out of rotation); {UNIT} stopped; clear it with "
                             "`clusterctl preflight --release` once the unit is fixed"]
@@ -270,16 +292,16 @@ def score_body(xid: int) -> str:
 
 
 def test_without_a_named_rung_the_units_latest_xid_picks_the_first_one():
-    host, consul = Host(active_after=("systemctl", "start")), Consul()
+    host, consul = gpu_host(active_after=("systemctl", "start", UNIT)), Consul()
     consul.kv[layout.score_key("dc1", "n1")] = score_body(95)  # uncontained memory error: NVIDIA's RESET_GPU
     remediation = ladder(host, consul)
     plan = remediation.plan()
-    assert plan[1].startswith("first rung: from the XID catalogue: reset: xid_last 95 in its score body (1 events): "
+    assert plan[1].startswith("first rung: from the XID catalogue: gpu_reset: xid_last 95 in its score body (1 events): "
                               "XID 95 ROBUST_CHANNEL_UNCONTAINED_ERROR, NVIDIA's immediate action RESET_GPU")
-    assert [line.split(":")[0] for line in plan[3:]] == ["reset", "reboot", "repair", "release"]
+    assert [line.split(":")[0] for line in plan[3:]] == ["gpu_reset", "reboot", "repair", "release"]
     outcome = remediation.run()
     assert outcome.state == "released" and actions(host) == RESET  # no restart first: it cannot clear a GPU fault
-    assert outcome.as_dict()["start"] == "reset"
+    assert outcome.as_dict()["start"] == "gpu_reset"
 
 
 def test_an_xid_older_than_the_window_no_longer_picks_the_first_rung():

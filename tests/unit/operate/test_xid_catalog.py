@@ -27,8 +27,8 @@ SHIPPED = yaml.safe_load(CATALOG_FILE.read_text())
 def test_the_shipped_catalogue_sends_each_fault_to_the_rung_nvidia_names():
     catalog = load_catalog()
     rungs = {xid: catalog.row(xid).rung for xid in (13, 31, 43, 48, 63, 64, 74, 79, 92, 94, 95, 119)}
-    assert rungs == {13: "restart", 31: "restart", 43: "restart", 48: "reset", 63: "reset", 64: "reset",
-                     74: "reset", 79: "reboot", 92: "restart", 94: "restart", 95: "reset", 119: "reset"}
+    assert rungs == {13: "restart", 31: "restart", 43: "restart", 48: "gpu_reset", 63: "gpu_reset", 64: "gpu_reset",
+                     74: "gpu_reset", 79: "reboot", 92: "restart", 94: "restart", 95: "gpu_reset", 119: "gpu_reset"}
     assert catalog.row(79).bucket == "RESTART_BM" and catalog.row(79).mnemonic.endswith("FALLEN_OFF_THE_BUS")
     assert catalog.source == "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
     # every row whose rung is not its bucket's own says why, and cites NVIDIA when it follows another page
@@ -44,7 +44,7 @@ def broken(change) -> dict:
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda d: d["xids"][0].update(rung="reinstall"),
-     "cat.yml: xids[0] (XID 8).rung: expected one of restart, reset, reboot, repair (got 'reinstall')"),
+     "cat.yml: xids[0] (XID 8).rung: expected one of restart, gpu_reset, reboot, repair (got 'reinstall')"),
     (lambda d: d["xids"][0].update(bucket="RESTART_GPU"),
      "cat.yml: xids[0] (XID 8).bucket: not one of NVIDIA's buckets this catalogue knows (RESTART_APP, RESET_GPU, "
      "RESTART_BM, CONTACT_SUPPORT, IGNORE, WORKFLOW_XID_45, WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR) (got 'RESTART_GPU')"),

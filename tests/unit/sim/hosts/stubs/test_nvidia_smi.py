@@ -34,3 +34,12 @@ def test_naming_only_the_lost_gpu_prints_its_line_alone(capsys):
 def test_without_a_lost_gpu_nothing_changes(capsys):
     assert nvidia_smi.main(resolve("n1", {"gpu_count": 8}), ["-L"]) == 0
     assert "Unable" not in capsys.readouterr().out
+
+
+def test_i_names_a_gpu_by_index_uuid_or_bus_id_and_an_index_is_not_a_bus_id_suffix(capsys):
+    hw = resolve("n1", {"gpu_count": 8})
+    query = ["--query-gpu=index", "--format=csv,noheader", "-i"]
+    assert nvidia_smi.main(hw, [*query, "0,4"]) == 0
+    assert capsys.readouterr().out == "0\n4\n"  # every bus id ends in 0: ".0", the function
+    assert nvidia_smi.main(hw, [*query, f"{hw.gpus[5].uuid},{hw.gpus[6].bus_id}"]) == 0
+    assert capsys.readouterr().out == "5\n6\n"
