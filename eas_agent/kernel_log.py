@@ -40,7 +40,7 @@ KERNEL_FACILITY = 0  # LOG_KERN
 FATAL, NON_FATAL, CORRECTABLE = "fatal", "non-fatal", "correctable"
 _SEVERITIES = {"Fatal": FATAL, "Non-fatal": NON_FATAL, "Correctable": CORRECTABLE}
 
-_HEADER = re.compile(r"([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),[^;]*")
+_HEADER = re.compile(r"([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),[^;\n]*")
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\): ([0-9]{1,10})(?:, (.*))?")
 _SXID = re.compile(
     r"nvidia-(nvswitch[0-9]{1,4}): SXid \(PCI:([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])\): "
