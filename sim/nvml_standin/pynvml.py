@@ -18,7 +18,9 @@ every machine), written by sim/vllm/fake_gpu.py and re-read when it changes::
 As NVML answers: a file that cannot be read or parsed is a driver that is not loaded (``nvmlInit`` fails);
 ``lost: true``, or a GPU the file stopped listing after its handle was taken, is ``NVMLError_GpuIsLost``;
 an index the file does not list is ``NVMLError_InvalidArgument``; ``ecc_volatile_uncorrectable: null`` is
-ECC disabled (``NVMLError_NotSupported``). Only stdlib: it runs on the machines' own Python.
+ECC disabled (``NVMLError_NotSupported``); ``nvmlDeviceGetPciInfo`` answers the GPU's ``bus_id`` (NVML's
+``00000000:18:00.0``; absent: bus ``index + 1``), the id the kernel log's XID lines name. Only stdlib: it runs on
+the machines' own Python.
 
 XID events (``xid``: the XID codes the driver logged for the GPU, oldest first; absent is none). NVML's event
 API as the NVML reference manual ("Event Handling Methods", nvmlDeviceRegisterEvents, nvmlEventSetWait_v2,
@@ -149,7 +151,7 @@ class c_nvmlUtilization_t(Structure):
     _fields_ = [("gpu", c_uint), ("memory", c_uint)]
 
 
-class c_nvmlPciInfo_t(Structure):
+class nvmlPciInfo_t(Structure):
     _fields_ = [("busIdLegacy", c_char * 16), ("domain", c_uint), ("bus", c_uint), ("device", c_uint),
                 ("pciDeviceId", c_uint), ("pciSubSystemId", c_uint), ("busId", c_char * 32)]
 
@@ -278,7 +280,7 @@ def nvmlDeviceGetPciInfo(handle):
     gpu = _gpu(handle)
     bus_id = gpu.get("bus_id") or f"00000000:{handle.index + 1:02X}:00.0"
     domain, bus, rest = bus_id.split(":")
-    return c_nvmlPciInfo_t(busIdLegacy=f"{int(domain, 16):04X}:{bus}:{rest}".encode(), domain=int(domain, 16),
+    return nvmlPciInfo_t(busIdLegacy=f"{int(domain, 16):04X}:{bus}:{rest}".encode(), domain=int(domain, 16),
                            bus=int(bus, 16), device=int(rest.split(".")[0], 16), pciDeviceId=0x233010DE,
                            pciSubSystemId=0x16C110DE, busId=bus_id.encode())
 
