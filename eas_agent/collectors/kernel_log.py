@@ -35,7 +35,7 @@ from eas_agent.kernel_log import FATAL, SxidLine, XidLine, kernel_line
 KMSG_PATH = "/dev/kmsg"
 KMSG_DEVICE = (1, 11)  # Documentation/admin-guide/devices.txt: char 1:11, /dev/kmsg
 READ_SIZE = 16384  # one record: at most ~1 KiB of text and its dictionary; a buffer too short fails EINVAL
-MAX_RECORDS_PER_CYCLE = 4096  # a full ring buffer is read over a few cycles, never in one long one
+MAX_RECORDS_PER_CYCLE = 512  # ~12-25 us a record here: a full ring buffer or a storm takes a few cycles
 MAX_GPUS = 64  # XIDs are kept per GPU bus id; the kernel names no more GPUs than a node has
 REOPEN_AFTER_S = 30.0
 
