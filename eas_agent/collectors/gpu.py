@@ -49,7 +49,9 @@ class GpuReading:
     xid_events: int | None = None  # critical XID events since the agent started; None: no event source
     xid_last: int | None = None  # the latest of them, its XID number
     xid_order: int = 0  # when xid_last came, as the node's backend orders its XIDs (0: none yet)
-    xid_last_at: float | None = None  # the wall clock (unix s) of the read that drained xid_last
+    # when xid_last happened: the wall clock (unix s) of the read that drained it from NVML, or, merged by
+    # eas_agent/kernel_verdict.py, the time of its kernel log record
+    xid_last_at: float | None = None
     pci: tuple[int, int, int] | None = None  # (domain, bus, device), as the kernel log's XID lines name the GPU
 
 
