@@ -14,7 +14,8 @@
   GPUs sit behind the port and every GPU of an HGX baseboard reaches every other through the switches, so the
   node's IUs are all affected; the reason names the switch, the SXID and the driver's text.
 - **Non-fatal and correctable SXIDs** only count (Fabric Manager leaves running jobs alone for them): the body's
-  display components ``sxid_fatal``, ``sxid_non_fatal``, ``sxid_correctable`` (since boot, as far as read).
+  display components ``sxid_fatal``, ``sxid_non_fatal``, ``sxid_correctable`` (since boot, as far as read), with
+  ``kernel_log_lost``, the records the kernel overwrote before the agent read them.
 """
 
 from __future__ import annotations
@@ -57,4 +58,5 @@ def kernel_components(kernel: KernelLogReading | None) -> dict[str, float | None
         "sxid_fatal": kernel.sxids.get(FATAL, 0),
         "sxid_non_fatal": kernel.sxids.get(NON_FATAL, 0),
         "sxid_correctable": kernel.sxids.get(CORRECTABLE, 0),
+        "kernel_log_lost": kernel.lost,  # records the kernel overwrote before the agent read them
     }

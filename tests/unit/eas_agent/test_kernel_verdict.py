@@ -87,7 +87,7 @@ def test_a_fatal_sxid_older_than_the_hold_or_none_gives_no_verdict():
 
 def test_sxid_counts_are_shown_and_a_log_never_read_shows_none():
     assert kernel_components(logged(sxids={NON_FATAL: 3, FATAL: 1})) == {
-        "sxid_fatal": 1, "sxid_non_fatal": 3, "sxid_correctable": 0}
+        "sxid_fatal": 1, "sxid_non_fatal": 3, "sxid_correctable": 0, "kernel_log_lost": 0}
     assert kernel_components(logged(failure="/dev/kmsg: permission denied")) == {}
     assert kernel_components(None) == {}
 
