@@ -9,10 +9,12 @@ endpoint costs its own IU a cycle, never the node's other scores or the heartbea
 up ``warning`` with no score, a counted error and a log line at most once a minute; the others are scored
 and published as usual.
 
-Every collector (vLLM, GPU, network) is run the same way (:func:`eas_agent.collectors.base.timed`); each IU's
-result carries how each run went (ok, duration, error excerpt), which the score body publishes as
-``ius.*.collectors`` and which counts ``eas_agent_collector_errors{collector, iu}``. A GPU that cannot be read
-(the backend raised included) keeps the IU's score with status ``warning``, as a GPU NVML cannot read does.
+Every collector (vLLM, GPU, network, and the node's kernel log, read once for all IUs) is run the same way
+(:func:`eas_agent.collectors.base.timed`); each IU's result carries how each run went (ok, duration, error
+excerpt), which the score body publishes as ``ius.*.collectors`` and which counts
+``eas_agent_collector_errors{collector, iu}``. A GPU that cannot be read (the backend raised included) keeps
+the IU's score with status ``warning``, as a GPU NVML cannot read does; a kernel log that cannot be read
+changes no status.
 """
 
 from __future__ import annotations
