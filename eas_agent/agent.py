@@ -9,10 +9,12 @@ endpoint costs its own IU a cycle, never the node's other scores or the heartbea
 up ``warning`` with no score, a counted error and a log line at most once a minute; the others are scored
 and published as usual.
 
-Every collector (vLLM, GPU, network) is run the same way (:func:`eas_agent.collectors.base.timed`); each IU's
-result carries how each run went (ok, duration, error excerpt), which the score body publishes as
-``ius.*.collectors`` and which counts ``eas_agent_collector_errors{collector, iu}``. A GPU that cannot be read
-(the backend raised included) keeps the IU's score with status ``warning``, as a GPU NVML cannot read does.
+Every collector (vLLM, GPU, network, and the node's kernel log, read once for all IUs) is run the same way
+(:func:`eas_agent.collectors.base.timed`); each IU's result carries how each run went (ok, duration, error
+excerpt), which the score body publishes as ``ius.*.collectors`` and which counts
+``eas_agent_collector_errors{collector, iu}``. A GPU that cannot be read (the backend raised included) keeps
+the IU's score with status ``warning``, as a GPU NVML cannot read does; a kernel log that cannot be read
+changes no status.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from consul_io.client import ConsulIO, ConsulUnavailable
 from eas_agent.announce import NodeAnnouncements
 from eas_agent.collectors.base import timed
 from eas_agent.collectors.gpu import GpuBackend, GpuCollector, open_backend
+from eas_agent.collectors.kernel_log import KernelLog, KernelLogReading
 from eas_agent.collectors.network import NetworkCollector, NodeNicCounters
 from eas_agent.collectors.vllm import VllmCollector, VllmReading
 from eas_agent.config import AgentConfig, ConfigError
 from eas_agent.http import AgentHttpServer, AgentMetrics
+from eas_agent.kernel_verdict import kernel_components, with_kernel_xids
 from eas_agent.publisher import Backoff, Publisher, ScoreStore
 from eas_agent.score import WARNING, DrainParams, IUInputs, Scorer, ScoreResult
 from eas_wire.scorebody import CollectorRun, ScoreBody
@@ -44,6 +48,7 @@ RATE_WINDOW_S = 5.0
 LOG_EVERY_S = 60.0
 ABORT_GRACE_S = 0.05  # after aborting a late scrape, how long to wait for its thread to notice
 Scraped = tuple[VllmReading, CollectorRun]  # an IU's vLLM reading and how its collector ran
+KernelRead = tuple[KernelLogReading, CollectorRun]  # the node's kernel log this cycle and how its read ran
 
 
 def _not_scraped(error: str, waited_s: float) -> Scraped:
@@ -102,19 +107,25 @@ class IUPipeline:
         """The vLLM part of a cycle (the agent runs it on a worker thread, concurrently with other IUs')."""
         return timed(self.vllm, now, self._crashed)
 
-    def run(self, now: float, metrics: AgentMetrics | None, scraped: Scraped | None = None) -> ScoreResult:
+    def run(self, now: float, metrics: AgentMetrics | None, scraped: Scraped | None = None,
+            kernel: KernelRead | None = None) -> ScoreResult:
         try:
-            return self._run(now, metrics, scraped)
+            return self._run(now, metrics, scraped, kernel)
         except Exception as exc:  # a bug must cost one IU one cycle, never the agent
             self.log(f"{self.iu.id}:cycle", logging.ERROR, "IU %s: cycle failed", self.iu.id, exc_info=True)
             if metrics:
                 metrics.collector_errors.labels("internal", self.iu.id).inc()
             return ScoreResult(None, WARNING, f"agent error: {type(exc).__name__}: {exc}")
 
-    def _run(self, now: float, metrics: AgentMetrics | None, scraped: Scraped | None) -> ScoreResult:
+    def _run(self, now: float, metrics: AgentMetrics | None, scraped: Scraped | None,
+             kernel_read: KernelRead | None) -> ScoreResult:
         reading, vllm_run = scraped if scraped is not None else self.scrape(now)
         gpus, gpu_run = timed(self.gpu, now, self._crashed)
         runs = {"vllm": vllm_run, "gpu": gpu_run}
+        kernel = None
+        if kernel_read is not None:
+            kernel, runs["kernel_log"] = kernel_read
+            gpus = with_kernel_xids(gpus, kernel)
         net = None
         if self.network is not None:
             net, runs["network"] = timed(self.network, now, self._crashed)
@@ -127,8 +138,13 @@ class IUPipeline:
             for name, run in runs.items():
                 if not run.ok:
                     metrics.collector_errors.labels(name, self.iu.id).inc()
-        inputs = IUInputs(self.iu.id, reading, gpus, net, self.iu.kv_cache_gb, RATE_WINDOW_S, self.config.xid_hold_s)
-        return self.scorer.score(inputs, now).with_collectors(runs)
+        inputs = IUInputs(self.iu.id, reading, gpus, net, self.iu.kv_cache_gb, RATE_WINDOW_S, self.config.xid_hold_s,
+                          kernel)
+        result = self.scorer.score(inputs, now)
+        shown = kernel_components(kernel)
+        if shown:
+            result = replace(result, components={**result.components, **shown})
+        return result.with_collectors(runs)
 
 
 def open_store(config: AgentConfig, timeout_s: float) -> ConsulIO:
@@ -148,6 +164,7 @@ class Agent:
         store: ScoreStore | None = None,
         stop_store: ScoreStore | None = None,
         gpu_backend: GpuBackend | None = None,
+        kernel_log: KernelLog | None = None,
         pipelines: list[IUPipeline] | None = None,
         clock=time.time,
         pernic=None,
@@ -157,6 +174,7 @@ class Agent:
     ):
         self.config, self.clock = config, clock
         self.gpu_backend = gpu_backend or open_backend(config.gpu_backend)
+        self.kernel_log = kernel_log if kernel_log is not None else (KernelLog() if config.kernel_log else None)
         self.pipelines = pipelines or [IUPipeline(config, i) for i in range(len(config.ius))]
         self.nics = NodeNicCounters(pernic or (lambda: psutil.net_io_counters(pernic=True)))
         self.needs_pernic = any(iu.netdevs for iu in config.ius)
@@ -266,11 +284,12 @@ class Agent:
             self.nics.refresh()
             if self.nics.error:
                 self.log("nics", logging.WARNING, "%s", self.nics.error)
+        kernel = self._read_kernel_log(now)
         scraped = self._scrape_all(now)
         # Scoring ends what announcements added to the previous scrape's scores (AnnouncedPrompts.reconcile):
         # from there until this cycle's body is served, a body built on the previous base would lack it.
         with self.scores_lock:
-            results = {p.iu.id: p.run(now, self.metrics, scraped.get(p.iu.id)) for p in self.pipelines}
+            results = {p.iu.id: p.run(now, self.metrics, scraped.get(p.iu.id), kernel) for p in self.pipelines}
             scored = time.perf_counter()
             if self.http:
                 try:
@@ -283,6 +302,17 @@ class Agent:
         self.metrics.observe_scores(self.config.profile, results)
         self.cycles += 1
         return results
+
+    def _read_kernel_log(self, now: float) -> KernelRead | None:
+        """The node's kernel log, read once for every IU; a log that cannot be read is said in each IU's
+        ``collectors.kernel_log`` and logged, and changes no verdict."""
+        if self.kernel_log is None:
+            return None
+        read = timed(self.kernel_log, now, lambda name, exc: self.log(
+            name, logging.ERROR, "%s collector failed", name, exc_info=exc))
+        if read[0].error:
+            self.log("kernel_log", logging.WARNING, "kernel log: %s", read[0].error)
+        return read
 
     def announce(self, obj, key: str, now: float) -> tuple[int, Counter, list[int]]:
         """One ``POST /announce`` batch signed by ``key`` (an HTTP handler thread; ``now`` is the agent's
@@ -381,3 +411,5 @@ class Agent:
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
         self.gpu_backend.close()
+        if self.kernel_log is not None:
+            self.kernel_log.close()

@@ -65,6 +65,9 @@ class AgentConfig:
     frozen_after_s: float = 10.0
     # A catalogued XID that takes a unit out (eas_agent/xid_verdict.py) keeps it critical this long after it.
     xid_hold_s: float = 600.0
+    # Read the kernel log (/dev/kmsg: the XIDs logged while the agent was down, NVSwitch SXIDs;
+    # eas_agent/collectors/kernel_log.py). Off: XIDs come from NVML's events only, SXIDs are not seen.
+    kernel_log: bool = True
     # The announce channel (eas_agent/announce.py, POST /announce): the file holding the edges' public keys
     # (None: the channel is off), each announced prompt's token cap (the served model's context), each
     # edge's announcements per second and the node's, all edges together.
@@ -150,6 +153,7 @@ TOP_LEVEL = {
     "urgent_rise_s",
     "frozen_after_s",
     "xid_hold_s",
+    "kernel_log",
     "announce_keys_file",
     "announce_max_prompt_tokens",
     "announce_rate_per_s",
@@ -221,6 +225,7 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         urgent_rise_s=None if data.get("urgent_rise_s") is None else f.positive("urgent_rise_s", 0.5),
         frozen_after_s=f.positive("frozen_after_s", 10.0),
         xid_hold_s=f.positive("xid_hold_s", 600.0),
+        kernel_log=f.get("kernel_log", bool, True),
         **_announce_fields(f),
         source=str(path),
     )

@@ -59,8 +59,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from eas_agent.collectors.gpu import GpuReading
+from eas_agent.collectors.kernel_log import KernelLogReading
 from eas_agent.collectors.network import NetReading
 from eas_agent.collectors.vllm import VllmReading
+from eas_agent.kernel_verdict import sxid_verdict
 from eas_agent.vllm_metrics import VllmMetrics
 from eas_agent.xid_verdict import XID_HOLD_S, xid_verdict
 from eas_wire.scorebody import CollectorRun, no_collectors
@@ -88,6 +90,7 @@ class IUInputs:
     kv_cache_gb: float | None = None  # configured KV pool size (seed profile)
     window_s: float = 5.0  # the collectors' rate window
     xid_hold_s: float = XID_HOLD_S  # how long a catalogued XID keeps the IU critical (eas_agent/xid_verdict.py)
+    kernel: KernelLogReading | None = None  # the node's kernel log this cycle (None: not read)
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,9 @@ def gpu_components(gpus: tuple[GpuReading, ...]) -> dict[str, float | None]:
         if g.memory_total_mib is not None and g.memory_used_mib is not None
     ]
     sources = [g for g in gpus if g.xid_events is not None]
-    latest = max((g for g in sources if g.xid_order), key=lambda g: g.xid_order, default=None)
+    # the latest by its time (NVML's drain or the kernel log's record), the backend's order within one drain
+    latest = max((g for g in gpus if g.xid_last is not None), key=lambda g: (g.xid_last_at or 0.0, g.xid_order),
+                 default=None)
     return {
         "gpu_util_pct": round(sum(utils) / len(utils), 1) if utils else None,
         "gpu_min_free_mib": round(min(free)) if free else None,
@@ -217,7 +222,7 @@ def _health_gate(inputs: IUInputs, now: float) -> ScoreResult | None:
     problem = gpu_problem(inputs.gpus)
     if problem and problem[0] == CRITICAL:
         return _unknown(problem[1], gpu, status=CRITICAL)
-    xid = xid_verdict(inputs.gpus, now, inputs.xid_hold_s)
+    xid = xid_verdict(inputs.gpus, now, inputs.xid_hold_s) or sxid_verdict(inputs.kernel, now, inputs.xid_hold_s)
     if xid:
         return _unknown(xid, gpu, status=CRITICAL)
     if inputs.vllm.metrics is None:

@@ -51,7 +51,7 @@ def takes_out(action: XidAction | None) -> bool:
 def xid_verdict(gpus: Iterable, now: float, hold_s: float = XID_HOLD_S, table: Mapping[int, XidAction] = TABLE
                 ) -> str | None:
     """The reason to mark the IU critical, or None. ``gpus``: its GpuReadings (``xid_last``, ``xid_last_at``:
-    the agent's wall clock at the read that drained the XID; ``now`` on the same clock). The newest XID that
+    when it happened on the agent's wall clock, NVML's drain or the kernel log's record; ``now`` on that clock). The newest XID that
     takes the unit out wins; one received more than ``hold_s`` ago, or without a time, does not count."""
     found = None
     for gpu in gpus:

@@ -59,7 +59,7 @@ MAX_CLOCK_OFFSET_S = 3600.0
 MAX_IUS = 256  # a node has at most 8-16 GPUs; more entries than this is not an agent's body
 MAX_REASON = 500
 _NODE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})")
-MAX_COLLECTORS = 16  # an agent runs three per IU (vllm, gpu, network)
+MAX_COLLECTORS = 16  # an agent runs four per IU (vllm, gpu, network, kernel_log)
 MAX_COLLECTOR_ERROR = 200
 MAX_COLLECTOR_DURATION_S = 3600.0
 _COLLECTOR_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -158,7 +158,7 @@ class ScoreTerms(NamedTuple):
     prefix_hit_rate: float | None = None  # prefix-cache hits / queries (tokens); -1: caching off (vLLM V0)
     xid_events: float | None = None  # the IU's GPUs' critical XID events since its agent started, a counter
     xid_last: float | None = None  # the latest of them, its XID number
-    # when the agent received xid_last from NVML: unix seconds on the agent's clock (the body's ``ts`` clock);
+    # when xid_last happened (NVML's drain or the kernel log record's stamp): unix seconds on the agent's clock;
     # absent from an older agent's body (read as None: the XID's age unknown)
     xid_last_at: float | None = None
 

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from eas_agent.kernel_log import pci_of_nvml
+
 MAX_EVENTS_PER_READ = 64
 NO_XIDS = (None, None, 0, None)  # a GPU without an XID event source
 
@@ -47,7 +49,10 @@ class GpuReading:
     xid_events: int | None = None  # critical XID events since the agent started; None: no event source
     xid_last: int | None = None  # the latest of them, its XID number
     xid_order: int = 0  # when xid_last came, as the node's backend orders its XIDs (0: none yet)
-    xid_last_at: float | None = None  # the wall clock (unix s) of the read that drained xid_last
+    # when xid_last happened: the wall clock (unix s) of the read that drained it from NVML, or, merged by
+    # eas_agent/kernel_verdict.py, the time of its kernel log record
+    xid_last_at: float | None = None
+    pci: tuple[int, int, int] | None = None  # (domain, bus, device), as the kernel log's XID lines name the GPU
 
 
 class GpuReadings(tuple):
@@ -105,6 +110,7 @@ class NvmlBackend:
         except nvml.NVMLError as exc:
             raise GpuBackendError(f"NVML: cannot initialise ({exc}); is the NVIDIA driver loaded?") from exc
         self.handles: dict[int, object] = {}
+        self.pcis: dict[int, tuple[int, int, int] | None] = {}  # GPU -> its bus id, kept when the GPU is lost
         self.event_sets: dict[int, object | None] = {}  # GPU -> its XID event set; None: NVML refused one
         # GPU -> (count, last XID, its order, when it was drained)
         self.xids: dict[int, tuple[int, int | None, int, float | None]] = {}
@@ -114,7 +120,15 @@ class NvmlBackend:
         if index not in self.handles:
             self.handles[index] = self.nvml.nvmlDeviceGetHandleByIndex(index)
             self._register(index, self.handles[index])
+            if self.pcis.get(index) is None:
+                self.pcis[index] = self._pci(self.handles[index])
         return self.handles[index]
+
+    def _pci(self, handle) -> tuple[int, int, int] | None:
+        try:
+            return pci_of_nvml(self.nvml.nvmlDeviceGetPciInfo(handle).busId)
+        except self.nvml.NVMLError:  # its XIDs then come from NVML only
+            return None
 
     def _register(self, index: int, handle) -> None:
         nvml, event_set = self.nvml, None
@@ -172,7 +186,8 @@ class NvmlBackend:
                 )
                 xid_events, xid_last, xid_order, xid_at = self.xids.get(index, NO_XIDS)  # a counter never falls
                 readings.append(GpuReading(index=index, lost=lost, error=f"NVML: {exc}", xid_events=xid_events,
-                                           xid_last=xid_last, xid_order=xid_order, xid_last_at=xid_at))
+                                           xid_last=xid_last, xid_order=xid_order, xid_last_at=xid_at,
+                                           pci=self.pcis.get(index)))
                 continue
             try:
                 ecc = int(
@@ -194,6 +209,7 @@ class NvmlBackend:
                     xid_last=xid_last,
                     xid_order=xid_order,
                     xid_last_at=xid_at,
+                    pci=self.pcis.get(index),
                 )
             )
         return readings

@@ -145,7 +145,8 @@ def prepare_host(paths: HostPaths, sim_host: SimHost, public_key: str) -> str:
     sysfs.write_tree(paths.state / "proc", sysfs.proc_files(hw))
     # What NVML would answer on this host (the agent's NVML calls read it through the stand-in nvidia-ml-py the
     # package index serves: sim/nvml_standin): its GPUs, loaded as a serving vLLM loads them.
-    write_fake_gpu_file(paths.state / NVML_FILE, fake_gpus(len(hw.gpus), utilization=60))
+    write_fake_gpu_file(paths.state / NVML_FILE, fake_gpus(len(hw.gpus), utilization=60,
+                                                              bus_ids=[gpu.bus_id for gpu in hw.gpus]))
     for _, ours in SYS_OVERLAYS:
         (paths.root / "sys" / ours).mkdir(parents=True)
     sysfs.write_tree(paths.root / "sys" / "class", sysfs.class_tree(hw))

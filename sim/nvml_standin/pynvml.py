@@ -12,12 +12,15 @@ The file (``CLUSTERCTL_SIM_NVML_FILE``, else /run/clusterctl-sim/nvml.json, wher
 every machine), written by sim/vllm/fake_gpu.py and re-read when it changes::
 
     {"gpus": [{"index": 0, "memory_total_mib": 81559, "memory_used_mib": 74120, "utilization_gpu_pct": 93,
-               "utilization_memory_pct": 61, "ecc_volatile_uncorrectable": 0, "lost": false, "xid": [79]}]}
+               "utilization_memory_pct": 61, "ecc_volatile_uncorrectable": 0, "lost": false, "xid": [79],
+               "bus_id": "00000000:18:00.0"}]}
 
 As NVML answers: a file that cannot be read or parsed is a driver that is not loaded (``nvmlInit`` fails);
 ``lost: true``, or a GPU the file stopped listing after its handle was taken, is ``NVMLError_GpuIsLost``;
 an index the file does not list is ``NVMLError_InvalidArgument``; ``ecc_volatile_uncorrectable: null`` is
-ECC disabled (``NVMLError_NotSupported``). Only stdlib: it runs on the machines' own Python.
+ECC disabled (``NVMLError_NotSupported``); ``nvmlDeviceGetPciInfo`` answers the GPU's ``bus_id`` (NVML's
+``00000000:18:00.0``; absent: bus ``index + 1``), the id the kernel log's XID lines name. Only stdlib: it runs on
+the machines' own Python.
 
 XID events (``xid``: the XID codes the driver logged for the GPU, oldest first; absent is none). NVML's event
 API as the NVML reference manual ("Event Handling Methods", nvmlDeviceRegisterEvents, nvmlEventSetWait_v2,
@@ -52,8 +55,9 @@ from __future__ import annotations
 import json
 import operator
 import os
+import re
 import time
-from ctypes import Structure, c_uint, c_ulonglong, py_object
+from ctypes import Structure, c_char, c_uint, c_ulonglong, py_object
 
 FILE_ENV = "CLUSTERCTL_SIM_NVML_FILE"
 DEFAULT_FILE = "/run/clusterctl-sim/nvml.json"
@@ -147,6 +151,11 @@ class c_nvmlUtilization_t(Structure):
     _fields_ = [("gpu", c_uint), ("memory", c_uint)]
 
 
+class nvmlPciInfo_t(Structure):
+    _fields_ = [("busIdLegacy", c_char * 16), ("domain", c_uint), ("bus", c_uint), ("device", c_uint),
+                ("pciDeviceId", c_uint), ("pciSubSystemId", c_uint), ("busId", c_char * 32)]
+
+
 class c_nvmlEventData_t(Structure):
     _fields_ = [("device", py_object), ("eventType", c_ulonglong), ("eventData", c_ulonglong),
                 ("gpuInstanceId", c_uint), ("computeInstanceId", c_uint)]
@@ -175,6 +184,10 @@ def _checked(gpu: dict, seen: dict[int, dict]) -> dict:
     index = gpu["index"]
     if type(index) is not int or index < 0 or index in seen:
         raise ValueError(f"GPU index {index!r}: expected a unique integer >= 0")
+    bus_id = gpu.get("bus_id")
+    if bus_id is not None and (type(bus_id) is not str
+                               or not re.fullmatch(r"[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", bus_id)):
+        raise ValueError(f"GPU {index}: bus_id {bus_id!r}: expected NVML's form, 00000000:18:00.0")
     xid = gpu.get("xid", [])
     if type(xid) is not list or any(type(code) is not int or not 0 <= code < 2**32 for code in xid):
         raise ValueError(f"GPU {index}: xid {xid!r}: expected a list of XID numbers")
@@ -259,6 +272,17 @@ def nvmlDeviceGetMemoryInfo(handle, version=None):
     if version != nvmlMemory_v2:
         raise _fail(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
     return c_nvmlMemory_v2_t(version=version, total=total, reserved=0, free=max(total - used, 0), used=used)
+
+
+def nvmlDeviceGetPciInfo(handle):
+    """The GPU's PCI location: the file's ``bus_id`` (nvidia-smi's and NVML's form, ``00000000:18:00.0``),
+    else bus ``index + 1`` of domain 0; ``pciDeviceId`` 0x233010DE (an H100 SXM5, device id << 16 | vendor)."""
+    gpu = _gpu(handle)
+    bus_id = gpu.get("bus_id") or f"00000000:{handle.index + 1:02X}:00.0"
+    domain, bus, rest = bus_id.split(":")
+    return nvmlPciInfo_t(busIdLegacy=f"{int(domain, 16):04X}:{bus}:{rest}".encode(), domain=int(domain, 16),
+                           bus=int(bus, 16), device=int(rest.split(".")[0], 16), pciDeviceId=0x233010DE,
+                           pciSubSystemId=0x16C110DE, busId=bus_id.encode())
 
 
 def nvmlDeviceGetUtilizationRates(handle):

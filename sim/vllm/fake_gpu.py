@@ -5,7 +5,8 @@ reader and the shape it accepts: sim/nvml_standin/pynvml.py. What this writes::
                "memory_used_mib": 74120, "utilization_gpu_pct": 93, "utilization_memory_pct": 61,
                "ecc_volatile_uncorrectable": 0, "lost": false}]}
 
-A GPU's ``xid`` (optional: the XIDs its driver logged, oldest first) is what NVML's XID events deliver.
+A GPU's ``xid`` (optional: the XIDs its driver logged, oldest first) is what NVML's XID events deliver; its
+``bus_id`` (optional) what ``nvmlDeviceGetPciInfo`` answers.
 
 81559 MiB is what NVML reports as total memory on an H100 SXM5 80GB (nvidia-smi "FB Memory Usage").
 vLLM preallocates gpu_memory_utilization (0.9) of it, so "used" sits near 0.9 x total whatever the load.
@@ -20,8 +21,10 @@ from pathlib import Path
 H100_TOTAL_MIB = 81559
 
 
-def fake_gpus(count: int = 8, used_fraction: float = 0.9, utilization: int = 0) -> list[dict]:
-    return [
+def fake_gpus(count: int = 8, used_fraction: float = 0.9, utilization: int = 0,
+              bus_ids: list[str] | None = None) -> list[dict]:
+    """``bus_ids``: each GPU's NVML bus id (``00000000:18:00.0``); None: the stand-in's default per index."""
+    gpus = [
         {
             "index": i,
             "name": "NVIDIA H100 80GB HBM3",
@@ -34,6 +37,9 @@ def fake_gpus(count: int = 8, used_fraction: float = 0.9, utilization: int = 0) 
         }
         for i in range(count)
     ]
+    for gpu, bus_id in zip(gpus, bus_ids or (), strict=False):
+        gpu["bus_id"] = bus_id
+    return gpus
 
 
 def write_fake_gpu_file(path: str | Path, gpus: list[dict]) -> None:

@@ -75,7 +75,7 @@ def test_errors_are_nvidia_ml_pys_classes_codes_and_texts():
         assert isinstance(standin.NVMLError_GpuIsLost(), standin.NVMLError)
 
 
-@pytest.mark.parametrize("structure", ["c_nvmlMemory_t", "c_nvmlMemory_v2_t", "c_nvmlUtilization_t"])
+@pytest.mark.parametrize("structure", ["c_nvmlMemory_t", "c_nvmlMemory_v2_t", "c_nvmlUtilization_t", "nvmlPciInfo_t"])
 def test_answers_have_nvidia_ml_pys_fields(structure):
     standin = nvml_standin.load("/nonexistent")
     assert getattr(standin, structure)._fields_ == getattr(real, structure)._fields_
@@ -115,6 +115,14 @@ def test_the_agents_nvml_backend_reads_the_files_values(tmp_path):
     got = [(r.memory_total_mib, r.memory_used_mib, r.utilization_pct, r.ecc_volatile_uncorrectable, r.lost, r.error)
            for r in backend.read((0, 1, 2, 3))]
     assert got == [(81559, 40779, 70, ecc, False, None) for ecc in (0, 2, 0, None)]
+    backend.close()
+
+
+def test_the_agents_nvml_backend_reads_each_gpus_bus_id(tmp_path):
+    """NVML's busId as the kernel log's XID lines name the GPU; a file without one: bus index + 1."""
+    gpus = fake_gpus(2, bus_ids=["00000000:DB:00.0"])
+    backend = nvml_standin.nvml_backend(written(tmp_path, gpus))
+    assert [r.pci for r in backend.read((0, 1))] == [(0, 0xDB, 0), (0, 2, 0)]
     backend.close()
 
 

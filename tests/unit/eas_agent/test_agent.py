@@ -42,7 +42,7 @@ class Gpus:
 
 
 def agent_of(fetchers, gpus, netdevs=()):
-    cfg = parse_config({"node": "n1", "rack": "r1", "listen": "127.0.0.1:0", "ius": [
+    cfg = parse_config({"node": "n1", "rack": "r1", "listen": "127.0.0.1:0", "kernel_log": False, "ius": [
         {"id": f"n1-iu{i}", "gpus": [i], "metrics_url": f"http://127.0.0.1:1/m{i}", "netdevs": list(netdevs)}
         for i in range(len(fetchers))]})
     pipelines = [IUPipeline(cfg, i, VllmCollector(fetch)) for i, fetch in enumerate(fetchers)]
@@ -192,6 +192,7 @@ def config(n_ius: int = 2, scrape_timeout_s: float = 0.15):
             "node": "n1",
             "rack": "r1",
             "listen": "127.0.0.1:0",
+            "kernel_log": False,  # the host's own /dev/kmsg is no input of these tests
             "scrape_timeout_s": scrape_timeout_s,
             "ius": [
                 {"id": f"n1-iu{i}", "gpus": [i], "metrics_url": f"http://127.0.0.1:1/m{i}"}

@@ -51,6 +51,7 @@ def config_dict(**extra) -> dict:
         "node": "n1",
         "rack": "r1",
         "listen": "127.0.0.1:0",
+        "kernel_log": False,  # the host's own /dev/kmsg is no input of these tests
         "ius": [{"id": f"n1-iu{i}", "gpus": [i], "metrics_url": f"http://127.0.0.1:1/m{i}"} for i in range(2)],
         **extra,
     }
@@ -242,8 +243,8 @@ def test_a_batch_during_a_cycle_never_replaces_its_body_with_an_older_base(agent
     pipeline = agent.pipelines[0]
     original = pipeline.run
 
-    def slow_run(now, metrics, scraped=None):
-        result = original(now, metrics, scraped)  # this IU's announced prompts are reconciled
+    def slow_run(now, metrics, scraped=None, kernel=None):
+        result = original(now, metrics, scraped, kernel)  # this IU's announced prompts are reconciled
         scoring.set()
         assert release.wait(5)
         return result

@@ -86,7 +86,11 @@ def event_calls(calls: list, pending: dict[str, list[int]], supported: bool = Tr
             raise NVMLError_Timeout()
         return types.SimpleNamespace(eventType=8, eventData=pending[event_set[0]].pop(0))
 
-    return dict(NVMLError_Timeout=NVMLError_Timeout, nvmlEventTypeXidCriticalError=8,
+    def pci_info(handle):  # nvidia-ml-py's busId: bytes, NVML's 8-digit domain
+        calls.append("pci")
+        return types.SimpleNamespace(busId=f"00000000:{0x18 + int(handle[1:]):02x}:00.0".encode())
+
+    return dict(NVMLError_Timeout=NVMLError_Timeout, nvmlEventTypeXidCriticalError=8, nvmlDeviceGetPciInfo=pci_info,
                 nvmlEventSetCreate=lambda: calls.append("create") or [], nvmlDeviceRegisterEvents=register,
                 nvmlEventSetWait=wait, nvmlEventSetFree=lambda event_set: calls.append("free"))
 
@@ -115,8 +119,10 @@ def test_nvml_backend_uses_only_cheap_calls(monkeypatch):
     readings = backend.read((0, 1))
     assert readings[0].utilization_pct == 91 and readings[0].memory_used_mib == 70 * 1024
     assert calls.count("handle") == 2 and calls.count("register") == 2  # handles and event sets kept
-    assert set(calls) == {"init", "handle", "create", "register", "memory", "util", "ecc", "wait"}
+    assert calls.count("pci") == 2  # the bus id once per handle, never per cycle
+    assert set(calls) == {"init", "handle", "create", "register", "memory", "util", "ecc", "wait", "pci"}
     assert readings[0].xid_events == 0 and readings[0].xid_last is None
+    assert [r.pci for r in readings] == [(0, 0x18, 0), (0, 0x19, 0)]
 
 
 def cheap_nvml(calls: list, pending: dict[str, list[int]], supported: bool = True) -> types.SimpleNamespace:
@@ -152,7 +158,7 @@ def test_a_gpu_whose_xid_events_nvml_refuses_has_no_count_not_zero():
     calls = []
     backend = NvmlBackend(nvml=cheap_nvml(calls, {}, supported=False))
     assert [(r.xid_events, r.error) for r in backend.read((0,))] == [(None, None)]
-    assert calls == ["create", "register", "free"]  # the refused set is given back
+    assert calls == ["create", "register", "free", "pci"]  # the refused set is given back
 
 
 def test_nvml_backend_without_driver_is_a_clear_error(monkeypatch):
