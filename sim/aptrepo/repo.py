@@ -5,7 +5,12 @@
     <root>/hashicorp/                                      dists/<suite>/main/binary-amd64/Packages(.gz),
         dists/<suite>/{Release,Release.gpg,InRelease}, pool/main/c/consul/*.deb, gpg (armored key, HashiCorp's URL)
 
-One throwaway ed25519 key signs both (its GNUPGHOME is a short-lived 0700 temp dir, deleted after the build). A build is
+    <root>/site-mirror/{nvidia,hashicorp}/...              the same trees re-signed with another key, as a site's
+        mirror publishes them (aptly publish, Pulp, Artifactory sign the Release files with the site's key), and
+        key.asc, that key (a site hands it to its hosts out of band; the roles' *_mirror_key variables)
+
+One throwaway ed25519 key signs both vendors' trees, another the site mirror's (their GNUPGHOME is a short-lived
+0700 temp dir, deleted after the build). A build is
 keyed by its recipe (the catalog, the consul stand-in's sources and the URL it is served at): an
 unchanged recipe reuses the tree, a changed one rebuilds it; concurrent builders serialize on a lock file.
 """
@@ -33,6 +38,8 @@ NVIDIA_DISTRO, NVIDIA_ARCH = "ubuntu2204", "x86_64"
 HASHICORP_PATH = "hashicorp"
 HASHICORP_SUITES = ("jammy", "noble", "bookworm")
 KEY_UID = "clusterctl stand-in apt repositories (throwaway) <aptrepo@clusterctl.invalid>"
+MIRROR_KEY_UID = "clusterctl stand-in site mirror (throwaway) <site-mirror@clusterctl.invalid>"
+SITE_MIRROR_PATH = "site-mirror"
 CONSUL_STANDIN_DIR = "/usr/lib/consul-standin"
 RECIPE_FILE = ".recipe"
 
@@ -42,6 +49,7 @@ class Repositories:
     root: Path
     base_url: str
     fingerprint: str
+    mirror_fingerprint: str
 
     @property
     def nvidia_repo_url(self) -> str:
@@ -52,6 +60,21 @@ class Repositories:
     def hashicorp_repo_url(self) -> str:
         """The value for ``consul_agent_repo_url`` (the role appends nothing; the key is at <url>/gpg)."""
         return f"{self.base_url}/{HASHICORP_PATH}"
+
+    @property
+    def mirror_nvidia_repo_url(self) -> str:
+        """``nvidia_stack_repo_url`` of the re-signed copy (with ``nvidia_stack_mirror_key``: ``mirror_key``)."""
+        return f"{self.base_url}/{SITE_MIRROR_PATH}/{NVIDIA_PATH}"
+
+    @property
+    def mirror_hashicorp_repo_url(self) -> str:
+        """``consul_agent_repo_url`` of the re-signed copy (with ``consul_agent_mirror_key``: ``mirror_key``)."""
+        return f"{self.base_url}/{SITE_MIRROR_PATH}/{HASHICORP_PATH}"
+
+    @property
+    def mirror_key(self) -> Path:
+        """The re-signed copy's key, armored (fingerprint ``mirror_fingerprint``)."""
+        return self.root / SITE_MIRROR_PATH / "key.asc"
 
     def packages(self) -> list[dict[str, str]]:
         """Every package of both repositories as its index lists it (Package, Version, Filename, ...)."""
@@ -94,11 +117,13 @@ def build_repositories(dest: Path, base_url: str) -> Repositories:
         fcntl.flock(lock, fcntl.LOCK_EX)
         recorded = dest / RECIPE_FILE
         if recorded.is_file() and json.loads(recorded.read_text())["recipe"] == want:
-            return Repositories(dest, base_url, json.loads(recorded.read_text())["fingerprint"])
+            built = json.loads(recorded.read_text())
+            return Repositories(dest, base_url, built["fingerprint"], built["mirror_fingerprint"])
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
         try:
-            fingerprint = _build(staging, base_url)
-            (staging / RECIPE_FILE).write_text(json.dumps({"recipe": want, "fingerprint": fingerprint}))
+            fingerprint, mirror_fingerprint = _build(staging, base_url)
+            (staging / RECIPE_FILE).write_text(json.dumps(
+                {"recipe": want, "fingerprint": fingerprint, "mirror_fingerprint": mirror_fingerprint}))
             if dest.exists():
                 shutil.rmtree(dest)
             staging.rename(dest)
@@ -106,15 +131,16 @@ def build_repositories(dest: Path, base_url: str) -> Repositories:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         os.chmod(dest, 0o755)
-        return Repositories(dest, base_url, fingerprint)
+        return Repositories(dest, base_url, fingerprint, mirror_fingerprint)
 
 
-def _build(root: Path, base_url: str) -> str:
+def _build(root: Path, base_url: str) -> tuple[str, str]:
     # Not under root: gpg-agent puts its socket in the homedir, and a Unix socket path has at most 107 bytes;
     # a deep build directory (a test's tmp_path under an xdist worker) left the agent unable to start.
     gnupg = Path(tempfile.mkdtemp(prefix="clusterctl-gpg-"))
     try:
-        return _build_signed(root, gnupg, base_url)
+        fingerprint = _build_signed(root, gnupg, base_url)
+        return fingerprint, _resign_as_site_mirror(root, gnupg)
     finally:
         # gpg starts an agent for the secret key; stop it so no process or socket outlives the build.
         subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], capture_output=True)
@@ -122,7 +148,7 @@ def _build(root: Path, base_url: str) -> str:
 
 
 def _build_signed(root: Path, gnupg: Path, base_url: str) -> str:
-    fingerprint = _make_key(gnupg)
+    fingerprint = _make_key(gnupg, KEY_UID)
     armored = _gpg(gnupg, "--armor", "--export", fingerprint)
     binary = subprocess.run(["gpg", "--homedir", str(gnupg), "--batch", "--export", fingerprint],
                             check=True, capture_output=True).stdout
@@ -151,10 +177,25 @@ def _build_signed(root: Path, gnupg: Path, base_url: str) -> str:
     return fingerprint
 
 
-def _make_key(gnupg: Path) -> str:
-    _gpg(gnupg, "--passphrase", "", "--pinentry-mode", "loopback", "--quick-gen-key", KEY_UID, "ed25519", "sign",
+def _resign_as_site_mirror(root: Path, gnupg: Path) -> str:
+    """Both vendor trees under site-mirror/, the packages and indexes unchanged (hard links), every Release signed
+    again with the site's key: what a client that trusts only the vendor's key cannot verify."""
+    fingerprint = _make_key(gnupg, MIRROR_KEY_UID)
+    mirror = root / SITE_MIRROR_PATH
+    for vendor in (NVIDIA_PATH.split("/")[0], HASHICORP_PATH):
+        shutil.copytree(root / vendor, mirror / vendor, copy_function=os.link)
+    for release in sorted(mirror.rglob("Release")):
+        for signature in ("InRelease", "Release.gpg"):
+            (release.parent / signature).unlink()  # a link to the vendor's: replaced, never written through
+        _sign(release.parent, gnupg, fingerprint)
+    (mirror / "key.asc").write_text(_gpg(gnupg, "--armor", "--export", fingerprint))
+    return fingerprint
+
+
+def _make_key(gnupg: Path, uid: str) -> str:
+    _gpg(gnupg, "--passphrase", "", "--pinentry-mode", "loopback", "--quick-gen-key", uid, "ed25519", "sign",
          "never")
-    listing = _gpg(gnupg, "--with-colons", "--list-secret-keys")
+    listing = _gpg(gnupg, "--with-colons", "--list-secret-keys", f"={uid}")
     return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
 
 
@@ -180,6 +221,10 @@ def _release(directory: Path, gnupg: Path, fingerprint: str, fields: dict[str, s
     if done.returncode != 0:
         raise RuntimeError(f"apt-ftparchive release {directory} failed: {done.stderr.strip()[-500:]}")
     (directory / "Release").write_text(done.stdout)
+    _sign(directory, gnupg, fingerprint)
+
+
+def _sign(directory: Path, gnupg: Path, fingerprint: str) -> None:
     sign = ["--local-user", fingerprint, "--digest-algo", "SHA512"]
     _gpg(gnupg, *sign, "--clearsign", "--output", str(directory / "InRelease"), str(directory / "Release"))
     _gpg(gnupg, *sign, "--armor", "--detach-sign", "--output", str(directory / "Release.gpg"),

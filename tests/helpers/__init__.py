@@ -25,6 +25,17 @@ def role_tasks(role: str, file: str) -> list[dict]:
     return tasks
 
 
+def render_role_text(text: str, variables: dict):
+    """``text`` templated as Ansible templates a task argument, with the playbooks' filters: a role's expression
+    checked in-process, without a play."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import filter_loader
+    from ansible.template import Templar, trust_as_template
+
+    filter_loader.add_directory(str(REPO / "playbooks/filter_plugins"))
+    return Templar(loader=DataLoader(), variables=variables).template(trust_as_template(text))
+
+
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     """Run ``clusterctl ARGS`` in-process; return (exit code, stdout, stderr)."""
     try:

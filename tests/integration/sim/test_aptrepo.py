@@ -3,6 +3,7 @@ them when tampered with), with the vendors' names, versions, dependencies and un
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -133,7 +134,7 @@ def test_a_tampered_index_fails_apt(served, tmp_path):
     packages.write_text(packages.read_text().replace("Version: 1.20.1-1", "Version: 9.9.9-1"))
     (packages.parent / "Packages.gz").unlink()
     with serve(copy, "127.0.9.253") as url:
-        tampered = type(repos)(copy, url, repos.fingerprint)
+        tampered = dataclasses.replace(repos, root=copy, base_url=url)
         options = apt_root(tmp_path / "apt", tampered)
         update = apt("apt-get", *options, "update")
     assert "Hash Sum mismatch" in update.stderr or "File has unexpected size" in update.stderr, update.stderr
@@ -169,6 +170,7 @@ def test_an_unchanged_recipe_reuses_the_build_and_a_changed_one_rebuilds(served,
     stamp = marker.stat().st_mtime_ns
     again = build_repositories(root, "http://127.0.9.254:1")
     assert again.fingerprint == first.fingerprint and marker.stat().st_mtime_ns == stamp
+    assert again.mirror_fingerprint == first.mirror_fingerprint != first.fingerprint
     moved = build_repositories(root, "http://127.0.9.254:2")
     assert moved.fingerprint != first.fingerprint
     assert not (root / ".gnupg").exists()  # the throwaway secret key is gone with the build

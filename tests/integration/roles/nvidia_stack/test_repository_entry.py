@@ -5,7 +5,11 @@ from, so the role must point the entry at nvidia_stack_repo_url or apt never rea
 The task file runs unchanged with connection local, in a mount namespace of its own: /etc/apt/sources.list.d
 and /usr/share/keyrings are temporary directories holding what the stand-in cuda-keyring installs, /etc/hosts
 sends NVIDIA's server to a loopback address where nothing listens (the air gap), and APT_CONFIG keeps apt's
-lists, cache and configuration in the temporary directory. This host's own apt state is never touched."""
+lists, cache and configuration in the temporary directory. This host's own apt state is never touched.
+
+A mirror that re-signs the repository with the site's key (the stand-in's site-mirror/ copy) is checked with
+apt itself on the entry and key file the role's expressions render: refused with cuda-keyring's key, verified
+with the mirror's."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import yaml
 
 from sim.aptrepo import build_repositories, serve
 from sim.aptrepo.serve import make_server
+from tests.helpers import render_role_text, role_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +57,7 @@ def installed_keyring(tmp_path: Path, repos) -> Path:
     subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
     (tmp_path / "sources.list.d").mkdir()
     (tmp_path / "keyrings").mkdir()
+    (tmp_path / "etc-keyrings").mkdir()
     shutil.copy(unpacked / KEYRING_LIST, tmp_path / "sources.list.d")
     shutil.copy(unpacked / "usr/share/keyrings/cuda-archive-keyring.gpg", tmp_path / "keyrings")
     for sub in ("lists/partial", "cache/archives/partial", "empty"):
@@ -69,7 +75,7 @@ def in_namespace(tmp_path: Path, *commands: list[str]) -> subprocess.CompletedPr
     """Run ``commands`` one after the other (stopping at the first failure) with the temporary apt directories
     mounted over the host's, in a mount namespace that ends with them."""
     mounts = [("sources.list.d", "/etc/apt/sources.list.d"), ("keyrings", "/usr/share/keyrings"),
-              ("hosts", "/etc/hosts")]
+              ("etc-keyrings", "/etc/apt/keyrings"), ("hosts", "/etc/hosts")]
     script = "set -e\n" + "".join(f"mount --bind {shlex.quote(str(tmp_path / src))} {dest}\n" for src, dest in mounts)
     script += "".join(shlex.join(command) + "\n" for command in commands)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "APT_", "http_", "https_"))}
@@ -93,6 +99,9 @@ def role_run(tmp_path: Path, repos) -> list[str]:
         "_nvidia_stack_repo": f"{repos.nvidia_repo_url}/ubuntu2204/x86_64",
         # what tasks/packages.yml read from dpkg first: the keyring installed, none of its files missing
         "_nvidia_stack_installed": {"cuda-keyring": "1.1-1"}, "_nvidia_stack_dpkg": {"stdout_lines": []},
+        # and main.yml's reading of the mirror key variables, unset: NVIDIA's signature, cuda-keyring's key
+        "_nvidia_stack_mirror_key": {"armored": "", "fingerprint": "", "problem": ""},
+        "_nvidia_stack_mirror_keyring": "/etc/apt/keyrings/cuda-mirror.asc",
         "clusterctl_proxy_env": {},
     }))
     return [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local", str(play),
@@ -128,3 +137,38 @@ def test_the_role_points_cuda_keyring_s_entry_at_the_mirror_and_apt_resolves_the
 
     again = in_namespace(tmp_path, role_run(tmp_path, mirror))
     assert again.returncode == 0 and changed(again) == 0, again.stdout[-3000:]
+
+
+def rendered_entry(tmp_path: Path, repos, key: str, fingerprint: str) -> None:
+    """What the role writes for these mirror key variables, rendered from its own tasks into the namespace's
+    directories: the key file (when one is set) and cuda-keyring's entry naming the re-signed copy."""
+    fact = role_tasks("nvidia_stack", "main.yml")[0]["ansible.builtin.set_fact"]["_nvidia_stack_mirror_key"]
+    variables = {"nvidia_stack_mirror_key": key, "nvidia_stack_mirror_key_fingerprint": fingerprint,
+                 "_nvidia_stack_mirror_keyring": "/etc/apt/keyrings/cuda-mirror.asc",
+                 "_nvidia_stack_repo": f"{repos.mirror_nvidia_repo_url}/ubuntu2204/x86_64"}
+    variables["_nvidia_stack_mirror_key"] = render_role_text(fact, variables)
+    tasks = {t["name"]: t for t in role_tasks("nvidia_stack", "repository.yml")}
+    entry = tasks["Point cuda-keyring's repository entry at nvidia_stack_repo_url"]
+    variables |= {name: render_role_text(text, variables) for name, text in entry["vars"].items()}
+    (tmp_path / "sources.list.d" / Path(KEYRING_LIST).name).write_text(
+        render_role_text(entry["ansible.builtin.copy"]["content"], variables))
+    if key:
+        (tmp_path / "etc-keyrings/cuda-mirror.asc").write_text(
+            render_role_text(tasks["Install the mirror's signing key"]["ansible.builtin.copy"]["content"], variables))
+
+
+def test_a_re_signing_mirror_fails_with_cuda_keyring_s_key_and_passes_with_its_own(mirror, tmp_path):
+    installed_keyring(tmp_path, mirror)
+    url = f"{mirror.mirror_nvidia_repo_url}/ubuntu2204/x86_64"
+    rendered_entry(tmp_path, mirror, "", "")
+    refused = in_namespace(tmp_path, ["apt-get", "update"])
+    assert refused.returncode != 0
+    assert (f"W: GPG error: {url}  InRelease: The following signatures couldn't be verified because the public key "
+            f"is not available: NO_PUBKEY {mirror.mirror_fingerprint[-16:]}") in refused.stderr, refused.stderr
+    assert f"E: The repository '{url}  InRelease' is not signed." in refused.stderr, refused.stderr
+
+    rendered_entry(tmp_path, mirror, str(mirror.mirror_key), mirror.mirror_fingerprint)
+    done = in_namespace(tmp_path, ["apt-get", "update"], ["apt-cache", "policy", "nvidia-fabricmanager-550"])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "W:" not in done.stderr and "E:" not in done.stderr, done.stderr
+    assert f"550.127.08-1 500\n        500 {url}  Packages" in done.stdout, done.stdout[-2000:]
