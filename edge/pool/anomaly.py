@@ -40,6 +40,7 @@ class Verdict:
 
 
 NO_FLAG = Verdict(None, 1.0, None)
+BUSY = "busy"  # out of the draw for its load alone: pick() still weighs it for a prompt it holds cached
 # Announced work judged as known (not an outlier): a herd of this many mean requests sent to one IU between
 # two scrapes, or one prompt at a long context (131072 tokens are ~64 mean requests of 2,000)
 ANNOUNCED_EXCUSED_REQUESTS = 64  # most IUs most of the time: one shared object, not one per IU per rebuild
@@ -169,7 +170,7 @@ class AnomalyDetector:
             return Verdict("frozen", weight, history.ramp_start)
         if center is not None and score is not None and self._high(score, center, spread):
             unexplained = score - own_prefill_s(entry.terms)
-            return Verdict("high_outlier" if self._high(unexplained, center, spread) else "busy", 0.0,
+            return Verdict("high_outlier" if self._high(unexplained, center, spread) else BUSY, 0.0,
                            history.ramp_start)
         if history.ramp_start is not None:
             return Verdict("ramp", 1.0, history.ramp_start)
