@@ -16,7 +16,9 @@ scores does not flag everything. Verdicts:
   without them the rest is not an outlier). Nothing is wrong with the IU, a long prompt is being prefilled,
   but it is gated (weight 0) all the same: out of the draw, p2c compares two IUs that can start sooner
   (bench/route_sim.py, 80% load, seeds 1-3: leaving it in the draw raised the default mode's p99 TTFT from
-  1.07x to 1.11x the oracle's).
+  1.07x to 1.11x the oracle's). For a prompt the IU holds cached, pick still weighs it on its cost beside
+  the sampled pair (edge/pool/pick.py's ``_with_affinity``): the gate is about the draw, not about the
+  prefill a hit there saves.
 - what the edges announced since the scrape (``announced_s``) is known work, not an outlier, up to
   :data:`ANNOUNCED_EXCUSED_REQUESTS` mean requests' prefill (``request_cost_s``); beyond that it is judged
   with the score: a broken or compromised announcer cannot raise an IU without its verdict seeing it.
