@@ -16,7 +16,9 @@ scores does not flag everything. Verdicts:
   without them the rest is not an outlier). Nothing is wrong with the IU, a long prompt is being prefilled,
   but it is gated (weight 0) all the same: out of the draw, p2c compares two IUs that can start sooner
   (bench/route_sim.py, 80% load, seeds 1-3: leaving it in the draw raised the default mode's p99 TTFT from
-  1.07x to 1.11x the oracle's).
+  1.07x to 1.11x the oracle's). For a prompt the IU holds cached, pick still weighs it on its cost beside
+  the sampled pair (edge/pool/pick.py's ``_with_affinity``): the gate is about the draw, not about the
+  prefill a hit there saves.
 - what the edges announced since the scrape (``announced_s``) is known work, not an outlier, up to
   :data:`ANNOUNCED_EXCUSED_REQUESTS` mean requests' prefill (``request_cost_s``); beyond that it is judged
   with the score: a broken or compromised announcer cannot raise an IU without its verdict seeing it.
@@ -40,6 +42,7 @@ class Verdict:
 
 
 NO_FLAG = Verdict(None, 1.0, None)
+BUSY = "busy"  # out of the draw for its load alone: pick() still weighs it for a prompt it holds cached
 # Announced work judged as known (not an outlier): a herd of this many mean requests sent to one IU between
 # two scrapes, or one prompt at a long context (131072 tokens are ~64 mean requests of 2,000)
 ANNOUNCED_EXCUSED_REQUESTS = 64  # most IUs most of the time: one shared object, not one per IU per rebuild
@@ -169,7 +172,7 @@ class AnomalyDetector:
             return Verdict("frozen", weight, history.ramp_start)
         if center is not None and score is not None and self._high(score, center, spread):
             unexplained = score - own_prefill_s(entry.terms)
-            return Verdict("high_outlier" if self._high(unexplained, center, spread) else "busy", 0.0,
+            return Verdict("high_outlier" if self._high(unexplained, center, spread) else BUSY, 0.0,
                            history.ramp_start)
         if history.ramp_start is not None:
             return Verdict("ramp", 1.0, history.ramp_start)

@@ -33,6 +33,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from edge.pool.anomaly import BUSY
 from edge.pool.view import IUEntry, Snapshot
 
 SAMPLE_TRIES = 8
@@ -265,8 +266,9 @@ def pick(
     cached: dict[str, int] | None = None,
 ) -> Choice:
     """``cached``: IU -> tokens of this request's prompt estimated in its prefix cache (edge/pool/prefix.py's
-    ``Cached``: IUs it does not name hold its default); those tokens cost no prefill there, and the IU holding the most of them is a third candidate beside the
-    sampled two (mode ``affinity`` when it wins)."""
+    ``Cached``: IUs it does not name hold its default); those tokens cost no prefill there, and the IU holding
+    the most of them is a third candidate beside the sampled two (mode ``affinity`` when it wins), even when
+    the anomaly detector set it aside as ``busy`` (:func:`_with_affinity`)."""
     candidates = snapshot.scored if now <= snapshot.fresh_until else _fresh(snapshot, now)
     if len(candidates) == 1:
         return Choice(candidates[0].iu_id, "single", _cost(candidates[0], ledger, prompt_tokens, now, cached))
@@ -279,7 +281,8 @@ def pick(
         else:
             choice = Choice(b.iu_id, "p2c", cost_b)
         if cached:  # IUs named: one of them may hold more of the prompt than the sampled two
-            return _with_affinity(choice, candidates, ledger, prompt_tokens, now, cached, (a.iu_id, b.iu_id))
+            return _with_affinity(choice, snapshot, candidates, ledger, prompt_tokens, now, cached,
+                                  (a.iu_id, b.iu_id))
         return choice
     if snapshot.healthy:
         inflight = ledger.inflight
@@ -289,19 +292,37 @@ def pick(
     return Choice(None, "none")
 
 
-def _with_affinity(choice: Choice, candidates, ledger: EdgeLedger, prompt_tokens: int | None, now: float,
-                   cached: dict[str, int], sampled: tuple[str, str]) -> Choice:
-    """The sampled pair's winner against the candidate holding the most of the prompt: the lower cost wins,
-    so the prefix stays where it is cached until that IU's wait outgrows the prefill the hit saves."""
+def _with_affinity(choice: Choice, snapshot: Snapshot, candidates, ledger: EdgeLedger, prompt_tokens: int | None,
+                   now: float, cached: dict[str, int], sampled: tuple[str, str]) -> Choice:
+    """The sampled pair's winner against the IU holding the most of the prompt: the lower cost wins, so the
+    prefix stays where it is cached until that IU's wait outgrows the prefill the hit saves.
+
+    That IU may be out of the draw as ``busy`` (edge/pool/anomaly.py: a score its own admitted prefill
+    explains): the gate keeps a busy IU from being sampled for prompts any IU can serve, but for this
+    prompt its cost (score, ledger and only the uncached prefill) is the honest comparison; without it a
+    conversation's turn leaves the IU holding its context whenever that IU is prefilling a long prompt, and
+    recomputes the whole context elsewhere. Not an IU gated for an unexplained score, a stale or a blocked
+    one (not routable here: ``snapshot.healthy`` is what this edge may use)."""
     best = max(cached, key=cached.__getitem__)
     if best in sampled:
         return choice
-    entry = next((e for e in candidates if e.iu_id == best), None)
-    if entry is None:  # not a candidate (stale, blocked): the next best that is
+    entry = next((e for e in candidates if e.iu_id == best), None) or _busy_entry(snapshot, best, now)
+    if entry is None:  # not a candidate (stale, blocked, gated): the next best that is
         ranked = sorted((n, iu) for iu, n in cached.items() if iu not in sampled)
-        by_id = {e.iu_id: e for e in candidates}
+        by_id = {e.iu_id: e for e in snapshot.healthy if _busy(e, now)}
+        by_id.update((e.iu_id, e) for e in candidates)
         entry = next((by_id[iu] for _, iu in reversed(ranked) if iu in by_id), None)
         if entry is None:
             return choice
     cost = _cost(entry, ledger, prompt_tokens, now, cached)
     return Choice(entry.iu_id, "affinity", cost) if cost < choice.expected_s else choice
+
+
+def _busy(entry: IUEntry, now: float) -> bool:
+    """Out of the draw only for its load: gated ``busy``, with a fresh score."""
+    return entry.anomaly == BUSY and entry.score is not None and now <= entry.stale_after
+
+
+def _busy_entry(snapshot: Snapshot, iu_id: str, now: float) -> IUEntry | None:
+    entry = next((e for e in snapshot.healthy if e.iu_id == iu_id), None)
+    return entry if entry is not None and _busy(entry, now) else None

@@ -1,6 +1,6 @@
 """edge/routing.py with the prefix index: a prompt's cached prefix costs no prefill on the IU holding it,
 that IU is a candidate beside the sampled pair ("sticky") until its wait outgrows the prefill it saves
-("until saturated"), an IU reporting caching off gets no credit, a conversation's home is agreed, and a
+("until saturated"), also when the anomaly detector set it aside as busy, an IU reporting caching off gets no credit, a conversation's home is agreed, and a
 prompt another edge sent is found through the agents' relay."""
 
 from __future__ import annotations
@@ -44,11 +44,14 @@ def score_body(scores: dict[str, float], hit_rate=None) -> dict:
 
 
 def view(scores: dict[str, float], hit_rate=None):
-    body = score_body(scores, hit_rate)
+    return view_of(score_body(scores, hit_rate))
+
+
+def view_of(body: dict):
     pool = PoolView(detector=AnomalyDetector(), clock=Clock(100.0))
     pool.apply_health([{"Node": {"Node": "n1"}, "Service": {"Service": "vllm-iu-n1", "ID": iu, "Address": "127.0.0.1", "Port": 8000,
                                     "Meta": {"node": "n1", "rack": "r"}},
-                        "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}]} for iu in scores])
+                        "Checks": [{"CheckID": f"eas:{iu}", "Status": "passing"}]} for iu in body["ius"]])
     pool.apply_kv([{"Key": "clusterctl/eas/dc1/n1", "Value": json.dumps(body).encode()}])
     return pool
 
@@ -152,3 +155,33 @@ def test_the_home_is_not_presumed_where_the_index_knows_the_conversation_is():
     assert decision.iu_id == "n1-iu5" and decision.cached_tokens == 4_096
     unknown = Router(random.Random(0), prefix=PrefixIndex()).choose(pool.snapshot(), 100.05, 4_700, prefix=turn)
     assert unknown.iu_id == home and unknown.cached_tokens == 4_400  # nothing known: the home is presumed
+
+
+def holder_prefilling(score: float, admitted_tokens: int):
+    """Seven IUs at 0-0.07 s and the holder, n1-iu5, at ``score`` with ``admitted_tokens`` of admitted prompt
+    not yet prefilled (10,000 tokens/s): explained by them, the detector calls it busy (out of the draw)."""
+    body = score_body(spread(0.01))
+    holder = body["ius"]["n1-iu5"]
+    holder["score"] = score
+    holder["components"] = {**holder["components"], "admitted_prefill_tokens": admitted_tokens}
+    return view_of(body)
+
+
+def test_the_iu_holding_the_prefix_competes_on_its_cost_while_busy_with_a_long_prefill():
+    pool = holder_prefilling(0.3, 3_000)  # 0.3 s of its own prefill ahead; the hit saves 0.41 s
+    assert pool.snapshot().by_id()["n1-iu5"].anomaly == "busy"
+    assert "n1-iu5" not in {e.iu_id for e in pool.snapshot().scored}  # out of the draw
+    assert choices(pool, router_with)["n1-iu5"] == 400
+    decision = router_with(0).choose(pool.snapshot(), 100.05, 4096, prefix=PROMPT)
+    assert decision.mode == "affinity" and decision.expected_s == pytest.approx(0.3001)
+    # past the saved prefill the load decides: 0.6 s ahead against at most 0.07 + 0.41 s elsewhere
+    assert choices(holder_prefilling(0.6, 6_000), router_with)["n1-iu5"] == 0
+
+
+def test_an_unexplained_high_score_or_this_edge_blocking_it_keeps_the_holder_out():
+    outlier = holder_prefilling(0.3, 0)  # nothing admitted explains the score: an implausible reading
+    assert outlier.snapshot().by_id()["n1-iu5"].anomaly == "high_outlier"
+    assert choices(outlier, router_with)["n1-iu5"] == 0
+    busy = holder_prefilling(0.3, 3_000)
+    blocked = router_with(0).choose(busy.snapshot(), 100.05, 4096, exclude={"n1-iu5"}, prefix=PROMPT)
+    assert blocked.iu_id != "n1-iu5"  # already tried for this request (or ejected, silent, at the cap)
