@@ -127,11 +127,19 @@ class ConsulServer:
         return {"name": self.name, "address": self.address, "dedicated": self.dedicated,
                 "runs_ius_because": self.runs_ius_because}
 
-    def describe(self) -> str:
+    @property
+    def kind(self) -> str:
         if self.dedicated:
-            return f"{self.name} {self.address}  dedicated"
-        reason = f" (accepted: {self.runs_ius_because})" if self.runs_ius_because else ""
-        return f"{self.name} {self.address}  on a GPU node, runs IUs{reason}"
+            return "dedicated"
+        return f"runs IUs: {ACCEPTED_VAR}" if self.runs_ius_because else "runs IUs"
+
+
+def summary(found: tuple[ConsulServer, ...]) -> str:
+    """``consul01, consul02 (dedicated)``: the servers, grouped by kind in their order; "none" without any."""
+    kinds: dict[str, list[str]] = {}
+    for server in found:
+        kinds.setdefault(server.kind, []).append(server.name)
+    return "; ".join(f"{', '.join(names)} ({kind})" for kind, names in kinds.items()) or "none"
 
 
 def servers_of(hosts: Mapping[str, Mapping[str, Any]], order: list[str] | None = None) -> tuple[ConsulServer, ...]:

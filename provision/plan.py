@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from cluster import validate
+from cluster import servers, validate
 from cluster.ansible import vault
 from cluster.ansible.inventory import InventoryError, cluster_of, load_inventory
 from cluster.validate import problem_lines as format_problems
@@ -256,6 +256,7 @@ class Plan:
     tags: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # Consul security settings the inventory weakens (validate.security_warnings)
     plays: tuple[PlayPlan, ...] = ()
+    consul_servers: tuple[servers.ConsulServer, ...] = ()  # the inventory's, as the model lists them
 
     def batch_of(self, host: str) -> int | None:
         """The first batch ``host`` runs in."""
@@ -292,6 +293,7 @@ class Plan:
             "batches": [list(b) for b in self.batches],
             "plays": [{"name": p.name, "roles": [s.role for s in p.roles], "batches": list(p.batches)}
                       for p in self.plays],
+            "consul_servers": [s.to_json() for s in self.consul_servers],
         }
 
 
@@ -312,7 +314,7 @@ def make_plan(
     secrets = vault.configured_vault_secrets() if vault_secrets is None else vault_secrets
     check_tags(resolve_playbook(playbook), tags)  # a typo costs nothing: before the inventory is read
     loaded = load_inventory(inventory, limit, secrets, check_vault=True)
-    cluster_of(loaded)
+    cluster = cluster_of(loaded)
     # The playbook reads every variable, the model only its own: a vault value that will not decrypt (no or
     # the wrong password) is an inventory error here, before any host, not a failed task in batch 1.
     if problems := loaded.undecryptable:
@@ -342,4 +344,5 @@ def make_plan(
         tags=tuple(tags),
         warnings=tuple(validate.security_warnings(loaded.selected)),
         plays=tuple(plays),
+        consul_servers=cluster.consul_servers,
     )
