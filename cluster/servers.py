@@ -57,9 +57,10 @@ def _acls_on(hv: Mapping[str, Any]) -> bool:
 
 def accepted(hv: Mapping[str, Any]) -> dict[str, str]:
     """The inventory's ``{host: reason}`` of GPU nodes that run a Consul server on purpose (typed by
-    :func:`cluster.shapes.server_reasons`; a value of another type is that rule's problem, read as none here)."""
+    :func:`cluster.shapes.server_reasons`): an entry without a reason, or a value of another type, is that rule's
+    problem and names no host here, so the server it meant is refused too."""
     raw = hv.get(ACCEPTED_VAR)
-    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    return {str(k): v for k, v in raw.items() if isinstance(v, str) and v.strip()} if isinstance(raw, Mapping) else {}
 
 
 def check_dedicated_server(host: str, hv: Mapping[str, Any]) -> list[Problem]:
