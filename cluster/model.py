@@ -20,13 +20,16 @@ Host variables read here (group_vars / host_vars / inline, resolved the way Ansi
 
 Defaults and the list of variables are :mod:`cluster.spec`'s; the node's other settings (connection,
 Consul, preflight, version pins) are :class:`cluster.settings.NodeSettings`, on ``Node.settings``.
+
+A host of ``dedicated_consul_servers`` is no node: none of the table is read for it, and the cluster lists it
+with every other Consul server in ``Cluster.consul_servers`` (:mod:`cluster.servers`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster import spec
 from cluster.settings import NodeSettings, node_settings
@@ -42,6 +45,9 @@ from cluster.spec import (  # noqa: F401 - the model's constants, re-exported fo
     value,
 )
 from consul_io import layout as consul_layout
+
+if TYPE_CHECKING:
+    from cluster.servers import ConsulServer
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ class Rack:
 @dataclass(frozen=True)
 class Cluster:
     racks: tuple[Rack, ...]
+    consul_servers: tuple[ConsulServer, ...] = ()  # the dedicated ones and the GPU nodes among them
 
     def nodes(self) -> Iterator[Node]:
         for rack in self.racks:
@@ -142,7 +149,8 @@ class Cluster:
             yield from node.ius
 
     def to_json(self) -> dict[str, Any]:
-        return {"racks": [r.to_json() for r in self.racks]}
+        return {"racks": [r.to_json() for r in self.racks],
+                "consul_servers": [s.to_json() for s in self.consul_servers]}
 
 
 def rack_groups(group_names: list[str]) -> list[str]:
@@ -240,11 +248,17 @@ def build_node(name: str, hostvars: Mapping[str, Any]) -> Node:
     )
 
 
-def build_cluster(hosts: Mapping[str, Mapping[str, Any]]) -> Cluster:
+def build_cluster(hosts: Mapping[str, Mapping[str, Any]], server_order: list[str] | None = None) -> Cluster:
+    """The racks of the GPU nodes among ``hosts`` and the Consul servers (``server_order``: the group's)."""
+    from cluster import servers  # it reads the edges' groups, and cluster.edges reads this module
+
     by_rack: dict[str, list[Node]] = {}
     for name in hosts:
+        if servers.is_dedicated(hosts[name]):
+            continue
         node = build_node(name, hosts[name])
         by_rack.setdefault(node.rack, []).append(node)
     return Cluster(
-        racks=tuple(Rack(name=r, nodes=tuple(sorted(ns, key=lambda n: n.name))) for r, ns in sorted(by_rack.items()))
+        racks=tuple(Rack(name=r, nodes=tuple(sorted(ns, key=lambda n: n.name))) for r, ns in sorted(by_rack.items())),
+        consul_servers=servers.servers_of(hosts, server_order),
     )

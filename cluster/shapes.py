@@ -80,3 +80,16 @@ def kernel_args(raw: Any) -> tuple[str, ...]:
     if bad:
         raise Invalid(parts=bad)
     return tuple(raw)
+
+
+def server_reasons(raw: Any) -> dict[str, str]:
+    """``{host: reason}``: the GPU nodes an inventory runs a Consul server on, on purpose (cluster.servers)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise Invalid("must be a mapping {host: why this GPU node runs a Consul server}")
+    bad = [(f".{host}", why, "the reason must be a non-empty string") for host, why in raw.items()
+           if not isinstance(why, str) or not why.strip()]
+    if bad:
+        raise Invalid(parts=bad)
+    return {str(host): why for host, why in raw.items()}

@@ -52,6 +52,7 @@ from cluster.shapes import (  # noqa: F401
     ifname_rule,
     is_host_name,
     kernel_args,
+    server_reasons,
     shell_words,
 )
 from common.text import suggest
@@ -346,6 +347,7 @@ class HostVars:
     # which variable it could not decrypt.
     consul_token: Any = var(None, secret_text, secret=True)
     consul_token_file: str | None = var(None, text)
+    consul_servers_running_ius: dict[str, str] = var({}, server_reasons)  # cluster.servers: the reasons
     # -- preflight (preflight_overrides is validated against the profile schema by preflight.profiles)
     preflight_profile: str | None = var(None, text)
     preflight_overrides: Any = var()

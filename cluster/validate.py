@@ -4,7 +4,9 @@ Runs on resolved host variables before anything contacts a host. Each variable's
 declared in :class:`cluster.spec.HostVars` and applied by the first and last rules
 (:func:`cluster.spec.check_layout_variables`, :func:`cluster.spec.check_setting_types`); the rules here relate
 variables to each other (a layout against the GPU count, ports against the IUs, a host's rack groups,
-Redfish against the BMC variables; the edges and balancers groups in :mod:`cluster.edges`). Rules are small functions
+Redfish against the BMC variables; the edges and balancers groups in :mod:`cluster.edges`, the Consul servers in
+:mod:`cluster.servers`). A dedicated Consul server has no layout: :func:`host_rules` gives it
+:data:`DEDICATED_SERVER_RULES`, every other host :data:`HOST_RULES`. Rules are small functions
 ``check_<what>(host, hostvars) -> problems`` so that each can be read (and tested) on its own.
 """
 
@@ -14,11 +16,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from cluster import edges, model, spec
+from cluster import edges, model, servers, spec
 from cluster.spec import Problem
 from common.text import plural
 
 BMC_VARS = ("bmc_address", "bmc_username", "bmc_password")
+# Role variables the host rules read besides cluster.spec's (the roles' filter passes them too).
+ROLE_VARS_READ = (*BMC_VARS, "consul_agent_acl_enabled")
 
 
 _int = spec.integer
@@ -155,9 +159,21 @@ HOST_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
     check_ports,
     check_redfish,
     edges.check_edge_host,
+    servers.check_server_running_ius,
     check_management_token,
     spec.check_setting_types,
 )
+# A dedicated Consul server: no rack, GPUs, IUs or edge, so none of the layout's rules (cluster.servers).
+DEDICATED_SERVER_RULES: tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...] = (
+    check_host_name,
+    servers.check_dedicated_server,
+    check_management_token,
+    spec.check_setting_types,
+)
+
+
+def host_rules(hv: Mapping[str, Any]) -> tuple[Callable[[str, Mapping[str, Any]], list[Problem]], ...]:
+    return DEDICATED_SERVER_RULES if servers.is_dedicated(hv) else HOST_RULES
 
 
 def _shared(hosts: Mapping[str, Mapping[str, Any]], key: Callable[[str, Mapping[str, Any]], str | None]) -> dict[str, list[str]]:
@@ -217,11 +233,12 @@ def validate(selected: Mapping[str, Mapping[str, Any]], everyone: Mapping[str, M
     if not selected:
         problems.append(Problem("-", "hosts", None, "the inventory (or --limit) selects no hosts"))
     for name in sorted(selected):
-        for rule in HOST_RULES:
+        for rule in host_rules(selected[name]):
             problems += rule(name, selected[name])
     problems += [p for p in check_duplicate_addresses(everyone or selected) if p.host in selected]
     problems += [p for p in check_shared_node_tokens(everyone or selected) if p.host in selected]
     problems += [p for p in edges.check_groups(everyone or selected) if p.host in selected]
+    problems += [p for p in servers.check_accepted_list(everyone or selected) if p.host in selected]
     return problems
 
 
@@ -268,6 +285,10 @@ _CONSUL_SECRETS = (
 )
 
 
+# What only a host with IUs needs: a dedicated Consul server registers no IU service.
+_IU_SECRETS = ("consul_agent_acl_registration_token",)
+
+
 def _off(value: Any) -> bool:
     return value is False or (isinstance(value, str) and value.strip().lower() in ("false", "no", "off", "0"))
 
@@ -287,7 +308,8 @@ def check_consul_security(host: str, hv: Mapping[str, Any]) -> list[Problem]:
         if not _off(hv.get(switch)):
             found += [Problem(host, var, None, f"{switch} is on (the default) but this secret is not set: the "
                                                "consul_agent role will stop on this host") for var in secrets
-                      if _unset(hv, var) and not (var == "consul_token" and not (
+                      if _unset(hv, var) and not (var in _IU_SECRETS and servers.is_dedicated(hv))
+                      and not (var == "consul_token" and not (
                           _unset(hv, "consul_token_file") and _unset(hv, "consul_agent_acl_operator_token")))]
     return found
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from cluster import validate
+from cluster import servers, validate
 from cluster.ansible import vault
 from cluster.ansible.inventory import InventoryError, cluster_of, load_inventory
 from cluster.validate import problem_lines as format_problems
@@ -185,22 +185,38 @@ def resolve_playbook(name: str) -> Path:
                          f"(playbooks: {', '.join(known)})")
 
 
-# A play's hosts the plan can follow: one name (``all``, a group, a host); Ansible's full pattern language
-# (``a:b``, ``&``, ``!``, globs) is not re-implemented here.
-_SIMPLE_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
+# A play's hosts the plan can follow: names (``all``, a group, a host) joined by ``:``, each one optionally
+# ``!`` (leave out) or ``&`` (only those also in); Ansible's globs and regular expressions are not
+# re-implemented here.
+_SIMPLE_PATTERN = re.compile(r"^[!&]?[A-Za-z0-9_.-]+$")
+
+
+def _matching(name: str, everyone: Sequence[str], groups: Mapping[str, Sequence[str]]) -> list[str]:
+    """One name's hosts in their order (``all``: inventory order; a group: the group's; a host: itself)."""
+    return list(everyone) if name == "all" else list(groups.get(name) or ([name] if name in everyone else []))
 
 
 def play_hosts(pattern: Any, everyone: Sequence[str], groups: Mapping[str, Sequence[str]],
                selected: Sequence[str], where: str) -> list[str]:
-    """The hosts a play with ``hosts: pattern`` runs on, in its order: the pattern's order (``all``:
-    inventory order; a group: the group's), filtered by the ``--limit`` selection, as Ansible's
-    ``InventoryManager.get_hosts`` does. A group the inventory lacks matches nothing (Ansible warns)."""
+    """The hosts a play with ``hosts: pattern`` runs on, in its order, filtered by the ``--limit`` selection,
+    as Ansible's ``InventoryManager.get_hosts`` forms them: the plain names first (their hosts in order, each
+    once), then every ``&`` name keeps only its hosts, then every ``!`` name takes its hosts out
+    (``order_patterns``, ``_evaluate_patterns``). A group the inventory lacks matches nothing."""
     text = str(pattern or "").strip()
-    if not _SIMPLE_PATTERN.match(text):
-        raise InventoryError(f"{where}: hosts {text!r}: the plan follows a host, a group or all, not this pattern")
-    order = everyone if text == "all" else groups.get(text) or ([text] if text in everyone else [])
+    terms = [t.strip() for t in text.split(":")] if text else []
+    if not terms or not all(_SIMPLE_PATTERN.match(t) for t in terms):
+        raise InventoryError(f"{where}: hosts {text!r}: the plan follows hosts, groups and all joined by ':' "
+                             "(each optionally '!' or '&'), not this pattern")
+    plain = [t for t in terms if t[0] not in "!&"] or ["all"]  # only exclusions: Ansible starts from all
+    hosts: list[str] = []
+    for term in plain:
+        hosts += [h for h in _matching(term, everyone, groups) if h not in hosts]
+    for term in (t for t in terms if t[0] == "&"):
+        hosts = [h for h in hosts if h in set(_matching(term[1:], everyone, groups))]
+    for term in (t for t in terms if t[0] == "!"):
+        hosts = [h for h in hosts if h not in set(_matching(term[1:], everyone, groups))]
     chosen = set(selected)
-    return [host for host in order if host in chosen]
+    return [host for host in hosts if host in chosen]
 
 
 def play_serial(serial: Any, sizes: Sequence[int | str], where: str) -> list[int | str]:
@@ -240,6 +256,7 @@ class Plan:
     tags: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # Consul security settings the inventory weakens (validate.security_warnings)
     plays: tuple[PlayPlan, ...] = ()
+    consul_servers: tuple[servers.ConsulServer, ...] = ()  # the inventory's, as the model lists them
 
     def batch_of(self, host: str) -> int | None:
         """The first batch ``host`` runs in."""
@@ -276,6 +293,7 @@ class Plan:
             "batches": [list(b) for b in self.batches],
             "plays": [{"name": p.name, "roles": [s.role for s in p.roles], "batches": list(p.batches)}
                       for p in self.plays],
+            "consul_servers": [s.to_json() for s in self.consul_servers],
         }
 
 
@@ -296,7 +314,7 @@ def make_plan(
     secrets = vault.configured_vault_secrets() if vault_secrets is None else vault_secrets
     check_tags(resolve_playbook(playbook), tags)  # a typo costs nothing: before the inventory is read
     loaded = load_inventory(inventory, limit, secrets, check_vault=True)
-    cluster_of(loaded)
+    cluster = cluster_of(loaded)
     # The playbook reads every variable, the model only its own: a vault value that will not decrypt (no or
     # the wrong password) is an inventory error here, before any host, not a failed task in batch 1.
     if problems := loaded.undecryptable:
@@ -326,4 +344,5 @@ def make_plan(
         tags=tuple(tags),
         warnings=tuple(validate.security_warnings(loaded.selected)),
         plays=tuple(plays),
+        consul_servers=cluster.consul_servers,
     )

@@ -12,6 +12,7 @@ from rich.tree import Tree
 from cli import app
 from cli.help import SuggestingGroup, examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
+from cluster import servers as srv
 from cluster import validate as val
 from cluster.ansible import inventory as inv
 from cluster.ansible import vault
@@ -47,6 +48,10 @@ def cluster_tree(cluster: Cluster, title: str) -> Tree:
         f": {plural(len(cluster.racks), 'rack')}, {plural(len(nodes), 'node')}, "
         f"{plural(sum(len(n.ius) for n in nodes), 'IU')}, {plural(sum(n.gpu_count for n in nodes), 'GPU')}",
     ))
+    if cluster.consul_servers:
+        branch = tree.add(Text(f"Consul servers ({len(cluster.consul_servers)})", style="bold cyan"))
+        for server in cluster.consul_servers:
+            branch.add(Text.assemble((server.name, "bold"), f" {server.address}  {server.kind}"))
     for rack in cluster.racks:
         rack_branch = tree.add(Text(f"rack {rack.name}", style="bold cyan"))
         for node in rack.nodes:
@@ -82,6 +87,7 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
     # value it does not decrypt is what provision would stop on
     sealed = loaded.undecryptable if loaded.placeholders_checked else []
     lines = val.problem_lines(problems) + sealed
+    consul_servers = srv.servers_of(loaded.selected, loaded.groups.get(srv.SERVERS_GROUP))
     warnings = [] if lines else val.security_warnings(loaded.selected)
     notes = [f"{plural(loaded.sealed, 'vault-encrypted value')} not checked for placeholders (no vault password: "
              "pass --vault-password-file to check them)"] if loaded.sealed and not loaded.placeholders_checked else []
@@ -91,7 +97,7 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
             "problems": [{"where": p.host, "where_kind": p.place_kind, "variable": p.variable, "message": p.message}
                          for p in problems] + [{"where": None, "where_kind": "vault", "variable": None,
                                                 "message": line} for line in sealed],
-            "warnings": warnings, "notes": notes,
+            "warnings": warnings, "notes": notes, "consul_servers": [s.to_json() for s in consul_servers],
         }, indent=2))
         if lines:
             raise SystemExit(ExitCode.USAGE)
@@ -107,4 +113,6 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
         click.echo(f"{loaded.path}: warning: {warning}", err=True)
     for note in notes:
         click.echo(f"{loaded.path}: note: {note}", err=True)
+    if consul_servers:
+        click.echo(f"{loaded.path}: Consul servers: {srv.summary(consul_servers)}")
     click.echo(f"{loaded.path}: OK ({plural(len(loaded.selected), 'host')})")

@@ -48,6 +48,7 @@ from rich.text import Text
 from cli import app
 from cli.help import examples
 from cli.options import inventory_option, limit_option, vault_password_file_option
+from cluster import servers
 from cluster.ansible import vault
 from cluster.ansible.inventory import InventoryError
 from common.errors import ExitCode, UsageError
@@ -302,6 +303,8 @@ def plan_view(plan: Plan) -> Group:
         f": {plan.playbook.name} on {plural(len(plan.hosts), 'host')} of {plan.inventory}"
         f"{f' (limit {plan.limit})' if plan.limit else ''}",
     )
+    if plan.consul_servers:
+        header.append(f"\nConsul servers: {servers.summary(plan.consul_servers)}")
     plays = [Text(f"play {number}: {play.name}, {_serial(play.sizes)}"
                   + ("" if play.batches else " (no host of this run)")
                   + "\n  roles: " + (" -> ".join(s.role for s in play.roles) or "(tasks only)"))

@@ -418,5 +418,5 @@ def cluster_of(loaded: LoadedInventory) -> model.Cluster:
         raise InventoryError(
             f"{loaded.path}: {plural(len(problems), 'inventory problem')}:\n{validate.format_problems(problems)}", problems
         )
-    return model.build_cluster(loaded.selected)
+    return model.build_cluster(loaded.selected, loaded.groups.get("consul_servers"))
 

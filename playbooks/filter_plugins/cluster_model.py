@@ -1,4 +1,4 @@
-"""The roles' one Python surface onto the cluster model: ``cluster_node``, ``cluster_consul``,
+"""The roles' one Python surface onto the cluster model: ``cluster_node``, ``cluster_host``, ``cluster_consul``,
 ``eas_agent_config``, ``consul_iu_services``, ``kernel_args``; ``cluster_edges`` and ``cluster_balancer``
 (the ``edges`` and ``balancers`` groups, :mod:`cluster.edges`).
 
@@ -23,6 +23,12 @@ Usage in a role::
      "nccl_socket_ifname": "^lo,docker",
      "consul": {"address": "127.0.1.11:8500", "scheme": "http", "url": "http://127.0.1.11:8500",
                 "datacenter": <consul_datacenter>, "kv_prefix": <consul_io.layout.EAS_PREFIX>}}
+
+``cluster_node`` is for the GPU roles: on a host of ``dedicated_consul_servers`` (no GPUs, no IUs:
+:mod:`cluster.servers`) it fails naming the host, so a play that forgot to leave those hosts out stops before
+it installs a driver there. ``host | cluster_host(hostvars[host])`` is for the roles every Consul host runs
+(consul_agent, host_firewall) and the reboot's drain: ``{name, address, dedicated_consul_server, ius, consul}``,
+the node's values on a GPU node (``dedicated_consul_server`` false), no IUs on a dedicated server.
 
 ``consul`` is the node's Consul agent as every caller reaches it (:class:`cluster.settings.Consul`:
 ``consul_http_addr``, ``consul_scheme``, ``consul_datacenter`` with the spec's defaults) and the score KV
@@ -52,24 +58,29 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from cluster import edges, model, services, settings, spec, validate
+    from cluster import edges, model, servers, services, settings, spec, validate
 except ImportError:  # ansible-playbook run from a checkout whose venv lacks the editable install
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from cluster import edges, model, services, settings, spec, validate
+    from cluster import edges, model, servers, services, settings, spec, validate
 from consul_io import layout  # noqa: E402 (found through the same path as cluster)
 
 
 def _model_vars(hostvars: Any) -> dict[str, Any]:
     # Only the variables clusterctl reads (and the BMC ones validation checks for presence): touching
     # every host variable would template (and decrypt) values such as vault secrets it never needs.
-    wanted = {key: hostvars[key] for key in (*spec.NAMES, *validate.BMC_VARS) if key in hostvars}
+    wanted = {key: hostvars[key] for key in (*spec.NAMES, *validate.ROLE_VARS_READ) if key in hostvars}
     wanted["group_names"] = list(hostvars.get("group_names", []))
     return wanted
 
 
 def node_of(hostname: Any, hostvars: Any) -> model.Node:
-    """The validated model node, or AnsibleFilterError with one line per problem."""
+    """The validated model node, or AnsibleFilterError with one line per problem (a dedicated Consul server
+    is no node: one problem naming it)."""
     name, variables = str(hostname), _model_vars(hostvars)
+    if servers.is_dedicated(variables):
+        _stop_on([spec.Problem(name, "group_names", servers.DEDICATED_GROUP,
+                               "a dedicated Consul server has no GPUs, IUs or NICs for this role: the play must "
+                               f"leave it out (hosts: all:!{servers.DEDICATED_GROUP})")])
     _stop_on([p for rule in validate.HOST_RULES for p in rule(name, variables)])
     return model.build_node(name, variables)
 
@@ -103,6 +114,20 @@ def cluster_node(hostname: str, hostvars: Any) -> dict[str, Any]:
         "nccl_socket_ifname": node.nccl_socket_ifname,
         "consul": _consul_block(node.settings.consul),
     }
+
+
+def cluster_host(hostname: str, hostvars: Any) -> dict[str, Any]:
+    """What the roles of every Consul host read: the node's name, address, IUs and Consul block, or a
+    dedicated server's (no IUs), each after its own rules (cluster.validate.host_rules)."""
+    name, variables = str(hostname), _model_vars(hostvars)
+    if not servers.is_dedicated(variables):
+        node = cluster_node(name, hostvars)
+        return {"name": node["name"], "address": node["address"], "dedicated_consul_server": False,
+                "ius": node["ius"], "consul": node["consul"]}
+    _stop_on([p for rule in validate.DEDICATED_SERVER_RULES for p in rule(name, variables)])
+    server = servers.servers_of({name: variables})[0]
+    return {"name": name, "address": server.address, "dedicated_consul_server": True, "ius": [],
+            "consul": _consul_block(settings.node_settings(variables, name).consul)}
 
 
 # The Consul settings (cluster.settings.Consul) without the token: a URL never needs the secret.
@@ -164,6 +189,6 @@ def cluster_balancer(hostname: str, hostvars: Any, everyone: Any) -> dict[str, A
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"cluster_node": cluster_node, "cluster_consul": cluster_consul, "eas_agent_config": eas_agent_config,
+        return {"cluster_node": cluster_node, "cluster_host": cluster_host, "cluster_consul": cluster_consul, "eas_agent_config": eas_agent_config,
                 "consul_iu_services": consul_iu_services, "kernel_args": kernel_args, "cluster_edges": cluster_edges,
                 "cluster_balancer": cluster_balancer}

@@ -148,6 +148,15 @@ def plan(nodes: int, racks: int, fabric: str, faults: str, net: int = 0) -> list
     return hosts
 
 
+# The virtual cluster's one Consul server runs on its first node, on purpose, and says so (cluster.servers):
+# its GPUs and vLLM are stand-ins, its tokens throwaway, and a machine of its own would cost CI a booted system.
+COLOCATED_SERVER = """\
+# On purpose: root on a server reads every Consul token (docs/decisions/0038-dedicated-consul-servers.md).
+consul_servers_running_ius:
+  {host}: virtual cluster, simulated GPUs and vLLM, throwaway tokens; no machine of its own for the server
+"""
+
+
 def edge_placement(hosts: list[PlannedHost], net: int = 0) -> tuple[list[PlannedHost], str]:
     """The edges and the balancer's address: two edges (the fewest that can take over from each other), on the
     first node of the first and of the last rack (one rack: its first two nodes), sharing those machines rather
@@ -186,7 +195,8 @@ def render(nodes: int, racks: int, gpu_model: str = "h100-sxm", fabric: str = "i
     roce_hosts = [h.name for h in hosts if h.roce]
     if roce_hosts and len(roce_hosts) < len(hosts):
         lines += ["    roce:", "      hosts:"] + [f"        {name}:" for name in roce_hosts]
-    lines += ["    consul_servers:", "      hosts:", f"        {hosts[0].name}:"]
+    lines += ["    consul_servers:", "      hosts:", f"        {hosts[0].name}:", "      vars:",
+              *(f"        {line}" for line in COLOCATED_SERVER.format(host=hosts[0].name).splitlines())]
     edge_hosts, balancer = edge_placement(hosts, net)
     lines += ["    edges:", "      hosts:"] + [f"        {h.name}:" for h in edge_hosts]
     lines += ["    balancers:", "      hosts:", f"        {edge_hosts[0].name}: {{edge_balancer_listen: '{balancer}'}}"]

@@ -74,7 +74,7 @@ def test_the_first_hour_from_the_readme_top_to_a_plan_of_your_own_cluster(tmp_pa
                                  done.stderr), done.stderr[-2000:]
             else:
                 if argv[:2] == ["clusterctl", "inventory"]:  # "between cp and validate": the placeholders replaced
-                    assert fill_placeholders(tmp_path / "inventory" / "prod") == 33
+                    assert fill_placeholders(tmp_path / "inventory" / "prod") == 36
                 done = shell(line, tmp_path, home, timeout=600)
             expected = 1 if argv[:2] == ["clusterctl", "preflight"] else 0  # the README: "(exit 1)"
             assert done.returncode == expected, (f"`{line}` exited {done.returncode}:\n{done.stdout[-4000:]}\n"
@@ -92,6 +92,7 @@ def test_the_first_hour_from_the_readme_top_to_a_plan_of_your_own_cluster(tmp_pa
     # installed but not loaded would make nvidia-smi fail on every node: ERROR rows on the healthy ones too)
     assert {node for _, node in problems} >= set(faulty) and "FAIL" in {v for v, _ in problems}, (faulty, problems)
     assert [p for p in problems if p[1] not in faulty and p[0] != "FAIL"] == [], (faulty, problems)
-    assert ran["clusterctl inventory validate"].stdout.strip() == "inventory/prod: OK (8 hosts)"
+    assert ran["clusterctl inventory validate"].stdout.splitlines() == [
+        "inventory/prod: Consul servers: consul01, consul02, consul03 (dedicated)", "inventory/prod: OK (11 hosts)"]
     plan = ran["clusterctl provision -i --plan"].stdout
-    assert plan.splitlines()[0].startswith("plan: site.yml on 8 hosts of ") and "inventory/prod" in plan
+    assert plan.splitlines()[0].startswith("plan: site.yml on 11 hosts of ") and "inventory/prod" in plan

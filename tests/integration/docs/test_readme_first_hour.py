@@ -59,11 +59,12 @@ def test_the_first_hours_commands_that_touch_no_machine_run_as_written(tmp_path)
         assert "group_vars/all/vault.yml: consul_agent_gossip_key" in done.stderr and "REPLACE-ME" in done.stderr
         assert "plan:" not in done.stdout
 
-    assert fill_placeholders(prod) == 33  # "replace every placeholder" (inventory/sample/README.md)
+    assert fill_placeholders(prod) == 36  # "replace every placeholder" (inventory/sample/README.md)
     done = shell(validate, tmp_path, home)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
-    assert done.stdout.strip() == "inventory/prod: OK (8 hosts)"
+    assert done.stdout.splitlines() == ["inventory/prod: Consul servers: consul01, consul02, consul03 (dedicated)",
+                                        "inventory/prod: OK (11 hosts)"]
     done = shell(plan, tmp_path, home)
     assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]
-    assert first.startswith("plan: site.yml on 8 hosts of ") and first.endswith("inventory/prod"), first
+    assert first.startswith("plan: site.yml on 11 hosts of ") and first.endswith("inventory/prod"), first

@@ -2,7 +2,7 @@
 play (with `bootstrap_expect` = 3 and one host in batch 1, the first server waits alone
 for a leader and batch 1 fails on every new production cluster), and `clusterctl provision`'s plan is the
 batches Ansible itself forms: checked by running ansible-playbook over the sample inventory (2 racks x 4
-nodes, 3 servers) with each play's header (hosts, serial) and one task that prints the batch."""
+nodes, 3 dedicated Consul servers) with each play's header (hosts, serial) and one task that prints the batch."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.helpers.inventory import SAMPLE, filled_sample, sample_password_file
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
-SERVERS = ("r01n01", "r01n03", "r02n01")  # inventory/sample/hosts.yml's consul_servers
+SERVERS = ("consul01", "consul02", "consul03")  # inventory/sample/hosts.yml's consul_servers, all dedicated
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,7 @@ def ansible_batches(tmp_path: Path, playbook: str, limit: str | None, sizes: lis
     ("inference.yml", None, [1, "50%"]),
     ("site.yml", "rack_r02", list(prov.DEFAULT_BATCHES)),
     ("cpu.yml", None, list(prov.DEFAULT_BATCHES)),
+    ("network.yml", "consul02:rack_r01", [1, "100%"]),
 ])
 def test_the_plan_is_the_batches_ansible_runs(tmp_path, filled, playbook, limit, sizes):
     plan = prov.make_plan(filled[0], playbook, limit, (), sizes, vault_secrets=filled[1])
@@ -73,9 +74,11 @@ def test_a_new_cluster_s_servers_start_together_before_the_first_batch(filled):
     plan = prov.make_plan(filled[0], "site.yml", vault_secrets=filled[1])
     assert plan.batches[0] == SERVERS
     assert [r.role for r in plan.plays[0].roles] == ["consul_agent"]
-    # the batched play is unchanged: a canary of one host first, every host once
-    main = [plan.batches[i] for i in plan.plays[1].batches]
-    assert main[0] == ("r01n01",) and sorted(h for b in main for h in b) == sorted(plan.hosts)
+    # then the dedicated servers one at a time, and the batched play over the GPU nodes: a canary of one host
+    # first, every GPU node once, no server
+    assert [plan.batches[i] for i in plan.plays[1].batches] == [(server,) for server in SERVERS]
+    main = [plan.batches[i] for i in plan.plays[2].batches]
+    assert main[0] == ("r01n01",) and sorted(h for b in main for h in b) == sorted(set(plan.hosts) - set(SERVERS))
 
 
 def test_every_playbook_with_the_consul_role_starts_the_servers_first():
@@ -95,8 +98,8 @@ def test_the_role_and_the_play_name_the_same_server_group():
 
 
 def test_a_play_pattern_the_plan_cannot_follow_is_an_error_naming_it():
-    with pytest.raises(InventoryError, match=r"x.yml: play 1 \(p\): hosts 'web:&db'"):
-        prov.play_hosts("web:&db", ["a"], {}, ["a"], "x.yml: play 1 (p)")
+    with pytest.raises(InventoryError, match=r"x.yml: play 1 \(p\): hosts 'web\*:&db'"):
+        prov.play_hosts("web*:&db", ["a"], {}, ["a"], "x.yml: play 1 (p)")
     with pytest.raises(InventoryError, match=r"serial '\{\{ other \}\}'"):
         prov.play_serial("{{ other }}", [1], "x.yml: play 1 (p)")
     assert prov.play_serial(None, [1], "") == ["100%"] and prov.play_serial(1, [5], "") == [1]

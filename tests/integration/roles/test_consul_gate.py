@@ -33,7 +33,7 @@ PLAYBOOK = """
   gather_facts: false
   vars:
     # what the role's first task sets from the cluster model
-    _consul_agent_node: {ius: [{id: n1-iu0}, {id: n1-iu1}]}
+    _consul_agent_node: {ius: [{id: n1-iu0}, {id: n1-iu1}], dedicated_consul_server: false}
     _consul_agent_url: "{{ (inventory_hostname | cluster_consul(hostvars[inventory_hostname])).url }}"
   tasks:
     - name: ACL policies and tokens

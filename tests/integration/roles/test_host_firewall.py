@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ GOLDEN_RULES = "host-firewall-r01n01.nft"
 
 PLAYBOOK = """\
 - name: Render the host firewall's rules as the role does
-  hosts: r01n01
+  hosts: "{hosts}"
   gather_facts: false
   tasks:
     - name: The role's sources and ports
@@ -41,7 +42,7 @@ PLAYBOOK = """\
         dest: "{{{{ item.dest }}}}"
         mode: "0644"
       loop:
-        - {{src: {templates}/firewall.nft.j2, dest: {work}/firewall.nft}}
+        - {{src: {templates}/firewall.nft.j2, dest: "{work}/{{{{ inventory_hostname }}}}-firewall.nft"}}
         - {{src: {templates}/clusterctl-firewall.service.j2, dest: {work}/clusterctl-firewall.service}}
       vars:
         ansible_managed: Ansible managed
@@ -60,25 +61,41 @@ def nft() -> str:
     return found
 
 
-def render(work, **variables) -> dict[str, str]:
+DEDICATED = "127.0.82.21"
+
+
+def render(work, dedicated: bool = False, **variables) -> dict[str, str]:
     """The role's files for r01n01 of the provisioning tests' inventory (with ``variables`` on top), rendered by
-    Ansible."""
+    Ansible; ``dedicated``: with a dedicated Consul server c1 added, and its rules too (``c1-firewall.nft``)."""
     create_inventory(work / "inventory")
-    (work / "play.yml").write_text(PLAYBOOK.format(templates=REPO / "roles/host_firewall/templates", work=work))
+    if dedicated:
+        hosts = work / "inventory/hosts.yml"
+        hosts.write_text(hosts.read_text().replace(
+            "    consul_servers:\n      hosts:\n", "    dedicated_consul_servers:\n      hosts:\n"
+            f"        c1: {{ansible_host: {DEDICATED}}}\n    consul_servers:\n      hosts:\n        c1:\n"))
+    (work / "play.yml").write_text(PLAYBOOK.format(templates=REPO / "roles/host_firewall/templates", work=work,
+                                                   hosts="r01n01:c1" if dedicated else "r01n01"))
     extra = json.dumps({"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **variables})
     playbook = REPO / ".venv/bin/ansible-playbook"
     done = subprocess.run([str(playbook) if playbook.exists() else "ansible-playbook", "-i",
                            str(work / "inventory"), str(work / "play.yml"), "-e", extra], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return {name: (work / name).read_text() for name in ("firewall.nft", "clusterctl-firewall.service")}
+    return {name.replace("r01n01-", ""): path.read_text() for path in work.iterdir()
+            if (name := path.name).endswith((".nft", ".service"))}
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> str:
-    """The rules with an edge and a controller added to the virtual inventory's values."""
-    return render(tmp_path_factory.mktemp("firewall"), host_firewall_edges=[EDGE],
-                  host_firewall_controllers=[f"{CONTROLLER}/32"])["firewall.nft"]
+def rendered_with_a_dedicated_server(tmp_path_factory) -> dict[str, str]:
+    """The rules with an edge and a controller added to the virtual inventory's values, and a dedicated Consul
+    server's (``c1-firewall.nft``)."""
+    return render(tmp_path_factory.mktemp("firewall"), dedicated=True, host_firewall_edges=[EDGE],
+                  host_firewall_controllers=[f"{CONTROLLER}/32"])
+
+
+@pytest.fixture(scope="module")
+def rendered(rendered_with_a_dedicated_server) -> str:
+    return rendered_with_a_dedicated_server["firewall.nft"]
 
 
 def test_the_virtual_inventory_s_files_are_the_goldens(tmp_path):
@@ -89,7 +106,7 @@ def test_the_virtual_inventory_s_files_are_the_goldens(tmp_path):
 
 def test_the_rules_list_the_inventory_s_nodes_edges_and_ports(rendered):
     allowed = rendered.split("set allowed_v4", 1)[1].split("}", 1)[0]
-    for source in ("127.0.0.1", NODE, OTHER_NODE, "127.0.1.12", EDGE, f"{CONTROLLER}/32"):
+    for source in ("127.0.0.1", NODE, OTHER_NODE, "127.0.1.12", DEDICATED, EDGE, f"{CONTROLLER}/32"):
         assert source in allowed
     assert STRANGER not in rendered
     tcp = rendered.split("set guarded_tcp", 1)[1].split("}", 1)[0]
@@ -166,3 +183,15 @@ def test_only_edges_nodes_and_controllers_reach_the_guarded_ports(rendered, name
     listed = subprocess.run([*run, nft(), "list", "tables"], capture_output=True, text=True, timeout=60).stdout
     assert listed.split() == ["table", "inet", "clusterctl_firewall"]
     assert probe() == expected
+
+
+def test_a_dedicated_consul_server_guards_consul_s_ports_only(rendered_with_a_dedicated_server):
+    """A host of dedicated_consul_servers (cluster.servers) runs no IU and no eas-agent: the role guards Consul's
+    ports there, for the same sources (the cluster_host filter; the GPU roles' cluster_node refuses the host)."""
+    rules = rendered_with_a_dedicated_server["c1-firewall.nft"]
+    tcp = rules.split("set guarded_tcp", 1)[1].split("}", 1)[0].split("elements", 1)[1]
+    assert sorted(int(port) for port in re.findall(r"\d+", tcp)) == [8300, 8301, 8302, 8500, 8501, 8502, 8503, 8600]
+    def allowed(text: str) -> str:
+        return text.split("set allowed_v4", 1)[1].split("}", 1)[0]
+
+    assert allowed(rules) == allowed(rendered_with_a_dedicated_server["firewall.nft"])  # the nodes' own sources

@@ -1,5 +1,6 @@
 """inventory/sample/ (documentation, never provisioned): `inventory validate` accepts it with no warning,
-it models 2 racks x 4 nodes, its vault values are placeholders, and it names no address to contact."""
+it models 2 racks x 4 nodes and 3 dedicated Consul servers, its vault values are placeholders, and it names
+no address to contact."""
 
 from __future__ import annotations
 
@@ -33,9 +34,10 @@ def test_inventory_validate_accepts_the_sample_without_a_vault_password(clusterc
     monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
     code, out, err = clusterctl("inventory", "validate", "-i", str(SAMPLE))
     assert code == 0
-    assert err == (f"{SAMPLE}: note: 32 vault-encrypted values not checked for placeholders (no vault password: "
+    assert err == (f"{SAMPLE}: note: 35 vault-encrypted values not checked for placeholders (no vault password: "
                    "pass --vault-password-file to check them)\n")
-    assert out.strip() == f"{SAMPLE}: OK (8 hosts)"
+    assert out.splitlines() == [f"{SAMPLE}: Consul servers: consul01, consul02, consul03 (dedicated)",
+                                f"{SAMPLE}: OK (11 hosts)"]
 
 
 def test_validate_and_plan_refuse_the_sample_placeholders_naming_files_never_values(
@@ -68,8 +70,8 @@ def test_plan_without_the_vault_password_is_one_line(clusterctl, monkeypatch):
     code, out, err = clusterctl("provision", "-i", str(SAMPLE), "--plan")
     assert code == 2 and out == ""
     assert err.splitlines() == [
-        f"error: {SAMPLE}: 32 values in 10 files (first: consul_agent_gossip_key (group_vars/all/vault.yml:6, "
-        "hosts: r01n01, r01n02, r01n03 and 5 more)): vault-encrypted, and no vault password was given "
+        f"error: {SAMPLE}: 35 values in 13 files (first: consul_agent_gossip_key (group_vars/all/vault.yml:6, "
+        "hosts: r01n01, r01n02, r01n03 and 8 more)): vault-encrypted, and no vault password was given "
         "(--vault-password-file or ANSIBLE_VAULT_PASSWORD_FILE)"]
 
 
@@ -80,14 +82,16 @@ def test_plan_with_a_wrong_vault_password_is_one_line(clusterctl, monkeypatch, t
     wrong.chmod(0o600)
     code, _, err = clusterctl("provision", "-i", str(SAMPLE), "--plan", "--vault-password-file", str(wrong))
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert err.startswith(f"error: {SAMPLE}: 32 values in 10 files (first: consul_agent_gossip_key") and \
+    assert err.startswith(f"error: {SAMPLE}: 35 values in 13 files (first: consul_agent_gossip_key") and \
         "cannot decrypt: Decryption failed" in err
 
 
-def test_the_sample_models_two_racks_of_four_nodes(vault_password_file):
+def test_the_sample_models_two_racks_of_four_nodes_and_three_dedicated_consul_servers(vault_password_file):
     cluster = inv.load_cluster(str(SAMPLE), None, vault.secrets_for(vault_password_file))
     assert [(r.name, [n.name for n in r.nodes]) for r in cluster.racks] == [
         ("r01", ["r01n01", "r01n02", "r01n03", "r01n04"]), ("r02", ["r02n01", "r02n02", "r02n03", "r02n04"])]
+    assert [(s.name, s.dedicated) for s in cluster.consul_servers] == [
+        ("consul01", True), ("consul02", True), ("consul03", True)]
     node = cluster.racks[0].nodes[0]
     assert [iu.nics for iu in node.ius] == [("mlx5_0", "mlx5_1"), ("mlx5_2", "mlx5_3")]
 
@@ -125,9 +129,9 @@ def test_each_node_has_its_own_consul_agent_and_eas_agent_tokens(vault_password_
     per_node = {(str(path.parent), key): [] for path, key, _ in vault_values()}
     for path, key, ciphertext in vault_values():
         per_node[(str(path.parent), key)].append((path.stem, lib.decrypt(ciphertext).decode()))
-    for key in ("consul_agent_acl_agent_token", "eas_agent_consul_token"):
+    for key, hosts in (("consul_agent_acl_agent_token", 11), ("eas_agent_consul_token", 8)):
         owners = per_node[("host_vars", key)]
-        assert len(owners) == 8 and all(node in plain for node, plain in owners), owners
+        assert len(owners) == hosts and all(node in plain for node, plain in owners), owners
         assert ("group_vars/all", key) not in per_node  # a group value would be one token for every node
 
 

@@ -81,3 +81,27 @@ def test_the_remediation_reboot_refuses_what_provisioning_reboots_elsewhere():
     assert pre == ["Refuse to run in render-only mode", "hold.yml", "Refuse to reboot a Consul server here"]
     assert "groups['consul_servers']" in play["pre_tasks"][2]["ansible.builtin.assert"]["that"]
     assert play["serial"] == 1 and play["max_fail_percentage"] == 0
+
+
+GPU_ROLES = {"cpu_cstates", "numa_tuning", "nvidia_stack", "rdma_network", "inference_unit", "eas_agent"}
+
+
+def test_no_play_of_a_gpu_role_reaches_a_dedicated_consul_server():
+    """A host of dedicated_consul_servers runs Consul, time sync and its firewall only (docs/decisions/0038): every
+    play with a GPU, NUMA, network or inference role, and the two that act on IUs, leave the group out. (The roles'
+    cluster_node filter would stop on such a host anyway; this keeps it out of the plan's batches.)"""
+    from provision.plan import play_hosts
+
+    everyone, groups = ["n1", "c1"], {"dedicated_consul_servers": ["c1"], "consul_servers": ["c1"]}
+    reaching = []
+    for path in sorted((REPO / "playbooks").glob("*.yml")):
+        for play in yaml.safe_load(path.read_text()):
+            roles = {r if isinstance(r, str) else r["role"] for r in play.get("roles", [])}
+            acts_on_ius = path.name in ("rolling-restart.yml", "node-reboot.yml")
+            if ("hosts" in play and (roles & GPU_ROLES or acts_on_ius)
+                    and "c1" in play_hosts(play["hosts"], everyone, groups, everyone, path.name)):
+                reaching.append((path.name, play["name"]))
+    assert reaching == []
+    dedicated = [(path.name, play["name"]) for path in sorted((REPO / "playbooks").glob("*.yml"))
+                 for play in yaml.safe_load(path.read_text()) if play.get("hosts") == "dedicated_consul_servers"]
+    assert [name for name, _ in dedicated] == ["dedicated-consul-servers.yml", "network.yml"]

@@ -235,13 +235,14 @@ def test_split_batches_matches_ansible_itself():
 def test_plan_uses_inventory_order_and_roles():
     plan = prov.make_plan(REPO / "inventory" / "virtual", "site.yml", None, ["inference"], prov.DEFAULT_BATCHES)
     assert plan.hosts == ("r01n01", "r01n02", "r02n01", "r02n02")
-    # the Consul server (r01n01) first in a play of its own, then the batched play over every host, then the
-    # edges one at a time and the balancer (their roles not tagged inference), then the servers' reboot play
-    # (tasks only: one server per batch)
+    # the Consul server (r01n01) first in a play of its own, the dedicated servers' play (none here: no batch),
+    # then the batched play over every host, then the edges one at a time and the balancer (their roles not
+    # tagged inference), then the servers' reboot play (tasks only: one server per batch)
     assert [list(b) for b in plan.batches] == [["r01n01"], ["r01n01"], ["r01n02"], ["r02n01", "r02n02"], ["r01n01"],
                                                ["r02n01"], ["r01n01"], ["r01n01"]]
     assert [[s.role for s in p.roles] for p in plan.plays] == [
-        ["consul_agent"], ["inference_unit", "consul_agent", "eas_agent"], [], [], []]
+        ["consul_agent"], [], ["inference_unit", "consul_agent", "eas_agent"], [], [], []]
+    assert plan.plays[1].batches == ()
 
 
 def test_a_playbook_of_one_group_plans_only_its_hosts():
@@ -262,5 +263,32 @@ def test_playbooks_use_batches_and_stop_on_failure():
                 assert (play["hosts"], play["serial"]) == ("consul_servers", 1)
             elif play["hosts"] == "consul_servers":  # consul-servers.yml, imported or run alone
                 assert "serial" not in play  # all servers at once (tests/integration/provision/test_batches.py)
+            elif play["hosts"] == "dedicated_consul_servers":  # one server at a time: the quorum stays
+                assert play["serial"] == 1, path.name
             else:
                 assert re.search(r"clusterctl_batches", str(play["serial"])), path.name
+
+
+@pytest.mark.parametrize("pattern", ["all:!dedicated_consul_servers", "rack_r1:rack_r2:!consul_servers",
+                                     "all:&consul_servers", "!rack_r1", "consul_servers:!nosuchgroup", "c1:n2:n1",
+                                     "rack_r2:rack_r1"])
+def test_play_hosts_follows_ansibles_own_pattern_evaluation(tmp_path, pattern):
+    """The plan's hosts of a pattern are Ansible's InventoryManager.get_hosts, in the same order."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  children:\n    rack_r1: {hosts: {n1: , n2: }}\n    rack_r2: {hosts: {n3: }}\n"
+        "    dedicated_consul_servers: {hosts: {c1: }}\n    consul_servers: {hosts: {c1: , n3: }}\n")
+    ansible = InventoryManager(loader=DataLoader(), sources=[str(tmp_path / "hosts.yml")])
+    everyone = [h.name for h in ansible.get_hosts("all")]
+    groups = {name: list(hosts) for name, hosts in ansible.get_groups_dict().items()}
+    expected = [h.name for h in ansible.get_hosts(pattern)]
+    assert prov.play_hosts(pattern, everyone, groups, everyone, "site.yml: play 1") == expected
+    assert prov.play_hosts(pattern, everyone, groups, ["n1", "c1"], "x") == [h for h in expected if h in ("n1", "c1")]
+
+
+@pytest.mark.parametrize("pattern", ["rack_*", "~n[0-9]", "all:!", "", "a,b"])
+def test_a_pattern_the_plan_cannot_follow_is_named(pattern):
+    with pytest.raises(prov.InventoryError, match="site.yml: play 2 .*: hosts .*: the plan follows hosts, groups"):
+        prov.play_hosts(pattern, ["n1"], {}, ["n1"], "site.yml: play 2 (x)")

@@ -18,6 +18,8 @@ all:
     consul_servers:
       hosts:
         n1:
+      vars:
+        consul_servers_running_ius: {n1: a test inventory of two nodes}
 """
 SECURE = "gpu_model: h100-sxm\n" + consul_security.render()
 

@@ -31,6 +31,8 @@ EVENTS = [
     ev("playbook_on_play_start"),  # playbooks/consul-servers.yml: the virtual inventory's one server, r01n01
     ev("runner_on_start", host="r01n01", task="Install the pinned Consul version"),
     ev("runner_on_ok", host="r01n01", task="Install the pinned Consul version", res={"changed": False}),
+    # playbooks/dedicated-consul-servers.yml: the virtual inventory has none (Ansible: no hosts matched)
+    ev("playbook_on_play_start"), ev("playbook_on_no_hosts_matched"),
     ev("playbook_on_play_start"),
     ev("runner_on_start", host="r01n01", task="Write chrony.conf"),
     ev("runner_on_ok", host="r01n01", task="Write chrony.conf", res={"changed": True, "diff": [CHRONY_DIFF]}),
@@ -40,7 +42,7 @@ EVENTS = [
        res={"msg": "no time source [/] (chrony_servers and chrony_pools are both empty)"}),
     ev("playbook_on_stats", ok={"r01n01": 1, "r01n02": 0}, changed={"r01n01": 1}, failures={"r01n02": 1}),
 ]
-GOOD_EVENTS = [e for e in EVENTS[:6]] + [
+GOOD_EVENTS = [e for e in EVENTS[:8]] + [
     ev("playbook_on_play_start"),
     *[ev("runner_on_ok", host=h, task="Write chrony.conf", res={"changed": False}) for h in HOSTS[1:]],
     # playbooks/edges.yml: the edges one at a time (r01n01, r02n01), then the balancer (r01n01)
@@ -112,7 +114,7 @@ def test_plain_flag_on_a_terminal_too(clusterctl, virtual_inventory, tmp_path, r
 def test_live_view_shows_a_host_with_batches_to_come_as_partly_done_while_the_next_batch_runs(virtual_inventory):
     plan = make_plan(virtual_inventory, batch_sizes=[1, "100%"])
     rollout = Rollout(plan)
-    for event in EVENTS[:8]:  # batch 3 has started, r01n02 is running
+    for event in EVENTS[:10]:  # batch 3 has started, r01n02 is running
         rollout.handle(event)
     # r01n01 is done with the nodes' plays; its edge and its balancer (edges.yml) are still to come
     assert (rollout.hosts["r01n01"].status, rollout.hosts["r01n02"].status) == ("partial", "running")
@@ -294,12 +296,15 @@ def test_plan_names_each_play_its_batching_and_roles(clusterctl, virtual_invento
                                 "--run-dir", str(tmp_path / "run"), columns=160)
     assert code == 0, err
     lines = [line.rstrip() for line in out.splitlines()]
-    assert lines[1:7] == [
+    assert lines[1:10] == [
+        "Consul servers: r01n01 (runs IUs: consul_servers_running_ius)",
         "play 1: Start the Consul servers together, all at once", "  roles: consul_agent",
-        "play 2: Provision GPU inference nodes, batches 1,50%",
+        "play 2: Time sync and the host firewall on the dedicated Consul servers, one at a time, one host at a "
+        "time (no host of this run)", "  roles: chrony -> host_firewall",
+        "play 3: Provision GPU inference nodes, batches 1,50%",
         "  roles: cpu_cstates -> numa_tuning -> nvidia_stack -> rdma_network -> chrony -> inference_unit -> "
         "consul_agent -> eas_agent -> host_firewall",
-        "play 3: Edges, one at a time, one host at a time", "  roles: eas_edge"]
+        "play 4: Edges, one at a time, one host at a time", "  roles: eas_edge"]
     assert not (tmp_path / "run").exists()
 
 

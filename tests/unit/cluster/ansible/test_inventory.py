@@ -106,7 +106,7 @@ def test_show_json_shape(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "inventory", "show", "-i", str(write_tree(tmp_path, INI)), "--json")
     assert code == 0
     data = json.loads(out)
-    assert list(data) == ["racks"]
+    assert list(data) == ["racks", "consul_servers"] and data["consul_servers"] == []
     rack = data["racks"][1]
     assert set(rack) == {"name", "nodes"} and rack["name"] == "b"
     node = rack["nodes"][0]

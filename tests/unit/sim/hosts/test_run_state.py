@@ -82,4 +82,4 @@ def test_every_playbook_with_roles_writes_the_stamp_first_on_every_host():
             # after the two checks that change nothing (on hold, an OS the roles support), before anything else
             assert pre[:3] == [("tasks/hold.yml", ["always"]), ("tasks/supported_os.yml", ["always"]),
                                ("tasks/provisioned.yml", ["always"])], playbook.name
-    assert "site.yml" in with_roles and len(with_roles) == 9
+    assert "site.yml" in with_roles and len(with_roles) == 11
