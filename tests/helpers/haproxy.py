@@ -40,3 +40,12 @@ def status(socket_path: str, backend: str, server: str) -> str:
     """The server's ``status`` column of ``show stat``: UP, DOWN, "DOWN 1/2" (going up), "UP 1/2", MAINT..."""
     rows = csv.DictReader(command(socket_path, "show stat").lstrip("# ").splitlines())
     return next(row["status"] for row in rows if row["pxname"] == backend and row["svname"] == server)
+
+
+def connections(socket_path: str) -> int:
+    """HAProxy's ``CumConns`` (``show info``): every connection it accepted, stats-socket ones included, this
+    question's own among them."""
+    for line in command(socket_path, "show info").splitlines():
+        if line.startswith("CumConns:"):
+            return int(line.split(":", 1)[1])
+    raise ValueError(f"{socket_path}: show info has no CumConns")

@@ -162,9 +162,18 @@ def down_edge(balancer):
 
 def test_the_wait_ends_only_when_haproxy_sends_to_the_edge_again(down_edge):
     work, edges, stats, _ = down_edge
+    asked_before = haproxy.connections(stats)
     running = playbook(work, WAIT, "edge=n2", "eas_edge_balancer_wait_s=60", wait=False)
     wait_for(lambda: module_runs_under(running.pid), timeout_s=60)
-    time.sleep(1)  # the module is asking HAProxy about a down edge
+    # The module has asked HAProxy about the down edge: more connections than this test's own questions (a
+    # loaded host can take seconds from the module's process to its first question).
+    questions = [0]  # this test's since asked_before
+
+    def module_asked() -> bool:
+        questions[0] += 1
+        return haproxy.connections(stats) - asked_before > questions[0]
+
+    wait_for(module_asked, timeout_s=60)
     assert running.poll() is None, running.stdout.read()[-3000:]
     edges["n2"].health = 200
     # The gap the wait is for: /healthz says 200, HAProxy does not send to the edge yet.
