@@ -117,6 +117,7 @@ class Router:
             presumed = min(context_tokens, prompt_tokens - 1) if rate is None or rate >= 0 else 0
             known = max(cached.values(), default=0)  # the deepest of the prompt the index places on an IU
             if home is not None and presumed > cached[home] and 2 * known < presumed:
+                cached.presumed = (home, cached[home])
                 cached[home] = presumed
         return cached if cached or cached.default else None
 
@@ -154,7 +155,10 @@ class Router:
         cached = self.cached(snapshot, prompt_tokens, *prefix)
         choice = pick(usable, self.ledger, now, self.rng, prompt_tokens=prompt_tokens, cached=cached)
         entry = _by_id(snapshot).get(choice.iu_id)
-        hit = cached[choice.iu_id] if cached is not None and choice.iu_id is not None else 0  # a Cached
+        # What the request adds to the IU (the ledger's cost, the announced prefill) counts only the cache the
+        # index backs: a presumed home's context may not be there, and charging it as cached makes the IU look
+        # idle to every edge at once while the request prefills the whole conversation.
+        hit = cached.backed(choice.iu_id) if cached is not None and choice.iu_id is not None else 0  # a Cached
         cost = prefill_cost_s(entry, prompt_tokens - hit) if prompt_tokens and entry is not None else None
         # The queued-prompt rule trusts pick's predicted queue wait, which is only as good as the score it
         # came from: on scores as old as Consul's (median ~0.5 s at pick) it measured worse (Consul only,

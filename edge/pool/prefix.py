@@ -178,6 +178,14 @@ class Cached(dict):
     def __init__(self, default: int = 0):
         super().__init__()
         self.default = default
+        # (IU, tokens the index backs there) when that IU's value is a presumed home's, not the index's
+        self.presumed: tuple[str, int] | None = None
+
+    def backed(self, iu_id: str) -> int:
+        """Tokens the index itself places in ``iu_id``'s cache (a presumed home's guess left out)."""
+        if self.presumed is not None and self.presumed[0] == iu_id:
+            return self.presumed[1]
+        return self[iu_id]
 
     def __missing__(self, iu_id: str) -> int:
         return self.default

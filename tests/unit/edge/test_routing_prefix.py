@@ -154,7 +154,8 @@ def test_the_home_is_not_presumed_where_the_index_knows_the_conversation_is():
     decision = router_with(0).choose(pool.snapshot(), 100.05, 4_700, prefix=turn)
     assert decision.iu_id == "n1-iu5" and decision.cached_tokens == 4_096
     unknown = Router(random.Random(0), prefix=PrefixIndex()).choose(pool.snapshot(), 100.05, 4_700, prefix=turn)
-    assert unknown.iu_id == home and unknown.cached_tokens == 4_400  # nothing known: the home is presumed
+    # nothing known: the home is presumed for the choice, but charged the whole prompt (nothing backs the guess)
+    assert unknown.iu_id == home and unknown.cached_tokens == 0
 
 
 def holder_prefilling(score: float, admitted_tokens: int):
