@@ -72,6 +72,35 @@ def test_a_scale_off_by_its_sampling_noise_is_not_flagged_and_a_liars_is():
     assert [u for u, r in rows.items() if r.flags] == ["liar"]
 
 
+def weakly_following(unit: str, rng: random.Random, slope: float, n: int = 160) -> list[Sample]:
+    """Predictions that follow the waits only a little (a pool whose host stalls it: the waits gain delays
+    no score foresees); ``slope`` 0: predictions at random."""
+    out = []
+    for _ in range(n):
+        wait = rng.expovariate(1 / 0.5)
+        predicted = max(0.0, slope * wait + rng.gauss(0.3, 0.3))
+        out.append(Sample(unit, predicted, predicted, wait, 1000))
+    return out
+
+
+def test_a_correlation_under_the_limit_by_its_sampling_noise_is_not_flagged_and_a_random_one_is():
+    rng = random.Random(2)
+    by_unit = {u: weakly_following(u, rng, 0.16) for u in ("a", "b", "c")}
+    by_unit["rnd"] = weakly_following("rnd", rng, 0.0)
+    rows = {r.unit: r for r in calibrate.judge(by_unit)}
+    # b and c read under the limit, by less than their 160 answers can tell
+    assert rows["b"].correlation < calibrate.MIN_CORRELATION and rows["c"].correlation < calibrate.MIN_CORRELATION
+    assert [u for u, r in rows.items() if r.flags] == ["rnd"]
+    assert calibrate.correlation_at_most(rows["c"].correlation, 160) > calibrate.MIN_CORRELATION
+    assert rows["rnd"].flags[0].startswith("correlation") and "at most" in rows["rnd"].flags[0]
+
+
+def test_the_correlations_bound_narrows_with_the_answers():
+    assert calibrate.correlation_at_most(0.19, 161) == pytest.approx(0.312, abs=0.001)
+    assert calibrate.correlation_at_most(0.19, 1000) < 0.25 < calibrate.correlation_at_most(0.19, 40)
+    assert calibrate.correlation_at_most(1.0, 50) == pytest.approx(1.0) and calibrate.correlation_at_most(0.5, 3) == 1.0
+
+
 def test_few_samples_get_no_verdict():
     rng = random.Random(3)
     by_unit = {u: unit_samples(u, rng, 1.0) for u in ("u1", "u2")}
