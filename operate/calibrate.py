@@ -38,7 +38,7 @@ scale were off by ``detect_scale`` (default :data:`DETECT_SCALE`) would be flagg
 fewer than :data:`MIN_SAMPLES` clean answers, its verdict is "insufficient evidence", with the clean answers it
 needs (the standard error shrinks as one over the root of their count), never a silent pass: under load more
 answers are rerouted and left out, and a fixed request count then says less. :func:`run` keeps sending, in
-rounds sized from what the undecided units need and their share of the clean answers, until every unit is
+rounds of half what the undecided units need, given their share of the clean answers, until every unit is
 decided or ``max_requests`` were sent.
 
 Circuit breaker (:func:`breaker_share`): while a unit is in maintenance (or scored out), the requests the
@@ -74,6 +74,10 @@ Z_ONE_SIDED_95 = 1.645
 DETECT_SCALE = 2.5  # a unit whose scale is off the pool's by this factor must not pass for lack of answers
 Z_POWER_99 = 2.326
 MIN_ROUND = 50  # requests: a round smaller than this costs its ramp for little
+# A further round sends this share of what :func:`more_requests` estimates the undecided units lack: the estimate
+# rests on the standard errors of the answers so far, themselves noisy when few and heavy-tailed, so a unit is
+# judged again halfway instead of being sent the whole estimate at once.
+ROUND_SHARE = 0.5
 
 
 def max_log_se(detect_scale: float = DETECT_SCALE) -> float:
@@ -354,13 +358,14 @@ def more_requests(result: Calibration) -> int:
 def run(endpoint: str, scenario: Scenario, rate: float, requests: int = 1000, *, max_requests: int | None = None,
         prefill_tps: float | None = None, detect_scale: float = DETECT_SCALE, seed: int = 1,
         progress: Callable[[str], None] | None = None, **kwargs) -> Calibration:
-    """``requests`` requests, then more rounds (:func:`more_requests`, at least :data:`MIN_ROUND`) while a unit is
-    undecided, up to ``max_requests`` in all (None: 3 x ``requests``); each round its own seed."""
+    """``requests`` requests, then more rounds (:data:`ROUND_SHARE` of :func:`more_requests`, at least
+    :data:`MIN_ROUND`) while a unit is undecided, up to ``max_requests`` in all (None: 3 x ``requests``); each
+    round its own seed."""
     limit = 3 * requests if max_requests is None else max(max_requests, requests)
     outcomes = asyncio.run(drive(endpoint, scenario, rate, requests, seed=seed, **kwargs))
     result = calibration_of(endpoint, outcomes, prefill_tps, detect_scale)
     while result.undecided and len(outcomes) < limit:
-        extra = min(max(more_requests(result), MIN_ROUND), limit - len(outcomes))
+        extra = min(max(math.ceil(more_requests(result) * ROUND_SHARE), MIN_ROUND), limit - len(outcomes))
         if progress:
             progress(f"insufficient evidence for {', '.join(result.undecided)}: {extra} more requests")
         outcomes += asyncio.run(drive(endpoint, scenario, rate, extra, seed=seed + 1000 * result.rounds, **kwargs))

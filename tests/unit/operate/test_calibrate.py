@@ -203,6 +203,23 @@ def test_run_sends_more_rounds_until_every_unit_is_decided(monkeypatch):
     assert all(n >= calibrate.MIN_ROUND for n, _ in rounds[1:]) and "insufficient evidence" in seen[0]
 
 
+def test_a_further_round_sends_half_of_what_the_undecided_units_lack(monkeypatch):
+    sent = []
+
+    async def drive(endpoint, scenario, rate, requests, *, seed=1, **kwargs):
+        rng = random.Random(seed)
+        out = [outcome(("a", "b", "c")[i % 3], 1000, 0.1, 0.1 + w, 0.1 + w * rng.lognormvariate(0, 1.0))
+               for i, w in enumerate(rng.expovariate(4) for _ in range(requests))]
+        sent.append(list(out))  # run extends the first round's list with the next
+        return out
+
+    monkeypatch.setattr(calibrate, "drive", drive)
+    calibrate.run("http://127.0.0.1:9", None, 10.0, 90, max_requests=100_000, seed=3)
+    first = calibrate.calibration_of("http://127.0.0.1:9", sent[0])
+    assert first.undecided and calibrate.more_requests(first) > 2 * calibrate.MIN_ROUND
+    assert len(sent[1]) == math.ceil(calibrate.more_requests(first) / 2)  # judged again halfway
+
+
 def test_run_stops_at_max_requests_and_says_who_is_undecided(monkeypatch):
     async def drive(endpoint, scenario, rate, requests, *, seed=1, **kwargs):
         rng = random.Random(seed)
