@@ -72,6 +72,35 @@ def test_a_scale_off_by_its_sampling_noise_is_not_flagged_and_a_liars_is():
     assert [u for u, r in rows.items() if r.flags] == ["liar"]
 
 
+def weakly_following(unit: str, rng: random.Random, slope: float, n: int = 160) -> list[Sample]:
+    """Predictions that follow the waits only a little (a pool whose host stalls it: the waits gain delays
+    no score foresees); ``slope`` 0: predictions at random."""
+    out = []
+    for _ in range(n):
+        wait = rng.expovariate(1 / 0.5)
+        predicted = max(0.0, slope * wait + rng.gauss(0.3, 0.3))
+        out.append(Sample(unit, predicted, predicted, wait, 1000))
+    return out
+
+
+def test_a_correlation_under_the_limit_by_its_sampling_noise_is_not_flagged_and_a_random_one_is():
+    rng = random.Random(2)
+    by_unit = {u: weakly_following(u, rng, 0.16) for u in ("a", "b", "c")}
+    by_unit["rnd"] = weakly_following("rnd", rng, 0.0)
+    rows = {r.unit: r for r in calibrate.judge(by_unit)}
+    # b and c read under the limit, by less than their 160 answers can tell
+    assert rows["b"].correlation < calibrate.MIN_CORRELATION and rows["c"].correlation < calibrate.MIN_CORRELATION
+    assert [u for u, r in rows.items() if r.flags] == ["rnd"]
+    assert calibrate.correlation_at_most(rows["c"].correlation, 160) > calibrate.MIN_CORRELATION
+    assert rows["rnd"].flags[0].startswith("correlation") and "at most" in rows["rnd"].flags[0]
+
+
+def test_the_correlations_bound_narrows_with_the_answers():
+    assert calibrate.correlation_at_most(0.19, 161) == pytest.approx(0.312, abs=0.001)
+    assert calibrate.correlation_at_most(0.19, 1000) < 0.25 < calibrate.correlation_at_most(0.19, 40)
+    assert calibrate.correlation_at_most(1.0, 50) == pytest.approx(1.0) and calibrate.correlation_at_most(0.5, 3) == 1.0
+
+
 def test_few_samples_get_no_verdict():
     rng = random.Random(3)
     by_unit = {u: unit_samples(u, rng, 1.0) for u in ("u1", "u2")}
@@ -172,6 +201,23 @@ def test_run_sends_more_rounds_until_every_unit_is_decided(monkeypatch):
     assert result.undecided == [] and result.rounds == len(rounds) > 1
     assert result.requests == sum(n for n, _ in rounds) and len({s for _, s in rounds}) == len(rounds)
     assert all(n >= calibrate.MIN_ROUND for n, _ in rounds[1:]) and "insufficient evidence" in seen[0]
+
+
+def test_a_further_round_sends_half_of_what_the_undecided_units_lack(monkeypatch):
+    sent = []
+
+    async def drive(endpoint, scenario, rate, requests, *, seed=1, **kwargs):
+        rng = random.Random(seed)
+        out = [outcome(("a", "b", "c")[i % 3], 1000, 0.1, 0.1 + w, 0.1 + w * rng.lognormvariate(0, 1.0))
+               for i, w in enumerate(rng.expovariate(4) for _ in range(requests))]
+        sent.append(list(out))  # run extends the first round's list with the next
+        return out
+
+    monkeypatch.setattr(calibrate, "drive", drive)
+    calibrate.run("http://127.0.0.1:9", None, 10.0, 90, max_requests=100_000, seed=3)
+    first = calibrate.calibration_of("http://127.0.0.1:9", sent[0])
+    assert first.undecided and calibrate.more_requests(first) > 2 * calibrate.MIN_ROUND
+    assert len(sent[1]) == math.ceil(calibrate.more_requests(first) / 2)  # judged again halfway
 
 
 def test_run_stops_at_max_requests_and_says_who_is_undecided(monkeypatch):
