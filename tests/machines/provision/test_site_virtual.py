@@ -568,9 +568,12 @@ def test_plan_touches_nothing(provisioned):
                         "--batches", "1,50%", env=provisioned.env)
     assert result.returncode == 0, result.stderr
     assert "batches 1,50%" in result.stdout and "cpu_cstates -> numa_tuning" in result.stdout
-    # batch, play, hosts, members: the Consul server's own play first, then the batched play
-    assert re.search(r"1\s+1\s+1\s+r01n01", result.stdout) and re.search(r"2\s+2\s+1\s+r01n01", result.stdout)
-    assert re.search(r"3\s+2\s+1\s+r01n02", result.stdout)
+    # batch, play, hosts, members: the Consul server's own play first, then (play 2, the dedicated Consul
+    # servers', has no host here and no batch) the batched play
+    assert re.search(r"1\s+1\s+1\s+r01n01", result.stdout) and re.search(r"2\s+3\s+1\s+r01n01", result.stdout)
+    assert re.search(r"3\s+3\s+1\s+r01n02", result.stdout)
+    assert "play 2: Time sync and the host firewall on the dedicated Consul servers" in result.stdout
+    assert "(no host of this run)" in result.stdout
     assert not run_dir.exists()
     after = provisioned.upper_snapshot()
     assert after == before, sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))[:20]
