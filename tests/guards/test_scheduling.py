@@ -1,12 +1,14 @@
 """The run order and the xdist work units come from the modules' marks (tests/conftest.py).
 
 Two machine modules on two xdist workers at once would race for the same 127.0.R.N addresses, so every module
-under tests/machines/ that shares them is one work unit, run in its ``machines(order=N)``; the demo boots its
-machines on its own net (127.42.R.N) and is its own unit, run beside them after the ``realtime`` modules.
+under tests/machines/ that shares them is one work unit, run in its ``machines(order=N)``; the demo and the
+preflight machine modules boot their machines on nets of their own (127.42.R.N, 127.NET.R.N) and are each their
+own unit, run beside the chain after the ``realtime`` modules.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -25,8 +27,20 @@ def test_every_machine_module_has_a_place_in_the_chain_or_a_net_of_its_own():
     modules = _test_modules("machines")
     marks = {path: declared_marks(ROOT / path)["machines"] for path in modules}
     assert [path for path, kwargs in marks.items() if set(kwargs) not in ({"order"}, {"own_net"})] == []
-    assert [path for path, kwargs in marks.items() if kwargs.get("own_net")] == ["tests/machines/test_demo.py"]
-    assert len(modules) >= 10
+    own = [path for path, kwargs in marks.items() if kwargs.get("own_net")]
+    assert "tests/machines/test_demo.py" in own and len(modules) >= 10
+    # every other own-net module names its net (NET = R: its machines on 127.R.x.y) and passes it to its inventory
+    nets = {}
+    for path in own:
+        if path == "tests/machines/test_demo.py":
+            continue
+        source = (ROOT / path).read_text()
+        found = re.search(r"^NET = (\d+)$", source, re.M)
+        assert found and "net=NET" in source, f"{path}: an own-net module without its NET"
+        nets[path] = int(found.group(1))
+    from demo import scenario as demo
+
+    assert 0 not in nets.values() and len({*nets.values(), demo.DEMO_NET}) == len(nets) + 1, nets
 
 
 def test_the_demo_that_runs_beside_the_chain_boots_its_machines_on_its_own_net():

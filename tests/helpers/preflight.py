@@ -161,23 +161,31 @@ class VirtualInventory:
         host_vars: dict[str, dict] | None = None,
         fabric: str = "ib",
         group_vars: dict | None = None,
+        net: int = 0,
     ):
+        """``net``: the machines' 127.<net>.R.N (0: `virtual create`'s default, the machine chain's; a module
+        with a net of its own runs beside the chain, tests/conftest.py)."""
         self.root = root
-        done = self.clusterctl(
-            "virtual",
-            "create",
-            str(root),
-            "--nodes",
-            str(nodes),
-            "--racks",
-            str(racks),
-            "--faults",
-            "none",
-            "--fabric",
-            fabric,
-            "--force",
-        )
-        assert done.returncode == 0, done.stderr
+        if net:  # what `virtual create` writes, on another net (the command has no option for it)
+            from sim.hosts import create
+
+            create.write(root, nodes, racks, fabric=fabric, faults="none", force=True, net=net)
+        else:
+            done = self.clusterctl(
+                "virtual",
+                "create",
+                str(root),
+                "--nodes",
+                str(nodes),
+                "--racks",
+                str(racks),
+                "--faults",
+                "none",
+                "--fabric",
+                fabric,
+                "--force",
+            )
+            assert done.returncode == 0, done.stderr
         (root / "host_vars").mkdir(exist_ok=True)
         for host, variables in (host_vars or {}).items():
             (root / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(variables, sort_keys=False))

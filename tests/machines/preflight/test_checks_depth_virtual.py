@@ -18,7 +18,9 @@ from preflight.profiles import profile_of
 from preflight.runner import exit_code, run_preflight
 from preflight.transport import RoutingTransport
 
-pytestmark = pytest.mark.machines(order=7)
+pytestmark = pytest.mark.machines(own_net=True)
+# The machines' own 127.45.R.N (tests/conftest.py): this module runs beside the machine chain, not in it.
+NET = 45
 
 # 2 racks x 4 nodes; one new fault per host, two healthy hosts. Depth standard: DCGM level 2 runs the memory
 # test that dcgm_fail breaks (level 1, quick, runs only the software checks and would pass it, as real DCGM).
@@ -46,7 +48,7 @@ def depth_run(tmp_path_factory):
     from tests.helpers.preflight import VirtualInventory
 
     inv = VirtualInventory(tmp_path_factory.mktemp("depth"), nodes=8, racks=2,
-                           host_vars={h: {"sim_faults": f} for h, f in FAULTS.items()})
+                           host_vars={h: {"sim_faults": f} for h, f in FAULTS.items()}, net=NET)
     inv.up()
     try:
         cluster = load_cluster(inv.root)

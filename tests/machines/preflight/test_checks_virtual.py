@@ -21,7 +21,9 @@ from preflight.profiles import profile_of
 from preflight.runner import exit_code, run_preflight
 from preflight.transport import RoutingTransport
 
-pytestmark = pytest.mark.machines(order=8)
+pytestmark = pytest.mark.machines(own_net=True)
+# The machines' own 127.44.R.N (tests/conftest.py): this module runs beside the machine chain, not in it.
+NET = 44
 
 # 6 racks x 3 nodes (`virtual create --nodes 18 --racks 6 --fabric mixed`: r06 is RoCE). Each of r01-r04
 # has one fault that shows on the fabric and two that do not; r05 has the unreachable and the hanging host.
@@ -116,6 +118,7 @@ def faulty_run(tmp_path_factory):
         racks=6,
         fabric="mixed",
         host_vars={h: {"sim_faults": f} for h, f in FAULTS.items()},
+        net=NET,
     )
     inv.up()
     try:

@@ -16,7 +16,9 @@ from tests.helpers import run_cli
 from tests.helpers.preflight import VirtualInventory
 from tests.integration.preflight.test_release import register
 
-pytestmark = pytest.mark.machines(order=6)
+pytestmark = pytest.mark.machines(own_net=True)
+# The machines' own 127.46.R.N (tests/conftest.py): this module runs beside the machine chain, not in it.
+NET = 46
 
 
 @pytest.fixture
@@ -24,7 +26,7 @@ def virtual_copy(tmp_path, consul_addr):
     """`virtual create --nodes 4 --racks 2` pointed at the dev Consul, every IU registered in maintenance,
     its vllm-iu unit pinned to its NUMA node and DCGM's host engine running (what provisioning leaves behind)."""
     inv = VirtualInventory(
-        tmp_path / "virtual", nodes=4, racks=2, group_vars={"consul_http_addr": consul_addr}
+        tmp_path / "virtual", nodes=4, racks=2, group_vars={"consul_http_addr": consul_addr}, net=NET
     )
     inv.up()
     try:
@@ -126,7 +128,7 @@ def test_preflight_of_the_virtual_inventory(virtual_copy, tmp_path, capsys):
 
 def test_strict_turns_warnings_into_failure(tmp_path, capsys):
     # 2-GPU IUs: the profile has no 2-GPU floor, so each IU's nccl result is NCCL_NO_THRESHOLD (WARN).
-    inv = VirtualInventory(tmp_path / "virtual", nodes=1, racks=1, host_vars={"r01n01": {"iu_size": 2}})
+    inv = VirtualInventory(tmp_path / "virtual", nodes=1, racks=1, host_vars={"r01n01": {"iu_size": 2}}, net=NET)
     inv.up()
     try:
         args = [
