@@ -74,7 +74,7 @@ def test_the_machine_tests_are_one_work_unit_and_make_test_uses_the_scheduler_th
     assert scope_of("tests/machines/test_demo.py::test_demo[x::y]") == "tests/machines/test_demo.py"
     assert scope_of("tests/integration/playbooks/test_filters.py::test_a[b]") == "tests/integration/playbooks/test_filters.py"
     makefile = (ROOT / "Makefile").read_text()
-    assert "-n 2 --dist loadscope" in makefile  # the scheduler in tests/conftest.py takes over loadscope only
+    assert "-n 3 --dist loadscope" in makefile  # the scheduler in tests/conftest.py takes over loadscope only
 
 
 def _collect(*args: str) -> tuple[list[str], str]:
@@ -90,10 +90,12 @@ def test_the_machine_tests_run_in_their_order_before_the_others():
     order, _ = _collect("tests/machines/provision/test_site_virtual.py", "tests/machines/test_demo.py",
                                "tests/integration/playbooks/test_filters.py", "tests/machines/sim/hosts/test_create.py",
                                "tests/integration/eas_agent/test_end_to_end.py",
-                               "tests/machines/provision/test_redfish.py")
-    assert order == ["tests/machines/provision/test_redfish.py", "tests/machines/sim/hosts/test_create.py",
+                               "tests/machines/provision/test_redfish.py",
+                               "tests/machines/provision/test_vault_option.py")
+    assert order == ["tests/machines/provision/test_vault_option.py", "tests/machines/sim/hosts/test_create.py",
                      "tests/machines/provision/test_site_virtual.py", "tests/integration/eas_agent/test_end_to_end.py",
-                     "tests/machines/test_demo.py", "tests/integration/playbooks/test_filters.py"], order
+                     "tests/machines/test_demo.py", "tests/machines/provision/test_redfish.py",
+                     "tests/integration/playbooks/test_filters.py"], order
 
 
 def test_pytest_sees_the_machines_mark_of_every_module_under_machines():

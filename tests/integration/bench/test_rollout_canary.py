@@ -1,7 +1,7 @@
 """bench/rollout_canary.py end to end: through two real eas-edge processes, a good canary promotes through every
 step; a 2x slower one, one with one of its two IUs 2x slower (cross-unit jitter), one failing 2% of requests,
 one whose node reports ECC errors and one whose GPU logs an XID (NVML's event, through the agent's NVML
-backend over the stand-in) are rolled back, the abort written within one gate interval (+ the deciding
+backend over the stand-in) are rolled back, the abort written within one gate interval (two for the slow one's p99) (+ the deciding
 evaluation's time) of the evidence and read by both edges within 0.5 s, with at most their step's share of
 requests on the canary; an abort puts every edge on stable within 2 s.
 The measured table is printed (``-s`` shows it; a failure shows it always)."""

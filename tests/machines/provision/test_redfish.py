@@ -23,10 +23,13 @@ import pytest
 import yaml
 
 from sim import redfish_bmc
+from sim.hosts import create
 from sim.redfish_bmc import EXPECTED_PATCH, PASSWORD, PERSONALITIES, USER, FakeBmc
 from tests.helpers.provision import ansible_playbook, clusterctl
 
-pytestmark = [pytest.mark.machines(order=0), pytest.mark.timeout(1200)]  # site.yml (cpu_cstates only) on four simulated hosts, one BMC vendor each
+pytestmark = [pytest.mark.machines(own_net=True), pytest.mark.timeout(1200)]  # site.yml (cpu_cstates only) on four simulated hosts, one BMC vendor each
+# The machines' own 127.48.R.N (tests/conftest.py): this module runs beside the machine chain, not in it.
+NET = 48
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -74,7 +77,7 @@ def hosts(tmp_path_factory):
     """Four machines: the vendor test gives each its own BMC (one site.yml run for all four vendors, as a
     mixed fleet is provisioned); the other tests run on the first with ``--limit``."""
     inventory = tmp_path_factory.mktemp("redfish") / "inventory"
-    assert clusterctl("virtual", "create", str(inventory), "--nodes", "4", "--racks", "1", "--faults", "none").returncode == 0
+    create.write(inventory, 4, 1, faults="none", net=NET)  # `virtual create --nodes 4 --racks 1`, on NET
     up = clusterctl("virtual", "up", str(inventory))
     assert up.returncode == 0, up.stderr
     try:

@@ -25,7 +25,9 @@ from sim.hosts import lifecycle as simulate
 from tests.helpers.machines import leftovers, needs_root
 from tests.helpers.provision import clusterctl, stats_of
 
-pytestmark = pytest.mark.machines(order=1)
+pytestmark = pytest.mark.machines(own_net=True)
+# The machine's own 127.47.R.N (tests/conftest.py): this module runs beside the machine chain, not in it.
+NET = 47
 
 REPO = Path(__file__).resolve().parents[3]
 SWITCH = "clusterctl_render_only"
@@ -210,7 +212,7 @@ def render_only(tmp_path_factory):
     """One fresh RoCE machine (RoCE: its boot unit and firmware writes are behind the switch too), the
     switch in its host_vars, state read before and after one site.yml run."""
     inventory = tmp_path_factory.mktemp("render-only") / "inventory"
-    create.write(inventory, 1, 1, fabric="roce", faults="none")
+    create.write(inventory, 1, 1, fabric="roce", faults="none", net=NET)
     (inventory / "host_vars").mkdir(exist_ok=True)
     (inventory / "host_vars" / f"{HOST}.yml").write_text(
         "# Render only: files, directories and users; no package, service or Consul action.\n"
