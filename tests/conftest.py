@@ -11,7 +11,7 @@ otherwise a fresh project dev server (``devconsul``) is started on a free loopba
 
 Every test module declares its class with a module-level ``pytestmark`` (tests/README.md): ``unit``,
 ``integration`` or ``machines``, plus ``realtime`` for wall-clock agent tests. ``make test`` runs the suite
-on three pytest-xdist workers (``-n 3 --dist loadscope``) and the order comes from those marks. The tests that
+on two pytest-xdist workers (``-n 2 --dist loadscope``) and the order comes from those marks. The tests that
 boot simulated machines on the default addresses (``machines(order=N)``) share what one machine has once: the
 127.0.R.N addresses. They form one xdist scope, run one after another on one worker in ``order``, and come
 first, so that the longest chain starts at once. The demo's machines and the preflight machine modules' live on

@@ -74,7 +74,7 @@ def test_the_machine_tests_are_one_work_unit_and_make_test_uses_the_scheduler_th
     assert scope_of("tests/machines/test_demo.py::test_demo[x::y]") == "tests/machines/test_demo.py"
     assert scope_of("tests/integration/playbooks/test_filters.py::test_a[b]") == "tests/integration/playbooks/test_filters.py"
     makefile = (ROOT / "Makefile").read_text()
-    assert "-n 3 --dist loadscope" in makefile  # the scheduler in tests/conftest.py takes over loadscope only
+    assert "-n 2 --dist loadscope" in makefile  # the scheduler in tests/conftest.py takes over loadscope only
 
 
 def _collect(*args: str) -> tuple[list[str], str]:
