@@ -81,9 +81,21 @@ def run_rank(marks: dict[str, dict]) -> tuple[int, int]:
     return (3, 0)
 
 
+# Integration modules that bind the same fixed loopback range (127.0.73.N: the remediation fleet's units, whose
+# helpers the others import): one work unit, so two of them never run at once on two workers.
+SHARED_RANGE_MODULES = frozenset({
+    "tests/integration/operate/test_remediate.py", "tests/integration/operate/test_remediate_load.py",
+    "tests/integration/operate/test_drill_hardware.py", "tests/integration/operate/test_drill_devices.py",
+    "tests/integration/eas_agent/test_xid_critical.py", "tests/integration/edge/test_rollout_sessions.py"})
+SHARED_RANGE_SCOPE = "loopback 127.0.73"
+
+
 def scope_of(nodeid: str) -> str:
-    """The xdist work unit of a test: one for every shared-net machine test, else its module."""
+    """The xdist work unit of a test: one for every shared-net machine test, one for the modules on one fixed
+    loopback range, else its module."""
     module = nodeid.split("::", 1)[0]
+    if module in SHARED_RANGE_MODULES:
+        return SHARED_RANGE_SCOPE
     return MACHINES_SCOPE if run_rank(_module_marks(module))[0] == 0 else module
 
 
