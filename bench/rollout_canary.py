@@ -292,7 +292,10 @@ def evidence_at(plan, readings, events, errors: bool, per_unit: bool = False) ->
     ``errors`` a failed one on the canary; with ``per_unit`` two IUs a side each with a quarter of
     ``min_requests`` first bytes): from the 20 ms readings, as the controller's gates count them."""
     step_start = max(t for t, _, w in events if w == max(w for _, _, w in events if w < 1.0))
-    base = next((r for r in readings if r[0] >= step_start), None)
+    # The base is the last reading taken before the step began, as the controller scrapes its base when it writes
+    # the step. A watcher that a loaded host wakes late would otherwise take its base after the step's first
+    # answers, count fewer than the gates did, and never see evidence the controller acted on.
+    base = next((r for r in reversed(readings) if r[0] < step_start), None)
     for t, _, requests, failed, units in readings if base is not None else ():
         if t < base[0]:
             continue
