@@ -128,7 +128,7 @@ def test_an_uncontained_memory_error_resets_the_board_without_a_restart_first(fl
     # no Fabric Manager here: the whole board in one command, persistence mode off around it
     assert reset["detail"].startswith("nvidia-fabricmanager.service not active on n1"), reset
     assert reset["did"] == [f"systemctl stop {UNIT}",
-                            "nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader -i 0,1,2,3",
+                            "nvidia-smi --query-gpu=index,pci.bus_id,persistence_mode --format=csv,noheader -i 0,1,2,3",
                             "nvidia-smi -pm 0 -i 0,1,2,3", "nvidia-smi --gpu-reset", "nvidia-smi -pm 1 -i 0,1,2,3",
                             f"systemctl reset-failed {UNIT}", f"systemctl start {UNIT}"], reset
     calls = [json.loads(line)["argv"][1:] for line in (run_dir / "calls.log").read_text().splitlines()]

@@ -10,7 +10,7 @@ import pytest
 
 from cluster.model import build_cluster
 from operate.drill_faults import HostStepError
-from operate.gpu_reset import GpuReset, persistence_enabled, refused, reset_scope
+from operate.gpu_reset import GpuReset, gpu_rows, refused, reset_scope
 from preflight.transport import CommandResult
 
 pytestmark = pytest.mark.unit
@@ -59,7 +59,8 @@ def test_a_refusal_is_nvidia_smis_own_exit_not_a_command_that_could_not_run():
 
 
 def test_persistence_mode_is_read_from_the_query_csv():
-    assert persistence_enabled("0, Enabled\n1, Disabled\n2, Enabled\n[N/A], Enabled\n") == [0, 2]
+    assert gpu_rows("0, 00000000:18:00.0, Enabled\n1, 00000000:2A:00.0, Disabled\n[N/A], x, Enabled\n") == [
+        (0, "00000000:18:00.0", True), (1, "00000000:2A:00.0", False)]
 
 
 class Scripted:
@@ -82,14 +83,15 @@ IN_USE = ("The following GPUs could not be reset:\n  GPU 00000000:9A:00.0: In us
           "1 device is currently being used by one or more other processes")
 ALIVE = {("systemctl", "is-active", "eas-agent.service"): (0, "active\n"),
          ("systemctl", "is-active", "nvidia-dcgm.service"): (0, "active\n"),
-         ("nvidia-smi", "--query-gpu=index,persistence_mode"): (0, "4, Enabled\n5, Disabled\n6, Enabled\n7, Enabled\n")}
+         ("nvidia-smi", "--query-gpu=index,pci.bus_id,persistence_mode"): (0, "4, 00000000:9A:00.0, Enabled\n5, 00000000:AB:00.0, Disabled\n6, 00000000:BA:00.0, Enabled\n7, 00000000:DB:00.0, Enabled\n")}
 TAKEN_OFF = [("systemctl", "stop", "vllm-iu@1.service"), ("systemctl", "is-active", "eas-agent.service"),
              ("systemctl", "stop", "eas-agent.service"), ("systemctl", "is-active", "nvidia-dcgm.service"),
              ("systemctl", "stop", "nvidia-dcgm.service"),
-             ("nvidia-smi", "--query-gpu=index,persistence_mode", "--format=csv,noheader", "-i", "4,5,6,7"),
+             ("nvidia-smi", "--query-gpu=index,pci.bus_id,persistence_mode", "--format=csv,noheader", "-i", "4,5,6,7"),
              ("nvidia-smi", "-pm", "0", "-i", "4,6,7")]
 PUT_BACK = [("nvidia-smi", "-pm", "1", "-i", "4,6,7"), ("systemctl", "start", "eas-agent.service"),
             ("systemctl", "start", "nvidia-dcgm.service")]
+FABRIC = ("nvidia-smi", "-q", "-i", "4,5,6,7")
 
 
 def test_the_reset_takes_every_client_off_resets_puts_them_back_then_starts_the_unit():
@@ -97,7 +99,7 @@ def test_the_reset_takes_every_client_off_resets_puts_them_back_then_starts_the_
     host = Scripted(ALIVE)
     done = GpuReset(n1, n1.ius[1], host).carry_out(reset_scope(n1, n1.ius[1], True))
     assert done.ok and done.detail == ""
-    assert host.calls == [*TAKEN_OFF, ("nvidia-smi", "--gpu-reset", "-i", "4,5,6,7"), *PUT_BACK,
+    assert host.calls == [*TAKEN_OFF, ("nvidia-smi", "--gpu-reset", "-i", "4,5,6,7"), *PUT_BACK, FABRIC,
                           ("systemctl", "reset-failed", "vllm-iu@1.service"), ("systemctl", "start", "vllm-iu@1.service")]
 
 
