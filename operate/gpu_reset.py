@@ -121,8 +121,9 @@ def fabric_scope(node: Node, sxid: str) -> ResetScope:
 
 
 def fabric_states(text: str) -> dict[str, tuple[str, str]]:
-    """PCI bus id -> (State, Status) of each GPU's ``Fabric`` section in ``nvidia-smi -q`` output; a GPU whose
-    block has no such section (a driver before the fabric was reported) is left out."""
+    """PCI bus id -> (State, Status) of each GPU's ``Fabric`` section in ``nvidia-smi -q`` output (``""`` for a
+    line the section lacks); a GPU whose block has no such section (a driver before the fabric was reported) is
+    left out."""
     states: dict[str, list[str]] = {}
     bus, inside = None, False
     for line in text.splitlines():
@@ -131,6 +132,8 @@ def fabric_states(text: str) -> dict[str, tuple[str, str]]:
             bus, inside = stripped[4:].strip(), False
         elif bus is not None and indent == 4:
             inside = stripped == "Fabric"
+            if inside:  # a section without its State (output cut short) is a fabric not known ready
+                states.setdefault(bus, ["", ""])
         elif inside and indent == 8 and ":" in stripped:
             key, _, value = stripped.partition(":")
             if key.strip() in ("State", "Status"):
@@ -252,8 +255,8 @@ class GpuReset:
                 if state == NO_FABRIC or (state, status) == FABRIC_READY:
                     continue
                 name = f"GPU {index_of[bus]} ({bus})" if bus in index_of else f"GPU {bus}"
-                (failed if state == FABRIC_READY[0] else pending).append(f"{name} fabric state {state}, status "
-                                                                         f"{status or '-'}")
+                (failed if state == FABRIC_READY[0] else pending).append(f"{name} fabric state {state or '-'}, "
+                                                                         f"status {status or '-'}")
             if not pending and not failed:
                 waited = [s for s in states.values() if s[0] != NO_FABRIC]
                 self.result.did.append(f"{shlex.join(argv)}: " + (f"fabric Completed/Success on {len(waited)} GPU(s) "

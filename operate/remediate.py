@@ -41,7 +41,7 @@ unreachable, sudo refused, a program missing) **stops** the ladder: the unit sta
 what it was left as; nothing further is tried on a host that does not do what it is told.
 
 The breaker (:mod:`operate.remediate_breaker`) is judged from Consul before the drain and again before what
-takes the whole node out (a board's GPU reset, the reboot, the repair). Host commands: preflight's transport
+takes the whole node out (a board's GPU reset, the fabric reset, the reboot, the repair). Host commands: preflight's transport
 and :func:`operate.drill_faults.run_on` (``sudo -n`` under ``ansible_become``); Consul: :mod:`consul_io`.
 Without ``apply`` nothing is touched: :meth:`Remediation.plan` lists what would run.
 """
@@ -399,7 +399,7 @@ class Remediation(BoardSteps):
 
     def _left(self) -> list[str]:
         state, iu, node = self.outcome.state, self.iu.id, self.target.node.name
-        board = [f"{b.id}: in maintenance for the board's GPU reset; clear it with `clusterctl preflight --release`"
+        board = [f"{b.id}: in maintenance for the board's reset; clear it with `clusterctl preflight --release`"
                  for b in self.board_drained]
         if state == "released":
             return [f"{iu}: serving, in rotation", *board]

@@ -84,7 +84,7 @@ class BoardSteps:
             scope = scope_of()
             self.note(rung, f"scope: {scope.why}")
             if scope.ius != (self.iu,):
-                self._drain_board(scope)
+                self._drain_board(scope, rung)
             done = job.carry_out(scope, restart_fabric_manager=restart_fabric_manager)
         except HostStepError as exc:
             self.outcome.steps.append(Step(rung, at, self.now() - at, False, job.result.did, str(exc)))
@@ -101,7 +101,7 @@ class BoardSteps:
         self.note(rung, line)
         return done.ok
 
-    def _drain_board(self, scope: ResetScope) -> None:
+    def _drain_board(self, scope: ResetScope, rung: str) -> None:
         """Every other unit of the board out of rotation before the reset stops it (the breaker judged for the
         whole node first); their requests in flight left to finish, as the target's were."""
         self._breaker(tuple(iu.id for iu in scope.ius))
@@ -109,14 +109,14 @@ class BoardSteps:
         others = [iu for iu in scope.ius if iu.id != self.iu.id]
         for iu in others:
             if not self._in_maintenance(iu.id):
-                self.io.service_maintenance(iu.id, True, f"{self.reason_prefix}: GPU reset of the board for "
-                                                         f"{self.iu.id}")
+                what = "GPU reset" if rung == "gpu_reset" else "fabric reset"
+                self.io.service_maintenance(iu.id, True, f"{self.reason_prefix}: {what} of the board for {self.iu.id}")
                 self.board_drained.append(iu)
                 did.append(f"{iu.id} in maintenance")
         if not self._wait("the board in maintenance", lambda: all(self._in_maintenance(i.id) for i in others),
                           self.settle_s):
-            raise Stop("stopped", f"{scope.why}: not every unit of {self.target.node.name} was listed in "
-                                  f"maintenance within {self.settle_s:g} s")
+            raise Stop("stopped", f"{rung}: not every unit of {self.target.node.name} was listed in maintenance "
+                                  f"within {self.settle_s:g} s")
         urls = [health_url(self.target.node.address, iu.port).removesuffix("/health") + "/metrics" for iu in others]
         if not self._wait("the board's requests in flight finished", lambda: all(self.running(u) == 0 for u in urls),
                           self.drain_s):
