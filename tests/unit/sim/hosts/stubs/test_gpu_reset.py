@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from operate.gpu_reset import fabric_states
 from sim.hosts import gpu_clients
 from sim.hosts.hardware import Hardware, resolve
 from sim.hosts.stubs import gpu_reset, nvidia_smi
@@ -139,3 +140,13 @@ def test_a_board_without_nvlink_has_no_fabric(board):
     hw.nvlink = {pair: 0 for pair in hw.nvlink}
     hw.gpus[2].fabric_reset_at = 0.0
     assert fabric_lines(hw, 2) == [f"        State{' ' * 29}: N/A", f"        Status{' ' * 28}: N/A"]
+
+
+def test_the_rung_reads_the_stand_ins_fabric_section(board, capsys):
+    hw, run_dir = board
+    pm_off(hw, run_dir, capsys)
+    assert gpu_reset.reset(hw, hw.gpus[4:], run_dir, lambda: True) == 0
+    after = saved(run_dir)
+    after.fabric_train_s = 3600.0
+    states = fabric_states(nvidia_smi.query(after, None, after.gpus[3:5]))
+    assert states == {after.gpus[3].bus_id: ("Completed", "Success"), after.gpus[4].bus_id: ("Not Started", "N/A")}
