@@ -37,18 +37,23 @@ gpu_lost           unit    the unit's first GPU off the bus: XID 79 (NVIDIA's   
                            ``NVMLError_GpuIsLost`` (NVML_ERROR_GPU_IS_LOST: "the
                            GPU has fallen off the bus or has otherwise become
                            inaccessible"); ``nvidia-smi`` exits 15
-ib_port_down       node    every HCA port of the node Down / Disabled, as        each port back to the State and
-                           ``ibstat`` prints a port whose link is disabled       Physical state it had
-                           (infiniband-diags ibstat.c; sysfs ``ports/1/state``
-                           ``1: DOWN``, ``phys_state`` ``3: Disabled``,
-                           Documentation/ABI/stable/sysfs-class-infiniband):
-                           the fabric's ``ibping`` from other hosts gets no
-                           answer
+ib_port_down       node    every InfiniBand port of the node's ``rdma_nics``     ``ibportstate ... on`` for each
+                           disabled with ``ibportstate -C CA -P PORT -D 0 PORT   port it disabled ("on": enable
+                           disable`` (the local port by direct route): its       only while disabled); one
+                           PhysLinkState Disabled, LinkState Down, ``ibstat``    already Disabled is left so
+                           ``Down`` / ``Disabled``, the fabric's ``ibping``
+                           from other hosts unanswered. Refused, nothing
+                           touched, on a node with no InfiniBand port (RoCE
+                           ports are Ethernet: no subnet management packets)
+                           and where ``ansible_host`` is on the IPoIB netdev of
+                           a port it would disable (the undo could not reach
+                           the host)
 =================  ======  ====================================================  ================================
 
-``gpu_lost`` and ``ib_port_down`` run the host's device tool (``clusterctl-drill-device``,
-:mod:`operate.drill_devices`: the virtual cluster's machines carry it); a host without it fails the step,
-nothing changed.
+``gpu_lost`` runs the host's device tool (``clusterctl-drill-device``, :mod:`operate.drill_devices`: the virtual
+cluster's machines carry it; a real host has none and fails the step, nothing changed). ``ib_port_down`` runs
+infiniband-diags' ``ibportstate`` on real hosts and machines alike (decision 0044); without root (no
+``ansible_become``) it fails on its first query with its own reason, nothing changed.
 
 The unit of IU ``N`` is ``vllm-iu@N.service`` and its model directory is ``VLLM_MODEL_PATH`` of
 ``/etc/vllm-iu/N.env`` (roles/inference_unit). Commands run as the inventory's connection user, under
@@ -69,7 +74,14 @@ from dataclasses import dataclass, field
 
 from cluster.model import IU, Node
 from common.errors import ClusterctlError, ExitCode
-from operate.drill_devices import PORT_DOWN, XID_FALLEN_OFF_THE_BUS, device_command
+from operate.drill_devices import (
+    PORT_DISABLED,
+    XID_FALLEN_OFF_THE_BUS,
+    device_command,
+    port_command,
+    port_failure,
+    port_states,
+)
 
 COMMAND_TIMEOUT_S = 60.0  # systemctl restart waits for the unit's ExecStop; vLLM's stop takes seconds
 UNIT_TEMPLATE = "vllm-iu@{index}.service"
@@ -344,14 +356,43 @@ def gpu_lost(step: FaultStep) -> None:
 
 
 def ib_port_down(step: FaultStep) -> None:
-    node = step.target.node.name
-    before = _device_state(step, "hca-state")
-    if not isinstance(before, dict) or not before:
-        raise FaultError(f"{node}: no HCA ports to take down")
-    step.record(f"ports of {', '.join(before)} back to " + ", ".join(f"{s}/{p}" for s, p in before.values()),
-                device_command("hca-set", before))
-    step.run(*device_command("hca-set", {device: PORT_DOWN for device in before}))
-    step.done.append(f"{node}: ports of {', '.join(before)} {'/'.join(PORT_DOWN)}")
+    node = step.target.node
+    ports = [nic for nic in node.nics if nic.link_layer == "infiniband"]
+    if not ports:
+        raise FaultError(f"{node.name}: no InfiniBand port in rdma_nics (RoCE ports are Ethernet: ibportstate's "
+                         f"subnet management packets cannot disable them): nothing to take down")
+    for nic in ports:
+        if nic.netdev and f" {node.address}/" in step.run("ip", "-o", "addr", "show", "dev", nic.netdev,
+                                                          check=False).stdout:
+            raise FaultError(f"{node.name}: ansible_host {node.address} is on {nic.netdev}, the IPoIB netdev of "
+                             f"{nic.device}: disabling its port would cut the drill off the host it must restore")
+    states = {nic: _port(step, nic, "query") for nic in ports}
+    taken = []
+    for nic, (link, phys) in states.items():
+        name = f"{nic.device} port {nic.port}"
+        if phys == PORT_DISABLED:
+            step.done.append(f"{node.name}: {name} already Disabled: left as it is")
+            continue
+        # "on" enables a port only while it is disabled (ibportstate(8)): an undo of a disable that never
+        # happened leaves a live link alone instead of sending it back to Polling
+        step.record(f"{name} enabled (was {link}/{phys})", port_command(nic.device, nic.port, "on"))
+        _port(step, nic, "disable")
+        taken.append(name)
+    if taken:
+        step.done.append(f"{node.name}: {', '.join(taken)} disabled (ibportstate: PhysLinkState Disabled)")
+
+
+def _port(step: FaultStep, nic, op: str) -> tuple[str, str]:
+    """Run ibportstate ``op`` on ``nic``'s port: its (LinkState, PhysLinkState) before the operation, or a
+    FaultError with ibportstate's own reason."""
+    argv = port_command(nic.device, nic.port, op)
+    result = step.transport.run(step.target.node, step.command(argv), COMMAND_TIMEOUT_S)
+    states = port_states(result.stdout) if result.ok else None
+    if states is None:
+        why = port_failure(result) if not result.ok else f"no LinkState in its answer: {result.last_line()!r}"
+        raise FaultError(f"{step.target.node.name}: `{shlex.join(argv)}` "
+                         f"{'unreachable' if result.unreachable else result.ended()}: {why}")
+    return states
 
 
 INJECTORS = {"engine_stall": engine_stall, "engine_crash": engine_crash, "graceful_stop": graceful_stop,

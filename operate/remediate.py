@@ -9,10 +9,17 @@ drain       the unit into Consul maintenance (its own reason),     the ``_servic
 restart     ``systemctl reset-failed`` + ``restart vllm-iu@N``     ``is-active`` and the unit's ``/health`` 200
 gpu_reset   the scope (:mod:`operate.gpu_reset`): the unit's GPUs  as restart (every unit of the board, each
             where Fabric Manager runs, else the whole NVSwitch     released once healthy); a reset nvidia-smi
-            board (every unit of the node drained, breaker for     refuses goes to the next rung with its
-            the node); the units stopped, the NVML/DCGM clients    reason
-            stopped and persistence mode off, one ``nvidia-smi
-            --gpu-reset``, all put back, the units started
+            board (every unit of the node drained, breaker for     refuses, or a fabric not Completed + Success
+            the node); the units stopped, the NVML/DCGM clients    within ``fabric_wait_s``, goes to the next
+            stopped and persistence mode off, one ``nvidia-smi     rung with its reason
+            --gpu-reset``, all put back, the fabric waited for,
+            the units started
+fabric_     a fatal NVSwitch SXID in the unit's score body (or     as gpu_reset
+reset       ``--from``), only as the first rung: every unit of the
+            node drained (breaker for the node) and stopped,
+            ``nvidia-fabricmanager.service`` restarted, the whole
+            board reset, the fabric waited for, the units started
+            (:mod:`operate.remediate_board`)
 reboot      the breaker for the whole node, then                   as restart
             ``playbooks/node-reboot.yml`` on the node (its units
             drained, the reboot, the units that served released:
@@ -25,7 +32,7 @@ release     the unit's maintenance off (only a maintenance this    the maintenan
 ==========  =====================================================  ==============================================
 
 The drain always runs first (or finds the unit already in maintenance); the ladder then starts at ``start``,
-or, when none is given, at the rung the XID catalogue (:mod:`operate.xid_catalog`) names for the unit's latest
+or, when none is given, at ``fabric_reset`` when the unit's score body names a fatal SXID, else at the rung the XID catalogue (:mod:`operate.xid_catalog`) names for the unit's latest
 XID (``xid_last`` in its node's score body in Consul, counted only when its ``xid_last_at`` is younger than
 ``xid_max_age_s``; restart when it names none), and climbs one rung each
 time the unit is not healthy within ``verify_s`` after one, or ``nvidia-smi`` refuses the GPU reset (NVIDIA's
@@ -34,7 +41,7 @@ unreachable, sudo refused, a program missing) **stops** the ladder: the unit sta
 what it was left as; nothing further is tried on a host that does not do what it is told.
 
 The breaker (:mod:`operate.remediate_breaker`) is judged from Consul before the drain and again before what
-takes the whole node out (a board's GPU reset, the reboot, the repair). Host commands: preflight's transport
+takes the whole node out (a board's GPU reset, the fabric reset, the reboot, the repair). Host commands: preflight's transport
 and :func:`operate.drill_faults.run_on` (``sudo -n`` under ``ansible_become``); Consul: :mod:`consul_io`.
 Without ``apply`` nothing is touched: :meth:`Remediation.plan` lists what would run.
 """
@@ -52,8 +59,9 @@ from cluster.model import Cluster
 from cluster.services import health_url
 from common.errors import UsageError
 from consul_io import layout
-from operate.drill_faults import UNIT_TEMPLATE, HostStepError, Target, run_on, start_commands
-from operate.gpu_reset import FABRIC_MANAGER_UNIT, GPU_CLIENT_UNITS, GpuReset, ResetScope
+from operate.drill_faults import HostStepError, Target, run_on, start_commands
+from operate.gpu_reset import FABRIC_MANAGER_UNIT, FABRIC_WAIT_S, GPU_CLIENT_UNITS
+from operate.remediate_board import BoardSteps, fatal_sxid
 from operate.remediate_breaker import Limits, judge
 from operate.remediate_outcome import Outcome, Step, Stop
 from operate.remediate_reboot import PLAYBOOK, RebootRun, node_maintenance
@@ -100,7 +108,7 @@ def find_target(cluster: Cluster, name: str, become: dict[str, bool] | None = No
 
 
 @dataclass
-class Remediation:
+class Remediation(BoardSteps):
     cluster: Cluster
     target: Target
     transport: object  # preflight.transport.Transport
@@ -123,6 +131,7 @@ class Remediation:
     catalog: Catalog | None = None  # None: the shipped operate/xid_catalog.yml, read when it is needed
     xid_max_age_s: float = XID_MAX_AGE_S  # an older xid_last no longer picks the first rung
     wall_clock: Callable[[], float] = time.time  # unix s, to age the XID against the agent's stamps
+    fabric_wait_s: float = FABRIC_WAIT_S  # after a reset, for every GPU's fabric Completed + Success
 
     def __post_init__(self):
         if self.start is not None and self.start not in RUNGS:
@@ -136,12 +145,22 @@ class Remediation:
         self.t0 = 0.0
         self.set_maintenance = False  # this command put the unit into maintenance, so it takes it out
         self.board_drained: list = []  # the board's other units this command put into maintenance for a reset
+        self.fabric_fault: str | None = None  # the fatal SXID the unit's score body names
+        self.reason_prefix = REASON_PREFIX
 
     # -- the plan ---------------------------------------------------------------------------------------
     def choose_start(self) -> str:
         """The first rung: the operator's, else the XID catalogue's for the unit's latest XID (read from Consul)."""
         if self.start is None:
             _, body = self.io.kv_read(layout.score_key(self.datacenter, self.target.node.name))
+            self.fabric_fault = fatal_sxid(body, self.iu.id, self.wall_clock(), self.xid_max_age_s)
+            if self.fabric_fault is not None:
+                # before any XID: the GPUs behind the switch log XIDs too, and a reset alone leaves the fabric down
+                self.start = "fabric_reset"
+                self.start_why = (f"fabric_reset: its score body names a {self.fabric_fault} (the Fabric Manager "
+                                  f"user guide: the GPUs and NVSwitches reset, Fabric Manager restarted)")
+                self.outcome.start, self.outcome.start_why = self.start, self.start_why
+                return self.start
             xid, seen = xid_last(body, self.iu.id, self.wall_clock(), self.xid_max_age_s)
             self.catalog = self.catalog or load_catalog()
             self.start, self.start_why = first_rung(self.catalog, xid, seen)
@@ -151,7 +170,7 @@ class Remediation:
 
     def plan(self) -> list[str]:
         node, iu, unit = self.target.node.name, self.iu.id, self.unit
-        start = self.choose_start()
+        self.choose_start()
         gpus = ",".join(str(g) for g in self.iu.gpus)
         lines = [f"breaker: at most {self.limits.max_unit_share:.0%} of the units and "
                  f"{self.limits.max_nodes_per_rack} node(s) per rack out of rotation, judged from Consul",
@@ -161,15 +180,23 @@ class Remediation:
                  "gpu_reset": f"gpu_reset: on {node}: GPUs {gpus} alone if {FABRIC_MANAGER_UNIT} is active, "
                               f"else every GPU of the NVSwitch board (every unit of {node} drained, the breaker "
                               f"judged for the node); the units stopped, {' and '.join(GPU_CLIENT_UNITS)} stopped "
-                              f"and persistence mode off, nvidia-smi --gpu-reset, all put back, the units started; "
-                              f"a reset nvidia-smi refuses goes to the next rung",
+                              f"and persistence mode off, nvidia-smi --gpu-reset, all put back, every reset GPU's "
+                              f"fabric Completed + Success within {self.fabric_wait_s:g} s (nvidia-smi -q; a GPU "
+                              f"without one is not waited for), the units started; a reset nvidia-smi refuses or a "
+                              f"fabric not back goes to the next rung",
+                 "fabric_reset": f"fabric_reset: the breaker judged for the whole node; every unit of {node} "
+                                 f"drained and stopped, {' and '.join(GPU_CLIENT_UNITS)} stopped and persistence "
+                                 f"mode off, systemctl restart {FABRIC_MANAGER_UNIT}, nvidia-smi --gpu-reset (every "
+                                 f"GPU of the board), all put back, every GPU's fabric Completed + Success within "
+                                 f"{self.fabric_wait_s:g} s, the units started; a reset refused or a fabric not "
+                                 f"back goes to the next rung",
                  "reboot": f"reboot: the breaker judged for the whole node; playbooks/{PLAYBOOK} --limit {node} (every "
                            f"unit of {node} drained by Consul node maintenance, the reboot, the driver checked, the "
                            f"units that served released)",
                  "repair": f"repair: every unit of {node} into maintenance (node marked for repair), the record "
                            f"{layout.repair_key(self.datacenter, node)}; the breaker judged for the whole node"}
         lines.insert(1, f"first rung: {self.start_why}")
-        for rung in RUNGS[RUNGS.index(start):]:
+        for rung in self._rungs():
             check = (f"; healthy when active and {self.url} answers 200 within {self.verify_s:g} s, else the "
                      f"next rung" if rung != "repair" else "")
             lines.append(rungs[rung] + check)
@@ -205,15 +232,15 @@ class Remediation:
                                   f"the node is repaired, then release its units with `clusterctl preflight --release`")
         self._breaker((self.iu.id,))
         self._drain()
-        for rung in RUNGS[RUNGS.index(self.start):]:
+        for rung in self._rungs():
             if rung == "repair":
                 self._repair()
                 raise Stop("repair", f"{self.target.node.name} marked for repair: {self.iu.id} did not come back")
             if rung == "reboot":
                 self._reboot()
-            elif rung == "gpu_reset":
-                if not self._gpu_reset():
-                    continue  # nvidia-smi refused: the reset cannot clear it, the next rung can
+            elif rung in ("gpu_reset", "fabric_reset"):
+                if not (self._gpu_reset() if rung == "gpu_reset" else self._fabric_reset()):
+                    continue  # refused, or the fabric not back: the reset cannot clear it, the next rung can
             else:
                 self._step(rung, self._restart)
             if self._verify(rung):
@@ -223,6 +250,10 @@ class Remediation:
                 self.outcome.state = "released"
                 self.outcome.message = f"{self.iu.id} healthy after {rung} and back in rotation"
                 return
+
+    def _rungs(self) -> list[str]:
+        """The rungs from the first one up; the fabric reset only as the first (remediate_board.py says why)."""
+        return [r for r in RUNGS[RUNGS.index(self.start):] if r != "fabric_reset" or r == self.start]
 
     def _step(self, rung: str, action: Callable[[list[str]], None]) -> None:
         at, did = self.now(), []
@@ -298,61 +329,6 @@ class Remediation:
             run_on(self.target, self.transport, argv)
             did.append(" ".join(argv))
 
-    def _gpu_reset(self) -> bool:
-        """The GPU reset in the scope NVIDIA allows; True when the GPUs were reset and the units started, False
-        when nvidia-smi refused (said, with its reason); a command that cannot run stops the ladder."""
-        job = GpuReset(self.target.node, self.iu, lambda argv, check: run_on(self.target, self.transport, argv,
-                                                                             check=check))
-        at = self.now()
-        try:
-            scope = job.scope()
-            self.note("gpu_reset", f"scope: {scope.why}")
-            if scope.ius != (self.iu,):
-                self._drain_board(scope)
-            done = job.carry_out(scope)
-        except HostStepError as exc:
-            self.outcome.steps.append(Step("gpu_reset", at, self.now() - at, False, job.result.did, str(exc)))
-            self.note("gpu_reset", f"FAILED: {exc}")
-            raise Stop("stopped", f"gpu_reset could not be carried out: {exc}") from None
-        detail = scope.why if done.ok else f"nvidia-smi refused the reset: {done.detail}; the next rung"
-        self.outcome.steps.append(Step("gpu_reset", at, self.now() - at, done.ok, done.did, detail))
-        self.note("gpu_reset", "; ".join(done.did) if done.ok else f"REFUSED: {done.detail}: the next rung")
-        return done.ok
-
-    def _drain_board(self, scope: ResetScope) -> None:
-        """Every other unit of the board out of rotation before the reset stops it (the breaker judged for the
-        whole node first); their requests in flight left to finish, as the target's were."""
-        self._breaker(tuple(iu.id for iu in scope.ius))
-        at, did = self.now(), []
-        others = [iu for iu in scope.ius if iu.id != self.iu.id]
-        for iu in others:
-            if not self._in_maintenance(iu.id):
-                self.io.service_maintenance(iu.id, True, f"{REASON_PREFIX}: GPU reset of the board for {self.iu.id}")
-                self.board_drained.append(iu)
-                did.append(f"{iu.id} in maintenance")
-        if not self._wait("the board in maintenance", lambda: all(self._in_maintenance(i.id) for i in others), self.settle_s):
-            raise Stop("stopped", f"gpu_reset: not every unit of {self.target.node.name} was listed in maintenance "
-                                  f"within {self.settle_s:g} s")
-        urls = [health_url(self.target.node.address, iu.port).removesuffix("/health") + "/metrics" for iu in others]
-        if not self._wait("the board's requests in flight finished", lambda: all(self.running(u) == 0 for u in urls),
-                          self.drain_s):
-            did.append(f"requests still in flight after {self.drain_s:g} s: going ahead")
-        self.outcome.steps.append(Step("drain board", at, self.now() - at, True, did))
-        self.note("drain board", "; ".join(did) or "every unit already in maintenance")
-
-    def _release_board(self) -> None:
-        """The board's other units back in rotation once each is healthy; one that is not stays out, said."""
-        for iu in list(self.board_drained):
-            unit = UNIT_TEMPLATE.format(index=iu.index)
-            url = health_url(self.target.node.address, iu.port)
-            if not self._wait(f"{unit} active and {url} 200", lambda u=unit, h=url: self._active(u) and self.probe(h),
-                              self.verify_s):
-                self.note("release", f"{iu.id} not healthy within {self.verify_s:g} s: left in maintenance")
-                continue
-            self.io.service_maintenance(iu.id, False)
-            self.board_drained.remove(iu)
-            self.note("release", f"{iu.id} healthy: out of maintenance")
-
     def _active(self, unit: str | None = None) -> bool:
         result = run_on(self.target, self.transport, ("systemctl", "is-active", unit or self.unit), check=False)
         return result.ok and result.stdout.strip() == "active"
@@ -423,7 +399,7 @@ class Remediation:
 
     def _left(self) -> list[str]:
         state, iu, node = self.outcome.state, self.iu.id, self.target.node.name
-        board = [f"{b.id}: in maintenance for the board's GPU reset; clear it with `clusterctl preflight --release`"
+        board = [f"{b.id}: in maintenance for the board's reset; clear it with `clusterctl preflight --release`"
                  for b in self.board_drained]
         if state == "released":
             return [f"{iu}: serving, in rotation", *board]
@@ -432,7 +408,7 @@ class Remediation:
         if state == "repair":
             return [f"{node}: every unit in maintenance, marked for repair ({layout.repair_key(self.datacenter, node)})"]
         drained = any(s.rung == "drain" and s.ok for s in self.outcome.steps)
-        stopped_unit = any(s.rung == "gpu_reset" and not s.ok and any(d.startswith("systemctl stop") for d in s.did)
+        stopped_unit = any(s.rung in ("gpu_reset", "fabric_reset") and not s.ok and any(d.startswith("systemctl stop") for d in s.did)
                            for s in self.outcome.steps)
         if not drained:
             return [f"{iu}: untouched (not drained)"]

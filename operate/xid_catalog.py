@@ -23,7 +23,10 @@ from eas_wire.scorebody import BodyError, IUScore
 from operate.scenario import FieldReader, yaml_problem
 
 CATALOG_FILE = Path(__file__).with_name("xid_catalog.yml")
-RUNGS = ("restart", "gpu_reset", "reboot", "repair")  # the order the ladder climbs them
+# the order the ladder climbs them; fabric_reset only where it is the first (operate/remediate_board.py)
+RUNGS = ("restart", "gpu_reset", "fabric_reset", "reboot", "repair")
+# a row's rung: the fabric reset answers a fatal NVSwitch SXID, which no XID is
+ROW_RUNGS = tuple(r for r in RUNGS if r != "fabric_reset")
 # NVIDIA's buckets that name one action, and the rung that carries it out
 BUCKET_RUNG = {"RESTART_APP": "restart", "RESET_GPU": "gpu_reset", "RESTART_BM": "reboot", "CONTACT_SUPPORT": "repair"}
 # buckets that name no single action: a row with one must say in its note why its rung
@@ -86,8 +89,8 @@ def parse_catalog(data, path: str = "<catalogue>") -> Catalog:
             raise read.fail(f"{field}.bucket", f"not one of NVIDIA's buckets this catalogue knows "
                                                f"({', '.join([*BUCKET_RUNG, *OTHER_BUCKETS])})", bucket)
         rung = read.text(row["rung"], f"{field}.rung")
-        if rung not in RUNGS:
-            raise read.fail(f"{field}.rung", f"expected one of {', '.join(RUNGS)}", rung)
+        if rung not in ROW_RUNGS:
+            raise read.fail(f"{field}.rung", f"expected one of {', '.join(ROW_RUNGS)}", rung)
         note = read.text(row.get("note", ""), f"{field}.note").strip()
         if BUCKET_RUNG.get(bucket) != rung and not note:
             own = f"{bucket} is {BUCKET_RUNG[bucket]}" if bucket in BUCKET_RUNG else f"{bucket} names no single action"

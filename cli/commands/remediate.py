@@ -41,7 +41,7 @@ _EXAMPLES = examples(
               help="Ansible inventory (file or directory) holding the unit.")
 @click.option("--target", required=True, help="IU id of the unhealthy unit (e.g. r12n03-iu1).")
 @click.option("--from", "start", default=None,
-              type=click.Choice(["restart", "gpu_reset", "reboot", "repair"]),
+              type=click.Choice(["restart", "gpu_reset", "fabric_reset", "reboot", "repair"]),
               help="The first rung after the drain (default: the XID catalogue's for the unit's latest XID, else "
                    "restart).")
 @click.option("--xid-max-age-s", default=3600.0, show_default=True, type=click.FloatRange(1, None),

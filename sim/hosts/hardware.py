@@ -173,6 +173,7 @@ class Gpu:
     # nvidia-persistenced runs on an HGX node (roles/nvidia_stack): Enabled, and a client of the GPU for a reset
     persistence_mode: bool = True
     reset_supported: bool = True  # False: nvidia-smi --gpu-reset answers Not Supported for it
+    fabric_reset_at: float | None = None  # unix s of its last nvidia-smi -r: its fabric registration restarts
     # Preflight depth (stubs/gpu_depth.py): PCIe link as trained, NVLink state/error growth, clock events,
     # nvbandwidth values (None: the architecture's reference value), a failing DCGM test.
     pcie_gen: int = 5
@@ -259,6 +260,10 @@ class Hardware:
     hang: list[str] | None = None  # tools that never return; [] = every stub
     unreachable: bool = False
     secure_boot: bool = False
+    # after a reset an NVSwitch board's GPU reads fabric Not Started, In Progress (each half of this), Completed;
+    # with its Status this error instead of Success when set (sim/hosts/stubs/gpu_reset.py)
+    fabric_train_s: float = 0.5
+    fabric_failure: str | None = None
 
     @property
     def vcpus(self) -> int:

@@ -16,6 +16,7 @@ TOOLS: dict[str, str] = {
     "nvidia-smi": "nvidia_smi:main",
     "ibstat": "infiniband:ibstat",
     "ibping": "infiniband:ibping",
+    "ibportstate": "ibportstate:main",
     "ib_write_lat": "perftest:ib_write_lat",
     "ib_write_bw": "perftest:ib_write_bw",
     "all_reduce_perf": "nccl:all_reduce_perf",
@@ -40,8 +41,8 @@ TOOLS: dict[str, str] = {
 # DCGM's package is installed), and the package's launcher (sim/aptrepo) runs this program under that name.
 PACKAGE_TOOLS = frozenset({"dcgmi"})
 # Tools Ansible itself calls while provisioning: no call delay, no hang (those model slow hardware probes).
-# The drills' device tool is no probe either: a drill's undo must not hang on the `hang` fault.
-UNDELAYED_TOOLS = frozenset({"systemctl", "update-grub", "sysctl", "mokutil", "clusterctl-drill-device"})
+# The drills' device tools are no probes either: a drill's undo must not hang on the `hang` fault.
+UNDELAYED_TOOLS = frozenset({"systemctl", "update-grub", "sysctl", "mokutil", "clusterctl-drill-device", "ibportstate"})
 PROGRAM = "clusterctl-sim-tool"
 REAL_SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")
 

@@ -1,5 +1,6 @@
 """``clusterctl-drill-device``: the virtual cluster's implementation of the host tool the drills' ``gpu_lost``
-and ``ib_port_down`` run (operate/drill_devices.py names the tool and its operations). It changes the state
+runs (operate/drill_devices.py names the tool and its operations; ``ib_port_down`` runs ``ibportstate``,
+sim/hosts/stubs/ibportstate.py). It changes the state
 the machine's stand-ins read, so a fault shows up where a real one would:
 
 ==============================  ==============================================================================
@@ -10,14 +11,12 @@ file: ``CLUSTERCTL_SIM_NVML_     events (``xid``): the agent (sim/nvml_standin/p
 FILE``, else /run/clusterctl-
 sim/nvml.json)
 host.json ``hardware`` (the     ``nvidia-smi`` (a ``lost`` GPU: the device-handle error, exit 15), ``dmesg`` and
-run dir)                        ``journalctl -k`` (``xid_events``: ``NVRM: Xid`` lines), ``ibstat`` (the HCAs'
-                                ``state``/``phys_state``) and the other hosts' ``ibping``
+run dir)                        ``journalctl -k`` (``xid_events``: ``NVRM: Xid`` lines)
 ==============================  ==============================================================================
 
 Operations (arguments JSON): ``gpu-state GPU`` prints ``[nvml xids, nvml lost, kernel xids, kernel lost]``;
 ``gpu-lost GPU XID`` marks the GPU lost in both and appends the XID to both; ``gpu-restore GPU STATE`` puts
-back what ``gpu-state`` printed (the lists cut back to their counts); ``hca-state`` prints ``{device: [state,
-phys_state]}``; ``hca-set STATES`` sets them. Every write renames a temporary file over the old one, so a
+back what ``gpu-state`` printed (the lists cut back to their counts). Every write renames a temporary file over the old one, so a
 reader never sees half of it, and the NVML stand-in (which re-reads its file when inode, mtime or size change)
 picks it up at its next call. A missing file or GPU exits 1 naming it.
 """
@@ -68,14 +67,6 @@ def run(op: str, args: list, run_dir: Path, nvml_path: Path) -> str:
     host_path = run_dir / "host.json"
     host = _load(host_path)
     hw = host["hardware"]
-    if op == "hca-state":
-        return json.dumps({h["device"]: [h["state"], h["phys_state"]] for h in hw["hcas"]})
-    if op == "hca-set":
-        for hca in hw["hcas"]:
-            if hca["device"] in args[0]:
-                hca["state"], hca["phys_state"] = args[0][hca["device"]]
-        _save(host_path, host)
-        return ""
     if op not in ("gpu-state", "gpu-lost", "gpu-restore"):
         raise DeviceError(f"unknown operation {op!r}")
     nvml = _load(nvml_path)

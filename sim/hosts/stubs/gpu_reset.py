@@ -34,13 +34,28 @@ reset of a GPU off the bus             the device-handle line, exit 15 (as every
 ``-pm 0`` / ``-pm 1``                  ``Disabled persistence mode for GPU <bus>.`` /    NVIDIA/NVSentinel#1690
                                        ``Enabled persistence mode for GPU <bus>.`` per   ("All done.")
                                        GPU, then ``All done.``, exit 0
+``-q`` after a reset: the ``Fabric``   ``State`` / ``Status`` ``Not Started`` / ``N/A``  NVIDIA/NVSentinel#883 (Not
+section of each reset GPU (an          for the first half of ``fabric_train_s``,         Started -> In Progress ->
+NVSwitch board: NVLink present)        ``In Progress`` / ``N/A`` for the second, then    Completed); NVIDIA GPU
+                                       ``Completed`` / ``Success``, or ``Completed`` /   Operator docs (In Progress /
+                                       the board's ``fabric_failure`` when set           N/A, then Completed /
+                                                                                         Success); Azure/azhpc-images
+                                                                                         #506 (Completed / Insufficient
+                                                                                         Resources); NVML
+                                                                                         nvmlGpuFabricInfo_t: status
+                                                                                         "must be checked only if
+                                                                                         state returns complete"
+``-q`` on a board without NVLink       ``State`` and ``Status`` ``N/A``                  A100-SXM4 / A10 ``-q``
+                                                                                         captures (thamada/nvidia-smi,
+                                                                                         leptonai/gpud fixtures)
 =====================================  ================================================  ============================
 
 Individual reset (nvidia-smi(1), "NVSwitch systems" table): an Ampere or newer GPU can be reset alone while
 Fabric Manager runs; otherwise every NVLink peer (on an HGX board: every GPU) in the same command, and then no
 compute process may run on any GPU. Fabric Manager "runs" when ``systemctl is-active
 nvidia-fabricmanager.service`` says so on this machine. Not simulated: the root check (the machines run it
-under sudo), ``-r bus``, Windows' driver restart, MIG.
+under sudo), ``-r bus``, Windows' driver restart, MIG, a fabric that never trains because Fabric Manager is
+stopped (the stand-in's boards serve without it), the fabric's Health block.
 
 State changes are written to ``host.json`` (the GPU's ``persistence_mode``, ECC and remap fields) by rename, so
 the next call of any stub reads them.
@@ -51,6 +66,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,6 +82,23 @@ IN_USE_TAIL = ("currently being used by one or more other processes (e.g., Fabri
                "graphics application such as an X server, or a monitoring application such as another instance "
                "of nvidia-smi). Please first kill all processes using this device and all compute applications "
                "running in the system.")
+
+
+FABRIC_READY = ("Completed", "Success")
+
+
+def fabric(hw: Hardware, gpu: Gpu, now: float) -> tuple[str, str]:
+    """(State, Status) of the GPU's fabric registration at ``now`` (unix s), as ``nvidia-smi -q`` shows them."""
+    if not any(hw.nvlink.values()):
+        return "N/A", "N/A"  # no NVLink, no NVSwitch fabric
+    if gpu.fabric_reset_at is None:
+        return FABRIC_READY  # registered at boot
+    since = now - gpu.fabric_reset_at
+    if since < hw.fabric_train_s / 2:
+        return "Not Started", "N/A"
+    if since < hw.fabric_train_s:
+        return "In Progress", "N/A"
+    return "Completed", hw.fabric_failure or "Success"
 
 
 def fabric_manager_active() -> bool:
@@ -130,8 +163,10 @@ def reset(hw: Hardware, gpus: list[Gpu], run_dir: Path, fabric_manager: Callable
         count = f"{len(busy)} device is" if len(busy) == 1 else f"{len(busy)} devices are"
         print(f"\n{count} {IN_USE_TAIL}")
         return IN_USE_EXIT
+    at = time.time()
     for gpu in gpus:
         gpu.ecc_uncorrectable, gpu.row_remap_pending, gpu.retired_pending = 0, False, False
+        gpu.fabric_reset_at = at
         print(f"GPU {gpu.bus_id} was successfully reset.")
-    _save(run_dir, gpus, ("ecc_uncorrectable", "row_remap_pending", "retired_pending"))
+    _save(run_dir, gpus, ("ecc_uncorrectable", "row_remap_pending", "retired_pending", "fabric_reset_at"))
     return 0

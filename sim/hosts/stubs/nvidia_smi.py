@@ -12,6 +12,9 @@ first prints ``Unable to determine the device handle for GPU0000:CB:00.0: Unknow
 nvidia-smi prints after an XID 79: leptonai/gpud's nvidia-smi error fixtures), answers for the other GPUs,
 and exits 15, nvidia-smi(1)'s RETURN VALUE for "the GPU has fallen off the bus or has otherwise become
 inaccessible". Naming only lost GPUs with ``-i`` prints the line alone.
+
+``-q``'s ``Fabric`` section (State, Status) follows the GPU's fabric registration after a reset
+(sim/hosts/stubs/gpu_reset.py, ``fabric``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def _gpu_sections(hw: Hardware, gpu: Gpu) -> list[tuple[str, list[str]]]:
         ("DRAM Correctable", 0), ("DRAM Uncorrectable", dram_ue),
     ]
     memory_reserved = 454 if hw.gpu_memory_mib < 100000 else 587
+    fabric_state, fabric_status = gpu_reset.fabric(hw, gpu, time.time())
     return [
         ("", [
             _kv(4, "Product Name", hw.gpu_name),
@@ -131,10 +135,10 @@ def _gpu_sections(hw: Hardware, gpu: Gpu) -> list[tuple[str, list[str]]]:
         ]),
         ("FABRIC", [
             _kv(4, "Fabric"),
-            _kv(8, "State", "Completed"),
-            _kv(8, "Status", "Success"),
-            _kv(8, "CliqueId", 0),
-            _kv(8, "ClusterUUID", "00000000-0000-0000-0000-000000000000"),
+            _kv(8, "State", fabric_state),
+            _kv(8, "Status", fabric_status),
+            _kv(8, "CliqueId", "N/A" if fabric_state == "N/A" else 0),
+            _kv(8, "ClusterUUID", "N/A" if fabric_state == "N/A" else "00000000-0000-0000-0000-000000000000"),
         ]),
         ("", [_kv(4, "Processes", "None")]),
     ]

@@ -90,8 +90,10 @@ def test_ib_port_down_takes_the_nodes_ports_down_in_ibstat_and_its_undo_brings_t
     down = [line.strip() for line in tool("ibstat").stdout.splitlines() if "state:" in line.lower()]
     assert set(down) == {"State: Down", "Physical state: Disabled"} and len(down) == len(states)
     restored = step.undo()
-    assert len(restored) == 1 and restored[0].startswith("n1: ports of ") and "NOT" not in restored[0]
+    assert restored == [f"n1: mlx5_{i} port 1 enabled (was Active/LinkUp)" for i in reversed(range(len(NODE.nics)))]
     assert [line.strip() for line in tool("ibstat").stdout.splitlines() if "state:" in line.lower()] == states
+    calls = [json.loads(line)["argv"] for line in (host / "calls.log").read_text().splitlines()]
+    assert ["ibportstate", "-C", "mlx5_0", "-P", "1", "-D", "0", "1", "disable"] in calls  # as on a real host
 
 
 def test_a_host_without_the_state_fails_the_step_naming_the_file(host, tmp_path, monkeypatch):
@@ -102,9 +104,12 @@ def test_a_host_without_the_state_fails_the_step_naming_the_file(host, tmp_path,
     assert step.undos == [] and "lost" not in (host / "host.json").read_text().replace('"lost": false', "")
 
 
-def test_a_host_without_the_device_tool_fails_the_step_with_nothing_changed(host, monkeypatch):
+def test_a_host_without_the_tools_fails_the_step_with_nothing_changed(host, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    step = FaultStep("ib_port_down", Target(NODE), RoutingTransport())
-    with pytest.raises(FaultError, match=r"^n1: `clusterctl-drill-device hca-state` did not finish: .*No such file or directory"):
+    step = FaultStep("gpu_lost", Target(NODE, NODE.ius[0]), RoutingTransport())
+    with pytest.raises(FaultError, match=r"^n1: `clusterctl-drill-device gpu-state 0` did not finish: .*No such file or directory"):
         step.inject()
-    assert step.undos == []
+    ports = FaultStep("ib_port_down", Target(NODE), RoutingTransport())
+    with pytest.raises(FaultError, match=r"^n1: `ibportstate -C mlx5_0 -P 1 -D 0 1 query` did not finish: .*No such file"):
+        ports.inject()
+    assert step.undos == [] and ports.undos == []

@@ -51,6 +51,11 @@ def host(n: int) -> str:
 def pool(tmp_path, monkeypatch):
     """(edge address, Consul address, inventory, n1's GPU file, n1's host state dir)."""
     _, inventory = drilled_nodes(tmp_path, monkeypatch, host, PORT, NODES)
+    hosts = yaml.safe_load(inventory.read_text())
+    # n1's InfiniBand ports, as its host state below has them: ib_port_down disables the inventory's rdma_nics
+    hosts["all"]["hosts"]["n1"]["rdma_nics"] = [{k: nic[k] for k in ("device", "netdev", "link_layer")}
+                                                for nic in create.nics("h100-sxm", False)]
+    inventory.write_text(yaml.safe_dump(hosts))
     stubs.install(tmp_path / "stubs", sys.executable)  # n1's device tool, as a machine carries it
     monkeypatch.setenv("PATH", f"{tmp_path / 'stubs'}{os.pathsep}{os.environ['PATH']}")
     with ExitStack() as stack:
@@ -127,9 +132,10 @@ def test_the_nodes_fabric_down_fails_no_request_and_comes_back_as_it_was(pool, t
     result, code = run_drill(tmp_path, drill, inventory, edge_address, consul, "n1", capsys)
     fault = result["faults"][0]
     assert result["error"] is None and fault["kind"] == "ib_port_down" and fault["target"] == "n1", result["events"]
-    hcas = [h["device"] for h in before["hardware"]["hcas"]]
-    assert any(f"n1: ports of {', '.join(hcas)} Down/Disabled" in e for e in result["events"]), result["events"]
-    assert result["restored"] == [f"n1: ports of {', '.join(hcas)} back to " + ", ".join(["Active/LinkUp"] * len(hcas))]
+    ports = [f"{h['device']} port 1" for h in before["hardware"]["hcas"]]
+    assert any(f"n1: {', '.join(ports)} disabled (ibportstate: PhysLinkState Disabled)" in e
+               for e in result["events"]), result["events"]
+    assert result["restored"] == [f"n1: {port} enabled (was Active/LinkUp)" for port in reversed(ports)]
     assert json.loads((run_dir / "host.json").read_text()) == before
     assert fault["failed_not_streaming"] == 0 and fault["failed_streaming"] == 0 and fault["blast_radius_errors"] == 0
     assert fault["served_during_fault"] > 0  # the unit kept serving: its GPUs talk over NVLink, not the fabric

@@ -104,7 +104,7 @@ def test_a_unit_that_will_not_come_back_climbs_to_gpu_reset_and_stops_when_nvidi
     assert rungs == [("drain", True), ("restart", True), ("verify restart", False), ("gpu_reset", False)], rungs
     reset = outcome["steps"][-1]
     assert reset["did"] == [f"systemctl stop {UNIT}"], reset
-    assert "`nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader -i 0,1,2,3`" in reset["detail"], reset
+    assert "`nvidia-smi --query-gpu=index,pci.bus_id,persistence_mode --format=csv,noheader -i 0,1,2,3`" in reset["detail"], reset
     assert outcome["left"] == [f"n1-iu0: in maintenance (out of rotation); {UNIT} stopped; clear it with "
                                "`clusterctl preflight --release` once the unit is fixed"]
     # stopped on the failure: still drained, nothing of the repair rung done

@@ -12,6 +12,7 @@ sees that the chain reached the reboot, drained, and stopped there."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -127,10 +128,13 @@ def test_an_uncontained_memory_error_resets_the_board_without_a_restart_first(fl
     reset = outcome["steps"][1]
     # no Fabric Manager here: the whole board in one command, persistence mode off around it
     assert reset["detail"].startswith("nvidia-fabricmanager.service not active on n1"), reset
-    assert reset["did"] == [f"systemctl stop {UNIT}",
-                            "nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader -i 0,1,2,3",
-                            "nvidia-smi -pm 0 -i 0,1,2,3", "nvidia-smi --gpu-reset", "nvidia-smi -pm 1 -i 0,1,2,3",
-                            f"systemctl reset-failed {UNIT}", f"systemctl start {UNIT}"], reset
+    assert reset["did"][:5] == [f"systemctl stop {UNIT}",
+                                "nvidia-smi --query-gpu=index,pci.bus_id,persistence_mode --format=csv,noheader -i 0,1,2,3",
+                                "nvidia-smi -pm 0 -i 0,1,2,3", "nvidia-smi --gpu-reset", "nvidia-smi -pm 1 -i 0,1,2,3"]
+    # the stand-in's fabric trains for 0.5 s after the reset: the units start once nvidia-smi -q reads it Completed
+    assert re.fullmatch(r"nvidia-smi -q -i 0,1,2,3: fabric Completed/Success on 4 GPU\(s\) after [2-9] poll\(s\)",
+                        reset["did"][5]), reset
+    assert reset["did"][6:] == [f"systemctl reset-failed {UNIT}", f"systemctl start {UNIT}"], reset
     calls = [json.loads(line)["argv"][1:] for line in (run_dir / "calls.log").read_text().splitlines()]
     assert ["--gpu-reset"] in calls
     board = json.loads((run_dir / "host.json").read_text())["hardware"]["gpus"]

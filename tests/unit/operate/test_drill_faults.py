@@ -213,12 +213,73 @@ def test_a_host_without_the_gpus_state_fails_the_step_with_nothing_to_undo():
     assert step.undos == [] and len(host.calls) == 1
 
 
-def test_ib_port_down_takes_every_port_down_and_puts_back_the_states_they_had():
-    before = '{"mlx5_0": ["Active", "LinkUp"], "mlx5_1": ["Down", "Polling"]}'
-    host = ScriptedHost({("clusterctl-drill-device",): (0, before + "\n")})
-    step = FaultStep("ib_port_down", Target(NODE), host)
+IB_NICS = [{"device": f"mlx5_{i}", "netdev": f"ibp{24 + i}s0", "link_layer": "infiniband"} for i in (0, 1)]
+IB_NODE = build_node("n1", {"ansible_host": "127.0.67.1", "rack": "r1", "gpu_model": "h100-sxm", "gpu_count": 8,
+                            "iu_size": 4, "rdma_nics": IB_NICS})
+
+
+def port_info(link: str, phys: str) -> str:
+    """ibportstate's query answer (infiniband-diags ibportstate.c show_port_info), the first lines."""
+    return (f"CA/RT PortInfo:\n# Port info: DR path slid 65535; dlid 65535; 0 port 1\n"
+            f"LinkState:.......................{link}\nPhysLinkState:...................{phys}\n"
+            f"Lid:.............................17\n")
+
+
+def ibportstate(device: str, op: str) -> tuple[str, ...]:
+    return ("ibportstate", "-C", device, "-P", "1", "-D", "0", "1", op)
+
+
+def test_ib_port_down_disables_each_infiniband_port_with_ibportstate_and_the_undo_turns_them_on():
+    host = ScriptedHost({ibportstate("mlx5_0", "query"): (0, port_info("Active", "LinkUp")),
+                         ibportstate("mlx5_1", "query"): (0, port_info("Down", "Disabled")),
+                         ibportstate("mlx5_0", "disable"): (0, port_info("Active", "LinkUp"))})
+    step = FaultStep("ib_port_down", Target(IB_NODE), host)
     step.inject()
-    assert [device_op(c) for c in host.calls] == [
-        ("hca-state",), ("hca-set", '{"mlx5_0": ["Down", "Disabled"], "mlx5_1": ["Down", "Disabled"]}')]
-    assert step.undo() == ["n1: ports of mlx5_0, mlx5_1 back to Active/LinkUp, Down/Polling"]
-    assert device_op(host.calls[-1]) == ("hca-set", before)
+    assert host.calls == [("ip", "-o", "addr", "show", "dev", "ibp24s0"), ("ip", "-o", "addr", "show", "dev", "ibp25s0"),
+                          ibportstate("mlx5_0", "query"), ibportstate("mlx5_1", "query"),
+                          ibportstate("mlx5_0", "disable")]  # mlx5_1 was Disabled already: left so
+    assert step.done == ["n1: mlx5_1 port 1 already Disabled: left as it is",
+                         "n1: mlx5_0 port 1 disabled (ibportstate: PhysLinkState Disabled)"]
+    assert step.undo() == ["n1: mlx5_0 port 1 enabled (was Active/LinkUp)"]
+    assert host.calls[-1] == ibportstate("mlx5_0", "on")  # "on": enables only a port that is disabled
+
+
+def test_ib_port_down_refuses_a_roce_node_and_a_management_address_on_ipoib_touching_nothing():
+    roce = build_node("n1", {"ansible_host": "127.0.67.1", "rack": "r1", "gpu_model": "h100-sxm", "gpu_count": 8,
+                             "iu_size": 4, "rdma_nics": [{**IB_NICS[0], "link_layer": "ethernet"}]})
+    host = ScriptedHost()
+    with pytest.raises(FaultError, match=r"^n1: no InfiniBand port in rdma_nics \(RoCE ports are Ethernet"):
+        FaultStep("ib_port_down", Target(roce), host).inject()
+    assert host.calls == []
+    ipoib = ScriptedHost({("ip", "-o", "addr", "show", "dev", "ibp25s0"): (
+        0, "7: ibp25s0    inet 127.0.67.1/24 brd 127.0.67.255 scope global ibp25s0\n")})
+    step = FaultStep("ib_port_down", Target(IB_NODE), ipoib)
+    with pytest.raises(FaultError, match=r"^n1: ansible_host 127.0.67.1 is on ibp25s0, the IPoIB netdev of mlx5_1: "
+                                         r"disabling its port would cut the drill off the host it must restore$"):
+        step.inject()
+    assert step.undos == [] and not any(c[0] == "ibportstate" for c in ipoib.calls)
+
+
+class Answer(ScriptedHost):
+    """Answers one argv prefix with exit, stdout and stderr of its own."""
+
+    def __init__(self, prefix, rc, out, err):
+        super().__init__()
+        self.prefix, self.answer = prefix, (rc, out, err)
+
+    def run(self, host, argv, timeout):
+        if tuple(argv[:len(self.prefix)]) == self.prefix:
+            self.calls.append(tuple(argv))
+            return CommandResult(self.answer[0], self.answer[1], self.answer[2], 0.01, argv=tuple(argv))
+        return super().run(host, argv, timeout)
+
+
+def test_ib_port_down_without_root_fails_with_ibportstates_own_reason_and_nothing_changed():
+    err = ("ibwarn: [4242] smi_gsi_port_open: Can't open SMI UMAD port (Permission denied) (mlx5_0:1)\n"
+           "ibwarn: [4242] mad_rpc_open_port2: can't open UMAD port (mlx5_0:1)\n")
+    host = Answer(("ibportstate",), 255, "ibportstate: iberror: failed: Failed to open 'mlx5_0' port '1'\n", err)
+    step = FaultStep("ib_port_down", Target(IB_NODE), host)
+    with pytest.raises(FaultError, match=r"^n1: `ibportstate -C mlx5_0 -P 1 -D 0 1 query` exited 255: Can't open SMI "
+                                         r"UMAD port \(Permission denied\) \(mlx5_0:1\)$"):
+        step.inject()
+    assert step.undos == [] and host.calls[-1] == ibportstate("mlx5_0", "query")

@@ -105,14 +105,15 @@ def ladder(host: Host, consul: Consul, healthy=lambda: True, running=lambda: 0.0
 
 
 RESTART = [("systemctl", "reset-failed", UNIT), ("systemctl", "restart", UNIT)]
-PERSISTENCE = ("nvidia-smi", "--query-gpu=index,persistence_mode", "--format=csv,noheader", "-i", "4,5,6,7")
+PERSISTENCE = ("nvidia-smi", "--query-gpu=index,pci.bus_id,persistence_mode", "--format=csv,noheader", "-i", "4,5,6,7")
 # Fabric Manager active on an H100 board: the unit's four GPUs in one command (nvidia-smi(1)); the agent holds
 # NVML handles, persistence mode holds the GPUs: both off for the reset, both back after
 RESET = [("systemctl", "stop", UNIT), ("systemctl", "stop", "eas-agent.service"), PERSISTENCE,
          ("nvidia-smi", "-pm", "0", "-i", "4,5,6,7"), ("nvidia-smi", "--gpu-reset", "-i", "4,5,6,7"),
          ("nvidia-smi", "-pm", "1", "-i", "4,5,6,7"), ("systemctl", "start", "eas-agent.service"),
-         ("systemctl", "reset-failed", UNIT), ("systemctl", "start", UNIT)]
-PM_ON = "4, Enabled\n5, Enabled\n6, Enabled\n7, Enabled\n"
+         ("nvidia-smi", "-q", "-i", "4,5,6,7"), ("systemctl", "reset-failed", UNIT), ("systemctl", "start", UNIT)]
+PM_ON = ("4, 00000000:9A:00.0, Enabled\n5, 00000000:AB:00.0, Enabled\n6, 00000000:BA:00.0, Enabled\n"
+         "7, 00000000:DB:00.0, Enabled\n")
 
 
 def gpu_host(answers=None, **kwargs) -> Host:
@@ -137,7 +138,9 @@ def test_the_plan_names_every_rung_from_the_start_and_touches_nothing():
         "gpu_reset: on n1: GPUs 4,5,6,7 alone if nvidia-fabricmanager.service is active, else every GPU of the "
         "NVSwitch board (every unit of n1 drained, the breaker judged for the node); the units stopped, "
         "eas-agent.service and nvidia-dcgm.service stopped and persistence mode off, nvidia-smi --gpu-reset, all put "
-        "back, the units started; a reset nvidia-smi refuses goes to the next rung; healthy when active and "
+        "back, every reset GPU's fabric Completed + Success within 180 s (nvidia-smi -q; a GPU without one is not "
+        "waited for), the units started; a reset nvidia-smi refuses or a fabric not back goes to the next rung; "
+        "healthy when active and "
         "http://127.0.73.1:8001/health answers 200 within 10 s, else the next rung",
         "reboot: the breaker judged for the whole node; playbooks/node-reboot.yml --limit n1 (every unit of n1 "
         "drained by Consul node maintenance, the reboot, the driver checked, the units that served released); "

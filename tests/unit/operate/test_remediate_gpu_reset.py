@@ -75,5 +75,5 @@ def test_a_board_unit_that_does_not_come_back_stays_out_and_is_said():
     outcome = ladder(host, consul, start="gpu_reset", limits=Limits(0.5)).run()
     assert outcome.state == "released"  # the target is back
     assert consul.maintenance == {"n1-iu0": "clusterctl remediate: GPU reset of the board for n1-iu1"}
-    assert outcome.left == ["n1-iu1: serving, in rotation", "n1-iu0: in maintenance for the board's GPU reset; clear "
+    assert outcome.left == ["n1-iu1: serving, in rotation", "n1-iu0: in maintenance for the board's reset; clear "
                                                             "it with `clusterctl preflight --release`"]

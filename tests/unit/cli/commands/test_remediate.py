@@ -47,7 +47,7 @@ def test_breaker_limits_out_of_range_are_refused(clusterctl, tmp_path, option, v
 def test_an_unknown_rung_is_a_usage_error(clusterctl, tmp_path):
     code, _, err = clusterctl("remediate", "-i", inventory(tmp_path), "--target", "n1-iu0", "--from", "replace",
                               columns=300)
-    assert code == 2 and "'replace' is not one of 'restart', 'gpu_reset', 'reboot', 'repair'" in err
+    assert code == 2 and "'replace' is not one of 'restart', 'gpu_reset', 'fabric_reset', 'reboot', 'repair'" in err
 
 
 def test_a_consul_address_that_is_not_host_port_is_a_usage_error(clusterctl, tmp_path):

@@ -16,4 +16,7 @@ def test_the_tool_names_the_nvml_stand_ins_file_as_the_stand_in_does():
 
 def test_an_unknown_operation_or_a_missing_file_is_a_device_error(tmp_path):
     with pytest.raises(drill_device.DeviceError, match=r"host.json: No such file or directory"):
+        drill_device.run("gpu-state", [0], tmp_path, tmp_path / "nvml.json")
+    (tmp_path / "host.json").write_text('{"hardware": {"gpus": [], "hcas": []}}')
+    with pytest.raises(drill_device.DeviceError, match=r"unknown operation 'hca-state'"):  # ports: ibportstate's
         drill_device.run("hca-state", [], tmp_path, tmp_path / "nvml.json")

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from operate.gpu_reset import fabric_states
 from sim.hosts import gpu_clients
 from sim.hosts.hardware import Hardware, resolve
 from sim.hosts.stubs import gpu_reset, nvidia_smi
@@ -100,3 +101,52 @@ def test_nvidia_smi_dispatches_reset_and_persistence_and_a_lost_gpu_exits_15(boa
     lost.lost = True
     assert nvidia_smi.main(hw, ["-r", "-i", "6"]) == 15
     assert capsys.readouterr().out == f"Unable to determine the device handle for GPU{lost.bus_id[4:]}: Unknown Error\n"
+
+
+def fabric_lines(hw, index: int) -> list[str]:
+    """The State and Status lines of GPU ``index``'s Fabric section in ``nvidia-smi -q -i index``."""
+    out = nvidia_smi.query(hw, None, [hw.gpus[index]]).splitlines()
+    at = out.index("    Fabric")
+    return out[at + 1:at + 3]
+
+
+def test_after_a_reset_the_fabric_goes_not_started_in_progress_completed_success(board, capsys):
+    hw, run_dir = board
+    pm_off(hw, run_dir, capsys)
+    assert fabric_lines(hw, 4) == [f"        State{' ' * 29}: Completed", f"        Status{' ' * 28}: Success"]
+    assert gpu_reset.reset(hw, hw.gpus[4:], run_dir, lambda: True) == 0
+    after = saved(run_dir)
+    at = after.gpus[4].fabric_reset_at
+    assert at is not None and after.gpus[0].fabric_reset_at is None  # only the GPUs reset
+    after.fabric_train_s = 4.0
+    seen = [gpu_reset.fabric(after, after.gpus[4], at + t) for t in (0.0, 1.9, 2.0, 3.9, 4.0, 60.0)]
+    assert seen == [("Not Started", "N/A"), ("Not Started", "N/A"), ("In Progress", "N/A"), ("In Progress", "N/A"),
+                    ("Completed", "Success"), ("Completed", "Success")]
+    assert gpu_reset.fabric(after, after.gpus[0], at) == ("Completed", "Success")  # not reset: registered at boot
+
+
+def test_a_board_told_to_fail_completes_its_fabric_with_that_status_and_nvidia_smi_q_shows_it(board, capsys):
+    hw, run_dir = board
+    pm_off(hw, run_dir, capsys)
+    assert gpu_reset.reset(hw, hw.gpus[4:], run_dir, lambda: True) == 0
+    after = saved(run_dir)
+    after.fabric_failure, after.fabric_train_s = "Insufficient Resources", 0.0
+    assert fabric_lines(after, 5) == [f"        State{' ' * 29}: Completed",
+                                      f"        Status{' ' * 28}: Insufficient Resources"]
+
+
+def test_a_board_without_nvlink_has_no_fabric(board):
+    hw, _ = board
+    hw.nvlink = {pair: 0 for pair in hw.nvlink}
+    hw.gpus[2].fabric_reset_at = 0.0
+    assert fabric_lines(hw, 2) == [f"        State{' ' * 29}: N/A", f"        Status{' ' * 28}: N/A"]
+
+
+def test_the_rung_reads_the_stand_ins_fabric_section(board, capsys):
+    hw, run_dir = board
+    pm_off(hw, run_dir, capsys)
+    assert gpu_reset.reset(hw, hw.gpus[4:], run_dir, lambda: True) == 0
+    after = saved(run_dir)
+    after.fabric_train_s = 3600.0
+    states = fabric_states(nvidia_smi.query(after, None, after.gpus[3:5]))
+    assert states == {after.gpus[3].bus_id: ("Completed", "Success"), after.gpus[4].bus_id: ("Not Started", "N/A")}
