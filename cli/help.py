@@ -15,6 +15,8 @@ from common.text import suggest
 # An example line is printed verbatim, four columns in: longer than this it is continued with " \" so an
 # 80-column terminal never breaks it inside a word and the lines still paste into a shell as one command.
 EXAMPLE_WIDTH = 76
+# Shell operators kept on one line with the word after them
+_JOINS_NEXT = {">", ">>", "<", "|", "2>"}
 # Words of an example: a quoted argument ('XID 13 storm') stays one word.
 _WORD = re.compile(r"""(?:'[^']*'|"[^"]*"|\S)+""")
 # A group's command list shows each command's first sentence, wrapped, never cut mid-phrase; a sentence
@@ -31,21 +33,22 @@ def example_lines(line: str, width: int = EXAMPLE_WIDTH) -> list[str]:
     command, hash_, comment = line.partition("  #")
     lines = [f"# {comment.strip()}"] if hash_ else []
     words = _WORD.findall(command.rstrip())
-    # an option and its value stay on one line: "--from gpu_reset", not "--from \\" then "gpu_reset"
+    # an option and its value stay on one line ("--from gpu_reset", not "--from \\" then "gpu_reset"), and so
+    # do a redirection or pipe and what follows it
     units: list[str] = []
     for word in words:
-        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
-            units[-1] += f" {word}"
+        last = units[-1] if units else ""
+        if (last.startswith("-") and " " not in last and not word.startswith("-")) or last in _JOINS_NEXT:
+            units[-1] = f"{last} {word}"
         else:
             units.append(word)
-    current, indent = "", ""
-    for word in units:
-        candidate = f"{current} {word}" if current.strip() else f"{indent}{word}"
-        if current.strip() and len(candidate) + 2 > width:
+    current = units[0]
+    for unit in units[1:]:
+        if len(current) + 1 + len(unit) + 2 > width:  # + " \\"
             lines.append(f"{current} \\")
-            current, indent = f"    {word}", "    "
+            current = f"    {unit}"
         else:
-            current = candidate
+            current = f"{current} {unit}"
     lines.append(current)
     return lines
 

@@ -98,6 +98,9 @@ def test_a_long_example_continues_at_a_word_boundary_and_a_long_comment_goes_abo
     quoted = "clusterctl remediate -i inventory/prod --target r12n03-iu1 --apply --reason 'XID 13 storm on GPU 2'"
     assert example_lines(quoted)[-1] == "    --reason 'XID 13 storm on GPU 2'"
     assert example_lines("clusterctl scores") == ["clusterctl scores"]
+    redirected = "clusterctl completion bash > ~/.local/share/bash-completion/completions/clusterctl"
+    assert example_lines(redirected) == ["clusterctl completion bash \\",
+                                         "    > ~/.local/share/bash-completion/completions/clusterctl"]
 
 
 def test_every_option_has_help_text():
