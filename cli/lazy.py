@@ -39,18 +39,8 @@ class LazyGroup(SuggestingGroup):
             return None
         return importlib.import_module(self.lazy[cmd_name].module).command
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        names = self.list_commands(ctx)
-        width = formatter.width - 6 - max((len(n) for n in names), default=0)
-        rows = []
-        for name in names:
-            entry = self.lazy.get(name)
-            if entry is not None and entry.help is not None:
-                rows.append((name, entry.help))
-                continue
-            command = self.get_command(ctx, name)
-            if command is not None and not command.hidden:
-                rows.append((name, command.get_short_help_str(width)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+    def summary_of(self, ctx: click.Context, name: str) -> str | None:
+        entry = self.lazy.get(name)
+        if entry is not None and entry.help is not None:
+            return entry.help  # no import for the list
+        return super().summary_of(ctx, name)

@@ -22,7 +22,7 @@ def command() -> None:
                  context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def serve(args: tuple[str, ...]) -> None:
-    """Run eas-edge in the foreground (``clusterctl edge serve --help`` lists its flags)."""
+    """Run eas-edge, the router, in the foreground; its flags: clusterctl edge serve --help."""
     from edge.main import main
 
     raise SystemExit(main(list(args)))

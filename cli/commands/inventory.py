@@ -69,6 +69,15 @@ def cluster_tree(cluster: Cluster, title: str) -> Tree:
     return tree
 
 
+def source_of(origin: str | None) -> dict[str, str | int | None]:
+    """``file`` (relative to the inventory) and ``line`` of a problem's variable (its ``origin``, or the
+    ``where`` of a variable nothing reads), for a CI annotation; None where the inventory does not say."""
+    path, _, line = (origin or "").rpartition(":")
+    if not line.isdigit():
+        return {"file": origin or None, "line": None}
+    return {"file": path, "line": int(line)}
+
+
 @command.command("validate", epilog=examples(
     "clusterctl inventory validate -i inventory/prod",
     "clusterctl inventory validate -i inventory/prod --vault-password-file ~/.vault-pass --json",
@@ -78,7 +87,9 @@ def cluster_tree(cluster: Cluster, title: str) -> Tree:
 @inventory_option
 @limit_option
 @vault_password_file_option
-@click.option("--json", "as_json", is_flag=True, help="Print the problems, warnings and notes as JSON (stdout).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the problems (each with the file and line that set it, where known), warnings and "
+                   "notes as JSON (stdout).")
 def validate(inventory: str, limit: str | None, vault_password_file: Path | None, as_json: bool) -> None:
     """Report every inventory problem at once (exit 2 if any)."""
     loaded = inv.load_inventory(inventory, limit, vault.secrets_for(vault_password_file), check_vault=True)
@@ -94,9 +105,10 @@ def validate(inventory: str, limit: str | None, vault_password_file: Path | None
     if as_json:
         click.echo(json.dumps({
             "inventory": str(loaded.path), "ok": not lines, "hosts": len(loaded.selected),
-            "problems": [{"where": p.host, "where_kind": p.place_kind, "variable": p.variable, "message": p.message}
-                         for p in problems] + [{"where": None, "where_kind": "vault", "variable": None,
-                                                "message": line} for line in sealed],
+            "problems": [{"where": p.host, "where_kind": p.place_kind, "variable": p.variable, "message": p.message,
+                          **source_of(p.host if p.place_kind == "file" else p.origin)} for p in problems]
+                        + [{"where": None, "where_kind": "vault", "variable": None, "message": line, "file": None,
+                            "line": None} for line in sealed],
             "warnings": warnings, "notes": notes, "consul_servers": [s.to_json() for s in consul_servers],
         }, indent=2))
         if lines:

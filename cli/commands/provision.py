@@ -305,9 +305,9 @@ def plan_view(plan: Plan) -> Group:
     )
     if plan.consul_servers:
         header.append(f"\nConsul servers: {servers.summary(plan.consul_servers)}")
-    plays = [Text(f"play {number}: {play.name}, {_serial(play.sizes)}"
+    plays = [Text(f"play {number}: {play.name}{_serial(play.name, play.sizes)}"
                   + ("" if play.batches else " (no host of this run)")
-                  + "\n  roles: " + (" -> ".join(s.role for s in play.roles) or "(tasks only)"))
+                  + "\n  roles: " + (" -> ".join(s.role for s in play.roles) or "none (the play's own tasks)"))
              for number, play in enumerate(plan.plays, 1)]
     table = Table(box=None)
     table.add_column("batch", justify="right")
@@ -322,10 +322,13 @@ def plan_view(plan: Plan) -> Group:
     return Group(header, *plays, table, *warnings)
 
 
-def _serial(sizes: tuple[int | str, ...]) -> str:
+def _serial(name: str, sizes: tuple[int | str, ...]) -> str:
+    """", how the play's hosts are batched", or "" where its name already says it ("Edges, one at a time")."""
     if sizes in (("100%",), ()):
-        return "all at once"
-    return "one host at a time" if sizes == (1,) else "batches " + ",".join(map(str, sizes))
+        return ", all at once"
+    if sizes == (1,):
+        return "" if name.endswith("one at a time") else ", one host at a time"
+    return ", batches " + ",".join(map(str, sizes))
 
 
 def _batch(index: int | None) -> str:

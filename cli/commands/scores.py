@@ -163,6 +163,9 @@ def command(inventory, consul_addr, datacenter, token_file, watch, as_json, vaul
         data = rows(view, expected, time.time())
         if as_json:
             click.echo(json.dumps(data, indent=2))
+        elif not data:  # an empty frame under the score formula's caption said nothing
+            click.echo(f"no IU in Consul at {addr} (datacenter {dc}) and none expected: no agent has registered "
+                       "one; -i INVENTORY lists the IUs an inventory expects")
         else:
             console.print(table(data, f"EAS scores ({addr}, {dc})", console.width))
             console.print(Text(f"{publishing(data)} of {plural(len(data), 'IU')} publishing a score"))

@@ -12,7 +12,6 @@ from tests.helpers.cli import one_line
 pytestmark = pytest.mark.unit
 
 
-
 def test_version_and_short_help(clusterctl):
     code, out, _ = clusterctl("--version")
     assert code == 0 and out.startswith("clusterctl ") and out.split()[1][0].isdigit()
@@ -27,6 +26,14 @@ def test_a_top_level_typo_suggests_the_command(clusterctl):
     assert err.startswith("error: No such command 'preflite'; did you mean 'preflight'?")
     code, _, err = clusterctl("preflight", "hstory")
     assert code == 2 and "did you mean 'history'?" in err
+
+
+def test_a_command_that_is_an_option_here_names_the_option(clusterctl):
+    """kubectl, helm and terraform users type `version`; here it is --version, not the nearest command."""
+    code, _, err = clusterctl("version")
+    assert code == 2 and err.startswith("error: No such command 'version'; did you mean the option '--version'?")
+    code, _, err = clusterctl("inventory", "show-all")
+    assert code == 2 and "did you mean 'show'?" in err
 
 
 def test_an_option_typo_suggests_the_option(clusterctl, virtual_inventory):
@@ -68,6 +75,34 @@ def test_every_help_has_an_example_and_the_vault_text_is_in_one_place(clusterctl
         assert "readable by group or others" not in out, f"{path}: the vault paragraph is repeated"
 
 
+def test_every_help_page_fits_80_columns_and_no_summary_is_cut(clusterctl):
+    """An example longer than the terminal broke inside a word (``--fabri`` / ``c mixed``), and a group's
+    command list cut each summary mid-phrase with "..."."""
+    for path in [[], *(path for path, _ in all_commands())]:
+        code, out, _ = clusterctl(*path, "--help", columns=80)
+        assert code == 0, path
+        body = out.split("\n", 1)[1]  # click's own usage line ends "[ARGS]..."
+        too_long = [line for line in body.splitlines() if len(line) > 80]
+        assert not too_long, f"clusterctl {' '.join(path)} --help: {too_long}"
+        commands = body.partition("Commands:")[2].partition("Examples:")[0]
+        assert "..." not in commands and "``" not in commands, path  # no reST markup in a summary either
+
+
+def test_a_long_example_continues_at_a_word_boundary_and_a_long_comment_goes_above_it():
+    from cli.help import example_lines
+
+    line = "clusterctl remediate -i inventory/prod --target r12n03-iu0 --from gpu_reset --apply   # GPU at fault: reset"
+    assert example_lines(line) == ["# GPU at fault: reset",
+                                   "clusterctl remediate -i inventory/prod --target r12n03-iu0 \\",
+                                   "    --from gpu_reset --apply"]
+    quoted = "clusterctl remediate -i inventory/prod --target r12n03-iu1 --apply --reason 'XID 13 storm on GPU 2'"
+    assert example_lines(quoted)[-1] == "    --reason 'XID 13 storm on GPU 2'"
+    assert example_lines("clusterctl scores") == ["clusterctl scores"]
+    redirected = "clusterctl completion bash > ~/.local/share/bash-completion/completions/clusterctl"
+    assert example_lines(redirected) == ["clusterctl completion bash \\",
+                                         "    > ~/.local/share/bash-completion/completions/clusterctl"]
+
+
 def test_every_option_has_help_text():
     import click
 
@@ -87,10 +122,6 @@ def test_valid_values_are_listed_in_help(clusterctl):
     assert "KIND is one of: chrony, cmdline, cpulist, cpupower" in out and "Usage: clusterctl preflight parse [OPTIONS] KIND FILE" in out
 
 
-
-
-
-
 def test_completion_script_completes_check_names(monkeypatch, capsys):
     from click.shell_completion import ShellComplete
 
@@ -100,32 +131,6 @@ def test_completion_script_completes_check_names(monkeypatch, capsys):
         ["preflight", "--checks"], "gpu_health,ib")
     assert [c.value for c in completions] == ["gpu_health,ib_link_health", "gpu_health,ib_ports",
                                              "gpu_health,ib_pairs"]
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def test_a_bug_exits_70_with_one_line_never_1_which_means_a_check_failed(monkeypatch, capsys, virtual_inventory):
@@ -156,7 +161,7 @@ def help_examples():
 
     found = []
     for path, command in [([], cli), *all_commands()]:
-        block = (command.epilog or "").partition("Examples:")[2].split("\n\n")[0]
+        block = (command.epilog or "").partition("Examples:")[2].split("\n\n")[0].replace(" \\\n", " ")
         for line in block.splitlines():
             part = next((p for p in line.split("#")[0].split("|") if "clusterctl " in p), None)
             if part:

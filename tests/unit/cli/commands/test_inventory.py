@@ -70,3 +70,17 @@ def test_ansible_warnings_are_summarized_once_each(clusterctl, broken):
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert warnings and all(": ansible: " in line for line in warnings), err
     assert len(warnings) == len(set(warnings)) and "[WARNING]" not in err and "<<< caused by >>>" not in err
+
+
+def test_validate_json_gives_each_problem_its_file_and_line(clusterctl, broken):
+    """A CI annotation needs the file and line the text output shows after each problem."""
+    import json
+
+    inventory = broken("json")
+    (inventory / "host_vars").mkdir(exist_ok=True)
+    (inventory / "host_vars" / "r02n01.yml").write_text("# r02n01\niu_size: four\nui_size: 2\n")
+    code, out, _ = clusterctl("inventory", "validate", "-i", str(inventory), "--json")
+    problems = {p["variable"]: p for p in json.loads(out)["problems"]}
+    assert code == 2 and set(problems) == {"iu_size", "ui_size"}
+    assert (problems["iu_size"]["file"], problems["iu_size"]["line"]) == ("host_vars/r02n01.yml", 2)
+    assert (problems["ui_size"]["file"], problems["ui_size"]["line"]) == ("host_vars/r02n01.yml", 3)

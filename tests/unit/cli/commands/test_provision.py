@@ -299,12 +299,15 @@ def test_plan_names_each_play_its_batching_and_roles(clusterctl, virtual_invento
     assert lines[1:10] == [
         "Consul servers: r01n01 (runs IUs: consul_servers_running_ius)",
         "play 1: Start the Consul servers together, all at once", "  roles: consul_agent",
-        "play 2: Time sync and the host firewall on the dedicated Consul servers, one at a time, one host at a "
-        "time (no host of this run)", "  roles: chrony -> host_firewall",
+        "play 2: Time sync and the host firewall on the dedicated Consul servers, one at a time (no host of this "
+        "run)", "  roles: chrony -> host_firewall",
         "play 3: Provision GPU inference nodes, batches 1,50%",
         "  roles: cpu_cstates -> numa_tuning -> nvidia_stack -> rdma_network -> chrony -> inference_unit -> "
         "consul_agent -> eas_agent -> host_firewall",
-        "play 4: Edges, one at a time, one host at a time", "  roles: eas_edge"]
+        "play 4: Edges, one at a time", "  roles: eas_edge"]
+    # a play's name that already says how it batches is not followed by the same words again
+    assert lines[lines.index("play 6: Reboot the Consul servers one at a time") + 1] == (
+        "  roles: none (the play's own tasks)")
     assert not (tmp_path / "run").exists()
 
 

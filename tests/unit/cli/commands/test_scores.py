@@ -83,3 +83,13 @@ def test_watch_off_a_terminal_prints_whole_tables_as_it_goes(monkeypatch):
     assert "\x1b" not in text and "Ctrl-C" not in text
     busy = [line for line in text.splitlines() if "r01n02-iu0 " in line]
     assert len(busy) == 2 and all("busy: 1.9s of its own prompts to prefill" in line for line in busy), busy
+
+
+def test_nothing_registered_and_nothing_expected_is_one_line_not_an_empty_table(clusterctl, monkeypatch):
+    import cli.commands.scores
+
+    monkeypatch.setattr(cli.commands.scores.ConsulWatcher, "refresh_once", lambda self: None)  # Consul: no IU
+    code, out, _ = clusterctl("scores", "--consul", "127.0.85.1:8500")
+    assert code == 0 and one_line(out) == ("no IU in Consul at 127.0.85.1:8500 (datacenter dc1) and none expected: "
+                                           "no agent has registered one; -i INVENTORY lists the IUs an inventory "
+                                           "expects")
