@@ -24,6 +24,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 from common.text import plural
@@ -96,16 +97,25 @@ class _Tracker(RunnerProgress):
         return f"waiting on {names}"  # drawn as plain Text by _PhaseColumn: no markup to escape
 
 
+BAR_WIDTH = 12
+
+
 class _PhaseColumn(ProgressColumn):
     """The live line's last column, drawn at every refresh (so the time each running check has taken
     keeps counting): each node's current check while node checks run, else the runner's phase."""
 
+    # the live line's other columns at their widest for a fleet of up to 9,999 nodes and failures:
+    # "preflight", the bar, "9999/9999", "nodes", "9999 failures", "0:00:00" and the gaps between them
+    OTHERS_WIDTH = 9 + BAR_WIDTH + 9 + 5 + 13 + 7 + 6
+
     def __init__(self, live: LiveProgress):
-        super().__init__()
+        # one line, cut with an ellipsis: a folded live line squeezes the bar to nothing and redraws as a block
+        width = max(12, live.console.width - self.OTHERS_WIDTH)
+        super().__init__(table_column=Column(no_wrap=True, overflow="ellipsis", max_width=width))
         self._live = live
 
     def render(self, task: Any) -> Text:
-        return Text(self._live.running_text() or task.fields.get("phase", ""))
+        return Text(self._live.running_text() or task.fields.get("phase", ""), no_wrap=True, overflow="ellipsis")
 
 
 class LiveProgress(_Tracker):
@@ -119,7 +129,7 @@ class LiveProgress(_Tracker):
         self.console = console
         self._bar = Progress(
             TextColumn("[bold]preflight[/]"),
-            BarColumn(),
+            BarColumn(bar_width=BAR_WIDTH),
             MofNCompleteColumn(),
             TextColumn("nodes"),
             TextColumn("{task.fields[failures]}"),

@@ -1,5 +1,6 @@
 """preflight's progress where stderr is not a terminal (CI logs, `2> log`): plain lines, where the live line
-drew nothing at all during checks that can run for many minutes; bounded for a fleet's fast checks."""
+drew nothing at all during checks that can run for many minutes; bounded for a fleet's fast checks. On a
+terminal, the live line stays one line at any width."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import io
 import pytest
 from rich.console import Console
 
-from preflight.progress import PlainProgress
+from preflight.progress import LiveProgress, PlainProgress
 from tests.helpers import cli_samples as samples
 
 pytestmark = pytest.mark.unit
@@ -76,3 +77,18 @@ def test_preflight_off_a_terminal_prints_progress_lines_to_stderr(clusterctl, vi
     assert code == 1
     assert err.splitlines()[:3] == ["preflight: checking 1 node", "preflight: r01n01: dcgm_diag started",
                                     "preflight: r01n01 done (1/1 nodes) (dcgm_diag took 0s): nothing failed"]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_live_line_stays_one_line_at_the_terminal_s_width_however_many_checks_run(width):
+    now = [100.0]
+    console = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
+    progress = LiveProgress(console, [f"r0{r}n0{n}" for r in range(1, 4) for n in range(1, 5)], clock=lambda: now[0])
+    progress.start(12)
+    for k, node in enumerate(["r01n01", "r01n02", "r01n03", "r01n04", "r02n01"]):
+        progress.node_step(node, "dcgm_diag" if k < 3 else "nccl_allreduce_bandwidth")
+    now[0] += 135
+    lines = console.render_lines(progress._bar.get_renderable(), console.options, pad=False)
+    text = ["".join(segment.text for segment in line) for line in lines]
+    assert len(text) == 1 and len(text[0]) <= width, text
+    assert text[0].startswith("preflight") and "0/12 nodes" in text[0] and "dcgm_diag 2m15s" in text[0], text
