@@ -114,6 +114,7 @@ class Node:
         return {
             "name": self.name,
             "address": self.address,
+            "gpu_model": self.gpu_model,
             "gpu_count": self.gpu_count,
             "iu_size": self.iu_size,
             "ius": [iu.to_json() for iu in self.ius],

@@ -110,7 +110,8 @@ def test_show_json_shape(tmp_path, capsys):
     rack = data["racks"][1]
     assert set(rack) == {"name", "nodes"} and rack["name"] == "b"
     node = rack["nodes"][0]
-    assert set(node) == {"name", "address", "gpu_count", "iu_size", "ius"}
+    assert set(node) == {"name", "address", "gpu_model", "gpu_count", "iu_size", "ius"}
+    assert node["gpu_model"] == "h200-sxm"  # group_vars/rack_b.yml: what the tree draws, a script reads too
     assert node["ius"][0] == {"id": "b1-iu0", "gpus": [0, 1, 2, 3], "numa_node": 0, "port": 9000, "nics": ["mlx5_0"]}
 
 
