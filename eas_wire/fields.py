@@ -5,6 +5,7 @@ files read and fail alike. The Consul block both files share is built on it in :
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,9 @@ class Fields:
     def unknown(self, known: set[str]) -> None:
         extra = sorted(set(self.data) - known)
         if extra:
-            raise self.fail(extra[0], f"unknown field (known: {', '.join(sorted(known))})")
+            close = difflib.get_close_matches(str(extra[0]), sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise self.fail(extra[0], f"unknown field ({hint}known: {', '.join(sorted(known))})")
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:

@@ -67,11 +67,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--announce-key-file", metavar="PATH",
                         help="announce each request to its node agent, signed with the private key in PATH "
                              "(0600; needs push)")
-    parser.add_argument("--max-inflight-per-iu", type=int)
-    parser.add_argument("--max-queue", type=int)
-    parser.add_argument("--drain-timeout-s", type=float)
+    parser.add_argument("--max-inflight-per-iu", type=int, metavar="N",
+                        help="this edge's requests in flight per IU; more wait in the queue (default 64)")
+    parser.add_argument("--max-queue", type=int, metavar="N",
+                        help="requests waiting for a slot, oldest first; beyond it 429 with Retry-After (default 512)")
+    parser.add_argument("--drain-timeout-s", type=float, metavar="SECONDS",
+                        help="on SIGTERM: stop accepting and let streams finish this long (default 30)")
     parser.add_argument("--event-loop", choices=EVENT_LOOPS, help="asyncio (default) or uvloop (if installed)")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                        help="the journal's level (default info)")
     return parser.parse_args(argv)
 
 

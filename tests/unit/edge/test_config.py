@@ -13,7 +13,7 @@ from eas_wire.signing import generate_key_pair, key_id, private_text
 from edge import announce as announce_module
 from edge.announce import edge_id
 from edge.config import AnnounceConfig, ConfigError, EdgeConfig, load_edge_config
-from edge.main import Edge
+from edge.main import Edge, parse_args
 from edge.main import main as edge_main
 from tests.helpers.edge import free_port
 
@@ -148,3 +148,26 @@ def test_edge_id_is_the_sanitized_name_the_key_s_id_and_a_new_nonce_each_time(mo
     assert edge_id(key, "e") == f"e.{kid}.0123abcd"
     for name in ("edge-a", "edge a/ü:1", "..-edge", "/// ", "x" * 200, None):
         assert EDGE_ID.fullmatch(edge_id(key, name))
+
+
+def test_a_misspelt_field_is_named_with_the_field_it_was_meant_to_be(tmp_path):
+    path = tmp_path / "edge.yml"
+    path.write_text("max_inflight_per_uI: 32\n")
+    with pytest.raises(ConfigError, match=r"max_inflight_per_uI: unknown field \(did you mean 'max_inflight_per_iu'\? "
+                                          r"known: "):
+        load_edge_config(path)
+    path.write_text("colour: blue\n")  # nothing close: the known fields only
+    with pytest.raises(ConfigError, match=r"colour: unknown field \(known: "):
+        load_edge_config(path)
+
+
+def test_every_eas_edge_option_says_what_it_does(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    options = [k for k, line in enumerate(lines) if re.match(r"^  --[a-z-]+", line)]
+    assert len(options) >= 12, lines
+    # argparse puts an option's help after two spaces on its line, or on the next line, indented
+    silent = [lines[k].split()[0] for k in options if not re.search(r"\S\s{2,}\S", lines[k].strip())
+              and not (k + 1 < len(lines) and re.match(r"^ {20,}\S", lines[k + 1]))]
+    assert silent == [], lines
