@@ -281,8 +281,7 @@ def pick(
         else:
             choice = Choice(b.iu_id, "p2c", cost_b)
         if cached:  # IUs named: one of them may hold more of the prompt than the sampled two
-            return _with_affinity(choice, snapshot, candidates, ledger, prompt_tokens, now, cached,
-                                  (a.iu_id, b.iu_id))
+            return _with_affinity(choice, snapshot, ledger, prompt_tokens, now, cached, (a.iu_id, b.iu_id))
         return choice
     if snapshot.healthy:
         inflight = ledger.inflight
@@ -292,8 +291,8 @@ def pick(
     return Choice(None, "none")
 
 
-def _with_affinity(choice: Choice, snapshot: Snapshot, candidates, ledger: EdgeLedger, prompt_tokens: int | None,
-                   now: float, cached: dict[str, int], sampled: tuple[str, str]) -> Choice:
+def _with_affinity(choice: Choice, snapshot: Snapshot, ledger: EdgeLedger, prompt_tokens: int | None, now: float,
+                   cached: dict[str, int], sampled: tuple[str, str]) -> Choice:
     """The sampled pair's winner against the IU holding the most of the prompt: the lower cost wins, so the
     prefix stays where it is cached until that IU's wait outgrows the prefill the hit saves.
 
@@ -301,28 +300,36 @@ def _with_affinity(choice: Choice, snapshot: Snapshot, candidates, ledger: EdgeL
     explains): the gate keeps a busy IU from being sampled for prompts any IU can serve, but for this
     prompt its cost (score, ledger and only the uncached prefill) is the honest comparison; without it a
     conversation's turn leaves the IU holding its context whenever that IU is prefilling a long prompt, and
-    recomputes the whole context elsewhere. Not an IU gated for an unexplained score, a stale or a blocked
-    one (not routable here: ``snapshot.healthy`` is what this edge may use)."""
+    recomputes the whole context elsewhere. Not an IU gated for an unexplained score (edge/README.md, "Prefix
+    caches", says why), a stale or a blocked one (not routable here: ``snapshot.healthy`` is what this edge
+    may use); then the next holder that may be weighed. Each holder is looked up by id in one map per
+    snapshot: scanning the routable IUs for it costs up to 34 us a request at 256 IUs when it is gated."""
     best = max(cached, key=cached.__getitem__)
     if best in sampled:
         return choice
-    entry = next((e for e in candidates if e.iu_id == best), None) or _busy_entry(snapshot, best, now)
-    if entry is None:  # not a candidate (stale, blocked, gated): the next best that is
+    routable = _routable_by_id(snapshot)
+    entry = routable.get(best)
+    if entry is None or not _weighable(entry, now):  # not a candidate (stale, blocked, gated): the next best
         ranked = sorted((n, iu) for iu, n in cached.items() if iu not in sampled)
-        by_id = {e.iu_id: e for e in snapshot.healthy if _busy(e, now)}
-        by_id.update((e.iu_id, e) for e in candidates)
-        entry = next((by_id[iu] for _, iu in reversed(ranked) if iu in by_id), None)
+        entry = next((e for _, iu in reversed(ranked)
+                      if (e := routable.get(iu)) is not None and _weighable(e, now)), None)
         if entry is None:
             return choice
     cost = _cost(entry, ledger, prompt_tokens, now, cached)
     return Choice(entry.iu_id, "affinity", cost) if cost < choice.expected_s else choice
 
 
-def _busy(entry: IUEntry, now: float) -> bool:
-    """Out of the draw only for its load: gated ``busy``, with a fresh score."""
-    return entry.anomaly == BUSY and entry.score is not None and now <= entry.stale_after
+def _routable_by_id(snapshot: Snapshot) -> dict[str, IUEntry]:
+    """IU id -> entry of the snapshot's routable IUs (``healthy``), built once per snapshot."""
+    by_id = snapshot.memo.get("routable_by_id")
+    if by_id is None:
+        by_id = snapshot.memo["routable_by_id"] = {e.iu_id: e for e in snapshot.healthy}
+    return by_id
 
 
-def _busy_entry(snapshot: Snapshot, iu_id: str, now: float) -> IUEntry | None:
-    entry = next((e for e in snapshot.healthy if e.iu_id == iu_id), None)
-    return entry if entry is not None and _busy(entry, now) else None
+def _weighable(entry: IUEntry, now: float) -> bool:
+    """A routable entry pick may weigh as the prompt's holder: one of the draw's candidates (``scored`` is
+    the routable entries with a score and a weight above 0; fresh) or out of the draw as ``busy`` only, with
+    a fresh score."""
+    return (entry.score is not None and now <= entry.stale_after
+            and (entry.weight > 0 or entry.anomaly == BUSY))

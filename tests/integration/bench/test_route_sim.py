@@ -129,7 +129,8 @@ def test_targets_give_verdicts_only_to_shipped_rows_and_references_none():
         return Summary(**values)
 
     main = [row("least-conn", 0.8, 2000), row("oracle", 0.8, 1500), row("round-robin", 0.8, 3000),
-            row("ours (push + Consul)", 0.8, 1710, 0.9), row("least-conn", 0.95, 3000), row("oracle", 0.95, 2500),
+            row("ours (push + Consul)", 0.8, 1710, 0.9), row("ours (Consul only)", 0.8, 1900, 0.78),
+            row("least-conn", 0.95, 3000), row("oracle", 0.95, 2500),
             row("ours (push + Consul)", 0.95, 3100, 1.2)]
     before = [row("before (push + Consul)", 0.8, 9000)]
     edges = [row("ours (push + Consul), 1 edge", 0.8, 1000), row("ours (push + Consul), 16 edges", 0.8, 1150)]
@@ -140,6 +141,14 @@ def test_targets_give_verdicts_only_to_shipped_rows_and_references_none():
     assert checks["95% ours (push + Consul) p99 TTFT / least-conn"].met is False  # worse than least-conn
     assert checks["95% ours (push + Consul) p99 TTFT / oracle"].met is None  # reported, not a target
     assert checks["95% ours (push + Consul) Consul writes per node per s (budget 1/s)"].met is False
+    # a thousand GPUs: the per-node rate x 128 nodes against 100 writes/s
+    assert checks["80% ours (push + Consul) Consul writes per s at 128 nodes (budget 100/s)"].value == pytest.approx(115.2)
+    assert checks["80% ours (push + Consul) Consul writes per s at 128 nodes (budget 100/s)"].met is False
+    assert checks["80% ours (Consul only) Consul writes per s at 128 nodes (budget 100/s)"].met is True  # 99.84
+    # the Consul-only fallback: 0.95x least-conn misses the default path's 0.85 but is no worse
+    assert checks["80% ours (Consul only) p99 TTFT / least-conn"].met is False
+    assert checks["80% ours (Consul only) p99 TTFT / least-conn (fallback: no worse)"].met is True
+    assert not any("fallback" in name for name in checks if "Consul only" not in name or name.startswith("95%"))
     assert checks["80% before (push + Consul) p99 TTFT / oracle"].met is None
     assert checks["80% round-robin p99 TTFT / oracle"].met is None
     assert checks["ours (push + Consul), 16 edges p99 / 1 edge"].met is False  # 1.15 > 1.1

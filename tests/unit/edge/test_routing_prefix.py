@@ -186,3 +186,31 @@ def test_an_unexplained_high_score_or_this_edge_blocking_it_keeps_the_holder_out
     busy = holder_prefilling(0.3, 3_000)
     blocked = router_with(0).choose(busy.snapshot(), 100.05, 4096, exclude={"n1-iu5"}, prefix=PROMPT)
     assert blocked.iu_id != "n1-iu5"  # already tried for this request (or ejected, silent, at the cap)
+
+
+def test_a_claim_to_the_prompt_relayed_for_an_iu_whose_score_is_unexplained_wins_it_no_traffic():
+    """A node's agent relays that its IU holds the prompt (any node may claim any prompt it has seen hashed);
+    while the IU's score is one its own admitted prefill does not explain, the claim is not weighed at all:
+    the cost comparison would trust the very reading the detector rejected."""
+    def claimed(seed):
+        router = Router(random.Random(seed), prefix=PrefixIndex())
+        router.learn([("n1-iu5", relay_blocks(HASHES))])
+        return router
+
+    assert choices(holder_prefilling(0.3, 0), claimed)["n1-iu5"] == 0
+    assert choices(holder_prefilling(0.3, 3_000), claimed)["n1-iu5"] == 400  # explained: weighed on its cost
+
+
+def test_past_a_holder_that_may_not_be_weighed_the_next_deepest_holder_that_may_is():
+    pool = holder_prefilling(0.3, 0)  # n1-iu5 holds the whole prompt, its score unexplained
+
+    def holders(seed):
+        router = router_with(seed)
+        router.prefix.record("n1-iu2", HASHES[:128])  # half the prompt: saves 0.2 s
+        router.prefix.record("n1-iu6", HASHES[:64])  # a quarter: saves 0.1 s
+        return router
+
+    assert choices(pool, holders)["n1-iu2"] == 400
+    blocked = Counter(holders(seed).choose(pool.snapshot(), 100.05, 4096, exclude={"n1-iu2"}, prefix=PROMPT).iu_id
+                      for seed in range(400))
+    assert blocked["n1-iu6"] == 400 and blocked["n1-iu5"] == 0
