@@ -61,15 +61,10 @@ class Repositories:
         """The value for ``consul_agent_repo_url`` (the role appends nothing; the key is at <url>/gpg)."""
         return f"{self.base_url}/{HASHICORP_PATH}"
 
-    @property
-    def mirror_nvidia_repo_url(self) -> str:
-        """``nvidia_stack_repo_url`` of the re-signed copy (with ``nvidia_stack_mirror_key``: ``mirror_key``)."""
-        return f"{self.base_url}/{SITE_MIRROR_PATH}/{NVIDIA_PATH}"
-
-    @property
-    def mirror_hashicorp_repo_url(self) -> str:
-        """``consul_agent_repo_url`` of the re-signed copy (with ``consul_agent_mirror_key``: ``mirror_key``)."""
-        return f"{self.base_url}/{SITE_MIRROR_PATH}/{HASHICORP_PATH}"
+    def mirror_url(self, repo_url: str) -> str:
+        """``repo_url`` (``nvidia_repo_url``, ``hashicorp_repo_url``) of the re-signed copy: trusted with
+        ``mirror_key`` (the roles' ``nvidia_stack_mirror_key``, ``consul_agent_mirror_key``)."""
+        return f"{self.base_url}/{SITE_MIRROR_PATH}{repo_url.removeprefix(self.base_url)}"
 
     @property
     def mirror_key(self) -> Path:
@@ -121,7 +116,7 @@ def build_repositories(dest: Path, base_url: str) -> Repositories:
             return Repositories(dest, base_url, built["fingerprint"], built["mirror_fingerprint"])
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
         try:
-            fingerprint, mirror_fingerprint = _build(staging, base_url)
+            fingerprint, mirror_fingerprint = _build(staging)
             (staging / RECIPE_FILE).write_text(json.dumps(
                 {"recipe": want, "fingerprint": fingerprint, "mirror_fingerprint": mirror_fingerprint}))
             if dest.exists():
@@ -134,62 +129,66 @@ def build_repositories(dest: Path, base_url: str) -> Repositories:
         return Repositories(dest, base_url, fingerprint, mirror_fingerprint)
 
 
-def _build(root: Path, base_url: str) -> tuple[str, str]:
+@dataclass(frozen=True)
+class _Layout:
+    """Where one vendor's repository keeps its packages, indexes, Release files and key, all below ``path``."""
+
+    path: str  # below the root
+    pool: str  # the .debs
+    scan: str  # what the indexes list (their Filename fields are relative to ``path``)
+    dists: tuple[tuple[str, str, dict[str, str]], ...]  # (Release folder, its Packages folder, Release fields)
+    key: str  # the armored key, under the vendor's name for it
+
+
+NVIDIA_LAYOUT = _Layout(f"{NVIDIA_PATH}/{NVIDIA_DISTRO}/{NVIDIA_ARCH}", ".", ".", (
+    (".", ".", {"Origin": "NVIDIA", "Label": "NVIDIA CUDA", "Architectures": "amd64 all"}),), "3bf863cc.pub")
+HASHICORP_LAYOUT = _Layout(HASHICORP_PATH, "pool/main/c/consul", "pool", tuple(
+    (f"dists/{suite}", f"dists/{suite}/main/binary-amd64",
+     {"Origin": "Artifactory", "Label": "HashiCorp", "Suite": suite, "Codename": suite, "Components": "main",
+      "Architectures": "amd64"}) for suite in HASHICORP_SUITES), "gpg")
+# The folders a site mirror copies: each vendor's top folder (NVIDIA's repository sits deep below its own).
+VENDOR_TREES = tuple(dict.fromkeys(layout.path.split("/")[0] for layout in (NVIDIA_LAYOUT, HASHICORP_LAYOUT)))
+
+
+def _build(root: Path) -> tuple[str, str]:
     # Not under root: gpg-agent puts its socket in the homedir, and a Unix socket path has at most 107 bytes;
     # a deep build directory (a test's tmp_path under an xdist worker) left the agent unable to start.
     gnupg = Path(tempfile.mkdtemp(prefix="clusterctl-gpg-"))
     try:
-        fingerprint = _build_signed(root, gnupg, base_url)
-        return fingerprint, _resign_as_site_mirror(root, gnupg)
+        fingerprint = _make_key(gnupg, KEY_UID)
+        armored = _gpg(gnupg, "--armor", "--export", fingerprint)
+        binary = subprocess.run(["gpg", "--homedir", str(gnupg), "--batch", "--export", fingerprint],
+                                check=True, capture_output=True).stdout
+        for layout, packages in ((NVIDIA_LAYOUT, catalog.nvidia_packages(binary)),
+                                 (HASHICORP_LAYOUT, catalog.hashicorp_packages(consul_standin_files()))):
+            _lay_out(root / layout.path, layout, packages)
+            _sign_releases(root / layout.path, gnupg, fingerprint)
+            (root / layout.path / layout.key).write_text(armored)
+        # The site mirror: both vendor trees again, the packages and indexes unchanged (hard links), every
+        # Release signed again with the site's key: what a client that trusts only the vendor's key cannot verify.
+        mirror = root / SITE_MIRROR_PATH
+        mirror_fingerprint = _make_key(gnupg, MIRROR_KEY_UID)
+        for vendor in VENDOR_TREES:
+            shutil.copytree(root / vendor, mirror / vendor, copy_function=os.link)
+        _sign_releases(mirror, gnupg, mirror_fingerprint)
+        (mirror / "key.asc").write_text(_gpg(gnupg, "--armor", "--export", mirror_fingerprint))
+        return fingerprint, mirror_fingerprint
     finally:
         # gpg starts an agent for the secret key; stop it so no process or socket outlives the build.
         subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], capture_output=True)
         shutil.rmtree(gnupg, ignore_errors=True)
 
 
-def _build_signed(root: Path, gnupg: Path, base_url: str) -> str:
-    fingerprint = _make_key(gnupg, KEY_UID)
-    armored = _gpg(gnupg, "--armor", "--export", fingerprint)
-    binary = subprocess.run(["gpg", "--homedir", str(gnupg), "--batch", "--export", fingerprint],
-                            check=True, capture_output=True).stdout
-
-    flat = root / NVIDIA_PATH / NVIDIA_DISTRO / NVIDIA_ARCH
-    flat.mkdir(parents=True)
-    for package in catalog.nvidia_packages(binary):
-        build_deb(package, flat)
-    _index(flat, flat, ".")
-    _release(flat, gnupg, fingerprint, {"Origin": "NVIDIA", "Label": "NVIDIA CUDA", "Architectures": "amd64 all"})
-    (flat / "3bf863cc.pub").write_text(armored)
-
-    hashicorp = root / HASHICORP_PATH
-    pool = hashicorp / "pool/main/c/consul"
+def _lay_out(top: Path, layout: _Layout, packages: list[StandIn]) -> None:
+    """The .debs, their indexes and the (unsigned) Release files of one vendor's repository."""
+    pool = top / layout.pool
     pool.mkdir(parents=True)
-    for package in catalog.hashicorp_packages(consul_standin_files()):
+    for package in packages:
         build_deb(package, pool)
-    for suite in HASHICORP_SUITES:
-        binary_dir = hashicorp / "dists" / suite / "main" / "binary-amd64"
-        binary_dir.mkdir(parents=True)
-        _index(hashicorp, binary_dir, "pool")
-        _release(hashicorp / "dists" / suite, gnupg, fingerprint,
-                 {"Origin": "Artifactory", "Label": "HashiCorp", "Suite": suite, "Codename": suite,
-                  "Components": "main", "Architectures": "amd64"})
-    (hashicorp / "gpg").write_text(armored)
-    return fingerprint
-
-
-def _resign_as_site_mirror(root: Path, gnupg: Path) -> str:
-    """Both vendor trees under site-mirror/, the packages and indexes unchanged (hard links), every Release signed
-    again with the site's key: what a client that trusts only the vendor's key cannot verify."""
-    fingerprint = _make_key(gnupg, MIRROR_KEY_UID)
-    mirror = root / SITE_MIRROR_PATH
-    for vendor in (NVIDIA_PATH.split("/")[0], HASHICORP_PATH):
-        shutil.copytree(root / vendor, mirror / vendor, copy_function=os.link)
-    for release in sorted(mirror.rglob("Release")):
-        for signature in ("InRelease", "Release.gpg"):
-            (release.parent / signature).unlink()  # a link to the vendor's: replaced, never written through
-        _sign(release.parent, gnupg, fingerprint)
-    (mirror / "key.asc").write_text(_gpg(gnupg, "--armor", "--export", fingerprint))
-    return fingerprint
+    for release_dir, index_dir, fields in layout.dists:
+        (top / index_dir).mkdir(parents=True, exist_ok=True)
+        _index(top, top / index_dir, layout.scan)
+        _release(top / release_dir, fields)
 
 
 def _make_key(gnupg: Path, uid: str) -> str:
@@ -215,20 +214,23 @@ def _index(cwd: Path, out_dir: Path, scan: str) -> None:
     subprocess.run(["gzip", "-9nkf", str(out_dir / "Packages")], check=True)
 
 
-def _release(directory: Path, gnupg: Path, fingerprint: str, fields: dict[str, str]) -> None:
+def _release(directory: Path, fields: dict[str, str]) -> None:
     options = [f"-oAPT::FTPArchive::Release::{key}={value}" for key, value in fields.items()]
     done = subprocess.run(["apt-ftparchive", *options, "release", "."], cwd=directory, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"apt-ftparchive release {directory} failed: {done.stderr.strip()[-500:]}")
     (directory / "Release").write_text(done.stdout)
-    _sign(directory, gnupg, fingerprint)
 
 
-def _sign(directory: Path, gnupg: Path, fingerprint: str) -> None:
+def _sign_releases(tree: Path, gnupg: Path, fingerprint: str) -> None:
+    """InRelease and Release.gpg beside every Release under ``tree``. A copy's are hard links to the original's:
+    replaced, never written through."""
     sign = ["--local-user", fingerprint, "--digest-algo", "SHA512"]
-    _gpg(gnupg, *sign, "--clearsign", "--output", str(directory / "InRelease"), str(directory / "Release"))
-    _gpg(gnupg, *sign, "--armor", "--detach-sign", "--output", str(directory / "Release.gpg"),
-         str(directory / "Release"))
+    for release in sorted(tree.rglob("Release")):
+        for signature in ("InRelease", "Release.gpg"):
+            (release.parent / signature).unlink(missing_ok=True)
+        _gpg(gnupg, *sign, "--clearsign", "--output", str(release.parent / "InRelease"), str(release))
+        _gpg(gnupg, *sign, "--armor", "--detach-sign", "--output", str(release.parent / "Release.gpg"), str(release))
 
 
 __all__ = ["Repositories", "StandIn", "build_repositories", "control_text"]

@@ -1,37 +1,31 @@
-"""cpu_cstates through Redfish against local HTTPS BMCs with the four vendors' personalities (sim/redfish_bmc.py:
-each keeps current and pending BIOS attributes, serves its attribute registry and answers like its vendor,
-including how it fails; its docstring is the behaviour table with the sources). Any 400 loses the whole PATCH,
-so a role that sends a wrong name or spelling fails the host.
+"""cpu_cstates' Redfish step on a simulated host, through site.yml over SSH, against a local HTTPS BMC
+(sim/redfish_bmc.py): every request runs on the controller, none on the node. BMCs sit on an out-of-band
+network the node's OS normally cannot reach, and the BMC password must never go to the node. The stand-in
+records the mount namespace of each request's client: a simulated host's processes have their own, and the
+machines share this host's network, so the node could reach the BMC if a task ran there.
 
-The role must run every request on the controller (the fake checks the client's mount namespace: a simulated
-host's processes have their own), PATCH only what differs, report "reboot pending", send nothing on the second
-run, report attributes the BIOS lacks instead of PATCHing them, stop on an unknown vendor naming it, and never
-print the BMC password. tests/integration/roles/test_cpu_cstates_redfish.py runs the Redfish step alone against
-the stricter platforms (an HGX baseboard among the Systems, a BMC that requires If-Match).
+What the step sends, for each vendor and each stricter platform, is tests/integration/roles/
+test_cpu_cstates_redfish.py (local connections, one play); that every uri task is delegated and throttled is
+tests/unit/roles/cpu_cstates/test_redfish_tasks.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
 
 from sim import redfish_bmc
 from sim.hosts import create
-from sim.redfish_bmc import EXPECTED_PATCH, PASSWORD, PERSONALITIES, USER, FakeBmc
+from sim.redfish_bmc import EXPECTED_PATCH, PASSWORD, PERSONALITIES, USER
 from tests.helpers.provision import ansible_playbook, clusterctl
 
-pytestmark = [pytest.mark.machines(own_net=True), pytest.mark.timeout(1200)]  # site.yml (cpu_cstates only) on four simulated hosts, one BMC vendor each
+pytestmark = [pytest.mark.machines(own_net=True), pytest.mark.timeout(1200)]  # site.yml (cpu_cstates only) on one simulated host
 # The machines' own 127.48.R.N (tests/conftest.py): this module runs beside the machine chain, not in it.
 NET = 48
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def _client_socket_inode(tcp_table: str, client_port: int) -> str | None:
@@ -68,20 +62,18 @@ def _client_mount_ns(client_port: int) -> str:
     return "unknown"
 
 
-# vendor -> (stand-in, the one PATCH a correct role sends)
-VENDORS = {vendor: (PERSONALITIES[vendor], EXPECTED_PATCH[vendor]) for vendor in PERSONALITIES}
+VENDOR = "supermicro"  # any: every vendor's requests come from the same tasks
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    """Four machines: the vendor test gives each its own BMC (one site.yml run for all four vendors, as a
-    mixed fleet is provisioned); the other tests run on the first with ``--limit``."""
+def host(tmp_path_factory):
+    """One machine (``virtual create --nodes 1 --racks 1``, on NET)."""
     inventory = tmp_path_factory.mktemp("redfish") / "inventory"
-    create.write(inventory, 4, 1, faults="none", net=NET)  # `virtual create --nodes 4 --racks 1`, on NET
+    create.write(inventory, 1, 1, faults="none", net=NET)
     up = clusterctl("virtual", "up", str(inventory))
     assert up.returncode == 0, up.stderr
     try:
-        yield inventory, ("r01n01", "r01n02", "r01n03", "r01n04")
+        yield inventory
     finally:
         clusterctl("virtual", "down", str(inventory))
 
@@ -95,134 +87,22 @@ def tls(tmp_path_factory):
     return key, cert
 
 
-def serve(fake: FakeBmc, tls) -> ThreadingHTTPServer:
-    """The stand-in on 127.0.0.1, where the mount namespace of each client's socket can be looked up."""
+def test_every_redfish_request_leaves_from_the_controller_not_the_node(host, tls, tmp_path):
+    fake = PERSONALITIES[VENDOR]()
     fake.clients_mount_ns = set()
     fake.on_request = lambda client: fake.clients_mount_ns.add(_client_mount_ns(client[1]))
-    return redfish_bmc.serve(fake, str(tls[1]), str(tls[0]), "127.0.0.1")
-
-
-def run_role(hosts, fake: FakeBmc, tmp_path: Path, **extra) -> tuple[int, str]:
-    """site.yml's cpu_cstates on the first machine, its BMC ``fake``."""
-    inventory, names = hosts
-    path = tmp_path / "bmc-vars.json"
-    path.write_text(json.dumps({"cpu_cstates_redfish": True, "bmc_address": fake.address, "bmc_username": USER,
-                                "bmc_password": PASSWORD, "bmc_validate_certs": False, **extra}))
-    done = ansible_playbook(inventory, "playbooks/site.yml", "--tags", "cpu_cstates", "--limit", names[0],
-                            "-e", f"@{path}")
-    return done.returncode, done.stdout + done.stderr
-
-
-def recap(out: str) -> dict[str, str]:
-    """host -> its PLAY RECAP line."""
-    return {m.group(1): m.group(0) for m in re.finditer(r"^(\S+)\s+: ok=.*$", out, re.MULTILINE)}
-
-
-def test_redfish_patches_only_what_differs_with_each_vendors_rules(hosts, tls):
-    """One run over four hosts, each BMC a different vendor's (its address and credentials in host_vars, as
-    an inventory gives them): each gets exactly its vendor's one correct PATCH; the second run sends none."""
-    inventory, names = hosts
-    host_of = dict(zip(sorted(VENDORS), names, strict=True))
-    fakes = {vendor: VENDORS[vendor][0]() for vendor in host_of}
-    servers = [serve(fake, tls) for fake in fakes.values()]
-    host_vars = inventory / "host_vars"
-    host_vars.mkdir(exist_ok=True)
+    # On 127.0.0.1, where the mount namespace of each client's socket can be looked up.
+    server = redfish_bmc.serve(fake, str(tls[1]), str(tls[0]), "127.0.0.1")
+    bmc_vars = tmp_path / "bmc-vars.json"
+    bmc_vars.write_text(json.dumps({"cpu_cstates_redfish": True, "bmc_address": fake.address, "bmc_username": USER,
+                                    "bmc_password": PASSWORD, "bmc_validate_certs": False}))
     try:
-        for vendor, host in host_of.items():
-            (host_vars / f"{host}.yml").write_text(yaml.safe_dump({
-                "cpu_cstates_redfish": True, "bmc_address": fakes[vendor].address, "bmc_username": USER,
-                "bmc_password": PASSWORD, "bmc_validate_certs": False}))
-        first = ansible_playbook(inventory, "playbooks/site.yml", "--tags", "cpu_cstates")
-        out = first.stdout + first.stderr
-        assert first.returncode == 0, out[-3000:]
-        flat = " ".join(out.split())
-        for vendor, host in host_of.items():
-            fake = fakes[vendor]
-            assert fake.rejected == [], (vendor, fake.rejected)
-            assert fake.patches == [VENDORS[vendor][1]], (vendor, fake.patches)
-            assert f"apply at the next reboot of {host}" in flat, (vendor, flat[-3000:])
-            assert fake.unauthorized == 0, vendor
-            # Every request came from the controller, none from the node (a simulated host has its own mount ns).
-            assert fake.clients_mount_ns == {os.readlink("/proc/self/ns/mnt")}, (vendor, fake.clients_mount_ns)
-
-        second = ansible_playbook(inventory, "playbooks/site.yml", "--tags", "cpu_cstates")
-        out2 = second.stdout + second.stderr
-        assert second.returncode == 0, out2[-3000:]
-        lines = recap(out2)
-        for vendor, host in host_of.items():
-            assert len(fakes[vendor].patches) == 1, f"{vendor}: the second run must not PATCH again"
-            assert "changed=0" in lines[host], (vendor, lines)
-            assert f"apply at the next reboot of {host}" in " ".join(out2.split()), vendor  # still pending
-        assert PASSWORD not in out + out2
-    finally:
-        for host in names:
-            (host_vars / f"{host}.yml").unlink(missing_ok=True)
-        for server in servers:
-            server.shutdown()
-
-
-def test_render_only_stages_no_bios_change_and_reports_what_differs(hosts, tls, tmp_path):
-    """Render-only touches nothing that applies at the next boot (playbooks/README.md, "Render only"): no PATCH,
-    the differing attributes reported as not staged and no "reboot pending" for them; a normal run stages them."""
-    fake = redfish_bmc.dell()
-    server = serve(fake, tls)
-    try:
-        rc, out = run_role(hosts, fake, tmp_path, clusterctl_render_only=True)
-        assert rc == 0, out[-3000:]
-        assert fake.patches == [], "render-only must not stage BIOS settings"
-        flat = " ".join(out.split())
-        staged = re.search(r"render only: BIOS C-state attributes (.*?) of \S+ differ; not staged", flat)
-        assert staged and set(staged.group(1).split(", ")) == {"SysProfile", "ProcCStates"}, flat[-3000:]
-        assert "reboot pending" not in out
-        rc2, out2 = run_role(hosts, fake, tmp_path)
-        assert rc2 == 0, out2[-3000:]
-        assert fake.patches == [VENDORS["dell"][1]]
-        assert "reboot pending: BIOS C-state attributes" in " ".join(out2.split())
+        done = ansible_playbook(host, "playbooks/site.yml", "--tags", "cpu_cstates", "-e", f"@{bmc_vars}")
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-3000:]
+        # The write among them: a PATCH sent from the node would add the node's namespace.
+        assert fake.patches == [EXPECTED_PATCH[VENDOR]], fake.patches
+        assert fake.clients_mount_ns == {os.readlink("/proc/self/ns/mnt")}, fake.clients_mount_ns
     finally:
         server.shutdown()
-
-
-def test_attributes_the_bios_lacks_are_reported_not_patched(hosts, tls, tmp_path):
-    fake = redfish_bmc.dell()
-    del fake.current["ProcC1E"]  # an older BIOS without the C1E switch
-    fake.current["ProcCStates"] = "Disabled"
-    fake.current["SysProfile"] = "Custom"
-    server = serve(fake, tls)
-    try:
-        rc, out = run_role(hosts, fake, tmp_path)
-        assert rc == 0, out[-3000:]
-        assert fake.patches == [], "nothing differs among the attributes this BIOS has"
-        assert "has no attribute ProcC1E: not set" in " ".join(out.split())
-    finally:
-        server.shutdown()
-
-
-def test_an_unknown_vendor_stops_the_host_naming_it(hosts, tls, tmp_path):
-    fake = redfish_bmc.dell()
-    fake.manufacturer = "NVIDIA"
-    server = serve(fake, tls)
-    try:
-        rc, out = run_role(hosts, fake, tmp_path)
-        assert rc != 0
-        assert fake.patches == []
-        assert "reports Manufacturer 'NVIDIA', which has no BIOS attribute map" in " ".join(out.split())
-        assert PASSWORD not in out
-    finally:
-        server.shutdown()
-
-
-def test_every_redfish_request_runs_on_the_controller_throttled():
-    """Static companion of the namespace check: every uri task is delegated to localhost and throttled."""
-    def walk(tasks):
-        for task in tasks:
-            yield task
-            yield from walk(task.get("block", []))
-
-    tasks = yaml.safe_load((REPO / "roles/cpu_cstates/tasks/redfish.yml").read_text())
-    uri_tasks = [t for t in walk(tasks) if "ansible.builtin.uri" in t]
-    assert len(uri_tasks) >= 8
-    for task in uri_tasks:
-        assert task.get("delegate_to") == "localhost", task["name"]
-        assert re.fullmatch(r"\{\{ cpu_cstates_redfish_throttle \}\}", str(task.get("throttle"))), task["name"]
-        assert task.get("no_log") is True, task["name"]
-        assert task.get("become") is False, task["name"]  # the play's sudo is for the node, not the controller
+        server.server_close()

@@ -145,7 +145,7 @@ def rendered_entry(tmp_path: Path, repos, key: str, fingerprint: str) -> None:
     fact = role_tasks("nvidia_stack", "main.yml")[0]["ansible.builtin.set_fact"]["_nvidia_stack_mirror_key"]
     variables = {"nvidia_stack_mirror_key": key, "nvidia_stack_mirror_key_fingerprint": fingerprint,
                  "_nvidia_stack_mirror_keyring": "/etc/apt/keyrings/cuda-mirror.asc",
-                 "_nvidia_stack_repo": f"{repos.mirror_nvidia_repo_url}/ubuntu2204/x86_64"}
+                 "_nvidia_stack_repo": f"{repos.mirror_url(repos.nvidia_repo_url)}/ubuntu2204/x86_64"}
     variables["_nvidia_stack_mirror_key"] = render_role_text(fact, variables)
     tasks = {t["name"]: t for t in role_tasks("nvidia_stack", "repository.yml")}
     entry = tasks["Point cuda-keyring's repository entry at nvidia_stack_repo_url"]
@@ -159,7 +159,7 @@ def rendered_entry(tmp_path: Path, repos, key: str, fingerprint: str) -> None:
 
 def test_a_re_signing_mirror_fails_with_cuda_keyring_s_key_and_passes_with_its_own(mirror, tmp_path):
     installed_keyring(tmp_path, mirror)
-    url = f"{mirror.mirror_nvidia_repo_url}/ubuntu2204/x86_64"
+    url = f"{mirror.mirror_url(mirror.nvidia_repo_url)}/ubuntu2204/x86_64"
     rendered_entry(tmp_path, mirror, "", "")
     refused = in_namespace(tmp_path, ["apt-get", "update"])
     assert refused.returncode != 0
