@@ -19,6 +19,8 @@ Per fault kind, over ``--repeats`` trials:
 - p99 TTFT of requests sent during the fault (and 2 s after) vs the baseline windows.
 
     .venv/bin/python bench/edge_faults.py --repeats 5 --results
+
+bench/edge_faults_virtual.py runs the same load (:func:`drive`), attribution and verdicts on the virtual cluster.
 """
 
 from __future__ import annotations

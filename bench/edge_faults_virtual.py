@@ -14,7 +14,9 @@ the rate calibrated from a first stream). Per trial, after a quiet baseline: one
 (operate/drill_faults.py ``engine_crash``: SIGKILL to the unit's MainPID over the cluster's SSH transport;
 systemd restarts it) or stalled (``engine_stall``: SIGSTOP for ``--stall-s``, longer than the client's read
 timeout ``--client-idle-s``, then its undo, SIGCONT), or one edge restarted (``edge_restart``: systemd's SIGTERM,
-the edge drains and starts again). A fault ends when the IU (or the edge) answers ``/health`` again.
+the edge drains and starts again). A fault ends when the IU (or the edge) answers ``/health`` again; p99 TTFT
+during a fault is of the requests sent until then (a killed unit's restart included: every machine's CPU is
+this host's, as the local bench's is) against the quiet windows before each fault.
 
 What the edges sent where is read from their own ``/metrics``, polled every ``POLL_S`` (edge_faults_read.py):
 a request sent to an IU is a rise of ``eas_edge_inflight{iu}`` or of a before-the-first-byte failure there
