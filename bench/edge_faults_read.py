@@ -16,10 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 INFLIGHT = "eas_edge_inflight"
 ERRORS = "eas_edge_upstream_errors_total"
+POOL = "eas_edge_pool_ius"  # the edge's view: IUs routable (Consul's checks passing, out of maintenance), scored
 COUNTERS = {"retries": ("eas_edge_retries_total", "reason"), "resumed": ("eas_edge_resumed_total", "reason"),
             "ejections": ("eas_edge_ejections_total", "outcome"), "probes": ("eas_edge_probes_total", "outcome"),
             "rejected": ("eas_edge_rejected_total", "reason"), "answers": ("eas_edge_requests_total", "code")}
-KEPT = tuple(f"{name}{{" for name in (INFLIGHT, ERRORS, *(metric for metric, _ in COUNTERS.values())))
+KEPT = tuple(f"{name}{{" for name in (INFLIGHT, ERRORS, POOL, *(metric for metric, _ in COUNTERS.values())))
 # failures of a request before its first byte (edge/upstream.py): each was a request sent to that IU. "stalled"
 # is left out: it also names a stream cut mid-way by its silence (not a new request).
 BEFORE_FIRST_BYTE = frozenset({"connect", "first_byte", "silent", "ejected", "no_address", "status_5xx"})
@@ -88,6 +89,28 @@ def counter_deltas(parsed, start: float, end: float) -> dict[str, dict[str, int]
     return {what: dict(sorted(counts.items())) for what, counts in sorted(deltas.items())}
 
 
+def view_return(parsed, fault: Fault) -> tuple[bool, float | None]:
+    """(whether some edge's view lost an IU while ``fault`` lasted, the seconds after it answered again until every
+    edge's view had all its IUs routable again; None if not seen). The whole pool is the most any edge saw."""
+    routable_key = (POOL, (("kind", "routable"),))
+    full = max((values.get(routable_key, 0.0) for _, _, values in parsed), default=0.0)
+    lost = any(fault.at <= at < fault.until and values.get(routable_key, full) < full for at, _, values in parsed)
+    back: dict[str, float] = {}
+    for at, edge, values in sorted(parsed, key=lambda s: s[0]):
+        if at >= fault.until and edge not in back and values.get(routable_key, 0.0) >= full:
+            back[edge] = at
+    edges = {edge for _, edge, _ in parsed}
+    return lost, (round(max(back.values()) - fault.until, 2) if back and set(back) == edges else None)
+
+
+def first_rise(parsed, name: str, labels: tuple, after: float) -> float | None:
+    """The first sample after ``after`` at which some edge's counter rose."""
+    for at, before, values in _pairs(parsed):
+        if at > after and (name, labels) in values and _rise(before.get((name, labels)), values[(name, labels)]):
+            return at
+    return None
+
+
 def _add(total: dict, more: dict) -> None:
     for what, counts in more.items():
         for label, n in counts.items():
@@ -119,7 +142,11 @@ def failure_modes(outcomes: list[Outcome], faults: list[Fault], parsed, settle_s
                 if not o.ok:
                     client[f"{where}_failed"] += 1
                     errors[f"{where}: {o.error}"] += 1
+        views = [view_return(parsed, f) for f in of_kind]
+        probes = [first_rise(parsed, COUNTERS["probes"][0], (("outcome", "ok"),), f.until) for f in of_kind]
         modes[kind] = {
+            "view_lost": sum(lost for lost, _ in views), "view_back_s": [back for _, back in views],
+            "probe_ok_s": [None if t is None else round(t - f.until, 2) for t, f in zip(probes, of_kind, strict=True)],
             "trials": len(of_kind), "client": dict(sorted(client.items())), "errors": dict(sorted(errors.items())),
             "edge": edge, "sends_while_down": sum(len(f.sends) for f in of_kind),
             "last_send_s": round(max((max(f.sends) - f.at for f in of_kind if f.sends), default=0.0), 2),
@@ -127,6 +154,11 @@ def failure_modes(outcomes: list[Outcome], faults: list[Fault], parsed, settle_s
             "back_s": [None if f.back is None else round(f.back - f.until, 2) for f in of_kind],
         }
     return modes
+
+
+def _span(values: list) -> str:
+    seen = [v for v in values if v is not None]
+    return f"{min(seen)}-{max(seen)}" if seen else "never seen"
 
 
 def _counts(counts: dict) -> str:
@@ -158,6 +190,9 @@ def failure_table(modes: dict) -> list[str]:
                    f"{mode['answered_again_s']} s, its first request "
                    + (f"{min(backs)}-{max(backs)} s later" if backs else "never seen")
                    + (f" ({len(mode['back_s']) - len(backs)} trials: none seen)" if backs and None in mode["back_s"]
-                      else ""))
+                      else "")
+                   + f"; the edges' view lost it in {mode['view_lost']} of {mode['trials']} trials, every edge "
+                     f"routing to it again {_span(mode['view_back_s'])} s after it answered; the first good probe "
+                     f"{_span(mode['probe_ok_s'])} s after")
         lines.append(f"| {kind} | {mode['trials']} | {saw} | {did} |")
     return lines

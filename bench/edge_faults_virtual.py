@@ -117,6 +117,10 @@ async def _get(session: aiohttp.ClientSession, url: str, timeout: float = 1.0) -
         return 0, b""
 
 
+async def _ok(session, url: str) -> bool:
+    return (await _get(session, url, 5.0))[0] == 200
+
+
 async def _until(check, limit_s: float, every_s: float = 0.1) -> float | None:
     """The time ``check()`` (a coroutine function) first answers true; None after ``limit_s``."""
     deadline = time.monotonic() + limit_s
@@ -164,9 +168,11 @@ def run(site: Site, load: float, repeats: int, edge_restarts: int, baseline_s: f
         async with aiohttp.ClientSession() as session:
             if not await pool_ready(session, site, 120):
                 raise SystemExit(f"the edges do not route to all {len(site.ius)} IUs: {site.edges}")
-            status, body = await _get(session, f"{site.url}/v1/models", 10)
-            if status != 200:
-                raise SystemExit(f"HAProxy at {site.url} answers /v1/models with {status}")
+            # HAProxy routes to an edge once its health checks rose (rise x inter after the edge is ready)
+            if await _until(lambda: _ok(session, f"{site.url}/v1/models"), 60, 0.5) is None:
+                raise SystemExit(f"HAProxy at {site.url} does not answer /v1/models: "
+                                 f"{(await _get(session, f'{site.url}/v1/models'))[0]}")
+            body = (await _get(session, f"{site.url}/v1/models", 10))[1]
             model = json.loads(body)["data"][0]["id"]
             stop = asyncio.Event()
             poller = asyncio.create_task(poll_metrics(session, site, samples, stop))

@@ -146,3 +146,18 @@ def test_sends_are_attributed_to_the_fault_of_their_iu_while_it_was_down():
                                          (31.0, "b"), (38.4, "b")])
     assert (faults[0].sends, faults[0].back) == ([10.2], 21.5)
     assert (faults[1].sends, faults[1].back) == ([31.0], 38.4)
+
+
+def pool(at: float, edge: str, routable: int, probes_ok: int) -> tuple[float, str, str]:
+    return at, edge, (f'eas_edge_pool_ius{{kind="routable"}} {routable}.0\neas_edge_pool_ius{{kind="all"}} 8.0\n'
+                      f'eas_edge_probes_total{{outcome="ok"}} {probes_ok}.0\n')
+
+
+def test_an_iu_is_back_in_the_view_when_every_edge_routes_to_the_whole_pool_again():
+    fault = Fault("kill", "x", at=2.0, until=10.0, quiet_until=10.0)
+    parsed = samples(pool(1, "a", 8, 0), pool(1, "b", 8, 0), pool(5, "a", 7, 0), pool(5, "b", 8, 0),
+                     pool(11, "a", 7, 1), pool(11, "b", 8, 1), pool(13, "a", 8, 1), pool(13, "b", 8, 1))
+    assert read.view_return(parsed, fault) == (True, 3.0)
+    assert read.first_rise(parsed, "eas_edge_probes_total", (("outcome", "ok"),), 10.0) == 11
+    assert read.view_return(parsed[:2] + parsed[4:], Fault("kill", "x", 2.0, 10.0, 10.0))[0] is False
+    assert read.view_return(parsed[:6], fault) == (True, None)  # edge a never had it back
