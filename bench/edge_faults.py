@@ -19,6 +19,8 @@ Per fault kind, over ``--repeats`` trials:
 - p99 TTFT of requests sent during the fault (and 2 s after) vs the baseline windows.
 
     .venv/bin/python bench/edge_faults.py --repeats 5 --results
+
+bench/edge_faults_virtual.py runs the same load (:func:`drive`), attribution and verdicts on the virtual cluster.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ MODEL = "meta-llama/Meta-Llama-3-70B-Instruct"
 SLOTS = 8  # streams in flight per IU at --load 1.0
 LOOPBACK = "127.0.61"  # the first three octets of the bench's addresses (--loopback)
 TARGET_SILENCE_S, TARGET_KILLED_S, TARGET_STALLED_S, TARGET_TTFT_RATIO = 5.0, 2.0, 5.0, 1.15
+TARGET_BACK_S = 5.0  # a restarted IU's first request after it answers again
+EDGE_RESTART = "edge_restart"  # a fault kind of the virtual cluster's bench (edge_faults_virtual.py)
 
 
 class Unit:
@@ -86,6 +90,8 @@ class Outcome:
     gap: float = 0.0  # the longest silence between events after the first
     last: float = 0.0
     error: str = ""
+    iu: str = ""  # the IU that sent its first byte (X-Eas-IU: an edge with debug_headers on)
+    resumed: int = 0  # the edge's splice comments (": resumed ..."): the stream went on on another IU
 
 
 @dataclass
@@ -99,16 +105,20 @@ class Fault:
     back: float | None = None  # the edge's first request to it after ``until``
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, idle_s: float, out: Outcome) -> None:
-    body = {"model": MODEL, "prompt": "hello " * 50, "max_tokens": 60, "stream": True}
+async def one_stream(session: aiohttp.ClientSession, url: str, idle_s: float, out: Outcome,
+                     model: str = MODEL) -> None:
+    body = {"model": model, "prompt": "hello " * 50, "max_tokens": 60, "stream": True}
     try:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(sock_read=idle_s)) as answer:
+            out.iu = answer.headers.get("X-Eas-IU", "")
             if answer.status != 200:
                 out.error = f"HTTP {answer.status}"
                 return
             done = False
             async for line in answer.content:
                 now = time.monotonic()
+                if line.startswith(b": resumed"):
+                    out.resumed += 1
                 if not line.startswith(b"data:") and not line.startswith(b"event:"):
                     continue
                 if line.startswith(b"event: error"):
@@ -169,12 +179,17 @@ def run(units: int = 4, load: float = 0.5, repeats: int = 5, baseline_s: float =
             loop.call_soon_threadsafe(loop.stop)
             for unit in pool:
                 unit.stop()
-    for fault in faults:
-        fault.sends = [t for t, iu in sends if iu == fault.iu_id and fault.at <= t < fault.until]
-        fault.back = next((t for t, iu in sends if iu == fault.iu_id and t >= fault.until), None)
+    attribute_sends(faults, sends)
     numbers = summarise(outcomes, faults, baseline_s, rate, duration)
     numbers["streams_resumed"], numbers["requests_moved"] = counted["eas_edge_resumed"], counted["eas_edge_retries"]
     return numbers
+
+
+def attribute_sends(faults: list[Fault], sends: list[tuple[float, str]]) -> None:
+    """Each fault's sends to its IU while it was down, and the first one after it answered again."""
+    for fault in faults:
+        fault.sends = [t for t, iu in sends if iu == fault.iu_id and fault.at <= t < fault.until]
+        fault.back = next((t for t, iu in sorted(sends) if iu == fault.iu_id and t >= fault.until), None)
 
 
 def _routable(router, iu_id: str):
@@ -182,27 +197,46 @@ def _routable(router, iu_id: str):
     return lambda: iu_id not in dict(router.outliers.ejected) and iu_id not in dict(router.outliers.records)
 
 
-async def _drive(url, pool, load, repeats, baseline_s, stall_s, kill_s, settle_s, idle_s, kinds, rng, routable):
+async def drive(url: str, units: int, load: float, idle_s: float, rng: random.Random, trials, *,
+                model: str = MODEL):
+    """Streamed completions to ``url`` at ``load`` (mean streams in flight per IU = load x SLOTS, the rate from
+    one first stream's duration), open loop, while ``trials(rate)`` (a coroutine function) injects the
+    faults and returns them; then the streams still in flight are given ``3 x idle_s`` to end.
+    (outcomes, faults, rate, one stream's duration)."""
     outcomes: list[Outcome] = []
-    faults: list[Fault] = []
     tasks: set = set()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         probe = Outcome(time.monotonic())
-        await one_stream(session, url, idle_s, probe)
+        await one_stream(session, url, idle_s, probe, model)
+        if not probe.ok:
+            raise SystemExit(f"the first stream to {url} failed: {probe.error}")
         duration = max(0.2, (probe.ended or time.monotonic()) - probe.started)
-        rate = load * SLOTS * len(pool) / duration
+        rate = load * SLOTS * units / duration
         stop = asyncio.Event()
 
         async def arrivals():
             while not stop.is_set():
                 out = Outcome(time.monotonic())
                 outcomes.append(out)
-                task = asyncio.create_task(one_stream(session, url, idle_s, out))
+                task = asyncio.create_task(one_stream(session, url, idle_s, out, model))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 await asyncio.sleep(rng.expovariate(rate))
 
         generator = asyncio.create_task(arrivals())
+        try:
+            faults = await trials(rate)
+        finally:
+            stop.set()
+            await generator
+            if tasks:
+                await asyncio.wait(tasks, timeout=idle_s * 3)
+    return outcomes, faults, rate, duration
+
+
+async def _drive(url, pool, load, repeats, baseline_s, stall_s, kill_s, settle_s, idle_s, kinds, rng, routable):
+    async def trials(_rate) -> list[Fault]:
+        faults: list[Fault] = []
         for kind in [k for k in kinds for _ in range(repeats)]:
             await asyncio.sleep(baseline_s)
             unit = rng.choice(pool)
@@ -224,11 +258,9 @@ async def _drive(url, pool, load, repeats, baseline_s, stall_s, kill_s, settle_s
                 if all(check() for check in routable.values()):
                     break
                 await asyncio.sleep(0.1)
-        stop.set()
-        await generator
-        if tasks:
-            await asyncio.wait(tasks, timeout=idle_s * 3)
-    return outcomes, faults, rate, duration
+        return faults
+
+    return await drive(url, len(pool), load, idle_s, rng, trials)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -276,26 +308,42 @@ def summarise(outcomes: list[Outcome], faults: list[Fault], baseline_s: float, r
     return numbers
 
 
-def verdict_lines(numbers: dict) -> tuple[list[str], bool]:
+def verdict_lines(numbers: dict, restarted_back: bool = False) -> tuple[list[str], bool]:
+    """One line per target and fault kind, each ending "met" or "NOT met", and whether all are met.
+    ``restarted_back``: a killed IU's first request after it answers again is judged too (TARGET_BACK_S);
+    an edge restart is judged on the requests that had not started streaming only."""
     lines, met = [], True
     for kind, row in numbers["kinds"].items():
-        send_target = TARGET_KILLED_S if kind == "kill" else TARGET_STALLED_S
-        checks = [
-            (f"client-visible failures {row['failed_not_streaming']} not yet streaming + "
-             f"{row['failed_streaming']} streaming of {row['requests_during']} == 0",
-             row["failed_not_streaming"] + row["failed_streaming"] == 0),
-            (f"longest silence in a stream {row['longest_silence_s']} s <= {TARGET_SILENCE_S:g} s",
-             row["longest_silence_s"] <= TARGET_SILENCE_S),
-            (f"last new request to the {kind}ed IU {row['last_send_after_fault_s']} s after the fault "
-             f"<= {send_target:g} s", row["last_send_after_fault_s"] <= send_target),
-            (f"p99 TTFT during the fault {row['p99_ttft_s']} s = {row['ttft_ratio']}x baseline "
-             f"{row['baseline_p99_ttft_s']} s <= {TARGET_TTFT_RATIO}x",
-             row["ttft_ratio"] is not None and row["ttft_ratio"] <= TARGET_TTFT_RATIO),
-        ]
+        if kind == EDGE_RESTART:
+            checks = [(f"requests not yet streaming lost {row['failed_not_streaming']} of {row['requests_during']} "
+                       "== 0", row["failed_not_streaming"] == 0)]
+        else:
+            checks = _unit_checks(kind, row, restarted_back)
         for text, ok in checks:
             met = met and ok
             lines.append(f"{kind} x{row['trials']}: {text}: {'met' if ok else 'NOT met'}")
     return lines, met
+
+
+def _unit_checks(kind: str, row: dict, restarted_back: bool) -> list[tuple[str, bool]]:
+    send_target = TARGET_KILLED_S if kind == "kill" else TARGET_STALLED_S
+    checks = [
+        (f"client-visible failures {row['failed_not_streaming']} not yet streaming + "
+         f"{row['failed_streaming']} streaming of {row['requests_during']} == 0",
+         row["failed_not_streaming"] + row["failed_streaming"] == 0),
+        (f"longest silence in a stream {row['longest_silence_s']} s <= {TARGET_SILENCE_S:g} s",
+         row["longest_silence_s"] <= TARGET_SILENCE_S),
+        (f"last new request to the {kind}ed IU {row['last_send_after_fault_s']} s after the fault "
+         f"<= {send_target:g} s", row["last_send_after_fault_s"] <= send_target),
+        (f"p99 TTFT during the fault {row['p99_ttft_s']} s = {row['ttft_ratio']}x baseline "
+         f"{row['baseline_p99_ttft_s']} s <= {TARGET_TTFT_RATIO}x",
+         row["ttft_ratio"] is not None and row["ttft_ratio"] <= TARGET_TTFT_RATIO),
+    ]
+    if restarted_back and kind == "kill":
+        back = row["back_in_rotation_s"]
+        checks.append((f"the restarted IU's first request {back} s after it answered again "
+                       f"<= {TARGET_BACK_S:g} s", back is not None and back <= TARGET_BACK_S))
+    return checks
 
 
 def main(argv: list[str] | None = None) -> int:
