@@ -43,11 +43,13 @@ def test_eas_agent_config_is_the_golden_ius(r01n01):
 
 def test_consul_iu_services_is_the_golden_definition(r01n01):
     # the role's default (""): the revision composed from the inventory, which pins none of its parts
-    definitions = FILTERS["consul_iu_services"]("r01n01", r01n01, "10s", "2s", "")
+    defaults = yaml.safe_load((REPO / "roles/consul_agent/defaults/main.yml").read_text())  # what the role renders
+    interval, timeout = defaults["consul_agent_health_interval"], defaults["consul_agent_health_timeout"]
+    definitions = FILTERS["consul_iu_services"]("r01n01", r01n01, interval, timeout, "")
     assert sorted(definitions) == ["r01n01-iu0", "r01n01-iu1"]
     assert definitions["r01n01-iu0"] == json.loads((GOLDEN / "consul-vllm-iu-r01n01-iu0.json").read_text())
     assert definitions["r01n01-iu1"]["service"]["checks"][0]["http"] == "http://127.0.1.11:8001/health"
-    named = FILTERS["consul_iu_services"]("r01n01", r01n01, "10s", "2s", "vllm-0.7.0-canary")
+    named = FILTERS["consul_iu_services"]("r01n01", r01n01, interval, timeout, "vllm-0.7.0-canary")
     assert {d["service"]["meta"]["revision"] for d in named.values()} == {"vllm-0.7.0-canary"}
 
 
