@@ -65,6 +65,12 @@ class AgentConfig:
     frozen_after_s: float = 10.0
     # A catalogued XID that takes a unit out (eas_agent/xid_verdict.py) keeps it critical this long after it.
     xid_hold_s: float = 600.0
+    # What the scorer takes each IU's prefill and decode rates to be (tokens/s) before it has measured them
+    # (eas_agent/score.py Capacity: the measured peak, decaying toward at least a quarter of this). The
+    # defaults are DrainParams'. A value far above what the engine does makes its score read idle while it
+    # queues: `clusterctl edge calibrate` flags such a unit.
+    prefill_tps_prior: float = 8000.0
+    decode_tps_prior: float = 2000.0
     # Read the kernel log (/dev/kmsg: the XIDs logged while the agent was down, NVSwitch SXIDs;
     # eas_agent/collectors/kernel_log.py). Off: XIDs come from NVML's events only, SXIDs are not seen.
     kernel_log: bool = True
@@ -153,6 +159,8 @@ TOP_LEVEL = {
     "urgent_rise_s",
     "frozen_after_s",
     "xid_hold_s",
+    "prefill_tps_prior",
+    "decode_tps_prior",
     "kernel_log",
     "announce_keys_file",
     "announce_max_prompt_tokens",
@@ -175,6 +183,13 @@ def _announce_fields(f: Fields) -> dict[str, Any]:
         if not math.isfinite(rates[key]):
             raise f.fail(key, f"must be a finite number > 0, got {rates[key]}")
     return {"announce_keys_file": keys_file, "announce_max_prompt_tokens": max_tokens, **rates}
+
+
+def _finite(f: Fields, key: str, default: float) -> float:
+    value = f.positive(key, default)
+    if not math.isfinite(value):
+        raise f.fail(key, f"must be a finite number > 0, got {value}")
+    return value
 
 
 def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
@@ -225,6 +240,8 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         urgent_rise_s=None if data.get("urgent_rise_s") is None else f.positive("urgent_rise_s", 0.5),
         frozen_after_s=f.positive("frozen_after_s", 10.0),
         xid_hold_s=f.positive("xid_hold_s", 600.0),
+        prefill_tps_prior=_finite(f, "prefill_tps_prior", 8000.0),
+        decode_tps_prior=_finite(f, "decode_tps_prior", 2000.0),
         kernel_log=f.get("kernel_log", bool, True),
         **_announce_fields(f),
         source=str(path),
