@@ -36,6 +36,12 @@ class IUConfig:
     rdma_port: int = 1
     # KV-cache pool size for the seed profile's "KV-cache GB" term; None = estimate from NVML memory used.
     kv_cache_gb: float | None = None
+    # What the scorer takes the IU's prefill and decode rates to be (tokens/s) before it has measured them
+    # (eas_agent/score.py Capacity: the measured peak, decaying toward at least a quarter of this). The
+    # defaults are DrainParams'. A value far above what the engine does makes its score read idle while it
+    # queues: `clusterctl edge calibrate` flags such a unit.
+    prefill_tps_prior: float = 8000.0
+    decode_tps_prior: float = 2000.0
 
 
 @dataclass(frozen=True)
@@ -65,12 +71,6 @@ class AgentConfig:
     frozen_after_s: float = 10.0
     # A catalogued XID that takes a unit out (eas_agent/xid_verdict.py) keeps it critical this long after it.
     xid_hold_s: float = 600.0
-    # What the scorer takes each IU's prefill and decode rates to be (tokens/s) before it has measured them
-    # (eas_agent/score.py Capacity: the measured peak, decaying toward at least a quarter of this). The
-    # defaults are DrainParams'. A value far above what the engine does makes its score read idle while it
-    # queues: `clusterctl edge calibrate` flags such a unit.
-    prefill_tps_prior: float = 8000.0
-    decode_tps_prior: float = 2000.0
     # Read the kernel log (/dev/kmsg: the XIDs logged while the agent was down, NVSwitch SXIDs;
     # eas_agent/collectors/kernel_log.py). Off: XIDs come from NVML's events only, SXIDs are not seen.
     kernel_log: bool = True
@@ -106,10 +106,18 @@ class AgentConfig:
         return split_hostport(self.listen)[1]
 
 
+def _finite(f: Fields, key: str, default: float) -> float:
+    value = f.positive(key, default)
+    if not math.isfinite(value):
+        raise f.fail(key, f"must be a finite number > 0, got {value}")
+    return value
+
+
 def _load_iu(path: str | Path, data: Any, index: int, node: str) -> IUConfig:
     f = Fields(path, data, f"ius[{index}]")
     f.unknown(
-        {"id", "gpus", "numa_node", "metrics_url", "rdma_devices", "netdevs", "rdma_port", "kv_cache_gb"}
+        {"id", "gpus", "numa_node", "metrics_url", "rdma_devices", "netdevs", "rdma_port", "kv_cache_gb",
+         "prefill_tps_prior", "decode_tps_prior"}
     )
     iu_id = f.get("id", str, required=True)
     if not iu_id.startswith(layout.iu_id(node, "")):
@@ -137,6 +145,8 @@ def _load_iu(path: str | Path, data: Any, index: int, node: str) -> IUConfig:
         netdevs=f.str_list("netdevs"),
         rdma_port=f.get("rdma_port", int, 1),
         kv_cache_gb=kv_gb,
+        prefill_tps_prior=_finite(f, "prefill_tps_prior", 8000.0),
+        decode_tps_prior=_finite(f, "decode_tps_prior", 2000.0),
     )
 
 
@@ -159,8 +169,6 @@ TOP_LEVEL = {
     "urgent_rise_s",
     "frozen_after_s",
     "xid_hold_s",
-    "prefill_tps_prior",
-    "decode_tps_prior",
     "kernel_log",
     "announce_keys_file",
     "announce_max_prompt_tokens",
@@ -183,13 +191,6 @@ def _announce_fields(f: Fields) -> dict[str, Any]:
         if not math.isfinite(rates[key]):
             raise f.fail(key, f"must be a finite number > 0, got {rates[key]}")
     return {"announce_keys_file": keys_file, "announce_max_prompt_tokens": max_tokens, **rates}
-
-
-def _finite(f: Fields, key: str, default: float) -> float:
-    value = f.positive(key, default)
-    if not math.isfinite(value):
-        raise f.fail(key, f"must be a finite number > 0, got {value}")
-    return value
 
 
 def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
@@ -240,8 +241,6 @@ def parse_config(data: Any, path: str | Path = "<config>") -> AgentConfig:
         urgent_rise_s=None if data.get("urgent_rise_s") is None else f.positive("urgent_rise_s", 0.5),
         frozen_after_s=f.positive("frozen_after_s", 10.0),
         xid_hold_s=f.positive("xid_hold_s", 600.0),
-        prefill_tps_prior=_finite(f, "prefill_tps_prior", 8000.0),
-        decode_tps_prior=_finite(f, "decode_tps_prior", 2000.0),
         kernel_log=f.get("kernel_log", bool, True),
         **_announce_fields(f),
         source=str(path),
