@@ -24,7 +24,7 @@ from rich.text import Text
 
 from common.errors import ClusterctlError, ExitCode
 from operate import stats
-from operate.loadgen import Generator, Outcome, plan
+from operate.loadgen import Generator, Outcome, plan, request_headers
 from operate.scenario import Scenario
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
@@ -149,12 +149,13 @@ class SweepResult:
         return Group(*(r.render() for r in self.results), table, Text(line))
 
 
-async def probe(endpoint: str) -> str | None:
+async def probe(endpoint: str, api_key: str | None = None) -> str | None:
     """The served model's name from ``GET /v1/models`` (None when the answer names none); a
     :class:`ClusterctlError` (exit 2) when the endpoint cannot be reached: nothing was sent."""
     url = endpoint.rstrip("/") + "/v1/models"
     try:
-        async with aiohttp.ClientSession(timeout=PROBE_TIMEOUT) as session, session.get(url) as answer:
+        async with (aiohttp.ClientSession(timeout=PROBE_TIMEOUT) as session,
+                    session.get(url, headers=request_headers(api_key)) as answer):
             if answer.status != 200:
                 raise ClusterctlError(f"{endpoint}: GET /v1/models answered HTTP {answer.status}; is this an "
                                       f"OpenAI-compatible endpoint?", ExitCode.USAGE)
