@@ -202,12 +202,13 @@ class Progress:
 
 async def run_async(endpoint: str, scenario: Scenario, rate: float, duration_s: float, *, seed: int = 1,
                     model: str | None = None, timeout_s: float = 60.0, console: Console | None = None,
-                    sampler=None, check_endpoint: bool = True, min_samples: int = stats.MIN_SAMPLES) -> Result:
+                    sampler=None, check_endpoint: bool = True, min_samples: int = stats.MIN_SAMPLES,
+                    api_key: str | None = None) -> Result:
     if check_endpoint:
-        served = await probe(endpoint)
+        served = await probe(endpoint, api_key)
         model = model or served
     planned = plan(scenario, rate, duration_s, seed)
-    generator = Generator(endpoint, model, timeout_s, seed)
+    generator = Generator(endpoint, model, timeout_s, seed, api_key)
     loop = asyncio.get_running_loop()
     interrupted = False
 
@@ -252,7 +253,7 @@ def sweep(endpoint: str, scenario: Scenario, rates: list[float], duration_s: flo
     rates only load the cluster more; a rate with a class too small to judge goes on) or at Ctrl-C."""
     results: list[Result] = []
     sampler_factory = kwargs.pop("sampler_factory", None)
-    kwargs["model"] = kwargs.get("model") or asyncio.run(probe(endpoint))
+    kwargs["model"] = kwargs.get("model") or asyncio.run(probe(endpoint, kwargs.get("api_key")))
     for i, rate in enumerate(sorted(rates)):
         sampler = sampler_factory() if sampler_factory is not None else None
         result = run(endpoint, scenario, rate, duration_s, sampler=sampler, check_endpoint=False, **kwargs)
