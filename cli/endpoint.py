@@ -24,11 +24,31 @@ endpoint_option = click.option(
          "balancer of the edges (its 'balancers' group), else its first edge ('edges' group).")
 
 
+def read_api_key(path: str | None) -> str | None:
+    """The client key in ``path`` (its first line), None without one. UsageError (exit 2, nothing sent) naming
+    the file when it cannot be read, holds no key, or others may read it (a key is a tenant's credential)."""
+    if path is None:
+        return None
+    try:
+        mode = Path(path).stat().st_mode
+        key = Path(path).read_text().strip().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--api-key-file {path}: cannot be read ({exc.strerror or exc})") from None
+    if mode & 0o077:
+        raise UsageError(f"--api-key-file {path}: mode {mode & 0o777:04o} lets others read the key: chmod 600 it")
+    if not key or not key[0].strip():
+        raise UsageError(f"--api-key-file {path}: holds no key (the first line is the key)")
+    return key[0].strip()
+
+
 def endpoint_options(f):
     """``--endpoint``, and the inventory (with its vault password file) it defaults from, for a command that
-    reads no inventory of its own."""
+    reads no inventory of its own; ``--api-key-file``, the client key an edge with client keys wants."""
     from cli.options import vault_password_file_option
 
+    f = click.option("--api-key-file", "api_key_file", default=None, type=click.Path(dir_okay=False, path_type=str),
+                     help="File (mode 0600) whose first line is the client key the edge wants (its client_keys), "
+                          "sent as a bearer token.")(f)
     f = vault_password_file_option(f)
     f = click.option("-i", "--inventory", "inventory", default=None, type=click.Path(path_type=str),
                      help="Ansible inventory whose edges' load balancer (or first edge) is the default --endpoint."

@@ -6,7 +6,8 @@ Steps, each the real command or library a cluster uses; only the hosts are simul
 1. ``virtual create`` + ``virtual up``: N simulated GPU nodes, one of them with a broken NVLink pair (``topo -m``
    and ``nvidia-smi nvlink -s`` show it) and a GPU in thermal slowdown, and the
    package sources they install from (the stand-in NVIDIA/HashiCorp apt repositories and package index);
-2. ``clusterctl provision``: every role for real, in stop-on-failure batches, as on a real host: packages
+2. ``clusterctl provision``: every role for real, in stop-on-failure batches (a canary node, then the rest; two
+   nodes in one batch), as on a real host: packages
    from those sources, ``consul.service`` on every machine (the inventory's ``consul_servers`` machine as
    the server, the others as client agents joined to it) with ACLs on (default deny), the least-privilege
    tokens, every new IU in maintenance, and the ``vllm-iu@N`` and ``eas-agent`` units started;
@@ -18,7 +19,9 @@ Steps, each the real command or library a cluster uses; only the hosts are simul
 6. the production request mix, sent over HTTP for ``--duration`` seconds to the edges' load balancer
    (HAProxy, the ``edge_balancer`` role's) in front of the two edges (``eas-edge.service``, the ``eas_edge``
    role's), each following every agent's pushed scores and announcing each request it routes to that IU's
-   node agent (the announce channel); a live table of scores, latencies and the edges' metrics.
+   node agent (the announce channel); a live table of scores, latencies and the edges' metrics;
+7. ``clusterctl edge calibrate``: a short mixed load through the same balancer, and per released IU whether its
+   published score told the wait its requests then had (bias, error, correlation: the verdict per unit).
 
 Nothing on the nodes is started by the demo: what serves is what provisioning started, from inventory values
 the demo adds before it (a throwaway client key, the debug headers that name the IU that answered). The temp
@@ -75,13 +78,21 @@ FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_thr
 FAULTS_IN_WORDS = "NVLink GPU2-GPU3 down, GPU 5 in HW thermal slowdown"
 # Each step's title, short enough for a rule at 80 columns with the largest options (tests/unit/demo/test_scenario.py)
 STEP_TITLES = {
-    1: "1/6 virtual cluster: {nodes} in {racks}",
-    2: "2/6 clusterctl provision: site.yml for real, a canary node, then the rest",
-    3: "3/6 the IUs provisioning started (vllm-iu@N, a stand-in vLLM)",
-    4: "4/6 eas-agent.service on every node (the eas_agent role's)",
-    5: "5/6 clusterctl preflight --release",
-    6: "6/6 the production mix at {rate:.1f} req/s for {duration:.0f}s through HAProxy",
+    1: "1/7 virtual cluster: {nodes} in {racks}",
+    2: "2/7 clusterctl provision: site.yml for real, {batches}",
+    3: "3/7 the IUs provisioning started (vllm-iu@N, a stand-in vLLM)",
+    4: "4/7 eas-agent.service on every node (the eas_agent role's)",
+    5: "5/7 clusterctl preflight --release",
+    6: "6/7 the production mix at {rate:.1f} req/s for {duration:.0f}s through HAProxy",
+    7: "7/7 clusterctl edge calibrate: do the scores tell the waits?",
 }
+# Provisioning's batches: a canary node, then the rest; with two nodes both in one batch (a canary of one before
+# one more is a second serial pass of every play for a single host: about a minute of the demo on two cores).
+BATCHES = {"canary": ("1,100%", "a canary node, then the rest"), "one": ("100%", "both nodes in one batch")}
+# Calibration: the production mix's prompts at half their lengths with ~12-token answers (a queue wait is the
+# prefills'; a 614-token answer would stream for seconds), per released IU this many requests per second and
+# about the clean answers its verdict needs (operate/calibrate.py: MIN_SAMPLES at the detection scale below).
+CALIBRATE_PER_IU_RATE, CALIBRATE_PER_IU_REQUESTS, CALIBRATE_DETECT_SCALE = 3.0, 25, 4.0
 # Where each run's evidence stays (relative to the working directory, as preflight's and provision's defaults)
 EVIDENCE_DIR = Path(".state") / "demo"
 # --debug: a bug in a step prints its traceback into the demo log instead of one line (CI keeps only the log)
@@ -147,12 +158,13 @@ class Demo:
     def run(self, nodes: int, racks: int, duration: float, rate: float | None) -> Ending:
         cluster = self.make_cluster(nodes, racks)
         faulty = list(cluster.nodes())[-1]
-        self.provision()
+        self.provision("one" if nodes == 2 else "canary")
         self.await_inference_units(cluster)
         self.await_agent_registrations(cluster)
         self.await_agents(cluster)
         released, codes = self.preflight(cluster, faulty)
         summary = self.route_traffic(cluster, released, duration, rate)
+        self.calibrate(released)
         to_faulty = sum(n for iu, n in summary["sent_to"].items() if iu in {i.id for i in faulty.ius})
         return Ending(faulty.name, FAULTS_IN_WORDS, codes, len(released), summary, to_faulty, "clusterctl", "")
 
@@ -212,13 +224,14 @@ class Demo:
         return path
 
     # -- 2. provisioning --------------------------------------------------------------------------
-    def provision(self) -> None:
-        # A canary host first, then the rest: the default 1,10%,50%,100% adds batches that 4 nodes don't need.
-        # (Before them, the Consul server's own play; after them, the servers' one-at-a-time reboots.)
-        self.step(STEP_TITLES[2])
+    def provision(self, batches: str) -> None:
+        # BATCHES: the default 1,10%,50%,100% adds batches that 4 nodes don't need. (Before them, the Consul
+        # server's own play; after them, the servers' one-at-a-time reboots.)
+        sizes, words = BATCHES[batches]
+        self.step(STEP_TITLES[2].format(batches=words))
         # --allow-reboot: the nodes boot with an older driver than the pin; they restart into the pinned one
         # (Fabric Manager starts only then).
-        self.clusterctl("provision", "-i", str(self.inventory), "--batches", "1,100%", "--allow-reboot", "--yes",
+        self.clusterctl("provision", "-i", str(self.inventory), "--batches", sizes, "--allow-reboot", "--yes",
                         "--run-dir", str(self.evidence / "runs"),
                         expect=(0,), what="provisioning")
 
@@ -357,6 +370,28 @@ class Demo:
         if unreleased:
             raise DemoError(f"requests were routed to IUs still in maintenance: {sorted(unreleased)}")
         return summary
+
+    # -- 7. calibration -------------------------------------------------------------------------
+    def calibrate(self, released: list[str]) -> None:
+        """``clusterctl edge calibrate`` through the balancer with the demo tenant's key: its table (the verdict
+        per released IU) shown as it prints it. A unit flagged or undecided (exit 1) is its finding, shown, not
+        the demo's failure."""
+        from operate.scenario import load_scenario
+
+        self.step(STEP_TITLES[7])
+        mix = {"name": "production-prompts-short-answers", "classes": {
+            k.name: {"share": k.share, "prompt_tokens": {"mean": round(k.prompt.mean / 2), "sigma": k.prompt.sigma},
+                     "output_tokens": {"mean": 12, "sigma": 0.3}, "slo": {"ttft_p99_ms": k.slo.ttft_p99_ms}}
+            for k in load_scenario().classes}}
+        scenario = self.workdir / "calibrate-mix.yml"
+        scenario.write_text(yaml.safe_dump(mix, sort_keys=False))
+        requests = CALIBRATE_PER_IU_REQUESTS * len(released)
+        shown = self.clusterctl("edge", "calibrate", "-i", str(self.inventory), "--api-key-file",
+                                str(self.write_secret("client.key", self.client_key)), "--scenario", str(scenario),
+                                "--rate", f"{CALIBRATE_PER_IU_RATE * len(released):g}", "--requests", str(requests),
+                                "--max-requests", str(3 * requests), "--detect-scale", f"{CALIBRATE_DETECT_SCALE:g}",
+                                expect=(0, 1), what="edge calibrate", capture=True)
+        self.console.print(Text.from_ansi(shown), end="", soft_wrap=True)
 
     def edges(self) -> tuple[str, list[str]]:
         """Where the clients send (the inventory's balancer, as ``clusterctl loadtest`` finds it) and each edge's

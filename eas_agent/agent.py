@@ -89,7 +89,9 @@ class IUPipeline:
         self.vllm = vllm or VllmCollector.over_http(iu.metrics_url, config.scrape_timeout_s)
         self.gpu: GpuCollector | None = None
         self.network: NetworkCollector | None = None
-        self.scorer = Scorer(config.profile, DrainParams(frozen_after_s=config.frozen_after_s))
+        self.scorer = Scorer(config.profile, DrainParams(prefill_tps_prior=iu.prefill_tps_prior,
+                                                         decode_tps_prior=iu.decode_tps_prior,
+                                                         frozen_after_s=config.frozen_after_s))
         self.log = RateLimitedLog(log)
 
     def attach(self, gpu_backend: GpuBackend, nics: NodeNicCounters) -> None:

@@ -36,6 +36,12 @@ class IUConfig:
     rdma_port: int = 1
     # KV-cache pool size for the seed profile's "KV-cache GB" term; None = estimate from NVML memory used.
     kv_cache_gb: float | None = None
+    # What the scorer takes the IU's prefill and decode rates to be (tokens/s) before it has measured them
+    # (eas_agent/score.py Capacity: the measured peak, decaying toward at least a quarter of this). The
+    # defaults are DrainParams'. A value far above what the engine does makes its score read idle while it
+    # queues: `clusterctl edge calibrate` flags such a unit.
+    prefill_tps_prior: float = 8000.0
+    decode_tps_prior: float = 2000.0
 
 
 @dataclass(frozen=True)
@@ -100,10 +106,18 @@ class AgentConfig:
         return split_hostport(self.listen)[1]
 
 
+def _finite(f: Fields, key: str, default: float) -> float:
+    value = f.positive(key, default)
+    if not math.isfinite(value):
+        raise f.fail(key, f"must be a finite number > 0, got {value}")
+    return value
+
+
 def _load_iu(path: str | Path, data: Any, index: int, node: str) -> IUConfig:
     f = Fields(path, data, f"ius[{index}]")
     f.unknown(
-        {"id", "gpus", "numa_node", "metrics_url", "rdma_devices", "netdevs", "rdma_port", "kv_cache_gb"}
+        {"id", "gpus", "numa_node", "metrics_url", "rdma_devices", "netdevs", "rdma_port", "kv_cache_gb",
+         "prefill_tps_prior", "decode_tps_prior"}
     )
     iu_id = f.get("id", str, required=True)
     if not iu_id.startswith(layout.iu_id(node, "")):
@@ -131,6 +145,8 @@ def _load_iu(path: str | Path, data: Any, index: int, node: str) -> IUConfig:
         netdevs=f.str_list("netdevs"),
         rdma_port=f.get("rdma_port", int, 1),
         kv_cache_gb=kv_gb,
+        prefill_tps_prior=_finite(f, "prefill_tps_prior", 8000.0),
+        decode_tps_prior=_finite(f, "decode_tps_prior", 2000.0),
     )
 
 

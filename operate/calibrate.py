@@ -335,13 +335,14 @@ def calibration_of(endpoint: str, outcomes: list[Outcome], prefill_tps: float | 
 
 
 async def drive(endpoint: str, scenario: Scenario, rate: float, requests: int, *, seed: int = 1,
-                model: str | None = None, timeout_s: float = 60.0) -> list[Outcome]:
-    """``requests`` requests of the scenario's mix at ``rate`` per second (Poisson), through ``endpoint``."""
+                model: str | None = None, timeout_s: float = 60.0, api_key: str | None = None) -> list[Outcome]:
+    """``requests`` requests of the scenario's mix at ``rate`` per second (Poisson), through ``endpoint``
+    (``api_key``: the client key an edge with ``client_keys`` wants)."""
     from operate.loadtest import probe
 
-    model = model or await probe(endpoint)
+    model = model or await probe(endpoint, api_key)
     planned = plan(scenario, rate, requests / rate * 1.5 + 10, seed)[:requests]
-    return await Generator(endpoint, model, timeout_s, seed).run(planned)
+    return await Generator(endpoint, model, timeout_s, seed, api_key).run(planned)
 
 
 def more_requests(result: Calibration) -> int:

@@ -134,14 +134,20 @@ def _event_tokens(event: dict) -> tuple[bool, bool]:
     return content, finished
 
 
+def request_headers(api_key: str | None = None) -> dict[str, str]:
+    """A request's headers: JSON, and the client key as a bearer token when the edge wants one (its
+    ``client_keys``)."""
+    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+
+
 async def send(session: aiohttp.ClientSession, url: str, body: bytes, outcome: Outcome, start: float,
-               timeout_s: float) -> Outcome:
+               timeout_s: float, headers: dict[str, str] | None = None) -> Outcome:
     """One streamed request; fills ``outcome`` (times from ``start``, the monotonic time of its send)."""
     first = last = None
     chunks, done, finished_length, cut = 0, False, False, False
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as answer:
+            async with session.post(url, data=body, headers=headers or request_headers()) as answer:
                 for key, header in EDGE_HEADERS.items():
                     if key == "iu":
                         outcome.iu = answer.headers.get(header)
@@ -208,8 +214,10 @@ class Generator:
     """Sends a plan open-loop against ``endpoint`` (``http://host:port``); ``stop()`` ends it early (the
     requests in flight cancelled), ``finish()`` sends no more of it (those in flight run to their end)."""
 
-    def __init__(self, endpoint: str, model: str | None = None, timeout_s: float = 60.0, seed: int = 0):
+    def __init__(self, endpoint: str, model: str | None = None, timeout_s: float = 60.0, seed: int = 0,
+                 api_key: str | None = None):
         self.url = endpoint.rstrip("/") + "/v1/completions"
+        self.headers = request_headers(api_key)
         self.model, self.timeout_s = model, timeout_s
         self.pool = TokenPool(seed)
         self.outcomes: list[Outcome] = []
@@ -243,7 +251,7 @@ class Generator:
                               request.prompt_tokens, request.output_tokens)
             self.inflight += 1
             try:
-                await send(session, self.url, body, outcome, time.monotonic(), self.timeout_s)
+                await send(session, self.url, body, outcome, time.monotonic(), self.timeout_s, self.headers)
             finally:
                 self.inflight -= 1
             self.outcomes.append(outcome)

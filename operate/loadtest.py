@@ -24,7 +24,7 @@ from rich.text import Text
 
 from common.errors import ClusterctlError, ExitCode
 from operate import stats
-from operate.loadgen import Generator, Outcome, plan
+from operate.loadgen import Generator, Outcome, plan, request_headers
 from operate.scenario import Scenario
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
@@ -149,12 +149,13 @@ class SweepResult:
         return Group(*(r.render() for r in self.results), table, Text(line))
 
 
-async def probe(endpoint: str) -> str | None:
+async def probe(endpoint: str, api_key: str | None = None) -> str | None:
     """The served model's name from ``GET /v1/models`` (None when the answer names none); a
     :class:`ClusterctlError` (exit 2) when the endpoint cannot be reached: nothing was sent."""
     url = endpoint.rstrip("/") + "/v1/models"
     try:
-        async with aiohttp.ClientSession(timeout=PROBE_TIMEOUT) as session, session.get(url) as answer:
+        async with (aiohttp.ClientSession(timeout=PROBE_TIMEOUT) as session,
+                    session.get(url, headers=request_headers(api_key)) as answer):
             if answer.status != 200:
                 raise ClusterctlError(f"{endpoint}: GET /v1/models answered HTTP {answer.status}; is this an "
                                       f"OpenAI-compatible endpoint?", ExitCode.USAGE)
@@ -201,12 +202,13 @@ class Progress:
 
 async def run_async(endpoint: str, scenario: Scenario, rate: float, duration_s: float, *, seed: int = 1,
                     model: str | None = None, timeout_s: float = 60.0, console: Console | None = None,
-                    sampler=None, check_endpoint: bool = True, min_samples: int = stats.MIN_SAMPLES) -> Result:
+                    sampler=None, check_endpoint: bool = True, min_samples: int = stats.MIN_SAMPLES,
+                    api_key: str | None = None) -> Result:
     if check_endpoint:
-        served = await probe(endpoint)
+        served = await probe(endpoint, api_key)
         model = model or served
     planned = plan(scenario, rate, duration_s, seed)
-    generator = Generator(endpoint, model, timeout_s, seed)
+    generator = Generator(endpoint, model, timeout_s, seed, api_key)
     loop = asyncio.get_running_loop()
     interrupted = False
 
@@ -251,7 +253,7 @@ def sweep(endpoint: str, scenario: Scenario, rates: list[float], duration_s: flo
     rates only load the cluster more; a rate with a class too small to judge goes on) or at Ctrl-C."""
     results: list[Result] = []
     sampler_factory = kwargs.pop("sampler_factory", None)
-    kwargs["model"] = kwargs.get("model") or asyncio.run(probe(endpoint))
+    kwargs["model"] = kwargs.get("model") or asyncio.run(probe(endpoint, kwargs.get("api_key")))
     for i, rate in enumerate(sorted(rates)):
         sampler = sampler_factory() if sampler_factory is not None else None
         result = run(endpoint, scenario, rate, duration_s, sampler=sampler, check_endpoint=False, **kwargs)

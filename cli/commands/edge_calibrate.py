@@ -16,7 +16,7 @@ import click
 
 from cli import app, consul_target
 from cli.commands.loadtest import emit, scenario_option
-from cli.endpoint import announce, endpoint_options, load_checked, resolve_endpoint
+from cli.endpoint import announce, endpoint_options, load_checked, read_api_key, resolve_endpoint
 from cli.help import examples
 from common.errors import ClusterctlError, ExitCode
 
@@ -58,13 +58,14 @@ _EXAMPLES = examples(
               help="Write the report here: JSON, Markdown and a PNG of predicted against measured waits.")
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the arrivals and request sizes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
-def calibrate(endpoint, inventory, vault_password_file, rate, requests, max_requests, detect_scale, scenario_path,
+def calibrate(endpoint, inventory, vault_password_file, api_key_file, rate, requests, max_requests, detect_scale, scenario_path,
               prefill_tps, breaker_unit, breaker_requests, consul_addr, out_dir, seed, as_json) -> None:
     """Send a mixed load through the edge and check, unit by unit, its scores against the waits measured."""
     from operate import calibrate as calibration
     from operate.rates import parse_rate
     from operate.scenario import load_scenario
 
+    api_key = read_api_key(api_key_file)
     needs_inventory = not endpoint or (breaker_unit and not consul_addr)
     loaded = load_checked(inventory, vault_password_file) if inventory and needs_inventory else None
     endpoint, origin = resolve_endpoint(endpoint, inventory, vault_password_file, loaded=loaded)
@@ -86,11 +87,12 @@ def calibrate(endpoint, inventory, vault_password_file, rate, requests, max_requ
     if progress:
         progress(f"calibrating: {requests} requests at {per_s:g}/s through {endpoint}")
     result = calibration.run(endpoint, scenario, per_s, requests, max_requests=max_requests,
-                             detect_scale=detect_scale or calibration.DETECT_SCALE, prefill_tps=prefill_tps, seed=seed, progress=progress)
+                             detect_scale=detect_scale or calibration.DETECT_SCALE, prefill_tps=prefill_tps, seed=seed, progress=progress,
+                             api_key=api_key)
     if io is not None:
         with calibration.out_of_rotation(io, breaker_unit, endpoint):
             result.breaker = calibration.breaker_share(endpoint, scenario, breaker_unit, per_s, breaker_requests,
-                                                       seed=seed + 1)
+                                                       seed=seed + 1, api_key=api_key)
     emit(result, out_dir, as_json)
     if not result.passed:
         raise SystemExit(ExitCode.FAILED)

@@ -17,7 +17,7 @@ import json
 import click
 
 from cli import app, consul_target
-from cli.endpoint import announce, endpoint_options, load_checked, resolve_endpoint
+from cli.endpoint import announce, endpoint_options, load_checked, read_api_key, resolve_endpoint
 from cli.help import examples
 from common.errors import ExitCode
 
@@ -88,13 +88,14 @@ def emit(result, out_dir: str | None, as_json: bool) -> None:
 @click.option("--min-samples", default=50, show_default=True, type=click.IntRange(1, None),
               help="Requests a class needs for its p99 to be judged (fewer: 'too few', never met).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of the table.")
-def command(endpoint, inventory, vault_password_file, rate, sweep, duration, scenario_path, out_dir, consul_addr, datacenter, timeout_s, seed,
+def command(endpoint, inventory, vault_password_file, api_key_file, rate, sweep, duration, scenario_path, out_dir, consul_addr, datacenter, timeout_s, seed,
             min_samples, as_json) -> None:
     """Send a scenario's traffic mix open-loop and judge each class against its p99 latency targets."""
     from operate import loadtest
     from operate.rates import parse_rate, parse_sweep
     from operate.scenario import load_scenario
 
+    api_key = read_api_key(api_key_file)
     loaded = load_checked(inventory, vault_password_file) if inventory and not (endpoint and consul_addr) else None
     endpoint, origin = resolve_endpoint(endpoint, inventory, vault_password_file, loaded=loaded)
     scenario = load_scenario(scenario_path)
@@ -105,7 +106,8 @@ def command(endpoint, inventory, vault_password_file, rate, sweep, duration, sce
     announce(endpoint, origin)
     consul_target.announce(consul)
     console = None if as_json else app.current().err_console
-    common = {"seed": seed, "timeout_s": timeout_s, "console": console, "min_samples": min_samples}
+    common = {"seed": seed, "timeout_s": timeout_s, "console": console, "min_samples": min_samples,
+              "api_key": api_key}
     if rates:
         result = loadtest.sweep(endpoint, scenario, rates, duration, sampler_factory=factory, **common)
         interrupted = any(r.interrupted for r in result.results)

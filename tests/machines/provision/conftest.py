@@ -1,5 +1,5 @@
-"""A provisioned virtual cluster shared by the site tests: test_site_virtual, then test_site_virtual_drill_faults
-and test_site_virtual_edges (file order, all ``machines(order=9)``).
+"""A provisioned virtual cluster shared by the site tests: test_site_virtual, then test_site_virtual_drill_faults,
+test_site_virtual_edges and test_site_virtual_operations (file order, all ``machines(order=9)``).
 
 `clusterctl virtual create` (3 nodes in 2 racks, the last rack RoCE) + `up` in a tmp dir; one host gets a
 different CPU topology so that CPU lists provably come from the host's sysfs. The eas-agent token is a
@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.provision import VirtualCluster, clusterctl, write_inventory
 
 
-# One cluster for the three modules (package scope): each further provisioning of the same three machines cost
+# One cluster for the four modules (package scope): each further provisioning of the same three machines cost
 # CI 4-7 minutes. Nothing else in this package asks for it.
 @pytest.fixture(scope="package")
 def provisioned(tmp_path_factory) -> VirtualCluster:

@@ -8,7 +8,7 @@ preflight would, so that the IUs are routable whatever that test left.
 Through HAProxy: a chat completion is answered; the edge carrying a stream is stopped (systemd's SIGTERM: a
 drain) and the stream still ends with [DONE] while every new request is answered by the other edge; the
 stopped edge comes back into HAProxy's rotation; a changed edge setting rolls out through edges.yml one edge
-at a time while requests keep being answered."""
+at a time while requests keep being answered (with it the routing headers test_site_virtual_operations needs)."""
 
 from __future__ import annotations
 
@@ -129,8 +129,9 @@ def test_stopping_the_edge_that_carries_a_stream_loses_neither_the_stream_nor_a_
 
 
 def test_a_changed_setting_rolls_out_one_edge_at_a_time_while_requests_are_answered(cluster, model):
+    # and the routing headers, which test_site_virtual_operations' commands read (one rollout for both)
     with (cluster.inventory / "group_vars" / "all.yml").open("a") as f:
-        f.write("eas_edge_max_queue: 256\n")
+        f.write("eas_edge_max_queue: 256\neas_edge_debug_headers: true\n")
     answers: list[int] = []
     stop = threading.Event()
 
@@ -153,4 +154,6 @@ def test_a_changed_setting_rolls_out_one_edge_at_a_time_while_requests_are_answe
                 and e["event_data"].get("task") == "Restart eas-edge"]
     assert restarts == list(EDGES), restarts  # one at a time, in the play's order
     assert answers and set(answers) == {200}, sorted(set(answers))
-    assert yaml.safe_load(cluster.read("r01n01", "/etc/eas-edge/edge.yml"))["max_queue"] == 256
+    for edge in EDGES:
+        rolled = yaml.safe_load(cluster.read(edge, "/etc/eas-edge/edge.yml"))
+        assert (rolled["max_queue"], rolled["debug_headers"]) == (256, True), rolled

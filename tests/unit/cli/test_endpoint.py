@@ -107,3 +107,28 @@ def test_a_drill_on_an_inventory_without_edges_names_it(clusterctl, tmp_path):
     path = inventory(tmp_path, edges=(), balancer=None, drills_allowed=True)
     code, _, err = clusterctl("drill", "engine-crash", "-i", path, columns=300)
     assert code == 2 and err.strip().splitlines()[0].startswith(f"error: {path}: no host in the 'balancers' or")
+
+
+@pytest.mark.parametrize("command", [("loadtest",), ("edge", "calibrate")])
+def test_an_api_key_file_others_can_read_or_without_a_key_is_one_line_exit_2(clusterctl, tmp_path, command):
+    key = tmp_path / "client.key"
+    key.write_text("k3y\n")
+    key.chmod(0o644)
+    code, _, err = clusterctl(*command, "--endpoint", f"http://{BALANCER}", "--api-key-file", str(key), columns=300)
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: --api-key-file {key}: mode 0644 lets others read the key: chmod 600 it"]
+    key.write_text("\n")
+    key.chmod(0o600)
+    code, _, err = clusterctl(*command, "--endpoint", f"http://{BALANCER}", "--api-key-file", str(key), columns=300)
+    assert code == 2 and err.strip().splitlines() == [f"error: --api-key-file {key}: holds no key (the first line is the key)"]
+
+
+def test_an_api_key_file_gives_its_first_line(tmp_path):
+    from cli.endpoint import read_api_key
+
+    key = tmp_path / "client.key"
+    key.write_text("k3y  \nnot this\n")
+    key.chmod(0o600)
+    assert read_api_key(str(key)) == "k3y" and read_api_key(None) is None
+    with pytest.raises(UsageError, match="cannot be read"):
+        read_api_key(str(tmp_path / "missing"))

@@ -95,6 +95,18 @@ def test_write_budget_settings_default_and_reach_the_publisher(tmp_path):
     assert (publisher.write_rate_per_s, publisher.write_burst) == (0.5, 3.0)
 
 
+def test_an_ius_capacity_priors_default_to_the_scorers_and_reach_its_scorer(tmp_path):
+    from eas_agent.agent import IUPipeline
+    from eas_agent.score import DrainParams
+
+    config = load_config(write(tmp_path, GOOD))
+    iu = config.ius[0]
+    assert (iu.prefill_tps_prior, iu.decode_tps_prior) == (DrainParams.prefill_tps_prior, DrainParams.decode_tps_prior)
+    tuned = load_config(write(tmp_path, GOOD + "    prefill_tps_prior: 160000\n    decode_tps_prior: 40000\n"))
+    scorer = IUPipeline(tuned, 0, vllm=object()).scorer
+    assert (scorer.prefill.value, scorer.decode.value) == (160000.0, 40000.0)
+
+
 def test_token_read_from_file(tmp_path):
     token = tmp_path / "consul.token"
     token.write_text("s3cr3t\n")
@@ -129,6 +141,8 @@ def test_token_read_from_file(tmp_path):
         ("sysfs_root: /sys", "sysfs_root: /sys\nwrite_burst: 0.5", "write_burst", "must be >= 1"),
         ("sysfs_root: /sys", "sysfs_root: /sys\nwrite_rate_per_s: 0", "write_rate_per_s", "must be > 0"),
         ("sysfs_root: /sys", "sysfs_root: /sys\nurgent_rise_s: -1", "urgent_rise_s", "must be > 0"),
+        ("numa_node: 0", "numa_node: 0\n    prefill_tps_prior: 0", "ius[0].prefill_tps_prior", "must be > 0"),
+        ("numa_node: 0", "numa_node: 0\n    decode_tps_prior: .inf", "ius[0].decode_tps_prior", "finite number"),
     ],
 )
 def test_bad_field_is_named(tmp_path, old, new, field, words):

@@ -44,7 +44,7 @@ def test_the_sweep_stops_at_the_first_miss_and_goes_past_too_few(monkeypatch):
         asked.append(rate)
         return runs[rate]
 
-    async def fake_probe(endpoint):
+    async def fake_probe(endpoint, api_key=None):
         return "m"
 
     monkeypatch.setattr(loadtest, "run", fake_run)
