@@ -20,7 +20,9 @@ Steps, each the real command or library a cluster uses; only the hosts are simul
    (HAProxy, the ``edge_balancer`` role's) in front of the two edges (``eas-edge.service``, the ``eas_edge``
    role's), each following every agent's pushed scores and announcing each request it routes to that IU's
    node agent (the announce channel); a live table of scores, latencies and the edges' metrics;
-7. ``clusterctl edge calibrate``: a short mixed load through the same balancer, and per released IU whether its
+7. ``clusterctl loadtest``: the production mix, open loop, for a few seconds through the same balancer, each
+   class judged against its p99 targets (a short run judges only the classes with enough answers);
+8. ``clusterctl edge calibrate``: a short mixed load through the same balancer, and per released IU whether its
    published score told the wait its requests then had (bias, error, correlation: the verdict per unit).
 
 Nothing on the nodes is started by the demo: what serves is what provisioning started, from inventory values
@@ -78,13 +80,14 @@ FAULTY_NODE_FAULTS = [{"kind": "nvlink_down", "gpus": [2, 3]}, {"kind": "gpu_thr
 FAULTS_IN_WORDS = "NVLink GPU2-GPU3 down, GPU 5 in HW thermal slowdown"
 # Each step's title, short enough for a rule at 80 columns with the largest options (tests/unit/demo/test_scenario.py)
 STEP_TITLES = {
-    1: "1/7 virtual cluster: {nodes} in {racks}",
-    2: "2/7 clusterctl provision: site.yml for real, {batches}",
-    3: "3/7 the IUs provisioning started (vllm-iu@N, a stand-in vLLM)",
-    4: "4/7 eas-agent.service on every node (the eas_agent role's)",
-    5: "5/7 clusterctl preflight --release",
-    6: "6/7 the production mix at {rate:.1f} req/s for {duration:.0f}s through HAProxy",
-    7: "7/7 clusterctl edge calibrate: do the scores tell the waits?",
+    1: "1/8 virtual cluster: {nodes} in {racks}",
+    2: "2/8 clusterctl provision: site.yml for real, {batches}",
+    3: "3/8 the IUs provisioning started (vllm-iu@N, a stand-in vLLM)",
+    4: "4/8 eas-agent.service on every node (the eas_agent role's)",
+    5: "5/8 clusterctl preflight --release",
+    6: "6/8 the production mix at {rate:.1f} req/s for {duration:.0f}s through HAProxy",
+    7: "7/8 clusterctl loadtest: the production mix against its SLOs",
+    8: "8/8 clusterctl edge calibrate: do the scores tell the waits?",
 }
 # Provisioning's batches: a canary node, then the rest; with two nodes both in one batch (a canary of one before
 # one more is a second serial pass of every play for a single host: about a minute of the demo on two cores).
@@ -93,6 +96,8 @@ BATCHES = {"canary": ("1,100%", "a canary node, then the rest"), "one": ("100%",
 # prefills'; a 614-token answer would stream for seconds), per released IU this many requests per second and
 # about the clean answers its verdict needs (operate/calibrate.py: MIN_SAMPLES at the detection scale below).
 CALIBRATE_PER_IU_RATE, CALIBRATE_PER_IU_REQUESTS, CALIBRATE_DETECT_SCALE = 3.0, 25, 4.0
+# The load test: the production mix, per released IU this many requests/s, a class judged from this many answers
+LOADTEST_PER_IU_RATE, LOADTEST_DURATION_S, LOADTEST_MIN_SAMPLES = 3.0, 8.0, 10
 # Where each run's evidence stays (relative to the working directory, as preflight's and provision's defaults)
 EVIDENCE_DIR = Path(".state") / "demo"
 # --debug: a bug in a step prints its traceback into the demo log instead of one line (CI keeps only the log)
@@ -164,6 +169,7 @@ class Demo:
         self.await_agents(cluster)
         released, codes = self.preflight(cluster, faulty)
         summary = self.route_traffic(cluster, released, duration, rate)
+        self.loadtest(released)
         self.calibrate(released)
         to_faulty = sum(n for iu, n in summary["sent_to"].items() if iu in {i.id for i in faulty.ius})
         return Ending(faulty.name, FAULTS_IN_WORDS, codes, len(released), summary, to_faulty, "clusterctl", "")
@@ -371,14 +377,25 @@ class Demo:
             raise DemoError(f"requests were routed to IUs still in maintenance: {sorted(unreleased)}")
         return summary
 
-    # -- 7. calibration -------------------------------------------------------------------------
+    # -- 7, 8. load test, calibration ------------------------------------------------------------
+    def loadtest(self, released: list[str]) -> None:
+        """``clusterctl loadtest`` through the balancer with the tenant's key, its table shown: an SLO missed or a
+        class with too few answers to judge (exit 1) is its finding, not the demo's failure."""
+        self.step(STEP_TITLES[7])
+        edge_url, _ = self.edges()
+        key = str(self.write_secret("client.key", self.client_key))
+        shown = self.clusterctl("loadtest", "--endpoint", edge_url, "--api-key-file", key, "--rate",
+                                f"{LOADTEST_PER_IU_RATE * len(released):g}", "--duration", f"{LOADTEST_DURATION_S:g}",
+                                "--min-samples", str(LOADTEST_MIN_SAMPLES), "--seed", str(self.seed),
+                                expect=(0, 1), what="loadtest", capture=True)
+        self.console.print(Text.from_ansi(shown), end="", soft_wrap=True)
+
     def calibrate(self, released: list[str]) -> None:
-        """``clusterctl edge calibrate`` through the balancer with the demo tenant's key: its table (the verdict
-        per released IU) shown as it prints it. A unit flagged or undecided (exit 1) is its finding, shown, not
-        the demo's failure."""
+        """``clusterctl edge calibrate`` through the balancer with the tenant's key, its table (the verdict per
+        released IU) shown: a unit flagged or undecided (exit 1) is its finding, not the demo's failure."""
         from operate.scenario import load_scenario
 
-        self.step(STEP_TITLES[7])
+        self.step(STEP_TITLES[8])
         mix = {"name": "production-prompts-short-answers", "classes": {
             k.name: {"share": k.share, "prompt_tokens": {"mean": round(k.prompt.mean / 2), "sigma": k.prompt.sigma},
                      "output_tokens": {"mean": 12, "sigma": 0.3}, "slo": {"ttft_p99_ms": k.slo.ttft_p99_ms}}

@@ -46,7 +46,7 @@ def test_demo_runs_and_cleans_up():
     out = done.stdout
     text = " ".join(out.split())  # phrases as said, wherever the terminal width folded them
     # The first screen is the demo's: the install steps (done by now) print nothing, step 1 comes first.
-    assert "1/7 virtual cluster" in out.lstrip().splitlines()[0], out[:500]
+    assert "1/8 virtual cluster" in out.lstrip().splitlines()[0], out[:500]
     assert "FAIL" in out and "gpu_topology" in out  # the injected NVLink fault was caught
     # and shows in nvidia-smi nvlink -s (NVLINK_INACTIVE; preflight's problems block has its whole reason)
     assert "NVLINK_INACTIVE" in out and "GPU2: 0 of 18 NVLinks active" in out, out[-6000:]
@@ -59,7 +59,12 @@ def test_demo_runs_and_cleans_up():
     assert "whole run" in text and "0 errors" in text
     # clusterctl edge calibrate through the balancer with the tenant's key: a verdict for each of the released
     # node's two IUs (honest agents: flagging one would be its finding, shown, not the demo's failure)
-    calibration = " ".join(out[out.index("7/7 clusterctl edge calibrate"):out.rindex("demo finished in")].split())
+    # clusterctl loadtest through the balancer with the tenant's key: the production mix's classes, each judged
+    # or said to have too few answers for a p99
+    loadtest = " ".join(out[out.index("7/8 clusterctl loadtest"):out.index("8/8 clusterctl edge calibrate")].split())
+    assert re.search(r"production-mix at 6 req/s for 8 s", loadtest) and re.search(
+        r"\b(met|not met|too few)\b", loadtest) and "interrupted" not in loadtest, out[-6000:]
+    calibration = " ".join(out[out.index("8/8 clusterctl edge calibrate"):out.rindex("demo finished in")].split())
     assert "score calibration" in calibration and re.search(r"\b[0-2] of 2 units flagged", calibration), out[-6000:]
     # The announce channel end to end: the edge announced its requests to the agents in the machines (their
     # edge public keys from the role, signed POST /announce on the nodes' addresses) and they counted them. The

@@ -161,6 +161,12 @@ def test_every_step_title_fits_a_rule_at_80_columns():
         assert rendered.count("\n") == 1 and f"─ {text} ─" in rendered, rendered
 
 
+def test_every_step_title_counts_its_place_among_all_the_steps():
+    total = len(scenario.STEP_TITLES)
+    assert [title.split(" ", 1)[0] for title in scenario.STEP_TITLES.values()] == [
+        f"{step}/{total}" for step in range(1, total + 1)]
+
+
 @pytest.mark.parametrize("width", WIDTHS, ids=IDS)
 def test_step_headings_are_never_cut(width, monkeypatch):
     """A rule cuts a title longer than the line to "…": at 80 columns (and piped, rich's 80) two of the demo's
